@@ -1,0 +1,30 @@
+# Every target creates .venv itself; nothing needs installing by hand.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench fuzz clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)  ## the lifecycle tour, offline, on the DemoModel
+	$(BIN)/trio-agents demo
+
+test: $(STAMP)  ## the test suite (Hypothesis runs the seeded "ci" profile)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)  ## timing figures; results in benchmarks/RESULTS.md
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,49 @@
+"""The public API: every exported name importable and documented."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import trio_agents
+import trio_agents.models
+import trio_agents.sessions
+
+MODULES = [trio_agents, trio_agents.models, trio_agents.sessions]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_all_names_exist_and_are_documented(module: object) -> None:
+    names = module.__all__  # type: ignore[attr-defined]
+    assert names == sorted(names)
+    for name in names:
+        obj = getattr(module, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert inspect.getdoc(obj), f"{module.__name__}.{name} has no docstring"  # type: ignore[attr-defined]
+
+
+def test_exception_tree() -> None:
+    for name in (
+        "RunClosedError",
+        "RunFailedError",
+        "InboxFullError",
+        "SessionBusyError",
+        "UnknownCallError",
+        "ModelError",
+    ):
+        assert issubclass(getattr(trio_agents, name), trio_agents.TrioAgentsError)
+    assert issubclass(trio_agents.UnknownCallError, LookupError)
+
+
+def test_status_is_a_str_enum() -> None:
+    assert trio_agents.RunStatus.CANCELLED == "cancelled"
+    assert str(trio_agents.RunStatus.COMPLETED) == "completed"
+    assert trio_agents.RunStatus.FAILED.is_terminal
+    assert not trio_agents.RunStatus.RUNNING.is_terminal
+
+
+def test_public_modules_are_typed() -> None:
+    import importlib.resources
+
+    assert importlib.resources.files("trio_agents").joinpath("py.typed").is_file()

@@ -1,0 +1,102 @@
+"""trio_agents: a structured-concurrency runner for LLM agents, built on Trio.
+
+Each run is a Trio nursery; ``run.cancel(reason)`` cancels its scope, ``run.inject``
+steers it, and ``run.updated`` / ``run.events()`` say what it is doing. See
+``docs/`` and the README.
+"""
+
+from ._agent import Agent as Agent
+from ._events import EventsDropped as EventsDropped
+from ._events import InboxDelivered as InboxDelivered
+from ._events import InboxInjected as InboxInjected
+from ._events import ResponseTextDelta as ResponseTextDelta
+from ._events import RunEvent as RunEvent
+from ._events import RunItemEvent as RunItemEvent
+from ._events import RunStatus as RunStatus
+from ._events import RunUpdated as RunUpdated
+from ._events import ToolFinished as ToolFinished
+from ._events import ToolProgress as ToolProgress
+from ._events import ToolStarted as ToolStarted
+from ._exceptions import InboxFullError as InboxFullError
+from ._exceptions import ModelError as ModelError
+from ._exceptions import RunClosedError as RunClosedError
+from ._exceptions import RunFailedError as RunFailedError
+from ._exceptions import SessionBusyError as SessionBusyError
+from ._exceptions import TrioAgentsError as TrioAgentsError
+from ._exceptions import UnknownCallError as UnknownCallError
+from ._hooks import RunHooks as RunHooks
+from ._items import AssistantMessage as AssistantMessage
+from ._items import Item as Item
+from ._items import ToolCall as ToolCall
+from ._items import ToolResult as ToolResult
+from ._items import UserMessage as UserMessage
+from ._items import coerce_items as coerce_items
+from ._items import conversation_problems as conversation_problems
+from ._items import item_from_json as item_from_json
+from ._model import Model as Model
+from ._model import ModelRequest as ModelRequest
+from ._model import ToolSpec as ToolSpec
+from ._model import Usage as Usage
+from ._run import CancelMode as CancelMode
+from ._run import InjectionId as InjectionId
+from ._run import InjectWhen as InjectWhen
+from ._run import Run as Run
+from ._run import RunResult as RunResult
+from ._run import RunStatistics as RunStatistics
+from ._run import open_run as open_run
+from ._run import run as run
+from ._run import serve_run as serve_run
+from ._tools import Tool as Tool
+from ._tools import ToolArgumentsError as ToolArgumentsError
+from ._tools import ToolContext as ToolContext
+from ._tools import function_tool as function_tool
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "Agent",
+    "AssistantMessage",
+    "CancelMode",
+    "EventsDropped",
+    "InboxDelivered",
+    "InboxFullError",
+    "InboxInjected",
+    "InjectWhen",
+    "InjectionId",
+    "Item",
+    "Model",
+    "ModelError",
+    "ModelRequest",
+    "ResponseTextDelta",
+    "Run",
+    "RunClosedError",
+    "RunEvent",
+    "RunFailedError",
+    "RunHooks",
+    "RunItemEvent",
+    "RunResult",
+    "RunStatistics",
+    "RunStatus",
+    "RunUpdated",
+    "SessionBusyError",
+    "Tool",
+    "ToolArgumentsError",
+    "ToolCall",
+    "ToolContext",
+    "ToolFinished",
+    "ToolProgress",
+    "ToolResult",
+    "ToolSpec",
+    "ToolStarted",
+    "TrioAgentsError",
+    "UnknownCallError",
+    "Usage",
+    "UserMessage",
+    "coerce_items",
+    "conversation_problems",
+    "function_tool",
+    "item_from_json",
+    "open_run",
+    "run",
+    "serve_run",
+]

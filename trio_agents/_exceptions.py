@@ -1,0 +1,118 @@
+"""The exception tree of trio_agents.
+
+Every exception the library raises on purpose derives from :class:`TrioAgentsError`::
+
+    TrioAgentsError
+    ├── RunClosedError        the run has ended; it takes no more input
+    ├── RunFailedError        raised by RunResult.raise_for_status() for a failed run
+    ├── InboxFullError        inject() found the run's inbox full; nothing was queued
+    ├── SessionBusyError      another run is active on the session (on_busy="reject")
+    ├── UnknownCallError      approve()/reject() named no pending call (also a LookupError)
+    └── ModelError            a model provider failed (HTTP status, protocol error, ...)
+
+A failed or cancelled run is never raised by ``open_run``, ``run`` or ``Run.wait()``:
+inspect ``result.status`` or call ``result.raise_for_status()``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._run import RunResult
+
+__all__ = [
+    "InboxFullError",
+    "ModelError",
+    "RunClosedError",
+    "RunFailedError",
+    "SessionBusyError",
+    "TrioAgentsError",
+    "UnknownCallError",
+]
+
+
+class TrioAgentsError(Exception):
+    """Base class of every exception trio_agents raises on purpose."""
+
+
+class RunClosedError(TrioAgentsError):
+    """The run has reached a terminal status and accepts no more input.
+
+    Attributes:
+        run_id: the id of the run.
+        status: its terminal status (``"completed"``, ``"failed"`` or ``"cancelled"``).
+    """
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id} is closed (status {status})")
+        self.run_id = run_id
+        self.status = status
+
+
+class RunFailedError(TrioAgentsError):
+    """Raised by :meth:`RunResult.raise_for_status` for a run whose status is ``failed``.
+
+    Attributes:
+        result: the :class:`~trio_agents.RunResult` of the failed run.
+        reason: the failure reason (``"max_turns"``, an error summary, ...).
+    """
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(f"run {result.run_id} failed: {result.reason}")
+        self.result = result
+        self.reason = result.reason
+
+
+class InboxFullError(TrioAgentsError):
+    """``inject()`` found the run's inbox full; nothing was queued.
+
+    Attributes:
+        capacity: the inbox capacity, in items.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(f"the run's inbox is full ({capacity} items); nothing was queued")
+        self.capacity = capacity
+
+
+class SessionBusyError(TrioAgentsError):
+    """Another run is active on the session and ``on_busy="reject"`` was asked for.
+
+    Attributes:
+        session_id: the busy session.
+        run_id: the id of the run that holds it.
+    """
+
+    def __init__(self, session_id: str, run_id: str) -> None:
+        super().__init__(f"session {session_id!r} is busy with run {run_id}")
+        self.session_id = session_id
+        self.run_id = run_id
+
+
+class UnknownCallError(TrioAgentsError, LookupError):
+    """``approve()``/``reject()`` named a call that is not waiting for approval.
+
+    Attributes:
+        call_id: the id that was given.
+    """
+
+    def __init__(self, call_id: str) -> None:
+        super().__init__(f"no tool call {call_id!r} is waiting for approval")
+        self.call_id = call_id
+
+
+class ModelError(TrioAgentsError):
+    """A model provider failed; the run that called it ends ``failed`` with this as error.
+
+    Attributes:
+        status_code: the HTTP status code, when the failure was an HTTP response.
+        retryable: whether retrying the same request could succeed.
+    """
+
+    def __init__(
+        self, message: str, *, status_code: int | None = None, retryable: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retryable = retryable

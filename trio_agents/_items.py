@@ -1,0 +1,309 @@
+"""Conversation items: the four kinds of thing a conversation is made of.
+
+Items are frozen attrs classes that round-trip through JSON
+(``Item.from_json(item.to_json()) == item``). Where users hand items in (run input,
+``inject``), plain dicts are accepted too and converted by :func:`coerce_items`:
+``{"role": "user", "content": "..."}`` and OpenAI-Responses-style ``function_call`` /
+``function_call_output`` dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Literal, TypeAlias
+
+import attrs
+
+__all__ = [
+    "AssistantMessage",
+    "Item",
+    "ToolCall",
+    "ToolResult",
+    "UserMessage",
+    "coerce_items",
+    "conversation_problems",
+    "item_from_json",
+]
+
+MessageStatus: TypeAlias = Literal["completed", "incomplete"]
+ToolResultStatus: TypeAlias = Literal["ok", "error", "cancelled"]
+
+_MESSAGE_STATUSES = ("completed", "incomplete")
+_RESULT_STATUSES = ("ok", "error", "cancelled")
+
+
+def _str_field(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+
+    return check
+
+
+def _nonempty_str_field(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+        if not value:
+            raise ValueError(f"{name} must not be empty")
+
+    return check
+
+
+def _choice_field(name: str, choices: tuple[str, ...]) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class UserMessage:
+    """A message from the user."""
+
+    content: str = attrs.field(validator=_str_field("UserMessage.content"))
+
+    role: ClassVar[str] = "user"
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the item as a JSON-compatible dict."""
+        return {"type": "message", "role": "user", "content": self.content}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> UserMessage:
+        """Build the item from :meth:`to_json` output (or a ``{"role": "user"}`` dict)."""
+        item = item_from_json(data)
+        if not isinstance(item, cls):
+            raise ValueError(f"expected a user message, got {type(item).__name__}")
+        return item
+
+
+@attrs.frozen
+class AssistantMessage:
+    """Text the model produced.
+
+    ``status="incomplete"`` marks text whose stream was interrupted (by a cancel, a
+    failure or a ``when="now"`` injection): the words the user already saw are kept.
+    """
+
+    content: str = attrs.field(validator=_str_field("AssistantMessage.content"))
+    status: MessageStatus = attrs.field(
+        default="completed", validator=_choice_field("AssistantMessage.status", _MESSAGE_STATUSES)
+    )
+
+    role: ClassVar[str] = "assistant"
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the item as a JSON-compatible dict."""
+        return {
+            "type": "message",
+            "role": "assistant",
+            "content": self.content,
+            "status": self.status,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AssistantMessage:
+        """Build the item from :meth:`to_json` output."""
+        item = item_from_json(data)
+        if not isinstance(item, cls):
+            raise ValueError(f"expected an assistant message, got {type(item).__name__}")
+        return item
+
+
+@attrs.frozen
+class ToolCall:
+    """The model asked for a tool to be called.
+
+    ``arguments`` is the raw JSON string the model produced; it is validated when the
+    call runs, and invalid arguments become an error :class:`ToolResult`.
+    """
+
+    call_id: str = attrs.field(validator=_nonempty_str_field("ToolCall.call_id"))
+    name: str = attrs.field(validator=_nonempty_str_field("ToolCall.name"))
+    arguments: str = attrs.field(default="{}", validator=_str_field("ToolCall.arguments"))
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the item as a JSON-compatible dict (OpenAI Responses ``function_call``)."""
+        return {
+            "type": "function_call",
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": self.arguments,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ToolCall:
+        """Build the item from :meth:`to_json` output."""
+        item = item_from_json(data)
+        if not isinstance(item, cls):
+            raise ValueError(f"expected a function_call, got {type(item).__name__}")
+        return item
+
+
+@attrs.frozen
+class ToolResult:
+    """The result of a :class:`ToolCall`, matched by ``call_id``.
+
+    ``status`` is ``"ok"``, ``"error"`` (the output says what went wrong, for the model
+    to read) or ``"cancelled"`` (the run was cancelled while the call was open).
+    """
+
+    call_id: str = attrs.field(validator=_nonempty_str_field("ToolResult.call_id"))
+    output: str = attrs.field(validator=_str_field("ToolResult.output"))
+    status: ToolResultStatus = attrs.field(
+        default="ok", validator=_choice_field("ToolResult.status", _RESULT_STATUSES)
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the item as a JSON-compatible dict (``function_call_output``)."""
+        return {
+            "type": "function_call_output",
+            "call_id": self.call_id,
+            "output": self.output,
+            "status": self.status,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ToolResult:
+        """Build the item from :meth:`to_json` output."""
+        item = item_from_json(data)
+        if not isinstance(item, cls):
+            raise ValueError(f"expected a function_call_output, got {type(item).__name__}")
+        return item
+
+
+Item: TypeAlias = UserMessage | AssistantMessage | ToolCall | ToolResult
+"""Any conversation item."""
+
+_ITEM_TYPES = (UserMessage, AssistantMessage, ToolCall, ToolResult)
+
+
+def _text_content(value: object, where: str) -> str:
+    """Accept a str, or a list of OpenAI-style text parts, and return the text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts: list[str] = []
+        for i, part in enumerate(value):
+            if isinstance(part, str):
+                parts.append(part)
+            elif (
+                isinstance(part, Mapping)
+                and part.get("type") in ("text", "input_text", "output_text")
+                and isinstance(part.get("text"), str)
+            ):
+                parts.append(part["text"])
+            else:
+                raise ValueError(f"{where}[{i}] is not a text part")
+        return "".join(parts)
+    raise TypeError(f"{where} must be a str or a list of text parts, not {type(value).__name__}")
+
+
+def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in data:
+        raise ValueError(f"{where} is missing the {key!r} field")
+    return data[key]
+
+
+def item_from_json(data: Mapping[str, Any]) -> Item:
+    """Convert one dict (our ``to_json`` format, or the OpenAI-style shapes) to an item.
+
+    Raises:
+        TypeError: ``data`` is not a mapping, or a field has the wrong type.
+        ValueError: a field is missing or has a bad value.
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"an item must be a dict or an item object, not {type(data).__name__}")
+    kind = data.get("type", "message" if "role" in data else None)
+    if kind == "message":
+        role = _require(data, "role", "a message")
+        content = _text_content(_require(data, "content", "a message"), "content")
+        if role == "user":
+            return UserMessage(content)
+        if role == "assistant":
+            return AssistantMessage(content, data.get("status", "completed"))
+        raise ValueError(f"message role must be 'user' or 'assistant', got {role!r}")
+    if kind == "function_call":
+        arguments = data.get("arguments", "{}")
+        if isinstance(arguments, Mapping):
+            raise TypeError("function_call arguments must be the raw JSON string, not a dict")
+        return ToolCall(
+            _require(data, "call_id", "a function_call"),
+            _require(data, "name", "a function_call"),
+            arguments,
+        )
+    if kind == "function_call_output":
+        return ToolResult(
+            _require(data, "call_id", "a function_call_output"),
+            _require(data, "output", "a function_call_output"),
+            data.get("status", "ok"),
+        )
+    if kind is None:
+        raise ValueError("an item dict needs a 'type' or a 'role' field")
+    raise ValueError(f"unknown item type {kind!r}")
+
+
+def coerce_items(value: str | Item | Mapping[str, Any] | Iterable[Any]) -> list[Item]:
+    """Convert user-supplied input to a list of items, validating all of it first.
+
+    A str becomes one :class:`UserMessage`; an item or dict becomes one item; any other
+    iterable is converted element by element. Errors name the offending index.
+    """
+    if isinstance(value, str):
+        return [UserMessage(value)]
+    if isinstance(value, _ITEM_TYPES):
+        return [value]
+    if isinstance(value, Mapping):
+        return [item_from_json(value)]
+    if isinstance(value, bytes | bytearray) or not isinstance(value, Iterable):
+        raise TypeError(
+            "input must be a str, an item, a dict, or a list of items/dicts;"
+            f" got {type(value).__name__}"
+        )
+    items: list[Item] = []
+    for index, element in enumerate(value):
+        try:
+            if isinstance(element, _ITEM_TYPES):
+                items.append(element)
+            else:
+                items.append(item_from_json(element))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"item {index}: {exc}") from None
+    return items
+
+
+def conversation_problems(items: Sequence[Item], *, allow_open_calls: bool = False) -> list[str]:
+    """Return what breaks the validity invariant in ``items`` (empty when valid).
+
+    The invariant: call ids are unique; every :class:`ToolResult` answers an earlier
+    :class:`ToolCall`, once; every call is answered before the next message (so before
+    the next model turn). ``allow_open_calls`` accepts calls still open at the end.
+    """
+    problems: list[str] = []
+    seen_calls: set[str] = set()
+    open_calls: dict[str, int] = {}
+    answered: set[str] = set()
+    for index, item in enumerate(items):
+        if isinstance(item, ToolCall):
+            if item.call_id in seen_calls:
+                problems.append(f"item {index}: duplicate call id {item.call_id!r}")
+            seen_calls.add(item.call_id)
+            open_calls[item.call_id] = index
+        elif isinstance(item, ToolResult):
+            if item.call_id in answered:
+                problems.append(f"item {index}: second result for call {item.call_id!r}")
+            elif item.call_id not in open_calls:
+                problems.append(f"item {index}: result for unknown call {item.call_id!r}")
+            else:
+                del open_calls[item.call_id]
+            answered.add(item.call_id)
+        elif open_calls:
+            for call_id, at in open_calls.items():
+                problems.append(f"item {at}: call {call_id!r} has no result before item {index}")
+            open_calls.clear()
+    if open_calls and not allow_open_calls:
+        for call_id, at in open_calls.items():
+            problems.append(f"item {at}: call {call_id!r} has no result")
+    return problems

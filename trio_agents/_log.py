@@ -1,0 +1,195 @@
+"""The per-run event log and its cursors (``run.events()`` and ``run.updated``).
+
+The log is a ring buffer of the last ``retention`` events, written only from the run's
+Trio thread. Readers are cursors holding their own position: they never hold the run
+back, and one that falls behind retention gets an ``events.dropped`` marker. Waiting
+readers park on one :class:`trio.lowlevel.ParkingLot` that every append wakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import final
+
+import trio
+
+from ._events import EventsDropped, RunEvent, RunUpdated
+
+__all__ = ["EventCursor", "EventLog", "StatusCursor", "UpdatedStream"]
+
+
+@final
+class EventLog:
+    """Bounded, replayable log of one run's events."""
+
+    __slots__ = ("_buffer", "_closed", "_lot", "_next_seq", "_retention", "_statuses", "run_id")
+
+    def __init__(self, run_id: str, retention: int) -> None:
+        if retention < 1:
+            raise ValueError("event retention must be at least 1")
+        self.run_id = run_id
+        self._retention = retention
+        self._buffer: list[RunEvent | None] = [None] * min(retention, 64)
+        self._next_seq = 1
+        self._closed = False
+        self._lot = trio.lowlevel.ParkingLot()
+        self._statuses: list[RunUpdated] = []
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next appended event must carry."""
+        return self._next_seq
+
+    @property
+    def first_seq(self) -> int:
+        """The seq of the oldest retained event (``next_seq`` when empty)."""
+        return max(1, self._next_seq - self._retention)
+
+    @property
+    def closed(self) -> bool:
+        """True once the terminal event was appended."""
+        return self._closed
+
+    @property
+    def last_status(self) -> RunUpdated:
+        """The latest ``run.updated`` event."""
+        return self._statuses[-1]
+
+    def append(self, event: RunEvent) -> None:
+        """Append ``event`` (whose seq must be :attr:`next_seq`) and wake readers."""
+        if self._closed:
+            raise RuntimeError("event log is closed")
+        seq = self._next_seq
+        assert event.seq == seq, (event.seq, seq)
+        buffer = self._buffer
+        if seq > len(buffer) and len(buffer) < self._retention:
+            buffer = self._grow()
+        buffer[seq % len(buffer)] = event
+        self._next_seq = seq + 1
+        if type(event) is RunUpdated:
+            self._statuses.append(event)
+        if self._lot:
+            self._lot.unpark_all()
+
+    def _grow(self) -> list[RunEvent | None]:
+        old = self._buffer
+        new: list[RunEvent | None] = [None] * min(2 * len(old), self._retention)
+        for seq in range(max(1, self._next_seq - len(old)), self._next_seq):
+            new[seq % len(new)] = old[seq % len(old)]
+        self._buffer = new
+        return new
+
+    def close(self) -> None:
+        """Mark the log finished (after the terminal event) and wake every reader."""
+        self._closed = True
+        self._lot.unpark_all()
+
+    def get(self, seq: int) -> RunEvent:
+        """Return the retained event with ``seq``."""
+        event = self._buffer[seq % len(self._buffer)]
+        assert event is not None and event.seq == seq, (seq, event)
+        return event
+
+    def retained(self) -> list[RunEvent]:
+        """Return every retained event, oldest first (a snapshot)."""
+        return [self.get(seq) for seq in range(self.first_seq, self._next_seq)]
+
+    async def wait(self) -> None:
+        """Wait for the next append or the close."""
+        await self._lot.park()
+
+
+@final
+class EventCursor(AsyncIterator[RunEvent]):
+    """An independent reader of a run's events; see :meth:`trio_agents.Run.events`.
+
+    Safe to ``break`` out of: it holds nothing but its position.
+    """
+
+    __slots__ = ("_log", "_next")
+
+    def __init__(self, log: EventLog, from_seq: int | None) -> None:
+        if from_seq is not None:
+            if isinstance(from_seq, bool) or not isinstance(from_seq, int):
+                raise TypeError("from_seq must be an int or None")
+            if from_seq < 0:
+                raise ValueError("from_seq must be >= 0")
+        self._log = log
+        self._next = log.first_seq if from_seq is None else max(from_seq, 1)
+
+    def __aiter__(self) -> EventCursor:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        log = self._log
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            first = log.first_seq
+            if self._next < first:
+                missing = first - self._next
+                dropped = EventsDropped(
+                    run_id=log.run_id, seq=first - 1, first_missing_seq=self._next, count=missing
+                )
+                self._next = first
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return dropped
+            if self._next < log.next_seq:
+                event = log.get(self._next)
+                self._next += 1
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return event
+            if log.closed:
+                raise StopAsyncIteration
+            await log.wait()
+
+
+@final
+class StatusCursor(AsyncIterator[RunUpdated]):
+    """An independent reader of a run's status changes; see :attr:`trio_agents.Run.updated`.
+
+    The first value is the status current when iteration starts; the iteration ends
+    after the terminal status.
+    """
+
+    __slots__ = ("_index", "_log")
+
+    def __init__(self, log: EventLog) -> None:
+        self._log = log
+        self._index: int | None = None
+
+    def __aiter__(self) -> StatusCursor:
+        return self
+
+    async def __anext__(self) -> RunUpdated:
+        log = self._log
+        await trio.lowlevel.checkpoint_if_cancelled()
+        statuses = log._statuses
+        if self._index is None:
+            self._index = len(statuses) - 1
+        while True:
+            if self._index < len(statuses):
+                event = statuses[self._index]
+                self._index += 1
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return event
+            if log.closed:
+                raise StopAsyncIteration
+            await log.wait()
+
+
+@final
+class UpdatedStream:
+    """``run.updated``: each ``async for`` over it is a new, independent subscriber."""
+
+    __slots__ = ("_log",)
+
+    def __init__(self, log: EventLog) -> None:
+        self._log = log
+
+    def __aiter__(self) -> StatusCursor:
+        return StatusCursor(self._log)
+
+    @property
+    def current(self) -> RunUpdated:
+        """The latest status update."""
+        return self._log.last_status

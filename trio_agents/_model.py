@@ -1,0 +1,116 @@
+"""The model protocol: how a run talks to an LLM.
+
+A model is anything with a ``stream(request)`` method returning an async context
+manager over :data:`ModelEvent` values. Leaving the context manager, normally or by
+cancellation, must release everything the stream holds (an HTTP response, a socket).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import attrs
+
+from ._items import Item, ToolCall
+
+__all__ = [
+    "Finish",
+    "Model",
+    "ModelEvent",
+    "ModelRequest",
+    "TextDelta",
+    "ToolCallDone",
+    "ToolSpec",
+    "Usage",
+]
+
+
+@attrs.frozen
+class ToolSpec:
+    """What a model is told about one tool: its name, description and JSON schema."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the spec as a JSON-compatible dict."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": dict(self.parameters),
+        }
+
+
+@attrs.frozen
+class ModelRequest:
+    """One model call: instructions, the conversation so far, the tools, the settings."""
+
+    instructions: str
+    items: tuple[Item, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    settings: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class TextDelta:
+    """A fragment of assistant text."""
+
+    text: str
+
+
+@attrs.frozen
+class ToolCallDone:
+    """A complete tool call (providers assemble argument fragments themselves)."""
+
+    call: ToolCall
+
+
+@attrs.frozen
+class Usage:
+    """Token usage; also the run-level sum in ``RunResult.usage``."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
+
+    def to_json(self) -> dict[str, int]:
+        """Return the usage as a JSON-compatible dict."""
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
+@attrs.frozen
+class Finish:
+    """The model finished its response: ``"stop"``, ``"tool_calls"``, ``"length"``, ..."""
+
+    reason: str
+
+
+ModelEvent: TypeAlias = TextDelta | ToolCallDone | Usage | Finish
+"""Anything a model stream yields."""
+
+
+@runtime_checkable
+class Model(Protocol):
+    """The protocol every model implements (see :mod:`trio_agents.models`)."""
+
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        """Open a streaming response for ``request``.
+
+        The returned context manager yields an async iterator of model events; leaving
+        it (normally or by cancellation) must close the underlying response.
+        """
+        ...

@@ -1,0 +1,37 @@
+"""The session protocol: where a conversation lives between runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from .._items import Item
+
+__all__ = ["Session"]
+
+
+@runtime_checkable
+class Session(Protocol):
+    """Stores one conversation. A run loads it at start and appends items as they are
+    finalised, so a crash loses at most the item in flight.
+
+    Implementations must be safe to call from the Trio thread; blocking storage must be
+    called off it (``trio.to_thread.run_sync``) and must not abandon a write half-done.
+    """
+
+    @property
+    def session_id(self) -> str:
+        """The id of the conversation this session stores."""
+        ...
+
+    async def get_items(self) -> list[Item]:
+        """Return the stored conversation, oldest first."""
+        ...
+
+    async def add_items(self, items: Sequence[Item]) -> None:
+        """Append ``items`` atomically (all or none)."""
+        ...
+
+    async def clear(self) -> None:
+        """Delete the stored conversation."""
+        ...

@@ -1,0 +1,41 @@
+"""An in-process session, for tests and short-lived programs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import final
+
+import attrs
+import trio
+
+from .._items import Item
+
+__all__ = ["MemorySession"]
+
+
+@final
+@attrs.define(eq=False)
+class MemorySession:
+    """A :class:`~trio_agents.sessions.Session` kept in memory (lost with the process)."""
+
+    session_id: str = "default"
+    _items: list[Item] = attrs.field(init=False, factory=list)
+
+    async def get_items(self) -> list[Item]:
+        """Return a copy of the stored conversation."""
+        await trio.lowlevel.checkpoint()
+        return list(self._items)
+
+    async def add_items(self, items: Sequence[Item]) -> None:
+        """Append ``items``."""
+        self._items.extend(items)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def clear(self) -> None:
+        """Delete the stored conversation."""
+        self._items.clear()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def statistics(self) -> int:
+        """Return the number of stored items."""
+        return len(self._items)
