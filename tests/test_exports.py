@@ -37,7 +37,8 @@ def test_exception_tree() -> None:
 
 
 def test_status_is_a_str_enum() -> None:
-    assert trio_agents.RunStatus.CANCELLED == "cancelled"
+    status: str = trio_agents.RunStatus.CANCELLED
+    assert status == "cancelled"
     assert str(trio_agents.RunStatus.COMPLETED) == "completed"
     assert trio_agents.RunStatus.FAILED.is_terminal
     assert not trio_agents.RunStatus.RUNNING.is_terminal

@@ -45,7 +45,10 @@ def test_to_json_shapes() -> None:
         ({"role": "user", "content": "hi"}, ta.UserMessage("hi")),
         ({"role": "assistant", "content": "yo"}, ta.AssistantMessage("yo")),
         (
-            {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
             ta.UserMessage("ab"),
         ),
         (
@@ -72,7 +75,11 @@ def test_dicts_are_converted(data: dict[str, Any], expected: ta.Item) -> None:
         ([{"role": "user"}], ValueError, "missing the 'content'"),
         ([{"role": "user", "content": 3}], TypeError, "content must be"),
         ([{"type": "function_call", "name": "f"}], ValueError, "call_id"),
-        ([{"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}], TypeError, "raw JSON"),
+        (
+            [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}],
+            TypeError,
+            "raw JSON",
+        ),
         ([{"type": "weird"}], ValueError, "unknown item type"),
         ([{}], ValueError, "'type' or a 'role'"),
         (["ok", 5], TypeError, "item 1"),
@@ -95,12 +102,17 @@ def test_item_constructors_validate() -> None:
 
 def test_conversation_problems() -> None:
     call = ta.ToolCall("c1", "f", "{}")
-    ok = [ta.UserMessage("q"), call, ta.ToolResult("c1", "r"), ta.AssistantMessage("a")]
+    ok: list[ta.Item] = [
+        ta.UserMessage("q"),
+        call,
+        ta.ToolResult("c1", "r"),
+        ta.AssistantMessage("a"),
+    ]
     assert ta.conversation_problems(ok) == []
     assert ta.conversation_problems([call]) == ["item 0: call 'c1' has no result"]
     assert ta.conversation_problems([call], allow_open_calls=True) == []
     assert "has no result before item 1" in ta.conversation_problems([call, ta.UserMessage("x")])[0]
     assert "unknown call" in ta.conversation_problems([ta.ToolResult("zz", "r")])[0]
-    dup = [call, ta.ToolResult("c1", "r"), call, ta.ToolResult("c1", "r")]
+    dup: list[ta.Item] = [call, ta.ToolResult("c1", "r"), call, ta.ToolResult("c1", "r")]
     problems = ta.conversation_problems(dup)
     assert any("duplicate call id" in p for p in problems)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 import pytest
@@ -14,8 +15,6 @@ from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import MemorySession
 
 from .helpers import check_common_invariants, collect, statuses
-
-pytestmark = pytest.mark.usefixtures("autojump_clock")
 
 
 @ta.function_tool
@@ -31,7 +30,7 @@ def make_agent(model: ta.Model, tools: list[ta.Tool] | None = None, **kw: Any) -
 # --------------------------------------------------------------------- completion
 
 
-async def test_text_run_completes() -> None:
+async def test_text_run_completes(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel(["Hello there, friend."])
     result = await ta.run(make_agent(model), "hi")
     assert result.status == "completed"
@@ -49,7 +48,7 @@ async def test_text_run_completes() -> None:
     assert result.usage.output_tokens > 0
 
 
-async def test_tool_turn_then_answer() -> None:
+async def test_tool_turn_then_answer(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel([Turn(tool_calls=[("add", {"a": 2, "b": 3})]), "It is 5."])
     async with ta.open_run(make_agent(model, [add]), "2+3?") as run:
         events = await collect(run)
@@ -73,7 +72,7 @@ async def test_tool_turn_then_answer() -> None:
     assert finished[0].status == "ok"
 
 
-async def test_events_have_type_seq_run_id_and_json() -> None:
+async def test_events_have_type_seq_run_id_and_json(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel([Turn(text=["a", "b"], tool_calls=[("add", {"a": 1, "b": 1})]), "ok"])
     async with ta.open_run(make_agent(model, [add]), "x", run_id="run-1") as run:
         events = await collect(run)
@@ -92,7 +91,9 @@ async def test_events_have_type_seq_run_id_and_json() -> None:
     ) == "abok"
 
 
-async def test_unknown_tool_and_bad_arguments_become_error_results() -> None:
+async def test_unknown_tool_and_bad_arguments_become_error_results(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel(
         [
             Turn(
@@ -115,7 +116,9 @@ async def test_unknown_tool_and_bad_arguments_become_error_results() -> None:
     assert outputs["c3"].status == "error"
 
 
-async def test_tool_exception_becomes_error_result_or_fails_run() -> None:
+async def test_tool_exception_becomes_error_result_or_fails_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     @ta.function_tool
     async def boom() -> str:
         """Explode."""
@@ -139,7 +142,9 @@ async def test_tool_exception_becomes_error_result_or_fails_run() -> None:
     assert info.value.result is result
 
 
-async def test_max_turns_fails_with_valid_conversation() -> None:
+async def test_max_turns_fails_with_valid_conversation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([], default=Turn(tool_calls=[("add", {"a": 1, "b": 2})]))
     async with ta.open_run(make_agent(model, [add], max_turns=3), "loop") as run:
         events = await collect(run)
@@ -152,7 +157,7 @@ async def test_max_turns_fails_with_valid_conversation() -> None:
     check_common_invariants(result, events)
 
 
-async def test_model_failure_keeps_partial_text() -> None:
+async def test_model_failure_keeps_partial_text(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel([Turn(text=["one ", "two ", "three"], fail="backend down", fail_after=2)])
     async with ta.open_run(make_agent(model), "hi") as run:
         events = await collect(run)
@@ -169,7 +174,9 @@ async def test_model_failure_keeps_partial_text() -> None:
 # ------------------------------------------------------------------- cancellation
 
 
-async def test_cancel_before_first_model_call_makes_no_call() -> None:
+async def test_cancel_before_first_model_call_makes_no_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel(["never"])
     async with ta.open_run(make_agent(model), "hi") as run:
         run.cancel("changed my mind")
@@ -182,7 +189,9 @@ async def test_cancel_before_first_model_call_makes_no_call() -> None:
     assert statuses(await collect(run)) == ["queued", "cancelled"]
 
 
-async def test_cancel_mid_stream_keeps_partial_text_and_closes_stream() -> None:
+async def test_cancel_mid_stream_keeps_partial_text_and_closes_stream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(text=["alpha ", "beta ", "gamma ", "delta"], delay=1.0)])
     async with ta.open_run(make_agent(model), "hi") as run:
         async for event in run.events():
@@ -197,7 +206,9 @@ async def test_cancel_mid_stream_keeps_partial_text_and_closes_stream() -> None:
     check_common_invariants(result, await collect(run))
 
 
-async def test_cancel_drops_partial_tool_calls_of_an_unfinished_stream() -> None:
+async def test_cancel_drops_partial_tool_calls_of_an_unfinished_stream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel(
         [Turn(text=["x", "y"], tool_calls=[("add", {"a": 1, "b": 2})], delay=1.0)]
     )
@@ -211,7 +222,7 @@ async def test_cancel_drops_partial_tool_calls_of_an_unfinished_stream() -> None
     assert result.new_items[-1] == ta.AssistantMessage("xy", status="incomplete")
 
 
-async def test_cancel_while_async_tool_runs() -> None:
+async def test_cancel_while_async_tool_runs(autojump_clock: trio.testing.MockClock) -> None:
     entered = trio.Event()
     cleaned_up = []
 
@@ -234,11 +245,12 @@ async def test_cancel_while_async_tool_runs() -> None:
         start = trio.current_time()
         run.cancel("user pressed stop")
         result = await run.wait()
-        assert trio.current_time() == start  # no virtual time passed: not waited out
+        assert trio.current_time() - start == 0, trio.current_time() - start  # not waited out
     assert cleaned_up == ["cancelled", "finally"]
     assert result.status == "cancelled"
     assert result.reason == "user pressed stop"
     tool_result = result.conversation[-1]
+    assert isinstance(tool_result, ta.ToolResult)
     assert tool_result == ta.ToolResult(
         tool_result.call_id, "cancelled: user pressed stop", status="cancelled"
     )
@@ -248,7 +260,9 @@ async def test_cancel_while_async_tool_runs() -> None:
     assert [f.status for f in finished] == ["cancelled"]
 
 
-async def test_cancel_while_sync_tool_runs_sets_ctx_cancelled() -> None:
+async def test_cancel_while_sync_tool_runs_sets_ctx_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     entered = threading.Event()
     release = threading.Event()
     saw_cancel = threading.Event()
@@ -275,7 +289,9 @@ async def test_cancel_while_sync_tool_runs_sets_ctx_cancelled() -> None:
     assert outputs == ["cancelled: stop the thread"]
 
 
-async def test_after_turn_finishes_the_turn_then_stops() -> None:
+async def test_after_turn_finishes_the_turn_then_stops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     entered = trio.Event()
     finish = trio.Event()
 
@@ -301,7 +317,7 @@ async def test_after_turn_finishes_the_turn_then_stops() -> None:
     assert result.conversation[-1] == ta.ToolResult(result.conversation[-2].call_id, "step done")  # type: ignore[union-attr]
 
 
-async def test_after_turn_on_a_final_turn_completes() -> None:
+async def test_after_turn_on_a_final_turn_completes(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel([Turn(text=["the ", "answer"], delay=1.0)])
     async with ta.open_run(make_agent(model), "go") as run:
         async for event in run.events():
@@ -314,19 +330,12 @@ async def test_after_turn_on_a_final_turn_completes() -> None:
     assert result.final_output == "the answer"
 
 
-async def test_immediate_escalates_after_turn_and_first_reason_wins() -> None:
-    entered = trio.Event()
-
-    @ta.function_tool
-    async def forever() -> str:
-        """Never ends."""
-        entered.set()
-        await trio.sleep_forever()
-        raise AssertionError
-
+async def test_immediate_escalates_after_turn_and_first_reason_wins(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(tool_calls=[("forever", {})])])
     async with ta.open_run(make_agent(model, [forever]), "go") as run:
-        await entered.wait()
+        await start_forever_run(run)
         run.cancel("first", mode="after_turn")
         run.cancel("second", mode="after_turn")
         await trio.testing.wait_all_tasks_blocked()
@@ -339,7 +348,9 @@ async def test_immediate_escalates_after_turn_and_first_reason_wins() -> None:
     assert result.reason == "first"
 
 
-async def test_cancel_is_idempotent_and_noop_after_end() -> None:
+async def test_cancel_is_idempotent_and_noop_after_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel(["done"])
     async with ta.open_run(make_agent(model), "go") as run:
         pass
@@ -350,43 +361,59 @@ async def test_cancel_is_idempotent_and_noop_after_end() -> None:
     assert statuses(await collect(run)) == ["queued", "running", "completed"]
 
 
-async def test_cancel_from_a_foreign_thread() -> None:
-    model = ScriptedModel([Turn(text=["x"] * 100, delay=1.0)])
-    async with ta.open_run(make_agent(model), "go") as run:
-        async for event in run.events():
-            if isinstance(event, ta.ResponseTextDelta):
-                await trio.to_thread.run_sync(run.cancel, "from a thread")
-                break
+@ta.function_tool
+async def forever() -> str:
+    """Never returns (and sets no timer, so the autojump clock cannot skip it)."""
+    await trio.sleep_forever()
+    raise AssertionError
+
+
+async def start_forever_run(run: ta.Run) -> None:
+    async for event in run.events():
+        if isinstance(event, ta.ToolStarted):
+            return
+
+
+async def test_cancel_from_a_foreign_thread(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel([Turn(tool_calls=[("forever", {})])])
+    async with ta.open_run(make_agent(model, [forever]), "go") as run:
+        await start_forever_run(run)
+        await trio.to_thread.run_sync(run.cancel, "from a thread")
     assert run.result is not None
     assert run.result.status == "cancelled"
     assert run.result.reason == "from a thread"
 
 
-async def test_fifty_threads_cancelling_at_once_give_one_terminal_update() -> None:
-    model = ScriptedModel([Turn(text=["x"] * 100, delay=1.0)])
+async def test_fifty_threads_cancelling_at_once_give_one_terminal_update(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = ScriptedModel([Turn(tool_calls=[("forever", {})])])
     barrier = threading.Barrier(50)
 
     def canceller(i: int) -> None:
         barrier.wait()
-        run.cancel(f"thread {i}")
+        run.cancel(f"thread {i}", mode="after_turn" if i % 2 else "immediate")
 
-    async with ta.open_run(make_agent(model), "go") as run:
-        async for event in run.events():
-            if isinstance(event, ta.ResponseTextDelta):
-                break
+    async with ta.open_run(make_agent(model, [forever]), "go") as run:
+        await start_forever_run(run)
+        limiter = trio.CapacityLimiter(50)  # Trio's default (40) would deadlock the barrier
         async with trio.open_nursery() as nursery:
             for i in range(50):
-                nursery.start_soon(trio.to_thread.run_sync, canceller, i)
+                nursery.start_soon(partial(trio.to_thread.run_sync, canceller, i, limiter=limiter))
     events = await collect(run)
     terminal = [e for e in events if isinstance(e, ta.RunUpdated) and e.status.is_terminal]
     assert len(terminal) == 1
     assert run.result is not None
+    assert run.result.status == "cancelled"
     assert run.result.reason is not None
     assert run.result.reason.startswith("thread ")
     assert terminal[0].reason == run.result.reason
+    check_common_invariants(run.result, events)
 
 
-async def test_outer_cancellation_is_recorded_and_propagates() -> None:
+async def test_outer_cancellation_is_recorded_and_propagates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(text=["x"] * 100, delay=1.0)])
     agent = make_agent(model)
     handle: list[ta.Run] = []
@@ -402,7 +429,9 @@ async def test_outer_cancellation_is_recorded_and_propagates() -> None:
     assert run.result.new_items[-1].status == "incomplete"  # type: ignore[union-attr]
 
 
-async def test_outer_cancellation_of_a_waiting_block_propagates() -> None:
+async def test_outer_cancellation_of_a_waiting_block_propagates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(text=["x"] * 100, delay=1.0)])
     handle: list[ta.Run] = []
     with trio.move_on_after(5) as scope:
@@ -414,7 +443,9 @@ async def test_outer_cancellation_of_a_waiting_block_propagates() -> None:
     assert handle[0].result.reason == "parent cancelled"
 
 
-async def test_outer_cancel_never_swallowed_in_serve_run() -> None:
+async def test_outer_cancel_never_swallowed_in_serve_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(text=["x"] * 100, delay=1.0)])
     with trio.move_on_after(3) as scope:
         async with trio.open_nursery() as nursery:
@@ -425,21 +456,27 @@ async def test_outer_cancel_never_swallowed_in_serve_run() -> None:
     assert run.result.reason == "parent cancelled"
 
 
-async def test_exception_in_block_cancels_run_and_propagates_unwrapped() -> None:
+async def test_exception_in_block_cancels_run_and_propagates_unwrapped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(text=["x"] * 100, delay=1.0)])
     handle: list[ta.Run] = []
-    with pytest.raises(KeyError, match="oops"):
+
+    async def body() -> None:
         async with ta.open_run(make_agent(model), "go") as run:
             handle.append(run)
             await trio.sleep(2.5)
             raise KeyError("oops")
+
+    with pytest.raises(KeyError, match="oops"):
+        await body()
     result = handle[0].result
     assert result is not None
     assert result.status == "cancelled"
     assert result.reason == "caller exited"
 
 
-async def test_serve_run_returns_result() -> None:
+async def test_serve_run_returns_result(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel(["fine"])
     async with trio.open_nursery() as nursery:
         run = await nursery.start(ta.serve_run, make_agent(model), "go")
@@ -448,7 +485,9 @@ async def test_serve_run_returns_result() -> None:
     assert run.result.final_output == "fine"
 
 
-async def test_agent_is_reusable_after_a_cancelled_run() -> None:
+async def test_agent_is_reusable_after_a_cancelled_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(text=["x"] * 10, delay=1.0), "second run answer"])
     agent = make_agent(model)
     async with ta.open_run(agent, "first") as run:
@@ -458,10 +497,13 @@ async def test_agent_is_reusable_after_a_cancelled_run() -> None:
     assert run.result.status == "cancelled"
     result = await ta.run(agent, "second")
     assert result.final_output == "second run answer"
-    assert result.conversation == (ta.UserMessage("second"), ta.AssistantMessage("second run answer"))
+    assert result.conversation == (
+        ta.UserMessage("second"),
+        ta.AssistantMessage("second run answer"),
+    )
 
 
-async def test_concurrent_runs_share_one_agent() -> None:
+async def test_concurrent_runs_share_one_agent(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel([], default=Turn(text="same", delay=1.0))
     agent = make_agent(model)
     results: list[ta.RunResult] = []
@@ -479,7 +521,9 @@ async def test_concurrent_runs_share_one_agent() -> None:
 # ---------------------------------------------------------------- subscribers
 
 
-async def test_updated_stream_first_current_then_changes() -> None:
+async def test_updated_stream_first_current_then_changes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 1})], delay=1.0), "2"])
     seen: list[str] = []
     async with ta.open_run(make_agent(model, [add]), "go") as run:
@@ -489,7 +533,9 @@ async def test_updated_stream_first_current_then_changes() -> None:
     assert seen[-1] == "completed"
 
 
-async def test_late_updated_subscriber_gets_terminal_status() -> None:
+async def test_late_updated_subscriber_gets_terminal_status(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     result = None
     async with ta.open_run(make_agent(ScriptedModel(["done"])), "go") as run:
         pass
@@ -503,7 +549,9 @@ async def test_late_updated_subscriber_gets_terminal_status() -> None:
     assert events[-1] == updates[0]
 
 
-async def test_two_updated_subscribers_are_independent() -> None:
+async def test_two_updated_subscribers_are_independent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(text=["a", "b"], delay=1.0)])
     a: list[str] = []
     b: list[str] = []
@@ -519,7 +567,9 @@ async def test_two_updated_subscribers_are_independent() -> None:
     assert a[-1] == "completed"
 
 
-async def test_subscriber_that_never_reads_does_not_block_the_run() -> None:
+async def test_subscriber_that_never_reads_does_not_block_the_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(text=["x"] * 500)])
     async with ta.open_run(make_agent(model), "go", event_retention=64) as run:
         never_read = run.events()
@@ -537,7 +587,7 @@ async def test_subscriber_that_never_reads_does_not_block_the_run() -> None:
     assert rest[-1].type == "run.updated"
 
 
-async def test_events_from_seq_replays_inclusively() -> None:
+async def test_events_from_seq_replays_inclusively(autojump_clock: trio.testing.MockClock) -> None:
     async with ta.open_run(make_agent(ScriptedModel(["a b c"])), "go") as run:
         pass
     everything = await collect(run)
@@ -547,7 +597,9 @@ async def test_events_from_seq_replays_inclusively() -> None:
         run.events(-1)
 
 
-async def test_breaking_out_of_a_subscription_is_safe() -> None:
+async def test_breaking_out_of_a_subscription_is_safe(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     model = ScriptedModel([Turn(text=["x"] * 20, delay=1.0)])
     async with ta.open_run(make_agent(model), "go") as run:
         async for _ in run.events():
@@ -594,7 +646,7 @@ class RecordingHooks(ta.RunHooks):
         )
 
 
-async def test_hooks_balanced_on_completion() -> None:
+async def test_hooks_balanced_on_completion(autojump_clock: trio.testing.MockClock) -> None:
     hooks = RecordingHooks()
     model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
     await ta.run(make_agent(model, [add]), "go", hooks=hooks)
@@ -611,7 +663,9 @@ async def test_hooks_balanced_on_completion() -> None:
 
 
 @pytest.mark.parametrize("cancel_at", [0.05, 0.15, 1.05, 1.15, 2.5, 100.0])
-async def test_hooks_balanced_on_cancel_at_any_point(cancel_at: float) -> None:
+async def test_hooks_balanced_on_cancel_at_any_point(
+    cancel_at: float, autojump_clock: trio.testing.MockClock
+) -> None:
     hooks = RecordingHooks()
 
     @ta.function_tool
@@ -629,9 +683,12 @@ async def test_hooks_balanced_on_cancel_at_any_point(cancel_at: float) -> None:
     assert hooks.calls[-1] == f"run_end:{run.result.status.value}"
 
 
-async def test_failing_hook_fails_the_run_but_stays_balanced() -> None:
+async def test_failing_hook_fails_the_run_but_stays_balanced(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     class Bad(RecordingHooks):
         async def on_tool_start(self, run: ta.Run, call: ta.ToolCall) -> None:
+            self.calls.append(f"tool_start:{call.call_id}")
             raise RuntimeError("hook bug")
 
     hooks = Bad()
@@ -647,7 +704,9 @@ async def test_failing_hook_fails_the_run_but_stays_balanced() -> None:
 # -------------------------------------------------------------------- sessions
 
 
-async def test_session_receives_items_and_next_run_sees_history() -> None:
+async def test_session_receives_items_and_next_run_sees_history(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     session = MemorySession("s1")
     model = ScriptedModel([Turn(text=["partial "] * 5, delay=1.0), "second answer"])
     agent = make_agent(model)
@@ -667,7 +726,9 @@ async def test_session_receives_items_and_next_run_sees_history() -> None:
 # ------------------------------------------------------------------ bad input
 
 
-async def test_bad_input_and_options_raise_before_anything_starts() -> None:
+async def test_bad_input_and_options_raise_before_anything_starts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     agent = make_agent(ScriptedModel(["x"]))
     with pytest.raises(TypeError, match="unknown run option"):
         await ta.run(agent, "x", bogus=1)
@@ -682,7 +743,7 @@ async def test_bad_input_and_options_raise_before_anything_starts() -> None:
             run.cancel("x", mode="later")  # type: ignore[arg-type]
 
 
-async def test_statistics_snapshot() -> None:
+async def test_statistics_snapshot(autojump_clock: trio.testing.MockClock) -> None:
     async with ta.open_run(make_agent(ScriptedModel(["x"])), "go") as run:
         stats = run.statistics()
         assert stats.status in ("queued", "running")

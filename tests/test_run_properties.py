@@ -7,6 +7,7 @@ thousands of virtual seconds cost nothing and every example replays exactly.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import attrs
@@ -48,8 +49,14 @@ async def broken() -> str:
 
 def tool_call() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
     return st.one_of(
-        st.tuples(st.just("add"), st.fixed_dictionaries({"a": st.integers(-5, 5), "b": st.integers(-5, 5)})),
-        st.tuples(st.just("sleeper"), st.fixed_dictionaries({"seconds": st.sampled_from([0.0, 0.5, 2.0, 50.0])})),
+        st.tuples(
+            st.just("add"),
+            st.fixed_dictionaries({"a": st.integers(-5, 5), "b": st.integers(-5, 5)}),
+        ),
+        st.tuples(
+            st.just("sleeper"),
+            st.fixed_dictionaries({"seconds": st.sampled_from([0.0, 0.5, 2.0, 50.0])}),
+        ),
         st.tuples(st.just("broken"), st.just({})),
         st.tuples(st.just("missing"), st.just({})),
     )
@@ -76,7 +83,9 @@ ops = st.lists(
     st.builds(
         Op,
         at=st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0, 1.6, 2.5, 4.0, 8.0]),
-        kind=st.sampled_from(["cancel", "after_turn", "subscribe", "status_subscribe", "outer_cancel"]),
+        kind=st.sampled_from(
+            ["cancel", "after_turn", "subscribe", "status_subscribe", "outer_cancel"]
+        ),
         reason=st.sampled_from(["r1", "r2", "r3"]),
     ),
     max_size=5,
@@ -103,9 +112,7 @@ def test_any_schedule_keeps_the_lifecycle_rules(
     script: list[Turn], schedule: list[Op], max_turns: int
 ) -> None:
     model = ScriptedModel(script, default="the end")
-    agent = ta.Agent(
-        name="p", model=model, tools=[add, sleeper, broken], max_turns=max_turns
-    )
+    agent = ta.Agent(name="p", model=model, tools=[add, sleeper, broken], max_turns=max_turns)
     seen_by_subscribers: list[list[ta.RunEvent]] = []
     seen_statuses: list[list[ta.RunUpdated]] = []
     first_cancel: list[Op] = []
@@ -127,7 +134,9 @@ def test_any_schedule_keeps_the_lifecycle_rules(
                     if op.kind in ("cancel", "after_turn"):
                         if run.result is None and not first_cancel:
                             first_cancel.append(op)
-                        run.cancel(op.reason, mode="immediate" if op.kind == "cancel" else "after_turn")
+                        run.cancel(
+                            op.reason, mode="immediate" if op.kind == "cancel" else "after_turn"
+                        )
                     elif op.kind == "subscribe":
                         nursery.start_soon(subscriber, run)
                     elif op.kind == "status_subscribe":
@@ -147,7 +156,7 @@ def test_any_schedule_keeps_the_lifecycle_rules(
     check_common_invariants(result, events)
     updates = [e.status.value for e in events if isinstance(e, ta.RunUpdated)]
     assert updates[0] == "queued"
-    for before, after in zip(updates, updates[1:], strict=False):
+    for before, after in itertools.pairwise(updates):
         assert after in LEGAL_NEXT[before], updates
     for seen in seen_by_subscribers:
         assert seen == events[-len(seen) :] if seen else True

@@ -15,7 +15,7 @@ __all__ = ["Agent"]
 
 
 def _to_tools(value: Iterable[Tool | Callable[..., Any]]) -> tuple[Tool, ...]:
-    if isinstance(value, Tool) or callable(value):
+    if callable(value):  # a Tool is callable too
         raise TypeError("tools must be a list of tools, not a single tool")
     tools = tuple(t if isinstance(t, Tool) else function_tool(t) for t in value)
     names = [t.name for t in tools]
@@ -79,9 +79,7 @@ class Agent:
     model: Model = attrs.field(factory=_default_model, validator=_check_model)
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_to_tools)
     max_turns: int = attrs.field(default=10, validator=_check_max_turns)
-    model_settings: Mapping[str, Any] = attrs.field(
-        default=None, converter=_to_settings, eq=False
-    )
+    model_settings: Mapping[str, Any] = attrs.field(default=None, converter=_to_settings, eq=False)
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
 
     @_by_name.default

@@ -135,30 +135,30 @@ async def run_demo(model: Model, session: Session, out: TextIO) -> None:
     agent = demo_agent(model)
 
     printer.line("== 1. A run that uses a tool; a follow-up is injected while it runs ==")
-    async with open_run(agent, "What is 21 + 21?", session=session) as run:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch, run, printer)
-            async for update in run.updated:
-                if update.status == "running":
-                    injection = run.inject(
-                        "And what is the weather in Paris?", when="when_idle"
-                    )
-                    printer.line(f"  (injected a follow-up: {injection})")
-                    break
+    async with (
+        open_run(agent, "What is 21 + 21?", session=session) as run,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(_watch, run, printer)
+        async for update in run.updated:
+            if update.status == "running":
+                injection = run.inject("And what is the weather in Paris?", when="when_idle")
+                printer.line(f"  (injected a follow-up: {injection})")
+                break
     assert run.result is not None
     printer.line(f"  => {run.result.status.value}, {run.result.turns} model turns")
 
     printer.line("")
     printer.line("== 2. A slow tool, cancelled mid-call ==")
     progress_seen = trio.Event()
-    async with open_run(
-        agent, "Search the archive for structured concurrency", session=session
-    ) as run:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch, run, printer, progress_seen)
-            await progress_seen.wait()
-            printer.line("  (pressing stop: run.cancel('user pressed stop'))")
-            run.cancel("user pressed stop")
+    async with (
+        open_run(agent, "Search the archive for structured concurrency", session=session) as run,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(_watch, run, printer, progress_seen)
+        await progress_seen.wait()
+        printer.line("  (pressing stop: run.cancel('user pressed stop'))")
+        run.cancel("user pressed stop")
     assert run.result is not None
     printer.line(f"  => {run.result.status.value}: {run.result.reason}")
 

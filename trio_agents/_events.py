@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, cast
 
 import attrs
 
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-class RunStatus(str, enum.Enum):
+class RunStatus(enum.StrEnum):
     """The status of a run. A ``str`` enum: ``status == "cancelled"`` holds.
 
     ``queued → running ⇄ awaiting_approval → completed | failed | cancelled``
@@ -86,7 +86,7 @@ class _EventBase:
     def to_json(self) -> dict[str, Any]:
         """Return the event as a JSON-compatible dict, ``type`` first."""
         data: dict[str, Any] = {"type": self.type}
-        for field in attrs.fields(type(self)):
+        for field in attrs.fields(cast(Any, type(self))):
             data[field.name] = _json_value(getattr(self, field.name))
         return data
 

@@ -1,9 +1,11 @@
 """Lifecycle hooks: observe a run's start/end, model calls and tool calls.
 
-Subclass :class:`RunHooks` and override what you need. Every ``*_start`` that returned
-is matched by exactly one ``*_end`` on every path — completion, failure, ``max_turns``
+Subclass :class:`RunHooks` and override what you need. Every ``*_start`` that was
+called is matched by exactly one ``*_end`` on every path — completion, failure, ``max_turns``
 and cancellation (where the end calls run during the shielded, bounded repair) — so
-tracing spans opened in a start hook can always be closed in the end hook.
+tracing spans opened in a start hook can always be closed in the end hook. (A start
+hook interrupted by a cancellation still gets its end call; write end hooks to
+tolerate a start that did not finish.)
 
 An exception raised by a hook during the run fails the run (``reason`` names the hook);
 one raised by an end hook during the repair of a cancelled or failed run is logged and

@@ -249,7 +249,8 @@ def coerce_items(value: str | Item | Mapping[str, Any] | Iterable[Any]) -> list[
     """Convert user-supplied input to a list of items, validating all of it first.
 
     A str becomes one :class:`UserMessage`; an item or dict becomes one item; any other
-    iterable is converted element by element. Errors name the offending index.
+    iterable is converted element by element (str elements are user messages). Errors
+    name the offending index.
     """
     if isinstance(value, str):
         return [UserMessage(value)]
@@ -267,6 +268,8 @@ def coerce_items(value: str | Item | Mapping[str, Any] | Iterable[Any]) -> list[
         try:
             if isinstance(element, _ITEM_TYPES):
                 items.append(element)
+            elif isinstance(element, str):
+                items.append(UserMessage(element))
             else:
                 items.append(item_from_json(element))
         except (TypeError, ValueError) as exc:

@@ -87,7 +87,8 @@ class EventLog:
     def get(self, seq: int) -> RunEvent:
         """Return the retained event with ``seq``."""
         event = self._buffer[seq % len(self._buffer)]
-        assert event is not None and event.seq == seq, (seq, event)
+        assert event is not None, seq
+        assert event.seq == seq, (seq, event)
         return event
 
     def retained(self) -> list[RunEvent]:

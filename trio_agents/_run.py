@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any, Literal, NewType, TypeAlias, final
 
 import attrs
@@ -57,8 +57,8 @@ from .sessions._base import Session
 
 __all__ = [
     "CancelMode",
-    "InjectionId",
     "InjectWhen",
+    "InjectionId",
     "Run",
     "RunResult",
     "open_run",
@@ -137,7 +137,7 @@ def _check_count(_instance: object, attribute: attrs.Attribute[Any], value: obje
         raise ValueError(f"{attribute.name} must be >= 1")
 
 
-def _check_hooks(_instance: object, _attribute: object, value: object) -> None:
+def _check_hooks(_instance: object, _attribute: object, value: Any) -> None:
     if value is not None and not isinstance(value, RunHooks):
         raise TypeError("hooks must be a RunHooks instance")
 
@@ -294,6 +294,7 @@ class Run:
         self._failure: tuple[str, BaseException | None] | None = None
         self._open_spans: dict[str, Callable[[str], Awaitable[None]]] = {}
         self._run_span_open = False
+        self._input_committed = False
         self._inbox_wakeup = trio.Event()
         self._result: RunResult | None = None
         self._emit_status(RunStatus.QUEUED)
@@ -364,7 +365,10 @@ class Run:
         self._call_soon(self._apply_cancel)
 
     def inject(
-        self, items: str | Item | Mapping[str, Any] | Iterable[Any], *, when: InjectWhen = "next_turn"
+        self,
+        items: str | Item | Mapping[str, Any] | Iterable[Any],
+        *,
+        when: InjectWhen = "next_turn",
     ) -> InjectionId:
         """Add items to the running conversation. Sync, safe from any thread.
 
@@ -452,10 +456,8 @@ class Run:
         if self._token is None or threading.get_ident() == self._thread_id:
             fn()
             return
-        try:
+        with suppress(trio.RunFinishedError):
             self._token.run_sync_soon(fn)
-        except trio.RunFinishedError:
-            pass
 
     def _apply_cancel(self) -> None:
         with self._lock:
@@ -536,9 +538,10 @@ class Run:
     async def _open_span(
         self, key: str, start: Awaitable[None], end: Callable[[str], Awaitable[None]]
     ) -> None:
-        """Await a start hook; once it returned, remember its end hook."""
-        await start
+        """Await a start hook, its end hook registered first: every start that was
+        called gets its end, even if the start itself was interrupted."""
         self._open_spans[key] = end
+        await start
 
     async def _close_span(self, key: str, outcome: str) -> None:
         end = self._open_spans.pop(key, None)
@@ -547,13 +550,19 @@ class Run:
 
     # ---------------------------------------------------------------- lifecycle
 
-    async def _serve(self, task_status: trio.TaskStatus[Run]) -> None:
+    async def _serve(
+        self, go: trio.Event | None = None, *, task_status: trio.TaskStatus[Run]
+    ) -> None:
+        """The run's task. With ``go``, the run stays queued until ``go`` is set."""
         self._token = trio.lowlevel.current_trio_token()
         self._thread_id = threading.get_ident()
         task_status.started(self)
         escaped: BaseException | None = None
+        error: BaseException | None
         try:
             with self._scope:
+                if go is not None:
+                    await go.wait()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._inbox_task, name=f"{self.id}:inbox")
                     await self._drive()
@@ -563,7 +572,11 @@ class Run:
         drive_finished = self._final_output is not None
         if escaped is not None and not _only_cancelled(escaped):
             if isinstance(escaped, Exception):
-                status, reason, error = RunStatus.FAILED, f"internal error: {_summarize(escaped)}", escaped
+                status, reason, error = (
+                    RunStatus.FAILED,
+                    f"internal error: {_summarize(escaped)}",
+                    escaped,
+                )
                 logger.error("run %s crashed", self.id, exc_info=escaped)
                 escaped = None
             else:  # KeyboardInterrupt, SystemExit, ...
@@ -588,14 +601,9 @@ class Run:
         self._emit_status(RunStatus.RUNNING)
         try:
             if self._hooks is not None:
-                await self._hooks.on_run_start(self)
                 self._run_span_open = True
-            if self.session is not None:
-                self._history = list(await self.session.get_items())
-                self._conversation = list(self._history)
-            for item in self._input:
-                self._commit(item)
-            await self._flush()
+                await self._hooks.on_run_start(self)
+            await self._start_conversation()
             idle = False
             while True:
                 await trio.lowlevel.checkpoint()
@@ -620,6 +628,18 @@ class Run:
                 return
         except Exception as exc:
             self._failure = (_summarize(exc), exc)
+
+    async def _start_conversation(self) -> None:
+        """Load the session's history and commit the input (once)."""
+        if self._input_committed:
+            return
+        if self.session is not None:
+            self._history = list(await self.session.get_items())
+            self._conversation = list(self._history)
+        self._input_committed = True
+        for item in self._input:
+            self._commit(item)
+        await self._flush()
 
     async def _model_turn(self) -> tuple[str, list[ToolCall] | None]:
         """Run one model call. Returns (text, calls); calls is None if interrupted."""
@@ -790,9 +810,7 @@ class Run:
             except Exception as exc:
                 if self._options.on_tool_error == "fail":
                     raise _ToolFailure(call, exc) from exc
-                result = ToolResult(
-                    call.call_id, f"error: {_summarize(exc)}", status="error"
-                )
+                result = ToolResult(call.call_id, f"error: {_summarize(exc)}", status="error")
             else:
                 if timer.cancelled_caught:
                     ctx.cancelled.set()
@@ -817,7 +835,9 @@ class Run:
                     output=result.output,
                 )
             )
-        if self._hooks is not None and self._open_spans.pop(f"tool:{call.call_id}", None):
+        key = f"tool:{call.call_id}"
+        if self._hooks is not None and key in self._open_spans:
+            del self._open_spans[key]
             await self._hooks.on_tool_end(self, call, result)
 
     # -------------------------------------------------------------------- inbox
@@ -901,6 +921,12 @@ class Run:
             self._approvals.clear()
         detail: dict[str, Any] = {}
         with trio.move_on_after(self._options.cleanup_timeout, shield=True) as cleanup:
+            # 0. A run cancelled while queued still records its input.
+            try:
+                await self._start_conversation()
+            except Exception as exc:
+                logger.exception("could not load the session of run %s", self.id)
+                detail["persist_error"] = _summarize(exc)
             # 1. Keep what the user already saw: partial text, as an incomplete message.
             if self._partial_text:
                 self._commit(AssistantMessage("".join(self._partial_text), status="incomplete"))
@@ -911,9 +937,9 @@ class Run:
             for open_call in list(self._open_calls.values()):
                 if open_call.ctx is not None:
                     open_call.ctx.cancelled.set()
-                result = ToolResult(open_call.call.call_id, cancel_output, status="cancelled")
+                repaired = ToolResult(open_call.call.call_id, cancel_output, status="cancelled")
                 try:
-                    await self._end_tool(open_call.call, result)
+                    await self._end_tool(open_call.call, repaired)
                 except Exception:
                     logger.exception("on_tool_end hook failed during repair of %s", self.id)
                     self._open_calls.pop(open_call.call.call_id, None)
@@ -1006,7 +1032,7 @@ async def serve_run(
     cancelled"`` after its bounded repair and ``trio.Cancelled`` propagates.
     """
     handle = Run(agent, input, session=session, run_id=run_id, options=_make_options(options))
-    await handle._serve(task_status)
+    await handle._serve(task_status=task_status)
     assert handle.result is not None
     return handle.result
 
@@ -1037,7 +1063,11 @@ async def open_run(
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(handle._serve)
+            go = trio.Event()
+            await nursery.start(handle._serve, go)
+            # The run starts at the body's first checkpoint: a cancel() on the body's
+            # first line is guaranteed to come before any model call.
+            go.set()
             try:
                 yield handle
             except BaseException as exc:
@@ -1073,4 +1103,3 @@ async def run(
         pass
     assert handle.result is not None
     return handle.result
-

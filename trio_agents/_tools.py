@@ -1,0 +1,529 @@
+"""Tools: Python functions a model may call, and the context a call runs in.
+
+:func:`function_tool` turns a function (``async def`` or plain ``def``) into a
+:class:`Tool`: name, description and JSON schema come from the signature, the type
+hints and the docstring. A run calls :meth:`Tool.invoke` with a :class:`ToolContext`;
+async functions run in the run's task tree, sync functions in a worker thread that is
+abandoned (and told so through ``ctx.cancelled``) when the call is cancelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import enum
+import functools
+import inspect
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, final, overload
+
+import attrs
+import trio
+
+from ._exceptions import TrioAgentsError
+from ._model import ToolSpec
+from ._schema import ArgumentConversionError, FunctionSchema, function_schema, validate
+
+__all__ = ["Tool", "ToolArgumentsError", "ToolContext", "function_tool"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class ToolArgumentsError(TrioAgentsError, ValueError):
+    """The arguments of a tool call are not valid JSON or do not fit the tool's schema.
+
+    The message is written for the model, which gets it back as the (error) result of
+    its call, e.g. ``"invalid arguments for tool 'add': $.b: expected integer, got
+    string"``.
+
+    Attributes:
+        tool_name: the name of the tool that was called.
+        errors: one message per problem, each starting with a JSON path.
+    """
+
+    def __init__(self, tool_name: str, errors: Sequence[str]) -> None:
+        self.tool_name = tool_name
+        self.errors = list(errors)
+        super().__init__(f"invalid arguments for tool {tool_name!r}: {'; '.join(self.errors)}")
+
+
+def _no_progress(message: str, data: Mapping[str, Any]) -> None:
+    """The default progress callback: progress goes nowhere."""
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    # ProcessLookupError: the group is gone. PermissionError: its id is someone else's.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+@attrs.define(eq=False)
+class _ProcessRecorder:
+    """A :class:`trio.TaskStatus` that only remembers the process ``run_process`` started."""
+
+    process: trio.Process | None = None
+
+    def started(self, value: trio.Process | None = None) -> None:
+        self.process = value
+
+
+@final
+@attrs.frozen(eq=False)
+class ToolContext:
+    """What a tool call knows about itself; pass it as the tool's first parameter.
+
+    A tool function whose first parameter is named ``ctx`` (or annotated
+    ``ToolContext``) receives one per call::
+
+        @function_tool
+        def crunch(ctx: ToolContext, n: int) -> int:
+            for i in range(n):
+                if ctx.cancelled.is_set():
+                    return -1  # the result is discarded anyway
+                ctx.progress(f"step {i}", step=i)
+            ...
+
+    To unit-test such a function, build a context yourself:
+    ``ToolContext(run_id="r", call_id="c", tool_name="crunch")``.
+
+    Attributes:
+        run_id: the id of the run making the call.
+        call_id: the id of the tool call (from the model).
+        tool_name: the name of the tool.
+        cancelled: set when the call is cancelled or times out (and whenever the call
+            ends with an exception). A sync tool runs in a thread that is abandoned at
+            that moment, and the event is set at once: poll it (or
+            ``cancelled.wait(timeout)``) and return early. An async tool gets
+            ``trio.Cancelled`` instead, and the event is set as that leaves the
+            function; an async tool that hands ``ctx`` to a worker thread should
+            start it with ``abandon_on_cancel=True`` so the cancellation arrives.
+    """
+
+    run_id: str
+    call_id: str
+    tool_name: str
+    cancelled: threading.Event = attrs.field(factory=threading.Event)
+    _on_progress: Callable[[str, Mapping[str, Any]], None] = attrs.field(
+        default=_no_progress, repr=False, kw_only=True
+    )
+
+    def progress(self, message: str, **data: Any) -> None:
+        """Report progress: emits a ``tool.progress`` event with ``message`` and ``data``.
+
+        Thread-safe (call it from a sync tool's thread) and non-blocking. ``data``
+        should be JSON-serialisable; it travels to event subscribers as is.
+        """
+        if not isinstance(message, str):
+            raise TypeError(f"progress message must be a str, not {type(message).__name__}")
+        self._on_progress(message, data)
+
+    async def run_process(
+        self,
+        argv: str | Sequence[str | bytes | os.PathLike[str] | os.PathLike[bytes]],
+        *,
+        check: bool = True,
+        grace: float = 0.5,
+        **kwargs: Any,
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run a subprocess that dies with the call; return its captured output.
+
+        Like :func:`trio.run_process` with ``capture_stdout=True`` and
+        ``capture_stderr=True`` (unless ``stdout``/``stderr`` are given; other keyword
+        arguments, such as ``cwd``, ``env`` or ``stdin``, are passed through). The
+        process starts in a new session, so it and its children form their own process
+        group. If the call is cancelled or times out, the whole group gets ``SIGTERM``,
+        then ``SIGKILL`` after ``grace`` seconds if the process is still alive; and
+        when this returns or raises, whatever is left in the group (a background child
+        that outlived its parent, say) is killed. POSIX only.
+
+        Raises:
+            subprocess.CalledProcessError: the process exited with a non-zero status
+                and ``check`` is true.
+        """
+        if not isinstance(grace, int | float) or isinstance(grace, bool) or not grace >= 0:
+            raise ValueError(f"grace must be a number >= 0, not {grace!r}")
+        for name in ("start_new_session", "process_group", "deliver_cancel", "task_status"):
+            if name in kwargs:
+                raise TypeError(f"run_process() does not accept {name}=")
+        if "stdout" not in kwargs:
+            kwargs.setdefault("capture_stdout", True)
+        if "stderr" not in kwargs:
+            kwargs.setdefault("capture_stderr", True)
+
+        async def deliver_cancel(process: trio.Process) -> None:
+            _signal_group(process.pid, signal.SIGTERM)
+            await trio.sleep(grace)
+            _signal_group(process.pid, signal.SIGKILL)
+
+        recorder = _ProcessRecorder()
+        try:
+            result: subprocess.CompletedProcess[bytes] = await trio.run_process(
+                argv,
+                check=check,
+                start_new_session=True,
+                deliver_cancel=deliver_cancel,
+                task_status=recorder,
+                **kwargs,
+            )
+        finally:
+            if recorder.process is not None:
+                _signal_group(recorder.process.pid, signal.SIGKILL)
+        return result
+
+
+def _check_timeout(_instance: object, _attribute: object, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"timeout must be a number of seconds or None, not {value!r}")
+    if math.isnan(value) or value <= 0:
+        raise TypeError(f"timeout must be > 0 seconds, not {value!r}")
+
+
+def _check_name(_instance: object, _attribute: object, value: Any) -> None:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise TypeError(
+            f"invalid tool name {value!r}: use 1-64 letters, digits, '_' or '-'"
+            " (pass name=... to function_tool)"
+        )
+
+
+def _check_needs_approval(_instance: object, _attribute: object, value: Any) -> None:
+    if not isinstance(value, bool) and not callable(value):
+        raise TypeError(
+            "needs_approval must be a bool or a callable taking the arguments,"
+            f" not {type(value).__name__}"
+        )
+
+
+def _check_str(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a str, not {type(value).__name__}")
+
+
+def _output_default(value: object) -> object:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if attrs.has(type(value)):
+        return attrs.asdict(value)  # type: ignore[arg-type]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, set | frozenset):
+        return list(value)
+    return str(value)
+
+
+def _to_output(value: object) -> str:
+    """Turn a tool's return value into the text the model reads."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, Mapping | list | tuple | set | frozenset | int | float) or (
+        attrs.has(type(value)) or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+    ):
+        try:
+            return json.dumps(
+                dict(value) if isinstance(value, Mapping) else value,
+                default=_output_default,
+                ensure_ascii=False,
+            )
+        except (TypeError, ValueError, RecursionError):
+            pass
+    return str(value)
+
+
+@final
+@attrs.frozen(eq=False)
+class Tool:
+    """A function the model may call. Create one with :func:`function_tool`.
+
+    A tool is immutable and holds no per-call state: one tool may serve any number of
+    concurrent runs. Calling the tool (``tool(...)``) calls the original function, so
+    tool functions stay easy to unit-test. ``attrs.evolve(tool, timeout=...)`` makes a
+    copy with other options.
+
+    Attributes:
+        name: the name the model calls the tool by.
+        description: what the model is told the tool does.
+        parameters: the JSON schema of the arguments (an object schema).
+        fn: the wrapped function.
+        timeout: seconds a call may take before it is cancelled and the model gets
+            ``"timed out after N s"``; None for no limit.
+        needs_approval: whether a call waits for ``run.approve()``/``run.reject()``;
+            a callable decides per call from the (validated) arguments.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    description: str = attrs.field(validator=_check_str)
+    parameters: Mapping[str, Any] = attrs.field(repr=False)
+    fn: Callable[..., Any] = attrs.field(repr=False)
+    timeout: float | None = attrs.field(default=None, validator=_check_timeout)
+    needs_approval: bool | Callable[[Mapping[str, Any]], bool] = attrs.field(
+        default=False, validator=_check_needs_approval
+    )
+    _schema: FunctionSchema = attrs.field(repr=False, kw_only=True)
+    _is_async: bool = attrs.field(repr=False, kw_only=True)
+
+    @property
+    def takes_context(self) -> bool:
+        """Whether the function takes a :class:`ToolContext` as its first parameter."""
+        return self._schema.takes_context
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        """The wrapped function (lets :func:`inspect.signature` see its signature)."""
+        return self.fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapped function directly (no validation, no thread, no context)."""
+        return self.fn(*args, **kwargs)
+
+    def spec(self) -> ToolSpec:
+        """Return what the model is told about this tool."""
+        return ToolSpec(self.name, self.description, copy.deepcopy(dict(self.parameters)))
+
+    def parse_arguments(self, arguments: str) -> dict[str, Any]:
+        """Decode and validate the model's JSON ``arguments``; return them as a dict.
+
+        Raises:
+            ToolArgumentsError: ``arguments`` is not JSON, not a JSON object, or does
+                not fit :attr:`parameters`.
+        """
+        if not isinstance(arguments, str | bytes | bytearray):
+            raise ToolArgumentsError(
+                self.name, [f"arguments must be a JSON string, not {type(arguments).__name__}"]
+            )
+        if not arguments.strip():
+            arguments = "{}"  # some models send nothing for a tool without parameters
+        try:
+            value = json.loads(arguments, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:
+            raise ToolArgumentsError(self.name, [f"invalid JSON: {exc}"]) from None
+        errors = validate(self.parameters, value)
+        if errors or not isinstance(value, dict):
+            raise ToolArgumentsError(self.name, errors or ["$: expected object"])
+        return value
+
+    async def invoke(
+        self,
+        ctx: ToolContext,
+        arguments: str,
+        *,
+        limiter: trio.CapacityLimiter | None = None,
+    ) -> str:
+        """Call the tool with the model's JSON ``arguments``; return the output text.
+
+        The arguments are validated and converted before the function is called.
+        Async functions are awaited in the calling task; sync functions run in a
+        worker thread (``limiter`` bounds them) that is abandoned on cancellation.
+        Whenever the call ends with an exception, cancellation included,
+        ``ctx.cancelled`` is set first. The return value becomes text: a ``str`` as
+        is, ``None`` as ``""``, anything else as JSON (attrs instances and dataclasses
+        as objects, enums by value), or ``str(value)`` if it is not serialisable.
+
+        Raises:
+            ToolArgumentsError: the arguments are invalid; the function was not called.
+            Exception: whatever the tool function raised, unchanged.
+        """
+        kwargs = self.convert_arguments(self.parse_arguments(arguments))
+        args = (ctx,) if self._schema.takes_context else ()
+        try:
+            if self._is_async:
+                value = await self.fn(*args, **kwargs)
+            else:
+                value = await trio.to_thread.run_sync(
+                    functools.partial(self.fn, *args, **kwargs),
+                    abandon_on_cancel=True,
+                    limiter=limiter,
+                )
+        except BaseException:
+            ctx.cancelled.set()
+            raise
+        return _to_output(value)
+
+    def convert_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Turn validated arguments into the keyword arguments of the function.
+
+        ``Enum`` parameters get members, attrs classes instances, tuples tuples and
+        floats floats.
+
+        Raises:
+            ToolArgumentsError: a nested object could not be constructed (for instance
+                an attrs validator rejected a value).
+        """
+        try:
+            return self._schema.convert(arguments)
+        except ArgumentConversionError as exc:
+            raise ToolArgumentsError(self.name, exc.errors) from exc
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _unwrap_callable(fn: object) -> object:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if callable(fn) and not inspect.isroutine(fn) and not inspect.isclass(fn):
+        return type(fn).__call__
+    return fn
+
+
+def _make_tool(
+    fn: object,
+    *,
+    name: str | None,
+    description: str | None,
+    timeout: float | None,
+    needs_approval: bool | Callable[[Mapping[str, Any]], bool],
+    localns: Mapping[str, Any] | None,
+) -> Tool:
+    if isinstance(fn, Tool):
+        raise TypeError(
+            f"{fn.name!r} is already a Tool; use attrs.evolve(tool, ...) to change its options"
+        )
+    if not callable(fn):
+        raise TypeError(f"function_tool() needs a function, not {type(fn).__name__}")
+    if inspect.isclass(fn):
+        raise TypeError("function_tool() needs a function, not a class")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if description is not None and not isinstance(description, str):
+        raise TypeError(f"description must be a str, not {type(description).__name__}")
+    target = _unwrap_callable(fn)
+    if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
+        raise TypeError(
+            f"{_display_name(fn)} is a generator function; tools must return their result"
+        )
+    schema = function_schema(fn, context_type=ToolContext, localns=localns)
+    return Tool(
+        name=name if name is not None else _display_name(fn),
+        description=description if description is not None else schema.description,
+        parameters=schema.parameters,
+        fn=fn,
+        timeout=timeout,
+        needs_approval=needs_approval,
+        schema=schema,
+        is_async=inspect.iscoroutinefunction(target),
+    )
+
+
+def _display_name(fn: object) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else type(fn).__name__
+
+
+def _caller_locals() -> Mapping[str, Any] | None:
+    """The local namespace of whoever applied the decorator (for local types)."""
+    try:
+        return sys._getframe(2).f_locals
+    except ValueError:
+        return None
+
+
+@overload
+def function_tool(
+    fn: Callable[..., Any],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    needs_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+) -> Tool: ...
+
+
+@overload
+def function_tool(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    needs_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def function_tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    needs_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a function into a :class:`Tool`; use as ``@function_tool`` or with options.
+
+    ::
+
+        @function_tool
+        async def add(a: int, b: int) -> int:
+            \"\"\"Add two integers.
+
+            Args:
+                a: the first number.
+                b: the second number.
+            \"\"\"
+            return a + b
+
+        @function_tool(timeout=30, needs_approval=True)
+        def delete_file(ctx: ToolContext, path: str) -> None:
+            \"\"\"Delete a file.\"\"\"
+
+    The name defaults to the function's name and the description to the first
+    paragraph of its docstring; parameter descriptions come from its ``Args:``
+    section (or ``:param name:`` fields) and ``Annotated[T, "description"]``. An
+    optional first parameter ``ctx`` (or annotated :class:`ToolContext`) receives the
+    call's context. Sync functions run in a worker thread.
+
+    Args:
+        fn: the function (``async def`` or plain ``def``).
+        name: the tool name (1-64 letters, digits, ``_`` or ``-``).
+        description: what the model is told the tool does.
+        timeout: seconds a call may take; None for no limit.
+        needs_approval: True to make every call wait for ``run.approve()``, or a
+            callable that decides from the validated arguments.
+
+    Raises:
+        TypeError: ``fn`` is not a function, is a generator function, takes
+            ``*args``, ``**kwargs`` or positional-only parameters, has an annotation
+            that cannot be turned into a JSON schema; or an option is invalid
+            (such as ``timeout <= 0``).
+    """
+    if fn is None:
+
+        def decorate(fn: Callable[..., Any]) -> Tool:
+            return _make_tool(
+                fn,
+                name=name,
+                description=description,
+                timeout=timeout,
+                needs_approval=needs_approval,
+                localns=_caller_locals(),
+            )
+
+        return decorate
+    return _make_tool(
+        fn,
+        name=name,
+        description=description,
+        timeout=timeout,
+        needs_approval=needs_approval,
+        localns=_caller_locals(),
+    )

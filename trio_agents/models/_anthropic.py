@@ -1,0 +1,381 @@
+"""``AnthropicModel``: the Anthropic Messages API over httpx, streamed.
+
+Speaks ``POST {base_url}/v1/messages`` with ``"stream": true``. See :mod:`._http` for
+retries, client ownership and stream closing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, final
+
+import attrs
+import httpx
+
+from .._exceptions import ModelError
+from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
+from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
+from ._http import HTTPRequestSpec, HTTPStreamingModel, SSEEvent, parse_json_event
+
+__all__ = ["AnthropicModel", "anthropic_messages", "anthropic_tools"]
+
+DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
+API_VERSION: Final = "2023-06-01"
+_PROVIDER: Final = "anthropic"
+
+STOP_REASONS: Final[Mapping[str, str]] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+"""Anthropic ``stop_reason`` -> the :class:`~trio_agents.models.Finish` reason
+(others pass through unchanged)."""
+
+_RETRYABLE_ERRORS: Final = frozenset({"overloaded_error", "api_error", "rate_limit_error"})
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    """A call's raw JSON arguments as the object ``tool_use.input`` must be.
+
+    Arguments that are not a JSON object (the model produced bad JSON; the tool call
+    then failed with an error result) are sent as ``{"_raw_arguments": "<text>"}`` so
+    the model can still see what it sent.
+    """
+    if not arguments.strip():
+        return {}
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"_raw_arguments": arguments}
+    if isinstance(value, dict):
+        return value
+    return {"_raw_arguments": arguments}
+
+
+def anthropic_messages(items: Iterable[Item]) -> list[dict[str, Any]]:
+    """Convert a conversation to Messages API ``messages`` (content-block lists).
+
+    Assistant text and tool calls become ``text`` and ``tool_use`` blocks of assistant
+    messages; tool results become ``tool_result`` blocks (``is_error`` unless the
+    status is ``ok``) of user messages. Consecutive messages of the same role are
+    merged, as the API requires alternating roles (so the results of one turn share
+    one user message, followed by any user text). Empty text is left out (the API
+    rejects empty text blocks), and a final assistant message loses its trailing
+    whitespace (the API rejects that in a prefill).
+    """
+    messages: list[dict[str, Any]] = []
+
+    def add(role: str, block: dict[str, Any]) -> None:
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].append(block)
+        else:
+            messages.append({"role": role, "content": [block]})
+
+    for item in items:
+        if isinstance(item, UserMessage):
+            if item.content:
+                add("user", {"type": "text", "text": item.content})
+        elif isinstance(item, AssistantMessage):
+            if item.content:
+                add("assistant", {"type": "text", "text": item.content})
+        elif isinstance(item, ToolCall):
+            add(
+                "assistant",
+                {
+                    "type": "tool_use",
+                    "id": item.call_id,
+                    "name": item.name,
+                    "input": _tool_input(item.arguments),
+                },
+            )
+        elif isinstance(item, ToolResult):
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": item.call_id,
+                "content": item.output,
+            }
+            if item.status != "ok":
+                block["is_error"] = True
+            add("user", block)
+        else:
+            raise TypeError(f"not a conversation item: {item!r}")
+    if messages and messages[-1]["role"] == "assistant":
+        last = messages[-1]["content"][-1]
+        if last["type"] == "text":
+            last["text"] = last["text"].rstrip()
+            if not last["text"]:
+                messages[-1]["content"].pop()
+                if not messages[-1]["content"]:
+                    messages.pop()
+    return messages
+
+
+def anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """Convert tool specs to Messages API ``tools`` (``name``, ``description``,
+    ``input_schema``)."""
+    return [
+        {
+            "name": spec.name,
+            "description": spec.description,
+            "input_schema": dict(spec.parameters),
+        }
+        for spec in tools
+    ]
+
+
+@attrs.define
+class _Block:
+    kind: str
+    call_id: str = ""
+    name: str = ""
+    initial_input: Any = None
+    json_parts: list[str] = attrs.field(factory=list)
+
+
+def _input_tokens(usage: Mapping[str, Any]) -> int | None:
+    """Input tokens, counting cache reads and writes (all of it was model input)."""
+    keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    values = [usage.get(key) for key in keys]
+    if all(not isinstance(v, int) for v in values):
+        return None
+    return sum(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+
+
+@final
+class _MessagesStreamParser:
+    """Messages API events -> model events.
+
+    Text deltas are yielded as they come; a tool call when its ``content_block_stop``
+    arrives (arguments assembled from its ``input_json_delta`` fragments); the usage
+    and the finish reason at ``message_stop``.
+    """
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, _Block] = {}
+        self._input_tokens = 0
+        self._output_tokens = 0
+        self._stop_reason: str | None = None
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def at_eof(self) -> list[ModelEvent] | None:
+        return None  # the official API always ends with message_stop
+
+    def feed(self, event: SSEEvent) -> list[ModelEvent]:
+        data = parse_json_event(_PROVIDER, event)
+        kind = data.get("type", event.event)
+        if kind == "content_block_delta":
+            return self._delta(data, event)
+        if kind == "message_start":
+            message = data.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            if isinstance(usage, dict):
+                self._set_usage(usage)
+            return []
+        if kind == "content_block_start":
+            return self._block_start(data, event)
+        if kind == "content_block_stop":
+            return self._block_stop(data)
+        if kind == "message_delta":
+            delta = data.get("delta")
+            if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+                self._stop_reason = delta["stop_reason"]
+            usage = data.get("usage")
+            if isinstance(usage, dict):
+                self._set_usage(usage)
+            return []
+        if kind == "message_stop":
+            self._done = True
+            reason = self._stop_reason or "end_turn"
+            return [
+                Usage(self._input_tokens, self._output_tokens),
+                Finish(STOP_REASONS.get(reason, reason)),
+            ]
+        if kind == "error":
+            error = data.get("error")
+            error_type = error.get("type") if isinstance(error, dict) else None
+            message = error.get("message") if isinstance(error, dict) else None
+            raise ModelError(
+                f"{_PROVIDER}: the server sent an error in the stream:"
+                f" {error_type or 'error'}: {message or event.data[:300]}",
+                retryable=error_type in _RETRYABLE_ERRORS,
+            )
+        return []  # "ping" and event types added later
+
+    def _set_usage(self, usage: Mapping[str, Any]) -> None:
+        input_tokens = _input_tokens(usage)
+        if input_tokens is not None:
+            self._input_tokens = input_tokens
+        output = usage.get("output_tokens")
+        if isinstance(output, int) and not isinstance(output, bool):
+            self._output_tokens = output  # cumulative in message_delta
+
+    def _index(self, data: Mapping[str, Any], event: SSEEvent) -> int:
+        index = data.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise ModelError(
+                f"{_PROVIDER}: content block event without an index: {event.data[:300]!r}"
+            )
+        return index
+
+    def _block_start(self, data: Mapping[str, Any], event: SSEEvent) -> list[ModelEvent]:
+        index = self._index(data, event)
+        block = data.get("content_block")
+        if not isinstance(block, dict):
+            raise ModelError(
+                f"{_PROVIDER}: content_block_start without a block: {event.data[:300]!r}"
+            )
+        kind = block.get("type")
+        if kind == "tool_use":
+            call_id, name = block.get("id"), block.get("name")
+            if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+                raise ModelError(
+                    f"{_PROVIDER}: tool_use block without id or name: {event.data[:300]!r}"
+                )
+            self._blocks[index] = _Block("tool_use", call_id, name, block.get("input"))
+            return []
+        self._blocks[index] = _Block(str(kind))
+        text = block.get("text")
+        if kind == "text" and isinstance(text, str) and text:
+            return [TextDelta(text)]
+        return []
+
+    def _delta(self, data: Mapping[str, Any], event: SSEEvent) -> list[ModelEvent]:
+        index = self._index(data, event)
+        delta = data.get("delta")
+        if not isinstance(delta, dict):
+            return []
+        kind = delta.get("type")
+        if kind == "text_delta":
+            text = delta.get("text")
+            return [TextDelta(text)] if isinstance(text, str) and text else []
+        if kind == "input_json_delta":
+            block = self._blocks.get(index)
+            if block is None or block.kind != "tool_use":
+                raise ModelError(
+                    f"{_PROVIDER}: input_json_delta for block {index}, which is not a tool_use"
+                )
+            part = delta.get("partial_json")
+            if isinstance(part, str):
+                block.json_parts.append(part)
+        return []  # thinking, signature, citations deltas are not model events here
+
+    def _block_stop(self, data: Mapping[str, Any]) -> list[ModelEvent]:
+        index = data.get("index")
+        block = self._blocks.pop(index, None) if isinstance(index, int) else None
+        if block is None or block.kind != "tool_use":
+            return []
+        arguments = "".join(block.json_parts)
+        if not arguments.strip():
+            initial = block.initial_input if isinstance(block.initial_input, dict) else {}
+            arguments = json.dumps(initial, ensure_ascii=False)
+        return [ToolCallDone(ToolCall(block.call_id, block.name, arguments))]
+
+
+@final
+class AnthropicModel(HTTPStreamingModel):
+    """A model served over the Anthropic Messages API, streamed.
+
+    Args:
+        model: the model name (``"claude-3-5-haiku-latest"``, ...).
+        base_url: the API root, default ``$ANTHROPIC_BASE_URL`` or
+            ``https://api.anthropic.com`` (requests go to ``{base_url}/v1/messages``).
+        api_key: default ``$ANTHROPIC_API_KEY``; sent as ``x-api-key`` (left out when
+            there is none).
+        client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
+            Without one, ``async with model:`` keeps one pooled client for the block,
+            and outside such a block every stream opens and closes its own.
+        max_tokens: the response length limit the API requires.
+        max_retries: retries of connection failures, 429, 5xx and overloaded errors,
+            before any output.
+        connect_timeout: seconds to connect (and per write). There is no read timeout:
+            deadlines are Trio cancel scopes.
+        retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
+            ``Retry-After`` header takes precedence.
+        **settings: request body fields (``temperature``, ``stop_sequences``, ...);
+            ``request.settings`` override them.
+    """
+
+    _provider = _PROVIDER
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        max_tokens: int = 4096,
+        max_retries: int = 3,
+        connect_timeout: float = 10.0,
+        retry_base_delay: float = 0.5,
+        retry_max_delay: float = 20.0,
+        **settings: Any,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty str, got {model!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        super().__init__(
+            client=client,
+            max_retries=max_retries,
+            connect_timeout=connect_timeout,
+            retry_base_delay=retry_base_delay,
+            retry_max_delay=retry_max_delay,
+        )
+        self._model = model
+        base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
+        self._base_url = base.rstrip("/")
+        self._api_key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
+        self._max_tokens = max_tokens
+        self._settings = dict(settings)
+
+    @property
+    def model(self) -> str:
+        """The model name sent with every request."""
+        return self._model
+
+    @property
+    def base_url(self) -> str:
+        """The API root (without a trailing slash)."""
+        return self._base_url
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """The constructor's settings (a copy), ``max_tokens`` included."""
+        return {"max_tokens": self._max_tokens, **self._settings}
+
+    def __repr__(self) -> str:
+        return f"AnthropicModel({self._model!r}, base_url={self._base_url!r})"
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
+        body: dict[str, Any] = {"model": self._model, **self.settings, **request.settings}
+        if request.instructions:
+            body["system"] = request.instructions
+        body["messages"] = anthropic_messages(request.items)
+        if request.tools:
+            body["tools"] = anthropic_tools(request.tools)
+        body["stream"] = True
+        return body
+
+    def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
+        headers = {"anthropic-version": API_VERSION}
+        if self._api_key:
+            headers["x-api-key"] = self._api_key
+        return HTTPRequestSpec(
+            url=f"{self._base_url}/v1/messages",
+            headers=headers,
+            body=self.request_body(request),
+        )
+
+    def _new_parser(self) -> _MessagesStreamParser:
+        return _MessagesStreamParser()

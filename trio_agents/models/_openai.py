@@ -1,0 +1,306 @@
+"""``OpenAIChatModel``: OpenAI-compatible Chat Completions over httpx, streamed.
+
+Speaks ``POST {base_url}/chat/completions`` with ``"stream": true``, as served by
+OpenAI and by OpenAI-compatible servers (vLLM, Ollama, llama.cpp server, LiteLLM
+proxies, ...). See :mod:`._http` for retries, client ownership and stream closing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, final
+
+import attrs
+import httpx
+
+from .._exceptions import ModelError
+from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
+from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
+from ._http import HTTPRequestSpec, HTTPStreamingModel, SSEEvent, parse_json_event
+
+__all__ = ["OpenAIChatModel", "chat_messages", "chat_tools"]
+
+DEFAULT_BASE_URL: Final = "https://api.openai.com/v1"
+_PROVIDER: Final = "openai"
+
+
+def chat_messages(instructions: str, items: Iterable[Item]) -> list[dict[str, Any]]:
+    """Convert a conversation to Chat Completions ``messages``.
+
+    The instructions become the ``system`` message (none when empty). Tool calls that
+    follow an assistant message, or each other, are grouped into one assistant
+    message's ``tool_calls``; tool results become ``role: "tool"`` messages with their
+    ``tool_call_id``. An incomplete assistant message is sent as plain assistant text.
+    """
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    previous: Item | None = None
+    for item in items:
+        if isinstance(item, UserMessage):
+            messages.append({"role": "user", "content": item.content})
+        elif isinstance(item, AssistantMessage):
+            messages.append({"role": "assistant", "content": item.content})
+        elif isinstance(item, ToolCall):
+            entry = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            if isinstance(previous, AssistantMessage | ToolCall):
+                messages[-1].setdefault("tool_calls", []).append(entry)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [entry]})
+        elif isinstance(item, ToolResult):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        else:
+            raise TypeError(f"not a conversation item: {item!r}")
+        previous = item
+    return messages
+
+
+def chat_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """Convert tool specs to Chat Completions ``tools`` (function tools)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": spec.name,
+                "description": spec.description,
+                "parameters": dict(spec.parameters),
+            },
+        }
+        for spec in tools
+    ]
+
+
+@attrs.define
+class _PartialCall:
+    call_id: str = ""
+    name: str = ""
+    arguments: list[str] = attrs.field(factory=list)
+
+
+@final
+class _ChatStreamParser:
+    """Chat Completions chunks -> model events.
+
+    Text deltas are yielded as they come. Tool-call deltas are assembled per
+    ``index``; the calls are yielded, in index order, when the stream ends, followed
+    by the usage (from the ``include_usage`` chunk) and the finish reason.
+    """
+
+    def __init__(self) -> None:
+        self._calls: dict[int, _PartialCall] = {}
+        self._last_index: int | None = None
+        self._finish: str | None = None
+        self._usage: Usage | None = None
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, event: SSEEvent) -> list[ModelEvent]:
+        data = event.data.strip()
+        if data == "[DONE]":
+            self._done = True
+            return self._final()
+        if not data:
+            return []
+        chunk = parse_json_event(_PROVIDER, event)
+        error = chunk.get("error")
+        if error:
+            message = error.get("message") if isinstance(error, dict) else error
+            raise ModelError(f"{_PROVIDER}: the server sent an error in the stream: {message}")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._usage = Usage(
+                input_tokens=_int(usage.get("prompt_tokens")),
+                output_tokens=_int(usage.get("completion_tokens")),
+            )
+        out: list[ModelEvent] = []
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return out
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # only the first choice (n=1)
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                content = delta.get("content")
+                if isinstance(content, str) and content:
+                    out.append(TextDelta(content))
+                tool_calls = delta.get("tool_calls")
+                if isinstance(tool_calls, list):
+                    for fragment in tool_calls:
+                        if isinstance(fragment, dict):
+                            self._add_fragment(fragment, event)
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self._finish = reason
+        return out
+
+    def at_eof(self) -> list[ModelEvent] | None:
+        # Lenient with servers that end the body without "[DONE]": a finish reason
+        # means the answer is complete. Without one, the stream was cut short.
+        if self._finish is None:
+            return None
+        return self._final()
+
+    def _add_fragment(self, fragment: dict[str, Any], event: SSEEvent) -> None:
+        index = fragment.get("index")
+        call_id = fragment.get("id")
+        if not isinstance(index, int) or isinstance(index, bool):
+            # Some servers leave out the index: a new id starts a new call.
+            last = self._last_index
+            current = self._calls.get(last) if last is not None else None
+            if (
+                last is None
+                or current is None
+                or (isinstance(call_id, str) and call_id and call_id != current.call_id)
+            ):
+                index = max(self._calls, default=-1) + 1
+            else:
+                index = last
+        self._last_index = index
+        call = self._calls.setdefault(index, _PartialCall())
+        if isinstance(call_id, str) and call_id and not call.call_id:
+            call.call_id = call_id
+        function = fragment.get("function")
+        if isinstance(function, dict):
+            name = function.get("name")
+            if isinstance(name, str) and name and name != call.name:
+                # Normally sent once; tolerate servers that stream or repeat it.
+                call.name += name
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                call.arguments.append(arguments)
+            elif isinstance(arguments, dict):  # a few servers send an object
+                call.arguments.append(json.dumps(arguments, ensure_ascii=False))
+        elif function is not None:
+            raise ModelError(f"{_PROVIDER}: malformed tool call delta: {event.data[:300]!r}")
+
+    def _final(self) -> list[ModelEvent]:
+        out: list[ModelEvent] = []
+        for index in sorted(self._calls):
+            partial = self._calls[index]
+            if not partial.name:
+                raise ModelError(f"{_PROVIDER}: tool call at index {index} has no function name")
+            arguments = "".join(partial.arguments) or "{}"
+            call_id = partial.call_id or f"call_{uuid.uuid4().hex[:24]}"
+            out.append(ToolCallDone(ToolCall(call_id, partial.name, arguments)))
+        if self._usage is not None:
+            out.append(self._usage)
+        out.append(Finish(self._finish or ("tool_calls" if self._calls else "stop")))
+        self._calls.clear()
+        return out
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@final
+class OpenAIChatModel(HTTPStreamingModel):
+    """A model served over the OpenAI Chat Completions API, streamed.
+
+    Works with OpenAI and any OpenAI-compatible server (vLLM, Ollama, llama.cpp server,
+    LiteLLM proxies). Each call is a streaming ``POST {base_url}/chat/completions``
+    with ``stream_options.include_usage``.
+
+    Args:
+        model: the model name (``"gpt-4o-mini"``, ``"llama3.1:8b"``, ...).
+        base_url: the API root, default ``$OPENAI_BASE_URL`` or
+            ``https://api.openai.com/v1``.
+        api_key: default ``$OPENAI_API_KEY``; with neither, no ``Authorization``
+            header is sent (fine for local servers).
+        client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
+            Without one, ``async with model:`` keeps one pooled client for the block,
+            and outside such a block every stream opens and closes its own.
+        max_retries: retries of connection failures, 429 and 5xx, before any output.
+        connect_timeout: seconds to connect (and per write). There is no read timeout:
+            deadlines are Trio cancel scopes.
+        retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
+            ``Retry-After`` header takes precedence.
+        **settings: request body fields (``temperature``, ``max_tokens``, ...);
+            ``request.settings`` override them. ``stream_options=None`` leaves the
+            ``stream_options`` field out, for servers that reject it.
+    """
+
+    _provider = _PROVIDER
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        max_retries: int = 3,
+        connect_timeout: float = 10.0,
+        retry_base_delay: float = 0.5,
+        retry_max_delay: float = 20.0,
+        **settings: Any,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty str, got {model!r}")
+        super().__init__(
+            client=client,
+            max_retries=max_retries,
+            connect_timeout=connect_timeout,
+            retry_base_delay=retry_base_delay,
+            retry_max_delay=retry_max_delay,
+        )
+        self._model = model
+        base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        self._base_url = base.rstrip("/")
+        self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self._settings = dict(settings)
+
+    @property
+    def model(self) -> str:
+        """The model name sent with every request."""
+        return self._model
+
+    @property
+    def base_url(self) -> str:
+        """The API root (without a trailing slash)."""
+        return self._base_url
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """The constructor's settings (a copy)."""
+        return dict(self._settings)
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatModel({self._model!r}, base_url={self._base_url!r})"
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
+        settings = {**self._settings, **request.settings}
+        stream_options = settings.pop("stream_options", {})
+        body: dict[str, Any] = {"model": self._model, **settings}
+        body["messages"] = chat_messages(request.instructions, request.items)
+        if request.tools:
+            body["tools"] = chat_tools(request.tools)
+        body["stream"] = True
+        if stream_options is not None:
+            body["stream_options"] = {**dict(stream_options), "include_usage": True}
+        return body
+
+    def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
+        headers = {}
+        if self._api_key:
+            headers["authorization"] = f"Bearer {self._api_key}"
+        return HTTPRequestSpec(
+            url=f"{self._base_url}/chat/completions",
+            headers=headers,
+            body=self.request_body(request),
+        )
+
+    def _new_parser(self) -> _ChatStreamParser:
+        return _ChatStreamParser()

@@ -1,0 +1,492 @@
+"""A session stored in a SQLite database file: the embedded default.
+
+Storage layout (schema version :data:`SCHEMA_VERSION`)::
+
+    meta(key TEXT PRIMARY KEY, value TEXT)     -- 'application', 'schema_version'
+    items(session_id TEXT, position INTEGER,   -- position counts from 0 per session
+          data TEXT,                           -- the item's to_json(), as JSON text
+          created_at REAL,                     -- time.time() of the append
+          PRIMARY KEY (session_id, position))
+
+Many sessions share one file. Every database call runs in a worker thread
+(``trio.to_thread.run_sync``) under a :class:`trio.CapacityLimiter` of 1 shared by all
+:class:`SQLiteSession` objects on the same file in the Trio run, so statements on one
+file never queue up on SQLite's own locks inside the process; other processes are kept
+apart by SQLite's locking (WAL mode, ``busy_timeout``). Calls are *not* abandoned on
+cancellation: a cancelled caller waits for its (short) statement to finish, so a write is
+all or nothing, never half done.
+
+Durability: the database runs in WAL mode with ``synchronous=NORMAL`` by default. A
+committed append survives a crash or ``SIGKILL`` of the process, but the last few commits
+can be lost if the operating system crashes or the machine loses power before the WAL
+is synced (the database itself stays consistent). ``durable=True`` selects
+``synchronous=FULL``: the WAL is synced on every commit, at the cost of one ``fsync``
+per append.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeAlias, TypeVar, final
+
+import attrs
+import trio
+
+from .._exceptions import TrioAgentsError
+from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage, item_from_json
+from ._repair import repair_loaded
+
+__all__ = [
+    "APPLICATION_ID",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Migration",
+    "SQLiteSession",
+    "SQLiteSessionStatistics",
+    "SessionStorageError",
+]
+
+T = TypeVar("T")
+
+SCHEMA_VERSION: Final = 1
+"""The schema version this code reads and writes."""
+
+APPLICATION_ID: Final = "trio_agents.sessions"
+"""The ``application`` value in the ``meta`` table of a session database."""
+
+Migration: TypeAlias = Callable[[sqlite3.Connection], None]
+"""A schema migration step: upgrades the database by exactly one version."""
+
+MIGRATIONS: dict[int, Migration] = {}
+"""Registered migrations: ``MIGRATIONS[v]`` upgrades a database from version ``v`` to ``v + 1``.
+
+A database older than :data:`SCHEMA_VERSION` is upgraded on open by running the steps
+for every version in between, in order, in one transaction, then recording the new
+version; if a step is missing or fails, the transaction is rolled back and nothing is
+rewritten. A step receives the connection inside that transaction: it must only
+``execute`` statements, never commit, roll back or use ``executescript`` (which commits).
+Version 1 is created directly; there are no migrations yet.
+"""
+
+_ITEM_TYPES = (UserMessage, AssistantMessage, ToolCall, ToolResult)
+
+
+class SessionStorageError(TrioAgentsError):
+    """A session database could not be opened, read or written.
+
+    Raised for files that are not SQLite databases, SQLite databases that are not
+    session databases, databases written by a newer trio_agents, failed migrations,
+    stored items that cannot be read back, and SQLite errors (a locked database after
+    ``busy_timeout``, a full disk, ...). The file is never rewritten to "fix" it.
+
+    Attributes:
+        path: the database file, when known.
+        session_id: the session concerned, when the error is about one session.
+        position: the position of the unreadable item, for an unreadable item.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        session_id: str | None = None,
+        position: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.session_id = session_id
+        self.position = position
+
+
+@attrs.frozen
+class SQLiteSessionStatistics:
+    """What :meth:`SQLiteSession.statistics` reports.
+
+    Attributes:
+        path: the resolved path of the database file.
+        session_id: the session.
+        item_count: the number of items stored for the session (before any repair).
+    """
+
+    path: str
+    session_id: str
+    item_count: int
+
+
+_LIMITERS: trio.lowlevel.RunVar[dict[str, trio.CapacityLimiter]] = trio.lowlevel.RunVar(
+    "trio_agents.sessions.sqlite_limiters"
+)
+
+
+def _file_limiter(path: str) -> trio.CapacityLimiter:
+    """Return the limiter of 1 shared by every session on the database file ``path``."""
+    try:
+        limiters = _LIMITERS.get()
+    except LookupError:
+        limiters = {}
+        _LIMITERS.set(limiters)
+    limiter = limiters.get(path)
+    if limiter is None:
+        limiter = limiters[path] = trio.CapacityLimiter(1)
+    return limiter
+
+
+def _resolve_path(path: str | os.PathLike[str]) -> str:
+    resolved = os.fspath(path)
+    if not isinstance(resolved, str):
+        raise TypeError(f"path must be a str or a path-like object, not {type(path).__name__}")
+    if not resolved or resolved == ":memory:" or resolved.startswith("file:"):
+        raise ValueError(f"path must name a database file, got {resolved!r}")
+    return os.path.realpath(resolved)
+
+
+def _check_session_id(_instance: object, _attribute: object, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"session_id must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError("session_id must not be empty")
+
+
+def _check_busy_timeout(_instance: object, _attribute: object, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"busy_timeout must be a number, not {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"busy_timeout must be >= 0, got {value!r}")
+
+
+def _encode(items: Sequence[Item]) -> list[str]:
+    """Serialise items to JSON text, checking every element is an item first."""
+    encoded: list[str] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, _ITEM_TYPES):
+            raise TypeError(f"item {index}: expected an item, got {type(item).__name__}")
+        # ensure_ascii (the default) keeps any str, even lone surrogates, storable.
+        encoded.append(json.dumps(item.to_json(), separators=(",", ":")))
+    return encoded
+
+
+@final
+@attrs.define(eq=False)
+class SQLiteSession:
+    """A :class:`~trio_agents.sessions.Session` stored in a SQLite database file.
+
+    Args:
+        path: the database file; created (with its directory's permissions) if missing.
+            Many sessions, in one process or several, can share one file.
+        session_id: the conversation this object reads and writes (a non-empty str).
+        durable: ``True`` for ``synchronous=FULL`` (survives power loss, one fsync per
+            append); the default ``synchronous=NORMAL`` survives a process crash but may
+            lose the last commits on an OS crash or power loss.
+        busy_timeout: seconds SQLite waits for another process's lock on the file before
+            giving up with :class:`SessionStorageError`.
+
+    The connection is opened lazily by the first call, or eagerly by ``async with``
+    (so a bad file is reported on entry). Close it with :meth:`aclose` (or ``async
+    with``, or :meth:`close`); afterwards every call raises
+    :class:`trio.ClosedResourceError`. Loaded conversations are repaired
+    (:func:`~trio_agents.sessions._repair.repair_loaded`): dangling tool calls from a
+    crashed run are closed with a ``cancelled`` result.
+
+    Raises (from any call):
+        SessionStorageError: the file is not a session database (nothing is rewritten),
+            was written by a newer trio_agents, holds an unreadable item, or SQLite
+            failed.
+    """
+
+    _path: str = attrs.field(converter=_resolve_path)
+    _session_id: str = attrs.field(default="default", validator=_check_session_id)
+    _durable: bool = attrs.field(default=False, kw_only=True)
+    _busy_timeout: float = attrs.field(default=5.0, kw_only=True, validator=_check_busy_timeout)
+    _conn: sqlite3.Connection | None = attrs.field(init=False, default=None, repr=False)
+    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock, repr=False)
+    _closed: bool = attrs.field(init=False, default=False, repr=False)
+
+    @property
+    def session_id(self) -> str:
+        """The id of the conversation this session stores."""
+        return self._session_id
+
+    @property
+    def path(self) -> str:
+        """The resolved path of the database file."""
+        return self._path
+
+    # -- the Session protocol ---------------------------------------------------------
+
+    async def get_items(self) -> list[Item]:
+        """Return the stored conversation, oldest first, repaired.
+
+        Dangling tool calls are answered with a ``cancelled`` result and orphan results
+        dropped (see :func:`~trio_agents.sessions._repair.repair_loaded`); the stored
+        rows are not changed.
+
+        Raises:
+            SessionStorageError: a stored item cannot be read (names its position).
+        """
+        return await self._call(self._get_items_sync)
+
+    async def add_items(self, items: Sequence[Item]) -> None:
+        """Append ``items`` in one transaction: all of them or, on any error, none.
+
+        Cancellation never leaves half a batch: cancelled while waiting for the file,
+        nothing is written; once the write has started in its thread, it is not
+        abandoned: the caller waits for the (short) commit, returns, and sees the
+        cancellation at its next checkpoint.
+
+        Raises:
+            TypeError: an element of ``items`` is not an item (nothing is written).
+        """
+        encoded = _encode(items)
+        if not encoded:
+            if self._closed:
+                raise trio.ClosedResourceError("this SQLiteSession is closed")
+            await trio.lowlevel.checkpoint()
+            return
+        await self._call(lambda conn: self._add_items_sync(conn, encoded))
+
+    async def clear(self) -> None:
+        """Delete the stored conversation of this session (other sessions are untouched)."""
+        await self._call(self._clear_sync)
+
+    # -- extras -----------------------------------------------------------------------
+
+    async def statistics(self) -> SQLiteSessionStatistics:
+        """Return the path, the session id and the number of stored items.
+
+        Unlike most ``statistics()`` methods this one is async: the count is read from
+        the database, which other objects and processes may be writing to.
+        """
+        count = await self._call(self._count_sync)
+        return SQLiteSessionStatistics(self._path, self._session_id, count)
+
+    async def aclose(self) -> None:
+        """Close the database connection. Idempotent.
+
+        Waits for a statement in flight on this session to finish first. The close is
+        shielded from cancellation (it is quick); a cancelled caller sees the
+        cancellation after the connection is closed.
+        """
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.close, limiter=_file_limiter(self._path))
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    def close(self) -> None:
+        """Close the database connection from synchronous code. Idempotent.
+
+        Blocks the calling thread while a statement of this session is in flight in a
+        worker thread; in async code prefer :meth:`aclose`.
+        """
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    async def __aenter__(self) -> SQLiteSession:
+        """Open the connection (checking the file and migrating it) and return ``self``."""
+        await self._call(lambda conn: None)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close the connection (see :meth:`aclose`)."""
+        await self.aclose()
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` in a worker thread under the file's limiter."""
+        if self._closed:
+            raise trio.ClosedResourceError("this SQLiteSession is closed")
+        # Not abandon_on_cancel: a write must never be left running unsupervised while
+        # the limiter slot is handed to the next caller.
+        return await trio.to_thread.run_sync(self._in_thread, fn, limiter=_file_limiter(self._path))
+
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            if self._closed:
+                raise trio.ClosedResourceError("this SQLiteSession is closed")
+            conn = self._conn
+            if conn is None:
+                conn = self._conn = self._connect()
+            try:
+                return fn(conn)
+            except sqlite3.Error as exc:
+                raise self._error(
+                    f"session {self._session_id!r} in {self._path!r}: {exc}",
+                    session_id=self._session_id,
+                ) from exc
+
+    def _error(self, message: str, **data: Any) -> SessionStorageError:
+        return SessionStorageError(message, path=self._path, **data)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self._path,
+                timeout=self._busy_timeout,
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,  # used from worker threads, one at a time
+            )
+        except sqlite3.Error as exc:
+            raise self._error(f"cannot open session database {self._path!r}: {exc}") from exc
+        try:
+            self._prepare(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._error(f"cannot open session database {self._path!r}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        """Check the file is ours, create or migrate the schema, then configure."""
+        # Read-only checks first: a foreign or future file must not be touched, not
+        # even switched to WAL mode (which rewrites the header).
+        version = self._inspect(conn)
+        if version != SCHEMA_VERSION:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # Another connection may have created or migrated it meanwhile.
+                version = self._inspect(conn)
+                if version is None:
+                    _create_schema(conn)
+                elif version < SCHEMA_VERSION:
+                    self._migrate(conn, version)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
+
+    def _inspect(self, conn: sqlite3.Connection) -> int | None:
+        """Return the schema version, or ``None`` for an empty database."""
+        objects = conn.execute(
+            "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+        ).fetchall()
+        if not objects:
+            return None
+        tables = {name for kind, name in objects if kind == "table"}
+        foreign = f"{self._path!r} is not a trio_agents session database"
+        if "meta" not in tables:
+            raise self._error(f"{foreign} (it has no meta table)")
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.Error as exc:
+            raise self._error(f"{foreign} (unexpected meta table: {exc})") from exc
+        application = meta.get("application")
+        if application is not None and application != APPLICATION_ID:
+            raise self._error(f"{foreign} (it belongs to {application!r})")
+        raw_version = meta.get("schema_version")
+        if not (isinstance(raw_version, str) and raw_version.isascii() and raw_version.isdigit()):
+            raise self._error(f"{foreign} (no valid schema_version in its meta table)")
+        version = int(raw_version)
+        if version > SCHEMA_VERSION:
+            raise self._error(
+                f"session database {self._path!r} has schema version {version}, newer than"
+                f" this trio_agents supports ({SCHEMA_VERSION}); upgrade trio_agents"
+            )
+        if version == SCHEMA_VERSION and "items" not in tables:
+            raise self._error(f"session database {self._path!r} is corrupt: no items table")
+        return version
+
+    def _migrate(self, conn: sqlite3.Connection, version: int) -> None:
+        for step_from in range(version, SCHEMA_VERSION):
+            step = MIGRATIONS.get(step_from)
+            if step is None:
+                raise self._error(
+                    f"cannot open session database {self._path!r}: no migration from schema"
+                    f" version {step_from} to {step_from + 1}"
+                )
+            try:
+                step(conn)
+            except Exception as exc:
+                raise self._error(
+                    f"migrating session database {self._path!r} from schema version"
+                    f" {step_from} to {step_from + 1} failed: {exc}"
+                ) from exc
+            if not conn.in_transaction:
+                raise self._error(
+                    f"the migration from schema version {step_from} ended the transaction;"
+                    " migrations must not commit"
+                )
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+            (str(SCHEMA_VERSION),),
+        )
+
+    def _get_items_sync(self, conn: sqlite3.Connection) -> list[Item]:
+        rows = conn.execute(
+            "SELECT position, data FROM items WHERE session_id = ? ORDER BY position",
+            (self._session_id,),
+        ).fetchall()
+        items: list[Item] = []
+        for position, data in rows:
+            try:
+                items.append(item_from_json(json.loads(data)))
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise self._error(
+                    f"session {self._session_id!r} in {self._path!r}: the item at position"
+                    f" {position} cannot be read: {exc}",
+                    session_id=self._session_id,
+                    position=position,
+                ) from exc
+        return repair_loaded(items)
+
+    def _add_items_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (start,) = conn.execute(
+                "SELECT COALESCE(MAX(position) + 1, 0) FROM items WHERE session_id = ?",
+                (self._session_id,),
+            ).fetchone()
+            now = time.time()
+            conn.executemany(
+                "INSERT INTO items (session_id, position, data, created_at) VALUES (?, ?, ?, ?)",
+                [(self._session_id, start + i, data, now) for i, data in enumerate(encoded)],
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
+    def _clear_sync(self, conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM items WHERE session_id = ?", (self._session_id,))
+
+    def _count_sync(self, conn: sqlite3.Connection) -> int:
+        (count,) = conn.execute(
+            "SELECT COUNT(*) FROM items WHERE session_id = ?", (self._session_id,)
+        ).fetchone()
+        return int(count)
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    """Create schema version :data:`SCHEMA_VERSION` in an empty database (in a transaction)."""
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.executemany(
+        "INSERT INTO meta (key, value) VALUES (?, ?)",
+        [("application", APPLICATION_ID), ("schema_version", str(SCHEMA_VERSION))],
+    )
+    conn.execute(
+        "CREATE TABLE items ("
+        " session_id TEXT NOT NULL,"
+        " position INTEGER NOT NULL,"
+        " data TEXT NOT NULL,"
+        " created_at REAL NOT NULL,"
+        " PRIMARY KEY (session_id, position))"
+    )
