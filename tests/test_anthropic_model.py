@@ -10,6 +10,7 @@ import httpx
 import pytest
 import trio
 
+import trio_agents as ta
 from trio_agents import ModelError
 from trio_agents._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from trio_agents._model import (
@@ -371,3 +372,45 @@ async def test_pooled_and_caller_clients(server: SSEServer) -> None:
             await collect(make_model(server, client=client))
             assert not client.is_closed
     assert [c.requests for c in server.connections] == [2, 1]
+
+
+async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
+    @ta.function_tool
+    async def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    server.add(
+        Reply(
+            events=[
+                message_start(30),
+                *text_block(0, "Adding."),
+                *tool_block(1, "toolu_1", "add", '{"a": 2', ', "b": 3}'),
+                *message_end("tool_use", output_tokens=10),
+            ]
+        ),
+        Reply(events=[message_start(50), *text_block(0, "It is ", "5."), *message_end()]),
+    )
+    agent = ta.Agent(name="calc", instructions="Use tools.", model=make_model(server), tools=[add])
+    with trio.fail_after(10):
+        result = await ta.run(agent, "what is 2+3?")
+    result.raise_for_status()
+    assert result.final_output == "It is 5."
+    assert result.usage == Usage(80, 22)
+    first, second = (request.json for request in server.requests)
+    assert first["tools"][0]["name"] == "add"
+    assert second["system"] == "Use tools."
+    assert second["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "what is 2+3?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Adding."},
+                {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 2, "b": 3}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5"}],
+        },
+    ]

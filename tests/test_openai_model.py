@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+import trio_agents as ta
 from trio_agents import ModelError
 from trio_agents._items import AssistantMessage, ToolCall, ToolResult, UserMessage
 from trio_agents._model import (
@@ -548,3 +549,80 @@ async def test_stream_cannot_be_reused(server: SSEServer) -> None:
         with pytest.raises(RuntimeError, match="only be entered once"):
             async with stream_cm:
                 pass
+
+
+# ------------------------------------------------------------------ full runs
+
+
+async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
+    @ta.function_tool
+    async def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    call = {"index": 0, "id": "call_1", "type": "function"}
+    server.add(
+        Reply(
+            events=[
+                SSE(chunk(tool_calls=[{**call, "function": {"name": "add", "arguments": ""}}])),
+                SSE(chunk(tool_calls=[{"index": 0, "function": {"arguments": '{"a": 2, '}}])),
+                SSE(chunk(tool_calls=[{"index": 0, "function": {"arguments": '"b": 3}'}}])),
+                SSE(chunk(finish="tool_calls")),
+                SSE(usage_chunk(30, 10)),
+                DONE,
+            ]
+        ),
+        text_reply("The answer ", "is 5."),
+    )
+    agent = ta.Agent(
+        name="calc",
+        instructions="Use tools.",
+        model=make_model(server),
+        tools=[add],
+        model_settings={"temperature": 0},
+    )
+    with trio.fail_after(10):
+        result = await ta.run(agent, "what is 2+3?")
+    result.raise_for_status()
+    assert result.final_output == "The answer is 5."
+    assert result.usage == Usage(30 + 9, 10 + 2)
+    first, second = (request.json for request in server.requests)
+    assert first["temperature"] == 0
+    assert first["tools"][0]["function"]["name"] == "add"
+    assert second["messages"] == [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "what is 2+3?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    ]
+
+
+async def test_cancelled_run_closes_the_model_socket(server: SSEServer) -> None:
+    server.add(Reply(events=[SSE(chunk("Partial ")), SSE(chunk("answer"))], end="hold"))
+    agent = ta.Agent(name="a", model=make_model(server))
+    with trio.fail_after(10):
+        async with ta.open_run(agent, "hi") as run:
+            async for update in run.events():
+                if isinstance(update, ta.ResponseTextDelta) and update.text == "answer":
+                    cancelled_at = trio.current_time()
+                    run.cancel("user pressed stop")
+        await server.connections[0].closed.wait()
+    result = run.result
+    assert result is not None
+    assert result.status == "cancelled"
+    assert result.reason == "user pressed stop"
+    assert result.new_items[-1] == AssistantMessage("Partial answer", status="incomplete")
+    closed_at = server.connections[0].closed_at
+    assert closed_at is not None
+    print(f"\nclose latency (run.cancel): {(closed_at - cancelled_at) * 1000:.3f} ms")
+    assert closed_at - cancelled_at < 2.0
