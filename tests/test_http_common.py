@@ -473,3 +473,59 @@ def test_from_string_type_error() -> None:
 
 def test_max_retry_after_is_sane() -> None:
     assert 1 <= MAX_RETRY_AFTER <= 600
+
+
+class StallingUpload(httpx.AsyncBaseTransport):
+    """A transport that reads the first chunk of the request body and then hangs: a
+    cancellation lands while the body's iterator is suspended mid-upload."""
+
+    def __init__(self) -> None:
+        self.started = trio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        async for _chunk in request.stream:
+            self.started.set()
+            await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_cancel_during_the_request_upload_leaves_no_generator() -> None:
+    """httpx's own request body (``ByteStream.__aiter__``) is an async generator that a
+    cancellation during the upload abandons (the control); the model's body is not."""
+
+    async def settle() -> None:
+        for _ in range(3):
+            gc.collect()
+            await trio.testing.wait_all_tasks_blocked()
+
+    with trio.fail_after(10):
+        with warnings.catch_warnings(record=True) as naive:
+            warnings.simplefilter("always")
+            transport = StallingUpload()
+            async with httpx.AsyncClient(transport=transport) as client:
+                with trio.CancelScope() as scope:
+                    async with trio.open_nursery() as nursery:
+
+                        async def send() -> None:
+                            async with client.stream("POST", "http://x/", json={"a": 1}):
+                                pass
+
+                        nursery.start_soon(send)
+                        await transport.started.wait()
+                        scope.cancel()
+                await settle()
+        assert any("ByteStream" in str(w.message) for w in naive), naive
+
+        with warnings.catch_warnings(record=True) as ours:
+            warnings.simplefilter("always")
+            transport = StallingUpload()
+            async with httpx.AsyncClient(transport=transport) as client:
+                model = OpenAIChatModel("m", base_url="http://x/v1", client=client)
+                with trio.CancelScope() as scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(collect, model)
+                        await transport.started.wait()
+                        scope.cancel()
+                await settle()
+        assert [str(w.message) for w in ours] == []

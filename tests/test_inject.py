@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import pytest
 import trio
@@ -27,9 +28,7 @@ def agent(model: ta.Model, **kw: object) -> ta.Agent:
 
 async def wait_for(run: ta.Run, predicate: type[ta.RunEvent], text: str | None = None) -> None:
     async for event in run.events():
-        if isinstance(event, predicate) and (
-            text is None or getattr(event, "text", None) == text
-        ):
+        if isinstance(event, predicate) and (text is None or getattr(event, "text", None) == text):
             return
 
 
@@ -109,9 +108,7 @@ async def test_now_during_tools_does_not_interrupt_them(
 async def test_when_idle_waits_for_the_final_answer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    model = ScriptedModel(
-        [Turn(tool_calls=[("gate", {"seconds": 2})]), "answer one", "answer two"]
-    )
+    model = ScriptedModel([Turn(tool_calls=[("gate", {"seconds": 2})]), "answer one", "answer two"])
     async with ta.open_run(agent(model), "q") as run:
         run.inject("follow-up", when="when_idle")
     result = run.result
@@ -189,7 +186,11 @@ async def test_after_turn_cancel_leaves_pending_injections_unconsumed(
         run.inject("pending")
     assert run.result is not None
     assert run.result.status == "cancelled"
-    assert run.result.unconsumed == (ta.UserMessage("pending",),)
+    assert run.result.unconsumed == (
+        ta.UserMessage(
+            "pending",
+        ),
+    )
 
 
 async def test_inject_errors_queue_nothing(autojump_clock: trio.testing.MockClock) -> None:
@@ -277,7 +278,7 @@ async def test_inject_racing_cancel_from_threads(autojump_clock: trio.testing.Mo
         async with trio.open_nursery() as nursery:
             for i in range(20):
                 nursery.start_soon(trio.to_thread.run_sync, injector, run, i)
-            nursery.start_soon(trio.to_thread.run_sync, run.cancel, "race")
+            nursery.start_soon(trio.to_thread.run_sync, partial(run.cancel, "race"))
     result = run.result
     assert result is not None
     consumed = [i.content for i in result.new_items if isinstance(i, ta.UserMessage)][1:]

@@ -63,6 +63,7 @@ async def test_sync_tool_that_ignores_cancel_is_abandoned_and_its_result_dropped
 async def test_subprocess_tool_dies_with_the_run(tmp_path: Path) -> None:
     """Real processes, so a real clock (bounded): the process group is gone after."""
     marker = tmp_path / "pgid"
+    os.mkfifo(marker)  # reading it waits (in a thread) for the shell's echo: no polling
 
     @ta.function_tool
     async def spawn(ctx: ta.ToolContext) -> str:
@@ -74,12 +75,11 @@ async def test_subprocess_tool_dies_with_the_run(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with ta.open_run(ta.Agent(name="t", model=model, tools=[spawn]), "go") as run:
             await started(run)
-            while not marker.exists() or not marker.read_text().strip():  # noqa: ASYNC230
-                await trio.sleep(0.01)
+            pgid = int(await trio.to_thread.run_sync(marker.read_text, abandon_on_cancel=True))
             run.cancel("stop")
     assert run.result is not None
     assert run.result.status == "cancelled"
-    assert live_processes_in_group(int(marker.read_text())) == []
+    assert live_processes_in_group(pgid) == []
 
 
 def live_processes_in_group(pgid: int) -> list[int]:
@@ -246,7 +246,9 @@ async def test_approve_and_reject(autojump_clock: trio.testing.MockClock) -> Non
 
 
 async def test_approval_from_another_thread(autojump_clock: trio.testing.MockClock) -> None:
-    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("d1", "delete_file", '{"path": "x"}')]), "ok"])
+    model = ScriptedModel(
+        [Turn(tool_calls=[ta.ToolCall("d1", "delete_file", '{"path": "x"}')]), "ok"]
+    )
     async with ta.open_run(approval_agent(model), "go") as run:
         await status_reached(run, "awaiting_approval")
         await trio.to_thread.run_sync(run.approve, "d1")
@@ -268,7 +270,9 @@ async def test_cancel_while_awaiting_approval_then_session_reuse(
     result = run.result
     assert result is not None
     assert result.status == "cancelled"
-    assert result.conversation[-1] == ta.ToolResult("d1", "cancelled: user left", status="cancelled")
+    assert result.conversation[-1] == ta.ToolResult(
+        "d1", "cancelled: user left", status="cancelled"
+    )
     events = await collect(run)
     assert not [e for e in events if isinstance(e, ta.ToolStarted)]
     with pytest.raises(ta.RunClosedError):

@@ -623,24 +623,57 @@ async def test_run_process_rejects_options_it_owns() -> None:
         await make_ctx().run_process(["true"], grace=-1)
 
 
-def _group_is_dead(pgid: int) -> bool:
-    """No live process in the group (zombies wait for init to reap them: they are dead)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+def _scan_group(pgid: int) -> dict[int, str]:
+    """The members of process group ``pgid`` and their states, from /proc."""
+    states: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            stat = Path("/proc", name, "stat").read_text()
         except OSError:
             continue  # exited while we looked
         fields = stat.rsplit(")", 1)[1].split()
-        state, group = fields[0], int(fields[2])
-        if group == pgid and state not in ("Z", "X"):
-            return False
-    return True
+        if int(fields[2]) == pgid:
+            states[int(name)] = fields[0]
+    return states
+
+
+def _live_members(pgid: int) -> list[int]:
+    """The pids of the group's processes that have not exited (zombies have).
+
+    A member may fork and exit between the listing of /proc and the reading of its
+    state. So "none alive" needs two scans in a row that find the same members all
+    dead: the second listing, made after they were all seen dead, includes every
+    child they forked.
+    """
+    dead_before: set[int] | None = None
+    while True:
+        states = _scan_group(pgid)
+        live = [pid for pid, state in states.items() if state not in ("Z", "X")]
+        if live or dead_before == set(states):
+            return live
+        dead_before = set(states)
+
+
+async def _wait_until_group_dead(pgid: int) -> None:
+    """Wait (on pidfds, not by polling) until no process of the group is alive.
+
+    A SIGKILL takes effect when the target next runs, a moment after kill()
+    returned; and orphans are reaped by init whenever init gets to it, so
+    ``os.killpg(pgid, 0)`` may still find zombies for a while: those are dead too.
+    """
+    with trio.fail_after(5):  # far less than the 60 s the processes would live
+        while live := _live_members(pgid):
+            for pid in live:
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    continue
+                try:
+                    await trio.lowlevel.wait_readable(pidfd)
+                finally:
+                    os.close(pidfd)
 
 
 async def _run_and_cancel(argv: list[str], pid_via: str, **kwargs: Any) -> int:
@@ -658,8 +691,8 @@ async def _run_and_cancel(argv: list[str], pid_via: str, **kwargs: Any) -> int:
                 nursery.start_soon(lambda: ctx.run_process(argv, **kwargs))
                 line = await reader.receive_some()
                 pgid = int(line)
-                assert os.getpgid(pgid) == pgid  # a new session: its own process group
-                assert not _group_is_dead(pgid)
+                # a new session: the shell's pid is the id of the group its children are in
+                assert _live_members(pgid)
                 nursery.cancel_scope.cancel()
     finally:
         os.close(write_fd)
@@ -674,7 +707,7 @@ async def test_run_process_cancel_kills_the_process_group() -> None:
     pgid = await _run_and_cancel(
         ["sh", "-c", "echo $$; exec >/dev/null; sleep 60 & sleep 60"], "stdout"
     )
-    assert _group_is_dead(pgid)
+    await _wait_until_group_dead(pgid)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -685,7 +718,7 @@ async def test_run_process_cancel_escalates_to_sigkill() -> None:
         "stderr",
         grace=0.05,
     )
-    assert _group_is_dead(pgid)
+    await _wait_until_group_dead(pgid)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -695,8 +728,8 @@ async def test_run_process_kills_leftovers_of_an_exited_leader() -> None:
     pgid = await _run_and_cancel(
         ["sh", "-c", "echo $$ >&2; exec 2>/dev/null; sleep 60 &"], "stderr"
     )
-    assert _group_is_dead(pgid)
+    await _wait_until_group_dead(pgid)
     # and a call that returns normally leaves nothing behind either
     with trio.fail_after(10):
         result = await make_ctx().run_process(["sh", "-c", "echo $$; sleep 60 >/dev/null 2>&1 &"])
-    assert _group_is_dead(int(result.stdout))
+    await _wait_until_group_dead(int(result.stdout))

@@ -27,6 +27,14 @@ read raises ``Cancelled`` at the bottom of the chain, every generator unwinds th
 its own ``except``/``finally`` (httpcore closes the connection on the way), and nothing
 is left for the garbage collector. This is exactly what happens when the cancellation
 arrives during a read, so it is the path httpx and httpcore are built for.
+
+The request side has the same hazard: ``client.stream(..., json=...)`` sends its body
+through httpx's ``ByteStream``, whose ``__aiter__`` is an async generator, and a
+cancellation that lands while httpcore writes the body abandons it. So a stream builds
+its request with ``client.build_request``, swaps in a body stream whose iterator is a
+plain object, and sends it with ``client.send(request, stream=True)`` — which is what
+``client.stream()`` does inside — closing the response on every exit path, as
+``client.stream()``'s ``finally`` would.
 """
 
 from __future__ import annotations
@@ -453,7 +461,6 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         self._state = "new"  # new -> open -> closed
         self._client: httpx.AsyncClient | None = None
         self._owns_client = False
-        self._response_cm: AbstractAsyncContextManager[httpx.Response] | None = None
         self._response: httpx.Response | None = None
         self._body: AsyncIterator[bytes] | None = None
         self._decoder = SSEDecoder()
@@ -551,20 +558,22 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         self._pending.clear()
         self._events_seen = 0
         headers = {"accept": "text/event-stream", **self._spec.headers}
-        cm = self._client.stream(
-            "POST",
-            self._spec.url,
-            json=dict(self._spec.body),
-            headers=headers,
-            timeout=self._timeout,
-        )
         try:
-            response = await cm.__aenter__()
+            request = self._client.build_request(
+                "POST",
+                self._spec.url,
+                json=dict(self._spec.body),
+                headers=headers,
+                timeout=self._timeout,
+            )
+            request.stream = _RequestBody(request.content)
+            # What `client.stream()` does, minus its generator-based request body; the
+            # response is always closed by `_close_response` (on every exit path).
+            response = await self._client.send(request, stream=True)
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             return _Failure(self._transport_error(exc, "request failed"))
         except httpx.HTTPError as exc:
             raise ModelError(f"{self._label()}: request failed: {_describe(exc)}") from exc
-        self._response_cm = cm
         self._response = response
         status = response.status_code
         content_type = response.headers.get("content-type", "")
@@ -688,15 +697,14 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
                 pass
 
     async def _close_response(self) -> None:
-        body, cm = self._body, self._response_cm
+        body, response = self._body, self._response
         self._body = None
-        self._response_cm = None
         self._response = None
         if body is not None:
             await _unwind(body)
-        if cm is not None:
+        if response is not None:
             with suppress(httpx.HTTPError):
-                await cm.__aexit__(None, None, None)
+                await response.aclose()
 
     async def _cleanup(self) -> None:
         """Close the response and a per-call client; shielded, bounded."""
@@ -707,6 +715,40 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             await self._close_response()
             if client is not None:
                 await client.aclose()
+
+
+@final
+class _RequestBody(httpx.AsyncByteStream):
+    """A request body whose iterator is a plain object, not an async generator.
+
+    httpx's own ``ByteStream.__aiter__`` is an async generator: a cancellation that
+    lands while httpcore writes the body (between its ``yield`` and the socket send)
+    abandons it to the garbage collector, and Trio warns. Each ``async for`` gets a
+    fresh one-chunk iterator, so the body can be sent again (auth flows, retries).
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _OneChunk(self._data)
+
+
+@final
+class _OneChunk:
+    """An async iterator over exactly one bytes chunk (none when empty)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data or None
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data
 
 
 async def _unwind(body: AsyncIterator[bytes]) -> None:

@@ -96,8 +96,8 @@ class _EventIterator:
         if self._position >= len(self._steps):
             raise StopAsyncIteration
         delay, step = self._steps[self._position]
-        self._position += 1
         await trio.sleep(delay)  # a checkpoint even when the delay is 0
+        self._position += 1  # only now: a cancelled read loses nothing
         if isinstance(step, BaseException):
             self._position = len(self._steps)
             raise step

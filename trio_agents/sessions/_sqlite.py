@@ -339,15 +339,28 @@ class SQLiteSession:
             )
         except sqlite3.Error as exc:
             raise self._error(f"cannot open session database {self._path!r}: {exc}") from exc
+        # SQLite returns SQLITE_BUSY without calling its busy handler in a few places
+        # that opening can hit while another process creates the schema or switches
+        # the file to WAL (the journal-mode change and WAL recovery), so opening retries
+        # "locked"/"busy" itself, within the same `busy_timeout` budget.
+        deadline = time.monotonic() + self._busy_timeout
+        pause = 0.005
         try:
-            self._prepare(conn)
+            while True:
+                try:
+                    self._prepare(conn)
+                    return conn
+                except sqlite3.OperationalError as exc:
+                    if not _is_busy(exc) or time.monotonic() + pause > deadline:
+                        raise
+                time.sleep(pause)  # in a worker thread, never on the Trio thread
+                pause = min(pause * 2, 0.1)
         except sqlite3.Error as exc:
             conn.close()
             raise self._error(f"cannot open session database {self._path!r}: {exc}") from exc
         except BaseException:
             conn.close()
             raise
-        return conn
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
         """Check the file is ours, create or migrate the schema, then configure."""
@@ -369,7 +382,10 @@ class SQLiteSession:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                 raise
-        conn.execute("PRAGMA journal_mode=WAL")
+        # The journal mode is stored in the file: only the first opener changes it
+        # (an exclusive lock), later ones just read it.
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
 
     def _inspect(self, conn: sqlite3.Connection) -> int | None:
@@ -490,3 +506,12 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         " created_at REAL NOT NULL,"
         " PRIMARY KEY (session_id, position))"
     )
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` is SQLite's "database is locked/busy" (worth retrying)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    message = str(exc)
+    return "locked" in message or "busy" in message
