@@ -46,10 +46,12 @@ from ._run import RunStatistics as RunStatistics
 from ._run import open_run as open_run
 from ._run import run as run
 from ._run import serve_run as serve_run
+from ._session_lock import OnBusy as OnBusy
 from ._tools import Tool as Tool
 from ._tools import ToolArgumentsError as ToolArgumentsError
 from ._tools import ToolContext as ToolContext
 from ._tools import function_tool as function_tool
+from .sessions import SessionStorageError as SessionStorageError
 
 __version__ = "0.1.0.dev0"
 
@@ -67,6 +69,7 @@ __all__ = [
     "Model",
     "ModelError",
     "ModelRequest",
+    "OnBusy",
     "ResponseTextDelta",
     "Run",
     "RunClosedError",
@@ -79,6 +82,7 @@ __all__ = [
     "RunStatus",
     "RunUpdated",
     "SessionBusyError",
+    "SessionStorageError",
     "Tool",
     "ToolArgumentsError",
     "ToolCall",

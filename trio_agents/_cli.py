@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -23,7 +25,7 @@ from ._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from ._model import Model
 from ._run import Run, open_run
 from ._tools import ToolContext, function_tool
-from .sessions import MemorySession, Session
+from .sessions import Session
 
 __all__ = ["main"]
 
@@ -173,6 +175,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="a terminal tour of the run lifecycle (offline)")
     demo.add_argument(
+        "--db",
+        default=None,
+        help="SQLite file for the demo's session (default: a fresh temporary file)",
+    )
+    demo.add_argument(
+        "--model",
+        default="demo",
+        help="model to use, as for models.from_string (default: the offline DemoModel)",
+    )
+    demo.add_argument(
         "--delay",
         type=float,
         default=0.03,
@@ -181,16 +193,34 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from .models import DemoModel, from_string
+    from .sessions import SQLiteSession
+
+    if args.model == "demo":
+        model: Model = DemoModel(delay=args.delay)
+        print("trio_agents demo — offline, on the labelled DemoModel (not an LLM)")
+    else:
+        model = from_string(args.model)
+        print(f"trio_agents demo — on {args.model}")
+    with tempfile.TemporaryDirectory(prefix="trio-agents-demo-") as scratch:
+        path = args.db or os.path.join(scratch, "demo.sqlite3")
+        print(f"session: SQLite file {path}")
+        print()
+
+        async def tour() -> None:
+            async with SQLiteSession(path, "demo") as session:
+                await run_demo(model, session, sys.stdout)
+
+        trio.run(tour)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trio-agents`` command."""
     args = _parse(argv)
     if args.command == "demo":
-        from .models import DemoModel
-
-        print("trio_agents demo — offline, on the labelled DemoModel (not an LLM)")
-        print()
-        trio.run(run_demo, DemoModel(delay=args.delay), MemorySession("demo"), sys.stdout)
-        return 0
+        return _demo(args)
     raise AssertionError(args.command)  # pragma: no cover
 
 

@@ -7,6 +7,7 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     ├── RunFailedError        raised by RunResult.raise_for_status() for a failed run
     ├── InboxFullError        inject() found the run's inbox full; nothing was queued
     ├── SessionBusyError      another run is active on the session (on_busy="reject")
+    ├── SessionStorageError   a session database could not be opened, read or written
     ├── UnknownCallError      approve()/reject() named no pending call (also a LookupError)
     └── ModelError            a model provider failed (HTTP status, protocol error, ...)
 

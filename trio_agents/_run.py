@@ -52,8 +52,10 @@ from ._items import (
 )
 from ._log import EventCursor, EventLog, UpdatedStream
 from ._model import Finish, ModelRequest, TextDelta, ToolCallDone, Usage
+from ._session_lock import OnBusy, SessionClaim, session_key
 from ._tools import ToolArgumentsError, ToolContext
 from .sessions._base import Session
+from .sessions._repair import repair_loaded
 
 __all__ = [
     "CancelMode",
@@ -156,6 +158,9 @@ class _RunOptions:
     hooks: RunHooks | None = attrs.field(default=None, validator=_check_hooks)
     thread_limiter: trio.CapacityLimiter | None = None
     max_turns: int | None = None
+    on_busy: OnBusy = attrs.field(
+        default="reject", validator=attrs.validators.in_(("reject", "interrupt", "enqueue"))
+    )
 
 
 def _make_options(options: Mapping[str, Any]) -> _RunOptions:
@@ -297,6 +302,9 @@ class Run:
         self._input_committed = False
         self._inbox_wakeup = trio.Event()
         self._result: RunResult | None = None
+        self._claim: SessionClaim | None = None
+        if session is not None:
+            self._claim = SessionClaim(session_key(session), session.session_id, self)
         self._emit_status(RunStatus.QUEUED)
 
     # ------------------------------------------------------------------ public API
@@ -524,9 +532,18 @@ class Run:
 
         self._call_soon(emit)
 
+    def _holds_session(self) -> bool:
+        # A run cancelled while it waited for its session never touches it.
+        return self._claim is None or self._claim.held
+
+    def _claim_session(self) -> None:
+        """Claim the session before the run starts (raises for ``on_busy="reject"``)."""
+        if self._claim is not None:
+            self._claim.claim_now(self._options.on_busy)
+
     async def _flush(self) -> None:
         """Write the items finalised so far to the session."""
-        if self.session is None or not self._unpersisted:
+        if self.session is None or not self._holds_session() or not self._unpersisted:
             self._unpersisted.clear()
             return
         batch = list(self._unpersisted)
@@ -563,6 +580,8 @@ class Run:
             with self._scope:
                 if go is not None:
                     await go.wait()
+                if self._claim is not None:
+                    await self._claim.wait()  # queued behind the session's active run
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._inbox_task, name=f"{self.id}:inbox")
                     await self._drive()
@@ -633,8 +652,9 @@ class Run:
         """Load the session's history and commit the input (once)."""
         if self._input_committed:
             return
-        if self.session is not None:
-            self._history = list(await self.session.get_items())
+        if self.session is not None and self._holds_session():
+            # Sessions are loaded repaired: a crashed run's dangling calls get results.
+            self._history = repair_loaded(await self.session.get_items())
             self._conversation = list(self._history)
         self._input_committed = True
         for item in self._input:
@@ -995,6 +1015,10 @@ class Run:
         if cleanup.cancelled_caught:
             detail["cleanup_timed_out"] = True
         self._result = result
+        if self._claim is not None:
+            # After the repair is persisted, before the terminal update: whoever sees
+            # the update can start the next run on the session at once.
+            self._claim.release()
         self._emit_status(status, reason, detail)
         self._log.close()
         self._done.set()
@@ -1032,6 +1056,7 @@ async def serve_run(
     cancelled"`` after its bounded repair and ``trio.Cancelled`` propagates.
     """
     handle = Run(agent, input, session=session, run_id=run_id, options=_make_options(options))
+    handle._claim_session()
     await handle._serve(task_status=task_status)
     assert handle.result is not None
     return handle.result
@@ -1057,9 +1082,18 @@ async def open_run(
     Options (keyword arguments): ``cleanup_timeout`` (5 s), ``max_concurrent_tools`` (8),
     ``inbox_capacity`` (1024 items), ``event_retention`` (65536 events),
     ``on_tool_error`` (``"return"`` or ``"fail"``), ``hooks`` (:class:`RunHooks`),
-    ``thread_limiter`` (for sync tools), ``max_turns`` (overrides the agent's).
+    ``thread_limiter`` (for sync tools), ``max_turns`` (overrides the agent's),
+    ``on_busy`` (when ``session`` already has an active run in this process:
+    ``"reject"`` raises :class:`SessionBusyError` at once, ``"interrupt"`` cancels that
+    run with reason ``"superseded"`` and starts once its repair is persisted,
+    ``"enqueue"`` waits for it to end; the run is ``queued`` while it waits, and a run
+    cancelled while it waits leaves the session untouched).
+
+    Raises:
+        SessionBusyError: ``on_busy="reject"`` and the session is busy.
     """
     handle = Run(agent, input, session=session, run_id=run_id, options=_make_options(options))
+    handle._claim_session()
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:

@@ -1,7 +1,10 @@
 """Models: the protocol, the model events, and the bundled models.
 
-``ScriptedModel`` is a deterministic model for tests; ``DemoModel`` is the offline
-default that powers ``make demo`` (clearly labelled, not an LLM).
+``OpenAIChatModel`` (OpenAI and every Chat Completions-compatible server) and
+``AnthropicModel`` stream over httpx; ``from_string`` builds one from a spec such as
+``"openai:gpt-4o-mini"``. ``ScriptedModel`` is a deterministic model for tests;
+``DemoModel`` is the offline default that powers ``make demo`` (clearly labelled, not
+an LLM).
 """
 
 from .._model import Finish as Finish
@@ -12,20 +15,26 @@ from .._model import TextDelta as TextDelta
 from .._model import ToolCallDone as ToolCallDone
 from .._model import ToolSpec as ToolSpec
 from .._model import Usage as Usage
+from ._anthropic import AnthropicModel as AnthropicModel
 from ._demo import DemoModel as DemoModel
+from ._openai import OpenAIChatModel as OpenAIChatModel
+from ._registry import from_string as from_string
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import Turn as Turn
 
 __all__ = [
+    "AnthropicModel",
     "DemoModel",
     "Finish",
     "Model",
     "ModelEvent",
     "ModelRequest",
+    "OpenAIChatModel",
     "ScriptedModel",
     "TextDelta",
     "ToolCallDone",
     "ToolSpec",
     "Turn",
     "Usage",
+    "from_string",
 ]

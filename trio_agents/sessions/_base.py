@@ -17,6 +17,10 @@ class Session(Protocol):
 
     Implementations must be safe to call from the Trio thread; blocking storage must be
     called off it (``trio.to_thread.run_sync``) and must not abandon a write half-done.
+
+    One run at a time per session (see ``open_run``'s ``on_busy``): runs are kept apart
+    by the session's optional ``lock_key`` attribute (any hashable naming the stored
+    conversation, e.g. a file and an id), or else by its type and ``session_id``.
     """
 
     @property

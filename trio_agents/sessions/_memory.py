@@ -21,6 +21,11 @@ class MemorySession:
     session_id: str = "default"
     _items: list[Item] = attrs.field(init=False, factory=list)
 
+    @property
+    def lock_key(self) -> object:
+        """Each object is its own store: runs are kept one at a time per object."""
+        return self
+
     async def get_items(self) -> list[Item]:
         """Return a copy of the stored conversation."""
         await trio.lowlevel.checkpoint()

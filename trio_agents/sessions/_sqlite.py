@@ -214,6 +214,11 @@ class SQLiteSession:
         return self._session_id
 
     @property
+    def lock_key(self) -> tuple[str, str, str]:
+        """Objects on one file with one id are one session (one active run at a time)."""
+        return ("sqlite", self._path, self._session_id)
+
+    @property
     def path(self) -> str:
         """The resolved path of the database file."""
         return self._path
