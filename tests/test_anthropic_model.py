@@ -349,15 +349,11 @@ async def test_cancel_mid_stream_closes_the_socket(server: SSEServer) -> None:
         with trio.CancelScope() as scope:
             async with make_model(server).stream(REQUEST) as stream:
                 async for _item in stream:
-                    cancelled_at = trio.current_time()
                     scope.cancel()
                     await trio.sleep_forever()
         connection = server.connections[0]
         await connection.closed.wait()
     assert connection.closed_at is not None
-    latency = connection.closed_at - cancelled_at
-    print(f"\nclose latency (anthropic, cancelled between events): {latency * 1000:.3f} ms")
-    assert latency < 2.0
 
 
 async def test_pooled_and_caller_clients(server: SSEServer) -> None:

@@ -433,15 +433,11 @@ async def test_cancel_while_waiting_for_the_next_event_closes_the_socket(
             nursery.start_soon(consume)
             await first.wait()
             await trio.testing.wait_all_tasks_blocked()  # the consumer waits in a read
-            cancelled_at = trio.current_time()
             scope.cancel()
         connection = server.connections[0]
         await connection.closed.wait()
     assert got == [TextDelta("Hel")]
     assert connection.closed_at is not None
-    latency = connection.closed_at - cancelled_at
-    print(f"\nclose latency (cancelled in a read): {latency * 1000:.3f} ms")
-    assert latency < 2.0
 
 
 async def test_cancel_between_events_closes_the_socket(server: SSEServer) -> None:
@@ -452,15 +448,11 @@ async def test_cancel_between_events_closes_the_socket(server: SSEServer) -> Non
         with trio.CancelScope() as scope:
             async with make_model(server).stream(REQUEST) as stream:
                 async for _event in stream:
-                    cancelled_at = trio.current_time()
                     scope.cancel()
                     await trio.sleep_forever()
         connection = server.connections[0]
         await connection.closed.wait()
     assert connection.closed_at is not None
-    latency = connection.closed_at - cancelled_at
-    print(f"\nclose latency (cancelled between events): {latency * 1000:.3f} ms")
-    assert latency < 2.0
 
 
 async def test_cancel_before_headers_closes_the_socket(server: SSEServer) -> None:
@@ -614,7 +606,6 @@ async def test_cancelled_run_closes_the_model_socket(server: SSEServer) -> None:
         async with ta.open_run(agent, "hi") as run:
             async for update in run.events():
                 if isinstance(update, ta.ResponseTextDelta) and update.text == "answer":
-                    cancelled_at = trio.current_time()
                     run.cancel("user pressed stop")
         await server.connections[0].closed.wait()
     result = run.result
@@ -623,6 +614,27 @@ async def test_cancelled_run_closes_the_model_socket(server: SSEServer) -> None:
     assert result.reason == "user pressed stop"
     assert result.new_items[-1] == AssistantMessage("Partial answer", status="incomplete")
     closed_at = server.connections[0].closed_at
-    assert closed_at is not None
-    print(f"\nclose latency (run.cancel): {(closed_at - cancelled_at) * 1000:.3f} ms")
-    assert closed_at - cancelled_at < 2.0
+    assert closed_at is not None  # how soon is a benchmark figure (B4), not a test
+
+
+async def test_a_thousand_cancelled_runs_through_one_small_pool(server: SSEServer) -> None:
+    # Each run is cancelled mid-stream; a leaked connection would exhaust the pool of
+    # two at the third run and hang (fail_after bounds that).
+    count = 1000
+    for _ in range(count):
+        server.add(Reply(events=[SSE(chunk("x"))], end="hold"))
+    server.add(text_reply("still fine"))
+    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
+    with trio.fail_after(60):
+        async with httpx.AsyncClient(limits=limits) as client:
+            agent = ta.Agent(name="a", model=make_model(server, client=client))
+            for _ in range(count):
+                async with ta.open_run(agent, "hi") as run:
+                    async for event in run.events():
+                        if isinstance(event, ta.ResponseTextDelta):
+                            run.cancel("stop")
+                assert run.result is not None
+                assert run.result.status == "cancelled"
+            final = await ta.run(agent, "again")
+            assert final.final_output == "still fine"
+    assert len(server.requests) == count + 1
