@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench fuzz clean
+.PHONY: demo test lint bench fuzz docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
 
 bench: $(STAMP)  ## timing figures; results in benchmarks/RESULTS.md
 	$(BIN)/python -m benchmarks
+
+docs: $(STAMP)  ## the Sphinx site in docs/_build/html (warnings are errors)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
