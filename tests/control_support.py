@@ -64,12 +64,13 @@ async def raw_client(
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        rejected, _ = group.split(ConnectionRejected)
-        if rejected is None:
+        matched, _ = group.split(ConnectionRejected)
+        if matched is None:
             raise
-        while isinstance(rejected, BaseExceptionGroup):
-            rejected = rejected.exceptions[0]
-        raise rejected from None
+        leaf: BaseException = matched
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise leaf from None
     finally:
         with trio.CancelScope(shield=True):
             await stream.aclose()
@@ -92,5 +93,5 @@ async def ask(ws: WebSocketConnection, request: Mapping[str, Any]) -> dict[str, 
 
 async def wait_until(predicate: Callable[[], bool]) -> None:
     """Poll ``predicate`` (for state only observable across real sockets)."""
-    while not predicate():
+    while not predicate():  # noqa: ASYNC110 - server state, no event to wait on
         await trio.sleep(0.005)

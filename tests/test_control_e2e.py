@@ -44,7 +44,8 @@ async def test_start_stream_inject_and_complete() -> None:
     assert terminal.status == "completed"
     seqs = [e.seq for e in events]
     assert seqs == list(range(1, len(events) + 1))
-    assert isinstance(events[-1], ta.RunUpdated) and events[-1] == terminal
+    assert isinstance(events[-1], ta.RunUpdated)
+    assert events[-1] == terminal
     assert injected is not None
     assert any(isinstance(e, ta.InboxInjected) and e.injection_id == injected for e in events)
     assert any(isinstance(e, ta.InboxDelivered) and e.injection_id == injected for e in events)
@@ -79,7 +80,8 @@ async def test_cancel_mid_tool_reaches_the_tool() -> None:
                     await run.cancel("user pressed stop")
             terminal = await run.wait()
             info = await run.get()
-    assert tool_started.is_set() and tool_cancelled.is_set()
+    assert tool_started.is_set()
+    assert tool_cancelled.is_set()
     assert (terminal.status, terminal.reason) == ("cancelled", "user pressed stop")
     assert (info.status, info.reason) == ("cancelled", "user pressed stop")
 
@@ -117,8 +119,10 @@ async def test_approve_and_reject_over_the_wire() -> None:
         for e in events
         if isinstance(e, ta.RunItemEvent) and isinstance(e.item, ta.ToolResult)
     }
-    assert results[pending[0]].status == "ok" and results[pending[0]].output == "moved 1"
-    assert results[pending[1]].status == "error" and "too much" in results[pending[1]].output
+    assert results[pending[0]].status == "ok"
+    assert results[pending[0]].output == "moved 1"
+    assert results[pending[1]].status == "error"
+    assert "too much" in results[pending[1]].output
     assert events[-1].status == "completed"  # type: ignore[union-attr]
 
 
@@ -253,21 +257,21 @@ async def test_slow_reader_is_cut_off_fast_reader_gets_everything() -> None:
     model = ScriptedModel([Turn(text=[chunk] * 3000)])
     limits = Limits(send_timeout=0.5, ping_interval=None)
     with trio.fail_after(60):
-        async with serving({"a": agent_of(model)}, limits=limits) as (server, url):
-            async with (
-                connect(url, token="tok-alice") as fast,
-                raw_client(url, receive_buffer=4096) as slow,
-            ):
-                # the slow client starts the run, subscribed, and never reads again
-                ack = await ask(
-                    slow,
-                    {"id": 1, "op": "run.start", "agent": "a", "input": "go", "subscribe": "all"},
-                )
-                assert ack["type"] == "ack"
-                run = fast.attach(ack["run_id"])
-                events = [e async for e in run.events(1)]
-                await wait_until(lambda: server.statistics().connections == 1)
-                info = await run.get()
+        async with (
+            serving({"a": agent_of(model)}, limits=limits) as (server, url),
+            connect(url, token="tok-alice") as fast,
+            raw_client(url, receive_buffer=4096) as slow,
+        ):
+            # the slow client starts the run, subscribed, and never reads again
+            ack = await ask(
+                slow,
+                {"id": 1, "op": "run.start", "agent": "a", "input": "go", "subscribe": "all"},
+            )
+            assert ack["type"] == "ack"
+            run = fast.attach(ack["run_id"])
+            events = [e async for e in run.events(1)]
+            await wait_until(lambda: server.statistics().connections == 1)
+            info = await run.get()
     assert info.status == "completed"
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert sum(1 for e in events if isinstance(e, ta.ResponseTextDelta)) == 3000
