@@ -41,9 +41,7 @@ def test_exception_tree() -> None:
         assert issubclass(getattr(trio_agents, name), trio_agents.TrioAgentsError)
     assert issubclass(trio_agents.UnknownCallError, LookupError)
     assert issubclass(trio_agents.control.ControlError, trio_agents.TrioAgentsError)
-    assert issubclass(
-        trio_agents.control.ControlConnectionError, trio_agents.control.ControlError
-    )
+    assert issubclass(trio_agents.control.ControlConnectionError, trio_agents.control.ControlError)
 
 
 def test_status_is_a_str_enum() -> None:
