@@ -337,3 +337,26 @@ async def wait_forever_for_close(client: object) -> None:
     while True:
         await client.list_runs()
         await trio.sleep(0.01)
+
+
+async def test_sqlite_sessions_by_path_are_per_principal(tmp_path: object) -> None:
+    import json as _json
+    import os
+
+    from trio_agents.sessions._sqlite import SQLiteSession
+
+    path = os.path.join(str(tmp_path), "sessions.sqlite3")
+    model = ScriptedModel([], default=Turn(text="stored"))
+    with trio.fail_after(20):
+        async with (
+            serving({"a": agent_of(model)}, sessions=path) as (_, url),
+            connect(url, token="tok-alice") as alice,
+            connect(url, token="tok-bob") as bob,
+        ):
+            await (await alice.start("a", "from alice", session_id="s1")).wait()
+            await (await bob.start("a", "from bob", session_id="s1")).wait()
+    async with SQLiteSession(path, _json.dumps(["alice", "s1"])) as stored:
+        items = await stored.get_items()
+    assert items[0] == ta.UserMessage("from alice")
+    assert items[-1] == ta.AssistantMessage("stored")
+    assert len(items) == 2
