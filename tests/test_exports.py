@@ -7,16 +7,22 @@ import inspect
 import pytest
 
 import trio_agents
+import trio_agents.control
 import trio_agents.models
 import trio_agents.sessions
 
-MODULES = [trio_agents, trio_agents.models, trio_agents.sessions]
+MODULES = [trio_agents, trio_agents.models, trio_agents.sessions, trio_agents.control]
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    # ruff's RUF022 order: CONSTANTS, then Classes, then functions
+    return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_all_names_exist_and_are_documented(module: object) -> None:
     names = module.__all__  # type: ignore[attr-defined]
-    assert names == sorted(names)
+    assert names == sorted(names, key=_isort_key)
     for name in names:
         obj = getattr(module, name)
         if inspect.isclass(obj) or inspect.isfunction(obj):
@@ -34,6 +40,8 @@ def test_exception_tree() -> None:
     ):
         assert issubclass(getattr(trio_agents, name), trio_agents.TrioAgentsError)
     assert issubclass(trio_agents.UnknownCallError, LookupError)
+    assert issubclass(trio_agents.control.ControlError, trio_agents.TrioAgentsError)
+    assert issubclass(trio_agents.control.ControlConnectionError, trio_agents.control.ControlError)
 
 
 def test_status_is_a_str_enum() -> None:

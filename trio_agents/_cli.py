@@ -1,13 +1,20 @@
-"""The ``trio-agents`` command line: ``trio-agents demo`` tours the run lifecycle."""
+"""The ``trio-agents`` command line.
+
+``trio-agents demo`` tours the run lifecycle; ``trio-agents serve`` runs a control
+server (websocket, loopback by default); ``trio-agents ctl URL ...`` drives one.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import os
+import secrets
 import sys
 import tempfile
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
 import trio
 
@@ -190,6 +197,47 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0.03,
         help="seconds between streamed chunks of the DemoModel (default 0.03)",
     )
+    serve = commands.add_parser("serve", help="serve agents over the websocket control channel")
+    serve.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any)")
+    serve.add_argument(
+        "--db", default="trio-agents-sessions.sqlite3", help="SQLite file for sessions"
+    )
+    serve.add_argument(
+        "--app",
+        help="module:attr naming a mapping of agent name -> Agent (or a callable returning"
+        " one); default: the demo agent on the offline DemoModel",
+    )
+    serve.add_argument(
+        "--token",
+        default=os.environ.get("TRIO_AGENTS_TOKEN"),
+        help="the bearer token (default $TRIO_AGENTS_TOKEN, else a generated one, printed once)",
+    )
+    ctl = commands.add_parser("ctl", help="talk to a control server")
+    ctl.add_argument("url", help="ws://host:port/")
+    ctl.add_argument(
+        "--token", default=os.environ.get("TRIO_AGENTS_TOKEN"), help="default $TRIO_AGENTS_TOKEN"
+    )
+    verbs = ctl.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("list", help="list your runs")
+    watch = verbs.add_parser("watch", help="print a run's events until it ends")
+    watch.add_argument("run_id")
+    watch.add_argument("--from-seq", type=int, default=None)
+    start = verbs.add_parser("start", help="start a run and print its events")
+    start.add_argument("agent")
+    start.add_argument("input")
+    start.add_argument("--session", default=None)
+    start.add_argument("--detach", action="store_true", help="print the run id and leave")
+    cancel = verbs.add_parser("cancel", help="cancel a run")
+    cancel.add_argument("run_id")
+    cancel.add_argument("--reason", default=None)
+    inject = verbs.add_parser("inject", help="inject a user message into a run")
+    inject.add_argument("run_id")
+    inject.add_argument("text")
+    inject.add_argument("--when", default="next_turn", choices=["next_turn", "now", "when_idle"])
+    approve = verbs.add_parser("approve", help="approve a tool call waiting for approval")
+    approve.add_argument("run_id")
+    approve.add_argument("call_id")
     return parser.parse_args(argv)
 
 
@@ -216,11 +264,92 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_app(spec: str) -> Mapping[str, Agent]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"--app must look like module:attr, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    value: Any = getattr(importlib.import_module(module_name), attr)
+    if callable(value) and not isinstance(value, Mapping):
+        value = value()
+    if not isinstance(value, Mapping) or not all(isinstance(a, Agent) for a in value.values()):
+        raise SystemExit(f"{spec} must be a mapping of name -> Agent (or return one)")
+    return value
+
+
+async def _serve(args: argparse.Namespace, agents: Mapping[str, Agent], token: str) -> None:
+    from .control import ControlServer
+
+    server = ControlServer(agents, auth={token: "cli"}, sessions=args.db)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve, args.host, args.port)
+        print(f"serving {', '.join(agents)} on ws://{args.host}:{port}/ (sessions in {args.db})")
+        sys.stdout.flush()
+
+
+def _event_line(event: Any) -> str:
+    data = event.to_json()
+    return json.dumps(data, ensure_ascii=False, default=repr)
+
+
+async def _ctl(args: argparse.Namespace, out: TextIO) -> int:
+    from .control import connect
+
+    if not args.token:
+        raise SystemExit("ctl needs --token or $TRIO_AGENTS_TOKEN")
+    async with connect(args.url, token=args.token) as client:
+        if args.verb == "list":
+            for info in await client.list_runs():
+                out.write(json.dumps(info.to_json()) + "\n")
+        elif args.verb in ("watch", "start"):
+            if args.verb == "start":
+                run = await client.start(args.agent, args.input, session_id=args.session)
+                out.write(f"run {run.id}\n")
+                if args.detach:
+                    return 0
+                events = run.events(1)
+            else:
+                run = client.attach(args.run_id)
+                events = run.events(args.from_seq)
+            async for event in events:
+                out.write(_event_line(event) + "\n")
+                out.flush()
+        elif args.verb == "cancel":
+            await client.attach(args.run_id).cancel(args.reason)
+        elif args.verb == "inject":
+            injection = await client.attach(args.run_id).inject(args.text, when=args.when)
+            out.write(f"{injection}\n")
+        elif args.verb == "approve":
+            await client.attach(args.run_id).approve(args.call_id)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trio-agents`` command."""
     args = _parse(argv)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "serve":
+        from .models import DemoModel
+
+        agents = _load_app(args.app) if args.app else {"demo": demo_agent(DemoModel())}
+        token = args.token
+        if not token:
+            token = secrets.token_urlsafe(24)
+            print(f"token (shown once): {token}")
+        try:
+            trio.run(_serve, args, agents, token)
+        except KeyboardInterrupt:
+            print("stopped")
+        return 0
+    if args.command == "ctl":
+        from ._exceptions import TrioAgentsError
+
+        try:
+            return trio.run(_ctl, args, sys.stdout)
+        except TrioAgentsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     raise AssertionError(args.command)  # pragma: no cover
 
 

@@ -9,7 +9,9 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     ├── SessionBusyError      another run is active on the session (on_busy="reject")
     ├── SessionStorageError   a session database could not be opened, read or written
     ├── UnknownCallError      approve()/reject() named no pending call (also a LookupError)
-    └── ModelError            a model provider failed (HTTP status, protocol error, ...)
+    ├── ModelError            a model provider failed (HTTP status, protocol error, ...)
+    └── ControlError          the control server answered a request with an error (.code)
+        └── ControlConnectionError   the control connection was refused or lost
 
 A failed or cancelled run is never raised by ``open_run``, ``run`` or ``Run.wait()``:
 inspect ``result.status`` or call ``result.raise_for_status()``.
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     from ._run import RunResult
 
 __all__ = [
+    "ControlConnectionError",
+    "ControlError",
     "InboxFullError",
     "ModelError",
     "RunClosedError",
@@ -117,3 +121,50 @@ class ModelError(TrioAgentsError):
         super().__init__(message)
         self.status_code = status_code
         self.retryable = retryable
+
+
+class ControlError(TrioAgentsError):
+    """The control server answered a request with an ``error`` frame.
+
+    Raised by the :mod:`trio_agents.control` client for every error code except
+    ``run_closed`` (which raises :class:`RunClosedError`, as a local run would).
+
+    Attributes:
+        code: the error code (``"not_found"``, ``"session_busy"``, ``"inbox_full"``,
+            ``"limit_exceeded"``, ...; see ``docs/protocol.md``).
+        message: the server's explanation.
+        request_id: the ``id`` of the request that failed, when there was one.
+    """
+
+    def __init__(self, code: str, message: str, *, request_id: str | int | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+class ControlConnectionError(ControlError):
+    """The control connection could not be opened, or was lost.
+
+    ``code`` is ``"rejected"`` when the server refused the handshake (then
+    ``status_code`` is its HTTP status: 401 bad token, 403 bad Origin, 400 bad
+    subprotocol) and ``"connection_closed"`` when an open connection ended (then
+    ``close_code`` is the websocket close code, when known: 1001 server shutdown,
+    1008 too slow, 1009 message too big, 1006 aborted).
+
+    Attributes:
+        status_code: the HTTP status of a refused handshake, else None.
+        close_code: the websocket close code of a lost connection, else None.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status_code: int | None = None,
+        close_code: int | None = None,
+    ) -> None:
+        super().__init__(code, message)
+        self.status_code = status_code
+        self.close_code = close_code

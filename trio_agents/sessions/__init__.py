@@ -12,9 +12,9 @@ from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION
 from ._sqlite import SessionStorageError as SessionStorageError
 from ._sqlite import SQLiteSession as SQLiteSession
 
-__all__ = [  # noqa: RUF022 - sorted case-sensitively, as test_exports checks
-    "MemorySession",
+__all__ = [
     "SCHEMA_VERSION",
+    "MemorySession",
     "SQLiteSession",
     "Session",
     "SessionStorageError",

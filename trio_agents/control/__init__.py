@@ -1,0 +1,44 @@
+"""The control channel: drive runs over websockets (``trio-websocket``).
+
+Server side, :class:`ControlServer` (or :func:`open_control_server`) serves a set of
+agents to authenticated clients, speaking the JSON wire format of
+``docs/protocol.md`` (subprotocol ``trio-agents.v1``). Client side,
+:func:`connect` gives a :class:`ControlClient` whose :meth:`~ControlClient.start`
+returns a :class:`RemoteRun` with the verbs of a local :class:`~trio_agents.Run`.
+"""
+
+from .._exceptions import ControlConnectionError as ControlConnectionError
+from .._exceptions import ControlError as ControlError
+from ._client import ControlClient as ControlClient
+from ._client import RemoteRun as RemoteRun
+from ._client import connect as connect
+from ._protocol import ERROR_CODES as ERROR_CODES
+from ._protocol import SUBPROTOCOL as SUBPROTOCOL
+from ._protocol import Limits as Limits
+from ._protocol import RunInfo as RunInfo
+from ._protocol import event_from_json as event_from_json
+from ._server import Auth as Auth
+from ._server import ControlServer as ControlServer
+from ._server import ControlServerStatistics as ControlServerStatistics
+from ._server import SessionFactory as SessionFactory
+from ._server import open_control_server as open_control_server
+from ._server import sqlite_sessions as sqlite_sessions
+
+__all__ = [
+    "ERROR_CODES",
+    "SUBPROTOCOL",
+    "Auth",
+    "ControlClient",
+    "ControlConnectionError",
+    "ControlError",
+    "ControlServer",
+    "ControlServerStatistics",
+    "Limits",
+    "RemoteRun",
+    "RunInfo",
+    "SessionFactory",
+    "connect",
+    "event_from_json",
+    "open_control_server",
+    "sqlite_sessions",
+]
