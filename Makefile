@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench fuzz docs clean
+.PHONY: demo test lint bench bench-peers fuzz docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,3 +32,7 @@ docs: $(STAMP)  ## the Sphinx site in docs/_build/html (warnings are errors)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+bench-peers: $(STAMP)  ## peer frameworks on the B1/B2/B4 shapes (own venv; not CI)
+	benchmarks/peers/install.sh
+	benchmarks/peers/.venv-peers/bin/python benchmarks/peers/run_peers.py

@@ -1,73 +1,107 @@
-"""Run the benchmarks and print one line of JSON per figure."""
+"""``python -m benchmarks`` (``make bench``): run every workload, write the results.
+
+Writes ``benchmarks/results.jsonl`` (one JSON object per figure, after one describing the
+environment) and regenerates ``benchmarks/RESULTS.md``. ``--quick`` uses tiny sizes
+(what the smoke test runs); ``--only B1,B4`` selects workloads; ``--no-write`` prints
+only.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
-import statistics
 import time
+from pathlib import Path
 
 import trio
 
-import trio_agents as ta
-from trio_agents.models import ScriptedModel, Turn
+from . import core, latency
+from ._common import Figure, environment, measure_baselines
+from .concurrency import bench_b3
+from .report import write_markdown
+
+HERE = Path(__file__).resolve().parent
+ALL = ("B1", "B2", "B3", "B4", "B5")
 
 
-async def channel_hop(n: int) -> float:
-    """Seconds per send+receive over a bare memory channel (the baseline)."""
-    send, receive = trio.open_memory_channel[int](1)
-    start = time.perf_counter()
-    async with send, receive:
-        for i in range(n):
-            await send.send(i)
-            await receive.receive()
-    return (time.perf_counter() - start) / n
+async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> list[Figure]:
+    """Measure the baselines and the selected workloads (``quick``: tiny sizes)."""
+    base = await measure_baselines(n=500 if quick else 20_000, repeats=1 if quick else 5)
+    figures = [
+        Figure(
+            "baseline.channel_hop",
+            base.hop * 1e6,
+            "us",
+            note="bare trio memory channel send+receive (capacity 1)",
+        ),
+        Figure("baseline.checkpoint", base.checkpoint * 1e6, "us", note="bare checkpoint()"),
+    ]
 
+    def emit(new: list[Figure]) -> None:
+        figures.extend(new)
+        if echo:
+            for figure in new:
+                print(json.dumps(figure.to_json()), flush=True)
 
-async def stream_overhead(deltas: int) -> float:
-    """B1: seconds per streamed delta for one run with one ``events()`` subscriber."""
-    model = ScriptedModel([Turn(text=["x"] * deltas)])
-    agent = ta.Agent(name="b1", model=model)
-    start = time.perf_counter()
-    async with ta.open_run(agent, "go") as run:
-        async for _ in run.events():
-            pass
-    return (time.perf_counter() - start) / deltas
-
-
-@ta.function_tool
-async def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-async def tool_turn(runs: int) -> float:
-    """B2: seconds per 2-turn run (a tool call to ``add``, then the answer)."""
-    total = 0.0
-    for _ in range(runs):
-        model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
-        agent = ta.Agent(name="b2", model=model, tools=[add])
-        start = time.perf_counter()
-        await ta.run(agent, "1 + 2?")
-        total += time.perf_counter() - start
-    return total / runs
-
-
-async def main() -> None:
-    hop = statistics.median([await channel_hop(20_000) for _ in range(5)])
-    print(json.dumps({"bench": "baseline.channel_hop", "us": round(hop * 1e6, 3)}))
-    b1 = statistics.median([await stream_overhead(2000) for _ in range(5)])
-    print(
-        json.dumps(
-            {"bench": "B1.stream_per_delta", "us": round(b1 * 1e6, 3), "ratio": round(b1 / hop, 2)}
+    emit(figures[:])
+    del figures[2:]
+    if "B1" in only:
+        emit(
+            await core.bench_b1(
+                base,
+                deltas=50 if quick else 2000,
+                subscribers=3 if quick else 100,
+                repeats=1 if quick else 5,
+            )
         )
-    )
-    b2 = statistics.median([await tool_turn(200) for _ in range(3)])
-    print(
-        json.dumps(
-            {"bench": "B2.tool_turn_per_run", "ms": round(b2 * 1e3, 4), "ratio": round(b2 / hop, 1)}
+    if "B2" in only:
+        emit(await core.bench_b2(base, runs=5 if quick else 200, repeats=1 if quick else 5))
+    if "B3" in only:
+        sizes = ((20, 0.2, 10.0),) if quick else ((1000, 0.2, 10.0), (10_000, 2.0, 100.0))
+        emit(
+            await trio.to_thread.run_sync(
+                lambda: bench_b3(base, sizes=sizes, repeats=1 if quick else 3)
+            )
         )
-    )
+    if "B4" in only:
+        emit(
+            await latency.bench_b4(
+                base,
+                runs=3 if quick else 1000,
+                sessions=("memory", "sqlite"),
+                warmup=1 if quick else latency.WARMUP,
+            )
+        )
+    if "B5" in only:
+        emit(
+            await latency.bench_b5(
+                base, runs=3 if quick else 1000, warmup=1 if quick else latency.WARMUP
+            )
+        )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    parser.add_argument("--only", default=",".join(ALL), help="comma-separated workloads")
+    parser.add_argument("--no-write", action="store_true", help="print, write no files")
+    args = parser.parse_args()
+    only = tuple(part.strip().upper() for part in args.only.split(",") if part.strip())
+    start = time.perf_counter()
+    env = environment()
+    figures = trio.run(lambda: collect(only, quick=args.quick))
+    env["duration_s"] = round(time.perf_counter() - start, 1)
+    env["quick"] = args.quick
+    if args.no_write:
+        return
+    with (HERE / "results.jsonl").open("w") as out:
+        out.write(json.dumps({"environment": env}) + "\n")
+        for figure in figures:
+            out.write(json.dumps(figure.to_json()) + "\n")
+    write_markdown(HERE / "RESULTS.md", env, figures)
+    print(f"wrote {HERE / 'results.jsonl'} and {HERE / 'RESULTS.md'} in {env['duration_s']} s")
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    main()

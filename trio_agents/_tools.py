@@ -197,6 +197,25 @@ def _check_name(_instance: object, _attribute: object, value: Any) -> None:
         )
 
 
+def _copy_json(value: Any) -> Any:
+    """A deep copy of a JSON-like tree (dicts, lists, tuples, scalars): what
+    ``copy.deepcopy`` gives for a schema, several times faster. Any other object is
+    handed to ``copy.deepcopy``."""
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return value
+    if kind is dict:
+        return {key: _copy_json(item) for key, item in value.items()}
+    if kind is list:
+        return [_copy_json(item) for item in value]
+    if kind is tuple:
+        return tuple(_copy_json(item) for item in value)
+    return copy.deepcopy(value)
+
+
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _check_needs_approval(_instance: object, _attribute: object, value: Any) -> None:
     if not isinstance(value, bool) and not callable(value):
         raise TypeError(
@@ -292,7 +311,7 @@ class Tool:
 
     def spec(self) -> ToolSpec:
         """Return what the model is told about this tool."""
-        return ToolSpec(self.name, self.description, copy.deepcopy(dict(self.parameters)))
+        return ToolSpec(self.name, self.description, _copy_json(dict(self.parameters)))
 
     def parse_arguments(self, arguments: str) -> dict[str, Any]:
         """Decode and validate the model's JSON ``arguments``; return them as a dict.

@@ -1,0 +1,67 @@
+"""A stateless in-process model for the benchmarks: one model (and one agent) can serve
+any number of concurrent runs, so a run's memory is not mixed up with a script's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import final
+
+import trio
+
+from trio_agents import ToolCall, ToolResult
+from trio_agents.models import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
+
+__all__ = ["ToolThenAnswer"]
+
+
+@final
+class _Stream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
+    def __init__(self, events: Sequence[ModelEvent]) -> None:
+        self._events = list(events)
+        self._position = 0
+
+    async def __aenter__(self) -> AsyncIterator[ModelEvent]:
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> ModelEvent:
+        await trio.lowlevel.checkpoint()
+        if self._position >= len(self._events):
+            raise StopAsyncIteration
+        event = self._events[self._position]
+        self._position += 1
+        return event
+
+
+@final
+class ToolThenAnswer:
+    """First call: a call to ``tool`` with ``arguments``; once the conversation ends with a
+    tool result: the answer (that result's output). Stateless."""
+
+    def __init__(self, tool: str, arguments: dict[str, object]) -> None:
+        self._tool = tool
+        self._arguments = json.dumps(arguments)
+
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        last = request.items[-1] if request.items else None
+        usage = Usage(input_tokens=10, output_tokens=2)
+        if isinstance(last, ToolResult):
+            return _Stream([TextDelta(last.output), usage, Finish("stop")])
+        call = ToolCall(f"call_{len(request.items)}", self._tool, self._arguments)
+        return _Stream([ToolCallDone(call), usage, Finish("tool_calls")])

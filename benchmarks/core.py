@@ -1,0 +1,132 @@
+"""B1 (stream overhead) and B2 (tool turn): in-process runs on ``ScriptedModel``."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+import trio_agents as ta
+from trio_agents.models import ModelRequest, ScriptedModel, Turn
+
+from ._common import Baselines, Figure, median
+
+__all__ = ["add", "model_stream_cost", "stream_fanout", "stream_overhead", "tool_turn"]
+
+
+async def model_stream_cost(deltas: int) -> float:
+    """Seconds per delta for draining ``ScriptedModel.stream`` directly (no run)."""
+    model = ScriptedModel([Turn(text=["x"] * deltas)])
+    request = ModelRequest(instructions="", items=(ta.UserMessage("go"),), tools=(), settings={})
+    start = time.perf_counter()
+    async with model.stream(request) as stream:
+        async for _ in stream:
+            pass
+    return (time.perf_counter() - start) / deltas
+
+
+async def stream_overhead(deltas: int) -> float:
+    """B1: seconds per streamed delta for one run with one ``events()`` subscriber."""
+    model = ScriptedModel([Turn(text=["x"] * deltas)])
+    agent = ta.Agent(name="b1", model=model)
+    start = time.perf_counter()
+    async with ta.open_run(agent, "go") as run:
+        async for _ in run.events():
+            pass
+    return (time.perf_counter() - start) / deltas
+
+
+async def stream_fanout(deltas: int, subscribers: int) -> tuple[float, int]:
+    """B1 fan-out: wall seconds and events delivered, ``subscribers`` ``events()`` readers."""
+    model = ScriptedModel([Turn(text=["x"] * deltas)])
+    agent = ta.Agent(name="b1", model=model)
+    delivered = 0
+
+    async def subscribe(run: ta.Run) -> None:
+        nonlocal delivered
+        count = 0
+        async for _ in run.events():
+            count += 1
+        delivered += count
+
+    start = time.perf_counter()
+    async with ta.open_run(agent, "go") as run, trio.open_nursery() as nursery:
+        for _ in range(subscribers):
+            nursery.start_soon(subscribe, run)
+    return time.perf_counter() - start, delivered
+
+
+@ta.function_tool
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+async def tool_turn(runs: int) -> float:
+    """B2: seconds per 2-turn run (a tool call to ``add``, then the answer)."""
+    total = 0.0
+    for _ in range(runs):
+        model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
+        agent = ta.Agent(name="b2", model=model, tools=[add])
+        start = time.perf_counter()
+        result = await ta.run(agent, "1 + 2?")
+        total += time.perf_counter() - start
+        assert result.final_output == "3", result
+    return total / runs
+
+
+async def bench_b1(base: Baselines, *, deltas: int, subscribers: int, repeats: int) -> list[Figure]:
+    model = median([await model_stream_cost(deltas) for _ in range(repeats)])
+    per_delta = median([await stream_overhead(deltas) for _ in range(repeats)])
+    overhead = per_delta - model
+    fan = [await stream_fanout(deltas, subscribers) for _ in range(repeats)]
+    wall = median([w for w, _ in fan])
+    delivered = fan[0][1]
+    per_event = (wall - model * deltas) / delivered
+    return [
+        Figure(
+            "B1.model_own_cost_per_delta",
+            model * 1e6,
+            "us",
+            note=f"draining ScriptedModel.stream directly, {deltas} deltas",
+            extra=base.ratios(model),
+        ),
+        Figure(
+            "B1.run_per_delta",
+            per_delta * 1e6,
+            "us",
+            note="whole run, one events() subscriber (model cost included)",
+            extra=base.ratios(per_delta),
+        ),
+        Figure(
+            "B1.overhead_per_delta",
+            overhead * 1e6,
+            "us",
+            target=2.0,
+            note="run per delta minus the model's own cost",
+            extra=base.ratios(overhead),
+        ),
+        Figure(
+            "B1.fanout_per_delivered_event",
+            per_event * 1e6,
+            "us",
+            target=1.0,
+            note=f"{subscribers} events() subscribers, {delivered} deliveries;"
+            " (wall - model cost) / deliveries",
+            extra={**base.ratios(per_event), "wall_ms": round(wall * 1e3, 2)},
+        ),
+    ]
+
+
+async def bench_b2(base: Baselines, *, runs: int, repeats: int) -> list[Figure]:
+    per_run = median([await tool_turn(runs) for _ in range(repeats)])
+    return [
+        Figure(
+            "B2.tool_turn_per_run",
+            per_run * 1e3,
+            "ms",
+            target=0.15,
+            note=f"2-turn run (tool call to async add, then the answer), {runs} sequential runs",
+            extra=base.ratios(per_run),
+        )
+    ]

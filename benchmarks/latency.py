@@ -1,0 +1,294 @@
+"""B4 (cancel latency) and B5 (steering latency) on the real clock.
+
+``OpenAIChatModel`` talks HTTP to a loopback SSE server that runs in a subprocess
+(:mod:`benchmarks._server`), so the server's work never competes with the measured
+process for its scheduler or its GIL. Times are ``time.monotonic()`` in both processes
+(``CLOCK_MONOTONIC``, one clock for the whole machine).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+import httpx
+import trio
+
+import trio_agents as ta
+from trio_agents.models._openai import OpenAIChatModel
+from trio_agents.sessions import MemorySession, Session
+from trio_agents.sessions._sqlite import SQLiteSession
+
+from ._common import Baselines, Figure, percentile
+
+__all__ = ["CANCEL_KINDS", "LoopbackServer", "bench_b4", "bench_b5"]
+
+Kind: TypeAlias = Literal[
+    "mid_stream", "mid_async_tool", "mid_sync_tool", "awaiting_approval", "thread"
+]
+CANCEL_KINDS: tuple[Kind, ...] = (
+    "mid_stream",
+    "mid_async_tool",
+    "mid_sync_tool",
+    "awaiting_approval",
+    "thread",
+)
+HOLD_DELTAS = 5
+WARMUP = 20
+
+
+class LoopbackServer:
+    """The :mod:`benchmarks._server` subprocess: ``async with LoopbackServer.running()``."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks._server"],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._process.stdout is not None
+        self.port = int(self._process.stdout.readline())
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Close its stdin (it exits on EOF) and reap it; kill it if it hangs."""
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._process.stdin.close()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._process.stdout.close()
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls) -> AsyncIterator[LoopbackServer]:
+        """Start the server (off the Trio thread: it blocks), stop it on exit."""
+        server = await trio.to_thread.run_sync(cls)
+        try:
+            yield server
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(server.stop)
+
+    async def stats(self) -> dict[str, Any]:
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"{self.base_url}/stats")
+            data: dict[str, Any] = response.json()
+            return data
+
+
+@ta.function_tool
+async def nap() -> str:
+    """Sleep for an hour (async)."""
+    await trio.sleep(3600)
+    return "rested"
+
+
+@ta.function_tool
+def nap_sync(ctx: ta.ToolContext) -> str:
+    """Sleep for up to a minute in a thread, leaving early once cancelled."""
+    ctx.cancelled.wait(60)
+    return "rested"
+
+
+@ta.function_tool(needs_approval=True)
+async def guarded() -> str:
+    """A tool that needs approval."""
+    return "ran"
+
+
+_MODEL_FOR: dict[Kind, str] = {
+    "mid_stream": f"hold:{HOLD_DELTAS}",
+    "thread": f"hold:{HOLD_DELTAS}",
+    "mid_async_tool": "tool:nap",
+    "mid_sync_tool": "tool:nap_sync",
+    "awaiting_approval": "tool:guarded",
+}
+
+
+async def _reach(run: ta.Run, kind: Kind) -> None:
+    """Wait until the run is in the state ``kind`` cancels from."""
+    deltas = 0
+    async for event in run.events():
+        if kind in ("mid_stream", "thread"):
+            if event.type == "response.text.delta":
+                deltas += 1
+                if deltas == HOLD_DELTAS:
+                    return
+        elif kind == "awaiting_approval":
+            if isinstance(event, ta.RunUpdated) and event.status == "awaiting_approval":
+                return
+        elif event.type == "tool.started":
+            return
+    raise RuntimeError(f"run ended before reaching {kind}")
+
+
+def _cancel_from_thread(run: ta.Run) -> float:
+    t0 = time.monotonic()
+    run.cancel("bench")
+    return t0
+
+
+async def _one_cancel(
+    agent: ta.Agent, kind: Kind, marker: str, session: Session | None
+) -> tuple[float, float]:
+    """One run cancelled from state ``kind``: (t_cancel, t_terminal_seen)."""
+    t_terminal = 0.0
+    async with ta.open_run(agent, marker, session=session) as run:
+        await _reach(run, kind)
+        statuses = aiter(run.updated)
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                nonlocal t_terminal
+                async for update in statuses:
+                    if update.status.is_terminal:
+                        t_terminal = time.monotonic()
+
+            nursery.start_soon(watch)
+            await trio.lowlevel.checkpoint()  # the watcher is parked on the log now
+            if kind == "thread":
+                t0 = await trio.to_thread.run_sync(_cancel_from_thread, run)
+            else:
+                t0 = time.monotonic()
+                run.cancel("bench")
+    assert run.result is not None
+    assert run.result.status == "cancelled", run.result
+    return t0, t_terminal
+
+
+SessionKind: TypeAlias = Literal["memory", "sqlite"]
+
+
+async def _cancel_series(
+    server: LoopbackServer,
+    client: httpx.AsyncClient,
+    kind: Kind,
+    session_kind: SessionKind,
+    runs: int,
+    db: Path,
+    warmup: int,
+) -> dict[str, list[float]]:
+    model = OpenAIChatModel(
+        _MODEL_FOR[kind], base_url=server.base_url, client=client, max_retries=0
+    )
+    agent = ta.Agent(name="b4", model=model, tools=[nap, nap_sync, guarded])
+    marks: list[tuple[str, float, float]] = []
+    for i in range(warmup + runs):
+        marker = f"{kind}-{session_kind}-{i}"
+        if session_kind == "sqlite":
+            async with SQLiteSession(db, session_id=marker) as sqlite:
+                t0, t1 = await _one_cancel(agent, kind, marker, sqlite)
+        else:
+            t0, t1 = await _one_cancel(agent, kind, marker, MemorySession())
+        if i >= warmup:
+            marks.append((marker, t0, t1))
+    latencies = [t1 - t0 for _, t0, t1 in marks]
+    closes: list[float] = []
+    if kind in ("mid_stream", "thread"):
+        stats = await server.stats()
+        conn_of = {r["first"]: r["conn"] for r in stats["requests"]}
+        closed = stats["closed"]
+        for marker, t0, _ in marks:
+            conn = str(conn_of[marker])
+            if conn in closed:
+                closes.append(closed[conn] - t0)
+    return {"latency": latencies, "close": closes}
+
+
+def _latency_figures(
+    name: str, values: list[float], target_ms: float | None, note: str, base: Baselines
+) -> list[Figure]:
+    p50, p99 = percentile(values, 50), percentile(values, 99)
+    extra = {"n": len(values), "p50_ms": round(p50 * 1e3, 4), "max_ms": round(max(values) * 1e3, 3)}
+    return [
+        Figure(
+            name,
+            p99 * 1e3,
+            "ms p99",
+            target=target_ms,
+            note=note,
+            extra={**extra, **base.ratios(p99)},
+        )
+    ]
+
+
+async def bench_b4(
+    base: Baselines,
+    *,
+    runs: int,
+    sessions: tuple[SessionKind, ...] = ("memory", "sqlite"),
+    warmup: int = WARMUP,
+) -> list[Figure]:
+    figures: list[Figure] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        async with LoopbackServer.running() as server, httpx.AsyncClient() as client:
+            for session_kind in sessions:
+                for kind in CANCEL_KINDS:
+                    series = await _cancel_series(
+                        server, client, kind, session_kind, runs, Path(tmp) / "b4.db", warmup
+                    )
+                    target = None
+                    if session_kind == "memory":
+                        target = 1.0 if kind == "thread" else 0.5
+                    figures += _latency_figures(
+                        f"B4.cancel_{kind}.{session_kind}",
+                        series["latency"],
+                        target,
+                        f"cancel() -> terminal run.updated seen, {session_kind} session",
+                        base,
+                    )
+                    if series["close"]:
+                        figures += _latency_figures(
+                            f"B4.socket_closed_{kind}.{session_kind}",
+                            series["close"],
+                            1.0,
+                            "cancel() -> the server sees the connection closed",
+                            base,
+                        )
+    return figures
+
+
+async def _one_steer(agent: ta.Agent, marker: str) -> float:
+    async with ta.open_run(agent, marker, session=MemorySession()) as run:
+        await _reach(run, "mid_stream")
+        t0 = time.monotonic()
+        run.inject([{"role": "user", "content": f"steer {marker}"}], when="now")
+    assert run.result is not None
+    assert run.result.final_output == "ok", run.result
+    return t0
+
+
+async def bench_b5(base: Baselines, *, runs: int, warmup: int = WARMUP) -> list[Figure]:
+    async with LoopbackServer.running() as server, httpx.AsyncClient() as client:
+        model = OpenAIChatModel(
+            f"hold:{HOLD_DELTAS}", base_url=server.base_url, client=client, max_retries=0
+        )
+        agent = ta.Agent(name="b5", model=model)
+        starts = {}
+        for i in range(warmup + runs):
+            marker = f"b5-{i}"
+            t0 = await _one_steer(agent, marker)
+            if i >= warmup:
+                starts[f"steer {marker}"] = t0
+        stats = await server.stats()
+    arrivals = {r["last"]: r["t"] for r in stats["requests"] if r["last"] in starts}
+    values = [arrivals[key] - t0 for key, t0 in starts.items()]
+    return _latency_figures(
+        "B5.steer_now_to_next_request",
+        values,
+        1.0,
+        'inject(when="now") mid-stream -> the next model request reaches the server',
+        base,
+    )
