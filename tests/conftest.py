@@ -5,6 +5,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+pytest_plugins = ["pytester", "trio_agents.testing.plugin"]
+
 # CI runs a fixed, seeded profile; `make fuzz` (or HYPOTHESIS_PROFILE=fuzz) runs more.
 settings.register_profile(
     "ci",

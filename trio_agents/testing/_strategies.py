@@ -236,19 +236,23 @@ def _call(
     return st.one_of(options)
 
 
+_CHUNKS = st.lists(st.sampled_from(["a ", "b ", "c ", "dd "]), max_size=4)
+_DELAYS = st.sampled_from([0.0, 0.25, 1.0])
+_FAILS = st.sampled_from([None, None, None, None, "model fell over"])
+
+
 @st.composite
 def _turn(
     draw: st.DrawFn,
-    call: st.SearchStrategy[tuple[str, dict[str, Any] | str]] | None,
-    max_calls: int,
+    calls: st.SearchStrategy[list[tuple[str, dict[str, Any] | str]]] | None,
     failures: bool,
 ) -> Turn:
-    chunks = draw(st.lists(st.sampled_from(["a ", "b ", "c ", "dd "]), max_size=4))
-    calls = draw(st.lists(call, max_size=max_calls)) if call is not None else []
-    delay = draw(st.sampled_from([0.0, 0.25, 1.0]))
-    fail = draw(st.sampled_from([None, None, None, None, "model fell over"])) if failures else None
+    chunks = draw(_CHUNKS)
+    tool_calls = draw(calls) if calls is not None else []
+    delay = draw(_DELAYS)
+    fail = draw(_FAILS) if failures else None
     fail_after = draw(st.integers(0, len(chunks))) if fail else None
-    return Turn(text=chunks, tool_calls=calls, delay=delay, fail=fail, fail_after=fail_after)
+    return Turn(text=chunks, tool_calls=tool_calls, delay=delay, fail=fail, fail_after=fail_after)
 
 
 def scripts(
@@ -281,7 +285,8 @@ def scripts(
         if names or unknown_tools
         else None
     )
-    return st.lists(_turn(call, max_calls, failures), min_size=min_turns, max_size=max_turns)
+    calls = st.lists(call, max_size=max_calls) if call is not None else None
+    return st.lists(_turn(calls, failures), min_size=min_turns, max_size=max_turns)
 
 
 # ------------------------------------------------------------------ items and ops
@@ -296,13 +301,19 @@ def _pair(draw: st.DrawFn) -> tuple[Item, ...]:
     return (ToolCall(call_id, "lookup", json.dumps({"q": "x"})), ToolResult(call_id, output))
 
 
+_SINGLE: st.SearchStrategy[tuple[Item, ...]] = st.one_of(
+    _texts.map(lambda text: (UserMessage(text),)),
+    _texts.map(lambda text: (AssistantMessage(text),)),
+)
+_PARTS = {
+    True: st.lists(st.one_of(_SINGLE, _pair()), min_size=1, max_size=3),
+    False: st.lists(_SINGLE, min_size=1, max_size=3),
+}
+
+
 @st.composite
 def _items(draw: st.DrawFn, pairs: bool) -> tuple[Item, ...]:
-    single: st.SearchStrategy[tuple[Item, ...]] = st.one_of(
-        _texts.map(lambda text: (UserMessage(text),)),
-        _texts.map(lambda text: (AssistantMessage(text),)),
-    )
-    parts = draw(st.lists(st.one_of(single, _pair()) if pairs else single, min_size=1, max_size=3))
+    parts = draw(_PARTS[pairs])
     out: list[Item] = []
     seen: set[str] = set()
     for part in parts:
