@@ -9,14 +9,22 @@ import pytest
 import trio_agents
 import trio_agents.models
 import trio_agents.sessions
+import trio_agents.testing
+import trio_agents.testing.plugin
 
-MODULES = [trio_agents, trio_agents.models, trio_agents.sessions]
+MODULES = [
+    trio_agents,
+    trio_agents.models,
+    trio_agents.sessions,
+    trio_agents.testing,
+    trio_agents.testing.plugin,
+]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_all_names_exist_and_are_documented(module: object) -> None:
     names = module.__all__  # type: ignore[attr-defined]
-    assert names == sorted(names)
+    assert names == sorted(names, key=lambda n: (not n.isupper(), n))
     for name in names:
         obj = getattr(module, name)
         if inspect.isclass(obj) or inspect.isfunction(obj):
