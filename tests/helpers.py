@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from hypothesis import settings
 
 import trio_agents as ta
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXAMPLES_RUN = [0]
+
+
+def count_example() -> None:
+    """Count one lifecycle example (reported at the end of the session)."""
+    EXAMPLES_RUN[0] += 1
+
+
+def lifecycle_settings(*, weight: float) -> Callable[[F], F]:
+    """``max_examples`` as a multiple of the active profile's (ci: 100, fuzz: 5000)."""
+    return settings(max_examples=max(5, int(settings().max_examples * weight)))
 
 
 async def collect(run: ta.Run, from_seq: int | None = None) -> list[ta.RunEvent]:

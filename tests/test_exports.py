@@ -10,8 +10,17 @@ import trio_agents
 import trio_agents.control
 import trio_agents.models
 import trio_agents.sessions
+import trio_agents.testing
+import trio_agents.testing.plugin
 
-MODULES = [trio_agents, trio_agents.models, trio_agents.sessions, trio_agents.control]
+MODULES = [
+    trio_agents,
+    trio_agents.models,
+    trio_agents.sessions,
+    trio_agents.control,
+    trio_agents.testing,
+    trio_agents.testing.plugin,
+]
 
 
 def _isort_key(name: str) -> tuple[int, str]:

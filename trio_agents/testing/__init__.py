@@ -1,0 +1,100 @@
+"""A property-based lifecycle harness: fuzz an agent's runs and check every invariant.
+
+Needs the ``testing`` extra (``pip install 'trio-agents[testing]'``: Hypothesis,
+pytest and pytest-trio); importing this package without Hypothesis fails with a
+message saying so. The pieces:
+
+- :class:`ScriptedModel` / :class:`Turn`: a deterministic model that records requests.
+- Fake tools that report what happened to them (:class:`ToolRecorder`):
+  :func:`blocking_tool`, :func:`sleeping_tool`, :func:`failing_tool`,
+  :func:`thread_tool`, :func:`process_tool`.
+- Hypothesis strategies: :func:`tool_sets`, :func:`scripts`, :func:`schedules`
+  (operations :class:`Op` at virtual times), :func:`items`.
+- :func:`run_schedule`: one example on ``MockClock(autojump_threshold=0)``, returning an
+  :class:`Observation`; :func:`check_run`: the invariant checker, returning a
+  :class:`Report`.
+- :class:`LifecycleProperty` and :func:`lifecycle_test`: the property for an agent;
+  ``pytest -p trio_agents.testing.plugin`` adds the ``scripted_model`` and
+  ``lifecycle_check`` fixtures.
+
+See ``docs/testing.md``.
+"""
+
+try:
+    import hypothesis as _hypothesis
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "trio_agents.testing needs Hypothesis: pip install 'trio-agents[testing]'"
+    ) from exc
+
+from ..models._scripted import ScriptedModel as ScriptedModel
+from ..models._scripted import Turn as Turn
+from ._check import INVARIANTS as INVARIANTS
+from ._check import LifecycleViolation as LifecycleViolation
+from ._check import Report as Report
+from ._check import Violation as Violation
+from ._check import check_events as check_events
+from ._check import check_run as check_run
+from ._fakes import CallRecord as CallRecord
+from ._fakes import FakeToolError as FakeToolError
+from ._fakes import ToolRecorder as ToolRecorder
+from ._fakes import blocking_tool as blocking_tool
+from ._fakes import failing_tool as failing_tool
+from ._fakes import process_tool as process_tool
+from ._fakes import sleeping_tool as sleeping_tool
+from ._fakes import thread_tool as thread_tool
+from ._property import Failure as Failure
+from ._property import LifecycleProperty as LifecycleProperty
+from ._property import lifecycle_test as lifecycle_test
+from ._runner import CancelRecord as CancelRecord
+from ._runner import InjectionRecord as InjectionRecord
+from ._runner import Observation as Observation
+from ._runner import SubscriberView as SubscriberView
+from ._runner import run_schedule as run_schedule
+from ._strategies import OP_KINDS as OP_KINDS
+from ._strategies import FakeTools as FakeTools
+from ._strategies import Op as Op
+from ._strategies import OpKind as OpKind
+from ._strategies import items as items
+from ._strategies import schedules as schedules
+from ._strategies import scripts as scripts
+from ._strategies import standard_tools as standard_tools
+from ._strategies import tool_sets as tool_sets
+
+del _hypothesis
+
+__all__ = [
+    "INVARIANTS",
+    "OP_KINDS",
+    "CallRecord",
+    "CancelRecord",
+    "Failure",
+    "FakeToolError",
+    "FakeTools",
+    "InjectionRecord",
+    "LifecycleProperty",
+    "LifecycleViolation",
+    "Observation",
+    "Op",
+    "OpKind",
+    "Report",
+    "ScriptedModel",
+    "SubscriberView",
+    "ToolRecorder",
+    "Turn",
+    "Violation",
+    "blocking_tool",
+    "check_events",
+    "check_run",
+    "failing_tool",
+    "items",
+    "lifecycle_test",
+    "process_tool",
+    "run_schedule",
+    "schedules",
+    "scripts",
+    "sleeping_tool",
+    "standard_tools",
+    "thread_tool",
+    "tool_sets",
+]

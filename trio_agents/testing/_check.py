@@ -1,0 +1,470 @@
+"""The invariant checker: every rule a run obeys, whatever happened to it."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import final
+
+import attrs
+
+from .._events import (
+    EventsDropped,
+    InboxDelivered,
+    RunEvent,
+    RunItemEvent,
+    RunStatus,
+    RunUpdated,
+    ToolFinished,
+    ToolStarted,
+)
+from .._items import ToolResult, conversation_problems
+from .._run import RunResult
+from ._runner import Observation
+
+__all__ = ["INVARIANTS", "LifecycleViolation", "Report", "Violation", "check_events", "check_run"]
+
+LEGAL_NEXT: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.AWAITING_APPROVAL, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+    ),
+    RunStatus.AWAITING_APPROVAL: frozenset(
+        {RunStatus.RUNNING, RunStatus.FAILED, RunStatus.CANCELLED}
+    ),
+}
+
+INVARIANTS: dict[str, str] = {
+    "statuses": "statuses start queued and follow queued → running ⇄ awaiting_approval → terminal",
+    "one-terminal": "exactly one terminal run.updated, the last event, matching the result",
+    "seq": "seqs start at 1 and strictly increase (contiguous unless events were dropped)",
+    "result": "the result is coherent (reason for failed/cancelled, output for completed)",
+    "conversation": "result.conversation is valid model input and ends with new_items",
+    "items-events": "the run.item events are exactly result.new_items, in order",
+    "tools-balanced": "each tool.started has one tool.finished matching the call's result",
+    "tool-cancellation": "a tool running when the run is cancelled ends 'cancelled'",
+    "injection-accounting": "each accepted injection is delivered once or unconsumed, in order",
+    "model-input": "every model request is valid and a prefix of the final conversation",
+    "model-streams-closed": "no model stream is left open",
+    "subscribers": "every subscriber sees the log in order and ends with the terminal update",
+    "cancel-reason": "a cancelled run carries the reason of the cancel that ended it",
+    "cancel-before-start": "a run cancelled while queued makes no model call",
+    "cancel-latency": "an immediate cancel reaches the terminal update within the bound",
+    "task-leak": "no task started during the run is alive after it",
+    "process-leak": "no process started by the run is alive after it",
+    "thread-leak": "no thread-tool call keeps running after the run",
+    "op-error": "operations on a live run raise only documented errors",
+}
+"""Every invariant the checker knows: name → what it means, in checking order."""
+
+
+@final
+@attrs.frozen
+class Violation:
+    """One broken invariant.
+
+    Attributes:
+        invariant: its name (a key of :data:`INVARIANTS`).
+        message: what exactly is wrong.
+    """
+
+    invariant: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.invariant}] {self.message}"
+
+
+@final
+@attrs.frozen
+class Report:
+    """What :func:`check_run` found: an empty report means every invariant held.
+
+    ``str(report)`` names the first broken invariant, lists the others and describes
+    the example; :meth:`raise_for_violations` turns a failed report into an
+    ``AssertionError`` (:class:`LifecycleViolation`).
+
+    Attributes:
+        violations: the broken invariants, in checking order.
+        example: a readable description of the example (script, schedule, outcome).
+    """
+
+    violations: tuple[Violation, ...] = ()
+    example: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when no invariant is broken."""
+        return not self.violations
+
+    @property
+    def first(self) -> Violation | None:
+        """The first broken invariant, or None."""
+        return self.violations[0] if self.violations else None
+
+    @property
+    def invariants(self) -> tuple[str, ...]:
+        """The names of the broken invariants (each once, in checking order)."""
+        return tuple(dict.fromkeys(v.invariant for v in self.violations))
+
+    def __str__(self) -> str:
+        if self.ok:
+            return "all lifecycle invariants hold"
+        first = self.violations[0]
+        lines = [f"lifecycle invariant broken: {first}"]
+        lines += [f"  also: {v}" for v in self.violations[1:10]]
+        if len(self.violations) > 10:
+            lines.append(f"  ... and {len(self.violations) - 10} more")
+        if self.example:
+            lines += ["", self.example]
+        return "\n".join(lines)
+
+    def raise_for_violations(self) -> Report:
+        """Raise :class:`LifecycleViolation` if an invariant is broken; else return self."""
+        if not self.ok:
+            raise LifecycleViolation(self)
+        return self
+
+
+class LifecycleViolation(AssertionError):
+    """An ``AssertionError`` naming the first broken lifecycle invariant.
+
+    Attributes:
+        report: the full :class:`Report`.
+    """
+
+    def __init__(self, report: Report) -> None:
+        super().__init__(str(report))
+        self.report = report
+
+
+Found = list[Violation]
+
+
+def _check_statuses(result: RunResult, events: Sequence[RunEvent], out: Found) -> None:
+    updates = [e for e in events if isinstance(e, RunUpdated)]
+    if not updates or updates[0].status is not RunStatus.QUEUED:
+        out.append(Violation("statuses", "the first run.updated is not 'queued'"))
+    for before, after in itertools.pairwise(updates):
+        if before.status.is_terminal:
+            continue  # reported as one-terminal
+        if after.status not in LEGAL_NEXT[before.status]:
+            out.append(
+                Violation(
+                    "statuses",
+                    f"illegal transition {before.status.value} → {after.status.value}"
+                    f" (seq {before.seq} → {after.seq})",
+                )
+            )
+        if after.status is RunStatus.AWAITING_APPROVAL and not after.detail.get("pending"):
+            out.append(Violation("statuses", f"awaiting_approval (seq {after.seq}) lists no calls"))
+    terminal = [u for u in updates if u.status.is_terminal]
+    if len(terminal) != 1:
+        out.append(Violation("one-terminal", f"{len(terminal)} terminal updates"))
+    elif events[-1] is not terminal[0]:
+        out.append(
+            Violation(
+                "one-terminal",
+                f"the terminal update (seq {terminal[0].seq}) is not the last event"
+                f" (seq {events[-1].seq}, {events[-1].type})",
+            )
+        )
+    elif (terminal[0].status, terminal[0].reason) != (result.status, result.reason):
+        out.append(
+            Violation(
+                "one-terminal",
+                f"terminal update says {terminal[0].status.value}/{terminal[0].reason!r},"
+                f" the result {result.status.value}/{result.reason!r}",
+            )
+        )
+
+
+def _check_seq(events: Sequence[RunEvent], out: Found) -> None:
+    seqs = [e.seq for e in events]
+    for a, b in itertools.pairwise(seqs):
+        if b <= a:
+            out.append(Violation("seq", f"seq {b} follows seq {a}"))
+            return
+    dropped = any(isinstance(e, EventsDropped) for e in events)
+    if seqs and not dropped and seqs != list(range(1, len(seqs) + 1)):
+        out.append(Violation("seq", f"seqs are not 1..{len(seqs)}: {seqs[:20]}..."))
+
+
+def _check_result(result: RunResult, out: Found) -> None:
+    if result.status in (RunStatus.FAILED, RunStatus.CANCELLED) and not result.reason:
+        out.append(Violation("result", f"a {result.status.value} run has no reason"))
+    if result.status is RunStatus.COMPLETED:
+        if result.final_output is None:
+            out.append(Violation("result", "a completed run has no final_output"))
+        if result.reason is not None:
+            out.append(Violation("result", f"a completed run has reason {result.reason!r}"))
+    elif result.final_output is not None:
+        out.append(Violation("result", f"a {result.status.value} run has a final_output"))
+
+
+def _check_conversation(result: RunResult, events: Sequence[RunEvent], out: Found) -> None:
+    for problem in conversation_problems(result.conversation):
+        out.append(Violation("conversation", problem))
+    n = len(result.new_items)
+    if tuple(result.conversation[len(result.conversation) - n :]) != result.new_items:
+        out.append(Violation("conversation", "result.conversation does not end with new_items"))
+    committed = tuple(e.item for e in events if isinstance(e, RunItemEvent))
+    if committed != result.new_items:
+        for index, (a, b) in enumerate(itertools.zip_longest(committed, result.new_items)):
+            if a != b:
+                out.append(
+                    Violation(
+                        "items-events",
+                        f"run.item #{index} is {a!r} but new_items[{index}] is {b!r}",
+                    )
+                )
+                break
+
+
+def _check_tools(result: RunResult, events: Sequence[RunEvent], out: Found) -> None:
+    results = {i.call_id: i for i in result.conversation if isinstance(i, ToolResult)}
+    started: dict[str, ToolStarted] = {}
+    finished: dict[str, ToolFinished] = {}
+    for event in events:
+        if isinstance(event, ToolStarted):
+            if event.call_id in started:
+                out.append(Violation("tools-balanced", f"call {event.call_id!r} started twice"))
+            started[event.call_id] = event
+        elif isinstance(event, ToolFinished):
+            if event.call_id not in started:
+                out.append(
+                    Violation("tools-balanced", f"call {event.call_id!r} finished, never started")
+                )
+            elif event.call_id in finished:
+                out.append(Violation("tools-balanced", f"call {event.call_id!r} finished twice"))
+            finished[event.call_id] = event
+            answer = results.get(event.call_id)
+            if answer is None or (answer.status, answer.output) != (event.status, event.output):
+                out.append(
+                    Violation(
+                        "tools-balanced",
+                        f"tool.finished of {event.call_id!r} ({event.status}: {event.output!r})"
+                        f" does not match its result {answer!r}",
+                    )
+                )
+    for call_id in started.keys() - finished.keys():
+        out.append(Violation("tools-balanced", f"call {call_id!r} started and never finished"))
+
+
+def _check_tool_cancellation(obs: Observation, out: Found) -> None:
+    """A call in flight when the run's scope was cancelled must end ``cancelled``."""
+    hard = [c for c in obs.cancels if c.kind != "after_turn" and c.live]
+    if not hard:
+        return
+    cut = hard[0].seq
+    started = {e.call_id: e for e in obs.events if isinstance(e, ToolStarted) and e.seq <= cut}
+    for event in obs.events:
+        if (
+            isinstance(event, ToolFinished)
+            and event.seq > cut
+            and event.call_id in started
+            and event.status != "cancelled"
+        ):
+            out.append(
+                Violation(
+                    "tool-cancellation",
+                    f"tool {event.name!r} (call {event.call_id!r}) was running when the run"
+                    f" was cancelled at t={hard[0].at:g} ({hard[0].kind}), yet it finished"
+                    f" {event.status!r} with {event.output!r}: did it swallow trio.Cancelled?",
+                )
+            )
+
+
+def _check_injections(obs: Observation, out: Found) -> None:
+    result, events = obs.result, obs.events
+    delivered_at = {e.injection_id: e.seq for e in events if isinstance(e, InboxDelivered)}
+    delivered = [e.injection_id for e in events if isinstance(e, InboxDelivered)]
+    by_id = {inj.id: inj for inj in obs.injections}
+    if len(delivered) != len(set(delivered)):
+        out.append(
+            Violation("injection-accounting", f"an injection was delivered twice: {delivered}")
+        )
+    for injection_id in delivered:
+        injection = by_id.get(injection_id)
+        if injection is None:
+            out.append(
+                Violation("injection-accounting", f"{injection_id} delivered, never accepted")
+            )
+        elif injection.withdrawn:
+            out.append(Violation("injection-accounting", f"withdrawn {injection_id} was delivered"))
+    expected = [
+        item
+        for inj in obs.injections
+        if not inj.withdrawn and inj.id not in delivered_at
+        for item in inj.items
+    ]
+    if list(result.unconsumed) != expected:
+        out.append(
+            Violation(
+                "injection-accounting",
+                f"unconsumed is {list(result.unconsumed)!r}, expected {expected!r}"
+                " (every accepted injection is delivered once or unconsumed)",
+            )
+        )
+    new_items = list(result.new_items)
+    for injection_id in delivered:
+        for item in by_id[injection_id].items if injection_id in by_id else ():
+            if item not in new_items:
+                out.append(
+                    Violation("injection-accounting", f"{injection_id} delivered but {item!r} lost")
+                )
+    for inj in obs.injections:
+        failed = inj.withdraw_failed_at_seq
+        if failed is not None and delivered_at.get(inj.id, 0) > failed:
+            out.append(
+                Violation(
+                    "injection-accounting",
+                    f"withdraw({inj.id}) returned False, yet it was delivered only later",
+                )
+            )
+    order = [inj.id for inj in obs.injections]
+    for steering in (True, False):
+        ids = [i for i in delivered if i in by_id and (by_id[i].when != "when_idle") == steering]
+        if ids != sorted(ids, key=order.index):
+            mode = "steering" if steering else "when_idle"
+            out.append(Violation("injection-accounting", f"{mode} injections out of order: {ids}"))
+    if result.status is RunStatus.COMPLETED and result.unconsumed:
+        out.append(
+            Violation("injection-accounting", "the run completed with injected items pending")
+        )
+
+
+def _check_model(obs: Observation, out: Found) -> None:
+    final = obs.result.conversation
+    for number, request in enumerate(obs.requests, 1):
+        problems = conversation_problems(request.items)
+        if problems:
+            out.append(
+                Violation("model-input", f"model request {number} is invalid: {problems[0]}")
+            )
+            return
+        if tuple(final[: len(request.items)]) != request.items:
+            out.append(
+                Violation(
+                    "model-input",
+                    f"model request {number} is not a prefix of the final conversation",
+                )
+            )
+            return
+    if obs.open_streams:
+        out.append(Violation("model-streams-closed", f"{obs.open_streams} stream(s) left open"))
+
+
+def _check_subscribers(obs: Observation, out: Found) -> None:
+    events = list(obs.events)
+    updates = [e for e in events if isinstance(e, RunUpdated)]
+    for number, view in enumerate(obs.subscribers, 1):
+        seen = list(view.events)
+        what = f"subscriber {number} ({view.kind})"
+        if view.kind == "events":
+            ok = seen == events if view.complete else seen == events[: len(seen)]
+        else:
+            ok = any(
+                seen == updates[k : k + len(seen)] for k in range(len(updates) - len(seen) + 1)
+            )
+            if view.complete:
+                ok = ok and bool(seen) and seen[-1] is updates[-1]
+        if not ok:
+            out.append(
+                Violation(
+                    "subscribers",
+                    f"{what} saw seqs {[e.seq for e in seen]}, the log has"
+                    f" {[e.seq for e in (events if view.kind == 'events' else updates)]}",
+                )
+            )
+
+
+def _check_cancels(obs: Observation, max_latency: float | None, out: Found) -> None:
+    result = obs.result
+    live = [c for c in obs.cancels if c.live]
+    if result.status is RunStatus.CANCELLED:
+        allowed = {live[0].reason} if live else set()
+        allowed |= {c.reason for c in obs.cancels if c.kind in ("outer", "horizon")}
+        if result.reason not in allowed:
+            out.append(
+                Violation(
+                    "cancel-reason",
+                    f"cancelled with reason {result.reason!r}; the cancels allow {sorted(allowed)}",
+                )
+            )
+    for cancel in live:
+        if cancel.kind != "after_turn" and cancel.status is RunStatus.QUEUED and obs.requests:
+            out.append(
+                Violation(
+                    "cancel-before-start",
+                    f"cancelled while queued, yet {len(obs.requests)} model call(s) were made",
+                )
+            )
+            break
+    hard = [c for c in live if c.kind != "after_turn"]
+    if hard and max_latency is not None and obs.event_times:
+        latency = obs.event_times[-1] - hard[0].at
+        if latency > max_latency:
+            out.append(
+                Violation(
+                    "cancel-latency",
+                    f"{hard[0].kind} cancel at t={hard[0].at:g} reached the terminal update"
+                    f" {latency:g} virtual s later (bound {max_latency:g} s)",
+                )
+            )
+
+
+def _check_leaks(obs: Observation, out: Found) -> None:
+    for name in obs.leaked_tasks:
+        owner = " (named after the run)" if name.startswith(obs.run_id) else ""
+        out.append(Violation("task-leak", f"task {name!r}{owner} is alive after the run ended"))
+    for pid, cmdline in obs.leaked_processes:
+        out.append(Violation("process-leak", f"process {pid} ({cmdline}) outlived the run"))
+    if not obs.threads_stopped:
+        running = [c.call_id for c in obs.tool_calls if c.kind == "thread" and c.state == "running"]
+        out.append(Violation("thread-leak", f"thread-tool calls {running} still run 2 s after"))
+    for error in obs.op_errors:
+        out.append(Violation("op-error", error))
+
+
+def check_events(result: RunResult, events: Sequence[RunEvent]) -> Report:
+    """Check what any run's result and full event list can show on their own.
+
+    Statuses, the one terminal update, seqs, the result's coherence, conversation
+    validity, ``run.item`` events against ``new_items``, and balanced tool events.
+    Use it on runs you drive yourself; :func:`check_run` checks much more.
+    """
+    out: Found = []
+    if not events:
+        return Report((Violation("one-terminal", "the run has no events"),))
+    _check_statuses(result, events, out)
+    _check_seq(events, out)
+    _check_result(result, out)
+    _check_conversation(result, events, out)
+    _check_tools(result, events, out)
+    return Report(tuple(out))
+
+
+def check_run(observation: Observation, *, max_cancel_latency: float | None = None) -> Report:
+    """Check every lifecycle invariant (:data:`INVARIANTS`) of one observed example.
+
+    ``max_cancel_latency`` bounds the virtual time from the first immediate (or outer)
+    cancel to the terminal update; by default twice the run's ``cleanup_timeout``
+    (the repair and the ``on_run_end`` hook are each bounded by it).
+    """
+    if max_cancel_latency is None:
+        max_cancel_latency = 2 * float(observation.run_options.get("cleanup_timeout", 5.0))
+    out = list(check_events(observation.result, observation.events).violations)
+    checks: list[Callable[[], None]] = [
+        lambda: _check_tool_cancellation(observation, out),
+        lambda: _check_injections(observation, out),
+        lambda: _check_model(observation, out),
+        lambda: _check_subscribers(observation, out),
+        lambda: _check_cancels(observation, max_cancel_latency, out),
+        lambda: _check_leaks(observation, out),
+    ]
+    for check in checks:
+        check()
+    order = list(INVARIANTS)
+    out.sort(key=lambda v: order.index(v.invariant))
+    return Report(tuple(out), observation.describe())

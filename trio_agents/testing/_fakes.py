@@ -1,0 +1,359 @@
+"""Controllable fake tools that report what happened to them.
+
+Every fake tool writes one :class:`CallRecord` per call into a shared
+:class:`ToolRecorder`: when it started, and whether it finished, failed or was
+cancelled. The tools are ordinary :class:`~trio_agents.Tool` objects (made with
+:func:`~trio_agents.function_tool`), so a run treats them like any other tool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeAlias, final
+
+import attrs
+import trio
+
+from .._tools import Tool, ToolContext, function_tool
+from ._clock import _acquire as _acquire_hold
+from ._clock import _release as _release_hold
+from ._clock import hold_clock
+
+__all__ = [
+    "CallRecord",
+    "FakeToolError",
+    "ToolRecorder",
+    "blocking_tool",
+    "failing_tool",
+    "process_tool",
+    "sleeping_tool",
+    "thread_tool",
+]
+
+CallState: TypeAlias = Literal["running", "finished", "failed", "cancelled"]
+"""What a fake tool call is doing: still ``running``, or how it ended."""
+
+ApprovalPolicy: TypeAlias = bool | Callable[[Mapping[str, Any]], bool]
+
+
+class FakeToolError(Exception):
+    """What :func:`failing_tool` raises (the model reads ``error: FakeToolError: ...``)."""
+
+
+@final
+@attrs.define(eq=False)
+class CallRecord:
+    """What happened to one call of a fake tool.
+
+    Attributes:
+        tool: the tool's name.
+        call_id: the id of the tool call.
+        run_id: the id of the run that made the call.
+        kind: ``"async"``, ``"thread"`` or ``"process"``.
+        started_at: Trio time when the call started (None for thread tools, which
+            cannot read the Trio clock).
+        state: ``"running"``, ``"finished"``, ``"failed"`` or ``"cancelled"``.
+        ended_at: Trio time when the call ended (None while running, and for thread
+            tools).
+    """
+
+    tool: str
+    call_id: str
+    run_id: str
+    kind: str
+    started_at: float | None
+    state: CallState = "running"
+    ended_at: float | None = None
+
+
+@final
+@attrs.define(eq=False)
+class ToolRecorder:
+    """The shared record of every call of the fake tools built with it.
+
+    :func:`~trio_agents.testing.run_schedule` calls :meth:`reset` before each example,
+    and its ``release`` operation calls :meth:`release`. All methods are meant for the
+    Trio thread, except that thread tools update their records from their thread
+    (under a lock).
+    """
+
+    _calls: list[CallRecord] = attrs.field(init=False, factory=list)
+    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _released: bool = attrs.field(init=False, default=False)
+    _release_event: trio.Event | None = attrs.field(init=False, default=None)
+    _thread_done: threading.Condition = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._thread_done = threading.Condition(self._lock)
+
+    @property
+    def calls(self) -> tuple[CallRecord, ...]:
+        """Every call so far, in start order."""
+        with self._lock:
+            return tuple(self._calls)
+
+    def running(self) -> tuple[CallRecord, ...]:
+        """The calls that have not ended."""
+        return tuple(c for c in self.calls if c.state == "running")
+
+    def by_call_id(self, call_id: str) -> CallRecord | None:
+        """The record of the call ``call_id`` (the last one, if several runs used it)."""
+        for record in reversed(self.calls):
+            if record.call_id == call_id:
+                return record
+        return None
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called since the last :meth:`reset`."""
+        return self._released
+
+    def release(self) -> None:
+        """Let every waiting (and every future) :func:`blocking_tool` call finish."""
+        self._released = True
+        if self._release_event is not None:
+            self._release_event.set()
+
+    def reset(self) -> None:
+        """Forget all calls and un-release the blocking tools (between examples)."""
+        with self._lock:
+            self._calls.clear()
+        self._released = False
+        self._release_event = None
+
+    def wait_for_threads(self, timeout: float) -> bool:
+        """Block (in real time, up to ``timeout`` s) until no thread-tool call runs.
+
+        Returns True if none is left running. Call it from a worker thread
+        (``trio.to_thread.run_sync``), never from the Trio thread.
+        """
+        with self._thread_done:
+            return self._thread_done.wait_for(
+                lambda: all(c.state != "running" for c in self._calls if c.kind == "thread"),
+                timeout,
+            )
+
+    # ------------------------------------------------------------ used by the tools
+
+    def _start(self, tool: str, ctx: ToolContext, kind: str) -> CallRecord:
+        at = trio.current_time() if kind != "thread" else None
+        record = CallRecord(tool, ctx.call_id, ctx.run_id, kind, at)
+        with self._lock:
+            self._calls.append(record)
+        return record
+
+    def _end(self, record: CallRecord, state: CallState) -> None:
+        at = trio.current_time() if record.kind != "thread" else None
+        with self._thread_done:
+            record.state = state
+            record.ended_at = at
+            self._thread_done.notify_all()
+
+    async def _wait_released(self) -> None:
+        if self._released:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._release_event is None:
+            self._release_event = trio.Event()
+        await self._release_event.wait()
+
+
+def _only_cancelled(exc: object) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_cancelled(e) for e in exc.exceptions)
+    return False
+
+
+class _Recording:
+    """Context manager: record how an async call ends (Cancelled → cancelled)."""
+
+    def __init__(self, recorder: ToolRecorder, name: str, ctx: ToolContext, kind: str) -> None:
+        self._recorder = recorder
+        self._record = recorder._start(name, ctx, kind)
+
+    def __enter__(self) -> CallRecord:
+        return self._record
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        if exc_type is None:
+            state: CallState = "finished"
+        elif _only_cancelled(exc):
+            state = "cancelled"
+        else:
+            state = "failed"
+        self._recorder._end(self._record, state)
+
+
+def blocking_tool(
+    recorder: ToolRecorder,
+    *,
+    name: str = "block",
+    timeout: float | None = None,
+    needs_approval: ApprovalPolicy = False,
+) -> Tool:
+    """An async tool that waits until ``recorder.release()`` or until it is cancelled.
+
+    It takes no arguments and returns ``"released"``. A run of
+    :func:`~trio_agents.testing.run_schedule` releases it when the schedule says
+    ``release`` and once the schedule is over.
+    """
+
+    async def block(ctx: ToolContext) -> str:
+        """Wait until released."""
+        with _Recording(recorder, name, ctx, "async"):
+            await recorder._wait_released()
+            return "released"
+
+    return function_tool(block, name=name, timeout=timeout, needs_approval=needs_approval)
+
+
+def sleeping_tool(
+    recorder: ToolRecorder,
+    *,
+    name: str = "sleep",
+    timeout: float | None = None,
+    needs_approval: ApprovalPolicy = False,
+) -> Tool:
+    """An async tool ``sleep(seconds: float)`` that sleeps in Trio time, then returns."""
+
+    async def sleep(ctx: ToolContext, seconds: float) -> str:
+        """Sleep for a while.
+
+        Args:
+            seconds: how long to sleep.
+        """
+        with _Recording(recorder, name, ctx, "async"):
+            await trio.sleep(seconds)
+            return f"slept {seconds:g} s"
+
+    return function_tool(sleep, name=name, timeout=timeout, needs_approval=needs_approval)
+
+
+def failing_tool(
+    recorder: ToolRecorder,
+    *,
+    name: str = "fail",
+    timeout: float | None = None,
+    needs_approval: ApprovalPolicy = False,
+) -> Tool:
+    """An async tool ``fail(after: float = 0)`` that raises :class:`FakeToolError`.
+
+    It sleeps ``after`` seconds first (Trio time).
+    """
+
+    async def fail(ctx: ToolContext, after: float = 0.0) -> str:
+        """Fail after a while.
+
+        Args:
+            after: seconds to wait before failing.
+        """
+        with _Recording(recorder, name, ctx, "async"):
+            await trio.sleep(after)
+            raise FakeToolError(f"{name} failed on purpose")
+
+    return function_tool(fail, name=name, timeout=timeout, needs_approval=needs_approval)
+
+
+def thread_tool(
+    recorder: ToolRecorder,
+    *,
+    name: str = "crunch",
+    timeout: float | None = None,
+    needs_approval: ApprovalPolicy = False,
+    step_seconds: float = 0.0002,
+) -> Tool:
+    """A sync tool ``crunch(steps: int)`` that works in a worker thread.
+
+    Each step waits ``step_seconds`` of real time on ``ctx.cancelled``; once that event
+    is set the call stops at once and records ``cancelled``. Its record has no Trio
+    times (a worker thread cannot read the Trio clock).
+    """
+
+    def crunch(ctx: ToolContext, steps: int) -> str:
+        """Crunch numbers in a thread.
+
+        Args:
+            steps: how many steps to take.
+        """
+        record = recorder._start(name, ctx, "thread")
+        state: CallState = "failed"
+        try:
+            for _ in range(steps):
+                if ctx.cancelled.wait(step_seconds):
+                    state = "cancelled"
+                    return "stopped"
+            state = "finished"
+            return f"crunched {steps} steps"
+        finally:
+            recorder._end(record, state)
+
+    return function_tool(crunch, name=name, timeout=timeout, needs_approval=needs_approval)
+
+
+class _Teardown:
+    """Holds the clock from the moment a process call is cancelled until it ends."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.held = False
+
+    async def watch(self) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if not self.done:
+                self.held = True
+                _acquire_hold()
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            _release_hold()
+
+
+def process_tool(
+    recorder: ToolRecorder,
+    *,
+    name: str = "proc",
+    timeout: float | None = None,
+    needs_approval: ApprovalPolicy = False,
+) -> Tool:
+    """An async tool ``proc(seconds: float)`` that runs a child process for ``seconds``.
+
+    The child is a Python interpreter sleeping in *real* time, started with
+    ``ctx.run_process``, so it is killed with the call. POSIX only. A child of at most
+    1 s holds a ``MockClock`` still while it runs (it is part of the tick); under a
+    longer one the Trio clock keeps jumping, so use it with ``0`` (a child that exits
+    at once) or a long time (one that must be killed). Once the call is cancelled the
+    clock is held until the child is dead, so the kill costs no virtual time.
+    """
+
+    async def proc(ctx: ToolContext, seconds: float) -> str:
+        """Run a child process.
+
+        Args:
+            seconds: how long the child sleeps (real time).
+        """
+        with _Recording(recorder, name, ctx, "process"):
+            code = f"import time; time.sleep({float(seconds)!r})"
+            teardown = _Teardown()
+            try:
+                # A short child is part of the tick: keep a MockClock still meanwhile.
+                # A long one lets the clock run, but once cancelled, killing it is
+                # part of the cancel's tick too (see _Teardown).
+                with hold_clock() if seconds <= 1 else contextlib.nullcontext():
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(teardown.watch)
+                        await ctx.run_process([sys.executable, "-c", code], grace=0.1)
+                        teardown.done = True
+                        nursery.cancel_scope.cancel()
+            finally:
+                teardown.release()
+            return f"child slept {seconds:g} s"
+
+    return function_tool(proc, name=name, timeout=timeout, needs_approval=needs_approval)

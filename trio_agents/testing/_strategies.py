@@ -1,0 +1,361 @@
+"""Hypothesis strategies: tool sets, scripts, operation schedules and injectable items.
+
+Times are multiples of 1/8 s, and so are every delay and sleep the strategies draw;
+:func:`~trio_agents.testing.run_schedule` then shifts the ``i``-th operation by
+``(i + 1) / 1024`` s. So an operation never lands in the same Trio tick as a model
+chunk or a tool finishing, and every cancellation the checker sees is unambiguous.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeAlias, final
+
+import attrs
+from hypothesis import strategies as st
+
+from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
+from .._run import InjectWhen
+from .._tools import Tool
+from ..models._scripted import Turn
+from ._fakes import (
+    ToolRecorder,
+    blocking_tool,
+    failing_tool,
+    process_tool,
+    sleeping_tool,
+    thread_tool,
+)
+
+__all__ = [
+    "OP_KINDS",
+    "FakeTools",
+    "Op",
+    "OpKind",
+    "items",
+    "schedules",
+    "scripts",
+    "tool_sets",
+]
+
+OpKind: TypeAlias = Literal[
+    "cancel",
+    "cancel_after_turn",
+    "outer_cancel",
+    "inject",
+    "withdraw",
+    "approve",
+    "reject",
+    "subscribe",
+    "status_subscribe",
+    "release",
+]
+"""What an :class:`Op` does to the run (see :class:`Op`)."""
+
+OP_KINDS: tuple[OpKind, ...] = (
+    "cancel",
+    "cancel_after_turn",
+    "outer_cancel",
+    "inject",
+    "withdraw",
+    "approve",
+    "reject",
+    "subscribe",
+    "status_subscribe",
+    "release",
+)
+"""Every :data:`OpKind`, in the order :func:`schedules` draws from (and shrinks to)."""
+
+DEFAULT_TIMES: tuple[float, ...] = (0.0, 0.125, 0.25, 0.5, 1.0, 1.5, 2.5, 4.0, 8.0, 30.0)
+"""The virtual times :func:`schedules` picks from by default."""
+
+_WHENS: tuple[InjectWhen, ...] = ("next_turn", "now", "when_idle")
+
+
+@final
+@attrs.frozen
+class Op:
+    """One operation of a schedule, applied to the run at virtual time ``at``.
+
+    ``kind`` is one of:
+
+    - ``"cancel"`` / ``"cancel_after_turn"``: ``run.cancel(reason, mode=...)``;
+    - ``"outer_cancel"``: cancel the scope around ``open_run`` (the caller's scope);
+    - ``"inject"``: ``run.inject(items, when=when)``;
+    - ``"withdraw"``: withdraw the latest accepted injection not withdrawn yet;
+    - ``"approve"`` / ``"reject"``: answer the first call waiting for approval
+      (``reject`` with ``reason`` as the message);
+    - ``"subscribe"`` / ``"status_subscribe"``: start a ``run.events()`` /
+      ``run.updated`` reader;
+    - ``"release"``: ``recorder.release()``, ending :func:`blocking_tool` calls.
+
+    Operations at time 0 run before the run takes its first step.
+    """
+
+    at: float
+    kind: OpKind
+    reason: str = "stop"
+    when: InjectWhen = "next_turn"
+    items: tuple[Item, ...] = (UserMessage("more, please"),)
+
+    def describe(self) -> str:
+        """A short human-readable form, as used in reports."""
+        if self.kind in ("cancel", "cancel_after_turn"):
+            return f"{self.at:g}: {self.kind}({self.reason!r})"
+        if self.kind == "reject":
+            return f"{self.at:g}: reject({self.reason!r})"
+        if self.kind == "inject":
+            return f"{self.at:g}: inject({list(self.items)!r}, when={self.when!r})"
+        return f"{self.at:g}: {self.kind}"
+
+
+@final
+@attrs.frozen(eq=False)
+class FakeTools:
+    """A set of fake tools sharing one recorder, with argument strategies for them.
+
+    Attributes:
+        tools: the tools, to give to an :class:`~trio_agents.Agent`.
+        recorder: the :class:`ToolRecorder` they report to.
+        arguments: per tool name, a strategy for the arguments a script passes it.
+    """
+
+    tools: tuple[Tool, ...]
+    recorder: ToolRecorder
+    arguments: Mapping[str, st.SearchStrategy[dict[str, Any]]]
+
+    def names(self) -> tuple[str, ...]:
+        """The tool names."""
+        return tuple(tool.name for tool in self.tools)
+
+
+_SLEEPS = st.sampled_from([0.0, 0.5, 2.0, 50.0])
+
+
+def standard_tools(
+    recorder: ToolRecorder | None = None, *, threads: bool = True, processes: bool = False
+) -> FakeTools:
+    """The full fake tool set: ``block``, ``sleep``, ``fail``, ``guarded`` (a sleep that
+    needs approval), ``slow`` (a sleep with a 1 s timeout), ``crunch`` (a thread tool,
+    unless ``threads=False``) and ``proc`` (a process tool, if ``processes=True``)."""
+    recorder = recorder or ToolRecorder()
+    tools = [
+        blocking_tool(recorder),
+        sleeping_tool(recorder),
+        failing_tool(recorder),
+        sleeping_tool(recorder, name="guarded", needs_approval=True),
+        sleeping_tool(recorder, name="slow", timeout=1.0),
+    ]
+    arguments: dict[str, st.SearchStrategy[dict[str, Any]]] = {
+        "block": st.just({}),
+        "sleep": st.fixed_dictionaries({"seconds": _SLEEPS}),
+        "fail": st.fixed_dictionaries({"after": st.sampled_from([0.0, 0.25, 1.0])}),
+        "guarded": st.fixed_dictionaries({"seconds": _SLEEPS}),
+        "slow": st.fixed_dictionaries({"seconds": _SLEEPS}),
+    }
+    if threads:
+        tools.append(thread_tool(recorder))
+        arguments["crunch"] = st.fixed_dictionaries({"steps": st.integers(0, 5)})
+    if processes:
+        tools.append(process_tool(recorder))
+        arguments["proc"] = st.fixed_dictionaries({"seconds": st.sampled_from([0.0, 3600.0])})
+    return FakeTools(tuple(tools), recorder, arguments)
+
+
+@st.composite
+def _tool_sets(draw: st.DrawFn, threads: bool, processes: bool) -> FakeTools:
+    full = standard_tools(threads=threads, processes=processes)
+    keep = draw(st.lists(st.sampled_from(full.names()), min_size=1, unique=True))
+    tools = tuple(tool for tool in full.tools if tool.name in keep)
+    arguments = {name: full.arguments[name] for name in keep}
+    return FakeTools(tools, full.recorder, arguments)
+
+
+def tool_sets(*, threads: bool = True, processes: bool = False) -> st.SearchStrategy[FakeTools]:
+    """Non-empty subsets of :func:`standard_tools`, each with a fresh recorder.
+
+    It shrinks towards the first tools: ``block``, then ``sleep``, ``fail``, ...
+    """
+    return _tool_sets(threads, processes)
+
+
+# ------------------------------------------------------------------ JSON arguments
+
+
+def _from_schema(schema: Mapping[str, Any], depth: int = 0) -> st.SearchStrategy[Any]:
+    """Values that fit a (simple) JSON schema; ``{}`` for what it does not understand."""
+    if "enum" in schema:
+        return st.sampled_from(list(schema["enum"]))
+    if "const" in schema:
+        return st.just(schema["const"])
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return st.one_of([_from_schema(s, depth + 1) for s in schema[key]])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return st.one_of([_from_schema({**schema, "type": k}, depth + 1) for k in kind])
+    if kind == "integer":
+        return st.integers(-10, 10)
+    if kind == "number":
+        return st.sampled_from([0.0, 0.5, 1.0, 2.0, -1.0])
+    if kind == "string":
+        return st.text(max_size=8)
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "null":
+        return st.none()
+    if kind == "array" and depth < 3:
+        return st.lists(_from_schema(schema.get("items", {}), depth + 1), max_size=3)
+    if kind == "object" and depth < 3:
+        properties = schema.get("properties", {})
+        required = set(schema.get("required", ()))
+        return st.fixed_dictionaries(
+            {k: _from_schema(v, depth + 1) for k, v in properties.items() if k in required},
+            optional={
+                k: _from_schema(v, depth + 1) for k, v in properties.items() if k not in required
+            },
+        )
+    return st.just({})
+
+
+def _call(
+    tool_names: Sequence[str],
+    arguments: Mapping[str, st.SearchStrategy[Any]],
+    *,
+    unknown_tools: bool,
+    invalid_arguments: bool,
+) -> st.SearchStrategy[tuple[str, dict[str, Any] | str]]:
+    options: list[st.SearchStrategy[tuple[str, dict[str, Any] | str]]] = [
+        st.tuples(st.just(name), arguments[name]) for name in tool_names
+    ]
+    if invalid_arguments and tool_names:
+        options.append(st.tuples(st.sampled_from(list(tool_names)), st.just('{"not json')))
+    if unknown_tools:
+        options.append(st.tuples(st.just("no_such_tool"), st.just({})))
+    return st.one_of(options)
+
+
+_CHUNKS = st.lists(st.sampled_from(["a ", "b ", "c ", "dd "]), max_size=4)
+_DELAYS = st.sampled_from([0.0, 0.25, 1.0])
+_FAILS = st.sampled_from([None, None, None, None, "model fell over"])
+
+
+@st.composite
+def _turn(
+    draw: st.DrawFn,
+    calls: st.SearchStrategy[list[tuple[str, dict[str, Any] | str]]] | None,
+    failures: bool,
+) -> Turn:
+    chunks = draw(_CHUNKS)
+    tool_calls = draw(calls) if calls is not None else []
+    delay = draw(_DELAYS)
+    fail = draw(_FAILS) if failures else None
+    fail_after = draw(st.integers(0, len(chunks))) if fail else None
+    return Turn(text=chunks, tool_calls=tool_calls, delay=delay, fail=fail, fail_after=fail_after)
+
+
+def scripts(
+    tools: FakeTools | Sequence[Tool] = (),
+    *,
+    arguments: Mapping[str, st.SearchStrategy[Any]] | None = None,
+    min_turns: int = 1,
+    max_turns: int = 4,
+    max_calls: int = 3,
+    failures: bool = True,
+    unknown_tools: bool = True,
+    invalid_arguments: bool = True,
+) -> st.SearchStrategy[list[Turn]]:
+    """Scripts for a :class:`~trio_agents.testing.ScriptedModel`: lists of turns.
+
+    Each turn streams a few text chunks with a delay of 0, 0.25 or 1 s each, may call
+    tools (``tools``; arguments from ``arguments``, from the ``FakeTools``' own
+    strategies, or else drawn from each tool's JSON schema), may call an unknown tool
+    or pass invalid JSON, and may fail part-way (``failures``).
+    """
+    if isinstance(tools, FakeTools):
+        chosen: dict[str, st.SearchStrategy[Any]] = dict(tools.arguments)
+        names = list(tools.names())
+    else:
+        chosen = {tool.name: _from_schema(tool.parameters) for tool in tools}
+        names = [tool.name for tool in tools]
+    chosen.update(arguments or {})
+    call = (
+        _call(names, chosen, unknown_tools=unknown_tools, invalid_arguments=invalid_arguments)
+        if names or unknown_tools
+        else None
+    )
+    calls = st.lists(call, max_size=max_calls) if call is not None else None
+    return st.lists(_turn(calls, failures), min_size=min_turns, max_size=max_turns)
+
+
+# ------------------------------------------------------------------ items and ops
+
+_texts = st.sampled_from(["also this", "be brief", "stop that", "one more thing"])
+
+
+@st.composite
+def _pair(draw: st.DrawFn) -> tuple[Item, ...]:
+    call_id = f"inj_{draw(st.integers(0, 9))}"
+    output = draw(st.sampled_from(["42", "ok", ""]))
+    return (ToolCall(call_id, "lookup", json.dumps({"q": "x"})), ToolResult(call_id, output))
+
+
+_SINGLE: st.SearchStrategy[tuple[Item, ...]] = st.one_of(
+    _texts.map(lambda text: (UserMessage(text),)),
+    _texts.map(lambda text: (AssistantMessage(text),)),
+)
+_PARTS = {
+    True: st.lists(st.one_of(_SINGLE, _pair()), min_size=1, max_size=3),
+    False: st.lists(_SINGLE, min_size=1, max_size=3),
+}
+
+
+@st.composite
+def _items(draw: st.DrawFn, pairs: bool) -> tuple[Item, ...]:
+    parts = draw(_PARTS[pairs])
+    out: list[Item] = []
+    seen: set[str] = set()
+    for part in parts:
+        ids = {item.call_id for item in part if isinstance(item, ToolCall | ToolResult)}
+        if ids & seen:
+            continue  # one injection never repeats a call id
+        seen |= ids
+        out.extend(part)
+    return tuple(out)
+
+
+def items(*, pairs: bool = True) -> st.SearchStrategy[tuple[Item, ...]]:
+    """What one ``run.inject`` call may carry: 1-3 user or assistant messages and
+    (if ``pairs``) complete tool call/result pairs.
+
+    Call ids repeat between draws; :func:`~trio_agents.testing.run_schedule` makes them
+    unique per injection.
+    """
+    return _items(pairs)
+
+
+def schedules(
+    *,
+    kinds: Sequence[OpKind] = OP_KINDS,
+    times: Sequence[float] = DEFAULT_TIMES,
+    max_ops: int = 8,
+    reasons: Sequence[str] = ("r1", "r2", "r3"),
+    injected: st.SearchStrategy[tuple[Item, ...]] | None = None,
+) -> st.SearchStrategy[tuple[Op, ...]]:
+    """Schedules: up to ``max_ops`` operations (:class:`Op`) at virtual ``times``.
+
+    The result is sorted by time (ties keep their drawn order). Keep ``times`` to
+    multiples of 1/8 s (see the module notes) and ``max_ops`` below 128.
+    """
+    if not 0 <= max_ops < 128:
+        raise ValueError("max_ops must be between 0 and 127")
+    op = st.builds(
+        Op,
+        at=st.sampled_from(list(times)),
+        kind=st.sampled_from(list(kinds)),
+        reason=st.sampled_from(list(reasons)),
+        when=st.sampled_from(_WHENS),
+        items=injected if injected is not None else items(),
+    )
+    return st.lists(op, max_size=max_ops).map(lambda ops: tuple(sorted(ops, key=lambda o: o.at)))
