@@ -41,7 +41,7 @@ from .._agent import Agent
 from .._events import EventsDropped, RunUpdated
 from .._exceptions import InboxFullError, RunClosedError, UnknownCallError
 from .._items import Item
-from .._run import Run, serve_run
+from .._run import Run, _first_leaf, _only_cancelled, serve_run
 from ..sessions._base import Session
 from ._protocol import (
     SUBPROTOCOL,
@@ -137,20 +137,6 @@ class _RunEntry:
             turn=stats.turn,
             pending_approvals=stats.pending_approvals,
         )
-
-
-def _only_cancelled(exc: BaseException) -> bool:
-    if isinstance(exc, trio.Cancelled):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_only_cancelled(e) for e in exc.exceptions)
-    return False
-
-
-def _first_leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
