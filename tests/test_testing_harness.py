@@ -153,7 +153,7 @@ def test_a_hook_whose_task_outlives_the_run_is_caught() -> None:
 def test_the_property_raises_an_assertion_naming_the_invariant() -> None:
     prop = tt.LifecycleProperty(
         agent_with(stubborn),
-        schedule_strategy=_only("cancel"),
+        schedule_strategy=_only("cancel_in_tool"),
     )
     with pytest.raises(AssertionError, match=r"\[tool-cancellation\]"):
         prop.run(
