@@ -564,16 +564,28 @@ def run_schedule(
             note += f" -> raised {type(exc).__name__}"
         state.applied.append((now, note))
 
+    async def cancel_in_tool(
+        index: int, op: Op, run: Run, outer: trio.CancelScope, harness: trio.Nursery
+    ) -> None:
+        while True:
+            await until_a_tool_runs(run)
+            running = set(state.running_tools)
+            await trio.sleep((index + 1) / 1024)
+            # Land in a call that is still running (one that ended at once, like an
+            # unknown tool's, does not count), or give up once the run is over.
+            if running & state.running_tools or not running:
+                break
+        apply(index, op, run, outer, harness)
+
     async def play(run: Run, outer: trio.CancelScope, harness: trio.Nursery) -> None:
         start = trio.current_time()
         for index, op in enumerate(ops):
-            offset = (index + 1) / 1024
             if op.at > 0:
-                await trio.sleep_until(start + op.at + offset)
-            if op.kind == "cancel_in_tool":
-                await until_a_tool_runs(run)
-                await trio.sleep(offset)
-            apply(index, op, run, outer, harness)
+                await trio.sleep_until(start + op.at + (index + 1) / 1024)
+            if op.kind == "cancel_in_tool":  # waits on its own: the other ops go on
+                harness.start_soon(cancel_in_tool, index, op, run, outer, harness)
+            else:
+                apply(index, op, run, outer, harness)
         harness.start_soon(drain, run, name="harness:drain")
 
     async def main() -> None:

@@ -99,9 +99,10 @@ class Op:
     ``kind`` is one of:
 
     - ``"cancel"`` / ``"cancel_after_turn"``: ``run.cancel(reason, mode=...)``;
-    - ``"cancel_in_tool"``: from ``at`` on, wait until a tool call runs (or the run
-      ends), then ``run.cancel(reason)`` 1/1024 s later — a cancel that lands in a
-      tool call, whatever the tool's timing;
+    - ``"cancel_in_tool"``: from ``at`` on, wait for a tool call that is still running
+      ``(i + 1) / 1024`` s after it was seen running (or for the run's end), then
+      ``run.cancel(reason)`` — a cancel that lands in a tool call, whatever the tool's
+      timing (the other operations do not wait for it);
     - ``"outer_cancel"``: cancel the scope around ``open_run`` (the caller's scope);
     - ``"inject"``: ``run.inject(items, when=when)``;
     - ``"withdraw"``: withdraw the latest accepted injection not withdrawn yet;
@@ -274,9 +275,9 @@ def _call(
     unknown_tools: bool,
     invalid_arguments: bool,
 ) -> st.SearchStrategy[tuple[str, dict[str, Any] | str]]:
-    options: list[st.SearchStrategy[tuple[str, dict[str, Any] | str]]] = [
-        st.tuples(st.just(name), arguments[name]) for name in tool_names
-    ]
+    valid = [st.tuples(st.just(name), arguments[name]) for name in tool_names]
+    # Mostly real calls (a lifecycle needs tools that run); now and then a broken one.
+    options: list[st.SearchStrategy[tuple[str, dict[str, Any] | str]]] = [*valid, *valid, *valid]
     if invalid_arguments and tool_names:
         options.append(st.tuples(st.sampled_from(list(tool_names)), st.just('{"not json')))
     if unknown_tools:
@@ -286,7 +287,7 @@ def _call(
 
 _CHUNKS = st.lists(st.sampled_from(["a ", "b ", "c ", "dd "]), max_size=4)
 _DELAYS = st.sampled_from([0.0, 0.25, 1.0])
-_FAILS = st.sampled_from([None, None, None, None, "model fell over"])
+_FAILS = st.sampled_from([None] * 7 + ["model fell over"])
 
 
 @st.composite
@@ -383,6 +384,21 @@ def items(*, pairs: bool = True) -> st.SearchStrategy[tuple[Item, ...]]:
     return _items(pairs)
 
 
+@st.composite
+def _op(
+    draw: st.DrawFn,
+    kinds: st.SearchStrategy[OpKind],
+    times: st.SearchStrategy[float],
+    early: st.SearchStrategy[float],
+    rest: st.SearchStrategy[Op],
+) -> Op:
+    kind = draw(kinds)
+    # cancel_in_tool waits for the next tool call from `at` on: an early `at` (mostly
+    # the first time) catches the first tool calls too.
+    at = draw(early if kind == "cancel_in_tool" else times)
+    return attrs.evolve(draw(rest), at=at, kind=kind)
+
+
 def schedules(
     *,
     kinds: Sequence[OpKind] = OP_KINDS,
@@ -405,15 +421,27 @@ def schedules(
         # A cancel that lands while a tool runs is what finds a tool that swallows
         # trio.Cancelled: make it about a third of the ops drawn.
         drawn += ["cancel_in_tool"] * max(1, len(drawn) // 2 - 1)
-    op = st.builds(
-        Op,
-        at=st.sampled_from(list(times)),
-        kind=st.sampled_from(drawn),
-        reason=st.sampled_from(list(reasons)),
-        when=st.sampled_from(_WHENS),
-        items=injected if injected is not None else items(),
+    first = min(times) if times else 0.0
+    early = [first, first, first, *(t for t in times if first < t <= 1.0)]
+    op = _op(
+        st.sampled_from(drawn),
+        st.sampled_from(list(times)),
+        st.sampled_from(early),
+        st.builds(
+            Op,
+            at=st.just(0.0),
+            kind=st.just("inject"),
+            reason=st.sampled_from(list(reasons)),
+            when=st.sampled_from(_WHENS),
+            items=injected if injected is not None else items(),
+        ),
     )
-    return st.lists(op, max_size=max_ops).map(lambda ops: tuple(sorted(ops, key=lambda o: o.at)))
+    ops = st.lists(op, max_size=max_ops)
+    if "cancel_in_tool" in drawn and max_ops:
+        # ... and half the schedules get one more, from the start.
+        extra = st.sampled_from([(), (Op(0.0, "cancel_in_tool", reason=reasons[0]),)])
+        ops = st.tuples(extra, ops).map(lambda pair: [*pair[1], *pair[0]][:max_ops])
+    return ops.map(lambda drawn_ops: tuple(sorted(drawn_ops, key=lambda o: o.at)))
 
 
 # ------------------------------------------------------------------ faults
