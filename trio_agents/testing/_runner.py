@@ -403,8 +403,8 @@ def run_schedule(
     ends (it broke) is given up on, :data:`SETTLE` virtual seconds later.
 
     ``run_options`` go to :func:`~trio_agents.open_run` (``hooks``, ``max_turns``,
-    ``cleanup_timeout``, ...); the hooks are always wrapped, to check they stay
-    balanced. ``session`` (True: a fresh ``MemorySession``; or a factory) gives the run
+    ``cleanup_timeout``, ...); hooks (yours, or hook faults) are wrapped, to check
+    they stay balanced. ``session`` (True: a fresh ``MemorySession``; or a factory) gives the run
     a session, as does a session fault; afterwards the harness checks what it stores
     and starts another run on it. ``check_processes`` (default: only if the run spawned
     a process) scans ``/proc`` afterwards for processes that inherited the run's marker.
@@ -593,7 +593,10 @@ def run_schedule(
         inner = options.get("thread_limiter") or trio.to_thread.current_default_thread_limiter()
         state.limiter = ClockHoldingLimiter(inner, hold_limit=thread_hold)
         threads = ThreadWatch(state.limiter)
-        run_kwargs: dict[str, Any] = {**options, "thread_limiter": state.limiter, "hooks": hooks}
+        run_kwargs: dict[str, Any] = {**options, "thread_limiter": state.limiter}
+        if options.get("hooks") is not None or faults.hooks:
+            # Only then: a run without hooks must keep being tested as one.
+            run_kwargs["hooks"] = hooks
         if watched_session is not None:
             run_kwargs["session"] = watched_session
         async with trio.open_nursery() as harness:
