@@ -625,3 +625,18 @@ def test_a_user_thread_tool_that_ignores_cancellation_is_reported() -> None:
     assert report.invariants == ("thread-leak",), report
     assert "does a sync tool ignore ctx.cancelled?" in str(report)
     assert "outcome: cancelled (stop)" in str(report)
+
+
+def test_waiting_fake_tools_are_let_go_even_when_the_schedule_is_cut_short() -> None:
+    """An outer cancel ends the caller's block before the rest of the schedule: the
+    harness still releases the fake tools (a stubborn thread is not the run's leak)."""
+    tools = tt.standard_tools(faults=True)
+    observation = tt.run_schedule(
+        agent_with(*tools.tools),
+        [tt.Turn(tool_calls=[("stubborn", {})])],
+        [tt.Op(0.5, "outer_cancel"), tt.Op(8.0, "subscribe")],
+        recorder=tools.recorder,
+    )
+    assert tt.check_run(observation).ok, tt.check_run(observation)
+    assert observation.result.reason == "parent cancelled"
+    assert [c.state for c in observation.tool_calls] == ["finished"]

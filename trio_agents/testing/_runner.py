@@ -614,6 +614,10 @@ def run_schedule(
                     if not (outer.cancel_called and _only_cancelled(exc)):
                         state.run_error = _summary(exc)
                         state.changed.set()
+            if recorder is not None:
+                # The schedule may have been cut short (an outer cancel, a crash) before
+                # drain() ran: the absent user still lets waiting fake tools go.
+                recorder.release()
             await settle(state.run, harness)
         current = trio.lowlevel.current_task()
         state.leaked_tasks.extend(
