@@ -262,30 +262,47 @@ async def test_outer_cancel_while_queued_gives_the_place_up(
 
 
 def test_enqueue_across_trio_runs_in_threads(tmp_path: Path) -> None:
-    """A run in one thread's ``trio.run`` hands the session to a waiter in another."""
+    """A run in one thread's ``trio.run`` hands the session to a waiter in another.
+
+    Driven by events, not by timing: the holder keeps the session until the waiter is
+    in its queue, whatever the machine's load."""
     db = tmp_path / "threads.db"
     holding = threading.Event()
-    results: list[ta.RunResult] = []
+    queued = threading.Event()
+    results: dict[str, ta.RunResult] = {}
     errors: list[BaseException] = []
 
+    @ta.function_tool
+    def hold() -> str:
+        """Hold the session until the other thread's run waits for it."""
+        if not queued.wait(10):
+            raise RuntimeError("the waiter never queued")
+        return "held long enough"
+
     async def holder() -> None:
-        model = ScriptedModel([Turn(tool_calls=[("slow", {"seconds": 0.2})]), "held"])
+        model = ScriptedModel([Turn(tool_calls=[("hold", {})]), "held"])
         async with (
             SQLiteSession(db, "s") as session,
-            ta.open_run(agent(model), "one", session=session) as run,
+            ta.open_run(
+                ta.Agent(name="h", model=model, tools=[hold]), "one", session=session
+            ) as run,
         ):
             await reached(run, ta.ToolStarted)
             holding.set()
         assert run.result is not None
-        results.append(run.result)
+        results["holder"] = run.result
 
     async def waiter() -> None:
-        async with SQLiteSession(db, "s") as session:
-            results.append(
-                await ta.run(
-                    agent(ScriptedModel(["waited"])), "two", session=session, on_busy="enqueue"
-                )
-            )
+        async with (
+            SQLiteSession(db, "s") as session,
+            ta.open_run(
+                agent(ScriptedModel(["waited"])), "two", session=session, on_busy="enqueue"
+            ) as run,
+        ):
+            assert run.status == "queued"  # in the session's queue, behind the holder
+            queued.set()
+        assert run.result is not None
+        results["waiter"] = run.result
 
     def in_thread(fn: object) -> None:
         try:
@@ -301,8 +318,10 @@ def test_enqueue_across_trio_runs_in_threads(tmp_path: Path) -> None:
     first.join(10)
     second.join(10)
     assert errors == []
-    assert [r.final_output for r in results] == ["held", "waited"]
-    texts = [i.content for i in results[1].conversation if isinstance(i, ta.UserMessage)]
+    assert results["holder"].final_output == "held"
+    assert results["waiter"].final_output == "waited"
+    # the waiter started only once the holder's conversation was stored
+    texts = [i.content for i in results["waiter"].conversation if isinstance(i, ta.UserMessage)]
     assert texts == ["one", "two"]
 
 
