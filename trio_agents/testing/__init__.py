@@ -32,8 +32,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "trio_agents.testing needs Hypothesis: pip install 'trio-agents[testing]'"
     ) from exc
 
-from ..models._scripted import ScriptedModel as ScriptedModel
-from ..models._scripted import Turn as Turn
+from ..models import ScriptedModel as ScriptedModel
+from ..models import Turn as Turn
 from ._check import INVARIANTS as INVARIANTS
 from ._check import LifecycleViolation as LifecycleViolation
 from ._check import Report as Report

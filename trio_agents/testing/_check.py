@@ -8,19 +8,22 @@ from typing import final
 
 import attrs
 
-from .._events import (
+from .. import (
+    AssistantMessage,
     EventsDropped,
     InboxDelivered,
+    Item,
     ResponseTextDelta,
     RunEvent,
     RunItemEvent,
+    RunResult,
     RunStatus,
     RunUpdated,
     ToolFinished,
+    ToolResult,
     ToolStarted,
+    conversation_problems,
 )
-from .._items import AssistantMessage, Item, ToolResult, conversation_problems
-from .._run import RunResult
 from ._faults import MALFORMED, START_HOOKS, HookCall
 from ._runner import Observation
 

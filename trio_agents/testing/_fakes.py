@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeAlias, final
 import attrs
 import trio
 
-from .._tools import Tool, ToolContext, function_tool
+from .. import Tool, ToolContext, function_tool
 from ._clock import _acquire as _acquire_hold
 from ._clock import _Borrow, current_thread_task_name, hold_again, hold_clock, let_go_of_thread
 from ._clock import _release as _release_hold

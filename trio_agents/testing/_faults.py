@@ -22,15 +22,13 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast, final
 import attrs
 import trio
 
-from .._hooks import RunHooks
-from .._items import Item, ToolCall, ToolResult
-from .._model import ModelEvent, ModelRequest, TextDelta, ToolCallDone
-from ..models._scripted import ScriptedModel
-from ..sessions._base import Session
+from .. import Item, RunHooks, ToolCall, ToolResult
+from ..models import ModelEvent, ModelRequest, ScriptedModel, TextDelta, ToolCallDone
+from ..sessions import Session
 from ._fakes import _stray_cancelled
 
 if TYPE_CHECKING:
-    from .._run import Run, RunResult
+    from .. import Run, RunResult
 
 __all__ = [
     "HOOK_NAMES",

@@ -10,11 +10,9 @@ import hypothesis
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
-from .._agent import Agent
-from .._model import Model
-from .._tools import Tool
-from ..models._scripted import ScriptedModel, Turn
-from ..sessions._base import Session
+from .. import Agent, Model, Tool
+from ..models import ScriptedModel, Turn
+from ..sessions import Session
 from ._check import Report, check_run
 from ._fakes import ToolRecorder
 from ._faults import Faults

@@ -10,15 +10,28 @@ import attrs
 import trio
 import trio.testing
 
-from .._agent import Agent
-from .._events import RunEvent, RunStatus, RunUpdated, ToolFinished, ToolStarted
-from .._exceptions import RunClosedError, SessionBusyError
-from .._items import Item, ToolCall, ToolResult, coerce_items
-from .._model import Model, ModelRequest
-from .._run import InjectWhen, Run, RunResult, open_run
-from ..models._scripted import ScriptedModel, Turn
-from ..sessions._base import Session
-from ..sessions._memory import MemorySession
+from .. import (
+    Agent,
+    InjectWhen,
+    Item,
+    Model,
+    ModelRequest,
+    Run,
+    RunClosedError,
+    RunEvent,
+    RunResult,
+    RunStatus,
+    RunUpdated,
+    SessionBusyError,
+    ToolCall,
+    ToolFinished,
+    ToolResult,
+    ToolStarted,
+    coerce_items,
+    open_run,
+)
+from ..models import ScriptedModel, Turn
+from ..sessions import MemorySession, Session
 from ._clock import ClockHoldingLimiter
 from ._fakes import CallRecord, ToolRecorder
 from ._faults import (

@@ -15,10 +15,8 @@ from typing import Any, Literal, TypeAlias, final
 import attrs
 from hypothesis import strategies as st
 
-from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from .._run import InjectWhen
-from .._tools import Tool
-from ..models._scripted import Turn
+from .. import AssistantMessage, InjectWhen, Item, Tool, ToolCall, ToolResult, UserMessage
+from ..models import Turn
 from ._fakes import (
     GARBAGE,
     ToolRecorder,

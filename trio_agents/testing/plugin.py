@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ..models._scripted import ScriptedModel, Turn
+from ..models import ScriptedModel, Turn
 from ._property import AgentFactory, LifecycleProperty
 
 __all__ = ["lifecycle_check", "scripted_model"]
