@@ -17,8 +17,11 @@ never gives back dies with its run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import sys
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import final
@@ -26,6 +29,8 @@ from typing import final
 import attrs
 import trio
 import trio.testing
+
+from .. import ToolContext
 
 __all__ = ["ClockHoldingLimiter", "hold_again", "hold_clock", "let_go_of_thread"]
 
@@ -92,8 +97,35 @@ def hold_clock() -> Iterator[None]:
 @attrs.define(eq=False)
 class _Borrow:
     task_name: str
+    call_id: str | None = None
     holding: bool = True
+    active: bool = True
     timer: threading.Timer | None = None
+
+
+def _calling_tool_call_id() -> str | None:
+    """The call id of the tool call whose thread is being started, if it can be seen.
+
+    Called from ``acquire_on_behalf_of``: the caller is ``trio.to_thread.run_sync``,
+    whose ``sync_fn`` is the tool function with its ``ToolContext`` bound. This looks
+    at Trio's frame (an implementation detail); without it, threads are matched by
+    task name only.
+    """
+    frame: types.FrameType | None = sys._getframe(1)
+    fn: object = None
+    for _ in range(6):  # acquire_on_behalf_of, then trio's to_thread.run_sync
+        frame = frame.f_back if frame is not None else None
+        if frame is None:
+            return None
+        fn = frame.f_locals.get("sync_fn")
+        if fn is not None:
+            break
+    while isinstance(fn, functools.partial):
+        for value in (*fn.args, *fn.keywords.values()):
+            if isinstance(value, ToolContext):
+                return value.call_id
+        fn = fn.func
+    return None
 
 
 def _call_soon(token: trio.lowlevel.TrioToken, fn: object, *args: object) -> None:
@@ -129,7 +161,7 @@ class ClockHoldingLimiter:
             if holds is not None:
                 holds.limiters.append(self)
             self._registered = True
-        borrow = _Borrow(trio.lowlevel.current_task().name)
+        borrow = _Borrow(trio.lowlevel.current_task().name, _calling_tool_call_id())
         self._borrows[borrower] = borrow
         self._idle.clear()
         _acquire()
@@ -146,6 +178,7 @@ class ClockHoldingLimiter:
         self._inner.release_on_behalf_of(borrower)
         borrow = self._borrows.pop(borrower, None)
         if borrow is not None:
+            borrow.active = False
             if borrow.timer is not None:
                 borrow.timer.cancel()
             self._let_go(borrow)
@@ -167,12 +200,14 @@ class ClockHoldingLimiter:
         for borrow in self._borrows.values():
             self._let_go(borrow)
 
-    def let_go_of_one(self, task_name: str | None) -> _Borrow | None:
-        """Stop holding the clock for one thread, started by a task named ``task_name``
-        if there is one (the latest such), else the latest one; return its borrow."""
+    def let_go_of_one(self, call_id: str | None, task_name: str | None) -> _Borrow | None:
+        """Stop holding the clock for the thread of tool call ``call_id`` (if it is
+        known), else for one of a task named ``task_name`` (the latest such), else for
+        the latest one; return its borrow."""
         holding = [b for b in self._borrows.values() if b.holding]
+        exact = [b for b in holding if call_id is not None and b.call_id == call_id]
         named = [b for b in holding if b.task_name == task_name]
-        chosen = (named or holding)[-1:]
+        chosen = (exact or named or holding)[-1:]
         for borrow in chosen:
             self._let_go(borrow)
         return chosen[0] if chosen else None
@@ -194,20 +229,20 @@ class ClockHoldingLimiter:
 
 def hold_again(borrow: _Borrow) -> None:
     """Hold the clock for a thread again (on the Trio thread): it stopped waiting for
-    the harness and works until it returns."""
-    if not borrow.holding:
+    the harness and works until it returns. Nothing if the thread already ended."""
+    if borrow.active and not borrow.holding:
         borrow.holding = True
         _acquire()
 
 
-def let_go_of_thread(task_name: str | None) -> _Borrow | None:
-    """On the Trio thread: stop holding the clock for one worker thread of a task named
-    ``task_name`` (see :meth:`ClockHoldingLimiter.let_go_of_one`)."""
+def let_go_of_thread(call_id: str | None, task_name: str | None) -> _Borrow | None:
+    """On the Trio thread: stop holding the clock for the worker thread of tool call
+    ``call_id`` (see :meth:`ClockHoldingLimiter.let_go_of_one`)."""
     holds = _holds()
     if holds is None:
         return None
     for limiter in holds.limiters:
-        borrow = limiter.let_go_of_one(task_name)
+        borrow = limiter.let_go_of_one(call_id, task_name)
         if borrow is not None:
             return borrow
     return None

@@ -178,12 +178,12 @@ class ToolRecorder:
             record.ended_at = at
             self._thread_done.notify_all()
 
-    def _thread_waits(self, task_name: str | None) -> None:
+    def _thread_waits(self, call_id: str, task_name: str | None) -> None:
         """On the Trio thread, for a thread tool about to wait for :meth:`release`:
         let the clock move while it waits (unless it is released already)."""
         if self._released:
             return
-        borrow = let_go_of_thread(task_name)
+        borrow = let_go_of_thread(call_id, task_name)
         if borrow is not None:
             self._waiting_threads.append(borrow)
 
@@ -539,7 +539,9 @@ def stubborn_thread_tool(
         release = recorder._thread_release
         try:
             with contextlib.suppress(RuntimeError, trio.Cancelled, trio.RunFinishedError):
-                trio.from_thread.run_sync(recorder._thread_waits, current_thread_task_name())
+                trio.from_thread.run_sync(
+                    recorder._thread_waits, ctx.call_id, current_thread_task_name()
+                )
             release.wait(patience)  # never looks at ctx.cancelled: the fault
         finally:
             recorder._end(record, "finished")

@@ -145,7 +145,8 @@ class SessionFault:
 
     ``kind``: ``"raise_on_get"`` (``get_items`` raises), ``"raise_on_add"``
     (``add_items`` raises, storing nothing) or ``"block_on_add"`` (``add_items``
-    waits until cancelled, storing nothing).
+    waits until cancelled, storing nothing). The add faults apply to the optional
+    ``replace_items`` too (the other write; its calls are counted on their own).
     """
 
     kind: SessionFaultKind
@@ -491,7 +492,7 @@ class SessionCall:
     """One call of the session.
 
     Attributes:
-        method: ``"get_items"``, ``"add_items"`` or ``"clear"``.
+        method: ``"get_items"``, ``"add_items"``, ``"replace_items"`` or ``"clear"``.
         at: Trio time of the call.
         items: how many items ``add_items`` was given.
         fault: True if it misbehaved on purpose.
@@ -534,6 +535,27 @@ class WatchedSession:
         """From now on, no fault."""
         self.fault = None
 
+    @property
+    def rewritable(self) -> bool:
+        """Whether the wrapped session has the optional atomic ``replace_items``
+        (what a run uses to write a load repair back)."""
+        return callable(getattr(self.inner, "replace_items", None))
+
+    def __getattr__(self, name: str) -> Any:
+        # The wrapped session's optional capabilities (replace_items, aclose, ...): a run
+        # looks them up with getattr, so the wrapper must neither hide nor invent them.
+        value = getattr(self.inner, name)
+        if name != "replace_items":
+            return value
+
+        async def replace_items(items: Sequence[Item]) -> None:
+            batch = list(items)
+            await self._call(
+                "replace_items", len(batch), self._faulty("replace_items"), lambda: value(batch)
+            )
+
+        return replace_items
+
     async def _call(
         self, method: str, items: int, faulty: Literal["raise", "block"] | None, inner: Any
     ) -> Any:
@@ -561,9 +583,10 @@ class WatchedSession:
             return None
         if method == "get_items" and fault.kind == "raise_on_get":
             return "raise"
-        if method == "add_items" and fault.kind == "raise_on_add":
+        writes = ("add_items", "replace_items")
+        if method in writes and fault.kind == "raise_on_add":
             return "raise"
-        if method == "add_items" and fault.kind == "block_on_add":
+        if method in writes and fault.kind == "block_on_add":
             return "block"
         return None
 

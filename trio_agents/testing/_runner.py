@@ -149,12 +149,15 @@ class FreshRun:
         request: the items its first model request carried (None: no request).
         stored_before: what the session held before it.
         stored_after: what the session held after it.
+        rewritable: whether the session has ``replace_items``, so a run can write a
+            load repair back (otherwise the rows are repaired again at every load).
     """
 
     outcome: str
     request: tuple[Item, ...] | None
     stored_before: tuple[Item, ...]
     stored_after: tuple[Item, ...]
+    rewritable: bool = False
 
 
 @final
@@ -375,7 +378,8 @@ async def _fresh_run(session: WatchedSession, horizon: float) -> FreshRun:
             outcome = result.status.value
     requests = model.requests
     after = tuple(await session.inner.get_items())
-    return FreshRun(outcome, requests[0].items if requests else None, before, after)
+    request = requests[0].items if requests else None
+    return FreshRun(outcome, request, before, after, rewritable=session.rewritable)
 
 
 async def _run_to_end(agent: Agent, session: Session) -> RunResult:
