@@ -19,7 +19,8 @@ from .._events import RunEvent, RunStatus
 from .._exceptions import RunClosedError
 from .._items import Item, ToolCall, ToolResult, coerce_items
 from .._model import Model, ModelRequest
-from .._run import InjectWhen, Run, RunResult, open_run
+from .._result import RunResult
+from .._run import InjectWhen, Run, open_run
 from ..models._scripted import ScriptedModel, Turn
 from ._clock import ClockHoldingLimiter
 from ._fakes import CallRecord, ToolRecorder
