@@ -83,9 +83,9 @@ async def repair(
         error=verdict.error,
         finish_reason=state.finish_reason,
     )
-    await _end_hooks(state, result, deadline)
-    if trio.current_time() >= deadline:
-        verdict.detail["cleanup_timed_out"] = True  # possibly only by a hook
+    if not await _end_hooks(state, result, deadline):
+        # Only hooks were cut short: the repair itself was written, the status stands.
+        verdict.detail["cleanup_timed_out"] = True
     return result
 
 
@@ -146,22 +146,29 @@ def _close_open_calls(state: RunState, verdict: Verdict) -> None:
         state.spans.rebind("model", lambda: hooks.on_model_end(handle, turn, outcome))
 
 
-async def _end_hooks(state: RunState, result: RunResult, deadline: float) -> None:
-    """Step 6: end the open spans concurrently, then ``on_run_end``; all bounded."""
+async def _end_hooks(state: RunState, result: RunResult, deadline: float) -> bool:
+    """Step 6: end the open spans concurrently, then ``on_run_end``; all bounded.
+
+    Returns False if a hook was cut short by the deadline."""
     hooks = state.hooks
     if hooks is None:
-        return
+        return True
+    in_time = True
     ends = state.spans.pop_all()
     if ends:
         remaining = max(0.0, deadline - trio.current_time())
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + _SPAN_SHARE * remaining):
+        bound = trio.current_time() + _SPAN_SHARE * remaining
+        with trio.CancelScope(shield=True, deadline=bound) as scope:
             async with trio.open_nursery() as nursery:
                 for end in ends:
                     nursery.start_soon(_guarded, "end hook", end)
+        in_time = not scope.cancelled_caught
     if state.run_span_open:
         state.run_span_open = False
-        with trio.CancelScope(shield=True, deadline=deadline):
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
             await _guarded("on_run_end", lambda: hooks.on_run_end(state.handle, result))
+        in_time = in_time and not scope.cancelled_caught
+    return in_time
 
 
 async def _guarded(name: str, hook: Callable[[], Awaitable[None]]) -> None:
