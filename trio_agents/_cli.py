@@ -19,6 +19,7 @@ from typing import Any, TextIO
 import trio
 
 from ._agent import Agent
+from ._entry import open_run
 from ._events import (
     InboxDelivered,
     InboxInjected,
@@ -30,7 +31,7 @@ from ._events import (
 )
 from ._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from ._model import Model
-from ._run import Run, open_run
+from ._run import Run
 from ._tools import ToolContext, function_tool
 from .sessions import Session
 

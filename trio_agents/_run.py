@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from typing import Any, Literal, TypeAlias, final
 
 import attrs
@@ -34,13 +34,13 @@ from ._events import RunStatus
 from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, check_injection
 from ._items import Item, coerce_items, conversation_problems
 from ._log import EventCursor, EventLog, UpdatedStream
-from ._options import RunOptions, make_options
+from ._options import RunOptions
 from ._repair import Verdict, repair
 from ._result import RunResult, RunStatistics
 from ._session_lock import SessionClaim, session_key
 from ._state import RunState
 from ._turns import Completed, Failed, Outcome, Stopped, announce, drive
-from ._util import first_leaf, leaves, only_cancelled, summarize
+from ._util import leaves, only_cancelled, summarize
 from .sessions._base import Session
 
 __all__ = [
@@ -49,9 +49,7 @@ __all__ = [
     "InjectWhen",
     "InjectionId",
     "Run",
-    "open_run",
-    "run",
-    "serve_run",
+    "RunInput",
 ]
 
 CancelMode: TypeAlias = Literal["immediate", "after_turn"]
@@ -404,106 +402,3 @@ def _is_internal(exc: BaseException) -> bool:
     """Whether ``exc`` holds real errors only (and so is a bug of ours, not a signal)."""
     real = [e for e in leaves(exc) if not isinstance(e, trio.Cancelled)]
     return bool(real) and all(isinstance(e, Exception) for e in real)
-
-
-# ---------------------------------------------------------------------- entry points
-
-
-async def serve_run(
-    agent: Agent,
-    input: str | Item | Mapping[str, Any] | Iterable[Any],
-    *,
-    session: Session | None = None,
-    run_id: str | None = None,
-    task_status: trio.TaskStatus[Run] = trio.TASK_STATUS_IGNORED,
-    **options: Any,
-) -> RunResult:
-    """Run ``agent`` on ``input`` as a task: ``run = await nursery.start(serve_run, ...)``.
-
-    The nursery-passing form of :func:`open_run`: ``task_status.started`` hands back the
-    :class:`Run`, and the task ends when the run does, returning its result. If the
-    nursery's scope is cancelled, the run records ``cancelled`` / ``"parent
-    cancelled"`` after its bounded repair and ``trio.Cancelled`` propagates.
-    """
-    handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
-    handle._claim_session()
-    await handle._serve(task_status=task_status)
-    assert handle.result is not None
-    return handle.result
-
-
-@asynccontextmanager
-async def open_run(
-    agent: Agent,
-    input: str | Item | Mapping[str, Any] | Iterable[Any],
-    *,
-    session: Session | None = None,
-    run_id: str | None = None,
-    **options: Any,
-) -> AsyncIterator[Run]:
-    """Start a run and yield its :class:`Run` handle.
-
-    Leaving the block normally waits for the run to end. An exception other than
-    ``trio.Cancelled`` leaving the block cancels the run (reason ``"caller exited"``),
-    waits for its repair, and propagates. A cancellation from an enclosing scope ends
-    the run with reason ``"parent cancelled"`` and propagates. A failed or cancelled run
-    is never raised: see ``run.result.status``.
-
-    Options (keyword arguments): ``cleanup_timeout`` (5 s), ``max_concurrent_tools`` (8),
-    ``inbox_capacity`` (1024 items), ``event_retention`` (65536 events),
-    ``on_tool_error`` (``"return"`` or ``"fail"``), ``hooks`` (:class:`RunHooks`),
-    ``thread_limiter`` (for sync tools), ``max_turns`` (overrides the agent's),
-    ``on_busy`` (when ``session`` already has an active run in this process:
-    ``"reject"`` raises :class:`SessionBusyError` at once, ``"interrupt"`` cancels that
-    run with reason ``"superseded"`` and starts once its repair is persisted,
-    ``"enqueue"`` waits for it to end; the run is ``queued`` while it waits, and a run
-    cancelled while it waits leaves the session untouched).
-
-    Raises:
-        SessionBusyError: ``on_busy="reject"`` and the session is busy.
-    """
-    handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
-    handle._claim_session()
-    body_error: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            go = trio.Event()
-            await nursery.start(handle._serve, go)
-            # The run starts at the body's first checkpoint: a cancel() on the body's
-            # first line is guaranteed to come before any model call.
-            go.set()
-            try:
-                yield handle
-            except BaseException as exc:
-                body_error = exc
-                if not isinstance(exc, trio.Cancelled):
-                    handle.cancel("caller exited")
-    except BaseExceptionGroup as group:
-        # Our run task raises only Cancelled (an outer cancellation) or a
-        # BaseException like KeyboardInterrupt; never unwrap several real errors.
-        if body_error is None:
-            if only_cancelled(group):
-                raise first_leaf(group) from None
-            raise
-        if not only_cancelled(group):
-            raise
-    if body_error is not None:
-        raise body_error
-
-
-async def run(
-    agent: Agent,
-    input: str | Item | Mapping[str, Any] | Iterable[Any],
-    *,
-    session: Session | None = None,
-    run_id: str | None = None,
-    **options: Any,
-) -> RunResult:
-    """Run ``agent`` on ``input`` to the end and return the :class:`RunResult`.
-
-    Never raises for a failed or cancelled run: call ``result.raise_for_status()``.
-    """
-    async with open_run(agent, input, session=session, run_id=run_id, **options) as handle:
-        pass
-    assert handle.result is not None
-    return handle.result

@@ -38,10 +38,11 @@ from trio_websocket import (
 )
 
 from .._agent import Agent
+from .._entry import serve_run
 from .._events import EventsDropped, RunUpdated
 from .._exceptions import InboxFullError, RunClosedError, UnknownCallError
 from .._items import Item
-from .._run import Run, serve_run
+from .._run import Run
 from .._util import first_leaf, only_cancelled
 from ..sessions._base import Session
 from ._protocol import (
