@@ -37,14 +37,19 @@ from trio_websocket import (
     wrap_server_stream,
 )
 
-from .._agent import Agent
-from .._entry import serve_run
-from .._events import EventsDropped, RunUpdated
-from .._exceptions import InboxFullError, RunClosedError, UnknownCallError
-from .._items import Item
-from .._run import Run
-from .._util import first_leaf, only_cancelled
-from ..sessions._base import Session
+from .. import (
+    Agent,
+    EventsDropped,
+    InboxFullError,
+    Item,
+    Run,
+    RunClosedError,
+    RunUpdated,
+    UnknownCallError,
+    serve_run,
+)
+from .._util import first_leaf, only_cancelled  # shared helpers, not the run's internals
+from ..sessions import Session
 from ._protocol import (
     SUBPROTOCOL,
     Limits,
