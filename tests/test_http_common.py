@@ -22,12 +22,16 @@ from trio_agents.models._anthropic import AnthropicModel
 from trio_agents.models._demo import DemoModel
 from trio_agents.models._http import (
     MAX_RETRY_AFTER,
+    CallIds,
     ClientOwnership,
     SSEDecoder,
     SSEEvent,
     backoff_delay,
     error_detail,
+    http_error,
     make_timeout,
+    one_line,
+    parse_error_body,
     parse_retry_after,
 )
 from trio_agents.models._openai import OpenAIChatModel
@@ -169,6 +173,95 @@ def test_backoff_delay() -> None:
 )
 def test_error_detail(body: bytes, detail: str | None) -> None:
     assert error_detail(body) == detail
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "message"),
+    [
+        # LiteLLM proxy: placeholders, and the status again as the code.
+        (
+            b'{"error": {"message": "m", "type": "None", "param": "None", "code": "400"}}',
+            400,
+            None,
+            "m",
+        ),
+        (b'{"error": {"message": "m", "type": null, "code": 500}}', 500, None, "m"),
+        (
+            b'{"error": {"message": "m", "type": null, "code": "model_not_found"}}',
+            404,
+            "model_not_found",
+            "m",
+        ),
+        (b'{"error": {"message": "a\\n  b\\r\\nc", "type": "t"}}', 500, "t", "a b c"),
+        (b'{"error": "x", "error_type": "validation"}', 422, "validation", "x"),
+        (b'{"error": {"type": "only_a_kind"}}', 500, "only_a_kind", None),
+        (b"plain\ntext", 502, None, "plain text"),
+        (b"[1, 2]", 500, None, "[1, 2]"),
+    ],
+)
+def test_parse_error_body(body: bytes, status: int, kind: str | None, message: str | None) -> None:
+    info = parse_error_body(body, status)
+    assert (info.kind, info.message) == (kind, message)
+
+
+@pytest.mark.parametrize(
+    ("body", "permanent"),
+    [
+        # llama-cpp-python: a schema error is an HTTP 500 with pydantic's report.
+        (
+            b'{"error": {"message": "1 validation error:\\n  {\'msg\': \'Input should be a'
+            b' valid string\'}", "type": "internal_server_error", "code": null}}',
+            True,
+        ),
+        (b'{"error": {"message": "Field required", "type": "internal_server_error"}}', True),
+        (b'{"error": {"message": "x", "type": "invalid_request_error"}}', True),
+        (b'{"object": "error", "message": "x", "type": "BadRequestError", "code": 400}', True),
+        (b'{"error": {"message": "x", "code": "context_length_exceeded"}}', True),
+        (b'{"error": {"message": "x", "code": "400"}}', True),
+        (b'{"error": {"message": "x", "type": "insufficient_quota"}}', True),
+        (b'{"error": {"code": 400, "message": "Failed to parse messages: y"}}', True),
+        (b"This model's maximum context length is 4096 tokens", True),
+        (b'{"error": {"message": "x", "code": 429}}', False),
+        (b'{"error": {"message": "upstream timed out", "type": "server_error"}}', False),
+        (b'{"error": {"message": "overloaded", "type": "overloaded_error"}}', False),
+        (b"<html>502 Bad Gateway</html>", False),
+        (b"", False),
+    ],
+)
+def test_permanent_errors(body: bytes, permanent: bool) -> None:
+    assert parse_error_body(body, 500).permanent is permanent
+
+
+def test_http_error_reasons() -> None:
+    error = http_error("p (u)", 500, b'{"error": {"message": "Input should be a valid string"}}')
+    assert (str(error), error.retryable, error.status_code) == (
+        "p (u): HTTP 500: Input should be a valid string",
+        False,
+        500,
+    )
+    error = http_error("p (u)", 503, b"")
+    assert (str(error), error.retryable) == ("p (u): HTTP 503 with an empty body", True)
+    error = http_error("p (u)", 404, b'{"error": {"type": "not_found_error"}}')
+    assert (str(error), error.retryable) == ("p (u): HTTP 404 not_found_error", False)
+
+
+def test_one_line() -> None:
+    assert one_line("a\n\n b\tc\r\n") == "a b c"
+    assert one_line("x" * 10, 5) == "xxxx\u2026"
+
+
+def test_call_ids() -> None:
+    ids = CallIds(["a", "a_2", "b"])
+    assert [ids.claim(i) for i in ("a", "c", "c", "b", "a")] == ["a_3", "c", "c_2", "b_2", "a_4"]
+    assert CallIds().claim("x") == "x"
+
+
+def test_sse_decoder_counts_event_stream_lines() -> None:
+    decoder = SSEDecoder()
+    decoder.feed(b"<html>\nnot: a stream\n\n")
+    assert decoder.fields == 0
+    decoder.feed(b": comment\nretry: 5\n")
+    assert decoder.fields == 2
 
 
 def test_timeouts_have_no_read_timeout() -> None:
