@@ -549,12 +549,23 @@ def test_from_string_demo_and_options() -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    ["", "gpt-4o", "openai:", "openai:@http://x", "mistral:large", "demo:x", "OpenAI:gpt"],
+    [
+        "",
+        "gpt-4o",
+        "openai:",
+        "openai:@http://x",
+        "openai-responses:",
+        "openai-chat:gpt",
+        "mistral:large",
+        "demo:x",
+        "OpenAI:gpt",
+    ],
 )
 def test_from_string_rejects_bad_specs(spec: str) -> None:
     with pytest.raises(ValueError, match="unknown model spec") as info:
         from_string(spec)
-    for form in ('"demo"', '"openai:<model>"', '"anthropic:<model>"', "<base_url>"):
+    forms = ('"demo"', '"openai:<model>"', '"openai-responses:<model>"', '"anthropic:<model>"')
+    for form in (*forms, "<base_url>"):
         assert form in str(info.value)
 
 
