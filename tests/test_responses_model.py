@@ -437,6 +437,21 @@ async def test_invalid_prompt_error_event_is_not_retried(server: SSEServer) -> N
     assert len(server.requests) == 1
 
 
+async def test_a_chat_style_error_object_in_the_stream_is_an_error(server: SSEServer) -> None:
+    # LiteLLM's proxy answers a Responses stream it cannot produce with HTTP 200, a
+    # typeless {"error": {...}} event and "[DONE]": that is no empty answer.
+    error = {"message": "Error processing stream start", "type": "internal_server_error"}
+    server.add(
+        Reply(events=[SSE({"error": {**error, "param": None, "code": "500"}}), SSE("[DONE]")])
+    )
+    with trio.fail_after(10), pytest.raises(ModelError) as info:
+        await collect(make_model(server, max_retries=0))
+    assert str(info.value) == (
+        "openai-responses: the server sent an error in the stream:"
+        " internal_server_error: Error processing stream start"
+    )
+
+
 async def test_400_fails_at_once_with_the_providers_message(server: SSEServer) -> None:
     error = {
         "error": {

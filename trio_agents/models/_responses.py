@@ -203,6 +203,8 @@ class _ResponsesStreamParser:
             return self._terminal(None, None)
         data = parse_json_event(_PROVIDER, event)
         kind = data.get("type") or event.event
+        if kind == "message" and isinstance(data.get("error"), dict):
+            kind = "error"  # a Chat-style error object (LiteLLM's proxy sends these)
         if kind in ("response.output_text.delta", "response.refusal.delta"):
             delta = _str(data.get("delta"))
             item_id = _str(data.get("item_id"))
