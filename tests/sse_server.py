@@ -232,12 +232,12 @@ class SSEServer:
         self.script.extend(replies)
 
     async def serve(
-        self, *, task_status: trio.TaskStatus[SSEServer] = trio.TASK_STATUS_IGNORED
+        self, port: int = 0, *, task_status: trio.TaskStatus[SSEServer] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Listen on a free loopback port and serve until cancelled."""
+        """Listen on a loopback port (0: a free one) and serve until cancelled."""
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(
-                partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1")
+                partial(trio.serve_tcp, self._handle, port, host="127.0.0.1")
             )
             self.port = listeners[0].socket.getsockname()[1]
             task_status.started(self)
