@@ -24,8 +24,11 @@ from trio_agents.models._http import (
     MAX_RETRY_AFTER,
     CallIds,
     ClientOwnership,
+    HTTPRequestSpec,
+    HTTPStreamingModel,
     SSEDecoder,
     SSEEvent,
+    StreamParser,
     backoff_delay,
     error_detail,
     http_error,
@@ -332,7 +335,7 @@ def sse_response(body: bytes, status: int = 200) -> httpx.Response:
     return httpx.Response(status, headers={"content-type": "text/event-stream"}, content=body)
 
 
-async def collect(model: OpenAIChatModel | AnthropicModel) -> list[ModelEvent]:
+async def collect(model: HTTPStreamingModel) -> list[ModelEvent]:
     async with model.stream(REQUEST) as stream:
         return [event async for event in stream]
 
@@ -633,3 +636,54 @@ async def test_cancel_during_the_request_upload_leaves_no_generator() -> None:
                         scope.cancel()
                 await settle()
         assert [str(w.message) for w in ours] == []
+
+
+# ------------------------------------------- every failure is a ModelError
+
+
+async def test_a_setting_that_is_not_json_is_a_model_error() -> None:
+    transport = httpx.MockTransport(lambda request: sse_response(b"data: [DONE]\n\n"))
+    async with httpx.AsyncClient(transport=transport) as client:
+        model = OpenAIChatModel("m", base_url="http://x/v1", client=client, seed=object())
+        with trio.fail_after(10), pytest.raises(ModelError, match="request cannot be built"):
+            await collect(model)
+
+
+class _KeyErrorParser:
+    done = False
+
+    def feed(self, event: SSEEvent) -> list[ModelEvent]:
+        return [TextDelta(json.loads(event.data)["missing"])]
+
+    def at_eof(self) -> list[ModelEvent] | None:
+        return None
+
+
+class _CarelessModel(HTTPStreamingModel):
+    """A provider whose parser assumes every event has a field."""
+
+    _provider = "careless"
+
+    def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
+        return HTTPRequestSpec("http://x/v1/go", {}, {})
+
+    def _new_parser(self, call_ids: CallIds) -> StreamParser:
+        return _KeyErrorParser()
+
+
+async def test_a_parser_bug_reaches_the_caller_as_a_model_error() -> None:
+    transport = httpx.MockTransport(lambda request: sse_response(b'data: {"x": 1}\n\n'))
+    async with httpx.AsyncClient(transport=transport) as client:
+        model = _CarelessModel(
+            client=client,
+            max_retries=0,
+            connect_timeout=1,
+            retry_base_delay=0,
+            retry_max_delay=0,
+        )
+        with trio.fail_after(10), pytest.raises(ModelError) as info:
+            await collect(model)
+    assert str(info.value) == (
+        "careless (http://x/v1/go): could not read the event '{\"x\": 1}': KeyError: 'missing'"
+    )
+    assert isinstance(info.value.__cause__, KeyError)

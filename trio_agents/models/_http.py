@@ -764,6 +764,12 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
                 headers=headers,
                 timeout=self._timeout,
             )
+        except (TypeError, ValueError) as exc:
+            # A setting that is not JSON, a header that is not ASCII: never worth a retry.
+            raise ModelError(
+                f"{self._label()}: the request cannot be built: {_describe(exc)}"
+            ) from exc
+        try:
             request.stream = _RequestBody(request.content)
             # What `client.stream()` does, minus its generator-based request body; the
             # response is always closed by `_close_response` (on every exit path).
@@ -882,7 +888,17 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             if self._parser.done:
                 return  # anything after the end marker is ignored
             self._events_seen += 1
-            self._pending.extend(self._parser.feed(event))
+            try:
+                self._pending.extend(self._parser.feed(event))
+            except ModelError:
+                raise
+            except Exception as exc:
+                # A parser is written for well-formed events; whatever a server sends,
+                # what reaches the caller is a ModelError naming the event.
+                raise ModelError(
+                    f"{self._label()}: could not read the event {event.data[:300]!r}:"
+                    f" {_describe(exc)}"
+                ) from exc
 
     async def _stream_failed(self, reason: str, cause: BaseException | None) -> None:
         """The body broke off: retry if nothing was yielded yet, else fail clearly."""
