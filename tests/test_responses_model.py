@@ -479,6 +479,13 @@ async def test_malformed_json_names_the_line(server: SSEServer) -> None:
         await collect(make_model(server))
 
 
+async def test_json_instead_of_an_event_stream(server: SSEServer) -> None:
+    # A server that ignored "stream": true and answered with the whole response.
+    server.add(Reply.json(200, {"id": "resp_1", "object": "response", "output": []}))
+    with trio.fail_after(10), pytest.raises(ModelError, match="expected an event stream"):
+        await collect(make_model(server))
+
+
 async def test_arguments_for_an_unknown_call_are_an_error(server: SSEServer) -> None:
     script = ResponseScript().start()
     script.event(
@@ -718,3 +725,25 @@ async def test_cancelled_run_closes_the_model_socket(server: SSEServer) -> None:
     assert result is not None
     assert result.status == "cancelled"
     assert result.new_items[-1] == AssistantMessage("Partial answer", status="incomplete")
+
+
+async def test_two_hundred_cancelled_runs_through_one_small_pool(server: SSEServer) -> None:
+    # A leaked connection would exhaust the pool of two at the third run and hang.
+    count = 200
+    for _ in range(count):
+        server.add(held("x"))
+    server.add(text_response("still fine"))
+    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
+    with trio.fail_after(60):
+        async with httpx.AsyncClient(limits=limits) as client:
+            agent = ta.Agent(name="a", model=make_model(server, client=client))
+            for _ in range(count):
+                async with ta.open_run(agent, "hi") as run:
+                    async for event in run.events():
+                        if isinstance(event, ta.ResponseTextDelta):
+                            run.cancel("stop")
+                assert run.result is not None
+                assert run.result.status == "cancelled"
+            final = await ta.run(agent, "again")
+            assert final.final_output == "still fine"
+    assert len(server.requests) == count + 1
