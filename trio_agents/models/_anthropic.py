@@ -317,8 +317,8 @@ class AnthropicModel(HTTPStreamingModel):
             Without one, ``async with model:`` keeps one pooled client for the block,
             and outside such a block every stream opens and closes its own.
         max_tokens: the response length limit the API requires.
-        max_retries: retries of connection failures, 429, 5xx and overloaded errors,
-            before any output.
+        max_retries: retries of connection failures, 408, 429, 5xx and overloaded
+            errors, before any output; never of an error whose body blames the request.
         connect_timeout: seconds to connect (and per write). There is no read timeout:
             deadlines are Trio cancel scopes.
         retry_base_delay, retry_max_delay: the exponential backoff (seconds); a

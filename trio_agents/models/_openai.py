@@ -284,7 +284,9 @@ class OpenAIChatModel(HTTPStreamingModel):
         client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
             Without one, ``async with model:`` keeps one pooled client for the block,
             and outside such a block every stream opens and closes its own.
-        max_retries: retries of connection failures, 429 and 5xx, before any output.
+        max_retries: retries of connection failures, 408, 429 and 5xx, before any
+            output; never of an error whose body blames the request (docs/models.md,
+            "HTTP behaviour").
         connect_timeout: seconds to connect (and per write). There is no read timeout:
             deadlines are Trio cancel scopes.
         retry_base_delay, retry_max_delay: the exponential backoff (seconds); a

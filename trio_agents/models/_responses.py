@@ -354,8 +354,8 @@ class OpenAIResponsesModel(HTTPStreamingModel):
     Works with OpenAI and servers that implement ``/v1/responses`` (Ollama, vLLM,
     LiteLLM proxies). Each call is a streaming ``POST {base_url}/responses`` carrying
     the whole conversation (``previous_response_id`` is not used). Reasoning items are
-    kept by the model and sent back with the function calls they led to (see the
-    module docs); with ``store=False`` the request asks for
+    kept by the model and sent back with the function calls they led to (see
+    docs/models.md, "The Responses API"); with ``store=False`` the request asks for
     ``include=["reasoning.encrypted_content"]`` so they can be.
 
     Args:
@@ -367,7 +367,9 @@ class OpenAIResponsesModel(HTTPStreamingModel):
         client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
             Without one, ``async with model:`` keeps one pooled client for the block,
             and outside such a block every stream opens and closes its own.
-        max_retries: retries of connection failures, 429 and 5xx, before any output.
+        max_retries: retries of connection failures, 408, 429 and 5xx, before any
+            output; never of an error whose body blames the request (docs/models.md,
+            "HTTP behaviour").
         connect_timeout: seconds to connect (and per write). There is no read timeout:
             deadlines are Trio cancel scopes.
         retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
