@@ -213,6 +213,15 @@ async def test_usage_on_the_finish_chunk_and_empty_choices(server: SSEServer) ->
     assert events == [TextDelta("hi"), Usage(7, 3), Finish("stop")]
 
 
+async def test_a_usage_chunk_with_an_empty_choice(server: SSEServer) -> None:
+    # LiteLLM's proxy: the usage chunk comes after the finish, with a choice of its own.
+    usage = {**chunk(), "usage": {"prompt_tokens": 8, "completion_tokens": 5}}
+    server.add(Reply(events=[SSE(chunk("hi")), SSE(chunk(finish="stop")), SSE(usage), DONE]))
+    with trio.fail_after(10):
+        events = await collect(make_model(server))
+    assert events == [TextDelta("hi"), Usage(8, 5), Finish("stop")]
+
+
 async def test_running_usage_totals_keep_the_last(server: SSEServer) -> None:
     def with_usage(data: dict[str, Any], completion: int) -> dict[str, Any]:
         return {**data, "usage": {"prompt_tokens": 4, "completion_tokens": completion}}
