@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers fuzz docs clean
+.PHONY: demo test lint bench bench-peers fuzz docs clean interop
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,12 @@ docs: $(STAMP)  ## the Sphinx site in docs/_build/html (warnings are errors)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-interop .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 bench-peers: $(STAMP)  ## peer frameworks on the B1/B2/B4 shapes (own venv; not CI)
 	benchmarks/peers/install.sh
 	benchmarks/peers/.venv-peers/bin/python benchmarks/peers/run_peers.py
+
+interop: $(STAMP)  ## providers against a real LiteLLM proxy and llama-cpp-python's schema (own venv; PyPI once, then offline; not CI)
+	interop/install.sh
+	$(BIN)/python -m pytest interop -p no:cacheprovider

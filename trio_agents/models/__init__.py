@@ -1,8 +1,8 @@
 """Models: the protocol, the model events, and the bundled models.
 
-``OpenAIChatModel`` (OpenAI and every Chat Completions-compatible server) and
-``AnthropicModel`` stream over httpx; ``from_string`` builds one from a spec such as
-``"openai:gpt-4o-mini"``. ``ScriptedModel`` is a deterministic model for tests;
+``OpenAIChatModel`` (OpenAI and every Chat Completions-compatible server),
+``OpenAIResponsesModel`` (the Responses API) and ``AnthropicModel`` stream over httpx;
+``from_string`` builds one from a spec such as ``"openai:gpt-4o-mini"``. ``ScriptedModel`` is a deterministic model for tests;
 ``DemoModel`` is the offline default that powers ``make demo`` (clearly labelled, not
 an LLM).
 """
@@ -19,6 +19,7 @@ from ._anthropic import AnthropicModel as AnthropicModel
 from ._demo import DemoModel as DemoModel
 from ._openai import OpenAIChatModel as OpenAIChatModel
 from ._registry import from_string as from_string
+from ._responses import OpenAIResponsesModel as OpenAIResponsesModel
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import Turn as Turn
 
@@ -30,6 +31,7 @@ __all__ = [
     "ModelEvent",
     "ModelRequest",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "ScriptedModel",
     "TextDelta",
     "ToolCallDone",
