@@ -447,6 +447,19 @@ async def test_demo_tour_never_waits_for_a_progress_event_that_cannot_come(
         assert "=> failed:" in out.getvalue()
 
 
+async def test_demo_tour_stops_when_the_model_fails_in_section_1(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = ScriptedModel([Turn(text="4", delay=1.0, fail="no such model", fail_after=1)])
+    out = io.StringIO()
+    with trio.fail_after(HANG_GUARD):
+        reason = await run_demo(model, MemorySession(), out)
+    assert reason is not None
+    assert "no such model" in reason
+    assert "== 2." not in out.getvalue()
+    assert model.calls == 1
+
+
 def test_main_returns_the_status(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

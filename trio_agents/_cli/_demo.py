@@ -12,6 +12,7 @@ import argparse
 import os
 import sqlite3
 import tempfile
+from collections.abc import Mapping
 from typing import Final, TextIO
 
 import httpx
@@ -167,7 +168,7 @@ def _resolve(args: argparse.Namespace) -> Model:
         raise CLIError(f"--model: {exc}", status=EXIT_USAGE) from None
 
 
-def _key_problem(model: Model, environ: dict[str, str] | os._Environ[str]) -> str | None:
+def _key_problem(model: Model, environ: Mapping[str, str]) -> str | None:
     """A remote model at its provider's own URL needs its key in the environment."""
     if isinstance(model, OpenAIChatModel) and model.base_url == OPENAI_BASE_URL:
         variable, spec = "OPENAI_API_KEY", f"openai:{model.model}"
