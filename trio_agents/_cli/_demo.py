@@ -18,12 +18,17 @@ from typing import Final, TextIO
 import httpx
 import trio
 
-from .._agent import Agent, model_from_string
-from .._events import ToolProgress
-from .._exceptions import RunClosedError
-from .._model import Model
-from .._run import Run, open_run
-from .._tools import ToolContext, function_tool
+from .. import (
+    Agent,
+    Model,
+    Run,
+    RunClosedError,
+    ToolContext,
+    ToolProgress,
+    function_tool,
+    open_run,
+)
+from .._agent import model_from_string
 from ..models import AnthropicModel, DemoModel, OpenAIChatModel
 from ..models._anthropic import API_VERSION as ANTHROPIC_API_VERSION
 from ..models._anthropic import DEFAULT_BASE_URL as ANTHROPIC_BASE_URL

@@ -22,6 +22,7 @@ from .._exceptions import (
     RunClosedError,
     UnknownCallError,
 )
+from .._util import leaves
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -50,12 +51,6 @@ class CLIError(Exception):
         self.status = status
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for child in exc.exceptions for leaf in _leaves(child)]
-    return [exc]
-
-
 _REJECTED: Final = {
     401: "the server refused the token (HTTP 401): check --token or $TRIO_AGENTS_TOKEN",
     403: "the server refused this client's Origin (HTTP 403)",
@@ -81,11 +76,11 @@ def explain(exc: BaseException) -> tuple[str, int] | None:
     error besides ``trio.Cancelled``; a group holding several is not unwrapped.
     """
     if isinstance(exc, BaseExceptionGroup):
-        leaves = [leaf for leaf in _leaves(exc) if not isinstance(leaf, trio.Cancelled)]
-        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+        real = [leaf for leaf in leaves(exc) if not isinstance(leaf, trio.Cancelled)]
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in real):
             return "interrupted", EXIT_INTERRUPTED
-        if len(leaves) == 1:
-            return explain(leaves[0])
+        if len(real) == 1:
+            return explain(real[0])
         return None
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", EXIT_INTERRUPTED

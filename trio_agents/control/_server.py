@@ -37,12 +37,19 @@ from trio_websocket import (
     wrap_server_stream,
 )
 
-from .._agent import Agent
-from .._events import EventsDropped, RunUpdated
-from .._exceptions import InboxFullError, RunClosedError, UnknownCallError
-from .._items import Item
-from .._run import Run, _first_leaf, _only_cancelled, serve_run
-from ..sessions._base import Session
+from .. import (
+    Agent,
+    EventsDropped,
+    InboxFullError,
+    Item,
+    Run,
+    RunClosedError,
+    RunUpdated,
+    UnknownCallError,
+    serve_run,
+)
+from .._util import first_leaf, only_cancelled  # shared helpers, not the run's internals
+from ..sessions import Session
 from ._protocol import (
     SUBPROTOCOL,
     Limits,
@@ -280,8 +287,8 @@ class ControlServer:
                         await self._shutdown()
                     reaper_scope.cancel()
         except BaseExceptionGroup as group:
-            if _only_cancelled(group):
-                raise _first_leaf(group) from None
+            if only_cancelled(group):
+                raise first_leaf(group) from None
             raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -930,4 +937,4 @@ async def open_control_server(
             raise
         if body_error is not None:
             raise body_error from None
-        raise _first_leaf(group) from None
+        raise first_leaf(group) from None

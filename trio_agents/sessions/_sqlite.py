@@ -309,27 +309,42 @@ class SQLiteSession:
     # -- plumbing ---------------------------------------------------------------------
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` in a worker thread under the file's limiter."""
+        """Run ``fn(connection)`` in a worker thread under the file's limiter.
+
+        The call is never abandoned (a write must not run on unsupervised while the
+        limiter slot goes to the next caller), so it is bounded instead: SQLite's busy
+        timeout is capped by the caller's Trio deadline (a run's repair passes its
+        ``cleanup_timeout`` this way), and a lock held by another connection makes the
+        call fail with "database is locked" in time rather than block past it.
+        """
         if self._closed:
             raise trio.ClosedResourceError("this SQLiteSession is closed")
-        # Not abandon_on_cancel: a write must never be left running unsupervised while
-        # the limiter slot is handed to the next caller.
-        return await trio.to_thread.run_sync(self._in_thread, fn, limiter=_file_limiter(self._path))
+        remaining = trio.current_effective_deadline() - trio.current_time()
+        budget = min(self._busy_timeout, max(remaining, 0.0))
+        return await trio.to_thread.run_sync(
+            self._in_thread, fn, budget, limiter=_file_limiter(self._path)
+        )
 
-    def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], T], budget: float) -> T:
         with self._lock:
             if self._closed:
                 raise trio.ClosedResourceError("this SQLiteSession is closed")
             conn = self._conn
             if conn is None:
                 conn = self._conn = self._connect()
+            capped = budget < self._busy_timeout
             try:
+                if capped:
+                    conn.execute(f"PRAGMA busy_timeout = {int(budget * 1000)}")
                 return fn(conn)
             except sqlite3.Error as exc:
                 raise self._error(
                     f"session {self._session_id!r} in {self._path!r}: {exc}",
                     session_id=self._session_id,
                 ) from exc
+            finally:
+                if capped:
+                    conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
 
     def _error(self, message: str, **data: Any) -> SessionStorageError:
         return SessionStorageError(message, path=self._path, **data)

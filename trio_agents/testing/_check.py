@@ -19,7 +19,7 @@ from .._events import (
     ToolStarted,
 )
 from .._items import ToolResult, conversation_problems
-from .._run import RunResult
+from .._result import RunResult
 from ._runner import Observation
 
 __all__ = ["INVARIANTS", "LifecycleViolation", "Report", "Violation", "check_events", "check_run"]

@@ -15,11 +15,13 @@ import trio
 import trio.testing
 
 from .._agent import Agent
+from .._entry import open_run
 from .._events import RunEvent, RunStatus
 from .._exceptions import RunClosedError
 from .._items import Item, ToolCall, ToolResult, coerce_items
 from .._model import Model, ModelRequest
-from .._run import InjectWhen, Run, RunResult, open_run
+from .._result import RunResult
+from .._run import InjectWhen, Run
 from ..models._scripted import ScriptedModel, Turn
 from ._clock import ClockHoldingLimiter
 from ._fakes import CallRecord, ToolRecorder
