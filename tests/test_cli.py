@@ -30,6 +30,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 import trio_agents as ta
 from trio_agents._cli import CLIError, build_parser, main
 from trio_agents._cli._demo import run_demo
+from trio_agents._cli._errors import explain
 from trio_agents._cli._serve import read_tokens
 from trio_agents.control import connect
 from trio_agents.models import ScriptedModel, Turn
@@ -469,3 +470,14 @@ def test_main_returns_the_status(
     monkeypatch.delenv("TRIO_AGENTS_TOKEN", raising=False)
     assert main(["ctl", "ws://127.0.0.1:1/", "list"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_explain_looks_inside_groups_but_never_unwraps_several_errors() -> None:
+    cancelled = trio.Cancelled._create()  # what a nursery holds beside the real error
+    one = BaseExceptionGroup("nursery", [CLIError("bad thing"), cancelled])
+    assert explain(BaseExceptionGroup("outer", [one])) == ("bad thing", 1)
+    interrupted = BaseExceptionGroup("nursery", [KeyboardInterrupt(), ValueError("x")])
+    assert explain(interrupted) == ("interrupted", 130)
+    assert explain(ExceptionGroup("nursery", [ValueError("a"), ValueError("b")])) is None
+    assert explain(ValueError("a bug")) is None
+    assert explain(BrokenPipeError()) == ("", 141)
