@@ -44,6 +44,22 @@ def test_pages_with_code_have_runnable_blocks() -> None:
     assert python_blocks(ROOT / "docs" / "quickstart.md")
 
 
+def test_readme_links_every_guide() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    guides = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert [g for g in guides if f"(docs/{g})" not in readme] == []
+
+
+def test_every_guide_is_in_the_docs_index() -> None:
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    guides = sorted(p.stem for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert [g for g in guides if f"\n{g}\n" not in index] == []
+
+
+def test_there_are_at_least_five_examples() -> None:
+    assert len(EXAMPLES) >= 5, [p.name for p in EXAMPLES]
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_examples_run(example: Path) -> None:
     # Offline by construction: no real provider settings leak in from the environment.
