@@ -38,7 +38,9 @@ def test_model_strings_are_resolved_at_construction() -> None:
     ],
 )
 def test_an_unknown_model_string_names_it_and_the_prefixes(spec: str, problem: str) -> None:
-    with pytest.raises(ValueError, match="known prefixes: openai:, openai-responses:, anthropic:") as caught:
+    with pytest.raises(
+        ValueError, match="known prefixes: openai:, openai-responses:, anthropic:"
+    ) as caught:
         ta.Agent(name="a", model=spec)
     message = str(caught.value)
     assert message.startswith(f"Agent(model={spec!r}): model string {spec!r} {problem}")

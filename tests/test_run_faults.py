@@ -7,6 +7,7 @@ import random
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -639,3 +640,198 @@ def test_an_inject_racing_the_final_answer_is_delivered_or_refused() -> None:
         else:
             outcomes["refused"] += 1
     assert outcomes["delivered"] + outcomes["refused"] == 150
+
+
+# --------------------------------------------- found by the adversarial review of the core
+
+
+class NoReplaceSession(WrappedSession):
+    """A session without ``replace_items``: a load repair cannot be written atomically."""
+
+
+class ReplaceFailsSession(WrappedSession):
+    async def replace_items(self, items: Sequence[ta.Item]) -> None:
+        raise OSError("replace failed")
+
+
+BROKEN: list[ta.Item] = [
+    ta.UserMessage("q"),
+    ta.AssistantMessage("a"),
+    ta.UserMessage("tool?"),
+    call("c1"),
+]
+
+
+async def test_a_load_repair_is_written_back_atomically_or_not_at_all(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    memory = MemorySession()
+    await memory.add_items(BROKEN)
+    assert (await ta.run(make_agent(ScriptedModel(["ok"])), "new", session=memory)).ok
+    stored = await memory.get_items()
+    assert stored[:5] == [*BROKEN, ta.ToolResult("c1", "cancelled: interrupted", "cancelled")]
+    # No atomic replace: the history is never put at risk; it is repaired at each load.
+    plain = NoReplaceSession()
+    await plain.inner.add_items(BROKEN)
+    assert (await ta.run(make_agent(ScriptedModel(["ok"])), "new", session=plain)).ok
+    assert (await plain.get_items())[:4] == BROKEN
+    # A replace that fails: the run fails, the history is untouched.
+    failing = ReplaceFailsSession()
+    await failing.inner.add_items(BROKEN)
+    result = await ta.run(make_agent(ScriptedModel(["ok"])), "new", session=failing)
+    assert (result.status, result.reason) == ("failed", "session error: OSError: replace failed")
+    assert await failing.get_items() == BROKEN
+
+
+async def test_an_injected_pair_clashing_with_the_stored_history_is_never_delivered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    session = MemorySession()
+    await session.add_items([ta.UserMessage("a"), call("c1"), ta.ToolResult("c1", "x")])
+    model = ScriptedModel(["never"])
+    async with ta.open_run(make_agent(model), "b", session=session) as run:
+        run.inject([call("c1"), ta.ToolResult("c1", "again")])  # before the history loaded
+    result = run.result
+    assert result is not None
+    assert (result.status, result.reason) == (
+        "failed",
+        "invalid conversation: injected call id 'c1' is already in the conversation",
+    )
+    assert result.unconsumed == (call("c1"), ta.ToolResult("c1", "again"))
+    assert ta.conversation_problems(result.conversation) == []
+    assert ta.conversation_problems(await session.get_items()) == []
+    assert model.calls == 0
+
+
+class ToolStartFailsWhenCancelled(ta.RunHooks):
+    async def on_tool_start(self, run: ta.Run, call: ta.ToolCall) -> None:
+        if call.call_id == "a":
+            try:
+                await trio.sleep_forever()
+            finally:
+                raise ValueError("hook cleanup failed")
+
+
+async def test_an_outer_cancel_meeting_a_hook_error_still_propagates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    @ta.function_tool
+    async def slow() -> str:
+        """Wait an hour."""
+        await trio.sleep(3600)
+        return ""
+
+    model = ScriptedModel([Turn(tool_calls=[call("a"), call("b")])])
+    reached = False
+    with trio.move_on_after(1) as outer:
+        async with ta.open_run(
+            make_agent(model, [slow]), "go", hooks=ToolStartFailsWhenCancelled()
+        ) as run:
+            pass
+        reached = True
+    assert outer.cancelled_caught
+    assert not reached
+    assert run.result is not None
+    assert (run.result.status, run.result.reason) == (
+        "failed",
+        "hook error: on_tool_start raised ValueError: hook cleanup failed",
+    )
+
+
+class StrayCancelledModel:
+    @asynccontextmanager
+    async def stream(self, request: ta.ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
+        stray: trio.Cancelled | None = None
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            try:
+                await trio.lowlevel.checkpoint()
+            except trio.Cancelled as exc:
+                stray = exc
+        if stray is not None:
+            raise stray
+        yield _empty()
+
+
+async def _empty() -> AsyncIterator[Any]:  # never reached: the stream fails first
+    return
+    yield
+
+
+class StrayCancelledHook(ta.RunHooks):
+    async def on_model_start(self, run: ta.Run, turn: int, request: ta.ModelRequest) -> None:
+        await StrayCancelledModel().stream(request).__aenter__()
+
+
+async def test_a_stray_cancelled_from_a_model_or_hook_is_a_named_failure(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    result = await ta.run(make_agent(StrayCancelledModel()), "go")
+    assert (result.status, result.reason) == (
+        "failed",
+        "a model, hook or session raised trio.Cancelled although nothing cancelled it",
+    )
+    result = await ta.run(make_agent(ScriptedModel(["x"])), "go", hooks=StrayCancelledHook())
+    assert (result.status, result.reason) == (
+        "failed",
+        "hook error: on_model_start raised a stray trio.Cancelled",
+    )
+
+
+class InterruptingSession(WrappedSession):
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupt = False
+
+    async def add_items(self, items: Sequence[ta.Item]) -> None:
+        if self.interrupt:
+            raise KeyboardInterrupt
+        await super().add_items(items)
+
+
+class CountingHooks(ta.RunHooks):
+    def __init__(self) -> None:
+        self.open = 0
+
+    async def on_run_start(self, run: ta.Run) -> None:
+        self.open += 1
+
+    async def on_run_end(self, run: ta.Run, result: ta.RunResult) -> None:
+        self.open -= 1
+
+    async def on_model_start(self, run: ta.Run, turn: int, request: ta.ModelRequest) -> None:
+        self.open += 1
+
+    async def on_model_end(self, run: ta.Run, turn: int, outcome: str) -> None:
+        self.open -= 1
+
+
+async def test_a_keyboard_interrupt_in_the_repair_write_skips_no_step(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    session = InterruptingSession()
+    hooks = CountingHooks()
+    model = EventsModel([TextDelta("partial")], block=True)
+
+    async def cancel_with_a_bad_session(handle: list[ta.Run]) -> None:
+        agent = make_agent(model)
+        async with trio.open_nursery() as nursery:
+            run = await nursery.start(
+                partial(ta.serve_run, session=session, hooks=hooks), agent, "go"
+            )
+            handle.append(run)
+            await trio.testing.wait_all_tasks_blocked()
+            session.interrupt = True
+            run.cancel("stop")
+
+    handle: list[ta.Run] = []
+    with pytest.raises(BaseExceptionGroup) as info:
+        await cancel_with_a_bad_session(handle)
+    assert info.group_contains(KeyboardInterrupt)
+    (run,) = handle
+    assert hooks.open == 0  # every start got its end
+    assert run.result is not None
+    assert (run.result.status, run.result.reason) == (
+        "failed",
+        "session error: KeyboardInterrupt",
+    )

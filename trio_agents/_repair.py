@@ -22,6 +22,7 @@ is valid either way.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -55,6 +56,8 @@ class Verdict:
     error: BaseException | None = None
     final_output: str | None = None
     detail: dict[str, Any] = attrs.field(factory=dict)
+    # A KeyboardInterrupt (or the like) met during the repair: raised once it is done.
+    interrupt: BaseException | None = None
 
 
 async def repair(
@@ -70,7 +73,17 @@ async def repair(
         lambda: announce(state, [i for i in leftovers if not i.announced]),
     )
     await _step("write_session", verdict, state.persist(), deadline)
-    result = RunResult(
+    result = build_result(state, verdict, leftovers)
+    if not await _end_hooks(state, result, deadline, verdict):
+        # Only hooks were cut short: the repair itself was written, the status stands.
+        verdict.detail["cleanup_timed_out"] = True
+    return result
+
+
+def build_result(state: RunState, verdict: Verdict, leftovers: list[Injection]) -> RunResult:
+    """The result of a run that ends with ``verdict``, from its state."""
+    unconsumed = [*state.undelivered, *leftovers]
+    return RunResult(
         run_id=state.run_id,
         status=verdict.status,
         reason=verdict.reason,
@@ -79,14 +92,10 @@ async def repair(
         conversation=tuple(state.conversation),
         usage=state.usage,
         turns=state.turn,
-        unconsumed=tuple(item for injection in leftovers for item in injection.items),
+        unconsumed=tuple(item for injection in unconsumed for item in injection.items),
         error=verdict.error,
         finish_reason=state.finish_reason,
     )
-    if not await _end_hooks(state, result, deadline):
-        # Only hooks were cut short: the repair itself was written, the status stands.
-        verdict.detail["cleanup_timed_out"] = True
-    return result
 
 
 def _fail(verdict: Verdict, reason: str, error: BaseException | None) -> None:
@@ -104,13 +113,29 @@ async def _step(name: str, verdict: Verdict, step: Awaitable[None], deadline: fl
     with trio.CancelScope(shield=True, deadline=deadline) as scope:
         try:
             await step
-        except Exception as exc:
+        except BaseException as exc:
+            if _deadline_passed(exc):
+                raise  # caught by the scope just above
             logger.exception("repair step %s failed", name)
             inner = getattr(exc, "error", exc)
             _fail(verdict, f"session error: {summarize(inner)}", inner)
+            _keep_interrupt(verdict, exc)
     if scope.cancelled_caught:
         logger.error("repair step %s did not finish within cleanup_timeout", name)
         _fail(verdict, "cleanup timed out", None)
+
+
+def _deadline_passed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the Cancelled of the repair's own (expired) deadline, rather
+    than a stray one a session or hook raised by itself."""
+    return isinstance(exc, trio.Cancelled) and trio.current_effective_deadline() == -math.inf
+
+
+def _keep_interrupt(verdict: Verdict, exc: BaseException) -> None:
+    """Remember a KeyboardInterrupt-like exception to raise once the repair is done
+    (a stray ``trio.Cancelled`` is only a fault of the part that raised it)."""
+    if not isinstance(exc, Exception | trio.Cancelled) and verdict.interrupt is None:
+        verdict.interrupt = exc
 
 
 def _sync_step(name: str, verdict: Verdict, step: Callable[[], None]) -> None:
@@ -146,7 +171,7 @@ def _close_open_calls(state: RunState, verdict: Verdict) -> None:
         state.spans.rebind("model", lambda: hooks.on_model_end(handle, turn, outcome))
 
 
-async def _end_hooks(state: RunState, result: RunResult, deadline: float) -> bool:
+async def _end_hooks(state: RunState, result: RunResult, deadline: float, verdict: Verdict) -> bool:
     """Step 6: end the open spans concurrently, then ``on_run_end``; all bounded.
 
     Returns False if a hook was cut short by the deadline."""
@@ -161,18 +186,22 @@ async def _end_hooks(state: RunState, result: RunResult, deadline: float) -> boo
         with trio.CancelScope(shield=True, deadline=bound) as scope:
             async with trio.open_nursery() as nursery:
                 for end in ends:
-                    nursery.start_soon(_guarded, "end hook", end)
+                    nursery.start_soon(_guarded, "end hook", end, verdict)
         in_time = not scope.cancelled_caught
     if state.run_span_open:
         state.run_span_open = False
         with trio.CancelScope(shield=True, deadline=deadline) as scope:
-            await _guarded("on_run_end", lambda: hooks.on_run_end(state.handle, result))
+            await _guarded("on_run_end", lambda: hooks.on_run_end(state.handle, result), verdict)
         in_time = in_time and not scope.cancelled_caught
     return in_time
 
 
-async def _guarded(name: str, hook: Callable[[], Awaitable[None]]) -> None:
+async def _guarded(name: str, hook: Callable[[], Awaitable[None]], verdict: Verdict) -> None:
     try:
         await hook()
-    except Exception:
+    except BaseException as exc:
+        if _deadline_passed(exc):
+            raise  # caught by the deadline's own scope
         logger.exception("%s failed during the repair", name)
+        verdict.detail.setdefault("hook_errors", []).append(f"{name}: {summarize(exc)}")
+        _keep_interrupt(verdict, exc)

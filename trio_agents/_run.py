@@ -1,4 +1,5 @@
-"""The run handle and its entry points: ``open_run``, ``serve_run``, ``run``.
+"""The run handle, :class:`Run` (its entry points, ``open_run``, ``serve_run`` and
+``run``, are in ``_entry.py``).
 
 A run is one Trio nursery inside one cancel scope. The nursery holds exactly:
 
@@ -35,11 +36,11 @@ from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, che
 from ._items import Item, coerce_items, conversation_problems
 from ._log import EventCursor, EventLog, UpdatedStream
 from ._options import RunOptions
-from ._repair import Verdict, repair
+from ._repair import Verdict, build_result, repair
 from ._result import RunResult, RunStatistics
 from ._session_lock import SessionClaim, session_key
 from ._state import RunState
-from ._turns import Completed, Failed, Outcome, Stopped, announce, drive
+from ._turns import Completed, Failed, Outcome, Stopped, announce, drive, failure
 from ._util import leaves, only_cancelled, summarize
 from .sessions._base import Session
 
@@ -55,6 +56,8 @@ __all__ = [
 CancelMode: TypeAlias = Literal["immediate", "after_turn"]
 _CANCEL_MODES = ("immediate", "after_turn")
 logger = logging.getLogger("trio_agents")
+# Reasons that already name the part that failed.
+_NAMED = ("tool error:", "hook error:", "session error:", "invalid conversation:")
 RunInput: TypeAlias = str | Item | Mapping[str, Any] | Iterable[Any]
 
 
@@ -278,7 +281,7 @@ class Run:
 
     def _attach_session(self) -> None:
         """Let the run use its session, if it holds it (never one it only queued for)."""
-        if self._claim is None or self._claim.held:
+        if (self._claim is None or self._claim.held) and not self._state.session_dropped:
             self._state.session = self.session
 
     def _claim_session(self) -> None:
@@ -335,14 +338,22 @@ class Run:
             escaped = exc
         deadline = trio.current_time() + self._options.cleanup_timeout
         await self._finish(self._verdict(outcome, escaped), deadline)
-        if escaped is not None and not _is_internal(escaped):
-            raise escaped  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
+        signals = _signals(escaped)
+        if signals is not None:
+            raise signals  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
 
     def _verdict(self, outcome: Outcome | None, escaped: BaseException | None) -> Verdict:
         """What ended the run, as a verdict for the repair."""
         if escaped is not None and not only_cancelled(escaped):
-            if _is_internal(escaped):  # a bug of ours: a failed run, not an exception
-                return Verdict(RunStatus.FAILED, f"internal error: {summarize(escaped)}", escaped)
+            real = [e for e in leaves(escaped) if not isinstance(e, trio.Cancelled)]
+            errors = [e for e in real if isinstance(e, Exception)]
+            if len(errors) == len(real):
+                # A hook, tool or session error met an outer cancellation on its way
+                # out (or a bug of ours): a failed run, named by what raised.
+                failed = failure(ExceptionGroup("run", errors))
+                if not failed.reason.startswith(_NAMED):
+                    return Verdict(RunStatus.FAILED, f"internal error: {failed.reason}", escaped)
+                return Verdict(RunStatus.FAILED, failed.reason, failed.error)
             # KeyboardInterrupt, SystemExit, ...: recorded, then re-raised.
             return Verdict(RunStatus.CANCELLED, summarize(escaped), escaped)
         if type(outcome) is Completed:
@@ -375,19 +386,9 @@ class Run:
             verdict = Verdict(RunStatus.FAILED, f"internal error: {summarize(exc)}", exc)
         finally:
             if result is None:
-                result = RunResult(
-                    run_id=self.id,
-                    status=RunStatus.FAILED,
-                    reason=verdict.reason
-                    if verdict.status is RunStatus.FAILED
-                    else "internal error",
-                    final_output=None,
-                    new_items=tuple(state.new_items),
-                    conversation=tuple(state.conversation),
-                    usage=state.usage,
-                    turns=state.turn,
-                    error=verdict.error,
-                )
+                if verdict.status is not RunStatus.FAILED:
+                    verdict = Verdict(RunStatus.FAILED, "internal error", verdict.error)
+                result = build_result(state, verdict, leftovers)
             self._result = result
             if self._claim is not None:
                 # After the repair is persisted, before the terminal update: whoever
@@ -396,9 +397,16 @@ class Run:
             state.emit_status(result.status, result.reason, verdict.detail)
             self._log.close()
             self._done.set()
+        if verdict.interrupt is not None:
+            raise verdict.interrupt
 
 
-def _is_internal(exc: BaseException) -> bool:
-    """Whether ``exc`` holds real errors only (and so is a bug of ours, not a signal)."""
-    real = [e for e in leaves(exc) if not isinstance(e, trio.Cancelled)]
-    return bool(real) and all(isinstance(e, Exception) for e in real)
+def _signals(exc: BaseException | None) -> BaseException | None:
+    """What of ``exc`` must propagate: its Cancelled (which, having escaped the run's
+    scope, belongs to an outer one) and KeyboardInterrupt-like parts. Its real errors
+    are the run's failure, reported in the result, never raised."""
+    if exc is None or isinstance(exc, Exception):
+        return None
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(Exception)[1]
+    return exc

@@ -18,6 +18,7 @@ The three operations every step needs:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, final
@@ -35,9 +36,11 @@ from ._tools import ToolContext
 from ._util import summarize
 from .sessions._base import Session
 
-__all__ = ["HookError", "OpenCall", "RunState", "SessionError", "Spans", "call_hook"]
+__all__ = ["CallSoon", "HookError", "OpenCall", "RunState", "SessionError", "Spans", "call_hook"]
 
 SpanEnd = Callable[[], Awaitable[None]]
+CallSoon = Callable[[Callable[[], None]], None]
+"""Runs a callback on the run's Trio thread (now, or soon from another thread)."""
 
 
 class SessionError(Exception):
@@ -58,11 +61,16 @@ class HookError(Exception):
 
 
 async def call_hook(name: str, hook: Awaitable[None]) -> None:
-    """Await a hook call; an exception from it becomes a :class:`HookError` naming it."""
+    """Await a hook call; an exception from it — a stray ``trio.Cancelled`` (one that
+    nothing around it asked for) included — becomes a :class:`HookError` naming it."""
     try:
         await hook
     except Exception as exc:
         raise HookError(name, exc) from exc
+    except trio.Cancelled as exc:
+        if trio.current_effective_deadline() != -math.inf:
+            raise HookError(name, exc) from exc
+        raise
 
 
 @final
@@ -150,7 +158,10 @@ class RunState:
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.spans = Spans()
+        # Injections taken from the inbox that could not be delivered (unconsumed).
+        self.undelivered: list[Any] = []
         self.run_span_open = False
+        self.session_dropped = False
         self._unpersisted: list[Item] = []
         self._write_lock = trio.Lock()
 
@@ -191,16 +202,18 @@ class RunState:
 
     # -- the session ------------------------------------------------------------------
 
+    def drop_session(self) -> None:
+        """Stop using a session that failed to load or to take a repair: what it holds
+        is left as it was (it is repaired again at its next load)."""
+        self.session = None
+        self.session_dropped = True
+
     def load_history(self, items: list[Item]) -> None:
         self.conversation[:0] = items
         for item in items:
             if type(item) is ToolCall:
                 self.call_ids.add(item.call_id)
         self.history_loaded = True
-
-    @property
-    def unpersisted(self) -> int:
-        return len(self._unpersisted)
 
     async def persist(self) -> None:
         """Write every committed item not written yet, in commit order.
@@ -221,4 +234,8 @@ class RunState:
                     await self.session.add_items(batch)
                 except Exception as exc:
                     raise SessionError(exc) from exc
+                except trio.Cancelled as exc:
+                    if trio.current_effective_deadline() != -math.inf:
+                        raise SessionError(exc) from exc  # a stray one: a session fault
+                    raise
                 del self._unpersisted[: len(batch)]

@@ -24,7 +24,7 @@ import trio
 from ._events import RunStatus, ToolFinished, ToolProgress, ToolStarted
 from ._inbox import Approvals
 from ._items import ToolCall, ToolResult
-from ._state import OpenCall, RunState, call_hook
+from ._state import CallSoon, OpenCall, RunState, call_hook
 from ._tools import Tool, ToolArgumentsError, ToolContext
 from ._util import summarize
 
@@ -59,7 +59,7 @@ async def run_tools(
     calls: Sequence[ToolCall],
     approvals: Approvals,
     limiter: trio.CapacityLimiter,
-    call_soon: Any,
+    call_soon: CallSoon,
 ) -> None:
     """Run one turn's calls concurrently; return once each has its result."""
     waiting = [call for call in calls if needs_approval(state, call)]
@@ -79,7 +79,7 @@ async def _run_one(
     state: RunState,
     approvals: Approvals,
     limiter: trio.CapacityLimiter,
-    call_soon: Any,
+    call_soon: CallSoon,
     call: ToolCall,
 ) -> None:
     if call.call_id in approvals:
@@ -95,7 +95,7 @@ async def _run_one(
     await end_tool(state, call, result)
 
 
-async def _invoke(state: RunState, call: ToolCall, call_soon: Any) -> ToolResult:
+async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolResult:
     open_call = state.open_calls[call.call_id]
     open_call.started = True
     state.log.append(

@@ -19,8 +19,9 @@ One iteration is one *safe point* followed by one model turn:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Any, TypeAlias, final
+from typing import TypeAlias, final
 
 import attrs
 import trio
@@ -28,9 +29,9 @@ import trio
 from ._events import InboxDelivered, InboxInjected, ResponseTextDelta, RunStatus
 from ._exceptions import ModelError
 from ._inbox import Approvals, Inbox, Injection
-from ._items import AssistantMessage, ToolCall, conversation_problems
+from ._items import AssistantMessage, Item, ToolCall, conversation_problems
 from ._model import Finish, ModelRequest, TextDelta, ToolCallDone, Usage
-from ._state import HookError, OpenCall, RunState, SessionError, call_hook
+from ._state import CallSoon, HookError, OpenCall, RunState, SessionError, call_hook
 from ._toolcalls import ToolFailure, run_tools
 from ._util import summarize
 from .sessions._repair import repair_loaded
@@ -38,6 +39,7 @@ from .sessions._repair import repair_loaded
 __all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]
 
 # Finish reasons of a complete answer; any other cuts it (kept as incomplete).
+STRAY_CANCELLED_RUN = "a model, hook or session raised trio.Cancelled although nothing cancelled it"
 _COMPLETE_FINISHES = frozenset({"stop", "tool_calls", "end_turn", "tool_use"})
 
 
@@ -116,7 +118,7 @@ async def drive(
     inbox: Inbox,
     approvals: Approvals,
     stop_requested: Callable[[], bool],
-    call_soon: Any,
+    call_soon: CallSoon,
 ) -> Outcome:
     """The model-stream task: run turns until an outcome (see the module docstring)."""
     await trio.lowlevel.checkpoint_if_cancelled()  # cancelled before start: no model call
@@ -150,6 +152,12 @@ async def drive(
                 idle = False  # interrupted by a when="now" injection
     except Exception as exc:
         return failure(exc)
+    except trio.Cancelled as exc:
+        # -inf: the run (or an outer scope) really is cancelled. Otherwise a model, hook
+        # or session raised a Cancelled that nothing asked for: a fault, not a cancel.
+        if trio.current_effective_deadline() != -math.inf:
+            return Failed(STRAY_CANCELLED_RUN, exc)
+        raise
 
 
 async def load_session(state: RunState) -> None:
@@ -166,15 +174,14 @@ async def load_session(state: RunState) -> None:
     if state.session is not None and not state.history_loaded:
         try:
             stored = await state.session.get_items()
+            repaired = repair_loaded(stored)  # raises TypeError for garbage
         except Exception as exc:
             error = SessionError(exc)
-            state.session = None  # never write to a session we could not read
+            state.drop_session()  # never write to a session we could not read
         else:
-            repaired = repair_loaded(stored)
             state.load_history(repaired)
             if repaired != stored:
-                # Write the repair back: the stored rows become valid again.
-                await _replace(state, repaired)
+                await _write_back(state, repaired)
     state.input_committed = True
     for item in state.input:
         state.commit(item)
@@ -182,18 +189,22 @@ async def load_session(state: RunState) -> None:
         raise error
     problems = conversation_problems(state.conversation, allow_open_calls=True)
     if problems:
-        state.session = None  # refuse to store an invalid conversation
+        state.drop_session()  # refuse to store an invalid conversation
         raise InvalidConversation(f"the input does not fit the stored conversation: {problems[0]}")
     await state.persist()
 
 
-async def _replace(state: RunState, items: list[Any]) -> None:
-    session = state.session
-    assert session is not None
+async def _write_back(state: RunState, items: list[Item]) -> None:
+    """Write a load repair back, so the stored rows are valid again — only through a
+    session's atomic ``replace_items`` (a clear followed by an append could lose the
+    history halfway). A session without it is repaired again at every load."""
+    replace = getattr(state.session, "replace_items", None)
+    if replace is None:
+        return
     try:
-        await session.clear()
-        await session.add_items(items)
+        await replace(items)
     except Exception as exc:
+        state.drop_session()
         raise SessionError(exc) from exc
 
 
@@ -213,7 +224,20 @@ def announce(state: RunState, injections: list[Injection]) -> None:
 def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
     """A safe point: move deliverable injections into the conversation."""
     announce(state, inbox.announce())
-    for injection in inbox.take(idle=idle):
+    taken = inbox.take(idle=idle)
+    for index, injection in enumerate(taken):
+        clash = [
+            i.call_id
+            for i in injection.items
+            if type(i) is ToolCall and i.call_id in state.call_ids
+        ]
+        if clash:
+            # Accepted before the history was loaded, or the model used the id since:
+            # unconsumed, never delivered into an invalid conversation.
+            state.undelivered.extend(taken[index:])
+            raise InvalidConversation(
+                f"injected call id {clash[0]!r} is already in the conversation"
+            )
         for item in injection.items:
             state.commit(item)
         state.log.append(

@@ -41,6 +41,8 @@ def first_leaf(exc: BaseException) -> BaseException:
 
 
 def _one(exc: BaseException) -> str:
+    if isinstance(exc, trio.Cancelled):  # only summarised when nothing asked for it
+        return "a stray trio.Cancelled"
     text = " ".join(str(exc).split())  # one line, whatever the message held
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

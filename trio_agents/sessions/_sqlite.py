@@ -229,8 +229,8 @@ class SQLiteSession:
         """Return the stored conversation, oldest first, repaired.
 
         Dangling tool calls are answered with a ``cancelled`` result and orphan results
-        dropped (see :func:`~trio_agents.sessions._repair.repair_loaded`); the stored
-        rows are not changed.
+        dropped (see :func:`~trio_agents.sessions._repair.repair_loaded`), and the repair
+        is written back in one transaction, so the stored rows are valid again.
 
         Raises:
             SessionStorageError: a stored item cannot be read (names its position).
@@ -465,6 +465,25 @@ class SQLiteSession:
         )
 
     def _get_items_sync(self, conn: sqlite3.Connection) -> list[Item]:
+        items = self._read_sync(conn)
+        repaired = repair_loaded(items)
+        if repaired == items:
+            return items
+        # Write the repair back: re-read under the write lock (another process may have
+        # repaired it meanwhile) and replace the rows in the same transaction.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            repaired = repair_loaded(self._read_sync(conn))
+            self._replace_sync(conn, _encode(repaired))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        return repaired
+
+    def _read_sync(self, conn: sqlite3.Connection) -> list[Item]:
         rows = conn.execute(
             "SELECT position, data FROM items WHERE session_id = ? ORDER BY position",
             (self._session_id,),
@@ -480,7 +499,16 @@ class SQLiteSession:
                     session_id=self._session_id,
                     position=position,
                 ) from exc
-        return repair_loaded(items)
+        return items
+
+    def _replace_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
+        """Replace this session's rows (inside the caller's transaction)."""
+        self._clear_sync(conn)
+        now = time.time()
+        conn.executemany(
+            "INSERT INTO items (session_id, position, data, created_at) VALUES (?, ?, ?, ?)",
+            [(self._session_id, i, data, now) for i, data in enumerate(encoded)],
+        )
 
     def _add_items_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
         conn.execute("BEGIN IMMEDIATE")
