@@ -64,7 +64,8 @@ async def repair(
     state: RunState, verdict: Verdict, leftovers: list[Injection], deadline: float
 ) -> RunResult:
     """Run the repair steps under ``deadline``; return the result to publish."""
-    await _step("record_input", verdict, _record_input(state), deadline)
+    if not state.input_committed:
+        await _step("record_input", verdict, _record_input(state), deadline)
     _sync_step("keep_partial_text", verdict, state.keep_partial_text)
     _sync_step("close_open_calls", verdict, lambda: _close_open_calls(state, verdict))
     _sync_step(
@@ -72,7 +73,8 @@ async def repair(
         verdict,
         lambda: announce(state, [i for i in leftovers if not i.announced]),
     )
-    await _step("write_session", verdict, state.persist(), deadline)
+    if state.session is not None:
+        await _step("write_session", verdict, state.persist(), deadline)
     result = build_result(state, verdict, leftovers)
     if not await _end_hooks(state, result, deadline, verdict):
         # Only hooks were cut short: the repair itself was written, the status stands.

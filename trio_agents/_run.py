@@ -276,8 +276,7 @@ class Run:
 
     def _stop_requested(self) -> bool:
         """The turn loop's safe point asks: did ``cancel(mode="after_turn")`` happen?"""
-        with self._lock:
-            return self._cancel is not None
+        return self._cancel is not None  # one attribute read: atomic, no lock needed
 
     def _attach_session(self) -> None:
         """Let the run use its session, if it holds it (never one it only queued for)."""

@@ -28,7 +28,7 @@ import trio
 
 from ._agent import Agent
 from ._events import RunItemEvent, RunStatus, RunUpdated
-from ._items import AssistantMessage, Item, ToolCall
+from ._items import AssistantMessage, ConversationChecker, Item, ToolCall
 from ._log import EventLog
 from ._model import Usage
 from ._options import RunOptions
@@ -162,6 +162,7 @@ class RunState:
         self.undelivered: list[Any] = []
         self.run_span_open = False
         self.session_dropped = False
+        self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
         self._write_lock = trio.Lock()
 
@@ -199,6 +200,15 @@ class RunState:
         partial, self.partial_text = self.partial_text, None
         if partial:
             self.commit(AssistantMessage("".join(partial), status="incomplete"))
+
+    def conversation_problems(self, *, allow_open_calls: bool = False) -> list[str]:
+        """Check what was added to the conversation since the last check (the whole
+        conversation, over the checks): the validity invariant, checked not assumed."""
+        checker = self._checker
+        problems = checker.feed(self.conversation[checker.checked :])
+        if not allow_open_calls:
+            problems += checker.open_problems()
+        return problems
 
     # -- the session ------------------------------------------------------------------
 

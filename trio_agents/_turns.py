@@ -29,7 +29,7 @@ import trio
 from ._events import InboxDelivered, InboxInjected, ResponseTextDelta, RunStatus
 from ._exceptions import ModelError
 from ._inbox import Approvals, Inbox, Injection
-from ._items import AssistantMessage, Item, ToolCall, conversation_problems
+from ._items import AssistantMessage, Item, ToolCall
 from ._model import Finish, ModelRequest, TextDelta, ToolCallDone, Usage
 from ._state import CallSoon, HookError, OpenCall, RunState, SessionError, call_hook
 from ._toolcalls import ToolFailure, run_tools
@@ -137,7 +137,7 @@ async def drive(
             deliver(state, inbox, idle=idle)
             if state.turn >= state.max_turns:
                 return Failed("max_turns")
-            problems = conversation_problems(state.conversation)
+            problems = state.conversation_problems()
             if problems:
                 raise InvalidConversation("; ".join(problems[:3]))
             turn = await model_turn(state, inbox)
@@ -187,7 +187,7 @@ async def load_session(state: RunState) -> None:
         state.commit(item)
     if error is not None:
         raise error
-    problems = conversation_problems(state.conversation, allow_open_calls=True)
+    problems = state.conversation_problems(allow_open_calls=True)
     if problems:
         state.drop_session()  # refuse to store an invalid conversation
         raise InvalidConversation(f"the input does not fit the stored conversation: {problems[0]}")
@@ -279,9 +279,20 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
                 call_hook("on_model_start", hooks.on_model_start(handle, turn, request)),
                 lambda: hooks.on_model_end(handle, turn, "cancelled"),
             )
+        log, run_id = state.log, state.run_id
         async with agent.model.stream(request) as stream:
             async for event in stream:
-                _accept(state, event, turn, partial, calls)
+                # The hot path, inline: a text delta whose text is text.
+                if type(event) is TextDelta and type(event.text) is str:
+                    if event.text:
+                        partial.append(event.text)
+                        log.append(
+                            ResponseTextDelta(
+                                run_id=run_id, seq=log.next_seq, turn=turn, text=event.text
+                            )
+                        )
+                else:
+                    _accept(state, event, turn, partial, calls)
     state.stream_scope = None
     if stream_scope.cancelled_caught:
         state.keep_partial_text()
