@@ -160,16 +160,19 @@ class MemorySessions:
         self._sessions.move_to_end(session_id)
         session.users += 1
         self.make_room()
-        if self.bytes > self.limit:
-            self.release(session)
-            if created and session.users == 0 and session_id in self._sessions:
+        if self.bytes > self.limit:  # the active sessions alone fill the budget
+            session.users -= 1
+            if created:
                 self._forget(session_id)
             return None
         return session
 
     def release(self, session: MeteredSession) -> None:
-        """A run that used ``session`` ended (or never started)."""
+        """A run that used ``session`` ended (or never started): it is the most
+        recently used now."""
         session.users -= 1
+        if self._sessions.get(session.session_id) is session:
+            self._sessions.move_to_end(session.session_id)
         self.make_room()
 
     def make_room(self) -> None:
