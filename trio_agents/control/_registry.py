@@ -14,7 +14,7 @@ import logging
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, final
+from typing import Any, Protocol, cast, final
 
 import attrs
 import trio
@@ -109,6 +109,20 @@ class _Principal:
     active: set[RunEntry] = attrs.field(factory=set)
     finished: OrderedDict[str, RunEntry] = attrs.field(factory=OrderedDict)
     retained_bytes: int = 0
+
+
+@final
+@attrs.define
+class _Started:
+    """A task status that records the run on its entry the moment it exists, so the
+    entry never depends on when the starter resumes."""
+
+    entry: RunEntry
+    inner: trio.TaskStatus[Run]
+
+    def started(self, run: Run) -> None:
+        self.entry.run = run
+        self.inner.started(run)
 
 
 @final
@@ -309,7 +323,7 @@ class Registry:
                     items,
                     session=session,
                     run_id=entry.run_id,
-                    task_status=task_status,
+                    task_status=cast(trio.TaskStatus[Run], _Started(entry, task_status)),
                     on_busy=on_busy,
                     **self.run_options,
                 )
