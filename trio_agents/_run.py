@@ -148,6 +148,15 @@ class Run:
         return self._state.turn
 
     @property
+    def holds_session(self) -> bool:
+        """Whether this run is the active run of its session: True from when it claimed
+        the session (at once, or once the run it queued behind with ``on_busy=
+        "enqueue"``/``"interrupt"`` released it) until its repair is persisted, just
+        before its terminal update. False for a run without a session, and while it
+        waits in the session's queue."""
+        return self._claim is not None and self._claim.owned
+
+    @property
     def updated(self) -> UpdatedStream:
         """Status updates: ``async for update in run.updated``.
 

@@ -93,6 +93,12 @@ class SessionClaim:
         """Whether the run holds the session (and may read and write it)."""
         return self._held
 
+    @property
+    def owned(self) -> bool:
+        """Whether the session is this run's: held, or already handed over to it while
+        its task has not resumed from :meth:`wait` yet."""
+        return self._held or (self._waiter is not None and self._waiter.granted)
+
     def claim_now(self, on_busy: OnBusy) -> None:
         """Take the session if it is free; otherwise queue (or raise, for ``reject``).
 
