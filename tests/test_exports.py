@@ -12,6 +12,7 @@ import trio_agents.models
 import trio_agents.sessions
 import trio_agents.testing
 import trio_agents.testing.plugin
+import trio_agents.tracing
 
 MODULES = [
     trio_agents,
@@ -20,6 +21,7 @@ MODULES = [
     trio_agents.control,
     trio_agents.testing,
     trio_agents.testing.plugin,
+    trio_agents.tracing,
 ]
 
 
