@@ -474,3 +474,36 @@ def test_spans_balanced_and_parented_under_any_schedule(
         assert len(tool_spans) == len(started)
     finally:
         traces.provider.shutdown()
+
+
+async def test_spans_the_model_opens_are_children_of_its_chat_span(
+    traces: Traces, autojump_clock: trio.testing.MockClock
+) -> None:
+    from contextlib import asynccontextmanager
+
+    from trio_agents.models import Finish, TextDelta
+
+    tracer = traces.tracer
+
+    class InstrumentedModel:
+        """Opens a span in its stream, as an HTTP client instrumentation would."""
+
+        def stream(self, request: ta.ModelRequest) -> Any:
+            @asynccontextmanager
+            async def opened() -> Any:
+                with tracer.start_as_current_span("POST /chat/completions"):
+
+                    async def events() -> Any:
+                        yield TextDelta("hi")
+                        yield Finish("stop")
+
+                    yield events()
+
+            return opened()
+
+    await ta.run(make_agent(InstrumentedModel()), "go", hooks=traces.hooks)
+    traces.check_tree()
+    http, chat = traces.one("POST /chat/completions"), traces.one("chat")
+    assert http.parent is not None
+    assert chat.context is not None
+    assert http.parent.span_id == chat.context.span_id
