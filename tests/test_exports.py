@@ -8,6 +8,7 @@ import pytest
 
 import trio_agents
 import trio_agents.control
+import trio_agents.mcp
 import trio_agents.models
 import trio_agents.sessions
 import trio_agents.testing
@@ -19,6 +20,7 @@ MODULES = [
     trio_agents.models,
     trio_agents.sessions,
     trio_agents.control,
+    trio_agents.mcp,
     trio_agents.testing,
     trio_agents.testing.plugin,
     trio_agents.tracing,
