@@ -21,7 +21,7 @@ from .concurrency import bench_b3
 from .report import write_markdown
 
 HERE = Path(__file__).resolve().parent
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "T1")
 
 
 async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> list[Figure]:
@@ -86,6 +86,17 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
                 connections=(1, 2) if quick else (1, 10, 100),
                 cancels=3 if quick else 1000,
                 retained=50 if quick else 10_000,
+            )
+        )
+    if "T1" in only:
+        from .tracing import bench_t1  # needs the otel extra and opentelemetry-sdk
+
+        emit(
+            await bench_t1(
+                base,
+                runs=5 if quick else 200,
+                deltas=50 if quick else 2000,
+                repeats=1 if quick else 5,
             )
         )
     return figures
