@@ -23,9 +23,9 @@ lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-fuzz: $(STAMP)  ## the lifecycle properties with the "fuzz" profile (over 20,000 examples)
+fuzz: $(STAMP)  ## the lifecycle and fault properties, "fuzz" profile (over 20,000 examples)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_run_properties.py \
-		-p no:cacheprovider --hypothesis-show-statistics -q
+		tests/test_run_faults.py -p no:cacheprovider --hypothesis-show-statistics -q
 
 bench: $(STAMP)  ## timing figures; results in benchmarks/RESULTS.md
 	$(BIN)/python -m benchmarks

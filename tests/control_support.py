@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import trio
+import trio.testing
 from trio_websocket import ConnectionRejected, WebSocketConnection, wrap_client_stream
 
 import trio_agents as ta
@@ -74,6 +75,40 @@ async def raw_client(
     finally:
         with trio.CancelScope(shield=True):
             await stream.aclose()
+
+
+@asynccontextmanager
+async def memory_client(
+    server: ControlServer, *, token: str = "tok-alice"
+) -> AsyncIterator[WebSocketConnection]:
+    """A bare client wired to ``server`` through an in-memory *lockstep* stream: a send
+    blocks until the other side has read it, exactly and without any timing, so a
+    client that stops reading backs the server up at once (use it on a MockClock).
+
+    The server side is handed to the server's per-connection handler, the one
+    ``serve()`` runs for every accepted socket.
+    """
+    client_stream, server_stream = trio.testing.lockstep_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.handle_stream, server_stream)
+        ws = await wrap_client_stream(
+            nursery,
+            cast(trio.SocketStream, client_stream),  # any trio Stream will do
+            "memory",
+            "/",
+            subprotocols=[SUBPROTOCOL],
+            extra_headers=[(b"Authorization", f"Bearer {token}".encode())],
+            message_queue_size=1,
+            max_message_size=1 << 26,
+        )
+        try:
+            yield ws
+        finally:
+            with trio.move_on_after(1, shield=True):
+                await ws.aclose()
+            with trio.CancelScope(shield=True):
+                await client_stream.aclose()
+            nursery.cancel_scope.cancel()
 
 
 async def answer(ws: WebSocketConnection) -> dict[str, Any]:

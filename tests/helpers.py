@@ -20,7 +20,7 @@ def count_example() -> None:
 
 
 def lifecycle_settings(*, weight: float) -> Callable[[F], F]:
-    """``max_examples`` as a multiple of the active profile's (ci: 100, fuzz: 5000)."""
+    """``max_examples`` as a multiple of the active profile's (ci: 100, fuzz: 3000)."""
     return settings(max_examples=max(5, int(settings().max_examples * weight)))
 
 

@@ -409,10 +409,19 @@ async def test_cancel_between_events_closes_the_socket(server: SSEServer) -> Non
 
 async def test_cancel_before_headers_closes_the_socket(server: SSEServer) -> None:
     server.add(Reply(events=[DONE], delay_before_headers=5))
-    with trio.fail_after(10):
-        with trio.move_on_after(0.05):
+    scope = trio.CancelScope()
+
+    async def consume() -> None:
+        with scope:
             await collect(make_model(server))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume)
+            await server.wait_for_requests(1)  # sent; the headers come in 5 s
+            scope.cancel()
         await server.connections[0].closed.wait()
+    assert scope.cancelled_caught
 
 
 # ------------------------------------------------------------ client ownership

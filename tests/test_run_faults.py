@@ -536,6 +536,15 @@ async def test_input_reusing_a_stored_call_id_fails_before_any_model_call(
     assert len(await session.get_items()) == 3  # nothing invalid was stored
 
 
+async def test_a_repair_that_only_appends_is_written_back_to_any_session(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    plain = NoReplaceSession()  # add_items is enough for the usual crash
+    await plain.inner.add_items([ta.UserMessage("a"), call("c1")])
+    assert (await ta.run(make_agent(ScriptedModel(["ok"])), "b", session=plain)).ok
+    assert ta.conversation_problems(await plain.get_items()) == []
+
+
 async def test_loading_a_broken_session_writes_the_repair_back(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -654,12 +663,8 @@ class ReplaceFailsSession(WrappedSession):
         raise OSError("replace failed")
 
 
-BROKEN: list[ta.Item] = [
-    ta.UserMessage("q"),
-    ta.AssistantMessage("a"),
-    ta.UserMessage("tool?"),
-    call("c1"),
-]
+# A dangling call *before* a message: the repair inserts, so it needs replace_items.
+BROKEN: list[ta.Item] = [ta.UserMessage("q"), call("c1"), ta.AssistantMessage("a")]
 
 
 async def test_a_load_repair_is_written_back_atomically_or_not_at_all(
@@ -669,12 +674,17 @@ async def test_a_load_repair_is_written_back_atomically_or_not_at_all(
     await memory.add_items(BROKEN)
     assert (await ta.run(make_agent(ScriptedModel(["ok"])), "new", session=memory)).ok
     stored = await memory.get_items()
-    assert stored[:5] == [*BROKEN, ta.ToolResult("c1", "cancelled: interrupted", "cancelled")]
+    assert stored[:4] == [
+        ta.UserMessage("q"),
+        call("c1"),
+        ta.ToolResult("c1", "cancelled: interrupted", "cancelled"),
+        ta.AssistantMessage("a"),
+    ]
     # No atomic replace: the history is never put at risk; it is repaired at each load.
     plain = NoReplaceSession()
     await plain.inner.add_items(BROKEN)
     assert (await ta.run(make_agent(ScriptedModel(["ok"])), "new", session=plain)).ok
-    assert (await plain.get_items())[:4] == BROKEN
+    assert (await plain.get_items())[:3] == BROKEN
     # A replace that fails: the run fails, the history is untouched.
     failing = ReplaceFailsSession()
     await failing.inner.add_items(BROKEN)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import textwrap
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -153,7 +155,7 @@ def test_a_hook_whose_task_outlives_the_run_is_caught() -> None:
 def test_the_property_raises_an_assertion_naming_the_invariant() -> None:
     prop = tt.LifecycleProperty(
         agent_with(stubborn),
-        schedule_strategy=_only("cancel"),
+        schedule_strategy=_only("cancel_in_tool"),
     )
     with pytest.raises(AssertionError, match=r"\[tool-cancellation\]"):
         prop.run(
@@ -254,9 +256,13 @@ def test_describe_and_report_are_readable() -> None:
 
 
 def test_the_plugin_works_with_dash_p(pytester: pytest.Pytester) -> None:
+    """A fresh pytest with Hypothesis' default profile (a 200 ms deadline, every health
+    check on) and an agent with a sync tool that takes 0.25 s a call."""
     pytester.makepyfile(
         textwrap.dedent(
             """
+            import time
+
             import hypothesis
             import trio_agents as ta
 
@@ -272,9 +278,16 @@ def test_the_plugin_works_with_dash_p(pytester: pytest.Pytester) -> None:
                     '''Add.'''
                     return a + b
 
+                @ta.function_tool
+                def crunch(rows: int) -> int:
+                    '''Crunch rows in a worker thread, slowly.'''
+                    time.sleep(0.25)
+                    return rows
+
+                assert hypothesis.settings().deadline is not None  # the default profile
                 lifecycle_check(
-                    lambda model: ta.Agent(name="x", model=model, tools=[add]),
-                    settings=hypothesis.settings(max_examples=10, database=None),
+                    lambda model: ta.Agent(name="x", model=model, tools=[add, crunch]),
+                    settings=hypothesis.settings(max_examples=8, database=None),
                 )
             """
         )
@@ -283,3 +296,332 @@ def test_the_plugin_works_with_dash_p(pytester: pytest.Pytester) -> None:
         "-p", "trio_agents.testing.plugin", "-p", "no:cacheprovider"
     )
     outcome.assert_outcomes(passed=2)
+
+
+# ------------------------------------------------------------ faults
+
+
+def test_fault_tools_misbehave_as_documented() -> None:
+    tools = tt.standard_tools(faults=True)
+    script: list[tt.Turn | str] = [
+        tt.Turn(
+            tool_calls=[
+                ("swallow", {"seconds": 2.0}),
+                ("shield", {"seconds": 8.0}),
+                ("stubborn", {}),
+                ("garbage", {"kind": 0}),
+                ("garbage", {"kind": 4}),
+            ]
+        ),
+        "done",
+    ]
+    observation = tt.run_schedule(
+        agent_with(*tools.tools),
+        script,
+        [tt.Op(0.5, "cancel", reason="stop")],
+        recorder=tools.recorder,
+    )
+    count_example()
+    # The run keeps its promises; the checker does not blame it for what the tools do.
+    assert tt.check_run(observation).ok, tt.check_run(observation)
+    records = {c.tool: c for c in observation.tool_calls if c.tool != "garbage"}
+    assert {name: r.fault for name, r in records.items()} == {
+        "swallow": "swallow",
+        "shield": "shield",
+        "stubborn": "stubborn",
+    }
+    assert records["shield"].ended_at == 8.0  # the cancel only reached it after its shield
+    assert records["stubborn"].state == "finished"  # released once the schedule was over
+    results = {
+        item.call_id: item
+        for item in observation.result.new_items
+        if isinstance(item, ta.ToolResult)
+    }
+    assert all(isinstance(r.output, str) for r in results.values())
+    assert observation.result.status == "cancelled"
+    assert observation.event_times[-1] == pytest.approx(8.0)
+
+
+def test_fault_tools_that_finish_return_text() -> None:
+    tools = tt.standard_tools(faults=True)
+    script: list[tt.Turn | str] = [
+        tt.Turn(tool_calls=[("garbage", {"kind": k}) for k in range(len(tt.GARBAGE))]),
+        "ok",
+    ]
+    observation = tt.run_schedule(agent_with(*tools.tools), script, recorder=tools.recorder)
+    assert tt.check_run(observation).ok
+    outputs = [i for i in observation.result.new_items if isinstance(i, ta.ToolResult)]
+    assert len(outputs) == len(tt.GARBAGE)
+    assert {r.status for r in outputs} <= {"ok", "error"}
+    assert any(r.status == "error" for r in outputs)  # the one that cannot even be printed
+
+
+def test_the_checker_blames_a_user_tool_not_a_fault_tool_for_swallowing() -> None:
+    tools = tt.standard_tools(faults=True)
+    faulty = tt.run_schedule(
+        agent_with(*tools.tools),
+        [tt.Turn(tool_calls=[("swallow", {"seconds": 2.0})]), "done"],
+        [tt.Op(0.0, "cancel_in_tool")],
+        recorder=tools.recorder,
+    )
+    assert tt.check_run(faulty).ok
+    users = tt.run_schedule(
+        agent_with(stubborn),
+        [tt.Turn(tool_calls=[("stubborn", {"seconds": 2.0})]), "done"],
+        [tt.Op(0.0, "cancel_in_tool")],
+    )
+    assert tt.check_run(users).invariants == ("tool-cancellation",)
+    assert "(tools running: ['call_1_0'])" in users.applied[0][1]
+
+
+def test_faults_shrink_to_none_and_describe_themselves() -> None:
+    assert not tt.Faults()
+    fault = tt.Faults(
+        model=(tt.ModelFault(2, "bytes_text", 1),),
+        hooks=(tt.HookFault("on_tool_end", "block"),),
+        session=tt.SessionFault("raise_on_add", 2),
+    )
+    assert fault
+    assert fault.describe() == [
+        "model call 2: bytes_text after 1 event(s)",
+        "on_tool_end: block from call 1",
+        "session: raise_on_add from call 2",
+    ]
+    smallest = hypothesis.find(
+        tt.faults(), lambda f: True, settings=hypothesis.settings(database=None)
+    )
+    assert smallest == tt.Faults()
+    with_a_model_fault = hypothesis.find(
+        tt.faults(), lambda f: bool(f.model), settings=hypothesis.settings(database=None)
+    )
+    assert with_a_model_fault == tt.Faults(model=(tt.ModelFault(1, "raise", 0),))
+
+
+def test_a_faulty_model_is_watched_and_its_fault_recorded() -> None:
+    observation = tt.run_schedule(
+        agent_with(maybe_empty),
+        [tt.Turn(text="a b c", delay=0.25), "done"],
+        faults=tt.Faults(model=(tt.ModelFault(1, "raise", 2),)),
+    )
+    (stream,) = observation.streams
+    assert (stream.number, stream.opened_at, stream.closed_at) == (1, 0.0, 0.5)
+    assert stream.fired_at == 0.5
+    assert stream.error == "InjectedFault: model call 1 fell over (fault)"
+    assert observation.result.status == "failed"
+    assert "model call 1: raise after 2 event(s)" in observation.describe()
+
+
+class LosingSession:
+    """A user's session that acknowledges writes it never makes ("eventually
+    consistent"): the run trusts it, and so would a client."""
+
+    def __init__(self) -> None:
+        self.inner = ta.sessions.MemorySession("losing")
+        self.session_id = "losing"
+        self.lock_key = self
+
+    async def get_items(self) -> list[ta.Item]:
+        return await self.inner.get_items()
+
+    async def add_items(self, items: Any) -> None:
+        items = list(items)
+        await self.inner.add_items(items[:1])  # the first item only
+
+    async def clear(self) -> None:
+        await self.inner.clear()
+
+
+def test_a_session_that_loses_writes_is_caught() -> None:
+    prop = tt.LifecycleProperty(agent_with(maybe_empty), session=LosingSession)
+    failure = prop.find_failure(max_examples=100)
+    assert failure is not None
+    assert {"session-stored", "session-error"} <= set(failure.report.invariants)
+    assert "a client would trust it as saved" in str(failure)
+    assert failure.schedule == ()
+
+
+def _clean_observation() -> tt.Observation:
+    observation = tt.run_schedule(
+        agent_with(maybe_empty),
+        [tt.Turn(text="let me look", tool_calls=[("maybe_empty", {"empty": False})]), "ok"],
+        session=True,
+    )
+    assert tt.check_run(observation).ok
+    return observation
+
+
+def test_the_checker_names_what_a_broken_run_core_does() -> None:
+    """Broken runs, made by editing a clean observation: each names its invariant."""
+    clean = _clean_observation()
+    assert clean.fresh_run is not None
+    assert clean.fresh_run.outcome == "completed"
+    assert clean.stored == clean.result.conversation
+
+    def broken(**changes: Any) -> tuple[str, ...]:
+        return tt.check_run(attrs.evolve(clean, **changes)).invariants
+
+    never_ended = [e for e in clean.events if e is not clean.events[-1]]
+    assert broken(
+        outcome=None,
+        events=tuple(never_ended),
+        event_times=clean.event_times[:-1],
+        run_error="TypeError: boom",
+        ended={"wait": False, "updated": False, "events": False, "late_events": False},
+    )[:2] == ("run-ends", "one-terminal")
+    busy = attrs.evolve(clean.fresh_run, outcome="busy")
+    assert broken(fresh_run=busy) == ("session-released",)
+    assert broken(stored=clean.stored[:2]) == ("session-error",)
+    start = tt.HookCall("on_tool_start", "tool:x", 0.0, outcome="returned", ended_at=0.0)
+    assert broken(hook_calls=(start,)) == ("hooks-balanced",)
+    stream = tt.StreamRecord(1, 0.0, 0.0, tt.ModelFault(1, "unknown_event"), fired_at=0.0)
+    assert broken(streams=(stream,)) == ("model-events",)
+    late = (*clean.event_times[:-1], clean.event_times[-2] + 6.0)
+    assert broken(event_times=late) == ("cleanup-latency",)
+    dropped = [
+        e
+        for e in clean.events
+        if not (isinstance(e, ta.RunItemEvent) and isinstance(e.item, ta.AssistantMessage))
+    ]
+    assert "streamed-text" in tt.check_events(clean.result, dropped).invariants
+
+
+def test_examples_replay_exactly_threads_faults_and_all() -> None:
+    """Two passes over the same (derandomized) examples see the same runs, event by
+    event and tick by tick: Hypothesis seeds Trio's scheduler for each example, and
+    thread tools hold the MockClock while they work."""
+    tools = tt.standard_tools(faults=True)
+    passes: list[list[list[tuple[str, str, int, float]]]] = []
+
+    @hypothesis.given(tt.scripts(tools), tt.schedules(), tt.faults(session=False))
+    @hypothesis.example(
+        [
+            tt.Turn(
+                text="a b",
+                tool_calls=[
+                    ("crunch", {"steps": 3}),
+                    ("shield", {"seconds": 2.0}),
+                    ("stubborn", {}),
+                    ("sleep", {"seconds": 0.5}),
+                ],
+            )
+        ],
+        (tt.Op(0.0, "cancel_in_tool"), tt.Op(1.0, "inject", when="now")),
+        tt.Faults(hooks=(tt.HookFault("on_tool_end", "block"),)),
+    )
+    @hypothesis.settings(max_examples=25, database=None, derandomize=True)
+    def record(script: list[tt.Turn], schedule: tuple[tt.Op, ...], fault: tt.Faults) -> None:
+        observation = tt.run_schedule(
+            agent_with(*tools.tools), script, schedule, recorder=tools.recorder, faults=fault
+        )
+        passes[-1].append(
+            [
+                (e.type, getattr(e, "name", ""), e.seq, t)
+                for e, t in zip(observation.events, observation.event_times, strict=True)
+            ]
+        )
+
+    for _ in range(2):
+        passes.append([])
+        record()
+    assert len(passes[0]) == 26
+    assert passes[0] == passes[1]
+    started = {
+        name for trace in passes[0] for (kind, name, _, _) in trace if kind == "tool.started"
+    }
+    assert {"crunch", "stubborn", "shield", "swallow"} <= started
+
+
+# ------------------------------------------------------------ defaults that work
+
+
+@ta.function_tool
+async def weather(city: str) -> str:
+    """Look up the weather (a user's tool: "never show the model an error")."""
+    try:
+        await trio.sleep(0.5)  # a slow API
+    except trio.Cancelled:
+        return "weather unavailable"  # the bug: swallows the cancellation
+    return f"sunny in {city}"
+
+
+def test_a_swallowing_tool_is_found_within_the_default_budget() -> None:
+    """Default strategies, default example budget (Hypothesis' "default" profile, 100
+    examples), derandomized so the test is deterministic."""
+    prop = tt.LifecycleProperty(lambda model: ta.Agent(name="w", model=model, tools=[weather]))
+    default = hypothesis.settings.get_profile("default")
+    assert default.max_examples == 100
+    with pytest.raises(tt.LifecycleViolation, match=r"\[tool-cancellation\] tool 'weather'"):
+        prop.run(hypothesis.settings(default, derandomize=True, database=None, print_blob=False))
+
+
+def test_harness_settings_drop_what_depends_on_machine_speed() -> None:
+    default = hypothesis.settings.get_profile("default")
+    assert default.deadline is not None
+    settings = tt.harness_settings(default)
+    assert settings.deadline is None
+    assert hypothesis.HealthCheck.too_slow in settings.suppress_health_check
+    assert settings.max_examples == default.max_examples
+    mine = hypothesis.settings(
+        max_examples=7, suppress_health_check=[hypothesis.HealthCheck.data_too_large]
+    )
+    assert set(tt.harness_settings(mine).suppress_health_check) == {
+        hypothesis.HealthCheck.data_too_large,
+        hypothesis.HealthCheck.too_slow,
+    }
+    assert tt.harness_settings(mine).max_examples == 7
+
+
+@ta.function_tool
+def report(rows: int) -> str:
+    """Build a report in a worker thread (a user's sync tool; takes 0.3 s)."""
+    time.sleep(0.3)  # longer than Hypothesis' default 200 ms deadline
+    return f"{rows} rows"
+
+
+def test_lifecycle_test_runs_a_sync_tool_under_the_default_profile() -> None:
+    @tt.lifecycle_test(
+        script_strategy=st.just(
+            [tt.Turn(tool_calls=[("report", {"rows": 3})]), tt.Turn(text="done")]
+        ),
+        settings=hypothesis.settings(
+            hypothesis.settings.get_profile("default"), max_examples=2, database=None
+        ),
+    )
+    def test_reporting_agent(model: ta.Model) -> ta.Agent:
+        return ta.Agent(name="r", model=model, tools=[report])
+
+    test_reporting_agent()  # no DeadlineExceeded
+
+
+def test_lifecycle_check_runs_a_sync_tool(lifecycle_check: Callable[..., None]) -> None:
+    lifecycle_check(
+        agent_with(report),
+        script_strategy=st.just(
+            [tt.Turn(tool_calls=[("report", {"rows": 1})]), tt.Turn(text="done")]
+        ),
+        settings=hypothesis.settings(
+            hypothesis.settings.get_profile("default"), max_examples=2, database=None
+        ),
+    )
+
+
+def test_a_user_thread_tool_that_ignores_cancellation_is_reported() -> None:
+    stop = threading.Event()
+
+    @ta.function_tool
+    def export_rows(ctx: ta.ToolContext, rows: int) -> str:
+        """Export rows to a slow warehouse (30 s), never looking at ctx.cancelled."""
+        stop.wait(30)
+        return f"exported {rows}"
+
+    prop = tt.LifecycleProperty(agent_with(export_rows))
+    try:
+        report = prop.check(
+            [tt.Turn(tool_calls=[("export_rows", {"rows": 3})]), "done"],
+            [tt.Op(0.5, "cancel", reason="stop")],
+        )
+    finally:
+        stop.set()
+    assert report.invariants == ("thread-leak",), report
+    assert "does a sync tool ignore ctx.cancelled?" in str(report)
+    assert "outcome: cancelled (stop)" in str(report)

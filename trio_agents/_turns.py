@@ -181,7 +181,7 @@ async def load_session(state: RunState) -> None:
         else:
             state.load_history(repaired)
             if repaired != stored:
-                await _write_back(state, repaired)
+                await _write_back(state, stored, repaired)
     state.input_committed = True
     for item in state.input:
         state.commit(item)
@@ -194,15 +194,21 @@ async def load_session(state: RunState) -> None:
     await state.persist()
 
 
-async def _write_back(state: RunState, items: list[Item]) -> None:
-    """Write a load repair back, so the stored rows are valid again — only through a
-    session's atomic ``replace_items`` (a clear followed by an append could lose the
-    history halfway). A session without it is repaired again at every load."""
-    replace = getattr(state.session, "replace_items", None)
-    if replace is None:
-        return
+async def _write_back(state: RunState, stored: list[Item], repaired: list[Item]) -> None:
+    """Write a load repair back, so the stored rows are valid again — atomically only: a
+    repair that just appends (results for calls left open at the end, the usual crash)
+    is one ``add_items``; any other goes through the session's ``replace_items`` if it
+    has one (a clear followed by an append could lose the history halfway). A session
+    with neither is repaired again at every load."""
+    session = state.session
+    assert session is not None
     try:
-        await replace(items)
+        if repaired[: len(stored)] == stored:
+            await session.add_items(repaired[len(stored) :])
+            return
+        replace = getattr(session, "replace_items", None)
+        if replace is not None:
+            await replace(repaired)
     except Exception as exc:
         state.drop_session()
         raise SessionError(exc) from exc

@@ -7,15 +7,20 @@ message saying so. The pieces:
 - :class:`ScriptedModel` / :class:`Turn`: a deterministic model that records requests.
 - Fake tools that report what happened to them (:class:`ToolRecorder`):
   :func:`blocking_tool`, :func:`sleeping_tool`, :func:`failing_tool`,
-  :func:`thread_tool`, :func:`process_tool`.
+  :func:`thread_tool`, :func:`process_tool`; and fault tools that misbehave on
+  purpose: :func:`swallowing_tool`, :func:`stray_cancel_tool`, :func:`shielding_tool`,
+  :func:`garbage_tool`, :func:`stubborn_thread_tool`.
+- Faults of models, hooks and sessions: :class:`Faults` (:class:`ModelFault`,
+  :class:`HookFault`, :class:`SessionFault`).
 - Hypothesis strategies: :func:`tool_sets`, :func:`scripts`, :func:`schedules`
-  (operations :class:`Op` at virtual times), :func:`items`.
+  (operations :class:`Op` at virtual times), :func:`items`, :func:`faults`.
 - :func:`run_schedule`: one example on ``MockClock(autojump_threshold=0)``, returning an
   :class:`Observation`; :func:`check_run`: the invariant checker, returning a
   :class:`Report`.
 - :class:`LifecycleProperty` and :func:`lifecycle_test`: the property for an agent;
   ``pytest -p trio_agents.testing.plugin`` adds the ``scripted_model`` and
-  ``lifecycle_check`` fixtures.
+  ``lifecycle_check`` fixtures. :func:`harness_settings`: the Hypothesis settings
+  they use (no deadline, no ``too_slow``).
 
 See ``docs/testing.md``.
 """
@@ -35,18 +40,35 @@ from ._check import Report as Report
 from ._check import Violation as Violation
 from ._check import check_events as check_events
 from ._check import check_run as check_run
+from ._fakes import GARBAGE as GARBAGE
 from ._fakes import CallRecord as CallRecord
 from ._fakes import FakeToolError as FakeToolError
 from ._fakes import ToolRecorder as ToolRecorder
 from ._fakes import blocking_tool as blocking_tool
 from ._fakes import failing_tool as failing_tool
+from ._fakes import garbage_tool as garbage_tool
 from ._fakes import process_tool as process_tool
+from ._fakes import shielding_tool as shielding_tool
 from ._fakes import sleeping_tool as sleeping_tool
+from ._fakes import stray_cancel_tool as stray_cancel_tool
+from ._fakes import stubborn_thread_tool as stubborn_thread_tool
+from ._fakes import swallowing_tool as swallowing_tool
 from ._fakes import thread_tool as thread_tool
+from ._faults import HOOK_NAMES as HOOK_NAMES
+from ._faults import Faults as Faults
+from ._faults import HookCall as HookCall
+from ._faults import HookFault as HookFault
+from ._faults import InjectedFault as InjectedFault
+from ._faults import ModelFault as ModelFault
+from ._faults import SessionCall as SessionCall
+from ._faults import SessionFault as SessionFault
+from ._faults import StreamRecord as StreamRecord
 from ._property import Failure as Failure
 from ._property import LifecycleProperty as LifecycleProperty
+from ._property import harness_settings as harness_settings
 from ._property import lifecycle_test as lifecycle_test
 from ._runner import CancelRecord as CancelRecord
+from ._runner import FreshRun as FreshRun
 from ._runner import InjectionRecord as InjectionRecord
 from ._runner import Observation as Observation
 from ._runner import SubscriberView as SubscriberView
@@ -55,6 +77,7 @@ from ._strategies import OP_KINDS as OP_KINDS
 from ._strategies import FakeTools as FakeTools
 from ._strategies import Op as Op
 from ._strategies import OpKind as OpKind
+from ._strategies import faults as faults
 from ._strategies import items as items
 from ._strategies import schedules as schedules
 from ._strategies import scripts as scripts
@@ -64,6 +87,8 @@ from ._strategies import tool_sets as tool_sets
 del _hypothesis
 
 __all__ = [
+    "GARBAGE",
+    "HOOK_NAMES",
     "INVARIANTS",
     "OP_KINDS",
     "CallRecord",
@@ -71,14 +96,23 @@ __all__ = [
     "Failure",
     "FakeToolError",
     "FakeTools",
+    "Faults",
+    "FreshRun",
+    "HookCall",
+    "HookFault",
+    "InjectedFault",
     "InjectionRecord",
     "LifecycleProperty",
     "LifecycleViolation",
+    "ModelFault",
     "Observation",
     "Op",
     "OpKind",
     "Report",
     "ScriptedModel",
+    "SessionCall",
+    "SessionFault",
+    "StreamRecord",
     "SubscriberView",
     "ToolRecorder",
     "Turn",
@@ -87,14 +121,21 @@ __all__ = [
     "check_events",
     "check_run",
     "failing_tool",
+    "faults",
+    "garbage_tool",
+    "harness_settings",
     "items",
     "lifecycle_test",
     "process_tool",
     "run_schedule",
     "schedules",
     "scripts",
+    "shielding_tool",
     "sleeping_tool",
     "standard_tools",
+    "stray_cancel_tool",
+    "stubborn_thread_tool",
+    "swallowing_tool",
     "thread_tool",
     "tool_sets",
 ]

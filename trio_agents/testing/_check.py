@@ -11,6 +11,7 @@ import attrs
 from .._events import (
     EventsDropped,
     InboxDelivered,
+    ResponseTextDelta,
     RunEvent,
     RunItemEvent,
     RunStatus,
@@ -18,8 +19,9 @@ from .._events import (
     ToolFinished,
     ToolStarted,
 )
-from .._items import ToolResult, conversation_problems
+from .._items import AssistantMessage, Item, ToolResult, conversation_problems
 from .._result import RunResult
+from ._faults import MALFORMED, START_HOOKS, HookCall
 from ._runner import Observation
 
 __all__ = ["INVARIANTS", "LifecycleViolation", "Report", "Violation", "check_events", "check_run"]
@@ -35,24 +37,33 @@ LEGAL_NEXT: dict[RunStatus, frozenset[RunStatus]] = {
 }
 
 INVARIANTS: dict[str, str] = {
+    "run-ends": "wait(), updated and events() end; only the caller's own cancel escapes open_run",
     "statuses": "statuses start queued and follow queued → running ⇄ awaiting_approval → terminal",
     "one-terminal": "exactly one terminal run.updated, the last event, matching the result",
     "seq": "seqs start at 1 and strictly increase (contiguous unless events were dropped)",
-    "result": "the result is coherent (reason for failed/cancelled, output for completed)",
+    "result": "the result is coherent (reason for failed/cancelled, output for completed, input kept)",
     "conversation": "result.conversation is valid model input and ends with new_items",
     "items-events": "the run.item events are exactly result.new_items, in order",
+    "streamed-text": "text streamed in a turn is kept (as an incomplete message if the turn broke)",
     "tools-balanced": "each tool.started has one tool.finished matching the call's result",
     "tool-cancellation": "a tool running when the run is cancelled ends 'cancelled'",
     "injection-accounting": "each accepted injection is delivered once or unconsumed, in order",
     "model-input": "every model request is valid and a prefix of the final conversation",
+    "model-events": "a model stream that breaks fails the run (malformed: a ModelError reason)",
     "model-streams-closed": "no model stream is left open",
     "subscribers": "every subscriber sees the log in order and ends with the terminal update",
     "cancel-reason": "a cancelled run carries the reason of the cancel that ended it",
     "cancel-before-start": "a run cancelled while queued makes no model call",
-    "cancel-latency": "an immediate cancel reaches the terminal update within the bound",
+    "cancel-latency": "a cancel reaches the terminal update within cleanup_timeout",
+    "cleanup-latency": "a run that ends by itself reaches its terminal update within cleanup_timeout",
+    "hooks-balanced": "each start hook called gets exactly one end hook call",
+    "hook-errors": "a hook that raises during the run fails it, and the reason names the hook",
+    "session-stored": "the session holds the final conversation (written before on_run_end) and loads valid",
+    "session-error": "a run whose conversation could not be stored says so: failed, 'session error: …'",
+    "session-released": "the next run on the session starts (no SessionBusyError) and completes",
     "task-leak": "no task started during the run is alive after it",
     "process-leak": "no process started by the run is alive after it",
-    "thread-leak": "no thread-tool call keeps running after the run",
+    "thread-leak": "no worker thread of the run keeps running after it",
     "op-error": "operations on a live run raise only documented errors",
 }
 """Every invariant the checker knows: name → what it means, in checking order."""
@@ -140,8 +151,19 @@ class LifecycleViolation(AssertionError):
 
 Found = list[Violation]
 
+EPSILON = 1e-6
+"""Slack for comparing virtual times (sums of binary fractions, but still floats)."""
 
-def _check_statuses(result: RunResult, events: Sequence[RunEvent], out: Found) -> None:
+SESSION_REASONS = ("session error:", "cleanup timed out")
+
+
+def _is_session_reason(reason: str | None) -> bool:
+    return reason is not None and (
+        reason.startswith(SESSION_REASONS[0]) or reason == SESSION_REASONS[1]
+    )
+
+
+def _check_statuses(result: RunResult | None, events: Sequence[RunEvent], out: Found) -> None:
     updates = [e for e in events if isinstance(e, RunUpdated)]
     if not updates or updates[0].status is not RunStatus.QUEUED:
         out.append(Violation("statuses", "the first run.updated is not 'queued'"))
@@ -168,6 +190,10 @@ def _check_statuses(result: RunResult, events: Sequence[RunEvent], out: Found) -
                 f"the terminal update (seq {terminal[0].seq}) is not the last event"
                 f" (seq {events[-1].seq}, {events[-1].type})",
             )
+        )
+    elif result is None:
+        out.append(
+            Violation("one-terminal", "a terminal update was emitted, yet run.result is None")
         )
     elif (terminal[0].status, terminal[0].reason) != (result.status, result.reason):
         out.append(
@@ -221,6 +247,37 @@ def _check_conversation(result: RunResult, events: Sequence[RunEvent], out: Foun
                 break
 
 
+def _check_streamed_text(events: Sequence[RunEvent], out: Found) -> None:
+    """Nothing the user saw streamed is thrown away (DESIGN §5)."""
+    streamed: dict[int, list[str]] = {}
+    kept: dict[int, list[str]] = {}
+    for event in events:
+        if isinstance(event, ResponseTextDelta):
+            text: object = event.text  # a broken core may pass a model's garbage on
+            if not isinstance(text, str):
+                out.append(
+                    Violation(
+                        "streamed-text",
+                        f"response.text.delta seq {event.seq} carries"
+                        f" {type(text).__name__}, not str",
+                    )
+                )
+                continue
+            streamed.setdefault(event.turn, []).append(text)
+        elif isinstance(event, RunItemEvent) and isinstance(event.item, AssistantMessage):
+            kept.setdefault(event.turn, []).append(event.item.content)
+    for turn, parts in streamed.items():
+        text = "".join(parts)
+        if text and text not in kept.get(turn, []):
+            out.append(
+                Violation(
+                    "streamed-text",
+                    f"turn {turn} streamed {text!r}, but no assistant message of that turn"
+                    f" holds it (kept: {kept.get(turn, [])!r})",
+                )
+            )
+
+
 def _check_tools(result: RunResult, events: Sequence[RunEvent], out: Found) -> None:
     results = {i.call_id: i for i in result.conversation if isinstance(i, ToolResult)}
     started: dict[str, ToolStarted] = {}
@@ -257,12 +314,14 @@ def _check_tool_cancellation(obs: Observation, out: Found) -> None:
     if not hard:
         return
     cut = hard[0].seq
+    faulty = {c.call_id for c in obs.tool_calls if c.fault is not None}
     started = {e.call_id: e for e in obs.events if isinstance(e, ToolStarted) and e.seq <= cut}
     for event in obs.events:
         if (
             isinstance(event, ToolFinished)
             and event.seq > cut
             and event.call_id in started
+            and event.call_id not in faulty
             and event.status != "cancelled"
         ):
             out.append(
@@ -275,8 +334,8 @@ def _check_tool_cancellation(obs: Observation, out: Found) -> None:
             )
 
 
-def _check_injections(obs: Observation, out: Found) -> None:
-    result, events = obs.result, obs.events
+def _check_injections(obs: Observation, result: RunResult, out: Found) -> None:
+    events = obs.events
     delivered_at = {e.injection_id: e.seq for e in events if isinstance(e, InboxDelivered)}
     delivered = [e.injection_id for e in events if isinstance(e, InboxDelivered)]
     by_id = {inj.id: inj for inj in obs.injections}
@@ -335,22 +394,39 @@ def _check_injections(obs: Observation, out: Found) -> None:
 
 
 def _check_model(obs: Observation, out: Found) -> None:
-    final = obs.result.conversation
+    final = obs.outcome.conversation if obs.outcome is not None else None
     for number, request in enumerate(obs.requests, 1):
         problems = conversation_problems(request.items)
         if problems:
             out.append(
                 Violation("model-input", f"model request {number} is invalid: {problems[0]}")
             )
-            return
-        if tuple(final[: len(request.items)]) != request.items:
+            break
+        if final is not None and tuple(final[: len(request.items)]) != request.items:
             out.append(
                 Violation(
                     "model-input",
                     f"model request {number} is not a prefix of the final conversation",
                 )
             )
-            return
+            break
+    result = obs.outcome
+    for stream in obs.streams:
+        fault = stream.fault
+        if fault is None or stream.fired_at is None or fault.kind == "never_ends":
+            continue
+        what = f"model call {stream.number} {fault.kind} (t={stream.fired_at:g})"
+        if result is None or result.status is not RunStatus.FAILED:
+            status = "no result" if result is None else f"{result.status.value} ({result.reason})"
+            out.append(Violation("model-events", f"{what}, yet the run ended {status}"))
+        elif fault.kind in MALFORMED and "ModelError" not in (result.reason or ""):
+            out.append(
+                Violation(
+                    "model-events",
+                    f"{what}: the run failed with {result.reason!r}, not a ModelError reason",
+                )
+            )
+        break  # the first fault that fired decides the run
     if obs.open_streams:
         out.append(Violation("model-streams-closed", f"{obs.open_streams} stream(s) left open"))
 
@@ -379,10 +455,21 @@ def _check_subscribers(obs: Observation, out: Found) -> None:
             )
 
 
-def _check_cancels(obs: Observation, max_latency: float | None, out: Found) -> None:
-    result = obs.result
+def _shield_end(obs: Observation, at: float) -> float:
+    """When the last shielded fault tool running at ``at`` left its shield."""
+    end = at
+    for call in obs.tool_calls:
+        if call.fault == "shield" and call.started_at is not None and call.started_at <= at:
+            if call.ended_at is None:
+                return float("inf")
+            end = max(end, call.ended_at)
+    return end
+
+
+def _check_cancels(obs: Observation, max_latency: float, out: Found) -> None:
+    result = obs.outcome
     live = [c for c in obs.cancels if c.live]
-    if result.status is RunStatus.CANCELLED:
+    if result is not None and result.status is RunStatus.CANCELLED:
         allowed = {live[0].reason} if live else set()
         allowed |= {c.reason for c in obs.cancels if c.kind in ("outer", "horizon")}
         if result.reason not in allowed:
@@ -401,17 +488,222 @@ def _check_cancels(obs: Observation, max_latency: float | None, out: Found) -> N
                 )
             )
             break
+    if result is None or not obs.event_times:
+        return
+    terminal_at = obs.event_times[-1]
     hard = [c for c in live if c.kind != "after_turn"]
-    if hard and max_latency is not None and obs.event_times:
-        latency = obs.event_times[-1] - hard[0].at
-        if latency > max_latency:
+    if hard:
+        start = _shield_end(obs, hard[0].at)
+        latency = terminal_at - start
+        if latency > max_latency + EPSILON:
+            waited = f" (after a shielded tool, from t={start:g})" if start > hard[0].at else ""
             out.append(
                 Violation(
                     "cancel-latency",
                     f"{hard[0].kind} cancel at t={hard[0].at:g} reached the terminal update"
-                    f" {latency:g} virtual s later (bound {max_latency:g} s)",
+                    f" {terminal_at - hard[0].at:g} virtual s later{waited}"
+                    f" (bound {max_latency:g} s)",
                 )
             )
+        return
+    _check_cleanup(obs, result, terminal_at, max_latency, out)
+
+
+def _check_cleanup(
+    obs: Observation, result: RunResult, terminal_at: float, bound: float, out: Found
+) -> None:
+    """The one cleanup deadline also bounds a run that ends by itself."""
+    ended_at: float | None = None
+    what = ""
+    if result.status is RunStatus.COMPLETED:
+        items = [
+            t for e, t in zip(obs.events, obs.event_times, strict=True) if e.type == "run.item"
+        ]
+        if items:
+            ended_at, what = items[-1], "its final answer"
+    else:
+        fired = [s for s in obs.streams if s.fired_at is not None and s.fault is not None]
+        if fired and fired[0].fault is not None and fired[0].fault.kind != "never_ends":
+            ended_at, what = fired[0].fired_at, f"model call {fired[0].number} broke"
+    if ended_at is not None and terminal_at - ended_at > bound + EPSILON:
+        out.append(
+            Violation(
+                "cleanup-latency",
+                f"the run ended ({what}) at t={ended_at:g} but its terminal update came"
+                f" {terminal_at - ended_at:g} virtual s later (bound {bound:g} s)",
+            )
+        )
+
+
+_PAIRS = {
+    "on_run_end": "on_run_start",
+    "on_model_end": "on_model_start",
+    "on_tool_end": "on_tool_start",
+}
+
+
+def _check_hooks(obs: Observation, out: Found) -> None:
+    balance: dict[str, int] = {}
+    for call in obs.hook_calls:
+        if call.hook in START_HOOKS:
+            balance[call.key] = balance.get(call.key, 0) + 1
+        else:
+            if balance.get(call.key, 0) <= 0:
+                out.append(
+                    Violation(
+                        "hooks-balanced",
+                        f"{call.hook} for {call.key!r} without {_PAIRS[call.hook]}",
+                    )
+                )
+            balance[call.key] = balance.get(call.key, 0) - 1
+    for key, count in balance.items():
+        if count > 0:
+            out.append(
+                Violation("hooks-balanced", f"{key!r} started {count} time(s) more than ended")
+            )
+    result = obs.outcome
+    hard = [c.at for c in obs.cancels if c.live and c.kind != "after_turn"]
+    cut = hard[0] if hard else float("inf")
+    for index, call in enumerate(obs.hook_calls):
+        if call.fault != "raise" or call.hook == "on_run_end":
+            continue
+        # An end hook that raises while the repair runs is logged and ignored.
+        in_run = call.hook in START_HOOKS or (
+            call.at < cut and not _failure_before(obs, call.at, obs.hook_calls[:index])
+        )
+        if not in_run or result is None:
+            continue
+        if result.status is not RunStatus.FAILED:
+            out.append(
+                Violation(
+                    "hook-errors",
+                    f"{call.hook} raised at t={call.at:g} during the run, yet the run ended"
+                    f" {result.status.value} ({result.reason})",
+                )
+            )
+        elif call.hook not in (result.reason or ""):
+            out.append(
+                Violation(
+                    "hook-errors",
+                    f"{call.hook} raised at t={call.at:g}; the run failed with"
+                    f" {result.reason!r}, which does not name the hook",
+                )
+            )
+        break
+
+
+def _failure_before(
+    obs: Observation, at: float, hook_calls: Sequence[HookCall] | None = None
+) -> bool:
+    """Did something else fail the run at or before ``at``? (``hook_calls``: the hook
+    calls to consider; by default all.)"""
+    result = obs.outcome
+    if result is not None and result.reason == "max_turns":
+        return True
+    for stream in obs.streams:
+        if stream.error_at is not None and stream.error_at <= at:
+            return True
+    calls = obs.hook_calls if hook_calls is None else hook_calls
+    return any(c.outcome == "raised" and c.hook != "on_run_end" and c.at <= at for c in calls)
+
+
+def _check_session(obs: Observation, out: Found) -> None:
+    stored, result, fresh = obs.stored, obs.outcome, obs.fresh_run
+    if stored is None:
+        return
+    gets = [c for c in obs.session_calls if c.method == "get_items"]
+    adds = [c for c in obs.session_calls if c.method == "add_items"]
+    if result is not None:
+        persisted = stored == tuple(result.conversation)
+        if not persisted and stored != tuple(result.conversation[: len(stored)]):
+            out.append(
+                Violation(
+                    "session-stored",
+                    f"the session holds {len(stored)} item(s) that are not a prefix of"
+                    " result.conversation",
+                )
+            )
+        for call in obs.hook_calls:
+            if call.hook == "on_run_end" and call.stored is False and persisted:
+                out.append(
+                    Violation(
+                        "session-stored",
+                        "on_run_end was called before the conversation was written",
+                    )
+                )
+        failed_writes = [c for c in adds if c.outcome != "ok"]
+        load_failed = any(c.outcome == "raised" for c in gets)
+        problem = None
+        if load_failed:
+            problem = "loading the session raised"
+        elif not persisted:
+            problem = "the session does not hold result.conversation"
+        elif adds and adds[-1].outcome != "ok":
+            problem = f"the last add_items {adds[-1].outcome}"
+        if problem is not None:
+            first = failed_writes[0].at if failed_writes else (gets[0].at if gets else 0.0)
+            if result.status is not RunStatus.FAILED:
+                out.append(
+                    Violation(
+                        "session-error",
+                        f"{problem}, yet the run ended {result.status.value}"
+                        f" ({result.reason}): a client would trust it as saved",
+                    )
+                )
+            elif (
+                not _is_session_reason(result.reason)
+                and not load_failed
+                and not (_failure_before(obs, first))
+            ):
+                out.append(
+                    Violation(
+                        "session-error",
+                        f"{problem}; the run failed with {result.reason!r}, not"
+                        " 'session error: …' or 'cleanup timed out'",
+                    )
+                )
+    if fresh is None:
+        return
+    if fresh.outcome == "busy":
+        out.append(
+            Violation("session-released", "the next run on the session raised SessionBusyError")
+        )
+        return
+    if fresh.outcome != "completed":
+        out.append(Violation("session-released", f"the next run on the session: {fresh.outcome}"))
+    if fresh.request is not None:
+        problems = conversation_problems(fresh.request)
+        if problems:
+            out.append(
+                Violation(
+                    "session-stored",
+                    f"loading the session gave an invalid conversation: {problems[0]}",
+                )
+            )
+        elif _repairable(fresh.stored_before) and not _subsequence(
+            fresh.stored_before, fresh.request
+        ):
+            out.append(Violation("session-stored", "loading the session lost stored items"))
+    problems = conversation_problems(fresh.stored_after)
+    if problems:
+        out.append(
+            Violation(
+                "session-stored",
+                f"after the next run the session holds an invalid conversation: {problems[0]}"
+                " (was the repair of the loaded history written back?)",
+            )
+        )
+
+
+def _repairable(items: Sequence[Item]) -> bool:
+    """Only results are missing (a crash): loading must keep every item."""
+    fatal = ("duplicate", "unknown call", "second result")
+    return not any(any(f in p for f in fatal) for p in conversation_problems(items))
+
+
+def _subsequence(part: Sequence[Item], whole: Sequence[Item]) -> bool:
+    remaining = iter(whole)
+    return all(any(item == other for other in remaining) for item in part)
 
 
 def _check_leaks(obs: Observation, out: Found) -> None:
@@ -420,28 +712,54 @@ def _check_leaks(obs: Observation, out: Found) -> None:
         out.append(Violation("task-leak", f"task {name!r}{owner} is alive after the run ended"))
     for pid, cmdline in obs.leaked_processes:
         out.append(Violation("process-leak", f"process {pid} ({cmdline}) outlived the run"))
-    if not obs.threads_stopped:
-        running = [c.call_id for c in obs.tool_calls if c.kind == "thread" and c.state == "running"]
-        out.append(Violation("thread-leak", f"thread-tool calls {running} still run 2 s after"))
+    if obs.leaked_threads:
+        calls = [c.call_id for c in obs.tool_calls if c.kind == "thread" and c.state == "running"]
+        fakes = f" (fake tool calls {calls})" if calls else ""
+        out.append(
+            Violation(
+                "thread-leak",
+                f"{', '.join(obs.leaked_threads)} still running after the run ended{fakes}:"
+                " does a sync tool ignore ctx.cancelled?",
+            )
+        )
     for error in obs.op_errors:
         out.append(Violation("op-error", error))
 
 
-def check_events(result: RunResult, events: Sequence[RunEvent]) -> Report:
+def _check_ends(obs: Observation, out: Found) -> None:
+    if obs.run_error is not None:
+        out.append(Violation("run-ends", f"open_run raised {obs.run_error}"))
+    what = {
+        "wait": "run.wait() never returned",
+        "updated": "`async for` over run.updated never ended",
+        "events": "`async for` over run.events() never ended",
+        "late_events": "run.events() started after the end did not replay the log and end",
+    }
+    for key, text in what.items():
+        if not obs.ended.get(key, True) and (key != "late_events" or obs.ended.get("wait")):
+            out.append(Violation("run-ends", text))
+
+
+def check_events(result: RunResult | None, events: Sequence[RunEvent]) -> Report:
     """Check what any run's result and full event list can show on their own.
 
     Statuses, the one terminal update, seqs, the result's coherence, conversation
-    validity, ``run.item`` events against ``new_items``, and balanced tool events.
-    Use it on runs you drive yourself; :func:`check_run` checks much more.
+    validity, ``run.item`` events against ``new_items``, streamed text kept, and
+    balanced tool events. Use it on runs you drive yourself; :func:`check_run` checks
+    much more. ``result`` None (a run that never ended) is itself a violation.
     """
     out: Found = []
     if not events:
         return Report((Violation("one-terminal", "the run has no events"),))
     _check_statuses(result, events, out)
     _check_seq(events, out)
-    _check_result(result, out)
-    _check_conversation(result, events, out)
-    _check_tools(result, events, out)
+    _check_streamed_text(events, out)
+    if result is not None:
+        _check_result(result, out)
+        _check_conversation(result, events, out)
+        _check_tools(result, events, out)
+    order = list(INVARIANTS)
+    out.sort(key=lambda v: order.index(v.invariant))
     return Report(tuple(out))
 
 
@@ -449,22 +767,30 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     """Check every lifecycle invariant (:data:`INVARIANTS`) of one observed example.
 
     ``max_cancel_latency`` bounds the virtual time from the first immediate (or outer)
-    cancel to the terminal update; by default twice the run's ``cleanup_timeout``
-    (the repair and the ``on_run_end`` hook are each bounded by it).
+    cancel to the terminal update (from the end of a shielded fault tool's shield, if
+    one was running), and from a run's own end to its terminal update; by default the
+    run's ``cleanup_timeout``, the one deadline of its whole cleanup.
     """
-    if max_cancel_latency is None:
-        max_cancel_latency = 2 * float(observation.run_options.get("cleanup_timeout", 5.0))
-    out = list(check_events(observation.result, observation.events).violations)
+    obs = observation
+    bound = obs.cleanup_timeout if max_cancel_latency is None else max_cancel_latency
+    out = list(check_events(obs.outcome, obs.events).violations)
+    result = obs.outcome
+    if result is not None and result.new_items[: len(obs.input_items)] != obs.input_items:
+        out.append(Violation("result", "result.new_items does not start with the run's input"))
     checks: list[Callable[[], None]] = [
-        lambda: _check_tool_cancellation(observation, out),
-        lambda: _check_injections(observation, out),
-        lambda: _check_model(observation, out),
-        lambda: _check_subscribers(observation, out),
-        lambda: _check_cancels(observation, max_cancel_latency, out),
-        lambda: _check_leaks(observation, out),
+        lambda: _check_ends(obs, out),
+        lambda: _check_tool_cancellation(obs, out),
+        lambda: _check_model(obs, out),
+        lambda: _check_subscribers(obs, out),
+        lambda: _check_cancels(obs, bound, out),
+        lambda: _check_hooks(obs, out),
+        lambda: _check_session(obs, out),
+        lambda: _check_leaks(obs, out),
     ]
+    if result is not None:
+        checks.insert(2, lambda: _check_injections(obs, result, out))
     for check in checks:
         check()
     order = list(INVARIANTS)
     out.sort(key=lambda v: order.index(v.invariant))
-    return Report(tuple(out), observation.describe())
+    return Report(tuple(out), obs.describe())

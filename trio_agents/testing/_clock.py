@@ -4,21 +4,43 @@
 is blocked, and a task waiting for a worker thread or a child process counts as
 blocked: virtual time would race ahead of work that takes real time, and examples
 would stop replaying exactly. While a hold is active the clock does not autojump.
+
+A hold must never last forever, or a sync tool that ignores ``ctx.cancelled`` (and so
+never returns) would freeze virtual time, and with it every cancel that could reach
+it. :class:`ClockHoldingLimiter` therefore holds the clock for each worker thread for
+at most ``hold_limit`` seconds of real time; a thread that runs longer is treated as
+taking arbitrarily long (virtual time goes on while it runs). The holds of one
+``trio.run`` live in a :class:`trio.lowlevel.RunVar`, so a hold that a leaked thread
+never gives back dies with its run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import final
 
+import attrs
 import trio
 import trio.testing
 
-__all__ = ["ClockHoldingLimiter", "hold_clock"]
+__all__ = ["ClockHoldingLimiter", "hold_again", "hold_clock", "let_go_of_thread"]
 
-_holds: dict[int, tuple[int, float]] = {}
+THREAD_PREFIX = "trio_agents.testing"
+"""Names of the harness's own helper threads start with this (leak checks skip them)."""
+
+
+@attrs.define(eq=False)
+class _Holds:
+    count: int
+    threshold: float
+    limiters: list[ClockHoldingLimiter] = attrs.Factory(list)
+
+
+_HOLDS: trio.lowlevel.RunVar[_Holds] = trio.lowlevel.RunVar("trio_agents.testing.clock_holds")
 
 
 def _mock_clock() -> trio.testing.MockClock | None:
@@ -26,25 +48,35 @@ def _mock_clock() -> trio.testing.MockClock | None:
     return clock if isinstance(clock, trio.testing.MockClock) else None
 
 
-def _acquire() -> None:
+def _holds() -> _Holds | None:
     clock = _mock_clock()
     if clock is None:
+        return None
+    try:
+        return _HOLDS.get()
+    except LookupError:
+        holds = _Holds(0, clock.autojump_threshold)
+        _HOLDS.set(holds)
+        return holds
+
+
+def _acquire() -> None:
+    clock, holds = _mock_clock(), _holds()
+    if clock is None or holds is None:
         return
-    count, threshold = _holds.get(id(clock), (0, clock.autojump_threshold))
-    _holds[id(clock)] = (count + 1, threshold)
+    if holds.count == 0:
+        holds.threshold = clock.autojump_threshold
+    holds.count += 1
     clock.autojump_threshold = math.inf
 
 
 def _release() -> None:
-    clock = _mock_clock()
-    if clock is None or id(clock) not in _holds:
+    clock, holds = _mock_clock(), _holds()
+    if clock is None or holds is None or holds.count == 0:
         return
-    count, threshold = _holds[id(clock)]
-    if count <= 1:
-        del _holds[id(clock)]
-        clock.autojump_threshold = threshold
-    else:
-        _holds[id(clock)] = (count - 1, threshold)
+    holds.count -= 1
+    if holds.count == 0:
+        clock.autojump_threshold = holds.threshold
 
 
 @contextmanager
@@ -57,20 +89,136 @@ def hold_clock() -> Iterator[None]:
         _release()
 
 
+@attrs.define(eq=False)
+class _Borrow:
+    task_name: str
+    holding: bool = True
+    finished: bool = False  # its thread returned: never hold the clock for it again
+    timer: threading.Timer | None = None
+
+
+def _call_soon(token: trio.lowlevel.TrioToken, fn: object, *args: object) -> None:
+    # Called from a timer thread: the run may be over by then.
+    with contextlib.suppress(trio.RunFinishedError):
+        token.run_sync_soon(fn, *args)  # type: ignore[arg-type]
+
+
 @final
 class ClockHoldingLimiter:
     """A thread limiter (for ``thread_limiter=``) that holds the clock while its
-    threads run; it delegates the limiting to a :class:`trio.CapacityLimiter`."""
+    threads run, for at most ``hold_limit`` real seconds each (None: no limit); it
+    delegates the limiting to a :class:`trio.CapacityLimiter`.
 
-    def __init__(self, inner: trio.CapacityLimiter) -> None:
+    It also knows which of its threads are still running (:meth:`running`): Trio
+    gives a limiter token back only when the thread itself has finished, even when
+    the waiting task abandoned it.
+    """
+
+    def __init__(self, inner: trio.CapacityLimiter, *, hold_limit: float | None = None) -> None:
         self._inner = inner
+        self._hold_limit = hold_limit
+        self._borrows: dict[object, _Borrow] = {}
+        self._idle = threading.Event()
+        self._idle.set()
+        self._registered = False
 
     async def acquire_on_behalf_of(self, borrower: object) -> None:
-        """Acquire a token; hold the clock until it is released."""
+        """Acquire a token; hold the clock until it is released (or the hold expires)."""
         await self._inner.acquire_on_behalf_of(borrower)
+        if not self._registered:
+            holds = _holds()
+            if holds is not None:
+                holds.limiters.append(self)
+            self._registered = True
+        borrow = _Borrow(trio.lowlevel.current_task().name)
+        self._borrows[borrower] = borrow
+        self._idle.clear()
         _acquire()
+        if self._hold_limit is not None and _mock_clock() is not None:
+            token = trio.lowlevel.current_trio_token()
+            timer = threading.Timer(self._hold_limit, _call_soon, (token, self._expire, borrower))
+            timer.name = f"{THREAD_PREFIX}: clock hold"
+            timer.daemon = True
+            borrow.timer = timer
+            timer.start()
 
     def release_on_behalf_of(self, borrower: object) -> None:
         """Release the token and the hold."""
         self._inner.release_on_behalf_of(borrower)
-        _release()
+        borrow = self._borrows.pop(borrower, None)
+        if borrow is not None:
+            borrow.finished = True
+            if borrow.timer is not None:
+                borrow.timer.cancel()
+            self._let_go(borrow)
+        if not self._borrows:
+            self._idle.set()
+
+    def _expire(self, borrower: object) -> None:
+        borrow = self._borrows.get(borrower)
+        if borrow is not None:
+            self._let_go(borrow)
+
+    def _let_go(self, borrow: _Borrow) -> None:
+        if borrow.holding:
+            borrow.holding = False
+            _release()
+
+    def let_go(self) -> None:
+        """Stop holding the clock for every thread (the run abandoned them)."""
+        for borrow in self._borrows.values():
+            self._let_go(borrow)
+
+    def let_go_of_one(self, task_name: str | None) -> _Borrow | None:
+        """Stop holding the clock for one thread, started by a task named ``task_name``
+        if there is one (the latest such), else the latest one; return its borrow."""
+        holding = [b for b in self._borrows.values() if b.holding]
+        named = [b for b in holding if b.task_name == task_name]
+        chosen = (named or holding)[-1:]
+        for borrow in chosen:
+            self._let_go(borrow)
+        return chosen[0] if chosen else None
+
+    def running(self) -> list[str]:
+        """The names of the tasks whose worker threads are still running (call it on
+        the Trio thread)."""
+        return [borrow.task_name for borrow in self._borrows.values()]
+
+    @property
+    def idle(self) -> bool:
+        """Whether none of its threads runs (safe from any thread)."""
+        return self._idle.is_set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block (real time, from a worker thread) until no thread of ours runs."""
+        return self._idle.wait(timeout)
+
+
+def hold_again(borrow: _Borrow) -> None:
+    """Hold the clock for a thread again (on the Trio thread): it stopped waiting for
+    the harness and works until it returns."""
+    if not borrow.holding and not borrow.finished:
+        # (A thread that already returned would never give the hold back: the clock
+        # would stand still for the rest of the run.)
+        borrow.holding = True
+        _acquire()
+
+
+def let_go_of_thread(task_name: str | None) -> _Borrow | None:
+    """On the Trio thread: stop holding the clock for one worker thread of a task named
+    ``task_name`` (see :meth:`ClockHoldingLimiter.let_go_of_one`)."""
+    holds = _holds()
+    if holds is None:
+        return None
+    for limiter in holds.limiters:
+        borrow = limiter.let_go_of_one(task_name)
+        if borrow is not None:
+            return borrow
+    return None
+
+
+def current_thread_task_name() -> str | None:
+    """In a worker thread started by ``trio.to_thread.run_sync``: the name of the task
+    that started it (Trio names worker threads ``"<fn> from <task name>"``)."""
+    name = threading.current_thread().name
+    return name.split(" from ", 1)[1] if " from " in name else None

@@ -9,6 +9,7 @@ cancelled. The tools are ordinary :class:`~trio_agents.Tool` objects (made with
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -19,22 +20,31 @@ import trio
 
 from .._tools import Tool, ToolContext, function_tool
 from ._clock import _acquire as _acquire_hold
+from ._clock import _Borrow, current_thread_task_name, hold_again, hold_clock, let_go_of_thread
 from ._clock import _release as _release_hold
-from ._clock import hold_clock
 
 __all__ = [
+    "GARBAGE",
     "CallRecord",
     "FakeToolError",
     "ToolRecorder",
     "blocking_tool",
     "failing_tool",
+    "garbage_tool",
     "process_tool",
+    "shielding_tool",
     "sleeping_tool",
+    "stray_cancel_tool",
+    "stubborn_thread_tool",
+    "swallowing_tool",
     "thread_tool",
 ]
 
 CallState: TypeAlias = Literal["running", "finished", "failed", "cancelled"]
 """What a fake tool call is doing: still ``running``, or how it ended."""
+
+ToolFault: TypeAlias = Literal["swallow", "stray_cancel", "shield", "garbage", "stubborn"]
+"""The deliberate misbehaviour of a fault tool (see :attr:`CallRecord.fault`)."""
 
 ApprovalPolicy: TypeAlias = bool | Callable[[Mapping[str, Any]], bool]
 
@@ -58,6 +68,8 @@ class CallRecord:
         state: ``"running"``, ``"finished"``, ``"failed"`` or ``"cancelled"``.
         ended_at: Trio time when the call ended (None while running, and for thread
             tools).
+        fault: for the fault tools, how the call misbehaves on purpose (the checker
+            does not blame the run for what the tool itself does wrong); else None.
     """
 
     tool: str
@@ -67,6 +79,7 @@ class CallRecord:
     started_at: float | None
     state: CallState = "running"
     ended_at: float | None = None
+    fault: ToolFault | None = None
 
 
 @final
@@ -84,6 +97,8 @@ class ToolRecorder:
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _released: bool = attrs.field(init=False, default=False)
     _release_event: trio.Event | None = attrs.field(init=False, default=None)
+    _thread_release: threading.Event = attrs.field(init=False, factory=threading.Event)
+    _waiting_threads: list[_Borrow] = attrs.field(init=False, factory=list)
     _thread_done: threading.Condition = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -112,8 +127,15 @@ class ToolRecorder:
         return self._released
 
     def release(self) -> None:
-        """Let every waiting (and every future) :func:`blocking_tool` call finish."""
+        """Let every waiting (and every future) :func:`blocking_tool` and
+        :func:`stubborn_thread_tool` call finish."""
         self._released = True
+        # The threads waiting for this work again until they return: hold the clock
+        # for them in this very tick, before it can jump.
+        for borrow in self._waiting_threads:
+            hold_again(borrow)
+        self._waiting_threads.clear()
+        self._thread_release.set()
         if self._release_event is not None:
             self._release_event.set()
 
@@ -123,6 +145,8 @@ class ToolRecorder:
             self._calls.clear()
         self._released = False
         self._release_event = None
+        self._thread_release = threading.Event()
+        self._waiting_threads = []
 
     def wait_for_threads(self, timeout: float) -> bool:
         """Block (in real time, up to ``timeout`` s) until no thread-tool call runs.
@@ -138,9 +162,11 @@ class ToolRecorder:
 
     # ------------------------------------------------------------ used by the tools
 
-    def _start(self, tool: str, ctx: ToolContext, kind: str) -> CallRecord:
+    def _start(
+        self, tool: str, ctx: ToolContext, kind: str, fault: ToolFault | None = None
+    ) -> CallRecord:
         at = trio.current_time() if kind != "thread" else None
-        record = CallRecord(tool, ctx.call_id, ctx.run_id, kind, at)
+        record = CallRecord(tool, ctx.call_id, ctx.run_id, kind, at, fault=fault)
         with self._lock:
             self._calls.append(record)
         return record
@@ -151,6 +177,15 @@ class ToolRecorder:
             record.state = state
             record.ended_at = at
             self._thread_done.notify_all()
+
+    def _thread_waits(self, task_name: str | None) -> None:
+        """On the Trio thread, for a thread tool about to wait for :meth:`release`:
+        let the clock move while it waits (unless it is released already)."""
+        if self._released:
+            return
+        borrow = let_go_of_thread(task_name)
+        if borrow is not None:
+            self._waiting_threads.append(borrow)
 
     async def _wait_released(self) -> None:
         if self._released:
@@ -172,9 +207,16 @@ def _only_cancelled(exc: object) -> bool:
 class _Recording:
     """Context manager: record how an async call ends (Cancelled → cancelled)."""
 
-    def __init__(self, recorder: ToolRecorder, name: str, ctx: ToolContext, kind: str) -> None:
+    def __init__(
+        self,
+        recorder: ToolRecorder,
+        name: str,
+        ctx: ToolContext,
+        kind: str,
+        fault: ToolFault | None = None,
+    ) -> None:
         self._recorder = recorder
-        self._record = recorder._start(name, ctx, kind)
+        self._record = recorder._start(name, ctx, kind, fault)
 
     def __enter__(self) -> CallRecord:
         return self._record
@@ -357,3 +399,150 @@ def process_tool(
             return f"child slept {seconds:g} s"
 
     return function_tool(proc, name=name, timeout=timeout, needs_approval=needs_approval)
+
+
+# ------------------------------------------------------------------ fault tools
+#
+# Tools that misbehave on purpose, the way real user code does. The checker knows
+# them by ``CallRecord.fault``: it does not report what the tool itself does wrong
+# (a swallowed cancellation), only what the run makes of it.
+
+
+async def _stray_cancelled() -> trio.Cancelled:
+    """A ``trio.Cancelled`` that belongs to no scope of the caller (as when one is
+    re-raised from a shared service nursery): raising it later makes it stray."""
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled as exc:
+            # Deliberately not re-raised: the fault is to raise it somewhere else.
+            return exc
+    raise AssertionError("unreachable: the scope was cancelled")  # pragma: no cover
+
+
+def swallowing_tool(recorder: ToolRecorder, *, name: str = "swallow") -> Tool:
+    """An async tool ``swallow(seconds: float)`` that sleeps and, if cancelled,
+    swallows ``trio.Cancelled`` and returns ``"swallowed"`` (fault ``"swallow"``)."""
+
+    async def swallow(ctx: ToolContext, seconds: float) -> str:
+        """Sleep; never admit a cancellation.
+
+        Args:
+            seconds: how long to sleep.
+        """
+        record = recorder._start(name, ctx, "async", "swallow")
+        try:
+            await trio.sleep(seconds)
+        except trio.Cancelled:
+            recorder._end(record, "cancelled")
+            return "swallowed"  # the bug, on purpose
+        recorder._end(record, "finished")
+        return f"slept {seconds:g} s"
+
+    return function_tool(swallow, name=name)
+
+
+def stray_cancel_tool(recorder: ToolRecorder, *, name: str = "stray") -> Tool:
+    """An async tool ``stray(after: float)`` that sleeps ``after`` seconds, then raises
+    a stray ``trio.Cancelled`` that no scope of the run cancelled (fault
+    ``"stray_cancel"``)."""
+
+    async def stray(ctx: ToolContext, after: float = 0.0) -> str:
+        """Raise a cancellation that belongs to nobody.
+
+        Args:
+            after: seconds to wait first.
+        """
+        with _Recording(recorder, name, ctx, "async", "stray_cancel"):
+            await trio.sleep(after)
+            raise await _stray_cancelled()
+
+    return function_tool(stray, name=name)
+
+
+def shielding_tool(recorder: ToolRecorder, *, name: str = "shield") -> Tool:
+    """An async tool ``shield(seconds: float)`` that sleeps in a shielded scope, so a
+    cancel reaches it only once the sleep is over (fault ``"shield"``).
+
+    After the shield it checkpoints, so it then ends ``cancelled`` like a well-behaved
+    tool. Its ``ended_at`` is when the shield ended: the run cannot leave its scope
+    before, so the checker measures the cleanup bound from then.
+    """
+
+    async def shield(ctx: ToolContext, seconds: float) -> str:
+        """Work in a shield that a cancel cannot interrupt.
+
+        Args:
+            seconds: how long the shielded work takes.
+        """
+        with _Recording(recorder, name, ctx, "async", "shield"):
+            with trio.CancelScope(shield=True):
+                await trio.sleep(seconds)
+            await trio.lowlevel.checkpoint()
+            return f"shielded {seconds:g} s"
+
+    return function_tool(shield, name=name)
+
+
+class _Unprintable:
+    """An object that cannot be turned into text at all."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this object cannot be printed")
+
+    __repr__ = __str__
+
+
+GARBAGE: tuple[Callable[[], object], ...] = (
+    lambda: {"when": object()},  # a dict JSON cannot encode
+    lambda: b"\xff\xfe raw bytes",
+    lambda: math.nan,
+    lambda: {1, 2, frozenset({3})},
+    _Unprintable,
+)
+"""What :func:`garbage_tool` returns, by ``kind``: values no JSON encoder takes."""
+
+
+def garbage_tool(recorder: ToolRecorder, *, name: str = "garbage") -> Tool:
+    """An async tool ``garbage(kind: int)`` that returns a value that is not
+    JSON-serialisable (``GARBAGE[kind % len(GARBAGE)]``, one of them not even
+    printable) instead of text (fault ``"garbage"``)."""
+
+    async def garbage(ctx: ToolContext, kind: int) -> Any:
+        """Return something that is not text.
+
+        Args:
+            kind: which kind of garbage.
+        """
+        with _Recording(recorder, name, ctx, "async", "garbage"):
+            await trio.lowlevel.checkpoint()
+            return GARBAGE[kind % len(GARBAGE)]()
+
+    return function_tool(garbage, name=name)
+
+
+def stubborn_thread_tool(
+    recorder: ToolRecorder, *, name: str = "stubborn", patience: float = 30.0
+) -> Tool:
+    """A sync tool ``stubborn()`` whose thread ignores ``ctx.cancelled``: it waits until
+    ``recorder.release()`` (at most ``patience`` real seconds) and returns ``"done"``
+    even if the run abandoned it long before (fault ``"stubborn"``).
+
+    While it waits, the ``MockClock`` moves (it waits for the harness, which acts in
+    virtual time), so cancels reach the run while the thread still runs.
+    """
+
+    def stubborn(ctx: ToolContext) -> str:
+        """Work in a thread that does not listen to cancellation."""
+        record = recorder._start(name, ctx, "thread", "stubborn")
+        release = recorder._thread_release
+        try:
+            with contextlib.suppress(RuntimeError, trio.Cancelled, trio.RunFinishedError):
+                trio.from_thread.run_sync(recorder._thread_waits, current_thread_task_name())
+            release.wait(patience)  # never looks at ctx.cancelled: the fault
+        finally:
+            recorder._end(record, "finished")
+        return "done"
+
+    return function_tool(stubborn, name=name)

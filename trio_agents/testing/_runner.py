@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
-import sys
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeAlias, final
 
 import attrs
@@ -16,19 +12,39 @@ import trio.testing
 
 from .._agent import Agent
 from .._entry import open_run
-from .._events import RunEvent, RunStatus
-from .._exceptions import RunClosedError
+from .._events import RunEvent, RunStatus, RunUpdated, ToolFinished, ToolStarted
+from .._exceptions import RunClosedError, SessionBusyError
 from .._items import Item, ToolCall, ToolResult, coerce_items
 from .._model import Model, ModelRequest
 from .._result import RunResult
 from .._run import InjectWhen, Run
 from ..models._scripted import ScriptedModel, Turn
+from ..sessions._base import Session
+from ..sessions._memory import MemorySession
 from ._clock import ClockHoldingLimiter
 from ._fakes import CallRecord, ToolRecorder
+from ._faults import (
+    Faults,
+    HookCall,
+    SessionCall,
+    StreamRecord,
+    WatchedHooks,
+    WatchedModel,
+    WatchedSession,
+)
 from ._strategies import Op
+from ._watch import (
+    ThreadWatch,
+    all_tasks,
+    install_audit_hook,
+    leaked_processes,
+    marked_environment,
+    spawn_count,
+)
 
 __all__ = [
     "CancelRecord",
+    "FreshRun",
     "InjectionRecord",
     "Observation",
     "SubscriberView",
@@ -37,11 +53,12 @@ __all__ = [
 
 CancelKind: TypeAlias = Literal["immediate", "after_turn", "outer", "horizon"]
 
-MARKER_ENV = "TRIO_AGENTS_TESTING_RUN"
-"""Set in the environment while a run executes: its child processes inherit it."""
-
 HORIZON_REASON = "harness horizon"
 """The cancel reason :func:`run_schedule` uses when a run outlives its horizon."""
+
+SETTLE = 1000.0
+"""Virtual seconds the runner waits, once the run's block is left, for ``wait()`` and
+the readers to end (a run that keeps its promises needs none of it)."""
 
 _run_numbers = itertools.count(1)
 
@@ -108,13 +125,36 @@ class SubscriberView:
 
 
 @final
+@attrs.frozen
+class FreshRun:
+    """The run :func:`run_schedule` starts on the session once the example's run is
+    over (a plain agent answering ``"fresh run"``), to see that the session was
+    released and what loading it gives.
+
+    Attributes:
+        outcome: ``"completed"`` (or another terminal status), ``"busy"``
+            (``SessionBusyError``: the session was never released), ``"hung"`` (no
+            terminal update) or ``"error: ..."`` (an exception).
+        request: the items its first model request carried (None: no request).
+        stored_before: what the session held before it.
+        stored_after: what the session held after it.
+    """
+
+    outcome: str
+    request: tuple[Item, ...] | None
+    stored_before: tuple[Item, ...]
+    stored_after: tuple[Item, ...]
+
+
+@final
 @attrs.frozen(eq=False)
 class Observation:
     """Everything :func:`run_schedule` saw of one example; input to ``check_run``.
 
     Attributes:
         run_id: the run's id.
-        result: the :class:`~trio_agents.RunResult`.
+        outcome: the :class:`~trio_agents.RunResult`, or None if the run never ended
+            (see :attr:`result`).
         events: every event of the run, in order.
         event_times: the Trio time at which each event was appended.
         script: the script the :class:`ScriptedModel` played.
@@ -129,13 +169,27 @@ class Observation:
         leaked_tasks: names of tasks still alive after the run ended.
         leaked_processes: ``(pid, cmdline)`` of processes of the run still alive.
         tool_calls: the fake tools' records (empty without a recorder).
-        threads_stopped: False if a thread-tool call was still running 2 s (real
-            time) after the run ended.
+        threads_stopped: False if a worker thread of the run still ran
+            ``thread_grace`` seconds (real time) after the run ended.
         run_options: the options passed to ``open_run``.
+        input_items: the run's input, as items.
+        run_error: an exception that escaped ``open_run`` (other than the caller's
+            own cancellation), as ``"Type: message"``.
+        ended: whether ``"wait"`` (``run.wait()``), ``"updated"``, ``"events"`` (a
+            ``run.updated`` and a ``run.events()`` reader started with the run) and
+            ``"late_events"`` (a ``run.events()`` started after the end) ended.
+        faults: the faults injected.
+        streams: what each model stream did.
+        hook_calls: every hook call, in order.
+        session_calls: every call of the session, in order (empty without one).
+        stored: what the session held right after the run (None without one).
+        fresh_run: the run started on the session afterwards (None without one).
+        leaked_threads: worker threads of the run still running afterwards.
+        cleanup_timeout: the run's ``cleanup_timeout``.
     """
 
     run_id: str
-    result: RunResult
+    outcome: RunResult | None
     events: tuple[RunEvent, ...]
     event_times: tuple[float, ...]
     script: tuple[Turn, ...]
@@ -152,105 +206,51 @@ class Observation:
     tool_calls: tuple[CallRecord, ...]
     threads_stopped: bool
     run_options: Mapping[str, Any]
+    input_items: tuple[Item, ...] = ()
+    run_error: str | None = None
+    ended: Mapping[str, bool] = attrs.Factory(dict)
+    faults: Faults = attrs.Factory(Faults)
+    streams: tuple[StreamRecord, ...] = ()
+    hook_calls: tuple[HookCall, ...] = ()
+    session_calls: tuple[SessionCall, ...] = ()
+    stored: tuple[Item, ...] | None = None
+    fresh_run: FreshRun | None = None
+    leaked_threads: tuple[str, ...] = ()
+    cleanup_timeout: float = 5.0
+
+    @property
+    def result(self) -> RunResult:
+        """The run's result; raises ``AssertionError`` if the run never produced one
+        (check :attr:`outcome` first, or read the checker's report)."""
+        if self.outcome is None:
+            raise AssertionError(
+                f"run {self.run_id} never reached a terminal update"
+                + (f" ({self.run_error})" if self.run_error else "")
+            )
+        return self.outcome
 
     def describe(self) -> str:
-        """The example, readably: script, schedule and outcome."""
+        """The example, readably: script, schedule, faults and outcome."""
         lines = ["script:"]
         lines += [f"  {index + 1}. {turn!r}" for index, turn in enumerate(self.script)]
         lines.append("schedule:" if self.schedule else "schedule: (none)")
         lines += [f"  {op.describe()}" for op in self.schedule]
+        if self.faults:
+            lines.append("faults:")
+            lines += [f"  {text}" for text in self.faults.describe()]
         lines.append("applied:" if self.applied else "applied: (nothing)")
         lines += [f"  t={at:g}: {text}" for at, text in self.applied]
-        lines.append(
-            f"outcome: {self.result.status.value}"
-            + (f" ({self.result.reason})" if self.result.reason else "")
-            + f" after {self.result.turns} turn(s)"
-        )
-        return "\n".join(lines)
-
-
-# ------------------------------------------------------------------ processes
-
-_spawns = 0
-_hook_installed = False
-
-
-def _audit(event: str, _args: tuple[object, ...]) -> None:
-    global _spawns
-    if event in ("subprocess.Popen", "os.posix_spawn", "os.fork", "os.system", "os.exec"):
-        _spawns += 1
-
-
-def _install_audit_hook() -> None:
-    global _hook_installed
-    if not _hook_installed:
-        sys.addaudithook(_audit)
-        _hook_installed = True
-
-
-@contextlib.contextmanager
-def _marked_environment(run_id: str) -> Iterator[None]:
-    previous = os.environ.get(MARKER_ENV)
-    os.environ[MARKER_ENV] = run_id
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(MARKER_ENV, None)
+        if self.outcome is None:
+            lines.append("outcome: no terminal update")
         else:
-            os.environ[MARKER_ENV] = previous
-
-
-def _marked_processes(run_id: str) -> list[tuple[int, str]]:
-    """Live processes whose environment carries the run's marker (Linux /proc)."""
-    needle = f"{MARKER_ENV}={run_id}".encode()
-    found: list[tuple[int, str]] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read()
-            if needle not in environ.split(b"\0"):
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        found.append((int(entry), cmdline))
-    return found
-
-
-def _leaked_processes(run_id: str) -> list[tuple[int, str]]:
-    """Marked processes still alive; killed ones get up to 1 s (real) to disappear."""
-    deadline = time.monotonic() + 1.0
-    while True:
-        found = _marked_processes(run_id)
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.01)
-
-
-# ------------------------------------------------------------------ tasks
-
-
-def _all_tasks() -> list[trio.lowlevel.Task]:
-    tasks: list[trio.lowlevel.Task] = []
-
-    def walk(task: trio.lowlevel.Task) -> None:
-        tasks.append(task)
-        for nursery in task.child_nurseries:
-            for child in nursery.child_tasks:
-                walk(child)
-
-    root = trio.lowlevel.current_root_task()
-    assert root is not None
-    walk(root)
-    return tasks
+            lines.append(
+                f"outcome: {self.outcome.status.value}"
+                + (f" ({self.outcome.reason})" if self.outcome.reason else "")
+                + f" after {self.outcome.turns} turn(s)"
+            )
+        if self.run_error:
+            lines.append(f"open_run raised: {self.run_error}")
+        return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ the runner
@@ -266,6 +266,31 @@ def _unique_ids(items: Sequence[Item], number: int) -> tuple[Item, ...]:
     return tuple(out)
 
 
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_cancelled(e) for e in exc.exceptions)
+    return False
+
+
+def _fatal(exc: BaseException) -> bool:
+    """KeyboardInterrupt and friends: the user stopped the test, not the run."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_fatal(e) for e in exc.exceptions)
+    return False
+
+
+def _summary(exc: BaseException) -> str:
+    leaves: list[BaseException] = [exc]
+    while len(leaves) == 1 and isinstance(leaves[0], BaseExceptionGroup):
+        leaves = list(leaves[0].exceptions)
+    text = "; ".join(f"{type(e).__name__}: {e}" for e in leaves[:3])
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 @attrs.define(eq=False)
 class _State:
     run: Run | None = None
@@ -277,7 +302,75 @@ class _State:
     subscribers: list[SubscriberView] = attrs.Factory(list)
     op_errors: list[str] = attrs.Factory(list)
     leaked_tasks: list[str] = attrs.Factory(list)
-    threads_stopped: bool = True
+    leaked_threads: list[str] = attrs.Factory(list)
+    run_error: str | None = None
+    ended: dict[str, bool] = attrs.Factory(
+        lambda: dict.fromkeys(("wait", "updated", "events", "late_events"), False)
+    )
+    readers: int = 0
+    readers_done: trio.Event = attrs.Factory(trio.Event)
+    running_tools: set[str] = attrs.Factory(set)
+    changed: trio.Event = attrs.Factory(trio.Event)
+    stored: tuple[Item, ...] | None = None
+    fresh_run: FreshRun | None = None
+    limiter: ClockHoldingLimiter | None = None
+    session_calls: tuple[SessionCall, ...] = ()
+
+    def let_go(self) -> None:
+        """The run abandoned (or no longer waits for) its threads: let the clock move."""
+        if self.limiter is not None:
+            self.limiter.let_go()
+
+    def reader_started(self) -> None:
+        self.readers += 1
+
+    def reader_ended(self) -> None:
+        self.readers -= 1
+        if self.readers == 0:
+            self.readers_done.set()
+
+    def saw(self, event: RunEvent) -> None:
+        self.events.append(event)
+        self.times.append(trio.current_time())
+        if isinstance(event, ToolStarted):
+            self.running_tools.add(event.call_id)
+        elif isinstance(event, ToolFinished):
+            self.running_tools.discard(event.call_id)
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+def _make_session(session: bool | Callable[[], Session], faults: Faults) -> WatchedSession | None:
+    if session is False and faults.session is None:
+        return None
+    inner = session() if callable(session) else MemorySession("lifecycle")
+    return WatchedSession(inner, faults.session)
+
+
+async def _fresh_run(session: WatchedSession, horizon: float) -> FreshRun:
+    """Start a plain run on the (healed) session: it must start and load cleanly."""
+    session.heal()
+    before = tuple(await session.inner.get_items())
+    model = ScriptedModel([], default="fresh run")
+    outcome = "hung"
+    with trio.move_on_after(horizon):
+        try:
+            result = await _run_to_end(Agent(name="fresh", model=model), session)
+        except SessionBusyError:
+            outcome = "busy"
+        except Exception as exc:
+            outcome = f"error: {_summary(exc)}"
+        else:
+            outcome = result.status.value
+    requests = model.requests
+    after = tuple(await session.inner.get_items())
+    return FreshRun(outcome, requests[0].items if requests else None, before, after)
+
+
+async def _run_to_end(agent: Agent, session: Session) -> RunResult:
+    async with open_run(agent, "fresh run input", session=session) as run:
+        pass
+    return await run.wait()
 
 
 def run_schedule(
@@ -291,11 +384,16 @@ def run_schedule(
     default_turn: Turn | str | None = "the end",
     horizon: float = 100_000.0,
     check_processes: bool | None = None,
+    faults: Faults | None = None,
+    session: bool | Callable[[], Session] = False,
+    thread_hold: float | None = 1.0,
+    thread_grace: float = 1.0,
 ) -> Observation:
     """Run one example and return what happened: a sync function calling ``trio.run``.
 
     A :class:`ScriptedModel` plays ``script`` (then ``default_turn`` forever);
-    ``agent_factory`` builds the agent around it. The run starts at Trio time 0 on a
+    ``agent_factory`` builds the agent around it (watched by the harness, which also
+    applies the model ``faults``). The run starts at Trio time 0 on a
     ``trio.testing.MockClock(autojump_threshold=0)``, so sleeps cost nothing and the
     example replays exactly. Operations at time 0 are applied before the run's first
     step; the ``i``-th operation otherwise happens at ``op.at + (i + 1) / 1024``.
@@ -303,25 +401,47 @@ def run_schedule(
     Once the schedule is over the harness answers for the absent user: it releases
     the :func:`blocking_tool` calls (``recorder``) and approves every call that waits
     for approval, now or later, so no run waits forever; and if the run is still going
-    at ``horizon`` it is cancelled with reason ``"harness horizon"``.
+    at ``horizon`` it is cancelled with reason ``"harness horizon"``. A run that never
+    ends (it broke) is given up on, :data:`SETTLE` virtual seconds later.
 
     ``run_options`` go to :func:`~trio_agents.open_run` (``hooks``, ``max_turns``,
-    ``session``, ...). ``check_processes`` (default: only if the run spawned a process)
-    scans ``/proc`` afterwards for processes that inherited the run's marker.
+    ``cleanup_timeout``, ...); the hooks are always wrapped, to check they stay
+    balanced. ``session`` (True: a fresh ``MemorySession``; or a factory) gives the run
+    a session, as does a session fault; afterwards the harness checks what it stores
+    and starts another run on it. ``check_processes`` (default: only if the run spawned
+    a process) scans ``/proc`` afterwards for processes that inherited the run's marker.
+
+    Worker threads (sync tools) hold the clock still while they work, for at most
+    ``thread_hold`` real seconds each (None: as long as they run); a thread that runs
+    longer is treated as taking arbitrarily long, so a cancel can reach the run while
+    it runs. Once the run is over, its threads get ``thread_grace`` real seconds to end
+    before they count as leaked.
 
     Do not call it from inside ``trio.run`` (use a sync test), and not from two threads
     at once (the process marker is an environment variable).
     """
-    _install_audit_hook()
-    spawns_before = _spawns
-    model = ScriptedModel(list(script), default=default_turn)
+    install_audit_hook()
+    spawns_before = spawn_count()
+    faults = faults or Faults()
+    scripted = ScriptedModel(list(script), default=default_turn)
+    model = WatchedModel(scripted, faults.model)
     agent = agent_factory(model)
     if recorder is not None:
         recorder.reset()
     options = dict(run_options or {})
+    watched_session = _make_session(session, faults)
+    if watched_session is not None and "session" in options:
+        raise TypeError("pass the session as session=..., not in run_options")
+    cleanup_timeout = float(options.get("cleanup_timeout", 5.0))
+    hooks = WatchedHooks(
+        options.get("hooks"),
+        faults.hooks,
+        stored=None if watched_session is None else watched_session.inner.get_items,
+    )
     run_id = f"lifecycle-{next(_run_numbers)}"
     ops = tuple(sorted(schedule, key=lambda op: op.at))
     state = _State()
+    input_items = tuple(coerce_items(input))
 
     def record_cancel(run: Run, kind: CancelKind, reason: str) -> None:
         stats = run.statistics()
@@ -330,11 +450,24 @@ def run_schedule(
                 kind, reason, trio.current_time(), stats.last_seq, run.status, run.result is None
             )
         )
+        if kind != "after_turn":
+            state.let_go()
 
     async def timestamper(run: Run) -> None:
+        state.reader_started()
         async for event in run.events():
-            state.events.append(event)
-            state.times.append(trio.current_time())
+            state.saw(event)
+            if isinstance(event, RunUpdated) and event.status.is_terminal:
+                state.let_go()
+        state.ended["events"] = True
+        state.reader_ended()
+
+    async def status_watcher(run: Run) -> None:
+        state.reader_started()
+        async for _update in run.updated:
+            pass
+        state.ended["updated"] = True
+        state.reader_ended()
 
     async def horizon_guard(run: Run) -> None:
         with trio.move_on_after(horizon):
@@ -343,23 +476,17 @@ def run_schedule(
         record_cancel(run, "horizon", HORIZON_REASON)
         run.cancel(HORIZON_REASON)
 
-    async def events_subscriber(run: Run) -> None:
+    async def subscriber(run: Run, kind: Literal["events", "status"]) -> None:
+        state.reader_started()
         seen: list[RunEvent] = []
         try:
-            async for event in run.events():
+            cursor = run.events() if kind == "events" else run.updated
+            async for event in cursor:
                 seen.append(event)
         finally:
-            state.subscribers.append(SubscriberView("events", tuple(seen), complete=False))
+            state.subscribers.append(SubscriberView(kind, tuple(seen), complete=False))
         state.subscribers[-1] = attrs.evolve(state.subscribers[-1], complete=True)
-
-    async def status_subscriber(run: Run) -> None:
-        seen: list[RunEvent] = []
-        try:
-            async for update in run.updated:
-                seen.append(update)
-        finally:
-            state.subscribers.append(SubscriberView("status", tuple(seen), complete=False))
-        state.subscribers[-1] = attrs.evolve(state.subscribers[-1], complete=True)
+        state.reader_ended()
 
     async def drain(run: Run) -> None:
         """The user is gone: release blocking tools, approve whatever waits."""
@@ -370,14 +497,20 @@ def run_schedule(
                 for call_id in run.statistics().pending_approvals:
                     run.approve(call_id)
 
+    async def until_a_tool_runs(run: Run) -> None:
+        while not state.running_tools and run.result is None and state.run_error is None:
+            await state.changed.wait()
+
     def apply(index: int, op: Op, run: Run, outer: trio.CancelScope, nursery: trio.Nursery) -> None:
         now = trio.current_time()
         note = op.describe().split(": ", 1)[1]
         try:
-            if op.kind in ("cancel", "cancel_after_turn"):
+            if op.kind in ("cancel", "cancel_after_turn", "cancel_in_tool"):
                 mode: Literal["immediate", "after_turn"] = (
-                    "immediate" if op.kind == "cancel" else "after_turn"
+                    "after_turn" if op.kind == "cancel_after_turn" else "immediate"
                 )
+                if op.kind == "cancel_in_tool":
+                    note += f" (tools running: {sorted(state.running_tools) or 'none'})"
                 record_cancel(run, mode, op.reason)
                 run.cancel(op.reason, mode=mode)
             elif op.kind == "outer_cancel":
@@ -420,9 +553,9 @@ def run_schedule(
                 else:
                     note += " (nothing pending)"
             elif op.kind == "subscribe":
-                nursery.start_soon(events_subscriber, run)
+                nursery.start_soon(subscriber, run, "events")
             elif op.kind == "status_subscribe":
-                nursery.start_soon(status_subscriber, run)
+                nursery.start_soon(subscriber, run, "status")
             elif op.kind == "release":
                 if recorder is not None:
                     recorder.release()
@@ -433,60 +566,114 @@ def run_schedule(
             note += f" -> raised {type(exc).__name__}"
         state.applied.append((now, note))
 
-    async def main() -> None:
-        baseline = {id(task) for task in _all_tasks()}
+    async def cancel_in_tool(
+        index: int, op: Op, run: Run, outer: trio.CancelScope, harness: trio.Nursery
+    ) -> None:
+        while True:
+            await until_a_tool_runs(run)
+            running = set(state.running_tools)
+            await trio.sleep((index + 1) / 1024)
+            # Land in a call that is still running (one that ended at once, like an
+            # unknown tool's, does not count), or give up once the run is over.
+            if running & state.running_tools or not running:
+                break
+        apply(index, op, run, outer, harness)
+
+    async def play(run: Run, outer: trio.CancelScope, harness: trio.Nursery) -> None:
         start = trio.current_time()
-        limiter = options.get("thread_limiter") or trio.to_thread.current_default_thread_limiter()
-        run_kwargs = {**options, "thread_limiter": ClockHoldingLimiter(limiter)}
+        for index, op in enumerate(ops):
+            if op.at > 0:
+                await trio.sleep_until(start + op.at + (index + 1) / 1024)
+            if op.kind == "cancel_in_tool":  # waits on its own: the other ops go on
+                harness.start_soon(cancel_in_tool, index, op, run, outer, harness)
+            else:
+                apply(index, op, run, outer, harness)
+        harness.start_soon(drain, run, name="harness:drain")
+
+    async def main() -> None:
+        baseline = {id(task) for task in all_tasks()}
+        inner = options.get("thread_limiter") or trio.to_thread.current_default_thread_limiter()
+        state.limiter = ClockHoldingLimiter(inner, hold_limit=thread_hold)
+        threads = ThreadWatch(state.limiter)
+        run_kwargs: dict[str, Any] = {**options, "thread_limiter": state.limiter, "hooks": hooks}
+        if watched_session is not None:
+            run_kwargs["session"] = watched_session
         async with trio.open_nursery() as harness:
             with trio.CancelScope() as outer:
-                async with (
-                    open_run(agent, input, run_id=run_id, **run_kwargs) as run,
-                    trio.open_nursery() as ops_nursery,
-                ):
-                    state.run = run
-                    harness.start_soon(timestamper, run, name="harness:timestamper")
-                    harness.start_soon(horizon_guard, run, name="harness:horizon")
-                    for index, op in enumerate(ops):
-                        if op.at > 0:
-                            await trio.sleep_until(start + op.at + (index + 1) / 1024)
-                        apply(index, op, run, outer, ops_nursery)
-                    ops_nursery.start_soon(drain, run, name="harness:drain")
-            assert state.run is not None
-            await state.run.wait()
+                try:
+                    async with open_run(agent, input, run_id=run_id, **run_kwargs) as run:
+                        state.run = run
+                        harness.start_soon(timestamper, run, name="harness:timestamper")
+                        harness.start_soon(status_watcher, run, name="harness:status")
+                        harness.start_soon(horizon_guard, run, name="harness:horizon")
+                        await play(run, outer, harness)
+                except BaseException as exc:
+                    if _fatal(exc) or state.run is None:
+                        raise  # the test was stopped, or the run could not even start
+                    if not (outer.cancel_called and _only_cancelled(exc)):
+                        state.run_error = _summary(exc)
+                        state.changed.set()
+            await settle(state.run, harness)
         current = trio.lowlevel.current_task()
         state.leaked_tasks.extend(
-            task.name for task in _all_tasks() if id(task) not in baseline and task is not current
+            task.name for task in all_tasks() if id(task) not in baseline and task is not current
         )
-        if recorder is not None and any(
-            c.kind == "thread" and c.state == "running" for c in recorder.calls
-        ):
-            state.threads_stopped = await trio.to_thread.run_sync(recorder.wait_for_threads, 2.0)
+        if watched_session is not None:
+            state.session_calls = tuple(watched_session.calls)
+            state.stored = tuple(await watched_session.inner.get_items())
+            state.fresh_run = await _fresh_run(watched_session, SETTLE)
+        state.let_go()
+        state.leaked_threads.extend(await threads.settle(thread_grace))
 
-    with _marked_environment(run_id):
+    async def settle(run: Run | None, harness: trio.Nursery) -> None:
+        """Give ``wait()`` and the readers a (virtual) bound to end, then stop them."""
+        assert run is not None
+        with trio.move_on_after(SETTLE):
+            await run.wait()
+            state.ended["wait"] = True
+        with trio.move_on_after(SETTLE):
+            if state.readers:
+                await state.readers_done.wait()
+        if state.ended["wait"]:
+            with trio.move_on_after(SETTLE):
+                late = [event.seq async for event in run.events()]
+                state.ended["late_events"] = late == [event.seq for event in state.events]
+        harness.cancel_scope.cancel()
+
+    with marked_environment(run_id):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     if check_processes is None:
-        check_processes = _spawns != spawns_before
-    leaked_processes = _leaked_processes(run_id) if check_processes else []
+        check_processes = spawn_count() != spawns_before
+    processes = leaked_processes(run_id) if check_processes else []
     assert state.run is not None
-    assert state.run.result is not None
     return Observation(
         run_id=run_id,
-        result=state.run.result,
+        outcome=state.run.result,
         events=tuple(state.events),
         event_times=tuple(state.times),
-        script=model.turns,
+        script=scripted.turns,
         schedule=ops,
         applied=tuple(state.applied),
-        requests=tuple(model.requests),
-        open_streams=model.open_streams,
+        requests=tuple(scripted.requests),
+        open_streams=scripted.open_streams,
         cancels=tuple(state.cancels),
         injections=tuple(state.injections),
         subscribers=tuple(state.subscribers),
         op_errors=tuple(state.op_errors),
         leaked_tasks=tuple(state.leaked_tasks),
-        leaked_processes=tuple(leaked_processes),
+        leaked_processes=tuple(processes),
         tool_calls=recorder.calls if recorder is not None else (),
-        threads_stopped=state.threads_stopped,
+        threads_stopped=not state.leaked_threads,
         run_options=options,
+        input_items=input_items,
+        run_error=state.run_error,
+        ended=dict(state.ended),
+        faults=faults,
+        streams=tuple(model.streams),
+        hook_calls=tuple(hooks.calls),
+        session_calls=state.session_calls,
+        stored=state.stored,
+        fresh_run=state.fresh_run,
+        leaked_threads=tuple(state.leaked_threads),
+        cleanup_timeout=cleanup_timeout,
     )

@@ -20,12 +20,27 @@ from .._run import InjectWhen
 from .._tools import Tool
 from ..models._scripted import Turn
 from ._fakes import (
+    GARBAGE,
     ToolRecorder,
     blocking_tool,
     failing_tool,
+    garbage_tool,
     process_tool,
+    shielding_tool,
     sleeping_tool,
+    stray_cancel_tool,
+    stubborn_thread_tool,
+    swallowing_tool,
     thread_tool,
+)
+from ._faults import (
+    HOOK_NAMES,
+    MODEL_FAULT_KINDS,
+    SESSION_FAULT_KINDS,
+    Faults,
+    HookFault,
+    ModelFault,
+    SessionFault,
 )
 
 __all__ = [
@@ -33,6 +48,7 @@ __all__ = [
     "FakeTools",
     "Op",
     "OpKind",
+    "faults",
     "items",
     "schedules",
     "scripts",
@@ -41,6 +57,7 @@ __all__ = [
 
 OpKind: TypeAlias = Literal[
     "cancel",
+    "cancel_in_tool",
     "cancel_after_turn",
     "outer_cancel",
     "inject",
@@ -55,6 +72,7 @@ OpKind: TypeAlias = Literal[
 
 OP_KINDS: tuple[OpKind, ...] = (
     "cancel",
+    "cancel_in_tool",
     "cancel_after_turn",
     "outer_cancel",
     "inject",
@@ -81,6 +99,10 @@ class Op:
     ``kind`` is one of:
 
     - ``"cancel"`` / ``"cancel_after_turn"``: ``run.cancel(reason, mode=...)``;
+    - ``"cancel_in_tool"``: from ``at`` on, wait for a tool call that is still running
+      ``(i + 1) / 1024`` s after it was seen running (or for the run's end), then
+      ``run.cancel(reason)`` — a cancel that lands in a tool call, whatever the tool's
+      timing (the other operations do not wait for it);
     - ``"outer_cancel"``: cancel the scope around ``open_run`` (the caller's scope);
     - ``"inject"``: ``run.inject(items, when=when)``;
     - ``"withdraw"``: withdraw the latest accepted injection not withdrawn yet;
@@ -101,7 +123,7 @@ class Op:
 
     def describe(self) -> str:
         """A short human-readable form, as used in reports."""
-        if self.kind in ("cancel", "cancel_after_turn"):
+        if self.kind in ("cancel", "cancel_after_turn", "cancel_in_tool"):
             return f"{self.at:g}: {self.kind}({self.reason!r})"
         if self.kind == "reject":
             return f"{self.at:g}: reject({self.reason!r})"
@@ -134,11 +156,22 @@ _SLEEPS = st.sampled_from([0.0, 0.5, 2.0, 50.0])
 
 
 def standard_tools(
-    recorder: ToolRecorder | None = None, *, threads: bool = True, processes: bool = False
+    recorder: ToolRecorder | None = None,
+    *,
+    threads: bool = True,
+    processes: bool = False,
+    faults: bool = False,
 ) -> FakeTools:
     """The full fake tool set: ``block``, ``sleep``, ``fail``, ``guarded`` (a sleep that
     needs approval), ``slow`` (a sleep with a 1 s timeout), ``crunch`` (a thread tool,
-    unless ``threads=False``) and ``proc`` (a process tool, if ``processes=True``)."""
+    unless ``threads=False``) and ``proc`` (a process tool, if ``processes=True``).
+
+    With ``faults=True`` it adds the fault tools, which misbehave on purpose:
+    ``swallow`` (swallows ``trio.Cancelled``), ``stray`` (raises a stray
+    ``trio.Cancelled``), ``shield`` (works in a shielded scope for 0.5, 2 or 8 s),
+    ``garbage`` (returns values JSON cannot encode) and, with ``threads``,
+    ``stubborn`` (a thread that ignores ``ctx.cancelled`` until released).
+    """
     recorder = recorder or ToolRecorder()
     tools = [
         blocking_tool(recorder),
@@ -160,24 +193,40 @@ def standard_tools(
     if processes:
         tools.append(process_tool(recorder))
         arguments["proc"] = st.fixed_dictionaries({"seconds": st.sampled_from([0.0, 3600.0])})
+    if faults:
+        tools += [
+            swallowing_tool(recorder),
+            stray_cancel_tool(recorder),
+            shielding_tool(recorder),
+            garbage_tool(recorder),
+        ]
+        arguments["swallow"] = st.fixed_dictionaries({"seconds": _SLEEPS})
+        arguments["stray"] = st.fixed_dictionaries({"after": st.sampled_from([0.0, 0.5, 2.0])})
+        arguments["shield"] = st.fixed_dictionaries({"seconds": st.sampled_from([0.5, 2.0, 8.0])})
+        arguments["garbage"] = st.fixed_dictionaries({"kind": st.integers(0, len(GARBAGE) - 1)})
+        if threads:
+            tools.append(stubborn_thread_tool(recorder))
+            arguments["stubborn"] = st.just({})
     return FakeTools(tuple(tools), recorder, arguments)
 
 
 @st.composite
-def _tool_sets(draw: st.DrawFn, threads: bool, processes: bool) -> FakeTools:
-    full = standard_tools(threads=threads, processes=processes)
+def _tool_sets(draw: st.DrawFn, threads: bool, processes: bool, faults: bool) -> FakeTools:
+    full = standard_tools(threads=threads, processes=processes, faults=faults)
     keep = draw(st.lists(st.sampled_from(full.names()), min_size=1, unique=True))
     tools = tuple(tool for tool in full.tools if tool.name in keep)
     arguments = {name: full.arguments[name] for name in keep}
     return FakeTools(tools, full.recorder, arguments)
 
 
-def tool_sets(*, threads: bool = True, processes: bool = False) -> st.SearchStrategy[FakeTools]:
+def tool_sets(
+    *, threads: bool = True, processes: bool = False, faults: bool = False
+) -> st.SearchStrategy[FakeTools]:
     """Non-empty subsets of :func:`standard_tools`, each with a fresh recorder.
 
     It shrinks towards the first tools: ``block``, then ``sleep``, ``fail``, ...
     """
-    return _tool_sets(threads, processes)
+    return _tool_sets(threads, processes, faults)
 
 
 # ------------------------------------------------------------------ JSON arguments
@@ -226,9 +275,9 @@ def _call(
     unknown_tools: bool,
     invalid_arguments: bool,
 ) -> st.SearchStrategy[tuple[str, dict[str, Any] | str]]:
-    options: list[st.SearchStrategy[tuple[str, dict[str, Any] | str]]] = [
-        st.tuples(st.just(name), arguments[name]) for name in tool_names
-    ]
+    valid = [st.tuples(st.just(name), arguments[name]) for name in tool_names]
+    # Mostly real calls (a lifecycle needs tools that run); now and then a broken one.
+    options: list[st.SearchStrategy[tuple[str, dict[str, Any] | str]]] = [*valid, *valid, *valid]
     if invalid_arguments and tool_names:
         options.append(st.tuples(st.sampled_from(list(tool_names)), st.just('{"not json')))
     if unknown_tools:
@@ -238,7 +287,7 @@ def _call(
 
 _CHUNKS = st.lists(st.sampled_from(["a ", "b ", "c ", "dd "]), max_size=4)
 _DELAYS = st.sampled_from([0.0, 0.25, 1.0])
-_FAILS = st.sampled_from([None, None, None, None, "model fell over"])
+_FAILS = st.sampled_from([None] * 7 + ["model fell over"])
 
 
 @st.composite
@@ -335,6 +384,21 @@ def items(*, pairs: bool = True) -> st.SearchStrategy[tuple[Item, ...]]:
     return _items(pairs)
 
 
+@st.composite
+def _op(
+    draw: st.DrawFn,
+    kinds: st.SearchStrategy[OpKind],
+    times: st.SearchStrategy[float],
+    early: st.SearchStrategy[float],
+    rest: st.SearchStrategy[Op],
+) -> Op:
+    kind = draw(kinds)
+    # cancel_in_tool waits for the next tool call from `at` on: an early `at` (mostly
+    # the first time) catches the first tool calls too.
+    at = draw(early if kind == "cancel_in_tool" else times)
+    return attrs.evolve(draw(rest), at=at, kind=kind)
+
+
 def schedules(
     *,
     kinds: Sequence[OpKind] = OP_KINDS,
@@ -346,16 +410,83 @@ def schedules(
     """Schedules: up to ``max_ops`` operations (:class:`Op`) at virtual ``times``.
 
     The result is sorted by time (ties keep their drawn order). Keep ``times`` to
-    multiples of 1/8 s (see the module notes) and ``max_ops`` below 128.
+    multiples of 1/8 s (see the module notes) and ``max_ops`` below 128. When
+    ``kinds`` includes ``"cancel_in_tool"`` (the default does), about a third of the
+    operations drawn are cancels that land in a tool call.
     """
     if not 0 <= max_ops < 128:
         raise ValueError("max_ops must be between 0 and 127")
-    op = st.builds(
-        Op,
-        at=st.sampled_from(list(times)),
-        kind=st.sampled_from(list(kinds)),
-        reason=st.sampled_from(list(reasons)),
-        when=st.sampled_from(_WHENS),
-        items=injected if injected is not None else items(),
+    drawn = list(kinds)
+    if "cancel_in_tool" in drawn:
+        # A cancel that lands while a tool runs is what finds a tool that swallows
+        # trio.Cancelled: make it about a third of the ops drawn.
+        drawn += ["cancel_in_tool"] * max(1, len(drawn) // 2 - 1)
+    first = min(times) if times else 0.0
+    early = [first, first, first, *(t for t in times if first < t <= 1.0)]
+    op = _op(
+        st.sampled_from(drawn),
+        st.sampled_from(list(times)),
+        st.sampled_from(early),
+        st.builds(
+            Op,
+            at=st.just(0.0),
+            kind=st.just("inject"),
+            reason=st.sampled_from(list(reasons)),
+            when=st.sampled_from(_WHENS),
+            items=injected if injected is not None else items(),
+        ),
     )
-    return st.lists(op, max_size=max_ops).map(lambda ops: tuple(sorted(ops, key=lambda o: o.at)))
+    ops = st.lists(op, max_size=max_ops)
+    if "cancel_in_tool" in drawn and max_ops:
+        # ... and half the schedules get one more, from the start.
+        extra = st.sampled_from([(), (Op(0.0, "cancel_in_tool", reason=reasons[0]),)])
+        ops = st.tuples(extra, ops).map(lambda pair: [*pair[1], *pair[0]][:max_ops])
+    return ops.map(lambda drawn_ops: tuple(sorted(drawn_ops, key=lambda o: o.at)))
+
+
+# ------------------------------------------------------------------ faults
+
+
+@st.composite
+def _faults(draw: st.DrawFn, model: bool, hooks: bool, session: bool, max_turn: int) -> Faults:
+    model_faults: list[ModelFault] = []
+    if model:
+        turns = draw(st.lists(st.integers(1, max_turn), max_size=2, unique=True), label="turns")
+        for turn in turns:
+            kind = draw(st.sampled_from(MODEL_FAULT_KINDS))
+            model_faults.append(ModelFault(turn, kind, draw(st.integers(0, 3))))
+    hook_faults: list[HookFault] = []
+    if hooks:
+        hook_faults = draw(
+            st.lists(
+                st.builds(
+                    HookFault,
+                    hook=st.sampled_from(HOOK_NAMES),
+                    kind=st.sampled_from(("raise", "block")),
+                    call=st.integers(1, 3),
+                ),
+                max_size=2,
+                unique_by=lambda f: f.hook,
+            )
+        )
+    session_fault = None
+    if session:
+        session_fault = draw(
+            st.none()
+            | st.builds(
+                SessionFault, kind=st.sampled_from(SESSION_FAULT_KINDS), call=st.integers(1, 3)
+            )
+        )
+    return Faults(tuple(model_faults), tuple(hook_faults), session_fault)
+
+
+def faults(
+    *, model: bool = True, hooks: bool = True, session: bool = True, max_turn: int = 4
+) -> st.SearchStrategy[Faults]:
+    """What misbehaves in one example (:class:`Faults`): up to two model calls (among
+    the first ``max_turn``), up to two hooks, and maybe the session.
+
+    It shrinks towards no fault at all. Fault tools are not drawn here: give the agent
+    ``standard_tools(faults=True)`` and the scripts call them.
+    """
+    return _faults(model, hooks, session, max_turn)

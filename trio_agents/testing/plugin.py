@@ -8,8 +8,9 @@ Fixtures:
   :class:`~trio_agents.testing.ScriptedModel`.
 - ``lifecycle_check``: ``lifecycle_check(agent_factory, **options)`` runs the
   :class:`~trio_agents.testing.LifecycleProperty` of the agent with the current
-  Hypothesis profile, failing the test with the shrunk example and the broken
-  invariant. Use it from a sync test (each example calls ``trio.run``).
+  Hypothesis profile (without a deadline or the ``too_slow`` health check), failing
+  the test with the shrunk example and the broken invariant. Use it from a sync test
+  (each example calls ``trio.run``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def lifecycle_check() -> Callable[..., None]:
     """``lifecycle_check(agent_factory, **options)``: fuzz the agent's lifecycle.
 
     ``options`` are the fields of :class:`LifecycleProperty` (``tools``,
-    ``script_strategy``, ``schedule_strategy``, ``recorder``, ``run_options``,
-    ``max_cancel_latency``) plus ``settings`` (a ``hypothesis.settings``).
+    ``script_strategy``, ``schedule_strategy``, ``faults``, ``recorder``,
+    ``run_options``, ``max_cancel_latency``, ``session``, ``thread_hold``,
+    ``thread_grace``) plus ``settings`` (a ``hypothesis.settings``; the current
+    profile by default, always without a deadline or the ``too_slow`` health check).
     """
 
     def check(agent_factory: AgentFactory, *, settings: Any = None, **options: Any) -> None:

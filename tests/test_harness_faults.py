@@ -1,0 +1,282 @@
+"""The run core under faults (DESIGN §5 "Fault safety"), on the public harness.
+
+Whatever a model, tool, hook or session does — raise, yield a malformed event, return
+garbage, raise a stray ``trio.Cancelled``, block — the run reaches exactly one terminal
+update, releases its session, keeps a valid conversation, and ``wait()``, ``updated``
+and ``events()`` end. Two layers:
+
+- one small, fixed example per fault (``test_one_fault``): each is a minimal repro;
+- property tests that combine faults with random scripts and schedules.
+
+Select them with ``-m faults``. The rebuilt run core (issue 13) passes every one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import trio_agents as ta
+from trio_agents.testing import (
+    FakeTools,
+    Faults,
+    HookFault,
+    ModelFault,
+    Op,
+    SessionFault,
+    Turn,
+    check_run,
+    faults,
+    run_schedule,
+    schedules,
+    scripts,
+    standard_tools,
+)
+
+from .helpers import count_example, lifecycle_settings
+
+pytestmark = pytest.mark.faults
+
+TOOLS = standard_tools(faults=True)
+CLEANUP = 1.0
+
+
+def _agent(tools: FakeTools, max_turns: int = 4) -> Any:
+    def factory(model: ta.Model) -> ta.Agent:
+        return ta.Agent(name="f", model=model, tools=list(tools.tools), max_turns=max_turns)
+
+    return factory
+
+
+def _observe(
+    script: Sequence[Turn | str],
+    schedule: tuple[Op, ...] | list[Op] = (),
+    fault: Faults | None = None,
+    *,
+    tools: FakeTools = TOOLS,
+    max_turns: int = 4,
+) -> Any:
+    return run_schedule(
+        _agent(tools, max_turns),
+        script,
+        schedule,
+        recorder=tools.recorder,
+        faults=fault,
+        session=True,
+        run_options={"cleanup_timeout": CLEANUP},
+    )
+
+
+# A turn that streams text and calls two tools, then a final answer.
+TWO_TURNS: list[Turn | str] = [
+    Turn(
+        text="hello there",
+        tool_calls=[("sleep", {"seconds": 0.5}), ("sleep", {"seconds": 2.0})],
+        delay=0.25,
+    ),
+    Turn(text="final answer", delay=0.25),
+]
+
+
+def _calling(name: str, arguments: dict[str, Any]) -> list[Turn | str]:
+    return [Turn(text="on it", tool_calls=[(name, arguments), ("sleep", {"seconds": 0.5})]), "done"]
+
+
+def _model(turn: int, kind: Any, after: int = 1) -> Faults:
+    return Faults(model=(ModelFault(turn, kind, after),))
+
+
+def _hook(hook: Any, kind: Any) -> Faults:
+    return Faults(hooks=(HookFault(hook, kind),))
+
+
+def _session(kind: Any, call: int = 1) -> Faults:
+    return Faults(session=SessionFault(kind, call))
+
+
+CANCEL_AT_1 = (Op(1.0, "cancel", reason="user stop"),)
+CANCEL_IN_TOOL = (Op(0.0, "cancel_in_tool", reason="user stop"),)
+
+# id → (script, schedule, faults); each one fault (or two), minimal.
+CASES: list[Any] = [
+    # -- models
+    pytest.param(TWO_TURNS, (), _model(1, "raise"), id="model-raises-mid-stream"),
+    pytest.param(TWO_TURNS, (), _model(2, "raise_on_open"), id="model-raises-on-open"),
+    pytest.param(TWO_TURNS, (), _model(1, "bytes_text"), id="model-bytes-text"),
+    pytest.param(TWO_TURNS, (), _model(1, "unknown_event"), id="model-unknown-event"),
+    pytest.param(TWO_TURNS, (), _model(1, "duplicate_id"), id="model-duplicate-id"),
+    pytest.param(TWO_TURNS, (), _model(2, "reused_id"), id="model-reuses-an-earlier-id"),
+    pytest.param(TWO_TURNS, CANCEL_AT_1, _model(1, "never_ends"), id="model-never-ends"),
+    pytest.param(TWO_TURNS, (), _model(1, "stray_cancel"), id="model-stray-cancelled"),
+    # -- tools
+    pytest.param(_calling("swallow", {"seconds": 2.0}), CANCEL_IN_TOOL, None, id="tool-swallows"),
+    pytest.param(_calling("stray", {"after": 0.5}), (), None, id="tool-stray-cancelled"),
+    pytest.param(_calling("shield", {"seconds": 8.0}), CANCEL_IN_TOOL, None, id="tool-shielded-8s"),
+    *(
+        pytest.param(_calling("garbage", {"kind": k}), (), None, id=f"tool-returns-garbage-{k}")
+        for k in range(5)
+    ),
+    pytest.param(_calling("stubborn", {}), CANCEL_IN_TOOL, None, id="tool-thread-ignores-cancel"),
+    # -- hooks that raise
+    *(
+        pytest.param(TWO_TURNS, (), _hook(hook, "raise"), id=f"hook-{hook}-raises")
+        for hook in (
+            "on_run_start",
+            "on_model_start",
+            "on_model_end",
+            "on_tool_start",
+            "on_tool_end",
+        )
+    ),
+    pytest.param(TWO_TURNS, (), _hook("on_run_end", "raise"), id="hook-on_run_end-raises"),
+    # -- hooks that block (until cancelled)
+    pytest.param(
+        TWO_TURNS, CANCEL_AT_1, _hook("on_run_start", "block"), id="hook-on_run_start-blocks"
+    ),
+    pytest.param(
+        TWO_TURNS, CANCEL_AT_1, _hook("on_model_start", "block"), id="hook-on_model_start-blocks"
+    ),
+    pytest.param(
+        TWO_TURNS,
+        CANCEL_AT_1,
+        _hook("on_model_end", "block"),
+        id="hook-on_model_end-blocks",
+    ),
+    pytest.param(
+        TWO_TURNS, CANCEL_AT_1, _hook("on_tool_start", "block"), id="hook-on_tool_start-blocks"
+    ),
+    pytest.param(
+        TWO_TURNS,
+        CANCEL_AT_1,
+        _hook("on_tool_end", "block"),
+        id="hook-on_tool_end-blocks",
+    ),
+    pytest.param(TWO_TURNS, (), _hook("on_run_end", "block"), id="hook-on_run_end-blocks"),
+    # -- sessions
+    pytest.param(TWO_TURNS, (), _session("raise_on_get"), id="session-get-raises"),
+    pytest.param(TWO_TURNS, (), _session("raise_on_add", 1), id="session-first-add-raises"),
+    pytest.param(TWO_TURNS, (), _session("raise_on_add", 3), id="session-third-add-raises"),
+    pytest.param(
+        TWO_TURNS,
+        CANCEL_AT_1,
+        _session("block_on_add", 1),
+        id="session-first-add-blocks",
+    ),
+    pytest.param(
+        TWO_TURNS,
+        CANCEL_AT_1,
+        _session("block_on_add", 3),
+        id="session-third-add-blocks",
+    ),
+    # -- two at once: the repair's one deadline covers on_run_end
+    pytest.param(
+        TWO_TURNS,
+        CANCEL_AT_1,
+        Faults(hooks=(HookFault("on_run_end", "block"),), session=SessionFault("block_on_add", 3)),
+        id="session-blocks-and-on_run_end-blocks",
+    ),
+]
+
+
+@pytest.mark.parametrize(("script", "schedule", "fault"), CASES)
+def test_one_fault(
+    script: list[Turn | str], schedule: tuple[Op, ...], fault: Faults | None
+) -> None:
+    count_example()
+    observation = _observe(script, schedule, fault)
+    check_run(observation).raise_for_violations()
+
+
+# ------------------------------------------------------------------ properties
+
+
+def _subset(*names: str) -> FakeTools:
+    """Some tools of TOOLS (same recorder), with their argument strategies."""
+    kept = tuple(tool for tool in TOOLS.tools if tool.name in names)
+    return FakeTools(kept, TOOLS.recorder, {name: TOOLS.arguments[name] for name in names})
+
+
+WELL_BEHAVED = _subset("block", "sleep", "fail", "guarded", "slow", "crunch")
+MISBEHAVING = _subset("sleep", "swallow", "shield", "garbage", "stubborn")
+
+
+def _property(
+    tools: FakeTools, script: list[Turn], schedule: tuple[Op, ...], fault: Faults, max_turns: int
+) -> None:
+    count_example()
+    observation = _observe(script, schedule, fault, tools=tools, max_turns=max_turns)
+    check_run(observation).raise_for_violations()
+
+
+@lifecycle_settings(weight=0.5)
+@given(
+    script=scripts(MISBEHAVING),
+    schedule=schedules(),
+    max_turns=st.integers(1, 4),
+)
+def test_tools_that_misbehave_never_break_the_run(
+    script: list[Turn], schedule: tuple[Op, ...], max_turns: int
+) -> None:
+    """Tools that swallow a cancel, shield their work, return garbage or ignore
+    ``ctx.cancelled`` in their thread."""
+    _property(MISBEHAVING, script, schedule, Faults(), max_turns)
+
+
+@lifecycle_settings(weight=0.5)
+@given(script=scripts(_subset("sleep", "stray")), schedule=schedules(), max_turns=st.integers(1, 4))
+def test_tools_that_raise_a_stray_cancelled_never_break_the_run(
+    script: list[Turn], schedule: tuple[Op, ...], max_turns: int
+) -> None:
+    _property(_subset("sleep", "stray"), script, schedule, Faults(), max_turns)
+
+
+@lifecycle_settings(weight=0.5)
+@given(
+    script=scripts(WELL_BEHAVED),
+    schedule=schedules(),
+    fault=faults(hooks=False, session=False),
+    max_turns=st.integers(1, 4),
+)
+def test_models_that_break_never_break_the_run(
+    script: list[Turn], schedule: tuple[Op, ...], fault: Faults, max_turns: int
+) -> None:
+    _property(WELL_BEHAVED, script, schedule, fault, max_turns)
+
+
+@lifecycle_settings(weight=0.5)
+@given(
+    script=scripts(WELL_BEHAVED),
+    schedule=schedules(),
+    fault=faults(model=False, session=False),
+    max_turns=st.integers(1, 4),
+)
+def test_hooks_that_raise_or_block_never_break_the_run(
+    script: list[Turn], schedule: tuple[Op, ...], fault: Faults, max_turns: int
+) -> None:
+    _property(WELL_BEHAVED, script, schedule, fault, max_turns)
+
+
+@lifecycle_settings(weight=0.5)
+@given(
+    script=scripts(WELL_BEHAVED),
+    schedule=schedules(),
+    fault=faults(model=False, hooks=False),
+    max_turns=st.integers(1, 4),
+)
+def test_sessions_that_raise_or_block_never_break_the_run(
+    script: list[Turn], schedule: tuple[Op, ...], fault: Faults, max_turns: int
+) -> None:
+    _property(WELL_BEHAVED, script, schedule, fault, max_turns)
+
+
+@lifecycle_settings(weight=1)
+@given(script=scripts(TOOLS), schedule=schedules(), fault=faults(), max_turns=st.integers(1, 5))
+def test_any_fault_under_any_schedule(
+    script: list[Turn], schedule: tuple[Op, ...], fault: Faults, max_turns: int
+) -> None:
+    """Everything at once: every fault tool, model, hook and session fault."""
+    _property(TOOLS, script, schedule, fault, max_turns)
