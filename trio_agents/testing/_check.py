@@ -19,6 +19,8 @@ from .._events import (
     ToolStarted,
 )
 from .._items import ToolResult, conversation_problems
+from .._model import OutputSpec
+from .._output import compile_output, output_problems
 from .._result import RunResult
 from ._runner import Observation
 
@@ -39,6 +41,7 @@ INVARIANTS: dict[str, str] = {
     "one-terminal": "exactly one terminal run.updated, the last event, matching the result",
     "seq": "seqs start at 1 and strictly increase (contiguous unless events were dropped)",
     "result": "the result is coherent (reason for failed/cancelled, output for completed)",
+    "output": "a completed run with an output_type has a final_output that validates",
     "conversation": "result.conversation is valid model input and ends with new_items",
     "items-events": "the run.item events are exactly result.new_items, in order",
     "tools-balanced": "each tool.started has one tool.finished matching the call's result",
@@ -190,11 +193,15 @@ def _check_seq(events: Sequence[RunEvent], out: Found) -> None:
         out.append(Violation("seq", f"seqs are not 1..{len(seqs)}: {seqs[:20]}..."))
 
 
-def _check_result(result: RunResult, out: Found) -> None:
+def _check_result(result: RunResult, spec: OutputSpec | None, out: Found) -> None:
     if result.status in (RunStatus.FAILED, RunStatus.CANCELLED) and not result.reason:
         out.append(Violation("result", f"a {result.status.value} run has no reason"))
     if result.status is RunStatus.COMPLETED:
-        if result.final_output is None:
+        if spec is not None:
+            # None may be a valid output (Optional[...]): the schema decides.
+            for problem in output_problems(spec, result.final_output)[:3]:
+                out.append(Violation("output", f"final_output does not validate: {problem}"))
+        elif result.final_output is None:
             out.append(Violation("result", "a completed run has no final_output"))
         if result.reason is not None:
             out.append(Violation("result", f"a completed run has reason {result.reason!r}"))
@@ -427,19 +434,28 @@ def _check_leaks(obs: Observation, out: Found) -> None:
         out.append(Violation("op-error", error))
 
 
-def check_events(result: RunResult, events: Sequence[RunEvent]) -> Report:
+def check_events(
+    result: RunResult, events: Sequence[RunEvent], *, output_type: object = None
+) -> Report:
     """Check what any run's result and full event list can show on their own.
 
     Statuses, the one terminal update, seqs, the result's coherence, conversation
     validity, ``run.item`` events against ``new_items``, and balanced tool events.
-    Use it on runs you drive yourself; :func:`check_run` checks much more.
+    Pass the agent's ``output_type`` to also check that a completed run's
+    ``final_output`` validates against it. Use it on runs you drive yourself;
+    :func:`check_run` checks much more.
     """
+    compiled = compile_output(output_type)
+    return _check_events(result, events, compiled.spec if compiled is not None else None)
+
+
+def _check_events(result: RunResult, events: Sequence[RunEvent], spec: OutputSpec | None) -> Report:
     out: Found = []
     if not events:
         return Report((Violation("one-terminal", "the run has no events"),))
     _check_statuses(result, events, out)
     _check_seq(events, out)
-    _check_result(result, out)
+    _check_result(result, spec, out)
     _check_conversation(result, events, out)
     _check_tools(result, events, out)
     return Report(tuple(out))
@@ -454,7 +470,10 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     """
     if max_cancel_latency is None:
         max_cancel_latency = 2 * float(observation.run_options.get("cleanup_timeout", 5.0))
-    out = list(check_events(observation.result, observation.events).violations)
+    # The output spec the run asked the model for (the same on every request).
+    requests = observation.requests
+    spec = requests[-1].output if requests else None
+    out = list(_check_events(observation.result, observation.events, spec).violations)
     checks: list[Callable[[], None]] = [
         lambda: _check_tool_cancellation(observation, out),
         lambda: _check_injections(observation, out),
