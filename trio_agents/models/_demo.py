@@ -181,11 +181,13 @@ class _Filler:
 
     message: str
     root: Mapping[str, Any]
+    more: str = ""  # more text to take numbers from (what the tools said)
     numbers: Iterator[float] = attrs.field(init=False)
     phrase: str = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.numbers = iter([float(n) for n in _NUMBER.findall(self.message)])
+        found = _NUMBER.findall(self.message) + _NUMBER.findall(self.more)
+        self.numbers = iter([float(n) for n in found])
         match = _PREPOSITION.search(self.message)
         phrase = match.group(1) if match else self.message
         self.phrase = _clip(phrase.strip().rstrip("?!.").strip(), 100)
@@ -292,7 +294,7 @@ class _Filler:
         return text
 
 
-def _demo_arguments(parameters: Mapping[str, Any], message: str) -> dict[str, Any]:
+def _demo_arguments(parameters: Mapping[str, Any], message: str, more: str = "") -> dict[str, Any]:
     """Arguments for a tool with JSON schema ``parameters``, taken from ``message``.
 
     Required properties are filled: numbers from the message in order (else 0 or the
@@ -300,7 +302,7 @@ def _demo_arguments(parameters: Mapping[str, Any], message: str) -> dict[str, An
     message), the first value of an enum, ``false``, empty arrays, nested objects in
     the same way.
     """
-    value = _Filler(message, parameters).value(parameters)
+    value = _Filler(message, parameters, more).value(parameters)
     return value if isinstance(value, dict) else {}
 
 
@@ -408,7 +410,9 @@ class DemoModel:
         final = next((t for t in request.tools if t.name == FINAL_ANSWER_TOOL), None)
         tools = [t for t in request.tools if t.name != FINAL_ANSWER_TOOL]
         if request.output is not None and (results or not tools):
-            answer = _demo_arguments(request.output.schema, message.content)
+            # Numbers from the question, then from what the tools said.
+            said = " ".join(r.output for r in results)
+            answer = _demo_arguments(request.output.schema, message.content, said)
             if final is None:
                 return json.dumps(answer, ensure_ascii=False), []
             call = ToolCall(
