@@ -440,3 +440,11 @@ async def test_demo_model_gives_structured_answers(autojump_clock: trio.abc.Cloc
         FINAL_ANSWER_TOOL,
     ]
     assert result.final_output == {"city": "Oslo", "celsius": 3}  # from the tool's result
+
+
+def test_agents_with_raw_schemas_stay_hashable() -> None:
+    raw = ta.Agent(name="a", output_type=RAW)
+    wrapped = ta.Agent(name="a", output_type=ta.JSONSchema(RAW))
+    assert hash(raw) == hash(wrapped)  # output_type is left out of the hash
+    assert raw == ta.Agent(name="a", output_type=dict(RAW))
+    assert raw != ta.Agent(name="a", output_type=int)

@@ -174,7 +174,8 @@ class Agent:
     max_turns: int = attrs.field(default=10, validator=_check_max_turns)
     model_settings: Mapping[str, Any] = attrs.field(default=None, converter=_to_settings, eq=False)
     # Any: a class, a typing form (list[int], a union) or a JSON schema; see above.
-    output_type: Any = None
+    # Left out of the hash (a raw schema is a dict), kept in equality.
+    output_type: Any = attrs.field(default=None, hash=False)
     output_retries: int = attrs.field(default=2, validator=_check_output_retries)
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
     # The compiled output_type (None: plain text), read by the turn engine.

@@ -89,7 +89,7 @@ class JSONSchema:
             schema fits it (every property required, ``additionalProperties: false``).
     """
 
-    schema: Mapping[str, Any] = attrs.field(converter=_to_schema)
+    schema: Mapping[str, Any] = attrs.field(converter=_to_schema, hash=False)
     name: str = attrs.field(default="output", validator=_check_name, kw_only=True)
     description: str = attrs.field(
         default="", validator=attrs.validators.instance_of(str), kw_only=True
