@@ -40,6 +40,7 @@ from ._model import Model as Model
 from ._model import ModelRequest as ModelRequest
 from ._model import ToolSpec as ToolSpec
 from ._model import Usage as Usage
+from ._output import JSONSchema as JSONSchema
 from ._result import RunResult as RunResult
 from ._result import RunStatistics as RunStatistics
 from ._run import CancelMode as CancelMode
@@ -66,6 +67,7 @@ __all__ = [
     "InjectWhen",
     "InjectionId",
     "Item",
+    "JSONSchema",
     "Model",
     "ModelError",
     "ModelRequest",

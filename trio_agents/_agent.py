@@ -9,7 +9,8 @@ from typing import Any
 
 import attrs
 
-from ._model import Model, ToolSpec
+from ._model import FINAL_ANSWER_TOOL, Model, ToolSpec
+from ._output import OutputType, compile_output
 from ._tools import Tool, function_tool
 
 __all__ = ["Agent"]
@@ -117,6 +118,13 @@ def _check_max_turns(_instance: object, _attribute: object, value: object) -> No
         raise ValueError("max_turns must be at least 1")
 
 
+def _check_output_retries(_instance: object, _attribute: object, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("output_retries must be an int")
+    if value < 0:
+        raise ValueError("output_retries must be at least 0")
+
+
 def _default_model() -> Model:
     from .models._demo import DemoModel
 
@@ -147,6 +155,16 @@ class Agent:
             ``failed`` with reason ``"max_turns"``.
         model_settings: provider settings passed to every model call
             (``temperature``, ``max_tokens``, ...).
+        output_type: what the final answer is (docs/output.md). None (the default): the
+            answer's text, and ``result.final_output`` is a ``str``. Otherwise an attrs
+            class, a dataclass, a ``TypedDict``, a type such as ``int`` or
+            ``list[Point]``, or a raw JSON schema (:class:`~trio_agents.JSONSchema`, or
+            a plain mapping): the model is asked for JSON matching it, the answer is
+            validated, and ``result.final_output`` is the parsed value. An unsupported
+            type raises ``TypeError``.
+        output_retries: how many times a final answer that does not validate is sent
+            back to the model, with the errors, for another try; once they are used up
+            the run ends ``failed`` with reason ``"output validation failed: …"``.
     """
 
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -155,11 +173,27 @@ class Agent:
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_to_tools)
     max_turns: int = attrs.field(default=10, validator=_check_max_turns)
     model_settings: Mapping[str, Any] = attrs.field(default=None, converter=_to_settings, eq=False)
+    # Any: a class, a typing form (list[int], a union) or a JSON schema; see above.
+    # Left out of the hash (a raw schema is a dict), kept in equality.
+    output_type: Any = attrs.field(default=None, hash=False)
+    output_retries: int = attrs.field(default=2, validator=_check_output_retries)
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
+    # The compiled output_type (None: plain text), read by the turn engine.
+    _output: OutputType | None = attrs.field(init=False, repr=False, eq=False)
 
     @_by_name.default
     def _index_tools(self) -> Mapping[str, Tool]:
         return MappingProxyType({tool.name: tool for tool in self.tools})
+
+    @_output.default
+    def _compile_output(self) -> OutputType | None:
+        output = compile_output(self.output_type)
+        if output is not None and FINAL_ANSWER_TOOL in self._by_name:
+            raise ValueError(
+                f"Agent(tools=...) has a tool named {FINAL_ANSWER_TOOL!r}, which an agent"
+                " with an output_type uses for its final answer; rename the tool"
+            )
+        return output
 
     def get_tool(self, name: str) -> Tool | None:
         """Return the tool called ``name``, or None."""

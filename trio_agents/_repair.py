@@ -54,7 +54,7 @@ class Verdict:
     status: RunStatus
     reason: str | None
     error: BaseException | None = None
-    final_output: str | None = None
+    final_output: Any = None  # str, or the parsed value with an output_type
     detail: dict[str, Any] = attrs.field(factory=dict)
     # A KeyboardInterrupt (or the like) met during the repair: raised once it is done.
     interrupt: BaseException | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from ._events import RunStatus
@@ -22,7 +24,11 @@ class RunResult:
         reason: why it failed or was cancelled (``"max_turns"``, the cancel reason,
             ``"parent cancelled"``, ``"session error: …"``, ``"cleanup timed out"``, an
             error summary); None when completed.
-        final_output: the text of the final answer (None unless completed).
+        final_output: the final answer (None unless completed): its text (a ``str``)
+            when the agent has no ``output_type``, else the parsed value — an instance
+            of the attrs class or dataclass, a dict for a ``TypedDict`` or a JSON
+            schema, an ``int``, ... (typed ``Any``: annotate where you read it,
+            ``point: Point = result.final_output``).
         new_items: the items this run added to the conversation (input included).
         conversation: history + new items: valid model input, whatever the status.
         usage: token usage summed over the model calls that reported it; None when no
@@ -39,7 +45,7 @@ class RunResult:
     run_id: str
     status: RunStatus
     reason: str | None
-    final_output: str | None
+    final_output: Any
     new_items: tuple[Item, ...]
     conversation: tuple[Item, ...]
     usage: Usage | None

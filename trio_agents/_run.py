@@ -365,7 +365,7 @@ class Run:
             # KeyboardInterrupt, SystemExit, ...: recorded, then re-raised.
             return Verdict(RunStatus.CANCELLED, summarize(escaped), escaped)
         if type(outcome) is Completed:
-            return Verdict(RunStatus.COMPLETED, None, final_output=outcome.text)
+            return Verdict(RunStatus.COMPLETED, None, final_output=outcome.output)
         if type(outcome) is Failed:
             return Verdict(RunStatus.FAILED, outcome.reason, outcome.error)
         if escaped is not None:

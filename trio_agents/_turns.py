@@ -15,13 +15,19 @@ One iteration is one *safe point* followed by one model turn:
 5. :func:`model_turn` streams one response, validating every event as it arrives.
 6. Tool calls run (``_toolcalls.py``); a final answer completes the run only if the
    inbox can be closed with nothing in it.
+
+With an ``output_type`` (``_output.py``), a final answer is a text answer or a
+``final_answer`` tool call, and it must validate before it can complete the run. One
+that does not is sent back to the model — as the call's error result, or as a user
+message after a text answer — and the loop goes on, at most ``agent.output_retries``
+times; then the run fails with ``"output validation failed: …"``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TypeAlias, final
+from typing import Any, TypeAlias, final
 
 import attrs
 import trio
@@ -29,10 +35,19 @@ import trio
 from ._events import InboxDelivered, InboxInjected, ResponseTextDelta, RunStatus
 from ._exceptions import ModelError
 from ._inbox import Approvals, Inbox, Injection
-from ._items import AssistantMessage, Item, ToolCall
-from ._model import Finish, ModelRequest, TextDelta, ToolCallDone, Usage
+from ._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
+from ._model import (
+    FINAL_ANSWER_TOOL,
+    Finish,
+    ModelRequest,
+    TextDelta,
+    ToolCallDone,
+    ToolSpec,
+    Usage,
+)
+from ._output import Accepted, Attempt, OutputType, Rejected
 from ._state import CallSoon, HookError, OpenCall, RunState, SessionError, call_hook
-from ._toolcalls import ToolFailure, run_tools
+from ._toolcalls import ToolFailure, finish_call, run_tools
 from ._util import summarize
 from .sessions._repair import repair_loaded
 
@@ -46,9 +61,12 @@ _COMPLETE_FINISHES = frozenset({"stop", "tool_calls", "end_turn", "tool_use"})
 @final
 @attrs.frozen
 class Completed:
-    """The model gave a final answer and nothing was pending."""
+    """The model gave a final answer and nothing was pending.
 
-    text: str
+    ``output`` is the answer's text, or the parsed value with an ``output_type``.
+    """
+
+    output: Any
 
 
 @final
@@ -130,6 +148,7 @@ async def drive(
             await call_hook("on_run_start", state.hooks.on_run_start(state.handle))
         await load_session(state)
         idle = False
+        rejected = 0  # final answers that did not validate (output_type only)
         while True:
             await trio.lowlevel.checkpoint()
             if stop_requested():
@@ -141,15 +160,39 @@ async def drive(
             if problems:
                 raise InvalidConversation("; ".join(problems[:3]))
             turn = await model_turn(state, inbox)
+            output = state.agent._output
+            attempt: Attempt | None = None
             if type(turn) is _Calls:
-                await run_tools(state, turn.calls, approvals, limiter, call_soon)
-                idle = False
+                answers = [c for c in turn.calls if c.name == FINAL_ANSWER_TOOL]
+                if output is None or not answers:
+                    await run_tools(state, turn.calls, approvals, limiter, call_soon)
+                    idle = False
+                    continue
+                # The other calls of the turn run first: the model asked for them, and
+                # their results must be in before the turn can end.
+                others = [c for c in turn.calls if c.name != FINAL_ANSWER_TOOL]
+                if others:
+                    await run_tools(state, others, approvals, limiter, call_soon)
+                attempt = await _take_tool_answer(state, output, answers)
             elif type(turn) is _Answer:
-                if inbox.close_if_empty(RunStatus.COMPLETED.value):
-                    return Completed(turn.text)
-                idle = True  # something is pending: one more turn with it
+                attempt = Accepted(turn.text) if output is None else output.take_text(turn.text)
             else:
                 idle = False  # interrupted by a when="now" injection
+                continue
+            if type(attempt) is Rejected:
+                assert output is not None
+                rejected += 1
+                if rejected > state.agent.output_retries:
+                    return Failed(f"output validation failed: {attempt.problem}")
+                if type(turn) is _Answer:
+                    # The tool path answered in the call's result already.
+                    await _ask_again(state, output, attempt)
+                idle = False
+                continue
+            assert type(attempt) is Accepted
+            if inbox.close_if_empty(RunStatus.COMPLETED.value):
+                return Completed(attempt.value)
+            idle = True  # something is pending: one more turn with it
     except Exception as exc:
         return failure(exc)
     except trio.Cancelled as exc:
@@ -158,6 +201,57 @@ async def drive(
         if trio.current_effective_deadline() != -math.inf:
             return Failed(STRAY_CANCELLED_RUN, exc)
         raise
+
+
+async def _take_tool_answer(
+    state: RunState, output: OutputType, answers: list[ToolCall]
+) -> Attempt:
+    """Check the answer of a turn's ``final_answer`` call(s) and answer each call.
+
+    Every call gets its result here, committed and persisted before anything else can
+    happen (the validity invariant: no call is left unanswered): the first call's says
+    whether the answer was accepted (the model reads why not), any later one is refused.
+    A cancellation before this point leaves the calls open, and the repair answers them.
+    """
+    attempt = output.take_arguments(answers[0].arguments)
+    if type(attempt) is Accepted:
+        first = ToolResult(answers[0].call_id, "final answer accepted")
+    else:
+        assert type(attempt) is Rejected
+        first = ToolResult(
+            answers[0].call_id,
+            f"invalid final answer: {attempt.problem}. Call {FINAL_ANSWER_TOOL} again"
+            " with arguments that match its schema.",
+            status="error",
+        )
+    finish_call(state, answers[0], first)
+    for extra in answers[1:]:
+        refused = f"ignored: {FINAL_ANSWER_TOOL} was called more than once in one turn"
+        finish_call(state, extra, ToolResult(extra.call_id, refused, status="error"))
+    await state.persist()
+    return attempt
+
+
+async def _ask_again(state: RunState, output: OutputType, attempt: Rejected) -> None:
+    """After a text answer that did not validate: tell the model why, as a user message
+    (it becomes part of the conversation, like any other turn)."""
+    if FINAL_ANSWER_TOOL in {spec.name for spec in _request_tools(state)}:
+        how = f"Give your final answer by calling the {FINAL_ANSWER_TOOL} tool."
+    else:
+        how = f"Answer again with only a JSON value matching the schema {output.spec.name!r}."
+    state.commit(UserMessage(f"Your final answer is not valid: {attempt.problem}. {how}"))
+    await state.persist()
+
+
+def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
+    """The agent's tools, plus the final-answer tool when the agent has an output type
+    and the model has no native structured output (``native_output``)."""
+    agent = state.agent
+    tools = agent.tool_specs()
+    output = agent._output
+    if output is not None and getattr(agent.model, "native_output", False) is not True:
+        tools = (*tools, output.tool_spec())
+    return tools
 
 
 async def load_session(state: RunState) -> None:
@@ -261,11 +355,13 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     state.turn += 1
     turn = state.turn
     agent = state.agent
+    output = agent._output
     request = ModelRequest(
         instructions=agent.instructions,
         items=tuple(state.conversation),
-        tools=agent.tool_specs(),
+        tools=_request_tools(state),
         settings=agent.model_settings,
+        output=output.spec if output is not None else None,
     )
     partial: list[str] = []
     state.partial_text = partial

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -242,7 +244,21 @@ class MCPServerStdio(_Server):
         return f"<MCPServerStdio {self.name!r} {'open' if self._session else 'closed'}>"
 
     async def _open_transport(self, stack: AsyncExitStack) -> tuple[Any, Any]:
-        return await stack.enter_async_context(stdio_client(self._params))
+        return await stack.enter_async_context(stdio_client(self._params, errlog=_errlog()))
+
+
+def _errlog() -> Any:
+    """Where the server's stderr goes: ours as it is now (the SDK's default is bound when
+    it is imported, and may be a captured stream gone since), or the process's own
+    stderr if ours has no file descriptor (say, redirected to a StringIO)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is OSError
+            continue
+    return subprocess.DEVNULL
 
 
 class MCPServerHTTP(_Server):

@@ -7,10 +7,12 @@
 an LLM).
 """
 
+from .._model import FINAL_ANSWER_TOOL as FINAL_ANSWER_TOOL
 from .._model import Finish as Finish
 from .._model import Model as Model
 from .._model import ModelEvent as ModelEvent
 from .._model import ModelRequest as ModelRequest
+from .._model import OutputSpec as OutputSpec
 from .._model import TextDelta as TextDelta
 from .._model import ToolCallDone as ToolCallDone
 from .._model import ToolSpec as ToolSpec
@@ -24,6 +26,7 @@ from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import Turn as Turn
 
 __all__ = [
+    "FINAL_ANSWER_TOOL",
     "AnthropicModel",
     "DemoModel",
     "Finish",
@@ -32,6 +35,7 @@ __all__ = [
     "ModelRequest",
     "OpenAIChatModel",
     "OpenAIResponsesModel",
+    "OutputSpec",
     "ScriptedModel",
     "TextDelta",
     "ToolCallDone",

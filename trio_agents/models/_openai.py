@@ -18,7 +18,16 @@ import httpx
 
 from .._exceptions import ModelError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
+from .._model import (
+    Finish,
+    ModelEvent,
+    ModelRequest,
+    OutputSpec,
+    TextDelta,
+    ToolCallDone,
+    ToolSpec,
+    Usage,
+)
 from ._http import (
     CallIds,
     HTTPRequestSpec,
@@ -28,7 +37,14 @@ from ._http import (
     stream_error,
 )
 
-__all__ = ["FINISH_REASONS", "OpenAIChatModel", "chat_messages", "chat_tools", "object_arguments"]
+__all__ = [
+    "FINISH_REASONS",
+    "OpenAIChatModel",
+    "chat_messages",
+    "chat_response_format",
+    "chat_tools",
+    "object_arguments",
+]
 
 DEFAULT_BASE_URL: Final = "https://api.openai.com/v1"
 _PROVIDER: Final = "openai"
@@ -127,6 +143,18 @@ def chat_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
         }
         for spec in tools
     ]
+
+
+def chat_response_format(output: OutputSpec) -> dict[str, Any]:
+    """The Chat Completions ``response_format`` asking for JSON matching ``output``."""
+    json_schema: dict[str, Any] = {
+        "name": output.name,
+        "schema": dict(output.schema),
+        "strict": output.strict,
+    }
+    if output.description:
+        json_schema["description"] = output.description
+    return {"type": "json_schema", "json_schema": json_schema}
 
 
 @attrs.define
@@ -291,6 +319,9 @@ class OpenAIChatModel(HTTPStreamingModel):
             deadlines are Trio cancel scopes.
         retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
             ``Retry-After`` header takes precedence.
+        native_output: ask for structured output natively (a JSON-schema ``response_format``);
+            False makes a run with an ``output_type`` use the ``final_answer`` tool
+            instead, for servers that do not support the format.
         **settings: request body fields (``temperature``, ``max_tokens``, ...);
             ``request.settings`` override them. ``stream_options=None`` leaves the
             ``stream_options`` field out, for servers that reject it.
@@ -309,6 +340,7 @@ class OpenAIChatModel(HTTPStreamingModel):
         connect_timeout: float = 10.0,
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 20.0,
+        native_output: bool = True,
         **settings: Any,
     ) -> None:
         if not isinstance(model, str) or not model:
@@ -326,6 +358,10 @@ class OpenAIChatModel(HTTPStreamingModel):
         self._base_url = base.rstrip("/").removesuffix("/chat/completions")
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self._settings = dict(settings)
+        if not isinstance(native_output, bool):
+            raise TypeError(f"native_output must be a bool, not {type(native_output).__name__}")
+        # Read by the run (docs/output.md): True means request.output is honoured here.
+        self.native_output = native_output
 
     @property
     def model(self) -> str:
@@ -353,6 +389,9 @@ class OpenAIChatModel(HTTPStreamingModel):
         body["messages"] = chat_messages(request.instructions, request.items)
         if request.tools:
             body["tools"] = chat_tools(request.tools)
+        if request.output is not None and self.native_output:
+            # An explicit response_format in the settings wins.
+            body.setdefault("response_format", chat_response_format(request.output))
         body["stream"] = True
         if stream_options is not None:
             body["stream_options"] = {**dict(stream_options), "include_usage": True}

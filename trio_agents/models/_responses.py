@@ -36,7 +36,16 @@ import httpx
 
 from .._exceptions import ModelError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
+from .._model import (
+    Finish,
+    ModelEvent,
+    ModelRequest,
+    OutputSpec,
+    TextDelta,
+    ToolCallDone,
+    ToolSpec,
+    Usage,
+)
 from ._http import (
     CallIds,
     HTTPRequestSpec,
@@ -46,7 +55,13 @@ from ._http import (
     parse_json_event,
 )
 
-__all__ = ["INCOMPLETE_REASONS", "OpenAIResponsesModel", "responses_input", "responses_tools"]
+__all__ = [
+    "INCOMPLETE_REASONS",
+    "OpenAIResponsesModel",
+    "responses_input",
+    "responses_text_format",
+    "responses_tools",
+]
 
 DEFAULT_BASE_URL: Final = "https://api.openai.com/v1"
 _PROVIDER: Final = "openai-responses"
@@ -123,6 +138,19 @@ def responses_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
         }
         for spec in tools
     ]
+
+
+def responses_text_format(output: OutputSpec) -> dict[str, Any]:
+    """The Responses API ``text.format`` asking for JSON matching ``output``."""
+    fmt: dict[str, Any] = {
+        "type": "json_schema",
+        "name": output.name,
+        "schema": dict(output.schema),
+        "strict": output.strict,
+    }
+    if output.description:
+        fmt["description"] = output.description
+    return fmt
 
 
 @final
@@ -374,6 +402,9 @@ class OpenAIResponsesModel(HTTPStreamingModel):
             deadlines are Trio cancel scopes.
         retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
             ``Retry-After`` header takes precedence.
+        native_output: ask for structured output natively (a JSON-schema ``text.format``);
+            False makes a run with an ``output_type`` use the ``final_answer`` tool
+            instead, for servers that do not support the format.
         reasoning_memory: how many calls' reasoning items to keep (0: none).
         **settings: request body fields (``max_output_tokens``, ``reasoning``,
             ``store``, ``temperature``, ...); ``request.settings`` override them.
@@ -392,6 +423,7 @@ class OpenAIResponsesModel(HTTPStreamingModel):
         connect_timeout: float = 10.0,
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 20.0,
+        native_output: bool = True,
         reasoning_memory: int = 4096,
         **settings: Any,
     ) -> None:
@@ -415,6 +447,10 @@ class OpenAIResponsesModel(HTTPStreamingModel):
         self._base_url = base.rstrip("/").removesuffix("/responses")
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self._settings = dict(settings)
+        if not isinstance(native_output, bool):
+            raise TypeError(f"native_output must be a bool, not {type(native_output).__name__}")
+        # Read by the run (docs/output.md): True means request.output is honoured here.
+        self.native_output = native_output
         self._memory = _ReasoningMemory(reasoning_memory)
 
     @property
@@ -457,6 +493,11 @@ class OpenAIResponsesModel(HTTPStreamingModel):
         body["input"] = responses_input(request.items, reasoning=reasoning)
         if request.tools:
             body["tools"] = responses_tools(request.tools)
+        if request.output is not None and self.native_output:
+            # Merged into a "text" setting (verbosity, ...); an explicit format wins.
+            text = dict(body.get("text") or {})
+            text.setdefault("format", responses_text_format(request.output))
+            body["text"] = text
         body["stream"] = True
         return body
 
