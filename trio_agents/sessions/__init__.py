@@ -9,7 +9,7 @@ from ._base import Session as Session
 from ._memory import MemorySession as MemorySession
 from ._repair import repair_loaded as repair_loaded
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION
-from ._sqlite import SessionStorageError as SessionStorageError
+from ._storage import SessionStorageError as SessionStorageError
 from ._sqlite import SQLiteSession as SQLiteSession
 
 __all__ = [
