@@ -52,7 +52,9 @@ def find_bin_dir() -> Path:
         return Path(os.path.realpath(on_path)).parent
     found = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+        key=lambda p: (
+            int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0
+        ),
     )
     if found:
         return Path(found[-1]).parent
