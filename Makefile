@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers fuzz docs clean interop
+.PHONY: demo test lint bench bench-peers fuzz docs clean interop postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the lifecycle tour, offline, on the DemoModel
 	$(BIN)/trio-agents demo
 
-test: $(STAMP)  ## the test suite (Hypothesis runs the seeded "ci" profile)
+test: $(STAMP) postgres  ## the test suite (Hypothesis runs the seeded "ci" profile)
 	$(BIN)/python -m pytest
+
+postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, only if missing
+	@.ci/postgres.sh
 
 lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
 	$(BIN)/ruff check .

@@ -27,7 +27,6 @@ per append.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 import threading
@@ -38,9 +37,9 @@ from typing import Any, Final, TypeAlias, TypeVar, final
 import attrs
 import trio
 
-from .._exceptions import TrioAgentsError
-from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage, item_from_json
+from .._items import Item
 from ._repair import repair_loaded
+from ._storage import SessionStorageError, check_session_id, decode_item, encode_items
 
 __all__ = [
     "APPLICATION_ID",
@@ -73,36 +72,6 @@ rewritten. A step receives the connection inside that transaction: it must only
 ``execute`` statements, never commit, roll back or use ``executescript`` (which commits).
 Version 1 is created directly; there are no migrations yet.
 """
-
-_ITEM_TYPES = (UserMessage, AssistantMessage, ToolCall, ToolResult)
-
-
-class SessionStorageError(TrioAgentsError):
-    """A session database could not be opened, read or written.
-
-    Raised for files that are not SQLite databases, SQLite databases that are not
-    session databases, databases written by a newer trio_agents, failed migrations,
-    stored items that cannot be read back, and SQLite errors (a locked database after
-    ``busy_timeout``, a full disk, ...). The file is never rewritten to "fix" it.
-
-    Attributes:
-        path: the database file, when known.
-        session_id: the session concerned, when the error is about one session.
-        position: the position of the unreadable item, for an unreadable item.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | None = None,
-        session_id: str | None = None,
-        position: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.path = path
-        self.session_id = session_id
-        self.position = position
 
 
 @attrs.frozen
@@ -147,29 +116,11 @@ def _resolve_path(path: str | os.PathLike[str]) -> str:
     return os.path.realpath(resolved)
 
 
-def _check_session_id(_instance: object, _attribute: object, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"session_id must be a str, not {type(value).__name__}")
-    if not value:
-        raise ValueError("session_id must not be empty")
-
-
 def _check_busy_timeout(_instance: object, _attribute: object, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"busy_timeout must be a number, not {type(value).__name__}")
     if not value >= 0:
         raise ValueError(f"busy_timeout must be >= 0, got {value!r}")
-
-
-def _encode(items: Sequence[Item]) -> list[str]:
-    """Serialise items to JSON text, checking every element is an item first."""
-    encoded: list[str] = []
-    for index, item in enumerate(items):
-        if not isinstance(item, _ITEM_TYPES):
-            raise TypeError(f"item {index}: expected an item, got {type(item).__name__}")
-        # ensure_ascii (the default) keeps any str, even lone surrogates, storable.
-        encoded.append(json.dumps(item.to_json(), separators=(",", ":")))
-    return encoded
 
 
 @final
@@ -201,7 +152,7 @@ class SQLiteSession:
     """
 
     _path: str = attrs.field(converter=_resolve_path)
-    _session_id: str = attrs.field(default="default", validator=_check_session_id)
+    _session_id: str = attrs.field(default="default", validator=check_session_id)
     _durable: bool = attrs.field(default=False, kw_only=True)
     _busy_timeout: float = attrs.field(default=5.0, kw_only=True, validator=_check_busy_timeout)
     _conn: sqlite3.Connection | None = attrs.field(init=False, default=None, repr=False)
@@ -248,7 +199,7 @@ class SQLiteSession:
         Raises:
             TypeError: an element of ``items`` is not an item (nothing is written).
         """
-        encoded = _encode(items)
+        encoded = encode_items(items)
         if not encoded:
             if self._closed:
                 raise trio.ClosedResourceError("this SQLiteSession is closed")
@@ -474,7 +425,7 @@ class SQLiteSession:
         conn.execute("BEGIN IMMEDIATE")
         try:
             repaired = repair_loaded(self._read_sync(conn))
-            self._replace_sync(conn, _encode(repaired))
+            self._replace_sync(conn, encode_items(repaired))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -491,7 +442,7 @@ class SQLiteSession:
         items: list[Item] = []
         for position, data in rows:
             try:
-                items.append(item_from_json(json.loads(data)))
+                items.append(decode_item(data))
             except (TypeError, ValueError, RecursionError) as exc:
                 raise self._error(
                     f"session {self._session_id!r} in {self._path!r}: the item at position"
