@@ -391,50 +391,51 @@ class PostgresSession:
         ``cleanup_timeout`` this way), and a lock held by another connection makes the
         call fail with a lock timeout in time rather than block past it.
         """
-        if self._closed:
-            raise trio.ClosedResourceError("this PostgresSession is closed")
-        remaining = trio.current_effective_deadline() - trio.current_time()
-        # A wall-clock deadline for the thread (Trio's clock may be a test's MockClock).
-        deadline = time.monotonic() + max(remaining, 0.0) if remaining < float("inf") else None
-        key = (self._dsn, self._max_connections)
-        return await trio.to_thread.run_sync(
-            self._in_thread, fn, deadline, limiter=_pool_limiter(key)
-        )
-
-    def _in_thread(self, fn: Callable[[Connection], T], deadline: float | None) -> T:
+        # Counted in flight from here (not from when its thread starts), so a close
+        # that comes while the call waits for a thread waits for it instead of failing it.
         with self._state:
             if self._closed:
                 raise trio.ClosedResourceError("this PostgresSession is closed")
-            if self._pool is None:
-                self._pool = _acquire_pool((self._dsn, self._max_connections))
-            shared = self._pool
             self._calls += 1
         try:
-
-            def budget(limit: float) -> float:
-                if deadline is None:
-                    return limit
-                return min(limit, deadline - time.monotonic())
-
-            try:
-                with shared.pool.connection(
-                    timeout=max(budget(self._statement_timeout), 0.001)
-                ) as conn:
-                    if not shared.schema_ready:
-                        with shared.schema_lock:
-                            if not shared.schema_ready:
-                                self._transaction(conn, budget, self._prepare)
-                                shared.schema_ready = True
-                    return self._transaction(conn, budget, fn)
-            except psycopg.Error as exc:
-                raise self._error(
-                    f"session {self._session_id!r} in database {self._database}: {exc}",
-                    session_id=self._session_id,
-                ) from exc
-        finally:
+            remaining = trio.current_effective_deadline() - trio.current_time()
+            # A wall-clock deadline for the thread (Trio's clock may be a MockClock).
+            deadline = time.monotonic() + max(remaining, 0.0) if remaining < float("inf") else None
+            key = (self._dsn, self._max_connections)
+            return await trio.to_thread.run_sync(
+                self._in_thread, fn, deadline, limiter=_pool_limiter(key)
+            )
+        finally:  # not abandoned: the thread, if it started, has returned
             with self._state:
                 self._calls -= 1
                 self._state.notify_all()
+
+    def _in_thread(self, fn: Callable[[Connection], T], deadline: float | None) -> T:
+        with self._state:  # a close waits for this call: the pool is still ours
+            if self._pool is None:
+                self._pool = _acquire_pool((self._dsn, self._max_connections))
+            shared = self._pool
+
+        def budget(limit: float) -> float:
+            if deadline is None:
+                return limit
+            return min(limit, deadline - time.monotonic())
+
+        try:
+            with shared.pool.connection(
+                timeout=max(budget(self._statement_timeout), 0.001)
+            ) as conn:
+                if not shared.schema_ready:
+                    with shared.schema_lock:
+                        if not shared.schema_ready:
+                            self._transaction(conn, budget, self._prepare)
+                            shared.schema_ready = True
+                return self._transaction(conn, budget, fn)
+        except psycopg.Error as exc:
+            raise self._error(
+                f"session {self._session_id!r} in database {self._database}: {exc}",
+                session_id=self._session_id,
+            ) from exc
 
     def _transaction(
         self, conn: Connection, budget: Callable[[float], float], fn: Callable[[Connection], T]
