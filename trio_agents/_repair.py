@@ -30,12 +30,13 @@ import attrs
 import trio
 
 from ._events import RunStatus
+from ._history import load_session
 from ._inbox import Injection
 from ._items import ToolResult
 from ._result import RunResult
 from ._state import RunState
 from ._toolcalls import finish_call
-from ._turns import announce, load_session
+from ._turns import announce
 from ._util import summarize
 
 __all__ = ["Verdict", "repair"]

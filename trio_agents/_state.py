@@ -51,6 +51,10 @@ class SessionError(Exception):
         self.error = error
 
 
+class InvalidConversation(Exception):
+    """The conversation broke the validity invariant before a model call."""
+
+
 class HookError(Exception):
     """A hook raised during the run (reason ``hook error: <hook> raised …``)."""
 

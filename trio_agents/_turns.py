@@ -26,18 +26,19 @@ times; then the run fails with ``"output validation failed: …"``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, final
 
 import attrs
 import trio
 
+from ._answer import Answers, final_answer_offered
 from ._events import InboxDelivered, InboxInjected, ResponseTextDelta, RunStatus
 from ._exceptions import ModelError
+from ._history import load_session
 from ._inbox import Approvals, Inbox, Injection
-from ._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
+from ._items import AssistantMessage, ToolCall
 from ._model import (
-    FINAL_ANSWER_TOOL,
     Finish,
     ModelRequest,
     TextDelta,
@@ -45,11 +46,18 @@ from ._model import (
     ToolSpec,
     Usage,
 )
-from ._output import Accepted, Attempt, OutputType, Rejected
-from ._state import CallSoon, HookError, OpenCall, RunState, SessionError, call_hook
-from ._toolcalls import ToolFailure, finish_call, run_tools
+from ._output import Accepted, Rejected
+from ._state import (
+    CallSoon,
+    HookError,
+    InvalidConversation,
+    OpenCall,
+    RunState,
+    SessionError,
+    call_hook,
+)
+from ._toolcalls import ToolFailure, run_tools
 from ._util import summarize
-from .sessions._repair import repair_loaded
 
 __all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]
 
@@ -85,10 +93,6 @@ class Stopped:
 
 
 Outcome: TypeAlias = Completed | Failed | Stopped
-
-
-class InvalidConversation(Exception):
-    """The conversation broke the validity invariant before a model call."""
 
 
 @final
@@ -147,8 +151,12 @@ async def drive(
             state.run_span_open = True
             await call_hook("on_run_start", state.hooks.on_run_start(state.handle))
         await load_session(state)
+        answers = Answers(state)
+
+        async def run(calls: Sequence[ToolCall]) -> None:
+            await run_tools(state, calls, approvals, limiter, call_soon)
+
         idle = False
-        rejected = 0  # final answers that did not validate (output_type only)
         while True:
             await trio.lowlevel.checkpoint()
             if stop_requested():
@@ -160,34 +168,19 @@ async def drive(
             if problems:
                 raise InvalidConversation("; ".join(problems[:3]))
             turn = await model_turn(state, inbox)
-            output = state.agent._output
-            attempt: Attempt | None = None
-            if type(turn) is _Calls:
-                answers = [c for c in turn.calls if c.name == FINAL_ANSWER_TOOL]
-                if output is None or not answers:
-                    await run_tools(state, turn.calls, approvals, limiter, call_soon)
-                    idle = False
-                    continue
-                # The other calls of the turn run first: the model asked for them, and
-                # their results must be in before the turn can end.
-                others = [c for c in turn.calls if c.name != FINAL_ANSWER_TOOL]
-                if others:
-                    await run_tools(state, others, approvals, limiter, call_soon)
-                attempt = await _take_tool_answer(state, output, answers)
-            elif type(turn) is _Answer:
-                attempt = Accepted(turn.text) if output is None else output.take_text(turn.text)
-            else:
-                idle = False  # interrupted by a when="now" injection
+            if type(turn) is _Interrupted:
+                idle = False  # a when="now" injection: the next turn starts at once
                 continue
-            if type(attempt) is Rejected:
-                assert output is not None
-                rejected += 1
-                if rejected > state.agent.output_retries:
+            if type(turn) is _Calls:
+                attempt = await answers.take_calls(turn.calls, run)
+            else:
+                assert type(turn) is _Answer
+                attempt = await answers.take_text(turn.text)
+            if attempt is None or type(attempt) is Rejected:
+                if answers.exhausted:
+                    assert attempt is not None
                     return Failed(f"output validation failed: {attempt.problem}")
-                if type(turn) is _Answer:
-                    # The tool path answered in the call's result already.
-                    await _ask_again(state, output, attempt)
-                idle = False
+                idle = False  # tools ran, or the model is asked again
                 continue
             assert type(attempt) is Accepted
             if inbox.close_if_empty(RunStatus.COMPLETED.value):
@@ -203,109 +196,15 @@ async def drive(
         raise
 
 
-async def _take_tool_answer(
-    state: RunState, output: OutputType, answers: list[ToolCall]
-) -> Attempt:
-    """Check the answer of a turn's ``final_answer`` call(s) and answer each call.
-
-    Every call gets its result here, committed and persisted before anything else can
-    happen (the validity invariant: no call is left unanswered): the first call's says
-    whether the answer was accepted (the model reads why not), any later one is refused.
-    A cancellation before this point leaves the calls open, and the repair answers them.
-    """
-    attempt = output.take_arguments(answers[0].arguments)
-    if type(attempt) is Accepted:
-        first = ToolResult(answers[0].call_id, "final answer accepted")
-    else:
-        assert type(attempt) is Rejected
-        first = ToolResult(
-            answers[0].call_id,
-            f"invalid final answer: {attempt.problem}. Call {FINAL_ANSWER_TOOL} again"
-            " with arguments that match its schema.",
-            status="error",
-        )
-    finish_call(state, answers[0], first)
-    for extra in answers[1:]:
-        refused = f"ignored: {FINAL_ANSWER_TOOL} was called more than once in one turn"
-        finish_call(state, extra, ToolResult(extra.call_id, refused, status="error"))
-    await state.persist()
-    return attempt
-
-
-async def _ask_again(state: RunState, output: OutputType, attempt: Rejected) -> None:
-    """After a text answer that did not validate: tell the model why, as a user message
-    (it becomes part of the conversation, like any other turn)."""
-    if FINAL_ANSWER_TOOL in {spec.name for spec in _request_tools(state)}:
-        how = f"Give your final answer by calling the {FINAL_ANSWER_TOOL} tool."
-    else:
-        how = f"Answer again with only a JSON value matching the schema {output.spec.name!r}."
-    state.commit(UserMessage(f"Your final answer is not valid: {attempt.problem}. {how}"))
-    await state.persist()
-
-
 def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
     """The agent's tools, plus the final-answer tool when the agent has an output type
     and the model has no native structured output (``native_output``)."""
     agent = state.agent
     tools = agent.tool_specs()
-    output = agent._output
-    if output is not None and getattr(agent.model, "native_output", False) is not True:
-        tools = (*tools, output.tool_spec())
+    if final_answer_offered(state):
+        assert agent._output is not None
+        tools = (*tools, agent._output.tool_spec())
     return tools
-
-
-async def load_session(state: RunState) -> None:
-    """Load (and repair) the session's history, then commit the input, once.
-
-    The input is committed even when loading fails, so it is in ``new_items``.
-
-    Raises:
-        SessionError: the session raised (the input is then not written to it).
-    """
-    if state.input_committed:
-        return
-    error: SessionError | None = None
-    if state.session is not None and not state.history_loaded:
-        try:
-            stored = await state.session.get_items()
-            repaired = repair_loaded(stored)  # raises TypeError for garbage
-        except Exception as exc:
-            error = SessionError(exc)
-            state.drop_session()  # never write to a session we could not read
-        else:
-            state.load_history(repaired)
-            if repaired != stored:
-                await _write_back(state, stored, repaired)
-    state.input_committed = True
-    for item in state.input:
-        state.commit(item)
-    if error is not None:
-        raise error
-    problems = state.conversation_problems(allow_open_calls=True)
-    if problems:
-        state.drop_session()  # refuse to store an invalid conversation
-        raise InvalidConversation(f"the input does not fit the stored conversation: {problems[0]}")
-    await state.persist()
-
-
-async def _write_back(state: RunState, stored: list[Item], repaired: list[Item]) -> None:
-    """Write a load repair back, so the stored rows are valid again — atomically only: a
-    repair that just appends (results for calls left open at the end, the usual crash)
-    is one ``add_items``; any other goes through the session's ``replace_items`` if it
-    has one (a clear followed by an append could lose the history halfway). A session
-    with neither is repaired again at every load."""
-    session = state.session
-    assert session is not None
-    try:
-        if repaired[: len(stored)] == stored:
-            await session.add_items(repaired[len(stored) :])
-            return
-        replace = getattr(session, "replace_items", None)
-        if replace is not None:
-            await replace(repaired)
-    except Exception as exc:
-        state.drop_session()
-        raise SessionError(exc) from exc
 
 
 def announce(state: RunState, injections: list[Injection]) -> None:
@@ -401,6 +300,15 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
         await _end_model_span(state, turn, "interrupted")
         await state.persist()
         return _Interrupted()
+    text = _commit_response(state, partial, calls)
+    await _end_model_span(state, turn, "completed")
+    await state.persist()
+    return _Calls(tuple(calls)) if calls else _Answer(text)
+
+
+def _commit_response(state: RunState, partial: list[str], calls: list[ToolCall]) -> str:
+    """Commit a finished response: its text (incomplete if cut short), then its calls
+    (open until their results come). Returns the text."""
     text = "".join(partial)
     state.partial_text = None
     if text or not calls:
@@ -411,9 +319,7 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     for call in calls:
         state.commit(call)
         state.open_calls[call.call_id] = OpenCall(call)
-    await _end_model_span(state, turn, "completed")
-    await state.persist()
-    return _Calls(tuple(calls)) if calls else _Answer(text)
+    return text
 
 
 def _cut_short(finish_reason: str | None) -> bool:
