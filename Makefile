@@ -28,7 +28,8 @@ lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
 
 fuzz: $(STAMP)  ## the lifecycle and fault properties, "fuzz" profile (over 20,000 examples)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_run_properties.py \
-		tests/test_run_faults.py -p no:cacheprovider --hypothesis-show-statistics -q
+		tests/test_harness_faults.py -p no:cacheprovider --hypothesis-show-statistics -q \
+		-o faulthandler_timeout=3600
 
 bench: $(STAMP)  ## timing figures; results in benchmarks/RESULTS.md
 	$(BIN)/python -m benchmarks
