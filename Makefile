@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers fuzz docs clean
+.PHONY: demo test lint bench bench-peers fuzz docs clean interop postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the lifecycle tour, offline, on the DemoModel
 	$(BIN)/trio-agents demo
 
-test: $(STAMP)  ## the test suite (Hypothesis runs the seeded "ci" profile)
+test: $(STAMP) postgres  ## the test suite (Hypothesis runs the seeded "ci" profile)
 	$(BIN)/python -m pytest
+
+postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, only if missing
+	@.ci/postgres.sh
 
 lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
 	$(BIN)/ruff check .
@@ -25,7 +28,8 @@ lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
 
 fuzz: $(STAMP)  ## the lifecycle and fault properties, "fuzz" profile (over 20,000 examples)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_run_properties.py \
-		tests/test_run_fault_properties.py -p no:cacheprovider --hypothesis-show-statistics -q
+		tests/test_harness_faults.py -p no:cacheprovider --hypothesis-show-statistics -q \
+		-o faulthandler_timeout=3600
 
 bench: $(STAMP)  ## timing figures; results in benchmarks/RESULTS.md
 	$(BIN)/python -m benchmarks
@@ -35,8 +39,12 @@ docs: $(STAMP)  ## the Sphinx site in docs/_build/html (warnings are errors)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-interop .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 bench-peers: $(STAMP)  ## peer frameworks on the B1/B2/B4 shapes (own venv; not CI)
 	benchmarks/peers/install.sh
 	benchmarks/peers/.venv-peers/bin/python benchmarks/peers/run_peers.py
+
+interop: $(STAMP)  ## providers against a real LiteLLM proxy and llama-cpp-python's schema (own venv; PyPI once, then offline; not CI)
+	interop/install.sh
+	$(BIN)/python -m pytest interop -p no:cacheprovider

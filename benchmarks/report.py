@@ -22,11 +22,6 @@ workload measures: [docs/benchmarks.md](../docs/benchmarks.md). Raw figures:
 a bare `trio.lowlevel.checkpoint()`.
 """
 
-_B6 = (
-    "| B6 | control channel round trip | — | — | **pending** | — | — |"
-    " not measured: the control channel (`trio_agents.control`) does not exist yet |"
-)
-
 
 def _number(value: float) -> str:
     if math.isnan(value):
@@ -90,7 +85,6 @@ def write_markdown(path: Path, env: dict[str, Any], figures: Sequence[Figure]) -
         "|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(figure) for figure in figures]
-    lines.append(_B6)
     lines.append("")
     lines += _peers_section(path.parent / "peers" / "results.jsonl")
     path.write_text("\n".join(lines) + "\n")

@@ -1,9 +1,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if TYPE_CHECKING:
+    from .pg_support import PostgresServer
 
 pytest_plugins = ["pytester", "trio_agents.testing.plugin"]
 
@@ -43,3 +48,41 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"lifecycle examples run: {EXAMPLES_RUN[0]}"
             f" (Hypothesis profile {os.environ.get('HYPOTHESIS_PROFILE', 'ci')!r})"
         )
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL server for the whole test session (see tests/pg_support.py).
+
+    Without PostgreSQL on the machine the tests that need it fail under CI=true and
+    are skipped, with the reason, elsewhere."""
+    from .pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
+
+    server: PostgresServer | None = None
+    try:
+        server = PostgresServer(find_bin_dir())
+        server.start()
+    except PostgresUnavailable as exc:
+        if server is not None:
+            server.stop()
+        message = f"no PostgreSQL server for the tests: {exc}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_dsn(postgres_server: PostgresServer) -> Iterator[str]:
+    """The DSN of a new, empty database of this test's own, dropped afterwards."""
+    dsn = postgres_server.create_database()
+    try:
+        yield dsn
+    finally:
+        postgres_server.drop_database(dsn)

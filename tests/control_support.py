@@ -90,8 +90,7 @@ async def memory_client(
     """
     client_stream, server_stream = trio.testing.lockstep_stream_pair()
     async with trio.open_nursery() as nursery:
-        # _handle_stream only needs a trio Stream; a socket is what serve() gives it.
-        nursery.start_soon(server._handle_stream, cast(trio.SocketStream, server_stream))
+        nursery.start_soon(server.handle_stream, server_stream)
         ws = await wrap_client_stream(
             nursery,
             cast(trio.SocketStream, client_stream),  # any trio Stream will do

@@ -21,7 +21,7 @@ Usage (in a pytest-trio test)::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from functools import partial
 from typing import Any, Literal, TypeAlias
@@ -214,6 +214,9 @@ class SSEServer:
     """A scripted HTTP/1.1 server on ``127.0.0.1``; start it with ``nursery.start``."""
 
     script: list[Reply] = attrs.field(factory=list, converter=list)
+    validate: Callable[[RecordedRequest], Reply | None] | None = None
+    """Checks each request first: a reply it returns is sent instead of the next
+    scripted one (which stays for the next request). See ``strict_servers.py``."""
     requests: list[RecordedRequest] = attrs.field(factory=list, init=False)
     connections: list[ConnectionRecord] = attrs.field(factory=list, init=False)
     port: int = attrs.field(default=0, init=False)
@@ -229,12 +232,12 @@ class SSEServer:
         self.script.extend(replies)
 
     async def serve(
-        self, *, task_status: trio.TaskStatus[SSEServer] = trio.TASK_STATUS_IGNORED
+        self, port: int = 0, *, task_status: trio.TaskStatus[SSEServer] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Listen on a free loopback port and serve until cancelled."""
+        """Listen on a loopback port (0: a free one) and serve until cancelled."""
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(
-                partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1")
+                partial(trio.serve_tcp, self._handle, port, host="127.0.0.1")
             )
             self.port = listeners[0].socket.getsockname()[1]
             task_status.started(self)
@@ -278,10 +281,13 @@ class SSEServer:
             if body is None:
                 return
             record.requests += 1
-            self.requests.append(RecordedRequest(method, path, headers, body, record.number))
+            recorded = RecordedRequest(method, path, headers, body, record.number)
+            self.requests.append(recorded)
             self._request_seen.set()
             self._request_seen = trio.Event()
-            keep_alive = await self._respond(stream, reader, record, self._next_reply())
+            rejection = self.validate(recorded) if self.validate is not None else None
+            reply = rejection if rejection is not None else self._next_reply()
+            keep_alive = await self._respond(stream, reader, record, reply)
             if not keep_alive:
                 return
 

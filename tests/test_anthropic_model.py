@@ -272,6 +272,38 @@ def test_default_base_url() -> None:
     assert AnthropicModel("claude-3-5-haiku-latest").base_url == "https://api.anthropic.com"
 
 
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/", "/v1/messages"])
+async def test_base_url_ending_in_v1_is_normalised(server: SSEServer, suffix: str) -> None:
+    # OpenAI-style configuration ends in /v1: not /v1/v1/messages and a 404.
+    server.add(text_reply("ok"))
+    model = AnthropicModel("claude-test", base_url=server.base_url + suffix)
+    assert model.base_url == server.base_url
+    with trio.fail_after(10):
+        assert (await collect(model))[0] == TextDelta("ok")
+    assert server.requests[0].path == "/v1/messages"
+
+
+async def test_no_usage_reported_is_unknown_not_zero(server: SSEServer) -> None:
+    # A proxy translating to the Messages format without usage fields.
+    start = event("message_start", message={"id": "m", "type": "message", "role": "assistant"})
+    stop = [event("message_delta", delta={"stop_reason": "max_tokens"}), event("message_stop")]
+    server.add(Reply(events=[start, *text_block(0, "cut"), *stop]))
+    with trio.fail_after(10):
+        assert await collect(make_model(server)) == [TextDelta("cut"), Finish("length")]
+
+
+async def test_a_reused_tool_use_id_gets_a_fresh_one(server: SSEServer) -> None:
+    request = ModelRequest(
+        "", (UserMessage("go"), ToolCall("toolu_1", "add", "{}"), ToolResult("toolu_1", "0"))
+    )
+    server.add(
+        Reply(events=[message_start(), *tool_block(0, "toolu_1", "add", "{}"), *message_end()])
+    )
+    with trio.fail_after(10):
+        events = await collect(make_model(server), request)
+    assert events[0] == ToolCallDone(ToolCall("toolu_1_2", "add", "{}"))
+
+
 # ---------------------------------------------------------------------- errors
 
 

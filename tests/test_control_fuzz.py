@@ -125,6 +125,10 @@ frames = st.one_of(
 def _readable_id(frame: Any) -> Any:
     if not isinstance(frame, dict):
         return None
+    try:  # NaN/Infinity make the whole frame invalid JSON: no id can be trusted
+        json.dumps(frame, allow_nan=False)
+    except ValueError:
+        return None
     value = frame.get("id")
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None

@@ -10,7 +10,8 @@ import trio
 
 import trio_agents as ta
 from trio_agents.control import ERROR_CODES, ControlError, Limits, RunInfo, connect, event_from_json
-from trio_agents.control._protocol import ProtocolError, parse_request
+from trio_agents.control._protocol import ProtocolError
+from trio_agents.control._requests import RunCancel, RunStart, parse_request
 from trio_agents.models import ScriptedModel, Turn
 
 from .control_support import ask, raw_client, serving, wait_until
@@ -51,10 +52,15 @@ def test_parse_errors(text: str | bytes, code: str, request_id: object) -> None:
 
 def test_parse_defaults() -> None:
     request = parse_request('{"id": "9", "op": "run.start", "agent": "a", "input": "hi"}')
-    assert request.fields["on_disconnect"] == "continue"
-    assert request.fields["on_busy"] == "reject"
-    assert request.fields["subscribe"] is None
-    assert request.fields["input"] == (ta.UserMessage("hi"),)
+    assert request == RunStart(id="9", agent="a", input=(ta.UserMessage("hi"),))
+    assert isinstance(request, RunStart)
+    assert (request.on_disconnect, request.on_busy, request.subscribe) == (
+        "continue",
+        "reject",
+        None,
+    )
+    cancel = parse_request('{"id": 1, "op": "run.cancel", "run_id": "r", "reason": null}')
+    assert cancel == RunCancel(id=1, run_id="r", reason=None, mode="immediate")
 
 
 def test_events_round_trip_through_json() -> None:

@@ -2,7 +2,8 @@
 
 Blocks of one file run in order in one namespace (so a later block can use an earlier
 one's names), the way a reader follows the page. A block whose first line is
-``# not run: <why>`` is skipped (none is, today: everything runs offline).
+``# not run: <why>`` is skipped: only docs/sessions.md's PostgresSession example, which
+tests/test_postgres_session.py runs against the test suite's PostgreSQL server.
 """
 
 from __future__ import annotations
@@ -42,6 +43,22 @@ def test_python_blocks_run(page: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_pages_with_code_have_runnable_blocks() -> None:
     assert python_blocks(ROOT / "README.md")
     assert python_blocks(ROOT / "docs" / "quickstart.md")
+
+
+def test_readme_links_every_guide() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    guides = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert [g for g in guides if f"(docs/{g})" not in readme] == []
+
+
+def test_every_guide_is_in_the_docs_index() -> None:
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    guides = sorted(p.stem for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert [g for g in guides if f"\n{g}\n" not in index] == []
+
+
+def test_there_are_at_least_five_examples() -> None:
+    assert len(EXAMPLES) >= 5, [p.name for p in EXAMPLES]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)

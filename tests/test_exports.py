@@ -8,18 +8,22 @@ import pytest
 
 import trio_agents
 import trio_agents.control
+import trio_agents.mcp
 import trio_agents.models
 import trio_agents.sessions
 import trio_agents.testing
 import trio_agents.testing.plugin
+import trio_agents.tracing
 
 MODULES = [
     trio_agents,
     trio_agents.models,
     trio_agents.sessions,
     trio_agents.control,
+    trio_agents.mcp,
     trio_agents.testing,
     trio_agents.testing.plugin,
+    trio_agents.tracing,
 ]
 
 

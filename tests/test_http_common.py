@@ -22,12 +22,19 @@ from trio_agents.models._anthropic import AnthropicModel
 from trio_agents.models._demo import DemoModel
 from trio_agents.models._http import (
     MAX_RETRY_AFTER,
+    CallIds,
     ClientOwnership,
+    HTTPRequestSpec,
+    HTTPStreamingModel,
     SSEDecoder,
     SSEEvent,
+    StreamParser,
     backoff_delay,
     error_detail,
+    http_error,
     make_timeout,
+    one_line,
+    parse_error_body,
     parse_retry_after,
 )
 from trio_agents.models._openai import OpenAIChatModel
@@ -171,6 +178,95 @@ def test_error_detail(body: bytes, detail: str | None) -> None:
     assert error_detail(body) == detail
 
 
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "message"),
+    [
+        # LiteLLM proxy: placeholders, and the status again as the code.
+        (
+            b'{"error": {"message": "m", "type": "None", "param": "None", "code": "400"}}',
+            400,
+            None,
+            "m",
+        ),
+        (b'{"error": {"message": "m", "type": null, "code": 500}}', 500, None, "m"),
+        (
+            b'{"error": {"message": "m", "type": null, "code": "model_not_found"}}',
+            404,
+            "model_not_found",
+            "m",
+        ),
+        (b'{"error": {"message": "a\\n  b\\r\\nc", "type": "t"}}', 500, "t", "a b c"),
+        (b'{"error": "x", "error_type": "validation"}', 422, "validation", "x"),
+        (b'{"error": {"type": "only_a_kind"}}', 500, "only_a_kind", None),
+        (b"plain\ntext", 502, None, "plain text"),
+        (b"[1, 2]", 500, None, "[1, 2]"),
+    ],
+)
+def test_parse_error_body(body: bytes, status: int, kind: str | None, message: str | None) -> None:
+    info = parse_error_body(body, status)
+    assert (info.kind, info.message) == (kind, message)
+
+
+@pytest.mark.parametrize(
+    ("body", "permanent"),
+    [
+        # llama-cpp-python: a schema error is an HTTP 500 with pydantic's report.
+        (
+            b'{"error": {"message": "1 validation error:\\n  {\'msg\': \'Input should be a'
+            b' valid string\'}", "type": "internal_server_error", "code": null}}',
+            True,
+        ),
+        (b'{"error": {"message": "Field required", "type": "internal_server_error"}}', True),
+        (b'{"error": {"message": "x", "type": "invalid_request_error"}}', True),
+        (b'{"object": "error", "message": "x", "type": "BadRequestError", "code": 400}', True),
+        (b'{"error": {"message": "x", "code": "context_length_exceeded"}}', True),
+        (b'{"error": {"message": "x", "code": "400"}}', True),
+        (b'{"error": {"message": "x", "type": "insufficient_quota"}}', True),
+        (b'{"error": {"code": 400, "message": "Failed to parse messages: y"}}', True),
+        (b"This model's maximum context length is 4096 tokens", True),
+        (b'{"error": {"message": "x", "code": 429}}', False),
+        (b'{"error": {"message": "upstream timed out", "type": "server_error"}}', False),
+        (b'{"error": {"message": "overloaded", "type": "overloaded_error"}}', False),
+        (b"<html>502 Bad Gateway</html>", False),
+        (b"", False),
+    ],
+)
+def test_permanent_errors(body: bytes, permanent: bool) -> None:
+    assert parse_error_body(body, 500).permanent is permanent
+
+
+def test_http_error_reasons() -> None:
+    error = http_error("p (u)", 500, b'{"error": {"message": "Input should be a valid string"}}')
+    assert (str(error), error.retryable, error.status_code) == (
+        "p (u): HTTP 500: Input should be a valid string",
+        False,
+        500,
+    )
+    error = http_error("p (u)", 503, b"")
+    assert (str(error), error.retryable) == ("p (u): HTTP 503 with an empty body", True)
+    error = http_error("p (u)", 404, b'{"error": {"type": "not_found_error"}}')
+    assert (str(error), error.retryable) == ("p (u): HTTP 404 not_found_error", False)
+
+
+def test_one_line() -> None:
+    assert one_line("a\n\n b\tc\r\n") == "a b c"
+    assert one_line("x" * 10, 5) == "xxxx\u2026"
+
+
+def test_call_ids() -> None:
+    ids = CallIds(["a", "a_2", "b"])
+    assert [ids.claim(i) for i in ("a", "c", "c", "b", "a")] == ["a_3", "c", "c_2", "b_2", "a_4"]
+    assert CallIds().claim("x") == "x"
+
+
+def test_sse_decoder_counts_event_stream_lines() -> None:
+    decoder = SSEDecoder()
+    decoder.feed(b"<html>\nnot: a stream\n\n")
+    assert decoder.fields == 0
+    decoder.feed(b": comment\nretry: 5\n")
+    assert decoder.fields == 2
+
+
 def test_timeouts_have_no_read_timeout() -> None:
     timeout = make_timeout(3.0)
     assert timeout.read is None
@@ -239,7 +335,7 @@ def sse_response(body: bytes, status: int = 200) -> httpx.Response:
     return httpx.Response(status, headers={"content-type": "text/event-stream"}, content=body)
 
 
-async def collect(model: OpenAIChatModel | AnthropicModel) -> list[ModelEvent]:
+async def collect(model: HTTPStreamingModel) -> list[ModelEvent]:
     async with model.stream(REQUEST) as stream:
         return [event async for event in stream]
 
@@ -456,12 +552,23 @@ def test_from_string_demo_and_options() -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    ["", "gpt-4o", "openai:", "openai:@http://x", "mistral:large", "demo:x", "OpenAI:gpt"],
+    [
+        "",
+        "gpt-4o",
+        "openai:",
+        "openai:@http://x",
+        "openai-responses:",
+        "openai-chat:gpt",
+        "mistral:large",
+        "demo:x",
+        "OpenAI:gpt",
+    ],
 )
 def test_from_string_rejects_bad_specs(spec: str) -> None:
     with pytest.raises(ValueError, match="unknown model spec") as info:
         from_string(spec)
-    for form in ('"demo"', '"openai:<model>"', '"anthropic:<model>"', "<base_url>"):
+    forms = ('"demo"', '"openai:<model>"', '"openai-responses:<model>"', '"anthropic:<model>"')
+    for form in (*forms, "<base_url>"):
         assert form in str(info.value)
 
 
@@ -529,3 +636,54 @@ async def test_cancel_during_the_request_upload_leaves_no_generator() -> None:
                         scope.cancel()
                 await settle()
         assert [str(w.message) for w in ours] == []
+
+
+# ------------------------------------------- every failure is a ModelError
+
+
+async def test_a_setting_that_is_not_json_is_a_model_error() -> None:
+    transport = httpx.MockTransport(lambda request: sse_response(b"data: [DONE]\n\n"))
+    async with httpx.AsyncClient(transport=transport) as client:
+        model = OpenAIChatModel("m", base_url="http://x/v1", client=client, seed=object())
+        with trio.fail_after(10), pytest.raises(ModelError, match="request cannot be built"):
+            await collect(model)
+
+
+class _KeyErrorParser:
+    done = False
+
+    def feed(self, event: SSEEvent) -> list[ModelEvent]:
+        return [TextDelta(json.loads(event.data)["missing"])]
+
+    def at_eof(self) -> list[ModelEvent] | None:
+        return None
+
+
+class _CarelessModel(HTTPStreamingModel):
+    """A provider whose parser assumes every event has a field."""
+
+    _provider = "careless"
+
+    def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
+        return HTTPRequestSpec("http://x/v1/go", {}, {})
+
+    def _new_parser(self, call_ids: CallIds) -> StreamParser:
+        return _KeyErrorParser()
+
+
+async def test_a_parser_bug_reaches_the_caller_as_a_model_error() -> None:
+    transport = httpx.MockTransport(lambda request: sse_response(b'data: {"x": 1}\n\n'))
+    async with httpx.AsyncClient(transport=transport) as client:
+        model = _CarelessModel(
+            client=client,
+            max_retries=0,
+            connect_timeout=1,
+            retry_base_delay=0,
+            retry_max_delay=0,
+        )
+        with trio.fail_after(10), pytest.raises(ModelError) as info:
+            await collect(model)
+    assert str(info.value) == (
+        "careless (http://x/v1/go): could not read the event '{\"x\": 1}': KeyError: 'missing'"
+    )
+    assert isinstance(info.value.__cause__, KeyError)

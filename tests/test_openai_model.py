@@ -25,58 +25,10 @@ from trio_agents._model import (
 )
 from trio_agents.models._openai import OpenAIChatModel, chat_messages
 
+from .chat_wire import DONE, chunk, text_reply, usage_chunk
 from .sse_server import SSE, Raw, Reply, SSEServer, unused_port
 
 REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
-DONE = SSE("[DONE]")
-
-
-def chunk(
-    content: str | None = None,
-    *,
-    tool_calls: list[dict[str, Any]] | None = None,
-    finish: str | None = None,
-    role: str | None = None,
-) -> dict[str, Any]:
-    """One ``chat.completion.chunk`` as OpenAI sends it."""
-    delta: dict[str, Any] = {}
-    if role is not None:
-        delta["role"] = role
-    if content is not None:
-        delta["content"] = content
-    if tool_calls is not None:
-        delta["tool_calls"] = tool_calls
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1700000000,
-        "model": "gpt-test",
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        "usage": None,
-    }
-
-
-def usage_chunk(prompt: int, completion: int) -> dict[str, Any]:
-    """The final chunk ``stream_options.include_usage`` asks for."""
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1700000000,
-        "model": "gpt-test",
-        "choices": [],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
-    }
-
-
-def text_reply(*parts: str, **kwargs: Any) -> Reply:
-    events: list[SSE | Raw] = [SSE(chunk("", role="assistant"))]
-    events += [SSE(chunk(part)) for part in parts]
-    events += [SSE(chunk(finish="stop")), SSE(usage_chunk(9, len(parts))), DONE]
-    return Reply(events=events, **kwargs)
 
 
 @pytest.fixture(autouse=True)
@@ -245,7 +197,7 @@ async def test_request_body_format(server: SSEServer) -> None:
             {"role": "tool", "tool_call_id": "c2", "content": "boom"},
             {
                 "role": "assistant",
-                "content": None,
+                "content": "",
                 "tool_calls": [
                     {"id": "c3", "type": "function", "function": {"name": "add", "arguments": "{}"}}
                 ],
@@ -595,7 +547,7 @@ async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
         {"role": "user", "content": "what is 2+3?"},
         {
             "role": "assistant",
-            "content": None,
+            "content": "",
             "tool_calls": [
                 {
                     "id": "call_1",

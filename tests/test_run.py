@@ -45,6 +45,7 @@ async def test_text_run_completes(autojump_clock: trio.testing.MockClock) -> Non
     assert result.conversation == result.new_items
     assert result.unconsumed == ()
     assert result.raise_for_status() is result
+    assert result.usage is not None
     assert result.usage.output_tokens > 0
 
 

@@ -5,7 +5,7 @@ injections (every ``when``), withdrawals, approvals, rejections, subscribers and
 releases, at virtual times: one ``trio.run`` per example on
 ``MockClock(autojump_threshold=0)``; ``check_run`` checks every lifecycle invariant.
 The seeded "ci" profile runs a few hundred examples; ``make fuzz`` runs these and the
-fault properties of ``test_run_fault_properties.py``, over 20,000 examples.
+fault properties of ``test_harness_faults.py``, over 20,000 examples.
 """
 
 from __future__ import annotations

@@ -79,7 +79,23 @@ async def test_subprocess_tool_dies_with_the_run(tmp_path: Path) -> None:
             run.cancel("stop")
     assert run.result is not None
     assert run.result.status == "cancelled"
+    # SIGKILL was sent to the group; the kernel finishes each death a moment later, so
+    # wait for it (on a pidfd: an event, not a poll), bounded by a hang guard.
+    with trio.fail_after(10):
+        for pid in live_processes_in_group(pgid):
+            await wait_for_exit(pid)
     assert live_processes_in_group(pgid) == []
+
+
+async def wait_for_exit(pid: int) -> None:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
 
 
 def live_processes_in_group(pgid: int) -> list[int]:

@@ -4,6 +4,7 @@ This module deliberately does not use ``from __future__ import annotations``: th
 annotations here are real objects (test_tools.py covers string annotations).
 """
 
+import dataclasses
 import enum
 import typing
 from collections.abc import Mapping, Sequence
@@ -15,9 +16,11 @@ import pytest
 from trio_agents._schema import (
     MAX_ERRORS,
     ArgumentConversionError,
+    compile_type,
     function_schema,
     parse_docstring,
     schema_for_type,
+    to_json_value,
     validate,
 )
 
@@ -203,6 +206,65 @@ def test_attrs_schema() -> None:
             ["name"],
         ),
         "description": "A shape made of points.",
+    }
+
+
+@dataclasses.dataclass
+class Line:
+    """A line between two points."""
+
+    start: Point
+    end: Point
+    color: Color = Color.RED
+    labels: list[str] = dataclasses.field(default_factory=list)
+    cache: int = dataclasses.field(default=0, init=False)
+
+
+@dataclasses.dataclass
+class Bare:
+    n: int
+
+
+def test_dataclass_schema_and_conversion() -> None:
+    point = obj({"x": {"type": "number"}, "y": {"type": "number", "default": 0.0}}, ["x"])
+    assert schema_for_type(Line) == {
+        **obj(
+            {
+                "start": point,
+                "end": point,
+                "color": {"type": "string", "enum": ["red", "green"], "default": "red"},
+                "labels": {"type": "array", "items": {"type": "string"}},
+            },
+            ["start", "end"],
+        ),
+        "description": "A line between two points.",
+    }
+    # The docstring dataclasses generate ("Bare(n: int)") is no description.
+    assert schema_for_type(Bare) == obj({"n": {"type": "integer"}}, ["n"])
+    schema, convert = compile_type(Line)
+    value = {"start": {"x": 1}, "end": {"x": 2, "y": 3}, "color": "green"}
+    assert validate(schema, value) == []
+    line = convert(value)
+    assert line == Line(Point(1.0), Point(2.0, 3.0), Color.GREEN)
+    assert to_json_value(line) == (
+        True,
+        {
+            "start": {"x": 1.0, "y": 0.0},
+            "end": {"x": 2.0, "y": 3.0},
+            "color": "green",
+            "labels": [],
+            "cache": 0,
+        },
+    )
+
+
+def test_dataclass_tool_parameters() -> None:
+    def draw(line: Line) -> None:
+        """Draw a line."""
+
+    fs = function_schema(draw)
+    assert fs.convert({"line": {"start": {"x": 0}, "end": {"x": 1}}}) == {
+        "line": Line(Point(0.0), Point(1.0))
     }
 
 

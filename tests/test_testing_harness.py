@@ -255,9 +255,13 @@ def test_describe_and_report_are_readable() -> None:
     assert set(report.invariants) <= set(tt.INVARIANTS)
 
 
-def test_the_plugin_works_with_dash_p(pytester: pytest.Pytester) -> None:
+def test_the_plugin_works_with_dash_p(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fresh pytest with Hypothesis' default profile (a 200 ms deadline, every health
     check on) and an agent with a sync tool that takes 0.25 s a call."""
+    # Hypothesis picks its own lenient "ci" profile when CI is set: keep the default.
+    monkeypatch.delenv("CI", raising=False)
     pytester.makepyfile(
         textwrap.dedent(
             """

@@ -733,3 +733,34 @@ async def test_run_process_kills_leftovers_of_an_exited_leader() -> None:
     with trio.fail_after(10):
         result = await make_ctx().run_process(["sh", "-c", "echo $$; sleep 60 >/dev/null 2>&1 &"])
     await _wait_until_group_dead(int(result.stdout))
+
+
+async def test_tool_from_schema_gets_the_validated_arguments_as_one_dict() -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def call(ctx: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+        seen.append((ctx.call_id, arguments))
+        return {"sum": arguments["a"] + arguments.get("b", 0)}
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    tool = Tool.from_schema("adder", "Adds.", schema, call, timeout=3)
+    assert tool.spec().parameters == schema
+    assert tool.timeout == 3
+    ctx = ToolContext(run_id="r", call_id="c1", tool_name="adder")
+    assert await tool.invoke(ctx, '{"a": 2, "b": 5}') == '{"sum": 7}'
+    assert seen == [("c1", {"a": 2, "b": 5})]
+    with pytest.raises(ToolArgumentsError, match=r"\$\.a: expected integer"):
+        await tool.invoke(ctx, '{"a": "x"}')
+    assert len(seen) == 1
+
+
+def test_tool_from_schema_refuses_a_sync_function_or_a_non_object_schema() -> None:
+    async def call(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        return ""
+
+    with pytest.raises(TypeError, match="async function"):
+        Tool.from_schema("t", "", {"type": "object"}, lambda ctx, args: "")  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match="type 'object'"):
+        Tool.from_schema("t", "", {"type": "array"}, call)
+    with pytest.raises(TypeError, match="invalid tool name"):
+        Tool.from_schema("a b", "", {"type": "object"}, call)

@@ -6,6 +6,9 @@ steers it, and ``run.updated`` / ``run.events()`` say what it is doing. See
 """
 
 from ._agent import Agent as Agent
+from ._entry import open_run as open_run
+from ._entry import run as run
+from ._entry import serve_run as serve_run
 from ._events import EventsDropped as EventsDropped
 from ._events import InboxDelivered as InboxDelivered
 from ._events import InboxInjected as InboxInjected
@@ -37,15 +40,13 @@ from ._model import Model as Model
 from ._model import ModelRequest as ModelRequest
 from ._model import ToolSpec as ToolSpec
 from ._model import Usage as Usage
+from ._output import JSONSchema as JSONSchema
+from ._result import RunResult as RunResult
+from ._result import RunStatistics as RunStatistics
 from ._run import CancelMode as CancelMode
 from ._run import InjectionId as InjectionId
 from ._run import InjectWhen as InjectWhen
 from ._run import Run as Run
-from ._run import RunResult as RunResult
-from ._run import RunStatistics as RunStatistics
-from ._run import open_run as open_run
-from ._run import run as run
-from ._run import serve_run as serve_run
 from ._session_lock import OnBusy as OnBusy
 from ._tools import Tool as Tool
 from ._tools import ToolArgumentsError as ToolArgumentsError
@@ -66,6 +67,7 @@ __all__ = [
     "InjectWhen",
     "InjectionId",
     "Item",
+    "JSONSchema",
     "Model",
     "ModelError",
     "ModelRequest",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import attrs
 
-from ._model import Model, ToolSpec
+from ._model import FINAL_ANSWER_TOOL, Model, ToolSpec
+from ._output import OutputType, compile_output
 from ._tools import Tool, function_tool
 
 __all__ = ["Agent"]
@@ -16,13 +18,39 @@ __all__ = ["Agent"]
 
 def _to_tools(value: Iterable[Tool | Callable[..., Any]]) -> tuple[Tool, ...]:
     if callable(value):  # a Tool is callable too
-        raise TypeError("tools must be a list of tools, not a single tool")
-    tools = tuple(t if isinstance(t, Tool) else function_tool(t) for t in value)
+        name = getattr(value, "name", None) or getattr(value, "__name__", "tool")
+        raise TypeError(
+            f"Agent(tools=...) takes a list of tools, not a single tool: tools=[{name}]"
+        )
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"Agent(tools=...) takes a list of tools, not {type(value).__name__}"
+            f" ({value!r:.60}); tools must be @function_tool-decorated functions or Tool objects"
+        )
+    tools = tuple(_to_tool(index, element) for index, element in enumerate(value))
     names = [t.name for t in tools]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"duplicate tool names: {', '.join(duplicates)}")
+        raise ValueError(
+            f"Agent(tools=...) has several tools named {', '.join(map(repr, duplicates))};"
+            " tool names must be unique (rename one: @function_tool(name=...))"
+        )
     return tools
+
+
+def _to_tool(index: int, element: object) -> Tool:
+    """One element of ``tools``: a Tool as is, a plain function wrapped."""
+    if isinstance(element, Tool):
+        return element
+    what = f"Agent(tools=...): element {index} is {type(element).__name__} ({element!r:.60})"
+    if not callable(element) or inspect.isclass(element):
+        raise TypeError(f"{what}; tools must be @function_tool-decorated functions or Tool objects")
+    try:
+        return function_tool(element)
+    except TypeError as exc:
+        raise TypeError(f"{what} and cannot be made a tool: {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{what} and cannot be made a tool: {exc}") from exc
 
 
 def _to_settings(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -33,11 +61,53 @@ def _to_settings(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
 
+def _spec_problem(spec: str) -> tuple[str, str]:
+    """What is wrong with a model string ``from_string`` refused, and a likely fix."""
+    name = spec.strip()
+    provider, colon, _rest = name.partition(":")
+    if not colon:
+        guess = "anthropic" if name.startswith("claude") else "openai"
+        hint = f" Did you mean '{guess}:{name}'?" if name else ""
+        return f"model string {spec!r} has no provider prefix", hint
+    from .models._registry import PROVIDERS
+
+    if provider not in PROVIDERS:
+        return f"model string {spec!r} names an unknown provider {provider!r}", ""
+    return f"model string {spec!r} names no model after {provider + ':'!r}", ""
+
+
+def model_from_string(spec: str) -> Model:
+    """Build the model a model string names (``models.from_string``), or raise a
+    ``ValueError`` naming the string, what is wrong, and the known prefixes."""
+    from .models._registry import PROVIDERS, from_string
+
+    try:
+        return from_string(spec)
+    except ValueError:
+        problem, hint = _spec_problem(spec)
+        prefixes = ", ".join(f"{provider}:" for provider in PROVIDERS)
+        raise ValueError(
+            f'{problem}; known prefixes: {prefixes} (or "demo"),'
+            ' e.g. "openai:gpt-4o-mini", "anthropic:claude-3-5-haiku-latest",'
+            f' "openai:llama3.1:8b@http://127.0.0.1:11434/v1".{hint}'
+        ) from None
+
+
+def _to_model(value: Model | str) -> Model:
+    if isinstance(value, str):
+        try:
+            return model_from_string(value)
+        except ValueError as exc:
+            raise ValueError(f"Agent(model={value!r}): {exc}") from None
+    return value
+
+
 def _check_model(_instance: object, _attribute: object, value: object) -> None:
     if not callable(getattr(value, "stream", None)):
         raise TypeError(
-            f"model must implement the Model protocol (a stream(request) method),"
-            f" not {type(value).__name__}"
+            f"Agent(model=...) got {type(value).__name__} ({value!r:.60}); pass a model"
+            ' string such as "openai:gpt-4o-mini" or an object with a stream(request)'
+            " method (the Model protocol, e.g. trio_agents.models.OpenAIChatModel)"
         )
 
 
@@ -46,6 +116,13 @@ def _check_max_turns(_instance: object, _attribute: object, value: object) -> No
         raise TypeError("max_turns must be an int")
     if value < 1:
         raise ValueError("max_turns must be at least 1")
+
+
+def _check_output_retries(_instance: object, _attribute: object, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("output_retries must be an int")
+    if value < 0:
+        raise ValueError("output_retries must be at least 0")
 
 
 def _default_model() -> Model:
@@ -64,27 +141,59 @@ class Agent:
     Args:
         name: a name for logs, the control channel and traces.
         instructions: the system prompt.
-        model: any :class:`~trio_agents.models.Model`; defaults to the offline
+        model: any :class:`~trio_agents.models.Model`, or a model string resolved
+            at construction with :func:`~trio_agents.models.from_string`
+            (``"openai:gpt-4o-mini"``, ``"anthropic:claude-3-5-haiku-latest"``,
+            ``"openai:NAME@http://host:port/v1"``, ``"demo"``); an unknown string
+            raises ``ValueError``. Defaults to the offline
             :class:`~trio_agents.models.DemoModel`.
-        tools: :class:`~trio_agents.Tool` objects (from :func:`~trio_agents.function_tool`)
-            or plain functions, which are wrapped with ``function_tool``.
+        tools: a list of :class:`~trio_agents.Tool` objects (from
+            :func:`~trio_agents.function_tool`) or plain functions, which are wrapped
+            with ``function_tool``; anything else raises ``TypeError`` naming the
+            element.
         max_turns: the most model calls one run may make; a run that needs more ends
             ``failed`` with reason ``"max_turns"``.
         model_settings: provider settings passed to every model call
             (``temperature``, ``max_tokens``, ...).
+        output_type: what the final answer is (docs/output.md). None (the default): the
+            answer's text, and ``result.final_output`` is a ``str``. Otherwise an attrs
+            class, a dataclass, a ``TypedDict``, a type such as ``int`` or
+            ``list[Point]``, or a raw JSON schema (:class:`~trio_agents.JSONSchema`, or
+            a plain mapping): the model is asked for JSON matching it, the answer is
+            validated, and ``result.final_output`` is the parsed value. An unsupported
+            type raises ``TypeError``.
+        output_retries: how many times a final answer that does not validate is sent
+            back to the model, with the errors, for another try; once they are used up
+            the run ends ``failed`` with reason ``"output validation failed: …"``.
     """
 
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
     instructions: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
-    model: Model = attrs.field(factory=_default_model, validator=_check_model)
+    model: Model = attrs.field(factory=_default_model, converter=_to_model, validator=_check_model)
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_to_tools)
     max_turns: int = attrs.field(default=10, validator=_check_max_turns)
     model_settings: Mapping[str, Any] = attrs.field(default=None, converter=_to_settings, eq=False)
+    # Any: a class, a typing form (list[int], a union) or a JSON schema; see above.
+    # Left out of the hash (a raw schema is a dict), kept in equality.
+    output_type: Any = attrs.field(default=None, hash=False)
+    output_retries: int = attrs.field(default=2, validator=_check_output_retries)
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
+    # The compiled output_type (None: plain text), read by the turn engine.
+    _output: OutputType | None = attrs.field(init=False, repr=False, eq=False)
 
     @_by_name.default
     def _index_tools(self) -> Mapping[str, Tool]:
         return MappingProxyType({tool.name: tool for tool in self.tools})
+
+    @_output.default
+    def _compile_output(self) -> OutputType | None:
+        output = compile_output(self.output_type)
+        if output is not None and FINAL_ANSWER_TOOL in self._by_name:
+            raise ValueError(
+                f"Agent(tools=...) has a tool named {FINAL_ANSWER_TOOL!r}, which an agent"
+                " with an output_type uses for its final answer; rename the tool"
+            )
+        return output
 
     def get_tool(self, name: str) -> Tool | None:
         """Return the tool called ``name``, or None."""

@@ -19,12 +19,13 @@ Every event of a run has ``type``, ``seq`` (strictly increasing from 1 within th
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Any, ClassVar, TypeAlias, cast
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Self, TypeAlias, Union, cast, get_args, get_origin
 
 import attrs
 
-from ._items import Item
+from ._items import Item, item_from_json
 
 __all__ = [
     "EventsDropped",
@@ -38,6 +39,7 @@ __all__ = [
     "ToolFinished",
     "ToolProgress",
     "ToolStarted",
+    "event_from_json",
 ]
 
 
@@ -79,7 +81,9 @@ def _json_value(value: Any) -> Any:
 
 
 class _EventBase:
-    """Shared ``to_json`` for the event classes (attrs classes with a ``type`` ClassVar)."""
+    """Shared ``to_json`` / ``from_json`` for the event classes (attrs classes with a
+    ``type`` ClassVar). Both are driven by the attrs fields, so an event class written
+    once is encoded and decoded without a hand-written mirror."""
 
     type: ClassVar[str]
 
@@ -89,6 +93,105 @@ class _EventBase:
         for field in attrs.fields(cast(Any, type(self))):
             data[field.name] = _json_value(getattr(self, field.name))
         return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """Rebuild the event from its :meth:`to_json` form.
+
+        Raises:
+            ValueError: ``data`` is not this event type, or a field is missing or has
+                the wrong type.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"an event must be a JSON object, not {type(data).__name__}")
+        if data.get("type") != cls.type:
+            raise ValueError(f"not a {cls.type} event: type {data.get('type')!r}")
+        values: dict[str, Any] = {}
+        for name, decode, required in _decoders(cls):
+            if name not in data:
+                if required:
+                    raise ValueError(f"malformed {cls.type} event: {name!r} is missing")
+                continue
+            try:
+                values[name] = decode(data[name])
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                raise ValueError(f"malformed {cls.type} event: {name}: {exc}") from None
+        return cast(Self, cast(Any, cls)(**values))
+
+
+# ------------------------------------------------------------- decoding, by type
+
+_Decoder: TypeAlias = Callable[[Any], Any]
+
+
+def _decode_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _decode_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _decode_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _decode_mapping(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    return dict(value)
+
+
+def _decoder_for(tp: Any) -> _Decoder:
+    """The JSON decoder of one field type (the types events use; others are a bug)."""
+    if tp is str:
+        return _decode_str
+    if tp is int:
+        return _decode_int
+    if tp is float:
+        return _decode_float
+    if tp is RunStatus:
+        return RunStatus
+    if tp == Item:  # the union of the item classes: items carry their own "type"
+        return item_from_json
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        decode_inner = _decoder_for(inner)
+        return lambda value: None if value is None else decode_inner(value)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        decode_element = _decoder_for(args[0])
+
+        def decode_tuple(value: Any) -> tuple[Any, ...]:
+            if not isinstance(value, list | tuple):
+                raise TypeError(f"expected an array, got {type(value).__name__}")
+            return tuple(decode_element(v) for v in value)
+
+        return decode_tuple
+    if origin is Mapping or tp is Mapping:
+        return _decode_mapping
+    raise TypeError(f"no JSON decoder for field type {tp!r}")  # pragma: no cover
+
+
+_DECODERS: dict[type, tuple[tuple[str, _Decoder, bool], ...]] = {}
+
+
+def _decoders(cls: type) -> tuple[tuple[str, _Decoder, bool], ...]:
+    """``(name, decoder, required)`` per attrs field of ``cls``, built once."""
+    found = _DECODERS.get(cls)
+    if found is None:
+        fields = attrs.fields(attrs.resolve_types(cast(Any, cls), globals()))
+        found = tuple((f.name, _decoder_for(f.type), f.default is attrs.NOTHING) for f in fields)
+        _DECODERS[cls] = found
+    return found
 
 
 @attrs.frozen
@@ -220,3 +323,24 @@ RunEvent: TypeAlias = (
     | EventsDropped
 )
 """Any event of a run."""
+
+
+EVENT_TYPES: Mapping[str, type[_EventBase]] = {
+    cls.type: cls for cls in cast(tuple[type[_EventBase], ...], get_args(RunEvent))
+}
+"""Every event class by its ``type``: the one registry (built from :data:`RunEvent`)."""
+
+
+def event_from_json(data: Mapping[str, Any]) -> RunEvent:
+    """Rebuild a run event from its ``to_json()`` form (what control ``event`` frames
+    carry), dispatching on ``type`` through :data:`EVENT_TYPES`.
+
+    Raises:
+        ValueError: unknown event type or malformed fields.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"an event must be a JSON object, not {type(data).__name__}")
+    cls = EVENT_TYPES.get(data.get("type"))  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"unknown event type {data.get('type')!r}")
+    return cast(RunEvent, cls.from_json(data))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._run import RunResult
+    from ._result import RunResult
 
 __all__ = [
     "ControlConnectionError",

@@ -20,7 +20,8 @@ from ._items import ToolCall, ToolResult
 from ._model import ModelRequest
 
 if TYPE_CHECKING:
-    from ._run import Run, RunResult
+    from ._result import RunResult
+    from ._run import Run
 
 __all__ = ["RunHooks"]
 

@@ -16,6 +16,7 @@ import attrs
 
 __all__ = [
     "AssistantMessage",
+    "ConversationChecker",
     "Item",
     "ToolCall",
     "ToolResult",
@@ -284,29 +285,62 @@ def conversation_problems(items: Sequence[Item], *, allow_open_calls: bool = Fal
     :class:`ToolCall`, once; every call is answered before the next message (so before
     the next model turn). ``allow_open_calls`` accepts calls still open at the end.
     """
-    problems: list[str] = []
-    seen_calls: set[str] = set()
-    open_calls: dict[str, int] = {}
-    answered: set[str] = set()
-    for index, item in enumerate(items):
-        if isinstance(item, ToolCall):
-            if item.call_id in seen_calls:
-                problems.append(f"item {index}: duplicate call id {item.call_id!r}")
-            seen_calls.add(item.call_id)
-            open_calls[item.call_id] = index
-        elif isinstance(item, ToolResult):
-            if item.call_id in answered:
-                problems.append(f"item {index}: second result for call {item.call_id!r}")
-            elif item.call_id not in open_calls:
-                problems.append(f"item {index}: result for unknown call {item.call_id!r}")
-            else:
-                del open_calls[item.call_id]
-            answered.add(item.call_id)
-        elif open_calls:
-            for call_id, at in open_calls.items():
-                problems.append(f"item {at}: call {call_id!r} has no result before item {index}")
-            open_calls.clear()
-    if open_calls and not allow_open_calls:
-        for call_id, at in open_calls.items():
-            problems.append(f"item {at}: call {call_id!r} has no result")
+    checker = ConversationChecker()
+    problems = checker.feed(items)
+    if not allow_open_calls:
+        problems.extend(checker.open_problems())
     return problems
+
+
+class ConversationChecker:
+    """The validity invariant, checked incrementally: :meth:`feed` takes the items
+    appended since the last call, so checking a growing conversation before every model
+    request costs what was added, not the whole conversation again."""
+
+    __slots__ = ("_answered", "_count", "_open", "_seen")
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._open: dict[str, int] = {}  # open call id -> its index
+        self._answered: set[str] = set()
+        self._count = 0
+
+    def feed(self, items: Sequence[Item]) -> list[str]:
+        """Check ``items`` as the continuation of everything fed so far."""
+        problems: list[str] = []
+        seen, open_calls, answered = self._seen, self._open, self._answered
+        start = self._count
+        self._count += len(items)
+        for index, item in enumerate(items, start):
+            kind = type(item)
+            if kind is ToolCall:
+                assert isinstance(item, ToolCall)
+                if item.call_id in seen:
+                    problems.append(f"item {index}: duplicate call id {item.call_id!r}")
+                seen.add(item.call_id)
+                open_calls[item.call_id] = index
+            elif kind is ToolResult:
+                assert isinstance(item, ToolResult)
+                if item.call_id in answered:
+                    problems.append(f"item {index}: second result for call {item.call_id!r}")
+                elif item.call_id not in open_calls:
+                    problems.append(f"item {index}: result for unknown call {item.call_id!r}")
+                else:
+                    del open_calls[item.call_id]
+                answered.add(item.call_id)
+            elif open_calls:
+                for call_id, at in open_calls.items():
+                    problems.append(
+                        f"item {at}: call {call_id!r} has no result before item {index}"
+                    )
+                open_calls.clear()
+        return problems
+
+    @property
+    def checked(self) -> int:
+        """How many items were fed so far."""
+        return self._count
+
+    def open_problems(self) -> list[str]:
+        """The calls still without a result (a problem unless more items follow)."""
+        return [f"item {at}: call {call_id!r} has no result" for call_id, at in self._open.items()]

@@ -3,6 +3,13 @@
 A model is anything with a ``stream(request)`` method returning an async context
 manager over :data:`ModelEvent` values. Leaving the context manager, normally or by
 cancellation, must release everything the stream holds (an HTTP response, a socket).
+
+Structured output (``Agent(output_type=...)``): every request of such a run carries an
+:class:`OutputSpec`. A model that can constrain its answer to a JSON schema itself
+declares ``native_output = True`` (an attribute; the OpenAI providers do) and answers
+with the JSON as its text. For every other model the run adds a tool named
+:data:`FINAL_ANSWER_TOOL` whose arguments are the answer: such a model needs to know
+nothing about structured output.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ import attrs
 from ._items import Item, ToolCall
 
 __all__ = [
+    "FINAL_ANSWER_TOOL",
     "Finish",
     "Model",
     "ModelEvent",
     "ModelRequest",
+    "OutputSpec",
     "TextDelta",
     "ToolCallDone",
     "ToolSpec",
@@ -44,14 +53,48 @@ class ToolSpec:
         }
 
 
+FINAL_ANSWER_TOOL = "final_answer"
+"""The name of the tool a model without native structured output answers with."""
+
+
+@attrs.frozen
+class OutputSpec:
+    """The JSON a structured run wants as its final answer (``ModelRequest.output``).
+
+    Attributes:
+        name: a name for the schema (``[A-Za-z0-9_-]``, at most 64 characters), as the
+            OpenAI ``json_schema`` response formats require.
+        schema: the JSON schema of the answer. Always an object schema (providers'
+            native formats and tool arguments both need one): a type that is not an
+            object is wrapped in one property, named by ``envelope``.
+        strict: whether the schema fits OpenAI's strict mode (every property required,
+            no additional properties, at every level); providers pass it on.
+        description: what the answer is (from the output type's docstring), or "".
+        envelope: the property holding the value when the output type is not an
+            object (``"response"``: ``{"response": 42}`` for an ``int``); None when the
+            schema is the value's own.
+    """
+
+    name: str
+    schema: Mapping[str, Any]
+    strict: bool = False
+    description: str = ""
+    envelope: str | None = None
+
+
 @attrs.frozen
 class ModelRequest:
-    """One model call: instructions, the conversation so far, the tools, the settings."""
+    """One model call: instructions, the conversation so far, the tools, the settings.
+
+    ``output`` is set on every request of a run whose agent has an ``output_type``:
+    the JSON the final answer must be (see :class:`OutputSpec`).
+    """
 
     instructions: str
     items: tuple[Item, ...]
     tools: tuple[ToolSpec, ...] = ()
     settings: Mapping[str, Any] = attrs.field(factory=dict)
+    output: OutputSpec | None = None
 
 
 @attrs.frozen

@@ -1,238 +1,73 @@
-"""The run: one agent answering one input, as one Trio nursery.
+"""The run handle, :class:`Run` (its entry points, ``open_run``, ``serve_run`` and
+``run``, are in ``_entry.py``).
 
-A run owns a cancel scope and, inside it, a nursery holding the model-stream task (the
-turn loop, which also spawns the tool tasks of each turn in a child nursery) and the
-inbox task. ``Run.cancel()`` cancels that scope (with Trio's own cancel reason), so a
-cancel reaches every await in the run at once; no flag is polled. After the scope is
-left, for whatever reason, a shielded repair bounded by ``cleanup_timeout`` leaves a
-valid conversation, persists it, balances the hooks, and only then emits the one
-terminal ``run.updated``.
+A run is one Trio nursery inside one cancel scope. The nursery holds exactly:
+
+- the **model-stream task** — :func:`~trio_agents._turns.drive`, the turn loop, which
+  opens a child nursery for the **tool tasks** of each turn (``_toolcalls.py``);
+- the **inbox task** — :meth:`Run._inbox_task`, which announces injections as they are
+  accepted and interrupts a streaming response for ``when="now"``.
+
+The whole cancel path, in order: ``Run.cancel()`` (any thread) records one frozen
+:class:`CancelRequest` under a lock (first reason wins) and, on the run's thread,
+cancels :attr:`Run._scope` with that reason; every await in the run raises
+``trio.Cancelled``; the scope catches it (``cancelled_caught``: our own cancel) or lets
+it through (an outer cancellation: ``"parent cancelled"``); :meth:`Run._serve` turns
+what happened into a :class:`~trio_agents._repair.Verdict`; the shielded, bounded
+:func:`~trio_agents._repair.repair` persists; only then the terminal ``run.updated``.
+``mode="after_turn"`` is read at the turn loop's one safe point instead.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import math
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
-from typing import Any, Literal, NewType, TypeAlias, final
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
+from typing import Any, Literal, TypeAlias, final
 
 import attrs
 import trio
 
 from ._agent import Agent
-from ._events import (
-    InboxDelivered,
-    InboxInjected,
-    ResponseTextDelta,
-    RunItemEvent,
-    RunStatus,
-    RunUpdated,
-    ToolFinished,
-    ToolProgress,
-    ToolStarted,
-)
-from ._exceptions import (
-    InboxFullError,
-    RunClosedError,
-    RunFailedError,
-    UnknownCallError,
-)
-from ._hooks import RunHooks
-from ._items import (
-    AssistantMessage,
-    Item,
-    ToolCall,
-    ToolResult,
-    coerce_items,
-)
+from ._events import RunStatus
+from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, check_injection
+from ._items import Item, coerce_items, conversation_problems
 from ._log import EventCursor, EventLog, UpdatedStream
-from ._model import Finish, ModelRequest, TextDelta, ToolCallDone, Usage
-from ._session_lock import OnBusy, SessionClaim, session_key
-from ._tools import ToolArgumentsError, ToolContext
+from ._options import RunOptions
+from ._repair import Verdict, build_result, repair
+from ._result import RunResult, RunStatistics
+from ._session_lock import SessionClaim, session_key
+from ._state import RunState
+from ._turns import Completed, Failed, Outcome, Stopped, announce, drive, failure
+from ._util import leaves, only_cancelled, summarize
 from .sessions._base import Session
-from .sessions._repair import repair_loaded
 
 __all__ = [
     "CancelMode",
+    "CancelRequest",
     "InjectWhen",
     "InjectionId",
     "Run",
-    "RunResult",
-    "open_run",
-    "run",
-    "serve_run",
+    "RunInput",
 ]
 
-logger = logging.getLogger("trio_agents")
-
-InjectionId = NewType("InjectionId", str)
-"""The id ``Run.inject`` returns; echoed by ``inbox.injected`` / ``inbox.delivered``."""
-
 CancelMode: TypeAlias = Literal["immediate", "after_turn"]
-InjectWhen: TypeAlias = Literal["next_turn", "now", "when_idle"]
-OnToolError: TypeAlias = Literal["return", "fail"]
-
 _CANCEL_MODES = ("immediate", "after_turn")
-_INJECT_WHENS = ("next_turn", "now", "when_idle")
+logger = logging.getLogger("trio_agents")
+# Reasons that already name the part that failed.
+_NAMED = ("tool error:", "hook error:", "session error:", "invalid conversation:")
+RunInput: TypeAlias = str | Item | Mapping[str, Any] | Iterable[Any]
 
 
+@final
 @attrs.frozen
-class RunResult:
-    """The outcome of a run; ``Run.result`` once the run is terminal.
+class CancelRequest:
+    """What ``Run.cancel`` asked for: the first call's reason, the strongest mode."""
 
-    Attributes:
-        run_id: the run's id.
-        status: ``completed``, ``failed`` or ``cancelled``.
-        reason: why it failed or was cancelled (``"max_turns"``, the cancel reason,
-            ``"parent cancelled"``, an error summary); None when completed.
-        final_output: the text of the final answer (None unless completed).
-        new_items: the items this run added to the conversation (input included).
-        conversation: history + new items: valid model input.
-        usage: token usage summed over the run's model calls.
-        turns: the number of model calls started.
-        unconsumed: injected items that no turn consumed, in injection order.
-        error: the exception behind a failure, if there was one.
-    """
-
-    run_id: str
-    status: RunStatus
-    reason: str | None
-    final_output: str | None
-    new_items: tuple[Item, ...]
-    conversation: tuple[Item, ...]
-    usage: Usage
-    turns: int
-    unconsumed: tuple[Item, ...] = ()
-    error: BaseException | None = attrs.field(default=None, eq=False)
-
-    @property
-    def ok(self) -> bool:
-        """True when the run completed."""
-        return self.status is RunStatus.COMPLETED
-
-    def raise_for_status(self) -> RunResult:
-        """Raise :class:`RunFailedError` if the run failed; otherwise return ``self``.
-
-        A cancelled run is not an error: check ``status`` for it.
-        """
-        if self.status is RunStatus.FAILED:
-            raise RunFailedError(self) from self.error
-        return self
-
-
-def _check_positive(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{attribute.name} must be a number")
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be > 0")
-
-
-def _check_count(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{attribute.name} must be an int")
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be >= 1")
-
-
-def _check_hooks(_instance: object, _attribute: object, value: Any) -> None:
-    if value is not None and not isinstance(value, RunHooks):
-        raise TypeError("hooks must be a RunHooks instance")
-
-
-@attrs.frozen(kw_only=True)
-class _RunOptions:
-    """The ``**options`` of ``open_run``/``run``/``serve_run`` (validated here)."""
-
-    cleanup_timeout: float = attrs.field(default=5.0, validator=_check_positive)
-    max_concurrent_tools: int = attrs.field(default=8, validator=_check_count)
-    inbox_capacity: int = attrs.field(default=1024, validator=_check_count)
-    event_retention: int = attrs.field(default=65536, validator=_check_count)
-    on_tool_error: OnToolError = attrs.field(
-        default="return", validator=attrs.validators.in_(("return", "fail"))
-    )
-    hooks: RunHooks | None = attrs.field(default=None, validator=_check_hooks)
-    thread_limiter: trio.CapacityLimiter | None = None
-    max_turns: int | None = None
-    on_busy: OnBusy = attrs.field(
-        default="reject", validator=attrs.validators.in_(("reject", "interrupt", "enqueue"))
-    )
-
-
-def _make_options(options: Mapping[str, Any]) -> _RunOptions:
-    known = {field.name for field in attrs.fields(_RunOptions)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise TypeError(
-            f"unknown run option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-        )
-    return _RunOptions(**options)
-
-
-@attrs.define(eq=False)
-class _OpenCall:
-    """A committed tool call that has no result yet."""
-
-    call: ToolCall
-    started: bool = False
-    ctx: ToolContext | None = None
-
-
-@attrs.define(eq=False)
-class _Injection:
-    id: InjectionId
-    items: tuple[Item, ...]
-    when: InjectWhen
-    announced: bool = False
-
-
-@attrs.define(eq=False)
-class _Approval:
-    call: ToolCall
-    event: trio.Event = attrs.field(factory=trio.Event)
-    decided: bool = False
-    approved: bool = False
-    message: str | None = None
-
-
-class _ToolFailure(Exception):
-    """A tool raised and ``on_tool_error="fail"``: the run fails with this."""
-
-    def __init__(self, call: ToolCall, error: Exception) -> None:
-        super().__init__(f"tool {call.name!r} raised {type(error).__name__}: {error}")
-        self.error = error
-
-
-def _summarize(exc: BaseException) -> str:
-    """A one-line summary of an error for ``RunResult.reason``."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    if isinstance(exc, _ToolFailure):
-        return f"tool error: {exc}"
-    text = str(exc)
-    summary = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return summary if len(summary) <= 500 else summary[:497] + "..."
-
-
-def _only_cancelled(exc: BaseException) -> bool:
-    if isinstance(exc, trio.Cancelled):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_only_cancelled(e) for e in exc.exceptions)
-    return False
-
-
-def _first_leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
-_ids = itertools.count(1)
+    reason: str
+    mode: CancelMode
 
 
 @final
@@ -248,71 +83,59 @@ class Run:
     def __init__(
         self,
         agent: Agent,
-        input: str | Item | Mapping[str, Any] | Iterable[Any],
+        input: RunInput,
         *,
         session: Session | None = None,
         run_id: str | None = None,
-        options: _RunOptions,
+        options: RunOptions,
     ) -> None:
         if not isinstance(agent, Agent):
             raise TypeError(f"agent must be an Agent, not {type(agent).__name__}")
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
-            raise ValueError("run_id must be a non-empty str")
+            raise ValueError(f"run_id must be a non-empty str, not {run_id!r}")
         if session is not None and not isinstance(session, Session):
-            raise TypeError("session must implement the Session protocol")
-        self._input = tuple(coerce_items(input))
+            raise TypeError(
+                f"session must implement the Session protocol, not {type(session).__name__}"
+            )
+        items = tuple(coerce_items(input))
+        problems = conversation_problems(items, allow_open_calls=False)
+        if problems:
+            raise ValueError(f"the input is not a valid conversation: {problems[0]}")
         self.id: str = run_id or f"run_{uuid.uuid4().hex}"
         self.agent = agent
         self.session = session
         self._options = options
-        self._max_turns = options.max_turns or agent.max_turns
-        self._hooks = options.hooks
         self._log = EventLog(self.id, options.event_retention)
+        self._state = RunState(
+            run_id=self.id,
+            agent=agent,
+            options=options,
+            log=self._log,
+            session=None,  # attached once the run holds it: see _attach_session
+            handle=self,
+            input=items,
+        )
+        self._inbox = Inbox(self.id, options.inbox_capacity)
+        self._approvals = Approvals(self.id)
         self._scope = trio.CancelScope()
         self._done = trio.Event()
-        self._tool_limiter = trio.CapacityLimiter(options.max_concurrent_tools)
-
-        # Cross-thread state, guarded by _lock.
-        self._lock = threading.Lock()
-        self._closing = False
-        self._cancel_reason: str | None = None
-        self._cancel_mode: CancelMode | None = None
-        self._inbox: list[_Injection] = []
-        self._inbox_size = 0
-        self._approvals: dict[str, _Approval] = {}
-
-        # Trio-thread state.
+        self._result: RunResult | None = None
+        self._lock = threading.Lock()  # guards _cancel
+        self._cancel: CancelRequest | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread_id: int | None = None
-        self._status = RunStatus.QUEUED
-        self._turn = 0
-        self._history: list[Item] = []
-        self._conversation: list[Item] = []
-        self._new_items: list[Item] = []
-        self._unpersisted: list[Item] = []
-        self._open_calls: dict[str, _OpenCall] = {}
-        self._partial_text: list[str] | None = None
-        self._stream_scope: trio.CancelScope | None = None
-        self._stop_after_turn = False
-        self._usage = Usage()
-        self._final_output: str | None = None
-        self._failure: tuple[str, BaseException | None] | None = None
-        self._open_spans: dict[str, Callable[[str], Awaitable[None]]] = {}
-        self._run_span_open = False
-        self._input_committed = False
         self._inbox_wakeup = trio.Event()
-        self._result: RunResult | None = None
         self._claim: SessionClaim | None = None
         if session is not None:
             self._claim = SessionClaim(session_key(session), session.session_id, self)
-        self._emit_status(RunStatus.QUEUED)
+        self._state.emit_status(RunStatus.QUEUED)
 
     # ------------------------------------------------------------------ public API
 
     @property
     def status(self) -> RunStatus:
         """The current status."""
-        return self._status
+        return self._state.status
 
     @property
     def result(self) -> RunResult | None:
@@ -322,7 +145,16 @@ class Run:
     @property
     def turn(self) -> int:
         """The number of model calls started so far."""
-        return self._turn
+        return self._state.turn
+
+    @property
+    def holds_session(self) -> bool:
+        """Whether this run is the active run of its session: True from when it claimed
+        the session (at once, or once the run it queued behind with ``on_busy=
+        "enqueue"``/``"interrupt"`` released it) until its repair is persisted, just
+        before its terminal update. False for a run without a session, and while it
+        waits in the session's queue."""
+        return self._claim is not None and self._claim.owned
 
     @property
     def updated(self) -> UpdatedStream:
@@ -361,64 +193,44 @@ class Run:
         if mode not in _CANCEL_MODES:
             raise ValueError(f"mode must be 'immediate' or 'after_turn', not {mode!r}")
         if reason is not None and not isinstance(reason, str):
-            raise TypeError("reason must be a str or None")
+            raise TypeError(f"reason must be a str or None, not {type(reason).__name__}")
         with self._lock:
-            if self._closing or self._cancel_mode == "immediate":
+            current = self._cancel
+            if current is not None and (current.mode == "immediate" or mode == "after_turn"):
                 return
-            if self._cancel_mode == "after_turn" and mode == "after_turn":
-                return
-            if self._cancel_reason is None:
-                self._cancel_reason = reason or "cancelled"
-            self._cancel_mode = mode
-        self._call_soon(self._apply_cancel)
+            kept = current.reason if current is not None else (reason or "cancelled")
+            self._cancel = CancelRequest(kept, mode)
+        if mode == "immediate":
+            self._call_soon(self._apply_cancel)
 
-    def inject(
-        self,
-        items: str | Item | Mapping[str, Any] | Iterable[Any],
-        *,
-        when: InjectWhen = "next_turn",
-    ) -> InjectionId:
+    def inject(self, items: RunInput, *, when: InjectWhen = "next_turn") -> InjectionId:
         """Add items to the running conversation. Sync, safe from any thread.
 
         ``when="next_turn"`` delivers them at the next safe point (before the next model
         call, after every result of the current turn); ``"now"`` also interrupts a
         streaming model response; ``"when_idle"`` waits until the model gives a final
-        answer. Items are validated before anything is queued.
+        answer. Items are validated before anything is queued, on their own and against
+        the conversation (complete call/result pairs, call ids not already used).
 
         Raises:
-            TypeError, ValueError: an item is malformed (nothing queued).
+            TypeError, ValueError: an item is malformed or would make the conversation
+                invalid (nothing queued).
             RunClosedError: the run is terminal (nothing queued).
             InboxFullError: the inbox is full (nothing queued).
         """
-        if when not in _INJECT_WHENS:
-            raise ValueError(f"when must be one of {', '.join(_INJECT_WHENS)}; got {when!r}")
+        if when not in INJECT_WHENS:
+            raise ValueError(f"when must be one of {', '.join(INJECT_WHENS)}; got {when!r}")
         converted = tuple(coerce_items(items))
         if not converted:
             raise ValueError("inject() needs at least one item")
-        for item in converted:
-            if isinstance(item, ToolResult | ToolCall):
-                self._check_injected_pairs(converted)
-                break
-        with self._lock:
-            if self._closing:
-                raise RunClosedError(self.id, str(self._status))
-            if self._inbox_size + len(converted) > self._options.inbox_capacity:
-                raise InboxFullError(self._options.inbox_capacity)
-            injection = _Injection(InjectionId(f"inj_{next(_ids)}"), converted, when)
-            self._inbox.append(injection)
-            self._inbox_size += len(converted)
-        self._call_soon(self._wake_inbox)
+        check_injection(converted)
+        injection = self._inbox.put(converted, when, self._state.call_ids)
+        self._call_soon(self._inbox_wakeup.set)
         return injection.id
 
     def withdraw(self, injection_id: InjectionId | str) -> bool:
         """Take back an injection that was not delivered yet. Returns True if it was."""
-        with self._lock:
-            for index, injection in enumerate(self._inbox):
-                if injection.id == injection_id:
-                    del self._inbox[index]
-                    self._inbox_size -= len(injection.items)
-                    return True
-        return False
+        return self._inbox.withdraw(injection_id)
 
     def approve(self, call_id: str) -> None:
         """Let a tool call that waits for approval run. Sync, safe from any thread.
@@ -427,7 +239,8 @@ class Run:
             UnknownCallError: no call with this id is waiting for approval.
             RunClosedError: the run is terminal.
         """
-        self._decide(call_id, approved=True, message=None)
+        event = self._approvals.decide(call_id, approved=True, message=None)
+        self._call_soon(event.set)
 
     def reject(self, call_id: str, *, message: str | None = None) -> None:
         """Refuse a tool call that waits for approval; the model reads ``message``.
@@ -437,25 +250,23 @@ class Run:
             RunClosedError: the run is terminal.
         """
         if message is not None and not isinstance(message, str):
-            raise TypeError("message must be a str or None")
-        self._decide(call_id, approved=False, message=message)
+            raise TypeError(f"message must be a str or None, not {type(message).__name__}")
+        event = self._approvals.decide(call_id, approved=False, message=message)
+        self._call_soon(event.set)
 
     def statistics(self) -> RunStatistics:
         """A snapshot of the run's internals, for monitoring."""
-        with self._lock:
-            inbox = self._inbox_size
-            pending = tuple(c for c, a in self._approvals.items() if not a.decided)
         return RunStatistics(
-            status=self._status,
-            turn=self._turn,
+            status=self._state.status,
+            turn=self._state.turn,
             last_seq=self._log.next_seq - 1,
-            open_tool_calls=len(self._open_calls),
-            inbox_items=inbox,
-            pending_approvals=pending,
+            open_tool_calls=len(self._state.open_calls),
+            inbox_items=self._inbox.size,
+            pending_approvals=self._approvals.pending_ids(),
         )
 
     def __repr__(self) -> str:
-        return f"<Run {self.id} {self._status.value} turn={self._turn}>"
+        return f"<Run {self.id} {self._state.status.value} turn={self._state.turn}>"
 
     # ------------------------------------------------------------ thread plumbing
 
@@ -468,102 +279,34 @@ class Run:
             self._token.run_sync_soon(fn)
 
     def _apply_cancel(self) -> None:
-        with self._lock:
-            mode, reason = self._cancel_mode, self._cancel_reason
-        if self._done.is_set():
-            return
-        if mode == "immediate":
-            self._scope.cancel(reason=reason)
-        elif mode == "after_turn":
-            self._stop_after_turn = True
+        request = self._cancel
+        if request is not None and not self._done.is_set():
+            self._scope.cancel(reason=request.reason)
 
-    def _decide(self, call_id: str, *, approved: bool, message: str | None) -> None:
-        with self._lock:
-            if self._closing:
-                raise RunClosedError(self.id, str(self._status))
-            approval = self._approvals.get(call_id)
-            if approval is None or approval.decided:
-                raise UnknownCallError(call_id)
-            approval.decided = True
-            approval.approved = approved
-            approval.message = message
-        self._call_soon(approval.event.set)
+    def _stop_requested(self) -> bool:
+        """The turn loop's safe point asks: did ``cancel(mode="after_turn")`` happen?"""
+        return self._cancel is not None  # one attribute read: atomic, no lock needed
 
-    # ------------------------------------------------------------------- events
-
-    def _emit_status(
-        self, status: RunStatus, reason: str | None = None, detail: Mapping[str, Any] | None = None
-    ) -> None:
-        self._status = status
-        self._log.append(
-            RunUpdated(
-                run_id=self.id,
-                seq=self._log.next_seq,
-                status=status,
-                reason=reason,
-                turn=self._turn,
-                at=time.time(),
-                detail=detail or {},
-            )
-        )
-
-    def _commit(self, item: Item) -> None:
-        """An item entered the conversation: record it, queue it for the session."""
-        self._conversation.append(item)
-        self._new_items.append(item)
-        self._unpersisted.append(item)
-        self._log.append(
-            RunItemEvent(run_id=self.id, seq=self._log.next_seq, turn=self._turn, item=item)
-        )
-
-    def _emit_progress(self, call: ToolCall, message: str, data: Mapping[str, Any]) -> None:
-        def emit() -> None:
-            if call.call_id in self._open_calls and not self._log.closed:
-                self._log.append(
-                    ToolProgress(
-                        run_id=self.id,
-                        seq=self._log.next_seq,
-                        call_id=call.call_id,
-                        name=call.name,
-                        message=message,
-                        data=dict(data),
-                    )
-                )
-
-        self._call_soon(emit)
-
-    def _holds_session(self) -> bool:
-        # A run cancelled while it waited for its session never touches it.
-        return self._claim is None or self._claim.held
+    def _attach_session(self) -> None:
+        """Let the run use its session, if it holds it (never one it only queued for)."""
+        if (self._claim is None or self._claim.held) and not self._state.session_dropped:
+            self._state.session = self.session
 
     def _claim_session(self) -> None:
         """Claim the session before the run starts (raises for ``on_busy="reject"``)."""
         if self._claim is not None:
             self._claim.claim_now(self._options.on_busy)
 
-    async def _flush(self) -> None:
-        """Write the items finalised so far to the session."""
-        if self.session is None or not self._holds_session() or not self._unpersisted:
-            self._unpersisted.clear()
-            return
-        batch = list(self._unpersisted)
-        await self.session.add_items(batch)
-        del self._unpersisted[: len(batch)]
-
-    # -------------------------------------------------------------------- hooks
-
-    async def _open_span(
-        self, key: str, start: Awaitable[None], end: Callable[[str], Awaitable[None]]
-    ) -> None:
-        """Await a start hook, its end hook registered first: every start that was
-        called gets its end, even if the start itself was interrupted."""
-        self._open_spans[key] = end
-        await start
-
-    async def _close_span(self, key: str, outcome: str) -> None:
-        end = self._open_spans.pop(key, None)
-        if end is not None:
-            await end(outcome)
+    async def _inbox_task(self) -> None:
+        """Announce accepted injections (``inbox.injected``); interrupt for ``now``."""
+        state = self._state
+        while True:
+            await self._inbox_wakeup.wait()
+            self._inbox_wakeup = trio.Event()
+            fresh = self._inbox.announce()
+            announce(state, fresh)
+            if state.stream_scope is not None and any(i.when == "now" for i in fresh):
+                state.stream_scope.cancel(reason="interrupted by injection")
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -574,566 +317,104 @@ class Run:
         self._token = trio.lowlevel.current_trio_token()
         self._thread_id = threading.get_ident()
         task_status.started(self)
+        outcome: Outcome | None = None
         escaped: BaseException | None = None
-        error: BaseException | None
         try:
             with self._scope:
                 if go is not None:
                     await go.wait()
+                else:
+                    # serve_run: let the starter's next line (say, run.cancel()) run
+                    # before any model call. Its task resumes in the batch our first
+                    # checkpoint joins; the second one puts us behind it.
+                    await trio.lowlevel.checkpoint()
+                    await trio.lowlevel.checkpoint()
                 if self._claim is not None:
                     await self._claim.wait()  # queued behind the session's active run
+                self._attach_session()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._inbox_task, name=f"{self.id}:inbox")
-                    await self._drive()
+                    outcome = await drive(
+                        self._state,
+                        self._inbox,
+                        self._approvals,
+                        self._stop_requested,
+                        self._call_soon,
+                    )
                     nursery.cancel_scope.cancel()
         except BaseException as exc:
             escaped = exc
-        drive_finished = self._final_output is not None
-        if escaped is not None and not _only_cancelled(escaped):
-            if isinstance(escaped, Exception):
-                status, reason, error = (
-                    RunStatus.FAILED,
-                    f"internal error: {_summarize(escaped)}",
-                    escaped,
-                )
-                logger.error("run %s crashed", self.id, exc_info=escaped)
-                escaped = None
-            else:  # KeyboardInterrupt, SystemExit, ...
-                status, reason, error = RunStatus.CANCELLED, type(escaped).__name__, escaped
-        elif self._failure is not None:
-            status, (reason, error) = RunStatus.FAILED, self._failure
-        elif drive_finished:
-            status, reason, error = RunStatus.COMPLETED, None, None
-        elif escaped is not None:
-            status, reason, error = RunStatus.CANCELLED, "parent cancelled", None
-        else:  # our own scope was cancelled, or after_turn stopped the run
-            with self._lock:
-                reason = self._cancel_reason or "cancelled"
-            status, error = RunStatus.CANCELLED, None
-        await self._finish(status, reason, error)
+        deadline = trio.current_time() + self._options.cleanup_timeout
+        await self._finish(self._verdict(outcome, escaped), deadline)
+        signals = _signals(escaped)
+        if signals is not None:
+            raise signals  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
+
+    def _verdict(self, outcome: Outcome | None, escaped: BaseException | None) -> Verdict:
+        """What ended the run, as a verdict for the repair."""
+        if escaped is not None and not only_cancelled(escaped):
+            real = [e for e in leaves(escaped) if not isinstance(e, trio.Cancelled)]
+            errors = [e for e in real if isinstance(e, Exception)]
+            if len(errors) == len(real):
+                # A hook, tool or session error met an outer cancellation on its way
+                # out (or a bug of ours): a failed run, named by what raised.
+                failed = failure(ExceptionGroup("run", errors))
+                if not failed.reason.startswith(_NAMED):
+                    return Verdict(RunStatus.FAILED, f"internal error: {failed.reason}", escaped)
+                return Verdict(RunStatus.FAILED, failed.reason, failed.error)
+            # KeyboardInterrupt, SystemExit, ...: recorded, then re-raised.
+            return Verdict(RunStatus.CANCELLED, summarize(escaped), escaped)
+        if type(outcome) is Completed:
+            return Verdict(RunStatus.COMPLETED, None, final_output=outcome.output)
+        if type(outcome) is Failed:
+            return Verdict(RunStatus.FAILED, outcome.reason, outcome.error)
         if escaped is not None:
-            raise escaped
+            return Verdict(RunStatus.CANCELLED, "parent cancelled")
+        # Our own scope caught the cancellation, or after_turn stopped the run.
+        assert outcome is None or type(outcome) is Stopped
+        request = self._cancel
+        return Verdict(RunStatus.CANCELLED, request.reason if request else "cancelled")
 
-    async def _drive(self) -> None:
-        """The model-stream task: the turn loop."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self._emit_status(RunStatus.RUNNING)
+    async def _finish(self, verdict: Verdict, deadline: float) -> None:
+        """Repair, publish the result, release the session, emit the terminal update.
+
+        Nothing may stop the terminal update: the repair guards each of its steps, and
+        should the repair itself raise, the run still ends (``failed``) right here.
+        """
+        state = self._state
+        if not state.input_committed:
+            self._attach_session()  # stopped before it began: it still records its input
+        self._approvals.close(verdict.status.value)
+        leftovers = self._inbox.close(verdict.status.value)
+        result: RunResult | None = None
         try:
-            if self._hooks is not None:
-                self._run_span_open = True
-                await self._hooks.on_run_start(self)
-            await self._start_conversation()
-            idle = False
-            while True:
-                await trio.lowlevel.checkpoint()
-                if self._stop_after_turn:
-                    return
-                self._deliver_inbox(idle=idle)
-                if self._turn >= self._max_turns:
-                    self._failure = ("max_turns", None)
-                    return
-                text, calls = await self._model_turn()
-                if calls is None:  # interrupted by a when="now" injection
-                    idle = False
-                    continue
-                if calls:
-                    await self._run_tools(calls)
-                    idle = False
-                    continue
-                if self._has_pending(idle=True):
-                    idle = True
-                    continue
-                self._final_output = text
-                return
+            result = await repair(state, verdict, leftovers, deadline)
         except Exception as exc:
-            self._failure = (_summarize(exc), exc)
-
-    async def _start_conversation(self) -> None:
-        """Load the session's history and commit the input (once)."""
-        if self._input_committed:
-            return
-        if self.session is not None and self._holds_session():
-            # Sessions are loaded repaired: a crashed run's dangling calls get results.
-            self._history = repair_loaded(await self.session.get_items())
-            self._conversation = list(self._history)
-        self._input_committed = True
-        for item in self._input:
-            self._commit(item)
-        await self._flush()
-
-    async def _model_turn(self) -> tuple[str, list[ToolCall] | None]:
-        """Run one model call. Returns (text, calls); calls is None if interrupted."""
-        self._turn += 1
-        turn = self._turn
-        request = ModelRequest(
-            instructions=self.agent.instructions,
-            items=tuple(self._conversation),
-            tools=self.agent.tool_specs(),
-            settings=self.agent.model_settings,
-        )
-        if self._hooks is not None:
-            hooks = self._hooks
-            await self._open_span(
-                "model",
-                hooks.on_model_start(self, turn, request),
-                lambda outcome: hooks.on_model_end(self, turn, outcome),
-            )
-        self._partial_text = partial = []
-        calls: list[ToolCall] = []
-        finish: str | None = None
-        with trio.CancelScope() as stream_scope:
-            self._stream_scope = stream_scope
-            async with self.agent.model.stream(request) as stream:
-                async for event in stream:
-                    kind = type(event)
-                    if kind is TextDelta:
-                        assert isinstance(event, TextDelta)
-                        if event.text:
-                            partial.append(event.text)
-                            self._log.append(
-                                ResponseTextDelta(
-                                    run_id=self.id,
-                                    seq=self._log.next_seq,
-                                    turn=turn,
-                                    text=event.text,
-                                )
-                            )
-                    elif kind is ToolCallDone:
-                        assert isinstance(event, ToolCallDone)
-                        calls.append(event.call)
-                    elif kind is Usage:
-                        assert isinstance(event, Usage)
-                        self._usage = self._usage + event
-                    elif kind is Finish:
-                        assert isinstance(event, Finish)
-                        finish = event.reason
-                    else:
-                        raise TypeError(f"model yielded an unknown event: {event!r}")
-        self._stream_scope = None
-        text = "".join(partial)
-        self._partial_text = None
-        if stream_scope.cancelled_caught:
-            if text:
-                self._commit(AssistantMessage(text, status="incomplete"))
-            await self._close_span("model", "interrupted")
-            await self._flush()
-            return text, None
-        del finish  # the loop decides by whether tool calls came back
-        seen = {item.call_id for item in self._conversation if isinstance(item, ToolCall)}
-        for call in calls:
-            if call.call_id in seen:
-                raise ValueError(f"model returned a duplicate tool call id {call.call_id!r}")
-            seen.add(call.call_id)
-        await self._close_span("model", "completed")
-        if text or not calls:
-            self._commit(AssistantMessage(text))
-        for call in calls:
-            self._commit(call)
-            self._open_calls[call.call_id] = _OpenCall(call)
-        await self._flush()
-        return text, calls
-
-    async def _run_tools(self, calls: Sequence[ToolCall]) -> None:
-        needs_approval = [call for call in calls if self._needs_approval(call)]
-        if needs_approval:
-            with self._lock:
-                for call in needs_approval:
-                    self._approvals[call.call_id] = _Approval(call)
-            self._emit_status(
-                RunStatus.AWAITING_APPROVAL,
-                detail={"pending": [call.call_id for call in needs_approval]},
-            )
-        async with trio.open_nursery() as nursery:
-            for call in calls:
-                nursery.start_soon(self._run_tool, call, name=f"{self.id}:tool:{call.name}")
-        await self._flush()
-
-    def _needs_approval(self, call: ToolCall) -> bool:
-        tool = self.agent.get_tool(call.name)
-        if tool is None or tool.needs_approval is False:
-            return False
-        if tool.needs_approval is True:
-            return True
-        try:
-            arguments = tool.parse_arguments(call.arguments)
-        except ToolArgumentsError:
-            return False  # the call will fail validation without running
-        return bool(tool.needs_approval(arguments))
-
-    async def _await_approval(self, call: ToolCall) -> ToolResult | None:
-        """Wait for a decision on ``call``; return a rejection result or None."""
-        approval = self._approvals[call.call_id]
-        await approval.event.wait()
-        with self._lock:
-            self._approvals.pop(call.call_id, None)
-            undecided = any(not a.decided for a in self._approvals.values())
-        if not undecided and self._status is RunStatus.AWAITING_APPROVAL:
-            self._emit_status(RunStatus.RUNNING)
-        if approval.approved:
-            return None
-        message = approval.message or "the user rejected this tool call"
-        return ToolResult(call.call_id, f"rejected: {message}", status="error")
-
-    async def _run_tool(self, call: ToolCall) -> None:
-        open_call = self._open_calls[call.call_id]
-        if call.call_id in self._approvals:
-            rejection = await self._await_approval(call)
-            if rejection is not None:
-                await self._end_tool(call, rejection)
-                return
-        async with self._tool_limiter:
-            tool = self.agent.get_tool(call.name)
-            open_call.started = True
-            self._log.append(
-                ToolStarted(
-                    run_id=self.id,
-                    seq=self._log.next_seq,
-                    call_id=call.call_id,
-                    name=call.name,
-                    arguments=call.arguments,
-                )
-            )
-            if self._hooks is not None:
-                hooks = self._hooks
-                await self._open_span(
-                    f"tool:{call.call_id}",
-                    hooks.on_tool_start(self, call),
-                    lambda outcome: hooks.on_tool_end(
-                        self, call, ToolResult(call.call_id, outcome, status="cancelled")
-                    ),
-                )
-            if tool is None:
-                names = ", ".join(t.name for t in self.agent.tools) or "none"
-                result = ToolResult(
-                    call.call_id,
-                    f"unknown tool {call.name!r}; available tools: {names}",
-                    status="error",
-                )
-                await self._end_tool(call, result)
-                return
-            ctx = ToolContext(
-                run_id=self.id,
-                call_id=call.call_id,
-                tool_name=call.name,
-                cancelled=threading.Event(),
-                on_progress=lambda message, data: self._emit_progress(call, message, data),
-            )
-            open_call.ctx = ctx
-            timeout = tool.timeout if tool.timeout is not None else math.inf
-            try:
-                with trio.move_on_after(timeout) as timer:
-                    output = await tool.invoke(
-                        ctx, call.arguments, limiter=self._options.thread_limiter
-                    )
-            except ToolArgumentsError as exc:
-                result = ToolResult(call.call_id, str(exc), status="error")
-            except Exception as exc:
-                if self._options.on_tool_error == "fail":
-                    raise _ToolFailure(call, exc) from exc
-                result = ToolResult(call.call_id, f"error: {_summarize(exc)}", status="error")
-            else:
-                if timer.cancelled_caught:
-                    ctx.cancelled.set()
-                    result = ToolResult(
-                        call.call_id, f"timed out after {tool.timeout:g} s", status="error"
-                    )
-                else:
-                    result = ToolResult(call.call_id, output)
-        await self._end_tool(call, result)
-
-    async def _end_tool(self, call: ToolCall, result: ToolResult) -> None:
-        open_call = self._open_calls.pop(call.call_id)
-        self._commit(result)
-        if open_call.started:
-            self._log.append(
-                ToolFinished(
-                    run_id=self.id,
-                    seq=self._log.next_seq,
-                    call_id=call.call_id,
-                    name=call.name,
-                    status=result.status,
-                    output=result.output,
-                )
-            )
-        key = f"tool:{call.call_id}"
-        if self._hooks is not None and key in self._open_spans:
-            del self._open_spans[key]
-            await self._hooks.on_tool_end(self, call, result)
-
-    # -------------------------------------------------------------------- inbox
-
-    async def _inbox_task(self) -> None:
-        """Announce accepted injections (``inbox.injected``); interrupt for ``now``."""
-        while True:
-            await self._inbox_wakeup.wait()
-            self._inbox_wakeup = trio.Event()
-            self._announce_injections()
-
-    def _wake_inbox(self) -> None:
-        self._inbox_wakeup.set()
-
-    def _announce_injections(self) -> None:
-        with self._lock:
-            fresh = [inj for inj in self._inbox if not inj.announced]
-            for injection in fresh:
-                injection.announced = True
-        for injection in fresh:
-            self._log.append(
-                InboxInjected(
-                    run_id=self.id,
-                    seq=self._log.next_seq,
-                    injection_id=injection.id,
-                    when=injection.when,
-                    items=injection.items,
-                )
-            )
-            if injection.when == "now" and self._stream_scope is not None:
-                self._stream_scope.cancel(reason="interrupted by injection")
-
-    def _has_pending(self, *, idle: bool) -> bool:
-        with self._lock:
-            return any(idle or inj.when != "when_idle" for inj in self._inbox)
-
-    def _deliver_inbox(self, *, idle: bool) -> None:
-        """Move deliverable injections into the conversation (a safe point)."""
-        self._announce_injections()
-        with self._lock:
-            steering = [inj for inj in self._inbox if inj.when != "when_idle"]
-            deliver = steering if steering or not idle else list(self._inbox)
-            for injection in deliver:
-                self._inbox.remove(injection)
-                self._inbox_size -= len(injection.items)
-        for injection in deliver:
-            for item in injection.items:
-                self._commit(item)
-            self._log.append(
-                InboxDelivered(
-                    run_id=self.id,
-                    seq=self._log.next_seq,
-                    injection_id=injection.id,
-                    turn=self._turn + 1,
-                )
-            )
-
-    @staticmethod
-    def _check_injected_pairs(items: Sequence[Item]) -> None:
-        calls = {item.call_id for item in items if isinstance(item, ToolCall)}
-        results = [item.call_id for item in items if isinstance(item, ToolResult)]
-        if sorted(calls) != sorted(results) or len(set(results)) != len(results):
-            raise ValueError(
-                "injected tool calls and results must come as complete pairs"
-                " (each function_call with exactly one function_call_output)"
-            )
-
-    # ------------------------------------------------------------------- repair
-
-    async def _finish(
-        self, status: RunStatus, reason: str | None, error: BaseException | None
-    ) -> None:
-        """Repair, persist, close spans, then emit the terminal update (bounded)."""
-        with self._lock:
-            self._closing = True
-            leftovers = list(self._inbox)
-            self._inbox.clear()
-            self._inbox_size = 0
-            for approval in self._approvals.values():
-                approval.decided = True
-            self._approvals.clear()
-        detail: dict[str, Any] = {}
-        with trio.move_on_after(self._options.cleanup_timeout, shield=True) as cleanup:
-            # 0. A run cancelled while queued still records its input.
-            try:
-                await self._start_conversation()
-            except Exception as exc:
-                logger.exception("could not load the session of run %s", self.id)
-                detail["persist_error"] = _summarize(exc)
-            # 1. Keep what the user already saw: partial text, as an incomplete message.
-            if self._partial_text:
-                self._commit(AssistantMessage("".join(self._partial_text), status="incomplete"))
-            self._partial_text = None
-            # 2. Every open call gets a result; started ones get their tool.finished.
-            outcome = "failed" if status is RunStatus.FAILED else "cancelled"
-            cancel_output = f"cancelled: {reason}"
-            for open_call in list(self._open_calls.values()):
-                if open_call.ctx is not None:
-                    open_call.ctx.cancelled.set()
-                repaired = ToolResult(open_call.call.call_id, cancel_output, status="cancelled")
-                try:
-                    await self._end_tool(open_call.call, repaired)
-                except Exception:
-                    logger.exception("on_tool_end hook failed during repair of %s", self.id)
-                    self._open_calls.pop(open_call.call.call_id, None)
-            # 3. Injections nobody consumed are announced (if not yet) and returned.
-            for injection in leftovers:
-                if not injection.announced:
-                    self._log.append(
-                        InboxInjected(
-                            run_id=self.id,
-                            seq=self._log.next_seq,
-                            injection_id=injection.id,
-                            when=injection.when,
-                            items=injection.items,
-                        )
-                    )
-            # 4. Balance the remaining hooks (the model call's, if it is open).
-            for key in list(self._open_spans):
-                try:
-                    await self._close_span(key, outcome)
-                except Exception:
-                    logger.exception("end hook %s failed during repair of %s", key, self.id)
-            # 5. Persist.
-            try:
-                await self._flush()
-            except Exception as exc:
-                logger.exception("could not persist run %s", self.id)
-                detail["persist_error"] = _summarize(exc)
-                if status is not RunStatus.FAILED:
-                    status, reason, error = (
-                        RunStatus.FAILED,
-                        f"session error: {_summarize(exc)}",
-                        exc,
-                    )
-        result = RunResult(
-            run_id=self.id,
-            status=status,
-            reason=reason,
-            final_output=self._final_output if status is RunStatus.COMPLETED else None,
-            new_items=tuple(self._new_items),
-            conversation=tuple(self._conversation),
-            usage=self._usage,
-            turns=self._turn,
-            unconsumed=tuple(item for inj in leftovers for item in inj.items),
-            error=error,
-        )
-        if self._run_span_open and self._hooks is not None:
-            self._run_span_open = False
-            with trio.move_on_after(self._options.cleanup_timeout, shield=True):
-                try:
-                    await self._hooks.on_run_end(self, result)
-                except Exception:
-                    logger.exception("on_run_end hook failed for %s", self.id)
-        if cleanup.cancelled_caught:
-            detail["cleanup_timed_out"] = True
-        self._result = result
-        if self._claim is not None:
-            # After the repair is persisted, before the terminal update: whoever sees
-            # the update can start the next run on the session at once.
-            self._claim.release()
-        self._emit_status(status, reason, detail)
-        self._log.close()
-        self._done.set()
+            logger.exception("the repair of run %s raised", self.id)
+            verdict = Verdict(RunStatus.FAILED, f"internal error: {summarize(exc)}", exc)
+        finally:
+            if result is None:
+                if verdict.status is not RunStatus.FAILED:
+                    verdict = Verdict(RunStatus.FAILED, "internal error", verdict.error)
+                result = build_result(state, verdict, leftovers)
+            self._result = result
+            if self._claim is not None:
+                # After the repair is persisted, before the terminal update: whoever
+                # sees the update can start the next run on the session at once.
+                self._claim.release()
+            state.emit_status(result.status, result.reason, verdict.detail)
+            self._log.close()
+            self._done.set()
+        if verdict.interrupt is not None:
+            raise verdict.interrupt
 
 
-@attrs.frozen
-class RunStatistics:
-    """A snapshot of a run's internals, from :meth:`Run.statistics`."""
-
-    status: RunStatus
-    turn: int
-    last_seq: int
-    open_tool_calls: int
-    inbox_items: int
-    pending_approvals: tuple[str, ...]
-
-
-# ---------------------------------------------------------------------- entry points
-
-
-async def serve_run(
-    agent: Agent,
-    input: str | Item | Mapping[str, Any] | Iterable[Any],
-    *,
-    session: Session | None = None,
-    run_id: str | None = None,
-    task_status: trio.TaskStatus[Run] = trio.TASK_STATUS_IGNORED,
-    **options: Any,
-) -> RunResult:
-    """Run ``agent`` on ``input`` as a task: ``run = await nursery.start(serve_run, ...)``.
-
-    The nursery-passing form of :func:`open_run`: ``task_status.started`` hands back the
-    :class:`Run`, and the task ends when the run does, returning its result. If the
-    nursery's scope is cancelled, the run records ``cancelled`` / ``"parent
-    cancelled"`` after its bounded repair and ``trio.Cancelled`` propagates.
-    """
-    handle = Run(agent, input, session=session, run_id=run_id, options=_make_options(options))
-    handle._claim_session()
-    await handle._serve(task_status=task_status)
-    assert handle.result is not None
-    return handle.result
-
-
-@asynccontextmanager
-async def open_run(
-    agent: Agent,
-    input: str | Item | Mapping[str, Any] | Iterable[Any],
-    *,
-    session: Session | None = None,
-    run_id: str | None = None,
-    **options: Any,
-) -> AsyncIterator[Run]:
-    """Start a run and yield its :class:`Run` handle.
-
-    Leaving the block normally waits for the run to end. An exception other than
-    ``trio.Cancelled`` leaving the block cancels the run (reason ``"caller exited"``),
-    waits for its repair, and propagates. A cancellation from an enclosing scope ends
-    the run with reason ``"parent cancelled"`` and propagates. A failed or cancelled run
-    is never raised: see ``run.result.status``.
-
-    Options (keyword arguments): ``cleanup_timeout`` (5 s), ``max_concurrent_tools`` (8),
-    ``inbox_capacity`` (1024 items), ``event_retention`` (65536 events),
-    ``on_tool_error`` (``"return"`` or ``"fail"``), ``hooks`` (:class:`RunHooks`),
-    ``thread_limiter`` (for sync tools), ``max_turns`` (overrides the agent's),
-    ``on_busy`` (when ``session`` already has an active run in this process:
-    ``"reject"`` raises :class:`SessionBusyError` at once, ``"interrupt"`` cancels that
-    run with reason ``"superseded"`` and starts once its repair is persisted,
-    ``"enqueue"`` waits for it to end; the run is ``queued`` while it waits, and a run
-    cancelled while it waits leaves the session untouched).
-
-    Raises:
-        SessionBusyError: ``on_busy="reject"`` and the session is busy.
-    """
-    handle = Run(agent, input, session=session, run_id=run_id, options=_make_options(options))
-    handle._claim_session()
-    body_error: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            go = trio.Event()
-            await nursery.start(handle._serve, go)
-            # The run starts at the body's first checkpoint: a cancel() on the body's
-            # first line is guaranteed to come before any model call.
-            go.set()
-            try:
-                yield handle
-            except BaseException as exc:
-                body_error = exc
-                if not isinstance(exc, trio.Cancelled):
-                    handle.cancel("caller exited")
-    except BaseExceptionGroup as group:
-        # Our run task raises only Cancelled (an outer cancellation) or a
-        # BaseException like KeyboardInterrupt; never unwrap several real errors.
-        if body_error is None:
-            if _only_cancelled(group):
-                raise _first_leaf(group) from None
-            raise
-        if not _only_cancelled(group):
-            raise
-    if body_error is not None:
-        raise body_error
-
-
-async def run(
-    agent: Agent,
-    input: str | Item | Mapping[str, Any] | Iterable[Any],
-    *,
-    session: Session | None = None,
-    run_id: str | None = None,
-    **options: Any,
-) -> RunResult:
-    """Run ``agent`` on ``input`` to the end and return the :class:`RunResult`.
-
-    Never raises for a failed or cancelled run: call ``result.raise_for_status()``.
-    """
-    async with open_run(agent, input, session=session, run_id=run_id, **options) as handle:
-        pass
-    assert handle.result is not None
-    return handle.result
+def _signals(exc: BaseException | None) -> BaseException | None:
+    """What of ``exc`` must propagate: its Cancelled (which, having escaped the run's
+    scope, belongs to an outer one) and KeyboardInterrupt-like parts. Its real errors
+    are the run's failure, reported in the result, never raised."""
+    if exc is None or isinstance(exc, Exception):
+        return None
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(Exception)[1]
+    return exc

@@ -9,7 +9,7 @@ then turned into the Python values the function expects (:meth:`FunctionSchema.c
 Supported annotations: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list[T]``,
 ``Sequence[T]``, ``tuple[T, ...]``, ``dict[str, T]``, ``Mapping[str, T]``, unions and
 ``Optional``, ``Literal[...]``, ``enum.Enum`` subclasses, ``Annotated[T, "description"]``,
-``TypedDict`` classes, attrs classes, ``NewType``, ``typing.Any`` and ``object``. A
+``TypedDict`` classes, attrs classes, dataclasses, ``NewType``, ``typing.Any`` and ``object``. A
 parameter without an annotation accepts any value.
 
 The validator understands exactly the keywords the generator produces: ``type``,
@@ -20,6 +20,7 @@ The validator understands exactly the keywords the generator produces: ``type``,
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import enum
 import functools
 import inspect
@@ -36,9 +37,11 @@ __all__ = [
     "MAX_ERRORS",
     "ArgumentConversionError",
     "FunctionSchema",
+    "compile_type",
     "function_schema",
     "parse_docstring",
     "schema_for_type",
+    "to_json_value",
     "validate",
 ]
 
@@ -143,6 +146,8 @@ def _json_default(value: object) -> object:
         return value.value
     if attrs.has(type(value)):
         return attrs.asdict(value)  # type: ignore[arg-type]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
     if isinstance(value, tuple | set | frozenset):
         return list(value)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
@@ -313,6 +318,31 @@ def schema_for_type(annotation: object) -> dict[str, Any]:
         raise TypeError(f"unsupported type annotation {_type_name(annotation)}: {exc}") from None
 
 
+def compile_type(annotation: object) -> tuple[dict[str, Any], Callable[[Any], Any]]:
+    """Return the JSON schema of ``annotation`` and a function that turns a JSON value
+    valid against it into the Python value (attrs and dataclass instances, ``Enum``
+    members, tuples, floats).
+
+    The converter raises :class:`ArgumentConversionError` when a class refuses the
+    value (its validator raised).
+
+    Raises:
+        TypeError: ``annotation`` is not one of the supported types.
+    """
+    try:
+        compiled = _compile(annotation, frozenset())
+    except _Unsupported as exc:
+        raise TypeError(f"unsupported type annotation {_type_name(annotation)}: {exc}") from None
+    return compiled.schema, functools.partial(_run_converter, compiled, path="$")
+
+
+def to_json_value(value: object) -> tuple[bool, object]:
+    """Return ``(True, json_value)`` if ``value`` can be written as JSON (attrs and
+    dataclass instances as objects, ``Enum`` members as their values, tuples as arrays),
+    else ``(False, None)``."""
+    return _as_json_value(value)
+
+
 def _type_name(tp: object) -> str:
     if isinstance(tp, type):
         return tp.__qualname__
@@ -359,17 +389,19 @@ def _compile(tp: object, seen: frozenset[object]) -> _Compiled:
     if isinstance(tp, type):
         if issubclass(tp, enum.Enum):
             return _compile_enum(tp)
-        if _is_typeddict(tp) or attrs.has(tp):
+        if _is_typeddict(tp) or attrs.has(tp) or dataclasses.is_dataclass(tp):
             if tp in seen:
                 raise _Unsupported(
                     f"{tp.__qualname__} refers to itself; recursive types are not supported"
                 )
             if _is_typeddict(tp):
                 return _compile_typeddict(tp, seen | {tp})
-            return _compile_attrs(tp, seen | {tp})
+            if attrs.has(tp):
+                return _compile_attrs(tp, seen | {tp})
+            return _compile_dataclass(tp, seen | {tp})
     raise _Unsupported(
         "use str, int, float, bool, None, list, tuple[T, ...], dict[str, T], a union,"
-        " Literal, an Enum, a TypedDict, an attrs class or Any"
+        " Literal, an Enum, a TypedDict, an attrs class, a dataclass or Any"
     )
 
 
@@ -549,6 +581,49 @@ def _compile_attrs(cls: type[Any], seen: frozenset[object]) -> _Compiled:
         properties[name] = schema
         fields[name] = compiled
     schema = _with_doc(_object_schema(properties, required), cls)
+
+    def convert(value: Any, path: str) -> Any:
+        kwargs = {
+            key: _run_converter(fields[key], item, _child_path(path, key))
+            for key, item in value.items()
+            if key in fields
+        }
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ArgumentConversionError):
+                raise
+            raise ArgumentConversionError([f"{path}: {exc}"]) from exc
+
+    return _Compiled(schema, convert)
+
+
+def _compile_dataclass(cls: type[Any], seen: frozenset[object]) -> _Compiled:
+    """A dataclass, like an attrs class: its ``init`` fields, required unless they
+    have a default (a plain default is shown in the schema, a factory is not)."""
+    hints = _class_hints(cls)
+    properties: dict[str, dict[str, Any]] = {}
+    required: list[str] = []
+    fields: dict[str, _Compiled] = {}
+    for field in dataclasses.fields(cls):
+        if not field.init:
+            continue
+        compiled = _compile(hints.get(field.name, Any), seen)
+        schema = dict(compiled.schema)
+        if field.default is dataclasses.MISSING:
+            if field.default_factory is dataclasses.MISSING:
+                required.append(field.name)
+        else:
+            ok, default = _as_json_value(field.default)
+            if ok:
+                schema["default"] = default
+        properties[field.name] = schema
+        fields[field.name] = compiled
+    schema = _with_doc(_object_schema(properties, required), cls)
+    # A dataclass without a docstring gets a generated one ("Point(x: int, y: int)"):
+    # that is no description.
+    if schema.get("description", "").startswith(f"{cls.__name__}("):
+        del schema["description"]
 
     def convert(value: Any, path: str) -> Any:
         kwargs = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Literal, TypeAlias, final
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, final
 
 import attrs
 import trio
@@ -25,7 +25,6 @@ import trio
 from ._exceptions import SessionBusyError
 
 if TYPE_CHECKING:
-    from ._run import Run
     from .sessions._base import Session
 
 __all__ = ["OnBusy", "SessionClaim", "session_key"]
@@ -34,6 +33,15 @@ OnBusy: TypeAlias = Literal["reject", "interrupt", "enqueue"]
 """What ``open_run`` does when the session already has an active run."""
 
 SUPERSEDED = "superseded"
+
+
+class Holder(Protocol):
+    """What the registry needs of a run: its id, and a way to supersede it."""
+
+    @property
+    def id(self) -> str: ...
+
+    def cancel(self, reason: str | None = None) -> None: ...
 
 
 def session_key(session: Session) -> Hashable:
@@ -52,7 +60,7 @@ def session_key(session: Session) -> Hashable:
 @final
 @attrs.define(eq=False)
 class _Waiter:
-    run: Run
+    run: Holder
     token: trio.lowlevel.TrioToken
     event: trio.Event = attrs.field(factory=trio.Event)
     granted: bool = False
@@ -61,7 +69,7 @@ class _Waiter:
 @final
 @attrs.define(eq=False)
 class _Slot:
-    holder: Run
+    holder: Holder
     waiters: deque[_Waiter] = attrs.field(factory=deque)
 
 
@@ -76,7 +84,7 @@ class SessionClaim:
 
     key: Hashable
     session_id: str
-    run: Run
+    run: Holder
     _waiter: _Waiter | None = attrs.field(init=False, default=None)
     _held: bool = attrs.field(init=False, default=False)
 
@@ -84,6 +92,12 @@ class SessionClaim:
     def held(self) -> bool:
         """Whether the run holds the session (and may read and write it)."""
         return self._held
+
+    @property
+    def owned(self) -> bool:
+        """Whether the session is this run's: held, or already handed over to it while
+        its task has not resumed from :meth:`wait` yet."""
+        return self._held or (self._waiter is not None and self._waiter.granted)
 
     def claim_now(self, on_busy: OnBusy) -> None:
         """Take the session if it is free; otherwise queue (or raise, for ``reject``).

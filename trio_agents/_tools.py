@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, final, overload
 
 import attrs
@@ -294,6 +294,51 @@ class Tool:
     )
     _schema: FunctionSchema = attrs.field(repr=False, kw_only=True)
     _is_async: bool = attrs.field(repr=False, kw_only=True)
+    # from_schema: fn takes (ctx, arguments) rather than one keyword per parameter.
+    _raw: bool = attrs.field(default=False, repr=False, kw_only=True)
+
+    @classmethod
+    def from_schema(
+        cls,
+        name: str,
+        description: str,
+        parameters: Mapping[str, Any],
+        fn: Callable[[ToolContext, dict[str, Any]], Awaitable[Any]],
+        *,
+        timeout: float | None = None,
+        needs_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+    ) -> Tool:
+        """A tool whose JSON schema is given, not read from a signature: for tools
+        defined elsewhere (an MCP server's, say).
+
+        ``fn`` is an ``async def fn(ctx, arguments)``: it gets the call's
+        :class:`ToolContext` and the arguments, decoded and validated against
+        ``parameters``, as one dict. Its return value becomes the output as for
+        :func:`function_tool`; an exception becomes an error result.
+
+        Raises:
+            TypeError: ``fn`` is not an async function, ``parameters`` is not an object
+                schema, or an option is invalid.
+        """
+        if not inspect.iscoroutinefunction(_unwrap_callable(fn)):
+            raise TypeError("Tool.from_schema() needs an async function fn(ctx, arguments)")
+        if not isinstance(parameters, Mapping) or parameters.get("type", "object") != "object":
+            raise TypeError("parameters must be a JSON schema of type 'object'")
+        schema = dict(parameters)
+        schema.setdefault("type", "object")
+        return cls(
+            name=name,
+            description=description,
+            parameters=schema,
+            fn=fn,
+            timeout=timeout,
+            needs_approval=needs_approval,
+            schema=FunctionSchema(
+                description=description, parameters=schema, takes_context=True, params=()
+            ),
+            is_async=True,
+            raw=True,
+        )
 
     @property
     def takes_context(self) -> bool:
@@ -356,8 +401,13 @@ class Tool:
             ToolArgumentsError: the arguments are invalid; the function was not called.
             Exception: whatever the tool function raised, unchanged.
         """
-        kwargs = self.convert_arguments(self.parse_arguments(arguments))
-        args = (ctx,) if self._schema.takes_context else ()
+        parsed = self.parse_arguments(arguments)
+        if self._raw:
+            args: tuple[Any, ...] = (ctx, parsed)
+            kwargs: dict[str, Any] = {}
+        else:
+            kwargs = self.convert_arguments(parsed)
+            args = (ctx,) if self._schema.takes_context else ()
         try:
             if self._is_async:
                 value = await self.fn(*args, **kwargs)

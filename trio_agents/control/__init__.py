@@ -7,6 +7,7 @@ agents to authenticated clients, speaking the JSON wire format of
 returns a :class:`RemoteRun` with the verbs of a local :class:`~trio_agents.Run`.
 """
 
+from .._events import event_from_json as event_from_json
 from .._exceptions import ControlConnectionError as ControlConnectionError
 from .._exceptions import ControlError as ControlError
 from ._client import ControlClient as ControlClient
@@ -16,10 +17,10 @@ from ._protocol import ERROR_CODES as ERROR_CODES
 from ._protocol import SUBPROTOCOL as SUBPROTOCOL
 from ._protocol import Limits as Limits
 from ._protocol import RunInfo as RunInfo
-from ._protocol import event_from_json as event_from_json
 from ._server import Auth as Auth
 from ._server import ControlServer as ControlServer
 from ._server import ControlServerStatistics as ControlServerStatistics
+from ._server import PrincipalStatistics as PrincipalStatistics
 from ._server import SessionFactory as SessionFactory
 from ._server import open_control_server as open_control_server
 from ._server import sqlite_sessions as sqlite_sessions
@@ -34,6 +35,7 @@ __all__ = [
     "ControlServer",
     "ControlServerStatistics",
     "Limits",
+    "PrincipalStatistics",
     "RemoteRun",
     "RunInfo",
     "SessionFactory",

@@ -20,10 +20,11 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection
 from trio_websocket import wrap_client_stream as _wrap_client_stream
 
-from .._events import EventsDropped, RunEvent, RunStatus, RunUpdated
+from .._events import EventsDropped, RunEvent, RunStatus, RunUpdated, event_from_json
 from .._exceptions import ControlConnectionError, ControlError, RunClosedError
 from .._items import Item, coerce_items
-from ._protocol import SUBPROTOCOL, RunInfo, event_from_json
+from .._util import leaves as _leaves
+from ._protocol import SUBPROTOCOL, RunInfo
 from ._stream import GuardedStream
 
 __all__ = ["ControlClient", "RemoteEventCursor", "RemoteRun", "RemoteUpdated", "connect"]
@@ -484,12 +485,6 @@ class ControlClient:
             fields["reason"] = reason
         answer = await self.request("session.cancel", **fields)
         return str(answer["run_id"])
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for child in exc.exceptions for leaf in _leaves(child)]
-    return [exc]
 
 
 @asynccontextmanager

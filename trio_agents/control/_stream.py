@@ -6,10 +6,17 @@ the wire, and anything sent afterwards would be read as the rest of it. Once a
 ``send_all`` ends with an exception, :class:`GuardedStream` marks itself broken and
 every later ``send_all`` raises :class:`trio.BrokenResourceError`, which trio-websocket
 turns into an abnormal close (1006) instead of writing after half a frame.
+
+Every ``send_all`` is also bounded by ``send_timeout``: trio-websocket writes pongs (and
+close frames) from its own reader task, outside the server's writer, so a peer that
+floods pings and never reads would otherwise block that task — and the connection —
+forever. A send still blocked after ``send_timeout`` closes the stream (``stalled``
+is set); every task using it then fails at once and the connection ends.
 """
 
 from __future__ import annotations
 
+import math
 from typing import final
 
 import trio
@@ -19,22 +26,34 @@ __all__ = ["GuardedStream"]
 
 @final
 class GuardedStream(trio.abc.Stream):
-    """Wraps ``inner``; after a failed or cancelled ``send_all`` nothing more is sent."""
+    """Wraps ``inner``; after a failed or cancelled ``send_all`` nothing more is sent,
+    and a ``send_all`` blocked for ``send_timeout`` seconds aborts the stream."""
 
-    def __init__(self, inner: trio.abc.Stream) -> None:
+    def __init__(self, inner: trio.abc.Stream, send_timeout: float = math.inf) -> None:
         self.inner = inner
+        self.send_timeout = send_timeout
         self.broken = False
+        self.stalled = False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        """Send ``data``; raises ``BrokenResourceError`` once a send was interrupted."""
+        """Send ``data``; raises ``BrokenResourceError`` once a send was interrupted or
+        stayed blocked past ``send_timeout`` (the stream is then closed)."""
         if self.broken:
             await trio.lowlevel.checkpoint()
             raise trio.BrokenResourceError("a previous send was interrupted mid-frame")
         try:
-            await self.inner.send_all(data)
+            with trio.move_on_after(self.send_timeout) as timer:
+                await self.inner.send_all(data)
         except BaseException:
             self.broken = True
             raise
+        if timer.cancelled_caught:
+            self.broken = self.stalled = True
+            with trio.CancelScope(shield=True):
+                await self.inner.aclose()
+            raise trio.BrokenResourceError(
+                f"the peer read nothing for {self.send_timeout:g} s; connection aborted"
+            )
 
     async def wait_send_all_might_not_block(self) -> None:
         """Delegate to the wrapped stream."""

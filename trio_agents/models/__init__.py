@@ -1,16 +1,18 @@
 """Models: the protocol, the model events, and the bundled models.
 
-``OpenAIChatModel`` (OpenAI and every Chat Completions-compatible server) and
-``AnthropicModel`` stream over httpx; ``from_string`` builds one from a spec such as
-``"openai:gpt-4o-mini"``. ``ScriptedModel`` is a deterministic model for tests;
+``OpenAIChatModel`` (OpenAI and every Chat Completions-compatible server),
+``OpenAIResponsesModel`` (the Responses API) and ``AnthropicModel`` stream over httpx;
+``from_string`` builds one from a spec such as ``"openai:gpt-4o-mini"``. ``ScriptedModel`` is a deterministic model for tests;
 ``DemoModel`` is the offline default that powers ``make demo`` (clearly labelled, not
 an LLM).
 """
 
+from .._model import FINAL_ANSWER_TOOL as FINAL_ANSWER_TOOL
 from .._model import Finish as Finish
 from .._model import Model as Model
 from .._model import ModelEvent as ModelEvent
 from .._model import ModelRequest as ModelRequest
+from .._model import OutputSpec as OutputSpec
 from .._model import TextDelta as TextDelta
 from .._model import ToolCallDone as ToolCallDone
 from .._model import ToolSpec as ToolSpec
@@ -19,10 +21,12 @@ from ._anthropic import AnthropicModel as AnthropicModel
 from ._demo import DemoModel as DemoModel
 from ._openai import OpenAIChatModel as OpenAIChatModel
 from ._registry import from_string as from_string
+from ._responses import OpenAIResponsesModel as OpenAIResponsesModel
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import Turn as Turn
 
 __all__ = [
+    "FINAL_ANSWER_TOOL",
     "AnthropicModel",
     "DemoModel",
     "Finish",
@@ -30,6 +34,8 @@ __all__ = [
     "ModelEvent",
     "ModelRequest",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
+    "OutputSpec",
     "ScriptedModel",
     "TextDelta",
     "ToolCallDone",

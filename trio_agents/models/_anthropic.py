@@ -17,9 +17,16 @@ import httpx
 from .._exceptions import ModelError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
-from ._http import HTTPRequestSpec, HTTPStreamingModel, SSEEvent, parse_json_event
+from ._http import (
+    CallIds,
+    HTTPRequestSpec,
+    HTTPStreamingModel,
+    SSEEvent,
+    parse_json_event,
+    stream_error,
+)
 
-__all__ = ["AnthropicModel", "anthropic_messages", "anthropic_tools"]
+__all__ = ["AnthropicModel", "anthropic_messages", "anthropic_tools", "normalize_base_url"]
 
 DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
 API_VERSION: Final = "2023-06-01"
@@ -37,6 +44,20 @@ STOP_REASONS: Final[Mapping[str, str]] = {
 (others pass through unchanged)."""
 
 _RETRYABLE_ERRORS: Final = frozenset({"overloaded_error", "api_error", "rate_limit_error"})
+
+
+def normalize_base_url(base_url: str) -> str:
+    """The API root for ``base_url``: requests go to ``{root}/v1/messages``.
+
+    The Anthropic SDKs take the root (``https://api.anthropic.com``), while
+    OpenAI-style configuration habitually ends in ``/v1``; both are accepted, as is
+    the full endpoint, instead of posting to ``/v1/v1/messages`` and getting a 404.
+    """
+    root = base_url.rstrip("/")
+    for suffix in ("/v1/messages", "/v1"):
+        if root.endswith(suffix):
+            return root.removesuffix(suffix)
+    return root
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:
@@ -155,8 +176,10 @@ class _MessagesStreamParser:
     and the finish reason at ``message_stop``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, call_ids: CallIds) -> None:
+        self._call_ids = call_ids
         self._blocks: dict[int, _Block] = {}
+        self._usage_seen = False
         self._input_tokens = 0
         self._output_tokens = 0
         self._stop_reason: str | None = None
@@ -195,28 +218,26 @@ class _MessagesStreamParser:
         if kind == "message_stop":
             self._done = True
             reason = self._stop_reason or "end_turn"
-            return [
-                Usage(self._input_tokens, self._output_tokens),
-                Finish(STOP_REASONS.get(reason, reason)),
-            ]
+            out: list[ModelEvent] = []
+            if self._usage_seen:  # a proxy that reports none: unknown, not zero
+                out.append(Usage(self._input_tokens, self._output_tokens))
+            out.append(Finish(STOP_REASONS.get(reason, reason)))
+            return out
         if kind == "error":
             error = data.get("error")
             error_type = error.get("type") if isinstance(error, dict) else None
-            message = error.get("message") if isinstance(error, dict) else None
-            raise ModelError(
-                f"{_PROVIDER}: the server sent an error in the stream:"
-                f" {error_type or 'error'}: {message or event.data[:300]}",
-                retryable=error_type in _RETRYABLE_ERRORS,
-            )
+            raise stream_error(_PROVIDER, data, retryable=error_type in _RETRYABLE_ERRORS)
         return []  # "ping" and event types added later
 
     def _set_usage(self, usage: Mapping[str, Any]) -> None:
         input_tokens = _input_tokens(usage)
         if input_tokens is not None:
             self._input_tokens = input_tokens
+            self._usage_seen = True
         output = usage.get("output_tokens")
         if isinstance(output, int) and not isinstance(output, bool):
             self._output_tokens = output  # cumulative in message_delta
+            self._usage_seen = True
 
     def _index(self, data: Mapping[str, Any], event: SSEEvent) -> int:
         index = data.get("index")
@@ -277,7 +298,8 @@ class _MessagesStreamParser:
         if not arguments.strip():
             initial = block.initial_input if isinstance(block.initial_input, dict) else {}
             arguments = json.dumps(initial, ensure_ascii=False)
-        return [ToolCallDone(ToolCall(block.call_id, block.name, arguments))]
+        call_id = self._call_ids.claim(block.call_id)
+        return [ToolCallDone(ToolCall(call_id, block.name, arguments))]
 
 
 @final
@@ -287,15 +309,16 @@ class AnthropicModel(HTTPStreamingModel):
     Args:
         model: the model name (``"claude-3-5-haiku-latest"``, ...).
         base_url: the API root, default ``$ANTHROPIC_BASE_URL`` or
-            ``https://api.anthropic.com`` (requests go to ``{base_url}/v1/messages``).
+            ``https://api.anthropic.com`` (requests go to ``{base_url}/v1/messages``;
+            a ``base_url`` ending in ``/v1`` or ``/v1/messages`` is accepted too).
         api_key: default ``$ANTHROPIC_API_KEY``; sent as ``x-api-key`` (left out when
             there is none).
         client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
             Without one, ``async with model:`` keeps one pooled client for the block,
             and outside such a block every stream opens and closes its own.
         max_tokens: the response length limit the API requires.
-        max_retries: retries of connection failures, 429, 5xx and overloaded errors,
-            before any output.
+        max_retries: retries of connection failures, 408, 429, 5xx and overloaded
+            errors, before any output; never of an error whose body blames the request.
         connect_timeout: seconds to connect (and per write). There is no read timeout:
             deadlines are Trio cancel scopes.
         retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
@@ -333,7 +356,7 @@ class AnthropicModel(HTTPStreamingModel):
         )
         self._model = model
         base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
-        self._base_url = base.rstrip("/")
+        self._base_url = normalize_base_url(base)
         self._api_key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
         self._max_tokens = max_tokens
         self._settings = dict(settings)
@@ -377,5 +400,5 @@ class AnthropicModel(HTTPStreamingModel):
             body=self.request_body(request),
         )
 
-    def _new_parser(self) -> _MessagesStreamParser:
-        return _MessagesStreamParser()
+    def _new_parser(self, call_ids: CallIds) -> _MessagesStreamParser:
+        return _MessagesStreamParser(call_ids)

@@ -23,7 +23,15 @@ from typing import Any, final
 import attrs
 
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec
+from .._model import (
+    FINAL_ANSWER_TOOL,
+    Finish,
+    ModelEvent,
+    ModelRequest,
+    TextDelta,
+    ToolCallDone,
+    ToolSpec,
+)
 from ._scripted import _estimate_usage, _EventStream, _split_text, _Step
 
 __all__ = ["DemoModel"]
@@ -173,11 +181,13 @@ class _Filler:
 
     message: str
     root: Mapping[str, Any]
+    more: str = ""  # more text to take numbers from (what the tools said)
     numbers: Iterator[float] = attrs.field(init=False)
     phrase: str = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.numbers = iter([float(n) for n in _NUMBER.findall(self.message)])
+        found = _NUMBER.findall(self.message) + _NUMBER.findall(self.more)
+        self.numbers = iter([float(n) for n in found])
         match = _PREPOSITION.search(self.message)
         phrase = match.group(1) if match else self.message
         self.phrase = _clip(phrase.strip().rstrip("?!.").strip(), 100)
@@ -284,7 +294,7 @@ class _Filler:
         return text
 
 
-def _demo_arguments(parameters: Mapping[str, Any], message: str) -> dict[str, Any]:
+def _demo_arguments(parameters: Mapping[str, Any], message: str, more: str = "") -> dict[str, Any]:
     """Arguments for a tool with JSON schema ``parameters``, taken from ``message``.
 
     Required properties are filled: numbers from the message in order (else 0 or the
@@ -292,7 +302,7 @@ def _demo_arguments(parameters: Mapping[str, Any], message: str) -> dict[str, An
     message), the first value of an enum, ``false``, empty arrays, nested objects in
     the same way.
     """
-    value = _Filler(message, parameters).value(parameters)
+    value = _Filler(message, parameters, more).value(parameters)
     return value if isinstance(value, dict) else {}
 
 
@@ -338,7 +348,8 @@ class DemoModel:
     else the first tool), calls it with arguments that satisfy the tool's JSON schema
     (numbers and phrases from the message), and once results are back it reports them
     (``"[demo model] The `add` tool returned 5. ..."``). Without tools it echoes the
-    request. Text streams word by word with ``trio.sleep(delay)`` before each chunk.
+    request. With structured output it answers, after any tool results, with a value
+    built from the output schema the same way (numbers and phrases from the message). Text streams word by word with ``trio.sleep(delay)`` before each chunk.
 
     Args:
         delay: seconds between streamed chunks.
@@ -393,6 +404,21 @@ class DemoModel:
         assert isinstance(message, UserMessage)
         later = items[last_user + 1 :]
         results = [item for item in later if isinstance(item, ToolResult)]
+        # Structured output: the run offers a final-answer tool (or, for a native
+        # model, asks for the JSON as the text). Either way the answer is built from
+        # the schema like tool arguments, once the agent's own tools have answered.
+        final = next((t for t in request.tools if t.name == FINAL_ANSWER_TOOL), None)
+        tools = [t for t in request.tools if t.name != FINAL_ANSWER_TOOL]
+        if request.output is not None and (results or not tools):
+            # Numbers from the question, then from what the tools said.
+            said = " ".join(r.output for r in results)
+            answer = _demo_arguments(request.output.schema, message.content, said)
+            if final is None:
+                return json.dumps(answer, ensure_ascii=False), []
+            call = ToolCall(
+                _fresh_call_id(items), final.name, json.dumps(answer, ensure_ascii=False)
+            )
+            return f"{_LABEL} Here is my answer, in the shape the agent asked for.", [call]
         if results:
             calls = {item.call_id: item for item in items if isinstance(item, ToolCall)}
             reports = [_report(result, calls) for result in results]
@@ -403,8 +429,8 @@ class DemoModel:
             isinstance(item, AssistantMessage) and item.status == "incomplete" for item in later
         )
         resume = "Picking up after the interruption: " if interrupted else ""
-        if request.tools:
-            tool = _pick_tool(message.content, request.tools)
+        if tools:
+            tool = _pick_tool(message.content, tools)
             arguments = _demo_arguments(tool.parameters, message.content)
             call = ToolCall(
                 _fresh_call_id(items), tool.name, json.dumps(arguments, ensure_ascii=False)

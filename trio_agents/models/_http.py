@@ -47,7 +47,7 @@ import re
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, suppress
 from types import TracebackType
 from typing import Any, Final, Protocol, Self, final
@@ -57,10 +57,14 @@ import httpx
 import trio
 
 from .._exceptions import ModelError
+from .._items import ToolCall, ToolResult
 from .._model import ModelEvent, ModelRequest
 
 __all__ = [
+    "PERMANENT_KINDS",
+    "CallIds",
     "ClientOwnership",
+    "ErrorInfo",
     "HTTPRequestSpec",
     "HTTPStreamingModel",
     "ModelStream",
@@ -69,9 +73,13 @@ __all__ = [
     "StreamParser",
     "backoff_delay",
     "error_detail",
+    "http_error",
     "make_timeout",
+    "one_line",
+    "parse_error_body",
     "parse_json_event",
     "parse_retry_after",
+    "stream_error",
 ]
 
 MAX_RETRY_AFTER: Final = 60.0
@@ -82,6 +90,9 @@ CLEANUP_BOUND: Final = 5.0
 
 DRAIN_BOUND: Final = 1.0
 """How long to read on after the end-of-stream marker so the connection can be reused."""
+
+_BODY_HEAD_BYTES: Final = 2048
+"""How much of a response body is kept to quote when it is not an event stream."""
 
 MAX_LINE_BYTES: Final = 16 * 1024 * 1024
 """An event-stream line longer than this is treated as a protocol error."""
@@ -124,6 +135,9 @@ class SSEDecoder:
         self._last_id: str | None = None
         self.lines = 0
         """How many complete lines have been decoded."""
+        self.fields = 0
+        """How many of them were event-stream lines: comments, ``data``, ``event``,
+        ``id`` or ``retry`` fields (a body with none is not an event stream)."""
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode ``chunk`` and return the events it completed.
@@ -189,10 +203,13 @@ class SSEDecoder:
         if not line:
             return self._dispatch()
         if line.startswith(":"):
+            self.fields += 1
             return None
         name, colon, value = line.partition(":")
         if colon and value.startswith(" "):
             value = value[1:]
+        if name in ("data", "event", "id", "retry"):
+            self.fields += 1
         if name == "data":
             self._data.append(value)
         elif name == "event":
@@ -276,36 +293,211 @@ def backoff_delay(
     return ceiling / 2 + random.uniform(0.0, ceiling / 2)
 
 
-def error_detail(body: bytes) -> str | None:
-    """Pull the provider's error message out of an error response body.
+def one_line(text: str, limit: int = 500) -> str:
+    """``text`` on one line: runs of whitespace (newlines included) become one space,
+    and more than ``limit`` characters are cut with an ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
 
-    Understands ``{"error": {"type": ..., "message": ...}}`` (OpenAI, Anthropic),
-    ``{"error": "..."}`` (Ollama), ``{"detail": ...}`` and ``{"message": ...}``; falls
-    back to the start of the body text.
+
+_NO_VALUE: Final = frozenset({"", "none", "null", "nil", "undefined"})
+
+PERMANENT_KINDS: Final = (
+    "invalid_request",
+    "bad_request",
+    "badrequest",
+    "validation",
+    "unprocessable",
+    "context_length",
+    "invalid_prompt",
+    "invalid_api_key",
+    "insufficient_quota",
+    "authentication",
+    "permission",
+    "not_found",
+    "notfound",
+)
+"""Error ``type``/``code`` fragments that say retrying the same request cannot help."""
+
+_PERMANENT_MESSAGE: Final = re.compile(
+    r"validation errors?\b|\binput should be\b|\bfield required\b"
+    r"|failed to parse messages|invalid message content|invalid tool call arguments"
+    r"|maximum context length|exceeds? (?:the )?context (?:window|length)",
+    re.IGNORECASE,
+)
+"""Messages that are a schema-validation report or a context overflow: the request's fault."""
+
+
+@attrs.frozen
+class ErrorInfo:
+    """What an error response body says.
+
+    Attributes:
+        kind: the error's ``type`` (or, without one, its ``code``), if it names one;
+            placeholders such as ``"None"`` and a code equal to the HTTP status are
+            not kinds.
+        message: the server's message, on one line.
+        permanent: the body says that sending the same request again cannot succeed
+            (see :func:`parse_error_body`).
+    """
+
+    kind: str | None = None
+    message: str | None = None
+    permanent: bool = False
+
+    def describe(self) -> str:
+        """``"<kind>: <message>"``, or whichever of the two is there (may be empty)."""
+        if self.kind and self.message:
+            return f"{self.kind}: {self.message}"
+        return self.kind or self.message or ""
+
+
+def _kind_text(value: object, status: int | None) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, str):
+        text = one_line(value, 100)
+    else:
+        return None
+    if text.lower() in _NO_VALUE or (status is not None and text == str(status)):
+        return None
+    return text
+
+
+def _kind_is_permanent(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, int):
+        return 400 <= value < 500 and value not in RETRYABLE_STATUS
+    if isinstance(value, str):
+        text = value.lower().replace("-", "_").replace(" ", "_")
+        return any(fragment in text for fragment in PERMANENT_KINDS)
+    return False
+
+
+def parse_error_body(body: bytes, status: int | None = None) -> ErrorInfo:
+    """Read an error response body (or an error event's JSON) into an :class:`ErrorInfo`.
+
+    Understands ``{"error": {"type" | "code": ..., "message": ...}}`` (OpenAI,
+    Anthropic, llama.cpp, llama-cpp-python, LiteLLM, vLLM), the same fields at the top
+    level (older vLLM), ``{"error": "..."}`` (Ollama, TGI), ``{"detail": ...}``
+    (FastAPI) and ``{"message": ...}``; otherwise the body's text is the message.
+
+    ``permanent`` — the rule for not retrying a 5xx (or a 429): the body *blames the
+    request*. That is an error ``type`` or ``code`` containing one of
+    :data:`PERMANENT_KINDS` (``invalid_request_error``, ``BadRequestError``,
+    ``context_length_exceeded``, ``insufficient_quota``, ...), a numeric ``code`` in
+    400-499 other than 408/429, or a message that is a schema-validation report or a
+    context overflow (pydantic's ``validation error``/``Input should be``/``Field
+    required``, llama.cpp's ``Failed to parse messages``, ``maximum context length``).
+    llama-cpp-python, for one, answers a request that fails its schema with HTTP 500
+    and pydantic's report: the same request fails the same way every time.
     """
     text = body.decode("utf-8", errors="replace").strip()
     if not text:
-        return None
+        return ErrorInfo()
     try:
         data = json.loads(text)
     except ValueError:
-        return text[:500]
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict):
-            message = error.get("message")
-            kind = error.get("type") or error.get("code")
-            if isinstance(message, str) and message:
-                return f"{kind}: {message}" if isinstance(kind, str) and kind else message
-        if isinstance(error, str) and error:
-            return error
-        for key in ("message", "detail"):
-            value = data.get(key)
-            if isinstance(value, str) and value:
-                return value
-            if value:
-                return json.dumps(value)[:500]
-    return text[:500]
+        flat = one_line(text)
+        return ErrorInfo(None, flat, bool(_PERMANENT_MESSAGE.search(flat)))
+    if not isinstance(data, dict):
+        return ErrorInfo(None, one_line(text))
+    fields: Mapping[str, Any] = data
+    error = data.get("error")
+    if isinstance(error, dict):
+        fields = error
+    raw_message: object = fields.get("message")
+    if isinstance(error, str) and error:
+        raw_message = error
+    if not raw_message:
+        raw_message = data.get("detail") or data.get("message")
+    if isinstance(raw_message, str):
+        message: str | None = one_line(raw_message) or None
+    elif raw_message:
+        message = one_line(json.dumps(raw_message, ensure_ascii=False))
+    else:
+        message = None
+    kinds = [fields.get("type"), fields.get("code"), data.get("error_type")]
+    kind = next((k for k in (_kind_text(v, status) for v in kinds) if k), None)
+    permanent = any(_kind_is_permanent(v) for v in kinds) or bool(
+        message and _PERMANENT_MESSAGE.search(message)
+    )
+    if message is None and kind is None:
+        message = one_line(text)
+    return ErrorInfo(kind, message, permanent)
+
+
+def error_detail(body: bytes, status: int | None = None) -> str | None:
+    """The provider's error, as ``"<type or code>: <message>"`` on one line (``None``
+    for an empty body); see :func:`parse_error_body`."""
+    return parse_error_body(body, status).describe() or None
+
+
+def http_error(label: str, status: int, body: bytes) -> ModelError:
+    """The :class:`ModelError` for an HTTP error response, with a one-line message:
+    ``"<label>: HTTP <status> <type or code>: <message>"``.
+
+    Retryable: 408, 429 and 5xx, unless the body blames the request
+    (:attr:`ErrorInfo.permanent`).
+    """
+    info = parse_error_body(body, status)
+    message = f"{label}: HTTP {status}"
+    if info.kind:
+        message += f" {info.kind}"
+    if info.message:
+        message += f": {info.message}"
+    elif not info.kind:
+        message += " with an empty body"
+    retryable = (status in RETRYABLE_STATUS or status >= 500) and not info.permanent
+    return ModelError(message, status_code=status, retryable=retryable)
+
+
+def stream_error(provider: str, data: Mapping[str, Any], *, retryable: bool) -> ModelError:
+    """The :class:`ModelError` for an error object a server sent inside the stream."""
+    info = parse_error_body(json.dumps(data).encode())
+    detail = info.describe() or "error"
+    return ModelError(
+        f"{provider}: the server sent an error in the stream: {detail}",
+        retryable=retryable and not info.permanent,
+    )
+
+
+# ----------------------------------------------------------------- tool-call ids
+
+
+@final
+class CallIds:
+    """Keeps the tool-call ids of one response unique within the conversation.
+
+    Some servers reuse ids: a proxy's mock that answers every turn with the same fixed
+    id, small servers that number calls ``call_0``, ``call_1``, ... afresh in each
+    response. The conversation needs unique ids (DESIGN §4), so a call whose id is
+    already taken (by an item of the request, or by an earlier call of the same
+    response) gets ``"<id>_<n>"`` with the smallest ``n >= 2`` that is free. It is
+    deterministic, keeps the server's id recognisable, and stays within the
+    ``[A-Za-z0-9_-]`` alphabet the strictest APIs accept. The new id is what the
+    conversation stores and what later requests send, so the server sees consistent
+    ids.
+    """
+
+    def __init__(self, taken: Iterable[str] = ()) -> None:
+        self._taken = set(taken)
+
+    def claim(self, call_id: str) -> str:
+        """Return ``call_id``, or a fresh id derived from it if it is taken; either
+        way the returned id is taken from now on."""
+        unique = call_id
+        number = 2
+        while unique in self._taken:
+            unique = f"{call_id}_{number}"
+            number += 1
+        self._taken.add(unique)
+        return unique
 
 
 # ------------------------------------------------------------- client ownership
@@ -443,16 +635,18 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         *,
         provider: str,
         spec: HTTPRequestSpec,
-        new_parser: Callable[[], StreamParser],
+        new_parser: Callable[[CallIds], StreamParser],
         clients: ClientOwnership,
         timeout: httpx.Timeout,
         max_retries: int,
         retry_base_delay: float,
         retry_max_delay: float,
+        taken_call_ids: Iterable[str] = (),
     ) -> None:
         self._provider = provider
         self._spec = spec
         self._new_parser = new_parser
+        self._taken_call_ids = frozenset(taken_call_ids)
         self._clients = clients
         self._timeout = timeout
         self._max_retries = max_retries
@@ -464,8 +658,11 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         self._response: httpx.Response | None = None
         self._body: AsyncIterator[bytes] | None = None
         self._decoder = SSEDecoder()
-        self._parser = new_parser()
+        self._parser = new_parser(CallIds(self._taken_call_ids))
         self._pending: deque[ModelEvent] = deque()
+        self._status = 0
+        self._content_type = ""
+        self._body_head = bytearray()
         self._finished = False
         self._attempts = 0
         self._events_seen = 0
@@ -554,9 +751,10 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         assert self._client is not None
         self._attempts += 1
         self._decoder = SSEDecoder()
-        self._parser = self._new_parser()
+        self._parser = self._new_parser(CallIds(self._taken_call_ids))
         self._pending.clear()
         self._events_seen = 0
+        self._body_head.clear()
         headers = {"accept": "text/event-stream", **self._spec.headers}
         try:
             request = self._client.build_request(
@@ -566,6 +764,12 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
                 headers=headers,
                 timeout=self._timeout,
             )
+        except (TypeError, ValueError) as exc:
+            # A setting that is not JSON, a header that is not ASCII: never worth a retry.
+            raise ModelError(
+                f"{self._label()}: the request cannot be built: {_describe(exc)}"
+            ) from exc
+        try:
             request.stream = _RequestBody(request.content)
             # What `client.stream()` does, minus its generator-based request body; the
             # response is always closed by `_close_response` (on every exit path).
@@ -575,31 +779,45 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         except httpx.HTTPError as exc:
             raise ModelError(f"{self._label()}: request failed: {_describe(exc)}") from exc
         self._response = response
-        status = response.status_code
-        content_type = response.headers.get("content-type", "")
+        status = self._status = response.status_code
+        content_type = self._content_type = response.headers.get("content-type", "")
         if status >= 300:
             body = await self._read_error_body()
-            retryable = status in RETRYABLE_STATUS or status >= 500
-            detail = error_detail(body)
-            message = f"{self._label()}: HTTP {status}"
-            if detail:
-                message += f": {detail}"
-            error = ModelError(message, status_code=status, retryable=retryable)
+            error = http_error(self._label(), status, body)
             retry_after = parse_retry_after(response.headers.get("retry-after"))
             await self._close_response()
             return _Failure(error, retry_after)
         if "text/event-stream" not in content_type and "json" in content_type:
             body = await self._read_error_body()
             await self._close_response()
-            detail = error_detail(body) or ""
+            detail = error_detail(body, status) or "an empty body"
             raise ModelError(
-                f"{self._label()}: expected an event stream, got {content_type!r}: {detail}",
+                f"{self._label()}: expected an event stream, got HTTP {status}"
+                f" {content_type!r}: {detail}",
                 status_code=status,
             )
         return None
 
     def _transport_error(self, exc: httpx.HTTPError, what: str) -> ModelError:
         return ModelError(f"{self._label()}: {what}: {_describe(exc)}", retryable=True)
+
+    def _not_an_event_stream(self) -> ModelError:
+        """The body ended cleanly with nothing event-stream-like in it.
+
+        That is the server's answer, not a broken transfer (a drop is a transport
+        error, handled apart): asking again gets the same answer, so it is not retried.
+        Servers do this when a prompt overflows their context, for one.
+        """
+        head = bytes(self._body_head)
+        what = f"HTTP {self._status}"
+        if self._content_type:
+            what += f" ({self._content_type})"
+        if not head.strip():
+            reason = f"{what} with an empty body, not an event stream"
+        else:
+            text = one_line(head.decode("utf-8", errors="replace"), 300)
+            reason = f"{what}, but the body is not an event stream: {text!r}"
+        return ModelError(f"{self._label()}: {reason}", status_code=self._status)
 
     async def _read_error_body(self) -> bytes:
         assert self._response is not None
@@ -638,6 +856,9 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             if self._parser_done():
                 self._finished = True
                 return
+            if self._events_seen == 0 and self._decoder.fields == 0:
+                await self._close_response()
+                raise self._not_an_event_stream()
             final = self._parser.at_eof()
             if final is None:
                 pending = self._decoder.pending
@@ -649,6 +870,8 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             self._pending.extend(final)
             self._finished = True
             return
+        if len(self._body_head) < _BODY_HEAD_BYTES:
+            self._body_head += chunk[: _BODY_HEAD_BYTES - len(self._body_head)]
         try:
             self._handle_events(self._decoder.feed(chunk))
         except ModelError as exc:
@@ -665,7 +888,17 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             if self._parser.done:
                 return  # anything after the end marker is ignored
             self._events_seen += 1
-            self._pending.extend(self._parser.feed(event))
+            try:
+                self._pending.extend(self._parser.feed(event))
+            except ModelError:
+                raise
+            except Exception as exc:
+                # A parser is written for well-formed events; whatever a server sends,
+                # what reaches the caller is a ModelError naming the event.
+                raise ModelError(
+                    f"{self._label()}: could not read the event {event.data[:300]!r}:"
+                    f" {_describe(exc)}"
+                ) from exc
 
     async def _stream_failed(self, reason: str, cause: BaseException | None) -> None:
         """The body broke off: retry if nothing was yielded yet, else fail clearly."""
@@ -774,7 +1007,7 @@ async def _unwind(body: AsyncIterator[bytes]) -> None:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
+    text = one_line(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -850,6 +1083,9 @@ class HTTPStreamingModel(abc.ABC):
             provider=self._provider,
             spec=self._build_request(request),
             new_parser=self._new_parser,
+            taken_call_ids=(
+                item.call_id for item in request.items if isinstance(item, ToolCall | ToolResult)
+            ),
             clients=self._clients,
             timeout=self._timeout,
             max_retries=self._max_retries,
@@ -862,5 +1098,6 @@ class HTTPStreamingModel(abc.ABC):
         """The provider's HTTP request for ``request``."""
 
     @abc.abstractmethod
-    def _new_parser(self) -> StreamParser:
-        """A fresh parser for one response."""
+    def _new_parser(self, call_ids: CallIds) -> StreamParser:
+        """A fresh parser for one response; it makes its tool-call ids unique with
+        ``call_ids`` (:meth:`CallIds.claim`)."""

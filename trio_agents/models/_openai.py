@@ -18,13 +18,73 @@ import httpx
 
 from .._exceptions import ModelError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
-from ._http import HTTPRequestSpec, HTTPStreamingModel, SSEEvent, parse_json_event
+from .._model import (
+    Finish,
+    ModelEvent,
+    ModelRequest,
+    OutputSpec,
+    TextDelta,
+    ToolCallDone,
+    ToolSpec,
+    Usage,
+)
+from ._http import (
+    CallIds,
+    HTTPRequestSpec,
+    HTTPStreamingModel,
+    SSEEvent,
+    parse_json_event,
+    stream_error,
+)
 
-__all__ = ["OpenAIChatModel", "chat_messages", "chat_tools"]
+__all__ = [
+    "FINISH_REASONS",
+    "OpenAIChatModel",
+    "chat_messages",
+    "chat_response_format",
+    "chat_tools",
+    "object_arguments",
+]
 
 DEFAULT_BASE_URL: Final = "https://api.openai.com/v1"
 _PROVIDER: Final = "openai"
+
+
+FINISH_REASONS: Final[Mapping[str, str]] = {
+    "stop": "stop",
+    "eos": "stop",
+    "eos_token": "stop",
+    "stop_sequence": "stop",
+    "end_turn": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "tool_use": "tool_calls",
+    "content_filter": "content_filter",
+}
+"""``finish_reason`` values seen from OpenAI-compatible servers -> the
+:class:`~trio_agents.models.Finish` reason (others pass through unchanged)."""
+
+
+def object_arguments(arguments: str) -> str:
+    """A call's arguments as a JSON object string, which every server accepts back.
+
+    Arguments that already are a JSON object are sent unchanged (byte for byte). Empty
+    arguments become ``"{}"``; anything else (the model produced bad JSON, and the call
+    got an error result) becomes ``{"_raw_arguments": "<text>"}``, so the model still
+    sees what it sent: servers that parse the arguments (Ollama answers 400 "invalid
+    tool call arguments", llama.cpp's templates need an object) reject the raw text.
+    """
+    if not arguments.strip():
+        return "{}"
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return arguments
+    return json.dumps({"_raw_arguments": arguments}, ensure_ascii=False)
 
 
 def chat_messages(instructions: str, items: Iterable[Item]) -> list[dict[str, Any]]:
@@ -34,6 +94,14 @@ def chat_messages(instructions: str, items: Iterable[Item]) -> list[dict[str, An
     follow an assistant message, or each other, are grouped into one assistant
     message's ``tool_calls``; tool results become ``role: "tool"`` messages with their
     ``tool_call_id``. An incomplete assistant message is sent as plain assistant text.
+
+    The shape is the one every common OpenAI-compatible server accepts: ``content`` is
+    always a string — ``""`` on an assistant turn that only calls tools (OpenAI allows
+    ``null`` there, but llama-cpp-python's schema answers HTTP 500 "Input should be a
+    valid string" and Ollama 400 "invalid message content type" for a ``null`` without
+    calls; leaving the key out breaks llama-cpp-python's templates) — tool results are
+    strings, arguments are JSON objects (:func:`object_arguments`), and no key is ever
+    ``null`` (llama.cpp's server throws on a ``null`` name or id).
     """
     messages: list[dict[str, Any]] = []
     if instructions:
@@ -48,12 +116,12 @@ def chat_messages(instructions: str, items: Iterable[Item]) -> list[dict[str, An
             entry = {
                 "id": item.call_id,
                 "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments},
+                "function": {"name": item.name, "arguments": object_arguments(item.arguments)},
             }
             if isinstance(previous, AssistantMessage | ToolCall):
                 messages[-1].setdefault("tool_calls", []).append(entry)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [entry]})
+                messages.append({"role": "assistant", "content": "", "tool_calls": [entry]})
         elif isinstance(item, ToolResult):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
         else:
@@ -77,6 +145,18 @@ def chat_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
+def chat_response_format(output: OutputSpec) -> dict[str, Any]:
+    """The Chat Completions ``response_format`` asking for JSON matching ``output``."""
+    json_schema: dict[str, Any] = {
+        "name": output.name,
+        "schema": dict(output.schema),
+        "strict": output.strict,
+    }
+    if output.description:
+        json_schema["description"] = output.description
+    return {"type": "json_schema", "json_schema": json_schema}
+
+
 @attrs.define
 class _PartialCall:
     call_id: str = ""
@@ -93,7 +173,8 @@ class _ChatStreamParser:
     by the usage (from the ``include_usage`` chunk) and the finish reason.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, call_ids: CallIds) -> None:
+        self._call_ids = call_ids
         self._calls: dict[int, _PartialCall] = {}
         self._last_index: int | None = None
         self._finish: str | None = None
@@ -112,16 +193,20 @@ class _ChatStreamParser:
         if not data:
             return []
         chunk = parse_json_event(_PROVIDER, event)
-        error = chunk.get("error")
-        if error:
-            message = error.get("message") if isinstance(error, dict) else error
-            raise ModelError(f"{_PROVIDER}: the server sent an error in the stream: {message}")
+        if chunk.get("error"):
+            raise stream_error(_PROVIDER, chunk, retryable=False)
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self._usage = Usage(
-                input_tokens=_int(usage.get("prompt_tokens")),
-                output_tokens=_int(usage.get("completion_tokens")),
+            # Only what the server reported: servers that ignore `include_usage` send
+            # none (or nulls), and that is unknown usage, never zero. Some servers send
+            # running totals in every chunk, or put the usage on the finish chunk: the
+            # last one wins.
+            prompt, completion = (
+                _int(usage.get("prompt_tokens")),
+                _int(usage.get("completion_tokens")),
             )
+            if prompt is not None or completion is not None:
+                self._usage = Usage(input_tokens=prompt or 0, output_tokens=completion or 0)
         out: list[ModelEvent] = []
         choices = chunk.get("choices")
         if not isinstance(choices, list):
@@ -131,9 +216,10 @@ class _ChatStreamParser:
                 continue  # only the first choice (n=1)
             delta = choice.get("delta")
             if isinstance(delta, dict):
-                content = delta.get("content")
-                if isinstance(content, str) and content:
-                    out.append(TextDelta(content))
+                for key in ("content", "refusal"):  # a refusal is the answer's text too
+                    content = delta.get(key)
+                    if isinstance(content, str) and content:
+                        out.append(TextDelta(content))
                 tool_calls = delta.get("tool_calls")
                 if isinstance(tool_calls, list):
                     for fragment in tool_calls:
@@ -191,17 +277,22 @@ class _ChatStreamParser:
             if not partial.name:
                 raise ModelError(f"{_PROVIDER}: tool call at index {index} has no function name")
             arguments = "".join(partial.arguments) or "{}"
-            call_id = partial.call_id or f"call_{uuid.uuid4().hex[:24]}"
+            call_id = self._call_ids.claim(partial.call_id or f"call_{uuid.uuid4().hex[:24]}")
             out.append(ToolCallDone(ToolCall(call_id, partial.name, arguments)))
         if self._usage is not None:
             out.append(self._usage)
-        out.append(Finish(self._finish or ("tool_calls" if self._calls else "stop")))
+        reason = FINISH_REASONS.get(self._finish or "stop", self._finish or "stop")
+        if self._calls and reason == "stop":
+            # Ollama and llama.cpp have answered tool calls with "stop": the turn did
+            # end in tool calls, and a "stop" would make it look like a final answer.
+            reason = "tool_calls"
+        out.append(Finish(reason))
         self._calls.clear()
         return out
 
 
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @final
@@ -221,11 +312,16 @@ class OpenAIChatModel(HTTPStreamingModel):
         client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
             Without one, ``async with model:`` keeps one pooled client for the block,
             and outside such a block every stream opens and closes its own.
-        max_retries: retries of connection failures, 429 and 5xx, before any output.
+        max_retries: retries of connection failures, 408, 429 and 5xx, before any
+            output; never of an error whose body blames the request (docs/models.md,
+            "HTTP behaviour").
         connect_timeout: seconds to connect (and per write). There is no read timeout:
             deadlines are Trio cancel scopes.
         retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
             ``Retry-After`` header takes precedence.
+        native_output: ask for structured output natively (a JSON-schema ``response_format``);
+            False makes a run with an ``output_type`` use the ``final_answer`` tool
+            instead, for servers that do not support the format.
         **settings: request body fields (``temperature``, ``max_tokens``, ...);
             ``request.settings`` override them. ``stream_options=None`` leaves the
             ``stream_options`` field out, for servers that reject it.
@@ -244,6 +340,7 @@ class OpenAIChatModel(HTTPStreamingModel):
         connect_timeout: float = 10.0,
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 20.0,
+        native_output: bool = True,
         **settings: Any,
     ) -> None:
         if not isinstance(model, str) or not model:
@@ -257,9 +354,14 @@ class OpenAIChatModel(HTTPStreamingModel):
         )
         self._model = model
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        self._base_url = base.rstrip("/")
+        # A pasted endpoint URL is accepted: requests go to {base_url}/chat/completions.
+        self._base_url = base.rstrip("/").removesuffix("/chat/completions")
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self._settings = dict(settings)
+        if not isinstance(native_output, bool):
+            raise TypeError(f"native_output must be a bool, not {type(native_output).__name__}")
+        # Read by the run (docs/output.md): True means request.output is honoured here.
+        self.native_output = native_output
 
     @property
     def model(self) -> str:
@@ -287,6 +389,9 @@ class OpenAIChatModel(HTTPStreamingModel):
         body["messages"] = chat_messages(request.instructions, request.items)
         if request.tools:
             body["tools"] = chat_tools(request.tools)
+        if request.output is not None and self.native_output:
+            # An explicit response_format in the settings wins.
+            body.setdefault("response_format", chat_response_format(request.output))
         body["stream"] = True
         if stream_options is not None:
             body["stream_options"] = {**dict(stream_options), "include_usage": True}
@@ -302,5 +407,5 @@ class OpenAIChatModel(HTTPStreamingModel):
             body=self.request_body(request),
         )
 
-    def _new_parser(self) -> _ChatStreamParser:
-        return _ChatStreamParser()
+    def _new_parser(self, call_ids: CallIds) -> _ChatStreamParser:
+        return _ChatStreamParser(call_ids)

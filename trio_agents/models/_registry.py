@@ -9,11 +9,13 @@ from .._model import Model
 __all__ = ["from_string"]
 
 ACCEPTED_FORMS: Final = (
-    '"demo", "openai:<model>", "openai:<model>@<base_url>",'
-    ' "anthropic:<model>" or "anthropic:<model>@<base_url>"'
-    ' (e.g. "openai:gpt-4o-mini", "anthropic:claude-3-5-haiku-latest",'
-    ' "openai:llama3.1:8b@http://127.0.0.1:11434/v1")'
+    '"demo", "openai:<model>", "openai-responses:<model>", "anthropic:<model>",'
+    ' each with an optional "@<base_url>"'
+    ' (e.g. "openai:gpt-4o-mini", "openai-responses:gpt-5-mini",'
+    ' "anthropic:claude-3-5-haiku-latest", "openai:llama3.1:8b@http://127.0.0.1:11434/v1")'
 )
+
+PROVIDERS: Final = ("openai", "openai-responses", "anthropic")
 
 
 def _split_base_url(rest: str) -> tuple[str, str | None]:
@@ -36,6 +38,9 @@ def from_string(spec: str, **options: Any) -> Model:
     * ``"openai:<model>@<base_url>"`` — an OpenAI-compatible server, e.g.
       ``"openai:llama3.1:8b@http://127.0.0.1:11434/v1"`` (the model name may
       contain ``:``);
+    * ``"openai-responses:<model>"`` and ``"openai-responses:<model>@<base_url>"`` —
+      :class:`~trio_agents.models.OpenAIResponsesModel` (the Responses API), e.g.
+      ``"openai-responses:gpt-5-mini"``;
     * ``"anthropic:<model>"`` and ``"anthropic:<model>@<base_url>"`` —
       :class:`~trio_agents.models.AnthropicModel`, e.g.
       ``"anthropic:claude-3-5-haiku-latest"``.
@@ -56,7 +61,7 @@ def from_string(spec: str, **options: Any) -> Model:
         return demo
     provider, colon, rest = text.partition(":")
     model, base_url = _split_base_url(rest)
-    if not colon or not model or provider not in ("openai", "anthropic"):
+    if not colon or not model or provider not in PROVIDERS:
         raise ValueError(f"unknown model spec {spec!r}; use one of {ACCEPTED_FORMS}")
     if base_url is not None:
         options = {"base_url": base_url, **options}
@@ -64,6 +69,10 @@ def from_string(spec: str, **options: Any) -> Model:
         from ._openai import OpenAIChatModel
 
         return OpenAIChatModel(model, **options)
+    if provider == "openai-responses":
+        from ._responses import OpenAIResponsesModel
+
+        return OpenAIResponsesModel(model, **options)
     from ._anthropic import AnthropicModel
 
     return AnthropicModel(model, **options)

@@ -335,6 +335,11 @@ class ScriptedModel:
     ``ModelError("ScriptedModel script exhausted after N turns")``. Several runs may
     share one model: each call just takes the next turn.
 
+    Structured output (``Agent(output_type=...)``): by default the model has no native
+    structured output, so a run offers it the ``final_answer`` tool and a script
+    answers with ``Turn(tool_calls=[("final_answer", {...})])``; with
+    ``native_output=True`` the run expects the JSON as text, ``Turn('{"x": 1}')``.
+
     Example::
 
         model = ScriptedModel([Turn(tool_calls=[("add", {"a": 2, "b": 3})]), "It is 5."])
@@ -345,6 +350,9 @@ class ScriptedModel:
 
     _turns: tuple[Turn, ...] = attrs.field(converter=_to_turns)
     _default: Turn | None = attrs.field(default=None, kw_only=True, converter=_to_default)
+    native_output: bool = attrs.field(
+        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
+    )
     _requests: list[ModelRequest] = attrs.field(init=False, factory=list)
     _open_streams: int = attrs.field(init=False, default=0)
     _closed_streams: int = attrs.field(init=False, default=0)

@@ -1,22 +1,42 @@
 """Sessions: where conversations live between runs.
 
 :class:`SQLiteSession` is the embedded default (a file, many sessions per file);
-:class:`MemorySession` is for tests and short-lived programs; write your own against
-the :class:`Session` protocol.
+:class:`PostgresSession` keeps conversations in PostgreSQL, shared by many processes
+(needs the ``postgres`` extra); :class:`MemorySession` is for tests and short-lived
+programs; write your own against the :class:`Session` protocol.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._base import Session as Session
 from ._memory import MemorySession as MemorySession
 from ._repair import repair_loaded as repair_loaded
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION
-from ._sqlite import SessionStorageError as SessionStorageError
 from ._sqlite import SQLiteSession as SQLiteSession
+from ._storage import SessionStorageError as SessionStorageError
+
+if TYPE_CHECKING:
+    from ._postgres import PostgresSession as PostgresSession
+    from ._postgres import PostgresSessionStatistics as PostgresSessionStatistics
 
 __all__ = [
     "SCHEMA_VERSION",
     "MemorySession",
+    "PostgresSession",
+    "PostgresSessionStatistics",
     "SQLiteSession",
     "Session",
     "SessionStorageError",
     "repair_loaded",
 ]
+
+_POSTGRES = ("PostgresSession", "PostgresSessionStatistics")
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, so that the package works without the `postgres` extra.
+    if name in _POSTGRES:
+        from . import _postgres
+
+        return getattr(_postgres, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,6 +36,11 @@ class MemorySession:
         self._items.extend(items)
         await trio.lowlevel.cancel_shielded_checkpoint()
 
+    async def replace_items(self, items: Sequence[Item]) -> None:
+        """Replace the stored conversation with ``items`` at once (atomically)."""
+        self._items[:] = items
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
     async def clear(self) -> None:
         """Delete the stored conversation."""
         self._items.clear()

@@ -27,7 +27,6 @@ per append.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 import threading
@@ -38,9 +37,9 @@ from typing import Any, Final, TypeAlias, TypeVar, final
 import attrs
 import trio
 
-from .._exceptions import TrioAgentsError
-from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage, item_from_json
+from .._items import Item
 from ._repair import repair_loaded
+from ._storage import SessionStorageError, check_session_id, decode_item, encode_items
 
 __all__ = [
     "APPLICATION_ID",
@@ -73,36 +72,6 @@ rewritten. A step receives the connection inside that transaction: it must only
 ``execute`` statements, never commit, roll back or use ``executescript`` (which commits).
 Version 1 is created directly; there are no migrations yet.
 """
-
-_ITEM_TYPES = (UserMessage, AssistantMessage, ToolCall, ToolResult)
-
-
-class SessionStorageError(TrioAgentsError):
-    """A session database could not be opened, read or written.
-
-    Raised for files that are not SQLite databases, SQLite databases that are not
-    session databases, databases written by a newer trio_agents, failed migrations,
-    stored items that cannot be read back, and SQLite errors (a locked database after
-    ``busy_timeout``, a full disk, ...). The file is never rewritten to "fix" it.
-
-    Attributes:
-        path: the database file, when known.
-        session_id: the session concerned, when the error is about one session.
-        position: the position of the unreadable item, for an unreadable item.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | None = None,
-        session_id: str | None = None,
-        position: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.path = path
-        self.session_id = session_id
-        self.position = position
 
 
 @attrs.frozen
@@ -147,29 +116,11 @@ def _resolve_path(path: str | os.PathLike[str]) -> str:
     return os.path.realpath(resolved)
 
 
-def _check_session_id(_instance: object, _attribute: object, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"session_id must be a str, not {type(value).__name__}")
-    if not value:
-        raise ValueError("session_id must not be empty")
-
-
 def _check_busy_timeout(_instance: object, _attribute: object, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"busy_timeout must be a number, not {type(value).__name__}")
     if not value >= 0:
         raise ValueError(f"busy_timeout must be >= 0, got {value!r}")
-
-
-def _encode(items: Sequence[Item]) -> list[str]:
-    """Serialise items to JSON text, checking every element is an item first."""
-    encoded: list[str] = []
-    for index, item in enumerate(items):
-        if not isinstance(item, _ITEM_TYPES):
-            raise TypeError(f"item {index}: expected an item, got {type(item).__name__}")
-        # ensure_ascii (the default) keeps any str, even lone surrogates, storable.
-        encoded.append(json.dumps(item.to_json(), separators=(",", ":")))
-    return encoded
 
 
 @final
@@ -201,7 +152,7 @@ class SQLiteSession:
     """
 
     _path: str = attrs.field(converter=_resolve_path)
-    _session_id: str = attrs.field(default="default", validator=_check_session_id)
+    _session_id: str = attrs.field(default="default", validator=check_session_id)
     _durable: bool = attrs.field(default=False, kw_only=True)
     _busy_timeout: float = attrs.field(default=5.0, kw_only=True, validator=_check_busy_timeout)
     _conn: sqlite3.Connection | None = attrs.field(init=False, default=None, repr=False)
@@ -229,8 +180,8 @@ class SQLiteSession:
         """Return the stored conversation, oldest first, repaired.
 
         Dangling tool calls are answered with a ``cancelled`` result and orphan results
-        dropped (see :func:`~trio_agents.sessions._repair.repair_loaded`); the stored
-        rows are not changed.
+        dropped (see :func:`~trio_agents.sessions._repair.repair_loaded`), and the repair
+        is written back in one transaction, so the stored rows are valid again.
 
         Raises:
             SessionStorageError: a stored item cannot be read (names its position).
@@ -248,7 +199,7 @@ class SQLiteSession:
         Raises:
             TypeError: an element of ``items`` is not an item (nothing is written).
         """
-        encoded = _encode(items)
+        encoded = encode_items(items)
         if not encoded:
             if self._closed:
                 raise trio.ClosedResourceError("this SQLiteSession is closed")
@@ -309,27 +260,42 @@ class SQLiteSession:
     # -- plumbing ---------------------------------------------------------------------
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` in a worker thread under the file's limiter."""
+        """Run ``fn(connection)`` in a worker thread under the file's limiter.
+
+        The call is never abandoned (a write must not run on unsupervised while the
+        limiter slot goes to the next caller), so it is bounded instead: SQLite's busy
+        timeout is capped by the caller's Trio deadline (a run's repair passes its
+        ``cleanup_timeout`` this way), and a lock held by another connection makes the
+        call fail with "database is locked" in time rather than block past it.
+        """
         if self._closed:
             raise trio.ClosedResourceError("this SQLiteSession is closed")
-        # Not abandon_on_cancel: a write must never be left running unsupervised while
-        # the limiter slot is handed to the next caller.
-        return await trio.to_thread.run_sync(self._in_thread, fn, limiter=_file_limiter(self._path))
+        remaining = trio.current_effective_deadline() - trio.current_time()
+        budget = min(self._busy_timeout, max(remaining, 0.0))
+        return await trio.to_thread.run_sync(
+            self._in_thread, fn, budget, limiter=_file_limiter(self._path)
+        )
 
-    def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], T], budget: float) -> T:
         with self._lock:
             if self._closed:
                 raise trio.ClosedResourceError("this SQLiteSession is closed")
             conn = self._conn
             if conn is None:
                 conn = self._conn = self._connect()
+            capped = budget < self._busy_timeout
             try:
+                if capped:
+                    conn.execute(f"PRAGMA busy_timeout = {int(budget * 1000)}")
                 return fn(conn)
             except sqlite3.Error as exc:
                 raise self._error(
                     f"session {self._session_id!r} in {self._path!r}: {exc}",
                     session_id=self._session_id,
                 ) from exc
+            finally:
+                if capped:
+                    conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
 
     def _error(self, message: str, **data: Any) -> SessionStorageError:
         return SessionStorageError(message, path=self._path, **data)
@@ -450,6 +416,25 @@ class SQLiteSession:
         )
 
     def _get_items_sync(self, conn: sqlite3.Connection) -> list[Item]:
+        items = self._read_sync(conn)
+        repaired = repair_loaded(items)
+        if repaired == items:
+            return items
+        # Write the repair back: re-read under the write lock (another process may have
+        # repaired it meanwhile) and replace the rows in the same transaction.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            repaired = repair_loaded(self._read_sync(conn))
+            self._replace_sync(conn, encode_items(repaired))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        return repaired
+
+    def _read_sync(self, conn: sqlite3.Connection) -> list[Item]:
         rows = conn.execute(
             "SELECT position, data FROM items WHERE session_id = ? ORDER BY position",
             (self._session_id,),
@@ -457,7 +442,7 @@ class SQLiteSession:
         items: list[Item] = []
         for position, data in rows:
             try:
-                items.append(item_from_json(json.loads(data)))
+                items.append(decode_item(data))
             except (TypeError, ValueError, RecursionError) as exc:
                 raise self._error(
                     f"session {self._session_id!r} in {self._path!r}: the item at position"
@@ -465,7 +450,16 @@ class SQLiteSession:
                     session_id=self._session_id,
                     position=position,
                 ) from exc
-        return repair_loaded(items)
+        return items
+
+    def _replace_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
+        """Replace this session's rows (inside the caller's transaction)."""
+        self._clear_sync(conn)
+        now = time.time()
+        conn.executemany(
+            "INSERT INTO items (session_id, position, data, created_at) VALUES (?, ?, ?, ?)",
+            [(self._session_id, i, data, now) for i, data in enumerate(encoded)],
+        )
 
     def _add_items_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
         conn.execute("BEGIN IMMEDIATE")

@@ -24,6 +24,10 @@ from .. import (
     ToolStarted,
     conversation_problems,
 )
+
+# The output_type machinery has no public entry point (yet): the one private import.
+from .._output import compile_output, output_problems
+from ..models import OutputSpec
 from ._faults import MALFORMED, START_HOOKS, HookCall
 from ._runner import Observation
 
@@ -45,6 +49,7 @@ INVARIANTS: dict[str, str] = {
     "one-terminal": "exactly one terminal run.updated, the last event, matching the result",
     "seq": "seqs start at 1 and strictly increase (contiguous unless events were dropped)",
     "result": "the result is coherent (reason for failed/cancelled, output for completed, input kept)",
+    "output": "a completed run with an output_type has a final_output that validates",
     "conversation": "result.conversation is valid model input and ends with new_items",
     "items-events": "the run.item events are exactly result.new_items, in order",
     "streamed-text": "text streamed in a turn is kept (as an incomplete message if the turn broke)",
@@ -219,11 +224,15 @@ def _check_seq(events: Sequence[RunEvent], out: Found) -> None:
         out.append(Violation("seq", f"seqs are not 1..{len(seqs)}: {seqs[:20]}..."))
 
 
-def _check_result(result: RunResult, out: Found) -> None:
+def _check_result(result: RunResult, spec: OutputSpec | None, out: Found) -> None:
     if result.status in (RunStatus.FAILED, RunStatus.CANCELLED) and not result.reason:
         out.append(Violation("result", f"a {result.status.value} run has no reason"))
     if result.status is RunStatus.COMPLETED:
-        if result.final_output is None:
+        if spec is not None:
+            # None may be a valid output (Optional[...]): the schema decides.
+            for problem in output_problems(spec, result.final_output)[:3]:
+                out.append(Violation("output", f"final_output does not validate: {problem}"))
+        elif result.final_output is None:
             out.append(Violation("result", "a completed run has no final_output"))
         if result.reason is not None:
             out.append(Violation("result", f"a completed run has reason {result.reason!r}"))
@@ -749,14 +758,25 @@ def _check_ends(obs: Observation, out: Found) -> None:
             out.append(Violation("run-ends", text))
 
 
-def check_events(result: RunResult | None, events: Sequence[RunEvent]) -> Report:
+def check_events(
+    result: RunResult | None, events: Sequence[RunEvent], *, output_type: object = None
+) -> Report:
     """Check what any run's result and full event list can show on their own.
 
     Statuses, the one terminal update, seqs, the result's coherence, conversation
     validity, ``run.item`` events against ``new_items``, streamed text kept, and
-    balanced tool events. Use it on runs you drive yourself; :func:`check_run` checks
-    much more. ``result`` None (a run that never ended) is itself a violation.
+    balanced tool events. Pass the agent's ``output_type`` to also check that a
+    completed run's ``final_output`` validates against it. Use it on runs you drive
+    yourself; :func:`check_run` checks much more. ``result`` None (a run that never
+    ended) is itself a violation.
     """
+    compiled = compile_output(output_type)
+    return _check_events(result, events, compiled.spec if compiled is not None else None)
+
+
+def _check_events(
+    result: RunResult | None, events: Sequence[RunEvent], spec: OutputSpec | None
+) -> Report:
     out: Found = []
     if not events:
         return Report((Violation("one-terminal", "the run has no events"),))
@@ -764,7 +784,7 @@ def check_events(result: RunResult | None, events: Sequence[RunEvent]) -> Report
     _check_seq(events, out)
     _check_streamed_text(events, out)
     if result is not None:
-        _check_result(result, out)
+        _check_result(result, spec, out)
         _check_conversation(result, events, out)
         _check_tools(result, events, out)
     order = list(INVARIANTS)
@@ -782,7 +802,9 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     """
     obs = observation
     bound = obs.cleanup_timeout if max_cancel_latency is None else max_cancel_latency
-    out = list(check_events(obs.outcome, obs.events).violations)
+    # The output spec the run asked the model for (the same on every request).
+    spec = obs.requests[-1].output if obs.requests else None
+    out = list(_check_events(obs.outcome, obs.events, spec).violations)
     result = obs.outcome
     if result is not None and result.new_items[: len(obs.input_items)] != obs.input_items:
         out.append(Violation("result", "result.new_items does not start with the run's input"))

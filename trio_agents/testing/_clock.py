@@ -99,7 +99,7 @@ class _Borrow:
     task_name: str
     call_id: str | None = None
     holding: bool = True
-    active: bool = True
+    finished: bool = False  # its thread returned: never hold the clock for it again
     timer: threading.Timer | None = None
 
 
@@ -178,7 +178,7 @@ class ClockHoldingLimiter:
         self._inner.release_on_behalf_of(borrower)
         borrow = self._borrows.pop(borrower, None)
         if borrow is not None:
-            borrow.active = False
+            borrow.finished = True
             if borrow.timer is not None:
                 borrow.timer.cancel()
             self._let_go(borrow)
@@ -229,8 +229,10 @@ class ClockHoldingLimiter:
 
 def hold_again(borrow: _Borrow) -> None:
     """Hold the clock for a thread again (on the Trio thread): it stopped waiting for
-    the harness and works until it returns. Nothing if the thread already ended."""
-    if borrow.active and not borrow.holding:
+    the harness and works until it returns."""
+    if not borrow.holding and not borrow.finished:
+        # (A thread that already returned would never give the hold back: the clock
+        # would stand still for the rest of the run.)
         borrow.holding = True
         _acquire()
 

@@ -365,6 +365,15 @@ class WatchedModel:
         """Streams entered and not left."""
         return self.scripted.open_streams
 
+    @property
+    def native_output(self) -> bool:
+        """The scripted model's: whether it answers structured output natively."""
+        return self.scripted.native_output
+
+    @native_output.setter
+    def native_output(self, value: bool) -> None:
+        self.scripted.native_output = value
+
     def stream(
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:

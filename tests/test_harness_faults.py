@@ -8,8 +8,7 @@ and ``events()`` end. Two layers:
 - one small, fixed example per fault (``test_one_fault``): each is a minimal repro;
 - property tests that combine faults with random scripts and schedules.
 
-Select them with ``-m faults``. The cases the current run core fails are marked
-``xfail(strict=False)`` (issue 13); the new core removes the marks.
+Select them with ``-m faults``. The rebuilt run core (issue 13) passes every one.
 """
 
 from __future__ import annotations
@@ -44,8 +43,6 @@ pytestmark = pytest.mark.faults
 
 TOOLS = standard_tools(faults=True)
 CLEANUP = 1.0
-
-OLD_CORE = pytest.mark.xfail(strict=False, reason="run core not fault-safe yet: issue 13")
 
 
 def _agent(tools: FakeTools, max_turns: int = 4) -> Any:
@@ -109,23 +106,15 @@ CASES: list[Any] = [
     # -- models
     pytest.param(TWO_TURNS, (), _model(1, "raise"), id="model-raises-mid-stream"),
     pytest.param(TWO_TURNS, (), _model(2, "raise_on_open"), id="model-raises-on-open"),
-    pytest.param(TWO_TURNS, (), _model(1, "bytes_text"), id="model-bytes-text", marks=OLD_CORE),
-    pytest.param(
-        TWO_TURNS, (), _model(1, "unknown_event"), id="model-unknown-event", marks=OLD_CORE
-    ),
-    pytest.param(TWO_TURNS, (), _model(1, "duplicate_id"), id="model-duplicate-id", marks=OLD_CORE),
-    pytest.param(
-        TWO_TURNS, (), _model(2, "reused_id"), id="model-reuses-an-earlier-id", marks=OLD_CORE
-    ),
+    pytest.param(TWO_TURNS, (), _model(1, "bytes_text"), id="model-bytes-text"),
+    pytest.param(TWO_TURNS, (), _model(1, "unknown_event"), id="model-unknown-event"),
+    pytest.param(TWO_TURNS, (), _model(1, "duplicate_id"), id="model-duplicate-id"),
+    pytest.param(TWO_TURNS, (), _model(2, "reused_id"), id="model-reuses-an-earlier-id"),
     pytest.param(TWO_TURNS, CANCEL_AT_1, _model(1, "never_ends"), id="model-never-ends"),
-    pytest.param(
-        TWO_TURNS, (), _model(1, "stray_cancel"), id="model-stray-cancelled", marks=OLD_CORE
-    ),
+    pytest.param(TWO_TURNS, (), _model(1, "stray_cancel"), id="model-stray-cancelled"),
     # -- tools
     pytest.param(_calling("swallow", {"seconds": 2.0}), CANCEL_IN_TOOL, None, id="tool-swallows"),
-    pytest.param(
-        _calling("stray", {"after": 0.5}), (), None, id="tool-stray-cancelled", marks=OLD_CORE
-    ),
+    pytest.param(_calling("stray", {"after": 0.5}), (), None, id="tool-stray-cancelled"),
     pytest.param(_calling("shield", {"seconds": 8.0}), CANCEL_IN_TOOL, None, id="tool-shielded-8s"),
     *(
         pytest.param(_calling("garbage", {"kind": k}), (), None, id=f"tool-returns-garbage-{k}")
@@ -134,7 +123,7 @@ CASES: list[Any] = [
     pytest.param(_calling("stubborn", {}), CANCEL_IN_TOOL, None, id="tool-thread-ignores-cancel"),
     # -- hooks that raise
     *(
-        pytest.param(TWO_TURNS, (), _hook(hook, "raise"), id=f"hook-{hook}-raises", marks=OLD_CORE)
+        pytest.param(TWO_TURNS, (), _hook(hook, "raise"), id=f"hook-{hook}-raises")
         for hook in (
             "on_run_start",
             "on_model_start",
@@ -156,7 +145,6 @@ CASES: list[Any] = [
         CANCEL_AT_1,
         _hook("on_model_end", "block"),
         id="hook-on_model_end-blocks",
-        marks=OLD_CORE,
     ),
     pytest.param(
         TWO_TURNS, CANCEL_AT_1, _hook("on_tool_start", "block"), id="hook-on_tool_start-blocks"
@@ -166,30 +154,23 @@ CASES: list[Any] = [
         CANCEL_AT_1,
         _hook("on_tool_end", "block"),
         id="hook-on_tool_end-blocks",
-        marks=OLD_CORE,
     ),
     pytest.param(TWO_TURNS, (), _hook("on_run_end", "block"), id="hook-on_run_end-blocks"),
     # -- sessions
-    pytest.param(TWO_TURNS, (), _session("raise_on_get"), id="session-get-raises", marks=OLD_CORE),
-    pytest.param(
-        TWO_TURNS, (), _session("raise_on_add", 1), id="session-first-add-raises", marks=OLD_CORE
-    ),
-    pytest.param(
-        TWO_TURNS, (), _session("raise_on_add", 3), id="session-third-add-raises", marks=OLD_CORE
-    ),
+    pytest.param(TWO_TURNS, (), _session("raise_on_get"), id="session-get-raises"),
+    pytest.param(TWO_TURNS, (), _session("raise_on_add", 1), id="session-first-add-raises"),
+    pytest.param(TWO_TURNS, (), _session("raise_on_add", 3), id="session-third-add-raises"),
     pytest.param(
         TWO_TURNS,
         CANCEL_AT_1,
         _session("block_on_add", 1),
         id="session-first-add-blocks",
-        marks=OLD_CORE,
     ),
     pytest.param(
         TWO_TURNS,
         CANCEL_AT_1,
         _session("block_on_add", 3),
         id="session-third-add-blocks",
-        marks=OLD_CORE,
     ),
     # -- two at once: the repair's one deadline covers on_run_end
     pytest.param(
@@ -197,7 +178,6 @@ CASES: list[Any] = [
         CANCEL_AT_1,
         Faults(hooks=(HookFault("on_run_end", "block"),), session=SessionFault("block_on_add", 3)),
         id="session-blocks-and-on_run_end-blocks",
-        marks=OLD_CORE,
     ),
 ]
 
@@ -246,7 +226,6 @@ def test_tools_that_misbehave_never_break_the_run(
     _property(MISBEHAVING, script, schedule, Faults(), max_turns)
 
 
-@OLD_CORE
 @lifecycle_settings(weight=0.5)
 @given(script=scripts(_subset("sleep", "stray")), schedule=schedules(), max_turns=st.integers(1, 4))
 def test_tools_that_raise_a_stray_cancelled_never_break_the_run(
@@ -255,7 +234,6 @@ def test_tools_that_raise_a_stray_cancelled_never_break_the_run(
     _property(_subset("sleep", "stray"), script, schedule, Faults(), max_turns)
 
 
-@OLD_CORE
 @lifecycle_settings(weight=0.5)
 @given(
     script=scripts(WELL_BEHAVED),
@@ -269,7 +247,6 @@ def test_models_that_break_never_break_the_run(
     _property(WELL_BEHAVED, script, schedule, fault, max_turns)
 
 
-@OLD_CORE
 @lifecycle_settings(weight=0.5)
 @given(
     script=scripts(WELL_BEHAVED),
@@ -283,7 +260,6 @@ def test_hooks_that_raise_or_block_never_break_the_run(
     _property(WELL_BEHAVED, script, schedule, fault, max_turns)
 
 
-@OLD_CORE
 @lifecycle_settings(weight=0.5)
 @given(
     script=scripts(WELL_BEHAVED),
@@ -297,7 +273,6 @@ def test_sessions_that_raise_or_block_never_break_the_run(
     _property(WELL_BEHAVED, script, schedule, fault, max_turns)
 
 
-@OLD_CORE
 @lifecycle_settings(weight=1)
 @given(script=scripts(TOOLS), schedule=schedules(), fault=faults(), max_turns=st.integers(1, 5))
 def test_any_fault_under_any_schedule(

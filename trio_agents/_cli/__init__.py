@@ -1,0 +1,62 @@
+"""The ``trio-agents`` command line.
+
+``trio-agents demo`` tours the run lifecycle; ``trio-agents serve`` runs a control
+server (websocket, loopback by default); ``trio-agents ctl URL VERB`` drives one.
+``python -m trio_agents`` is the same command. See ``docs/cli.md``.
+
+A user's mistake or a signal never shows a traceback: one line on stderr
+(``trio-agents: error: ...``) and a non-zero exit status (see :mod:`._errors`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from ._args import build_parser, parse
+from ._errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, CLIError, explain
+
+__all__ = ["CLIError", "build_parser", "main"]
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
+    args = parse(argv)
+    out = sys.stdout
+    if args.command == "demo":
+        from ._demo import demo_command
+
+        return demo_command(args, out)
+    if args.command == "serve":
+        from ._serve import serve_command
+
+        return serve_command(args, out)
+    from ._ctl import ctl_command
+
+    return ctl_command(args, out)
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe (``trio-agents ctl ... | head``), send the rest of the
+    output nowhere, so the interpreter's final flush does not complain."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trio-agents`` command; returns the exit status."""
+    try:
+        return _dispatch(argv)
+    except BaseException as exc:
+        explained = explain(exc)
+        if explained is None:
+            raise  # SystemExit from argparse, or a bug in trio_agents: keep the traceback
+        message, status = explained
+        if status == EXIT_BROKEN_PIPE:
+            _silence_stdout()
+        elif status == EXIT_INTERRUPTED:
+            print(f"trio-agents: {message}", file=sys.stderr, flush=True)
+        else:
+            print(f"trio-agents: error: {message}", file=sys.stderr, flush=True)
+        return status

@@ -1,0 +1,283 @@
+"""The argument parser of ``trio-agents``: every argument has a help text."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import urllib.parse
+from collections.abc import Sequence
+from typing import NoReturn
+
+from .. import __version__
+from ._errors import EXIT_USAGE
+
+__all__ = ["build_parser", "parse"]
+
+DESCRIPTION = """\
+trio_agents on the command line. `demo` tours the run lifecycle; `serve` serves
+agents over the websocket control channel; `ctl URL VERB` drives a server's runs.
+Exit status: 0 success, 1 the command failed, 2 bad command line, 130 interrupted.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and a pointer to ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+def _ws_url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme in ("ws", "wss") and parts.hostname:
+        return text
+    if parts.scheme in ("http", "https") and parts.hostname:
+        suggestion = urllib.parse.urlunsplit(
+            parts._replace(scheme=parts.scheme.replace("http", "ws"))
+        )
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is an {parts.scheme}:// URL; the control channel is a websocket:"
+            f" use {suggestion}"
+        )
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a ws:// or wss:// URL (e.g. ws://127.0.0.1:8765/)"
+    )
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0-65535; 0: any free)")
+    return port
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _seq(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seq (an int >= 0)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a seq (an int >= 0)")
+    return value
+
+
+def _add_demo(commands: argparse._SubParsersAction[_Parser]) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="a terminal tour of the run lifecycle (offline by default)",
+        description="Stream a run, inject a follow-up, cancel a slow tool mid-call, and"
+        " show the conversation the session kept.",
+    )
+    demo.add_argument(
+        "--db",
+        metavar="PATH",
+        default=None,
+        help="SQLite file for the demo's session (default: a fresh temporary file)",
+    )
+    demo.add_argument(
+        "--model",
+        metavar="SPEC",
+        default="demo",
+        help='the model: "demo" (default, the offline DemoModel), "openai:NAME",'
+        ' "openai:NAME@http://HOST:PORT/v1" (a local server) or "anthropic:NAME";'
+        " a remote model's API key and reachability are checked first",
+    )
+    demo.add_argument(
+        "--delay",
+        metavar="SECONDS",
+        type=_seconds,
+        default=0.03,
+        help="seconds between streamed chunks of the DemoModel (default 0.03)",
+    )
+
+
+def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve agents over the websocket control channel",
+        description="Serve agents over the control channel until Ctrl-C or SIGTERM, which"
+        " shut down gracefully: every run is cancelled with reason 'server shutdown', its"
+        " session saved, every socket closed with 1001; then exit 0.",
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)"
+    )
+    serve.add_argument(
+        "--port",
+        type=_port,
+        default=8765,
+        help="port to listen on (default 8765; 0: any free port, printed)",
+    )
+    serve.add_argument(
+        "--db",
+        metavar="PATH",
+        default="trio-agents-sessions.sqlite3",
+        help="SQLite file for the sessions (default trio-agents-sessions.sqlite3)",
+    )
+    serve.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        help="your agents: a mapping of name -> Agent, an Agent, or a function returning"
+        " either, imported from MODULE (the current directory is on the path);"
+        " default: the demo agent on the offline DemoModel",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        metavar="SECONDS",
+        type=_seconds,
+        default=10.0,
+        help="bound on the graceful shutdown after Ctrl-C or SIGTERM (default 10)",
+    )
+    auth = serve.add_mutually_exclusive_group()
+    auth.add_argument(
+        "--token",
+        default=None,
+        help="the one bearer token, for principal 'cli' (default $TRIO_AGENTS_TOKEN,"
+        " else a generated one, printed once)",
+    )
+    auth.add_argument(
+        "--tokens",
+        metavar="FILE",
+        default=None,
+        help="a file of 'TOKEN PRINCIPAL' lines (# comments and blank lines allowed);"
+        " refused if other users may read it (chmod 600 FILE)",
+    )
+
+
+def _ctl_options(*, top: bool) -> _Parser:
+    """--token and --json, accepted before and after the verb."""
+    parser = _Parser(add_help=False)
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("TRIO_AGENTS_TOKEN") if top else argparse.SUPPRESS,
+        help="bearer token (default $TRIO_AGENTS_TOKEN)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="machine-readable output: one JSON object per line",
+    )
+    return parser
+
+
+def _add_ctl(commands: argparse._SubParsersAction[_Parser]) -> None:
+    ctl = commands.add_parser(
+        "ctl",
+        parents=[_ctl_options(top=True)],
+        help="drive the runs of a control server",
+        description="Talk to a control server (`trio-agents serve`). Output is for people"
+        " by default; --json prints one JSON object per line for scripts.",
+    )
+    ctl.add_argument(
+        "url", metavar="URL", type=_ws_url, help="the server's URL, e.g. ws://127.0.0.1:8765/"
+    )
+    verbs = ctl.add_subparsers(
+        dest="verb",
+        required=True,
+        metavar="VERB",
+        help="what to do (trio-agents ctl URL VERB --help for its arguments)",
+    )
+    options = [_ctl_options(top=False)]
+
+    def verb(name: str, help: str) -> _Parser:
+        return verbs.add_parser(name, parents=options, help=help, description=help)
+
+    verb("list", "list your runs")
+    get = verb("get", "show one run")
+    get.add_argument("run_id", metavar="RUN", help="the run's id")
+    watch = verb("watch", "print a run's events until it ends")
+    watch.add_argument("run_id", metavar="RUN", help="the run's id")
+    watch.add_argument(
+        "--from-seq",
+        metavar="SEQ",
+        type=_seq,
+        default=None,
+        help="first event to print (default: the oldest the server retains)",
+    )
+    start = verb("start", "start a run and print its events until it ends")
+    start.add_argument("agent", metavar="AGENT", help="the agent's name on the server")
+    start.add_argument("input", metavar="TEXT", help="the user message")
+    start.add_argument(
+        "--session", metavar="ID", default=None, help="session id (default: no session)"
+    )
+    start.add_argument(
+        "--detach",
+        action="store_true",
+        help="print only the run id and leave; the run goes on (RID=$(... --detach))",
+    )
+    start.add_argument(
+        "--on-disconnect",
+        choices=["continue", "cancel"],
+        default="continue",
+        help="what happens to the run when this command leaves early (default continue)",
+    )
+    cancel = verb("cancel", "cancel a run")
+    cancel.add_argument("run_id", metavar="RUN", help="the run's id")
+    cancel.add_argument("--reason", default=None, help="the reason the run records")
+    cancel.add_argument(
+        "--after-turn",
+        action="store_true",
+        help="let the current turn finish first (mode after_turn)",
+    )
+    inject = verb("inject", "inject a user message into a run; prints the injection id")
+    inject.add_argument("run_id", metavar="RUN", help="the run's id")
+    inject.add_argument("text", metavar="TEXT", help="the user message")
+    inject.add_argument(
+        "--when",
+        default="next_turn",
+        choices=["next_turn", "now", "when_idle"],
+        help="next_turn (default): before the next model call; now: also interrupt a"
+        " streaming response; when_idle: once the run would otherwise end",
+    )
+    withdraw = verb("withdraw", "take back an injection not yet delivered")
+    withdraw.add_argument("run_id", metavar="RUN", help="the run's id")
+    withdraw.add_argument("injection_id", metavar="INJECTION", help="the id `ctl inject` printed")
+    approve = verb("approve", "let a tool call waiting for approval run")
+    approve.add_argument("run_id", metavar="RUN", help="the run's id")
+    approve.add_argument("call_id", metavar="CALL", help="the tool call's id")
+    reject = verb("reject", "refuse a tool call waiting for approval")
+    reject.add_argument("run_id", metavar="RUN", help="the run's id")
+    reject.add_argument("call_id", metavar="CALL", help="the tool call's id")
+    reject.add_argument(
+        "--message", default=None, help="what the model reads as the call's error result"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``trio-agents`` parser."""
+    parser = _Parser(prog="trio-agents", description=DESCRIPTION)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"trio-agents {__version__}",
+        help="print the version and exit",
+    )
+    commands = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="what to do (trio-agents COMMAND --help for its arguments)",
+    )
+    _add_demo(commands)
+    _add_serve(commands)
+    _add_ctl(commands)
+    return parser
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse a command line (exits 2 with one line on a mistake)."""
+    return build_parser().parse_args(argv)

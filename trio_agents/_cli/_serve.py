@@ -1,0 +1,232 @@
+"""``trio-agents serve``: a control server until Ctrl-C or SIGTERM.
+
+Both signals mean the same graceful shutdown (DESIGN §10): the scope around
+:meth:`ControlServer.serve` is cancelled, so every run is cancelled with reason
+``"server shutdown"``, its session is written, every socket is closed with 1001, all
+within ``--shutdown-timeout``; then the command prints one line and exits 0.
+
+The tokens file (``--tokens FILE``) maps bearer tokens to principals, one
+``TOKEN PRINCIPAL`` pair per line; blank lines and lines starting with ``#`` are
+skipped; a token has no whitespace, the principal is the rest of the line. A file that
+other users may read or write is refused (like ssh's private keys): ``chmod 600``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import os
+import secrets
+import signal
+import socket
+import stat
+import sys
+from collections.abc import Mapping
+from typing import Any, Final, TextIO
+
+import trio
+
+from .._agent import Agent
+from ._errors import EXIT_USAGE, CLIError
+
+__all__ = ["DEFAULT_PRINCIPAL", "load_app", "read_tokens", "serve_command"]
+
+DEFAULT_PRINCIPAL: Final = "cli"
+"""The principal of the single ``--token`` (or ``$TRIO_AGENTS_TOKEN``)."""
+
+
+def load_app(spec: str) -> dict[str, Agent]:
+    """The agents ``--app MODULE:ATTR`` names: a mapping of name -> Agent, one Agent
+    (served under its name), or a callable returning either.
+
+    Raises:
+        CLIError: the spec is malformed, the module does not import, or the
+            attribute is not agents; the message says which and what to do.
+    """
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise CLIError(
+            f"--app must look like MODULE:ATTR (e.g. myagents:AGENTS), got {spec!r}",
+            status=EXIT_USAGE,
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise CLIError(
+                f"--app {spec}: no module named {exc.name!r} (run from the directory that"
+                " holds it, or add that directory to PYTHONPATH)"
+            ) from None
+        raise CLIError(
+            f"--app {spec}: importing {module_name!r} failed: {exc}"
+            " (is a dependency of your module not installed?)"
+        ) from None
+    except Exception as exc:
+        raise CLIError(
+            f"--app {spec}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+            f" (python -c 'import {module_name}' shows the traceback)"
+        ) from None
+    try:
+        value: Any = getattr(module, attr)
+    except AttributeError:
+        raise CLIError(f"--app {spec}: module {module_name!r} has no {attr!r}") from None
+    if callable(value) and not isinstance(value, Mapping | Agent):
+        try:
+            value = value()
+        except Exception as exc:
+            raise CLIError(
+                f"--app {spec}: calling {attr}() raised {type(exc).__name__}: {exc}"
+            ) from None
+    if isinstance(value, Agent):
+        return {value.name: value}
+    if not isinstance(value, Mapping):
+        raise CLIError(
+            f"--app {spec} is {type(value).__name__}; it must be a mapping of agent name"
+            " -> Agent, an Agent, or a function returning one of these"
+        )
+    agents: dict[str, Agent] = {}
+    for name, agent in value.items():
+        if not isinstance(name, str) or not isinstance(agent, Agent):
+            raise CLIError(
+                f"--app {spec}: entry {name!r} maps to {type(agent).__name__};"
+                " it must map agent names (str) to Agent objects"
+            )
+        agents[name] = agent
+    if not agents:
+        raise CLIError(f"--app {spec} holds no agents")
+    return agents
+
+
+def read_tokens(path: str) -> dict[str, str]:
+    """Read a tokens file (see the module docstring): token -> principal.
+
+    Raises:
+        CLIError: the file cannot be read, other users may read or write it, or a
+            line is malformed or repeats a token (the line number is given).
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            mode = os.fstat(file.fileno()).st_mode
+            if os.name == "posix" and mode & (stat.S_IROTH | stat.S_IWOTH):
+                raise CLIError(
+                    f"--tokens {path}: other users may read or write this file"
+                    f" (mode {stat.filemode(mode)}); run: chmod 600 {path}"
+                )
+            text = file.read()
+    except OSError as exc:
+        raise CLIError(f"--tokens {path}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CLIError(f"--tokens {path}: not UTF-8 text: {exc}") from None
+    tokens: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(None, 1)
+        if len(parts) != 2:
+            raise CLIError(
+                f"--tokens {path}, line {number}: expected 'TOKEN PRINCIPAL', got one word"
+            )
+        token, principal = parts[0], parts[1].strip()
+        if token in tokens:
+            raise CLIError(f"--tokens {path}, line {number}: this token is already on a line")
+        tokens[token] = principal
+    if not tokens:
+        raise CLIError(f"--tokens {path}: no 'TOKEN PRINCIPAL' lines")
+    return tokens
+
+
+def _auth(args: argparse.Namespace, out: TextIO) -> dict[str, str]:
+    if args.tokens is not None:
+        tokens = read_tokens(args.tokens)
+        principals = sorted(set(tokens.values()))
+        out.write(f"tokens: {len(tokens)} from {args.tokens} ({', '.join(principals)})\n")
+        return tokens
+    token = args.token or os.environ.get("TRIO_AGENTS_TOKEN")
+    if not token:
+        token = secrets.token_urlsafe(24)
+        out.write(f"token (shown once): {token}\n")
+    return {token: DEFAULT_PRINCIPAL}
+
+
+def _listen_error(exc: OSError, host: str, port: int) -> CLIError:
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return CLIError(
+            f"cannot listen on {where}: the address is already in use (another server?);"
+            " choose another --port, or --port 0 for any free one"
+        )
+    if exc.errno == errno.EACCES:
+        return CLIError(f"cannot listen on {where}: permission denied (ports below 1024?)")
+    if isinstance(exc, socket.gaierror):
+        return CLIError(f"cannot listen on {where}: unknown --host {host!r} ({exc.strerror})")
+    return CLIError(f"cannot listen on {where}: {exc.strerror or exc}")
+
+
+def _url(host: str, port: int) -> str:
+    return f"ws://[{host}]:{port}/" if ":" in host else f"ws://{host}:{port}/"
+
+
+async def _serve(
+    args: argparse.Namespace, agents: Mapping[str, Agent], auth: dict[str, str], out: TextIO
+) -> tuple[str, int]:
+    """Serve until SIGINT or SIGTERM, shut down; return the signal's name and how many
+    runs the shutdown cancelled."""
+    from ..control import ControlServer, Limits
+
+    server = ControlServer(
+        agents,
+        auth=auth,
+        sessions=args.db,
+        limits=Limits(shutdown_timeout=args.shutdown_timeout),
+    )
+    received, active = "?", 0
+    # Both signals go to this receiver from here on; before it, Ctrl-C is a plain
+    # KeyboardInterrupt (nothing is served yet) and SIGTERM the default exit.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            try:
+                port = await nursery.start(server.serve, args.host, args.port)
+            except OSError as exc:
+                raise _listen_error(exc, args.host, args.port) from None
+            out.write(
+                f"serving {', '.join(agents)} on {_url(args.host, port)}"
+                f" (sessions in {args.db}; Ctrl-C or SIGTERM to stop)\n"
+            )
+            out.flush()
+            async for signum in signals:
+                received = signal.Signals(signum).name
+                active = server.statistics().active_runs
+                nursery.cancel_scope.cancel()
+                break
+    return received, active
+
+
+def _check_db(path: str) -> None:
+    import sqlite3
+
+    try:
+        sqlite3.connect(path).close()
+    except sqlite3.Error as exc:
+        raise CLIError(f"--db {path}: cannot open it as a SQLite file: {exc}") from None
+
+
+def serve_command(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``trio-agents serve``."""
+    if args.app:
+        agents = load_app(args.app)
+    else:
+        from ..models import DemoModel
+        from ._demo import demo_agent
+
+        agents = {"demo": demo_agent(DemoModel())}
+    auth = _auth(args, out)
+    _check_db(args.db)
+    received, cancelled = trio.run(_serve, args, agents, auth, out)
+    runs = f"{cancelled} run{'' if cancelled == 1 else 's'}"
+    out.write(f"{received}: server stopped ({runs} cancelled with reason 'server shutdown')\n")
+    out.flush()
+    return 0

@@ -1,0 +1,120 @@
+"""The entry points: ``open_run`` (a context manager), ``serve_run`` (the nursery-passing
+form) and ``run`` (one-shot). Each builds a :class:`~trio_agents.Run`, claims its
+session, and runs :meth:`Run._serve` in a nursery of the caller's."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from ._agent import Agent
+from ._options import make_options
+from ._result import RunResult
+from ._run import Run, RunInput
+from ._util import first_leaf, only_cancelled
+from .sessions._base import Session
+
+__all__ = ["open_run", "run", "serve_run"]
+
+
+async def serve_run(
+    agent: Agent,
+    input: RunInput,
+    *,
+    session: Session | None = None,
+    run_id: str | None = None,
+    task_status: trio.TaskStatus[Run] = trio.TASK_STATUS_IGNORED,
+    **options: Any,
+) -> RunResult:
+    """Run ``agent`` on ``input`` as a task: ``run = await nursery.start(serve_run, ...)``.
+
+    The nursery-passing form of :func:`open_run`: ``task_status.started`` hands back the
+    :class:`Run`, and the task ends when the run does, returning its result. If the
+    nursery's scope is cancelled, the run records ``cancelled`` / ``"parent
+    cancelled"`` after its bounded repair and ``trio.Cancelled`` propagates.
+    """
+    handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
+    handle._claim_session()
+    await handle._serve(task_status=task_status)
+    assert handle.result is not None
+    return handle.result
+
+
+@asynccontextmanager
+async def open_run(
+    agent: Agent,
+    input: RunInput,
+    *,
+    session: Session | None = None,
+    run_id: str | None = None,
+    **options: Any,
+) -> AsyncIterator[Run]:
+    """Start a run and yield its :class:`Run` handle.
+
+    Leaving the block normally waits for the run to end. An exception other than
+    ``trio.Cancelled`` leaving the block cancels the run (reason ``"caller exited"``),
+    waits for its repair, and propagates. A cancellation from an enclosing scope ends
+    the run with reason ``"parent cancelled"`` and propagates. A failed or cancelled run
+    is never raised: see ``run.result.status``.
+
+    Options (keyword arguments): ``cleanup_timeout`` (5 s), ``max_concurrent_tools`` (8),
+    ``inbox_capacity`` (1024 items), ``event_retention`` (65536 events),
+    ``on_tool_error`` (``"return"`` or ``"fail"``), ``hooks`` (:class:`RunHooks`),
+    ``thread_limiter`` (for sync tools), ``max_turns`` (overrides the agent's),
+    ``on_busy`` (when ``session`` already has an active run in this process:
+    ``"reject"`` raises :class:`SessionBusyError` at once, ``"interrupt"`` cancels that
+    run with reason ``"superseded"`` and starts once its repair is persisted,
+    ``"enqueue"`` waits for it to end; the run is ``queued`` while it waits, and a run
+    cancelled while it waits leaves the session untouched).
+
+    Raises:
+        SessionBusyError: ``on_busy="reject"`` and the session is busy.
+    """
+    handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
+    handle._claim_session()
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            go = trio.Event()
+            await nursery.start(handle._serve, go)
+            # The run starts at the body's first checkpoint: a cancel() on the body's
+            # first line is guaranteed to come before any model call.
+            go.set()
+            try:
+                yield handle
+            except BaseException as exc:
+                body_error = exc
+                if not isinstance(exc, trio.Cancelled):
+                    handle.cancel("caller exited")
+    except BaseExceptionGroup as group:
+        # Our run task raises only Cancelled (an outer cancellation) or a
+        # BaseException like KeyboardInterrupt; never unwrap several real errors.
+        if body_error is None:
+            if only_cancelled(group):
+                raise first_leaf(group) from None
+            raise
+        if not only_cancelled(group):
+            raise
+    if body_error is not None:
+        raise body_error
+
+
+async def run(
+    agent: Agent,
+    input: RunInput,
+    *,
+    session: Session | None = None,
+    run_id: str | None = None,
+    **options: Any,
+) -> RunResult:
+    """Run ``agent`` on ``input`` to the end and return the :class:`RunResult`.
+
+    Never raises for a failed or cancelled run: call ``result.raise_for_status()``.
+    """
+    async with open_run(agent, input, session=session, run_id=run_id, **options) as handle:
+        pass
+    assert handle.result is not None
+    return handle.result

@@ -1,0 +1,65 @@
+"""Loading the session at the start of a run: the history, repaired (and the repair
+written back, atomically), then the run's input — validated against what the
+conversation already holds."""
+
+from __future__ import annotations
+
+from ._items import Item
+from ._state import InvalidConversation, RunState, SessionError
+from .sessions._repair import repair_loaded
+
+__all__ = ["load_session"]
+
+
+async def load_session(state: RunState) -> None:
+    """Load (and repair) the session's history, then commit the input, once.
+
+    The input is committed even when loading fails, so it is in ``new_items``.
+
+    Raises:
+        SessionError: the session raised (the input is then not written to it).
+    """
+    if state.input_committed:
+        return
+    error: SessionError | None = None
+    if state.session is not None and not state.history_loaded:
+        try:
+            stored = await state.session.get_items()
+            repaired = repair_loaded(stored)  # raises TypeError for garbage
+        except Exception as exc:
+            error = SessionError(exc)
+            state.drop_session()  # never write to a session we could not read
+        else:
+            state.load_history(repaired)
+            if repaired != stored:
+                await _write_back(state, stored, repaired)
+    state.input_committed = True
+    for item in state.input:
+        state.commit(item)
+    if error is not None:
+        raise error
+    problems = state.conversation_problems(allow_open_calls=True)
+    if problems:
+        state.drop_session()  # refuse to store an invalid conversation
+        raise InvalidConversation(f"the input does not fit the stored conversation: {problems[0]}")
+    await state.persist()
+
+
+async def _write_back(state: RunState, stored: list[Item], repaired: list[Item]) -> None:
+    """Write a load repair back, so the stored rows are valid again — atomically only: a
+    repair that just appends (results for calls left open at the end, the usual crash)
+    is one ``add_items``; any other goes through the session's ``replace_items`` if it
+    has one (a clear followed by an append could lose the history halfway). A session
+    with neither is repaired again at every load."""
+    session = state.session
+    assert session is not None
+    try:
+        if repaired[: len(stored)] == stored:
+            await session.add_items(repaired[len(stored) :])
+            return
+        replace = getattr(session, "replace_items", None)
+        if replace is not None:
+            await replace(repaired)
+    except Exception as exc:
+        state.drop_session()
+        raise SessionError(exc) from exc

@@ -1,0 +1,230 @@
+"""The run's inbox: injected items waiting for a safe point, and tool-call approvals.
+
+Both are touched from any thread (``Run.inject``, ``Run.approve``), so each has its
+own lock; the run's Trio thread takes from them at its safe points. Each can be
+*closed*: afterwards every call from outside raises :class:`RunClosedError`. The inbox
+is closed atomically with the decision that ends a run (see :meth:`Inbox.close_if_empty`),
+so an ``inject`` racing a final answer is either delivered or refused, never lost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Collection, Sequence
+from typing import Literal, NewType, TypeAlias, final
+
+import attrs
+import trio
+
+from ._exceptions import InboxFullError, RunClosedError, UnknownCallError
+from ._items import Item, ToolCall, conversation_problems
+
+__all__ = ["Approval", "Approvals", "Inbox", "InjectWhen", "Injection", "InjectionId"]
+
+InjectionId = NewType("InjectionId", str)
+"""The id ``Run.inject`` returns; echoed by ``inbox.injected`` / ``inbox.delivered``."""
+
+InjectWhen: TypeAlias = Literal["next_turn", "now", "when_idle"]
+INJECT_WHENS = ("next_turn", "now", "when_idle")
+
+_ids = itertools.count(1)
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class Injection:
+    id: InjectionId
+    items: tuple[Item, ...]
+    when: InjectWhen
+    announced: bool = False
+
+
+def check_injection(items: Sequence[Item]) -> None:
+    """Refuse a batch that is not valid on its own: a result before its call, a message
+    between a call and its result, a call with no result or a result with no call.
+
+    Raises:
+        ValueError: naming the first problem.
+    """
+    problems = conversation_problems(items)
+    if problems:
+        raise ValueError(
+            "injected items would make the conversation invalid (tool calls and results"
+            f" must come as complete pairs, each result right after its calls): {problems[0]}"
+        )
+
+
+@final
+class Inbox:
+    """Injected items, in order, until a safe point delivers them (thread-safe)."""
+
+    __slots__ = ("_closed", "_lock", "_queue", "_queued_call_ids", "_size", "capacity", "run_id")
+
+    def __init__(self, run_id: str, capacity: int) -> None:
+        self.run_id = run_id
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._queue: list[Injection] = []
+        self._size = 0
+        self._queued_call_ids: set[str] = set()
+        self._closed: str | None = None  # the terminal status, once closed
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def put(
+        self, items: tuple[Item, ...], when: InjectWhen, known_call_ids: Collection[str]
+    ) -> Injection:
+        """Queue a validated batch (see :func:`check_injection`).
+
+        Raises:
+            RunClosedError, InboxFullError: nothing queued.
+            ValueError: a call id is already in the conversation or queued.
+        """
+        ids = [item.call_id for item in items if type(item) is ToolCall]
+        with self._lock:
+            if self._closed is not None:
+                raise RunClosedError(self.run_id, self._closed)
+            if self._size + len(items) > self.capacity:
+                raise InboxFullError(self.capacity)
+            for call_id in ids:
+                if call_id in known_call_ids or call_id in self._queued_call_ids:
+                    raise ValueError(f"call id {call_id!r} is already in the conversation")
+            injection = Injection(InjectionId(f"inj_{next(_ids)}"), items, when)
+            self._queue.append(injection)
+            self._size += len(items)
+            self._queued_call_ids.update(ids)
+        return injection
+
+    def withdraw(self, injection_id: str) -> bool:
+        with self._lock:
+            for index, injection in enumerate(self._queue):
+                if injection.id == injection_id:
+                    del self._queue[index]
+                    self._forget(injection)
+                    return True
+        return False
+
+    def _forget(self, injection: Injection) -> None:
+        self._size -= len(injection.items)
+        for item in injection.items:
+            if type(item) is ToolCall:
+                self._queued_call_ids.discard(item.call_id)
+
+    def announce(self) -> list[Injection]:
+        """The injections not announced yet (now marked announced)."""
+        with self._lock:
+            fresh = [inj for inj in self._queue if not inj.announced]
+            for injection in fresh:
+                injection.announced = True
+        return fresh
+
+    def wants_interrupt(self) -> bool:
+        """Whether a ``when="now"`` injection is waiting."""
+        with self._lock:
+            return any(inj.when == "now" for inj in self._queue)
+
+    def take(self, *, idle: bool) -> list[Injection]:
+        """Remove and return what this safe point delivers: the steering injections
+        (``now``/``next_turn``), or, once the model is idle and there is no steering,
+        everything (the ``when_idle`` follow-ups too)."""
+        with self._lock:
+            steering = [inj for inj in self._queue if inj.when != "when_idle"]
+            taken = steering if steering or not idle else list(self._queue)
+            for injection in taken:
+                self._queue.remove(injection)
+                self._forget(injection)
+        return taken
+
+    def close_if_empty(self, status: str) -> bool:
+        """Close the inbox if nothing waits in it (the run may then complete)."""
+        with self._lock:
+            if self._queue:
+                return False
+            self._closed = status
+            return True
+
+    def close(self, status: str) -> list[Injection]:
+        """Close the inbox; return what nobody consumed."""
+        with self._lock:
+            if self._closed is None:
+                self._closed = status
+            leftovers, self._queue = self._queue, []
+            self._size = 0
+            self._queued_call_ids.clear()
+        return leftovers
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class Approval:
+    call: ToolCall
+    event: trio.Event = attrs.field(factory=trio.Event)
+    decided: bool = False
+    approved: bool = False
+    message: str | None = None
+
+
+@final
+class Approvals:
+    """Tool calls waiting for ``approve``/``reject`` (thread-safe)."""
+
+    __slots__ = ("_closed", "_lock", "_pending", "run_id")
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._lock = threading.Lock()
+        self._pending: dict[str, Approval] = {}
+        self._closed: str | None = None
+
+    def open(self, calls: Sequence[ToolCall]) -> None:
+        with self._lock:
+            for call in calls:
+                self._pending[call.call_id] = Approval(call)
+
+    def __contains__(self, call_id: str) -> bool:
+        with self._lock:
+            return call_id in self._pending
+
+    def pending_ids(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(c for c, a in self._pending.items() if not a.decided)
+
+    def decide(self, call_id: str, *, approved: bool, message: str | None) -> trio.Event:
+        """Record a decision; return the event to set on the run's thread.
+
+        Raises:
+            RunClosedError: the run is terminal.
+            UnknownCallError: no call with this id waits for a decision.
+        """
+        with self._lock:
+            if self._closed is not None:
+                raise RunClosedError(self.run_id, self._closed)
+            approval = self._pending.get(call_id)
+            if approval is None or approval.decided:
+                raise UnknownCallError(call_id)
+            approval.decided = True
+            approval.approved = approved
+            approval.message = message
+        return approval.event
+
+    async def wait(self, call_id: str) -> tuple[Approval, bool]:
+        """Wait for the decision on ``call_id``; return it and whether any call is still
+        undecided."""
+        with self._lock:
+            approval = self._pending[call_id]
+        await approval.event.wait()
+        with self._lock:
+            self._pending.pop(call_id, None)
+            undecided = any(not a.decided for a in self._pending.values())
+        return approval, undecided
+
+    def close(self, status: str) -> None:
+        with self._lock:
+            if self._closed is None:
+                self._closed = status
+            for approval in self._pending.values():
+                approval.decided = True
+            self._pending.clear()

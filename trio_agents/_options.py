@@ -1,0 +1,67 @@
+"""The ``**options`` of ``open_run`` / ``run`` / ``serve_run``, validated up front."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypeAlias
+
+import attrs
+import trio
+
+from ._hooks import RunHooks
+from ._session_lock import OnBusy
+
+__all__ = ["OnBusy", "OnToolError", "RunOptions", "make_options"]
+
+OnToolError: TypeAlias = Literal["return", "fail"]
+
+
+def _check_positive(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{attribute.name} must be a number, not {type(value).__name__}")
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+def _check_count(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None and attribute.name == "max_turns":
+        return  # None: the agent's max_turns
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{attribute.name} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be >= 1, got {value!r}")
+
+
+def _check_hooks(_instance: object, _attribute: object, value: Any) -> None:
+    if value is not None and not isinstance(value, RunHooks):
+        raise TypeError(f"hooks must be a RunHooks instance, not {type(value).__name__}")
+
+
+@attrs.frozen(kw_only=True)
+class RunOptions:
+    """Validated run options (see :func:`~trio_agents.open_run` for each one)."""
+
+    cleanup_timeout: float = attrs.field(default=5.0, validator=_check_positive)
+    max_concurrent_tools: int = attrs.field(default=8, validator=_check_count)
+    inbox_capacity: int = attrs.field(default=1024, validator=_check_count)
+    event_retention: int = attrs.field(default=65536, validator=_check_count)
+    on_tool_error: OnToolError = attrs.field(
+        default="return", validator=attrs.validators.in_(("return", "fail"))
+    )
+    hooks: RunHooks | None = attrs.field(default=None, validator=_check_hooks)
+    thread_limiter: trio.CapacityLimiter | None = None
+    max_turns: int | None = attrs.field(default=None, validator=_check_count)
+    on_busy: OnBusy = attrs.field(
+        default="reject", validator=attrs.validators.in_(("reject", "interrupt", "enqueue"))
+    )
+
+
+def make_options(options: Mapping[str, Any]) -> RunOptions:
+    """Build :class:`RunOptions`; an unknown name is a ``TypeError`` listing the known ones."""
+    known = {field.name for field in attrs.fields(RunOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(
+            f"unknown run option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    return RunOptions(**options)

@@ -1,0 +1,81 @@
+"""What a run ends with: :class:`RunResult`, and the :class:`RunStatistics` snapshot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ._events import RunStatus
+from ._exceptions import RunFailedError
+from ._items import Item
+from ._model import Usage
+
+__all__ = ["RunResult", "RunStatistics"]
+
+
+@attrs.frozen
+class RunResult:
+    """The outcome of a run; ``Run.result`` once the run is terminal.
+
+    Attributes:
+        run_id: the run's id.
+        status: ``completed``, ``failed`` or ``cancelled``.
+        reason: why it failed or was cancelled (``"max_turns"``, the cancel reason,
+            ``"parent cancelled"``, ``"session error: …"``, ``"cleanup timed out"``, an
+            error summary); None when completed.
+        final_output: the final answer (None unless completed): its text (a ``str``)
+            when the agent has no ``output_type``, else the parsed value — an instance
+            of the attrs class or dataclass, a dict for a ``TypedDict`` or a JSON
+            schema, an ``int``, ... (typed ``Any``: annotate where you read it,
+            ``point: Point = result.final_output``).
+        new_items: the items this run added to the conversation (input included).
+        conversation: history + new items: valid model input, whatever the status.
+        usage: token usage summed over the model calls that reported it; None when no
+            model call reported any (a server that sends no usage is not a zero).
+        turns: the number of model calls started.
+        unconsumed: injected items that no turn consumed, in injection order.
+        error: the exception behind a failure, if there was one.
+        finish_reason: the last model response's finish reason (``"stop"``,
+            ``"tool_calls"``, ``"length"``, …) when the model said one. A final answer
+            cut by anything but a normal stop is kept as an incomplete
+            :class:`~trio_agents.AssistantMessage`.
+    """
+
+    run_id: str
+    status: RunStatus
+    reason: str | None
+    final_output: Any
+    new_items: tuple[Item, ...]
+    conversation: tuple[Item, ...]
+    usage: Usage | None
+    turns: int
+    unconsumed: tuple[Item, ...] = ()
+    error: BaseException | None = attrs.field(default=None, eq=False)
+    finish_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the run completed."""
+        return self.status is RunStatus.COMPLETED
+
+    def raise_for_status(self) -> RunResult:
+        """Raise :class:`RunFailedError` if the run failed; otherwise return ``self``.
+
+        A cancelled run is not an error: check ``status`` for it.
+        """
+        if self.status is RunStatus.FAILED:
+            raise RunFailedError(self) from self.error
+        return self
+
+
+@attrs.frozen
+class RunStatistics:
+    """A snapshot of a run's internals, from :meth:`Run.statistics`."""
+
+    status: RunStatus
+    turn: int
+    last_seq: int
+    open_tool_calls: int
+    inbox_items: int
+    pending_approvals: tuple[str, ...]

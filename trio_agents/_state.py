@@ -1,0 +1,255 @@
+"""The run state: what one run knows, and the few operations every step of it needs.
+
+This is the bottom layer of the run core. The turn engine (``_turns.py``), the tool
+runner (``_toolcalls.py``) and the repair (``_repair.py``) are functions over one
+:class:`RunState`; the handle (``_run.py``) owns it. Everything here runs on the run's
+Trio thread only, so nothing here takes a lock; what other threads touch (the inbox,
+approvals, the cancel request) lives in its own lock-guarded object.
+
+The three operations every step needs:
+
+- :meth:`RunState.commit` — an item entered the conversation: append it, emit
+  ``run.item``, queue it for the session.
+- :meth:`RunState.emit_status` — a ``run.updated`` event.
+- :meth:`RunState.persist` — write what was committed so far to the session (each tool
+  result is persisted as its tool finishes, so a crash loses at most the item in
+  flight).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, final
+
+import attrs
+import trio
+
+from ._agent import Agent
+from ._events import RunItemEvent, RunStatus, RunUpdated
+from ._items import AssistantMessage, ConversationChecker, Item, ToolCall
+from ._log import EventLog
+from ._model import Usage
+from ._options import RunOptions
+from ._tools import ToolContext
+from ._util import summarize
+from .sessions._base import Session
+
+__all__ = ["CallSoon", "HookError", "OpenCall", "RunState", "SessionError", "Spans", "call_hook"]
+
+SpanEnd = Callable[[], Awaitable[None]]
+CallSoon = Callable[[Callable[[], None]], None]
+"""Runs a callback on the run's Trio thread (now, or soon from another thread)."""
+
+
+class SessionError(Exception):
+    """The session raised while the run loaded or wrote it (reason ``session error: …``)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(summarize(error))
+        self.error = error
+
+
+class InvalidConversation(Exception):
+    """The conversation broke the validity invariant before a model call."""
+
+
+class HookError(Exception):
+    """A hook raised during the run (reason ``hook error: <hook> raised …``)."""
+
+    def __init__(self, hook: str, error: BaseException) -> None:
+        super().__init__(f"{hook} raised {summarize(error)}")
+        self.hook = hook
+        self.error = error
+
+
+async def call_hook(name: str, hook: Awaitable[None]) -> None:
+    """Await a hook call; an exception from it — a stray ``trio.Cancelled`` (one that
+    nothing around it asked for) included — becomes a :class:`HookError` naming it."""
+    try:
+        await hook
+    except Exception as exc:
+        raise HookError(name, exc) from exc
+    except trio.Cancelled as exc:
+        if trio.current_effective_deadline() != -math.inf:
+            raise HookError(name, exc) from exc
+        raise
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class OpenCall:
+    """A committed tool call that has no result yet."""
+
+    call: ToolCall
+    started: bool = False
+    ctx: ToolContext | None = None
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class Spans:
+    """Hook "spans": every start hook that was called gets exactly one end call.
+
+    The end is registered *before* the start hook is awaited, so a start interrupted by
+    a cancellation still gets its end. Whoever finishes a span normally pops it and
+    calls the end itself; the repair calls whatever is left.
+    """
+
+    _open: dict[str, SpanEnd] = attrs.field(factory=dict)
+
+    async def start(self, key: str, start: Awaitable[None], end: SpanEnd) -> None:
+        self._open[key] = end
+        await start
+
+    def rebind(self, key: str, end: SpanEnd) -> None:
+        """Replace the end of an open span (the repair knows the real outcome)."""
+        if key in self._open:
+            self._open[key] = end
+
+    def pop(self, key: str) -> SpanEnd | None:
+        return self._open.pop(key, None)
+
+    def pop_all(self) -> list[SpanEnd]:
+        ends = list(self._open.values())
+        self._open.clear()
+        return ends
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._open
+
+
+@final
+class RunState:
+    """The conversation, event log, session writer, open calls and usage of one run."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        agent: Agent,
+        options: RunOptions,
+        log: EventLog,
+        session: Session | None,
+        handle: Any,
+        input: tuple[Item, ...],
+    ) -> None:
+        self.run_id = run_id
+        self.agent = agent
+        self.options = options
+        self.hooks = options.hooks
+        self.max_turns = options.max_turns or agent.max_turns
+        self.log = log
+        self.session = session
+        self.handle = handle  # the public Run, handed to hooks
+        self.input = input
+        self.status = RunStatus.QUEUED
+        self.turn = 0
+        # The conversation: history (as loaded and repaired) + new items.
+        self.conversation: list[Item] = []
+        self.new_items: list[Item] = []
+        self.history_loaded = False
+        self.input_committed = False
+        # Every call id in the conversation; read (never iterated) by inject() from
+        # other threads to refuse an injected call that reuses one.
+        self.call_ids: set[str] = set()
+        self.open_calls: dict[str, OpenCall] = {}
+        # Text streamed in the current model turn and not committed yet: the repair
+        # keeps it as an incomplete assistant message, whatever ended the turn.
+        self.partial_text: list[str] | None = None
+        self.stream_scope: trio.CancelScope | None = None
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self.spans = Spans()
+        # Injections taken from the inbox that could not be delivered (unconsumed).
+        self.undelivered: list[Any] = []
+        self.run_span_open = False
+        self.session_dropped = False
+        self._checker = ConversationChecker()
+        self._unpersisted: list[Item] = []
+        self._write_lock = trio.Lock()
+
+    # -- events -----------------------------------------------------------------------
+
+    def emit_status(
+        self, status: RunStatus, reason: str | None = None, detail: Mapping[str, Any] | None = None
+    ) -> None:
+        self.status = status
+        self.log.append(
+            RunUpdated(
+                run_id=self.run_id,
+                seq=self.log.next_seq,
+                status=status,
+                reason=reason,
+                turn=self.turn,
+                at=time.time(),
+                detail=detail or {},
+            )
+        )
+
+    def commit(self, item: Item) -> None:
+        """An item entered the conversation: record it, emit it, queue it for the session."""
+        self.conversation.append(item)
+        self.new_items.append(item)
+        self._unpersisted.append(item)
+        if type(item) is ToolCall:
+            self.call_ids.add(item.call_id)
+        self.log.append(
+            RunItemEvent(run_id=self.run_id, seq=self.log.next_seq, turn=self.turn, item=item)
+        )
+
+    def keep_partial_text(self) -> None:
+        """Commit text streamed in an unfinished turn as an incomplete message."""
+        partial, self.partial_text = self.partial_text, None
+        if partial:
+            self.commit(AssistantMessage("".join(partial), status="incomplete"))
+
+    def conversation_problems(self, *, allow_open_calls: bool = False) -> list[str]:
+        """Check what was added to the conversation since the last check (the whole
+        conversation, over the checks): the validity invariant, checked not assumed."""
+        checker = self._checker
+        problems = checker.feed(self.conversation[checker.checked :])
+        if not allow_open_calls:
+            problems += checker.open_problems()
+        return problems
+
+    # -- the session ------------------------------------------------------------------
+
+    def drop_session(self) -> None:
+        """Stop using a session that failed to load or to take a repair: what it holds
+        is left as it was (it is repaired again at its next load)."""
+        self.session = None
+        self.session_dropped = True
+
+    def load_history(self, items: list[Item]) -> None:
+        self.conversation[:0] = items
+        for item in items:
+            if type(item) is ToolCall:
+                self.call_ids.add(item.call_id)
+        self.history_loaded = True
+
+    async def persist(self) -> None:
+        """Write every committed item not written yet, in commit order.
+
+        Writers are serialised (tools finish concurrently); an item leaves the queue
+        only once its write returned, so a write cut short is retried by the repair.
+
+        Raises:
+            SessionError: the session raised.
+        """
+        if self.session is None:
+            self._unpersisted.clear()
+            return
+        async with self._write_lock:
+            while self._unpersisted:
+                batch = list(self._unpersisted)
+                try:
+                    await self.session.add_items(batch)
+                except Exception as exc:
+                    raise SessionError(exc) from exc
+                except trio.Cancelled as exc:
+                    if trio.current_effective_deadline() != -math.inf:
+                        raise SessionError(exc) from exc  # a stray one: a session fault
+                    raise
+                del self._unpersisted[: len(batch)]

@@ -1,0 +1,208 @@
+"""Running the tool calls of one turn: approvals, concurrency, timeouts, results.
+
+The calls of a turn run concurrently in one nursery (bounded by
+``max_concurrent_tools``). Each call ends with exactly one committed
+:class:`ToolResult`, *persisted as soon as that tool finishes* (not when the turn
+does), then its ``on_tool_end`` hook. A call still open when the run is cancelled is
+answered by the repair instead.
+
+Whatever a tool does becomes a result the model can read: invalid arguments, an unknown
+tool name, an exception, a timeout, a rejection — and a stray ``trio.Cancelled`` (one
+raised while nobody cancelled the call, e.g. re-raised from a service nursery the tool
+shares), which would otherwise escape the run looking like an outer cancellation.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+
+from ._events import RunStatus, ToolFinished, ToolProgress, ToolStarted
+from ._inbox import Approvals
+from ._items import ToolCall, ToolResult
+from ._state import CallSoon, OpenCall, RunState, call_hook
+from ._tools import Tool, ToolArgumentsError, ToolContext
+from ._util import summarize
+
+__all__ = ["ToolFailure", "run_tools"]
+
+STRAY_CANCELLED = "error: the tool raised trio.Cancelled although nothing cancelled it"
+
+
+class ToolFailure(Exception):
+    """A tool raised and ``on_tool_error="fail"``: the run fails with this."""
+
+    def __init__(self, call: ToolCall, error: Exception) -> None:
+        super().__init__(f"tool {call.name!r} raised {summarize(error)}")
+        self.error = error
+
+
+def needs_approval(state: RunState, call: ToolCall) -> bool:
+    tool = state.agent.get_tool(call.name)
+    if tool is None or tool.needs_approval is False:
+        return False
+    if tool.needs_approval is True:
+        return True
+    try:
+        arguments = tool.parse_arguments(call.arguments)
+    except ToolArgumentsError:
+        return False  # the call fails validation without running
+    return bool(tool.needs_approval(arguments))
+
+
+async def run_tools(
+    state: RunState,
+    calls: Sequence[ToolCall],
+    approvals: Approvals,
+    limiter: trio.CapacityLimiter,
+    call_soon: CallSoon,
+) -> None:
+    """Run one turn's calls concurrently; return once each has its result."""
+    waiting = [call for call in calls if needs_approval(state, call)]
+    if waiting:
+        approvals.open(waiting)
+        state.emit_status(
+            RunStatus.AWAITING_APPROVAL, detail={"pending": [call.call_id for call in waiting]}
+        )
+    async with trio.open_nursery() as nursery:
+        for call in calls:
+            nursery.start_soon(
+                _run_one, state, approvals, limiter, call_soon, call, name=f"{state.run_id}:tool"
+            )
+
+
+async def _run_one(
+    state: RunState,
+    approvals: Approvals,
+    limiter: trio.CapacityLimiter,
+    call_soon: CallSoon,
+    call: ToolCall,
+) -> None:
+    if call.call_id in approvals:
+        approval, undecided = await approvals.wait(call.call_id)
+        if not undecided and state.status is RunStatus.AWAITING_APPROVAL:
+            state.emit_status(RunStatus.RUNNING)
+        if not approval.approved:
+            message = approval.message or "the user rejected this tool call"
+            await end_tool(state, call, ToolResult(call.call_id, f"rejected: {message}", "error"))
+            return
+    async with limiter:
+        result = await _invoke(state, call, call_soon)
+    await end_tool(state, call, result)
+
+
+async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolResult:
+    open_call = state.open_calls[call.call_id]
+    open_call.started = True
+    state.log.append(
+        ToolStarted(
+            run_id=state.run_id,
+            seq=state.log.next_seq,
+            call_id=call.call_id,
+            name=call.name,
+            arguments=call.arguments,
+        )
+    )
+    hooks = state.hooks
+    if hooks is not None:
+        handle = state.handle
+        await state.spans.start(
+            f"tool:{call.call_id}",
+            call_hook("on_tool_start", hooks.on_tool_start(handle, call)),
+            # Replaced by the real result when the call ends (or by the repair's).
+            lambda: hooks.on_tool_end(handle, call, ToolResult(call.call_id, "", "cancelled")),
+        )
+    tool = state.agent.get_tool(call.name)
+    if tool is None:
+        names = ", ".join(t.name for t in state.agent.tools) or "none"
+        output = f"unknown tool {call.name!r}; available tools: {names}"
+        return ToolResult(call.call_id, output, status="error")
+    ctx = ToolContext(
+        run_id=state.run_id,
+        call_id=call.call_id,
+        tool_name=call.name,
+        cancelled=threading.Event(),
+        on_progress=lambda message, data: call_soon(
+            lambda: _progress(state, open_call, message, data)
+        ),
+    )
+    open_call.ctx = ctx
+    return await _call_tool(state, tool, ctx, call)
+
+
+async def _call_tool(state: RunState, tool: Tool, ctx: ToolContext, call: ToolCall) -> ToolResult:
+    timeout = tool.timeout if tool.timeout is not None else math.inf
+    try:
+        with trio.move_on_after(timeout) as timer:
+            try:
+                output = await tool.invoke(
+                    ctx, call.arguments, limiter=state.options.thread_limiter
+                )
+            except trio.Cancelled:
+                # -inf: some scope around us (the run's, the timeout's) really is
+                # cancelled. Otherwise nothing cancelled this call: a stray Cancelled.
+                if trio.current_effective_deadline() != -math.inf:
+                    ctx.cancelled.set()
+                    return ToolResult(call.call_id, STRAY_CANCELLED, status="error")
+                raise
+    except ToolArgumentsError as exc:
+        return ToolResult(call.call_id, str(exc), status="error")
+    except Exception as exc:
+        if state.options.on_tool_error == "fail":
+            raise ToolFailure(call, exc) from exc
+        return ToolResult(call.call_id, f"error: {summarize(exc)}", status="error")
+    if timer.cancelled_caught:
+        ctx.cancelled.set()
+        return ToolResult(call.call_id, f"timed out after {tool.timeout:g} s", status="error")
+    return ToolResult(call.call_id, output)
+
+
+def _progress(state: RunState, open_call: OpenCall, message: str, data: Mapping[str, Any]) -> None:
+    # Progress can arrive from a thread after the call (or the run) ended: drop it then,
+    # so a tool.progress never follows its tool.finished or the terminal update.
+    if state.open_calls.get(open_call.call.call_id) is open_call and not state.log.closed:
+        state.log.append(
+            ToolProgress(
+                run_id=state.run_id,
+                seq=state.log.next_seq,
+                call_id=open_call.call.call_id,
+                name=open_call.call.name,
+                message=message,
+                data=dict(data),
+            )
+        )
+
+
+def finish_call(state: RunState, call: ToolCall, result: ToolResult) -> OpenCall:
+    """Commit ``result`` for an open call (and its ``tool.finished``, if it started)."""
+    open_call = state.open_calls.pop(call.call_id)
+    state.commit(result)
+    if open_call.started:
+        state.log.append(
+            ToolFinished(
+                run_id=state.run_id,
+                seq=state.log.next_seq,
+                call_id=call.call_id,
+                name=call.name,
+                status=result.status,
+                output=result.output,
+            )
+        )
+    hooks = state.hooks
+    if hooks is not None:
+        handle = state.handle
+        state.spans.rebind(f"tool:{call.call_id}", lambda: hooks.on_tool_end(handle, call, result))
+    return open_call
+
+
+async def end_tool(state: RunState, call: ToolCall, result: ToolResult) -> None:
+    """A call ended: commit and persist its result, then close its hook span."""
+    finish_call(state, call, result)
+    await state.persist()
+    end = state.spans.pop(f"tool:{call.call_id}")
+    if end is not None:
+        await call_hook("on_tool_end", end())

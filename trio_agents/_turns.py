@@ -1,0 +1,371 @@
+"""The turn engine: the run's model-stream task, as a loop of model turns.
+
+:func:`drive` is the whole loop; it returns what ended the run as an outcome value
+(:class:`Completed`, :class:`Failed`, :class:`Stopped`) and never sets a field for
+someone else to read back. A cancellation of the run's scope is not an outcome: it
+propagates, and the handle reads it from the scope.
+
+One iteration is one *safe point* followed by one model turn:
+
+1. ``cancel(mode="after_turn")`` takes effect here, and only here.
+2. Deliverable injections enter the conversation (never between a call and its result).
+3. ``max_turns`` is checked.
+4. The conversation is checked against the validity invariant: an invalid request is
+   never sent; the run fails with the reason instead.
+5. :func:`model_turn` streams one response, validating every event as it arrives.
+6. Tool calls run (``_toolcalls.py``); a final answer completes the run only if the
+   inbox can be closed with nothing in it.
+
+With an ``output_type`` (``_output.py``), a final answer is a text answer or a
+``final_answer`` tool call, and it must validate before it can complete the run. One
+that does not is sent back to the model — as the call's error result, or as a user
+message after a text answer — and the loop goes on, at most ``agent.output_retries``
+times; then the run fails with ``"output validation failed: …"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, final
+
+import attrs
+import trio
+
+from ._answer import Answers, final_answer_offered
+from ._events import InboxDelivered, InboxInjected, ResponseTextDelta, RunStatus
+from ._exceptions import ModelError
+from ._history import load_session
+from ._inbox import Approvals, Inbox, Injection
+from ._items import AssistantMessage, ToolCall
+from ._model import (
+    Finish,
+    ModelRequest,
+    TextDelta,
+    ToolCallDone,
+    ToolSpec,
+    Usage,
+)
+from ._output import Accepted, Rejected
+from ._state import (
+    CallSoon,
+    HookError,
+    InvalidConversation,
+    OpenCall,
+    RunState,
+    SessionError,
+    call_hook,
+)
+from ._toolcalls import ToolFailure, run_tools
+from ._util import summarize
+
+__all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]
+
+# Finish reasons of a complete answer; any other cuts it (kept as incomplete).
+STRAY_CANCELLED_RUN = "a model, hook or session raised trio.Cancelled although nothing cancelled it"
+_COMPLETE_FINISHES = frozenset({"stop", "tool_calls", "end_turn", "tool_use"})
+
+
+@final
+@attrs.frozen
+class Completed:
+    """The model gave a final answer and nothing was pending.
+
+    ``output`` is the answer's text, or the parsed value with an ``output_type``.
+    """
+
+    output: Any
+
+
+@final
+@attrs.frozen
+class Failed:
+    """The run cannot go on (``reason`` is the terminal reason)."""
+
+    reason: str
+    error: BaseException | None = None
+
+
+@final
+@attrs.frozen
+class Stopped:
+    """``cancel(mode="after_turn")`` stopped the run at a safe point."""
+
+
+Outcome: TypeAlias = Completed | Failed | Stopped
+
+
+@final
+@attrs.frozen
+class _Answer:
+    text: str
+
+
+@final
+@attrs.frozen
+class _Calls:
+    calls: tuple[ToolCall, ...]
+
+
+@final
+@attrs.frozen
+class _Interrupted:
+    pass
+
+
+_TurnOutcome: TypeAlias = _Answer | _Calls | _Interrupted
+
+
+def failure(exc: Exception) -> Failed:
+    """The terminal reason for an exception that ended the turn loop."""
+    if isinstance(exc, ExceptionGroup):
+        tools = [e for e in exc.exceptions if isinstance(e, ToolFailure)]
+        if tools and len(tools) == len(exc.exceptions):
+            return Failed("tool error: " + "; ".join(str(e) for e in tools), exc)
+        if len(exc.exceptions) == 1 and isinstance(exc.exceptions[0], Exception):
+            return failure(exc.exceptions[0])
+    if isinstance(exc, ToolFailure):
+        return Failed(f"tool error: {exc}", exc.error)
+    if isinstance(exc, HookError):
+        return Failed(f"hook error: {exc}", exc.error)
+    if isinstance(exc, SessionError):
+        return Failed(f"session error: {exc}", exc.error)
+    if isinstance(exc, InvalidConversation):
+        return Failed(f"invalid conversation: {exc}", exc)
+    return Failed(summarize(exc), exc)
+
+
+async def drive(
+    state: RunState,
+    inbox: Inbox,
+    approvals: Approvals,
+    stop_requested: Callable[[], bool],
+    call_soon: CallSoon,
+) -> Outcome:
+    """The model-stream task: run turns until an outcome (see the module docstring)."""
+    await trio.lowlevel.checkpoint_if_cancelled()  # cancelled before start: no model call
+    state.emit_status(RunStatus.RUNNING)
+    limiter = trio.CapacityLimiter(state.options.max_concurrent_tools)
+    try:
+        if state.hooks is not None:
+            state.run_span_open = True
+            await call_hook("on_run_start", state.hooks.on_run_start(state.handle))
+        await load_session(state)
+        answers = Answers(state)
+
+        async def run(calls: Sequence[ToolCall]) -> None:
+            await run_tools(state, calls, approvals, limiter, call_soon)
+
+        idle = False
+        while True:
+            await trio.lowlevel.checkpoint()
+            if stop_requested():
+                return Stopped()
+            deliver(state, inbox, idle=idle)
+            if state.turn >= state.max_turns:
+                return Failed("max_turns")
+            problems = state.conversation_problems()
+            if problems:
+                raise InvalidConversation("; ".join(problems[:3]))
+            turn = await model_turn(state, inbox)
+            if type(turn) is _Interrupted:
+                idle = False  # a when="now" injection: the next turn starts at once
+                continue
+            if type(turn) is _Calls:
+                attempt = await answers.take_calls(turn.calls, run)
+            else:
+                assert type(turn) is _Answer
+                attempt = await answers.take_text(turn.text)
+            if attempt is None or type(attempt) is Rejected:
+                if answers.exhausted:
+                    assert attempt is not None
+                    return Failed(f"output validation failed: {attempt.problem}")
+                idle = False  # tools ran, or the model is asked again
+                continue
+            assert type(attempt) is Accepted
+            if inbox.close_if_empty(RunStatus.COMPLETED.value):
+                return Completed(attempt.value)
+            idle = True  # something is pending: one more turn with it
+    except Exception as exc:
+        return failure(exc)
+    except trio.Cancelled as exc:
+        # -inf: the run (or an outer scope) really is cancelled. Otherwise a model, hook
+        # or session raised a Cancelled that nothing asked for: a fault, not a cancel.
+        if trio.current_effective_deadline() != -math.inf:
+            return Failed(STRAY_CANCELLED_RUN, exc)
+        raise
+
+
+def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
+    """The agent's tools, plus the final-answer tool when the agent has an output type
+    and the model has no native structured output (``native_output``)."""
+    agent = state.agent
+    tools = agent.tool_specs()
+    if final_answer_offered(state):
+        assert agent._output is not None
+        tools = (*tools, agent._output.tool_spec())
+    return tools
+
+
+def announce(state: RunState, injections: list[Injection]) -> None:
+    for injection in injections:
+        state.log.append(
+            InboxInjected(
+                run_id=state.run_id,
+                seq=state.log.next_seq,
+                injection_id=injection.id,
+                when=injection.when,
+                items=injection.items,
+            )
+        )
+
+
+def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
+    """A safe point: move deliverable injections into the conversation."""
+    announce(state, inbox.announce())
+    taken = inbox.take(idle=idle)
+    for index, injection in enumerate(taken):
+        clash = [
+            i.call_id
+            for i in injection.items
+            if type(i) is ToolCall and i.call_id in state.call_ids
+        ]
+        if clash:
+            # Accepted before the history was loaded, or the model used the id since:
+            # unconsumed, never delivered into an invalid conversation.
+            state.undelivered.extend(taken[index:])
+            raise InvalidConversation(
+                f"injected call id {clash[0]!r} is already in the conversation"
+            )
+        for item in injection.items:
+            state.commit(item)
+        state.log.append(
+            InboxDelivered(
+                run_id=state.run_id,
+                seq=state.log.next_seq,
+                injection_id=injection.id,
+                turn=state.turn + 1,
+            )
+        )
+
+
+async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
+    """One model call: stream it, validate its events, commit what it produced."""
+    state.turn += 1
+    turn = state.turn
+    agent = state.agent
+    output = agent._output
+    request = ModelRequest(
+        instructions=agent.instructions,
+        items=tuple(state.conversation),
+        tools=_request_tools(state),
+        settings=agent.model_settings,
+        output=output.spec if output is not None else None,
+    )
+    partial: list[str] = []
+    state.partial_text = partial
+    state.finish_reason = None
+    calls: list[ToolCall] = []
+    # The stream's scope exists before the start hook runs, so a when="now" injection
+    # that arrives while the call is being opened interrupts it (never lost between).
+    with trio.CancelScope() as stream_scope:
+        state.stream_scope = stream_scope
+        if inbox.wants_interrupt():
+            stream_scope.cancel(reason="interrupted by injection")
+        hooks = state.hooks
+        if hooks is not None:
+            handle = state.handle
+            await state.spans.start(
+                "model",
+                call_hook("on_model_start", hooks.on_model_start(handle, turn, request)),
+                lambda: hooks.on_model_end(handle, turn, "cancelled"),
+            )
+        log, run_id = state.log, state.run_id
+        async with agent.model.stream(request) as stream:
+            async for event in stream:
+                # The hot path, inline: a text delta whose text is text.
+                if type(event) is TextDelta and type(event.text) is str:
+                    if event.text:
+                        partial.append(event.text)
+                        log.append(
+                            ResponseTextDelta(
+                                run_id=run_id, seq=log.next_seq, turn=turn, text=event.text
+                            )
+                        )
+                else:
+                    _accept(state, event, turn, partial, calls)
+    state.stream_scope = None
+    if stream_scope.cancelled_caught:
+        state.keep_partial_text()
+        await _end_model_span(state, turn, "interrupted")
+        await state.persist()
+        return _Interrupted()
+    text = _commit_response(state, partial, calls)
+    await _end_model_span(state, turn, "completed")
+    await state.persist()
+    return _Calls(tuple(calls)) if calls else _Answer(text)
+
+
+def _commit_response(state: RunState, partial: list[str], calls: list[ToolCall]) -> str:
+    """Commit a finished response: its text (incomplete if cut short), then its calls
+    (open until their results come). Returns the text."""
+    text = "".join(partial)
+    state.partial_text = None
+    if text or not calls:
+        cut = _cut_short(state.finish_reason)
+        state.commit(
+            AssistantMessage(text, status="incomplete" if cut and not calls else "completed")
+        )
+    for call in calls:
+        state.commit(call)
+        state.open_calls[call.call_id] = OpenCall(call)
+    return text
+
+
+def _cut_short(finish_reason: str | None) -> bool:
+    """Whether an answer that finished this way was cut (``"length"``, a filter, ...)."""
+    return finish_reason is not None and finish_reason not in _COMPLETE_FINISHES
+
+
+async def _end_model_span(state: RunState, turn: int, outcome: str) -> None:
+    if state.spans.pop("model") is not None:
+        assert state.hooks is not None
+        await call_hook("on_model_end", state.hooks.on_model_end(state.handle, turn, outcome))
+
+
+def _accept(
+    state: RunState, event: object, turn: int, partial: list[str], calls: list[ToolCall]
+) -> None:
+    """Validate one model event and take it in (raises ModelError for a bad one)."""
+    kind = type(event)
+    if kind is TextDelta:
+        assert isinstance(event, TextDelta)
+        text = event.text
+        if type(text) is not str:
+            raise ModelError(f"model yielded a TextDelta whose text is {type(text).__name__}")
+        if text:
+            partial.append(text)
+            state.log.append(
+                ResponseTextDelta(run_id=state.run_id, seq=state.log.next_seq, turn=turn, text=text)
+            )
+    elif kind is ToolCallDone:
+        assert isinstance(event, ToolCallDone)
+        call = event.call
+        if not isinstance(call, ToolCall):
+            raise ModelError(f"model yielded a ToolCallDone holding {type(call).__name__}")
+        if call.call_id in state.call_ids or any(c.call_id == call.call_id for c in calls):
+            raise ModelError(f"model returned a duplicate tool call id {call.call_id!r}")
+        calls.append(call)
+    elif kind is Usage:
+        assert isinstance(event, Usage)
+        counts = (event.input_tokens, event.output_tokens)
+        if any(type(n) is not int or n < 0 for n in counts):
+            raise ModelError(f"model yielded an invalid usage: {event!r}")
+        state.usage = event if state.usage is None else state.usage + event
+    elif kind is Finish:
+        assert isinstance(event, Finish)
+        if type(event.reason) is not str:
+            raise ModelError(f"model yielded a finish reason of {type(event.reason).__name__}")
+        state.finish_reason = event.reason
+    else:
+        raise ModelError(f"model yielded an unknown event: {event!r:.200}")

@@ -1,0 +1,210 @@
+"""One accepted websocket: requests in, frames out, subscriptions forwarded.
+
+Tasks, all in the connection's nursery: trio-websocket's reader (which also writes
+pongs), our reader (one request at a time, answered by :func:`~._ops.serve_request`),
+the writer (the only sender of our frames), the pinger, one forwarder per
+subscription. Every write to the socket — ours and trio-websocket's — is bounded by
+``send_timeout`` (:class:`~._stream.GuardedStream`), so a peer that stops reading is
+cut off within it whatever it sends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, final
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from .. import EventsDropped, RunUpdated
+from ._ops import serve_request
+from ._protocol import ProtocolError, error_frame, event_frame
+from ._registry import Registry, RunEntry
+from ._requests import parse_request
+from ._stream import GuardedStream
+
+if TYPE_CHECKING:
+    from ._server import ControlServer
+
+__all__ = ["Connection"]
+
+logger = logging.getLogger("trio_agents.control")
+
+
+@final
+class Connection:
+    """One authenticated client connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        server: ControlServer,
+        registry: Registry,
+        ws: WebSocketConnection,
+        stream: GuardedStream,
+        principal: str,
+    ) -> None:
+        self.server = server
+        self.registry = registry
+        self.ws = ws
+        self.stream = stream
+        self.principal = principal
+        self.limits = registry.limits
+        self.subscriptions: dict[str, trio.CancelScope] = {}
+        self.owned: set[RunEntry] = set()
+        self._out_send, self._out_receive = trio.open_memory_channel[str | None](
+            self.limits.outbound_queue_size
+        )
+        self._nursery: trio.Nursery | None = None
+        self._reader_scope = trio.CancelScope()
+        self._shutting_down = False
+        self._flushed = trio.Event()
+        self._subscriptions_changed = trio.Event()
+
+    def begin_shutdown(self) -> None:
+        """Stop reading requests; the connection then flushes and closes with 1001."""
+        self._shutting_down = True
+        self._reader_scope.cancel()
+
+    async def serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._writer)
+            if self.limits.ping_interval is not None:
+                nursery.start_soon(self._pinger, self.limits.ping_interval)
+            with self._reader_scope:
+                if self._shutting_down:  # shutdown began before we got here
+                    self._reader_scope.cancel()
+                await self._reader()
+            if self._shutting_down:
+                with trio.move_on_at(self.server.shutdown_deadline):
+                    await self._close_gracefully()
+            nursery.cancel_scope.cancel()
+
+    async def _close_gracefully(self) -> None:
+        # Runs were cancelled first: subscriptions end after their terminal events.
+        while self.subscriptions:
+            self._subscriptions_changed = trio.Event()
+            await self._subscriptions_changed.wait()
+        await self._out_send.send(None)
+        await self._flushed.wait()
+        await self.ws.aclose(1001, "server shutdown")
+
+    async def _abort(self, reason: str) -> None:
+        """Cut off a slow or dead peer: best-effort 1008 close, then drop the socket.
+
+        The 1008 frame only goes out if no frame was cut in half (``GuardedStream``).
+        """
+        logger.info("aborting control connection of %r: %s", self.principal, reason)
+        with trio.move_on_after(1.0, shield=True):
+            await self.ws.aclose(1008, reason)
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+        self._stop()
+
+    def _stop(self) -> None:
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+
+    # ---------------------------------------------------------------- tasks
+
+    async def _writer(self) -> None:
+        async for text in self._out_receive:
+            if text is None:
+                self._flushed.set()
+                return
+            with trio.move_on_after(self.limits.send_timeout) as timer:
+                try:
+                    await self.ws.send_message(text)
+                except ConnectionClosed:
+                    self._stop()
+                    return
+            if timer.cancelled_caught:
+                # Blocked on trio-websocket's lock behind a stalled pong, say.
+                await self._abort("send timeout")
+                return
+
+    async def _pinger(self, interval: float) -> None:
+        while True:
+            await trio.sleep(interval)
+            with trio.move_on_after(self.limits.ping_timeout) as timer:
+                try:
+                    await self.ws.ping()
+                except ConnectionClosed:
+                    return
+                except ValueError:  # a random payload collided with one in flight
+                    continue
+            if timer.cancelled_caught:
+                await self._abort("ping timeout")
+                return
+
+    async def _reader(self) -> None:
+        while True:
+            try:
+                message = await self.ws.get_message()
+            except ConnectionClosed:
+                return
+            try:
+                request = parse_request(message)
+            except ProtocolError as exc:
+                await self.send(error_frame(exc.code, exc.message, exc.request_id))
+                continue
+            await serve_request(self, request)
+
+    async def send(self, frame: Mapping[str, Any]) -> None:
+        """Queue one frame for the writer (waits while the queue is full)."""
+        text = json.dumps(frame, separators=(",", ":"), default=repr)
+        await self._out_send.send(text)
+
+    def start_soon(self, fn: Any, *args: Any) -> None:
+        """Start a task in the connection's nursery (it ends with the connection)."""
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    # ---------------------------------------------------------- subscriptions
+
+    def room_for_subscription(self, run_id: str | None) -> bool:
+        return (run_id is not None and run_id in self.subscriptions) or len(
+            self.subscriptions
+        ) < self.limits.max_subscriptions_per_connection
+
+    def check_subscription_room(self, run_id: str | None) -> None:
+        if not self.room_for_subscription(run_id):
+            raise ProtocolError(
+                "limit_exceeded",
+                f"at most {self.limits.max_subscriptions_per_connection} subscriptions"
+                " per connection",
+            )
+
+    def subscribe(self, entry: RunEntry, from_seq: int | None, mode: str) -> None:
+        """(Re)subscribe to a run; a second subscription to it replaces the first."""
+        self.unsubscribe(entry.run_id)
+        scope = trio.CancelScope()
+        self.subscriptions[entry.run_id] = scope
+        self.start_soon(self._forward, entry, from_seq, mode, scope)
+
+    def unsubscribe(self, run_id: str) -> bool:
+        scope = self.subscriptions.pop(run_id, None)
+        if scope is None:
+            return False
+        scope.cancel()
+        self._subscriptions_changed.set()
+        return True
+
+    async def _forward(
+        self, entry: RunEntry, from_seq: int | None, mode: str, scope: trio.CancelScope
+    ) -> None:
+        assert entry.run is not None
+        try:
+            with scope:
+                async for event in entry.run.events(from_seq):
+                    if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
+                        continue
+                    await self.send(event_frame(event))
+        except Exception:
+            logger.exception("forwarding the events of %s failed", entry.run_id)
+        finally:
+            if self.subscriptions.get(entry.run_id) is scope:
+                del self.subscriptions[entry.run_id]
+            self._subscriptions_changed.set()

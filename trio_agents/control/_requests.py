@@ -1,0 +1,336 @@
+"""Request frames of the wire format, version 1: one typed attrs class per op, and
+:func:`parse_request`, which validates a frame (every field, every type) into one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Final, Literal, TypeAlias, cast, final, get_args
+
+import attrs
+
+from .._items import Item, coerce_items
+from ._protocol import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH, ProtocolError
+
+__all__ = [
+    "OPS",
+    "Request",
+    "RequestId",
+    "RunApprove",
+    "RunCancel",
+    "RunGet",
+    "RunInject",
+    "RunReject",
+    "RunStart",
+    "RunSubscribe",
+    "RunUnsubscribe",
+    "RunWithdraw",
+    "RunsList",
+    "SessionCancel",
+    "parse_request",
+]
+
+
+# ---------------------------------------------------------------- field validators
+
+_Validator: TypeAlias = Callable[[str, Any], Any]
+
+
+def _string(max_length: int) -> _Validator:
+    def check(name: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string")
+        if not value:
+            raise ValueError(f"{name} must not be empty")
+        if len(value) > max_length:
+            raise ValueError(f"{name} is longer than {max_length} characters")
+        return value
+
+    return check
+
+
+def _optional(check: _Validator) -> _Validator:
+    def optional(name: str, value: Any) -> Any:
+        return None if value is None else check(name, value)
+
+    return optional
+
+
+def _choice(*choices: str | None) -> _Validator:
+    def check(name: str, value: Any) -> Any:
+        if value not in choices or (value is not None and not isinstance(value, str)):
+            shown = ", ".join("null" if c is None else repr(c) for c in choices)
+            raise ValueError(f"{name} must be one of {shown}")
+        return value
+
+    return check
+
+
+def _message_text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string")
+    if len(value) > MAX_REASON_LENGTH:
+        raise ValueError(f"{name} is longer than {MAX_REASON_LENGTH} characters")
+    return value
+
+
+def _seq(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 or null")
+    return value
+
+
+def _items(name: str, value: Any) -> tuple[Item, ...]:
+    if not isinstance(value, str | list | dict):
+        raise ValueError(f"{name} must be a string, an item object or a list of items")
+    try:
+        items = tuple(coerce_items(value))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{name}: nested too deeply") from None
+    if not items:
+        raise ValueError(f"{name} must hold at least one item")
+    return items
+
+
+def _spec(check: _Validator) -> dict[str, _Validator]:
+    """attrs field metadata: the wire validator of one request field."""
+    return {"check": check}
+
+
+_NAME = _spec(_string(MAX_NAME_LENGTH))
+_OPTIONAL_TEXT = _spec(_optional(_message_text))
+_CANCEL_MODE = _spec(_choice("immediate", "after_turn"))
+
+RequestId: TypeAlias = str | int
+
+
+# One typed request class per op. Each field's wire validator is in its metadata; a
+# field without a default is required; ``null`` is accepted only where the field is
+# optional (its validator says so).
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunStart:
+    """``run.start``: start ``agent`` on ``input``."""
+
+    op: ClassVar[str] = "run.start"
+    id: RequestId
+    agent: str = attrs.field(metadata=_NAME)
+    input: tuple[Item, ...] = attrs.field(metadata=_spec(_items))
+    session_id: str | None = attrs.field(
+        default=None, metadata=_spec(_optional(_string(MAX_NAME_LENGTH)))
+    )
+    on_disconnect: Literal["continue", "cancel"] = attrs.field(
+        default="continue", metadata=_spec(_choice("continue", "cancel"))
+    )
+    on_busy: Literal["reject", "interrupt", "enqueue"] = attrs.field(
+        default="reject", metadata=_spec(_choice("reject", "interrupt", "enqueue"))
+    )
+    subscribe: Literal["all", "status"] | None = attrs.field(
+        default=None, metadata=_spec(_choice("all", "status", None))
+    )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunCancel:
+    """``run.cancel``."""
+
+    op: ClassVar[str] = "run.cancel"
+    id: RequestId
+    run_id: str = attrs.field(metadata=_NAME)
+    reason: str | None = attrs.field(default=None, metadata=_OPTIONAL_TEXT)
+    mode: Literal["immediate", "after_turn"] = attrs.field(
+        default="immediate", metadata=_CANCEL_MODE
+    )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunInject:
+    """``run.inject``."""
+
+    op: ClassVar[str] = "run.inject"
+    id: RequestId
+    run_id: str = attrs.field(metadata=_NAME)
+    items: tuple[Item, ...] = attrs.field(metadata=_spec(_items))
+    when: Literal["next_turn", "now", "when_idle"] = attrs.field(
+        default="next_turn", metadata=_spec(_choice("next_turn", "now", "when_idle"))
+    )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunWithdraw:
+    """``run.withdraw``."""
+
+    op: ClassVar[str] = "run.withdraw"
+    id: RequestId
+    run_id: str = attrs.field(metadata=_NAME)
+    injection_id: str = attrs.field(metadata=_NAME)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunApprove:
+    """``run.approve`` (``message`` is accepted and ignored)."""
+
+    op: ClassVar[str] = "run.approve"
+    id: RequestId
+    run_id: str = attrs.field(metadata=_NAME)
+    call_id: str = attrs.field(metadata=_NAME)
+    message: str | None = attrs.field(default=None, metadata=_OPTIONAL_TEXT)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunReject:
+    """``run.reject``: the model reads ``message``."""
+
+    op: ClassVar[str] = "run.reject"
+    id: RequestId
+    run_id: str = attrs.field(metadata=_NAME)
+    call_id: str = attrs.field(metadata=_NAME)
+    message: str | None = attrs.field(default=None, metadata=_OPTIONAL_TEXT)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunSubscribe:
+    """``run.subscribe``."""
+
+    op: ClassVar[str] = "run.subscribe"
+    id: RequestId
+    run_id: str = attrs.field(metadata=_NAME)
+    from_seq: int | None = attrs.field(default=None, metadata=_spec(_seq))
+    events: Literal["all", "status"] = attrs.field(
+        default="all", metadata=_spec(_choice("all", "status"))
+    )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunUnsubscribe:
+    """``run.unsubscribe``."""
+
+    op: ClassVar[str] = "run.unsubscribe"
+    id: RequestId
+    run_id: str = attrs.field(metadata=_NAME)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunGet:
+    """``run.get``."""
+
+    op: ClassVar[str] = "run.get"
+    id: RequestId
+    run_id: str = attrs.field(metadata=_NAME)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunsList:
+    """``runs.list``."""
+
+    op: ClassVar[str] = "runs.list"
+    id: RequestId
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SessionCancel:
+    """``session.cancel``: cancel the run that holds the session."""
+
+    op: ClassVar[str] = "session.cancel"
+    id: RequestId
+    session_id: str = attrs.field(metadata=_NAME)
+    reason: str | None = attrs.field(default=None, metadata=_OPTIONAL_TEXT)
+    mode: Literal["immediate", "after_turn"] = attrs.field(
+        default="immediate", metadata=_CANCEL_MODE
+    )
+
+
+Request: TypeAlias = (
+    RunStart
+    | RunCancel
+    | RunInject
+    | RunWithdraw
+    | RunApprove
+    | RunReject
+    | RunSubscribe
+    | RunUnsubscribe
+    | RunGet
+    | RunsList
+    | SessionCancel
+)
+"""A validated request frame: one typed class per op."""
+
+OPS: Final[Mapping[str, type[Request]]] = {
+    cls.op: cls for cls in cast(tuple[type[Request], ...], get_args(Request))
+}
+"""Every op and its request class (fields validated by their ``check`` metadata)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_request(text: str | bytes) -> Request:
+    """Parse and validate one request frame into its typed request class.
+
+    Raises:
+        ProtocolError: ``invalid_json`` (not JSON, or a binary frame),
+            ``invalid_request`` (not an object, bad ``id``, missing/unknown/wrong
+            fields) or ``unknown_op``. ``request_id`` is set once the id was read.
+    """
+    if not isinstance(text, str):
+        raise ProtocolError("invalid_json", "binary frames are not accepted; send JSON text")
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ProtocolError("invalid_json", "JSON nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        raise ProtocolError("invalid_json", f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_request", "a request must be a JSON object")
+    request_id = data.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        raise ProtocolError("invalid_request", "id must be a string or an integer")
+    if isinstance(request_id, str) and len(request_id) > MAX_ID_LENGTH:
+        raise ProtocolError("invalid_request", f"id is longer than {MAX_ID_LENGTH} characters")
+    if isinstance(request_id, int) and abs(request_id) >= 2**53:
+        raise ProtocolError("invalid_request", "an integer id must be below 2**53")
+    op = data.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("invalid_request", "op must be a string", request_id)
+    cls = OPS.get(op)
+    if cls is None:
+        shown = op if len(op) <= 64 else op[:61] + "..."
+        raise ProtocolError("unknown_op", f"unknown op {shown!r}", request_id)
+    fields = [f for f in attrs.fields(cast(Any, cls)) if f.name != "id"]
+    unknown = sorted(set(data) - {f.name for f in fields} - {"id", "op"})
+    if unknown:
+        shown_fields = ", ".join(repr(name[:64]) for name in unknown[:5])
+        raise ProtocolError(
+            "invalid_request", f"unknown field(s) for {op}: {shown_fields}", request_id
+        )
+    values: dict[str, Any] = {}
+    for field in fields:
+        name = field.name
+        if name not in data:
+            if field.default is attrs.NOTHING:
+                raise ProtocolError("invalid_request", f"{op} needs {name!r}", request_id)
+            continue
+        try:
+            value = field.metadata["check"](name, data[name])
+        except ValueError as exc:
+            raise ProtocolError("invalid_request", str(exc), request_id) from None
+        values[name] = value
+    request: Request = cast(Any, cls)(id=request_id, **values)
+    return request

@@ -1,0 +1,664 @@
+"""A session stored in a PostgreSQL database: many processes, one store.
+
+Needs the ``postgres`` extra (``pip install 'trio-agents[postgres]'``: psycopg 3 and
+psycopg-pool).
+
+Storage layout (schema version :data:`SCHEMA_VERSION` of the ``sessions`` component),
+in the connection's current schema (``search_path``)::
+
+    trio_agents_schema(component TEXT PRIMARY KEY,   -- 'sessions' (the cluster adds its own)
+                       version INTEGER, updated_at TIMESTAMPTZ)
+    trio_agents_sessions(session_id TEXT PRIMARY KEY,
+                         next_position BIGINT,         -- where the next append starts
+                         updated_at TIMESTAMPTZ)
+    trio_agents_session_items(session_id TEXT, position BIGINT,  -- from 0 per session
+                              data TEXT,               -- the item's to_json(), as JSON text
+                              created_at TIMESTAMPTZ,
+                              PRIMARY KEY (session_id, position))
+
+Every write takes the session's row in ``trio_agents_sessions`` first (an upsert), so
+writers of one session — in this process or any other — are serialised by PostgreSQL's
+row lock, and writers of different sessions never wait for each other. ``data`` is
+``TEXT``, not ``JSONB``: JSONB cannot hold ``\\u0000`` and reorders keys.
+
+Under Trio: psycopg's async API is asyncio-only, so every call runs psycopg's sync API in
+a worker thread (``trio.to_thread.run_sync``), on a connection from a
+``psycopg_pool.ConnectionPool`` shared by every :class:`PostgresSession` of the process
+with the same DSN and ``max_connections`` (opened by the first, closed with the last).
+A :class:`trio.CapacityLimiter` per pool and Trio run keeps callers waiting in Trio
+(cancellable) rather than in threads. Calls are never abandoned once in their thread — a
+write must not run on unsupervised — so they are bounded instead: each call is one
+transaction whose ``lock_timeout`` and ``statement_timeout`` are capped by the caller's
+Trio deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeAlias, TypeVar, final
+
+import attrs
+import trio
+
+try:
+    import psycopg
+    import psycopg.conninfo
+    from psycopg_pool import ConnectionPool
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "PostgresSession needs psycopg 3 and psycopg-pool: pip install 'trio-agents[postgres]'"
+    ) from exc
+
+from .._items import Item
+from ._repair import repair_loaded
+from ._storage import SessionStorageError, check_session_id, decode_item, encode_items
+
+__all__ = [
+    "COMPONENT",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Migration",
+    "PostgresSession",
+    "PostgresSessionStatistics",
+]
+
+T = TypeVar("T")
+Connection: TypeAlias = "psycopg.Connection[Any]"
+
+SCHEMA_VERSION: Final = 1
+"""The schema version of the ``sessions`` component this code reads and writes."""
+
+COMPONENT: Final = "sessions"
+"""This component's row in ``trio_agents_schema``."""
+
+Migration: TypeAlias = Callable[["psycopg.Connection[Any]"], None]
+"""A schema migration step: upgrades the tables by exactly one version."""
+
+MIGRATIONS: dict[int, Migration] = {}
+"""Registered migrations: ``MIGRATIONS[v]`` upgrades the tables from version ``v`` to ``v + 1``.
+
+Tables older than :data:`SCHEMA_VERSION` are upgraded by the first session of a process
+that uses the database, running the steps for every version in between, in order, in one
+transaction (PostgreSQL's DDL is transactional) under an advisory lock, so concurrent
+processes migrate once; if a step is missing or fails, everything is rolled back. A step
+gets the connection inside that transaction: it must only ``execute`` statements, never
+commit or roll back. Version 1 is created directly; there are no migrations yet.
+"""
+
+# Taken (pg_advisory_xact_lock) while the schema is created or migrated.
+_SCHEMA_LOCK: Final = 0x7472696F_6167  # "trioag"
+
+_SCHEMA_TABLE: Final = "trio_agents_schema"
+_SESSIONS: Final = "trio_agents_sessions"
+_ITEMS: Final = "trio_agents_session_items"
+
+
+@attrs.frozen
+class PostgresSessionStatistics:
+    """What :meth:`PostgresSession.statistics` reports.
+
+    Attributes:
+        database: the database as ``host:port/dbname``.
+        session_id: the session.
+        item_count: the number of items stored for the session (before any repair).
+    """
+
+    database: str
+    session_id: str
+    item_count: int
+
+
+# -- the pools: one per (DSN, size) per process -------------------------------------------
+
+
+@final
+@attrs.define(eq=False)
+class _Pool:
+    key: tuple[str, int]
+    pool: ConnectionPool[psycopg.Connection[Any]]
+    users: int = 0
+    schema_ready: bool = False
+    schema_lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+
+_pools_lock = threading.Lock()
+_pools: dict[tuple[str, int], _Pool] = {}
+
+_LIMITERS: trio.lowlevel.RunVar[dict[tuple[str, int], trio.CapacityLimiter]] = trio.lowlevel.RunVar(
+    "trio_agents.sessions.postgres_limiters"
+)
+
+
+def _pool_limiter(key: tuple[str, int]) -> trio.CapacityLimiter:
+    """The limiter (of the pool's size) for calls on the pool ``key`` in this Trio run."""
+    try:
+        limiters = _LIMITERS.get()
+    except LookupError:
+        limiters = {}
+        _LIMITERS.set(limiters)
+    limiter = limiters.get(key)
+    if limiter is None:
+        limiter = limiters[key] = trio.CapacityLimiter(key[1])
+    return limiter
+
+
+def _acquire_pool(key: tuple[str, int]) -> _Pool:
+    with _pools_lock:
+        shared = _pools.get(key)
+        if shared is None:
+            dsn, size = key
+            params = psycopg.conninfo.conninfo_to_dict(dsn)
+            extra: dict[str, Any] = {"autocommit": True}  # transactions are explicit
+            if "application_name" not in params:
+                extra["application_name"] = "trio_agents"
+            pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+                dsn,
+                min_size=1,
+                max_size=size,
+                kwargs=extra,
+                # A connection broken since it was last used (a server restart) is
+                # replaced before it is handed out, not discovered by a write.
+                check=ConnectionPool.check_connection,
+                open=True,  # connects in the pool's own threads; nothing waits here
+                name="trio_agents.sessions",
+            )
+            shared = _pools[key] = _Pool(key, pool)
+        shared.users += 1
+        return shared
+
+
+def _release_pool(shared: _Pool) -> None:
+    with _pools_lock:
+        shared.users -= 1
+        if shared.users:
+            return
+        del _pools[shared.key]
+    shared.pool.close()
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def _check_dsn(_instance: object, _attribute: object, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"dsn must be a str, not {type(value).__name__}")
+    try:
+        psycopg.conninfo.conninfo_to_dict(value)
+    except psycopg.Error as exc:
+        raise ValueError(f"dsn is not a valid connection string: {exc}") from None
+
+
+def _check_timeout(_instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    name = attribute.name.lstrip("_")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def _check_size(_instance: object, _attribute: object, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_connections must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"max_connections must be >= 1, got {value!r}")
+
+
+def _milliseconds(seconds: float) -> str:
+    # PostgreSQL reads 0 as "no timeout": never send less than 1 ms.
+    return f"{max(1, int(seconds * 1000))}ms"
+
+
+@final
+@attrs.define(eq=False)
+class PostgresSession:
+    """A :class:`~trio_agents.sessions.Session` stored in a PostgreSQL database.
+
+    Args:
+        dsn: a libpq connection string or URI (``"postgresql://user@host/db"``). The
+            tables are created (or migrated) in its database on first use; many sessions
+            and processes share one database.
+        session_id: the conversation this object reads and writes (a non-empty str).
+        max_connections: the size of the connection pool, shared by every
+            ``PostgresSession`` in the process with the same ``dsn`` and size.
+        lock_timeout: seconds a call waits for a lock held by another connection (a
+            writer of the same session elsewhere) before it fails with
+            :class:`SessionStorageError`.
+        statement_timeout: seconds any one statement may run, and a call may wait for a
+            connection from the pool.
+
+    Both timeouts are capped by what is left of the caller's Trio deadline, so a run's
+    repair (under ``cleanup_timeout``) is never stretched by a lock held elsewhere.
+
+    The pool is opened lazily by the first call, or eagerly by ``async with`` (which
+    also checks the tables, so a bad database is reported on entry). Close with
+    :meth:`aclose` (or ``async with``, or :meth:`close`); afterwards every call raises
+    :class:`trio.ClosedResourceError`. Loaded conversations are repaired and the repair
+    is written back (see :meth:`get_items`).
+
+    Raises (from any call):
+        SessionStorageError: the database has foreign tables of our names, was written
+            by a newer trio_agents, holds an unreadable item, or PostgreSQL failed (a
+            lock or statement timeout, a lost connection, ...).
+    """
+
+    _dsn: str = attrs.field(validator=_check_dsn, repr=False)  # may hold a password
+    _session_id: str = attrs.field(default="default", validator=check_session_id)
+    _max_connections: int = attrs.field(default=4, kw_only=True, validator=_check_size)
+    _lock_timeout: float = attrs.field(default=5.0, kw_only=True, validator=_check_timeout)
+    _statement_timeout: float = attrs.field(default=30.0, kw_only=True, validator=_check_timeout)
+    _database: str = attrs.field(init=False)
+    _lock_key: tuple[str, ...] = attrs.field(init=False, repr=False)
+    _pool: _Pool | None = attrs.field(init=False, default=None, repr=False)
+    _state: threading.Condition = attrs.field(init=False, factory=threading.Condition, repr=False)
+    _calls: int = attrs.field(init=False, default=0, repr=False)
+    _closed: bool = attrs.field(init=False, default=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        params = psycopg.conninfo.conninfo_to_dict(self._dsn)
+        host, port, dbname = (str(params.get(k) or "") for k in ("host", "port", "dbname"))
+        self._database = f"{host or 'localhost'}:{port or '5432'}/{dbname or '(default)'}"
+        self._lock_key = ("postgres", host, port, dbname, self._session_id)
+
+    @property
+    def session_id(self) -> str:
+        """The id of the conversation this session stores."""
+        return self._session_id
+
+    @property
+    def lock_key(self) -> tuple[str, ...]:
+        """Objects on one database (host, port, dbname of the DSN) with one id are one
+        session: one active run at a time in the process."""
+        return self._lock_key
+
+    @property
+    def database(self) -> str:
+        """The database as ``host:port/dbname`` (from the DSN; never the password)."""
+        return self._database
+
+    # -- the Session protocol ---------------------------------------------------------
+
+    async def get_items(self) -> list[Item]:
+        """Return the stored conversation, oldest first, repaired.
+
+        Dangling tool calls are answered with a ``cancelled`` result and orphan results
+        dropped (see :func:`~trio_agents.sessions.repair_loaded`), and the repair is
+        written back in the same transaction, under the session's row lock, so the
+        stored rows are valid again.
+
+        Raises:
+            SessionStorageError: a stored item cannot be read (names its position).
+        """
+        return await self._call(self._get_items_sync)
+
+    async def add_items(self, items: Sequence[Item]) -> None:
+        """Append ``items`` in one transaction: all of them or, on any error, none.
+
+        Cancelled while waiting for a connection slot, nothing is written; once the
+        write has started in its thread it is not abandoned: the caller waits for the
+        (bounded) commit, returns, and sees the cancellation at its next checkpoint.
+
+        Raises:
+            TypeError: an element of ``items`` is not an item (nothing is written).
+        """
+        encoded = encode_items(items)
+        if not encoded:
+            if self._closed:
+                raise trio.ClosedResourceError("this PostgresSession is closed")
+            await trio.lowlevel.checkpoint()
+            return
+        await self._call(lambda conn: self._add_items_sync(conn, encoded))
+
+    async def replace_items(self, items: Sequence[Item]) -> None:
+        """Replace the stored conversation with ``items`` in one transaction.
+
+        Raises:
+            TypeError: an element of ``items`` is not an item (nothing is written).
+        """
+        encoded = encode_items(items)
+        await self._call(lambda conn: self._replace_sync(conn, encoded))
+
+    async def clear(self) -> None:
+        """Delete the stored conversation of this session (other sessions are untouched)."""
+        await self._call(self._clear_sync)
+
+    # -- extras -----------------------------------------------------------------------
+
+    async def statistics(self) -> PostgresSessionStatistics:
+        """Return the database, the session id and the number of stored items.
+
+        Async (unlike most ``statistics()``): the count is read from the database.
+        """
+        count = await self._call(self._count_sync)
+        return PostgresSessionStatistics(self._database, self._session_id, count)
+
+    async def aclose(self) -> None:
+        """Give this session's share of the pool back (the last one closes the pool).
+        Idempotent.
+
+        Waits for this session's calls in flight to finish first. Shielded from
+        cancellation; a cancelled caller sees the cancellation after the close.
+        """
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._close_shielded()
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def _close_shielded(self) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.close)
+
+    def close(self) -> None:
+        """Close from synchronous code. Idempotent.
+
+        Blocks the calling thread while a call of this session is in flight in a worker
+        thread, and while the last user's pool closes; in async code prefer
+        :meth:`aclose`.
+        """
+        with self._state:
+            self._closed = True
+            self._state.wait_for(lambda: self._calls == 0)
+            shared, self._pool = self._pool, None
+        if shared is not None:
+            _release_pool(shared)
+
+    async def __aenter__(self) -> PostgresSession:
+        """Open the pool, check (create, migrate) the tables, and return ``self``.
+
+        On failure the session is closed (its share of the pool given back) before the
+        error propagates."""
+        try:
+            await self._call(lambda conn: None)
+        except BaseException:
+            await self._close_shielded()  # no checkpoint: the error is what propagates
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close (see :meth:`aclose`)."""
+        await self.aclose()
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(connection)`` in one transaction, in a worker thread.
+
+        Not abandoned on cancellation (see the module docstring), so bounded: the
+        transaction's ``lock_timeout`` and ``statement_timeout`` are capped by what is
+        left of the caller's Trio deadline (a run's repair passes its
+        ``cleanup_timeout`` this way), and a lock held by another connection makes the
+        call fail with a lock timeout in time rather than block past it.
+        """
+        # Counted in flight from here (not from when its thread starts), so a close
+        # that comes while the call waits for a thread waits for it instead of failing it.
+        with self._state:
+            if self._closed:
+                raise trio.ClosedResourceError("this PostgresSession is closed")
+            self._calls += 1
+        try:
+            remaining = trio.current_effective_deadline() - trio.current_time()
+            # A wall-clock deadline for the thread (Trio's clock may be a MockClock).
+            deadline = time.monotonic() + max(remaining, 0.0) if remaining < float("inf") else None
+            key = (self._dsn, self._max_connections)
+            return await trio.to_thread.run_sync(
+                self._in_thread, fn, deadline, limiter=_pool_limiter(key)
+            )
+        finally:  # not abandoned: the thread, if it started, has returned
+            with self._state:
+                self._calls -= 1
+                self._state.notify_all()
+
+    def _in_thread(self, fn: Callable[[Connection], T], deadline: float | None) -> T:
+        with self._state:  # a close waits for this call: the pool is still ours
+            if self._pool is None:
+                self._pool = _acquire_pool((self._dsn, self._max_connections))
+            shared = self._pool
+
+        def budget(limit: float) -> float:
+            if deadline is None:
+                return limit
+            return min(limit, deadline - time.monotonic())
+
+        try:
+            with shared.pool.connection(
+                timeout=max(budget(self._statement_timeout), 0.001)
+            ) as conn:
+                if not shared.schema_ready:
+                    with shared.schema_lock:
+                        if not shared.schema_ready:
+                            self._transaction(conn, budget, self._prepare)
+                            shared.schema_ready = True
+                return self._transaction(conn, budget, fn)
+        except psycopg.Error as exc:
+            raise self._error(
+                f"session {self._session_id!r} in database {self._database}: {exc}",
+                session_id=self._session_id,
+            ) from exc
+
+    def _transaction(
+        self, conn: Connection, budget: Callable[[float], float], fn: Callable[[Connection], T]
+    ) -> T:
+        with conn.transaction():
+            # Local to this transaction (is_local = true): the pooled connection goes
+            # back with its defaults.
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, true),"
+                " set_config('statement_timeout', %s, true)",
+                (
+                    _milliseconds(budget(self._lock_timeout)),
+                    _milliseconds(budget(self._statement_timeout)),
+                ),
+            )
+            return fn(conn)
+
+    def _error(self, message: str, **data: Any) -> SessionStorageError:
+        return SessionStorageError(message, database=self._database, **data)
+
+    # -- the schema -------------------------------------------------------------------
+
+    def _prepare(self, conn: Connection) -> None:
+        """Check the tables are ours and current; create or migrate them if not."""
+        version = self._inspect(conn)
+        if version == SCHEMA_VERSION:
+            return
+        # Another process may be creating or migrating them right now: take turns,
+        # then look again.
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+        version = self._inspect(conn)
+        if version is None:
+            _create_schema(conn)
+        elif version < SCHEMA_VERSION:
+            self._migrate(conn, version)
+
+    def _inspect(self, conn: Connection) -> int | None:
+        """Return the schema version, or ``None`` when the tables do not exist yet."""
+        # A plain query of the catalog (not to_regclass, which answers from this
+        # backend's catalog cache and can miss a table another process created while
+        # we waited for the advisory lock), in the schema tables are created in.
+        found_tables = {
+            name
+            for (name,) in conn.execute(
+                "SELECT c.relname FROM pg_catalog.pg_class c"
+                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = current_schema() AND c.relname = ANY(%s)",
+                ([_SCHEMA_TABLE, _SESSIONS, _ITEMS],),
+            ).fetchall()
+        }
+        has_schema, has_sessions, has_items = (
+            name in found_tables for name in (_SCHEMA_TABLE, _SESSIONS, _ITEMS)
+        )
+        foreign = f"database {self._database} is not usable for trio_agents sessions"
+        version: int | None = None
+        if has_schema:
+            try:
+                with conn.transaction():  # a savepoint: a failure here must not end ours
+                    found = conn.execute(
+                        f"SELECT version FROM {_SCHEMA_TABLE} WHERE component = %s",
+                        (COMPONENT,),
+                    ).fetchone()
+            except psycopg.Error as exc:
+                raise self._error(f"{foreign} (unexpected {_SCHEMA_TABLE} table: {exc})") from exc
+            if found is not None:
+                if not isinstance(found[0], int):
+                    raise self._error(f"{foreign} (no valid version in {_SCHEMA_TABLE})")
+                version = found[0]
+        if version is None:
+            if has_sessions or has_items:
+                raise self._error(
+                    f"{foreign} (it has a {_ITEMS if has_items else _SESSIONS} table"
+                    f" that no {_SCHEMA_TABLE} row accounts for)"
+                )
+            return None
+        if version > SCHEMA_VERSION:
+            raise self._error(
+                f"the session tables in database {self._database} have schema version"
+                f" {version}, newer than this trio_agents supports ({SCHEMA_VERSION});"
+                " upgrade trio_agents"
+            )
+        if version == SCHEMA_VERSION and not (has_sessions and has_items):
+            raise self._error(
+                f"the session tables in database {self._database} are corrupt:"
+                f" no {_SESSIONS if not has_sessions else _ITEMS} table"
+            )
+        return version
+
+    def _migrate(self, conn: Connection, version: int) -> None:
+        for step_from in range(version, SCHEMA_VERSION):
+            step = MIGRATIONS.get(step_from)
+            if step is None:
+                raise self._error(
+                    f"cannot use database {self._database}: no migration of the session"
+                    f" tables from schema version {step_from} to {step_from + 1}"
+                )
+            try:
+                step(conn)
+            except Exception as exc:
+                raise self._error(
+                    f"migrating the session tables in database {self._database} from schema"
+                    f" version {step_from} to {step_from + 1} failed: {exc}"
+                ) from exc
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+                raise self._error(
+                    f"the migration from schema version {step_from} ended the transaction;"
+                    " migrations must not commit or roll back"
+                )
+        conn.execute(
+            f"UPDATE {_SCHEMA_TABLE} SET version = %s, updated_at = now() WHERE component = %s",
+            (SCHEMA_VERSION, COMPONENT),
+        )
+
+    # -- the statements (each inside the call's transaction) ----------------------------
+
+    def _get_items_sync(self, conn: Connection) -> list[Item]:
+        items = self._read_sync(conn)
+        repaired = repair_loaded(items)
+        if repaired == items:
+            return items
+        # Write the repair back: take the session's row lock (another writer may have
+        # appended or repaired meanwhile), read again, and replace the rows.
+        self._lock_row_sync(conn)
+        repaired = repair_loaded(self._read_sync(conn))
+        self._write_all_sync(conn, encode_items(repaired))
+        return repaired
+
+    def _read_sync(self, conn: Connection) -> list[Item]:
+        rows = conn.execute(
+            f"SELECT position, data FROM {_ITEMS} WHERE session_id = %s ORDER BY position",
+            (self._session_id,),
+        ).fetchall()
+        items: list[Item] = []
+        for position, data in rows:
+            try:
+                items.append(decode_item(data))
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise self._error(
+                    f"session {self._session_id!r} in database {self._database}: the item at"
+                    f" position {position} cannot be read: {exc}",
+                    session_id=self._session_id,
+                    position=position,
+                ) from exc
+        return items
+
+    def _lock_row_sync(self, conn: Connection) -> None:
+        """Take the session's row lock (creating the row if missing)."""
+        conn.execute(
+            f"INSERT INTO {_SESSIONS} AS s (session_id, next_position) VALUES (%s, 0)"
+            " ON CONFLICT (session_id) DO UPDATE SET updated_at = now()",
+            (self._session_id,),
+        )
+
+    def _write_all_sync(self, conn: Connection, encoded: list[str]) -> None:
+        """Replace this session's rows; the caller holds the row lock."""
+        conn.execute(f"DELETE FROM {_ITEMS} WHERE session_id = %s", (self._session_id,))
+        conn.execute(
+            f"INSERT INTO {_ITEMS} (session_id, position, data)"
+            " SELECT %s, item.ordinality - 1, item.data"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS item(data, ordinality)",
+            (self._session_id, encoded),
+        )
+        conn.execute(
+            f"UPDATE {_SESSIONS} SET next_position = %s, updated_at = now() WHERE session_id = %s",
+            (len(encoded), self._session_id),
+        )
+
+    def _replace_sync(self, conn: Connection, encoded: list[str]) -> None:
+        self._lock_row_sync(conn)
+        self._write_all_sync(conn, encoded)
+
+    def _add_items_sync(self, conn: Connection, encoded: list[str]) -> None:
+        # One statement: the upsert claims positions [start, start + n) under the
+        # session's row lock (ON CONFLICT DO UPDATE works on the latest row version,
+        # even under READ COMMITTED), and the rows go in at those positions.
+        conn.execute(
+            f"WITH claimed AS ("
+            f" INSERT INTO {_SESSIONS} AS s (session_id, next_position) VALUES (%(sid)s, %(n)s)"
+            "  ON CONFLICT (session_id) DO UPDATE"
+            "  SET next_position = s.next_position + EXCLUDED.next_position, updated_at = now()"
+            "  RETURNING s.next_position - %(n)s AS start)"
+            f" INSERT INTO {_ITEMS} (session_id, position, data)"
+            " SELECT %(sid)s, claimed.start + item.ordinality - 1, item.data"
+            " FROM claimed, unnest(%(data)s::text[]) WITH ORDINALITY AS item(data, ordinality)",
+            {"sid": self._session_id, "n": len(encoded), "data": encoded},
+        )
+
+    def _clear_sync(self, conn: Connection) -> None:
+        # The row first: its lock orders the clear with concurrent appends.
+        conn.execute(f"DELETE FROM {_SESSIONS} WHERE session_id = %s", (self._session_id,))
+        conn.execute(f"DELETE FROM {_ITEMS} WHERE session_id = %s", (self._session_id,))
+
+    def _count_sync(self, conn: Connection) -> int:
+        row = conn.execute(
+            f"SELECT COUNT(*) FROM {_ITEMS} WHERE session_id = %s", (self._session_id,)
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def _create_schema(conn: Connection) -> None:
+    """Create the tables of schema version :data:`SCHEMA_VERSION` (in a transaction)."""
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE} ("
+        " component TEXT PRIMARY KEY,"
+        " version INTEGER NOT NULL,"
+        " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    )
+    conn.execute(
+        f"CREATE TABLE {_SESSIONS} ("
+        " session_id TEXT PRIMARY KEY,"
+        " next_position BIGINT NOT NULL,"
+        " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    )
+    conn.execute(
+        f"CREATE TABLE {_ITEMS} ("
+        " session_id TEXT NOT NULL,"
+        " position BIGINT NOT NULL,"
+        " data TEXT NOT NULL,"
+        " created_at TIMESTAMPTZ NOT NULL DEFAULT now(),"
+        " PRIMARY KEY (session_id, position))"
+    )
+    conn.execute(
+        f"INSERT INTO {_SCHEMA_TABLE} (component, version) VALUES (%s, %s)",
+        (COMPONENT, SCHEMA_VERSION),
+    )
