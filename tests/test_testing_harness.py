@@ -618,7 +618,7 @@ def test_a_user_thread_tool_that_ignores_cancellation_is_reported() -> None:
         stop.wait(30)
         return f"exported {rows}"
 
-    prop = tt.LifecycleProperty(agent_with(export_rows))
+    prop = tt.LifecycleProperty(agent_with(export_rows), thread_grace=0.5)
     try:
         report = prop.check(
             [tt.Turn(tool_calls=[("export_rows", {"rows": 3})]), "done"],

@@ -593,7 +593,7 @@ def _check_hooks(obs: Observation, out: Found) -> None:
                     f" {result.status.value} ({result.reason})",
                 )
             )
-        elif call.hook not in (result.reason or ""):
+        elif call.hook not in _failure_reasons(obs):
             out.append(
                 Violation(
                     "hook-errors",
@@ -602,6 +602,18 @@ def _check_hooks(obs: Observation, out: Found) -> None:
                 )
             )
         break
+
+
+def _failure_reasons(obs: Observation) -> str:
+    """The final reason, and the reason the run had before its repair could not be
+    written (``detail["reason_before_repair"]``: a session error or timeout takes the
+    reason over, so that a client never trusts the run as saved)."""
+    result = obs.outcome
+    reasons = [result.reason or ""] if result is not None else []
+    for event in obs.events:
+        if isinstance(event, RunUpdated) and event.status.is_terminal:
+            reasons.append(str(event.detail.get("reason_before_repair", "")))
+    return " | ".join(reasons)
 
 
 def _failure_before(

@@ -104,7 +104,7 @@ class LifecycleProperty:
     faults: st.SearchStrategy[Faults] | None = None
     session: bool | Callable[[], Session] = True
     thread_hold: float | None = 1.0
-    thread_grace: float = 1.0
+    thread_grace: float = 5.0
 
     def strategy(self) -> st.SearchStrategy[Example]:
         """Triples of (script, schedule, faults)."""

@@ -402,7 +402,7 @@ def run_schedule(
     faults: Faults | None = None,
     session: bool | Callable[[], Session] = False,
     thread_hold: float | None = 1.0,
-    thread_grace: float = 1.0,
+    thread_grace: float = 5.0,
 ) -> Observation:
     """Run one example and return what happened: a sync function calling ``trio.run``.
 
