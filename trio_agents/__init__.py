@@ -42,6 +42,7 @@ from ._model import ToolSpec as ToolSpec
 from ._model import Usage as Usage
 from ._output import JSONSchema as JSONSchema
 from ._result import RunResult as RunResult
+from ._resume import Resume as Resume
 from ._result import RunStatistics as RunStatistics
 from ._run import CancelMode as CancelMode
 from ._run import InjectionId as InjectionId
@@ -73,6 +74,7 @@ __all__ = [
     "ModelRequest",
     "OnBusy",
     "ResponseTextDelta",
+    "Resume",
     "Run",
     "RunClosedError",
     "RunEvent",

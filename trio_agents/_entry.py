@@ -68,10 +68,15 @@ async def open_run(
     ``"reject"`` raises :class:`SessionBusyError` at once, ``"interrupt"`` cancels that
     run with reason ``"superseded"`` and starts once its repair is persisted,
     ``"enqueue"`` waits for it to end; the run is ``queued`` while it waits, and a run
-    cancelled while it waits leaves the session untouched).
+    cancelled while it waits leaves the session untouched). For durable runs (a cluster,
+    docs/cluster.md): ``before_tool`` (``async def before_tool(call)``, awaited just
+    before each tool call executes, after its approval; if it raises, the tool does not
+    run and the call gets ``"not started: …"``) and ``resume`` (a :class:`Resume`:
+    continue a run another process started, from ``session`` and with empty ``input``).
 
     Raises:
         SessionBusyError: ``on_busy="reject"`` and the session is busy.
+        ValueError: ``resume`` without a session, or with input.
     """
     handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
     handle._claim_session()

@@ -4,33 +4,41 @@ conversation already holds."""
 
 from __future__ import annotations
 
-from ._items import Item
-from ._state import InvalidConversation, RunState, SessionError
-from .sessions._repair import repair_loaded
+from ._items import Item, ToolCall
+from ._state import InvalidConversation, OpenCall, RunState, SessionError
+from .sessions._repair import repair_keeping_tail
 
 __all__ = ["load_session"]
 
 
-async def load_session(state: RunState) -> None:
+async def load_session(state: RunState) -> list[ToolCall]:
     """Load (and repair) the session's history, then commit the input, once.
 
-    The input is committed even when loading fails, so it is in ``new_items``.
+    The input is committed even when loading fails, so it is in ``new_items``. A
+    resumed run (the ``resume`` option) keeps the calls left open at the end of the
+    history open, and returns them (see ``settle_resumed_calls``); otherwise the repair
+    closes them and this returns ``[]``.
 
     Raises:
         SessionError: the session raised (the input is then not written to it).
     """
     if state.input_committed:
-        return
+        return []
     error: SessionError | None = None
+    tail: list[ToolCall] = []
     if state.session is not None and not state.history_loaded:
+        resuming = state.options.resume is not None
         try:
             stored = await state.session.get_items()
-            repaired = repair_loaded(stored)  # raises TypeError for garbage
+            # Raises TypeError for garbage.
+            repaired, tail = repair_keeping_tail(stored, close_tail=not resuming)
         except Exception as exc:
             error = SessionError(exc)
             state.drop_session()  # never write to a session we could not read
         else:
             state.load_history(repaired)
+            for call in tail:
+                state.open_calls[call.call_id] = OpenCall(call)
             if repaired != stored:
                 await _write_back(state, stored, repaired)
     state.input_committed = True
@@ -43,6 +51,7 @@ async def load_session(state: RunState) -> None:
         state.drop_session()  # refuse to store an invalid conversation
         raise InvalidConversation(f"the input does not fit the stored conversation: {problems[0]}")
     await state.persist()
+    return tail
 
 
 async def _write_back(state: RunState, stored: list[Item], repaired: list[Item]) -> None:

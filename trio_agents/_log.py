@@ -22,15 +22,28 @@ __all__ = ["EventCursor", "EventLog", "StatusCursor", "UpdatedStream"]
 class EventLog:
     """Bounded, replayable log of one run's events."""
 
-    __slots__ = ("_buffer", "_closed", "_lot", "_next_seq", "_retention", "_statuses", "run_id")
+    __slots__ = (
+        "_buffer",
+        "_closed",
+        "_lot",
+        "_next_seq",
+        "_retention",
+        "_start",
+        "_statuses",
+        "run_id",
+    )
 
-    def __init__(self, run_id: str, retention: int) -> None:
+    def __init__(self, run_id: str, retention: int, start_seq: int = 1) -> None:
         if retention < 1:
             raise ValueError("event retention must be at least 1")
+        if start_seq < 1:
+            raise ValueError("the first seq must be at least 1")
         self.run_id = run_id
         self._retention = retention
         self._buffer: list[RunEvent | None] = [None] * min(retention, 64)
-        self._next_seq = 1
+        # A resumed run (cluster takeover) continues the seqs of its earlier attempts.
+        self._start = start_seq
+        self._next_seq = start_seq
         self._closed = False
         self._lot = trio.lowlevel.ParkingLot()
         self._statuses: list[RunUpdated] = []
@@ -43,7 +56,7 @@ class EventLog:
     @property
     def first_seq(self) -> int:
         """The seq of the oldest retained event (``next_seq`` when empty)."""
-        return max(1, self._next_seq - self._retention)
+        return max(self._start, self._next_seq - self._retention)
 
     @property
     def closed(self) -> bool:
@@ -62,7 +75,7 @@ class EventLog:
         seq = self._next_seq
         assert event.seq == seq, (event.seq, seq)
         buffer = self._buffer
-        if seq > len(buffer) and len(buffer) < self._retention:
+        if seq - self._start >= len(buffer) and len(buffer) < self._retention:
             buffer = self._grow()
         buffer[seq % len(buffer)] = event
         self._next_seq = seq + 1
@@ -74,7 +87,7 @@ class EventLog:
     def _grow(self) -> list[RunEvent | None]:
         old = self._buffer
         new: list[RunEvent | None] = [None] * min(2 * len(old), self._retention)
-        for seq in range(max(1, self._next_seq - len(old)), self._next_seq):
+        for seq in range(max(self._start, self._next_seq - len(old)), self._next_seq):
             new[seq % len(new)] = old[seq % len(old)]
         self._buffer = new
         return new

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, TypeAlias
 
 import attrs
 import trio
 
 from ._hooks import RunHooks
+from ._items import ToolCall
+from ._resume import Resume
 from ._session_lock import OnBusy
 
-__all__ = ["OnBusy", "OnToolError", "RunOptions", "make_options"]
+__all__ = ["BeforeTool", "OnBusy", "OnToolError", "RunOptions", "make_options"]
 
 OnToolError: TypeAlias = Literal["return", "fail"]
+BeforeTool: TypeAlias = Callable[[ToolCall], Awaitable[None]]
 
 
 def _check_positive(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -53,6 +56,12 @@ class RunOptions:
     max_turns: int | None = attrs.field(default=None, validator=_check_count)
     on_busy: OnBusy = attrs.field(
         default="reject", validator=attrs.validators.in_(("reject", "interrupt", "enqueue"))
+    )
+    before_tool: BeforeTool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
+    resume: Resume | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Resume))
     )
 
 

@@ -101,11 +101,17 @@ class Run:
         problems = conversation_problems(items, allow_open_calls=False)
         if problems:
             raise ValueError(f"the input is not a valid conversation: {problems[0]}")
+        resume = options.resume
+        if resume is not None and (session is None or items):
+            raise ValueError(
+                "resume= continues a run from its session: give a session and no input"
+            )
         self.id: str = run_id or f"run_{uuid.uuid4().hex}"
         self.agent = agent
         self.session = session
         self._options = options
-        self._log = EventLog(self.id, options.event_retention)
+        start = resume.next_seq if resume is not None else 1
+        self._log = EventLog(self.id, options.event_retention, start)
         self._state = RunState(
             run_id=self.id,
             agent=agent,

@@ -24,11 +24,12 @@ import trio
 from ._events import RunStatus, ToolFinished, ToolProgress, ToolStarted
 from ._inbox import Approvals
 from ._items import ToolCall, ToolResult
+from ._resume import Resume
 from ._state import CallSoon, OpenCall, RunState, call_hook
 from ._tools import Tool, ToolArgumentsError, ToolContext
 from ._util import summarize
 
-__all__ = ["ToolFailure", "run_tools"]
+__all__ = ["ToolFailure", "run_tools", "settle_resumed_calls"]
 
 STRAY_CANCELLED = "error: the tool raised trio.Cancelled although nothing cancelled it"
 
@@ -96,6 +97,14 @@ async def _run_one(
 
 
 async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolResult:
+    before_tool = state.options.before_tool
+    if before_tool is not None:
+        # A cluster records durably that the call starts, before it can have any effect:
+        # if that fails, the tool must not run (a takeover would not know it ran).
+        try:
+            await before_tool(call)
+        except Exception as exc:
+            return ToolResult(call.call_id, f"not started: {summarize(exc)}", status="error")
     open_call = state.open_calls[call.call_id]
     open_call.started = True
     state.log.append(
@@ -206,3 +215,19 @@ async def end_tool(state: RunState, call: ToolCall, result: ToolResult) -> None:
     end = state.spans.pop(f"tool:{call.call_id}")
     if end is not None:
         await call_hook("on_tool_end", end())
+
+
+def settle_resumed_calls(state: RunState, resume: Resume, calls: list[ToolCall]) -> list[ToolCall]:
+    """A resumed run's calls left open: answer those that may not run again with
+    ``interrupted`` (they started, and their tool is not idempotent); return the others,
+    to run as a turn's calls (approval included) before the first model call."""
+    again: list[ToolCall] = []
+    for call in calls:
+        tool = state.agent.get_tool(call.name)
+        if call.call_id not in resume.started or (tool is not None and tool.idempotent):
+            again.append(call)
+            continue
+        state.open_calls[call.call_id].started = True  # its tool.started was sent before
+        result = ToolResult(call.call_id, f"interrupted: {resume.reason}", status="error")
+        finish_call(state, call, result)
+    return again

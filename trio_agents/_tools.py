@@ -282,6 +282,10 @@ class Tool:
             ``"timed out after N s"``; None for no limit.
         needs_approval: whether a call waits for ``run.approve()``/``run.reject()``;
             a callable decides per call from the (validated) arguments.
+        idempotent: whether running a call twice is harmless. A cluster node that takes
+            over a run whose owner died runs such a call again; any other call that had
+            started gets an ``"interrupted: …"`` error result instead (see
+            docs/cluster.md). Has no effect in a single process.
     """
 
     name: str = attrs.field(validator=_check_name)
@@ -292,6 +296,7 @@ class Tool:
     needs_approval: bool | Callable[[Mapping[str, Any]], bool] = attrs.field(
         default=False, validator=_check_needs_approval
     )
+    idempotent: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     _schema: FunctionSchema = attrs.field(repr=False, kw_only=True)
     _is_async: bool = attrs.field(repr=False, kw_only=True)
     # from_schema: fn takes (ctx, arguments) rather than one keyword per parameter.
@@ -307,6 +312,7 @@ class Tool:
         *,
         timeout: float | None = None,
         needs_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+        idempotent: bool = False,
     ) -> Tool:
         """A tool whose JSON schema is given, not read from a signature: for tools
         defined elsewhere (an MCP server's, say).
@@ -333,6 +339,7 @@ class Tool:
             fn=fn,
             timeout=timeout,
             needs_approval=needs_approval,
+            idempotent=idempotent,
             schema=FunctionSchema(
                 description=description, parameters=schema, takes_context=True, params=()
             ),
@@ -457,6 +464,7 @@ def _make_tool(
     description: str | None,
     timeout: float | None,
     needs_approval: bool | Callable[[Mapping[str, Any]], bool],
+    idempotent: bool,
     localns: Mapping[str, Any] | None,
 ) -> Tool:
     if isinstance(fn, Tool):
@@ -484,6 +492,7 @@ def _make_tool(
         fn=fn,
         timeout=timeout,
         needs_approval=needs_approval,
+        idempotent=idempotent,
         schema=schema,
         is_async=inspect.iscoroutinefunction(target),
     )
@@ -513,6 +522,7 @@ def function_tool(
     description: str | None = None,
     timeout: float | None = None,
     needs_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+    idempotent: bool = False,
 ) -> Tool: ...
 
 
@@ -525,6 +535,7 @@ def function_tool(
     description: str | None = None,
     timeout: float | None = None,
     needs_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+    idempotent: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -536,6 +547,7 @@ def function_tool(
     description: str | None = None,
     timeout: float | None = None,
     needs_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+    idempotent: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a :class:`Tool`; use as ``@function_tool`` or with options.
 
@@ -568,6 +580,8 @@ def function_tool(
         timeout: seconds a call may take; None for no limit.
         needs_approval: True to make every call wait for ``run.approve()``, or a
             callable that decides from the validated arguments.
+        idempotent: True if running a call twice is harmless: a cluster node that
+            takes over a dead node's run runs it again (see :attr:`Tool.idempotent`).
 
     Raises:
         TypeError: ``fn`` is not a function, is a generator function, takes
@@ -584,6 +598,7 @@ def function_tool(
                 description=description,
                 timeout=timeout,
                 needs_approval=needs_approval,
+                idempotent=idempotent,
                 localns=_caller_locals(),
             )
 
@@ -594,5 +609,6 @@ def function_tool(
         description=description,
         timeout=timeout,
         needs_approval=needs_approval,
+        idempotent=idempotent,
         localns=_caller_locals(),
     )

@@ -56,7 +56,7 @@ from ._state import (
     SessionError,
     call_hook,
 )
-from ._toolcalls import ToolFailure, run_tools
+from ._toolcalls import ToolFailure, run_tools, settle_resumed_calls
 from ._util import summarize
 
 __all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]
@@ -144,13 +144,17 @@ async def drive(
 ) -> Outcome:
     """The model-stream task: run turns until an outcome (see the module docstring)."""
     await trio.lowlevel.checkpoint_if_cancelled()  # cancelled before start: no model call
-    state.emit_status(RunStatus.RUNNING)
+    resume = state.options.resume
+    state.emit_status(RunStatus.RUNNING, detail=resume.detail if resume is not None else None)
     limiter = trio.CapacityLimiter(state.options.max_concurrent_tools)
     try:
         if state.hooks is not None:
             state.run_span_open = True
             await call_hook("on_run_start", state.hooks.on_run_start(state.handle))
-        await load_session(state)
+        left_open = await load_session(state)
+        # A resumed run first finishes the calls its earlier attempt left open.
+        pending = settle_resumed_calls(state, resume, left_open) if resume is not None else []
+        await state.persist()
         answers = Answers(state)
 
         async def run(calls: Sequence[ToolCall]) -> None:
@@ -161,13 +165,17 @@ async def drive(
             await trio.lowlevel.checkpoint()
             if stop_requested():
                 return Stopped()
-            deliver(state, inbox, idle=idle)
-            if state.turn >= state.max_turns:
-                return Failed("max_turns")
-            problems = state.conversation_problems()
-            if problems:
-                raise InvalidConversation("; ".join(problems[:3]))
-            turn = await model_turn(state, inbox)
+            if pending:
+                turn: _TurnOutcome = _Calls(tuple(pending))
+                pending = []
+            else:
+                deliver(state, inbox, idle=idle)
+                if state.turn >= state.max_turns:
+                    return Failed("max_turns")
+                problems = state.conversation_problems()
+                if problems:
+                    raise InvalidConversation("; ".join(problems[:3]))
+                turn = await model_turn(state, inbox)
             if type(turn) is _Interrupted:
                 idle = False  # a when="now" injection: the next turn starts at once
                 continue

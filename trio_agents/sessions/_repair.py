@@ -14,7 +14,7 @@ from typing import Final
 
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 
-__all__ = ["INTERRUPTED_OUTPUT", "repair_loaded"]
+__all__ = ["INTERRUPTED_OUTPUT", "repair_keeping_tail", "repair_loaded"]
 
 INTERRUPTED_OUTPUT: Final = "cancelled: interrupted"
 """The output of the result :func:`repair_loaded` inserts for a call that was never answered."""
@@ -42,6 +42,16 @@ def repair_loaded(items: Iterable[Item]) -> list[Item]:
     Raises:
         TypeError: an element of ``items`` is not an item.
     """
+    repaired, _ = repair_keeping_tail(items, close_tail=True)
+    return repaired
+
+
+def repair_keeping_tail(
+    items: Iterable[Item], *, close_tail: bool = False
+) -> tuple[list[Item], list[ToolCall]]:
+    """:func:`repair_loaded`, except that with ``close_tail=False`` the calls left open
+    in the conversation's last group are not closed: they are returned (in call order)
+    for a resumed run to decide (run them again, or answer them ``interrupted``)."""
     repaired: list[Item] = []
     seen_calls: set[str] = set()
     # Calls of the current group that have no result yet, in call order.
@@ -62,8 +72,11 @@ def repair_loaded(items: Iterable[Item]) -> list[Item]:
             repaired.append(item)
         else:
             raise TypeError(f"item {index}: expected an item, got {type(item).__name__}")
-    _close_group(open_calls, repaired)
-    return repaired
+    if close_tail:
+        _close_group(open_calls, repaired)
+        return repaired, []
+    calls = {item.call_id: item for item in repaired if isinstance(item, ToolCall)}
+    return repaired, [calls[call_id] for call_id in open_calls]
 
 
 def _close_group(open_calls: dict[str, None], repaired: list[Item]) -> None:
