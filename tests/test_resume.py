@@ -80,7 +80,8 @@ async def test_a_resumed_run_reruns_idempotent_calls_and_interrupts_started_ones
             assert run.status is ta.RunStatus.AWAITING_APPROVAL
             run.approve("c4")
     result = run.result
-    assert result is not None and result.status == "completed", result.reason
+    assert result is not None
+    assert result.status == "completed", result.reason
     # c1 (idempotent) ran again, c2 (started, not idempotent) did not, c4 never started.
     assert sorted(ran) == ["c1", "c4"]
     results = by_call(result.conversation)
@@ -113,7 +114,8 @@ async def test_a_call_that_never_started_runs_once_on_resume() -> None:
     ) as run:
         await trio.testing.wait_all_tasks_blocked()
         run.approve("c4")
-    assert run.result is not None and run.result.status == "completed"
+    assert run.result is not None
+    assert run.result.status == "completed"
     assert sorted(ran) == ["c1", "c2", "c4"]
 
 
@@ -127,7 +129,8 @@ async def test_cancelling_a_resumed_run_awaiting_approval_leaves_a_valid_session
         await trio.testing.wait_all_tasks_blocked()
         assert run.status is ta.RunStatus.AWAITING_APPROVAL
         run.cancel("stop")
-    assert run.result is not None and run.result.status == "cancelled"
+    assert run.result is not None
+    assert run.result.status == "cancelled"
     assert by_call(run.result.conversation)["c4"].output == "cancelled: stop"
     stored = await session.get_items()
     assert ta.conversation_problems(stored) == []

@@ -42,8 +42,8 @@ from ._model import ToolSpec as ToolSpec
 from ._model import Usage as Usage
 from ._output import JSONSchema as JSONSchema
 from ._result import RunResult as RunResult
-from ._resume import Resume as Resume
 from ._result import RunStatistics as RunStatistics
+from ._resume import Resume as Resume
 from ._run import CancelMode as CancelMode
 from ._run import InjectionId as InjectionId
 from ._run import InjectWhen as InjectWhen
