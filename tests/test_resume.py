@@ -226,7 +226,7 @@ def test_function_tool_idempotent_must_be_a_bool() -> None:
     assert ta.function_tool(f, idempotent=True).idempotent is True
     assert ta.function_tool(f).idempotent is False
     with pytest.raises(TypeError):
-        ta.function_tool(f, idempotent="yes")  # type: ignore[arg-type]
+        ta.function_tool(f, idempotent="yes")  # type: ignore[call-overload]
 
 
 def test_an_event_log_starting_later_keeps_its_seqs() -> None:
