@@ -179,6 +179,24 @@ CASES: list[Any] = [
         Faults(hooks=(HookFault("on_run_end", "block"),), session=SessionFault("block_on_add", 3)),
         id="session-blocks-and-on_run_end-blocks",
     ),
+    # -- a fault in the run, then the write of its repair fails (found by `make fuzz`):
+    #    the reason becomes the session error, the first cause stays in the detail
+    pytest.param(
+        [Turn(tool_calls=[("block", {})])],
+        (),
+        Faults(
+            hooks=(HookFault("on_tool_start", "raise"),), session=SessionFault("raise_on_add", 3)
+        ),
+        id="hook-raises-then-the-repair-write-fails",
+    ),
+    pytest.param(
+        ["a "],
+        (),
+        Faults(
+            model=(ModelFault(1, "bytes_text", after=1),), session=SessionFault("raise_on_add", 2)
+        ),
+        id="model-malformed-then-the-repair-write-fails",
+    ),
 ]
 
 

@@ -431,7 +431,7 @@ def _check_model(obs: Observation, out: Found) -> None:
         if result is None or result.status is not RunStatus.FAILED:
             status = "no result" if result is None else f"{result.status.value} ({result.reason})"
             out.append(Violation("model-events", f"{what}, yet the run ended {status}"))
-        elif fault.kind in MALFORMED and "ModelError" not in (result.reason or ""):
+        elif fault.kind in MALFORMED and "ModelError" not in _failure_reasons(obs):
             out.append(
                 Violation(
                     "model-events",
@@ -621,8 +621,7 @@ def _failure_before(
 ) -> bool:
     """Did something else fail the run at or before ``at``? (``hook_calls``: the hook
     calls to consider; by default all.)"""
-    result = obs.outcome
-    if result is not None and result.reason == "max_turns":
+    if "max_turns" in _failure_reasons(obs).split(" | "):
         return True
     for stream in obs.streams:
         if stream.error_at is not None and stream.error_at <= at:
