@@ -153,8 +153,10 @@ async def drive(
             await call_hook("on_run_start", state.hooks.on_run_start(state.handle))
         left_open = await load_session(state)
         # A resumed run first finishes the calls its earlier attempt left open.
-        pending = settle_resumed_calls(state, resume, left_open) if resume is not None else []
-        await state.persist()
+        pending: list[ToolCall] = []
+        if resume is not None:
+            pending = settle_resumed_calls(state, resume, left_open)
+            await state.persist()
         answers = Answers(state)
 
         async def run(calls: Sequence[ToolCall]) -> None:
