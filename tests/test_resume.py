@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import hypothesis
 import pytest
 import trio
 import trio.testing
+from hypothesis import strategies as st
 
 import trio_agents as ta
 from trio_agents.models import ScriptedModel, Turn
@@ -241,3 +243,77 @@ def test_an_event_log_starting_later_keeps_its_seqs() -> None:
             )
         )
     assert [e.seq for e in log.retained()] == [106, 107, 108, 109]
+
+
+# ------------------------------------------------------------------ property
+
+TOOL_KINDS = ("lookup", "charge", "delete")  # idempotent, plain, needs approval
+
+
+@hypothesis.settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@hypothesis.given(
+    tail=st.lists(st.sampled_from(TOOL_KINDS), min_size=0, max_size=5),
+    answered=st.sets(st.integers(0, 4)),
+    started=st.sets(st.integers(0, 4)),
+    approve=st.booleans(),
+    next_seq=st.integers(1, 10_000),
+)
+def test_resume_never_runs_a_started_call_twice(
+    tail: list[str], answered: set[int], started: set[int], approve: bool, next_seq: int
+) -> None:
+    """Whatever a crash left at the end of the session, a resumed run: runs each
+    unanswered call at most once, never a started non-idempotent one; answers every call;
+    keeps the stored results; leaves a valid session; continues the seqs."""
+    calls = [ta.ToolCall(f"c{i}", name, "{}") for i, name in enumerate(tail)]
+    stored_results = [
+        ta.ToolResult(c.call_id, "stored") for i, c in enumerate(calls) if i in answered
+    ]
+    started_ids = {f"c{i}" for i in started}
+    ran: list[str] = []
+
+    async def main() -> ta.RunResult:
+        session = MemorySession("s")
+        await session.add_items([ta.UserMessage("go"), *calls, *stored_results])
+        resume = ta.Resume(attempt=2, next_seq=next_seq, started=started_ids)
+        model = ScriptedModel(["done"])
+        async with ta.open_run(agent(model, ran), [], session=session, resume=resume) as run:
+            async def decide() -> None:
+                async for update in run.updated:
+                    if update.status is ta.RunStatus.AWAITING_APPROVAL:
+                        for call_id in update.detail["pending"]:
+                            if approve:
+                                run.approve(call_id)
+                            else:
+                                run.reject(call_id)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(decide)
+        assert run.result is not None
+        stored = await session.get_items()
+        assert ta.conversation_problems(stored) == []
+        assert stored[: 1 + len(calls) + len(stored_results)] == [
+            ta.UserMessage("go"),
+            *calls,
+            *stored_results,
+        ]
+        seqs = [e.seq async for e in run.events()]
+        assert seqs == list(range(next_seq, next_seq + len(seqs)))
+        return run.result
+
+    result = trio.run(main)
+    assert result.status == "completed", result.reason
+    open_ids = [c.call_id for i, c in enumerate(calls) if i not in answered]
+    results = by_call(result.conversation)
+    assert set(results) == {c.call_id for c in calls}
+    assert len(ran) == len(set(ran))
+    for call in calls:
+        if call.call_id not in open_ids:
+            assert results[call.call_id].output == "stored"
+            assert call.call_id not in ran
+        elif call.call_id in started_ids and call.name != "lookup":
+            assert results[call.call_id].output.startswith("interrupted: ")
+            assert call.call_id not in ran
+        elif call.name == "delete" and not approve:
+            assert call.call_id not in ran
+        else:
+            assert call.call_id in ran
