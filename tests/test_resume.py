@@ -277,6 +277,7 @@ def test_resume_never_runs_a_started_call_twice(
         resume = ta.Resume(attempt=2, next_seq=next_seq, started=started_ids)
         model = ScriptedModel(["done"])
         async with ta.open_run(agent(model, ran), [], session=session, resume=resume) as run:
+
             async def decide() -> None:
                 async for update in run.updated:
                     if update.status is ta.RunStatus.AWAITING_APPROVAL:
