@@ -144,19 +144,9 @@ async def drive(
 ) -> Outcome:
     """The model-stream task: run turns until an outcome (see the module docstring)."""
     await trio.lowlevel.checkpoint_if_cancelled()  # cancelled before start: no model call
-    resume = state.options.resume
-    state.emit_status(RunStatus.RUNNING, detail=resume.detail if resume is not None else None)
     limiter = trio.CapacityLimiter(state.options.max_concurrent_tools)
     try:
-        if state.hooks is not None:
-            state.run_span_open = True
-            await call_hook("on_run_start", state.hooks.on_run_start(state.handle))
-        left_open = await load_session(state)
-        # A resumed run first finishes the calls its earlier attempt left open.
-        pending: list[ToolCall] = []
-        if resume is not None:
-            pending = settle_resumed_calls(state, resume, left_open)
-            await state.persist()
+        pending = await _start(state)
         answers = Answers(state)
 
         async def run(calls: Sequence[ToolCall]) -> None:
@@ -204,6 +194,22 @@ async def drive(
         if trio.current_effective_deadline() != -math.inf:
             return Failed(STRAY_CANCELLED_RUN, exc)
         raise
+
+
+async def _start(state: RunState) -> list[ToolCall]:
+    """``running``, ``on_run_start``, the session loaded; returns the calls a resumed
+    run must run before its first model call (those its earlier attempt left open)."""
+    resume = state.options.resume
+    state.emit_status(RunStatus.RUNNING, detail=resume.detail if resume is not None else None)
+    if state.hooks is not None:
+        state.run_span_open = True
+        await call_hook("on_run_start", state.hooks.on_run_start(state.handle))
+    left_open = await load_session(state)
+    if resume is None:
+        return []
+    pending = settle_resumed_calls(state, resume, left_open)
+    await state.persist()
+    return pending
 
 
 def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
