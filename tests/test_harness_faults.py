@@ -197,6 +197,12 @@ CASES: list[Any] = [
         ),
         id="model-malformed-then-the-repair-write-fails",
     ),
+    pytest.param(
+        [Turn(tool_calls=[("block", {})])],
+        (),
+        Faults(hooks=(HookFault("on_tool_end", "raise"),), session=SessionFault("raise_on_add", 3)),
+        id="a-result-write-fails-then-on_tool_end-raises-in-the-repair",
+    ),
 ]
 
 

@@ -626,6 +626,10 @@ def _failure_before(
     for stream in obs.streams:
         if stream.error_at is not None and stream.error_at <= at:
             return True
+    # A session write that raised in the run fails it; the end hooks then run in the
+    # repair, where their errors are logged and ignored.
+    if any(c.fault and c.at <= at for c in obs.session_calls):
+        return True
     calls = obs.hook_calls if hook_calls is None else hook_calls
     return any(c.outcome == "raised" and c.hook != "on_run_end" and c.at <= at for c in calls)
 
