@@ -203,6 +203,15 @@ CASES: list[Any] = [
         Faults(hooks=(HookFault("on_tool_end", "raise"),), session=SessionFault("raise_on_add", 3)),
         id="a-result-write-fails-then-on_tool_end-raises-in-the-repair",
     ),
+    pytest.param(
+        [Turn()],
+        (),
+        Faults(
+            model=(ModelFault(1, "bytes_text", after=0),),
+            hooks=(HookFault("on_model_end", "raise"),),
+        ),
+        id="a-malformed-event-then-on_model_end-raises-in-the-repair",
+    ),
 ]
 
 

@@ -626,6 +626,10 @@ def _failure_before(
     for stream in obs.streams:
         if stream.error_at is not None and stream.error_at <= at:
             return True
+        # A malformed event fails the run as it arrives (a ModelError), raising nothing.
+        fault, fired = stream.fault, stream.fired_at
+        if fault is not None and fault.kind in MALFORMED and fired is not None and fired <= at:
+            return True
     # A session write that raised in the run fails it; the end hooks then run in the
     # repair, where their errors are logged and ignored.
     if any(c.fault and c.at <= at for c in obs.session_calls):
