@@ -31,7 +31,8 @@ fuzz: $(STAMP)  ## the lifecycle and fault properties, "fuzz" profile (over 20,0
 		tests/test_harness_faults.py -p no:cacheprovider --hypothesis-show-statistics -q \
 		-o faulthandler_timeout=3600
 
-bench: $(STAMP)  ## timing figures; results in benchmarks/RESULTS.md
+bench: $(STAMP)  ## timing figures and instruction counts; results in benchmarks/RESULTS.md
+	@.ci/valgrind.sh
 	$(BIN)/python -m benchmarks
 
 docs: $(STAMP)  ## the Sphinx site in docs/_build/html (warnings are errors)

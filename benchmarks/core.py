@@ -102,17 +102,17 @@ async def bench_b1(base: Baselines, *, deltas: int, subscribers: int, repeats: i
             "B1.overhead_per_delta",
             overhead * 1e6,
             "us",
-            target=2.0,
-            note="run per delta minus the model's own cost",
+            target=0.5 * base.checkpoint * 1e6,  # W1: 0.5 checkpoint
+            note="W1: run per delta minus the model's own cost (target 0.5 checkpoint)",
             extra=base.ratios(overhead),
         ),
         Figure(
             "B1.fanout_per_delivered_event",
             per_event * 1e6,
             "us",
-            target=1.0,
-            note=f"{subscribers} events() subscribers, {delivered} deliveries;"
-            " (wall - model cost) / deliveries",
+            target=0.2 * base.checkpoint * 1e6,  # W1 fan-out: 0.2 checkpoint
+            note=f"W1: {subscribers} events() subscribers, {delivered} deliveries;"
+            " (wall - model cost) / deliveries (target 0.2 checkpoint)",
             extra={**base.ratios(per_event), "wall_ms": round(wall * 1e3, 2)},
         ),
     ]
@@ -125,8 +125,9 @@ async def bench_b2(base: Baselines, *, runs: int, repeats: int) -> list[Figure]:
             "B2.tool_turn_per_run",
             per_run * 1e3,
             "ms",
-            target=0.15,
-            note=f"2-turn run (tool call to async add, then the answer), {runs} sequential runs",
+            target=40 * base.checkpoint * 1e3,  # W2: 40 checkpoints
+            note=f"W2: 2-turn run (tool call to async add, then the answer), {runs} sequential"
+            " runs (target 40 checkpoints)",
             extra=base.ratios(per_run),
         )
     ]
