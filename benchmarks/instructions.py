@@ -15,6 +15,7 @@ when valgrind is installed (``.ci/valgrind.sh`` installs it, as root, if missing
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,9 @@ def _total(mode: str, n: int) -> int:
             cwd=ROOT,
             capture_output=True,
             check=True,
+            # str hashes are salted per process: fix the seed so set and dict work is the
+            # same in both children and across runs.
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )
         for line in out.read_text().splitlines():
             if line.startswith(("summary:", "totals:")):

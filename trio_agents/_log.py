@@ -4,14 +4,6 @@ The log is a ring buffer of the last ``retention`` events, written only from the
 Trio thread. Readers are cursors holding their own position: they never hold the run
 back, and one that falls behind retention gets an ``events.dropped`` marker. Waiting
 readers park on one :class:`trio.lowlevel.ParkingLot` that every append wakes.
-
-Scheduling: every ``__anext__`` is a cancel point, but not every one is a schedule
-point. A reader woken from the lot has just been scheduled, so it takes what is ready
-without yielding again; an event that was already waiting is returned at once too, up
-to :data:`BURST` in a row, then the reader yields once (so a reader replaying a long
-finished log never starves the other tasks). A reader that keeps up with the run costs
-one task step per wake-up, not two per event; one that lags takes the backlog in
-bursts.
 """
 
 from __future__ import annotations
@@ -23,10 +15,7 @@ import trio
 
 from ._events import EventsDropped, RunEvent, RunUpdated
 
-__all__ = ["BURST", "EventCursor", "EventLog", "StatusCursor", "UpdatedStream"]
-
-BURST = 64
-"""At most this many events in a row are returned by a cursor without a schedule point."""
+__all__ = ["EventCursor", "EventLog", "StatusCursor", "UpdatedStream"]
 
 
 @final
@@ -131,7 +120,7 @@ class EventCursor(AsyncIterator[RunEvent]):
     Safe to ``break`` out of: it holds nothing but its position.
     """
 
-    __slots__ = ("_burst", "_log", "_next")
+    __slots__ = ("_log", "_next")
 
     def __init__(self, log: EventLog, from_seq: int | None) -> None:
         if from_seq is not None:
@@ -141,7 +130,6 @@ class EventCursor(AsyncIterator[RunEvent]):
                 raise ValueError("from_seq must be >= 0")
         self._log = log
         self._next = log.first_seq if from_seq is None else max(from_seq, 1)
-        self._burst = 0  # events it may still return without a schedule point
 
     def __aiter__(self) -> EventCursor:
         return self
@@ -157,25 +145,16 @@ class EventCursor(AsyncIterator[RunEvent]):
                     run_id=log.run_id, seq=first - 1, first_missing_seq=self._next, count=missing
                 )
                 self._next = first
-                await self._paced()
+                await trio.lowlevel.cancel_shielded_checkpoint()
                 return dropped
             if self._next < log.next_seq:
                 event = log.get(self._next)
                 self._next += 1
-                await self._paced()
+                await trio.lowlevel.cancel_shielded_checkpoint()
                 return event
             if log.closed:
                 raise StopAsyncIteration
             await log.wait()
-            self._burst = BURST  # the wake-up was a schedule point
-
-    async def _paced(self) -> None:
-        """A schedule point once every :data:`BURST` events (see the module docstring)."""
-        if self._burst:
-            self._burst -= 1
-        else:
-            self._burst = BURST
-            await trio.lowlevel.cancel_shielded_checkpoint()
 
 
 @final
@@ -186,12 +165,11 @@ class StatusCursor(AsyncIterator[RunUpdated]):
     after the terminal status.
     """
 
-    __slots__ = ("_burst", "_index", "_log")
+    __slots__ = ("_index", "_log")
 
     def __init__(self, log: EventLog) -> None:
         self._log = log
         self._index: int | None = None
-        self._burst = 0
 
     def __aiter__(self) -> StatusCursor:
         return self
@@ -206,16 +184,11 @@ class StatusCursor(AsyncIterator[RunUpdated]):
             if self._index < len(statuses):
                 event = statuses[self._index]
                 self._index += 1
-                if self._burst:  # paced like EventCursor
-                    self._burst -= 1
-                else:
-                    self._burst = BURST
-                    await trio.lowlevel.cancel_shielded_checkpoint()
+                await trio.lowlevel.cancel_shielded_checkpoint()
                 return event
             if log.closed:
                 raise StopAsyncIteration
             await log.wait()
-            self._burst = BURST
 
 
 @final
