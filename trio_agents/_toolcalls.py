@@ -69,6 +69,13 @@ async def run_tools(
         state.emit_status(
             RunStatus.AWAITING_APPROVAL, detail={"pending": [call.call_id for call in waiting]}
         )
+    if len(calls) == 1:
+        # One call: it runs in the model-stream task itself. A nursery and a task would
+        # cost a spawn, two task steps and a cancel scope per turn and buy nothing: the
+        # call is as cancellable here (every await in the run's scope is), its errors
+        # reach the turn loop the same way, and the limiter always has a slot for it.
+        await _run_one(state, approvals, None, call_soon, calls[0])
+        return
     async with trio.open_nursery() as nursery:
         for call in calls:
             nursery.start_soon(
@@ -79,7 +86,7 @@ async def run_tools(
 async def _run_one(
     state: RunState,
     approvals: Approvals,
-    limiter: trio.CapacityLimiter,
+    limiter: trio.CapacityLimiter | None,
     call_soon: CallSoon,
     call: ToolCall,
 ) -> None:
@@ -91,8 +98,11 @@ async def _run_one(
             message = approval.message or "the user rejected this tool call"
             await end_tool(state, call, ToolResult(call.call_id, f"rejected: {message}", "error"))
             return
-    async with limiter:
+    if limiter is None:
         result = await _invoke(state, call, call_soon)
+    else:
+        async with limiter:
+            result = await _invoke(state, call, call_soon)
     await end_tool(state, call, result)
 
 
