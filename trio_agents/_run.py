@@ -326,9 +326,15 @@ class Run:
     # ---------------------------------------------------------------- lifecycle
 
     async def _serve(
-        self, go: trio.Event | None = None, *, task_status: trio.TaskStatus[Run]
+        self,
+        go: trio.Event | None = None,
+        *,
+        task_status: trio.TaskStatus[Run] = trio.TASK_STATUS_IGNORED,
+        direct: bool = False,
     ) -> None:
-        """The run's task. With ``go``, the run stays queued until ``go`` is set."""
+        """The run's task. With ``go``, the run stays queued until ``go`` is set;
+        ``direct``: awaited by ``run()`` in its own task, where no one holds the handle
+        before it starts (so no start-up checkpoints are owed to a caller's cancel)."""
         self._token = trio.lowlevel.current_trio_token()
         self._thread_id = threading.get_ident()
         task_status.started(self)
@@ -338,7 +344,7 @@ class Run:
             with self._scope:
                 if go is not None:
                     await go.wait()
-                else:
+                elif not direct:
                     # serve_run: let the starter's next line (say, run.cancel()) run
                     # before any model call. Its task resumes in the batch our first
                     # checkpoint joins; the second one puts us behind it.

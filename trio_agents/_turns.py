@@ -146,7 +146,13 @@ async def drive(
     await trio.lowlevel.checkpoint_if_cancelled()  # cancelled before start: no model call
     resume = state.options.resume
     state.emit_status(RunStatus.RUNNING, detail=resume.detail if resume is not None else None)
-    limiter = trio.CapacityLimiter(state.options.max_concurrent_tools)
+    limiters: list[trio.CapacityLimiter] = []
+
+    def limiter() -> trio.CapacityLimiter:
+        if not limiters:
+            limiters.append(trio.CapacityLimiter(state.options.max_concurrent_tools))
+        return limiters[0]
+
     try:
         if state.hooks is not None:
             state.run_span_open = True
