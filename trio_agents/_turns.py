@@ -168,7 +168,11 @@ async def drive(
 
         idle = False
         while True:
-            await trio.lowlevel.checkpoint()
+            # A cancel point, not a schedule point: every turn awaits its model stream
+            # (and its tools), which yield, so a yield here only cost a scheduler pass
+            # per turn. Other threads' requests need none: the cancel mode and the inbox
+            # are read under their locks, right here.
+            await trio.lowlevel.checkpoint_if_cancelled()
             if stop_requested():
                 return Stopped()
             if pending:
