@@ -11,7 +11,14 @@ from trio_agents.models import ModelRequest, ScriptedModel, Turn
 
 from ._common import Baselines, Figure, median
 
-__all__ = ["add", "model_stream_cost", "stream_fanout", "stream_overhead", "tool_turn"]
+__all__ = [
+    "add",
+    "model_stream_cost",
+    "stream_fanout",
+    "stream_overhead",
+    "tool_turn",
+    "tool_turn_agent",
+]
 
 
 async def model_stream_cost(deltas: int) -> float:
@@ -62,12 +69,17 @@ async def add(a: int, b: int) -> int:
     return a + b
 
 
+def tool_turn_agent() -> ta.Agent:
+    """B2's agent: a fresh script (a call to ``add``, then the answer ``"3"``)."""
+    model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
+    return ta.Agent(name="b2", model=model, tools=[add])
+
+
 async def tool_turn(runs: int) -> float:
     """B2: seconds per 2-turn run (a tool call to ``add``, then the answer)."""
     total = 0.0
     for _ in range(runs):
-        model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
-        agent = ta.Agent(name="b2", model=model, tools=[add])
+        agent = tool_turn_agent()
         start = time.perf_counter()
         result = await ta.run(agent, "1 + 2?")
         total += time.perf_counter() - start

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import trio
 
+import trio_agents as ta
+
 from ._common import Figure
 
 __all__ = ["bench_instructions", "callgrind_available", "count"]
@@ -61,7 +63,12 @@ async def _workload(mode: str, n: int) -> None:
         await core.stream_fanout(n, 10)
     elif mode == "w2":
         await core.tool_turn(3)
-        await core.tool_turn(n)
+        # What B2 times is the run alone: build every agent and script first, and
+        # always as many as the larger child runs, so the difference is runs only.
+        agents = [core.tool_turn_agent() for _ in range(SIZES["w2"][1])]
+        for agent in agents[:n]:
+            result = await ta.run(agent, "1 + 2?")
+            assert result.final_output == "3", result
     else:  # pragma: no cover
         raise ValueError(mode)
 
