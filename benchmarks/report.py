@@ -115,23 +115,71 @@ def _row(figure: Figure) -> str:
     )
 
 
-def _peers_section(path: Path) -> list[str]:
+# Our figure beside each peer workload (run_peers.py), for the side-by-side table.
+_OURS = {
+    "W1.run_per_delta": "B1.run_per_delta",
+    "W2.tool_turn_per_run": "B2.tool_turn_per_run",
+    "W3.wall_1000_concurrent": "B3.wall_1000_concurrent",
+    "W3.rss_per_run_1000": "B3.peak_rss_growth_1000_concurrent",
+    "W4.cancel_mid_tool": "B4.cancel_mid_async_tool.memory",
+    "W5.cancel_mid_stream": "B4.cancel_mid_stream.memory",
+}
+_PEER_ORDER = ("openai-agents", "strands", "pydantic-ai", "adk")
+
+
+def _ours(bench: str, by_name: dict[str, Figure]) -> str:
+    figure = by_name.get(_OURS.get(bench, ""))
+    if figure is None:
+        return "n/a"
+    if bench == "W3.rss_per_run_1000":
+        return f"{figure.extra.get('kb_per_run', math.nan):g} KB"
+    return f"{_number(figure.value)} {figure.unit}"
+
+
+def _peers_section(path: Path, figures: Sequence[Figure]) -> list[str]:
     if not path.exists():
         return [
             "## Peers",
             "",
             "Not measured in this run: `make bench-peers` (see `benchmarks/peers/`).",
         ]
-    lines = ["## Peers", "", f"From `make bench-peers` ({path.name}); fake in-process models.", ""]
-    lines += ["| framework | version | workload | value | note |", "|---|---|---|---|---|"]
+    rows: list[dict[str, Any]] = []
+    env: dict[str, Any] = {}
     for raw in path.read_text().splitlines():
         row: dict[str, Any] = json.loads(raw)
         if "environment" in row:
+            env = row["environment"]
             continue
-        lines.append(
-            f"| {row['framework']} | {row.get('version', '')} | {row['bench']} |"
-            f" {_number(row['value'])} {row['unit']} | {row.get('note', '')} |"
-        )
+        rows.append(row)
+    frameworks = [f for f in _PEER_ORDER if any(r["framework"] == f for r in rows)]
+    versions = {r["framework"]: r.get("version", "") for r in rows}
+    cells = {(r["framework"], r["bench"]): f"{_number(r['value'])} {r['unit']}" for r in rows}
+    by_name = {figure.bench: figure for figure in figures}
+    benches = [b for b in _OURS if any(r["bench"] == b for r in rows)]
+    head = " | ".join(f"{f} {versions[f]}" for f in frameworks)
+    lines = [
+        "## Peers",
+        "",
+        f"From `make bench-peers` ({path.parent.name}/{path.name}, {env.get('date', '?')});"
+        " fake in-process models of the same shape, each peer on asyncio in its own venv"
+        " (`benchmarks/peers/run_peers.py` says exactly what each workload runs). Peers'"
+        " W4/W5 are asyncio's own `task.cancel()` until the awaiting task resumes, with no"
+        " status, repair or socket; ours are `cancel()` until the terminal `run.updated`"
+        " is seen, over a loopback HTTP model, after the repair.",
+        "",
+        f"| workload | trio_agents | {head} |",
+        "|---|---|" + "---|" * len(frameworks),
+    ]
+    for bench in benches:
+        values = " | ".join(cells.get((f, bench), "") for f in frameworks)
+        lines.append(f"| {bench} | {_ours(bench, by_name)} | {values} |")
+    floor = [r for r in rows if r["framework"] == "asyncio floor"]
+    if floor:
+        lines += [
+            "",
+            "asyncio floor in the peers' processes: "
+            + ", ".join(f"{r['bench']} {_number(r['value'])} {r['unit']}" for r in floor),
+        ]
     return lines
 
 
@@ -156,5 +204,5 @@ def write_markdown(path: Path, env: dict[str, Any], figures: Sequence[Figure]) -
     ]
     lines += [_row(figure) for figure in figures]
     lines.append("")
-    lines += _peers_section(path.parent / "peers" / "results.jsonl")
+    lines += _peers_section(path.parent / "peers" / "results.jsonl", figures)
     path.write_text("\n".join(lines) + "\n")
