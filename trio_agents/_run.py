@@ -428,6 +428,10 @@ class Run:
             state.emit_status(result.status, result.reason, verdict.detail)
             self._log.close()
             self._done.set()
+            # The state's only reference back to us was for the hooks, which are done:
+            # without the cycle, a finished run is freed by reference counting as soon
+            # as its holder drops it, not by the garbage collector's next full pass.
+            state.handle = None
         if verdict.interrupt is not None:
             raise verdict.interrupt
 

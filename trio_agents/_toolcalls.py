@@ -206,6 +206,9 @@ def _progress(state: RunState, open_call: OpenCall, message: str, data: Mapping[
 def finish_call(state: RunState, call: ToolCall, result: ToolResult) -> OpenCall:
     """Commit ``result`` for an open call (and its ``tool.finished``, if it started)."""
     open_call = state.open_calls.pop(call.call_id)
+    # Its context's progress callback holds the open call: break that cycle, or every
+    # finished run would wait for the garbage collector (which the cycle kept alive).
+    open_call.ctx = None
     state.commit(result)
     if open_call.started:
         state.log.append(
