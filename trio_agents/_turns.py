@@ -218,7 +218,11 @@ def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
     """The agent's tools, plus the final-answer tool when the agent has an output type
     and the model has no native structured output (``native_output``)."""
     agent = state.agent
-    tools = agent.tool_specs()
+    tools = state.tool_specs
+    if tools is None:
+        # Once per run: each spec deep-copies its tool's schema (isolating runs that
+        # share the agent), which every turn repeated.
+        tools = state.tool_specs = agent.tool_specs()
     if final_answer_offered(state):
         assert agent._output is not None
         tools = (*tools, agent._output.tool_spec())
