@@ -195,6 +195,9 @@ def write_markdown(path: Path, env: dict[str, Any], figures: Sequence[Figure]) -
         "",
     ]
     lines += _targets_section(figures)
+    notes = path.parent / "notes.md"
+    if notes.exists():
+        lines += ["", notes.read_text().rstrip()]
     lines += [
         "",
         "## Every figure",
