@@ -137,12 +137,34 @@ def _keep_others(figures: list[Figure], only: tuple[str, ...]) -> list[Figure]:
     return figures[:3] + kept + figures[3:]
 
 
+def _rewrite_report() -> None:
+    lines = (HERE / "results.jsonl").read_text().splitlines()
+    env = json.loads(lines[0])["environment"]
+    known = ("bench", "value", "unit", "target", "meets", "note")
+    figures = []
+    for line in lines[1:]:
+        row = json.loads(line)
+        extra = {key: value for key, value in row.items() if key not in known}
+        figures.append(
+            Figure(
+                row["bench"], row["value"], row["unit"], row["target"], row.get("note", ""), extra
+            )
+        )
+    write_markdown(HERE / "RESULTS.md", env, figures)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     parser.add_argument("--only", default=",".join(DEFAULT), help="comma-separated workloads")
     parser.add_argument("--no-write", action="store_true", help="print, write no files")
+    parser.add_argument(
+        "--report", action="store_true", help="only regenerate RESULTS.md from results.jsonl"
+    )
     args = parser.parse_args()
+    if args.report:
+        _rewrite_report()
+        return
     only = tuple(part.strip().upper() for part in args.only.split(",") if part.strip())
     start = time.perf_counter()
     env = environment()

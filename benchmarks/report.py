@@ -22,7 +22,8 @@ workload measures: [docs/benchmarks.md](../docs/benchmarks.md). Raw figures:
 a bare `trio.lowlevel.checkpoint()`, `x cancel` = multiples of the p99 of a bare scope
 cancel -> nursery exit. Targets are in those floor units (issue 18), so they are
 recomputed from the floor of each run; `I.*` rows are instruction counts (callgrind),
-the stable figures for before/after comparisons.
+the stable figures for before/after comparisons. A run with `--only` keeps the other
+workloads' figures from the previous run, each with the ratios of the run that measured it.
 """
 
 # The issue-18 workloads: (label, figure, which floor unit, target in that unit).
