@@ -31,7 +31,8 @@ fuzz: $(STAMP)  ## the lifecycle and fault properties, "fuzz" profile (over 20,0
 		tests/test_harness_faults.py -p no:cacheprovider --hypothesis-show-statistics -q \
 		-o faulthandler_timeout=3600
 
-bench: $(STAMP)  ## timing figures; results in benchmarks/RESULTS.md
+bench: $(STAMP)  ## timing figures and instruction counts; results in benchmarks/RESULTS.md
+	@.ci/valgrind.sh
 	$(BIN)/python -m benchmarks
 
 docs: $(STAMP)  ## the Sphinx site in docs/_build/html (warnings are errors)
@@ -41,9 +42,14 @@ docs: $(STAMP)  ## the Sphinx site in docs/_build/html (warnings are errors)
 clean:
 	rm -rf $(VENV) .venv-interop .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-bench-peers: $(STAMP)  ## peer frameworks on the B1/B2/B4 shapes (own venv; not CI)
-	benchmarks/peers/install.sh
-	benchmarks/peers/.venv-peers/bin/python benchmarks/peers/run_peers.py
+PEERS := openai-agents strands pydantic-ai adk
+
+bench-peers: $(STAMP)  ## the four peer frameworks on W1-W5 (each in its own venv; not CI)
+	PEERS="$(PEERS)" benchmarks/peers/install.sh
+	@failed=""; for peer in $(PEERS); do \
+		benchmarks/peers/.venv-$$peer/bin/python benchmarks/peers/run_peers.py $$peer \
+			|| failed="$$failed $$peer"; \
+	done; test -z "$$failed" || { echo "bench-peers: failed:$$failed" >&2; exit 1; }
 
 interop: $(STAMP)  ## providers against a real LiteLLM proxy and llama-cpp-python's schema (own venv; PyPI once, then offline; not CI)
 	interop/install.sh

@@ -68,10 +68,14 @@ class Figure:
 
 @attrs.frozen
 class Baselines:
-    """Seconds per bare memory-channel send+receive and per bare checkpoint."""
+    """The Trio floor, measured in the same process as the figures it scales: seconds
+    per bare memory-channel send+receive, per bare checkpoint, and the p50/p99 of a bare
+    scope cancel -> nursery exit (seen by another task), GC on."""
 
     hop: float
     checkpoint: float
+    cancel_p50: float = math.nan
+    cancel_p99: float = math.nan
 
     def ratios(self, seconds: float) -> dict[str, float]:
         """``seconds`` expressed in baseline units (how many hops / checkpoints)."""
@@ -79,6 +83,10 @@ class Baselines:
             "x_hop": round(seconds / self.hop, 3),
             "x_checkpoint": round(seconds / self.checkpoint, 3),
         }
+
+    def cancel_ratio(self, p99: float) -> dict[str, float]:
+        """A p99 latency in multiples of the bare scope-cancel p99."""
+        return {"x_cancel_p99": round(p99 / self.cancel_p99, 3)}
 
 
 def median(values: Sequence[float]) -> float:
@@ -114,10 +122,49 @@ async def bare_checkpoint(n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
+async def scope_cancel_exit(n: int) -> list[float]:
+    """Seconds from ``CancelScope.cancel()`` to another task seeing the nursery inside
+    that scope exited, one child blocked in ``sleep_forever`` (the shape of a run
+    cancelled from outside: the floor for W4/W5). GC stays on."""
+    samples: list[float] = []
+    for _ in range(n):
+        scope = trio.CancelScope()
+        exited = trio.Event()
+        async with trio.open_nursery() as outer:
+            await outer.start(_cancel_target, scope, exited)
+            await trio.lowlevel.checkpoint()
+            start = time.perf_counter()
+            scope.cancel()
+            await exited.wait()
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def _cancel_target(
+    scope: trio.CancelScope, exited: trio.Event, *, task_status: trio.TaskStatus[None]
+) -> None:
+    with scope:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(_sleeper)
+            task_status.started()
+    exited.set()
+
+
+async def _sleeper(task_status: trio.TaskStatus[None]) -> None:
+    task_status.started()
+    await trio.sleep_forever()
+
+
 async def measure_baselines(n: int = 20_000, repeats: int = 5) -> Baselines:
     hop = median([await channel_hop(n) for _ in range(repeats)])
     checkpoint = median([await bare_checkpoint(n) for _ in range(repeats)])
-    return Baselines(hop=hop, checkpoint=checkpoint)
+    cancels = await scope_cancel_exit(max(50, n // 10))
+    return Baselines(
+        hop=hop,
+        checkpoint=checkpoint,
+        cancel_p50=percentile(cancels, 50),
+        cancel_p99=percentile(cancels, 99),
+    )
 
 
 def _version(name: str) -> str:

@@ -11,7 +11,14 @@ from trio_agents.models import ModelRequest, ScriptedModel, Turn
 
 from ._common import Baselines, Figure, median
 
-__all__ = ["add", "model_stream_cost", "stream_fanout", "stream_overhead", "tool_turn"]
+__all__ = [
+    "add",
+    "model_stream_cost",
+    "stream_fanout",
+    "stream_overhead",
+    "tool_turn",
+    "tool_turn_agent",
+]
 
 
 async def model_stream_cost(deltas: int) -> float:
@@ -62,12 +69,17 @@ async def add(a: int, b: int) -> int:
     return a + b
 
 
+def tool_turn_agent() -> ta.Agent:
+    """B2's agent: a fresh script (a call to ``add``, then the answer ``"3"``)."""
+    model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
+    return ta.Agent(name="b2", model=model, tools=[add])
+
+
 async def tool_turn(runs: int) -> float:
     """B2: seconds per 2-turn run (a tool call to ``add``, then the answer)."""
     total = 0.0
     for _ in range(runs):
-        model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
-        agent = ta.Agent(name="b2", model=model, tools=[add])
+        agent = tool_turn_agent()
         start = time.perf_counter()
         result = await ta.run(agent, "1 + 2?")
         total += time.perf_counter() - start
@@ -102,17 +114,17 @@ async def bench_b1(base: Baselines, *, deltas: int, subscribers: int, repeats: i
             "B1.overhead_per_delta",
             overhead * 1e6,
             "us",
-            target=2.0,
-            note="run per delta minus the model's own cost",
+            target=0.5 * base.checkpoint * 1e6,  # W1: 0.5 checkpoint
+            note="W1: run per delta minus the model's own cost (target 0.5 checkpoint)",
             extra=base.ratios(overhead),
         ),
         Figure(
             "B1.fanout_per_delivered_event",
             per_event * 1e6,
             "us",
-            target=1.0,
-            note=f"{subscribers} events() subscribers, {delivered} deliveries;"
-            " (wall - model cost) / deliveries",
+            target=0.2 * base.checkpoint * 1e6,  # W1 fan-out: 0.2 checkpoint
+            note=f"W1: {subscribers} events() subscribers, {delivered} deliveries;"
+            " (wall - model cost) / deliveries (target 0.2 checkpoint)",
             extra={**base.ratios(per_event), "wall_ms": round(wall * 1e3, 2)},
         ),
     ]
@@ -125,8 +137,9 @@ async def bench_b2(base: Baselines, *, runs: int, repeats: int) -> list[Figure]:
             "B2.tool_turn_per_run",
             per_run * 1e3,
             "ms",
-            target=0.15,
-            note=f"2-turn run (tool call to async add, then the answer), {runs} sequential runs",
+            target=40 * base.checkpoint * 1e3,  # W2: 40 checkpoints
+            note=f"W2: 2-turn run (tool call to async add, then the answer), {runs} sequential"
+            " runs (target 40 checkpoints)",
             extra=base.ratios(per_run),
         )
     ]

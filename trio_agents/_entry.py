@@ -119,7 +119,11 @@ async def run(
 
     Never raises for a failed or cancelled run: call ``result.raise_for_status()``.
     """
-    async with open_run(agent, input, session=session, run_id=run_id, **options) as handle:
-        pass
+    # open_run's nursery, task and start-up handshake exist for a body that holds the
+    # handle; here there is none, so this task runs the run (same cancel semantics: an
+    # outer cancellation is recorded as "parent cancelled", then propagates).
+    handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
+    handle._claim_session()
+    await handle._serve(direct=True)
     assert handle.result is not None
     return handle.result

@@ -40,7 +40,8 @@ class EventLog:
             raise ValueError("the first seq must be at least 1")
         self.run_id = run_id
         self._retention = retention
-        self._buffer: list[RunEvent | None] = [None] * min(retention, 64)
+        # A short run emits about a dozen events: start small, grow by doubling.
+        self._buffer: list[RunEvent | None] = [None] * min(retention, 16)
         # A resumed run (cluster takeover) continues the seqs of its earlier attempts.
         self._start = start_seq
         self._next_seq = start_seq

@@ -65,8 +65,15 @@ class RunOptions:
     )
 
 
+_DEFAULT: list[RunOptions] = []  # frozen: one shared instance for runs without options
+
+
 def make_options(options: Mapping[str, Any]) -> RunOptions:
     """Build :class:`RunOptions`; an unknown name is a ``TypeError`` listing the known ones."""
+    if not options:
+        if not _DEFAULT:
+            _DEFAULT.append(RunOptions())
+        return _DEFAULT[0]
     known = {field.name for field in attrs.fields(RunOptions)}
     unknown = sorted(set(options) - known)
     if unknown:

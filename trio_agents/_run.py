@@ -1,12 +1,15 @@
 """The run handle, :class:`Run` (its entry points, ``open_run``, ``serve_run`` and
 ``run``, are in ``_entry.py``).
 
-A run is one Trio nursery inside one cancel scope. The nursery holds exactly:
+A run is one task (:meth:`Run._serve`, in the caller's nursery) inside one cancel scope:
 
 - the **model-stream task** — :func:`~trio_agents._turns.drive`, the turn loop, which
   opens a child nursery for the **tool tasks** of each turn (``_toolcalls.py``);
-- the **inbox task** — :meth:`Run._inbox_task`, which announces injections as they are
-  accepted and interrupts a streaming response for ``when="now"``.
+- the **inbox** — :meth:`Run._on_injected`, a callback on the run's thread (not a task:
+  issue 18), which announces injections as they are accepted and interrupts a
+  streaming response for ``when="now"``. It acts only while the turn loop runs;
+  before, the loop's start announces what was queued; after, what is left is
+  ``unconsumed``.
 
 The whole cancel path, in order: ``Run.cancel()`` (any thread) records one frozen
 :class:`CancelRequest` under a lock (first reason wins) and, on the run's thread,
@@ -130,7 +133,7 @@ class Run:
         self._cancel: CancelRequest | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread_id: int | None = None
-        self._inbox_wakeup = trio.Event()
+        self._live = False  # the turn loop runs: injections are announced at once
         self._claim: SessionClaim | None = None
         if session is not None:
             self._claim = SessionClaim(session_key(session), session.session_id, self)
@@ -231,7 +234,7 @@ class Run:
             raise ValueError("inject() needs at least one item")
         check_injection(converted)
         injection = self._inbox.put(converted, when, self._state.call_ids)
-        self._call_soon(self._inbox_wakeup.set)
+        self._call_soon(self._on_injected)
         return injection.id
 
     def withdraw(self, injection_id: InjectionId | str) -> bool:
@@ -303,23 +306,35 @@ class Run:
         if self._claim is not None:
             self._claim.claim_now(self._options.on_busy)
 
-    async def _inbox_task(self) -> None:
-        """Announce accepted injections (``inbox.injected``); interrupt for ``now``."""
+    def _on_injected(self) -> None:
+        """Announce accepted injections (``inbox.injected``); interrupt for ``now``.
+
+        On the run's thread. A callback rather than a task that waits for injections: a
+        task per run costs a spawn, two task steps and a nursery, and this work never
+        blocks. Outside the turn loop it does nothing: the loop announces what was queued
+        when it starts, and the repair reports what is left as ``unconsumed``, so the
+        terminal update stays last.
+        """
+        if not self._live:
+            return
         state = self._state
-        while True:
-            await self._inbox_wakeup.wait()
-            self._inbox_wakeup = trio.Event()
-            fresh = self._inbox.announce()
-            announce(state, fresh)
-            if state.stream_scope is not None and any(i.when == "now" for i in fresh):
-                state.stream_scope.cancel(reason="interrupted by injection")
+        fresh = self._inbox.announce()
+        announce(state, fresh)
+        if state.stream_scope is not None and any(i.when == "now" for i in fresh):
+            state.stream_scope.cancel(reason="interrupted by injection")
 
     # ---------------------------------------------------------------- lifecycle
 
     async def _serve(
-        self, go: trio.Event | None = None, *, task_status: trio.TaskStatus[Run]
+        self,
+        go: trio.Event | None = None,
+        *,
+        task_status: trio.TaskStatus[Run] = trio.TASK_STATUS_IGNORED,
+        direct: bool = False,
     ) -> None:
-        """The run's task. With ``go``, the run stays queued until ``go`` is set."""
+        """The run's task. With ``go``, the run stays queued until ``go`` is set;
+        ``direct``: awaited by ``run()`` in its own task, where no one holds the handle
+        before it starts (so no start-up checkpoints are owed to a caller's cancel)."""
         self._token = trio.lowlevel.current_trio_token()
         self._thread_id = threading.get_ident()
         task_status.started(self)
@@ -329,7 +344,7 @@ class Run:
             with self._scope:
                 if go is not None:
                     await go.wait()
-                else:
+                elif not direct:
                     # serve_run: let the starter's next line (say, run.cancel()) run
                     # before any model call. Its task resumes in the batch our first
                     # checkpoint joins; the second one puts us behind it.
@@ -338,8 +353,9 @@ class Run:
                 if self._claim is not None:
                     await self._claim.wait()  # queued behind the session's active run
                 self._attach_session()
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._inbox_task, name=f"{self.id}:inbox")
+                self._live = True
+                try:
+                    self._on_injected()  # what was injected while the run was queued
                     outcome = await drive(
                         self._state,
                         self._inbox,
@@ -347,7 +363,8 @@ class Run:
                         self._stop_requested,
                         self._call_soon,
                     )
-                    nursery.cancel_scope.cancel()
+                finally:
+                    self._live = False
         except BaseException as exc:
             escaped = exc
         deadline = trio.current_time() + self._options.cleanup_timeout
@@ -411,6 +428,10 @@ class Run:
             state.emit_status(result.status, result.reason, verdict.detail)
             self._log.close()
             self._done.set()
+            # The state's only reference back to us was for the hooks, which are done:
+            # without the cycle, a finished run is freed by reference counting as soon
+            # as its holder drops it, not by the garbage collector's next full pass.
+            state.handle = None
         if verdict.interrupt is not None:
             raise verdict.interrupt
 

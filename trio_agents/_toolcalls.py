@@ -14,9 +14,10 @@ shares), which would otherwise escape the run looking like an outer cancellation
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -59,27 +60,38 @@ async def run_tools(
     state: RunState,
     calls: Sequence[ToolCall],
     approvals: Approvals,
-    limiter: trio.CapacityLimiter,
+    limiter: Callable[[], trio.CapacityLimiter],
     call_soon: CallSoon,
 ) -> None:
-    """Run one turn's calls concurrently; return once each has its result."""
+    """Run one turn's calls concurrently; return once each has its result.
+
+    ``limiter`` returns the run's limiter (made on first use: most runs never have two
+    calls in one turn)."""
     waiting = [call for call in calls if needs_approval(state, call)]
     if waiting:
         approvals.open(waiting)
         state.emit_status(
             RunStatus.AWAITING_APPROVAL, detail={"pending": [call.call_id for call in waiting]}
         )
+    if len(calls) == 1:
+        # One call: it runs in the model-stream task itself. A nursery and a task would
+        # cost a spawn, two task steps and a cancel scope per turn and buy nothing: the
+        # call is as cancellable here (every await in the run's scope is), its errors
+        # reach the turn loop the same way, and the limiter always has a slot for it.
+        await _run_one(state, approvals, None, call_soon, calls[0])
+        return
+    shared = limiter()
     async with trio.open_nursery() as nursery:
         for call in calls:
             nursery.start_soon(
-                _run_one, state, approvals, limiter, call_soon, call, name=f"{state.run_id}:tool"
+                _run_one, state, approvals, shared, call_soon, call, name=f"{state.run_id}:tool"
             )
 
 
 async def _run_one(
     state: RunState,
     approvals: Approvals,
-    limiter: trio.CapacityLimiter,
+    limiter: trio.CapacityLimiter | None,
     call_soon: CallSoon,
     call: ToolCall,
 ) -> None:
@@ -91,8 +103,11 @@ async def _run_one(
             message = approval.message or "the user rejected this tool call"
             await end_tool(state, call, ToolResult(call.call_id, f"rejected: {message}", "error"))
             return
-    async with limiter:
+    if limiter is None:
         result = await _invoke(state, call, call_soon)
+    else:
+        async with limiter:
+            result = await _invoke(state, call, call_soon)
     await end_tool(state, call, result)
 
 
@@ -144,9 +159,11 @@ async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolR
 
 
 async def _call_tool(state: RunState, tool: Tool, ctx: ToolContext, call: ToolCall) -> ToolResult:
-    timeout = tool.timeout if tool.timeout is not None else math.inf
+    # A tool without a timeout gets no scope of its own (a cancel scope per call is a
+    # CancelScope, a CancelStatus and two sets that live as long as the call).
+    timer = None if tool.timeout is None else trio.move_on_after(tool.timeout)
     try:
-        with trio.move_on_after(timeout) as timer:
+        with timer if timer is not None else contextlib.nullcontext():
             try:
                 output = await tool.invoke(
                     ctx, call.arguments, limiter=state.options.thread_limiter
@@ -164,7 +181,7 @@ async def _call_tool(state: RunState, tool: Tool, ctx: ToolContext, call: ToolCa
         if state.options.on_tool_error == "fail":
             raise ToolFailure(call, exc) from exc
         return ToolResult(call.call_id, f"error: {summarize(exc)}", status="error")
-    if timer.cancelled_caught:
+    if timer is not None and timer.cancelled_caught:
         ctx.cancelled.set()
         return ToolResult(call.call_id, f"timed out after {tool.timeout:g} s", status="error")
     return ToolResult(call.call_id, output)
@@ -189,6 +206,9 @@ def _progress(state: RunState, open_call: OpenCall, message: str, data: Mapping[
 def finish_call(state: RunState, call: ToolCall, result: ToolResult) -> OpenCall:
     """Commit ``result`` for an open call (and its ``tool.finished``, if it started)."""
     open_call = state.open_calls.pop(call.call_id)
+    # Its context's progress callback holds the open call: break that cycle, or every
+    # finished run would wait for the garbage collector (which the cycle kept alive).
+    open_call.ctx = None
     state.commit(result)
     if open_call.started:
         state.log.append(

@@ -144,7 +144,13 @@ async def drive(
 ) -> Outcome:
     """The model-stream task: run turns until an outcome (see the module docstring)."""
     await trio.lowlevel.checkpoint_if_cancelled()  # cancelled before start: no model call
-    limiter = trio.CapacityLimiter(state.options.max_concurrent_tools)
+    limiters: list[trio.CapacityLimiter] = []
+
+    def limiter() -> trio.CapacityLimiter:
+        if not limiters:
+            limiters.append(trio.CapacityLimiter(state.options.max_concurrent_tools))
+        return limiters[0]
+
     try:
         pending = await _start(state)
         answers = Answers(state)
@@ -154,7 +160,11 @@ async def drive(
 
         idle = False
         while True:
-            await trio.lowlevel.checkpoint()
+            # A cancel point, not a schedule point: every turn awaits its model stream
+            # (and its tools), which yield, so a yield here only cost a scheduler pass
+            # per turn. Other threads' requests need none: the cancel mode and the inbox
+            # are read under their locks, right here.
+            await trio.lowlevel.checkpoint_if_cancelled()
             if stop_requested():
                 return Stopped()
             if pending:
@@ -216,7 +226,11 @@ def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
     """The agent's tools, plus the final-answer tool when the agent has an output type
     and the model has no native structured output (``native_output``)."""
     agent = state.agent
-    tools = agent.tool_specs()
+    tools = state.tool_specs
+    if tools is None:
+        # Once per run: each spec deep-copies its tool's schema (isolating runs that
+        # share the agent), which every turn repeated.
+        tools = state.tool_specs = agent.tool_specs()
     if final_answer_offered(state):
         assert agent._output is not None
         tools = (*tools, agent._output.tool_spec())

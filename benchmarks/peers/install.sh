@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Install the peer frameworks into their own venv (never the project's .venv):
-# the OpenAI Agents SDK, Strands Agents and pydantic-ai (slim: no provider extras).
-# Used only by `make bench-peers`; not part of `make bench` or CI.
+# Install each peer framework into its own venv (never the project's .venv), so their
+# dependency pins cannot clash: .venv-<peer>/ for openai-agents, strands, pydantic-ai
+# and adk (requirements-<peer>.txt). Used only by `make bench-peers`; not CI.
+# PEERS="strands adk" installs only those.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON="${PYTHON:-python3}"
-VENV="${PEERS_VENV:-.venv-peers}"
-if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet -r requirements.txt
-"$VENV/bin/python" -m pip list --format=freeze | grep -i -E '^(openai-agents|strands-agents|pydantic-ai-slim|openai|anyio)=' || true
+for peer in ${PEERS:-openai-agents strands pydantic-ai adk}; do
+    venv=".venv-$peer"
+    if [ ! -x "$venv/bin/python" ]; then
+        "$PYTHON" -m venv "$venv"
+        "$venv/bin/python" -m pip install --quiet --upgrade pip
+    fi
+    if ! "$venv/bin/python" -m pip install --quiet -r "requirements-$peer.txt"; then
+        echo "install.sh: could not install $peer (see pip's message above)" >&2
+    fi
+done

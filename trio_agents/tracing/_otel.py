@@ -12,8 +12,9 @@ the ambient context: each run's spans are kept in a record keyed by the :class:`
 context passed explicitly.
 
 The ambient context is still *set*, for the user's code: a start hook attaches its
-span in the task it is called from (the model-stream task for ``on_model_start``, the
-tool call's own task for ``on_tool_start``), so spans that the model's HTTP client or
+span in the task it is called from (the model-stream task for ``on_model_start``, and
+for ``on_tool_start`` the tool call's own task, or the model-stream task when the call
+is alone in its turn), so spans that the model's HTTP client or
 the tool function open — in a worker thread too, since ``trio.to_thread.run_sync``
 copies the calling task's context — get the right parent. The end hook detaches only
 when it runs in that same task; an end called by the repair runs in another task,

@@ -1,0 +1,176 @@
+"""Instruction counts for W1 and W2 (``valgrind --tool=callgrind``), beside one bare
+``checkpoint()``.
+
+Wall time on a shared 2-core machine swings 2-3x between runs; the number of machine
+instructions a piece of Python executes does not (to well under 1 %), so before/after
+claims use these. Each workload runs in a child process under callgrind twice, with a
+small and a large count ``n`` and identical warm-up; the difference of the two totals
+divided by the difference of the counts is the cost of one unit, free of the start-up,
+import and warm-up costs that both children share.
+
+``python -m benchmarks.instructions`` prints the figures; ``make bench`` includes them
+when valgrind is installed (``.ci/valgrind.sh`` installs it, as root, if missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import trio
+
+import trio_agents as ta
+
+from ._common import Figure
+
+__all__ = ["bench_instructions", "callgrind_available", "count"]
+
+ROOT = Path(__file__).resolve().parent.parent
+# (small n, large n) per mode: large enough that the difference dwarfs the noise of
+# start-up (a few thousand instructions), small enough for callgrind's ~50x slowdown.
+SIZES: dict[str, tuple[int, int]] = {
+    "checkpoint": (1_000, 11_000),
+    "w1_model": (200, 2_200),
+    "w1_run": (200, 2_200),
+    "w1_fanout": (50, 250),
+    "w2": (10, 60),
+}
+
+
+async def _workload(mode: str, n: int) -> None:
+    from . import core
+
+    if mode == "checkpoint":
+        checkpoint = trio.lowlevel.checkpoint
+        for _ in range(100):
+            await checkpoint()
+        for _ in range(n):
+            await checkpoint()
+    elif mode == "w1_model":
+        await core.model_stream_cost(50)
+        await core.model_stream_cost(n)
+    elif mode == "w1_run":
+        await core.stream_overhead(50)
+        await core.stream_overhead(n)
+    elif mode == "w1_fanout":
+        await core.stream_fanout(10, 10)
+        await core.stream_fanout(n, 10)
+    elif mode == "w2":
+        await core.tool_turn(3)
+        # What B2 times is the run alone: build every agent and script first, and
+        # always as many as the larger child runs, so the difference is runs only.
+        agents = [core.tool_turn_agent() for _ in range(SIZES["w2"][1])]
+        for agent in agents[:n]:
+            result = await ta.run(agent, "1 + 2?")
+            assert result.final_output == "3", result
+    else:  # pragma: no cover
+        raise ValueError(mode)
+
+
+def callgrind_available() -> bool:
+    return shutil.which("valgrind") is not None
+
+
+def _total(mode: str, n: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                "-m",
+                "benchmarks.instructions",
+                "--child",
+                mode,
+                str(n),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+            # str hashes are salted per process: fix the seed so set and dict work is the
+            # same in both children and across runs.
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+        )
+        for line in out.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no instruction total in callgrind's output for {mode}")
+
+
+def count(mode: str, sizes: tuple[int, int] | None = None) -> float:
+    """Instructions per unit of ``mode`` (per checkpoint, delta, delivery or run)."""
+    small, large = sizes or SIZES[mode]
+    return (_total(mode, large) - _total(mode, small)) / (large - small)
+
+
+def bench_instructions(*, quick: bool = False) -> list[Figure]:
+    """The W1/W2 instruction figures, each also in units of one bare checkpoint."""
+    if not callgrind_available():
+        return [
+            Figure(
+                "I.unavailable",
+                float("nan"),
+                "",
+                note="valgrind is not installed: no instruction counts in this run",
+            )
+        ]
+    scale = 10 if quick else 1
+    # Two children at a time (the machine has 2 cores); counts do not depend on load.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {
+            mode: pool.submit(count, mode, (small // scale or 1, large // scale))
+            for mode, (small, large) in SIZES.items()
+        }
+        counts = {mode: future.result() for mode, future in futures.items()}
+    ckpt = counts["checkpoint"]
+    deliveries_per_delta = 10  # w1_fanout: 10 subscribers
+    overhead = counts["w1_run"] - counts["w1_model"]
+    fanout = (counts["w1_fanout"] - counts["w1_model"]) / deliveries_per_delta
+
+    def figure(name: str, value: float, note: str, target: float | None = None) -> Figure:
+        return Figure(
+            f"I.{name}",
+            value,
+            "instr",
+            target=None if target is None else target * ckpt,
+            note=note,
+            extra={"x_checkpoint": round(value / ckpt, 3)},
+        )
+
+    return [
+        figure("checkpoint", ckpt, "one bare trio.lowlevel.checkpoint() (the unit)"),
+        figure("w1_model_per_delta", counts["w1_model"], "draining ScriptedModel.stream directly"),
+        figure(
+            "w1_overhead_per_delta",
+            overhead,
+            "W1: run with one events() reader, minus the model's own cost",
+            0.5,
+        ),
+        figure(
+            "w1_per_delivered_event",
+            fanout,
+            "W1: 10 events() readers, (run - model) / deliveries",
+            0.2,
+        ),
+        figure("w2_per_run", counts["w2"], "W2: one 2-turn tool run, model included", 40),
+    ]
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        trio.run(_workload, sys.argv[2], int(sys.argv[3]))
+        return
+    for figure in bench_instructions(quick="--quick" in sys.argv):
+        print(json.dumps(figure.to_json()))
+
+
+if __name__ == "__main__":
+    main()
