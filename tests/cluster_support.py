@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 import trio
+from trio_websocket import ConnectionClosed
 
 import trio_agents as ta
 from trio_agents.cluster import PostgresCluster
@@ -87,6 +88,7 @@ class Client:
     answers: dict[Any, dict[str, Any]] = attrs.field(factory=dict)
     events: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
     changed: trio.Event = attrs.field(factory=trio.Event)
+    closed: bool = False
     _next: int = 0
 
     def _wake(self) -> None:
@@ -95,7 +97,13 @@ class Client:
 
     async def read(self) -> None:
         while True:
-            frame = json.loads(await self.ws.get_message())
+            try:
+                message = await self.ws.get_message()
+            except ConnectionClosed:
+                self.closed = True
+                self._wake()
+                return
+            frame = json.loads(message)
             if frame["type"] == "event":
                 self.events.setdefault(frame["run_id"], []).append(frame)
             else:
@@ -154,5 +162,3 @@ async def client(url: str, token: str = "tok-alice") -> AsyncIterator[Client]:
         finally:
             nursery.cancel_scope.cancel()
 
-
-_ = TOKENS
