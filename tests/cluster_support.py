@@ -126,9 +126,9 @@ class Client:
         assert answer["type"] == "ack", answer
         return answer
 
-    async def wait_event(self, run_id: str, predicate: Any, timeout: float = 60) -> dict[str, Any]:
-        """Wait for an event of ``run_id`` matching ``predicate(event_json)``."""
-        with trio.fail_after(timeout):
+    async def wait_event(self, run_id: str, predicate: Any) -> dict[str, Any]:
+        """Wait (at most 60 s) for an event of ``run_id`` matching ``predicate(event_json)``."""
+        with trio.fail_after(60):
             while True:
                 for frame in self.events.get(run_id, []):
                     if predicate(frame["event"]):
@@ -143,8 +143,9 @@ class Client:
     async def wait_terminal(self, run_id: str) -> dict[str, Any]:
         return await self.wait_event(
             run_id,
-            lambda e: e["type"] == "run.updated"
-            and e["status"] in ("completed", "failed", "cancelled"),
+            lambda e: (
+                e["type"] == "run.updated" and e["status"] in ("completed", "failed", "cancelled")
+            ),
         )
 
     def seqs(self, run_id: str) -> list[int]:
@@ -161,4 +162,3 @@ async def client(url: str, token: str = "tok-alice") -> AsyncIterator[Client]:
             yield c
         finally:
             nursery.cancel_scope.cancel()
-

@@ -24,14 +24,15 @@ async def _read_until(ws: Any, predicate: Any) -> dict[str, Any]:
 
 
 def _event(frame: dict[str, Any], kind: str) -> bool:
-    return frame["type"] == "event" and frame["event"]["type"] == kind
+    return bool(frame["type"] == "event" and frame["event"]["type"] == kind)
 
 
 async def test_sigterm_hands_the_runs_of_a_node_over(tmp_path: Path, pg_dsn: str) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("tok-a alice\n")
     tokens.chmod(0o600)
-    common = ["serve", "--app", "tests.cli_app:AGENTS", "--port", "0", "--tokens", tokens]
+    common: list[str | Path] = ["serve", "--app", "tests.cli_app:AGENTS", "--port", "0"]
+    common += ["--tokens", tokens]
     common += ["--cluster", pg_dsn, "--lease-ttl", "3600"]  # only the hand-over can move it
     with trio.fail_after(HANG_GUARD):
         async with (
@@ -64,8 +65,10 @@ async def test_sigterm_hands_the_runs_of_a_node_over(tmp_path: Path, pg_dsn: str
                     await ws_two.send_message(json.dumps(cancel))
                     done = await _read_until(
                         ws_two,
-                        lambda f: _event(f, "run.updated")
-                        and f["event"]["status"] not in ("running", "awaiting_approval"),
+                        lambda f: (
+                            _event(f, "run.updated")
+                            and f["event"]["status"] not in ("running", "awaiting_approval")
+                        ),
                     )
                     assert (done["event"]["status"], done["event"]["reason"]) == (
                         "cancelled",

@@ -14,8 +14,8 @@ import psycopg
 import trio
 
 import trio_agents as ta
-from trio_agents.models import ModelRequest, ScriptedModel, TextDelta, Turn
 from trio_agents.models import Finish as FinishEvent
+from trio_agents.models import ModelRequest, ScriptedModel, TextDelta, Turn
 from trio_agents.sessions import PostgresSession
 
 from .cluster_support import Client, client, node
@@ -110,8 +110,12 @@ async def test_takeover_mid_tool(pg_dsn: str) -> None:
                     await ca.changed.wait()
             # Both calls' starts are recorded before their tools run: wait until B has
             # seen both tool.started events (persisted), then "kill" A.
-            await cb.wait_event(run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c2")
-            await cb.wait_event(run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c1")
+            await cb.wait_event(
+                run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c2"
+            )
+            await cb.wait_event(
+                run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c1"
+            )
             a.crash()
             last = cb.seqs(run_id)[-1]
         # The subscriber moves to node C, from the next seq.
@@ -185,24 +189,27 @@ class StallingModel:
 
 async def test_takeover_mid_stream(pg_dsn: str) -> None:
     model = StallingModel()
-    async with three_nodes(model, [], pg_dsn) as (a, b, _c):
-        async with client(a.url) as ca, client(b.url) as cb:
-            run_id = (await ca.ok("run.start", agent="a", input="talk", subscribe="all"))["run_id"]
-            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
-            # Deltas are flushed within 100 ms: B sees the second one, then A dies.
-            await cb.wait_event(
-                run_id, lambda e: e["type"] == "response.text.delta" and e["text"] == "text "
-            )
-            a.crash()
-            done = await cb.wait_terminal(run_id)
-            assert done["event"]["status"] == "completed", done
-            frames = check_stream(cb, run_id)
-            texts = [f["event"]["text"] for f in frames if f["event"]["type"] == "response.text.delta"]
-            assert texts == ["partial ", "text ", "resumed answer"]
+    async with (
+        three_nodes(model, [], pg_dsn) as (a, b, _c),
+        client(a.url) as ca,
+        client(b.url) as cb,
+    ):
+        run_id = (await ca.ok("run.start", agent="a", input="talk", subscribe="all"))["run_id"]
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        # Deltas are flushed within 100 ms: B sees the second one, then A dies.
+        await cb.wait_event(
+            run_id, lambda e: e["type"] == "response.text.delta" and e["text"] == "text "
+        )
+        a.crash()
+        done = await cb.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+        frames = check_stream(cb, run_id)
+        texts = [f["event"]["text"] for f in frames if f["event"]["type"] == "response.text.delta"]
+        assert texts == ["partial ", "text ", "resumed answer"]
     assert model.calls == 2
     seqs, row = run_rows(pg_dsn, run_id)
     assert seqs == list(range(1, len(seqs) + 1))
-    assert row[0] == "completed" and row[2] == 2
+    assert (row[0], row[2]) == ("completed", 2)
 
 
 async def test_takeover_while_awaiting_approval(pg_dsn: str) -> None:
@@ -215,30 +222,35 @@ async def test_takeover_while_awaiting_approval(pg_dsn: str) -> None:
         return "deleted"
 
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("d1", "delete", "{}")]), "done"])
-    async with three_nodes(model, [delete], pg_dsn) as (a, b, c):
-        async with client(a.url) as ca, client(b.url) as cb:
-            run_id = (
-                await ca.ok("run.start", agent="a", input="rm", session_id="s", subscribe="all")
-            )["run_id"]
-            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
-            await cb.wait_status(run_id, "awaiting_approval")
-            a.crash()
-            # Re-asked by the new owner after the takeover.
-            resumed = await cb.wait_event(
-                run_id, lambda e: e["type"] == "run.updated" and e["detail"].get("resumed")
-            )
-            again = await cb.wait_event(
-                run_id,
-                lambda e: e["type"] == "run.updated"
+    async with (
+        three_nodes(model, [delete], pg_dsn) as (a, b, c),
+        client(a.url) as ca,
+        client(b.url) as cb,
+    ):
+        run_id = (await ca.ok("run.start", agent="a", input="rm", session_id="s", subscribe="all"))[
+            "run_id"
+        ]
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        await cb.wait_status(run_id, "awaiting_approval")
+        a.crash()
+        # Re-asked by the new owner after the takeover.
+        resumed = await cb.wait_event(
+            run_id, lambda e: e["type"] == "run.updated" and e["detail"].get("resumed")
+        )
+        again = await cb.wait_event(
+            run_id,
+            lambda e: (
+                e["type"] == "run.updated"
                 and e["status"] == "awaiting_approval"
-                and e["seq"] > resumed["seq"],
-            )
-            assert again["event"]["detail"]["pending"] == ["d1"]
-            async with client(c.url) as cc:
-                await cc.ok("run.approve", run_id=run_id, call_id="d1")
-            done = await cb.wait_terminal(run_id)
-            assert done["event"]["status"] == "completed", done
-            check_stream(cb, run_id)
+                and e["seq"] > resumed["seq"]
+            ),
+        )
+        assert again["event"]["detail"]["pending"] == ["d1"]
+        async with client(c.url) as cc:
+            await cc.ok("run.approve", run_id=run_id, call_id="d1")
+        done = await cb.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+        check_stream(cb, run_id)
     assert ran == ["d1"]
     async with stored_session(pg_dsn, "alice", "s") as session:
         items = await session.get_items()
@@ -255,19 +267,20 @@ async def test_an_injection_acked_before_a_crash_is_delivered_after_takeover(pg_
         return "worked"
 
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "work", "{}")])], default="done")
-    async with three_nodes(model, [work], pg_dsn) as (a, b, _c):
-        async with client(a.url) as ca, client(b.url) as cb:
-            run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
-            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
-            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
-            await cb.ok("run.inject", run_id=run_id, items="remember this")
-            a.crash()
-            done = await cb.wait_terminal(run_id)
-            assert done["event"]["status"] == "completed", done
-            check_stream(cb, run_id)
-    texts = [
-        i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)
-    ]
+    async with (
+        three_nodes(model, [work], pg_dsn) as (a, b, _c),
+        client(a.url) as ca,
+        client(b.url) as cb,
+    ):
+        run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+        await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        await cb.ok("run.inject", run_id=run_id, items="remember this")
+        a.crash()
+        done = await cb.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+        check_stream(cb, run_id)
+    texts = [i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)]
     assert texts == ["go", "remember this"]
 
 
@@ -287,24 +300,28 @@ async def test_graceful_shutdown_hands_runs_over_without_waiting_for_the_lease(
 
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("f1", "fetch", "{}")]), "done"])
     # A lease of an hour: only the hand-over can move the run within the test's bound.
-    async with three_nodes(model, [fetch], pg_dsn, lease_ttl=3600.0) as (a, b, _c):
-        async with client(a.url) as ca, client(b.url) as cb:
-            run_id = (
-                await ca.ok("run.start", agent="a", input="go", session_id="s", subscribe="all")
-            )["run_id"]
-            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
-            await cb.wait_event(run_id, lambda e: e["type"] == "tool.started")
-            with trio.fail_after(30):
-                await a.stop()
-            # A's subscriber saw no terminal event: the run goes on.
-            assert not any(
-                f["event"]["type"] == "run.updated"
-                and f["event"]["status"] in ("completed", "failed", "cancelled")
-                for f in ca.events[run_id]
-            )
-            done = await cb.wait_terminal(run_id)
-            assert done["event"]["status"] == "completed", done
-            check_stream(cb, run_id)
+    async with (
+        three_nodes(model, [fetch], pg_dsn, lease_ttl=3600.0) as (a, b, _c),
+        client(a.url) as ca,
+        client(b.url) as cb,
+    ):
+        run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s", subscribe="all"))[
+            "run_id"
+        ]
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        await cb.wait_event(run_id, lambda e: e["type"] == "tool.started")
+        with trio.fail_after(30):
+            await a.stop()
+        # A's subscriber saw no terminal event: the run goes on.
+        assert not any(
+            f["event"]["type"] == "run.updated"
+            and f["event"]["status"] in ("completed", "failed", "cancelled")
+            for f in ca.events[run_id]
+        )
+        done = await cb.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+        check_stream(cb, run_id)
     assert started == ["f1", "f1"]
-    seqs, row = run_rows(pg_dsn, run_id)
-    assert row[1] in ("B", "C") and row[2] == 2
+    _, row = run_rows(pg_dsn, run_id)
+    assert row[1] in ("B", "C")
+    assert row[2] == 2

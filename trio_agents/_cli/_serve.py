@@ -262,9 +262,7 @@ def serve_command(args: argparse.Namespace, out: TextIO) -> int:
     received, cancelled = trio.run(_serve, args, agents, auth, out)
     runs = f"{cancelled} run{'' if cancelled == 1 else 's'}"
     if args.cluster is None:
-        out.write(
-            f"{received}: server stopped ({runs} cancelled with reason 'server shutdown')\n"
-        )
+        out.write(f"{received}: server stopped ({runs} cancelled with reason 'server shutdown')\n")
     else:
         out.write(f"{received}: node stopped ({runs} handed over to the other nodes)\n")
     out.flush()

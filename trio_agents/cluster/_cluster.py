@@ -380,9 +380,7 @@ class PostgresCluster:
 
     async def session_holder(self, principal: str, session_id: str) -> dict[str, Any] | None:
         """The row of the run holding the principal's session, if any."""
-        rows = await self._rows(
-            "active_key = %s", (session_key(principal, session_id, ""),)
-        )
+        rows = await self._rows("active_key = %s", (session_key(principal, session_id, ""),))
         return rows[0] if rows else None
 
     async def follow(

@@ -15,6 +15,7 @@ to retry (the run is being taken over).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -103,21 +104,20 @@ class Router:
                     with trio.move_on_after(1.0):
                         await wake.wait()
         if reply is None:
-            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
-                try:
-                    await self._db.call(
-                        lambda conn: conn.execute(
-                            "DELETE FROM trio_agents_commands WHERE command_id = %s AND"
-                            " reply IS NULL",
-                            (command_id,),
-                        )
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(2.0),
+                contextlib.suppress(ClusterDown),
+            ):
+                await self._db.call(
+                    lambda conn: conn.execute(
+                        "DELETE FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL",
+                        (command_id,),
                     )
-                except ClusterDown:
-                    pass
+                )
             raise ProtocolError(
                 "internal",
-                "the node running this run did not answer (it may be being taken over);"
-                " retry",
+                "the node running this run did not answer (it may be being taken over); retry",
             )
         answer = json.loads(reply)
         if "error" in answer:

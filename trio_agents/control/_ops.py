@@ -264,7 +264,9 @@ async def session_cancel(conn: Connection, request: SessionCancel) -> None:
     await conn.send(ack_frame(request.id, run_id=entry.run_id))
 
 
-async def execute_routed(registry: Registry, principal: str, data: dict[str, Any]) -> dict[str, Any]:
+async def execute_routed(
+    registry: Registry, principal: str, data: dict[str, Any]
+) -> dict[str, Any]:
     """Answer an op another node routed here (its wire JSON); returns the ack's fields.
 
     A ``run.start`` was placed here by a full node: it starts here, with no connection

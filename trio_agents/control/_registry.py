@@ -10,6 +10,7 @@ more than ``max_retained_bytes_per_principal``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections import OrderedDict, deque
@@ -342,7 +343,8 @@ class Registry:
 
     async def resume_run(self, claimed: Claimed, resume: Resume) -> RunEntry:
         """Continue a run this node took over (a cluster's takeover)."""
-        assert self.nursery is not None and self.cluster is not None
+        assert self.nursery is not None
+        assert self.cluster is not None
         cluster = self.cluster
         state = self._principal(claimed.principal)
         session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
@@ -389,10 +391,8 @@ class Registry:
             return
         assert self.cluster is not None
         request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
-        try:
+        with contextlib.suppress(ProtocolError):
             await self.cluster.route(principal, request, {"run_id": run_id, "owner": node})
-        except ProtocolError:
-            pass
 
     async def _run_task(
         self,
