@@ -62,7 +62,7 @@ def check_stream(c: Client, run_id: str) -> list[dict[str, Any]]:
 
 @asynccontextmanager
 async def three_nodes(
-    model: ta.Model, tools: list[ta.Tool], dsn: str, lease_ttl: float = 0.5
+    model: ta.Model, tools: list[ta.Tool], dsn: str, lease_ttl: float = 1.0
 ) -> AsyncIterator[Any]:
     async with trio.open_nursery() as nursery:
         async with (
@@ -325,3 +325,30 @@ async def test_graceful_shutdown_hands_runs_over_without_waiting_for_the_lease(
     _, row = run_rows(pg_dsn, run_id)
     assert row[1] in ("B", "C")
     assert row[2] == 2
+
+
+async def test_an_op_for_a_dead_owner_waits_for_the_takeover(pg_dsn: str) -> None:
+    ran: list[str] = []
+
+    @ta.function_tool(needs_approval=True)
+    async def delete(ctx: ta.ToolContext) -> str:
+        """Delete a file, once approved."""
+        ran.append(ctx.call_id)
+        return "deleted"
+
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("d1", "delete", "{}")]), "done"])
+    async with (
+        three_nodes(model, [delete], pg_dsn) as (a, b, _c),
+        client(a.url) as ca,
+        client(b.url) as cb,
+    ):
+        run_id = (await ca.ok("run.start", agent="a", input="rm", subscribe="all"))["run_id"]
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        await cb.wait_status(run_id, "awaiting_approval")
+        a.crash()
+        # Sent at once: answered by the node that takes the run over, once it has.
+        await cb.ok("run.approve", run_id=run_id, call_id="d1")
+        done = await cb.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+        check_stream(cb, run_id)
+    assert ran == ["d1"]

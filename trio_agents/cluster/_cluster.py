@@ -193,6 +193,7 @@ class PostgresCluster:
                 nursery.start_soon(self.router.run)
                 await self.listener.connected.wait()
                 await nursery.start(self.leases.run)
+                nursery.start_soon(self.leases.watchdog)
                 task_status.started()
         finally:
             await self.db.aclose()
@@ -489,6 +490,20 @@ class PostgresCluster:
                 await self.db.call(release)
             except ClusterDown:
                 logger.warning("could not release this node's runs; they wait for their lease")
+
+    def lose_all(self, reason: str) -> int:
+        """Stop every run of this node without persisting anything more (its leases
+        may have expired: another node may take them over); returns how many."""
+        count = 0
+        for log in list(self.writer.logs.values()):
+            if not log.fence.closed:
+                log.fence.closed = True
+                log.fence.fence_seq = None
+                log.run.cancel(reason)
+                count += 1
+        if count:
+            logger.warning("node %s stopped %d runs: %s", self._node_id, count, reason)
+        return count
 
     def crash(self) -> None:
         """Stop talking to the database at once, as a killed process would (tests).

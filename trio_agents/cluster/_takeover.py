@@ -62,6 +62,9 @@ class Leases:
         self._wakeup = trio.Event()
         self.draining = False
         self.takeovers = 0
+        self.renewed_at = 0.0  # when the last successful heartbeat was sent (Trio clock)
+        self._renewed = trio.Event()
+        self.fenced = 0
 
     def wake(self) -> None:
         """Scan now (a node released runs, or we reconnected)."""
@@ -70,6 +73,7 @@ class Leases:
     async def heartbeat(self) -> None:
         """Renew the node's and its runs' leases (one statement)."""
         cluster = self._cluster
+        sent = trio.current_time()
         params = {
             "node": cluster.node_id,
             "ttl": cluster.lease_ttl,
@@ -91,6 +95,25 @@ class Leases:
                 params,
             )
         )
+        self.renewed_at = sent
+        self._renewed.set()
+        self._renewed = trio.Event()
+
+    async def watchdog(self) -> None:
+        """Stop this node's runs once its leases may expire unrenewed (the database
+        unreachable for most of ``lease_ttl``): before another node can take them over,
+        never at the same time. Runs until cancelled."""
+        cluster = self._cluster
+        margin = 0.8 * cluster.lease_ttl
+        while True:
+            renewed = self._renewed
+            with trio.move_on_at(self.renewed_at + margin):
+                await renewed.wait()
+                continue
+            if cluster.db.dead:
+                return
+            self.fenced += cluster.lose_all("lease lost")
+            await renewed.wait()
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
         """Heartbeat and scan every ``lease_ttl / 3`` s until cancelled."""

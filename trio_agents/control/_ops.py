@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
 
-from .. import InboxFullError, Run, RunClosedError, UnknownCallError
+from .. import InboxFullError, Run, RunClosedError, RunStatus, UnknownCallError
 from ._protocol import ProtocolError, RunInfo, ack_frame, error_frame
 from ._registry import Registry, RunEntry
 from ._requests import (
@@ -159,6 +160,8 @@ async def apply_local(registry: Registry, principal: str, request: Request) -> d
         if cluster is not None:  # acked once durable: a takeover injects it again
             await cluster.injection_persisted(entry.run_id, str(injection_id))
         return {"injection_id": injection_id}
+    if entry.first_seq > 1:
+        await _settled(run)
     try:
         if isinstance(request, RunApprove):
             run.approve(request.call_id)
@@ -169,6 +172,17 @@ async def apply_local(registry: Registry, principal: str, request: Request) -> d
     except UnknownCallError as exc:
         raise ProtocolError("not_found", str(exc)) from None
     return {}
+
+
+async def _settled(run: Run) -> None:
+    """A run just resumed by a takeover asks again for the approvals its earlier
+    attempt waited for once it has loaded its session: an approval that comes first
+    (routed while the owner was dead) waits for that (at most 10 s)."""
+    with trio.move_on_after(10.0):
+        async for update in run.updated:
+            loading = update.status in (RunStatus.QUEUED, RunStatus.RUNNING)
+            if not loading or update.turn > 0 or run.statistics().turn > 0:
+                return
 
 
 async def _control(
