@@ -93,8 +93,8 @@ class Listener:
                             self._soon(token, self._dispatch, notify.payload)
                             if self._stop.is_set():
                                 break
-            except psycopg.Error as exc:
-                logger.info("cluster LISTEN connection lost (%s); reconnecting", exc)
+            except Exception as exc:  # psycopg.Error mostly; never let the thread die
+                logger.info("cluster LISTEN connection lost (%r); reconnecting", exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
 

@@ -35,6 +35,8 @@ logger = logging.getLogger("trio_agents.cluster")
 ROUTE_TIMEOUT: Final = 30.0
 """Seconds a routed op waits for the owner's (or its successor's) answer."""
 
+_POLL: Final = 2.0
+
 Executor = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 """``execute(principal, request_json) -> reply``: the node's local op."""
 
@@ -137,7 +139,10 @@ class Router:
         may wait, e.g. an injection is acked once persisted)."""
         async with trio.open_nursery() as nursery:
             while True:
-                await self._wakeup.wait()
+                # Woken by NOTIFY; a bounded poll covers a notification lost with a
+                # connection.
+                with trio.move_on_after(_POLL):
+                    await self._wakeup.wait()
                 self._wakeup = trio.Event()
                 try:
                     commands = await self._take()

@@ -201,8 +201,8 @@ async def _control(
 
 async def run_subscribe(conn: Connection, request: RunSubscribe) -> None:
     entry = _here(conn, request.run_id)
-    from_seq = request.from_seq if request.from_seq is not None else 1
-    if entry is not None and from_seq >= entry.first_seq:
+    from_seq = max(request.from_seq or 1, 1)
+    if entry is not None and (conn.registry.cluster is None or from_seq >= entry.first_seq):
         conn.check_subscription_room(entry.run_id)
         await conn.send(ack_frame(request.id))
         conn.subscribe(entry, request.from_seq, request.events)
