@@ -46,7 +46,7 @@ async def test_the_schema_is_created_and_versioned(pg_dsn: str) -> None:
             await c.wait_terminal(run_id)
         nursery.cancel_scope.cancel()
     with psycopg.connect(pg_dsn) as conn:
-        versions = dict(
+        versions: dict[str, int] = dict(
             conn.execute("SELECT component, version FROM trio_agents_schema").fetchall()
         )
         assert versions == {"sessions": 1, "cluster": 1}
