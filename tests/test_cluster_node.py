@@ -80,3 +80,22 @@ async def test_streamed_deltas_are_written_in_batches(pg_dsn: str) -> None:
             # Far fewer writes than events: batches, flushed at items and statuses.
             assert a.cluster.statistics().flushes - before < 30
         nursery.cancel_scope.cancel()
+
+
+async def test_finished_runs_are_forgotten_after_retention(pg_dsn: str) -> None:
+    model = ScriptedModel([], default="hello")
+    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    async with trio.open_nursery() as nursery:
+        async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as c:
+            run_id = (await c.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            await c.wait_terminal(run_id)
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                conn.execute("UPDATE trio_agents_runs SET updated_at = now() - interval '1 day'")
+            await a.cluster.leases.cleanup()
+            gone = await c.request("run.get", run_id=run_id)
+            assert gone["type"] == "ack"  # still retained in the node's memory
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn) as conn:
+        for table in ("runs", "events"):
+            count = conn.execute(f"SELECT count(*) FROM trio_agents_{table}").fetchone()
+            assert count == (0,)

@@ -31,6 +31,10 @@ under the session id ``json.dumps([principal, session_id])`` — or
     trio_agents_commands(command_id BIGSERIAL PK, run_id, target_node, origin_node,
                          principal, op, args (the request's wire JSON), reply (JSON), created_at)
 
+Rows of runs finished more than ``Limits.retain_finished`` ago (and their events, tool
+starts, withdrawals and commands) are deleted by whichever node sweeps first (each
+sweeps every minute).
+
 Channel: one, ``trio_agents_cluster``; payloads are JSON objects with a kind ``k``:
 ``{"k": "run", "r": run_id, "s": last_seq}`` (a run's events up to ``s`` are persisted;
 subscribers on other nodes read them), ``{"k": "cmd", "n": node}`` (commands wait for

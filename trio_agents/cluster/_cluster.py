@@ -10,7 +10,6 @@ a private-by-convention surface documented here, not in the public API).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -22,16 +21,21 @@ import attrs
 import trio
 
 from .._items import ToolCall
-from .._resume import Resume
 from ..control._protocol import ProtocolError
 from ._claims import claim_run
-from ._db import ClusterDown, Conn, Database
+from ._db import ClusterDown, Database
 from ._eventlog import EventWriter, Fence, RunLog, follow
 from ._listener import Listener
+from ._queries import (
+    nodes_with_room,
+    read_runs,
+    record_withdrawal,
+    release_node,
+    tool_start_barrier,
+)
 from ._routing import Router
-from ._schema import CHANNEL
-from ._session import RETRY_FOR, ClusterSession, session_key
-from ._takeover import Claimed, Leases
+from ._session import ClusterSession, session_key
+from ._takeover import Leases
 
 if TYPE_CHECKING:
     from ..control._registry import Registry
@@ -128,8 +132,6 @@ class PostgresCluster:
         self.execute: Executor | None = None
         self.dead = False
         self._nursery: trio.Nursery | None = None
-        self._resuming: set[str] = set()
-        self._resumed = trio.Event()
         self._in_use = False
 
     def __repr__(self) -> str:
@@ -267,71 +269,11 @@ class PostgresCluster:
 
     def before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""
-        db = self.db
-
-        async def barrier(call: ToolCall) -> None:
-            backoff = 0.05
-            give_up = trio.current_time() + RETRY_FOR
-            while True:
-                if fence.closed:
-                    raise RuntimeError("this node no longer runs the call")
-                try:
-                    await db.call(
-                        lambda conn: conn.execute(
-                            "INSERT INTO trio_agents_tool_starts (run_id, call_id, attempt)"
-                            " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                            (run_id, call.call_id, attempt),
-                        )
-                    )
-                    return
-                except ClusterDown:
-                    if db.dead or trio.current_time() + backoff > give_up:
-                        raise
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-
-        return barrier
-
-    async def resume(self, claimed: Claimed) -> None:
-        """Continue a run this node just claimed (``_takeover.py``)."""
-        registry = self.registry
-        assert registry is not None
-        self._resuming.add(claimed.run_id)
-        try:
-            if claimed.agent not in registry.agents:
-                await self.leases.fail(
-                    claimed, f"agent {claimed.agent!r} is not served by node {self._node_id}"
-                )
-                return
-            resume = Resume(
-                attempt=claimed.attempt,
-                next_seq=claimed.last_seq + 1,
-                started=claimed.started,
-                reason=f"node {claimed.previous_owner} stopped",
-            )
-            try:
-                entry = await registry.resume_run(claimed, resume)
-            except Exception as exc:
-                logger.exception("resuming run %s failed", claimed.run_id)
-                await self.leases.fail(claimed, f"could not resume: {exc!r}")
-                return
-            run = entry.run
-            assert run is not None
-            for injected in claimed.reinject:
-                try:
-                    run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
-                except Exception:
-                    logger.exception("re-injecting into run %s failed", claimed.run_id)
-        finally:
-            self._resuming.discard(claimed.run_id)
-            self._resumed.set()
-            self._resumed = trio.Event()
-        self.router.wake()  # commands that waited for the run's new owner
+        return tool_start_barrier(self.db, run_id, attempt, fence)
 
     async def wait_resumed(self, run_id: str) -> None:
         """Wait while ``run_id`` is being resumed here (a command may come first)."""
-        while run_id in self._resuming:
-            await self._resumed.wait()
+        await self.leases.wait_resumed(run_id)
 
     async def owner_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
         """The run's row (None: no such run of ``principal``)."""
@@ -341,36 +283,7 @@ class PostgresCluster:
     # -- reading ----------------------------------------------------------------------
 
     async def _rows(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
-        columns = (
-            "run_id, agent, session_id, status, reason, last_seq, turn, pending, owner,"
-            " finished, principal"
-        )
-
-        def read(conn: Conn) -> list[dict[str, Any]]:
-            return [
-                {
-                    "run_id": r[0],
-                    "agent": r[1],
-                    "session_id": r[2],
-                    "status": r[3],
-                    "reason": r[4],
-                    "seq": int(r[5]),
-                    "turn": int(r[6]),
-                    "pending_approvals": json.loads(r[7]),
-                    "owner": r[8],
-                    "finished": bool(r[9]),
-                    "principal": r[10],
-                }
-                for r in conn.execute(
-                    f"SELECT {columns} FROM trio_agents_runs WHERE {where} ORDER BY created_at",
-                    params,
-                ).fetchall()
-            ]
-
-        try:
-            return await self.db.call(read)
-        except ClusterDown as exc:
-            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        return await read_runs(self.db, where, params)
 
     async def list_runs(self, principal: str, retain: float) -> list[dict[str, Any]]:
         """The principal's unfinished runs and those finished less than ``retain`` s ago."""
@@ -406,21 +319,7 @@ class PostgresCluster:
         if self.running() < self._max_runs:
             return None
 
-        def pick(conn: Conn) -> list[str]:
-            return [
-                str(row[0])
-                for row in conn.execute(
-                    "SELECT node_id FROM trio_agents_nodes WHERE node_id <> %s AND NOT draining"
-                    " AND lease_expires_at > now() AND running < max_runs"
-                    " ORDER BY running::float / max_runs LIMIT 3",
-                    (self._node_id,),
-                ).fetchall()
-            ]
-
-        try:
-            nodes = await self.db.call(pick)
-        except ClusterDown as exc:
-            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        nodes = await nodes_with_room(self.db, self._node_id)
         # The counts are as of each node's last heartbeat: the chosen node checks its
         # own room (authoritative) and refuses when full; then the next one is asked.
         for node in nodes:
@@ -437,13 +336,7 @@ class PostgresCluster:
 
     async def record_withdrawal(self, run_id: str, injection_id: str) -> None:
         """A withdrawn injection is never injected again by a takeover."""
-        await self.db.call(
-            lambda conn: conn.execute(
-                "INSERT INTO trio_agents_withdrawals (run_id, injection_id) VALUES (%s, %s)"
-                " ON CONFLICT DO NOTHING",
-                (run_id, injection_id),
-            )
-        )
+        await record_withdrawal(self.db, run_id, injection_id)
 
     async def injection_persisted(self, run_id: str, injection_id: str) -> None:
         """Wait (bounded) until an injection's ``inbox.injected`` event is persisted.
@@ -474,20 +367,11 @@ class PostgresCluster:
         with trio.move_on_after(5.0):
             for log in list(self.writer.logs.values()):
                 await log.done.wait()
-        node = self._node_id
-
-        def release(conn: Conn) -> None:
-            conn.execute(
-                "UPDATE trio_agents_runs SET released = true, lease_expires_at = now()"
-                " WHERE owner = %s AND NOT finished",
-                (node,),
-            )
-            conn.execute("DELETE FROM trio_agents_nodes WHERE node_id = %s", (node,))
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps({"k": "scan"})))
-
         with trio.move_on_after(5.0):
+            await self.leases.lock.acquire()  # no heartbeat in flight: none comes after
+            self.leases.stopped = True
             try:
-                await self.db.call(release)
+                await release_node(self.db, self._node_id)
             except ClusterDown:
                 logger.warning("could not release this node's runs; they wait for their lease")
 

@@ -11,6 +11,10 @@ one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 ``inbox.injected``) but neither delivered nor withdrawn are injected again. A NOTIFY
 ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
+Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
+longer than ``retain_finished`` ago (and their events, tool starts, withdrawals and
+commands), answered commands as old, and node rows whose lease expired as long ago.
+
 A run whose agent this node does not serve, or that cannot be resumed, is marked
 ``failed`` with a terminal event, so it never stays orphaned.
 """
@@ -26,6 +30,7 @@ import attrs
 import trio
 
 from .._events import InboxDelivered, InboxInjected, RunStatus, RunUpdated, event_from_json
+from .._resume import Resume
 from ._db import ClusterDown, Conn
 from ._schema import CHANNEL
 
@@ -35,6 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["Claimed", "Leases"]
 
 logger = logging.getLogger("trio_agents.cluster")
+
+CLEANUP_INTERVAL: Final = 60.0
+"""Seconds between a node's sweeps of finished runs past their retention."""
 
 _TIME: Final = "now() + make_interval(secs => %(ttl)s)"
 
@@ -65,6 +73,11 @@ class Leases:
         self.renewed_at = 0.0  # when the last successful heartbeat was sent (Trio clock)
         self._renewed = trio.Event()
         self.fenced = 0
+        self._next_cleanup = 0.0
+        self._resuming: set[str] = set()
+        self._resumed = trio.Event()
+        self.lock = trio.Lock()  # held by a heartbeat, and by the hand-over for good
+        self.stopped = False
 
     def wake(self) -> None:
         """Scan now (a node released runs, or we reconnected)."""
@@ -121,12 +134,18 @@ class Leases:
         started = False
         while True:
             try:
-                await self.heartbeat()
+                async with self.lock:
+                    if self.stopped:
+                        return
+                    await self.heartbeat()
                 if not started:
                     started = True
                     task_status.started()
                 if not self.draining:
                     await self.scan()
+                    if trio.current_time() >= self._next_cleanup:
+                        self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
+                        await self.cleanup()
             except ClusterDown:
                 if cluster.db.dead:
                     return
@@ -135,6 +154,37 @@ class Leases:
                 await self._wakeup.wait()
             self._wakeup = trio.Event()
 
+    async def cleanup(self) -> None:
+        """Forget runs finished more than ``retain_finished`` ago (their events, tool
+        starts, withdrawals and commands too) and answered commands older than that:
+        whichever node does it first (every :data:`CLEANUP_INTERVAL` s per node)."""
+        cluster = self._cluster
+        registry = cluster.registry
+        retain = 600.0 if registry is None else registry.limits.retain_finished
+
+        def delete(conn: Conn) -> None:
+            old = conn.execute(
+                "DELETE FROM trio_agents_runs WHERE finished AND updated_at <"
+                " now() - make_interval(secs => %s) RETURNING run_id",
+                (retain,),
+            ).fetchall()
+            ids = [str(r[0]) for r in old]
+            if ids:
+                for table in ("events", "tool_starts", "withdrawals", "commands"):
+                    conn.execute(f"DELETE FROM trio_agents_{table} WHERE run_id = ANY(%s)", (ids,))
+            conn.execute(
+                "DELETE FROM trio_agents_commands WHERE reply IS NOT NULL AND created_at <"
+                " now() - make_interval(secs => %s)",
+                (retain,),
+            )
+            conn.execute(
+                "DELETE FROM trio_agents_nodes WHERE lease_expires_at <"
+                " now() - make_interval(secs => %s)",
+                (retain,),
+            )
+
+        await cluster.db.call(delete)
+
     async def scan(self) -> None:
         """Claim and resume runs whose lease expired or that were released."""
         cluster = self._cluster
@@ -142,9 +192,52 @@ class Leases:
         if room <= 0:
             return
         claimed = await cluster.db.call(lambda conn: self._claim(conn, room))
+        # Ours from the commit on: a command for any of them waits for its resumption.
+        self._resuming.update(run.run_id for run in claimed)
         for run in claimed:
             self.takeovers += 1
-            await cluster.resume(run)
+            await self.resume(run)
+
+    async def wait_resumed(self, run_id: str) -> None:
+        """Wait while ``run_id`` is claimed here and not resumed yet."""
+        while run_id in self._resuming:
+            await self._resumed.wait()
+
+    async def resume(self, claimed: Claimed) -> None:
+        """Continue a run this node just claimed (see the module docstring)."""
+        cluster = self._cluster
+        registry = cluster.registry
+        assert registry is not None
+        try:
+            if claimed.agent not in registry.agents:
+                await self.fail(
+                    claimed, f"agent {claimed.agent!r} is not served by node {cluster.node_id}"
+                )
+                return
+            resume = Resume(
+                attempt=claimed.attempt,
+                next_seq=claimed.last_seq + 1,
+                started=claimed.started,
+                reason=f"node {claimed.previous_owner} stopped",
+            )
+            try:
+                entry = await registry.resume_run(claimed, resume)
+            except Exception as exc:
+                logger.exception("resuming run %s failed", claimed.run_id)
+                await self.fail(claimed, f"could not resume: {exc!r}")
+                return
+            run = entry.run
+            assert run is not None
+            for injected in claimed.reinject:
+                try:
+                    run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
+                except Exception:
+                    logger.exception("re-injecting into run %s failed", claimed.run_id)
+        finally:
+            self._resuming.discard(claimed.run_id)
+            self._resumed.set()
+            self._resumed = trio.Event()
+            cluster.router.wake()  # commands that waited for the run's new owner
 
     def _claim(self, conn: Conn, room: int) -> list[Claimed]:
         cluster = self._cluster
