@@ -8,6 +8,7 @@ import pytest
 import trio
 
 import trio_agents as ta
+from trio_agents._util import leaves
 from trio_agents.cluster import PostgresCluster
 from trio_agents.control import ControlServer
 from trio_agents.models import ScriptedModel, Turn
@@ -99,3 +100,21 @@ async def test_finished_runs_are_forgotten_after_retention(pg_dsn: str) -> None:
         for table in ("runs", "events"):
             count = conn.execute(f"SELECT count(*) FROM trio_agents_{table}").fetchone()
             assert count == (0,)
+
+
+async def test_a_node_refuses_tables_of_a_newer_version(pg_dsn: str) -> None:
+    from trio_agents.cluster._db import ClusterSchemaError
+
+    model = ScriptedModel([], default="hello")
+    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "A"):
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE trio_agents_schema SET version = 99 WHERE component = 'cluster'")
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "B"):
+            raise AssertionError("the node started")
+    matched, rest = caught.value.split(ClusterSchemaError)
+    assert rest is None
+    assert matched is not None
+    assert "newer than this trio_agents supports" in str(leaves(matched)[0])
