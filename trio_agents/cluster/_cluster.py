@@ -44,6 +44,9 @@ __all__ = ["ClusterStatistics", "PostgresCluster"]
 
 logger = logging.getLogger("trio_agents.cluster")
 
+CONNECT_TIMEOUT = 10.0
+"""Seconds a node waits for the database when it starts, then fails (ClusterDown)."""
+
 Executor = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
@@ -192,8 +195,13 @@ class PostgresCluster:
                 self._nursery = nursery
                 nursery.start_soon(self.listener.run)
                 nursery.start_soon(self.writer.run)
+                with trio.move_on_after(CONNECT_TIMEOUT):
+                    await self.listener.connected.wait()
+                if not self.listener.connected.is_set():
+                    raise ClusterDown(
+                        f"cannot reach the cluster database: {self.listener.last_error}"
+                    )
                 nursery.start_soon(self.router.run)
-                await self.listener.connected.wait()
                 await nursery.start(self.leases.run)
                 nursery.start_soon(self.leases.watchdog)
                 task_status.started()
