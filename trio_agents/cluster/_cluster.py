@@ -190,6 +190,7 @@ class PostgresCluster:
         self.registry = registry
         self.execute = execute
         self.router.execute = execute
+        self.router.serves_inline = self._serves
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -208,16 +209,29 @@ class PostgresCluster:
         finally:
             await self.db.aclose()
 
+    def _serves(self, run_id: Any, principal: Any) -> bool:
+        """Whether a routed op for ``run_id`` may be answered here at once (a run of
+        this node; or no run: a start placed here)."""
+        if run_id is None:
+            return True
+        registry = self.registry
+        entry = None if registry is None else registry.runs.get(run_id)
+        return (
+            entry is not None
+            and entry.principal == principal
+            and not (entry.fence is not None and entry.fence.closed)
+        )
+
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message.get("k")
         if kind == "run":
             self.listener.notify(("run", message.get("r")))
         elif kind == "cmd":
             if message.get("n") in (self._node_id, None):
-                self.router.wake()
+                self.router.command(message)
         elif kind == "reply":
             if message.get("n") == self._node_id:
-                self.listener.notify(("reply", message.get("c")))
+                self.router.replied(message)
         elif kind == "scan":
             self.leases.wake()
         elif kind == "connected":
@@ -315,11 +329,10 @@ class PostgresCluster:
         """Send a run's persisted events from ``from_seq`` on (``_eventlog.follow``)."""
         await follow(self.db, self.listener, run_id, from_seq, mode, send)
 
-    async def route(self, principal: str, request: dict[str, Any], row: dict[str, Any]) -> Any:
-        """Send an op to the owner of ``row``'s run; its ack fields come back."""
-        return await self.router.send(
-            principal, request, run_id=row["run_id"], target_node=None, owner=row["owner"]
-        )
+    async def route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
+        """Send an op to the owner of ``run_id``; its ack fields come back (errors:
+        ``not_found``, ``run_closed``, the owner's own)."""
+        return await self.router.send(principal, request, run_id=run_id)
 
     async def place(self, principal: str, request: dict[str, Any]) -> dict[str, Any] | None:
         """A ``run.start`` on a full node: start it on a node with room (its ack
@@ -332,9 +345,7 @@ class PostgresCluster:
         # own room (authoritative) and refuses when full; then the next one is asked.
         for node in nodes:
             try:
-                return await self.router.send(
-                    principal, request, run_id=None, target_node=node, owner=node
-                )
+                return await self.router.send(principal, request, run_id=None, target_node=node)
             except ProtocolError as exc:
                 if exc.code != "limit_exceeded":
                     raise

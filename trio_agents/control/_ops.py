@@ -192,10 +192,7 @@ async def _control(
     if registry.cluster is None or _here(conn, request.run_id) is not None:
         data = await apply_local(registry, conn.principal, request)
     else:
-        row = await _row(conn, request.run_id)
-        if row["finished"]:
-            raise ProtocolError("run_closed", f"run {request.run_id} is closed")
-        data = await registry.cluster.route(conn.principal, wire(request), row)
+        data = await registry.cluster.route(conn.principal, wire(request), request.run_id)
     await conn.send(ack_frame(request.id, **data))
 
 
@@ -262,7 +259,7 @@ async def session_cancel(conn: Connection, request: SessionCancel) -> None:
             if _here(conn, row["run_id"]) is not None:
                 await apply_local(conn.registry, conn.principal, cancel)
             else:
-                await cluster.route(conn.principal, wire(cancel), row)
+                await cluster.route(conn.principal, wire(cancel), row["run_id"])
         except ProtocolError as exc:
             if exc.code != "run_closed":
                 raise

@@ -392,7 +392,7 @@ class Registry:
         assert self.cluster is not None
         request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
         with contextlib.suppress(ProtocolError):
-            await self.cluster.route(principal, request, {"run_id": run_id, "owner": node})
+            await self.cluster.route(principal, request, run_id)
 
     async def _run_task(
         self,
