@@ -1,13 +1,16 @@
 """Control ops for runs owned by another node: the ``trio_agents_commands`` table.
 
 The client's node inserts the request (op and its fields as JSON, the principal, the
-run — or, for a placed ``run.start``, the target node) and NOTIFYs
-``{"k": "cmd", "n": owner}``; the owner takes every unanswered command for its runs or
-addressed to it (``FOR UPDATE SKIP LOCKED``), answers each with its own local op — the
-same code as a single process, so the answers (``injection_id``, ``run_closed``, ...)
-are the real ones — writes the reply into the row and NOTIFYs
-``{"k": "reply", "n": origin, "c": command_id}``. The client's node then reads the
-reply. A command for a run whose owner died stays unanswered until the node that takes
+run — or, for a placed ``run.start``, the target node), in the statement that checks the
+run is the principal's and unfinished (``not_found``/``run_closed`` otherwise), and
+NOTIFYs ``{"k": "cmd", "n": owner, ...}`` carrying the command itself when it is short.
+The owner answers an inline command of one of its runs at once; otherwise (or on a poll
+every few seconds, or after a reconnection) it reads every unanswered command for its
+runs or addressed to it. It answers each with its own local op — the same code as a
+single process, so the answers (``injection_id``, ``run_closed``, ...) are the real
+ones — writes the reply into the row (only if it has none: a command is answered once)
+and NOTIFYs ``{"k": "reply", "n": origin, "c": command_id, "a": answer}`` (the answer
+inline when short; else the client's node reads the row). A command for a run whose owner died stays unanswered until the node that takes
 the run over answers it (it runs the open commands of each run it claims), or until
 :data:`ROUTE_TIMEOUT` passes: then the client gets ``internal`` with a message saying
 to retry (the run is being taken over).
