@@ -351,3 +351,29 @@ async def test_an_op_for_a_dead_owner_waits_for_the_takeover(pg_dsn: str) -> Non
         assert done["event"]["status"] == "completed", done
         check_stream(cb, run_id)
     assert ran == ["d1"]
+
+
+async def test_a_run_whose_input_never_reached_its_session_is_resumed_with_it(
+    pg_dsn: str,
+) -> None:
+    model = ScriptedModel(["hello again"])
+    async with trio.open_nursery() as nursery:
+        async with node(nursery, agents(model, []), pg_dsn, "B") as b, client(b.url) as cb:
+            # What a node killed right after run.start leaves: its row, no session rows.
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO trio_agents_runs (run_id, principal, session_key, active_key,"
+                    " agent, options, status, owner, lease_expires_at) VALUES ('run_x',"
+                    " 'alice', '[\"alice\", \"run:run_x\"]', NULL, 'a', %s, 'queued', 'ghost',"
+                    " now() - interval '1 second')",
+                    (json.dumps({"input": [ta.UserMessage("hi there").to_json()]}),),
+                )
+                conn.execute("SELECT pg_notify('trio_agents_cluster', '{\"k\": \"scan\"}')")
+            await cb.ok("run.subscribe", run_id="run_x", from_seq=1)
+            done = await cb.wait_terminal("run_x")
+            assert done["event"]["status"] == "completed", done
+            assert b.cluster.statistics().takeovers == 1
+        nursery.cancel_scope.cancel()
+    assert [i.content for i in model.requests[0].items if isinstance(i, ta.UserMessage)] == [
+        "hi there"
+    ]

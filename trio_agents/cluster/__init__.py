@@ -59,7 +59,8 @@ What holds (DESIGN §12):
   back. An op for a run whose owner died waits until the run is taken over and is
   answered by the new owner, or answers ``internal`` ("retry") after 30 s.
 - Known gaps: a run whose node died before the run's input reached its session is
-  resumed with what the session holds; a ``run.start`` placed on another node ignores
+  resumed with the input kept in its row if its session is empty, else with what the
+  session holds; a ``run.start`` placed on another node ignores
   ``on_disconnect="cancel"``; when every node is full ``run.start`` answers
   ``limit_exceeded`` (it is not queued).
 - One active run per session across the cluster (``active_key``); ``on_busy`` holds

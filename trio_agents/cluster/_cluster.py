@@ -14,13 +14,13 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
 
-from .._items import ToolCall
+from .._items import Item, ToolCall
 from ..control._protocol import ProtocolError
 from ._claims import claim_run
 from ._db import ClusterDown, Database
@@ -255,8 +255,11 @@ class PostgresCluster:
         agent: str,
         on_busy: str,
         cancel_holder: Callable[[str, str | None], Awaitable[None]],
+        items: Sequence[Item] = (),
     ) -> None:
-        """Insert a new run's row, claiming its session cluster-wide (``_claims.py``)."""
+        """Insert a new run's row, claiming its session cluster-wide (``_claims.py``).
+        The row keeps the run's input (``options["input"]``) for a takeover that finds
+        it missing from the session."""
         await claim_run(
             self,
             run_id=run_id,
@@ -264,7 +267,7 @@ class PostgresCluster:
             session_id=session_id,
             agent=agent,
             on_busy=on_busy,
-            options={},
+            options={"input": [item.to_json() for item in items]},
             cancel_holder=cancel_holder,
         )
 

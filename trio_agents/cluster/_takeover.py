@@ -30,6 +30,7 @@ import attrs
 import trio
 
 from .._events import InboxDelivered, InboxInjected, RunStatus, RunUpdated, event_from_json
+from .._items import Item, item_from_json
 from .._resume import Resume
 from ._db import ClusterDown, Conn
 from ._schema import CHANNEL
@@ -60,6 +61,14 @@ class Claimed:
     last_seq: int
     started: frozenset[str]
     reinject: tuple[InboxInjected, ...]
+    input: tuple[Item, ...] = ()
+
+
+def _input(options: str) -> tuple[Item, ...]:
+    try:
+        return tuple(item_from_json(item) for item in json.loads(options).get("input", ()))
+    except (TypeError, ValueError, AttributeError):
+        return ()
 
 
 class Leases:
@@ -242,7 +251,7 @@ class Leases:
     def _claim(self, conn: Conn, room: int) -> list[Claimed]:
         cluster = self._cluster
         rows = conn.execute(
-            "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq"
+            "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options"
             " FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
             " now()) ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED",
             (room,),
@@ -281,7 +290,7 @@ class Leases:
             elif isinstance(event, InboxDelivered):
                 delivered.add((str(run_id), event.injection_id))
         claimed = []
-        for run_id, principal, session_id, agent, owner, attempt, last_seq in rows:
+        for run_id, principal, session_id, agent, owner, attempt, last_seq, options in rows:
             pending = tuple(
                 event
                 for injection_id, event in injected.get(run_id, {}).items()
@@ -299,6 +308,7 @@ class Leases:
                     last_seq=int(last_seq),
                     started=frozenset(starts.get(run_id, ())),
                     reinject=pending,
+                    input=_input(options),
                 )
             )
         return claimed
