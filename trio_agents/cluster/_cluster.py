@@ -1,0 +1,425 @@
+""":class:`PostgresCluster`: wires the node's parts together for a ControlServer.
+
+The parts, one job per module: ``_db.py`` (calls on the database), ``_schema.py`` (the
+tables), ``_listener.py`` (LISTEN/NOTIFY), ``_eventlog.py`` (persisting and following
+events), ``_routing.py`` (ops for runs of other nodes), ``_claims.py`` (one active run
+per session), ``_takeover.py`` (leases, takeover), ``_session.py`` (the runs' sessions).
+The control server calls the methods below; they are internal (underscore-free names on
+a private-by-convention surface documented here, not in the public API).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+
+from .._items import Item, ToolCall
+from ..control._protocol import ProtocolError
+from ._claims import claim_run
+from ._db import ClusterDown, Database
+from ._eventlog import EventWriter, Fence, RunLog, follow
+from ._listener import Listener
+from ._queries import (
+    nodes_with_room,
+    read_runs,
+    record_withdrawal,
+    release_node,
+    tool_start_barrier,
+)
+from ._routing import Router
+from ._session import ClusterSession, session_key
+from ._takeover import Leases
+
+if TYPE_CHECKING:
+    from ..control._registry import Registry
+
+__all__ = ["ClusterStatistics", "PostgresCluster"]
+
+logger = logging.getLogger("trio_agents.cluster")
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds a node waits for the database when it starts, then fails (ClusterDown)."""
+
+Executor = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@attrs.frozen
+class ClusterStatistics:
+    """What :meth:`PostgresCluster.statistics` reports about this node.
+
+    Attributes:
+        node_id: this node.
+        owned_runs: unfinished runs this node runs.
+        takeovers: runs this node took over from other nodes.
+        routed: ops this node sent to other nodes.
+        served: ops other nodes sent to this one.
+        statements: database transactions this node ran (sessions excluded).
+        flushes: event-log flushes.
+        reconnects: LISTEN reconnections after a lost connection.
+    """
+
+    node_id: str
+    owned_runs: int
+    takeovers: int
+    routed: int
+    served: int
+    statements: int
+    flushes: int
+    reconnects: int
+
+
+def _default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@final
+class PostgresCluster:
+    """Makes N :class:`~trio_agents.control.ControlServer` processes on one PostgreSQL
+    database act as one server (DESIGN §12; the tables are described in
+    :mod:`trio_agents.cluster`).
+
+    Args:
+        dsn: a libpq connection string or URI of the database every node shares. The
+            tables are created (or migrated) on first use.
+        node_id: this node's name, unique in the cluster (default: host, pid and a
+            random suffix). A node restarted with the same id takes its old runs back
+            once their leases expire, like any other node.
+        lease_ttl: seconds a node's runs stay its own without a heartbeat (renewed
+            every ``lease_ttl / 3``): how long after a crash another node takes them
+            over.
+        max_runs: unfinished runs this node runs at most; a ``run.start`` beyond it is
+            placed on a node with room (``limit_exceeded`` when none has).
+
+    Give it to ``ControlServer(agents, auth=..., cluster=cluster)`` (one cluster object
+    per server); ``sessions`` must then be None: runs' sessions are PostgreSQL sessions
+    in the cluster's database.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        node_id: str | None = None,
+        lease_ttl: float = 10.0,
+        max_runs: int = 100,
+    ) -> None:
+        if not isinstance(dsn, str) or not dsn:
+            raise TypeError("dsn must be a non-empty str")
+        if node_id is not None and (not isinstance(node_id, str) or not node_id):
+            raise TypeError("node_id must be a non-empty str or None")
+        if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float):
+            raise TypeError("lease_ttl must be a number")
+        if not lease_ttl > 0:
+            raise ValueError(f"lease_ttl must be > 0, got {lease_ttl!r}")
+        if isinstance(max_runs, bool) or not isinstance(max_runs, int):
+            raise TypeError("max_runs must be an int")
+        if max_runs < 1:
+            raise ValueError(f"max_runs must be >= 1, got {max_runs!r}")
+        self._dsn = dsn
+        self._node_id = node_id if node_id is not None else _default_node_id()
+        self._lease_ttl = float(lease_ttl)
+        self._max_runs = max_runs
+        self.db = Database(dsn)
+        self.listener = Listener(dsn, self._on_message)
+        self.writer = EventWriter(self.db, self.listener, self._node_id)
+        self.router = Router(self.db, self.listener, self._node_id)
+        self.leases = Leases(self)
+        self.registry: Registry | None = None
+        self.execute: Executor | None = None
+        self.dead = False
+        self._nursery: trio.Nursery | None = None
+        self._in_use = False
+
+    def __repr__(self) -> str:
+        return f"<PostgresCluster node_id={self._node_id!r} lease_ttl={self._lease_ttl}>"
+
+    @property
+    def dsn(self) -> str:
+        """The database's connection string."""
+        return self._dsn
+
+    @property
+    def node_id(self) -> str:
+        """This node's id."""
+        return self._node_id
+
+    @property
+    def lease_ttl(self) -> float:
+        """Seconds this node's runs stay its own without a heartbeat."""
+        return self._lease_ttl
+
+    @property
+    def max_runs(self) -> int:
+        """Unfinished runs this node runs at most."""
+        return self._max_runs
+
+    def statistics(self) -> ClusterStatistics:
+        """Counts for monitoring (see :class:`ClusterStatistics`)."""
+        return ClusterStatistics(
+            node_id=self._node_id,
+            owned_runs=self.running(),
+            takeovers=self.leases.takeovers,
+            routed=self.router.routed,
+            served=self.router.served,
+            statements=self.db.statements,
+            flushes=self.writer.flushes,
+            reconnects=self.listener.reconnects,
+        )
+
+    def running(self) -> int:
+        """Unfinished runs of this node."""
+        return 0 if self.registry is None else self.registry.active_count
+
+    # -- the node's tasks -------------------------------------------------------------
+
+    async def serve_node(
+        self, registry: Registry, execute: Executor, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        """Run the node (listener, writer, router, leases) until cancelled; started once
+        it listens and its node row exists."""
+        if self._in_use:
+            raise RuntimeError("a PostgresCluster serves one ControlServer, once")
+        self._in_use = True
+        self.registry = registry
+        self.execute = execute
+        self.router.execute = execute
+        self.router.serves_inline = self._serves
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self.listener.run)
+                nursery.start_soon(self.writer.run)
+                with trio.move_on_after(CONNECT_TIMEOUT):
+                    await self.listener.connected.wait()
+                if not self.listener.connected.is_set():
+                    raise ClusterDown(
+                        f"cannot reach the cluster database: {self.listener.last_error}"
+                    )
+                nursery.start_soon(self.router.run)
+                await nursery.start(self.leases.run)
+                nursery.start_soon(self.leases.watchdog)
+                task_status.started()
+        finally:
+            await self.db.aclose()
+
+    def _serves(self, run_id: Any, principal: Any) -> bool:
+        """Whether a routed op for ``run_id`` may be answered here at once (a run of
+        this node; or no run: a start placed here)."""
+        if run_id is None:
+            return True
+        registry = self.registry
+        entry = None if registry is None else registry.runs.get(run_id)
+        return (
+            entry is not None
+            and entry.principal == principal
+            and not (entry.fence is not None and entry.fence.closed)
+        )
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind = message.get("k")
+        if kind == "run":
+            self.listener.notify(("run", message.get("r")))
+        elif kind == "cmd":
+            if message.get("n") in (self._node_id, None):
+                self.router.command(message)
+        elif kind == "reply":
+            if message.get("n") == self._node_id:
+                self.router.replied(message)
+        elif kind == "scan":
+            self.leases.wake()
+        elif kind == "connected":
+            self.router.wake()
+            self.leases.wake()
+
+    # -- starting runs ----------------------------------------------------------------
+
+    def session(self, principal: str, session_id: str | None, run_id: str) -> ClusterSession:
+        """The session of a run (fenced by a new :class:`Fence`)."""
+        return ClusterSession(
+            self._dsn, session_key(principal, session_id, run_id), self._node_id, Fence()
+        )
+
+    async def claim(
+        self,
+        *,
+        run_id: str,
+        principal: str,
+        session_id: str | None,
+        agent: str,
+        on_busy: str,
+        cancel_holder: Callable[[str, str | None], Awaitable[None]],
+        items: Sequence[Item] = (),
+    ) -> None:
+        """Insert a new run's row, claiming its session cluster-wide (``_claims.py``).
+        The row keeps the run's input (``options["input"]``) for a takeover that finds
+        it missing from the session."""
+        await claim_run(
+            self,
+            run_id=run_id,
+            principal=principal,
+            session_id=session_id,
+            agent=agent,
+            on_busy=on_busy,
+            options={"input": [item.to_json() for item in items]},
+            cancel_holder=cancel_holder,
+        )
+
+    async def forget(self, run_id: str) -> None:
+        """Delete the row of a run that never started (bad input)."""
+        with trio.CancelScope(shield=True), trio.move_on_after(5.0):
+            try:
+                await self.db.call(
+                    lambda conn: conn.execute(
+                        "DELETE FROM trio_agents_runs WHERE run_id = %s", (run_id,)
+                    )
+                )
+            except ClusterDown:
+                logger.warning("could not delete the row of run %s", run_id)
+
+    def track(self, run: Any, run_id: str, attempt: int, start_seq: int, fence: Fence) -> RunLog:
+        """Persist the events of a run this node started or resumed."""
+        assert self._nursery is not None
+        log = RunLog(run_id, attempt, run, start_seq, fence)
+        if self.dead:
+            fence.closed = True
+        self.writer.track(self._nursery, log)
+        return log
+
+    def before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:
+        """The ``before_tool`` barrier: record that a call starts before its tool runs."""
+        return tool_start_barrier(self.db, run_id, attempt, fence)
+
+    async def wait_resumed(self, run_id: str) -> None:
+        """Wait while ``run_id`` is being resumed here (a command may come first)."""
+        await self.leases.wait_resumed(run_id)
+
+    async def owner_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
+        """The run's row (None: no such run of ``principal``)."""
+        rows = await self._rows("run_id = %s AND principal = %s", (run_id, principal))
+        return rows[0] if rows else None
+
+    # -- reading ----------------------------------------------------------------------
+
+    async def _rows(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return await read_runs(self.db, where, params)
+
+    async def list_runs(self, principal: str, retain: float) -> list[dict[str, Any]]:
+        """The principal's unfinished runs and those finished less than ``retain`` s ago."""
+        return await self._rows(
+            "principal = %s AND (NOT finished OR updated_at > now() - make_interval(secs => %s))",
+            (principal, retain),
+        )
+
+    async def session_holder(self, principal: str, session_id: str) -> dict[str, Any] | None:
+        """The row of the run holding the principal's session, if any."""
+        rows = await self._rows("active_key = %s", (session_key(principal, session_id, ""),))
+        return rows[0] if rows else None
+
+    async def follow(
+        self,
+        run_id: str,
+        from_seq: int | None,
+        mode: str,
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        """Send a run's persisted events from ``from_seq`` on (``_eventlog.follow``)."""
+        await follow(self.db, self.listener, run_id, from_seq, mode, send)
+
+    async def route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
+        """Send an op to the owner of ``run_id``; its ack fields come back (errors:
+        ``not_found``, ``run_closed``, the owner's own)."""
+        return await self.router.send(principal, request, run_id=run_id)
+
+    async def place(self, principal: str, request: dict[str, Any]) -> dict[str, Any] | None:
+        """A ``run.start`` on a full node: start it on a node with room (its ack
+        fields), or None when this node has room."""
+        if self.running() < self._max_runs:
+            return None
+
+        nodes = await nodes_with_room(self.db, self._node_id)
+        # The counts are as of each node's last heartbeat: the chosen node checks its
+        # own room (authoritative) and refuses when full; then the next one is asked.
+        for node in nodes:
+            try:
+                return await self.router.send(principal, request, run_id=None, target_node=node)
+            except ProtocolError as exc:
+                if exc.code != "limit_exceeded":
+                    raise
+        raise ProtocolError(
+            "limit_exceeded", "every node of the cluster runs as many runs as it may"
+        )
+
+    async def record_withdrawal(self, run_id: str, injection_id: str) -> None:
+        """A withdrawn injection is never injected again by a takeover."""
+        await record_withdrawal(self.db, run_id, injection_id)
+
+    async def injection_persisted(self, run_id: str, injection_id: str) -> None:
+        """Wait (bounded) until an injection's ``inbox.injected`` event is persisted.
+
+        Raises:
+            ProtocolError: ``internal`` if it is not persisted within 10 s.
+        """
+        log = self.writer.logs.get(run_id)
+        if log is None:
+            return
+        with trio.move_on_after(10.0):
+            await log.wait_injection(injection_id)
+            return
+        raise ProtocolError("internal", "the injection was queued but could not be persisted")
+
+    # -- stopping ---------------------------------------------------------------------
+
+    async def hand_over(self, cancel_runs: Callable[[], Awaitable[None]]) -> None:
+        """Graceful stop: fence every run here, let their events up to now be written,
+        stop them locally (``cancel_runs``), then release their rows so another node
+        takes them over at once (a NOTIFY triggers its scan)."""
+        self.leases.draining = True
+        for log in list(self.writer.logs.values()):
+            log.fence.closed = True
+            log.fence.fence_seq = log.run.statistics().last_seq
+        await cancel_runs()
+        await self.writer.flush_now()
+        with trio.move_on_after(5.0):
+            for log in list(self.writer.logs.values()):
+                await log.done.wait()
+        with trio.move_on_after(5.0):
+            await self.leases.lock.acquire()  # no heartbeat in flight: none comes after
+            self.leases.stopped = True
+            try:
+                await release_node(self.db, self._node_id)
+            except ClusterDown:
+                logger.warning("could not release this node's runs; they wait for their lease")
+
+    def lose_all(self, reason: str) -> int:
+        """Stop every run of this node without persisting anything more (its leases
+        may have expired: another node may take them over); returns how many."""
+        count = 0
+        for log in list(self.writer.logs.values()):
+            if not log.fence.closed:
+                log.fence.closed = True
+                log.fence.fence_seq = None
+                log.run.cancel(reason)
+                self.leases.to_release.add(log.run_id)
+                count += 1
+        if count:
+            logger.warning("node %s stopped %d runs: %s", self._node_id, count, reason)
+        return count
+
+    def crash(self) -> None:
+        """Stop talking to the database at once, as a killed process would (tests).
+
+        Nothing more is persisted: no events, no session writes, no heartbeat; the
+        node's runs are taken over once their leases expire."""
+        self.dead = True
+        self.db.dead = True
+        self.listener.stop()
+        for log in self.writer.logs.values():
+            log.fence.closed = True
+            log.fence.fence_seq = None
