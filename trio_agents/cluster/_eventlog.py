@@ -5,7 +5,12 @@ Writing: one reader task per owned run copies ``run.events()`` into the node's b
 buffer in one transaction — events, then each run's row (last seq, status, reason,
 turn, pending approvals, and the session released at its terminal status), then one
 NOTIFY ``{"k": "run", "r": run_id, "s": last_seq}`` per run — at least every
-:data:`FLUSH_INTERVAL` seconds and at once for a ``run.item`` or ``run.updated`` event.
+:data:`FLUSH_INTERVAL` seconds, at once for a ``run.item`` or ``run.updated`` event, and
+at once (as soon as the previous flush is done) while a subscriber on this node waits
+for an event: a subscriber on the owner is sent an event only once it is persisted
+(:meth:`RunLog.wait_persisted`), so what any client saw survives a crash of the owner
+and the next attempt never reuses a seq a client saw. Batches then grow with the load
+(whatever arrived during the previous round trip); the run's loop never waits.
 A run's row is only updated while this node owns the attempt (``owner`` and
 ``attempt`` match): a node that lost its lease (taken over while it was cut off) finds
 no row, stops writing the run's events and cancels it locally (reason ``"lease
@@ -65,6 +70,8 @@ class RunLog:
     injections: dict[str, int] = attrs.field(factory=dict)
     changed: trio.Event = attrs.field(factory=trio.Event)
     done: trio.Event = attrs.field(factory=trio.Event)
+    # Set by the writer that tracks the run: asks it to flush now (a reader waits).
+    hurry: Callable[[], None] = attrs.field(default=lambda: None)
 
     def _changed(self) -> None:
         self.changed.set()
@@ -81,8 +88,10 @@ class RunLog:
             await self.changed.wait()
 
     async def wait_persisted(self, seq: int) -> None:
-        """Wait until the event ``seq`` is written (or this attempt's writing ended)."""
+        """Wait until the event ``seq`` is written (or this attempt's writing ended);
+        the writer flushes at once while someone waits."""
         while self.persisted_seq < seq and not self.done.is_set():
+            self.hurry()
             await self.changed.wait()
 
 
@@ -103,7 +112,11 @@ class EventWriter:
     def track(self, nursery: trio.Nursery, log: RunLog) -> None:
         """Start persisting ``log.run``'s events (from ``log.start_seq``)."""
         self.logs[log.run_id] = log
+        log.hurry = self._urgent_now
         nursery.start_soon(self._read, log)
+
+    def _urgent_now(self) -> None:
+        self._urgent.set()
 
     async def _read(self, log: RunLog) -> None:
         try:

@@ -238,16 +238,15 @@ class Connection:
                         break  # not this node's: the run goes on elsewhere
                     if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
                         continue
-                    if (
-                        entry.log is not None
-                        and isinstance(event, RunUpdated)
-                        and event.status.is_terminal
-                    ):
-                        # A cluster: the terminal status once persisted (the session
-                        # released cluster-wide), so the next run.start on any node finds
-                        # the session free, as in one process.
-                        with trio.move_on_after(self.limits.send_timeout):
-                            await entry.log.wait_persisted(event.seq)
+                    if entry.log is not None and entry.log.persisted_seq < event.seq:
+                        # A cluster: an event is sent once persisted, so a client never
+                        # sees an event a crash of this node could lose (the next
+                        # attempt would reuse its seq), and a terminal status only once
+                        # the session is released cluster-wide (the next run.start on
+                        # any node finds it free, as in one process).
+                        await entry.log.wait_persisted(event.seq)
+                        if entry.log.persisted_seq < event.seq:
+                            break  # this attempt stopped writing: the run goes on elsewhere
                     await self.send(event_frame(event))
         except Exception:
             logger.exception("forwarding the events of %s failed", entry.run_id)
