@@ -49,7 +49,7 @@ async def node(
     dsn: str,
     node_id: str,
     *,
-    lease_ttl: float = 0.5,
+    lease_ttl: float = 5.0,
     max_runs: int = 100,
 ) -> AsyncIterator[Node]:
     """Serve one node in ``nursery`` until the block ends (or it is stopped)."""

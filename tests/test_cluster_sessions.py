@@ -163,9 +163,11 @@ async def test_postgresql_restarted_under_load(
                         )
                     )["run_id"]
                 )
-            with trio.fail_after(30):
-                while len(started) < count:
-                    await ca.changed.wait()
+            for i, run_id in enumerate(runs):
+                await (ca if i % 2 else cb).wait_event(
+                    run_id, lambda e: e["type"] == "tool.started"
+                )
+            assert len(started) == count
             # Subscribers on the other node follow every run through the restart.
             for i, run_id in enumerate(runs):
                 await (cb if i % 2 else ca).ok("run.subscribe", run_id=run_id, from_seq=1)

@@ -1,7 +1,9 @@
 """Takeover after a node "crashes" (stops talking to the database at once, as a killed
 process would, and stops renewing its leases), and graceful hand-over (DESIGN §12,
 issue 17 items 2 and 4). The multi-process ``kill -9`` tests live elsewhere; these run
-the nodes in one Trio process on one database with a short lease."""
+the nodes in one Trio process on one database with a short lease (2 s: short enough
+for a quick takeover, long enough that a heartbeat delayed by a loaded machine does not
+lose a live node its runs)."""
 
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ def check_stream(c: Client, run_id: str) -> list[dict[str, Any]]:
 
 @asynccontextmanager
 async def three_nodes(
-    model: ta.Model, tools: list[ta.Tool], dsn: str, lease_ttl: float = 0.5
+    model: ta.Model, tools: list[ta.Tool], dsn: str, lease_ttl: float = 2.0
 ) -> AsyncIterator[Any]:
     async with trio.open_nursery() as nursery:
         async with (
@@ -105,9 +107,6 @@ async def test_takeover_mid_tool(pg_dsn: str) -> None:
                 await ca.ok("run.start", agent="a", input="pay", session_id="s", subscribe="all")
             )["run_id"]
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
-            with trio.fail_after(30):
-                while len(started) < 2:
-                    await ca.changed.wait()
             # Both calls' starts are recorded before their tools run: wait until B has
             # seen both tool.started events (persisted), then "kill" A.
             await cb.wait_event(
@@ -325,3 +324,56 @@ async def test_graceful_shutdown_hands_runs_over_without_waiting_for_the_lease(
     _, row = run_rows(pg_dsn, run_id)
     assert row[1] in ("B", "C")
     assert row[2] == 2
+
+
+async def test_an_op_for_a_dead_owner_waits_for_the_takeover(pg_dsn: str) -> None:
+    ran: list[str] = []
+
+    @ta.function_tool(needs_approval=True)
+    async def delete(ctx: ta.ToolContext) -> str:
+        """Delete a file, once approved."""
+        ran.append(ctx.call_id)
+        return "deleted"
+
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("d1", "delete", "{}")]), "done"])
+    async with (
+        three_nodes(model, [delete], pg_dsn) as (a, b, _c),
+        client(a.url) as ca,
+        client(b.url) as cb,
+    ):
+        run_id = (await ca.ok("run.start", agent="a", input="rm", subscribe="all"))["run_id"]
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        await cb.wait_status(run_id, "awaiting_approval")
+        a.crash()
+        # Sent at once: answered by the node that takes the run over, once it has.
+        await cb.ok("run.approve", run_id=run_id, call_id="d1")
+        done = await cb.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+        check_stream(cb, run_id)
+    assert ran == ["d1"]
+
+
+async def test_a_run_whose_input_never_reached_its_session_is_resumed_with_it(
+    pg_dsn: str,
+) -> None:
+    model = ScriptedModel(["hello again"])
+    async with trio.open_nursery() as nursery:
+        async with node(nursery, agents(model, []), pg_dsn, "B") as b, client(b.url) as cb:
+            # What a node killed right after run.start leaves: its row, no session rows.
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO trio_agents_runs (run_id, principal, session_key, active_key,"
+                    " agent, options, status, owner, lease_expires_at) VALUES ('run_x',"
+                    " 'alice', '[\"alice\", \"run:run_x\"]', NULL, 'a', %s, 'queued', 'ghost',"
+                    " now() - interval '1 second')",
+                    (json.dumps({"input": [ta.UserMessage("hi there").to_json()]}),),
+                )
+                conn.execute("SELECT pg_notify('trio_agents_cluster', '{\"k\": \"scan\"}')")
+            await cb.ok("run.subscribe", run_id="run_x", from_seq=1)
+            done = await cb.wait_terminal("run_x")
+            assert done["event"]["status"] == "completed", done
+            assert b.cluster.statistics().takeovers == 1
+        nursery.cancel_scope.cancel()
+    assert [i.content for i in model.requests[0].items if isinstance(i, ta.UserMessage)] == [
+        "hi there"
+    ]

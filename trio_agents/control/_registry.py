@@ -285,6 +285,7 @@ class Registry:
                 agent=agent_name,
                 on_busy=on_busy,
                 cancel_holder=lambda holder, node: self.supersede(principal, holder, node),
+                items=items,
             )
             cluster_session = cluster.session(principal, session_id, run_id)
             session, fence = cluster_session, cluster_session.fence
@@ -366,6 +367,11 @@ class Registry:
             if state.finished.pop(entry.run_id, None) is not None:
                 state.retained_bytes -= old.bytes
         self._register(entry, state)
+        if claimed.input:
+            # The earlier attempt died before its input reached the session.
+            stored = await session.get_items()
+            if not stored:
+                await session.add_items(claimed.input)
         extra = {
             "resume": resume,
             "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
@@ -392,7 +398,7 @@ class Registry:
         assert self.cluster is not None
         request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
         with contextlib.suppress(ProtocolError):
-            await self.cluster.route(principal, request, {"run_id": run_id, "owner": node})
+            await self.cluster.route(principal, request, run_id)
 
     async def _run_task(
         self,
