@@ -31,7 +31,7 @@ from trio_agents.cluster._db import ClusterDown
 from trio_agents.control import ControlServer, Limits
 from trio_agents.models import ScriptedModel, Turn
 
-from .cluster_support import Client, Node, client
+from .cluster_support import Node, client
 
 # -- helpers --------------------------------------------------------------------------
 
