@@ -213,9 +213,13 @@ async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) ->
             await ca.ok("run.start", agent="a", input="go", session_id="s")
             with trio.fail_after(30):
                 await started.wait()
+
             # A node row long dead, which the cleanup deletes; another transaction (say,
             # an operator's, or a long scan elsewhere) holds its row lock for a while.
-            with await trio.to_thread.run_sync(psycopg.connect, pg_dsn) as conn:
+            def connect() -> psycopg.Connection[Any]:
+                return psycopg.connect(pg_dsn)
+
+            with await trio.to_thread.run_sync(connect) as conn:
                 await trio.to_thread.run_sync(
                     conn.execute,
                     "INSERT INTO trio_agents_nodes (node_id, lease_expires_at, max_runs)"
