@@ -168,12 +168,6 @@ def slow_tool(started: trio.Event, release: trio.Event, cancelled: trio.Event) -
     return slow
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after the watchdog stops a node's runs (database unreachable for 0.8 x lease_ttl),"
-    " the node's next heartbeat renews their leases again (owner = me AND NOT finished): no"
-    " node ever resumes them; they stay 'running' and hold their sessions forever",
-)
 async def test_runs_stopped_by_the_watchdog_are_resumed_after_the_database_returns(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -82,6 +82,8 @@ class Leases:
         self.renewed_at = 0.0  # when the last successful heartbeat was sent (Trio clock)
         self._renewed = trio.Event()
         self.fenced = 0
+        # Runs the watchdog stopped (run id -> attempt): released by the next heartbeat.
+        self.lost: dict[str, int] = {}
         self._next_cleanup = 0.0
         self._resuming: set[str] = set()
         self._resumed = trio.Event()
@@ -103,6 +105,11 @@ class Leases:
             "running": cluster.running(),
             "draining": self.draining,
         }
+        # Runs the watchdog stopped here are released in the same statement (never
+        # renewed): any node, this one included, takes them over at once.
+        lost = dict(self.lost)
+        params["lost"] = list(lost)
+        params["lost_attempts"] = list(lost.values())
         await cluster.db.call(
             lambda conn: conn.execute(
                 "WITH node AS (INSERT INTO trio_agents_nodes"
@@ -111,12 +118,22 @@ class Leases:
                 " ON CONFLICT (node_id) DO UPDATE SET lease_expires_at ="
                 " EXCLUDED.lease_expires_at, max_runs = EXCLUDED.max_runs, running ="
                 " EXCLUDED.running, draining = EXCLUDED.draining, updated_at = now()"
+                " RETURNING 1),"
+                " lost AS (UPDATE trio_agents_runs SET released = true, updated_at = now()"
+                " WHERE owner = %(node)s AND NOT finished AND (run_id, attempt) IN"
+                " (SELECT * FROM unnest(%(lost)s::text[], %(lost_attempts)s::int[]))"
                 " RETURNING 1)"
                 f" UPDATE trio_agents_runs SET lease_expires_at = {_TIME}"
-                " WHERE owner = %(node)s AND NOT finished AND NOT released",
+                " WHERE owner = %(node)s AND NOT finished AND NOT released"
+                " AND NOT (run_id = ANY(%(lost)s::text[]))",
                 params,
             )
         )
+        for run_id, attempt in lost.items():
+            if self.lost.get(run_id) == attempt:
+                del self.lost[run_id]
+        if lost:
+            self.wake()  # take them over (here or anywhere): NOTIFY-free, our own scan
         self.renewed_at = sent
         self._renewed.set()
         self._renewed = trio.Event()
@@ -134,7 +151,7 @@ class Leases:
                 continue
             if cluster.db.dead:
                 return
-            self.fenced += cluster.lose_all("lease lost")
+            self.fenced += cluster.lose_all("lease lost", self.lost)
             await renewed.wait()
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
