@@ -350,11 +350,6 @@ async def test_subscribing_past_the_end_of_a_finished_run_ends(pg_dsn: str) -> N
         await until(lambda: not followed())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Listener.watch() registrations are never removed when a waiter stops waiting:"
-    " every remote subscription (and every 2 s poll) leaves an Event in _waiters forever",
-)
 async def test_remote_subscriptions_leave_no_waiters_behind(pg_dsn: str) -> None:
     model = ScriptedModel([], default="hello")
     async with (

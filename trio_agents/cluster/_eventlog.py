@@ -266,24 +266,27 @@ async def follow(
     next_seq = max(from_seq or 1, 1)
     backoff = 0.05
     while True:
-        wake = listener.watch(("run", run_id))
-        try:
-            rows = await db.call(functools.partial(_page, run_id=run_id, start=next_seq))
-            backoff = 0.05
-        except ClusterDown:
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-            continue
-        for seq, data in rows:
-            event = json.loads(data)
-            next_seq = seq + 1
-            if mode == "status" and event.get("type") not in ("run.updated", "events.dropped"):
+        with listener.watch(("run", run_id)) as wake:
+            try:
+                rows = await db.call(functools.partial(_page, run_id=run_id, start=next_seq))
+                backoff = 0.05
+            except ClusterDown:
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
                 continue
-            await send({"type": "event", "run_id": run_id, "seq": seq, "event": event})
-            if _is_terminal(event):
-                return
-        if len(rows) == _PAGE:
-            continue
-        # A NOTIFY wakes us; a bounded poll covers one lost with a connection.
-        with trio.move_on_after(2.0):
-            await wake.wait()
+            for seq, data in rows:
+                event = json.loads(data)
+                next_seq = seq + 1
+                if mode == "status" and event.get("type") not in (
+                    "run.updated",
+                    "events.dropped",
+                ):
+                    continue
+                await send({"type": "event", "run_id": run_id, "seq": seq, "event": event})
+                if _is_terminal(event):
+                    return
+            if len(rows) == _PAGE:
+                continue
+            # A NOTIFY wakes us; a bounded poll covers one lost with a connection.
+            with trio.move_on_after(2.0):
+                await wake.wait()
