@@ -327,12 +327,6 @@ async def test_an_injection_is_delivered_once_across_a_crash(
 # -- 3. subscriptions on a non-owner -------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run.subscribe on a non-owner with from_seq past the end of a finished run never"
-    " ends (follow() polls the events table every 2 s forever, holding a subscription slot);"
-    " one process ends it at once",
-)
 async def test_subscribing_past_the_end_of_a_finished_run_ends(pg_dsn: str) -> None:
     model = ScriptedModel([], default="hello")
     async with (
