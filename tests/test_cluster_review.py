@@ -192,12 +192,6 @@ async def test_runs_stopped_by_the_watchdog_are_resumed_after_the_database_retur
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the heartbeat runs in the same task as the scan, resumptions and the cleanup:"
-    " a cleanup that waits for a lock (up to lock_timeout, 5 s) delays it past 0.8 x"
-    " lease_ttl and the watchdog stops every run of a healthy node",
-)
 async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) -> None:
     started, release, cancelled = trio.Event(), trio.Event(), trio.Event()
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")

@@ -1,8 +1,10 @@
 """Leases and takeover.
 
-Every ``lease_ttl / 3`` seconds a node runs one statement: it upserts its row in
+Every ``lease_ttl / 3`` seconds a node's heartbeat task (its own, so nothing else
+delays it) runs one statement: it upserts its row in
 ``trio_agents_nodes`` (lease, capacity, running count, draining) and extends the lease of
-every unfinished run it owns. Then it scans for runs whose lease expired, or that their
+every unfinished run it owns (runs its watchdog stopped are released instead). Its scan
+task, as often, scans for runs whose lease expired, or that their
 node *released* on a graceful shutdown (``SELECT ... FOR UPDATE SKIP LOCKED``, at most as
 many as it has room for), claims them (``owner = me``, ``attempt + 1``) and resumes each
 from its session with :class:`trio_agents.Resume`: seqs continue after the last persisted
@@ -155,27 +157,51 @@ class Leases:
             await renewed.wait()
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
-        """Heartbeat and scan every ``lease_ttl / 3`` s until cancelled."""
+        """Heartbeat every ``lease_ttl / 3`` s in one task; scan (and sweep) as often in
+        another, so a slow scan, resumption or cleanup never delays a heartbeat. Started
+        after the first heartbeat; runs until cancelled (or the hand-over stops it)."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._beat)
+            task_status.started()
+            await self._scans()
+
+    async def _beat(self, task_status: trio.TaskStatus[None]) -> None:
         cluster = self._cluster
+        interval = cluster.lease_ttl / 3
         started = False
         while True:
             try:
                 async with self.lock:
                     if self.stopped:
                         return
-                    await self.heartbeat()
-                if not started:
+                    # Bounded: a heartbeat waiting for a lock fails and is retried
+                    # (its lock and statement timeouts are capped by this deadline).
+                    with trio.move_on_after(interval):
+                        await self.heartbeat()
+                if not started and self.renewed_at > 0:
                     started = True
                     task_status.started()
-                if not self.draining:
-                    await self.scan()
-                    if trio.current_time() >= self._next_cleanup:
-                        self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
-                        await self.cleanup()
             except ClusterDown:
                 if cluster.db.dead:
                     return
                 logger.warning("cluster heartbeat failed; retrying", exc_info=True)
+            await trio.sleep(interval)  # a period, not a synchronisation
+
+    async def _scans(self) -> None:
+        cluster = self._cluster
+        while not self.stopped:
+            try:
+                if not self.draining:
+                    await self.scan()
+                    if trio.current_time() >= self._next_cleanup:
+                        self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
+                        # Well under the watchdog's margin: its lock waits fail first.
+                        with trio.move_on_after(cluster.lease_ttl / 4):
+                            await self.cleanup()
+            except ClusterDown:
+                if cluster.db.dead:
+                    return
+                logger.warning("cluster scan failed; retrying", exc_info=True)
             with trio.move_on_after(cluster.lease_ttl / 3):
                 await self._wakeup.wait()
             self._wakeup = trio.Event()
@@ -183,15 +209,18 @@ class Leases:
     async def cleanup(self) -> None:
         """Forget runs finished more than ``retain_finished`` ago (their events, tool
         starts, withdrawals and commands too) and answered commands older than that:
-        whichever node does it first (every :data:`CLEANUP_INTERVAL` s per node)."""
+        whichever node does it first (every :data:`CLEANUP_INTERVAL` s per node). Rows
+        another transaction holds are skipped (``SKIP LOCKED``): the next sweep gets
+        them."""
         cluster = self._cluster
         registry = cluster.registry
         retain = 600.0 if registry is None else registry.limits.retain_finished
 
         def delete(conn: Conn) -> None:
             old = conn.execute(
-                "DELETE FROM trio_agents_runs WHERE finished AND updated_at <"
-                " now() - make_interval(secs => %s) RETURNING run_id",
+                "DELETE FROM trio_agents_runs WHERE run_id IN (SELECT run_id FROM"
+                " trio_agents_runs WHERE finished AND updated_at <"
+                " now() - make_interval(secs => %s) FOR UPDATE SKIP LOCKED) RETURNING run_id",
                 (retain,),
             ).fetchall()
             ids = [str(r[0]) for r in old]
@@ -199,13 +228,15 @@ class Leases:
                 for table in ("events", "tool_starts", "withdrawals", "commands"):
                     conn.execute(f"DELETE FROM trio_agents_{table} WHERE run_id = ANY(%s)", (ids,))
             conn.execute(
-                "DELETE FROM trio_agents_commands WHERE reply IS NOT NULL AND created_at <"
-                " now() - make_interval(secs => %s)",
+                "DELETE FROM trio_agents_commands WHERE command_id IN (SELECT command_id FROM"
+                " trio_agents_commands WHERE reply IS NOT NULL AND created_at <"
+                " now() - make_interval(secs => %s) FOR UPDATE SKIP LOCKED)",
                 (retain,),
             )
             conn.execute(
-                "DELETE FROM trio_agents_nodes WHERE lease_expires_at <"
-                " now() - make_interval(secs => %s)",
+                "DELETE FROM trio_agents_nodes WHERE node_id IN (SELECT node_id FROM"
+                " trio_agents_nodes WHERE lease_expires_at <"
+                " now() - make_interval(secs => %s) FOR UPDATE SKIP LOCKED)",
                 (retain,),
             )
 
