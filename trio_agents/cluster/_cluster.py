@@ -397,19 +397,16 @@ class PostgresCluster:
             except ClusterDown:
                 logger.warning("could not release this node's runs; they wait for their lease")
 
-    def lose_all(self, reason: str, lost: dict[str, int] | None = None) -> int:
+    def lose_all(self, reason: str) -> int:
         """Stop every run of this node without persisting anything more (its leases
-        may have expired: another node may take them over); returns how many. Each
-        run's id and attempt go into ``lost``: the next heartbeat releases their rows
-        instead of renewing them, so they are taken over (here or elsewhere)."""
+        may have expired: another node may take them over); returns how many."""
         count = 0
         for log in list(self.writer.logs.values()):
             if not log.fence.closed:
                 log.fence.closed = True
                 log.fence.fence_seq = None
                 log.run.cancel(reason)
-                if lost is not None:
-                    lost[log.run_id] = log.attempt
+                self.leases.to_release.add(log.run_id)
                 count += 1
         if count:
             logger.warning("node %s stopped %d runs: %s", self._node_id, count, reason)

@@ -1,12 +1,12 @@
 """Leases and takeover.
 
-Every ``lease_ttl / 3`` seconds a node's heartbeat task (its own, so nothing else
-delays it) runs one statement: it upserts its row in
-``trio_agents_nodes`` (lease, capacity, running count, draining) and extends the lease of
-every unfinished run it owns (runs its watchdog stopped are released instead). Its scan
-task, as often, scans for runs whose lease expired, or that their
-node *released* on a graceful shutdown (``SELECT ... FOR UPDATE SKIP LOCKED``, at most as
-many as it has room for), claims them (``owner = me``, ``attempt + 1``) and resumes each
+Every ``lease_ttl / 3`` seconds a node's heartbeat task (its own: no scan, resumption
+or cleanup delays it) runs one transaction: it upserts its row in ``trio_agents_nodes``
+(lease, capacity, running count, draining) and extends the lease of every unfinished run
+it owns (runs it stopped on its own are released instead). Its scan task, as often,
+scans for runs whose lease expired, or that their node *released* on a graceful
+shutdown (``SELECT ... FOR UPDATE SKIP LOCKED``, at most as many as it has room for),
+claims them (``owner = me``, ``attempt + 1``) and resumes each
 from its session with :class:`trio_agents.Resume`: seqs continue after the last persisted
 one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 ``interrupted`` unless idempotent), and injections that were acked (a persisted
@@ -84,11 +84,12 @@ class Leases:
         self.renewed_at = 0.0  # when the last successful heartbeat was sent (Trio clock)
         self._renewed = trio.Event()
         self.fenced = 0
-        # Runs the watchdog stopped (run id -> attempt): released by the next heartbeat.
-        self.lost: dict[str, int] = {}
         self._next_cleanup = 0.0
         self._resuming: set[str] = set()
         self._resumed = trio.Event()
+        # Runs this node stopped on its own (lease lost): released by the next heartbeat
+        # that reaches the database, so another node takes them over at once.
+        self.to_release: set[str] = set()
         self.lock = trio.Lock()  # held by a heartbeat, and by the hand-over for good
         self.stopped = False
 
@@ -100,42 +101,39 @@ class Leases:
         """Renew the node's and its runs' leases (one statement)."""
         cluster = self._cluster
         sent = trio.current_time()
+        releasing = list(self.to_release)
         params = {
             "node": cluster.node_id,
             "ttl": cluster.lease_ttl,
             "max": cluster.max_runs,
             "running": cluster.running(),
             "draining": self.draining,
+            "releasing": releasing,
         }
-        # Runs the watchdog stopped here are released in the same statement (never
-        # renewed): any node, this one included, takes them over at once.
-        lost = dict(self.lost)
-        params["lost"] = list(lost)
-        params["lost_attempts"] = list(lost.values())
-        await cluster.db.call(
-            lambda conn: conn.execute(
+
+        def beat(conn: Conn) -> None:
+            if releasing:
+                conn.execute(
+                    "UPDATE trio_agents_runs SET released = true, lease_expires_at = now()"
+                    " WHERE run_id = ANY(%(releasing)s) AND owner = %(node)s AND NOT finished",
+                    params,
+                )
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps({"k": "scan"})))
+            conn.execute(
                 "WITH node AS (INSERT INTO trio_agents_nodes"
                 " (node_id, lease_expires_at, max_runs, running, draining)"
                 f" VALUES (%(node)s, {_TIME}, %(max)s, %(running)s, %(draining)s)"
                 " ON CONFLICT (node_id) DO UPDATE SET lease_expires_at ="
                 " EXCLUDED.lease_expires_at, max_runs = EXCLUDED.max_runs, running ="
                 " EXCLUDED.running, draining = EXCLUDED.draining, updated_at = now()"
-                " RETURNING 1),"
-                " lost AS (UPDATE trio_agents_runs SET released = true, updated_at = now()"
-                " WHERE owner = %(node)s AND NOT finished AND (run_id, attempt) IN"
-                " (SELECT * FROM unnest(%(lost)s::text[], %(lost_attempts)s::int[]))"
                 " RETURNING 1)"
                 f" UPDATE trio_agents_runs SET lease_expires_at = {_TIME}"
-                " WHERE owner = %(node)s AND NOT finished AND NOT released"
-                " AND NOT (run_id = ANY(%(lost)s::text[]))",
+                " WHERE owner = %(node)s AND NOT finished AND NOT released",
                 params,
             )
-        )
-        for run_id, attempt in lost.items():
-            if self.lost.get(run_id) == attempt:
-                del self.lost[run_id]
-        if lost:
-            self.wake()  # take them over (here or anywhere): NOTIFY-free, our own scan
+
+        await cluster.db.call(beat)
+        self.to_release.difference_update(releasing)
         self.renewed_at = sent
         self._renewed.set()
         self._renewed = trio.Event()
@@ -153,7 +151,7 @@ class Leases:
                 continue
             if cluster.db.dead:
                 return
-            self.fenced += cluster.lose_all("lease lost", self.lost)
+            self.fenced += cluster.lose_all("lease lost")
             await renewed.wait()
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
@@ -301,8 +299,11 @@ class Leases:
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options"
             " FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
-            " now()) ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED",
-            (room,),
+            " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at LIMIT %s"
+            " FOR UPDATE SKIP LOCKED",
+            # Not the runs this node stopped and has yet to release: its heartbeat (in
+            # another task) would release them after we claimed them back.
+            (list(self.to_release), room),
         ).fetchall()
         if not rows:
             return []

@@ -72,8 +72,10 @@ def _here(conn: Connection, run_id: str) -> RunEntry | None:
     if entry is None or entry.principal != conn.principal or entry.run is None:
         return None
     fence = entry.fence
-    if fence is not None and fence.closed and entry.run.status.is_terminal:
-        return None  # this node's attempt ended; the run went on elsewhere
+    if fence is not None and fence.closed:
+        # This node's attempt is over (stopped, handed over, or ending unpersisted):
+        # the run goes on from its tables, wherever it is resumed.
+        return None
     return entry
 
 
