@@ -234,11 +234,6 @@ async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) ->
 # -- 2. what a crashed owner had acked is not what its successor does ---------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run.cancel is acked by the owner but not made durable: if the owner dies"
-    " before its terminal status is flushed, the new owner resumes the run and completes it",
-)
 async def test_an_acked_cancel_survives_the_owner_crash(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,7 +20,9 @@ under the session id ``json.dumps([principal, session_id])`` — or
     trio_agents_runs(run_id PK, principal, session_id, session_key,
                      active_key UNIQUE WHERE NOT NULL,  -- = session_key while the run
                                                         -- holds its session
-                     agent, options, status, reason, turn, pending (JSON list of call ids),
+                     agent, options (JSON: the run's input; "cancel" once a
+                                     cancel was acked), status, reason, turn,
+                     pending (JSON list of call ids),
                      finished, owner (node_id), released, lease_expires_at, attempt,
                      last_seq, created_at, updated_at)
     trio_agents_events(run_id, seq, type, data (the event's to_json(), JSON text),
@@ -51,7 +53,10 @@ What holds (DESIGN §12):
   flushed at least every 100 ms and at once at every ``run.item``, ``run.updated`` and
   ``inbox.injected``; nothing in a run's own loop waits for the database (except the
   ``before_tool`` barrier: one insert before each tool call executes). ``run.inject`` is
-  acked once its ``inbox.injected`` event is persisted.
+  acked once its ``inbox.injected`` event is persisted; ``run.cancel`` (and
+  ``session.cancel``) once the cancel is recorded in the run's row, so a takeover ends
+  the run ``cancelled`` with that reason (the session repaired as by a cancel) instead
+  of continuing it.
 - Any node answers for any run of its principal: ``run.get`` and ``runs.list`` read
   the runs table (a node's own runs from memory); ``run.subscribe`` on a node that
   does not run it replays the events table from ``from_seq`` and follows by NOTIFY; the

@@ -19,6 +19,7 @@ from ._session import RETRY_FOR
 __all__ = [
     "nodes_with_room",
     "read_runs",
+    "record_cancel",
     "record_withdrawal",
     "release_node",
     "tool_start_barrier",
@@ -123,6 +124,20 @@ async def record_withdrawal(db: Database, run_id: str, injection_id: str) -> Non
             "INSERT INTO trio_agents_withdrawals (run_id, injection_id) VALUES (%s, %s)"
             " ON CONFLICT DO NOTHING",
             (run_id, injection_id),
+        )
+    )
+
+
+async def record_cancel(db: Database, run_id: str, reason: str | None, mode: str) -> None:
+    """An acked cancel is durable: kept in the run's ``options`` (``"cancel"``); a
+    takeover that finds it ends the run cancelled instead of continuing it."""
+    cancel = json.dumps({"reason": reason, "mode": mode})
+    await db.call(
+        lambda conn: conn.execute(
+            "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{cancel}',"
+            " COALESCE(options::jsonb -> 'cancel', %s::jsonb))::text"
+            " WHERE run_id = %s AND NOT finished",
+            (cancel, run_id),
         )
     )
 

@@ -64,6 +64,21 @@ class Claimed:
     started: frozenset[str]
     reinject: tuple[InboxInjected, ...]
     input: tuple[Item, ...] = ()
+    cancel: tuple[str | None, str] | None = None  # an acked cancel: (reason, mode)
+
+
+def _cancel(options: str) -> tuple[str | None, str] | None:
+    try:
+        cancel = json.loads(options).get("cancel")
+        if not isinstance(cancel, dict):
+            return None
+        reason, mode = cancel.get("reason"), cancel.get("mode")
+        return (
+            reason if isinstance(reason, str) else None,
+            mode if mode in ("immediate", "after_turn") else "immediate",
+        )
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def _input(options: str) -> tuple[Item, ...]:
@@ -283,6 +298,12 @@ class Leases:
                 return
             run = entry.run
             assert run is not None
+            if claimed.cancel is not None:
+                # Cancelled (and acked) before its owner died: end it as that cancel
+                # would have (the session repaired like any cancel), not go on.
+                reason, mode = claimed.cancel
+                run.cancel(reason, mode=mode)  # type: ignore[arg-type]
+                return
             for injected in claimed.reinject:
                 try:
                     run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
@@ -358,6 +379,7 @@ class Leases:
                     started=frozenset(starts.get(run_id, ())),
                     reinject=pending,
                     input=_input(options),
+                    cancel=_cancel(options),
                 )
             )
         return claimed

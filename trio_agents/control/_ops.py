@@ -141,6 +141,8 @@ async def apply_local(registry: Registry, principal: str, request: Request) -> d
     cluster = registry.cluster
     if isinstance(request, RunCancel):
         run.cancel(request.reason, mode=request.mode)
+        if cluster is not None:  # acked once durable: a takeover ends it cancelled
+            await cluster.record_cancel(entry.run_id, request.reason, request.mode)
         return {}
     if isinstance(request, RunWithdraw):
         withdrawn = run.withdraw(request.injection_id)
