@@ -259,11 +259,6 @@ async def test_an_acked_cancel_survives_the_owner_crash(
         assert done["event"]["status"] == "cancelled", done
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an acked injection delivered into the session is injected again after a"
-    " takeover when its inbox.delivered event was not flushed before the crash",
-)
 async def test_an_injection_is_delivered_once_across_a_crash(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

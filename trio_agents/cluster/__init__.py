@@ -77,7 +77,9 @@ What holds (DESIGN §12):
   node claims each one (``attempt + 1``) and resumes it from its session
   (:class:`trio_agents.Resume`): a call whose tool had started (``tool_starts``) and
   has no result gets ``interrupted`` unless its tool is ``idempotent=True``, which
-  runs again; injections acked but not delivered are injected again (with new ids).
+  runs again; injections acked but not delivered are injected again (with new ids),
+  except those whose items the session already holds after the last item committed
+  before them (delivered, their ``inbox.delivered`` lost with the node).
   A node shut down gracefully (SIGTERM, or the scope around ``serve()`` cancelled)
   hands its runs over at once: it stops them without persisting anything more and
   releases them. Its subscribers' streams end without a terminal event; they

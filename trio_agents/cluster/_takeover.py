@@ -10,7 +10,9 @@ claims them (``owner = me``, ``attempt + 1``) and resumes each
 from its session with :class:`trio_agents.Resume`: seqs continue after the last persisted
 one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 ``interrupted`` unless idempotent), and injections that were acked (a persisted
-``inbox.injected``) but neither delivered nor withdrawn are injected again. A NOTIFY
+``inbox.injected``) but neither delivered nor withdrawn are injected again — unless
+their items are already in the session after their acceptance (an ``inbox.delivered``
+lost with its node: see :func:`_undelivered`). A NOTIFY
 ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
 Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
@@ -31,7 +33,14 @@ from typing import TYPE_CHECKING, Final
 import attrs
 import trio
 
-from .._events import InboxDelivered, InboxInjected, RunStatus, RunUpdated, event_from_json
+from .._events import (
+    InboxDelivered,
+    InboxInjected,
+    RunItemEvent,
+    RunStatus,
+    RunUpdated,
+    event_from_json,
+)
 from .._items import Item, item_from_json
 from .._resume import Resume
 from ._db import ClusterDown, Conn
@@ -79,6 +88,69 @@ def _cancel(options: str) -> tuple[str | None, str] | None:
         )
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+def _stored(conn: Conn, key: str) -> list[dict[str, object]]:
+    """A session's stored items, as JSON."""
+    rows = conn.execute(
+        "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
+        (key,),
+    ).fetchall()
+    return [json.loads(r[0]) for r in rows]
+
+
+def _find(stored: list[dict[str, object]], block: list[dict[str, object]], start: int) -> int:
+    """Where ``block`` occurs (contiguous) in ``stored`` at or after ``start``; -1 if not."""
+    if not block:
+        return -1
+    for at in range(start, len(stored) - len(block) + 1):
+        if stored[at : at + len(block)] == block:
+            return at
+    return -1
+
+
+def _undelivered(
+    pending: tuple[InboxInjected, ...],
+    accepted: list[InboxInjected],
+    items: list[tuple[int, dict[str, object]]],
+    stored: list[dict[str, object]],
+) -> tuple[InboxInjected, ...]:
+    """The pending injections (acked, no persisted ``inbox.delivered``) whose items are
+    not in the stored session after their acceptance.
+
+    An ``inbox.delivered`` event may be lost with its node while the delivered items
+    already reached the session (they are written by the run, the events by the
+    writer). The rule: every event before a persisted ``inbox.injected`` is persisted
+    too (the writer keeps the order), so the last ``run.item`` before the first pending
+    injection — the *anchor* — is known; an injection's items are delivered as one
+    contiguous block, in acceptance order, after it. So, from the last occurrence of the
+    anchor in the session (or its start), each injection accepted since then takes, in
+    order, the first later occurrence of its items; the pending ones that find none were
+    not delivered and are injected again. (An anchor repeated verbatim after the
+    delivery makes a delivered injection look undelivered: it is then delivered twice,
+    never lost.)
+    """
+    first = pending[0].seq
+    before = [item for seq, item in items if seq < first]
+    cursor = 0
+    if before:
+        anchor = before[-1]
+        for at in range(len(stored) - 1, -1, -1):
+            if stored[at] == anchor:
+                cursor = at + 1
+                break
+    left = []
+    for event in accepted:
+        if event.seq < first:
+            continue
+        block = [item.to_json() for item in event.items]
+        at = _find(stored, block, cursor)
+        if at < 0:
+            if event in pending:
+                left.append(event)
+            continue
+        cursor = at + len(block)
+    return tuple(left)
 
 
 def _input(options: str) -> tuple[Item, ...]:
@@ -318,8 +390,8 @@ class Leases:
     def _claim(self, conn: Conn, room: int) -> list[Claimed]:
         cluster = self._cluster
         rows = conn.execute(
-            "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options"
-            " FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
+            "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
+            " session_key FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
             " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at LIMIT %s"
             " FOR UPDATE SKIP LOCKED",
             # Not the runs this node stopped and has yet to release: its heartbeat (in
@@ -349,9 +421,10 @@ class Leases:
         }
         injected: dict[str, dict[str, InboxInjected]] = {}
         delivered: set[tuple[str, str]] = set()
+        items: dict[str, list[tuple[int, dict[str, object]]]] = {}
         for run_id, data in conn.execute(
             "SELECT run_id, data FROM trio_agents_events WHERE run_id = ANY(%s)"
-            " AND type IN ('inbox.injected', 'inbox.delivered') ORDER BY run_id, seq",
+            " AND type IN ('inbox.injected', 'inbox.delivered', 'run.item') ORDER BY run_id, seq",
             (ids,),
         ).fetchall():
             event = event_from_json(json.loads(data))
@@ -359,14 +432,21 @@ class Leases:
                 injected.setdefault(str(run_id), {})[event.injection_id] = event
             elif isinstance(event, InboxDelivered):
                 delivered.add((str(run_id), event.injection_id))
+            elif isinstance(event, RunItemEvent):
+                items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
         claimed = []
-        for run_id, principal, session_id, agent, owner, attempt, last_seq, options in rows:
-            pending = tuple(
+        for row in rows:
+            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key = row
+            accepted = [
                 event
                 for injection_id, event in injected.get(run_id, {}).items()
-                if (run_id, injection_id) not in delivered
-                and (run_id, injection_id) not in withdrawn
-            )
+                if (run_id, injection_id) not in withdrawn
+            ]
+            pending = tuple(e for e in accepted if (run_id, e.injection_id) not in delivered)
+            if pending:
+                pending = _undelivered(
+                    pending, accepted, items.get(run_id, []), _stored(conn, str(key))
+                )
             claimed.append(
                 Claimed(
                     run_id=run_id,
