@@ -43,6 +43,7 @@ from .._events import (
 )
 from .._items import Item, item_from_json
 from .._resume import Resume
+from .._run import Run
 from ._db import ClusterDown, Conn
 from ._schema import CHANNEL
 
@@ -362,25 +363,27 @@ class Leases:
                 started=claimed.started,
                 reason=f"node {claimed.previous_owner} stopped",
             )
+
+            def then(run: Run) -> None:
+                # Before the resumed run can call its model or end: an acked cancel
+                # ends it (the session repaired as by a cancel); acked injections are
+                # queued first thing, so none can find the run closed.
+                if claimed.cancel is not None:
+                    reason, mode = claimed.cancel
+                    run.cancel(reason, mode=mode)  # type: ignore[arg-type]
+                    return
+                for injected in claimed.reinject:
+                    try:
+                        run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
+                    except Exception:
+                        logger.exception("re-injecting into run %s failed", claimed.run_id)
+
             try:
-                entry = await registry.resume_run(claimed, resume)
+                await registry.resume_run(claimed, resume, then)
             except Exception as exc:
                 logger.exception("resuming run %s failed", claimed.run_id)
                 await self.fail(claimed, f"could not resume: {exc!r}")
                 return
-            run = entry.run
-            assert run is not None
-            if claimed.cancel is not None:
-                # Cancelled (and acked) before its owner died: end it as that cancel
-                # would have (the session repaired like any cancel), not go on.
-                reason, mode = claimed.cancel
-                run.cancel(reason, mode=mode)  # type: ignore[arg-type]
-                return
-            for injected in claimed.reinject:
-                try:
-                    run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
-                except Exception:
-                    logger.exception("re-injecting into run %s failed", claimed.run_id)
         finally:
             self._resuming.discard(claimed.run_id)
             self._resumed.set()
