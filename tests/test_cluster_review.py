@@ -351,3 +351,41 @@ async def test_remote_subscriptions_leave_no_waiters_behind(pg_dsn: str) -> None
         await until(lambda: not followed())
         waiters = b.cluster.listener._waiters
         assert [r for r in run_ids if waiters.get(("run", r))] == []
+
+
+# -- 4. database-side fencing ---------------------------------------------------------
+
+
+async def test_the_before_tool_barrier_refuses_a_node_that_no_longer_owns_the_attempt(
+    pg_dsn: str,
+) -> None:
+    from trio_agents.cluster._db import Database
+    from trio_agents.cluster._eventlog import Fence
+    from trio_agents.cluster._queries import tool_start_barrier
+
+    db = Database(pg_dsn)
+    try:
+        await db.call(lambda conn: conn.execute("SELECT 1"))  # the tables exist
+
+        def insert(conn: Any) -> None:
+            conn.execute(
+                "INSERT INTO trio_agents_runs (run_id, principal, session_key, agent, status,"
+                " owner, attempt, lease_expires_at) VALUES ('r-fence', 'alice', 'k', 'a',"
+                " 'running', 'B', 2, now() + interval '1 minute')"
+            )
+
+        await db.call(insert)
+        stale = tool_start_barrier(db, "r-fence", "A", 1, Fence())  # A stalled: B has it
+        with pytest.raises(RuntimeError):
+            await stale(ta.ToolCall("c1", "slow", "{}"))
+        current = tool_start_barrier(db, "r-fence", "B", 2, Fence())
+        await current(ta.ToolCall("c2", "slow", "{}"))
+
+        def starts(conn: Any) -> list[Any]:
+            return conn.execute(
+                "SELECT call_id FROM trio_agents_tool_starts WHERE run_id = 'r-fence'"
+            ).fetchall()
+
+        assert [r[0] for r in await db.call(starts)] == ["c2"]
+    finally:
+        await db.aclose()

@@ -295,7 +295,7 @@ class PostgresCluster:
 
     def before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""
-        return tool_start_barrier(self.db, run_id, attempt, fence)
+        return tool_start_barrier(self.db, run_id, self._node_id, attempt, fence)
 
     async def wait_resumed(self, run_id: str) -> None:
         """Wait while ``run_id`` is being resumed here (a command may come first)."""
