@@ -389,3 +389,37 @@ async def test_the_before_tool_barrier_refuses_a_node_that_no_longer_owns_the_at
         assert [r[0] for r in await db.call(starts)] == ["c2"]
     finally:
         await db.aclose()
+
+
+async def test_a_stale_owner_does_not_write_into_the_session(pg_dsn: str) -> None:
+    from trio_agents.cluster._db import Database
+    from trio_agents.cluster._eventlog import Fence
+    from trio_agents.cluster._session import ClusterSession, session_key
+
+    db = Database(pg_dsn)
+    try:
+
+        def insert(conn: Any) -> None:
+            conn.execute(
+                "INSERT INTO trio_agents_runs (run_id, principal, session_key, agent, status,"
+                " owner, attempt, lease_expires_at) VALUES ('r-stale', 'alice', 'k', 'a',"
+                " 'running', 'B', 2, now() + interval '1 minute')"
+            )
+
+        await db.call(insert)
+    finally:
+        await db.aclose()
+    key = session_key("alice", "stale", "r-stale")
+    stale = ClusterSession(pg_dsn, key, "A", Fence(), "r-stale")  # A stalled: B has it
+    current = ClusterSession(pg_dsn, key, "B", Fence(), "r-stale")
+    current.attempt = 2
+    try:
+        await stale.add_items([ta.UserMessage("stale")])
+        await current.add_items([ta.UserMessage("current")])
+        await stale.replace_items([ta.UserMessage("stale")])
+        await stale.clear()
+    finally:
+        await stale.aclose()
+        await current.aclose()
+    items = stored_items(pg_dsn, "alice", "stale")
+    assert items == [ta.UserMessage("current")]

@@ -244,7 +244,7 @@ class PostgresCluster:
     def session(self, principal: str, session_id: str | None, run_id: str) -> ClusterSession:
         """The session of a run (fenced by a new :class:`Fence`)."""
         return ClusterSession(
-            self._dsn, session_key(principal, session_id, run_id), self._node_id, Fence()
+            self._dsn, session_key(principal, session_id, run_id), self._node_id, Fence(), run_id
         )
 
     async def claim(

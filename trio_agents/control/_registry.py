@@ -356,6 +356,7 @@ class Registry:
         cluster = self.cluster
         state = self._principal(claimed.principal)
         session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
+        session.attempt = resume.attempt  # its writes are fenced on this attempt
         entry = RunEntry(
             run_id=claimed.run_id,
             principal=claimed.principal,
