@@ -1,8 +1,9 @@
 """Adversarial review of the cluster (DESIGN §12): each test proves one defect where the
 cluster breaks a promise, against the real PostgreSQL the suite starts.
 
-Every test is ``xfail(strict=True)``: it fails today and flips (and must then lose its
-marker) when the defect is fixed. The nodes run in one Trio process on one database
+Each test was written as ``xfail(strict=True)`` against the defect it proves; the
+defects are fixed and the markers gone (the last two tests, database-side fencing, came
+with their fix). The nodes run in one Trio process on one database
 (like tests/test_cluster_*.py). Two kinds of instrumentation, both standing for things
 that happen to real processes:
 
@@ -381,12 +382,13 @@ async def test_the_before_tool_barrier_refuses_a_node_that_no_longer_owns_the_at
         current = tool_start_barrier(db, "r-fence", "B", 2, Fence())
         await current(ta.ToolCall("c2", "slow", "{}"))
 
-        def starts(conn: Any) -> list[Any]:
-            return conn.execute(
+        def starts(conn: Any) -> list[str]:
+            rows = conn.execute(
                 "SELECT call_id FROM trio_agents_tool_starts WHERE run_id = 'r-fence'"
             ).fetchall()
+            return [str(r[0]) for r in rows]
 
-        assert [r[0] for r in await db.call(starts)] == ["c2"]
+        assert await db.call(starts) == ["c2"]
     finally:
         await db.aclose()
 
