@@ -20,7 +20,9 @@ under the session id ``json.dumps([principal, session_id])`` — or
     trio_agents_runs(run_id PK, principal, session_id, session_key,
                      active_key UNIQUE WHERE NOT NULL,  -- = session_key while the run
                                                         -- holds its session
-                     agent, options, status, reason, turn, pending (JSON list of call ids),
+                     agent, options (JSON: the run's input; "cancel" once a
+                                     cancel was acked), status, reason, turn,
+                     pending (JSON list of call ids),
                      finished, owner (node_id), released, lease_expires_at, attempt,
                      last_seq, created_at, updated_at)
     trio_agents_events(run_id, seq, type, data (the event's to_json(), JSON text),
@@ -50,12 +52,16 @@ What holds (DESIGN §12):
 - Every event of a run is persisted in order by a writer task of its node, in batches
   flushed at least every 100 ms and at once at every ``run.item``, ``run.updated`` and
   ``inbox.injected``; nothing in a run's own loop waits for the database (except the
-  ``before_tool`` barrier: one insert before each tool call executes). ``run.inject`` is
-  acked once its ``inbox.injected`` event is persisted.
+  ``before_tool`` barrier: one transaction before each tool call executes). ``run.inject`` is
+  acked once its ``inbox.injected`` event is persisted; ``run.cancel`` (and
+  ``session.cancel``) once the cancel is recorded in the run's row, so a takeover ends
+  the run ``cancelled`` with that reason (the session repaired as by a cancel) instead
+  of continuing it.
 - Any node answers for any run of its principal: ``run.get`` and ``runs.list`` read
   the runs table (a node's own runs from memory); ``run.subscribe`` on a node that
-  does not run it replays the events table from ``from_seq`` and follows by NOTIFY; the
-  other ops are routed to the owner through the commands table and its own answer comes
+  does not run it (or whose attempt here was stopped) replays the events table from
+  ``from_seq`` and follows by NOTIFY, and ends at once when ``from_seq`` is past the
+  end of a finished run; the other ops are routed to the owner through the commands table and its own answer comes
   back. An op for a run whose owner died waits until the run is taken over and is
   answered by the new owner, or answers ``internal`` ("retry") after 30 s.
 - Known gaps: a run whose node died before the run's input reached its session is
@@ -72,11 +78,21 @@ What holds (DESIGN §12):
   node claims each one (``attempt + 1``) and resumes it from its session
   (:class:`trio_agents.Resume`): a call whose tool had started (``tool_starts``) and
   has no result gets ``interrupted`` unless its tool is ``idempotent=True``, which
-  runs again; injections acked but not delivered are injected again (with new ids).
+  runs again; injections acked but not delivered are injected again (with new ids),
+  except those whose items the session already holds after the last item committed
+  before them (delivered, their ``inbox.delivered`` lost with the node).
   A node shut down gracefully (SIGTERM, or the scope around ``serve()`` cancelled)
   hands its runs over at once: it stops them without persisting anything more and
   releases them. Its subscribers' streams end without a terminal event; they
   re-subscribe on another node from the next seq.
+- The heartbeat runs in its own task: no scan, resumption or cleanup delays it (the
+  cleanup skips locked rows and gives up after ``lease_ttl / 4``). A node that stops
+  its runs on its own (lease lost) releases them at its next heartbeat, so they are
+  taken over (there or on any node).
+- Fencing in the database: the ``before_tool`` barrier's insert and every session
+  write check, in their transaction under the run's row lock, that the row still names
+  this node and attempt: a node that stalled past its lease and was taken over never
+  starts a tool or writes to the session afterwards.
 - Reconnection: every part retries with backoff when PostgreSQL is unreachable; the
   LISTEN connection reconnects and every waiter re-reads the tables (NOTIFY is lost
   while disconnected).

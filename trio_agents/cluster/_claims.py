@@ -90,15 +90,15 @@ async def claim_run(
         holder_id, owner = holder
         if not holder_id:
             continue  # it ended between our insert and our look
-        wake = cluster.listener.watch(("run", holder_id))
-        local = cluster.writer.logs.get(holder_id)
-        if local is not None and local.run.status.is_terminal:
-            await local.done.wait()  # its release is being written: then it is free
-            continue
-        if on_busy == "reject":
-            raise ProtocolError("session_busy", f"session {session_id!r} has an active run")
-        if on_busy == "interrupt" and holder_id not in interrupted:
-            interrupted.add(holder_id)
-            await cancel_holder(holder_id, owner)
-        with trio.move_on_after(POLL):
-            await wake.wait()
+        with cluster.listener.watch(("run", holder_id)) as wake:
+            local = cluster.writer.logs.get(holder_id)
+            if local is not None and local.run.status.is_terminal:
+                await local.done.wait()  # its release is being written: then it is free
+                continue
+            if on_busy == "reject":
+                raise ProtocolError("session_busy", f"session {session_id!r} has an active run")
+            if on_busy == "interrupt" and holder_id not in interrupted:
+                interrupted.add(holder_id)
+                await cancel_holder(holder_id, owner)
+            with trio.move_on_after(POLL):
+                await wake.wait()

@@ -29,6 +29,7 @@ from ._listener import Listener
 from ._queries import (
     nodes_with_room,
     read_runs,
+    record_cancel,
     record_withdrawal,
     release_node,
     tool_start_barrier,
@@ -243,7 +244,7 @@ class PostgresCluster:
     def session(self, principal: str, session_id: str | None, run_id: str) -> ClusterSession:
         """The session of a run (fenced by a new :class:`Fence`)."""
         return ClusterSession(
-            self._dsn, session_key(principal, session_id, run_id), self._node_id, Fence()
+            self._dsn, session_key(principal, session_id, run_id), self._node_id, Fence(), run_id
         )
 
     async def claim(
@@ -294,7 +295,7 @@ class PostgresCluster:
 
     def before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""
-        return tool_start_barrier(self.db, run_id, attempt, fence)
+        return tool_start_barrier(self.db, run_id, self._node_id, attempt, fence)
 
     async def wait_resumed(self, run_id: str) -> None:
         """Wait while ``run_id`` is being resumed here (a command may come first)."""
@@ -355,6 +356,18 @@ class PostgresCluster:
         raise ProtocolError(
             "limit_exceeded", "every node of the cluster runs as many runs as it may"
         )
+
+    async def record_cancel(self, run_id: str, reason: str | None, mode: str) -> None:
+        """Make an acked cancel durable: a takeover ends the run cancelled (the first
+        cancel's reason and mode are kept, as :meth:`trio_agents.Run.cancel` does).
+
+        Raises:
+            ProtocolError: ``internal`` when the database cannot be reached.
+        """
+        try:
+            await record_cancel(self.db, run_id, reason, mode)
+        except ClusterDown as exc:
+            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
 
     async def record_withdrawal(self, run_id: str, injection_id: str) -> None:
         """A withdrawn injection is never injected again by a takeover."""

@@ -18,7 +18,8 @@ lost"``). A failed flush is retried with backoff; events are never reordered.
 
 Reading (:func:`follow`): a subscriber on any node replays the table from ``from_seq``
 and then waits for the run's NOTIFY (or, bounded, polls), so it sees every persisted
-seq once, in order, ending after the terminal ``run.updated``.
+seq once, in order, ending after the terminal ``run.updated`` — or at once when
+``from_seq`` is past the last seq of a finished run (or the run's row is gone).
 """
 
 from __future__ import annotations
@@ -254,12 +255,21 @@ class EventWriter:
         return lost
 
 
-def _page(conn: Conn, *, run_id: str, start: int) -> list[tuple[Any, ...]]:
-    return conn.execute(
+def _page(conn: Conn, *, run_id: str, start: int) -> tuple[list[tuple[Any, ...]], bool]:
+    """The run's events from ``start`` (a page), and, when there are none, whether the
+    run has ended before ``start`` (finished and its last seq below it, or gone): then
+    nothing more will ever come."""
+    rows = conn.execute(
         "SELECT seq, data FROM trio_agents_events WHERE run_id = %s AND seq >= %s"
         " ORDER BY seq LIMIT %s",
         (run_id, start, _PAGE),
     ).fetchall()
+    if rows:
+        return rows, False
+    row = conn.execute(
+        "SELECT finished, last_seq FROM trio_agents_runs WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    return rows, row is None or (bool(row[0]) and int(row[1]) < start)
 
 
 def _is_terminal(event: dict[str, Any]) -> bool:
@@ -279,24 +289,29 @@ async def follow(
     next_seq = max(from_seq or 1, 1)
     backoff = 0.05
     while True:
-        wake = listener.watch(("run", run_id))
-        try:
-            rows = await db.call(functools.partial(_page, run_id=run_id, start=next_seq))
-            backoff = 0.05
-        except ClusterDown:
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-            continue
-        for seq, data in rows:
-            event = json.loads(data)
-            next_seq = seq + 1
-            if mode == "status" and event.get("type") not in ("run.updated", "events.dropped"):
+        with listener.watch(("run", run_id)) as wake:
+            try:
+                rows, ended = await db.call(functools.partial(_page, run_id=run_id, start=next_seq))
+                backoff = 0.05
+            except ClusterDown:
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
                 continue
-            await send({"type": "event", "run_id": run_id, "seq": seq, "event": event})
-            if _is_terminal(event):
-                return
-        if len(rows) == _PAGE:
-            continue
-        # A NOTIFY wakes us; a bounded poll covers one lost with a connection.
-        with trio.move_on_after(2.0):
-            await wake.wait()
+            for seq, data in rows:
+                event = json.loads(data)
+                next_seq = seq + 1
+                if mode == "status" and event.get("type") not in (
+                    "run.updated",
+                    "events.dropped",
+                ):
+                    continue
+                await send({"type": "event", "run_id": run_id, "seq": seq, "event": event})
+                if _is_terminal(event):
+                    return
+            if ended:
+                return  # from_seq past the end of a finished run: nothing will come
+            if len(rows) == _PAGE:
+                continue
+            # A NOTIFY wakes us; a bounded poll covers one lost with a connection.
+            with trio.move_on_after(2.0):
+                await wake.wait()

@@ -8,16 +8,18 @@ restarted) is reconnected with exponential backoff; NOTIFY is lossy across that 
 after every (re)connection :meth:`Listener.notify_all` wakes every waiter, and each
 re-reads the tables it follows (the catch-up).
 
-Waiters use :meth:`Listener.watch`: take the event *before* reading the state it
-guards, then wait on it; a notification for the key, or a reconnection, sets it.
+Waiters use ``with listener.watch(key) as wake:``: take the event *before* reading the
+state it guards, then wait on it; a notification for the key, or a reconnection, sets
+it. Leaving the block unregisters it (no waiter outlives its wait).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, final
 
 import psycopg
@@ -47,11 +49,20 @@ class Listener:
         self.dead = False
         self.last_error: BaseException | None = None
 
-    def watch(self, key: Hashable) -> trio.Event:
-        """An event set by the next notification for ``key`` (or a reconnection)."""
+    @contextlib.contextmanager
+    def watch(self, key: Hashable) -> Iterator[trio.Event]:
+        """An event set by the next notification for ``key`` (or a reconnection),
+        registered while the ``with`` block runs (and no longer after it)."""
         event = trio.Event()
         self._waiters.setdefault(key, set()).add(event)
-        return event
+        try:
+            yield event
+        finally:
+            events = self._waiters.get(key)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[key]
 
     def notify(self, key: Hashable) -> None:
         """Wake the waiters of ``key`` (Trio thread)."""

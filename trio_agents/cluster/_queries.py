@@ -19,6 +19,7 @@ from ._session import RETRY_FOR
 __all__ = [
     "nodes_with_room",
     "read_runs",
+    "record_cancel",
     "record_withdrawal",
     "release_node",
     "tool_start_barrier",
@@ -65,11 +66,31 @@ async def read_runs(db: Database, where: str, params: tuple[Any, ...]) -> list[d
 
 
 def tool_start_barrier(
-    db: Database, run_id: str, attempt: int, fence: Fence
+    db: Database, run_id: str, node_id: str, attempt: int, fence: Fence
 ) -> Callable[[ToolCall], Awaitable[None]]:
     """The ``before_tool`` run option: insert ``(run_id, call_id)`` into
     ``trio_agents_tool_starts`` before the tool executes (retried across a database
-    restart for up to RETRY_FOR s). If it raises, the tool does not run."""
+    restart for up to RETRY_FOR s). If it raises, the tool does not run.
+
+    Fenced in the database: the insert happens only while the run's row says this node
+    owns this attempt (``owner``, ``attempt``, not released), under the row's share
+    lock, so a node that stalled past its lease and was taken over can never start a
+    tool (a takeover's claim waits for the lock; it then sees the start)."""
+
+    def insert(conn: Conn, call_id: str) -> bool:
+        owned = conn.execute(
+            "SELECT 1 FROM trio_agents_runs WHERE run_id = %s AND owner = %s AND attempt = %s"
+            " AND NOT released AND NOT finished FOR SHARE",
+            (run_id, node_id, attempt),
+        ).fetchone()
+        if owned is None:
+            return False
+        conn.execute(
+            "INSERT INTO trio_agents_tool_starts (run_id, call_id, attempt)"
+            " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+            (run_id, call_id, attempt),
+        )
+        return True
 
     async def barrier(call: ToolCall) -> None:
         backoff = 0.05
@@ -78,17 +99,16 @@ def tool_start_barrier(
             if fence.closed:
                 raise RuntimeError("this node no longer runs the call")
             try:
-                await db.call(
-                    lambda conn: conn.execute(
-                        "INSERT INTO trio_agents_tool_starts (run_id, call_id, attempt)"
-                        " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                        (run_id, call.call_id, attempt),
-                    )
-                )
-                return
+                owned = await db.call(lambda conn: insert(conn, call.call_id))
             except ClusterDown:
                 if db.dead or trio.current_time() + backoff > give_up:
                     raise
+            else:
+                if owned:
+                    return
+                # Taken over (or released): the writer's next flush finds the row
+                # gone and stops the run here.
+                raise RuntimeError("this node no longer owns the run")
             await trio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
 
@@ -123,6 +143,20 @@ async def record_withdrawal(db: Database, run_id: str, injection_id: str) -> Non
             "INSERT INTO trio_agents_withdrawals (run_id, injection_id) VALUES (%s, %s)"
             " ON CONFLICT DO NOTHING",
             (run_id, injection_id),
+        )
+    )
+
+
+async def record_cancel(db: Database, run_id: str, reason: str | None, mode: str) -> None:
+    """An acked cancel is durable: kept in the run's ``options`` (``"cancel"``); a
+    takeover that finds it ends the run cancelled instead of continuing it."""
+    cancel = json.dumps({"reason": reason, "mode": mode})
+    await db.call(
+        lambda conn: conn.execute(
+            "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{cancel}',"
+            " COALESCE(options::jsonb -> 'cancel', %s::jsonb))::text"
+            " WHERE run_id = %s AND NOT finished",
+            (cancel, run_id),
         )
     )
 

@@ -129,12 +129,12 @@ class Router:
         reply: str | None = None
         with trio.move_on_after(ROUTE_TIMEOUT):
             while reply is None:
-                wake = self._listener.watch(("reply", command_id))
-                reply = self._replies.pop(command_id, None)
-                if reply is None:
-                    with trio.move_on_after(_REPLY_POLL):
-                        await wake.wait()
+                with self._listener.watch(("reply", command_id)) as wake:
                     reply = self._replies.pop(command_id, None)
+                    if reply is None:
+                        with trio.move_on_after(_REPLY_POLL):
+                            await wake.wait()
+                        reply = self._replies.pop(command_id, None)
                 if reply is None:  # not inline (too long), or its NOTIFY was lost
                     with contextlib.suppress(ClusterDown):
                         reply = await self._db.call(lambda conn: _reply(conn, command_id))

@@ -13,6 +13,11 @@ fenced and patient.
 - *Patient*: a write or load that fails because the database is unreachable (a
   PostgreSQL restart) is retried with backoff for up to :data:`RETRY_FOR` seconds (and
   never past the caller's deadline) instead of failing the run.
+- *Fenced in the database too*: each write checks, in its own transaction and under the
+  run's row lock, that the run's row still names this node and attempt (``owner``,
+  ``attempt``); a node that stalled past its lease and was taken over never appends to
+  the session (the write is dropped; its event writer then finds the run gone and
+  stops it).
 - Its ``lock_key`` includes the node id: the core's in-process claim is per node; the
   cluster-wide claim is the runs table's ``active_key`` (``_claims.py``).
 """
@@ -21,14 +26,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Final, TypeVar, final
+from typing import Any, Final, TypeVar, final
 
 import psycopg
 import trio
 
 from .._items import Item
 from ..sessions._postgres import PostgresSession
-from ..sessions._storage import SessionStorageError
+from ..sessions._storage import SessionStorageError, encode_items
 from ._eventlog import Fence
 
 __all__ = ["RETRY_FOR", "ClusterSession", "session_key"]
@@ -54,10 +59,36 @@ def _transient(exc: SessionStorageError) -> bool:
 class ClusterSession:
     """A run's session in a cluster (see the module docstring)."""
 
-    def __init__(self, dsn: str, key: str, node_id: str, fence: Fence) -> None:
+    def __init__(
+        self, dsn: str, key: str, node_id: str, fence: Fence, run_id: str | None = None
+    ) -> None:
         self.inner = PostgresSession(dsn, key)
         self.fence = fence
         self.lock_key: Hashable = ("trio_agents.cluster", node_id, key)
+        self.node_id = node_id
+        self.run_id = run_id
+        self.attempt = 1  # the run's attempt on this node (a takeover sets its own)
+
+    def _owned(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether the run's row still names this node and attempt (row lock held
+        until the write commits); True for a session without a run."""
+        if self.run_id is None:
+            return True
+        row = conn.execute(
+            "SELECT 1 FROM trio_agents_runs WHERE run_id = %s AND owner = %s AND attempt = %s"
+            " FOR SHARE",
+            (self.run_id, self.node_id, self.attempt),
+        ).fetchone()
+        return row is not None
+
+    async def _write(self, write: Callable[[psycopg.Connection[Any]], None]) -> None:
+        inner = self.inner
+
+        def fenced(conn: psycopg.Connection[Any]) -> None:
+            if self._owned(conn):
+                write(conn)
+
+        await self._retry(lambda: inner._call(fenced))
 
     @property
     def session_id(self) -> str:
@@ -86,19 +117,24 @@ class ClusterSession:
         if self.fence.closed:
             await trio.lowlevel.checkpoint()
             return
-        await self._retry(lambda: self.inner.add_items(items))
+        encoded = encode_items(items)
+        if not encoded:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._write(lambda conn: self.inner._add_items_sync(conn, encoded))
 
     async def replace_items(self, items: Sequence[Item]) -> None:
         if self.fence.closed:
             await trio.lowlevel.checkpoint()
             return
-        await self._retry(lambda: self.inner.replace_items(items))
+        encoded = encode_items(items)
+        await self._write(lambda conn: self.inner._replace_sync(conn, encoded))
 
     async def clear(self) -> None:
         if self.fence.closed:
             await trio.lowlevel.checkpoint()
             return
-        await self._retry(self.inner.clear)
+        await self._write(self.inner._clear_sync)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -1,14 +1,18 @@
 """Leases and takeover.
 
-Every ``lease_ttl / 3`` seconds a node runs one statement: it upserts its row in
-``trio_agents_nodes`` (lease, capacity, running count, draining) and extends the lease of
-every unfinished run it owns. Then it scans for runs whose lease expired, or that their
-node *released* on a graceful shutdown (``SELECT ... FOR UPDATE SKIP LOCKED``, at most as
-many as it has room for), claims them (``owner = me``, ``attempt + 1``) and resumes each
+Every ``lease_ttl / 3`` seconds a node's heartbeat task (its own: no scan, resumption
+or cleanup delays it) runs one transaction: it upserts its row in ``trio_agents_nodes``
+(lease, capacity, running count, draining) and extends the lease of every unfinished run
+it owns (runs it stopped on its own are released instead). Its scan task, as often,
+scans for runs whose lease expired, or that their node *released* on a graceful
+shutdown (``SELECT ... FOR UPDATE SKIP LOCKED``, at most as many as it has room for),
+claims them (``owner = me``, ``attempt + 1``) and resumes each
 from its session with :class:`trio_agents.Resume`: seqs continue after the last persisted
 one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 ``interrupted`` unless idempotent), and injections that were acked (a persisted
-``inbox.injected``) but neither delivered nor withdrawn are injected again. A NOTIFY
+``inbox.injected``) but neither delivered nor withdrawn are injected again — unless
+their items are already in the session after their acceptance (an ``inbox.delivered``
+lost with its node: see :func:`_undelivered`). A NOTIFY
 ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
 Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
@@ -29,9 +33,17 @@ from typing import TYPE_CHECKING, Final
 import attrs
 import trio
 
-from .._events import InboxDelivered, InboxInjected, RunStatus, RunUpdated, event_from_json
+from .._events import (
+    InboxDelivered,
+    InboxInjected,
+    RunItemEvent,
+    RunStatus,
+    RunUpdated,
+    event_from_json,
+)
 from .._items import Item, item_from_json
 from .._resume import Resume
+from .._run import Run
 from ._db import ClusterDown, Conn
 from ._schema import CHANNEL
 
@@ -62,6 +74,84 @@ class Claimed:
     started: frozenset[str]
     reinject: tuple[InboxInjected, ...]
     input: tuple[Item, ...] = ()
+    cancel: tuple[str | None, str] | None = None  # an acked cancel: (reason, mode)
+
+
+def _cancel(options: str) -> tuple[str | None, str] | None:
+    try:
+        cancel = json.loads(options).get("cancel")
+        if not isinstance(cancel, dict):
+            return None
+        reason, mode = cancel.get("reason"), cancel.get("mode")
+        return (
+            reason if isinstance(reason, str) else None,
+            mode if mode in ("immediate", "after_turn") else "immediate",
+        )
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _stored(conn: Conn, key: str) -> list[dict[str, object]]:
+    """A session's stored items, as JSON."""
+    rows = conn.execute(
+        "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
+        (key,),
+    ).fetchall()
+    return [json.loads(r[0]) for r in rows]
+
+
+def _find(stored: list[dict[str, object]], block: list[dict[str, object]], start: int) -> int:
+    """Where ``block`` occurs (contiguous) in ``stored`` at or after ``start``; -1 if not."""
+    if not block:
+        return -1
+    for at in range(start, len(stored) - len(block) + 1):
+        if stored[at : at + len(block)] == block:
+            return at
+    return -1
+
+
+def _undelivered(
+    pending: tuple[InboxInjected, ...],
+    accepted: list[InboxInjected],
+    items: list[tuple[int, dict[str, object]]],
+    stored: list[dict[str, object]],
+) -> tuple[InboxInjected, ...]:
+    """The pending injections (acked, no persisted ``inbox.delivered``) whose items are
+    not in the stored session after their acceptance.
+
+    An ``inbox.delivered`` event may be lost with its node while the delivered items
+    already reached the session (they are written by the run, the events by the
+    writer). The rule: every event before a persisted ``inbox.injected`` is persisted
+    too (the writer keeps the order), so the last ``run.item`` before the first pending
+    injection — the *anchor* — is known; an injection's items are delivered as one
+    contiguous block, in acceptance order, after it. So, from the last occurrence of the
+    anchor in the session (or its start), each injection accepted since then takes, in
+    order, the first later occurrence of its items; the pending ones that find none were
+    not delivered and are injected again. (An anchor repeated verbatim after the
+    delivery makes a delivered injection look undelivered: it is then delivered twice,
+    never lost.)
+    """
+    first = pending[0].seq
+    before = [item for seq, item in items if seq < first]
+    cursor = 0
+    if before:
+        anchor = before[-1]
+        for at in range(len(stored) - 1, -1, -1):
+            if stored[at] == anchor:
+                cursor = at + 1
+                break
+    left = []
+    for event in accepted:
+        if event.seq < first:
+            continue
+        block = [item.to_json() for item in event.items]
+        at = _find(stored, block, cursor)
+        if at < 0:
+            if event in pending:
+                left.append(event)
+            continue
+        cursor = at + len(block)
+    return tuple(left)
 
 
 def _input(options: str) -> tuple[Item, ...]:
@@ -153,27 +243,51 @@ class Leases:
             await renewed.wait()
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
-        """Heartbeat and scan every ``lease_ttl / 3`` s until cancelled."""
+        """Heartbeat every ``lease_ttl / 3`` s in one task; scan (and sweep) as often in
+        another, so a slow scan, resumption or cleanup never delays a heartbeat. Started
+        after the first heartbeat; runs until cancelled (or the hand-over stops it)."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._beat)
+            task_status.started()
+            await self._scans()
+
+    async def _beat(self, task_status: trio.TaskStatus[None]) -> None:
         cluster = self._cluster
+        interval = cluster.lease_ttl / 3
         started = False
         while True:
             try:
                 async with self.lock:
                     if self.stopped:
                         return
-                    await self.heartbeat()
-                if not started:
+                    # Bounded: a heartbeat waiting for a lock fails and is retried
+                    # (its lock and statement timeouts are capped by this deadline).
+                    with trio.move_on_after(interval):
+                        await self.heartbeat()
+                if not started and self.renewed_at > 0:
                     started = True
                     task_status.started()
-                if not self.draining:
-                    await self.scan()
-                    if trio.current_time() >= self._next_cleanup:
-                        self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
-                        await self.cleanup()
             except ClusterDown:
                 if cluster.db.dead:
                     return
                 logger.warning("cluster heartbeat failed; retrying", exc_info=True)
+            await trio.sleep(interval)  # a period, not a synchronisation
+
+    async def _scans(self) -> None:
+        cluster = self._cluster
+        while not self.stopped:
+            try:
+                if not self.draining:
+                    await self.scan()
+                    if trio.current_time() >= self._next_cleanup:
+                        self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
+                        # Well under the watchdog's margin: its lock waits fail first.
+                        with trio.move_on_after(cluster.lease_ttl / 4):
+                            await self.cleanup()
+            except ClusterDown:
+                if cluster.db.dead:
+                    return
+                logger.warning("cluster scan failed; retrying", exc_info=True)
             with trio.move_on_after(cluster.lease_ttl / 3):
                 await self._wakeup.wait()
             self._wakeup = trio.Event()
@@ -181,15 +295,18 @@ class Leases:
     async def cleanup(self) -> None:
         """Forget runs finished more than ``retain_finished`` ago (their events, tool
         starts, withdrawals and commands too) and answered commands older than that:
-        whichever node does it first (every :data:`CLEANUP_INTERVAL` s per node)."""
+        whichever node does it first (every :data:`CLEANUP_INTERVAL` s per node). Rows
+        another transaction holds are skipped (``SKIP LOCKED``): the next sweep gets
+        them."""
         cluster = self._cluster
         registry = cluster.registry
         retain = 600.0 if registry is None else registry.limits.retain_finished
 
         def delete(conn: Conn) -> None:
             old = conn.execute(
-                "DELETE FROM trio_agents_runs WHERE finished AND updated_at <"
-                " now() - make_interval(secs => %s) RETURNING run_id",
+                "DELETE FROM trio_agents_runs WHERE run_id IN (SELECT run_id FROM"
+                " trio_agents_runs WHERE finished AND updated_at <"
+                " now() - make_interval(secs => %s) FOR UPDATE SKIP LOCKED) RETURNING run_id",
                 (retain,),
             ).fetchall()
             ids = [str(r[0]) for r in old]
@@ -197,13 +314,15 @@ class Leases:
                 for table in ("events", "tool_starts", "withdrawals", "commands"):
                     conn.execute(f"DELETE FROM trio_agents_{table} WHERE run_id = ANY(%s)", (ids,))
             conn.execute(
-                "DELETE FROM trio_agents_commands WHERE reply IS NOT NULL AND created_at <"
-                " now() - make_interval(secs => %s)",
+                "DELETE FROM trio_agents_commands WHERE command_id IN (SELECT command_id FROM"
+                " trio_agents_commands WHERE reply IS NOT NULL AND created_at <"
+                " now() - make_interval(secs => %s) FOR UPDATE SKIP LOCKED)",
                 (retain,),
             )
             conn.execute(
-                "DELETE FROM trio_agents_nodes WHERE lease_expires_at <"
-                " now() - make_interval(secs => %s)",
+                "DELETE FROM trio_agents_nodes WHERE node_id IN (SELECT node_id FROM"
+                " trio_agents_nodes WHERE lease_expires_at <"
+                " now() - make_interval(secs => %s) FOR UPDATE SKIP LOCKED)",
                 (retain,),
             )
 
@@ -244,19 +363,27 @@ class Leases:
                 started=claimed.started,
                 reason=f"node {claimed.previous_owner} stopped",
             )
+
+            def then(run: Run) -> None:
+                # Before the resumed run can call its model or end: an acked cancel
+                # ends it (the session repaired as by a cancel); acked injections are
+                # queued first thing, so none can find the run closed.
+                if claimed.cancel is not None:
+                    reason, mode = claimed.cancel
+                    run.cancel(reason, mode=mode)  # type: ignore[arg-type]
+                    return
+                for injected in claimed.reinject:
+                    try:
+                        run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
+                    except Exception:
+                        logger.exception("re-injecting into run %s failed", claimed.run_id)
+
             try:
-                entry = await registry.resume_run(claimed, resume)
+                await registry.resume_run(claimed, resume, then)
             except Exception as exc:
                 logger.exception("resuming run %s failed", claimed.run_id)
                 await self.fail(claimed, f"could not resume: {exc!r}")
                 return
-            run = entry.run
-            assert run is not None
-            for injected in claimed.reinject:
-                try:
-                    run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
-                except Exception:
-                    logger.exception("re-injecting into run %s failed", claimed.run_id)
         finally:
             self._resuming.discard(claimed.run_id)
             self._resumed.set()
@@ -266,10 +393,13 @@ class Leases:
     def _claim(self, conn: Conn, room: int) -> list[Claimed]:
         cluster = self._cluster
         rows = conn.execute(
-            "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options"
-            " FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
-            " now()) ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED",
-            (room,),
+            "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
+            " session_key FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
+            " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at LIMIT %s"
+            " FOR UPDATE SKIP LOCKED",
+            # Not the runs this node stopped and has yet to release: its heartbeat (in
+            # another task) would release them after we claimed them back.
+            (list(self.to_release), room),
         ).fetchall()
         if not rows:
             return []
@@ -294,9 +424,10 @@ class Leases:
         }
         injected: dict[str, dict[str, InboxInjected]] = {}
         delivered: set[tuple[str, str]] = set()
+        items: dict[str, list[tuple[int, dict[str, object]]]] = {}
         for run_id, data in conn.execute(
             "SELECT run_id, data FROM trio_agents_events WHERE run_id = ANY(%s)"
-            " AND type IN ('inbox.injected', 'inbox.delivered') ORDER BY run_id, seq",
+            " AND type IN ('inbox.injected', 'inbox.delivered', 'run.item') ORDER BY run_id, seq",
             (ids,),
         ).fetchall():
             event = event_from_json(json.loads(data))
@@ -304,14 +435,21 @@ class Leases:
                 injected.setdefault(str(run_id), {})[event.injection_id] = event
             elif isinstance(event, InboxDelivered):
                 delivered.add((str(run_id), event.injection_id))
+            elif isinstance(event, RunItemEvent):
+                items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
         claimed = []
-        for run_id, principal, session_id, agent, owner, attempt, last_seq, options in rows:
-            pending = tuple(
+        for row in rows:
+            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key = row
+            accepted = [
                 event
                 for injection_id, event in injected.get(run_id, {}).items()
-                if (run_id, injection_id) not in delivered
-                and (run_id, injection_id) not in withdrawn
-            )
+                if (run_id, injection_id) not in withdrawn
+            ]
+            pending = tuple(e for e in accepted if (run_id, e.injection_id) not in delivered)
+            if pending:
+                pending = _undelivered(
+                    pending, accepted, items.get(run_id, []), _stored(conn, str(key))
+                )
             claimed.append(
                 Claimed(
                     run_id=run_id,
@@ -324,6 +462,7 @@ class Leases:
                     started=frozenset(starts.get(run_id, ())),
                     reinject=pending,
                     input=_input(options),
+                    cancel=_cancel(options),
                 )
             )
         return claimed

@@ -72,8 +72,10 @@ def _here(conn: Connection, run_id: str) -> RunEntry | None:
     if entry is None or entry.principal != conn.principal or entry.run is None:
         return None
     fence = entry.fence
-    if fence is not None and fence.closed and entry.run.status.is_terminal:
-        return None  # this node's attempt ended; the run went on elsewhere
+    if fence is not None and fence.closed:
+        # This node's attempt is over (stopped, handed over, or ending unpersisted):
+        # the run goes on from its tables, wherever it is resumed.
+        return None
     return entry
 
 
@@ -139,6 +141,8 @@ async def apply_local(registry: Registry, principal: str, request: Request) -> d
     cluster = registry.cluster
     if isinstance(request, RunCancel):
         run.cancel(request.reason, mode=request.mode)
+        if cluster is not None:  # acked once durable: a takeover ends it cancelled
+            await cluster.record_cancel(entry.run_id, request.reason, request.mode)
         return {}
     if isinstance(request, RunWithdraw):
         withdrawn = run.withdraw(request.injection_id)

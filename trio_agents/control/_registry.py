@@ -14,7 +14,7 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast, final
 
 import attrs
@@ -128,9 +128,12 @@ class _Started:
 
     entry: RunEntry
     inner: trio.TaskStatus[Run]
+    then: Callable[[Run], None] | None = None
 
     def started(self, run: Run) -> None:
         self.entry.run = run
+        if self.then is not None:
+            self.then(run)  # before the run's first checkpoint: before any model call
         self.inner.started(run)
 
 
@@ -342,13 +345,18 @@ class Registry:
         if entry.owner is not None:
             entry.owner.owned.add(entry)
 
-    async def resume_run(self, claimed: Claimed, resume: Resume) -> RunEntry:
-        """Continue a run this node took over (a cluster's takeover)."""
+    async def resume_run(
+        self, claimed: Claimed, resume: Resume, then: Callable[[Run], None] | None = None
+    ) -> RunEntry:
+        """Continue a run this node took over (a cluster's takeover); ``then(run)`` is
+        called the moment the run exists, before it can call its model or end (its
+        re-injections, an acked cancel)."""
         assert self.nursery is not None
         assert self.cluster is not None
         cluster = self.cluster
         state = self._principal(claimed.principal)
         session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
+        session.attempt = resume.attempt  # its writes are fenced on this attempt
         entry = RunEntry(
             run_id=claimed.run_id,
             principal=claimed.principal,
@@ -375,6 +383,7 @@ class Registry:
         extra = {
             "resume": resume,
             "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
+            "_then": then,
         }
         try:
             entry.run = await self.nursery.start(
@@ -411,6 +420,8 @@ class Registry:
         *,
         task_status: trio.TaskStatus[Run],
     ) -> None:
+        extra = dict(extra)
+        then = extra.pop("_then", None)
         try:
             # Shielded: only run.cancel(reason) stops a run (shutdown uses "server
             # shutdown"); the scope is cancelled only to force a run past the bound.
@@ -420,7 +431,7 @@ class Registry:
                     items,
                     session=session,
                     run_id=entry.run_id,
-                    task_status=cast(trio.TaskStatus[Run], _Started(entry, task_status)),
+                    task_status=cast(trio.TaskStatus[Run], _Started(entry, task_status, then)),
                     on_busy=on_busy,
                     **self.run_options,
                     **extra,
