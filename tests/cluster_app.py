@@ -1,7 +1,8 @@
 """The agents the cluster tests serve: ``trio-agents serve --app tests.cluster_app:app``.
 
 Every node process of a test cluster imports this module. What a run does is decided
-by its first user message (a *scenario*: space-separated words), so that whichever
+by its last user message that is not an injection (a *scenario*: space-separated
+words; injections start with ``note``), so that whichever
 node continues a run after a takeover makes the same decisions from the persisted
 conversation alone — the model keeps no state of its own:
 
@@ -15,8 +16,9 @@ conversation alone — the model keeps no state of its own:
   and its records use the tag (``gates/stream.TAG``).
 - anything else: answer at once.
 
-After the tool results are in, the model answers ``done`` plus each result, and the
-number of user messages it has seen (injections included).
+After the tool results are in, the model answers ``done`` plus each result of this
+run, and the number of user messages it has seen (the session's earlier runs and
+injections included).
 
 Cross-process control and observation go through a directory named by the
 ``CLUSTER_TEST_DIR`` environment variable (the node's id is in ``CLUSTER_NODE``):
@@ -52,6 +54,8 @@ DIR_ENV: Final = "CLUSTER_TEST_DIR"
 NODE_ENV: Final = "CLUSTER_NODE"
 _POLL: Final = 0.01  # seconds between looks at a gate file (inside the node only)
 TOOLS: Final = ("charge", "lookup", "delete")
+INJECTED: Final = "note"
+"""Injected user messages start with this word; they are not a scenario."""
 
 
 def _directory() -> Path:
@@ -136,11 +140,15 @@ async def delete(ctx: ta.ToolContext) -> str:
 # ------------------------------------------------------------------------- model
 
 
-def _scenario(items: Sequence[ta.Item]) -> list[str]:
-    for item in items:
-        if isinstance(item, ta.UserMessage):
-            return item.content.split()
-    return []
+def _split(items: Sequence[ta.Item]) -> tuple[list[str], list[ta.Item]]:
+    """The scenario (the words of the last user message that is not an injection,
+    ``note ...``) and the items after it (this run's, the session's earlier runs
+    before it)."""
+    for index in range(len(items) - 1, -1, -1):
+        item = items[index]
+        if isinstance(item, ta.UserMessage) and not item.content.startswith(INJECTED):
+            return item.content.split(), list(items[index + 1 :])
+    return [], list(items)
 
 
 @final
@@ -193,13 +201,12 @@ class ClusterModel:
     def stream(
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
-        items = request.items
-        scenario = _scenario(items)
+        scenario, tail = _split(request.items)
         tag = next((word[1:] for word in scenario if word.startswith("#")), "")
         record("model", tag, "", None)
-        results = [item for item in items if isinstance(item, ta.ToolResult)]
-        calls = [item for item in items if isinstance(item, ta.ToolCall)]
-        users = sum(isinstance(item, ta.UserMessage) for item in items)
+        results = [item for item in tail if isinstance(item, ta.ToolResult)]
+        calls = [item for item in tail if isinstance(item, ta.ToolCall)]
+        users = sum(isinstance(item, ta.UserMessage) for item in request.items)
         events: list[ModelEvent | str] = []
         wanted = [word for word in scenario if word in TOOLS]
         if wanted and not calls:
@@ -210,8 +217,9 @@ class ClusterModel:
             events += [TextDelta("alpha "), TextDelta("beta "), "stream", TextDelta("gamma")]
             events += [Usage(1, 1), Finish("stop")]
         else:
-            names = {call.call_id: call.name for call in calls}
-            parts = [f"{names.get(r.call_id, '?')}={r.output}" for r in results]
+            # In the order of the calls: results come in the order tools finish.
+            outputs = {result.call_id: result.output for result in results}
+            parts = [f"{c.name}={outputs[c.call_id]}" for c in calls if c.call_id in outputs]
             events += [TextDelta(" ".join(["done", *parts, f"users={users}"]))]
             events += [Usage(1, 1), Finish("stop")]
         return _Stream(_Steps(tag, events))

@@ -37,7 +37,13 @@ import attrs
 import trio
 
 import trio_agents as ta
-from trio_agents.control import ControlClient, ControlError, RemoteRun, connect
+from trio_agents.control import (
+    ControlClient,
+    ControlConnectionError,
+    ControlError,
+    RemoteRun,
+    connect,
+)
 
 from . import cluster_app
 from .cli_support import cli_argv, cli_env
@@ -335,3 +341,97 @@ async def wait_status(
 def items_of(events: Iterable[ta.RunEvent]) -> list[ta.Item]:
     """The conversation items the run's events carried, in order."""
     return [event.item for event in events if isinstance(event, ta.RunItemEvent)]
+
+
+@attrs.define(eq=False)
+class Follower:
+    """A subscriber of one run that outlives nodes: it reads the run's events on one
+    node and, when that node's connection dies, reconnects to another live node with
+    ``from_seq`` = the last seq it saw + 1 (see :meth:`follow`)."""
+
+    cluster: Cluster
+    run_id: str
+    events: list[ta.RunEvent] = attrs.field(factory=list)
+    connections: list[tuple[str, int]] = attrs.field(factory=list)
+    """(node id, from_seq) of each connection it subscribed on."""
+    terminal: ta.RunUpdated | None = None
+    _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    @property
+    def next_seq(self) -> int:
+        return self.events[-1].seq + 1 if self.events else 1
+
+    async def follow(self, first: str | Node) -> None:
+        """Follow until the terminal update (run it in a nursery)."""
+        node = self.cluster.node(first)
+        while True:
+            try:
+                async with self.cluster.client(node) as client:
+                    self.connections.append((node.node_id, self.next_seq))
+                    async for event in client.attach(self.run_id).events(self.next_seq):
+                        self.events.append(event)
+                        self._lot.unpark_all()
+                        if isinstance(event, ta.RunUpdated) and event.status.is_terminal:
+                            self.terminal = event
+                            return
+            except ControlConnectionError:
+                pass
+            # The node died (or refused us while dying): go on elsewhere.
+            others = [n for n in self.cluster.alive() if n is not node]
+            if others:
+                node = others[0]
+                await trio.lowlevel.checkpoint()
+            else:  # no node at all for now: a test may start one
+                await trio.sleep(POLL)
+
+    async def wait_for(self, predicate: Callable[[ta.RunEvent], bool]) -> ta.RunEvent:
+        """Wait until an event (seen already or to come) satisfies ``predicate``."""
+        seen = 0
+        while True:
+            for event in self.events[seen:]:
+                if predicate(event):
+                    return event
+            seen = len(self.events)
+            if self.terminal is not None:
+                raise AssertionError(f"{self.run_id} ended without the awaited event")
+            await self._lot.park()
+
+    def check(self) -> None:
+        """Every seq once, from 1 to the terminal update, nothing dropped."""
+        assert self.terminal is not None, f"{self.run_id}: not finished"
+        assert not [e for e in self.events if isinstance(e, ta.EventsDropped)], self.events
+        assert_contiguous(event.seq for event in self.events)
+        terminals = [
+            e for e in self.events if isinstance(e, ta.RunUpdated) and e.status.is_terminal
+        ]
+        assert terminals == [self.terminal], terminals
+
+
+def is_resumed(event: ta.RunEvent, attempt: int | None = None) -> bool:
+    """A ``running`` update of a resumed attempt (of ``attempt``, when given)."""
+    return (
+        isinstance(event, ta.RunUpdated)
+        and event.status is ta.RunStatus.RUNNING
+        and event.detail.get("resumed") is True
+        and (attempt is None or event.detail.get("attempt") == attempt)
+    )
+
+
+def has_status(status: ta.RunStatus) -> Callable[[ta.RunEvent], bool]:
+    return lambda event: isinstance(event, ta.RunUpdated) and event.status is status
+
+
+async def replay(cluster: Cluster, node: str | Node, run_id: str) -> list[ta.RunEvent]:
+    """The run's whole persisted log, read from seq 1 on ``node``."""
+    events: list[ta.RunEvent] = []
+    async with cluster.client(node) as client:
+        await events_until_terminal(client.attach(run_id), 1, events)
+    return events
+
+
+def assert_same_events(seen: Sequence[ta.RunEvent], log: Sequence[ta.RunEvent]) -> None:
+    """Every event a subscriber saw is the log's event at that seq (a subscriber never
+    saw an event the cluster then lost or rewrote)."""
+    by_seq = {event.seq: event.to_json() for event in log}
+    for event in seen:
+        assert by_seq.get(event.seq) == event.to_json(), (event, by_seq.get(event.seq))
