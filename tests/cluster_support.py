@@ -1,437 +1,164 @@
-"""Several real ``trio-agents serve`` processes as one cluster, for the cluster tests.
-
-:func:`open_cluster` starts node processes (``python -m trio_agents serve --cluster DSN
---node-id ID --lease-ttl S --max-runs N --port 0 --app tests.cluster_app:app``) in a
-nursery of the test; a node is ready once it printed its ``serving ... on ws://...``
-line (read from its stdout, bounded by :data:`STARTUP_TIMEOUT`; never a sleep). Each
-node's stdout and stderr are read to the end in the background, so a chatty node never
-blocks on a full pipe, and are printed when the cluster closes (pytest shows them for a
-failed test). Leaving the block kills every node still running (SIGKILL).
-
-:meth:`Cluster.kill` is ``kill -9``; :meth:`Cluster.terminate` is SIGTERM (a graceful
-stop); :meth:`Cluster.client` connects a :class:`~trio_agents.control.ControlClient` to
-one node. The agents and the cross-process gates and execution records are in
-``tests/cluster_app.py``. Without ``dsn`` the nodes are plain single-process servers
-(each its own SQLite file): the infrastructure's own tests use that.
-
-Waits for something another process does (a record in the executions log, a status)
-poll the observable fact every :data:`POLL` seconds under the caller's
-``trio.fail_after``; they never assume that some time is enough.
-"""
+"""Helpers for the cluster tests: nodes (ControlServers with a PostgresCluster) in one
+Trio process on loopback, sharing one database, and a raw JSON client."""
 
 from __future__ import annotations
 
-import itertools
-import os
-import re
-import secrets
-import signal
-import subprocess
-import tempfile
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+import json
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import attrs
 import trio
+from trio_websocket import ConnectionClosed
 
 import trio_agents as ta
-from trio_agents.control import (
-    ControlClient,
-    ControlConnectionError,
-    ControlError,
-    RemoteRun,
-    connect,
-)
+from trio_agents.cluster import PostgresCluster
+from trio_agents.control import ControlServer, Limits
 
-from . import cluster_app
-from .cli_support import cli_argv, cli_env
+from .control_support import TOKENS, raw_client
 
-__all__ = [
-    "POLL",
-    "STARTUP_TIMEOUT",
-    "Cluster",
-    "Node",
-    "NodeFailed",
-    "assert_contiguous",
-    "open_cluster",
-    "poll_until",
-]
-
-STARTUP_TIMEOUT: Final = 60.0  # a hang guard: a node starts in about 1 s when idle
-POLL: Final = 0.02
-APP: Final = "tests.cluster_app:app"
-SERVING: Final = re.compile(r"^serving .* on (ws://\S+/)")
-_node_numbers = itertools.count(1)
-
-
-class NodeFailed(Exception):
-    """A node process exited before it was serving (the message has its stderr)."""
+__all__ = ["Client", "Node", "client", "node"]
 
 
 @attrs.define(eq=False)
 class Node:
-    """One node process."""
+    """One node: its server, cluster, URL and the scope it runs in."""
 
-    node_id: str
-    process: trio.Process
-    url: str = ""
-    stdout: list[str] = attrs.field(factory=list)
-    stderr: list[str] = attrs.field(factory=list)
-    _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    _stdout_done: bool = False
+    server: ControlServer
+    cluster: PostgresCluster
+    url: str
+    scope: trio.CancelScope
+    stopped: trio.Event
 
-    @property
-    def running(self) -> bool:
-        return self.process.returncode is None
+    def crash(self) -> None:
+        """Stop as a killed process would: nothing more reaches the database."""
+        self.cluster.crash()
+        self.scope.cancel()
 
-    def output(self) -> str:
-        return "\n".join(
-            [f"--- node {self.node_id} stdout", *self.stdout, "--- stderr", *self.stderr]
-        )
-
-    async def wait_line(self, predicate: Callable[[str], bool]) -> str:
-        """Wait for a line of the node's stdout (the ones read so far count too)."""
-        seen = 0
-        while True:
-            for line in self.stdout[seen:]:
-                if predicate(line):
-                    return line
-            seen = len(self.stdout)
-            if self._stdout_done:
-                raise NodeFailed(f"node {self.node_id} ended without the line\n{self.output()}")
-            await self._changed.park()
-
-    async def _pump(self, stream: trio.abc.ReceiveStream, lines: list[str], is_out: bool) -> None:
-        buffer = b""
-        try:
-            while chunk := await stream.receive_some():
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n")
-                for raw in complete:
-                    line = raw.decode(errors="replace")
-                    lines.append(line)
-                    if is_out and not self.url and (match := SERVING.match(line)):
-                        self.url = match.group(1)
-                if complete:
-                    self._changed.unpark_all()
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
-        finally:
-            if buffer:
-                lines.append(buffer.decode(errors="replace"))
-            if is_out:
-                self._stdout_done = True
-            self._changed.unpark_all()
-
-    async def _wait_serving(self) -> None:
-        while not self.url:
-            if self._stdout_done:
-                await self.process.wait()
-                raise NodeFailed(
-                    f"node {self.node_id} exited ({self.process.returncode}) before"
-                    f" serving\n{self.output()}"
-                )
-            await self._changed.park()
-
-
-@attrs.define(eq=False)
-class Cluster:
-    """Node processes of one test; see :func:`open_cluster`."""
-
-    dsn: str | None
-    directory: Path
-    nursery: trio.Nursery
-    lease_ttl: float
-    max_runs: int | None
-    app: str = APP
-    token: str = attrs.field(factory=lambda: secrets.token_urlsafe(16))
-    nodes: dict[str, Node] = attrs.field(factory=dict)
-    extra_args: Sequence[str] = ()
-
-    def argv(self, node_id: str) -> list[str]:
-        args: list[str] = ["serve", "--host", "127.0.0.1", "--port", "0"]
-        args += ["--app", self.app, "--token", self.token, "--shutdown-timeout", "10"]
-        if self.dsn is None:
-            args += ["--db", str(self.directory / f"{node_id}.sqlite3")]
-        else:
-            args += ["--cluster", self.dsn, "--node-id", node_id]
-            args += ["--lease-ttl", str(self.lease_ttl)]
-            if self.max_runs is not None:
-                args += ["--max-runs", str(self.max_runs)]
-        return cli_argv(*args, *self.extra_args)
-
-    async def start_node(self, node_id: str | None = None) -> Node:
-        """Start a node and wait until it serves (bounded by :data:`STARTUP_TIMEOUT`)."""
-        node_id = node_id or f"n{next(_node_numbers)}"
-        if node_id in self.nodes and self.nodes[node_id].running:
-            raise ValueError(f"node {node_id} is already running")
-        env = cli_env(**{cluster_app.DIR_ENV: str(self.directory), cluster_app.NODE_ENV: node_id})
-        process = await trio.lowlevel.open_process(
-            self.argv(node_id),
-            env=env,
-            cwd=self.directory,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        assert process.stdout is not None
-        assert process.stderr is not None
-        node = Node(node_id, process)
-        self.nodes[node_id] = node
-        self.nursery.start_soon(node._pump, process.stdout, node.stdout, True)
-        self.nursery.start_soon(node._pump, process.stderr, node.stderr, False)
-        with trio.fail_after(STARTUP_TIMEOUT):
-            await node._wait_serving()
-        return node
-
-    async def start_nodes(self, count: int) -> list[Node]:
-        """Start ``count`` nodes at once (their start-ups overlap)."""
-        started: list[Node] = []
-
-        async def one() -> None:
-            started.append(await self.start_node())
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(count):
-                nursery.start_soon(one)
-        return sorted(started, key=lambda node: int(node.node_id[1:]))
-
-    def node(self, node: str | Node) -> Node:
-        return node if isinstance(node, Node) else self.nodes[node]
-
-    def alive(self) -> list[Node]:
-        return [node for node in self.nodes.values() if node.running]
-
-    async def kill(self, node: str | Node) -> None:
-        """``kill -9`` the node and reap it."""
-        target = self.node(node)
-        if target.running:
-            target.process.send_signal(signal.SIGKILL)
-        await target.process.wait()
-
-    async def terminate(self, node: str | Node) -> int:
-        """SIGTERM (a graceful stop); wait for the process to exit, return its status."""
-        target = self.node(node)
-        if target.running:
-            target.process.send_signal(signal.SIGTERM)
-        return await target.process.wait()
-
-    @asynccontextmanager
-    async def client(self, node: str | Node) -> AsyncIterator[ControlClient]:
-        """A control client connected to ``node``."""
-        async with connect(self.node(node).url, token=self.token) as client:
-            yield client
-
-    # -- the app's gates and records ---------------------------------------------------
-
-    def open_gate(self, name: str, key: str | None = None) -> None:
-        cluster_app.open_gate(self.directory, name, key)
-
-    def executions(
-        self, tool: str | None = None, run_id: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Execution records (see tests/cluster_app.py), optionally of one tool/run."""
-        return [
-            record
-            for record in cluster_app.execution_records(self.directory)
-            if (tool is None or record["tool"] == tool)
-            and (run_id is None or record["run_id"] == run_id)
-        ]
-
-    async def wait_executions(
-        self, count: int, tool: str, run_id: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Wait until ``tool`` has at least ``count`` execution records."""
-        await poll_until(lambda: len(self.executions(tool, run_id)) >= count)
-        return self.executions(tool, run_id)
-
-    def owner_of_tag(self, tag: str) -> str:
-        """The node whose model last served the run tagged ``tag``."""
-        records = self.executions("model", tag)
-        assert records, f"no model call recorded for #{tag}"
-        return str(records[-1]["node"])
-
-    def output(self) -> str:
-        return "\n".join(node.output() for node in self.nodes.values())
+    async def stop(self) -> None:
+        """Graceful shutdown (hands the runs over) and wait for it."""
+        self.scope.cancel()
+        await self.stopped.wait()
 
 
 @asynccontextmanager
-async def open_cluster(
-    dsn: str | None,
-    nodes: int = 0,
+async def node(
+    nursery: trio.Nursery,
+    agents: Mapping[str, ta.Agent],
+    dsn: str,
+    node_id: str,
     *,
-    lease_ttl: float = 1.0,
-    max_runs: int | None = None,
-    extra_args: Sequence[str] = (),
-) -> AsyncIterator[Cluster]:
-    """Start ``nodes`` node processes on ``dsn`` (None: no cluster, see the module
-    doc); every node still running is killed when the block ends."""
-    with tempfile.TemporaryDirectory(prefix="trio-agents-cluster-") as directory:
-        os.chmod(directory, 0o755)
-        async with trio.open_nursery() as nursery:
-            cluster = Cluster(
-                dsn, Path(directory), nursery, lease_ttl, max_runs, extra_args=extra_args
-            )
-            try:
-                if nodes:
-                    await cluster.start_nodes(nodes)
-                yield cluster
-            finally:
-                with trio.CancelScope(shield=True):
-                    for node in cluster.nodes.values():
-                        if node.running:
-                            node.process.send_signal(signal.SIGKILL)
-                    for node in cluster.nodes.values():
-                        await node.process.wait()
-                    print(cluster.output())  # shown by pytest when the test failed
+    lease_ttl: float = 0.5,
+    max_runs: int = 100,
+) -> AsyncIterator[Node]:
+    """Serve one node in ``nursery`` until the block ends (or it is stopped)."""
+    cluster = PostgresCluster(dsn, node_id=node_id, lease_ttl=lease_ttl, max_runs=max_runs)
+    server = ControlServer(
+        agents,
+        auth=TOKENS,
+        cluster=cluster,
+        limits=Limits(ping_interval=None, shutdown_timeout=10.0),
+    )
+    scope = trio.CancelScope()
+    stopped = trio.Event()
 
-
-async def poll_until(condition: Callable[[], bool]) -> None:
-    """Wait (bounded by the caller's scope) until ``condition()`` holds: a fact another
-    process changes (a file, a database row), which no Trio event of ours can signal."""
-    while True:
-        if condition():
-            return
-        await trio.sleep(POLL)
-
-
-# -- what a client sees ------------------------------------------------------------------
-
-
-def assert_contiguous(seqs: Iterable[int], first: int = 1) -> None:
-    """``seqs`` are ``first, first+1, ...`` with no gap and no repeat."""
-    seen = list(seqs)
-    assert seen == list(range(first, first + len(seen))), seen
-
-
-async def events_until_terminal(
-    run: RemoteRun, from_seq: int, into: list[ta.RunEvent]
-) -> ta.RunUpdated:
-    """Append the run's events from ``from_seq`` to ``into`` until its terminal
-    update; return that update."""
-    async for event in run.events(from_seq):
-        into.append(event)
-        if isinstance(event, ta.RunUpdated) and event.status.is_terminal:
-            return event
-    raise AssertionError(f"{run.id}: the events ended without a terminal update")
-
-
-async def wait_status(
-    client: ControlClient,
-    run_id: str,
-    predicate: Callable[[Any], bool],
-) -> Any:
-    """Poll ``run.get`` on this node until the run's info satisfies ``predicate``
-    (a ``not_found`` while the cluster has not caught up counts as not yet)."""
-    run = client.attach(run_id)
-    while True:
+    async def serve(task_status: trio.TaskStatus[int]) -> None:
         try:
-            info = await run.get()
-        except ControlError as exc:
-            if exc.code != "not_found":
-                raise
-        else:
-            if predicate(info):
-                return info
-        await trio.sleep(POLL)
+            with scope:
+                await server.serve("127.0.0.1", 0, task_status=task_status)
+        finally:
+            stopped.set()
 
-
-def items_of(events: Iterable[ta.RunEvent]) -> list[ta.Item]:
-    """The conversation items the run's events carried, in order."""
-    return [event.item for event in events if isinstance(event, ta.RunItemEvent)]
+    port = await nursery.start(serve)
+    the_node = Node(server, cluster, f"ws://127.0.0.1:{port}/", scope, stopped)
+    try:
+        yield the_node
+    finally:
+        scope.cancel()
+        with trio.CancelScope(shield=True):
+            await stopped.wait()
 
 
 @attrs.define(eq=False)
-class Follower:
-    """A subscriber of one run that outlives nodes: it reads the run's events on one
-    node and, when that node's connection dies, reconnects to another live node with
-    ``from_seq`` = the last seq it saw + 1 (see :meth:`follow`)."""
+class Client:
+    """A raw JSON client: requests answered by id, events kept per run."""
 
-    cluster: Cluster
-    run_id: str
-    events: list[ta.RunEvent] = attrs.field(factory=list)
-    connections: list[tuple[str, int]] = attrs.field(factory=list)
-    """(node id, from_seq) of each connection it subscribed on."""
-    terminal: ta.RunUpdated | None = None
-    _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    ws: Any
+    answers: dict[Any, dict[str, Any]] = attrs.field(factory=dict)
+    events: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
+    changed: trio.Event = attrs.field(factory=trio.Event)
+    closed: bool = False
+    _next: int = 0
 
-    @property
-    def next_seq(self) -> int:
-        return self.events[-1].seq + 1 if self.events else 1
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
 
-    async def follow(self, first: str | Node) -> None:
-        """Follow until the terminal update (run it in a nursery)."""
-        node = self.cluster.node(first)
+    async def read(self) -> None:
         while True:
             try:
-                async with self.cluster.client(node) as client:
-                    self.connections.append((node.node_id, self.next_seq))
-                    async for event in client.attach(self.run_id).events(self.next_seq):
-                        self.events.append(event)
-                        self._lot.unpark_all()
-                        if isinstance(event, ta.RunUpdated) and event.status.is_terminal:
-                            self.terminal = event
-                            return
-            except ControlConnectionError:
-                pass
-            # The node died (or refused us while dying): go on elsewhere.
-            others = [n for n in self.cluster.alive() if n is not node]
-            if others:
-                node = others[0]
-                await trio.lowlevel.checkpoint()
-            else:  # no node at all for now: a test may start one
-                await trio.sleep(POLL)
+                message = await self.ws.get_message()
+            except ConnectionClosed:
+                self.closed = True
+                self._wake()
+                return
+            frame = json.loads(message)
+            if frame["type"] == "event":
+                self.events.setdefault(frame["run_id"], []).append(frame)
+            else:
+                self.answers[frame["id"]] = frame
+            self._wake()
 
-    async def wait_for(self, predicate: Callable[[ta.RunEvent], bool]) -> ta.RunEvent:
-        """Wait until an event (seen already or to come) satisfies ``predicate``."""
-        seen = 0
-        while True:
-            for event in self.events[seen:]:
-                if predicate(event):
-                    return event
-            seen = len(self.events)
-            if self.terminal is not None:
-                raise AssertionError(f"{self.run_id} ended without the awaited event")
-            await self._lot.park()
+    async def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send a request and return its answer (an ack or an error frame)."""
+        self._next += 1
+        request_id = f"r{self._next}"
+        await self.ws.send_message(json.dumps({"id": request_id, "op": op, **fields}))
+        with trio.fail_after(60):
+            while request_id not in self.answers:
+                await self.changed.wait()
+        return self.answers.pop(request_id)
 
-    def check(self) -> None:
-        """Every seq once, from 1 to the terminal update, nothing dropped."""
-        assert self.terminal is not None, f"{self.run_id}: not finished"
-        assert not [e for e in self.events if isinstance(e, ta.EventsDropped)], self.events
-        assert_contiguous(event.seq for event in self.events)
-        terminals = [
-            e for e in self.events if isinstance(e, ta.RunUpdated) and e.status.is_terminal
-        ]
-        assert terminals == [self.terminal], terminals
+    async def ok(self, op: str, **fields: Any) -> dict[str, Any]:
+        """A request that must be acked."""
+        answer = await self.request(op, **fields)
+        assert answer["type"] == "ack", answer
+        return answer
 
+    async def wait_event(self, run_id: str, predicate: Any, timeout: float = 60) -> dict[str, Any]:
+        """Wait for an event of ``run_id`` matching ``predicate(event_json)``."""
+        with trio.fail_after(timeout):
+            while True:
+                for frame in self.events.get(run_id, []):
+                    if predicate(frame["event"]):
+                        return frame
+                await self.changed.wait()
 
-def is_resumed(event: ta.RunEvent, attempt: int | None = None) -> bool:
-    """A ``running`` update of a resumed attempt (of ``attempt``, when given)."""
-    return (
-        isinstance(event, ta.RunUpdated)
-        and event.status is ta.RunStatus.RUNNING
-        and event.detail.get("resumed") is True
-        and (attempt is None or event.detail.get("attempt") == attempt)
-    )
+    async def wait_status(self, run_id: str, status: str) -> dict[str, Any]:
+        return await self.wait_event(
+            run_id, lambda e: e["type"] == "run.updated" and e["status"] == status
+        )
 
+    async def wait_terminal(self, run_id: str) -> dict[str, Any]:
+        return await self.wait_event(
+            run_id,
+            lambda e: e["type"] == "run.updated"
+            and e["status"] in ("completed", "failed", "cancelled"),
+        )
 
-def has_status(status: ta.RunStatus) -> Callable[[ta.RunEvent], bool]:
-    return lambda event: isinstance(event, ta.RunUpdated) and event.status is status
+    def seqs(self, run_id: str) -> list[int]:
+        return [frame["seq"] for frame in self.events.get(run_id, [])]
 
 
-async def replay(cluster: Cluster, node: str | Node, run_id: str) -> list[ta.RunEvent]:
-    """The run's whole persisted log, read from seq 1 on ``node``."""
-    events: list[ta.RunEvent] = []
-    async with cluster.client(node) as client:
-        await events_until_terminal(client.attach(run_id), 1, events)
-    return events
+@asynccontextmanager
+async def client(url: str, token: str = "tok-alice") -> AsyncIterator[Client]:
+    """A connected :class:`Client` (its reader runs for the block)."""
+    async with raw_client(url, token=token) as ws, trio.open_nursery() as nursery:
+        c = Client(ws)
+        nursery.start_soon(c.read)
+        try:
+            yield c
+        finally:
+            nursery.cancel_scope.cancel()
 
-
-def assert_same_events(seen: Sequence[ta.RunEvent], log: Sequence[ta.RunEvent]) -> None:
-    """Every event a subscriber saw is the log's event at that seq (a subscriber never
-    saw an event the cluster then lost or rewrote)."""
-    by_seq = {event.seq: event.to_json() for event in log}
-    for event in seen:
-        assert by_seq.get(event.seq) == event.to_json(), (event, by_seq.get(event.seq))

@@ -2,7 +2,7 @@
 run's owner mid-tool, mid-stream and while awaiting approval; SIGTERM hand-over;
 PostgreSQL restarted under load; a Hypothesis schedule of ops and node kills.
 
-Every node is a real ``trio-agents serve --cluster`` process (tests/cluster_support.py)
+Every node is a real ``trio-agents serve --cluster`` process (tests/process_cluster.py)
 on the suite's real PostgreSQL; the agents are tests/cluster_app.py's, whose tools
 write each execution to a file before blocking on a gate the test opens. Waits are on
 observable facts (an event, an execution record), each bounded by ``trio.fail_after``
@@ -21,7 +21,7 @@ import trio
 import trio_agents as ta
 from trio_agents.control import ControlError
 
-from .cluster_support import (
+from .process_cluster import (
     Cluster,
     Follower,
     Node,

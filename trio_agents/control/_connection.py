@@ -52,6 +52,7 @@ class Connection:
         self.principal = principal
         self.limits = registry.limits
         self.subscriptions: dict[str, trio.CancelScope] = {}
+        self._remote: set[str] = set()  # subscriptions followed from a cluster's log
         self.owned: set[RunEntry] = set()
         self._out_send, self._out_receive = trio.open_memory_channel[str | None](
             self.limits.outbound_queue_size
@@ -66,6 +67,10 @@ class Connection:
         """Stop reading requests; the connection then flushes and closes with 1001."""
         self._shutting_down = True
         self._reader_scope.cancel()
+        # A cluster's node hands its runs over: subscriptions end where this node's
+        # part of them does (the client re-subscribes elsewhere from the next seq).
+        for run_id in list(self._remote):
+            self.unsubscribe(run_id)
 
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -186,11 +191,36 @@ class Connection:
 
     def unsubscribe(self, run_id: str) -> bool:
         scope = self.subscriptions.pop(run_id, None)
+        self._remote.discard(run_id)
         if scope is None:
             return False
         scope.cancel()
         self._subscriptions_changed.set()
         return True
+
+    def subscribe_remote(self, run_id: str, from_seq: int | None, mode: str) -> None:
+        """Follow a run of another node (a cluster) from its persisted event log."""
+        self.unsubscribe(run_id)
+        scope = trio.CancelScope()
+        self.subscriptions[run_id] = scope
+        self._remote.add(run_id)
+        self.start_soon(self._follow, run_id, from_seq, mode, scope)
+
+    async def _follow(
+        self, run_id: str, from_seq: int | None, mode: str, scope: trio.CancelScope
+    ) -> None:
+        cluster = self.registry.cluster
+        assert cluster is not None
+        try:
+            with scope:
+                await cluster.follow(run_id, from_seq, mode, self.send)
+        except Exception:
+            logger.exception("following the events of %s failed", run_id)
+        finally:
+            if self.subscriptions.get(run_id) is scope:
+                del self.subscriptions[run_id]
+                self._remote.discard(run_id)
+            self._subscriptions_changed.set()
 
     async def _forward(
         self, entry: RunEntry, from_seq: int | None, mode: str, scope: trio.CancelScope
@@ -198,7 +228,11 @@ class Connection:
         assert entry.run is not None
         try:
             with scope:
+                fence = entry.fence
                 async for event in entry.run.events(from_seq):
+                    if fence is not None and fence.closed:
+                        if fence.fence_seq is None or event.seq > fence.fence_seq:
+                            break  # not this node's: the run goes on elsewhere
                     if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
                         continue
                     await self.send(event_frame(event))

@@ -3,13 +3,16 @@ or raising :class:`ProtocolError` (sent back as an ``error`` frame)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from .. import InboxFullError, Run, RunClosedError, UnknownCallError
-from ._protocol import ProtocolError, ack_frame, error_frame
-from ._registry import RunEntry
+from ._protocol import ProtocolError, RunInfo, ack_frame, error_frame
+from ._registry import Registry, RunEntry
 from ._requests import (
     Request,
     RunApprove,
@@ -23,13 +26,14 @@ from ._requests import (
     RunUnsubscribe,
     RunWithdraw,
     SessionCancel,
+    parse_request,
 )
 from ._sessions import items_bytes
 
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ["serve_request"]
+__all__ = ["apply_local", "execute_routed", "serve_request", "wire"]
 
 logger = logging.getLogger("trio_agents.control")
 
@@ -57,6 +61,43 @@ def _live(entry: RunEntry) -> Run:
     return run
 
 
+def _here(conn: Connection, run_id: str) -> RunEntry | None:
+    """The run, if this node serves it (always, without a cluster: lookups then answer
+    ``not_found``); with a cluster, None when another node does."""
+    registry = conn.registry
+    if registry.cluster is None:
+        return _entry(conn, run_id)
+    entry = registry.runs.get(run_id)
+    if entry is None or entry.principal != conn.principal or entry.run is None:
+        return None
+    fence = entry.fence
+    if fence is not None and fence.closed and entry.run.status.is_terminal:
+        return None  # this node's attempt ended; the run went on elsewhere
+    return entry
+
+
+async def _row(conn: Connection, run_id: str) -> dict[str, Any]:
+    cluster = conn.registry.cluster
+    assert cluster is not None
+    row = await cluster.owner_of(conn.principal, run_id)
+    if row is None:
+        raise ProtocolError("not_found", f"no run {run_id!r}")
+    return row
+
+
+def wire(request: Request) -> dict[str, Any]:
+    """A request as its wire JSON (to route it to another node)."""
+    data: dict[str, Any] = {"id": 0, "op": request.op}
+    for field in attrs.fields(type(request)):
+        if field.name == "id":
+            continue
+        value = getattr(request, field.name)
+        if isinstance(value, tuple):
+            value = [item.to_json() for item in value]
+        data[field.name] = value
+    return data
+
+
 async def run_start(conn: Connection, request: RunStart) -> None:
     registry = conn.registry
     if request.agent not in registry.agents:
@@ -65,6 +106,14 @@ async def run_start(conn: Connection, request: RunStart) -> None:
     if request.subscribe is not None:
         conn.check_subscription_room(None)
     registry.take_start_token(conn.principal)
+    cluster = registry.cluster
+    placed = None if cluster is None else await cluster.place(conn.principal, wire(request))
+    if placed is not None:  # started on another node (this one is full)
+        run_id = str(placed["run_id"])
+        await conn.send(ack_frame(request.id, run_id=run_id))
+        if request.subscribe is not None and conn.room_for_subscription(run_id):
+            conn.subscribe_remote(run_id, 1, request.subscribe)
+        return
     entry = await registry.start_run(
         conn.principal,
         conn,
@@ -80,36 +129,36 @@ async def run_start(conn: Connection, request: RunStart) -> None:
         conn.subscribe(entry, 1, request.subscribe)
 
 
-async def run_cancel(conn: Connection, request: RunCancel) -> None:
-    _live(_entry(conn, request.run_id)).cancel(request.reason, mode=request.mode)
-    await conn.send(ack_frame(request.id))
-
-
-async def run_inject(conn: Connection, request: RunInject) -> None:
-    entry = _entry(conn, request.run_id)
+async def apply_local(registry: Registry, principal: str, request: Request) -> dict[str, Any]:
+    """Answer a cancel, inject, withdraw, approve or reject for a run of this node;
+    returns the ack's fields. Also what a cluster node runs for ops routed to it."""
+    assert isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject)
+    entry = registry.lookup(principal, request.run_id)
     run = _live(entry)
-    size = items_bytes(request.items)
-    conn.registry.check_inject(entry, size)
-    try:
-        injection_id = run.inject(request.items, when=request.when)
-    except RunClosedError:
-        raise ProtocolError("run_closed", f"run {entry.run_id} is closed") from None
-    except InboxFullError as exc:
-        raise ProtocolError("inbox_full", str(exc)) from None
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError("invalid_request", str(exc)) from None
-    entry.injected_bytes += size
-    await conn.send(ack_frame(request.id, injection_id=injection_id))
-
-
-async def run_withdraw(conn: Connection, request: RunWithdraw) -> None:
-    withdrawn = _live(_entry(conn, request.run_id)).withdraw(request.injection_id)
-    await conn.send(ack_frame(request.id, withdrawn=withdrawn))
-
-
-async def _decide(conn: Connection, request: RunApprove | RunReject) -> None:
-    entry = _entry(conn, request.run_id)
-    run = _live(entry)
+    cluster = registry.cluster
+    if isinstance(request, RunCancel):
+        run.cancel(request.reason, mode=request.mode)
+        return {}
+    if isinstance(request, RunWithdraw):
+        withdrawn = run.withdraw(request.injection_id)
+        if withdrawn and cluster is not None:
+            await cluster.record_withdrawal(entry.run_id, request.injection_id)
+        return {"withdrawn": withdrawn}
+    if isinstance(request, RunInject):
+        size = items_bytes(request.items)
+        registry.check_inject(entry, size)
+        try:
+            injection_id = run.inject(request.items, when=request.when)
+        except RunClosedError:
+            raise ProtocolError("run_closed", f"run {entry.run_id} is closed") from None
+        except InboxFullError as exc:
+            raise ProtocolError("inbox_full", str(exc)) from None
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError("invalid_request", str(exc)) from None
+        entry.injected_bytes += size
+        if cluster is not None:  # acked once durable: a takeover injects it again
+            await cluster.injection_persisted(entry.run_id, str(injection_id))
+        return {"injection_id": injection_id}
     try:
         if isinstance(request, RunApprove):
             run.approve(request.call_id)
@@ -119,32 +168,95 @@ async def _decide(conn: Connection, request: RunApprove | RunReject) -> None:
         raise ProtocolError("run_closed", f"run {entry.run_id} is closed") from None
     except UnknownCallError as exc:
         raise ProtocolError("not_found", str(exc)) from None
-    await conn.send(ack_frame(request.id))
+    return {}
+
+
+async def _control(
+    conn: Connection, request: RunCancel | RunInject | RunWithdraw | RunApprove | RunReject
+) -> None:
+    registry = conn.registry
+    if registry.cluster is None or _here(conn, request.run_id) is not None:
+        data = await apply_local(registry, conn.principal, request)
+    else:
+        row = await _row(conn, request.run_id)
+        if row["finished"]:
+            raise ProtocolError("run_closed", f"run {request.run_id} is closed")
+        data = await registry.cluster.route(conn.principal, wire(request), row)
+    await conn.send(ack_frame(request.id, **data))
 
 
 async def run_subscribe(conn: Connection, request: RunSubscribe) -> None:
-    entry = _entry(conn, request.run_id)
-    conn.check_subscription_room(entry.run_id)
+    entry = _here(conn, request.run_id)
+    from_seq = request.from_seq if request.from_seq is not None else 1
+    if entry is not None and from_seq >= entry.first_seq:
+        conn.check_subscription_room(entry.run_id)
+        await conn.send(ack_frame(request.id))
+        conn.subscribe(entry, request.from_seq, request.events)
+        return
+    await _row(conn, request.run_id)
+    conn.check_subscription_room(request.run_id)
     await conn.send(ack_frame(request.id))
-    conn.subscribe(entry, request.from_seq, request.events)
+    conn.subscribe_remote(request.run_id, request.from_seq, request.events)
 
 
 async def run_unsubscribe(conn: Connection, request: RunUnsubscribe) -> None:
-    entry = _entry(conn, request.run_id)
-    await conn.send(ack_frame(request.id, unsubscribed=conn.unsubscribe(entry.run_id)))
+    if conn.registry.cluster is None or _here(conn, request.run_id) is not None:
+        entry = _entry(conn, request.run_id)
+        await conn.send(ack_frame(request.id, unsubscribed=conn.unsubscribe(entry.run_id)))
+        return
+    if request.run_id not in conn.subscriptions:
+        await _row(conn, request.run_id)
+    await conn.send(ack_frame(request.id, unsubscribed=conn.unsubscribe(request.run_id)))
+
+
+def _info(row: dict[str, Any]) -> dict[str, Any]:
+    return RunInfo.from_json(row).to_json()
 
 
 async def run_get(conn: Connection, request: RunGet) -> None:
-    entry = _entry(conn, request.run_id)
-    await conn.send(ack_frame(request.id, run=entry.info().to_json()))
+    entry = _here(conn, request.run_id)
+    if entry is not None:
+        await conn.send(ack_frame(request.id, run=entry.info().to_json()))
+        return
+    row = await _row(conn, request.run_id)
+    await conn.send(ack_frame(request.id, run=_info(row)))
 
 
 async def runs_list(conn: Connection, request: RunsList) -> None:
-    runs = [entry.info().to_json() for entry in conn.registry.runs_of(conn.principal)]
+    registry = conn.registry
+    if registry.cluster is None:
+        runs = [entry.info().to_json() for entry in registry.runs_of(conn.principal)]
+    else:
+        rows = await registry.cluster.list_runs(conn.principal, registry.limits.retain_finished)
+        runs = []
+        for row in rows:
+            entry = _here(conn, row["run_id"])
+            runs.append(entry.info().to_json() if entry is not None else _info(row))
     await conn.send(ack_frame(request.id, runs=runs))
 
 
 async def session_cancel(conn: Connection, request: SessionCancel) -> None:
+    cluster = conn.registry.cluster
+    if cluster is not None:
+        row = await cluster.session_holder(conn.principal, request.session_id)
+        if row is None:
+            raise ProtocolError(
+                "no_active_run", f"session {request.session_id!r} has no active run"
+            )
+        cancel = RunCancel(id=0, run_id=row["run_id"], reason=request.reason, mode=request.mode)
+        try:
+            if _here(conn, row["run_id"]) is not None:
+                await apply_local(conn.registry, conn.principal, cancel)
+            else:
+                await cluster.route(conn.principal, wire(cancel), row)
+        except ProtocolError as exc:
+            if exc.code != "run_closed":
+                raise
+            raise ProtocolError(
+                "no_active_run", f"session {request.session_id!r} has no active run"
+            ) from None
+        await conn.send(ack_frame(request.id, run_id=row["run_id"]))
+        return
     entry = conn.registry.session_holder(conn.principal, request.session_id)
     if entry is None or entry.run is None or entry.run.status.is_terminal:
         raise ProtocolError("no_active_run", f"session {request.session_id!r} has no active run")
@@ -152,13 +264,40 @@ async def session_cancel(conn: Connection, request: SessionCancel) -> None:
     await conn.send(ack_frame(request.id, run_id=entry.run_id))
 
 
+async def execute_routed(registry: Registry, principal: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Answer an op another node routed here (its wire JSON); returns the ack's fields.
+
+    A ``run.start`` was placed here by a full node: it starts here, with no connection
+    of this node as its owner (its ``on_disconnect`` does not apply)."""
+    request = parse_request(json.dumps(data))
+    cluster = registry.cluster
+    assert cluster is not None
+    if isinstance(request, RunStart):
+        registry.check_room(principal)
+        entry = await registry.start_run(
+            principal,
+            None,
+            request.agent,
+            request.input,
+            input_bytes=items_bytes(request.input),
+            session_id=request.session_id,
+            on_disconnect="continue",
+            on_busy=request.on_busy,
+        )
+        return {"run_id": entry.run_id}
+    if isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject):
+        await cluster.wait_resumed(request.run_id)
+        return await apply_local(registry, principal, request)
+    raise ProtocolError("invalid_request", f"{request.op} is not routed")
+
+
 _OPS: dict[type, Callable[[Connection, Any], Awaitable[None]]] = {
     RunStart: run_start,
-    RunCancel: run_cancel,
-    RunInject: run_inject,
-    RunWithdraw: run_withdraw,
-    RunApprove: _decide,
-    RunReject: _decide,
+    RunCancel: _control,
+    RunInject: _control,
+    RunWithdraw: _control,
+    RunApprove: _control,
+    RunReject: _control,
     RunSubscribe: run_subscribe,
     RunUnsubscribe: run_unsubscribe,
     RunGet: run_get,

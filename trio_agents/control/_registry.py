@@ -14,7 +14,7 @@ import logging
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, cast, final
+from typing import TYPE_CHECKING, Any, Protocol, cast, final
 
 import attrs
 import trio
@@ -23,6 +23,11 @@ from .. import Agent, Item, Run, SessionBusyError, serve_run
 from ..sessions import Session
 from ._protocol import Limits, ProtocolError, RunInfo
 from ._sessions import MemorySessions, MeteredSession, ScopedSession, SessionFactory
+
+if TYPE_CHECKING:
+    from .._resume import Resume
+    from ..cluster._cluster import PostgresCluster
+    from ..cluster._takeover import Claimed
 
 __all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry"]
 
@@ -77,6 +82,8 @@ class RunEntry:
     done: trio.Event = attrs.field(factory=trio.Event)
     host_scope: trio.CancelScope = attrs.field(factory=lambda: trio.CancelScope(shield=True))
     memory: MeteredSession | None = None
+    fence: Any = None  # a cluster's Fence: events past it are not this node's to send
+    first_seq: int = 1  # a resumed run's first event here (earlier ones: the cluster's log)
 
     @property
     def bytes(self) -> int:
@@ -140,6 +147,7 @@ class Registry:
         self.limits = limits
         self.session_factory = session_factory
         self.run_options = run_options
+        self.cluster: PostgresCluster | None = None
         self.runs: dict[str, RunEntry] = {}
         self.active_count = 0
         self.closing = False
@@ -243,7 +251,7 @@ class Registry:
     async def start_run(
         self,
         principal: str,
-        owner: Owner,
+        owner: Owner | None,
         agent_name: str,
         items: tuple[Item, ...],
         *,
@@ -256,13 +264,31 @@ class Registry:
 
         The session's busy policy is the core's ``on_busy``: a busy session with
         ``"reject"`` answers ``session_busy``; ``"interrupt"``/``"enqueue"`` start the
-        run ``queued`` behind the session's active run.
+        run ``queued`` behind the session's active run. With a cluster, the session is
+        claimed cluster-wide first (``trio_agents.cluster._claims``).
         """
         assert self.nursery is not None
         state = self._principal(principal)
         memory: MeteredSession | None = None
         session: Session | None = None
-        if session_id is not None:
+        run_id = f"run_{uuid.uuid4().hex}"
+        extra: dict[str, Any] = {}
+        fence: Any = None
+        cluster = self.cluster
+        if cluster is not None:
+            await cluster.claim(
+                run_id=run_id,
+                principal=principal,
+                session_id=session_id,
+                agent=agent_name,
+                on_busy=on_busy,
+                cancel_holder=lambda holder, node: self.supersede(principal, holder, node),
+            )
+            cluster_session = cluster.session(principal, session_id, run_id)
+            session, fence = cluster_session, cluster_session.fence
+            extra["before_tool"] = cluster.before_tool(run_id, 1, fence)
+            on_busy = "reject"  # claimed already; the core's claim is per node
+        elif session_id is not None:
             if self.session_factory is None:
                 memory = state.sessions.acquire(session_id)
                 if memory is None:
@@ -275,7 +301,7 @@ class Registry:
             else:
                 session = ScopedSession(self.session_factory(principal, session_id), principal)
         entry = RunEntry(
-            run_id=f"run_{uuid.uuid4().hex}",
+            run_id=run_id,
             principal=principal,
             agent=agent_name,
             session_id=session_id,
@@ -283,15 +309,12 @@ class Registry:
             owner=owner,
             input_bytes=input_bytes,
             memory=memory,
+            fence=fence,
         )
-        self.runs[entry.run_id] = entry
-        state.runs[entry.run_id] = entry
-        state.active.add(entry)
-        self.active_count += 1
-        owner.owned.add(entry)
+        self._register(entry, state)
         try:
             entry.run = await self.nursery.start(
-                self._run_task, entry, self.agents[agent_name], items, session, on_busy
+                self._run_task, entry, self.agents[agent_name], items, session, on_busy, extra
             )
         except SessionBusyError:
             raise ProtocolError(
@@ -302,7 +325,71 @@ class Registry:
         finally:
             if entry.run is None:
                 self._end(entry, retain=False)
+                if cluster is not None:
+                    await cluster.forget(run_id)
+        if cluster is not None:
+            cluster.track(entry.run, run_id, 1, 1, fence)
         return entry
+
+    def _register(self, entry: RunEntry, state: _Principal) -> None:
+        self.runs[entry.run_id] = entry
+        state.runs[entry.run_id] = entry
+        state.active.add(entry)
+        self.active_count += 1
+        if entry.owner is not None:
+            entry.owner.owned.add(entry)
+
+    async def resume_run(self, claimed: Claimed, resume: Resume) -> RunEntry:
+        """Continue a run this node took over (a cluster's takeover)."""
+        assert self.nursery is not None and self.cluster is not None
+        cluster = self.cluster
+        state = self._principal(claimed.principal)
+        session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
+        entry = RunEntry(
+            run_id=claimed.run_id,
+            principal=claimed.principal,
+            agent=claimed.agent,
+            session_id=claimed.session_id,
+            on_disconnect="continue",
+            owner=None,
+            input_bytes=0,
+            fence=session.fence,
+            first_seq=resume.next_seq,
+        )
+        old = self.runs.get(entry.run_id)
+        if old is not None:  # a run this node ran before (it had lost its lease)
+            self.runs.pop(entry.run_id)
+            state.runs.pop(entry.run_id, None)
+            if state.finished.pop(entry.run_id, None) is not None:
+                state.retained_bytes -= old.bytes
+        self._register(entry, state)
+        extra = {
+            "resume": resume,
+            "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
+        }
+        try:
+            entry.run = await self.nursery.start(
+                self._run_task, entry, self.agents[claimed.agent], (), session, "reject", extra
+            )
+        finally:
+            if entry.run is None:
+                self._end(entry, retain=False)
+        cluster.track(entry.run, entry.run_id, resume.attempt, resume.next_seq, session.fence)
+        return entry
+
+    async def supersede(self, principal: str, run_id: str, node: str | None) -> None:
+        """``on_busy="interrupt"`` in a cluster: cancel the session's holder, wherever
+        it runs (reason ``"superseded"``); errors are ignored (it may have ended)."""
+        entry = self.runs.get(run_id)
+        if entry is not None and entry.run is not None:
+            entry.run.cancel("superseded")
+            return
+        assert self.cluster is not None
+        request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
+        try:
+            await self.cluster.route(principal, request, {"run_id": run_id, "owner": node})
+        except ProtocolError:
+            pass
 
     async def _run_task(
         self,
@@ -311,6 +398,7 @@ class Registry:
         items: tuple[Item, ...],
         session: Session | None,
         on_busy: str,
+        extra: dict[str, Any],
         *,
         task_status: trio.TaskStatus[Run],
     ) -> None:
@@ -326,12 +414,14 @@ class Registry:
                     task_status=cast(trio.TaskStatus[Run], _Started(entry, task_status)),
                     on_busy=on_busy,
                     **self.run_options,
+                    **extra,
                 )
         finally:
             if entry.run is not None:
                 self._end(entry, retain=True)
             aclose = getattr(session, "aclose", None)
-            if self.session_factory is not None and aclose is not None:
+            owned = self.session_factory is not None or self.cluster is not None
+            if owned and aclose is not None:
                 with trio.move_on_after(5.0, shield=True):
                     try:
                         await aclose()

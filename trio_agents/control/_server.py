@@ -23,7 +23,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn, final
+from typing import TYPE_CHECKING, Any, NoReturn, final
 
 import attrs
 import trio
@@ -37,6 +37,9 @@ from ._protocol import SUBPROTOCOL, Limits
 from ._registry import PrincipalStatistics, Registry
 from ._sessions import SessionFactory, sqlite_sessions
 from ._stream import GuardedStream
+
+if TYPE_CHECKING:
+    from ..cluster import PostgresCluster
 
 __all__ = [
     "Auth",
@@ -88,6 +91,11 @@ class ControlServer:
             — is allowed).
         run_options: options passed to every :func:`~trio_agents.serve_run`
             (``cleanup_timeout``, ``event_retention``, ``inbox_capacity``, ...).
+        cluster: a :class:`~trio_agents.cluster.PostgresCluster`: this server is one
+            node of a cluster that acts as one server (any node answers for every run
+            of its principal; runs survive the node). ``sessions`` must then be None:
+            sessions are PostgreSQL sessions in the cluster's database. Shutting the
+            server down hands its runs over to other nodes instead of cancelling them.
 
     Serve with ``port = await nursery.start(server.serve, host, port)`` or
     :func:`open_control_server`. Cancelling the scope around :meth:`serve` shuts the
@@ -103,7 +111,17 @@ class ControlServer:
         limits: Limits | None = None,
         allowed_origins: Sequence[str] | None = None,
         run_options: Mapping[str, Any] | None = None,
+        cluster: PostgresCluster | None = None,
     ) -> None:
+        if cluster is not None:
+            from ..cluster import PostgresCluster
+
+            if not isinstance(cluster, PostgresCluster):
+                raise TypeError("cluster must be a PostgresCluster")
+            if sessions is not None:
+                raise ValueError(
+                    "with a cluster, sessions must be None (they live in the cluster's database)"
+                )
         for name, agent in agents.items():
             if not isinstance(name, str) or not isinstance(agent, Agent):
                 raise TypeError("agents must map names (str) to Agent objects")
@@ -126,6 +144,8 @@ class ControlServer:
         else:
             raise TypeError("sessions must be None, a path or a callable")
         self._registry = Registry(dict(agents), limits, session_factory, dict(run_options or {}))
+        self._registry.cluster = cluster
+        self._cluster = cluster
 
         self.port: int | None = None
         self._serving = False
@@ -134,6 +154,11 @@ class ControlServer:
         self._connections_scope = trio.CancelScope(shield=True)
         self._connections_done = trio.Event()
         self.shutdown_deadline = float("inf")
+
+    @property
+    def cluster(self) -> PostgresCluster | None:
+        """The cluster this server is a node of, if any."""
+        return self._cluster
 
     @property
     def limits(self) -> Limits:
@@ -180,6 +205,9 @@ class ControlServer:
         try:
             async with trio.open_nursery() as nursery:
                 self._registry.nursery = nursery
+                cluster_scope = trio.CancelScope()
+                if self._cluster is not None:
+                    await nursery.start(self._serve_cluster, cluster_scope)
                 reaper_scope = trio.CancelScope()
                 nursery.start_soon(self._reaper, reaper_scope)
                 nursery.start_soon(self._serve_connections, listeners)
@@ -190,11 +218,27 @@ class ControlServer:
                     with trio.CancelScope(shield=True):
                         await self._shutdown()
                     reaper_scope.cancel()
+                    cluster_scope.cancel()
         except BaseExceptionGroup as group:
             if only_cancelled(group):
                 raise first_leaf(group) from None
             raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _serve_cluster(
+        self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        from ._ops import execute_routed
+
+        cluster = self._cluster
+        assert cluster is not None
+        registry = self._registry
+
+        async def execute(principal: str, data: dict[str, Any]) -> dict[str, Any]:
+            return await execute_routed(registry, principal, data)
+
+        with scope:
+            await cluster.serve_node(registry, execute, task_status=task_status)
 
     async def _reaper(self, scope: trio.CancelScope) -> None:
         with scope:
@@ -220,9 +264,19 @@ class ControlServer:
         self.shutdown_deadline = trio.current_time() + registry.limits.shutdown_timeout
         self._accept_scope.cancel()
         entries = list(registry.runs.values())
-        for entry in entries:
-            if entry.run is not None and not entry.done.is_set():
-                entry.run.cancel("server shutdown")
+
+        async def cancel_runs() -> None:
+            for entry in entries:
+                if entry.run is not None and not entry.done.is_set():
+                    entry.run.cancel("server shutdown")
+
+        cluster = self._cluster
+        if cluster is not None and not cluster.dead:
+            # Hand the runs over: fenced first, so their cancellation here persists
+            # nothing, then released to the other nodes at once.
+            with trio.move_on_at(self.shutdown_deadline):
+                await cluster.hand_over(cancel_runs)
+        await cancel_runs()
         for connection in list(self._connections):
             connection.begin_shutdown()
         with trio.move_on_at(self.shutdown_deadline):
@@ -293,6 +347,7 @@ async def open_control_server(
     limits: Limits | None = None,
     allowed_origins: Sequence[str] | None = None,
     run_options: Mapping[str, Any] | None = None,
+    cluster: PostgresCluster | None = None,
 ) -> AsyncIterator[ControlServer]:
     """Serve a :class:`ControlServer` for the duration of the block (loopback, a free
     port by default; ``server.port`` is the bound port).
@@ -307,6 +362,7 @@ async def open_control_server(
         limits=limits,
         allowed_origins=allowed_origins,
         run_options=run_options,
+        cluster=cluster,
     )
     body_error: BaseException | None = None
     try:

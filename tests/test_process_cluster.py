@@ -1,4 +1,4 @@
-"""The cluster tests' own infrastructure (tests/cluster_support.py, tests/cluster_app.py,
+"""The cluster tests' own infrastructure (tests/process_cluster.py, tests/cluster_app.py,
 ``PostgresServer.restart``), on plain single-process nodes: it must work before the
 cluster runtime is there, and it must not be why a cluster test fails."""
 
@@ -11,7 +11,7 @@ import trio
 import trio_agents as ta
 from trio_agents.control import ControlConnectionError
 
-from .cluster_support import events_until_terminal, items_of, open_cluster
+from .process_cluster import events_until_terminal, items_of, open_cluster
 from .pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
 
 

@@ -1,0 +1,81 @@
+"""Many control-server processes on one PostgreSQL database, acting as one server.
+
+Needs the ``postgres`` extra (``pip install 'trio-agents[postgres]'``). Usage::
+
+    cluster = PostgresCluster("postgresql://app@db/agents", node_id="node-a")
+    server = ControlServer(agents, auth=tokens, cluster=cluster)
+
+or ``trio-agents serve --cluster DSN [--node-id ID] [--lease-ttl S] [--max-runs N]``.
+Every node serves the same agents; clients may connect to any node (behind any load
+balancer) and see every run of their principal.
+
+Tables (component ``cluster`` of ``trio_agents_schema``, schema version 1, created or
+migrated by the library under an advisory lock, next to the session tables of
+:class:`~trio_agents.sessions.PostgresSession`, which hold every run's conversation
+under the session id ``json.dumps([principal, session_id])`` — or
+``[principal, "run:<run_id>"]`` for a run started without a session)::
+
+    trio_agents_nodes(node_id PK, lease_expires_at, max_runs, running, draining, updated_at)
+        one row per live node; its heartbeat every lease_ttl/3 renews it
+    trio_agents_runs(run_id PK, principal, session_id, session_key,
+                     active_key UNIQUE WHERE NOT NULL,  -- = session_key while the run
+                                                        -- holds its session
+                     agent, options, status, reason, turn, pending (JSON list of call ids),
+                     finished, owner (node_id), released, lease_expires_at, attempt,
+                     last_seq, created_at, updated_at)
+    trio_agents_events(run_id, seq, type, data (the event's to_json(), JSON text),
+                       PRIMARY KEY (run_id, seq))
+    trio_agents_tool_starts(run_id, call_id, attempt, started_at, PK (run_id, call_id))
+        written by the before_tool barrier before a tool executes
+    trio_agents_withdrawals(run_id, injection_id, PK (run_id, injection_id))
+    trio_agents_commands(command_id BIGSERIAL PK, run_id, target_node, origin_node,
+                         principal, op, args (the request's wire JSON), reply (JSON), created_at)
+
+Channel: one, ``trio_agents_cluster``; payloads are JSON objects with a kind ``k``:
+``{"k": "run", "r": run_id, "s": last_seq}`` (a run's events up to ``s`` are persisted;
+subscribers on other nodes read them), ``{"k": "cmd", "n": node}`` (commands wait for
+``node``), ``{"k": "reply", "n": node, "c": command_id}`` (a command of ``node`` was
+answered), ``{"k": "scan"}`` (a node released its runs: take them over now).
+
+What holds (DESIGN §12):
+
+- Every event of a run is persisted in order by a writer task of its node, in batches
+  flushed at least every 100 ms and at once at every ``run.item``, ``run.updated`` and
+  ``inbox.injected``; nothing in a run's own loop waits for the database (except the
+  ``before_tool`` barrier: one insert before each tool call executes). ``run.inject`` is
+  acked once its ``inbox.injected`` event is persisted.
+- Any node answers for any run of its principal: ``run.get`` and ``runs.list`` read
+  the runs table (a node's own runs from memory); ``run.subscribe`` on a node that
+  does not run it replays the events table from ``from_seq`` and follows by NOTIFY; the
+  other ops are routed to the owner through the commands table and its own answer comes
+  back. An op for a run whose owner died waits until the run is taken over and is
+  answered by the new owner, or answers ``internal`` ("retry") after 30 s.
+- One active run per session across the cluster (``active_key``); ``on_busy`` holds
+  cluster-wide. A ``run.start`` that waits (``enqueue``/``interrupt``) is acked once
+  it holds the session.
+- A node runs at most ``max_runs`` runs; a ``run.start`` on a full node is started on
+  the least loaded node with room (``limit_exceeded`` when every node is full).
+- Leases: a node that stops heartbeating for ``lease_ttl`` loses its runs: another
+  node claims each one (``attempt + 1``) and resumes it from its session
+  (:class:`trio_agents.Resume`): a call whose tool had started (``tool_starts``) and
+  has no result gets ``interrupted`` unless its tool is ``idempotent=True``, which
+  runs again; injections acked but not delivered are injected again (with new ids).
+  A node shut down gracefully (SIGTERM, or the scope around ``serve()`` cancelled)
+  hands its runs over at once: it stops them without persisting anything more and
+  releases them. Its subscribers' streams end without a terminal event; they
+  re-subscribe on another node from the next seq.
+- Reconnection: every part retries with backoff when PostgreSQL is unreachable; the
+  LISTEN connection reconnects and every waiter re-reads the tables (NOTIFY is lost
+  while disconnected).
+
+Not exactly-once: a tool not declared idempotent runs at most once (it may be
+interrupted); an idempotent one at least once. Events a node emitted but had not yet
+persisted when it died are lost (the seqs are reused by the next attempt); a subscriber
+on the owner node sees live events before they are persisted, so exact replay across a
+crash holds for the persisted log (subscribers on other nodes).
+"""
+
+from ._cluster import ClusterStatistics as ClusterStatistics
+from ._cluster import PostgresCluster as PostgresCluster
+
+__all__ = ["ClusterStatistics", "PostgresCluster"]

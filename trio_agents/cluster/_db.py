@@ -1,0 +1,114 @@
+"""The cluster's database access: PostgresSession's pool, timeouts and schema machinery.
+
+Every call runs psycopg's sync API in a worker thread on a connection of the pool that
+:class:`~trio_agents.sessions.PostgresSession` shares per DSN and size (its
+``_acquire_pool``), waiting for a thread slot in Trio (the pool's
+:class:`trio.CapacityLimiter`), inside one transaction whose ``lock_timeout`` and
+``statement_timeout`` are capped by the caller's Trio deadline. A call is not abandoned
+once its thread started (a write must not run on unsupervised); it is bounded instead.
+
+The tables are checked (created, migrated) by the first call: the ``sessions``
+component first (PostgresSession's own ``_prepare``), then the ``cluster`` component
+(``_schema.py``), under the same advisory lock and ``trio_agents_schema`` table.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, final
+
+import psycopg
+import trio
+
+from ..sessions._postgres import (
+    PostgresSession,
+    _acquire_pool,
+    _milliseconds,
+    _Pool,
+    _pool_limiter,
+    _release_pool,
+)
+from ._schema import prepare_cluster_schema
+
+__all__ = ["ClusterDown", "Conn", "Database"]
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+
+
+class ClusterDown(Exception):
+    """The database could not be reached or a statement failed (the node retries)."""
+
+
+@final
+class Database:
+    """Calls on the cluster's database (see the module docstring)."""
+
+    def __init__(self, dsn: str, *, size: int = 10) -> None:
+        self.dsn = dsn
+        self._key = (dsn, size)
+        self._shared: _Pool | None = None
+        self._lock = threading.Lock()
+        self._schema_ready = False
+        self.statement_timeout = 10.0
+        self.lock_timeout = 5.0
+        self.dead = False  # a "crashed" node (tests): every call fails at once
+        self.statements = 0
+
+    def _pool(self) -> _Pool:
+        with self._lock:
+            if self._shared is None:
+                self._shared = _acquire_pool(self._key)
+            return self._shared
+
+    def close(self) -> None:
+        """Give the pool back (blocking; call from a thread)."""
+        with self._lock:
+            shared, self._shared = self._shared, None
+        if shared is not None:
+            _release_pool(shared)
+
+    async def aclose(self) -> None:
+        """Give the pool back (shielded)."""
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.close)
+
+    async def call(self, fn: Callable[[Conn], T]) -> T:
+        """Run ``fn(conn)`` in one transaction in a worker thread (see the module
+        docstring). Raises :class:`ClusterDown` on any database error."""
+        if self.dead:
+            await trio.lowlevel.checkpoint()
+            raise ClusterDown("this node is stopped")
+        remaining = trio.current_effective_deadline() - trio.current_time()
+        deadline = time.monotonic() + max(remaining, 0.0) if remaining < float("inf") else None
+        return await trio.to_thread.run_sync(
+            self._in_thread, fn, deadline, limiter=_pool_limiter(self._key)
+        )
+
+    def _in_thread(self, fn: Callable[[Conn], T], deadline: float | None) -> T:
+        def budget(limit: float) -> float:
+            return limit if deadline is None else min(limit, deadline - time.monotonic())
+
+        shared = self._pool()
+        try:
+            with shared.pool.connection(timeout=max(budget(self.statement_timeout), 0.001)) as conn:
+                if not self._schema_ready:
+                    with conn.transaction():
+                        PostgresSession(self.dsn)._prepare(conn)
+                        prepare_cluster_schema(conn)
+                    self._schema_ready = True
+                with conn.transaction():
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true),"
+                        " set_config('statement_timeout', %s, true)",
+                        (
+                            _milliseconds(budget(self.lock_timeout)),
+                            _milliseconds(budget(self.statement_timeout)),
+                        ),
+                    )
+                    self.statements += 1
+                    return fn(conn)
+        except psycopg.Error as exc:
+            raise ClusterDown(str(exc)) from exc

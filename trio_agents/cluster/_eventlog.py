@@ -1,0 +1,285 @@
+"""Every event of the node's runs, persisted in order; subscriptions from the table.
+
+Writing: one reader task per owned run copies ``run.events()`` into the node's buffer
+(nothing in the run's own loop waits for the database); one flusher task writes the
+buffer in one transaction — events, then each run's row (last seq, status, reason,
+turn, pending approvals, and the session released at its terminal status), then one
+NOTIFY ``{"k": "run", "r": run_id, "s": last_seq}`` per run — at least every
+:data:`FLUSH_INTERVAL` seconds and at once for a ``run.item`` or ``run.updated`` event.
+A run's row is only updated while this node owns the attempt (``owner`` and
+``attempt`` match): a node that lost its lease (taken over while it was cut off) finds
+no row, stops writing the run's events and cancels it locally (reason ``"lease
+lost"``). A failed flush is retried with backoff; events are never reordered.
+
+Reading (:func:`follow`): a subscriber on any node replays the table from ``from_seq``
+and then waits for the run's NOTIFY (or, bounded, polls), so it sees every persisted
+seq once, in order, ending after the terminal ``run.updated``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, final
+
+import attrs
+import trio
+
+from .. import InboxInjected, Run, RunItemEvent, RunUpdated
+from ._db import ClusterDown, Conn, Database
+from ._listener import Listener
+from ._schema import CHANNEL
+
+__all__ = ["FLUSH_INTERVAL", "EventWriter", "Fence", "RunLog", "follow"]
+
+logger = logging.getLogger("trio_agents.cluster")
+
+FLUSH_INTERVAL: Final = 0.1
+_TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
+_PAGE: Final = 500
+
+
+@final
+@attrs.define(eq=False)
+class Fence:
+    """Once ``closed``, a run's session writes and events are no longer persisted (its
+    node stopped or handed it over: another node continues from what was)."""
+
+    closed: bool = False
+    fence_seq: int | None = None
+
+
+@final
+@attrs.define(eq=False)
+class RunLog:
+    """What the writer knows of one owned run (this attempt)."""
+
+    run_id: str
+    attempt: int
+    run: Run
+    start_seq: int
+    fence: Fence
+    persisted_seq: int = 0
+    injections: dict[str, int] = attrs.field(factory=dict)
+    changed: trio.Event = attrs.field(factory=trio.Event)
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_injection(self, injection_id: str) -> None:
+        """Wait until the ``inbox.injected`` event of ``injection_id`` is persisted."""
+        while True:
+            seq = self.injections.get(injection_id)
+            if seq is not None and seq <= self.persisted_seq:
+                return
+            if self.done.is_set() and seq is None:
+                return
+            await self.changed.wait()
+
+    async def wait_persisted(self) -> None:
+        """Wait until every event this attempt emitted (up to its terminal) is written."""
+        await self.done.wait()
+
+
+@final
+class EventWriter:
+    """The node's event writer (see the module docstring)."""
+
+    def __init__(self, db: Database, listener: Listener, node_id: str) -> None:
+        self._db = db
+        self._listener = listener
+        self._node_id = node_id
+        self._buffer: list[tuple[RunLog, Any]] = []
+        self._pending = trio.Event()
+        self._urgent = trio.Event()
+        self.logs: dict[str, RunLog] = {}
+        self.flushes = 0
+
+    def track(self, nursery: trio.Nursery, log: RunLog) -> None:
+        """Start persisting ``log.run``'s events (from ``log.start_seq``)."""
+        self.logs[log.run_id] = log
+        nursery.start_soon(self._read, log)
+
+    async def _read(self, log: RunLog) -> None:
+        try:
+            async for event in log.run.events(log.start_seq):
+                fence = log.fence
+                if fence.closed and (fence.fence_seq is None or event.seq > fence.fence_seq):
+                    break
+                if isinstance(event, InboxInjected):
+                    log.injections[event.injection_id] = event.seq
+                self._buffer.append((log, event))
+                self._pending.set()
+                if isinstance(event, RunItemEvent | RunUpdated | InboxInjected):
+                    self._urgent.set()
+        finally:
+            self._buffer.append((log, None))  # "no more events": done once flushed
+            self._pending.set()
+            self._urgent.set()
+
+    async def run(self) -> None:
+        """The flusher: runs until cancelled."""
+        backoff = 0.05
+        while True:
+            await self._pending.wait()
+            with trio.move_on_after(FLUSH_INTERVAL):
+                await self._urgent.wait()
+            self._pending = trio.Event()
+            self._urgent = trio.Event()
+            batch, self._buffer = self._buffer, []
+            try:
+                await self._flush(batch)
+                backoff = 0.05
+            except ClusterDown:
+                if self._db.dead:
+                    continue  # a stopped node persists nothing more
+                logger.warning("flushing run events failed; retrying", exc_info=True)
+                self._buffer[:0] = batch
+                self._pending.set()
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def flush_now(self) -> None:
+        """Wake the flusher at once (a hand-over)."""
+        self._pending.set()
+        self._urgent.set()
+        await trio.lowlevel.checkpoint()
+
+    async def _flush(self, batch: list[tuple[RunLog, Any]]) -> None:
+        events: list[tuple[str, int, str, str]] = []
+        rows: dict[str, dict[str, Any]] = {}
+        logs: dict[str, RunLog] = {}
+        ended: list[RunLog] = []
+        for log, event in batch:
+            logs[log.run_id] = log
+            row = rows.setdefault(log.run_id, {"attempt": log.attempt, "seq": 0})
+            if event is None:
+                ended.append(log)
+                continue
+            data = event.to_json()
+            events.append((log.run_id, event.seq, event.type, json.dumps(data)))
+            row["seq"] = max(row["seq"], event.seq)
+            if isinstance(event, RunUpdated):
+                row["status"] = event.status.value
+                row["reason"] = event.reason
+                row["turn"] = event.turn
+                pending = (event.detail or {}).get("pending", [])
+                row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
+                row["finished"] = event.status.value in _TERMINAL
+        if rows:
+            lost = await self._db.call(lambda conn: self._write(conn, events, rows))
+            self.flushes += 1
+            for run_id in lost:
+                log = logs[run_id]
+                if not log.fence.closed:
+                    logger.warning("run %s was taken over by another node; stopping it", run_id)
+                    log.fence.closed = True
+                    log.run.cancel("lease lost")
+        for run_id, row in rows.items():
+            log = logs[run_id]
+            log.persisted_seq = max(log.persisted_seq, row["seq"])
+            log._changed()
+            if row.get("finished"):
+                self._listener.notify(("run", run_id))
+        for log in ended:
+            log.done.set()
+            log._changed()
+            if self.logs.get(log.run_id) is log:
+                del self.logs[log.run_id]
+
+    def _write(
+        self, conn: Conn, events: list[tuple[str, int, str, str]], rows: dict[str, dict[str, Any]]
+    ) -> list[str]:
+        lost: list[str] = []
+        for run_id, row in rows.items():
+            found = conn.execute(
+                "UPDATE trio_agents_runs SET last_seq = GREATEST(last_seq, %(seq)s),"
+                " status = COALESCE(%(status)s, status), reason = CASE WHEN %(status)s IS NULL"
+                " THEN reason ELSE %(reason)s END, turn = COALESCE(%(turn)s, turn),"
+                " pending = COALESCE(%(pending)s, pending),"
+                " finished = finished OR %(finished)s,"
+                " active_key = CASE WHEN %(finished)s THEN NULL ELSE active_key END,"
+                " updated_at = now()"
+                " WHERE run_id = %(run_id)s AND owner = %(node)s AND attempt = %(attempt)s"
+                " RETURNING run_id",
+                {
+                    "seq": row["seq"],
+                    "status": row.get("status"),
+                    "reason": row.get("reason"),
+                    "turn": row.get("turn"),
+                    "pending": row.get("pending"),
+                    "finished": bool(row.get("finished")),
+                    "run_id": run_id,
+                    "node": self._node_id,
+                    "attempt": row["attempt"],
+                },
+            ).fetchone()
+            if found is None:
+                lost.append(run_id)
+        kept = [e for e in events if e[0] not in lost]
+        if kept:
+            conn.execute(
+                "INSERT INTO trio_agents_events (run_id, seq, type, data)"
+                " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[])"
+                " ON CONFLICT DO NOTHING",
+                tuple(list(column) for column in zip(*kept, strict=True)),
+            )
+        payloads = [
+            json.dumps({"k": "run", "r": run_id, "s": row["seq"]})
+            for run_id, row in rows.items()
+            if run_id not in lost
+        ]
+        if payloads:
+            conn.execute(
+                "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (CHANNEL, payloads)
+            )
+        return lost
+
+
+def _is_terminal(event: dict[str, Any]) -> bool:
+    return event.get("type") == "run.updated" and event.get("status") in _TERMINAL
+
+
+async def follow(
+    db: Database,
+    listener: Listener,
+    run_id: str,
+    from_seq: int | None,
+    mode: str,
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+) -> None:
+    """Send the run's persisted events from ``from_seq`` on, then the live ones as they
+    are persisted, until the terminal ``run.updated`` (see the module docstring)."""
+    next_seq = max(from_seq or 1, 1)
+    backoff = 0.05
+    while True:
+        wake = listener.watch(("run", run_id))
+        try:
+            rows = await db.call(
+                lambda conn: conn.execute(
+                    "SELECT seq, data FROM trio_agents_events WHERE run_id = %s AND seq >= %s"
+                    " ORDER BY seq LIMIT %s",
+                    (run_id, next_seq, _PAGE),
+                ).fetchall()
+            )
+            backoff = 0.05
+        except ClusterDown:
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+            continue
+        for seq, data in rows:
+            event = json.loads(data)
+            next_seq = seq + 1
+            if mode == "status" and event.get("type") not in ("run.updated", "events.dropped"):
+                continue
+            await send({"type": "event", "run_id": run_id, "seq": seq, "event": event})
+            if _is_terminal(event):
+                return
+        if len(rows) == _PAGE:
+            continue
+        # A NOTIFY wakes us; a bounded poll covers one lost with a connection.
+        with trio.move_on_after(2.0):
+            await wake.wait()

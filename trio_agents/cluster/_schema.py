@@ -1,0 +1,126 @@
+"""The cluster's tables (component ``cluster``, schema version :data:`SCHEMA_VERSION`).
+
+Created or migrated like the session tables (see
+:mod:`trio_agents.sessions._postgres`): in one transaction, under the same advisory
+lock, with the version in the shared ``trio_agents_schema`` table. Migrations:
+``MIGRATIONS[v]`` upgrades version ``v`` to ``v + 1`` (there are none yet). The tables
+are described in the docstring of :mod:`trio_agents.cluster`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import psycopg
+
+from ..sessions._postgres import _SCHEMA_LOCK, _SCHEMA_TABLE, Migration
+
+__all__ = ["CHANNEL", "COMPONENT", "MIGRATIONS", "SCHEMA_VERSION", "prepare_cluster_schema"]
+
+SCHEMA_VERSION: Final = 1
+COMPONENT: Final = "cluster"
+CHANNEL: Final = "trio_agents_cluster"
+"""The one LISTEN/NOTIFY channel of the cluster (payloads are small JSON objects)."""
+
+MIGRATIONS: dict[int, Migration] = {}
+
+_DDL: Final = (
+    """CREATE TABLE trio_agents_nodes (
+        node_id TEXT PRIMARY KEY,
+        lease_expires_at TIMESTAMPTZ NOT NULL,
+        max_runs INTEGER NOT NULL,
+        running INTEGER NOT NULL DEFAULT 0,
+        draining BOOLEAN NOT NULL DEFAULT false,
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    """CREATE TABLE trio_agents_runs (
+        run_id TEXT PRIMARY KEY,
+        principal TEXT NOT NULL,
+        session_id TEXT,
+        session_key TEXT NOT NULL,
+        active_key TEXT,
+        agent TEXT NOT NULL,
+        options TEXT NOT NULL DEFAULT '{}',
+        status TEXT NOT NULL,
+        reason TEXT,
+        turn INTEGER NOT NULL DEFAULT 0,
+        pending TEXT NOT NULL DEFAULT '[]',
+        finished BOOLEAN NOT NULL DEFAULT false,
+        owner TEXT,
+        released BOOLEAN NOT NULL DEFAULT false,
+        lease_expires_at TIMESTAMPTZ NOT NULL,
+        attempt INTEGER NOT NULL DEFAULT 1,
+        last_seq BIGINT NOT NULL DEFAULT 0,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    "CREATE UNIQUE INDEX trio_agents_runs_active_session ON trio_agents_runs (active_key)"
+    " WHERE active_key IS NOT NULL",
+    "CREATE INDEX trio_agents_runs_unfinished ON trio_agents_runs (owner)"
+    " WHERE NOT finished",
+    "CREATE INDEX trio_agents_runs_principal ON trio_agents_runs (principal, created_at)",
+    """CREATE TABLE trio_agents_events (
+        run_id TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        type TEXT NOT NULL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq))""",
+    """CREATE TABLE trio_agents_tool_starts (
+        run_id TEXT NOT NULL,
+        call_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_id, call_id))""",
+    """CREATE TABLE trio_agents_withdrawals (
+        run_id TEXT NOT NULL,
+        injection_id TEXT NOT NULL,
+        PRIMARY KEY (run_id, injection_id))""",
+    """CREATE TABLE trio_agents_commands (
+        command_id BIGSERIAL PRIMARY KEY,
+        run_id TEXT,
+        target_node TEXT,
+        origin_node TEXT NOT NULL,
+        principal TEXT NOT NULL,
+        op TEXT NOT NULL,
+        args TEXT NOT NULL,
+        reply TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    "CREATE INDEX trio_agents_commands_open ON trio_agents_commands (run_id)"
+    " WHERE reply IS NULL",
+)
+
+
+def _version(conn: psycopg.Connection[Any]) -> int | None:
+    row = conn.execute(
+        f"SELECT version FROM {_SCHEMA_TABLE} WHERE component = %s", (COMPONENT,)
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def prepare_cluster_schema(conn: psycopg.Connection[Any]) -> None:
+    """Create or migrate the cluster's tables (inside the caller's transaction, after
+    the session component, so ``trio_agents_schema`` exists)."""
+    if _version(conn) == SCHEMA_VERSION:
+        return
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+    version = _version(conn)
+    if version is None:
+        for statement in _DDL:
+            conn.execute(statement)
+        conn.execute(
+            f"INSERT INTO {_SCHEMA_TABLE} (component, version) VALUES (%s, %s)",
+            (COMPONENT, SCHEMA_VERSION),
+        )
+        return
+    if version > SCHEMA_VERSION:
+        raise psycopg.DataError(
+            f"the cluster tables have schema version {version}, newer than this"
+            f" trio_agents supports ({SCHEMA_VERSION}); upgrade trio_agents"
+        )
+    for step_from in range(version, SCHEMA_VERSION):
+        step = MIGRATIONS.get(step_from)
+        if step is None:
+            raise psycopg.DataError(f"no migration of the cluster tables from {step_from}")
+        step(conn)
+    conn.execute(
+        f"UPDATE {_SCHEMA_TABLE} SET version = %s, updated_at = now() WHERE component = %s",
+        (SCHEMA_VERSION, COMPONENT),
+    )

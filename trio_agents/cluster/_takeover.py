@@ -1,0 +1,212 @@
+"""Leases and takeover.
+
+Every ``lease_ttl / 3`` seconds a node runs one statement: it upserts its row in
+``trio_agents_nodes`` (lease, capacity, running count, draining) and extends the lease of
+every unfinished run it owns. Then it scans for runs whose lease expired, or that their
+node *released* on a graceful shutdown (``SELECT ... FOR UPDATE SKIP LOCKED``, at most as
+many as it has room for), claims them (``owner = me``, ``attempt + 1``) and resumes each
+from its session with :class:`trio_agents.Resume`: seqs continue after the last persisted
+one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
+``interrupted`` unless idempotent), and injections that were acked (a persisted
+``inbox.injected``) but neither delivered nor withdrawn are injected again. A NOTIFY
+``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
+
+A run whose agent this node does not serve, or that cannot be resumed, is marked
+``failed`` with a terminal event, so it never stays orphaned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import trio
+
+from .._events import InboxDelivered, InboxInjected, RunStatus, RunUpdated, event_from_json
+from ._db import ClusterDown, Conn
+from ._schema import CHANNEL
+
+if TYPE_CHECKING:
+    from ._cluster import PostgresCluster
+
+__all__ = ["Claimed", "Leases"]
+
+logger = logging.getLogger("trio_agents.cluster")
+
+_TIME: Final = "now() + make_interval(secs => %(ttl)s)"
+
+
+@attrs.frozen
+class Claimed:
+    """A run this node just took over, with what its resumption needs."""
+
+    run_id: str
+    principal: str
+    session_id: str | None
+    agent: str
+    previous_owner: str | None
+    attempt: int
+    last_seq: int
+    started: frozenset[str]
+    reinject: tuple[InboxInjected, ...]
+
+
+class Leases:
+    """The heartbeat and the takeover scan of one node."""
+
+    def __init__(self, cluster: PostgresCluster) -> None:
+        self._cluster = cluster
+        self._wakeup = trio.Event()
+        self.draining = False
+        self.takeovers = 0
+
+    def wake(self) -> None:
+        """Scan now (a node released runs, or we reconnected)."""
+        self._wakeup.set()
+
+    async def heartbeat(self) -> None:
+        """Renew the node's and its runs' leases (one statement)."""
+        cluster = self._cluster
+        params = {
+            "node": cluster.node_id,
+            "ttl": cluster.lease_ttl,
+            "max": cluster.max_runs,
+            "running": cluster.running(),
+            "draining": self.draining,
+        }
+        await cluster.db.call(
+            lambda conn: conn.execute(
+                "WITH node AS (INSERT INTO trio_agents_nodes"
+                " (node_id, lease_expires_at, max_runs, running, draining)"
+                f" VALUES (%(node)s, {_TIME}, %(max)s, %(running)s, %(draining)s)"
+                " ON CONFLICT (node_id) DO UPDATE SET lease_expires_at ="
+                " EXCLUDED.lease_expires_at, max_runs = EXCLUDED.max_runs, running ="
+                " EXCLUDED.running, draining = EXCLUDED.draining, updated_at = now()"
+                " RETURNING 1)"
+                f" UPDATE trio_agents_runs SET lease_expires_at = {_TIME}"
+                " WHERE owner = %(node)s AND NOT finished AND NOT released",
+                params,
+            )
+        )
+
+    async def run(self, task_status: trio.TaskStatus[None]) -> None:
+        """Heartbeat and scan every ``lease_ttl / 3`` s until cancelled."""
+        cluster = self._cluster
+        started = False
+        while True:
+            try:
+                await self.heartbeat()
+                if not started:
+                    started = True
+                    task_status.started()
+                if not self.draining:
+                    await self.scan()
+            except ClusterDown:
+                if cluster.db.dead:
+                    return
+                logger.warning("cluster heartbeat failed; retrying", exc_info=True)
+            with trio.move_on_after(cluster.lease_ttl / 3):
+                await self._wakeup.wait()
+            self._wakeup = trio.Event()
+
+    async def scan(self) -> None:
+        """Claim and resume runs whose lease expired or that were released."""
+        cluster = self._cluster
+        room = cluster.max_runs - cluster.running()
+        if room <= 0:
+            return
+        claimed = await cluster.db.call(lambda conn: self._claim(conn, room))
+        for run in claimed:
+            self.takeovers += 1
+            await cluster.resume(run)
+
+    def _claim(self, conn: Conn, room: int) -> list[Claimed]:
+        cluster = self._cluster
+        rows = conn.execute(
+            "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq"
+            " FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
+            " now()) ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED",
+            (room,),
+        ).fetchall()
+        if not rows:
+            return []
+        ids = [str(r[0]) for r in rows]
+        conn.execute(
+            "UPDATE trio_agents_runs SET owner = %(node)s, attempt = attempt + 1, released ="
+            f" false, lease_expires_at = {_TIME}, updated_at = now()"
+            " WHERE run_id = ANY(%(ids)s)",
+            {"node": cluster.node_id, "ttl": cluster.lease_ttl, "ids": ids},
+        )
+        starts: dict[str, set[str]] = {}
+        for run_id, call_id in conn.execute(
+            "SELECT run_id, call_id FROM trio_agents_tool_starts WHERE run_id = ANY(%s)", (ids,)
+        ).fetchall():
+            starts.setdefault(str(run_id), set()).add(str(call_id))
+        withdrawn = {
+            (str(r), str(i))
+            for r, i in conn.execute(
+                "SELECT run_id, injection_id FROM trio_agents_withdrawals WHERE run_id = ANY(%s)",
+                (ids,),
+            ).fetchall()
+        }
+        injected: dict[str, dict[str, InboxInjected]] = {}
+        delivered: set[tuple[str, str]] = set()
+        for run_id, data in conn.execute(
+            "SELECT run_id, data FROM trio_agents_events WHERE run_id = ANY(%s)"
+            " AND type IN ('inbox.injected', 'inbox.delivered') ORDER BY run_id, seq",
+            (ids,),
+        ).fetchall():
+            event = event_from_json(json.loads(data))
+            if isinstance(event, InboxInjected):
+                injected.setdefault(str(run_id), {})[event.injection_id] = event
+            elif isinstance(event, InboxDelivered):
+                delivered.add((str(run_id), event.injection_id))
+        claimed = []
+        for run_id, principal, session_id, agent, owner, attempt, last_seq in rows:
+            pending = tuple(
+                event
+                for injection_id, event in injected.get(run_id, {}).items()
+                if (run_id, injection_id) not in delivered
+                and (run_id, injection_id) not in withdrawn
+            )
+            claimed.append(
+                Claimed(
+                    run_id=run_id,
+                    principal=principal,
+                    session_id=session_id,
+                    agent=agent,
+                    previous_owner=owner,
+                    attempt=int(attempt) + 1,
+                    last_seq=int(last_seq),
+                    started=frozenset(starts.get(run_id, ())),
+                    reinject=pending,
+                )
+            )
+        return claimed
+
+    async def fail(self, run: Claimed, reason: str) -> None:
+        """End a claimed run that cannot be resumed: ``failed`` with a terminal event."""
+        cluster = self._cluster
+        seq = run.last_seq + 1
+        event = RunUpdated(run.run_id, seq, RunStatus.FAILED, reason, 0, time.time()).to_json()
+
+        def write(conn: Conn) -> None:
+            conn.execute(
+                "INSERT INTO trio_agents_events (run_id, seq, type, data) VALUES"
+                " (%s, %s, 'run.updated', %s) ON CONFLICT DO NOTHING",
+                (run.run_id, seq, json.dumps(event)),
+            )
+            conn.execute(
+                "UPDATE trio_agents_runs SET status = 'failed', reason = %s, finished = true,"
+                " active_key = NULL, last_seq = %s, updated_at = now() WHERE run_id = %s",
+                (reason, seq, run.run_id),
+            )
+            conn.execute(
+                "SELECT pg_notify(%s, %s)",
+                (CHANNEL, json.dumps({"k": "run", "r": run.run_id, "s": seq})),
+            )
+
+        await cluster.db.call(write)
