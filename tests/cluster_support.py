@@ -143,8 +143,9 @@ class Client:
     async def wait_terminal(self, run_id: str) -> dict[str, Any]:
         return await self.wait_event(
             run_id,
-            lambda e: e["type"] == "run.updated"
-            and e["status"] in ("completed", "failed", "cancelled"),
+            lambda e: (
+                e["type"] == "run.updated" and e["status"] in ("completed", "failed", "cancelled")
+            ),
         )
 
     def seqs(self, run_id: str) -> list[int]:
@@ -161,4 +162,3 @@ async def client(url: str, token: str = "tok-alice") -> AsyncIterator[Client]:
             yield c
         finally:
             nursery.cancel_scope.cancel()
-

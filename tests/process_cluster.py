@@ -12,7 +12,9 @@ failed test). Leaving the block kills every node still running (SIGKILL).
 stop); :meth:`Cluster.client` connects a :class:`~trio_agents.control.ControlClient` to
 one node. The agents and the cross-process gates and execution records are in
 ``tests/cluster_app.py``. Without ``dsn`` the nodes are plain single-process servers
-(each its own SQLite file): the infrastructure's own tests use that.
+(each its own SQLite file): the infrastructure's own tests use that. While ``serve``
+has no ``--cluster`` option, cluster nodes are ``python -m tests.cluster_node`` (see
+there).
 
 Waits for something another process does (a record in the executions log, a status)
 poll the observable fact every :data:`POLL` seconds under the caller's
@@ -21,12 +23,14 @@ poll the observable fact every :data:`POLL` seconds under the caller's
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import re
 import secrets
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -37,6 +41,7 @@ import attrs
 import trio
 
 import trio_agents as ta
+from trio_agents._cli import _args as _cli_args
 from trio_agents.control import (
     ControlClient,
     ControlConnectionError,
@@ -64,6 +69,10 @@ POLL: Final = 0.02
 APP: Final = "tests.cluster_app:app"
 SERVING: Final = re.compile(r"^serving .* on (ws://\S+/)")
 _node_numbers = itertools.count(1)
+
+SERVE_HAS_CLUSTER: Final = "--cluster" in inspect.getsource(_cli_args)
+"""Whether ``trio-agents serve`` takes ``--cluster``; until it does, the nodes are
+``python -m tests.cluster_node`` processes (the same server, built by the test)."""
 
 
 class NodeFailed(Exception):
@@ -149,18 +158,22 @@ class Cluster:
     token: str = attrs.field(factory=lambda: secrets.token_urlsafe(16))
     nodes: dict[str, Node] = attrs.field(factory=dict)
     extra_args: Sequence[str] = ()
+    final_records: list[dict[str, Any]] | None = None
+    """The execution records as the cluster closed (its directory is gone then)."""
 
     def argv(self, node_id: str) -> list[str]:
-        args: list[str] = ["serve", "--host", "127.0.0.1", "--port", "0"]
+        args: list[str] = ["--host", "127.0.0.1", "--port", "0"]
         args += ["--app", self.app, "--token", self.token, "--shutdown-timeout", "10"]
         if self.dsn is None:
             args += ["--db", str(self.directory / f"{node_id}.sqlite3")]
-        else:
-            args += ["--cluster", self.dsn, "--node-id", node_id]
-            args += ["--lease-ttl", str(self.lease_ttl)]
-            if self.max_runs is not None:
-                args += ["--max-runs", str(self.max_runs)]
-        return cli_argv(*args, *self.extra_args)
+            return cli_argv("serve", *args, *self.extra_args)
+        args += ["--cluster", self.dsn, "--node-id", node_id]
+        args += ["--lease-ttl", str(self.lease_ttl)]
+        if self.max_runs is not None:
+            args += ["--max-runs", str(self.max_runs)]
+        if SERVE_HAS_CLUSTER:
+            return cli_argv("serve", *args, *self.extra_args)
+        return [sys.executable, "-m", "tests.cluster_node", *args, *self.extra_args]
 
     async def start_node(self, node_id: str | None = None) -> Node:
         """Start a node and wait until it serves (bounded by :data:`STARTUP_TIMEOUT`)."""
@@ -233,9 +246,12 @@ class Cluster:
         self, tool: str | None = None, run_id: str | None = None
     ) -> list[dict[str, Any]]:
         """Execution records (see tests/cluster_app.py), optionally of one tool/run."""
+        records = self.final_records
+        if records is None:
+            records = cluster_app.execution_records(self.directory)
         return [
             record
-            for record in cluster_app.execution_records(self.directory)
+            for record in records
             if (tool is None or record["tool"] == tool)
             and (run_id is None or record["run_id"] == run_id)
         ]
@@ -285,6 +301,7 @@ async def open_cluster(
                             node.process.send_signal(signal.SIGKILL)
                     for node in cluster.nodes.values():
                         await node.process.wait()
+                    cluster.final_records = cluster_app.execution_records(cluster.directory)
                     print(cluster.output())  # shown by pytest when the test failed
 
 
@@ -435,3 +452,47 @@ def assert_same_events(seen: Sequence[ta.RunEvent], log: Sequence[ta.RunEvent]) 
     by_seq = {event.seq: event.to_json() for event in log}
     for event in seen:
         assert by_seq.get(event.seq) == event.to_json(), (event, by_seq.get(event.seq))
+
+
+async def wait_persisted(cluster: Cluster, node: str | Node, run_id: str, seq: int) -> None:
+    """Wait until ``node`` (not the run's owner: it reads the runs table) reports the
+    run's events persisted up to ``seq``. A subscriber on the owner sees events before
+    they are persisted; a test that kills the owner waits for this first, so the seqs
+    that subscriber saw are the persisted ones (see trio_agents/cluster/__init__.py)."""
+    async with cluster.client(node) as client:
+        await wait_status(client, run_id, lambda info: info.seq >= seq)
+
+
+def stored_items(dsn: str, session_id: str, principal: str = "cli") -> list[ta.Item]:
+    """The conversation the cluster stored for ``session_id`` of ``principal``, read
+    as stored (``PostgresSession.get_items`` would repair it first). Sync: call it
+    in a thread. The cluster keys sessions by ``json.dumps([principal, session_id])``."""
+    import json
+
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
+            (json.dumps([principal, session_id]),),
+        ).fetchall()
+    return [ta.item_from_json(json.loads(row[0])) for row in rows]
+
+
+def run_row(dsn: str, run_id: str) -> dict[str, Any]:
+    """The run's row in the cluster's runs table (owner, attempt, status, ...). Sync:
+    call it in a thread."""
+    import psycopg
+    import psycopg.rows
+
+    with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row) as conn:
+        row = conn.execute("SELECT * FROM trio_agents_runs WHERE run_id = %s", (run_id,)).fetchone()
+    assert row is not None, f"no row for {run_id}"
+    return dict(row)
+
+
+async def owner_of(cluster: Cluster, run_id: str) -> str:
+    """The node that owns the run now, as the runs table says."""
+    assert cluster.dsn is not None
+    row = await trio.to_thread.run_sync(run_row, cluster.dsn, run_id)
+    return str(row["owner"])

@@ -11,7 +11,6 @@ as a hang guard only; no assert is on wall-clock time.
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 from typing import TYPE_CHECKING, Final
 
@@ -30,7 +29,10 @@ from .process_cluster import (
     is_resumed,
     items_of,
     open_cluster,
+    owner_of,
     replay,
+    stored_items,
+    wait_persisted,
 )
 
 if TYPE_CHECKING:
@@ -38,12 +40,6 @@ if TYPE_CHECKING:
 
 LEASE: Final = 1.0  # seconds: short, so that a takeover comes quickly
 BOUND: Final = 90.0  # a hang guard per test (a busy 2-core machine is slow, never this slow)
-
-pytestmark = pytest.mark.xfail(
-    importlib.util.find_spec("trio_agents.cluster") is None,
-    strict=True,
-    reason="the cluster runtime (trio_agents.cluster, serve --cluster) is not on this branch",
-)
 
 
 def tool_results(items: list[ta.Item]) -> dict[str, ta.ToolResult]:
@@ -63,10 +59,14 @@ async def follow(
     return follower
 
 
-async def check_session_continues(cluster: Cluster, session_id: str, users: int) -> None:
-    """A new run on the session, on any node, sees the whole conversation so far (its
-    answer counts the user messages it was given) and completes: the persisted session
-    is valid for a run to continue."""
+async def check_session(cluster: Cluster, session_id: str, users: int) -> None:
+    """The session as stored is a valid conversation (read without repair), and a new
+    run on it, on any node, sees the whole conversation so far (its answer counts the
+    user messages it was given) and completes."""
+    assert cluster.dsn is not None
+    stored = await trio.to_thread.run_sync(stored_items, cluster.dsn, session_id)
+    assert stored, f"nothing stored for session {session_id!r}"
+    assert ta.conversation_problems(stored) == []
     async with cluster.client(cluster.alive()[-1]) as client:
         run = await client.start("worker", "hello", session_id=session_id)
         terminal = await run.wait()
@@ -90,6 +90,8 @@ async def test_kill_9_of_the_owner_mid_tool(pg_dsn: str) -> None:
             owner = str(charged["node"])
             follower = await follow(nursery, cluster, run.id, owner)
             await follower.wait_for(lambda e: isinstance(e, ta.ToolStarted) and e.name == "lookup")
+            await follower.wait_for(lambda e: isinstance(e, ta.ToolStarted) and e.name == "charge")
+            await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
             await cluster.kill(owner)
             cluster.open_gate("charge")  # a second execution would complete, and be seen
             (_, rerun) = await cluster.wait_executions(2, "lookup", run.id)
@@ -97,7 +99,7 @@ async def test_kill_9_of_the_owner_mid_tool(pg_dsn: str) -> None:
             cluster.open_gate("lookup")
             await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
             log = await replay(cluster, cluster.alive()[0], run.id)
-            await check_session_continues(cluster, "mt", users=1)
+            await check_session(cluster, "mt", users=1)
 
     assert len(cluster.executions("charge", run.id)) == 1
     assert len(cluster.executions("lookup", run.id)) == 2
@@ -133,9 +135,10 @@ async def test_kill_9_of_the_owner_mid_stream_then_a_cancel_from_another_node(
             await follower.wait_for(
                 lambda e: isinstance(e, ta.ResponseTextDelta) and e.text == "beta "
             )
+            await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
             await cluster.kill(owner)
             await follower.wait_for(lambda e: is_resumed(e, 2))
-            new_owner = cluster.owner_of_tag("ms")
+            new_owner = await owner_of(cluster, run.id)
             assert new_owner != owner
             await follower.wait_for(
                 lambda e: (
@@ -148,7 +151,7 @@ async def test_kill_9_of_the_owner_mid_stream_then_a_cancel_from_another_node(
                 await client.attach(run.id).cancel("asked from elsewhere")
             await follower.wait_for(has_status(ta.RunStatus.CANCELLED))
             log = await replay(cluster, cluster.alive()[0], run.id)
-            await check_session_continues(cluster, "ms", users=1)
+            await check_session(cluster, "ms", users=1)
 
     follower.check()
     assert follower.terminal is not None
@@ -166,9 +169,11 @@ async def test_kill_9_of_the_owner_awaiting_approval(pg_dsn: str) -> None:
             first = cluster.alive()[0]
             async with cluster.client(first) as client:
                 run = await client.start("worker", "delete #ap", session_id="ap")
-            follower = await follow(nursery, cluster, run.id, cluster.alive()[1])
+            await cluster.wait_executions(1, "model", "ap")
+            owner = await owner_of(cluster, run.id)
+            follower = await follow(nursery, cluster, run.id, owner)
             await follower.wait_for(has_status(ta.RunStatus.AWAITING_APPROVAL))
-            owner = cluster.owner_of_tag("ap")
+            await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
             await cluster.kill(owner)
             resumed = await follower.wait_for(lambda e: is_resumed(e, 2))
             waiting = await follower.wait_for(
@@ -176,12 +181,13 @@ async def test_kill_9_of_the_owner_awaiting_approval(pg_dsn: str) -> None:
             )
             assert isinstance(waiting, ta.RunUpdated)
             assert list(waiting.detail.get("pending", [])) == ["call_delete_1"]
-            new_owner = cluster.owner_of_tag("ap")
+            new_owner = await owner_of(cluster, run.id)
+            assert new_owner != owner
             async with cluster.client(other_than(cluster, new_owner)) as client:
                 await client.attach(run.id).approve("call_delete_1")
             await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
             log = await replay(cluster, cluster.alive()[0], run.id)
-            await check_session_continues(cluster, "ap", users=1)
+            await check_session(cluster, "ap", users=1)
 
     (deleted,) = cluster.executions("delete", run.id)
     assert deleted["node"] == new_owner != owner
@@ -207,7 +213,7 @@ async def test_sigterm_hands_the_runs_over_without_waiting_for_the_lease(pg_dsn:
                 streaming = await client.start("worker", "stream #s2", session_id="s2")
             await cluster.wait_executions(1, "model", "s1")
             await cluster.wait_executions(1, "model", "s2")
-            owners = {cluster.owner_of_tag("s1"), cluster.owner_of_tag("s2")}
+            owners = {await owner_of(cluster, run.id) for run in (waiting, streaming)}
             assert owners == {first.node_id}, owners  # placed where they were started
             followers = [
                 await follow(nursery, cluster, run.id, second) for run in (waiting, streaming)
@@ -217,7 +223,8 @@ async def test_sigterm_hands_the_runs_over_without_waiting_for_the_lease(pg_dsn:
             assert await cluster.terminate(first) == 0
             for follower in followers:
                 await follower.wait_for(lambda e: is_resumed(e))
-            assert first.node_id not in {cluster.owner_of_tag("s1"), cluster.owner_of_tag("s2")}
+            for run in (waiting, streaming):
+                assert await owner_of(cluster, run.id) != first.node_id
             await followers[0].wait_for(
                 lambda e: (
                     has_status(ta.RunStatus.AWAITING_APPROVAL)(e)
@@ -320,8 +327,8 @@ async def restarted_under_load(server: PostgresServer, dsn: str) -> None:
                 listed.update(info.run_id for info in runs)
                 assert all(info.status.is_terminal for info in runs), runs
             logs = [await replay(cluster, nodes[0], run_id) for run_id in acked]
+            assert all(node.running for node in nodes), "a node died with the database"
 
-    assert all(node.running for node in nodes), "a node died with the database"
     assert set(listed) == {*acked, after.id}, (listed, acked)
     assert set(listed.values()) == {2}  # each run listed once by each node
     for follower, log in zip(followers, logs, strict=True):

@@ -11,8 +11,8 @@ import trio
 import trio_agents as ta
 from trio_agents.control import ControlConnectionError
 
-from .process_cluster import events_until_terminal, items_of, open_cluster
 from .pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
+from .process_cluster import events_until_terminal, items_of, open_cluster
 
 
 async def test_nodes_start_serve_a_gated_tool_and_die_by_sigkill() -> None:
