@@ -197,6 +197,23 @@ class PostgresServer:
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
+    def restart(self) -> None:
+        """Stop the server (``-m fast``: clients are disconnected) and start it again on
+        the same port with the same options (the cluster tests' "PostgreSQL restarted")."""
+        self._run(
+            "pg_ctl",
+            "restart",
+            "--pgdata",
+            str(self.data_dir),
+            "-m",
+            "fast",
+            "--wait",
+            "--timeout",
+            "60",
+            "--log",
+            str(self.directory / "server.log"),
+        )
+
     def stop(self) -> None:
         """Stop the server at once (``-m immediate``) and remove its directory."""
         try:

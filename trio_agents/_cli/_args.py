@@ -104,6 +104,16 @@ def _add_demo(commands: argparse._SubParsersAction[_Parser]) -> None:
     )
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
     serve = commands.add_parser(
         "serve",
@@ -140,6 +150,40 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         type=_seconds,
         default=10.0,
         help="bound on the graceful shutdown after Ctrl-C or SIGTERM (default 10)",
+    )
+    cluster = serve.add_argument_group(
+        "cluster",
+        "serve as one node of a cluster on PostgreSQL (needs the postgres extra): any"
+        " node answers for every run; on Ctrl-C or SIGTERM the runs are handed over to"
+        " the other nodes instead of cancelled",
+    )
+    cluster.add_argument(
+        "--cluster",
+        metavar="DSN",
+        default=None,
+        help="the cluster's PostgreSQL database (a libpq connection string or URI);"
+        " sessions live there (--db is not used)",
+    )
+    cluster.add_argument(
+        "--node-id",
+        metavar="ID",
+        default=None,
+        help="this node's id, unique in the cluster (default: host-pid-random)",
+    )
+    cluster.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=_seconds,
+        default=10.0,
+        help="seconds before another node takes over the runs of a node that stopped"
+        " heartbeating (default 10)",
+    )
+    cluster.add_argument(
+        "--max-runs",
+        metavar="N",
+        type=_count,
+        default=100,
+        help="runs this node runs at most; more are placed on other nodes (default 100)",
     )
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument(

@@ -3,7 +3,9 @@
 Both signals mean the same graceful shutdown (DESIGN §10): the scope around
 :meth:`ControlServer.serve` is cancelled, so every run is cancelled with reason
 ``"server shutdown"``, its session is written, every socket is closed with 1001, all
-within ``--shutdown-timeout``; then the command prints one line and exits 0.
+within ``--shutdown-timeout``; then the command prints one line and exits 0. With
+``--cluster DSN`` the server is one node of a :class:`~trio_agents.cluster.PostgresCluster`
+and the shutdown hands its runs over to the other nodes instead of cancelling them.
 
 The tokens file (``--tokens FILE``) maps bearer tokens to principals, one
 ``TOKEN PRINCIPAL`` pair per line; blank lines and lines starting with ``#`` are
@@ -177,11 +179,27 @@ async def _serve(
     runs the shutdown cancelled."""
     from ..control import ControlServer, Limits
 
+    cluster = None
+    if args.cluster is not None:
+        from ..cluster import PostgresCluster
+
+        cluster = PostgresCluster(
+            args.cluster,
+            node_id=args.node_id,
+            lease_ttl=args.lease_ttl,
+            max_runs=args.max_runs,
+        )
     server = ControlServer(
         agents,
         auth=auth,
-        sessions=args.db,
+        sessions=args.db if cluster is None else None,
         limits=Limits(shutdown_timeout=args.shutdown_timeout),
+        cluster=cluster,
+    )
+    where = (
+        f"sessions in {args.db}"
+        if cluster is None
+        else f"cluster node {cluster.node_id}, sessions in PostgreSQL"
     )
     received, active = "?", 0
     # Both signals go to this receiver from here on; before it, Ctrl-C is a plain
@@ -194,7 +212,7 @@ async def _serve(
                 raise _listen_error(exc, args.host, args.port) from None
             out.write(
                 f"serving {', '.join(agents)} on {_url(args.host, port)}"
-                f" (sessions in {args.db}; Ctrl-C or SIGTERM to stop)\n"
+                f" ({where}; Ctrl-C or SIGTERM to stop)\n"
             )
             out.flush()
             async for signum in signals:
@@ -214,6 +232,19 @@ def _check_db(path: str) -> None:
         raise CLIError(f"--db {path}: cannot open it as a SQLite file: {exc}") from None
 
 
+def _check_cluster(dsn: str) -> None:
+    try:
+        import psycopg.conninfo
+    except ImportError:
+        raise CLIError(
+            "--cluster needs the postgres extra: pip install 'trio-agents[postgres]'"
+        ) from None
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise CLIError(f"--cluster: not a valid connection string: {exc}") from None
+
+
 def serve_command(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``trio-agents serve``."""
     if args.app:
@@ -224,9 +255,17 @@ def serve_command(args: argparse.Namespace, out: TextIO) -> int:
 
         agents = {"demo": demo_agent(DemoModel())}
     auth = _auth(args, out)
-    _check_db(args.db)
+    if args.cluster is None:
+        _check_db(args.db)
+    else:
+        _check_cluster(args.cluster)
     received, cancelled = trio.run(_serve, args, agents, auth, out)
     runs = f"{cancelled} run{'' if cancelled == 1 else 's'}"
-    out.write(f"{received}: server stopped ({runs} cancelled with reason 'server shutdown')\n")
+    if args.cluster is None:
+        out.write(
+            f"{received}: server stopped ({runs} cancelled with reason 'server shutdown')\n"
+        )
+    else:
+        out.write(f"{received}: node stopped ({runs} handed over to the other nodes)\n")
     out.flush()
     return 0

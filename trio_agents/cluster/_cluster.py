@@ -407,25 +407,33 @@ class PostgresCluster:
         if self.running() < self._max_runs:
             return None
 
-        def pick(conn: Conn) -> str | None:
-            row = conn.execute(
-                "SELECT node_id FROM trio_agents_nodes WHERE node_id <> %s AND NOT draining"
-                " AND lease_expires_at > now() AND running < max_runs"
-                " ORDER BY running::float / max_runs LIMIT 1",
-                (self._node_id,),
-            ).fetchone()
-            return None if row is None else str(row[0])
+        def pick(conn: Conn) -> list[str]:
+            return [
+                str(row[0])
+                for row in conn.execute(
+                    "SELECT node_id FROM trio_agents_nodes WHERE node_id <> %s AND NOT draining"
+                    " AND lease_expires_at > now() AND running < max_runs"
+                    " ORDER BY running::float / max_runs LIMIT 3",
+                    (self._node_id,),
+                ).fetchall()
+            ]
 
         try:
-            node = await self.db.call(pick)
+            nodes = await self.db.call(pick)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
-        if node is None:
-            raise ProtocolError(
-                "limit_exceeded", "every node of the cluster runs as many runs as it may"
-            )
-        return await self.router.send(
-            principal, request, run_id=None, target_node=node, owner=node
+        # The counts are as of each node's last heartbeat: the chosen node checks its
+        # own room (authoritative) and refuses when full; then the next one is asked.
+        for node in nodes:
+            try:
+                return await self.router.send(
+                    principal, request, run_id=None, target_node=node, owner=node
+                )
+            except ProtocolError as exc:
+                if exc.code != "limit_exceeded":
+                    raise
+        raise ProtocolError(
+            "limit_exceeded", "every node of the cluster runs as many runs as it may"
         )
 
     async def record_withdrawal(self, run_id: str, injection_id: str) -> None:

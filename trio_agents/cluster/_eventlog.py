@@ -79,9 +79,10 @@ class RunLog:
                 return
             await self.changed.wait()
 
-    async def wait_persisted(self) -> None:
-        """Wait until every event this attempt emitted (up to its terminal) is written."""
-        await self.done.wait()
+    async def wait_persisted(self, seq: int) -> None:
+        """Wait until the event ``seq`` is written (or this attempt's writing ended)."""
+        while self.persisted_seq < seq and not self.done.is_set():
+            await self.changed.wait()
 
 
 @final

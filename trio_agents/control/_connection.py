@@ -235,6 +235,16 @@ class Connection:
                             break  # not this node's: the run goes on elsewhere
                     if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
                         continue
+                    if (
+                        entry.log is not None
+                        and isinstance(event, RunUpdated)
+                        and event.status.is_terminal
+                    ):
+                        # A cluster: the terminal status once persisted (the session
+                        # released cluster-wide), so the next run.start on any node finds
+                        # the session free, as in one process.
+                        with trio.move_on_after(self.limits.send_timeout):
+                            await entry.log.wait_persisted(event.seq)
                     await self.send(event_frame(event))
         except Exception:
             logger.exception("forwarding the events of %s failed", entry.run_id)

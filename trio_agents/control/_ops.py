@@ -274,6 +274,8 @@ async def execute_routed(registry: Registry, principal: str, data: dict[str, Any
     assert cluster is not None
     if isinstance(request, RunStart):
         registry.check_room(principal)
+        if cluster.running() >= cluster.max_runs:
+            raise ProtocolError("limit_exceeded", f"node {cluster.node_id} is full")
         entry = await registry.start_run(
             principal,
             None,

@@ -84,6 +84,7 @@ class RunEntry:
     memory: MeteredSession | None = None
     fence: Any = None  # a cluster's Fence: events past it are not this node's to send
     first_seq: int = 1  # a resumed run's first event here (earlier ones: the cluster's log)
+    log: Any = None  # a cluster's RunLog: what of the run's events is persisted
 
     @property
     def bytes(self) -> int:
@@ -328,7 +329,7 @@ class Registry:
                 if cluster is not None:
                     await cluster.forget(run_id)
         if cluster is not None:
-            cluster.track(entry.run, run_id, 1, 1, fence)
+            entry.log = cluster.track(entry.run, run_id, 1, 1, fence)
         return entry
 
     def _register(self, entry: RunEntry, state: _Principal) -> None:
@@ -374,7 +375,9 @@ class Registry:
         finally:
             if entry.run is None:
                 self._end(entry, retain=False)
-        cluster.track(entry.run, entry.run_id, resume.attempt, resume.next_seq, session.fence)
+        entry.log = cluster.track(
+            entry.run, entry.run_id, resume.attempt, resume.next_seq, session.fence
+        )
         return entry
 
     async def supersede(self, principal: str, run_id: str, node: str | None) -> None:

@@ -205,7 +205,9 @@ class ControlServer:
         try:
             async with trio.open_nursery() as nursery:
                 self._registry.nursery = nursery
-                cluster_scope = trio.CancelScope()
+                # Shielded: the node's tasks (event writer, router, leases) outlive the
+                # cancellation until the shutdown has handed the runs over.
+                cluster_scope = trio.CancelScope(shield=True)
                 if self._cluster is not None:
                     await nursery.start(self._serve_cluster, cluster_scope)
                 reaper_scope = trio.CancelScope()

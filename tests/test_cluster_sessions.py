@@ -1,0 +1,198 @@
+"""One active run per session across the cluster (``on_busy``), placement by capacity,
+and PostgreSQL restarted under load (DESIGN §12, issue 17 items 3 and 5)."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+import trio
+
+import trio_agents as ta
+from trio_agents.models import ScriptedModel, Turn
+
+from .cluster_support import client, node
+from .pg_support import PostgresServer
+
+
+def agents(model: ta.Model, tools: list[ta.Tool]) -> dict[str, ta.Agent]:
+    return {"a": ta.Agent(name="a", instructions="", model=model, tools=tools)}
+
+
+def gated_tool(gate: trio.Event, started: list[str]) -> ta.Tool:
+    @ta.function_tool
+    async def wait(ctx: ta.ToolContext) -> str:
+        """Wait for the gate."""
+        started.append(ctx.call_id)
+        await gate.wait()
+        return "done"
+
+    return wait
+
+
+@pytest.mark.parametrize("on_busy", ["reject", "interrupt", "enqueue"])
+async def test_on_busy_across_nodes(pg_dsn: str, on_busy: str) -> None:
+    gate = trio.Event()
+    started: list[str] = []
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="ok")
+    tools = [gated_tool(gate, started)]
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A") as a,
+            node(nursery, agents(model, tools), pg_dsn, "B") as b,
+            client(a.url) as ca,
+            client(b.url) as cb,
+        ):
+            first = (
+                await ca.ok("run.start", agent="a", input="1", session_id="s", subscribe="all")
+            )["run_id"]
+            await ca.wait_event(first, lambda e: e["type"] == "tool.started")
+            # Another principal's "s" is another session.
+            async with client(b.url, token="tok-bob") as bob:
+                other = await bob.ok("run.start", agent="a", input="x", session_id="s")
+                assert other["run_id"] != first
+                await bob.ok("run.cancel", run_id=other["run_id"])
+            if on_busy == "reject":
+                busy = await cb.request(
+                    "run.start", agent="a", input="2", session_id="s", on_busy="reject"
+                )
+                assert (busy["type"], busy["code"]) == ("error", "session_busy")
+                gate.set()
+                assert (await ca.wait_terminal(first))["event"]["status"] == "completed"
+                # Free as soon as its terminal status is seen, from any node.
+                second = await cb.ok("run.start", agent="a", input="2", session_id="s")
+                assert second["run_id"] != first
+            elif on_busy == "interrupt":
+                second = await cb.ok(
+                    "run.start",
+                    agent="a",
+                    input="2",
+                    session_id="s",
+                    on_busy="interrupt",
+                    subscribe="all",
+                )
+                done = await ca.wait_terminal(first)
+                assert (done["event"]["status"], done["event"]["reason"]) == (
+                    "cancelled",
+                    "superseded",
+                )
+                gate.set()
+                assert (await cb.wait_terminal(second["run_id"]))["event"]["status"] == (
+                    "completed"
+                )
+            else:
+                async with trio.open_nursery() as waiting:
+                    answers: list[dict[str, object]] = []
+
+                    async def start_second() -> None:
+                        answers.append(
+                            await cb.ok(
+                                "run.start",
+                                agent="a",
+                                input="2",
+                                session_id="s",
+                                on_busy="enqueue",
+                                subscribe="all",
+                            )
+                        )
+
+                    waiting.start_soon(start_second)
+                    await trio.testing.wait_all_tasks_blocked()
+                    gate.set()
+                assert (await ca.wait_terminal(first))["event"]["status"] == "completed"
+                second_id = str(answers[0]["run_id"])
+                assert (await cb.wait_terminal(second_id))["event"]["status"] == "completed"
+                # The second run saw the first one's whole conversation.
+                last = model.requests[-1].items
+                assert [i.content for i in last if isinstance(i, ta.UserMessage)] == ["1", "2"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_full_node_places_runs_on_a_node_with_room(pg_dsn: str) -> None:
+    gate = trio.Event()
+    started: list[str] = []
+    model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
+    tools = [gated_tool(gate, started)]
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A", max_runs=1) as a,
+            node(nursery, agents(model, tools), pg_dsn, "B", max_runs=1) as b,
+            client(a.url) as ca,
+        ):
+            first = (await ca.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
+            await ca.wait_event(first, lambda e: e["type"] == "tool.started")
+            # B's heartbeat has told the cluster it has room; A is full.
+            second = (await ca.ok("run.start", agent="a", input="2", subscribe="status"))[
+                "run_id"
+            ]
+            assert b.server.statistics().active_runs == 1
+            assert a.server.statistics().active_runs == 1
+            await ca.wait_status(second, "running")
+            full = await ca.request("run.start", agent="a", input="3")
+            assert (full["type"], full["code"]) == ("error", "limit_exceeded")
+            for run_id in (first, second):
+                await ca.ok("run.cancel", run_id=run_id)
+                await ca.wait_terminal(run_id)
+        nursery.cancel_scope.cancel()
+
+
+async def test_postgresql_restarted_under_load(
+    pg_dsn: str, postgres_server: PostgresServer
+) -> None:
+    gate = trio.Event()
+    started: list[str] = []
+    model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
+    done_model = ScriptedModel([], default="finished")
+    tools = [gated_tool(gate, started)]
+    count = 6
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A", lease_ttl=15.0) as a,
+            node(nursery, agents(model, tools), pg_dsn, "B", lease_ttl=15.0) as b,
+            client(a.url) as ca,
+            client(b.url) as cb,
+        ):
+            runs: list[str] = []
+            for i in range(count):
+                c = ca if i % 2 else cb
+                runs.append(
+                    (
+                        await c.ok(
+                            "run.start", agent="a", input=f"{i}", session_id=f"s{i}", subscribe="all"
+                        )
+                    )["run_id"]
+                )
+            with trio.fail_after(30):
+                while len(started) < count:
+                    await ca.changed.wait()
+            # Subscribers on the other node follow every run through the restart.
+            for i, run_id in enumerate(runs):
+                await (cb if i % 2 else ca).ok("run.subscribe", run_id=run_id, from_seq=1)
+            await trio.to_thread.run_sync(postgres_server.restart)
+            model._default = done_model._default  # the next turns answer
+            gate.set()
+            for i, run_id in enumerate(runs):
+                for c in (ca, cb):
+                    done = await c.wait_terminal(run_id)
+                    assert done["event"]["status"] == "completed", done
+                follower = cb if i % 2 else ca
+                seqs = follower.seqs(run_id)
+                assert seqs == list(range(1, len(seqs) + 1))
+            assert a.cluster.statistics().reconnects >= 1
+            assert b.cluster.statistics().reconnects >= 1
+            assert a.cluster.statistics().takeovers == b.cluster.statistics().takeovers == 0
+        nursery.cancel_scope.cancel()
+    assert sorted(started) == sorted(set(started)) and len(started) == count
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT status, attempt, finished FROM trio_agents_runs ORDER BY run_id"
+        ).fetchall()
+        assert rows == [("completed", 1, True)] * count
+        for run_id in runs:
+            seqs = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT seq FROM trio_agents_events WHERE run_id = %s ORDER BY seq",
+                    (run_id,),
+                ).fetchall()
+            ]
+            assert seqs == list(range(1, len(seqs) + 1))

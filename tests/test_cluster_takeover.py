@@ -1,0 +1,310 @@
+"""Takeover after a node "crashes" (stops talking to the database at once, as a killed
+process would, and stops renewing its leases), and graceful hand-over (DESIGN §12,
+issue 17 items 2 and 4). The multi-process ``kill -9`` tests live elsewhere; these run
+the nodes in one Trio process on one database with a short lease."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import trio
+
+import trio_agents as ta
+from trio_agents.models import ModelRequest, ScriptedModel, TextDelta, Turn
+from trio_agents.models import Finish as FinishEvent
+from trio_agents.sessions import PostgresSession
+
+from .cluster_support import Client, client, node
+
+
+def agents(model: ta.Model, tools: list[ta.Tool]) -> dict[str, ta.Agent]:
+    return {"a": ta.Agent(name="a", instructions="", model=model, tools=tools)}
+
+
+def stored_session(dsn: str, principal: str, session_id: str) -> PostgresSession:
+    return PostgresSession(dsn, json.dumps([principal, session_id]))
+
+
+def run_rows(dsn: str, run_id: str) -> tuple[list[int], tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        seqs = [
+            int(r[0])
+            for r in conn.execute(
+                "SELECT seq FROM trio_agents_events WHERE run_id = %s ORDER BY seq", (run_id,)
+            ).fetchall()
+        ]
+        row = conn.execute(
+            "SELECT status, owner, attempt, finished, active_key FROM trio_agents_runs"
+            " WHERE run_id = %s",
+            (run_id,),
+        ).fetchone()
+        assert row is not None
+        return seqs, tuple(row)
+
+
+def check_stream(c: Client, run_id: str) -> list[dict[str, Any]]:
+    """The subscriber saw every seq once, in order, one terminal update, last."""
+    frames = c.events[run_id]
+    assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
+    terminal = [
+        f
+        for f in frames
+        if f["event"]["type"] == "run.updated"
+        and f["event"]["status"] in ("completed", "failed", "cancelled")
+    ]
+    assert terminal == [frames[-1]]
+    return frames
+
+
+@asynccontextmanager
+async def three_nodes(
+    model: ta.Model, tools: list[ta.Tool], dsn: str, lease_ttl: float = 0.5
+) -> AsyncIterator[Any]:
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), dsn, "A", lease_ttl=lease_ttl) as a,
+            node(nursery, agents(model, tools), dsn, "B", lease_ttl=lease_ttl) as b,
+            node(nursery, agents(model, tools), dsn, "C", lease_ttl=lease_ttl) as c,
+        ):
+            yield a, b, c
+        nursery.cancel_scope.cancel()
+
+
+async def test_takeover_mid_tool(pg_dsn: str) -> None:
+    started: list[str] = []
+    forever = trio.Event()
+
+    @ta.function_tool
+    async def charge(ctx: ta.ToolContext) -> str:
+        """Charge a card (never twice)."""
+        started.append(f"charge:{ctx.call_id}")
+        await forever.wait()
+        return "charged"
+
+    @ta.function_tool(idempotent=True)
+    async def lookup(ctx: ta.ToolContext) -> str:
+        """Read something (safe to repeat)."""
+        started.append(f"lookup:{ctx.call_id}")
+        if started.count(f"lookup:{ctx.call_id}") == 1:
+            await forever.wait()
+        return "looked up"
+
+    model = ScriptedModel(
+        [
+            Turn(tool_calls=[ta.ToolCall("c1", "charge", "{}"), ta.ToolCall("c2", "lookup", "{}")]),
+            "all done",
+        ]
+    )
+    async with three_nodes(model, [charge, lookup], pg_dsn) as (a, b, c):
+        async with client(a.url) as ca, client(b.url) as cb:
+            run_id = (
+                await ca.ok("run.start", agent="a", input="pay", session_id="s", subscribe="all")
+            )["run_id"]
+            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+            with trio.fail_after(30):
+                while len(started) < 2:
+                    await ca.changed.wait()
+            # Both calls' starts are recorded before their tools run: wait until B has
+            # seen both tool.started events (persisted), then "kill" A.
+            await cb.wait_event(run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c2")
+            await cb.wait_event(run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c1")
+            a.crash()
+            last = cb.seqs(run_id)[-1]
+        # The subscriber moves to node C, from the next seq.
+        async with client(c.url) as cc:
+            await cc.ok("run.subscribe", run_id=run_id, from_seq=last + 1)
+            done = await cc.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed", done
+            frames = [*cb.events[run_id][:last], *cc.events[run_id]]
+            assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
+            resumed = [
+                f["event"]
+                for f in cc.events[run_id]
+                if f["event"]["type"] == "run.updated" and f["event"]["status"] == "running"
+            ]
+            assert resumed[0]["detail"] == {"resumed": True, "attempt": 2}
+            finished = {
+                f["event"]["call_id"]: f["event"]
+                for f in cc.events[run_id]
+                if f["event"]["type"] == "tool.finished"
+            }
+            assert finished["c1"]["status"] == "error"
+            assert finished["c1"]["output"] == "interrupted: node A stopped"
+            assert finished["c2"]["status"] == "ok"
+    # The non-idempotent tool ran once; the idempotent one again.
+    assert started.count("charge:c1") == 1
+    assert started.count("lookup:c2") == 2
+    seqs, (status, owner, attempt, is_finished, active) = run_rows(pg_dsn, run_id)
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert (status, owner in ("B", "C"), attempt, is_finished, active) == (
+        "completed",
+        True,
+        2,
+        True,
+        None,
+    )
+    async with stored_session(pg_dsn, "alice", "s") as session:
+        items = await session.get_items()
+    assert ta.conversation_problems(items) == []
+    results = {i.call_id: i for i in items if isinstance(i, ta.ToolResult)}
+    assert results["c1"].output == "interrupted: node A stopped"
+    assert results["c2"].output == "looked up"
+
+
+class StallingModel:
+    """The first call streams some text, then stalls; later calls answer at once."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.requests: list[ModelRequest] = []
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
+        self.calls += 1
+        self.requests.append(request)
+        number = self.calls
+
+        async def events() -> AsyncIterator[Any]:
+            if number == 1:
+                yield TextDelta("partial ")
+                yield TextDelta("text ")
+                await trio.sleep_forever()
+            yield TextDelta("resumed answer")
+            yield FinishEvent("stop")
+
+        stream = events()
+        try:
+            yield stream
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_takeover_mid_stream(pg_dsn: str) -> None:
+    model = StallingModel()
+    async with three_nodes(model, [], pg_dsn) as (a, b, _c):
+        async with client(a.url) as ca, client(b.url) as cb:
+            run_id = (await ca.ok("run.start", agent="a", input="talk", subscribe="all"))["run_id"]
+            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+            # Deltas are flushed within 100 ms: B sees the second one, then A dies.
+            await cb.wait_event(
+                run_id, lambda e: e["type"] == "response.text.delta" and e["text"] == "text "
+            )
+            a.crash()
+            done = await cb.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed", done
+            frames = check_stream(cb, run_id)
+            texts = [f["event"]["text"] for f in frames if f["event"]["type"] == "response.text.delta"]
+            assert texts == ["partial ", "text ", "resumed answer"]
+    assert model.calls == 2
+    seqs, row = run_rows(pg_dsn, run_id)
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert row[0] == "completed" and row[2] == 2
+
+
+async def test_takeover_while_awaiting_approval(pg_dsn: str) -> None:
+    ran: list[str] = []
+
+    @ta.function_tool(needs_approval=True)
+    async def delete(ctx: ta.ToolContext) -> str:
+        """Delete a file, once approved."""
+        ran.append(ctx.call_id)
+        return "deleted"
+
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("d1", "delete", "{}")]), "done"])
+    async with three_nodes(model, [delete], pg_dsn) as (a, b, c):
+        async with client(a.url) as ca, client(b.url) as cb:
+            run_id = (
+                await ca.ok("run.start", agent="a", input="rm", session_id="s", subscribe="all")
+            )["run_id"]
+            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+            await cb.wait_status(run_id, "awaiting_approval")
+            a.crash()
+            # Re-asked by the new owner after the takeover.
+            resumed = await cb.wait_event(
+                run_id, lambda e: e["type"] == "run.updated" and e["detail"].get("resumed")
+            )
+            again = await cb.wait_event(
+                run_id,
+                lambda e: e["type"] == "run.updated"
+                and e["status"] == "awaiting_approval"
+                and e["seq"] > resumed["seq"],
+            )
+            assert again["event"]["detail"]["pending"] == ["d1"]
+            async with client(c.url) as cc:
+                await cc.ok("run.approve", run_id=run_id, call_id="d1")
+            done = await cb.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed", done
+            check_stream(cb, run_id)
+    assert ran == ["d1"]
+    async with stored_session(pg_dsn, "alice", "s") as session:
+        items = await session.get_items()
+    assert ta.conversation_problems(items) == []
+
+
+async def test_an_injection_acked_before_a_crash_is_delivered_after_takeover(pg_dsn: str) -> None:
+    forever = trio.Event()
+
+    @ta.function_tool
+    async def work() -> str:
+        """Work for a long time."""
+        await forever.wait()
+        return "worked"
+
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "work", "{}")])], default="done")
+    async with three_nodes(model, [work], pg_dsn) as (a, b, _c):
+        async with client(a.url) as ca, client(b.url) as cb:
+            run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
+            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+            await cb.ok("run.inject", run_id=run_id, items="remember this")
+            a.crash()
+            done = await cb.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed", done
+            check_stream(cb, run_id)
+    texts = [
+        i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)
+    ]
+    assert texts == ["go", "remember this"]
+
+
+async def test_graceful_shutdown_hands_runs_over_without_waiting_for_the_lease(
+    pg_dsn: str,
+) -> None:
+    started: list[str] = []
+    forever = trio.Event()
+
+    @ta.function_tool(idempotent=True)
+    async def fetch(ctx: ta.ToolContext) -> str:
+        """Fetch (safe to repeat)."""
+        started.append(ctx.call_id)
+        if len(started) == 1:
+            await forever.wait()
+        return "fetched"
+
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("f1", "fetch", "{}")]), "done"])
+    # A lease of an hour: only the hand-over can move the run within the test's bound.
+    async with three_nodes(model, [fetch], pg_dsn, lease_ttl=3600.0) as (a, b, _c):
+        async with client(a.url) as ca, client(b.url) as cb:
+            run_id = (
+                await ca.ok("run.start", agent="a", input="go", session_id="s", subscribe="all")
+            )["run_id"]
+            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+            await cb.wait_event(run_id, lambda e: e["type"] == "tool.started")
+            with trio.fail_after(30):
+                await a.stop()
+            # A's subscriber saw no terminal event: the run goes on.
+            assert not any(
+                f["event"]["type"] == "run.updated"
+                and f["event"]["status"] in ("completed", "failed", "cancelled")
+                for f in ca.events[run_id]
+            )
+            done = await cb.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed", done
+            check_stream(cb, run_id)
+    assert started == ["f1", "f1"]
+    seqs, row = run_rows(pg_dsn, run_id)
+    assert row[1] in ("B", "C") and row[2] == 2
