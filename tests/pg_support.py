@@ -165,15 +165,15 @@ class PostgresServer:
             options,
         )
 
-    def restart(self, mode: str = "immediate") -> None:
-        """Stop the server (``pg_ctl stop -m MODE``: ``immediate`` is a crash of the
-        server processes, every connection cut; ``fast`` a clean shutdown) and start it
-        again on the same port, with the same data. Blocks until it accepts
-        connections again (``pg_ctl --wait``)."""
+    def restart(self, mode: str = "fast") -> None:
+        """Stop the server (``pg_ctl stop -m MODE``: ``fast`` a clean shutdown, clients
+        disconnected; ``immediate`` a crash of the server processes, for a server with
+        ``synchronous_commit=True``) and start it again on the same port, with the same
+        options and data. Blocks until it accepts connections again."""
         self.stop_server(mode)
         self.start_server()
 
-    def stop_server(self, mode: str = "immediate") -> None:
+    def stop_server(self, mode: str = "fast") -> None:
         """Stop the server, keeping its data for :meth:`start_server`."""
         if mode not in ("immediate", "fast", "smart"):
             raise ValueError(f"unknown pg_ctl stop mode {mode!r}")
@@ -196,23 +196,6 @@ class PostgresServer:
         name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-    def restart(self) -> None:
-        """Stop the server (``-m fast``: clients are disconnected) and start it again on
-        the same port with the same options (the cluster tests' "PostgreSQL restarted")."""
-        self._run(
-            "pg_ctl",
-            "restart",
-            "--pgdata",
-            str(self.data_dir),
-            "-m",
-            "fast",
-            "--wait",
-            "--timeout",
-            "60",
-            "--log",
-            str(self.directory / "server.log"),
-        )
 
     def stop(self) -> None:
         """Stop the server at once (``-m immediate``) and remove its directory."""

@@ -12,9 +12,7 @@ failed test). Leaving the block kills every node still running (SIGKILL).
 stop); :meth:`Cluster.client` connects a :class:`~trio_agents.control.ControlClient` to
 one node. The agents and the cross-process gates and execution records are in
 ``tests/cluster_app.py``. Without ``dsn`` the nodes are plain single-process servers
-(each its own SQLite file): the infrastructure's own tests use that. While ``serve``
-has no ``--cluster`` option, cluster nodes are ``python -m tests.cluster_node`` (see
-there).
+(each its own SQLite file): the infrastructure's own tests use that.
 
 Waits for something another process does (a record in the executions log, a status)
 poll the observable fact every :data:`POLL` seconds under the caller's
@@ -23,14 +21,12 @@ poll the observable fact every :data:`POLL` seconds under the caller's
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import os
 import re
 import secrets
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -41,7 +37,6 @@ import attrs
 import trio
 
 import trio_agents as ta
-from trio_agents._cli import _args as _cli_args
 from trio_agents.control import (
     ControlClient,
     ControlConnectionError,
@@ -69,10 +64,6 @@ POLL: Final = 0.02
 APP: Final = "tests.cluster_app:app"
 SERVING: Final = re.compile(r"^serving .* on (ws://\S+/)")
 _node_numbers = itertools.count(1)
-
-SERVE_HAS_CLUSTER: Final = "--cluster" in inspect.getsource(_cli_args)
-"""Whether ``trio-agents serve`` takes ``--cluster``; until it does, the nodes are
-``python -m tests.cluster_node`` processes (the same server, built by the test)."""
 
 
 class NodeFailed(Exception):
@@ -171,9 +162,7 @@ class Cluster:
         args += ["--lease-ttl", str(self.lease_ttl)]
         if self.max_runs is not None:
             args += ["--max-runs", str(self.max_runs)]
-        if SERVE_HAS_CLUSTER:
-            return cli_argv("serve", *args, *self.extra_args)
-        return [sys.executable, "-m", "tests.cluster_node", *args, *self.extra_args]
+        return cli_argv("serve", *args, *self.extra_args)
 
     async def start_node(self, node_id: str | None = None) -> Node:
         """Start a node and wait until it serves (bounded by :data:`STARTUP_TIMEOUT`)."""

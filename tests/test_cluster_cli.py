@@ -64,8 +64,10 @@ async def test_sigterm_hands_the_runs_of_a_node_over(tmp_path: Path, pg_dsn: str
                     await ws_two.send_message(json.dumps(cancel))
                     done = await _read_until(
                         ws_two,
-                        lambda f: _event(f, "run.updated")
-                        and f["event"]["status"] not in ("running", "awaiting_approval"),
+                        lambda f: (
+                            _event(f, "run.updated")
+                            and f["event"]["status"] not in ("running", "awaiting_approval")
+                        ),
                     )
                     assert (done["event"]["status"], done["event"]["reason"]) == (
                         "cancelled",

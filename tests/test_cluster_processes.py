@@ -310,7 +310,7 @@ async def restarted_under_load(server: PostgresServer, dsn: str) -> None:
             async with trio.open_nursery() as load:
                 for node in nodes:
                     load.start_soon(keep_starting, node)
-                await trio.to_thread.run_sync(server.restart)
+                await trio.to_thread.run_sync(server.restart, "immediate")
                 # Work that needs the database after the restart.
                 async with cluster.client(nodes[0]) as client:
                     after = await client.start("worker", "hello", session_id="after")

@@ -121,9 +121,7 @@ async def test_a_full_node_places_runs_on_a_node_with_room(pg_dsn: str) -> None:
             first = (await ca.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
             await ca.wait_event(first, lambda e: e["type"] == "tool.started")
             # B's heartbeat has told the cluster it has room; A is full.
-            second = (await ca.ok("run.start", agent="a", input="2", subscribe="status"))[
-                "run_id"
-            ]
+            second = (await ca.ok("run.start", agent="a", input="2", subscribe="status"))["run_id"]
             assert b.server.statistics().active_runs == 1
             assert a.server.statistics().active_runs == 1
             await ca.wait_status(second, "running")
@@ -157,7 +155,11 @@ async def test_postgresql_restarted_under_load(
                 runs.append(
                     (
                         await c.ok(
-                            "run.start", agent="a", input=f"{i}", session_id=f"s{i}", subscribe="all"
+                            "run.start",
+                            agent="a",
+                            input=f"{i}",
+                            session_id=f"s{i}",
+                            subscribe="all",
                         )
                     )["run_id"]
                 )

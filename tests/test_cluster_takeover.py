@@ -110,8 +110,12 @@ async def test_takeover_mid_tool(pg_dsn: str) -> None:
                     await ca.changed.wait()
             # Both calls' starts are recorded before their tools run: wait until B has
             # seen both tool.started events (persisted), then "kill" A.
-            await cb.wait_event(run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c2")
-            await cb.wait_event(run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c1")
+            await cb.wait_event(
+                run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c2"
+            )
+            await cb.wait_event(
+                run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c1"
+            )
             a.crash()
             last = cb.seqs(run_id)[-1]
         # The subscriber moves to node C, from the next seq.
@@ -197,7 +201,9 @@ async def test_takeover_mid_stream(pg_dsn: str) -> None:
             done = await cb.wait_terminal(run_id)
             assert done["event"]["status"] == "completed", done
             frames = check_stream(cb, run_id)
-            texts = [f["event"]["text"] for f in frames if f["event"]["type"] == "response.text.delta"]
+            texts = [
+                f["event"]["text"] for f in frames if f["event"]["type"] == "response.text.delta"
+            ]
             assert texts == ["partial ", "text ", "resumed answer"]
     assert model.calls == 2
     seqs, row = run_rows(pg_dsn, run_id)
@@ -229,9 +235,11 @@ async def test_takeover_while_awaiting_approval(pg_dsn: str) -> None:
             )
             again = await cb.wait_event(
                 run_id,
-                lambda e: e["type"] == "run.updated"
-                and e["status"] == "awaiting_approval"
-                and e["seq"] > resumed["seq"],
+                lambda e: (
+                    e["type"] == "run.updated"
+                    and e["status"] == "awaiting_approval"
+                    and e["seq"] > resumed["seq"]
+                ),
             )
             assert again["event"]["detail"]["pending"] == ["d1"]
             async with client(c.url) as cc:
@@ -265,9 +273,7 @@ async def test_an_injection_acked_before_a_crash_is_delivered_after_takeover(pg_
             done = await cb.wait_terminal(run_id)
             assert done["event"]["status"] == "completed", done
             check_stream(cb, run_id)
-    texts = [
-        i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)
-    ]
+    texts = [i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)]
     assert texts == ["go", "remember this"]
 
 

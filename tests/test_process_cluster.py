@@ -85,7 +85,7 @@ def test_a_postgres_server_restarts_on_its_port_with_its_data() -> None:
             conn.execute("CREATE TABLE t (x int)")
             conn.execute("INSERT INTO t VALUES (1)")
             port = server.port
-            server.restart()
+            server.restart("immediate")
             with pytest.raises(psycopg.OperationalError):
                 conn.execute("SELECT 1")
         assert server.port == port
