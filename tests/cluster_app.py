@@ -12,6 +12,7 @@ conversation alone — the model keeps no state of its own:
   turn calling each of those tools, in parallel.
 - ``stream``: stream ``alpha``, ``beta``, then block until the ``stream`` gate is
   opened, then ``gamma`` and finish (no tool).
+- ``hold stream``: the same, but the first delta waits for the ``hold`` gate.
 - a word ``#TAG``: the run's tag. The model does not know the run's id, so its gate
   and its records use the tag (``gates/stream.TAG``).
 - anything else: answer at once.
@@ -214,6 +215,8 @@ class ClusterModel:
                 events.append(ToolCallDone(ta.ToolCall(f"call_{name}_{number}", name, "{}")))
             events += [Usage(1, 1), Finish("tool_calls")]
         elif "stream" in scenario and not calls:
+            if "hold" in scenario:  # the first delta waits for the "hold" gate
+                events.append("hold")
             events += [TextDelta("alpha "), TextDelta("beta "), "stream", TextDelta("gamma")]
             events += [Usage(1, 1), Finish("stop")]
         else:
