@@ -22,6 +22,7 @@ poll the observable fact every :data:`POLL` seconds under the caller's
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 import secrets
@@ -61,6 +62,7 @@ __all__ = [
 
 STARTUP_TIMEOUT: Final = 60.0  # a hang guard: a node starts in about 1 s when idle
 POLL: Final = 0.02
+HANDSHAKE_BOUND: Final = 10.0  # seconds (a hang guard: a handshake takes milliseconds)
 APP: Final = "tests.cluster_app:app"
 SERVING: Final = re.compile(r"^serving .* on (ws://\S+/)")
 _node_numbers = itertools.count(1)
@@ -149,6 +151,9 @@ class Cluster:
     token: str = attrs.field(factory=lambda: secrets.token_urlsafe(16))
     nodes: dict[str, Node] = attrs.field(factory=dict)
     extra_args: Sequence[str] = ()
+    node_command: Sequence[str] = ()
+    """Instead of ``python -m trio_agents serve``: a command taking the same cluster
+    options (the benchmarks' node without the start rate limit)."""
     final_records: list[dict[str, Any]] | None = None
     """The execution records as the cluster closed (its directory is gone then)."""
 
@@ -162,6 +167,8 @@ class Cluster:
         args += ["--lease-ttl", str(self.lease_ttl)]
         if self.max_runs is not None:
             args += ["--max-runs", str(self.max_runs)]
+        if self.node_command:
+            return [*self.node_command, *args, *self.extra_args]
         return cli_argv("serve", *args, *self.extra_args)
 
     async def start_node(self, node_id: str | None = None) -> Node:
@@ -222,9 +229,20 @@ class Cluster:
 
     @asynccontextmanager
     async def client(self, node: str | Node) -> AsyncIterator[ControlClient]:
-        """A control client connected to ``node``."""
-        async with connect(self.node(node).url, token=self.token) as client:
-            yield client
+        """A control client connected to ``node``.
+
+        The handshake is bounded by :data:`HANDSHAKE_BOUND`: ``connect()`` waits forever
+        when the server dies during the handshake (a reported client bug, see
+        test_process_cluster.py), which a node killed by a test can do; that counts as
+        a failed connection (``ControlConnectionError``, code ``connect_failed``)."""
+        with trio.CancelScope(deadline=trio.current_time() + HANDSHAKE_BOUND) as handshake:
+            async with connect(self.node(node).url, token=self.token) as client:
+                handshake.deadline = math.inf
+                yield client
+        if handshake.cancelled_caught:
+            raise ControlConnectionError(
+                "connect_failed", f"the handshake with {self.node(node).node_id} never ended"
+            )
 
     # -- the app's gates and records ---------------------------------------------------
 
@@ -270,14 +288,23 @@ async def open_cluster(
     lease_ttl: float = 1.0,
     max_runs: int | None = None,
     extra_args: Sequence[str] = (),
+    echo: bool = True,
+    node_command: Sequence[str] = (),
 ) -> AsyncIterator[Cluster]:
     """Start ``nodes`` node processes on ``dsn`` (None: no cluster, see the module
-    doc); every node still running is killed when the block ends."""
+    doc); every node still running is killed when the block ends, and (``echo``) the
+    nodes' output printed."""
     with tempfile.TemporaryDirectory(prefix="trio-agents-cluster-") as directory:
         os.chmod(directory, 0o755)
         async with trio.open_nursery() as nursery:
             cluster = Cluster(
-                dsn, Path(directory), nursery, lease_ttl, max_runs, extra_args=extra_args
+                dsn,
+                Path(directory),
+                nursery,
+                lease_ttl,
+                max_runs,
+                extra_args=extra_args,
+                node_command=node_command,
             )
             try:
                 if nodes:
@@ -291,7 +318,8 @@ async def open_cluster(
                     for node in cluster.nodes.values():
                         await node.process.wait()
                     cluster.final_records = cluster_app.execution_records(cluster.directory)
-                    print(cluster.output())  # shown by pytest when the test failed
+                    if echo:
+                        print(cluster.output())  # shown by pytest when the test failed
 
 
 async def poll_until(condition: Callable[[], bool]) -> None:
@@ -400,6 +428,11 @@ class Follower:
             seen = len(self.events)
             if self.terminal is not None:
                 raise AssertionError(f"{self.run_id} ended without the awaited event")
+            await self._lot.park()
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition()`` holds, looking again at each event received."""
+        while not condition():
             await self._lot.park()
 
     def check(self) -> None:

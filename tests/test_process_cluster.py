@@ -9,7 +9,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from trio_agents.control import ControlConnectionError
+from trio_agents.control import ControlConnectionError, connect
 
 from .pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
 from .process_cluster import events_until_terminal, items_of, open_cluster
@@ -93,3 +93,22 @@ def test_a_postgres_server_restarts_on_its_port_with_its_data() -> None:
             assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]
     finally:
         server.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="control client bug (reported): connect() waits forever when the server"
+    " closes the connection during the websocket handshake (a node killed just then)",
+)
+async def test_connect_fails_when_the_server_dies_during_the_handshake() -> None:
+    async def accept_then_die(stream: trio.SocketStream) -> None:
+        await stream.receive_some()  # the handshake request: then the "process" dies
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, accept_then_die, 0)
+        port = listeners[0].socket.getsockname()[1]
+        with trio.fail_after(10), pytest.raises(ControlConnectionError):
+            async with connect(f"ws://127.0.0.1:{port}/", token="t"):
+                pass
+        nursery.cancel_scope.cancel()
