@@ -49,7 +49,7 @@ async def node(
     dsn: str,
     node_id: str,
     *,
-    lease_ttl: float = 0.5,
+    lease_ttl: float = 5.0,
     max_runs: int = 100,
 ) -> AsyncIterator[Node]:
     """Serve one node in ``nursery`` until the block ends (or it is stopped)."""
@@ -126,9 +126,9 @@ class Client:
         assert answer["type"] == "ack", answer
         return answer
 
-    async def wait_event(self, run_id: str, predicate: Any, timeout: float = 60) -> dict[str, Any]:
-        """Wait for an event of ``run_id`` matching ``predicate(event_json)``."""
-        with trio.fail_after(timeout):
+    async def wait_event(self, run_id: str, predicate: Any) -> dict[str, Any]:
+        """Wait (at most 60 s) for an event of ``run_id`` matching ``predicate(event_json)``."""
+        with trio.fail_after(60):
             while True:
                 for frame in self.events.get(run_id, []):
                     if predicate(frame["event"]):

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from .cli_support import cli_process, serving_url
+from .cli_support import assert_one_error_line, cli, cli_process, serving_url
 from .control_support import raw_client
 
 HANG_GUARD = 60
@@ -24,14 +25,15 @@ async def _read_until(ws: Any, predicate: Any) -> dict[str, Any]:
 
 
 def _event(frame: dict[str, Any], kind: str) -> bool:
-    return frame["type"] == "event" and frame["event"]["type"] == kind
+    return bool(frame["type"] == "event" and frame["event"]["type"] == kind)
 
 
 async def test_sigterm_hands_the_runs_of_a_node_over(tmp_path: Path, pg_dsn: str) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("tok-a alice\n")
     tokens.chmod(0o600)
-    common = ["serve", "--app", "tests.cli_app:AGENTS", "--port", "0", "--tokens", tokens]
+    common: list[str | Path] = ["serve", "--app", "tests.cli_app:AGENTS", "--port", "0"]
+    common += ["--tokens", tokens]
     common += ["--cluster", pg_dsn, "--lease-ttl", "3600"]  # only the hand-over can move it
     with trio.fail_after(HANG_GUARD):
         async with (
@@ -78,3 +80,21 @@ async def test_sigterm_hands_the_runs_of_a_node_over(tmp_path: Path, pg_dsn: str
             assert rest == ["SIGTERM: node stopped (1 run handed over to the other nodes)"]
             two.process.send_signal(signal.SIGTERM)
             assert await two.process.wait() == 0
+
+
+def test_serve_with_an_unreachable_cluster_database_fails_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = cli(
+        "serve", "--port", "0", "--token", "t",
+        "--cluster", f"host=127.0.0.1 port={port} user=postgres dbname=x connect_timeout=2",
+    )  # fmt: skip
+    line = assert_one_error_line(done, 1)
+    assert "--cluster: cannot reach the cluster database" in line
+
+
+def test_serve_with_a_bad_cluster_dsn_fails_with_one_line() -> None:
+    done = cli("serve", "--port", "0", "--token", "t", "--cluster", "not a = = dsn")
+    line = assert_one_error_line(done, 1)
+    assert "--cluster: not a valid connection string" in line

@@ -163,9 +163,11 @@ async def test_postgresql_restarted_under_load(
                         )
                     )["run_id"]
                 )
-            with trio.fail_after(30):
-                while len(started) < count:
-                    await ca.changed.wait()
+            for i, run_id in enumerate(runs):
+                await (ca if i % 2 else cb).wait_event(
+                    run_id, lambda e: e["type"] == "tool.started"
+                )
+            assert len(started) == count
             # Subscribers on the other node follow every run through the restart.
             for i, run_id in enumerate(runs):
                 await (cb if i % 2 else ca).ok("run.subscribe", run_id=run_id, from_seq=1)
@@ -183,7 +185,7 @@ async def test_postgresql_restarted_under_load(
             assert b.cluster.statistics().reconnects >= 1
             assert a.cluster.statistics().takeovers == b.cluster.statistics().takeovers == 0
         nursery.cancel_scope.cancel()
-    assert sorted(started) == sorted(set(started)) and len(started) == count
+    assert len(set(started)) == len(started) == count
     with psycopg.connect(pg_dsn) as conn:
         rows = conn.execute(
             "SELECT status, attempt, finished FROM trio_agents_runs ORDER BY run_id"

@@ -7,6 +7,7 @@ import inspect
 import pytest
 
 import trio_agents
+import trio_agents.cluster
 import trio_agents.control
 import trio_agents.mcp
 import trio_agents.models
@@ -20,6 +21,7 @@ MODULES = [
     trio_agents.models,
     trio_agents.sessions,
     trio_agents.control,
+    trio_agents.cluster,
     trio_agents.mcp,
     trio_agents.testing,
     trio_agents.testing.plugin,

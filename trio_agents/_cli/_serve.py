@@ -242,7 +242,9 @@ def _check_cluster(dsn: str) -> None:
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.Error as exc:
-        raise CLIError(f"--cluster: not a valid connection string: {exc}") from None
+        raise CLIError(
+            f"--cluster: not a valid connection string: {' '.join(str(exc).split())}"
+        ) from None
 
 
 def serve_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -259,12 +261,23 @@ def serve_command(args: argparse.Namespace, out: TextIO) -> int:
         _check_db(args.db)
     else:
         _check_cluster(args.cluster)
-    received, cancelled = trio.run(_serve, args, agents, auth, out)
+    try:
+        received, cancelled = trio.run(_serve, args, agents, auth, out)
+    except BaseExceptionGroup as group:
+        if args.cluster is None:
+            raise
+        from ..cluster._db import ClusterDown, ClusterSchemaError
+
+        matched, _ = group.split((ClusterDown, ClusterSchemaError))
+        if matched is None:
+            raise
+        first: BaseException = matched
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise CLIError(f"--cluster: {' '.join(str(first).split())}") from None
     runs = f"{cancelled} run{'' if cancelled == 1 else 's'}"
     if args.cluster is None:
-        out.write(
-            f"{received}: server stopped ({runs} cancelled with reason 'server shutdown')\n"
-        )
+        out.write(f"{received}: server stopped ({runs} cancelled with reason 'server shutdown')\n")
     else:
         out.write(f"{received}: node stopped ({runs} handed over to the other nodes)\n")
     out.flush()

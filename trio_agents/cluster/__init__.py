@@ -31,11 +31,19 @@ under the session id ``json.dumps([principal, session_id])`` — or
     trio_agents_commands(command_id BIGSERIAL PK, run_id, target_node, origin_node,
                          principal, op, args (the request's wire JSON), reply (JSON), created_at)
 
+Rows of runs finished more than ``Limits.retain_finished`` ago (and their events, tool
+starts, withdrawals and commands) are deleted by whichever node sweeps first (each
+sweeps every minute).
+
 Channel: one, ``trio_agents_cluster``; payloads are JSON objects with a kind ``k``:
 ``{"k": "run", "r": run_id, "s": last_seq}`` (a run's events up to ``s`` are persisted;
 subscribers on other nodes read them), ``{"k": "cmd", "n": node}`` (commands wait for
-``node``), ``{"k": "reply", "n": node, "c": command_id}`` (a command of ``node`` was
-answered), ``{"k": "scan"}`` (a node released its runs: take them over now).
+``node``; with ``"c"``, ``"r"``, ``"p"``, ``"a"``, ``"o"`` — command id, run, principal,
+the request, origin node — when the request is short enough to travel inline),
+``{"k": "reply", "n": node, "c": command_id}`` (a command of ``node`` was answered; the
+answer inline in ``"a"`` when short), ``{"k": "scan"}`` (a node released its runs: take
+them over now). The tables stay the record: a NOTIFY lost with a connection is made up
+for by reading them (after a reconnection, and by bounded polls).
 
 What holds (DESIGN §12):
 
@@ -50,6 +58,11 @@ What holds (DESIGN §12):
   other ops are routed to the owner through the commands table and its own answer comes
   back. An op for a run whose owner died waits until the run is taken over and is
   answered by the new owner, or answers ``internal`` ("retry") after 30 s.
+- Known gaps: a run whose node died before the run's input reached its session is
+  resumed with the input kept in its row if its session is empty, else with what the
+  session holds; a ``run.start`` placed on another node ignores
+  ``on_disconnect="cancel"``; when every node is full ``run.start`` answers
+  ``limit_exceeded`` (it is not queued).
 - One active run per session across the cluster (``active_key``); ``on_busy`` holds
   cluster-wide. A ``run.start`` that waits (``enqueue``/``interrupt``) is acked once
   it holds the session.
@@ -69,7 +82,9 @@ What holds (DESIGN §12):
   while disconnected).
 
 Not exactly-once: a tool not declared idempotent runs at most once (it may be
-interrupted); an idempotent one at least once. Events a node emitted but had not yet
+interrupted); an idempotent one at least once. A routed op whose owner died while
+answering it is answered again by the next owner (an injection acked by neither may
+then arrive twice). Events a node emitted but had not yet
 persisted when it died are lost (the seqs are reused by the next attempt); a subscriber
 on the owner node sees live events before they are persisted, so exact replay across a
 crash holds for the persisted log (subscribers on other nodes).

@@ -10,28 +10,32 @@ a private-by-convention surface documented here, not in the public API).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
 
-from .._items import ToolCall
-from .._resume import Resume
+from .._items import Item, ToolCall
 from ..control._protocol import ProtocolError
 from ._claims import claim_run
-from ._db import ClusterDown, Conn, Database
+from ._db import ClusterDown, Database
 from ._eventlog import EventWriter, Fence, RunLog, follow
 from ._listener import Listener
+from ._queries import (
+    nodes_with_room,
+    read_runs,
+    record_withdrawal,
+    release_node,
+    tool_start_barrier,
+)
 from ._routing import Router
-from ._schema import CHANNEL
-from ._session import RETRY_FOR, ClusterSession, session_key
-from ._takeover import Claimed, Leases
+from ._session import ClusterSession, session_key
+from ._takeover import Leases
 
 if TYPE_CHECKING:
     from ..control._registry import Registry
@@ -39,6 +43,9 @@ if TYPE_CHECKING:
 __all__ = ["ClusterStatistics", "PostgresCluster"]
 
 logger = logging.getLogger("trio_agents.cluster")
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds a node waits for the database when it starts, then fails (ClusterDown)."""
 
 Executor = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -128,8 +135,6 @@ class PostgresCluster:
         self.execute: Executor | None = None
         self.dead = False
         self._nursery: trio.Nursery | None = None
-        self._resuming: set[str] = set()
-        self._resumed = trio.Event()
         self._in_use = False
 
     def __repr__(self) -> str:
@@ -185,17 +190,37 @@ class PostgresCluster:
         self.registry = registry
         self.execute = execute
         self.router.execute = execute
+        self.router.serves_inline = self._serves
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self.listener.run)
                 nursery.start_soon(self.writer.run)
+                with trio.move_on_after(CONNECT_TIMEOUT):
+                    await self.listener.connected.wait()
+                if not self.listener.connected.is_set():
+                    raise ClusterDown(
+                        f"cannot reach the cluster database: {self.listener.last_error}"
+                    )
                 nursery.start_soon(self.router.run)
-                await self.listener.connected.wait()
                 await nursery.start(self.leases.run)
+                nursery.start_soon(self.leases.watchdog)
                 task_status.started()
         finally:
             await self.db.aclose()
+
+    def _serves(self, run_id: Any, principal: Any) -> bool:
+        """Whether a routed op for ``run_id`` may be answered here at once (a run of
+        this node; or no run: a start placed here)."""
+        if run_id is None:
+            return True
+        registry = self.registry
+        entry = None if registry is None else registry.runs.get(run_id)
+        return (
+            entry is not None
+            and entry.principal == principal
+            and not (entry.fence is not None and entry.fence.closed)
+        )
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message.get("k")
@@ -203,10 +228,10 @@ class PostgresCluster:
             self.listener.notify(("run", message.get("r")))
         elif kind == "cmd":
             if message.get("n") in (self._node_id, None):
-                self.router.wake()
+                self.router.command(message)
         elif kind == "reply":
             if message.get("n") == self._node_id:
-                self.listener.notify(("reply", message.get("c")))
+                self.router.replied(message)
         elif kind == "scan":
             self.leases.wake()
         elif kind == "connected":
@@ -230,8 +255,11 @@ class PostgresCluster:
         agent: str,
         on_busy: str,
         cancel_holder: Callable[[str, str | None], Awaitable[None]],
+        items: Sequence[Item] = (),
     ) -> None:
-        """Insert a new run's row, claiming its session cluster-wide (``_claims.py``)."""
+        """Insert a new run's row, claiming its session cluster-wide (``_claims.py``).
+        The row keeps the run's input (``options["input"]``) for a takeover that finds
+        it missing from the session."""
         await claim_run(
             self,
             run_id=run_id,
@@ -239,7 +267,7 @@ class PostgresCluster:
             session_id=session_id,
             agent=agent,
             on_busy=on_busy,
-            options={},
+            options={"input": [item.to_json() for item in items]},
             cancel_holder=cancel_holder,
         )
 
@@ -266,71 +294,11 @@ class PostgresCluster:
 
     def before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""
-        db = self.db
-
-        async def barrier(call: ToolCall) -> None:
-            backoff = 0.05
-            give_up = trio.current_time() + RETRY_FOR
-            while True:
-                if fence.closed:
-                    raise RuntimeError("this node no longer runs the call")
-                try:
-                    await db.call(
-                        lambda conn: conn.execute(
-                            "INSERT INTO trio_agents_tool_starts (run_id, call_id, attempt)"
-                            " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                            (run_id, call.call_id, attempt),
-                        )
-                    )
-                    return
-                except ClusterDown:
-                    if db.dead or trio.current_time() + backoff > give_up:
-                        raise
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-
-        return barrier
-
-    async def resume(self, claimed: Claimed) -> None:
-        """Continue a run this node just claimed (``_takeover.py``)."""
-        registry = self.registry
-        assert registry is not None
-        self._resuming.add(claimed.run_id)
-        try:
-            if claimed.agent not in registry.agents:
-                await self.leases.fail(
-                    claimed, f"agent {claimed.agent!r} is not served by node {self._node_id}"
-                )
-                return
-            resume = Resume(
-                attempt=claimed.attempt,
-                next_seq=claimed.last_seq + 1,
-                started=claimed.started,
-                reason=f"node {claimed.previous_owner} stopped",
-            )
-            try:
-                entry = await registry.resume_run(claimed, resume)
-            except Exception as exc:
-                logger.exception("resuming run %s failed", claimed.run_id)
-                await self.leases.fail(claimed, f"could not resume: {exc!r}")
-                return
-            run = entry.run
-            assert run is not None
-            for injected in claimed.reinject:
-                try:
-                    run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
-                except Exception:
-                    logger.exception("re-injecting into run %s failed", claimed.run_id)
-        finally:
-            self._resuming.discard(claimed.run_id)
-            self._resumed.set()
-            self._resumed = trio.Event()
-        self.router.wake()  # commands that waited for the run's new owner
+        return tool_start_barrier(self.db, run_id, attempt, fence)
 
     async def wait_resumed(self, run_id: str) -> None:
         """Wait while ``run_id`` is being resumed here (a command may come first)."""
-        while run_id in self._resuming:
-            await self._resumed.wait()
+        await self.leases.wait_resumed(run_id)
 
     async def owner_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
         """The run's row (None: no such run of ``principal``)."""
@@ -340,36 +308,7 @@ class PostgresCluster:
     # -- reading ----------------------------------------------------------------------
 
     async def _rows(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
-        columns = (
-            "run_id, agent, session_id, status, reason, last_seq, turn, pending, owner,"
-            " finished, principal"
-        )
-
-        def read(conn: Conn) -> list[dict[str, Any]]:
-            return [
-                {
-                    "run_id": r[0],
-                    "agent": r[1],
-                    "session_id": r[2],
-                    "status": r[3],
-                    "reason": r[4],
-                    "seq": int(r[5]),
-                    "turn": int(r[6]),
-                    "pending_approvals": json.loads(r[7]),
-                    "owner": r[8],
-                    "finished": bool(r[9]),
-                    "principal": r[10],
-                }
-                for r in conn.execute(
-                    f"SELECT {columns} FROM trio_agents_runs WHERE {where} ORDER BY created_at",
-                    params,
-                ).fetchall()
-            ]
-
-        try:
-            return await self.db.call(read)
-        except ClusterDown as exc:
-            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        return await read_runs(self.db, where, params)
 
     async def list_runs(self, principal: str, retain: float) -> list[dict[str, Any]]:
         """The principal's unfinished runs and those finished less than ``retain`` s ago."""
@@ -380,9 +319,7 @@ class PostgresCluster:
 
     async def session_holder(self, principal: str, session_id: str) -> dict[str, Any] | None:
         """The row of the run holding the principal's session, if any."""
-        rows = await self._rows(
-            "active_key = %s", (session_key(principal, session_id, ""),)
-        )
+        rows = await self._rows("active_key = %s", (session_key(principal, session_id, ""),))
         return rows[0] if rows else None
 
     async def follow(
@@ -395,11 +332,10 @@ class PostgresCluster:
         """Send a run's persisted events from ``from_seq`` on (``_eventlog.follow``)."""
         await follow(self.db, self.listener, run_id, from_seq, mode, send)
 
-    async def route(self, principal: str, request: dict[str, Any], row: dict[str, Any]) -> Any:
-        """Send an op to the owner of ``row``'s run; its ack fields come back."""
-        return await self.router.send(
-            principal, request, run_id=row["run_id"], target_node=None, owner=row["owner"]
-        )
+    async def route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
+        """Send an op to the owner of ``run_id``; its ack fields come back (errors:
+        ``not_found``, ``run_closed``, the owner's own)."""
+        return await self.router.send(principal, request, run_id=run_id)
 
     async def place(self, principal: str, request: dict[str, Any]) -> dict[str, Any] | None:
         """A ``run.start`` on a full node: start it on a node with room (its ack
@@ -407,28 +343,12 @@ class PostgresCluster:
         if self.running() < self._max_runs:
             return None
 
-        def pick(conn: Conn) -> list[str]:
-            return [
-                str(row[0])
-                for row in conn.execute(
-                    "SELECT node_id FROM trio_agents_nodes WHERE node_id <> %s AND NOT draining"
-                    " AND lease_expires_at > now() AND running < max_runs"
-                    " ORDER BY running::float / max_runs LIMIT 3",
-                    (self._node_id,),
-                ).fetchall()
-            ]
-
-        try:
-            nodes = await self.db.call(pick)
-        except ClusterDown as exc:
-            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        nodes = await nodes_with_room(self.db, self._node_id)
         # The counts are as of each node's last heartbeat: the chosen node checks its
         # own room (authoritative) and refuses when full; then the next one is asked.
         for node in nodes:
             try:
-                return await self.router.send(
-                    principal, request, run_id=None, target_node=node, owner=node
-                )
+                return await self.router.send(principal, request, run_id=None, target_node=node)
             except ProtocolError as exc:
                 if exc.code != "limit_exceeded":
                     raise
@@ -438,13 +358,7 @@ class PostgresCluster:
 
     async def record_withdrawal(self, run_id: str, injection_id: str) -> None:
         """A withdrawn injection is never injected again by a takeover."""
-        await self.db.call(
-            lambda conn: conn.execute(
-                "INSERT INTO trio_agents_withdrawals (run_id, injection_id) VALUES (%s, %s)"
-                " ON CONFLICT DO NOTHING",
-                (run_id, injection_id),
-            )
-        )
+        await record_withdrawal(self.db, run_id, injection_id)
 
     async def injection_persisted(self, run_id: str, injection_id: str) -> None:
         """Wait (bounded) until an injection's ``inbox.injected`` event is persisted.
@@ -475,22 +389,27 @@ class PostgresCluster:
         with trio.move_on_after(5.0):
             for log in list(self.writer.logs.values()):
                 await log.done.wait()
-        node = self._node_id
-
-        def release(conn: Conn) -> None:
-            conn.execute(
-                "UPDATE trio_agents_runs SET released = true, lease_expires_at = now()"
-                " WHERE owner = %s AND NOT finished",
-                (node,),
-            )
-            conn.execute("DELETE FROM trio_agents_nodes WHERE node_id = %s", (node,))
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps({"k": "scan"})))
-
         with trio.move_on_after(5.0):
+            await self.leases.lock.acquire()  # no heartbeat in flight: none comes after
+            self.leases.stopped = True
             try:
-                await self.db.call(release)
+                await release_node(self.db, self._node_id)
             except ClusterDown:
                 logger.warning("could not release this node's runs; they wait for their lease")
+
+    def lose_all(self, reason: str) -> int:
+        """Stop every run of this node without persisting anything more (its leases
+        may have expired: another node may take them over); returns how many."""
+        count = 0
+        for log in list(self.writer.logs.values()):
+            if not log.fence.closed:
+                log.fence.closed = True
+                log.fence.fence_seq = None
+                log.run.cancel(reason)
+                count += 1
+        if count:
+            logger.warning("node %s stopped %d runs: %s", self._node_id, count, reason)
+        return count
 
     def crash(self) -> None:
         """Stop talking to the database at once, as a killed process would (tests).

@@ -30,12 +30,18 @@ from ..sessions._postgres import (
     _pool_limiter,
     _release_pool,
 )
+from ..sessions._storage import SessionStorageError
 from ._schema import prepare_cluster_schema
 
-__all__ = ["ClusterDown", "Conn", "Database"]
+__all__ = ["ClusterDown", "ClusterSchemaError", "Conn", "Database"]
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
+
+
+class ClusterSchemaError(Exception):
+    """The database's tables are not usable by this trio_agents (newer, or foreign):
+    not retried; the node does not start."""
 
 
 class ClusterDown(Exception):
@@ -95,9 +101,12 @@ class Database:
         try:
             with shared.pool.connection(timeout=max(budget(self.statement_timeout), 0.001)) as conn:
                 if not self._schema_ready:
-                    with conn.transaction():
-                        PostgresSession(self.dsn)._prepare(conn)
-                        prepare_cluster_schema(conn)
+                    try:
+                        with conn.transaction():
+                            PostgresSession(self.dsn)._prepare(conn)
+                            prepare_cluster_schema(conn)
+                    except (psycopg.DataError, SessionStorageError) as exc:
+                        raise ClusterSchemaError(str(exc)) from exc
                     self._schema_ready = True
                 with conn.transaction():
                     conn.execute(

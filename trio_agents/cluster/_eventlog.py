@@ -18,6 +18,7 @@ seq once, in order, ending after the terminal ``run.updated``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -240,6 +241,14 @@ class EventWriter:
         return lost
 
 
+def _page(conn: Conn, *, run_id: str, start: int) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT seq, data FROM trio_agents_events WHERE run_id = %s AND seq >= %s"
+        " ORDER BY seq LIMIT %s",
+        (run_id, start, _PAGE),
+    ).fetchall()
+
+
 def _is_terminal(event: dict[str, Any]) -> bool:
     return event.get("type") == "run.updated" and event.get("status") in _TERMINAL
 
@@ -259,13 +268,7 @@ async def follow(
     while True:
         wake = listener.watch(("run", run_id))
         try:
-            rows = await db.call(
-                lambda conn: conn.execute(
-                    "SELECT seq, data FROM trio_agents_events WHERE run_id = %s AND seq >= %s"
-                    " ORDER BY seq LIMIT %s",
-                    (run_id, next_seq, _PAGE),
-                ).fetchall()
-            )
+            rows = await db.call(functools.partial(_page, run_id=run_id, start=next_seq))
             backoff = 0.05
         except ClusterDown:
             await trio.sleep(backoff)

@@ -45,6 +45,7 @@ class Listener:
         self.connected = trio.Event()
         self.reconnects = 0
         self.dead = False
+        self.last_error: BaseException | None = None
 
     def watch(self, key: Hashable) -> trio.Event:
         """An event set by the next notification for ``key`` (or a reconnection)."""
@@ -93,8 +94,9 @@ class Listener:
                             self._soon(token, self._dispatch, notify.payload)
                             if self._stop.is_set():
                                 break
-            except psycopg.Error as exc:
-                logger.info("cluster LISTEN connection lost (%s); reconnecting", exc)
+            except Exception as exc:  # psycopg.Error mostly; never let the thread die
+                self.last_error = exc
+                logger.info("cluster LISTEN connection lost (%r); reconnecting", exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
 

@@ -1,13 +1,16 @@
 """Control ops for runs owned by another node: the ``trio_agents_commands`` table.
 
 The client's node inserts the request (op and its fields as JSON, the principal, the
-run — or, for a placed ``run.start``, the target node) and NOTIFYs
-``{"k": "cmd", "n": owner}``; the owner takes every unanswered command for its runs or
-addressed to it (``FOR UPDATE SKIP LOCKED``), answers each with its own local op — the
-same code as a single process, so the answers (``injection_id``, ``run_closed``, ...)
-are the real ones — writes the reply into the row and NOTIFYs
-``{"k": "reply", "n": origin, "c": command_id}``. The client's node then reads the
-reply. A command for a run whose owner died stays unanswered until the node that takes
+run — or, for a placed ``run.start``, the target node), in the statement that checks the
+run is the principal's and unfinished (``not_found``/``run_closed`` otherwise), and
+NOTIFYs ``{"k": "cmd", "n": owner, ...}`` carrying the command itself when it is short.
+The owner answers an inline command of one of its runs at once; otherwise (or on a poll
+every few seconds, or after a reconnection) it reads every unanswered command for its
+runs or addressed to it. It answers each with its own local op — the same code as a
+single process, so the answers (``injection_id``, ``run_closed``, ...) are the real
+ones — writes the reply into the row (only if it has none: a command is answered once)
+and NOTIFYs ``{"k": "reply", "n": origin, "c": command_id, "a": answer}`` (the answer
+inline when short; else the client's node reads the row). A command for a run whose owner died stays unanswered until the node that takes
 the run over answers it (it runs the open commands of each run it claims), or until
 :data:`ROUTE_TIMEOUT` passes: then the client gets ``internal`` with a message saying
 to retry (the run is being taken over).
@@ -15,6 +18,7 @@ to retry (the run is being taken over).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -34,6 +38,13 @@ logger = logging.getLogger("trio_agents.cluster")
 ROUTE_TIMEOUT: Final = 30.0
 """Seconds a routed op waits for the owner's (or its successor's) answer."""
 
+_POLL: Final = 2.0
+_REPLY_POLL: Final = 1.0
+_INLINE: Final = 6000
+"""Commands and replies whose JSON is shorter go in the NOTIFY payload itself (its
+limit is 8000 bytes), saving the reader a round trip; longer ones are read from the
+table."""
+
 Executor = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 """``execute(principal, request_json) -> reply``: the node's local op."""
 
@@ -49,6 +60,10 @@ class Router:
         self.execute: Executor | None = None
         self._wakeup = trio.Event()
         self._inflight: set[int] = set()
+        self._replies: dict[Any, str] = {}
+        self._nursery: trio.Nursery | None = None
+        # Whether a run is this node's (set by the cluster): inline commands only then.
+        self.serves_inline: Callable[[Any, Any], bool] = lambda run_id, principal: False
         self.routed = 0
         self.served = 0
 
@@ -60,64 +75,84 @@ class Router:
         request: dict[str, Any],
         *,
         run_id: str | None,
-        target_node: str | None,
-        owner: str | None,
+        target_node: str | None = None,
     ) -> dict[str, Any]:
-        """Route ``request`` (its wire JSON) and return the owner's ack fields.
+        """Route ``request`` (its wire JSON) to the owner of ``run_id`` (or, for a placed
+        ``run.start``, to ``target_node``) and return its ack fields.
 
         Raises:
-            ProtocolError: the owner's error, or ``internal`` after ROUTE_TIMEOUT.
+            ProtocolError: ``not_found`` (no such run of ``principal``), ``run_closed``
+                (it has finished), the owner's own error, or ``internal`` after
+                ROUTE_TIMEOUT.
         """
         self.routed += 1
         node = self._node_id
+        args = json.dumps(request)
 
-        def insert(conn: Conn) -> int:
+        def insert(conn: Conn) -> tuple[int, str | None] | None:
+            # One statement: the run must be the principal's and unfinished; its owner
+            # is read with it.
             row = conn.execute(
-                "INSERT INTO trio_agents_commands"
+                "WITH r AS (SELECT owner FROM trio_agents_runs WHERE run_id = %(run)s"
+                " AND principal = %(p)s AND NOT finished),"
+                " ins AS (INSERT INTO trio_agents_commands"
                 " (run_id, target_node, origin_node, principal, op, args)"
-                " VALUES (%s, %s, %s, %s, %s, %s) RETURNING command_id",
-                (run_id, target_node, node, principal, request["op"], json.dumps(request)),
+                " SELECT %(run)s, %(target)s, %(origin)s, %(p)s, %(op)s, %(args)s"
+                " WHERE %(target)s::text IS NOT NULL OR EXISTS (SELECT 1 FROM r)"
+                " RETURNING command_id)"
+                " SELECT ins.command_id, (SELECT owner FROM r) FROM ins",
+                {
+                    "run": run_id,
+                    "p": principal,
+                    "target": target_node,
+                    "origin": node,
+                    "op": request["op"],
+                    "args": args,
+                },
             ).fetchone()
-            assert row is not None
-            conn.execute(
-                "SELECT pg_notify(%s, %s)",
-                (CHANNEL, json.dumps({"k": "cmd", "n": target_node or owner})),
-            )
-            return int(row[0])
+            if row is None:
+                return None
+            command_id, owner = int(row[0]), row[1]
+            note: dict[str, Any] = {"k": "cmd", "n": target_node or owner}
+            if len(args) < _INLINE:  # the owner can serve it without reading the row
+                note.update(c=command_id, r=run_id, p=principal, a=request, o=node)
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(note)))
+            return command_id, owner
 
         try:
-            command_id = await self._db.call(insert)
+            inserted = await self._db.call(insert)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        if inserted is None:
+            raise await self._refusal(principal, run_id)
+        command_id = inserted[0]
         reply: str | None = None
         with trio.move_on_after(ROUTE_TIMEOUT):
             while reply is None:
                 wake = self._listener.watch(("reply", command_id))
-                try:
-                    reply = await self._db.call(
-                        lambda conn: _reply(conn, command_id),
-                    )
-                except ClusterDown:
-                    reply = None
+                reply = self._replies.pop(command_id, None)
                 if reply is None:
-                    with trio.move_on_after(1.0):
+                    with trio.move_on_after(_REPLY_POLL):
                         await wake.wait()
+                    reply = self._replies.pop(command_id, None)
+                if reply is None:  # not inline (too long), or its NOTIFY was lost
+                    with contextlib.suppress(ClusterDown):
+                        reply = await self._db.call(lambda conn: _reply(conn, command_id))
         if reply is None:
-            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
-                try:
-                    await self._db.call(
-                        lambda conn: conn.execute(
-                            "DELETE FROM trio_agents_commands WHERE command_id = %s AND"
-                            " reply IS NULL",
-                            (command_id,),
-                        )
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(2.0),
+                contextlib.suppress(ClusterDown),
+            ):
+                await self._db.call(
+                    lambda conn: conn.execute(
+                        "DELETE FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL",
+                        (command_id,),
                     )
-                except ClusterDown:
-                    pass
+                )
             raise ProtocolError(
                 "internal",
-                "the node running this run did not answer (it may be being taken over);"
-                " retry",
+                "the node running this run did not answer (it may be being taken over); retry",
             )
         answer = json.loads(reply)
         if "error" in answer:
@@ -125,6 +160,49 @@ class Router:
             raise ProtocolError(code, message)
         data: dict[str, Any] = answer["ok"]
         return data
+
+    async def _refusal(self, principal: str, run_id: str | None) -> ProtocolError:
+        def look(conn: Conn) -> bool | None:
+            row = conn.execute(
+                "SELECT finished FROM trio_agents_runs WHERE run_id = %s AND principal = %s",
+                (run_id, principal),
+            ).fetchone()
+            return None if row is None else bool(row[0])
+
+        try:
+            finished = await self._db.call(look)
+        except ClusterDown as exc:
+            return ProtocolError("internal", f"cluster database unavailable: {exc}")
+        if finished is None:
+            return ProtocolError("not_found", f"no run {run_id!r}")
+        return ProtocolError("run_closed", f"run {run_id} is closed")
+
+    def replied(self, message: dict[str, Any]) -> None:
+        """A reply NOTIFY for a command of this node (its answer inline, if small)."""
+        command_id = message.get("c")
+        answer = message.get("a")
+        if isinstance(answer, dict):
+            self._replies[command_id] = json.dumps(answer)
+        self._listener.notify(("reply", command_id))
+
+    def command(self, message: dict[str, Any]) -> None:
+        """A command NOTIFY for this node: served at once when it is inline and its run
+        is this node's (or it is a placed start); else the table is read."""
+        command_id, request = message.get("c"), message.get("a")
+        nursery = self._nursery
+        if (
+            nursery is None
+            or not isinstance(command_id, int)
+            or not isinstance(request, dict)
+            or command_id in self._inflight
+            or not self.serves_inline(message.get("r"), message.get("p"))
+        ):
+            self.wake()
+            return
+        self._inflight.add(command_id)
+        nursery.start_soon(
+            self._serve, command_id, str(message.get("p")), json.dumps(request), str(message["o"])
+        )
 
     # -- the owner's side -------------------------------------------------------------
 
@@ -136,8 +214,12 @@ class Router:
         """Answer commands for this node until cancelled (each in its own task: an op
         may wait, e.g. an injection is acked once persisted)."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             while True:
-                await self._wakeup.wait()
+                # Woken by NOTIFY; a bounded poll covers a notification lost with a
+                # connection.
+                with trio.move_on_after(_POLL):
+                    await self._wakeup.wait()
                 self._wakeup = trio.Event()
                 try:
                     commands = await self._take()
@@ -148,6 +230,8 @@ class Router:
                     self._wakeup.set()
                     continue
                 for command in commands:
+                    if command[0] in self._inflight:
+                        continue  # served inline meanwhile (its NOTIFY came first)
                     self._inflight.add(command[0])
                     nursery.start_soon(self._serve, *command)
 
@@ -181,8 +265,11 @@ class Router:
                 logger.exception("routed command %s failed", command_id)
                 answer = {"error": ["internal", "internal error"]}
             self.served += 1
-            note = json.dumps({"k": "reply", "n": origin, "c": command_id})
             text = json.dumps(answer)
+            reply: dict[str, Any] = {"k": "reply", "n": origin, "c": command_id}
+            if len(text) < _INLINE:
+                reply["a"] = answer
+            note = json.dumps(reply)
 
             def answer_it(conn: Conn) -> None:
                 conn.execute(

@@ -54,8 +54,7 @@ _DDL: Final = (
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     "CREATE UNIQUE INDEX trio_agents_runs_active_session ON trio_agents_runs (active_key)"
     " WHERE active_key IS NOT NULL",
-    "CREATE INDEX trio_agents_runs_unfinished ON trio_agents_runs (owner)"
-    " WHERE NOT finished",
+    "CREATE INDEX trio_agents_runs_unfinished ON trio_agents_runs (owner) WHERE NOT finished",
     "CREATE INDEX trio_agents_runs_principal ON trio_agents_runs (principal, created_at)",
     """CREATE TABLE trio_agents_events (
         run_id TEXT NOT NULL,
@@ -83,8 +82,7 @@ _DDL: Final = (
         args TEXT NOT NULL,
         reply TEXT,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
-    "CREATE INDEX trio_agents_commands_open ON trio_agents_commands (run_id)"
-    " WHERE reply IS NULL",
+    "CREATE INDEX trio_agents_commands_open ON trio_agents_commands (run_id) WHERE reply IS NULL",
 )
 
 

@@ -11,6 +11,10 @@ one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 ``inbox.injected``) but neither delivered nor withdrawn are injected again. A NOTIFY
 ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
+Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
+longer than ``retain_finished`` ago (and their events, tool starts, withdrawals and
+commands), answered commands as old, and node rows whose lease expired as long ago.
+
 A run whose agent this node does not serve, or that cannot be resumed, is marked
 ``failed`` with a terminal event, so it never stays orphaned.
 """
@@ -26,6 +30,8 @@ import attrs
 import trio
 
 from .._events import InboxDelivered, InboxInjected, RunStatus, RunUpdated, event_from_json
+from .._items import Item, item_from_json
+from .._resume import Resume
 from ._db import ClusterDown, Conn
 from ._schema import CHANNEL
 
@@ -35,6 +41,9 @@ if TYPE_CHECKING:
 __all__ = ["Claimed", "Leases"]
 
 logger = logging.getLogger("trio_agents.cluster")
+
+CLEANUP_INTERVAL: Final = 60.0
+"""Seconds between a node's sweeps of finished runs past their retention."""
 
 _TIME: Final = "now() + make_interval(secs => %(ttl)s)"
 
@@ -52,6 +61,14 @@ class Claimed:
     last_seq: int
     started: frozenset[str]
     reinject: tuple[InboxInjected, ...]
+    input: tuple[Item, ...] = ()
+
+
+def _input(options: str) -> tuple[Item, ...]:
+    try:
+        return tuple(item_from_json(item) for item in json.loads(options).get("input", ()))
+    except (TypeError, ValueError, AttributeError):
+        return ()
 
 
 class Leases:
@@ -62,6 +79,14 @@ class Leases:
         self._wakeup = trio.Event()
         self.draining = False
         self.takeovers = 0
+        self.renewed_at = 0.0  # when the last successful heartbeat was sent (Trio clock)
+        self._renewed = trio.Event()
+        self.fenced = 0
+        self._next_cleanup = 0.0
+        self._resuming: set[str] = set()
+        self._resumed = trio.Event()
+        self.lock = trio.Lock()  # held by a heartbeat, and by the hand-over for good
+        self.stopped = False
 
     def wake(self) -> None:
         """Scan now (a node released runs, or we reconnected)."""
@@ -70,6 +95,7 @@ class Leases:
     async def heartbeat(self) -> None:
         """Renew the node's and its runs' leases (one statement)."""
         cluster = self._cluster
+        sent = trio.current_time()
         params = {
             "node": cluster.node_id,
             "ttl": cluster.lease_ttl,
@@ -91,6 +117,25 @@ class Leases:
                 params,
             )
         )
+        self.renewed_at = sent
+        self._renewed.set()
+        self._renewed = trio.Event()
+
+    async def watchdog(self) -> None:
+        """Stop this node's runs once its leases may expire unrenewed (the database
+        unreachable for most of ``lease_ttl``): before another node can take them over,
+        never at the same time. Runs until cancelled."""
+        cluster = self._cluster
+        margin = 0.8 * cluster.lease_ttl
+        while True:
+            renewed = self._renewed
+            with trio.move_on_at(self.renewed_at + margin):
+                await renewed.wait()
+                continue
+            if cluster.db.dead:
+                return
+            self.fenced += cluster.lose_all("lease lost")
+            await renewed.wait()
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
         """Heartbeat and scan every ``lease_ttl / 3`` s until cancelled."""
@@ -98,12 +143,18 @@ class Leases:
         started = False
         while True:
             try:
-                await self.heartbeat()
+                async with self.lock:
+                    if self.stopped:
+                        return
+                    await self.heartbeat()
                 if not started:
                     started = True
                     task_status.started()
                 if not self.draining:
                     await self.scan()
+                    if trio.current_time() >= self._next_cleanup:
+                        self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
+                        await self.cleanup()
             except ClusterDown:
                 if cluster.db.dead:
                     return
@@ -112,6 +163,37 @@ class Leases:
                 await self._wakeup.wait()
             self._wakeup = trio.Event()
 
+    async def cleanup(self) -> None:
+        """Forget runs finished more than ``retain_finished`` ago (their events, tool
+        starts, withdrawals and commands too) and answered commands older than that:
+        whichever node does it first (every :data:`CLEANUP_INTERVAL` s per node)."""
+        cluster = self._cluster
+        registry = cluster.registry
+        retain = 600.0 if registry is None else registry.limits.retain_finished
+
+        def delete(conn: Conn) -> None:
+            old = conn.execute(
+                "DELETE FROM trio_agents_runs WHERE finished AND updated_at <"
+                " now() - make_interval(secs => %s) RETURNING run_id",
+                (retain,),
+            ).fetchall()
+            ids = [str(r[0]) for r in old]
+            if ids:
+                for table in ("events", "tool_starts", "withdrawals", "commands"):
+                    conn.execute(f"DELETE FROM trio_agents_{table} WHERE run_id = ANY(%s)", (ids,))
+            conn.execute(
+                "DELETE FROM trio_agents_commands WHERE reply IS NOT NULL AND created_at <"
+                " now() - make_interval(secs => %s)",
+                (retain,),
+            )
+            conn.execute(
+                "DELETE FROM trio_agents_nodes WHERE lease_expires_at <"
+                " now() - make_interval(secs => %s)",
+                (retain,),
+            )
+
+        await cluster.db.call(delete)
+
     async def scan(self) -> None:
         """Claim and resume runs whose lease expired or that were released."""
         cluster = self._cluster
@@ -119,14 +201,57 @@ class Leases:
         if room <= 0:
             return
         claimed = await cluster.db.call(lambda conn: self._claim(conn, room))
+        # Ours from the commit on: a command for any of them waits for its resumption.
+        self._resuming.update(run.run_id for run in claimed)
         for run in claimed:
             self.takeovers += 1
-            await cluster.resume(run)
+            await self.resume(run)
+
+    async def wait_resumed(self, run_id: str) -> None:
+        """Wait while ``run_id`` is claimed here and not resumed yet."""
+        while run_id in self._resuming:
+            await self._resumed.wait()
+
+    async def resume(self, claimed: Claimed) -> None:
+        """Continue a run this node just claimed (see the module docstring)."""
+        cluster = self._cluster
+        registry = cluster.registry
+        assert registry is not None
+        try:
+            if claimed.agent not in registry.agents:
+                await self.fail(
+                    claimed, f"agent {claimed.agent!r} is not served by node {cluster.node_id}"
+                )
+                return
+            resume = Resume(
+                attempt=claimed.attempt,
+                next_seq=claimed.last_seq + 1,
+                started=claimed.started,
+                reason=f"node {claimed.previous_owner} stopped",
+            )
+            try:
+                entry = await registry.resume_run(claimed, resume)
+            except Exception as exc:
+                logger.exception("resuming run %s failed", claimed.run_id)
+                await self.fail(claimed, f"could not resume: {exc!r}")
+                return
+            run = entry.run
+            assert run is not None
+            for injected in claimed.reinject:
+                try:
+                    run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
+                except Exception:
+                    logger.exception("re-injecting into run %s failed", claimed.run_id)
+        finally:
+            self._resuming.discard(claimed.run_id)
+            self._resumed.set()
+            self._resumed = trio.Event()
+            cluster.router.wake()  # commands that waited for the run's new owner
 
     def _claim(self, conn: Conn, room: int) -> list[Claimed]:
         cluster = self._cluster
         rows = conn.execute(
-            "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq"
+            "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options"
             " FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
             " now()) ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED",
             (room,),
@@ -165,7 +290,7 @@ class Leases:
             elif isinstance(event, InboxDelivered):
                 delivered.add((str(run_id), event.injection_id))
         claimed = []
-        for run_id, principal, session_id, agent, owner, attempt, last_seq in rows:
+        for run_id, principal, session_id, agent, owner, attempt, last_seq, options in rows:
             pending = tuple(
                 event
                 for injection_id, event in injected.get(run_id, {}).items()
@@ -183,6 +308,7 @@ class Leases:
                     last_seq=int(last_seq),
                     started=frozenset(starts.get(run_id, ())),
                     reinject=pending,
+                    input=_input(options),
                 )
             )
         return claimed

@@ -230,9 +230,12 @@ class Connection:
             with scope:
                 fence = entry.fence
                 async for event in entry.run.events(from_seq):
-                    if fence is not None and fence.closed:
-                        if fence.fence_seq is None or event.seq > fence.fence_seq:
-                            break  # not this node's: the run goes on elsewhere
+                    if (
+                        fence is not None
+                        and fence.closed
+                        and (fence.fence_seq is None or event.seq > fence.fence_seq)
+                    ):
+                        break  # not this node's: the run goes on elsewhere
                     if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
                         continue
                     if (

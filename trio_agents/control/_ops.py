@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
 
-from .. import InboxFullError, Run, RunClosedError, UnknownCallError
+from .. import InboxFullError, Run, RunClosedError, RunStatus, UnknownCallError
 from ._protocol import ProtocolError, RunInfo, ack_frame, error_frame
 from ._registry import Registry, RunEntry
 from ._requests import (
@@ -159,6 +160,8 @@ async def apply_local(registry: Registry, principal: str, request: Request) -> d
         if cluster is not None:  # acked once durable: a takeover injects it again
             await cluster.injection_persisted(entry.run_id, str(injection_id))
         return {"injection_id": injection_id}
+    if entry.first_seq > 1:
+        await _settled(run)
     try:
         if isinstance(request, RunApprove):
             run.approve(request.call_id)
@@ -171,6 +174,17 @@ async def apply_local(registry: Registry, principal: str, request: Request) -> d
     return {}
 
 
+async def _settled(run: Run) -> None:
+    """A run just resumed by a takeover asks again for the approvals its earlier
+    attempt waited for once it has loaded its session: an approval that comes first
+    (routed while the owner was dead) waits for that (at most 10 s)."""
+    with trio.move_on_after(10.0):
+        async for update in run.updated:
+            loading = update.status in (RunStatus.QUEUED, RunStatus.RUNNING)
+            if not loading or update.turn > 0 or run.statistics().turn > 0:
+                return
+
+
 async def _control(
     conn: Connection, request: RunCancel | RunInject | RunWithdraw | RunApprove | RunReject
 ) -> None:
@@ -178,17 +192,14 @@ async def _control(
     if registry.cluster is None or _here(conn, request.run_id) is not None:
         data = await apply_local(registry, conn.principal, request)
     else:
-        row = await _row(conn, request.run_id)
-        if row["finished"]:
-            raise ProtocolError("run_closed", f"run {request.run_id} is closed")
-        data = await registry.cluster.route(conn.principal, wire(request), row)
+        data = await registry.cluster.route(conn.principal, wire(request), request.run_id)
     await conn.send(ack_frame(request.id, **data))
 
 
 async def run_subscribe(conn: Connection, request: RunSubscribe) -> None:
     entry = _here(conn, request.run_id)
-    from_seq = request.from_seq if request.from_seq is not None else 1
-    if entry is not None and from_seq >= entry.first_seq:
+    from_seq = max(request.from_seq or 1, 1)
+    if entry is not None and (conn.registry.cluster is None or from_seq >= entry.first_seq):
         conn.check_subscription_room(entry.run_id)
         await conn.send(ack_frame(request.id))
         conn.subscribe(entry, request.from_seq, request.events)
@@ -248,7 +259,7 @@ async def session_cancel(conn: Connection, request: SessionCancel) -> None:
             if _here(conn, row["run_id"]) is not None:
                 await apply_local(conn.registry, conn.principal, cancel)
             else:
-                await cluster.route(conn.principal, wire(cancel), row)
+                await cluster.route(conn.principal, wire(cancel), row["run_id"])
         except ProtocolError as exc:
             if exc.code != "run_closed":
                 raise
@@ -264,7 +275,9 @@ async def session_cancel(conn: Connection, request: SessionCancel) -> None:
     await conn.send(ack_frame(request.id, run_id=entry.run_id))
 
 
-async def execute_routed(registry: Registry, principal: str, data: dict[str, Any]) -> dict[str, Any]:
+async def execute_routed(
+    registry: Registry, principal: str, data: dict[str, Any]
+) -> dict[str, Any]:
     """Answer an op another node routed here (its wire JSON); returns the ack's fields.
 
     A ``run.start`` was placed here by a full node: it starts here, with no connection

@@ -10,6 +10,7 @@ more than ``max_retained_bytes_per_principal``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections import OrderedDict, deque
@@ -284,6 +285,7 @@ class Registry:
                 agent=agent_name,
                 on_busy=on_busy,
                 cancel_holder=lambda holder, node: self.supersede(principal, holder, node),
+                items=items,
             )
             cluster_session = cluster.session(principal, session_id, run_id)
             session, fence = cluster_session, cluster_session.fence
@@ -342,7 +344,8 @@ class Registry:
 
     async def resume_run(self, claimed: Claimed, resume: Resume) -> RunEntry:
         """Continue a run this node took over (a cluster's takeover)."""
-        assert self.nursery is not None and self.cluster is not None
+        assert self.nursery is not None
+        assert self.cluster is not None
         cluster = self.cluster
         state = self._principal(claimed.principal)
         session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
@@ -364,6 +367,11 @@ class Registry:
             if state.finished.pop(entry.run_id, None) is not None:
                 state.retained_bytes -= old.bytes
         self._register(entry, state)
+        if claimed.input:
+            # The earlier attempt died before its input reached the session.
+            stored = await session.get_items()
+            if not stored:
+                await session.add_items(claimed.input)
         extra = {
             "resume": resume,
             "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
@@ -389,10 +397,8 @@ class Registry:
             return
         assert self.cluster is not None
         request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
-        try:
-            await self.cluster.route(principal, request, {"run_id": run_id, "owner": node})
-        except ProtocolError:
-            pass
+        with contextlib.suppress(ProtocolError):
+            await self.cluster.route(principal, request, run_id)
 
     async def _run_task(
         self,

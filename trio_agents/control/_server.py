@@ -225,6 +225,11 @@ class ControlServer:
             if only_cancelled(group):
                 raise first_leaf(group) from None
             raise
+        finally:
+            # Closed here too: a cluster that failed to start never got to serve them.
+            with trio.CancelScope(shield=True):
+                for listener in listeners:
+                    await listener.aclose()
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _serve_cluster(
