@@ -229,7 +229,7 @@ async def run_schedule(dsn: str, ops: list[tuple[Any, ...]]) -> None:
 
 
 @settings(
-    max_examples=int(os.environ.get("CLUSTER_EXAMPLES", "3")),
+    max_examples=int(os.environ.get("CLUSTER_EXAMPLES", "6")),
     derandomize=True,
     database=None,
     deadline=None,

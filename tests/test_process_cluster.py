@@ -108,7 +108,7 @@ async def test_connect_fails_when_the_server_dies_during_the_handshake() -> None
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(trio.serve_tcp, accept_then_die, 0)
         port = listeners[0].socket.getsockname()[1]
-        with trio.fail_after(10), pytest.raises(ControlConnectionError):
+        with trio.fail_after(3), pytest.raises(ControlConnectionError):
             async with connect(f"ws://127.0.0.1:{port}/", token="t"):
                 pass
         nursery.cancel_scope.cancel()
