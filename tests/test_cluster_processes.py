@@ -1,12 +1,19 @@
 """Durable runs across real node processes (issue 17, DESIGN §12): ``kill -9`` of a
 run's owner mid-tool, mid-stream and while awaiting approval; SIGTERM hand-over;
-PostgreSQL restarted under load; a Hypothesis schedule of ops and node kills.
+PostgreSQL restarted under load (the Hypothesis schedule of ops and node kills is in
+test_cluster_schedule.py).
 
 Every node is a real ``trio-agents serve --cluster`` process (tests/process_cluster.py)
 on the suite's real PostgreSQL; the agents are tests/cluster_app.py's, whose tools
 write each execution to a file before blocking on a gate the test opens. Waits are on
 observable facts (an event, an execution record), each bounded by ``trio.fail_after``
 as a hang guard only; no assert is on wall-clock time.
+
+A subscriber on the run's owner sees events before they are persisted (by design, see
+trio_agents/cluster/__init__.py): before killing the owner, the tests wait until the
+events that subscriber saw are persisted (asked of another node), so that its view
+after reconnecting must be the log's, exactly. What happens when they are not is the
+xfail test at the end.
 """
 
 from __future__ import annotations
