@@ -406,6 +406,7 @@ class PostgresCluster:
                 log.fence.closed = True
                 log.fence.fence_seq = None
                 log.run.cancel(reason)
+                self.leases.to_release.add(log.run_id)
                 count += 1
         if count:
             logger.warning("node %s stopped %d runs: %s", self._node_id, count, reason)

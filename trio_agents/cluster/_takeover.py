@@ -85,6 +85,9 @@ class Leases:
         self._next_cleanup = 0.0
         self._resuming: set[str] = set()
         self._resumed = trio.Event()
+        # Runs this node stopped on its own (lease lost): released by the next heartbeat
+        # that reaches the database, so another node takes them over at once.
+        self.to_release: set[str] = set()
         self.lock = trio.Lock()  # held by a heartbeat, and by the hand-over for good
         self.stopped = False
 
@@ -96,15 +99,25 @@ class Leases:
         """Renew the node's and its runs' leases (one statement)."""
         cluster = self._cluster
         sent = trio.current_time()
+        releasing = list(self.to_release)
         params = {
             "node": cluster.node_id,
             "ttl": cluster.lease_ttl,
             "max": cluster.max_runs,
             "running": cluster.running(),
             "draining": self.draining,
+            "releasing": releasing,
         }
-        await cluster.db.call(
-            lambda conn: conn.execute(
+
+        def beat(conn: Conn) -> None:
+            if releasing:
+                conn.execute(
+                    "UPDATE trio_agents_runs SET released = true, lease_expires_at = now()"
+                    " WHERE run_id = ANY(%(releasing)s) AND owner = %(node)s AND NOT finished",
+                    params,
+                )
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps({"k": "scan"})))
+            conn.execute(
                 "WITH node AS (INSERT INTO trio_agents_nodes"
                 " (node_id, lease_expires_at, max_runs, running, draining)"
                 f" VALUES (%(node)s, {_TIME}, %(max)s, %(running)s, %(draining)s)"
@@ -116,7 +129,9 @@ class Leases:
                 " WHERE owner = %(node)s AND NOT finished AND NOT released",
                 params,
             )
-        )
+
+        await cluster.db.call(beat)
+        self.to_release.difference_update(releasing)
         self.renewed_at = sent
         self._renewed.set()
         self._renewed = trio.Event()
