@@ -159,7 +159,9 @@ class Cluster:
 
     def argv(self, node_id: str) -> list[str]:
         args: list[str] = ["--host", "127.0.0.1", "--port", "0"]
-        args += ["--app", self.app, "--token", self.token, "--shutdown-timeout", "10"]
+        # --token=T: a random token may start with "-", which argparse would take for
+        # an option after a separate --token.
+        args += ["--app", self.app, f"--token={self.token}", "--shutdown-timeout", "10"]
         if self.dsn is None:
             args += ["--db", str(self.directory / f"{node_id}.sqlite3")]
             return cli_argv("serve", *args, *self.extra_args)
