@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers fuzz docs clean interop postgres
+.PHONY: demo test lint bench bench-peers fuzz docs clean interop postgres cluster-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ demo: $(STAMP)  ## the lifecycle tour, offline, on the DemoModel
 
 test: $(STAMP) postgres  ## the test suite (Hypothesis runs the seeded "ci" profile)
 	$(BIN)/python -m pytest
+
+cluster-demo: $(STAMP) postgres  ## 3 cluster nodes on a throwaway PostgreSQL; the run's owner is killed, another finishes it
+	$(BIN)/python examples/cluster_demo.py
 
 postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, only if missing
 	@.ci/postgres.sh

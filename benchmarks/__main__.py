@@ -21,7 +21,7 @@ from .concurrency import bench_b3
 from .report import write_markdown
 
 HERE = Path(__file__).resolve().parent
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "T1")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1")
 # "I": instruction counts under valgrind (minutes; not in the smoke test's ALL).
 DEFAULT = (*ALL, "I")
 
@@ -95,6 +95,19 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
                 connections=(1, 2) if quick else (1, 10, 100),
                 cancels=3 if quick else 1000,
                 retained=50 if quick else 10_000,
+            )
+        )
+    if "B7" in only:
+        from .cluster import bench_b7  # needs the postgres extra and PostgreSQL (initdb)
+
+        emit(
+            await bench_b7(
+                base,
+                runs=12 if quick else 600,
+                cancels=3 if quick else 300,
+                connections=3 if quick else 6,
+                kills=1 if quick else 3,
+                flush_wait=0.0 if quick else 11.0,
             )
         )
     if "T1" in only:

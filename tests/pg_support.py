@@ -4,10 +4,11 @@
 (``initdb`` on ``PATH``, else Debian's ``/usr/lib/postgresql/<version>/bin``) into a
 fresh temporary directory, listening on 127.0.0.1 only (no Unix socket) on a free port,
 with trust authentication (it is reachable only from this machine, for the length of
-the test session) and durability switched off (``fsync=off``: the server is never
-crashed by a test, only its clients are). PostgreSQL refuses to run as root, so as
-root the binaries run as the ``postgres`` user through ``runuser`` and the directory is
-handed to that user.
+the test session) and durability switched off (``fsync=off``: the machine never
+crashes under a test; ``synchronous_commit=off`` unless the server is made to be
+crashed and restarted, :meth:`PostgresServer.restart`). PostgreSQL refuses to run as
+root, so as root the binaries run as the ``postgres`` user through ``runuser`` and the
+directory is handed to that user.
 
 The pytest fixtures (``postgres_server``, ``pg_dsn``) live in ``conftest.py``; each
 test gets a database of its own, created from an empty template.
@@ -76,6 +77,10 @@ class PostgresServer:
     """One throwaway PostgreSQL server: :meth:`start`, then :meth:`stop`."""
 
     bin_dir: Path
+    synchronous_commit: bool = False
+    """True for a server that may be crashed (:meth:`restart` in ``immediate`` mode)
+    without losing a commit: ``synchronous_commit=off`` loses the last ~200 ms of
+    commits when the server processes die."""
     directory: Path = attrs.field(init=False)
     port: int = attrs.field(init=False, default=0)
     started_in: float = attrs.field(init=False, default=0.0)
@@ -122,31 +127,8 @@ class PostgresServer:
         )
         for attempt in range(3):
             self.port = _free_port()
-            options = " ".join(
-                [
-                    "-c listen_addresses=127.0.0.1",
-                    f"-c port={self.port}",
-                    "-c unix_socket_directories=''",  # TCP on loopback only
-                    "-c fsync=off",
-                    "-c synchronous_commit=off",
-                    "-c full_page_writes=off",
-                    "-c max_connections=200",
-                ]
-            )
             try:
-                self._run(
-                    "pg_ctl",
-                    "start",
-                    "--pgdata",
-                    str(self.data_dir),
-                    "--wait",
-                    "--timeout",
-                    "60",
-                    "--log",
-                    str(self.directory / "server.log"),
-                    "-o",
-                    options,
-                )
+                self._pg_ctl_start()
             except PostgresUnavailable:
                 if attempt == 2:
                     raise
@@ -156,6 +138,52 @@ class PostgresServer:
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {TEMPLATE} TEMPLATE template0 IS_TEMPLATE true")
         self.started_in = time.monotonic() - begun
+
+    def _pg_ctl_start(self) -> None:
+        options = " ".join(
+            [
+                "-c listen_addresses=127.0.0.1",
+                f"-c port={self.port}",
+                "-c unix_socket_directories=''",  # TCP on loopback only
+                "-c fsync=off",
+                f"-c synchronous_commit={'on' if self.synchronous_commit else 'off'}",
+                "-c full_page_writes=off",
+                "-c max_connections=200",
+            ]
+        )
+        self._run(
+            "pg_ctl",
+            "start",
+            "--pgdata",
+            str(self.data_dir),
+            "--wait",
+            "--timeout",
+            "60",
+            "--log",
+            str(self.directory / "server.log"),
+            "-o",
+            options,
+        )
+
+    def restart(self, mode: str = "fast") -> None:
+        """Stop the server (``pg_ctl stop -m MODE``: ``fast`` a clean shutdown, clients
+        disconnected; ``immediate`` a crash of the server processes, for a server with
+        ``synchronous_commit=True``) and start it again on the same port, with the same
+        options and data. Blocks until it accepts connections again."""
+        self.stop_server(mode)
+        self.start_server()
+
+    def stop_server(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data for :meth:`start_server`."""
+        if mode not in ("immediate", "fast", "smart"):
+            raise ValueError(f"unknown pg_ctl stop mode {mode!r}")
+        self._running = False
+        self._run("pg_ctl", "stop", "--pgdata", str(self.data_dir), "-m", mode, "--wait")
+
+    def start_server(self) -> None:
+        """Start a server stopped by :meth:`stop_server`, on the same port."""
+        self._pg_ctl_start()
+        self._running = True
 
     def create_database(self) -> str:
         """A new, empty database; returns its DSN."""
@@ -168,23 +196,6 @@ class PostgresServer:
         name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-    def restart(self) -> None:
-        """Stop the server (``-m fast``: clients are disconnected) and start it again on
-        the same port with the same options (the cluster tests' "PostgreSQL restarted")."""
-        self._run(
-            "pg_ctl",
-            "restart",
-            "--pgdata",
-            str(self.data_dir),
-            "-m",
-            "fast",
-            "--wait",
-            "--timeout",
-            "60",
-            "--log",
-            str(self.directory / "server.log"),
-        )
 
     def stop(self) -> None:
         """Stop the server at once (``-m immediate``) and remove its directory."""

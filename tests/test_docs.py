@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted(
     [ROOT / "README.md", *(p for p in (ROOT / "docs").glob("*.md") if p.name != "testing.md")]
 )
-EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+# cluster_demo.py needs PostgreSQL and starts processes: tests/test_cluster_demo.py.
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if p.name != "cluster_demo.py")
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
