@@ -168,6 +168,7 @@ class _Steps:
         while self._position < len(self._events):
             step = self._events[self._position]
             if isinstance(step, str):  # a gate to wait for
+                record(f"gate-{step}", self._key, "", None)  # the model reached it
                 await wait_gate(step, self._key)
                 self._position += 1
                 continue
