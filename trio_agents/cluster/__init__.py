@@ -101,9 +101,10 @@ Not exactly-once: a tool not declared idempotent runs at most once (it may be
 interrupted); an idempotent one at least once. A routed op whose owner died while
 answering it is answered again by the next owner (an injection acked by neither may
 then arrive twice). Events a node emitted but had not yet
-persisted when it died are lost (the seqs are reused by the next attempt); a subscriber
-on the owner node sees live events before they are persisted, so exact replay across a
-crash holds for the persisted log (subscribers on other nodes).
+persisted when it died are lost (the seqs are reused by the next attempt); no client saw
+them: every subscriber, on the owner too, is sent an event only once it is persisted
+(the writer flushes at once while one waits), so exact replay across a crash holds for
+every subscriber.
 """
 
 from ._cluster import ClusterStatistics as ClusterStatistics
