@@ -7,6 +7,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 import trio
+import trio.testing
 
 import trio_agents as ta
 from trio_agents.control import ControlConnectionError, connect
@@ -95,11 +96,6 @@ def test_a_postgres_server_restarts_on_its_port_with_its_data() -> None:
         server.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="control client bug (reported): connect() waits forever when the server"
-    " closes the connection during the websocket handshake (a node killed just then)",
-)
 async def test_connect_fails_when_the_server_dies_during_the_handshake() -> None:
     async def accept_then_die(stream: trio.SocketStream) -> None:
         await stream.receive_some()  # the handshake request: then the "process" dies
@@ -108,7 +104,24 @@ async def test_connect_fails_when_the_server_dies_during_the_handshake() -> None
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(trio.serve_tcp, accept_then_die, 0)
         port = listeners[0].socket.getsockname()[1]
-        with trio.fail_after(3), pytest.raises(ControlConnectionError):
+        with trio.fail_after(3), pytest.raises(ControlConnectionError, match="closed the"):
             async with connect(f"ws://127.0.0.1:{port}/", token="t"):
                 pass
+        nursery.cancel_scope.cancel()
+
+
+async def test_connect_gives_up_on_a_server_that_never_answers_the_handshake(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def accept_and_stall(stream: trio.SocketStream) -> None:
+        await stream.receive_some()  # the handshake request, never answered
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, accept_and_stall, 0)
+        port = listeners[0].socket.getsockname()[1]
+        with pytest.raises(ControlConnectionError, match="did not finish within 7 s") as caught:
+            async with connect(f"ws://127.0.0.1:{port}/", token="t", connect_timeout=7):
+                pass
+        assert caught.value.code == "connect_failed"
         nursery.cancel_scope.cancel()

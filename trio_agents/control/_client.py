@@ -495,19 +495,23 @@ async def connect(
     ssl_context: ssl.SSLContext | None = None,
     max_message_size: int = 1 << 26,
     event_buffer: int = 65536,
+    connect_timeout: float = 30.0,
 ) -> AsyncIterator[ControlClient]:
     """Connect to a control server: ``async with connect("ws://host:port/", token=t)``.
 
     ``token`` goes in ``Authorization: Bearer``; ``wss://`` URLs use ``ssl_context``
     (default: the system's). ``max_message_size`` bounds one incoming frame (an
     ``event`` carrying a long message can be large); ``event_buffer`` bounds the
-    events kept per run on the client. Leaving the block closes the connection
+    events kept per run on the client. ``connect_timeout`` bounds the TCP connect and
+    the websocket handshake together. Leaving the block closes the connection
     (code 1000); runs started with ``on_disconnect="cancel"`` are then cancelled by
     the server.
 
     Raises:
-        ControlConnectionError: the connection failed (``code="connect_failed"``) or
-            the server refused the handshake (``code="rejected"``, ``status_code``).
+        ControlConnectionError: the connection failed (``code="connect_failed"``: no
+            connection, the server closed it during the handshake, or no handshake
+            within ``connect_timeout``) or the server refused the handshake
+            (``code="rejected"``, ``status_code``).
     """
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
@@ -515,17 +519,15 @@ async def connect(
     host = parts.hostname
     port = parts.port or (443 if parts.scheme == "wss" else 80)
     resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connect_deadline = trio.current_time() + connect_timeout
     try:
         stream: trio.abc.Stream
-        if parts.scheme == "wss":
-            stream = await trio.open_ssl_over_tcp_stream(
-                host,
-                port,
-                ssl_context=ssl_context or ssl.create_default_context(),
-                https_compatible=True,
-            )
-        else:
-            stream = await trio.open_tcp_stream(host, port)
+        with trio.fail_at(connect_deadline):
+            stream = await _open_stream(parts.scheme, host, port, ssl_context)
+    except trio.TooSlowError:
+        raise ControlConnectionError(
+            "connect_failed", f"no connection to {host}:{port} within {connect_timeout:g} s"
+        ) from None
     except OSError as exc:
         raise ControlConnectionError(
             "connect_failed", f"could not connect to {host}:{port}: {exc}"
@@ -534,16 +536,28 @@ async def connect(
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            ws = await _wrap_client_stream(
-                nursery,
-                cast(Any, guarded),
-                host if port in (80, 443) else f"{host}:{port}",
-                resource,
-                subprotocols=[SUBPROTOCOL],
-                extra_headers=[(b"Authorization", f"Bearer {token}".encode())],
-                message_queue_size=16,
-                max_message_size=max_message_size,
-            )
+            with trio.CancelScope(deadline=connect_deadline) as handshake:
+                guarded.on_peer_closed = handshake.cancel
+                ws = await _wrap_client_stream(
+                    nursery,
+                    cast(Any, guarded),
+                    host if port in (80, 443) else f"{host}:{port}",
+                    resource,
+                    subprotocols=[SUBPROTOCOL],
+                    extra_headers=[(b"Authorization", f"Bearer {token}".encode())],
+                    message_queue_size=16,
+                    max_message_size=max_message_size,
+                )
+            guarded.on_peer_closed = None
+            if handshake.cancelled_caught:
+                what = (
+                    "closed the connection during"
+                    if trio.current_time() < connect_deadline
+                    else f"did not finish within {connect_timeout:g} s"
+                )
+                raise ControlConnectionError(
+                    "connect_failed", f"{host}:{port} {what} the websocket handshake"
+                )
             client = ControlClient(ws, event_buffer=event_buffer)
             nursery.start_soon(client._read_loop)
             try:
@@ -558,6 +572,8 @@ async def connect(
     except BaseExceptionGroup as group:
         leaves = _leaves(group)
         others = [e for e in leaves if e is not body_error and not isinstance(e, trio.Cancelled)]
+        if len(others) == 1 and isinstance(others[0], ControlConnectionError):
+            raise others[0] from None
         if len(others) == 1 and isinstance(others[0], ConnectionRejected):
             rejected = others[0]
             raise ControlConnectionError(
@@ -573,3 +589,16 @@ async def connect(
     finally:
         with trio.CancelScope(shield=True):
             await guarded.aclose()
+
+
+async def _open_stream(
+    scheme: str, host: str, port: int, ssl_context: ssl.SSLContext | None
+) -> trio.abc.Stream:
+    if scheme == "wss":
+        return await trio.open_ssl_over_tcp_stream(
+            host,
+            port,
+            ssl_context=ssl_context or ssl.create_default_context(),
+            https_compatible=True,
+        )
+    return await trio.open_tcp_stream(host, port)

@@ -17,6 +17,7 @@ is set); every task using it then fails at once and the connection ends.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import final
 
 import trio
@@ -34,6 +35,10 @@ class GuardedStream(trio.abc.Stream):
         self.send_timeout = send_timeout
         self.broken = False
         self.stalled = False
+        # Called once when the peer ends the stream (EOF or a receive error): a client
+        # waiting for the websocket handshake must not wait forever (trio-websocket
+        # never completes or fails the handshake when the server closes mid-way).
+        self.on_peer_closed: Callable[[], None] | None = None
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data``; raises ``BrokenResourceError`` once a send was interrupted or
@@ -60,8 +65,20 @@ class GuardedStream(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        """Delegate to the wrapped stream."""
-        return await self.inner.receive_some(max_bytes)
+        """Delegate to the wrapped stream (calling ``on_peer_closed`` at its end)."""
+        try:
+            data = await self.inner.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._peer_closed()
+            raise
+        if not data:
+            self._peer_closed()
+        return data
+
+    def _peer_closed(self) -> None:
+        callback, self.on_peer_closed = self.on_peer_closed, None
+        if callback is not None:
+            callback()
 
     async def aclose(self) -> None:
         """Close the wrapped stream (idempotent)."""
