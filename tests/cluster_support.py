@@ -51,6 +51,7 @@ async def node(
     *,
     lease_ttl: float = 5.0,
     max_runs: int = 100,
+    limits: Limits | None = None,
 ) -> AsyncIterator[Node]:
     """Serve one node in ``nursery`` until the block ends (or it is stopped)."""
     cluster = PostgresCluster(dsn, node_id=node_id, lease_ttl=lease_ttl, max_runs=max_runs)
@@ -58,7 +59,7 @@ async def node(
         agents,
         auth=TOKENS,
         cluster=cluster,
-        limits=Limits(ping_interval=None, shutdown_timeout=10.0),
+        limits=limits or Limits(ping_interval=None, shutdown_timeout=10.0),
     )
     scope = trio.CancelScope()
     stopped = trio.Event()

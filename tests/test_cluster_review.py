@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -27,18 +27,16 @@ import pytest
 import trio
 
 import trio_agents as ta
-from trio_agents.cluster import PostgresCluster
 from trio_agents.cluster._db import ClusterDown
-from trio_agents.control import ControlServer, Limits
+from trio_agents.control import Limits
 from trio_agents.models import ScriptedModel, Turn
 
-from .cluster_support import Node, client
+from .cluster_support import Node, client, node
 
 # -- helpers --------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def review_node(
+def review_node(
     nursery: trio.Nursery,
     agents: Mapping[str, ta.Agent],
     dsn: str,
@@ -46,35 +44,9 @@ async def review_node(
     *,
     lease_ttl: float = 0.5,
     limits: Limits | None = None,
-) -> AsyncIterator[Node]:
-    """Like ``cluster_support.node``, with the server's limits as a parameter."""
-    from .control_support import TOKENS
-
-    cluster = PostgresCluster(dsn, node_id=node_id, lease_ttl=lease_ttl)
-    server = ControlServer(
-        agents,
-        auth=TOKENS,
-        cluster=cluster,
-        limits=limits or Limits(ping_interval=None, shutdown_timeout=10.0),
-    )
-    scope = trio.CancelScope()
-    stopped = trio.Event()
-
-    async def serve(task_status: trio.TaskStatus[int]) -> None:
-        try:
-            with scope:
-                await server.serve("127.0.0.1", 0, task_status=task_status)
-        finally:
-            stopped.set()
-
-    port = await nursery.start(serve)
-    the_node = Node(server, cluster, f"ws://127.0.0.1:{port}/", scope, stopped)
-    try:
-        yield the_node
-    finally:
-        scope.cancel()
-        with trio.CancelScope(shield=True):
-            await stopped.wait()
+) -> AbstractAsyncContextManager[Node]:
+    """``cluster_support.node`` with a short lease."""
+    return node(nursery, agents, dsn, node_id, lease_ttl=lease_ttl, limits=limits)
 
 
 def agent(model: ta.Model, tools: list[ta.Tool]) -> dict[str, ta.Agent]:
