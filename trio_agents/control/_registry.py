@@ -37,6 +37,10 @@ logger = logging.getLogger("trio_agents.control")
 RUN_OVERHEAD = 1024
 """Bytes counted per retained run on top of its input and injected items."""
 
+# How long a resume on this node waits for its own stopped attempt of the same run to
+# end (that attempt's repair is bounded by its cleanup_timeout, 5 s by default).
+_OLD_ATTEMPT_BOUND = 30.0
+
 
 @attrs.frozen
 class PrincipalStatistics:
@@ -370,6 +374,11 @@ class Registry:
         )
         old = self.runs.get(entry.run_id)
         if old is not None:  # a run this node ran before (it had lost its lease)
+            if old.run is not None and old.run.result is None:
+                # Its stopped attempt still holds the session in this process until its
+                # (bounded) repair ends: resuming before would find the session busy.
+                with trio.move_on_after(_OLD_ATTEMPT_BOUND):
+                    await old.run.wait()
             self.runs.pop(entry.run_id)
             state.runs.pop(entry.run_id, None)
             if state.finished.pop(entry.run_id, None) is not None:
