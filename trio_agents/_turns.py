@@ -144,13 +144,7 @@ async def drive(
 ) -> Outcome:
     """The model-stream task: run turns until an outcome (see the module docstring)."""
     await trio.lowlevel.checkpoint_if_cancelled()  # cancelled before start: no model call
-    limiters: list[trio.CapacityLimiter] = []
-
-    def limiter() -> trio.CapacityLimiter:
-        if not limiters:
-            limiters.append(trio.CapacityLimiter(state.options.max_concurrent_tools))
-        return limiters[0]
-
+    limiter = _lazy_limiter(state.options.max_concurrent_tools)
     try:
         pending = await _start(state)
         answers = Answers(state)
@@ -204,6 +198,19 @@ async def drive(
         if trio.current_effective_deadline() != -math.inf:
             return Failed(STRAY_CANCELLED_RUN, exc)
         raise
+
+
+def _lazy_limiter(capacity: int) -> Callable[[], trio.CapacityLimiter]:
+    """The run's tool limiter, made on first use (most runs never have two calls in one
+    turn, and a lone call needs none)."""
+    made: list[trio.CapacityLimiter] = []
+
+    def limiter() -> trio.CapacityLimiter:
+        if not made:
+            made.append(trio.CapacityLimiter(capacity))
+        return made[0]
+
+    return limiter
 
 
 async def _start(state: RunState) -> list[ToolCall]:
