@@ -26,10 +26,11 @@ class EventLog:
         "_buffer",
         "_closed",
         "_lot",
-        "_next_seq",
+        "_parked",
         "_retention",
         "_start",
         "_statuses",
+        "next_seq",
         "run_id",
     )
 
@@ -44,20 +45,18 @@ class EventLog:
         self._buffer: list[RunEvent | None] = [None] * min(retention, 16)
         # A resumed run (cluster takeover) continues the seqs of its earlier attempts.
         self._start = start_seq
-        self._next_seq = start_seq
+        # The seq the next appended event must carry (a plain attribute: every event
+        # reads it, and only append() writes it).
+        self.next_seq = start_seq
         self._closed = False
         self._lot = trio.lowlevel.ParkingLot()
+        self._parked = 0  # readers in wait(): append() skips the lot when there are none
         self._statuses: list[RunUpdated] = []
-
-    @property
-    def next_seq(self) -> int:
-        """The seq the next appended event must carry."""
-        return self._next_seq
 
     @property
     def first_seq(self) -> int:
         """The seq of the oldest retained event (``next_seq`` when empty)."""
-        return max(self._start, self._next_seq - self._retention)
+        return max(self._start, self.next_seq - self._retention)
 
     @property
     def closed(self) -> bool:
@@ -73,22 +72,22 @@ class EventLog:
         """Append ``event`` (whose seq must be :attr:`next_seq`) and wake readers."""
         if self._closed:
             raise RuntimeError("event log is closed")
-        seq = self._next_seq
+        seq = self.next_seq
         assert event.seq == seq, (event.seq, seq)
         buffer = self._buffer
         if seq - self._start >= len(buffer) and len(buffer) < self._retention:
             buffer = self._grow()
         buffer[seq % len(buffer)] = event
-        self._next_seq = seq + 1
+        self.next_seq = seq + 1
         if type(event) is RunUpdated:
             self._statuses.append(event)
-        if self._lot:
+        if self._parked:
             self._lot.unpark_all()
 
     def _grow(self) -> list[RunEvent | None]:
         old = self._buffer
         new: list[RunEvent | None] = [None] * min(2 * len(old), self._retention)
-        for seq in range(max(self._start, self._next_seq - len(old)), self._next_seq):
+        for seq in range(max(self._start, self.next_seq - len(old)), self.next_seq):
             new[seq % len(new)] = old[seq % len(old)]
         self._buffer = new
         return new
@@ -107,11 +106,15 @@ class EventLog:
 
     def retained(self) -> list[RunEvent]:
         """Return every retained event, oldest first (a snapshot)."""
-        return [self.get(seq) for seq in range(self.first_seq, self._next_seq)]
+        return [self.get(seq) for seq in range(self.first_seq, self.next_seq)]
 
     async def wait(self) -> None:
         """Wait for the next append or the close."""
-        await self._lot.park()
+        self._parked += 1
+        try:
+            await self._lot.park()
+        finally:
+            self._parked -= 1
 
 
 @final

@@ -24,8 +24,8 @@ what happened into a :class:`~trio_agents._repair.Verdict`; the shielded, bounde
 from __future__ import annotations
 
 import logging
+import os
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from typing import Any, Literal, TypeAlias, final
@@ -109,7 +109,7 @@ class Run:
             raise ValueError(
                 "resume= continues a run from its session: give a session and no input"
             )
-        self.id: str = run_id or f"run_{uuid.uuid4().hex}"
+        self.id: str = run_id or f"run_{_uuid4_hex()}"
         self.agent = agent
         self.session = session
         self._options = options
@@ -434,6 +434,15 @@ class Run:
             state.handle = None
         if verdict.interrupt is not None:
             raise verdict.interrupt
+
+
+# A random (version 4) UUID's hex, as uuid.uuid4().hex, at half the cost.
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _uuid4_hex() -> str:
+    return f"{int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET:032x}"
 
 
 def _signals(exc: BaseException | None) -> BaseException | None:

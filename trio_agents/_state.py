@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any, final
 
 import attrs
@@ -38,6 +39,8 @@ from .sessions._base import Session
 
 __all__ = ["CallSoon", "HookError", "OpenCall", "RunState", "SessionError", "Spans", "call_hook"]
 
+# The detail of most status updates: one shared empty mapping, not a dict per event.
+_NO_DETAIL: Mapping[str, Any] = MappingProxyType({})
 SpanEnd = Callable[[], Awaitable[None]]
 CallSoon = Callable[[Callable[[], None]], None]
 """Runs a callback on the run's Trio thread (now, or soon from another thread)."""
@@ -185,7 +188,7 @@ class RunState:
                 reason=reason,
                 turn=self.turn,
                 at=time.time(),
-                detail=detail or {},
+                detail=detail or _NO_DETAIL,
             )
         )
 

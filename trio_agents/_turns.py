@@ -33,7 +33,7 @@ import attrs
 import trio
 
 from ._answer import Answers, final_answer_offered
-from ._events import InboxDelivered, InboxInjected, ResponseTextDelta, RunStatus
+from ._events import InboxDelivered, InboxInjected, RunStatus, text_delta
 from ._exceptions import ModelError
 from ._history import load_session
 from ._inbox import Approvals, Inbox, Injection
@@ -324,11 +324,7 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
                 if type(event) is TextDelta and type(event.text) is str:
                     if event.text:
                         partial.append(event.text)
-                        log.append(
-                            ResponseTextDelta(
-                                run_id=run_id, seq=log.next_seq, turn=turn, text=event.text
-                            )
-                        )
+                        log.append(text_delta(run_id, log.next_seq, turn, event.text))
                 else:
                     _accept(state, event, turn, partial, calls)
     state.stream_scope = None
@@ -382,9 +378,7 @@ def _accept(
             raise ModelError(f"model yielded a TextDelta whose text is {type(text).__name__}")
         if text:
             partial.append(text)
-            state.log.append(
-                ResponseTextDelta(run_id=state.run_id, seq=state.log.next_seq, turn=turn, text=text)
-            )
+            state.log.append(text_delta(state.run_id, state.log.next_seq, turn, text))
     elif kind is ToolCallDone:
         assert isinstance(event, ToolCallDone)
         call = event.call

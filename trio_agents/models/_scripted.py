@@ -25,7 +25,7 @@ import trio
 
 from .._exceptions import ModelError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
+from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
 
 __all__ = ["ScriptedModel", "Turn"]
 
@@ -59,12 +59,27 @@ def _item_chars(item: Item) -> int:
     return len(item.output)
 
 
-def _estimate_usage(request: ModelRequest, text: str, calls: Sequence[ToolCall]) -> Usage:
+# json.dumps(value, sort_keys=True, default=str), without building an encoder per call.
+_schema_json = json.JSONEncoder(sort_keys=True, default=str).encode
+
+
+def _tools_chars(tools: Sequence[ToolSpec]) -> int:
+    """The characters the tool specs add to a request: names, descriptions, schemas."""
+    return sum(
+        len(spec.name) + len(spec.description) + len(_schema_json(spec.parameters))
+        for spec in tools
+    )
+
+
+def _estimate_usage(
+    request: ModelRequest,
+    text: str,
+    calls: Sequence[ToolCall],
+    tools_chars: Callable[[Sequence[ToolSpec]], int] = _tools_chars,
+) -> Usage:
     """A deterministic token estimate from character counts (about 4 chars per token)."""
     input_chars = len(request.instructions) + sum(_item_chars(item) for item in request.items)
-    for spec in request.tools:
-        input_chars += len(spec.name) + len(spec.description)
-        input_chars += len(json.dumps(spec.parameters, sort_keys=True, default=str))
+    input_chars += tools_chars(request.tools)
     output_chars = len(text) + sum(len(call.name) + len(call.arguments) for call in calls)
     return Usage(
         input_tokens=_approx_tokens(input_chars), output_tokens=_approx_tokens(output_chars)
@@ -278,7 +293,12 @@ class Turn:
             calls.append(ToolCall(call_id, name, arguments))
         return calls
 
-    def _steps(self, request: ModelRequest, number: int) -> list[_Step]:
+    def _steps(
+        self,
+        request: ModelRequest,
+        number: int,
+        tools_chars: Callable[[Sequence[ToolSpec]], int] = _tools_chars,
+    ) -> list[_Step]:
         """What a stream of this turn does, for model call ``number``."""
         taken = {item.call_id for item in request.items if isinstance(item, ToolCall | ToolResult)}
         calls = self._calls_for(number, taken)
@@ -297,7 +317,7 @@ class Turn:
         steps.extend((self.delay, ToolCallDone(call)) for call in calls)
         usage = self.usage
         if usage is None:
-            usage = _estimate_usage(request, "".join(self.text), calls)
+            usage = _estimate_usage(request, "".join(self.text), calls, tools_chars)
         steps.append((0.0, usage))
         steps.append((0.0, Finish(self.finish or ("tool_calls" if calls else "stop"))))
         return steps
@@ -356,6 +376,9 @@ class ScriptedModel:
     _requests: list[ModelRequest] = attrs.field(init=False, factory=list)
     _open_streams: int = attrs.field(init=False, default=0)
     _closed_streams: int = attrs.field(init=False, default=0)
+    # The last request's tool specs and their size: a run sends the same tuple every
+    # turn, so the usage estimate encodes its schemas once per run, not once per turn.
+    _last_tools: tuple[Sequence[ToolSpec], int] | None = attrs.field(init=False, default=None)
 
     @property
     def turns(self) -> tuple[Turn, ...]:
@@ -405,8 +428,18 @@ class ScriptedModel:
             error = ModelError(f"ScriptedModel script exhausted after {len(self._turns)} turns")
             return _EventStream((), error=error)
         return _EventStream(
-            turn._steps(request, number), on_open=self._opened, on_close=self._closed
+            turn._steps(request, number, self._tools_chars),
+            on_open=self._opened,
+            on_close=self._closed,
         )
+
+    def _tools_chars(self, tools: Sequence[ToolSpec]) -> int:
+        last = self._last_tools
+        if last is not None and last[0] is tools:
+            return last[1]
+        chars = _tools_chars(tools)
+        self._last_tools = (tools, chars)
+        return chars
 
     def _opened(self) -> None:
         self._open_streams += 1

@@ -1,0 +1,83 @@
+"""What the issue-18 cost cuts must keep: the same objects, values and guarantees as
+the slower code they replace (their costs are measured in benchmarks/, never here)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import trio
+import trio.testing
+
+import trio_agents as ta
+from trio_agents._events import EVENT_TYPES, ResponseTextDelta, text_delta
+from trio_agents._run import _uuid4_hex
+from trio_agents.models import ModelRequest, ScriptedModel, ToolSpec, Turn, Usage
+
+
+def test_text_delta_builds_the_same_event_as_the_class() -> None:
+    fast = text_delta("run_1", 7, 2, "hi")
+    slow = ResponseTextDelta(run_id="run_1", seq=7, turn=2, text="hi")
+    assert type(fast) is ResponseTextDelta
+    assert fast == slow
+    assert hash(fast) == hash(slow)
+    assert repr(fast) == repr(slow)
+    assert fast.to_json() == slow.to_json()
+    assert ResponseTextDelta.from_json(fast.to_json()) == fast
+
+
+def test_events_are_slotted() -> None:
+    # No per-event instance dict (the base class declares empty slots).
+    for cls in EVENT_TYPES.values():
+        assert "__dict__" not in dir(cls), cls
+
+
+def test_generated_run_ids_are_uuid4() -> None:
+    seen = set()
+    for _ in range(200):
+        hexed = _uuid4_hex()
+        parsed = uuid.UUID(hex=hexed)
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+        assert parsed.hex == hexed
+        seen.add(hexed)
+    assert len(seen) == 200
+
+
+def _expected_tokens(request: ModelRequest) -> int:
+    chars = len(request.instructions) + sum(len(i.content) for i in request.items)  # type: ignore[union-attr]
+    for spec in request.tools:
+        chars += len(spec.name) + len(spec.description)
+        chars += len(json.dumps(spec.parameters, sort_keys=True, default=str))
+    return max(1, -(-chars // 4))
+
+
+async def test_usage_estimate_counts_each_requests_own_tools(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The model caches the size of the last request's tool specs (the same tuple every
+    # turn of a run); another tuple, even of equal length, is measured again.
+    small = (ToolSpec("a", "x", {"type": "object"}),)
+    large = (ToolSpec("a", "x", {"type": "object", "properties": {"n": {"type": "integer"}}}),)
+    model = ScriptedModel(["one", "two", "three"])
+    for tools in (small, small, large):
+        request = ModelRequest(instructions="i", items=(ta.UserMessage("hello"),), tools=tools)
+        async with model.stream(request) as stream:
+            usage = [e async for e in stream if isinstance(e, Usage)]
+        assert usage[0].input_tokens == _expected_tokens(request)
+    assert _expected_tokens(
+        ModelRequest(instructions="i", items=(ta.UserMessage("hello"),), tools=large)
+    ) != _expected_tokens(
+        ModelRequest(instructions="i", items=(ta.UserMessage("hello"),), tools=small)
+    )
+
+
+async def test_streamed_run_events_are_unchanged(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel([Turn(text=["a", "b"])])
+    agent = ta.Agent(name="t", model=model)
+    async with ta.open_run(agent, "go") as run:
+        events = [event async for event in run.events()]
+    deltas = [e for e in events if isinstance(e, ResponseTextDelta)]
+    assert [(d.text, d.turn) for d in deltas] == [("a", 1), ("b", 1)]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert all(d.run_id == run.id for d in deltas)
