@@ -45,7 +45,10 @@ def test_generated_run_ids_are_uuid4() -> None:
 
 
 def _expected_tokens(request: ModelRequest) -> int:
-    chars = len(request.instructions) + sum(len(i.content) for i in request.items)  # type: ignore[union-attr]
+    chars = len(request.instructions)
+    for item in request.items:
+        assert isinstance(item, ta.UserMessage)
+        chars += len(item.content)
     for spec in request.tools:
         chars += len(spec.name) + len(spec.description)
         chars += len(json.dumps(spec.parameters, sort_keys=True, default=str))
