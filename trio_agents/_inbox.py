@@ -74,6 +74,11 @@ class Inbox:
     def size(self) -> int:
         return self._size
 
+    @property
+    def lock(self) -> threading.Lock:
+        """The inbox's lock, shared with the run's approvals and cancel request."""
+        return self._lock
+
     def put(
         self, items: tuple[Item, ...], when: InjectWhen, known_call_ids: Collection[str]
     ) -> Injection:
@@ -169,27 +174,38 @@ class Approval:
 
 @final
 class Approvals:
-    """Tool calls waiting for ``approve``/``reject`` (thread-safe)."""
+    """Tool calls waiting for ``approve``/``reject`` (thread-safe).
+
+    It shares its lock with the run's inbox (``lock``): both are touched only briefly,
+    and most runs never wait for an approval, so its dict is made on first use.
+    """
 
     __slots__ = ("_closed", "_lock", "_pending", "run_id")
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, lock: threading.Lock | None = None) -> None:
         self.run_id = run_id
-        self._lock = threading.Lock()
-        self._pending: dict[str, Approval] = {}
+        self._lock = threading.Lock() if lock is None else lock
+        self._pending: dict[str, Approval] | None = None
         self._closed: str | None = None
 
     def open(self, calls: Sequence[ToolCall]) -> None:
         with self._lock:
+            if self._pending is None:
+                self._pending = {}
             for call in calls:
                 self._pending[call.call_id] = Approval(call)
 
     def __contains__(self, call_id: str) -> bool:
+        pending = self._pending  # one read: made once, never unset
+        if pending is None:
+            return False
         with self._lock:
-            return call_id in self._pending
+            return call_id in pending
 
     def pending_ids(self) -> tuple[str, ...]:
         with self._lock:
+            if self._pending is None:
+                return ()
             return tuple(c for c, a in self._pending.items() if not a.decided)
 
     def decide(self, call_id: str, *, approved: bool, message: str | None) -> trio.Event:
@@ -202,7 +218,7 @@ class Approvals:
         with self._lock:
             if self._closed is not None:
                 raise RunClosedError(self.run_id, self._closed)
-            approval = self._pending.get(call_id)
+            approval = None if self._pending is None else self._pending.get(call_id)
             if approval is None or approval.decided:
                 raise UnknownCallError(call_id)
             approval.decided = True
@@ -214,6 +230,7 @@ class Approvals:
         """Wait for the decision on ``call_id``; return it and whether any call is still
         undecided."""
         with self._lock:
+            assert self._pending is not None
             approval = self._pending[call_id]
         await approval.event.wait()
         with self._lock:
@@ -225,6 +242,7 @@ class Approvals:
         with self._lock:
             if self._closed is None:
                 self._closed = status
-            for approval in self._pending.values():
-                approval.decided = True
-            self._pending.clear()
+            if self._pending is not None:
+                for approval in self._pending.values():
+                    approval.decided = True
+                self._pending.clear()

@@ -125,11 +125,13 @@ class Run:
             input=items,
         )
         self._inbox = Inbox(self.id, options.inbox_capacity)
-        self._approvals = Approvals(self.id)
+        # One lock for the inbox, the approvals and the cancel request: each holds it
+        # only for a few lines, never across another's.
+        self._approvals = Approvals(self.id, self._inbox.lock)
         self._scope = trio.CancelScope()
         self._done = trio.Event()
         self._result: RunResult | None = None
-        self._lock = threading.Lock()  # guards _cancel
+        self._lock = self._inbox.lock  # guards _cancel
         self._cancel: CancelRequest | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread_id: int | None = None

@@ -100,32 +100,70 @@ class Spans:
     calls the end itself; the repair calls whatever is left.
     """
 
-    _open: dict[str, SpanEnd] = attrs.field(factory=dict)
+    _open: dict[str, SpanEnd] | None = None  # made at the first start (runs with hooks)
 
     async def start(self, key: str, start: Awaitable[None], end: SpanEnd) -> None:
+        if self._open is None:
+            self._open = {}
         self._open[key] = end
         await start
 
     def rebind(self, key: str, end: SpanEnd) -> None:
         """Replace the end of an open span (the repair knows the real outcome)."""
-        if key in self._open:
+        if self._open is not None and key in self._open:
             self._open[key] = end
 
     def pop(self, key: str) -> SpanEnd | None:
-        return self._open.pop(key, None)
+        return None if self._open is None else self._open.pop(key, None)
 
     def pop_all(self) -> list[SpanEnd]:
+        if self._open is None:
+            return []
         ends = list(self._open.values())
         self._open.clear()
         return ends
 
     def __contains__(self, key: str) -> bool:
-        return key in self._open
+        return self._open is not None and key in self._open
 
 
 @final
 class RunState:
     """The conversation, event log, session writer, open calls and usage of one run."""
+
+    # Slots: one per run in flight, and an instance dict of this size is about 1 KB.
+    __slots__ = (
+        "_checker",
+        "_limiter",
+        "_unpersisted",
+        "_write_lock",
+        "agent",
+        "call_ids",
+        "conversation",
+        "finish_reason",
+        "handle",
+        "history_loaded",
+        "hooks",
+        "input",
+        "input_committed",
+        "log",
+        "max_turns",
+        "new_items",
+        "open_calls",
+        "options",
+        "partial_text",
+        "run_id",
+        "run_span_open",
+        "session",
+        "session_dropped",
+        "spans",
+        "status",
+        "stream_scope",
+        "tool_specs",
+        "turn",
+        "undelivered",
+        "usage",
+    )
 
     def __init__(
         self,
@@ -167,12 +205,13 @@ class RunState:
         self.finish_reason: str | None = None
         self.spans = Spans()
         # Injections taken from the inbox that could not be delivered (unconsumed).
-        self.undelivered: list[Any] = []
+        self.undelivered: tuple[Any, ...] = ()
         self.run_span_open = False
         self.session_dropped = False
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
-        self._write_lock = trio.Lock()
+        self._limiter: trio.CapacityLimiter | None = None
+        self._write_lock: trio.Lock | None = None  # made at the first write to a session
 
     # -- events -----------------------------------------------------------------------
 
@@ -218,6 +257,13 @@ class RunState:
             problems += checker.open_problems()
         return problems
 
+    def tool_limiter(self) -> trio.CapacityLimiter:
+        """The run's tool limiter (``max_concurrent_tools``), made on first use: most
+        runs never have two calls in one turn, and a lone call needs none."""
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(self.options.max_concurrent_tools)
+        return self._limiter
+
     # -- the session ------------------------------------------------------------------
 
     def drop_session(self) -> None:
@@ -245,7 +291,10 @@ class RunState:
         if self.session is None:
             self._unpersisted.clear()
             return
-        async with self._write_lock:
+        lock = self._write_lock
+        if lock is None:
+            lock = self._write_lock = trio.Lock()
+        async with lock:
             while self._unpersisted:
                 batch = list(self._unpersisted)
                 try:

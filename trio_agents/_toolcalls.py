@@ -14,10 +14,10 @@ shares), which would otherwise escape the run looking like an outer cancellation
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
@@ -27,7 +27,7 @@ from ._inbox import Approvals
 from ._items import ToolCall, ToolResult
 from ._resume import Resume
 from ._state import CallSoon, OpenCall, RunState, call_hook
-from ._tools import Tool, ToolArgumentsError, ToolContext
+from ._tools import ToolArgumentsError, ToolContext
 from ._util import summarize
 
 __all__ = ["ToolFailure", "run_tools", "settle_resumed_calls"]
@@ -60,13 +60,9 @@ async def run_tools(
     state: RunState,
     calls: Sequence[ToolCall],
     approvals: Approvals,
-    limiter: Callable[[], trio.CapacityLimiter],
     call_soon: CallSoon,
 ) -> None:
-    """Run one turn's calls concurrently; return once each has its result.
-
-    ``limiter`` returns the run's limiter (made on first use: most runs never have two
-    calls in one turn)."""
+    """Run one turn's calls concurrently; return once each has its result."""
     waiting = [call for call in calls if needs_approval(state, call)]
     if waiting:
         approvals.open(waiting)
@@ -80,7 +76,7 @@ async def run_tools(
         # reach the turn loop the same way, and the limiter always has a slot for it.
         await _run_one(state, approvals, None, call_soon, calls[0])
         return
-    shared = limiter()
+    shared = state.tool_limiter()
     async with trio.open_nursery() as nursery:
         for call in calls:
             nursery.start_soon(
@@ -150,31 +146,28 @@ async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolR
         call_id=call.call_id,
         tool_name=call.name,
         cancelled=threading.Event(),
-        on_progress=lambda message, data: call_soon(
-            lambda: _progress(state, open_call, message, data)
-        ),
+        # A partial, not nested lambdas: fewer objects held while the call runs.
+        on_progress=functools.partial(_progress_soon, call_soon, state, open_call),
     )
     open_call.ctx = ctx
-    return await _call_tool(state, tool, ctx, call)
-
-
-async def _call_tool(state: RunState, tool: Tool, ctx: ToolContext, call: ToolCall) -> ToolResult:
     # A tool without a timeout gets no scope of its own (a cancel scope per call is a
     # CancelScope, a CancelStatus and two sets that live as long as the call).
     timer = None if tool.timeout is None else trio.move_on_after(tool.timeout)
+    limiter = state.options.thread_limiter
     try:
-        with timer if timer is not None else contextlib.nullcontext():
-            try:
-                output = await tool.invoke(
-                    ctx, call.arguments, limiter=state.options.thread_limiter
-                )
-            except trio.Cancelled:
-                # -inf: some scope around us (the run's, the timeout's) really is
-                # cancelled. Otherwise nothing cancelled this call: a stray Cancelled.
-                if trio.current_effective_deadline() != -math.inf:
-                    ctx.cancelled.set()
-                    return ToolResult(call.call_id, STRAY_CANCELLED, status="error")
-                raise
+        if timer is None:
+            output = await tool.invoke(ctx, call.arguments, limiter=limiter)
+        else:
+            with timer:
+                output = await tool.invoke(ctx, call.arguments, limiter=limiter)
+    except trio.Cancelled:
+        # -inf: some scope around us (the run's) really is cancelled (the timeout's own
+        # cancellation never gets here: its scope catches it). Otherwise nothing
+        # cancelled this call: a stray Cancelled.
+        if trio.current_effective_deadline() != -math.inf:
+            ctx.cancelled.set()
+            return ToolResult(call.call_id, STRAY_CANCELLED, status="error")
+        raise
     except ToolArgumentsError as exc:
         return ToolResult(call.call_id, str(exc), status="error")
     except Exception as exc:
@@ -185,6 +178,12 @@ async def _call_tool(state: RunState, tool: Tool, ctx: ToolContext, call: ToolCa
         ctx.cancelled.set()
         return ToolResult(call.call_id, f"timed out after {tool.timeout:g} s", status="error")
     return ToolResult(call.call_id, output)
+
+
+def _progress_soon(
+    call_soon: CallSoon, state: RunState, open_call: OpenCall, message: str, data: Mapping[str, Any]
+) -> None:
+    call_soon(lambda: _progress(state, open_call, message, data))
 
 
 def _progress(state: RunState, open_call: OpenCall, message: str, data: Mapping[str, Any]) -> None:

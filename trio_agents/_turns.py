@@ -25,8 +25,9 @@ times; then the run fails with ``"output validation failed: …"``.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeAlias, final
 
 import attrs
@@ -144,13 +145,12 @@ async def drive(
 ) -> Outcome:
     """The model-stream task: run turns until an outcome (see the module docstring)."""
     await trio.lowlevel.checkpoint_if_cancelled()  # cancelled before start: no model call
-    limiter = _lazy_limiter(state.options.max_concurrent_tools)
     try:
         pending = await _start(state)
         answers = Answers(state)
-
-        async def run(calls: Sequence[ToolCall]) -> None:
-            await run_tools(state, calls, approvals, limiter, call_soon)
+        # A partial, not a closure: a closure's cells and coroutine frame are objects
+        # every in-flight run holds.
+        run = functools.partial(run_tools, state, approvals=approvals, call_soon=call_soon)
 
         idle = False
         while True:
@@ -198,19 +198,6 @@ async def drive(
         if trio.current_effective_deadline() != -math.inf:
             return Failed(STRAY_CANCELLED_RUN, exc)
         raise
-
-
-def _lazy_limiter(capacity: int) -> Callable[[], trio.CapacityLimiter]:
-    """The run's tool limiter, made on first use (most runs never have two calls in one
-    turn, and a lone call needs none)."""
-    made: list[trio.CapacityLimiter] = []
-
-    def limiter() -> trio.CapacityLimiter:
-        if not made:
-            made.append(trio.CapacityLimiter(capacity))
-        return made[0]
-
-    return limiter
 
 
 async def _start(state: RunState) -> list[ToolCall]:
@@ -270,7 +257,7 @@ def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
         if clash:
             # Accepted before the history was loaded, or the model used the id since:
             # unconsumed, never delivered into an invalid conversation.
-            state.undelivered.extend(taken[index:])
+            state.undelivered += tuple(taken[index:])
             raise InvalidConversation(
                 f"injected call id {clash[0]!r} is already in the conversation"
             )
