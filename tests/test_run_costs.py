@@ -84,3 +84,45 @@ async def test_streamed_run_events_are_unchanged(autojump_clock: trio.testing.Mo
     assert [(d.text, d.turn) for d in deltas] == [("a", 1), ("b", 1)]
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert all(d.run_id == run.id for d in deltas)
+
+
+@ta.function_tool
+async def _add(a: int, b: int) -> int:
+    """Add."""
+    return a + b
+
+
+async def test_a_plain_run_makes_none_of_its_on_demand_parts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # No session, hooks, approvals or parallel calls: the write lock, the span dict, the
+    # approvals dict and the tool limiter are never made, and the state has no dict.
+    model = ScriptedModel([Turn(tool_calls=[("_add", {"a": 1, "b": 2})]), "3"])
+    agent = ta.Agent(name="t", model=model, tools=[_add])
+    async with ta.open_run(agent, "go") as run:
+        await run.wait()
+    state = run._state
+    assert run.result is not None
+    assert run.result.final_output == "3"
+    assert not hasattr(state, "__dict__")
+    assert state._write_lock is None
+    assert state._limiter is None
+    assert state.spans._open is None
+    assert run._approvals._pending is None
+    assert run._lock is run._inbox.lock
+
+
+async def test_approvals_and_cancel_share_the_inbox_lock_without_deadlock(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gated = ta.function_tool(_add.fn, name="gated", needs_approval=True)
+    model = ScriptedModel([Turn(tool_calls=[("gated", {"a": 1, "b": 2})]), "3"])
+    agent = ta.Agent(name="t", model=model, tools=[gated])
+    async with ta.open_run(agent, "go") as run:
+        async for update in run.updated:
+            if update.status == "awaiting_approval":
+                assert run.statistics().pending_approvals == ("call_1_0",)
+                run.approve("call_1_0")
+        result = await run.wait()
+    assert result.final_output == "3"
+    assert run.statistics().pending_approvals == ()

@@ -266,6 +266,9 @@ def _check(
             _check(schema["items"], item, _child_path(path, index), errors, max_errors)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _check_object(
     schema: Mapping[str, Any],
     value: Mapping[Any, Any],
@@ -282,7 +285,14 @@ def _check_object(
         if len(errors) >= max_errors:
             return
         if key in properties:
-            _check(properties[key], item, _child_path(path, key), errors, max_errors)
+            sub = properties[key]
+            if type(item) in _SCALARS and "anyOf" not in sub and "enum" not in sub:
+                # A scalar against a plain typed schema (most tool arguments): the type
+                # check is all of _check, and the path is only needed for an error.
+                expected = _types_of(sub)
+                if expected is None or _type_matches(expected, item):
+                    continue
+            _check(sub, item, _child_path(path, key), errors, max_errors)
         elif additional is False:
             errors.append(f"{path}: unexpected property {key!r}")
         elif isinstance(additional, Mapping):

@@ -438,12 +438,17 @@ class ScriptedModel:
         if last is not None and last[0] is tools:
             return last[1]
         chars = _tools_chars(tools)
-        self._last_tools = (tools, chars)
+        _set(self, "_last_tools", (tools, chars))
         return chars
 
+    # The counters are written with object.__setattr__: attrs routes every assignment
+    # through a Python __setattr__ that runs the validators (of other fields).
     def _opened(self) -> None:
-        self._open_streams += 1
+        _set(self, "_open_streams", self._open_streams + 1)
 
     def _closed(self) -> None:
-        self._open_streams -= 1
-        self._closed_streams += 1
+        _set(self, "_open_streams", self._open_streams - 1)
+        _set(self, "_closed_streams", self._closed_streams + 1)
+
+
+_set = object.__setattr__
