@@ -6,6 +6,8 @@ first line of stdout) and answers ``POST /chat/completions`` by the request's ``
 * ``hold:N`` — stream ``N`` text deltas, then keep the response open until the client
   closes the connection; but if the last message is a user message starting with
   ``steer``, answer ``ok`` and end the stream (the turn after an injection).
+* ``text:N`` — stream ``N`` one-character text deltas, each its own chunk, then finish
+  (W1 over HTTP: the client reads many deltas per socket read when it is slower).
 * ``tool:NAME`` — a tool call to ``NAME`` (``{}``), or ``done`` once the last message is a
   tool result.
 
@@ -116,6 +118,11 @@ class Server:
                     while await stream.receive_some(65536):
                         pass
                     return
+                if model.startswith("text:"):
+                    count = int(model.split(":", 1)[1])
+                    deltas = b"".join(_delta("x") for _ in range(count))
+                    await stream.send_all(_HEAD + deltas + _FINISH_STOP + _USAGE + _DONE)
+                    continue
                 name = model.split(":", 1)[1]
                 if last["role"] == "tool":
                     await stream.send_all(_HEAD + _delta("done") + _FINISH_STOP + _USAGE + _DONE)

@@ -63,6 +63,31 @@ async def stream_fanout(deltas: int, subscribers: int) -> tuple[float, int]:
     return time.perf_counter() - start, delivered
 
 
+def _http_model(base_url: str, deltas: int) -> ta.Model:
+    from trio_agents.models._openai import OpenAIChatModel
+
+    return OpenAIChatModel(f"text:{deltas}", base_url=base_url, api_key="x", max_retries=0)
+
+
+async def http_stream_cost(base_url: str, deltas: int) -> None:
+    """W1 over HTTP, the model's own cost: drain one response of ``deltas`` deltas."""
+    model = _http_model(base_url, deltas)
+    request = ModelRequest(instructions="", items=(ta.UserMessage("go"),), tools=(), settings={})
+    async with model.stream(request) as stream:
+        async for _ in stream:
+            pass
+
+
+async def http_stream_overhead(base_url: str, deltas: int) -> None:
+    """W1 over HTTP: one run whose response streams ``deltas`` deltas, one reader."""
+    agent = ta.Agent(name="b1", model=_http_model(base_url, deltas))
+    async with ta.open_run(agent, "go") as run:
+        async for _ in run.events():
+            pass
+    assert run.result is not None
+    assert run.result.final_output == "x" * deltas, run.result
+
+
 @ta.function_tool
 async def add(a: int, b: int) -> int:
     """Add two integers."""

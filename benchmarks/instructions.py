@@ -40,6 +40,8 @@ SIZES: dict[str, tuple[int, int]] = {
     "w1_run": (200, 2_200),
     "w1_fanout": (50, 250),
     "w2": (10, 60),
+    "w1_http_model": (200, 2_200),
+    "w1_http_run": (200, 2_200),
 }
 
 
@@ -69,6 +71,13 @@ async def _workload(mode: str, n: int) -> None:
         for agent in agents[:n]:
             result = await ta.run(agent, "1 + 2?")
             assert result.final_output == "3", result
+    elif mode in ("w1_http_model", "w1_http_run"):
+        from .latency import LoopbackServer
+
+        drain = core.http_stream_cost if mode == "w1_http_model" else core.http_stream_overhead
+        async with LoopbackServer.running() as server:
+            await drain(server.base_url, 50)
+            await drain(server.base_url, n)
     else:  # pragma: no cover
         raise ValueError(mode)
 
@@ -133,6 +142,7 @@ def bench_instructions(*, quick: bool = False) -> list[Figure]:
     ckpt = counts["checkpoint"]
     deliveries_per_delta = 10  # w1_fanout: 10 subscribers
     overhead = counts["w1_run"] - counts["w1_model"]
+    http_overhead = counts["w1_http_run"] - counts["w1_http_model"]
     fanout = (counts["w1_fanout"] - counts["w1_model"]) / deliveries_per_delta
 
     def figure(name: str, value: float, note: str, target: float | None = None) -> Figure:
@@ -161,6 +171,18 @@ def bench_instructions(*, quick: bool = False) -> list[Figure]:
             0.2,
         ),
         figure("w2_per_run", counts["w2"], "W2: one 2-turn tool run, model included", 40),
+        figure(
+            "w1_http_model_per_delta",
+            counts["w1_http_model"],
+            "draining OpenAIChatModel.stream over loopback HTTP directly",
+        ),
+        figure(
+            "w1_http_overhead_per_delta",
+            http_overhead,
+            "W1 over loopback HTTP (many deltas per socket read): run with one events()"
+            " reader, minus the model's own cost",
+            0.5,
+        ),
     ]
 
 

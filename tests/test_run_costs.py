@@ -126,3 +126,56 @@ async def test_approvals_and_cancel_share_the_inbox_lock_without_deadlock(
         result = await run.wait()
     assert result.final_output == "3"
     assert run.statistics().pending_approvals == ()
+
+
+class _StepCounter(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.steps = 0
+        self.task: trio.lowlevel.Task | None = None
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+async def test_a_reader_takes_a_backlog_in_few_task_steps(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 200 events are already in the log: the cursor hands most of them over without a
+    # schedule point (at most 64 in a row), so far fewer task steps than events.
+    model = ScriptedModel([Turn(text=["x"] * 200)])
+    async with ta.open_run(ta.Agent(name="t", model=model), "go") as run:
+        await run.wait()
+    counter = _StepCounter()
+    seen = []
+
+    async def read() -> None:
+        counter.task = trio.lowlevel.current_task()
+        seen.extend([event.seq async for event in run.events()])
+
+    trio.lowlevel.add_instrument(counter)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    assert seen == list(range(1, run._log.next_seq))  # every event, in order
+    assert len(seen) > 200
+    assert counter.steps <= len(seen) // 10
+
+
+async def test_a_reader_in_a_backlog_is_still_cancellable_at_every_event(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = ScriptedModel([Turn(text=["x"] * 50)])
+    async with ta.open_run(ta.Agent(name="t", model=model), "go") as run:
+        await run.wait()
+    cursor = run.events()
+    with trio.CancelScope() as scope:
+        await cursor.__anext__()
+        await cursor.__anext__()
+        scope.cancel()
+        await cursor.__anext__()  # raises Cancelled although events are ready
+        raise AssertionError("not cancelled")  # pragma: no cover
+    assert scope.cancelled_caught
+    assert (await cursor.__anext__()).seq == 3  # nothing was consumed by the cancel
