@@ -31,6 +31,12 @@ TARGETS: tuple[tuple[str, str, str, float], ...] = (
     ("W1 per delta, 1 subscriber", "B1.overhead_per_delta", "x_checkpoint", 0.5),
     ("W1 per delta, instructions", "I.w1_overhead_per_delta", "x_checkpoint", 0.5),
     (
+        "W1 per delta over loopback HTTP, instructions",
+        "I.w1_http_overhead_per_delta",
+        "x_checkpoint",
+        0.5,
+    ),
+    (
         "W1 per delivered event, 100 subscribers",
         "B1.fanout_per_delivered_event",
         "x_checkpoint",
