@@ -8,6 +8,7 @@ process for its scheduler or its GIL. Times are ``time.monotonic()`` in both pro
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import tempfile
@@ -171,6 +172,33 @@ async def _one_cancel(
 SessionKind: TypeAlias = Literal["memory", "sqlite"]
 
 
+class GCPasses:
+    """The cyclic collector's passes, as ``(generation, start, stop)`` on
+    ``time.monotonic()``, recorded with ``gc.callbacks`` while the block runs: a cancel
+    whose window holds one paid for the collector, any other slow one for the OS."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float, float]] = []
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.monotonic()
+        else:
+            self.passes.append((int(info["generation"]), self._start, time.monotonic()))
+
+    def __enter__(self) -> GCPasses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def hit(self, t0: float, t1: float) -> bool:
+        """Whether a pass overlapped ``[t0, t1]``."""
+        return any(start <= t1 and stop >= t0 for _, start, stop in self.passes)
+
+
 async def _cancel_series(
     server: LoopbackServer,
     client: httpx.AsyncClient,
@@ -179,22 +207,17 @@ async def _cancel_series(
     runs: int,
     db: Path,
     warmup: int,
-) -> dict[str, list[float]]:
+) -> dict[str, Any]:
     model = OpenAIChatModel(
         _MODEL_FOR[kind], base_url=server.base_url, client=client, max_retries=0
     )
     agent = ta.Agent(name="b4", model=model, tools=[nap, nap_sync, guarded])
     marks: list[tuple[str, float, float]] = []
-    for i in range(warmup + runs):
-        marker = f"{kind}-{session_kind}-{i}"
-        if session_kind == "sqlite":
-            async with SQLiteSession(db, session_id=marker) as sqlite:
-                t0, t1 = await _one_cancel(agent, kind, marker, sqlite)
-        else:
-            t0, t1 = await _one_cancel(agent, kind, marker, MemorySession())
-        if i >= warmup:
-            marks.append((marker, t0, t1))
+    passes = GCPasses()
+    with passes:
+        await _cancels(agent, kind, session_kind, runs, db, warmup, marks)
     latencies = [t1 - t0 for _, t0, t1 in marks]
+    clean = [t1 - t0 for _, t0, t1 in marks if not passes.hit(t0, t1)]
     closes: list[float] = []
     if kind in ("mid_stream", "thread"):
         stats = await server.stats()
@@ -204,7 +227,34 @@ async def _cancel_series(
             conn = str(conn_of[marker])
             if conn in closed:
                 closes.append(closed[conn] - t0)
-    return {"latency": latencies, "close": closes}
+    gc_info = {
+        "gc_passes": len(passes.passes),
+        "gc_full_passes": sum(1 for g, _, _ in passes.passes if g == 2),
+        "gc_ms": round(sum(stop - start for _, start, stop in passes.passes) * 1e3, 2),
+        "cancels_with_gc": len(latencies) - len(clean),
+        "p99_without_gc_ms": round(percentile(clean, 99) * 1e3, 4) if clean else None,
+    }
+    return {"latency": latencies, "close": closes, "gc": gc_info}
+
+
+async def _cancels(
+    agent: ta.Agent,
+    kind: Kind,
+    session_kind: SessionKind,
+    runs: int,
+    db: Path,
+    warmup: int,
+    marks: list[tuple[str, float, float]],
+) -> None:
+    for i in range(warmup + runs):
+        marker = f"{kind}-{session_kind}-{i}"
+        if session_kind == "sqlite":
+            async with SQLiteSession(db, session_id=marker) as sqlite:
+                t0, t1 = await _one_cancel(agent, kind, marker, sqlite)
+        else:
+            t0, t1 = await _one_cancel(agent, kind, marker, MemorySession())
+        if i >= warmup:
+            marks.append((marker, t0, t1))
 
 
 # W4/W5 (and cancel from another thread, and the server-side socket close): p99 at most
@@ -213,10 +263,20 @@ CANCEL_FLOOR_FACTOR = 4
 
 
 def _latency_figures(
-    name: str, values: list[float], target_ms: float | None, note: str, base: Baselines
+    name: str,
+    values: list[float],
+    target_ms: float | None,
+    note: str,
+    base: Baselines,
+    more: dict[str, Any] | None = None,
 ) -> list[Figure]:
     p50, p99 = percentile(values, 50), percentile(values, 99)
-    extra = {"n": len(values), "p50_ms": round(p50 * 1e3, 4), "max_ms": round(max(values) * 1e3, 3)}
+    extra = {
+        "n": len(values),
+        "p50_ms": round(p50 * 1e3, 4),
+        "max_ms": round(max(values) * 1e3, 3),
+        **(more or {}),
+    }
     return [
         Figure(
             name,
@@ -253,6 +313,7 @@ async def bench_b4(
                         target,
                         f"cancel() -> terminal run.updated seen, {session_kind} session",
                         base,
+                        series["gc"],
                     )
                     if series["close"]:
                         figures += _latency_figures(
