@@ -124,7 +124,7 @@ class EventCursor(AsyncIterator[RunEvent]):
     Safe to ``break`` out of: it holds nothing but its position.
     """
 
-    __slots__ = ("_log", "_next", "_streak")
+    __slots__ = ("_log", "_next")
 
     def __init__(self, log: EventLog, from_seq: int | None) -> None:
         if from_seq is not None:
@@ -134,19 +134,11 @@ class EventCursor(AsyncIterator[RunEvent]):
                 raise ValueError("from_seq must be >= 0")
         self._log = log
         self._next = log.first_seq if from_seq is None else max(from_seq, 1)
-        self._streak = 0  # events handed over in a row without a schedule point
 
     def __aiter__(self) -> EventCursor:
         return self
 
     async def __anext__(self) -> RunEvent:
-        # Every call is a cancel point. It is a schedule point too, except while at
-        # least two more events than this one are already in the log (at most _STREAK
-        # in a row): a reader that wakes to a batch (a network read carries many
-        # deltas) takes most of it in one task step. One that keeps up yields as
-        # before, and stays a step behind a writer that yields per event: it finds the
-        # next event ready instead of parking for it (measured: a reader that caught
-        # up fully parked on about every other event, +7,000 instructions per delta).
         log = self._log
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
@@ -162,20 +154,11 @@ class EventCursor(AsyncIterator[RunEvent]):
             if self._next < log.next_seq:
                 event = log.get(self._next)
                 self._next += 1
-                if self._next + 1 < log.next_seq and self._streak < _STREAK:
-                    self._streak += 1
-                    return event
-                self._streak = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return event
             if log.closed:
                 raise StopAsyncIteration
             await log.wait()
-
-
-# The most events a cursor hands over without a schedule point: bounds how long a
-# reader with a backlog (a replay from seq 1, a batch) holds the scheduler.
-_STREAK = 64
 
 
 @final
