@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -305,6 +305,13 @@ class PostgresCluster:
         """The run's row (None: no such run of ``principal``)."""
         rows = await self._rows("run_id = %s AND principal = %s", (run_id, principal))
         return rows[0] if rows else None
+
+    async def unfinished(self, principal: str, run_ids: Iterable[str]) -> set[str]:
+        """Which of ``run_ids`` (runs of ``principal``) have not finished."""
+        rows = await self._rows(
+            "run_id = ANY(%s) AND principal = %s AND NOT finished", (list(run_ids), principal)
+        )
+        return {str(row["run_id"]) for row in rows}
 
     # -- reading ----------------------------------------------------------------------
 

@@ -113,6 +113,8 @@ async def run_start(conn: Connection, request: RunStart) -> None:
     placed = None if cluster is None else await cluster.place(conn.principal, wire(request))
     if placed is not None:  # started on another node (this one is full)
         run_id = str(placed["run_id"])
+        if request.on_disconnect == "cancel":  # a disconnect from here cancels it there
+            await registry.own_placed(conn, run_id)
         await conn.send(ack_frame(request.id, run_id=run_id))
         if request.subscribe is not None and conn.room_for_subscription(run_id):
             conn.subscribe_remote(run_id, 1, request.subscribe)

@@ -67,7 +67,11 @@ class PrincipalStatistics:
 class Owner(Protocol):
     """The connection that started a run (what a disconnect does to it)."""
 
+    principal: str
     owned: set[RunEntry]
+    # Runs with on_disconnect="cancel" it started on other nodes of a cluster (placed
+    # there: this node was full), by id.
+    placed: set[str]
 
 
 @final
@@ -504,9 +508,46 @@ class Registry:
             if entry is not None:
                 self._forget(entry, state)
 
-    def disconnected(self, owned: Iterable[RunEntry]) -> None:
-        """The connection that started ``owned`` is gone: apply their ``on_disconnect``."""
-        for entry in list(owned):
+    async def own_placed(self, owner: Owner, run_id: str) -> None:
+        """``owner`` started ``run_id`` with ``on_disconnect="cancel"`` on another node
+        (a cluster placed it there): its disconnect cancels it there too.
+
+        The ids of placed runs that have finished are dropped once there are more than
+        twice the principal's active-run limit (one query), so a long-lived connection
+        does not remember every run it ever placed.
+        """
+        assert self.cluster is not None
+        owner.placed.add(run_id)
+        if len(owner.placed) > 2 * self.limits.max_runs_per_principal:
+            with contextlib.suppress(ProtocolError):  # the database is down: next time
+                unfinished = await self.cluster.unfinished(owner.principal, owner.placed)
+                owner.placed.intersection_update(unfinished | {run_id})
+
+    def disconnected(self, owner: Owner) -> None:
+        """The connection ``owner`` is gone: apply the ``on_disconnect`` of the runs it
+        started (here, and placed on other nodes: a routed cancel)."""
+        for entry in list(owner.owned):
             entry.owner = None
             if entry.on_disconnect == "cancel" and entry.run is not None:
                 entry.run.cancel("client disconnected")
+        placed, owner.placed = owner.placed, set()
+        if placed and self.nursery is not None:
+            self.nursery.start_soon(self._cancel_placed, owner.principal, placed)
+
+    async def _cancel_placed(self, principal: str, run_ids: Iterable[str]) -> None:
+        """Route ``"client disconnected"`` cancels to the owners of ``run_ids`` (a run
+        that has finished meanwhile answers ``run_closed``: ignored)."""
+        assert self.cluster is not None
+        for run_id in run_ids:
+            request = {
+                "id": 0,
+                "op": "run.cancel",
+                "run_id": run_id,
+                "reason": "client disconnected",
+                "mode": "immediate",
+            }
+            try:
+                await self.cluster.route(principal, request, run_id)
+            except ProtocolError as exc:
+                if exc.code not in ("run_closed", "not_found"):
+                    logger.warning("could not cancel placed run %s: %s", run_id, exc.message)

@@ -338,7 +338,7 @@ class ControlServer:
         finally:
             if connection is not None:
                 self._connections.discard(connection)
-                self._registry.disconnected(connection.owned)
+                self._registry.disconnected(connection)
             with trio.CancelScope(shield=True):
                 await guarded.aclose()
 
