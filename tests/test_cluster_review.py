@@ -165,6 +165,57 @@ async def test_runs_stopped_by_the_watchdog_are_resumed_after_the_database_retur
         nursery.cancel_scope.cancel()
 
 
+async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watchdog stopped the run ("lease lost"); its tool takes a while to stop (a
+    # shielded cleanup, within the run's cleanup_timeout), so that attempt still holds
+    # the session in this process when the node claims the run back. The resume waits
+    # for it (control/_registry.py, _OLD_ATTEMPT_BOUND) instead of finding the session
+    # busy and failing the run.
+    started, cancelled, hold = trio.Event(), trio.Event(), trio.Event()
+
+    @ta.function_tool
+    async def slow() -> str:
+        """Work for a long time, and take a while to stop (not idempotent)."""
+        started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.set()
+            with trio.CancelScope(shield=True):
+                await hold.wait()
+            raise
+        raise AssertionError("unreachable")
+
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")
+    async with trio.open_nursery() as nursery:
+        async with (
+            review_node(nursery, agent(model, [slow]), pg_dsn, "A") as a,
+            client(a.url) as ca,
+        ):
+            run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+            with trio.fail_after(30):
+                await started.wait()
+            stopped = local_entry(a, run_id)
+            heal = partition_heartbeat(a, monkeypatch)
+            with trio.fail_after(30):
+                await cancelled.wait()  # the watchdog stopped the run ("lease lost")
+            heal()  # the next heartbeat releases the run; A's scan claims it back
+            await until(lambda: a.cluster.leases.takeovers == 1)
+            assert stopped.run.result is None  # that attempt is still stopping
+            hold.set()
+            await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
+            with trio.fail_after(20):
+                done = await ca.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed", done
+            resumed = await ca.wait_event(
+                run_id, lambda e: e["type"] == "run.updated" and e.get("detail")
+            )
+            assert resumed["event"]["detail"] == {"resumed": True, "attempt": 2}
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) -> None:
     started, release, cancelled = trio.Event(), trio.Event(), trio.Event()
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")
