@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 import pytest
@@ -330,6 +330,90 @@ async def test_an_injection_is_delivered_once_across_a_crash(
         assert done["event"]["status"] == "completed", done
     texts = [i.content for i in b_model.requests[-1].items if isinstance(i, ta.UserMessage)]
     assert texts == ["go", "remember this"]
+
+
+@pytest.mark.parametrize("op", ["run.inject", "run.withdraw", "run.cancel"])
+async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    # A client on B sends an op for A's run (routed). A applies it and makes it durable,
+    # then dies before it could answer. B takes the run over (re-injecting acked
+    # injections, honouring withdrawals and the cancel), and must not apply the command
+    # a second time: the client gets A's answer, stored with the op's durable effect.
+    first, hold = trio.Event(), trio.Event()
+
+    @ta.function_tool
+    async def work(ctx: ta.ToolContext) -> str:
+        """Work (not idempotent)."""
+        if ctx.call_id == "w1":
+            first.set()
+            await trio.sleep_forever()
+        await hold.wait()
+        return "worked"
+
+    a_model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "work", "{}")])])
+    b_model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w2", "work", "{}")])], default="done")
+    async with (
+        two_nodes(pg_dsn, agent(a_model, [work]), agent(b_model, [work])) as (a, b),
+        client(a.url) as ca,
+        client(b.url) as cb,
+    ):
+        run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+        with trio.fail_after(30):
+            await first.wait()
+        fields: dict[str, Any] = {"items": "remember"}
+        if op == "run.withdraw":
+            injected = await ca.ok("run.inject", run_id=run_id, items="withdrawn")
+            fields = {"injection_id": injected["injection_id"]}
+        elif op == "run.cancel":
+            fields = {"reason": "stop"}
+        applied = trio.Event()
+        stored: list[str | None] = []
+        execute = a.cluster.router.execute
+        assert execute is not None
+
+        def reply_of(command_id: int) -> str | None:
+            with psycopg.connect(pg_dsn) as conn:
+                row = conn.execute(
+                    "SELECT reply FROM trio_agents_commands WHERE command_id = %s", (command_id,)
+                ).fetchone()
+            assert row is not None
+            return None if row[0] is None else str(row[0])
+
+        async def answered_by_a_dying_node(*args: Any) -> NoReturn:
+            await execute(*args)  # applied, and durable (acked only then)
+            stored.append(await trio.to_thread.run_sync(reply_of, args[2]))
+            applied.set()
+            await trio.sleep_forever()  # A dies before its answer is written
+
+        monkeypatch.setattr(a.cluster.router, "execute", answered_by_a_dying_node)
+        answers: list[dict[str, Any]] = []
+        async with trio.open_nursery() as waiting:
+
+            async def send() -> None:
+                answers.append(await cb.request(op, run_id=run_id, **fields))
+
+            waiting.start_soon(send)
+            with trio.fail_after(30):
+                await applied.wait()
+            a.crash()
+        # Answered with what A stored (B took the run over meanwhile).
+        assert stored[0] is not None
+        assert answers[0]["type"] == "ack", answers
+        assert {k: v for k, v in answers[0].items() if k not in ("type", "id")} == json.loads(
+            stored[0]
+        )["ok"]
+        if op == "run.withdraw":
+            assert answers[0]["withdrawn"] is True
+        hold.set()
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        done = await cb.wait_terminal(run_id)
+    if op == "run.cancel":
+        assert (done["event"]["status"], done["event"]["reason"]) == ("cancelled", "stop")
+        return
+    assert done["event"]["status"] == "completed", done
+    texts = [i.content for i in b_model.requests[-1].items if isinstance(i, ta.UserMessage)]
+    assert texts == (["go", "remember"] if op == "run.inject" else ["go"])
 
 
 # -- 3. subscriptions on a non-owner -------------------------------------------------

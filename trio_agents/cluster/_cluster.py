@@ -34,7 +34,7 @@ from ._queries import (
     release_node,
     tool_start_barrier,
 )
-from ._routing import Router
+from ._routing import Executor, Router, ok_reply
 from ._session import ClusterSession, session_key
 from ._takeover import Leases
 
@@ -47,8 +47,6 @@ logger = logging.getLogger("trio_agents.cluster")
 
 CONNECT_TIMEOUT = 10.0
 """Seconds a node waits for the database when it starts, then fails (ClusterDown)."""
-
-Executor = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @attrs.frozen
@@ -364,24 +362,36 @@ class PostgresCluster:
             "limit_exceeded", "every node of the cluster runs as many runs as it may"
         )
 
-    async def record_cancel(self, run_id: str, reason: str | None, mode: str) -> None:
+    async def record_cancel(
+        self, run_id: str, reason: str | None, mode: str, command: int | None = None
+    ) -> None:
         """Make an acked cancel durable: a takeover ends the run cancelled (the first
-        cancel's reason and mode are kept, as :meth:`trio_agents.Run.cancel` does).
+        cancel's reason and mode are kept, as :meth:`trio_agents.Run.cancel` does). A
+        routed cancel (``command``) is answered in the same transaction.
 
         Raises:
             ProtocolError: ``internal`` when the database cannot be reached.
         """
+        reply = None if command is None else (command, ok_reply({}))
         try:
-            await record_cancel(self.db, run_id, reason, mode)
+            await record_cancel(self.db, run_id, reason, mode, reply)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
 
-    async def record_withdrawal(self, run_id: str, injection_id: str) -> None:
-        """A withdrawn injection is never injected again by a takeover."""
-        await record_withdrawal(self.db, run_id, injection_id)
+    async def record_withdrawal(
+        self, run_id: str, injection_id: str, command: int | None = None
+    ) -> None:
+        """A withdrawn injection is never injected again by a takeover; a routed
+        withdrawal (``command``) is answered in the same transaction."""
+        reply = None if command is None else (command, ok_reply({"withdrawn": True}))
+        await record_withdrawal(self.db, run_id, injection_id, reply)
 
-    async def injection_persisted(self, run_id: str, injection_id: str) -> None:
-        """Wait (bounded) until an injection's ``inbox.injected`` event is persisted.
+    async def injection_persisted(
+        self, run_id: str, injection_id: str, command: int | None = None
+    ) -> None:
+        """Wait (bounded) until an injection's ``inbox.injected`` event is persisted; a
+        routed injection (``command``) is answered in the transaction that persists it.
+        Call it before any checkpoint after the injection (so before that flush).
 
         Raises:
             ProtocolError: ``internal`` if it is not persisted within 10 s.
@@ -389,6 +399,8 @@ class PostgresCluster:
         log = self.writer.logs.get(run_id)
         if log is None:
             return
+        if command is not None:
+            log.replies[injection_id] = (command, ok_reply({"injection_id": injection_id}))
         with trio.move_on_after(10.0):
             await log.wait_injection(injection_id)
             return

@@ -241,8 +241,8 @@ class ControlServer:
         assert cluster is not None
         registry = self._registry
 
-        async def execute(principal: str, data: dict[str, Any]) -> dict[str, Any]:
-            return await execute_routed(registry, principal, data)
+        async def execute(principal: str, data: dict[str, Any], command: int) -> dict[str, Any]:
+            return await execute_routed(registry, principal, data, command)
 
         with scope:
             await cluster.serve_node(registry, execute, task_status=task_status)
