@@ -22,7 +22,7 @@ import trio
 
 from .._items import Item, ToolCall
 from ..control._protocol import ProtocolError
-from ._claims import claim_run
+from ._claims import claim_queued, claim_run
 from ._db import ClusterDown, Database
 from ._eventlog import EventWriter, Fence, RunLog, follow
 from ._listener import Listener
@@ -255,11 +255,13 @@ class PostgresCluster:
         on_busy: str,
         cancel_holder: Callable[[str, str | None], Awaitable[None]],
         items: Sequence[Item] = (),
-    ) -> None:
-        """Insert a new run's row, claiming its session cluster-wide (``_claims.py``).
-        The row keeps the run's input (``options["input"]``) for a takeover that finds
-        it missing from the session."""
-        await claim_run(
+    ) -> str | None:
+        """Insert a new run's row, claiming its session cluster-wide (``_claims.py``):
+        None once claimed, else (``enqueue``/``interrupt``) the id of the run it is
+        queued behind; :meth:`claim_queued` completes the claim. The row keeps the run's
+        input (``options["input"]``) for a takeover that finds it missing from the
+        session."""
+        return await claim_run(
             self,
             run_id=run_id,
             principal=principal,
@@ -268,6 +270,29 @@ class PostgresCluster:
             on_busy=on_busy,
             options={"input": [item.to_json() for item in items]},
             cancel_holder=cancel_holder,
+        )
+
+    async def claim_queued(
+        self,
+        *,
+        run_id: str,
+        principal: str,
+        session_id: str | None,
+        on_busy: str,
+        waiting: Callable[[], bool],
+        cancel_holder: Callable[[str, str | None], Awaitable[None]],
+        interrupted: str | None = None,
+    ) -> bool:
+        """Claim a queued run's session once its holder ends (``_claims.claim_queued``);
+        False if the run ended first."""
+        return await claim_queued(
+            self,
+            run_id=run_id,
+            key=session_key(principal, session_id, run_id),
+            on_busy=on_busy,
+            waiting=waiting,
+            cancel_holder=cancel_holder,
+            interrupted=interrupted,
         )
 
     async def forget(self, run_id: str) -> None:

@@ -75,6 +75,7 @@ class Claimed:
     reinject: tuple[InboxInjected, ...]
     input: tuple[Item, ...] = ()
     cancel: tuple[str | None, str] | None = None  # an acked cancel: (reason, mode)
+    queued: bool = False  # still queued for its session (never claimed it: _claims.py)
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -394,7 +395,7 @@ class Leases:
         cluster = self._cluster
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
-            " session_key FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
+            " session_key, session_id IS NOT NULL AND active_key IS NULL FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
             " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at LIMIT %s"
             " FOR UPDATE SKIP LOCKED",
             # Not the runs this node stopped and has yet to release: its heartbeat (in
@@ -439,14 +440,16 @@ class Leases:
                 items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
         claimed = []
         for row in rows:
-            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key = row
+            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key, queued = (
+                row
+            )
             accepted = [
                 event
                 for injection_id, event in injected.get(run_id, {}).items()
                 if (run_id, injection_id) not in withdrawn
             ]
             pending = tuple(e for e in accepted if (run_id, e.injection_id) not in delivered)
-            if pending:
+            if pending and not queued:  # a queued run has delivered nothing
                 pending = _undelivered(
                     pending, accepted, items.get(run_id, []), _stored(conn, str(key))
                 )
@@ -463,6 +466,7 @@ class Leases:
                     reinject=pending,
                     input=_input(options),
                     cancel=_cancel(options),
+                    queued=bool(queued),
                 )
             )
         return claimed

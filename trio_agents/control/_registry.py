@@ -14,13 +14,14 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast, final
 
 import attrs
 import trio
 
 from .. import Agent, Item, Run, SessionBusyError, serve_run
+from .._session_lock import SessionClaim
 from ..sessions import Session
 from ._protocol import Limits, ProtocolError, RunInfo
 from ._sessions import MemorySessions, MeteredSession, ScopedSession, SessionFactory
@@ -143,6 +144,24 @@ class _Started:
         if self.then is not None:
             self.then(run)  # before the run's first checkpoint: before any model call
         self.inner.started(run)
+
+
+@final
+@attrs.define(eq=False)
+class _Gate:
+    """The in-process holder of a cluster session while a queued run of this node waits
+    for the session cluster-wide: the run queues behind it (the core's claim), so it
+    stays ``queued`` — and cancellable — until the gate lets go."""
+
+    entry: RunEntry
+
+    @property
+    def id(self) -> str:
+        return self.entry.run_id
+
+    def cancel(self, reason: str | None = None) -> None:
+        if self.entry.run is not None:
+            self.entry.run.cancel(reason)
 
 
 @final
@@ -288,8 +307,9 @@ class Registry:
         extra: dict[str, Any] = {}
         fence: Any = None
         cluster = self.cluster
+        behind: str | None = None
         if cluster is not None:
-            await cluster.claim(
+            behind = await cluster.claim(
                 run_id=run_id,
                 principal=principal,
                 session_id=session_id,
@@ -301,7 +321,6 @@ class Registry:
             cluster_session = cluster.session(principal, session_id, run_id)
             session, fence = cluster_session, cluster_session.fence
             extra["before_tool"] = cluster.before_tool(run_id, 1, fence)
-            on_busy = "reject"  # claimed already; the core's claim is per node
         elif session_id is not None:
             if self.session_factory is None:
                 memory = state.sessions.acquire(session_id)
@@ -326,6 +345,13 @@ class Registry:
             fence=fence,
         )
         self._register(entry, state)
+        gate: SessionClaim | None = None
+        if cluster is not None:
+            # The core's claim is per node: claimed cluster-wide already, or queued
+            # behind a gate that lets go once the session is claimed cluster-wide.
+            on_busy = "reject"
+            if behind is not None:
+                gate, on_busy = self._gate(entry, session), "enqueue"
         try:
             entry.run = await self.nursery.start(
                 self._run_task, entry, self.agents[agent_name], items, session, on_busy, extra
@@ -338,12 +364,53 @@ class Registry:
             raise ProtocolError("invalid_request", str(exc)) from None
         finally:
             if entry.run is None:
+                if gate is not None:
+                    gate.release()
                 self._end(entry, retain=False)
                 if cluster is not None:
                     await cluster.forget(run_id)
         if cluster is not None:
             entry.log = cluster.track(entry.run, run_id, 1, 1, fence)
+        if gate is not None:
+            self.nursery.start_soon(self._claim_later, entry, gate, on_busy, behind, None)
         return entry
+
+    def _gate(self, entry: RunEntry, session: Any) -> SessionClaim:
+        """Hold the run's session in this process until it is claimed cluster-wide."""
+        gate = SessionClaim(session.lock_key, session.session_id, _Gate(entry))
+        gate.claim_now("enqueue")  # behind a run of this node that holds it, if any
+        return gate
+
+    async def _claim_later(
+        self,
+        entry: RunEntry,
+        gate: SessionClaim,
+        on_busy: str,
+        interrupted: str | None,
+        then: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        """A queued run of a cluster: claim its session cluster-wide once its holder
+        ends (``then()`` first thing after), then let the run have it."""
+        cluster = self.cluster
+        assert cluster is not None
+        claimed = False
+        try:
+            await gate.wait()
+            claimed = await cluster.claim_queued(
+                run_id=entry.run_id,
+                principal=entry.principal,
+                session_id=entry.session_id,
+                on_busy=on_busy,
+                waiting=lambda: not entry.done.is_set() and not entry.fence.closed,
+                cancel_holder=lambda holder, node: self.supersede(entry.principal, holder, node),
+                interrupted=interrupted,
+            )
+            if claimed and then is not None:
+                await then()
+        finally:
+            if not claimed and entry.run is not None and not entry.done.is_set():
+                entry.run.cancel("this node stopped")  # it never gets the session here
+            gate.release()
 
     def _register(self, entry: RunEntry, state: _Principal) -> None:
         self.runs[entry.run_id] = entry
@@ -388,7 +455,19 @@ class Registry:
             if state.finished.pop(entry.run_id, None) is not None:
                 state.retained_bytes -= old.bytes
         self._register(entry, state)
-        if claimed.input:
+        gate: SessionClaim | None = None
+        then_claimed: Callable[[], Awaitable[None]] | None = None
+        if claimed.queued:
+            # It was still queued for its session: queued again here; its input goes
+            # into the session once the session is its own.
+            gate = self._gate(entry, session)
+            inputs = claimed.input
+
+            async def then_claimed() -> None:
+                if inputs:
+                    await session.add_items(inputs)
+
+        elif claimed.input:
             # The earlier attempt died before its input reached the session.
             stored = await session.get_items()
             if not stored:
@@ -398,16 +477,21 @@ class Registry:
             "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
             "_then": then,
         }
+        on_busy = "reject" if gate is None else "enqueue"
         try:
             entry.run = await self.nursery.start(
-                self._run_task, entry, self.agents[claimed.agent], (), session, "reject", extra
+                self._run_task, entry, self.agents[claimed.agent], (), session, on_busy, extra
             )
         finally:
             if entry.run is None:
+                if gate is not None:
+                    gate.release()
                 self._end(entry, retain=False)
         entry.log = cluster.track(
             entry.run, entry.run_id, resume.attempt, resume.next_seq, session.fence
         )
+        if gate is not None:
+            self.nursery.start_soon(self._claim_later, entry, gate, "enqueue", None, then_claimed)
         return entry
 
     async def supersede(self, principal: str, run_id: str, node: str | None) -> None:
