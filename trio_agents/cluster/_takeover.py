@@ -44,6 +44,7 @@ from .._events import (
 from .._items import Item, item_from_json
 from .._resume import Resume
 from .._run import Run
+from ..control._hosting import resume_run
 from ._db import ClusterDown, Conn
 from ._schema import CHANNEL
 
@@ -380,7 +381,7 @@ class Leases:
                         logger.exception("re-injecting into run %s failed", claimed.run_id)
 
             try:
-                await registry.resume_run(claimed, resume, then)
+                await resume_run(registry, claimed, resume, then)
             except Exception as exc:
                 logger.exception("resuming run %s failed", claimed.run_id)
                 await self.fail(claimed, f"could not resume: {exc!r}")

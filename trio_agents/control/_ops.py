@@ -12,6 +12,7 @@ import attrs
 import trio
 
 from .. import InboxFullError, Run, RunClosedError, RunStatus, UnknownCallError
+from ._hosting import own_placed, start_run
 from ._protocol import ProtocolError, RunInfo, ack_frame, error_frame
 from ._registry import Registry, RunEntry
 from ._requests import (
@@ -114,12 +115,13 @@ async def run_start(conn: Connection, request: RunStart) -> None:
     if placed is not None:  # started on another node (this one is full)
         run_id = str(placed["run_id"])
         if request.on_disconnect == "cancel":  # a disconnect from here cancels it there
-            await registry.own_placed(conn, run_id)
+            await own_placed(registry, conn, run_id)
         await conn.send(ack_frame(request.id, run_id=run_id))
         if request.subscribe is not None and conn.room_for_subscription(run_id):
             conn.subscribe_remote(run_id, 1, request.subscribe)
         return
-    entry = await registry.start_run(
+    entry = await start_run(
+        registry,
         conn.principal,
         conn,
         request.agent,
@@ -300,7 +302,8 @@ async def execute_routed(
         registry.check_room(principal)
         if cluster.running() >= cluster.max_runs:
             raise ProtocolError("limit_exceeded", f"node {cluster.node_id} is full")
-        entry = await registry.start_run(
+        entry = await start_run(
+            registry,
             principal,
             None,
             request.agent,

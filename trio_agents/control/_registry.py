@@ -1,4 +1,5 @@
-"""The control server's runs and per-principal limits.
+"""The control server's runs and per-principal limits (the runs' tasks themselves are
+started in ``_hosting.py``).
 
 Every check a request makes is O(1) in the number of runs the server remembers: each
 principal has counters (active runs, retained bytes, session bytes, a token bucket)
@@ -10,26 +11,20 @@ more than ``max_retained_bytes_per_principal``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import uuid
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, cast, final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import attrs
 import trio
 
-from .. import Agent, Item, Run, SessionBusyError, serve_run
-from .._session_lock import SessionClaim
-from ..sessions import Session
+from .. import Agent, Run
 from ._protocol import Limits, ProtocolError, RunInfo
-from ._sessions import MemorySessions, MeteredSession, ScopedSession, SessionFactory
+from ._sessions import MemorySessions, MeteredSession, SessionFactory
 
 if TYPE_CHECKING:
-    from .._resume import Resume
     from ..cluster._cluster import PostgresCluster
-    from ..cluster._takeover import Claimed
 
 __all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry"]
 
@@ -37,10 +32,6 @@ logger = logging.getLogger("trio_agents.control")
 
 RUN_OVERHEAD = 1024
 """Bytes counted per retained run on top of its input and injected items."""
-
-# How long a resume on this node waits for its own stopped attempt of the same run to
-# end (that attempt's repair is bounded by its cleanup_timeout, 5 s by default).
-_OLD_ATTEMPT_BOUND = 30.0
 
 
 @attrs.frozen
@@ -130,41 +121,6 @@ class _Principal:
 
 
 @final
-@attrs.define
-class _Started:
-    """A task status that records the run on its entry the moment it exists, so the
-    entry never depends on when the starter resumes."""
-
-    entry: RunEntry
-    inner: trio.TaskStatus[Run]
-    then: Callable[[Run], None] | None = None
-
-    def started(self, run: Run) -> None:
-        self.entry.run = run
-        if self.then is not None:
-            self.then(run)  # before the run's first checkpoint: before any model call
-        self.inner.started(run)
-
-
-@final
-@attrs.define(eq=False)
-class _Gate:
-    """The in-process holder of a cluster session while a queued run of this node waits
-    for the session cluster-wide: the run queues behind it (the core's claim), so it
-    stays ``queued`` — and cancellable — until the gate lets go."""
-
-    entry: RunEntry
-
-    @property
-    def id(self) -> str:
-        return self.entry.run_id
-
-    def cancel(self, reason: str | None = None) -> None:
-        if self.entry.run is not None:
-            self.entry.run.cancel(reason)
-
-
-@final
 class Registry:
     """Runs by id, per-principal counters and limits, and the runs' host nursery."""
 
@@ -190,7 +146,8 @@ class Registry:
         self._finished: deque[tuple[float, str, str]] = deque()
         self._finished_wakeup = trio.Event()
 
-    def _principal(self, principal: str) -> _Principal:
+    def state_of(self, principal: str) -> _Principal:
+        """The principal's counters and tables (created on first use)."""
         state = self._principals.get(principal)
         if state is None:
             state = self._principals[principal] = _Principal(
@@ -229,7 +186,7 @@ class Registry:
         return None
 
     def principal_statistics(self, principal: str) -> PrincipalStatistics:
-        state = self._principal(principal)
+        state = self.state_of(principal)
         return PrincipalStatistics(
             active_runs=len(state.active),
             retained_runs=len(state.finished),
@@ -249,7 +206,7 @@ class Registry:
         """
         if self.closing:
             raise ProtocolError("internal", "the server is shutting down")
-        if len(self._principal(principal).active) >= self.limits.max_runs_per_principal:
+        if len(self.state_of(principal).active) >= self.limits.max_runs_per_principal:
             raise ProtocolError(
                 "limit_exceeded",
                 f"at most {self.limits.max_runs_per_principal} active runs per principal",
@@ -257,7 +214,7 @@ class Registry:
 
     def take_start_token(self, principal: str) -> None:
         """The ``run.start`` rate limit: a token bucket per principal (O(1))."""
-        state = self._principal(principal)
+        state = self.state_of(principal)
         now = trio.current_time()
         rate, burst = self.limits.start_rate, float(self.limits.start_burst)
         state.tokens = min(burst, state.tokens + (now - state.refilled) * rate)
@@ -280,139 +237,9 @@ class Registry:
 
     # --------------------------------------------------------------------- runs
 
-    async def start_run(
-        self,
-        principal: str,
-        owner: Owner | None,
-        agent_name: str,
-        items: tuple[Item, ...],
-        *,
-        input_bytes: int,
-        session_id: str | None,
-        on_disconnect: str,
-        on_busy: str,
-    ) -> RunEntry:
-        """Start a run in the server's nursery (call :meth:`admit` first).
-
-        The session's busy policy is the core's ``on_busy``: a busy session with
-        ``"reject"`` answers ``session_busy``; ``"interrupt"``/``"enqueue"`` start the
-        run ``queued`` behind the session's active run. With a cluster, the session is
-        claimed cluster-wide first (``trio_agents.cluster._claims``).
-        """
-        assert self.nursery is not None
-        state = self._principal(principal)
-        memory: MeteredSession | None = None
-        session: Session | None = None
-        run_id = f"run_{uuid.uuid4().hex}"
-        extra: dict[str, Any] = {}
-        fence: Any = None
-        cluster = self.cluster
-        behind: str | None = None
-        if cluster is not None:
-            behind = await cluster.claim(
-                run_id=run_id,
-                principal=principal,
-                session_id=session_id,
-                agent=agent_name,
-                on_busy=on_busy,
-                cancel_holder=lambda holder, node: self.supersede(principal, holder, node),
-                items=items,
-            )
-            cluster_session = cluster.session(principal, session_id, run_id)
-            session, fence = cluster_session, cluster_session.fence
-            extra["before_tool"] = cluster.before_tool(run_id, 1, fence)
-        elif session_id is not None:
-            if self.session_factory is None:
-                memory = state.sessions.acquire(session_id)
-                if memory is None:
-                    raise ProtocolError(
-                        "limit_exceeded",
-                        f"in-memory sessions of this principal hold over"
-                        f" {self.limits.max_session_bytes_per_principal} bytes in active runs",
-                    )
-                session = memory
-            else:
-                session = ScopedSession(self.session_factory(principal, session_id), principal)
-        entry = RunEntry(
-            run_id=run_id,
-            principal=principal,
-            agent=agent_name,
-            session_id=session_id,
-            on_disconnect=on_disconnect,
-            owner=owner,
-            input_bytes=input_bytes,
-            memory=memory,
-            fence=fence,
-        )
-        self._register(entry, state)
-        gate: SessionClaim | None = None
-        if cluster is not None:
-            # The core's claim is per node: claimed cluster-wide already, or queued
-            # behind a gate that lets go once the session is claimed cluster-wide.
-            on_busy = "reject"
-            if behind is not None:
-                gate, on_busy = self._gate(entry, session), "enqueue"
-        try:
-            entry.run = await self.nursery.start(
-                self._run_task, entry, self.agents[agent_name], items, session, on_busy, extra
-            )
-        except SessionBusyError:
-            raise ProtocolError(
-                "session_busy", f"session {session_id!r} has an active run"
-            ) from None
-        except (TypeError, ValueError) as exc:  # the input is not a valid conversation
-            raise ProtocolError("invalid_request", str(exc)) from None
-        finally:
-            if entry.run is None:
-                if gate is not None:
-                    gate.release()
-                self._end(entry, retain=False)
-                if cluster is not None:
-                    await cluster.forget(run_id)
-        if cluster is not None:
-            entry.log = cluster.track(entry.run, run_id, 1, 1, fence)
-        if gate is not None:
-            self.nursery.start_soon(self._claim_later, entry, gate, on_busy, behind, None)
-        return entry
-
-    def _gate(self, entry: RunEntry, session: Any) -> SessionClaim:
-        """Hold the run's session in this process until it is claimed cluster-wide."""
-        gate = SessionClaim(session.lock_key, session.session_id, _Gate(entry))
-        gate.claim_now("enqueue")  # behind a run of this node that holds it, if any
-        return gate
-
-    async def _claim_later(
-        self,
-        entry: RunEntry,
-        gate: SessionClaim,
-        on_busy: str,
-        interrupted: str | None,
-        then: Callable[[], Awaitable[None]] | None,
-    ) -> None:
-        """A queued run of a cluster: claim its session cluster-wide once its holder
-        ends (``then()`` first thing after), then let the run have it."""
-        cluster = self.cluster
-        assert cluster is not None
-        claimed = False
-        try:
-            await gate.wait()
-            claimed = await cluster.claim_queued(
-                run_id=entry.run_id,
-                principal=entry.principal,
-                session_id=entry.session_id,
-                on_busy=on_busy,
-                waiting=lambda: not entry.done.is_set() and not entry.fence.closed,
-                cancel_holder=lambda holder, node: self.supersede(entry.principal, holder, node),
-                interrupted=interrupted,
-            )
-            if claimed and then is not None:
-                await then()
-        finally:
-            if not claimed and entry.run is not None and not entry.done.is_set():
-                entry.run.cancel("this node stopped")  # it never gets the session here
-            gate.release()
-
-    def _register(self, entry: RunEntry, state: _Principal) -> None:
+    def register(self, entry: RunEntry) -> None:
+        """A run starts (active): visible by id and counted for its principal."""
+        state = self.state_of(entry.principal)
         self.runs[entry.run_id] = entry
         state.runs[entry.run_id] = entry
         state.active.add(entry)
@@ -420,137 +247,20 @@ class Registry:
         if entry.owner is not None:
             entry.owner.owned.add(entry)
 
-    async def resume_run(
-        self, claimed: Claimed, resume: Resume, then: Callable[[Run], None] | None = None
-    ) -> RunEntry:
-        """Continue a run this node took over (a cluster's takeover); ``then(run)`` is
-        called the moment the run exists, before it can call its model or end (its
-        re-injections, an acked cancel)."""
-        assert self.nursery is not None
-        assert self.cluster is not None
-        cluster = self.cluster
-        state = self._principal(claimed.principal)
-        session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
-        session.attempt = resume.attempt  # its writes are fenced on this attempt
-        entry = RunEntry(
-            run_id=claimed.run_id,
-            principal=claimed.principal,
-            agent=claimed.agent,
-            session_id=claimed.session_id,
-            on_disconnect="continue",
-            owner=None,
-            input_bytes=0,
-            fence=session.fence,
-            first_seq=resume.next_seq,
-        )
-        old = self.runs.get(entry.run_id)
-        if old is not None:  # a run this node ran before (it had lost its lease)
-            if old.run is not None and old.run.result is None:
-                # Its stopped attempt still holds the session in this process until its
-                # (bounded) repair ends: resuming before would find the session busy.
-                with trio.move_on_after(_OLD_ATTEMPT_BOUND):
-                    await old.run.wait()
-            self.runs.pop(entry.run_id)
-            state.runs.pop(entry.run_id, None)
-            if state.finished.pop(entry.run_id, None) is not None:
-                state.retained_bytes -= old.bytes
-        self._register(entry, state)
-        gate: SessionClaim | None = None
-        then_claimed: Callable[[], Awaitable[None]] | None = None
-        if claimed.queued:
-            # It was still queued for its session: queued again here; its input goes
-            # into the session once the session is its own.
-            gate = self._gate(entry, session)
-            inputs = claimed.input
+    def drop(self, entry: RunEntry) -> None:
+        """Forget at once an earlier attempt of a run this node resumes."""
+        state = self.state_of(entry.principal)
+        self.runs.pop(entry.run_id, None)
+        state.runs.pop(entry.run_id, None)
+        if state.finished.pop(entry.run_id, None) is not None:
+            state.retained_bytes -= entry.bytes
 
-            async def then_claimed() -> None:
-                if inputs:
-                    await session.add_items(inputs)
-
-        elif claimed.input:
-            # The earlier attempt died before its input reached the session.
-            stored = await session.get_items()
-            if not stored:
-                await session.add_items(claimed.input)
-        extra = {
-            "resume": resume,
-            "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
-            "_then": then,
-        }
-        on_busy = "reject" if gate is None else "enqueue"
-        try:
-            entry.run = await self.nursery.start(
-                self._run_task, entry, self.agents[claimed.agent], (), session, on_busy, extra
-            )
-        finally:
-            if entry.run is None:
-                if gate is not None:
-                    gate.release()
-                self._end(entry, retain=False)
-        entry.log = cluster.track(
-            entry.run, entry.run_id, resume.attempt, resume.next_seq, session.fence
-        )
-        if gate is not None:
-            self.nursery.start_soon(self._claim_later, entry, gate, "enqueue", None, then_claimed)
-        return entry
-
-    async def supersede(self, principal: str, run_id: str, node: str | None) -> None:
-        """``on_busy="interrupt"`` in a cluster: cancel the session's holder, wherever
-        it runs (reason ``"superseded"``); errors are ignored (it may have ended)."""
-        entry = self.runs.get(run_id)
-        if entry is not None and entry.run is not None:
-            entry.run.cancel("superseded")
-            return
-        assert self.cluster is not None
-        request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
-        with contextlib.suppress(ProtocolError):
-            await self.cluster.route(principal, request, run_id)
-
-    async def _run_task(
-        self,
-        entry: RunEntry,
-        agent: Agent,
-        items: tuple[Item, ...],
-        session: Session | None,
-        on_busy: str,
-        extra: dict[str, Any],
-        *,
-        task_status: trio.TaskStatus[Run],
-    ) -> None:
-        extra = dict(extra)
-        then = extra.pop("_then", None)
-        try:
-            # Shielded: only run.cancel(reason) stops a run (shutdown uses "server
-            # shutdown"); the scope is cancelled only to force a run past the bound.
-            with entry.host_scope:
-                await serve_run(
-                    agent,
-                    items,
-                    session=session,
-                    run_id=entry.run_id,
-                    task_status=cast(trio.TaskStatus[Run], _Started(entry, task_status, then)),
-                    on_busy=on_busy,
-                    **self.run_options,
-                    **extra,
-                )
-        finally:
-            if entry.run is not None:
-                self._end(entry, retain=True)
-            aclose = getattr(session, "aclose", None)
-            owned = self.session_factory is not None or self.cluster is not None
-            if owned and aclose is not None:
-                with trio.move_on_after(5.0, shield=True):
-                    try:
-                        await aclose()
-                    except Exception:
-                        logger.exception("closing the session of %s failed", entry.run_id)
-
-    def _end(self, entry: RunEntry, *, retain: bool) -> None:
+    def end(self, entry: RunEntry, *, retain: bool) -> None:
         """A run ended (``retain``) or never started; idempotent."""
         if entry.done.is_set():
             return
         entry.done.set()
-        state = self._principal(entry.principal)
+        state = self.state_of(entry.principal)
         state.active.discard(entry)
         self.active_count -= 1
         if entry.owner is not None:
@@ -587,51 +297,7 @@ class Registry:
             finished_at, principal, run_id = self._finished[0]
             await trio.sleep_until(finished_at + retain)
             self._finished.popleft()
-            state = self._principal(principal)
+            state = self.state_of(principal)
             entry = state.finished.pop(run_id, None)
             if entry is not None:
                 self._forget(entry, state)
-
-    async def own_placed(self, owner: Owner, run_id: str) -> None:
-        """``owner`` started ``run_id`` with ``on_disconnect="cancel"`` on another node
-        (a cluster placed it there): its disconnect cancels it there too.
-
-        The ids of placed runs that have finished are dropped once there are more than
-        twice the principal's active-run limit (one query), so a long-lived connection
-        does not remember every run it ever placed.
-        """
-        assert self.cluster is not None
-        owner.placed.add(run_id)
-        if len(owner.placed) > 2 * self.limits.max_runs_per_principal:
-            with contextlib.suppress(ProtocolError):  # the database is down: next time
-                unfinished = await self.cluster.unfinished(owner.principal, owner.placed)
-                owner.placed.intersection_update(unfinished | {run_id})
-
-    def disconnected(self, owner: Owner) -> None:
-        """The connection ``owner`` is gone: apply the ``on_disconnect`` of the runs it
-        started (here, and placed on other nodes: a routed cancel)."""
-        for entry in list(owner.owned):
-            entry.owner = None
-            if entry.on_disconnect == "cancel" and entry.run is not None:
-                entry.run.cancel("client disconnected")
-        placed, owner.placed = owner.placed, set()
-        if placed and self.nursery is not None:
-            self.nursery.start_soon(self._cancel_placed, owner.principal, placed)
-
-    async def _cancel_placed(self, principal: str, run_ids: Iterable[str]) -> None:
-        """Route ``"client disconnected"`` cancels to the owners of ``run_ids`` (a run
-        that has finished meanwhile answers ``run_closed``: ignored)."""
-        assert self.cluster is not None
-        for run_id in run_ids:
-            request = {
-                "id": 0,
-                "op": "run.cancel",
-                "run_id": run_id,
-                "reason": "client disconnected",
-                "mode": "immediate",
-            }
-            try:
-                await self.cluster.route(principal, request, run_id)
-            except ProtocolError as exc:
-                if exc.code not in ("run_closed", "not_found"):
-                    logger.warning("could not cancel placed run %s: %s", run_id, exc.message)

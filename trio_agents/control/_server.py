@@ -12,9 +12,11 @@ Layout of the tasks (all in the nursery of :meth:`ControlServer.serve`)::
 Runs never live in a connection's nursery: a client that leaves (or is cut off)
 takes none of them along, except runs it started with ``on_disconnect="cancel"``,
 which are cancelled with reason ``"client disconnected"``. The jobs live in their own
-modules: the handshake checks in ``_auth.py``, the runs and per-principal limits in
-``_registry.py``, sessions in ``_sessions.py``, a connection's I/O in
-``_connection.py``, the ops in ``_ops.py``; this module wires them together.
+modules: the handshake checks in ``_auth.py``, the runs' bookkeeping and
+per-principal limits in ``_registry.py``, starting and hosting the runs (and what a
+disconnect does to them) in ``_hosting.py``, sessions in ``_sessions.py``, a
+connection's I/O in ``_connection.py``, the ops in ``_ops.py``; this module wires them
+together.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .. import Agent
 from .._util import first_leaf, leaves, only_cancelled
 from ._auth import Auth, check_handshake
 from ._connection import Connection
+from ._hosting import disconnected
 from ._protocol import SUBPROTOCOL, Limits
 from ._registry import PrincipalStatistics, Registry
 from ._sessions import SessionFactory, sqlite_sessions
@@ -338,7 +341,7 @@ class ControlServer:
         finally:
             if connection is not None:
                 self._connections.discard(connection)
-                self._registry.disconnected(connection)
+                disconnected(self._registry, connection)
             with trio.CancelScope(shield=True):
                 await guarded.aclose()
 
