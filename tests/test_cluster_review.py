@@ -216,6 +216,49 @@ async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end
         nursery.cancel_scope.cancel()
 
 
+async def test_a_run_that_moved_to_another_attempt_is_cancelled_when_its_client_leaves(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # on_disconnect="cancel": the run's attempt on the client's node was stopped (lease
+    # lost) and the run goes on as a new attempt (here or on B); the client's disconnect
+    # from A still cancels it, wherever it runs.
+    started = trio.Event()
+
+    @ta.function_tool(idempotent=True)
+    async def work() -> str:
+        """Work for a long time (idempotent: it runs again on the next attempt)."""
+        started.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    model = ScriptedModel([], default=Turn(tool_calls=[("work", {})]))
+    async with (
+        two_nodes(pg_dsn, agent(model, [work]), agent(model, [work])) as (a, b),
+        client(b.url) as cb,
+    ):
+        async with client(a.url) as ca:
+            run_id = (
+                await ca.ok(
+                    "run.start", agent="a", input="go", session_id="s", on_disconnect="cancel"
+                )
+            )["run_id"]
+            with trio.fail_after(30):
+                await started.wait()
+            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+            started = trio.Event()
+            heal = partition_heartbeat(a, monkeypatch)
+            await until(lambda: a.cluster.leases.fenced == 1)  # A stopped its attempt
+            heal()
+            await cb.wait_event(
+                run_id,
+                lambda e: e["type"] == "run.updated" and (e.get("detail") or {}).get("resumed"),
+            )
+            with trio.fail_after(30):
+                await started.wait()  # the next attempt runs the tool again
+        done = (await cb.wait_terminal(run_id))["event"]
+        assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
+
+
 async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) -> None:
     started, release, cancelled = trio.Event(), trio.Event(), trio.Event()
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")

@@ -438,6 +438,9 @@ class PostgresCluster:
         stop them locally (``cancel_runs``), then release their rows so another node
         takes them over at once (a NOTIFY triggers its scan)."""
         self.leases.draining = True
+        with trio.move_on_after(5.0):
+            async with self.leases.scanning:  # a scan in flight resumes its runs first
+                pass
         for log in list(self.writer.logs.values()):
             log.fence.closed = True
             log.fence.fence_seq = log.run.statistics().last_seq

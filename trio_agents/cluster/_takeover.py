@@ -181,6 +181,9 @@ class Leases:
         # that reaches the database, so another node takes them over at once.
         self.to_release: set[str] = set()
         self.lock = trio.Lock()  # held by a heartbeat, and by the hand-over for good
+        # Held by a scan (claims and resumptions): a hand-over waits for the one in
+        # flight, so every run it resumed is handed over too.
+        self.scanning = trio.Lock()
         self.stopped = False
 
     def wake(self) -> None:
@@ -280,7 +283,9 @@ class Leases:
         while not self.stopped:
             try:
                 if not self.draining:
-                    await self.scan()
+                    async with self.scanning:
+                        if not self.draining:
+                            await self.scan()
                     if trio.current_time() >= self._next_cleanup:
                         self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
                         # Well under the watchdog's margin: its lock waits fail first.

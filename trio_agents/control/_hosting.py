@@ -33,13 +33,15 @@ if TYPE_CHECKING:
     from .._resume import Resume
     from ..cluster._takeover import Claimed
 
-__all__ = ["disconnected", "own_placed", "resume_run", "start_run", "supersede"]
+__all__ = ["closing", "disconnected", "own_placed", "resume_run", "start_run", "supersede"]
 
 logger = logging.getLogger("trio_agents.control")
 
 # How long a resume on this node waits for its own stopped attempt of the same run to
 # end (that attempt's repair is bounded by its cleanup_timeout, 5 s by default).
 _OLD_ATTEMPT_BOUND = 30.0
+
+_DISCONNECTED = "client disconnected"
 
 
 @final
@@ -360,10 +362,36 @@ def disconnected(registry: Registry, owner: Owner) -> None:
     for entry in list(owner.owned):
         entry.owner = None
         if entry.on_disconnect == "cancel" and entry.run is not None:
-            entry.run.cancel("client disconnected")
+            entry.run.cancel(_DISCONNECTED)
     placed, owner.placed = owner.placed, set()
     if placed and registry.nursery is not None:
         registry.nursery.start_soon(_cancel_placed, registry, owner.principal, placed)
+
+
+async def closing(registry: Registry, owners: Iterable[Owner]) -> None:
+    """A cluster node that stops hands its runs over, but it also closes its
+    connections: the runs they started with ``on_disconnect="cancel"`` are cancelled
+    (reason ``"client disconnected"``) as their disconnect would — durably for this
+    node's runs (the node that takes one over ends it cancelled), routed for the runs
+    placed on other nodes. Call it before the hand-over; bound it."""
+    cluster = registry.cluster
+    assert cluster is not None
+
+    async def cancel_durably(entry: RunEntry) -> None:
+        assert entry.run is not None
+        entry.run.cancel(_DISCONNECTED)
+        with contextlib.suppress(ProtocolError):
+            await cluster.record_cancel(entry.run_id, _DISCONNECTED, "immediate")
+
+    async with trio.open_nursery() as nursery:
+        for owner in owners:
+            for entry in list(owner.owned):
+                if entry.on_disconnect == "cancel" and entry.run is not None:
+                    entry.on_disconnect = "continue"  # done: its disconnect adds nothing
+                    nursery.start_soon(cancel_durably, entry)
+            placed, owner.placed = owner.placed, set()
+            if placed:
+                nursery.start_soon(_cancel_placed, registry, owner.principal, placed)
 
 
 async def _cancel_placed(registry: Registry, principal: str, run_ids: Iterable[str]) -> None:
@@ -375,7 +403,7 @@ async def _cancel_placed(registry: Registry, principal: str, run_ids: Iterable[s
             "id": 0,
             "op": "run.cancel",
             "run_id": run_id,
-            "reason": "client disconnected",
+            "reason": _DISCONNECTED,
             "mode": "immediate",
         }
         try:

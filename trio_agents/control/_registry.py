@@ -61,8 +61,9 @@ class Owner(Protocol):
 
     principal: str
     owned: set[RunEntry]
-    # Runs with on_disconnect="cancel" it started on other nodes of a cluster (placed
-    # there: this node was full), by id.
+    # Runs with on_disconnect="cancel" it started that run on other nodes of a cluster
+    # (placed there: this node was full; or taken over after their attempt here
+    # stopped), by id: its disconnect routes their cancel.
     placed: set[str]
 
 
@@ -265,6 +266,11 @@ class Registry:
         self.active_count -= 1
         if entry.owner is not None:
             entry.owner.owned.discard(entry)
+            fence = entry.fence
+            if entry.on_disconnect == "cancel" and fence is not None and fence.closed:
+                # Only this node's attempt ended (lease lost, hand-over): the run goes
+                # on elsewhere, and the client's disconnect must still cancel it there.
+                entry.owner.placed.add(entry.run_id)
         if entry.memory is not None:
             state.sessions.release(entry.memory)
         if not retain:

@@ -35,9 +35,9 @@ from .. import Agent
 from .._util import first_leaf, leaves, only_cancelled
 from ._auth import Auth, check_handshake
 from ._connection import Connection
-from ._hosting import disconnected
+from ._hosting import closing, disconnected
 from ._protocol import SUBPROTOCOL, Limits
-from ._registry import PrincipalStatistics, Registry
+from ._registry import PrincipalStatistics, Registry, RunEntry
 from ._sessions import SessionFactory, sqlite_sessions
 from ._stream import GuardedStream
 
@@ -273,30 +273,38 @@ class ControlServer:
         registry.closing = True
         self.shutdown_deadline = trio.current_time() + registry.limits.shutdown_timeout
         self._accept_scope.cancel()
-        entries = list(registry.runs.values())
+        # Every run the server had, and any a cluster's scan in flight resumes meanwhile
+        # (the hand-over waits for that scan): none may outlive the shutdown.
+        known: dict[RunEntry, None] = dict.fromkeys(registry.runs.values())
+
+        def entries() -> list[RunEntry]:
+            known.update(dict.fromkeys(registry.runs.values()))
+            return list(known)
 
         async def cancel_runs() -> None:
-            for entry in entries:
+            for entry in entries():
                 if entry.run is not None and not entry.done.is_set():
                     entry.run.cancel("server shutdown")
 
         cluster = self._cluster
         if cluster is not None and not cluster.dead:
-            # Hand the runs over: fenced first, so their cancellation here persists
-            # nothing, then released to the other nodes at once.
             with trio.move_on_at(self.shutdown_deadline):
+                # The connections close: their on_disconnect="cancel" runs end.
+                await closing(registry, list(self._connections))
+                # Hand the runs over: fenced first, so their cancellation here persists
+                # nothing, then released to the other nodes at once.
                 await cluster.hand_over(cancel_runs)
         await cancel_runs()
         for connection in list(self._connections):
             connection.begin_shutdown()
         with trio.move_on_at(self.shutdown_deadline):
-            for entry in entries:
+            for entry in entries():
                 await entry.done.wait()
         with trio.move_on_at(self.shutdown_deadline + 1.0):
             await self._connections_done.wait()
         # Past the bound: force whatever is left.
         self._connections_scope.cancel()
-        for entry in entries:
+        for entry in entries():
             entry.host_scope.cancel()
 
     # -------------------------------------------------------------- connections
