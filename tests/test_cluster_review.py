@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 import pytest
@@ -165,6 +165,100 @@ async def test_runs_stopped_by_the_watchdog_are_resumed_after_the_database_retur
         nursery.cancel_scope.cancel()
 
 
+async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watchdog stopped the run ("lease lost"); its tool takes a while to stop (a
+    # shielded cleanup, within the run's cleanup_timeout), so that attempt still holds
+    # the session in this process when the node claims the run back. The resume waits
+    # for it (control/_registry.py, _OLD_ATTEMPT_BOUND) instead of finding the session
+    # busy and failing the run.
+    started, cancelled, hold = trio.Event(), trio.Event(), trio.Event()
+
+    @ta.function_tool
+    async def slow() -> str:
+        """Work for a long time, and take a while to stop (not idempotent)."""
+        started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.set()
+            with trio.CancelScope(shield=True):
+                await hold.wait()
+            raise
+        raise AssertionError("unreachable")
+
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")
+    async with trio.open_nursery() as nursery:
+        async with (
+            review_node(nursery, agent(model, [slow]), pg_dsn, "A") as a,
+            client(a.url) as ca,
+        ):
+            run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+            with trio.fail_after(30):
+                await started.wait()
+            stopped = local_entry(a, run_id)
+            heal = partition_heartbeat(a, monkeypatch)
+            with trio.fail_after(30):
+                await cancelled.wait()  # the watchdog stopped the run ("lease lost")
+            heal()  # the next heartbeat releases the run; A's scan claims it back
+            await until(lambda: a.cluster.leases.takeovers == 1)
+            assert stopped.run.result is None  # that attempt is still stopping
+            hold.set()
+            await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
+            with trio.fail_after(20):
+                done = await ca.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed", done
+            resumed = await ca.wait_event(
+                run_id, lambda e: e["type"] == "run.updated" and e.get("detail")
+            )
+            assert resumed["event"]["detail"] == {"resumed": True, "attempt": 2}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_run_that_moved_to_another_attempt_is_cancelled_when_its_client_leaves(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # on_disconnect="cancel": the run's attempt on the client's node was stopped (lease
+    # lost) and the run goes on as a new attempt (here or on B); the client's disconnect
+    # from A still cancels it, wherever it runs.
+    started = trio.Event()
+
+    @ta.function_tool(idempotent=True)
+    async def work() -> str:
+        """Work for a long time (idempotent: it runs again on the next attempt)."""
+        started.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    model = ScriptedModel([], default=Turn(tool_calls=[("work", {})]))
+    async with (
+        two_nodes(pg_dsn, agent(model, [work]), agent(model, [work])) as (a, b),
+        client(b.url) as cb,
+    ):
+        async with client(a.url) as ca:
+            run_id = (
+                await ca.ok(
+                    "run.start", agent="a", input="go", session_id="s", on_disconnect="cancel"
+                )
+            )["run_id"]
+            with trio.fail_after(30):
+                await started.wait()
+            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+            started = trio.Event()
+            heal = partition_heartbeat(a, monkeypatch)
+            await until(lambda: a.cluster.leases.fenced == 1)  # A stopped its attempt
+            heal()
+            await cb.wait_event(
+                run_id,
+                lambda e: e["type"] == "run.updated" and (e.get("detail") or {}).get("resumed"),
+            )
+            with trio.fail_after(30):
+                await started.wait()  # the next attempt runs the tool again
+        done = (await cb.wait_terminal(run_id))["event"]
+        assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
+
+
 async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) -> None:
     started, release, cancelled = trio.Event(), trio.Event(), trio.Event()
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")
@@ -279,6 +373,90 @@ async def test_an_injection_is_delivered_once_across_a_crash(
         assert done["event"]["status"] == "completed", done
     texts = [i.content for i in b_model.requests[-1].items if isinstance(i, ta.UserMessage)]
     assert texts == ["go", "remember this"]
+
+
+@pytest.mark.parametrize("op", ["run.inject", "run.withdraw", "run.cancel"])
+async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    # A client on B sends an op for A's run (routed). A applies it and makes it durable,
+    # then dies before it could answer. B takes the run over (re-injecting acked
+    # injections, honouring withdrawals and the cancel), and must not apply the command
+    # a second time: the client gets A's answer, stored with the op's durable effect.
+    first, hold = trio.Event(), trio.Event()
+
+    @ta.function_tool
+    async def work(ctx: ta.ToolContext) -> str:
+        """Work (not idempotent)."""
+        if ctx.call_id == "w1":
+            first.set()
+            await trio.sleep_forever()
+        await hold.wait()
+        return "worked"
+
+    a_model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "work", "{}")])])
+    b_model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w2", "work", "{}")])], default="done")
+    async with (
+        two_nodes(pg_dsn, agent(a_model, [work]), agent(b_model, [work])) as (a, b),
+        client(a.url) as ca,
+        client(b.url) as cb,
+    ):
+        run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+        with trio.fail_after(30):
+            await first.wait()
+        fields: dict[str, Any] = {"items": "remember"}
+        if op == "run.withdraw":
+            injected = await ca.ok("run.inject", run_id=run_id, items="withdrawn")
+            fields = {"injection_id": injected["injection_id"]}
+        elif op == "run.cancel":
+            fields = {"reason": "stop"}
+        applied = trio.Event()
+        stored: list[str | None] = []
+        execute = a.cluster.router.execute
+        assert execute is not None
+
+        def reply_of(command_id: int) -> str | None:
+            with psycopg.connect(pg_dsn) as conn:
+                row = conn.execute(
+                    "SELECT reply FROM trio_agents_commands WHERE command_id = %s", (command_id,)
+                ).fetchone()
+            assert row is not None
+            return None if row[0] is None else str(row[0])
+
+        async def answered_by_a_dying_node(*args: Any) -> NoReturn:
+            await execute(*args)  # applied, and durable (acked only then)
+            stored.append(await trio.to_thread.run_sync(reply_of, args[2]))
+            applied.set()
+            await trio.sleep_forever()  # A dies before its answer is written
+
+        monkeypatch.setattr(a.cluster.router, "execute", answered_by_a_dying_node)
+        answers: list[dict[str, Any]] = []
+        async with trio.open_nursery() as waiting:
+
+            async def send() -> None:
+                answers.append(await cb.request(op, run_id=run_id, **fields))
+
+            waiting.start_soon(send)
+            with trio.fail_after(30):
+                await applied.wait()
+            a.crash()
+        # Answered with what A stored (B took the run over meanwhile).
+        assert stored[0] is not None
+        assert answers[0]["type"] == "ack", answers
+        assert {k: v for k, v in answers[0].items() if k not in ("type", "id")} == json.loads(
+            stored[0]
+        )["ok"]
+        if op == "run.withdraw":
+            assert answers[0]["withdrawn"] is True
+        hold.set()
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        done = await cb.wait_terminal(run_id)
+    if op == "run.cancel":
+        assert (done["event"]["status"], done["event"]["reason"]) == ("cancelled", "stop")
+        return
+    assert done["event"]["status"] == "completed", done
+    texts = [i.content for i in b_model.requests[-1].items if isinstance(i, ta.UserMessage)]
+    assert texts == (["go", "remember"] if op == "run.inject" else ["go"])
 
 
 # -- 3. subscriptions on a non-owner -------------------------------------------------

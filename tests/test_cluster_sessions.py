@@ -8,6 +8,7 @@ import pytest
 import trio
 
 import trio_agents as ta
+from trio_agents.control import Limits
 from trio_agents.models import ScriptedModel, Turn
 
 from .cluster_support import client, node
@@ -107,6 +108,120 @@ async def test_on_busy_across_nodes(pg_dsn: str, on_busy: str) -> None:
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("holder_node", ["A", "B"])
+async def test_an_enqueued_start_is_acked_at_once_and_queued(pg_dsn: str, holder_node: str) -> None:
+    # As in one process (tests/test_control_limits.py): run.start with on_busy="enqueue"
+    # on a busy session is acked at once, the run is "queued" (on every node), can be
+    # cancelled while queued (leaving the session alone), and gets the session once the
+    # holder lets go; the holder on another node or on the same one.
+    gate = trio.Event()
+    started: list[str] = []
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="ok")
+    tools = [gated_tool(gate, started)]
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A") as a,
+            node(nursery, agents(model, tools), pg_dsn, "B") as b,
+            client(a.url if holder_node == "A" else b.url) as holder,
+            client(b.url) as cb,
+        ):
+            first = (
+                await holder.ok("run.start", agent="a", input="1", session_id="s", subscribe="all")
+            )["run_id"]
+            await holder.wait_event(first, lambda e: e["type"] == "tool.started")
+            second = (
+                await cb.ok(
+                    "run.start",
+                    agent="a",
+                    input="2",
+                    session_id="s",
+                    on_busy="enqueue",
+                    subscribe="status",
+                )
+            )["run_id"]
+            dropped = (
+                await cb.ok(
+                    "run.start",
+                    agent="a",
+                    input="3",
+                    session_id="s",
+                    on_busy="enqueue",
+                    subscribe="status",
+                )
+            )["run_id"]
+            assert not gate.is_set()  # acked while the first run holds the session
+            await cb.wait_status(second, "queued")
+            async with client(a.url) as ca:
+                for run_id in (second, dropped):
+                    info = (await ca.ok("run.get", run_id=run_id))["run"]
+                    assert info["status"] == "queued", info
+            await cb.ok("run.cancel", run_id=dropped, reason="not needed")
+            done = (await cb.wait_terminal(dropped))["event"]
+            assert (done["status"], done["reason"]) == ("cancelled", "not needed")
+            assert await holder.wait_status(first, "running")  # still holding it
+            gate.set()
+            assert (await holder.wait_terminal(first))["event"]["status"] == "completed"
+            assert (await cb.wait_terminal(second))["event"]["status"] == "completed"
+            statuses = [
+                f["event"]["status"]
+                for f in cb.events[second]
+                if f["event"]["type"] == "run.updated"
+            ]
+            assert statuses[:2] == ["queued", "running"], statuses
+        nursery.cancel_scope.cancel()
+    # The second run saw the first one's conversation; the cancelled one left no trace.
+    last = model.requests[-1].items
+    assert [i.content for i in last if isinstance(i, ta.UserMessage)] == ["1", "2"]
+
+
+async def test_a_queued_run_whose_node_dies_is_queued_again_by_the_takeover(
+    pg_dsn: str,
+) -> None:
+    # B dies while its run waits for the session A's run holds: A takes the run over,
+    # still queued (it never touched the session), and runs it once the session is free.
+    gate = trio.Event()
+    started: list[str] = []
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="ok")
+    tools = [gated_tool(gate, started)]
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A", lease_ttl=0.5) as a,
+            node(nursery, agents(model, tools), pg_dsn, "B", lease_ttl=0.5) as b,
+            client(a.url) as ca,
+            client(b.url) as cb,
+        ):
+            first = (
+                await ca.ok("run.start", agent="a", input="1", session_id="s", subscribe="all")
+            )["run_id"]
+            await ca.wait_event(first, lambda e: e["type"] == "tool.started")
+            second = (
+                await cb.ok(
+                    "run.start",
+                    agent="a",
+                    input="2",
+                    session_id="s",
+                    on_busy="enqueue",
+                    subscribe="status",
+                )
+            )["run_id"]
+            await cb.wait_status(second, "queued")  # persisted (sent only then)
+            b.crash()
+            with trio.fail_after(30):
+                while a.cluster.leases.takeovers == 0:  # noqa: ASYNC110 (no event)
+                    await trio.sleep(0.05)
+            info = (await ca.ok("run.get", run_id=second))["run"]
+            assert info["status"] == "queued", info
+            assert len(started) == 1
+            gate.set()
+            await ca.ok("run.subscribe", run_id=second, from_seq=1)
+            assert (await ca.wait_terminal(first))["event"]["status"] == "completed"
+            done = await ca.wait_terminal(second)
+            assert done["event"]["status"] == "completed", done
+        nursery.cancel_scope.cancel()
+    last = model.requests[-1].items
+    assert [i.content for i in last if isinstance(i, ta.UserMessage)] == ["1", "2"]
+
+
 async def test_a_full_node_places_runs_on_a_node_with_room(pg_dsn: str) -> None:
     gate = trio.Event()
     started: list[str] = []
@@ -130,6 +245,78 @@ async def test_a_full_node_places_runs_on_a_node_with_room(pg_dsn: str) -> None:
             for run_id in (first, second):
                 await ca.ok("run.cancel", run_id=run_id)
                 await ca.wait_terminal(run_id)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_placed_run_is_cancelled_when_its_client_disconnects(pg_dsn: str) -> None:
+    # on_disconnect="cancel" holds for a run.start that a full node placed on another
+    # node (DESIGN §10): the disconnect from B cancels the run on A.
+    gate = trio.Event()
+    started: list[str] = []
+    model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
+    tools = [gated_tool(gate, started)]
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A", max_runs=2) as a,
+            node(nursery, agents(model, tools), pg_dsn, "B", max_runs=1) as b,
+            client(a.url) as ca,
+            client(b.url) as cb,
+        ):
+            first = (await cb.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
+            await cb.wait_event(first, lambda e: e["type"] == "tool.started")
+            async with client(b.url) as leaving:
+                placed = (
+                    await leaving.ok("run.start", agent="a", input="2", on_disconnect="cancel")
+                )["run_id"]
+                assert a.server.statistics().active_runs == 1  # B is full: placed on A
+                kept = (await leaving.ok("run.start", agent="a", input="3"))["run_id"]
+                await ca.ok("run.subscribe", run_id=placed)
+                await ca.ok("run.subscribe", run_id=kept)
+                await ca.wait_event(placed, lambda e: e["type"] == "tool.started")
+                await ca.wait_event(kept, lambda e: e["type"] == "tool.started")
+            done = (await ca.wait_terminal(placed))["event"]
+            assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
+            # on_disconnect="continue" (the default): the other placed run goes on.
+            assert ca.events[kept][-1]["event"]["type"] == "tool.started"
+            assert a.server.statistics().active_runs == 1
+            for watcher, run_id in ((cb, first), (ca, kept)):
+                await cb.ok("run.cancel", run_id=run_id)
+                await watcher.wait_terminal(run_id)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_forgets_its_finished_placed_runs(pg_dsn: str) -> None:
+    # What a connection remembers of the runs it placed elsewhere stays bounded.
+    gate = trio.Event()
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="ok")
+    tools = [gated_tool(gate, [])]
+    limits = Limits(ping_interval=None, shutdown_timeout=10.0, max_runs_per_principal=1)
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A", limits=limits) as a,
+            node(nursery, agents(model, tools), pg_dsn, "B", max_runs=1, limits=limits) as b,
+            client(b.url, token="tok-bob") as bob,
+            client(b.url) as alice,
+        ):
+            held = await bob.ok("run.start", agent="a", input="1", subscribe="all")
+            # B is full from now on (and the scripted tool call is bob's).
+            await bob.wait_event(held["run_id"], lambda e: e["type"] == "tool.started")
+            for n in range(5):
+                run_id = (
+                    await alice.ok(
+                        "run.start",
+                        agent="a",
+                        input=str(n),
+                        on_disconnect="cancel",
+                        subscribe="status",
+                    )
+                )["run_id"]
+                await alice.wait_terminal(run_id)
+            (connection,) = [c for c in b.server._connections if c.principal == "alice"]
+            assert len(connection.placed) <= 2
+            assert a.server.statistics().active_runs == 0
+            gate.set()
+            await bob.wait_terminal(held["run_id"])
         nursery.cancel_scope.cancel()
 
 

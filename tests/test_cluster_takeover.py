@@ -13,9 +13,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+import pytest
 import trio
 
 import trio_agents as ta
+from trio_agents.cluster._queries import release_node
 from trio_agents.models import Finish as FinishEvent
 from trio_agents.models import ModelRequest, ScriptedModel, TextDelta, Turn
 from trio_agents.sessions import PostgresSession
@@ -324,6 +326,123 @@ async def test_graceful_shutdown_hands_runs_over_without_waiting_for_the_lease(
     _, row = run_rows(pg_dsn, run_id)
     assert row[1] in ("B", "C")
     assert row[2] == 2
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["started-here", "placed"])
+async def test_a_graceful_stop_cancels_the_runs_whose_client_it_disconnects(
+    pg_dsn: str, placed: bool
+) -> None:
+    # The stopping node hands its runs over, but it also closes its connections: a run
+    # started through it with on_disconnect="cancel" (run by it, or placed on another
+    # node) is cancelled with reason "client disconnected", as that disconnect would.
+    forever = trio.Event()
+    started: list[str] = []
+
+    @ta.function_tool(idempotent=True)
+    async def fetch(ctx: ta.ToolContext) -> str:
+        """Fetch (safe to repeat)."""
+        started.append(ctx.call_id)
+        await forever.wait()
+        return "fetched"
+
+    model = ScriptedModel([], default=Turn(tool_calls=[("fetch", {})]))
+    async with (
+        three_nodes(model, [fetch], pg_dsn, lease_ttl=3600.0) as (a, b, _c),
+        client(a.url) as ca,
+        client(b.url) as cb,
+    ):
+        a.cluster._max_runs = 1 if placed else 100
+        if placed:  # A is full: its client's runs are placed on B or C
+            await ca.ok("run.start", agent="a", input="filler")
+            with trio.fail_after(30):
+                while not started:  # noqa: ASYNC110 (no event)
+                    await trio.sleep(0.01)
+        cancelled = (
+            await ca.ok("run.start", agent="a", input="go", session_id="s", on_disconnect="cancel")
+        )["run_id"]
+        kept = (await ca.ok("run.start", agent="a", input="go", session_id="t"))["run_id"]
+        for run_id in (cancelled, kept):
+            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+            await cb.wait_event(run_id, lambda e: e["type"] == "tool.started")
+        with trio.fail_after(30):
+            await a.stop()
+        done = (await cb.wait_terminal(cancelled))["event"]
+        assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
+        await cb.ok("run.cancel", run_id=kept, reason="test over")
+        done = (await cb.wait_terminal(kept))["event"]
+        assert (done["status"], done["reason"]) == ("cancelled", "test over")
+
+
+async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # B is resuming a run (C handed it over) when its own shutdown begins: the hand-over
+    # waits for that resumption, and the resumed run is stopped and handed over too.
+    # It used to escape the shutdown (resumed after the shutdown listed the runs to
+    # stop), which then never ended.
+    forever = trio.Event()
+    started: list[str] = []
+
+    @ta.function_tool(idempotent=True)
+    async def fetch(ctx: ta.ToolContext) -> str:
+        """Fetch (safe to repeat)."""
+        started.append(ctx.call_id)
+        await forever.wait()
+        return "fetched"
+
+    model = ScriptedModel([], default=Turn(tool_calls=[("fetch", {})]))
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, [fetch]), pg_dsn, "B", lease_ttl=3600.0) as b,
+            node(nursery, agents(model, [fetch]), pg_dsn, "C", lease_ttl=3600.0) as c,
+            client(c.url) as cc,
+        ):
+            run_id = (await cc.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+            await cc.wait_event(run_id, lambda e: e["type"] == "tool.started")
+            proceed, resuming = trio.Event(), trio.Event()
+            resume = b.cluster.leases.resume
+
+            async def slow_resume(claimed: Any) -> None:
+                resuming.set()
+                await proceed.wait()  # loading the session, say
+                await resume(claimed)
+
+            def stopped_here() -> bool:
+                entry = b.server._registry.runs.get(run_id)
+                return entry is not None and entry.fence.closed
+
+            async def release_once_resumed(*args: Any) -> None:
+                # The widest window: B releases its runs only once the resumed run has
+                # started its tool again, or was stopped first.
+                with trio.fail_after(30):
+                    while len(started) < 2 and not stopped_here():  # noqa: ASYNC110
+                        await trio.sleep(0.01)
+                await release_node(*args)
+
+            monkeypatch.setattr(b.cluster.leases, "resume", slow_resume)
+            with trio.fail_after(30):
+                await c.stop()  # hands the run over: B claims it
+                await resuming.wait()
+            monkeypatch.setattr("trio_agents.cluster._cluster.release_node", release_once_resumed)
+            b.scope.cancel()  # B's shutdown begins while it resumes the run
+            with trio.fail_after(30):
+                while not b.cluster.leases.draining:  # noqa: ASYNC110 (no event)
+                    await trio.sleep(0.01)
+            proceed.set()
+            try:
+                with trio.fail_after(30):
+                    await b.stopped.wait()
+            finally:
+                forever.set()  # lets an escaped run end (the test has failed then)
+            assert b.server.statistics().active_runs == 0
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT finished, released, attempt FROM trio_agents_runs WHERE run_id = %s",
+            (run_id,),
+        ).fetchone()
+    assert row is not None
+    assert tuple(row) == (False, True, 2)  # handed over again, for the next node
 
 
 async def test_an_op_for_a_dead_owner_waits_for_the_takeover(pg_dsn: str) -> None:

@@ -11,14 +11,17 @@ as any node can see that status. A takeover keeps the row (and so the claim).
 - ``"reject"``: ``session_busy`` — unless the holder is a run of this node that has
   already ended and whose terminal status is being written, which is waited for (a
   client that saw the terminal event may start the next run at once, as in one process);
-- ``"interrupt"``: cancel the holder with reason ``"superseded"`` (routed to its owner),
-  then wait for it to end and claim;
-- ``"enqueue"``: wait for the holder to end, then claim.
+- ``"enqueue"`` / ``"interrupt"``: the row is inserted *unclaimed* (``active_key``
+  NULL, status ``queued``) and the ``run.start`` is acked at once, the run ``queued``,
+  as in one process. :func:`claim_queued` then (``"interrupt"``: after cancelling the
+  holder with reason ``"superseded"``, routed to its owner) waits for the holder to end
+  and sets the row's ``active_key`` — unless the run ended meanwhile (cancelled while
+  queued: it never touches the session). A row that is unfinished, has a session and
+  no ``active_key`` is a queued run: a takeover queues it again.
 
 Waiting is woken by the holder's NOTIFY (its terminal status persisted) and bounded by a
-poll of :data:`POLL` seconds. The ``run.start`` of a waiting run is answered once it has
-claimed the session (unlike one process, where the ack comes first and the run is
-``queued``).
+poll of :data:`POLL` seconds. Among several runs queued on other nodes, whichever claims
+first gets the session (in one process: first come, first served; on one node too).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
+import psycopg
 import trio
 
 from ..control._protocol import ProtocolError
@@ -36,7 +40,7 @@ from ._session import session_key
 if TYPE_CHECKING:
     from ._cluster import PostgresCluster
 
-__all__ = ["POLL", "claim_run"]
+__all__ = ["POLL", "claim_queued", "claim_run"]
 
 POLL: Final = 1.0
 
@@ -51,9 +55,10 @@ async def claim_run(
     on_busy: str,
     options: dict[str, Any],
     cancel_holder: Callable[[str, str | None], Awaitable[None]],
-) -> None:
+) -> str | None:
     """Insert the run's row, claiming its session per ``on_busy`` (see the module
-    docstring).
+    docstring); None when it holds the session, else the id of the run it is queued
+    behind (unclaimed: see :func:`claim_queued`).
 
     Raises:
         ProtocolError: ``session_busy`` (``reject``), or ``internal`` if the database
@@ -62,14 +67,18 @@ async def claim_run(
     key = session_key(principal, session_id, run_id)
     active = key if session_id is not None else None
     node, ttl = cluster.node_id, cluster.lease_ttl
+    queue = on_busy != "reject"
+    insert_row = (
+        "INSERT INTO trio_agents_runs (run_id, principal, session_id, session_key,"
+        " active_key, agent, options, status, owner, lease_expires_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, 'queued', %s,"
+        " now() + make_interval(secs => %s))"
+    )
 
     def insert(conn: Conn) -> tuple[str, str | None] | None:
         row = conn.execute(
-            "INSERT INTO trio_agents_runs (run_id, principal, session_id, session_key,"
-            " active_key, agent, options, status, owner, lease_expires_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, 'queued', %s,"
-            " now() + make_interval(secs => %s))"
-            " ON CONFLICT (active_key) WHERE active_key IS NOT NULL DO NOTHING RETURNING run_id",
+            insert_row + " ON CONFLICT (active_key) WHERE active_key IS NOT NULL DO NOTHING"
+            " RETURNING run_id",
             (run_id, principal, session_id, key, active, agent, json.dumps(options), node, ttl),
         ).fetchone()
         if row is not None:
@@ -77,28 +86,97 @@ async def claim_run(
         holder = conn.execute(
             "SELECT run_id, owner FROM trio_agents_runs WHERE active_key = %s", (key,)
         ).fetchone()
-        return ("", None) if holder is None else (str(holder[0]), holder[1])
+        if holder is None:
+            return ("", None)
+        if queue:  # queued: the row without the claim
+            conn.execute(
+                insert_row,
+                (run_id, principal, session_id, key, None, agent, json.dumps(options), node, ttl),
+            )
+        return (str(holder[0]), holder[1])
 
-    interrupted: set[str] = set()
     while True:
         try:
             holder = await cluster.db.call(insert)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         if holder is None:
-            return
+            return None
         holder_id, owner = holder
         if not holder_id:
             continue  # it ended between our insert and our look
+        if queue:
+            if on_busy == "interrupt":
+                await cancel_holder(holder_id, owner)
+            return holder_id
+        local = cluster.writer.logs.get(holder_id)
+        if local is not None and local.run.status.is_terminal:
+            await local.done.wait()  # its release is being written: then it is free
+            continue
+        raise ProtocolError("session_busy", f"session {session_id!r} has an active run")
+
+
+async def claim_queued(
+    cluster: PostgresCluster,
+    *,
+    run_id: str,
+    key: str,
+    on_busy: str,
+    waiting: Callable[[], bool],
+    cancel_holder: Callable[[str, str | None], Awaitable[None]],
+    interrupted: str | None = None,
+) -> bool:
+    """Claim the session of a queued run once its holder has ended (``"interrupt"``:
+    each new holder is cancelled too, but ``interrupted``, the one :func:`claim_run`
+    cancelled); False if the run ended first (``waiting()`` is False, or its row is
+    finished). Retries while the database is unreachable."""
+    cancelled: set[str | None] = {interrupted}
+
+    def claim(conn: Conn) -> tuple[bool, tuple[str, str | None] | None]:
+        try:
+            with conn.transaction():  # a savepoint: another waiter may win the race
+                row = conn.execute(
+                    "UPDATE trio_agents_runs SET active_key = %(key)s WHERE run_id = %(run)s"
+                    " AND NOT finished AND NOT EXISTS (SELECT 1 FROM trio_agents_runs"
+                    " WHERE active_key = %(key)s) RETURNING run_id",
+                    {"key": key, "run": run_id},
+                ).fetchone()
+        except psycopg.errors.UniqueViolation:
+            row = None
+        if row is not None:
+            return True, None
+        mine = conn.execute(
+            "SELECT finished FROM trio_agents_runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        if mine is None or mine[0]:
+            return False, None
+        holder = conn.execute(
+            "SELECT run_id, owner FROM trio_agents_runs WHERE active_key = %s", (key,)
+        ).fetchone()
+        return False, (("", None) if holder is None else (str(holder[0]), holder[1]))
+
+    backoff = 0.05
+    while waiting():
+        try:
+            claimed, holder = await cluster.db.call(claim)
+        except ClusterDown:
+            if cluster.db.dead:
+                return False
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+            continue
+        backoff = 0.05
+        if claimed:
+            return True
+        if holder is None:
+            return False  # this run has ended
+        holder_id, owner = holder
+        if not holder_id:
+            continue  # it ended between our update and our look
         with cluster.listener.watch(("run", holder_id)) as wake:
-            local = cluster.writer.logs.get(holder_id)
-            if local is not None and local.run.status.is_terminal:
-                await local.done.wait()  # its release is being written: then it is free
-                continue
-            if on_busy == "reject":
-                raise ProtocolError("session_busy", f"session {session_id!r} has an active run")
-            if on_busy == "interrupt" and holder_id not in interrupted:
-                interrupted.add(holder_id)
+            if on_busy == "interrupt" and holder_id not in cancelled:
+                cancelled.add(holder_id)
                 await cancel_holder(holder_id, owner)
             with trio.move_on_after(POLL):
                 await wake.wait()
+    return False

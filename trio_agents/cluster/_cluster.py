@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -22,7 +22,7 @@ import trio
 
 from .._items import Item, ToolCall
 from ..control._protocol import ProtocolError
-from ._claims import claim_run
+from ._claims import claim_queued, claim_run
 from ._db import ClusterDown, Database
 from ._eventlog import EventWriter, Fence, RunLog, follow
 from ._listener import Listener
@@ -34,7 +34,7 @@ from ._queries import (
     release_node,
     tool_start_barrier,
 )
-from ._routing import Router
+from ._routing import Executor, Router, ok_reply
 from ._session import ClusterSession, session_key
 from ._takeover import Leases
 
@@ -47,8 +47,6 @@ logger = logging.getLogger("trio_agents.cluster")
 
 CONNECT_TIMEOUT = 10.0
 """Seconds a node waits for the database when it starts, then fails (ClusterDown)."""
-
-Executor = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @attrs.frozen
@@ -257,11 +255,13 @@ class PostgresCluster:
         on_busy: str,
         cancel_holder: Callable[[str, str | None], Awaitable[None]],
         items: Sequence[Item] = (),
-    ) -> None:
-        """Insert a new run's row, claiming its session cluster-wide (``_claims.py``).
-        The row keeps the run's input (``options["input"]``) for a takeover that finds
-        it missing from the session."""
-        await claim_run(
+    ) -> str | None:
+        """Insert a new run's row, claiming its session cluster-wide (``_claims.py``):
+        None once claimed, else (``enqueue``/``interrupt``) the id of the run it is
+        queued behind; :meth:`claim_queued` completes the claim. The row keeps the run's
+        input (``options["input"]``) for a takeover that finds it missing from the
+        session."""
+        return await claim_run(
             self,
             run_id=run_id,
             principal=principal,
@@ -270,6 +270,29 @@ class PostgresCluster:
             on_busy=on_busy,
             options={"input": [item.to_json() for item in items]},
             cancel_holder=cancel_holder,
+        )
+
+    async def claim_queued(
+        self,
+        *,
+        run_id: str,
+        principal: str,
+        session_id: str | None,
+        on_busy: str,
+        waiting: Callable[[], bool],
+        cancel_holder: Callable[[str, str | None], Awaitable[None]],
+        interrupted: str | None = None,
+    ) -> bool:
+        """Claim a queued run's session once its holder ends (``_claims.claim_queued``);
+        False if the run ended first."""
+        return await claim_queued(
+            self,
+            run_id=run_id,
+            key=session_key(principal, session_id, run_id),
+            on_busy=on_busy,
+            waiting=waiting,
+            cancel_holder=cancel_holder,
+            interrupted=interrupted,
         )
 
     async def forget(self, run_id: str) -> None:
@@ -305,6 +328,13 @@ class PostgresCluster:
         """The run's row (None: no such run of ``principal``)."""
         rows = await self._rows("run_id = %s AND principal = %s", (run_id, principal))
         return rows[0] if rows else None
+
+    async def unfinished(self, principal: str, run_ids: Iterable[str]) -> set[str]:
+        """Which of ``run_ids`` (runs of ``principal``) have not finished."""
+        rows = await self._rows(
+            "run_id = ANY(%s) AND principal = %s AND NOT finished", (list(run_ids), principal)
+        )
+        return {str(row["run_id"]) for row in rows}
 
     # -- reading ----------------------------------------------------------------------
 
@@ -357,24 +387,36 @@ class PostgresCluster:
             "limit_exceeded", "every node of the cluster runs as many runs as it may"
         )
 
-    async def record_cancel(self, run_id: str, reason: str | None, mode: str) -> None:
+    async def record_cancel(
+        self, run_id: str, reason: str | None, mode: str, command: int | None = None
+    ) -> None:
         """Make an acked cancel durable: a takeover ends the run cancelled (the first
-        cancel's reason and mode are kept, as :meth:`trio_agents.Run.cancel` does).
+        cancel's reason and mode are kept, as :meth:`trio_agents.Run.cancel` does). A
+        routed cancel (``command``) is answered in the same transaction.
 
         Raises:
             ProtocolError: ``internal`` when the database cannot be reached.
         """
+        reply = None if command is None else (command, ok_reply({}))
         try:
-            await record_cancel(self.db, run_id, reason, mode)
+            await record_cancel(self.db, run_id, reason, mode, reply)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
 
-    async def record_withdrawal(self, run_id: str, injection_id: str) -> None:
-        """A withdrawn injection is never injected again by a takeover."""
-        await record_withdrawal(self.db, run_id, injection_id)
+    async def record_withdrawal(
+        self, run_id: str, injection_id: str, command: int | None = None
+    ) -> None:
+        """A withdrawn injection is never injected again by a takeover; a routed
+        withdrawal (``command``) is answered in the same transaction."""
+        reply = None if command is None else (command, ok_reply({"withdrawn": True}))
+        await record_withdrawal(self.db, run_id, injection_id, reply)
 
-    async def injection_persisted(self, run_id: str, injection_id: str) -> None:
-        """Wait (bounded) until an injection's ``inbox.injected`` event is persisted.
+    async def injection_persisted(
+        self, run_id: str, injection_id: str, command: int | None = None
+    ) -> None:
+        """Wait (bounded) until an injection's ``inbox.injected`` event is persisted; a
+        routed injection (``command``) is answered in the transaction that persists it.
+        Call it before any checkpoint after the injection (so before that flush).
 
         Raises:
             ProtocolError: ``internal`` if it is not persisted within 10 s.
@@ -382,6 +424,8 @@ class PostgresCluster:
         log = self.writer.logs.get(run_id)
         if log is None:
             return
+        if command is not None:
+            log.replies[injection_id] = (command, ok_reply({"injection_id": injection_id}))
         with trio.move_on_after(10.0):
             await log.wait_injection(injection_id)
             return
@@ -394,6 +438,9 @@ class PostgresCluster:
         stop them locally (``cancel_runs``), then release their rows so another node
         takes them over at once (a NOTIFY triggers its scan)."""
         self.leases.draining = True
+        with trio.move_on_after(5.0):
+            async with self.leases.scanning:  # a scan in flight resumes its runs first
+                pass
         for log in list(self.writer.logs.values()):
             log.fence.closed = True
             log.fence.fence_seq = log.run.statistics().last_seq

@@ -36,6 +36,7 @@ import trio
 from .. import InboxInjected, Run, RunItemEvent, RunUpdated
 from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
+from ._routing import store_reply
 from ._schema import CHANNEL
 
 __all__ = ["FLUSH_INTERVAL", "EventWriter", "Fence", "RunLog", "follow"]
@@ -69,6 +70,8 @@ class RunLog:
     fence: Fence
     persisted_seq: int = 0
     injections: dict[str, int] = attrs.field(factory=dict)
+    # Routed injections' answers, by injection id: stored with their inbox.injected.
+    replies: dict[str, tuple[int, str]] = attrs.field(factory=dict)
     changed: trio.Event = attrs.field(factory=trio.Event)
     done: trio.Event = attrs.field(factory=trio.Event)
     # Set by the writer that tracks the run: asks it to flush now (a reader waits).
@@ -169,6 +172,7 @@ class EventWriter:
         rows: dict[str, dict[str, Any]] = {}
         logs: dict[str, RunLog] = {}
         ended: list[RunLog] = []
+        replies: list[tuple[str, str, int, str]] = []
         for log, event in batch:
             logs[log.run_id] = log
             row = rows.setdefault(log.run_id, {"attempt": log.attempt, "seq": 0})
@@ -178,6 +182,8 @@ class EventWriter:
             data = event.to_json()
             events.append((log.run_id, event.seq, event.type, json.dumps(data)))
             row["seq"] = max(row["seq"], event.seq)
+            if isinstance(event, InboxInjected) and event.injection_id in log.replies:
+                replies.append((log.run_id, event.injection_id, *log.replies[event.injection_id]))
             if isinstance(event, RunUpdated):
                 row["status"] = event.status.value
                 row["reason"] = event.reason
@@ -186,7 +192,9 @@ class EventWriter:
                 row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
                 row["finished"] = event.status.value in _TERMINAL
         if rows:
-            lost = await self._db.call(lambda conn: self._write(conn, events, rows))
+            lost = await self._db.call(lambda conn: self._write(conn, events, rows, replies))
+            for run_id, injection_id, _, _ in replies:
+                logs[run_id].replies.pop(injection_id, None)
             self.flushes += 1
             for run_id in lost:
                 log = logs[run_id]
@@ -207,7 +215,11 @@ class EventWriter:
                 del self.logs[log.run_id]
 
     def _write(
-        self, conn: Conn, events: list[tuple[str, int, str, str]], rows: dict[str, dict[str, Any]]
+        self,
+        conn: Conn,
+        events: list[tuple[str, int, str, str]],
+        rows: dict[str, dict[str, Any]],
+        replies: list[tuple[str, str, int, str]],
     ) -> list[str]:
         lost: list[str] = []
         for run_id, row in rows.items():
@@ -243,6 +255,9 @@ class EventWriter:
                 " ON CONFLICT DO NOTHING",
                 tuple(list(column) for column in zip(*kept, strict=True)),
             )
+        for run_id, _, command_id, reply in replies:
+            if run_id not in lost:  # answered with the injection it made durable
+                store_reply(conn, command_id, reply)
         payloads = [
             json.dumps({"k": "run", "r": run_id, "s": row["seq"]})
             for run_id, row in rows.items()

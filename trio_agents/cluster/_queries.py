@@ -13,6 +13,7 @@ from .._items import ToolCall
 from ..control._protocol import ProtocolError
 from ._db import ClusterDown, Conn, Database
 from ._eventlog import Fence
+from ._routing import store_reply
 from ._schema import CHANNEL
 from ._session import RETRY_FOR
 
@@ -136,29 +137,47 @@ async def nodes_with_room(db: Database, node_id: str) -> list[str]:
         raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
 
 
-async def record_withdrawal(db: Database, run_id: str, injection_id: str) -> None:
-    """A withdrawn injection is never injected again by a takeover."""
-    await db.call(
-        lambda conn: conn.execute(
+async def record_withdrawal(
+    db: Database, run_id: str, injection_id: str, reply: tuple[int, str] | None = None
+) -> None:
+    """A withdrawn injection is never injected again by a takeover (a routed
+    withdrawal's ``reply``, ``(command_id, reply)``, is stored in the same transaction)."""
+
+    def record(conn: Conn) -> None:
+        conn.execute(
             "INSERT INTO trio_agents_withdrawals (run_id, injection_id) VALUES (%s, %s)"
             " ON CONFLICT DO NOTHING",
             (run_id, injection_id),
         )
-    )
+        if reply is not None:
+            store_reply(conn, *reply)
+
+    await db.call(record)
 
 
-async def record_cancel(db: Database, run_id: str, reason: str | None, mode: str) -> None:
+async def record_cancel(
+    db: Database,
+    run_id: str,
+    reason: str | None,
+    mode: str,
+    reply: tuple[int, str] | None = None,
+) -> None:
     """An acked cancel is durable: kept in the run's ``options`` (``"cancel"``); a
-    takeover that finds it ends the run cancelled instead of continuing it."""
+    takeover that finds it ends the run cancelled instead of continuing it (a routed
+    cancel's ``reply``, ``(command_id, reply)``, is stored in the same transaction)."""
     cancel = json.dumps({"reason": reason, "mode": mode})
-    await db.call(
-        lambda conn: conn.execute(
+
+    def record(conn: Conn) -> None:
+        conn.execute(
             "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{cancel}',"
             " COALESCE(options::jsonb -> 'cancel', %s::jsonb))::text"
             " WHERE run_id = %s AND NOT finished",
             (cancel, run_id),
         )
-    )
+        if reply is not None:
+            store_reply(conn, *reply)
+
+    await db.call(record)
 
 
 async def release_node(db: Database, node_id: str) -> None:

@@ -14,6 +14,16 @@ inline when short; else the client's node reads the row). A command for a run wh
 the run over answers it (it runs the open commands of each run it claims), or until
 :data:`ROUTE_TIMEOUT` passes: then the client gets ``internal`` with a message saying
 to retry (the run is being taken over).
+
+**Exactly-once answers across a takeover.** An op whose effect is durable records its
+answer in the very transaction that makes the effect durable (:func:`store_reply`): a
+cancel with the run's recorded cancel, a withdrawal with its row, an injection with the
+flush that persists its ``inbox.injected`` event (``RunLog.replies``). So a command whose
+owner died after applying it and before answering is answered (the client's node reads
+the row) and never applied again by the next owner, which only serves commands without
+a reply. Approvals and rejections have no durable effect of their own (a takeover asks
+for them again): one that was applied by a node that died before answering is served
+again by the next owner.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
 from ._schema import CHANNEL
 
-__all__ = ["ROUTE_TIMEOUT", "Router"]
+__all__ = ["ROUTE_TIMEOUT", "Router", "ok_reply", "store_reply"]
 
 logger = logging.getLogger("trio_agents.cluster")
 
@@ -45,8 +55,23 @@ _INLINE: Final = 6000
 limit is 8000 bytes), saving the reader a round trip; longer ones are read from the
 table."""
 
-Executor = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
-"""``execute(principal, request_json) -> reply``: the node's local op."""
+Executor = Callable[[str, dict[str, Any], int], Awaitable[dict[str, Any]]]
+"""``execute(principal, request_json, command_id) -> ack fields``: the node's local op
+(``command_id`` lets it record its answer with its durable effect)."""
+
+
+def ok_reply(fields: dict[str, Any]) -> str:
+    """The stored reply of a command answered with these ack fields."""
+    return json.dumps({"ok": fields})
+
+
+def store_reply(conn: Conn, command_id: int, reply: str) -> None:
+    """Answer a command in the caller's transaction (only if it has no answer yet: a
+    command is answered once)."""
+    conn.execute(
+        "UPDATE trio_agents_commands SET reply = %s WHERE command_id = %s AND reply IS NULL",
+        (reply, command_id),
+    )
 
 
 @final
@@ -258,7 +283,8 @@ class Router:
         try:
             assert self.execute is not None
             try:
-                answer: dict[str, Any] = {"ok": await self.execute(principal, json.loads(args))}
+                fields = await self.execute(principal, json.loads(args), command_id)
+                answer: dict[str, Any] = {"ok": fields}
             except ProtocolError as exc:
                 answer = {"error": [exc.code, exc.message]}
             except Exception:
@@ -272,11 +298,7 @@ class Router:
             note = json.dumps(reply)
 
             def answer_it(conn: Conn) -> None:
-                conn.execute(
-                    "UPDATE trio_agents_commands SET reply = %s WHERE command_id = %s"
-                    " AND reply IS NULL",
-                    (text, command_id),
-                )
+                store_reply(conn, command_id, text)
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, note))
 
             backoff = 0.05

@@ -44,6 +44,7 @@ from .._events import (
 from .._items import Item, item_from_json
 from .._resume import Resume
 from .._run import Run
+from ..control._hosting import resume_run
 from ._db import ClusterDown, Conn
 from ._schema import CHANNEL
 
@@ -75,6 +76,7 @@ class Claimed:
     reinject: tuple[InboxInjected, ...]
     input: tuple[Item, ...] = ()
     cancel: tuple[str | None, str] | None = None  # an acked cancel: (reason, mode)
+    queued: bool = False  # still queued for its session (never claimed it: _claims.py)
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -179,6 +181,9 @@ class Leases:
         # that reaches the database, so another node takes them over at once.
         self.to_release: set[str] = set()
         self.lock = trio.Lock()  # held by a heartbeat, and by the hand-over for good
+        # Held by a scan (claims and resumptions): a hand-over waits for the one in
+        # flight, so every run it resumed is handed over too.
+        self.scanning = trio.Lock()
         self.stopped = False
 
     def wake(self) -> None:
@@ -278,7 +283,9 @@ class Leases:
         while not self.stopped:
             try:
                 if not self.draining:
-                    await self.scan()
+                    async with self.scanning:
+                        if not self.draining:
+                            await self.scan()
                     if trio.current_time() >= self._next_cleanup:
                         self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
                         # Well under the watchdog's margin: its lock waits fail first.
@@ -379,7 +386,7 @@ class Leases:
                         logger.exception("re-injecting into run %s failed", claimed.run_id)
 
             try:
-                await registry.resume_run(claimed, resume, then)
+                await resume_run(registry, claimed, resume, then)
             except Exception as exc:
                 logger.exception("resuming run %s failed", claimed.run_id)
                 await self.fail(claimed, f"could not resume: {exc!r}")
@@ -394,7 +401,7 @@ class Leases:
         cluster = self._cluster
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
-            " session_key FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
+            " session_key, session_id IS NOT NULL AND active_key IS NULL FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
             " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at LIMIT %s"
             " FOR UPDATE SKIP LOCKED",
             # Not the runs this node stopped and has yet to release: its heartbeat (in
@@ -439,14 +446,16 @@ class Leases:
                 items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
         claimed = []
         for row in rows:
-            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key = row
+            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key, queued = (
+                row
+            )
             accepted = [
                 event
                 for injection_id, event in injected.get(run_id, {}).items()
                 if (run_id, injection_id) not in withdrawn
             ]
             pending = tuple(e for e in accepted if (run_id, e.injection_id) not in delivered)
-            if pending:
+            if pending and not queued:  # a queued run has delivered nothing
                 pending = _undelivered(
                     pending, accepted, items.get(run_id, []), _stored(conn, str(key))
                 )
@@ -463,6 +472,7 @@ class Leases:
                     reinject=pending,
                     input=_input(options),
                     cancel=_cancel(options),
+                    queued=bool(queued),
                 )
             )
         return claimed

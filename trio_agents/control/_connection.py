@@ -54,6 +54,7 @@ class Connection:
         self.subscriptions: dict[str, trio.CancelScope] = {}
         self._remote: set[str] = set()  # subscriptions followed from a cluster's log
         self.owned: set[RunEntry] = set()
+        self.placed: set[str] = set()  # its runs on other nodes, on_disconnect="cancel"
         self._out_send, self._out_receive = trio.open_memory_channel[str | None](
             self.limits.outbound_queue_size
         )

@@ -12,6 +12,7 @@ import attrs
 import trio
 
 from .. import InboxFullError, Run, RunClosedError, RunStatus, UnknownCallError
+from ._hosting import own_placed, start_run
 from ._protocol import ProtocolError, RunInfo, ack_frame, error_frame
 from ._registry import Registry, RunEntry
 from ._requests import (
@@ -113,11 +114,14 @@ async def run_start(conn: Connection, request: RunStart) -> None:
     placed = None if cluster is None else await cluster.place(conn.principal, wire(request))
     if placed is not None:  # started on another node (this one is full)
         run_id = str(placed["run_id"])
+        if request.on_disconnect == "cancel":  # a disconnect from here cancels it there
+            await own_placed(registry, conn, run_id)
         await conn.send(ack_frame(request.id, run_id=run_id))
         if request.subscribe is not None and conn.room_for_subscription(run_id):
             conn.subscribe_remote(run_id, 1, request.subscribe)
         return
-    entry = await registry.start_run(
+    entry = await start_run(
+        registry,
         conn.principal,
         conn,
         request.agent,
@@ -132,9 +136,13 @@ async def run_start(conn: Connection, request: RunStart) -> None:
         conn.subscribe(entry, 1, request.subscribe)
 
 
-async def apply_local(registry: Registry, principal: str, request: Request) -> dict[str, Any]:
+async def apply_local(
+    registry: Registry, principal: str, request: Request, command: int | None = None
+) -> dict[str, Any]:
     """Answer a cancel, inject, withdraw, approve or reject for a run of this node;
-    returns the ack's fields. Also what a cluster node runs for ops routed to it."""
+    returns the ack's fields. Also what a cluster node runs for ops routed to it
+    (``command``: its id, answered with the op's durable effect, so a takeover never
+    applies it again — ``trio_agents.cluster._routing``)."""
     assert isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject)
     entry = registry.lookup(principal, request.run_id)
     run = _live(entry)
@@ -142,12 +150,12 @@ async def apply_local(registry: Registry, principal: str, request: Request) -> d
     if isinstance(request, RunCancel):
         run.cancel(request.reason, mode=request.mode)
         if cluster is not None:  # acked once durable: a takeover ends it cancelled
-            await cluster.record_cancel(entry.run_id, request.reason, request.mode)
+            await cluster.record_cancel(entry.run_id, request.reason, request.mode, command)
         return {}
     if isinstance(request, RunWithdraw):
         withdrawn = run.withdraw(request.injection_id)
         if withdrawn and cluster is not None:
-            await cluster.record_withdrawal(entry.run_id, request.injection_id)
+            await cluster.record_withdrawal(entry.run_id, request.injection_id, command)
         return {"withdrawn": withdrawn}
     if isinstance(request, RunInject):
         size = items_bytes(request.items)
@@ -162,7 +170,7 @@ async def apply_local(registry: Registry, principal: str, request: Request) -> d
             raise ProtocolError("invalid_request", str(exc)) from None
         entry.injected_bytes += size
         if cluster is not None:  # acked once durable: a takeover injects it again
-            await cluster.injection_persisted(entry.run_id, str(injection_id))
+            await cluster.injection_persisted(entry.run_id, str(injection_id), command)
         return {"injection_id": injection_id}
     if entry.first_seq > 1:
         await _settled(run)
@@ -280,9 +288,10 @@ async def session_cancel(conn: Connection, request: SessionCancel) -> None:
 
 
 async def execute_routed(
-    registry: Registry, principal: str, data: dict[str, Any]
+    registry: Registry, principal: str, data: dict[str, Any], command: int
 ) -> dict[str, Any]:
-    """Answer an op another node routed here (its wire JSON); returns the ack's fields.
+    """Answer an op another node routed here (its wire JSON, command ``command``);
+    returns the ack's fields.
 
     A ``run.start`` was placed here by a full node: it starts here, with no connection
     of this node as its owner (its ``on_disconnect`` does not apply)."""
@@ -293,7 +302,8 @@ async def execute_routed(
         registry.check_room(principal)
         if cluster.running() >= cluster.max_runs:
             raise ProtocolError("limit_exceeded", f"node {cluster.node_id} is full")
-        entry = await registry.start_run(
+        entry = await start_run(
+            registry,
             principal,
             None,
             request.agent,
@@ -306,7 +316,7 @@ async def execute_routed(
         return {"run_id": entry.run_id}
     if isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject):
         await cluster.wait_resumed(request.run_id)
-        return await apply_local(registry, principal, request)
+        return await apply_local(registry, principal, request, command)
     raise ProtocolError("invalid_request", f"{request.op} is not routed")
 
 

@@ -1,4 +1,5 @@
-"""The control server's runs and per-principal limits.
+"""The control server's runs and per-principal limits (the runs' tasks themselves are
+started in ``_hosting.py``).
 
 Every check a request makes is O(1) in the number of runs the server remembers: each
 principal has counters (active runs, retained bytes, session bytes, a token bucket)
@@ -10,25 +11,20 @@ more than ``max_retained_bytes_per_principal``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, cast, final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import attrs
 import trio
 
-from .. import Agent, Item, Run, SessionBusyError, serve_run
-from ..sessions import Session
+from .. import Agent, Run
 from ._protocol import Limits, ProtocolError, RunInfo
-from ._sessions import MemorySessions, MeteredSession, ScopedSession, SessionFactory
+from ._sessions import MemorySessions, MeteredSession, SessionFactory
 
 if TYPE_CHECKING:
-    from .._resume import Resume
     from ..cluster._cluster import PostgresCluster
-    from ..cluster._takeover import Claimed
 
 __all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry"]
 
@@ -36,10 +32,6 @@ logger = logging.getLogger("trio_agents.control")
 
 RUN_OVERHEAD = 1024
 """Bytes counted per retained run on top of its input and injected items."""
-
-# How long a resume on this node waits for its own stopped attempt of the same run to
-# end (that attempt's repair is bounded by its cleanup_timeout, 5 s by default).
-_OLD_ATTEMPT_BOUND = 30.0
 
 
 @attrs.frozen
@@ -67,7 +59,12 @@ class PrincipalStatistics:
 class Owner(Protocol):
     """The connection that started a run (what a disconnect does to it)."""
 
+    principal: str
     owned: set[RunEntry]
+    # Runs with on_disconnect="cancel" it started that run on other nodes of a cluster
+    # (placed there: this node was full; or taken over after their attempt here
+    # stopped), by id: its disconnect routes their cancel.
+    placed: set[str]
 
 
 @final
@@ -125,23 +122,6 @@ class _Principal:
 
 
 @final
-@attrs.define
-class _Started:
-    """A task status that records the run on its entry the moment it exists, so the
-    entry never depends on when the starter resumes."""
-
-    entry: RunEntry
-    inner: trio.TaskStatus[Run]
-    then: Callable[[Run], None] | None = None
-
-    def started(self, run: Run) -> None:
-        self.entry.run = run
-        if self.then is not None:
-            self.then(run)  # before the run's first checkpoint: before any model call
-        self.inner.started(run)
-
-
-@final
 class Registry:
     """Runs by id, per-principal counters and limits, and the runs' host nursery."""
 
@@ -167,7 +147,8 @@ class Registry:
         self._finished: deque[tuple[float, str, str]] = deque()
         self._finished_wakeup = trio.Event()
 
-    def _principal(self, principal: str) -> _Principal:
+    def state_of(self, principal: str) -> _Principal:
+        """The principal's counters and tables (created on first use)."""
         state = self._principals.get(principal)
         if state is None:
             state = self._principals[principal] = _Principal(
@@ -206,7 +187,7 @@ class Registry:
         return None
 
     def principal_statistics(self, principal: str) -> PrincipalStatistics:
-        state = self._principal(principal)
+        state = self.state_of(principal)
         return PrincipalStatistics(
             active_runs=len(state.active),
             retained_runs=len(state.finished),
@@ -226,7 +207,7 @@ class Registry:
         """
         if self.closing:
             raise ProtocolError("internal", "the server is shutting down")
-        if len(self._principal(principal).active) >= self.limits.max_runs_per_principal:
+        if len(self.state_of(principal).active) >= self.limits.max_runs_per_principal:
             raise ProtocolError(
                 "limit_exceeded",
                 f"at most {self.limits.max_runs_per_principal} active runs per principal",
@@ -234,7 +215,7 @@ class Registry:
 
     def take_start_token(self, principal: str) -> None:
         """The ``run.start`` rate limit: a token bucket per principal (O(1))."""
-        state = self._principal(principal)
+        state = self.state_of(principal)
         now = trio.current_time()
         rate, burst = self.limits.start_rate, float(self.limits.start_burst)
         state.tokens = min(burst, state.tokens + (now - state.refilled) * rate)
@@ -257,91 +238,9 @@ class Registry:
 
     # --------------------------------------------------------------------- runs
 
-    async def start_run(
-        self,
-        principal: str,
-        owner: Owner | None,
-        agent_name: str,
-        items: tuple[Item, ...],
-        *,
-        input_bytes: int,
-        session_id: str | None,
-        on_disconnect: str,
-        on_busy: str,
-    ) -> RunEntry:
-        """Start a run in the server's nursery (call :meth:`admit` first).
-
-        The session's busy policy is the core's ``on_busy``: a busy session with
-        ``"reject"`` answers ``session_busy``; ``"interrupt"``/``"enqueue"`` start the
-        run ``queued`` behind the session's active run. With a cluster, the session is
-        claimed cluster-wide first (``trio_agents.cluster._claims``).
-        """
-        assert self.nursery is not None
-        state = self._principal(principal)
-        memory: MeteredSession | None = None
-        session: Session | None = None
-        run_id = f"run_{uuid.uuid4().hex}"
-        extra: dict[str, Any] = {}
-        fence: Any = None
-        cluster = self.cluster
-        if cluster is not None:
-            await cluster.claim(
-                run_id=run_id,
-                principal=principal,
-                session_id=session_id,
-                agent=agent_name,
-                on_busy=on_busy,
-                cancel_holder=lambda holder, node: self.supersede(principal, holder, node),
-                items=items,
-            )
-            cluster_session = cluster.session(principal, session_id, run_id)
-            session, fence = cluster_session, cluster_session.fence
-            extra["before_tool"] = cluster.before_tool(run_id, 1, fence)
-            on_busy = "reject"  # claimed already; the core's claim is per node
-        elif session_id is not None:
-            if self.session_factory is None:
-                memory = state.sessions.acquire(session_id)
-                if memory is None:
-                    raise ProtocolError(
-                        "limit_exceeded",
-                        f"in-memory sessions of this principal hold over"
-                        f" {self.limits.max_session_bytes_per_principal} bytes in active runs",
-                    )
-                session = memory
-            else:
-                session = ScopedSession(self.session_factory(principal, session_id), principal)
-        entry = RunEntry(
-            run_id=run_id,
-            principal=principal,
-            agent=agent_name,
-            session_id=session_id,
-            on_disconnect=on_disconnect,
-            owner=owner,
-            input_bytes=input_bytes,
-            memory=memory,
-            fence=fence,
-        )
-        self._register(entry, state)
-        try:
-            entry.run = await self.nursery.start(
-                self._run_task, entry, self.agents[agent_name], items, session, on_busy, extra
-            )
-        except SessionBusyError:
-            raise ProtocolError(
-                "session_busy", f"session {session_id!r} has an active run"
-            ) from None
-        except (TypeError, ValueError) as exc:  # the input is not a valid conversation
-            raise ProtocolError("invalid_request", str(exc)) from None
-        finally:
-            if entry.run is None:
-                self._end(entry, retain=False)
-                if cluster is not None:
-                    await cluster.forget(run_id)
-        if cluster is not None:
-            entry.log = cluster.track(entry.run, run_id, 1, 1, fence)
-        return entry
-
-    def _register(self, entry: RunEntry, state: _Principal) -> None:
+    def register(self, entry: RunEntry) -> None:
+        """A run starts (active): visible by id and counted for its principal."""
+        state = self.state_of(entry.principal)
         self.runs[entry.run_id] = entry
         state.runs[entry.run_id] = entry
         state.active.add(entry)
@@ -349,124 +248,29 @@ class Registry:
         if entry.owner is not None:
             entry.owner.owned.add(entry)
 
-    async def resume_run(
-        self, claimed: Claimed, resume: Resume, then: Callable[[Run], None] | None = None
-    ) -> RunEntry:
-        """Continue a run this node took over (a cluster's takeover); ``then(run)`` is
-        called the moment the run exists, before it can call its model or end (its
-        re-injections, an acked cancel)."""
-        assert self.nursery is not None
-        assert self.cluster is not None
-        cluster = self.cluster
-        state = self._principal(claimed.principal)
-        session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
-        session.attempt = resume.attempt  # its writes are fenced on this attempt
-        entry = RunEntry(
-            run_id=claimed.run_id,
-            principal=claimed.principal,
-            agent=claimed.agent,
-            session_id=claimed.session_id,
-            on_disconnect="continue",
-            owner=None,
-            input_bytes=0,
-            fence=session.fence,
-            first_seq=resume.next_seq,
-        )
-        old = self.runs.get(entry.run_id)
-        if old is not None:  # a run this node ran before (it had lost its lease)
-            if old.run is not None and old.run.result is None:
-                # Its stopped attempt still holds the session in this process until its
-                # (bounded) repair ends: resuming before would find the session busy.
-                with trio.move_on_after(_OLD_ATTEMPT_BOUND):
-                    await old.run.wait()
-            self.runs.pop(entry.run_id)
-            state.runs.pop(entry.run_id, None)
-            if state.finished.pop(entry.run_id, None) is not None:
-                state.retained_bytes -= old.bytes
-        self._register(entry, state)
-        if claimed.input:
-            # The earlier attempt died before its input reached the session.
-            stored = await session.get_items()
-            if not stored:
-                await session.add_items(claimed.input)
-        extra = {
-            "resume": resume,
-            "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
-            "_then": then,
-        }
-        try:
-            entry.run = await self.nursery.start(
-                self._run_task, entry, self.agents[claimed.agent], (), session, "reject", extra
-            )
-        finally:
-            if entry.run is None:
-                self._end(entry, retain=False)
-        entry.log = cluster.track(
-            entry.run, entry.run_id, resume.attempt, resume.next_seq, session.fence
-        )
-        return entry
+    def drop(self, entry: RunEntry) -> None:
+        """Forget at once an earlier attempt of a run this node resumes."""
+        state = self.state_of(entry.principal)
+        self.runs.pop(entry.run_id, None)
+        state.runs.pop(entry.run_id, None)
+        if state.finished.pop(entry.run_id, None) is not None:
+            state.retained_bytes -= entry.bytes
 
-    async def supersede(self, principal: str, run_id: str, node: str | None) -> None:
-        """``on_busy="interrupt"`` in a cluster: cancel the session's holder, wherever
-        it runs (reason ``"superseded"``); errors are ignored (it may have ended)."""
-        entry = self.runs.get(run_id)
-        if entry is not None and entry.run is not None:
-            entry.run.cancel("superseded")
-            return
-        assert self.cluster is not None
-        request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
-        with contextlib.suppress(ProtocolError):
-            await self.cluster.route(principal, request, run_id)
-
-    async def _run_task(
-        self,
-        entry: RunEntry,
-        agent: Agent,
-        items: tuple[Item, ...],
-        session: Session | None,
-        on_busy: str,
-        extra: dict[str, Any],
-        *,
-        task_status: trio.TaskStatus[Run],
-    ) -> None:
-        extra = dict(extra)
-        then = extra.pop("_then", None)
-        try:
-            # Shielded: only run.cancel(reason) stops a run (shutdown uses "server
-            # shutdown"); the scope is cancelled only to force a run past the bound.
-            with entry.host_scope:
-                await serve_run(
-                    agent,
-                    items,
-                    session=session,
-                    run_id=entry.run_id,
-                    task_status=cast(trio.TaskStatus[Run], _Started(entry, task_status, then)),
-                    on_busy=on_busy,
-                    **self.run_options,
-                    **extra,
-                )
-        finally:
-            if entry.run is not None:
-                self._end(entry, retain=True)
-            aclose = getattr(session, "aclose", None)
-            owned = self.session_factory is not None or self.cluster is not None
-            if owned and aclose is not None:
-                with trio.move_on_after(5.0, shield=True):
-                    try:
-                        await aclose()
-                    except Exception:
-                        logger.exception("closing the session of %s failed", entry.run_id)
-
-    def _end(self, entry: RunEntry, *, retain: bool) -> None:
+    def end(self, entry: RunEntry, *, retain: bool) -> None:
         """A run ended (``retain``) or never started; idempotent."""
         if entry.done.is_set():
             return
         entry.done.set()
-        state = self._principal(entry.principal)
+        state = self.state_of(entry.principal)
         state.active.discard(entry)
         self.active_count -= 1
         if entry.owner is not None:
             entry.owner.owned.discard(entry)
+            fence = entry.fence
+            if entry.on_disconnect == "cancel" and fence is not None and fence.closed:
+                # Only this node's attempt ended (lease lost, hand-over): the run goes
+                # on elsewhere, and the client's disconnect must still cancel it there.
+                entry.owner.placed.add(entry.run_id)
         if entry.memory is not None:
             state.sessions.release(entry.memory)
         if not retain:
@@ -499,14 +303,7 @@ class Registry:
             finished_at, principal, run_id = self._finished[0]
             await trio.sleep_until(finished_at + retain)
             self._finished.popleft()
-            state = self._principal(principal)
+            state = self.state_of(principal)
             entry = state.finished.pop(run_id, None)
             if entry is not None:
                 self._forget(entry, state)
-
-    def disconnected(self, owned: Iterable[RunEntry]) -> None:
-        """The connection that started ``owned`` is gone: apply their ``on_disconnect``."""
-        for entry in list(owned):
-            entry.owner = None
-            if entry.on_disconnect == "cancel" and entry.run is not None:
-                entry.run.cancel("client disconnected")

@@ -12,9 +12,11 @@ Layout of the tasks (all in the nursery of :meth:`ControlServer.serve`)::
 Runs never live in a connection's nursery: a client that leaves (or is cut off)
 takes none of them along, except runs it started with ``on_disconnect="cancel"``,
 which are cancelled with reason ``"client disconnected"``. The jobs live in their own
-modules: the handshake checks in ``_auth.py``, the runs and per-principal limits in
-``_registry.py``, sessions in ``_sessions.py``, a connection's I/O in
-``_connection.py``, the ops in ``_ops.py``; this module wires them together.
+modules: the handshake checks in ``_auth.py``, the runs' bookkeeping and
+per-principal limits in ``_registry.py``, starting and hosting the runs (and what a
+disconnect does to them) in ``_hosting.py``, sessions in ``_sessions.py``, a
+connection's I/O in ``_connection.py``, the ops in ``_ops.py``; this module wires them
+together.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from .. import Agent
 from .._util import first_leaf, leaves, only_cancelled
 from ._auth import Auth, check_handshake
 from ._connection import Connection
+from ._hosting import closing, disconnected
 from ._protocol import SUBPROTOCOL, Limits
-from ._registry import PrincipalStatistics, Registry
+from ._registry import PrincipalStatistics, Registry, RunEntry
 from ._sessions import SessionFactory, sqlite_sessions
 from ._stream import GuardedStream
 
@@ -241,8 +244,8 @@ class ControlServer:
         assert cluster is not None
         registry = self._registry
 
-        async def execute(principal: str, data: dict[str, Any]) -> dict[str, Any]:
-            return await execute_routed(registry, principal, data)
+        async def execute(principal: str, data: dict[str, Any], command: int) -> dict[str, Any]:
+            return await execute_routed(registry, principal, data, command)
 
         with scope:
             await cluster.serve_node(registry, execute, task_status=task_status)
@@ -270,30 +273,38 @@ class ControlServer:
         registry.closing = True
         self.shutdown_deadline = trio.current_time() + registry.limits.shutdown_timeout
         self._accept_scope.cancel()
-        entries = list(registry.runs.values())
+        # Every run the server had, and any a cluster's scan in flight resumes meanwhile
+        # (the hand-over waits for that scan): none may outlive the shutdown.
+        known: dict[RunEntry, None] = dict.fromkeys(registry.runs.values())
+
+        def entries() -> list[RunEntry]:
+            known.update(dict.fromkeys(registry.runs.values()))
+            return list(known)
 
         async def cancel_runs() -> None:
-            for entry in entries:
+            for entry in entries():
                 if entry.run is not None and not entry.done.is_set():
                     entry.run.cancel("server shutdown")
 
         cluster = self._cluster
         if cluster is not None and not cluster.dead:
-            # Hand the runs over: fenced first, so their cancellation here persists
-            # nothing, then released to the other nodes at once.
             with trio.move_on_at(self.shutdown_deadline):
+                # The connections close: their on_disconnect="cancel" runs end.
+                await closing(registry, list(self._connections))
+                # Hand the runs over: fenced first, so their cancellation here persists
+                # nothing, then released to the other nodes at once.
                 await cluster.hand_over(cancel_runs)
         await cancel_runs()
         for connection in list(self._connections):
             connection.begin_shutdown()
         with trio.move_on_at(self.shutdown_deadline):
-            for entry in entries:
+            for entry in entries():
                 await entry.done.wait()
         with trio.move_on_at(self.shutdown_deadline + 1.0):
             await self._connections_done.wait()
         # Past the bound: force whatever is left.
         self._connections_scope.cancel()
-        for entry in entries:
+        for entry in entries():
             entry.host_scope.cancel()
 
     # -------------------------------------------------------------- connections
@@ -338,7 +349,7 @@ class ControlServer:
         finally:
             if connection is not None:
                 self._connections.discard(connection)
-                self._registry.disconnected(connection.owned)
+                disconnected(self._registry, connection)
             with trio.CancelScope(shield=True):
                 await guarded.aclose()
 

@@ -1,0 +1,413 @@
+"""Starting, resuming and hosting the server's runs, and what a disconnect does to them.
+
+Each run is a task in the server's nursery (:func:`start_run`; a cluster's takeover:
+:func:`resume_run`) with the session it gets: in memory (metered), a factory's (scoped
+to its principal), or, with a cluster, the cluster's — claimed cluster-wide first, or,
+queued (``enqueue``/``interrupt`` on a busy session), behind an in-process *gate* that
+lets the run have the session once it is claimed cluster-wide (:func:`_claim_later`).
+The run's bookkeeping (ids, per-principal counters, retention) is the
+:class:`~._registry.Registry`'s. A connection that goes away applies its runs'
+``on_disconnect`` (:func:`disconnected`), here and, for runs it placed on other nodes,
+by a routed cancel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast, final
+
+import attrs
+import trio
+
+from .. import Agent, Item, Run, SessionBusyError, serve_run
+from .._session_lock import SessionClaim
+from ..sessions import Session
+from ._protocol import ProtocolError
+from ._registry import Owner, Registry, RunEntry
+from ._sessions import MeteredSession, ScopedSession
+
+if TYPE_CHECKING:
+    from .._resume import Resume
+    from ..cluster._takeover import Claimed
+
+__all__ = ["closing", "disconnected", "own_placed", "resume_run", "start_run", "supersede"]
+
+logger = logging.getLogger("trio_agents.control")
+
+# How long a resume on this node waits for its own stopped attempt of the same run to
+# end (that attempt's repair is bounded by its cleanup_timeout, 5 s by default).
+_OLD_ATTEMPT_BOUND = 30.0
+
+_DISCONNECTED = "client disconnected"
+
+
+@final
+@attrs.define
+class _Started:
+    """A task status that records the run on its entry the moment it exists, so the
+    entry never depends on when the starter resumes."""
+
+    entry: RunEntry
+    inner: trio.TaskStatus[Run]
+    then: Callable[[Run], None] | None = None
+
+    def started(self, run: Run) -> None:
+        self.entry.run = run
+        if self.then is not None:
+            self.then(run)  # before the run's first checkpoint: before any model call
+        self.inner.started(run)
+
+
+@final
+@attrs.define(eq=False)
+class _Gate:
+    """The in-process holder of a cluster session while a queued run of this node waits
+    for the session cluster-wide: the run queues behind it (the core's claim), so it
+    stays ``queued`` — and cancellable — until the gate lets go."""
+
+    entry: RunEntry
+
+    @property
+    def id(self) -> str:
+        return self.entry.run_id
+
+    def cancel(self, reason: str | None = None) -> None:
+        if self.entry.run is not None:
+            self.entry.run.cancel(reason)
+
+
+async def start_run(
+    registry: Registry,
+    principal: str,
+    owner: Owner | None,
+    agent_name: str,
+    items: tuple[Item, ...],
+    *,
+    input_bytes: int,
+    session_id: str | None,
+    on_disconnect: str,
+    on_busy: str,
+) -> RunEntry:
+    """Start a run in the server's nursery (after the admission checks:
+    ``Registry.check_room``, ``Registry.take_start_token``).
+
+    The session's busy policy is the core's ``on_busy``: a busy session with
+    ``"reject"`` answers ``session_busy``; ``"interrupt"``/``"enqueue"`` start the
+    run ``queued`` behind the session's active run. With a cluster, the session is
+    claimed cluster-wide first (``trio_agents.cluster._claims``).
+    """
+    assert registry.nursery is not None
+    state = registry.state_of(principal)
+    memory: MeteredSession | None = None
+    session: Session | None = None
+    run_id = f"run_{uuid.uuid4().hex}"
+    extra: dict[str, Any] = {}
+    fence: Any = None
+    cluster = registry.cluster
+    behind: str | None = None
+    if cluster is not None:
+        behind = await cluster.claim(
+            run_id=run_id,
+            principal=principal,
+            session_id=session_id,
+            agent=agent_name,
+            on_busy=on_busy,
+            cancel_holder=lambda holder, node: supersede(registry, principal, holder, node),
+            items=items,
+        )
+        cluster_session = cluster.session(principal, session_id, run_id)
+        session, fence = cluster_session, cluster_session.fence
+        extra["before_tool"] = cluster.before_tool(run_id, 1, fence)
+    elif session_id is not None:
+        if registry.session_factory is None:
+            memory = state.sessions.acquire(session_id)
+            if memory is None:
+                raise ProtocolError(
+                    "limit_exceeded",
+                    f"in-memory sessions of this principal hold over"
+                    f" {registry.limits.max_session_bytes_per_principal} bytes in active runs",
+                )
+            session = memory
+        else:
+            session = ScopedSession(registry.session_factory(principal, session_id), principal)
+    entry = RunEntry(
+        run_id=run_id,
+        principal=principal,
+        agent=agent_name,
+        session_id=session_id,
+        on_disconnect=on_disconnect,
+        owner=owner,
+        input_bytes=input_bytes,
+        memory=memory,
+        fence=fence,
+    )
+    registry.register(entry)
+    gate: SessionClaim | None = None
+    policy = on_busy  # the client's, for the cluster-wide claim
+    if cluster is not None:
+        # The core's claim is per node: claimed cluster-wide already, or queued
+        # behind a gate that lets go once the session is claimed cluster-wide.
+        on_busy = "reject"
+        if behind is not None:
+            gate, on_busy = _gate(entry, session), "enqueue"
+    try:
+        entry.run = await registry.nursery.start(
+            _run_task, registry, entry, registry.agents[agent_name], items, session, on_busy, extra
+        )
+    except SessionBusyError:
+        raise ProtocolError("session_busy", f"session {session_id!r} has an active run") from None
+    except (TypeError, ValueError) as exc:  # the input is not a valid conversation
+        raise ProtocolError("invalid_request", str(exc)) from None
+    finally:
+        if entry.run is None:
+            if gate is not None:
+                gate.release()
+            registry.end(entry, retain=False)
+            if cluster is not None:
+                await cluster.forget(run_id)
+    if cluster is not None:
+        entry.log = cluster.track(entry.run, run_id, 1, 1, fence)
+    if gate is not None:
+        registry.nursery.start_soon(_claim_later, registry, entry, gate, policy, behind, None)
+    return entry
+
+
+def _gate(entry: RunEntry, session: Any) -> SessionClaim:
+    """Hold the run's session in this process until it is claimed cluster-wide."""
+    gate = SessionClaim(session.lock_key, session.session_id, _Gate(entry))
+    gate.claim_now("enqueue")  # behind a run of this node that holds it, if any
+    return gate
+
+
+async def _claim_later(
+    registry: Registry,
+    entry: RunEntry,
+    gate: SessionClaim,
+    on_busy: str,
+    interrupted: str | None,
+    then: Callable[[], Awaitable[None]] | None,
+) -> None:
+    """A queued run of a cluster: claim its session cluster-wide once its holder
+    ends (``then()`` first thing after), then let the run have it."""
+    cluster = registry.cluster
+    assert cluster is not None
+    claimed = False
+    try:
+        await gate.wait()
+        claimed = await cluster.claim_queued(
+            run_id=entry.run_id,
+            principal=entry.principal,
+            session_id=entry.session_id,
+            on_busy=on_busy,
+            waiting=lambda: not entry.done.is_set() and not entry.fence.closed,
+            cancel_holder=lambda holder, node: supersede(registry, entry.principal, holder, node),
+            interrupted=interrupted,
+        )
+        if claimed and then is not None:
+            await then()
+    finally:
+        if not claimed and entry.run is not None and not entry.done.is_set():
+            entry.run.cancel("this node stopped")  # it never gets the session here
+        gate.release()
+
+
+async def resume_run(
+    registry: Registry, claimed: Claimed, resume: Resume, then: Callable[[Run], None] | None = None
+) -> RunEntry:
+    """Continue a run this node took over (a cluster's takeover); ``then(run)`` is
+    called the moment the run exists, before it can call its model or end (its
+    re-injections, an acked cancel)."""
+    assert registry.nursery is not None
+    assert registry.cluster is not None
+    cluster = registry.cluster
+    session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
+    session.attempt = resume.attempt  # its writes are fenced on this attempt
+    entry = RunEntry(
+        run_id=claimed.run_id,
+        principal=claimed.principal,
+        agent=claimed.agent,
+        session_id=claimed.session_id,
+        on_disconnect="continue",
+        owner=None,
+        input_bytes=0,
+        fence=session.fence,
+        first_seq=resume.next_seq,
+    )
+    old = registry.runs.get(entry.run_id)
+    if old is not None:  # a run this node ran before (it had lost its lease)
+        if old.run is not None and old.run.result is None:
+            # Its stopped attempt still holds the session in this process until its
+            # (bounded) repair ends: resuming before would find the session busy.
+            with trio.move_on_after(_OLD_ATTEMPT_BOUND):
+                await old.run.wait()
+        registry.drop(old)
+    registry.register(entry)
+    gate: SessionClaim | None = None
+    then_claimed: Callable[[], Awaitable[None]] | None = None
+    if claimed.queued:
+        # It was still queued for its session: queued again here; its input goes
+        # into the session once the session is its own.
+        gate = _gate(entry, session)
+        inputs = claimed.input
+
+        async def then_claimed() -> None:
+            if inputs:
+                await session.add_items(inputs)
+
+    elif claimed.input:
+        # The earlier attempt died before its input reached the session.
+        stored = await session.get_items()
+        if not stored:
+            await session.add_items(claimed.input)
+    extra = {
+        "resume": resume,
+        "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
+        "_then": then,
+    }
+    on_busy = "reject" if gate is None else "enqueue"
+    try:
+        entry.run = await registry.nursery.start(
+            _run_task, registry, entry, registry.agents[claimed.agent], (), session, on_busy, extra
+        )
+    finally:
+        if entry.run is None:
+            if gate is not None:
+                gate.release()
+            registry.end(entry, retain=False)
+    entry.log = cluster.track(
+        entry.run, entry.run_id, resume.attempt, resume.next_seq, session.fence
+    )
+    if gate is not None:
+        registry.nursery.start_soon(
+            _claim_later, registry, entry, gate, "enqueue", None, then_claimed
+        )
+    return entry
+
+
+async def supersede(registry: Registry, principal: str, run_id: str, node: str | None) -> None:
+    """``on_busy="interrupt"`` in a cluster: cancel the session's holder, wherever
+    it runs (reason ``"superseded"``); errors are ignored (it may have ended)."""
+    entry = registry.runs.get(run_id)
+    if entry is not None and entry.run is not None:
+        entry.run.cancel("superseded")
+        return
+    assert registry.cluster is not None
+    request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
+    with contextlib.suppress(ProtocolError):
+        await registry.cluster.route(principal, request, run_id)
+
+
+async def _run_task(
+    registry: Registry,
+    entry: RunEntry,
+    agent: Agent,
+    items: tuple[Item, ...],
+    session: Session | None,
+    on_busy: str,
+    extra: dict[str, Any],
+    *,
+    task_status: trio.TaskStatus[Run],
+) -> None:
+    extra = dict(extra)
+    then = extra.pop("_then", None)
+    try:
+        # Shielded: only run.cancel(reason) stops a run (shutdown uses "server
+        # shutdown"); the scope is cancelled only to force a run past the bound.
+        with entry.host_scope:
+            await serve_run(
+                agent,
+                items,
+                session=session,
+                run_id=entry.run_id,
+                task_status=cast(trio.TaskStatus[Run], _Started(entry, task_status, then)),
+                on_busy=on_busy,
+                **registry.run_options,
+                **extra,
+            )
+    finally:
+        if entry.run is not None:
+            registry.end(entry, retain=True)
+        aclose = getattr(session, "aclose", None)
+        owned = registry.session_factory is not None or registry.cluster is not None
+        if owned and aclose is not None:
+            with trio.move_on_after(5.0, shield=True):
+                try:
+                    await aclose()
+                except Exception:
+                    logger.exception("closing the session of %s failed", entry.run_id)
+
+
+async def own_placed(registry: Registry, owner: Owner, run_id: str) -> None:
+    """``owner`` started ``run_id`` with ``on_disconnect="cancel"`` on another node
+    (a cluster placed it there): its disconnect cancels it there too.
+
+    The ids of placed runs that have finished are dropped once there are more than
+    twice the principal's active-run limit (one query), so a long-lived connection
+    does not remember every run it ever placed.
+    """
+    assert registry.cluster is not None
+    owner.placed.add(run_id)
+    if len(owner.placed) > 2 * registry.limits.max_runs_per_principal:
+        with contextlib.suppress(ProtocolError):  # the database is down: next time
+            unfinished = await registry.cluster.unfinished(owner.principal, owner.placed)
+            owner.placed.intersection_update(unfinished | {run_id})
+
+
+def disconnected(registry: Registry, owner: Owner) -> None:
+    """The connection ``owner`` is gone: apply the ``on_disconnect`` of the runs it
+    started (here, and placed on other nodes: a routed cancel)."""
+    for entry in list(owner.owned):
+        entry.owner = None
+        if entry.on_disconnect == "cancel" and entry.run is not None:
+            entry.run.cancel(_DISCONNECTED)
+    placed, owner.placed = owner.placed, set()
+    if placed and registry.nursery is not None:
+        registry.nursery.start_soon(_cancel_placed, registry, owner.principal, placed)
+
+
+async def closing(registry: Registry, owners: Iterable[Owner]) -> None:
+    """A cluster node that stops hands its runs over, but it also closes its
+    connections: the runs they started with ``on_disconnect="cancel"`` are cancelled
+    (reason ``"client disconnected"``) as their disconnect would — durably for this
+    node's runs (the node that takes one over ends it cancelled), routed for the runs
+    placed on other nodes. Call it before the hand-over; bound it."""
+    cluster = registry.cluster
+    assert cluster is not None
+
+    async def cancel_durably(entry: RunEntry) -> None:
+        assert entry.run is not None
+        entry.run.cancel(_DISCONNECTED)
+        with contextlib.suppress(ProtocolError):
+            await cluster.record_cancel(entry.run_id, _DISCONNECTED, "immediate")
+
+    async with trio.open_nursery() as nursery:
+        for owner in owners:
+            for entry in list(owner.owned):
+                if entry.on_disconnect == "cancel" and entry.run is not None:
+                    entry.on_disconnect = "continue"  # done: its disconnect adds nothing
+                    nursery.start_soon(cancel_durably, entry)
+            placed, owner.placed = owner.placed, set()
+            if placed:
+                nursery.start_soon(_cancel_placed, registry, owner.principal, placed)
+
+
+async def _cancel_placed(registry: Registry, principal: str, run_ids: Iterable[str]) -> None:
+    """Route ``"client disconnected"`` cancels to the owners of ``run_ids`` (a run
+    that has finished meanwhile answers ``run_closed``: ignored)."""
+    assert registry.cluster is not None
+    for run_id in run_ids:
+        request = {
+            "id": 0,
+            "op": "run.cancel",
+            "run_id": run_id,
+            "reason": _DISCONNECTED,
+            "mode": "immediate",
+        }
+        try:
+            await registry.cluster.route(principal, request, run_id)
+        except ProtocolError as exc:
+            if exc.code not in ("run_closed", "not_found"):
+                logger.warning("could not cancel placed run %s: %s", run_id, exc.message)
