@@ -18,6 +18,7 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from psycopg_pool import ConnectionPool
 
 from trio_agents import TrioAgentsError
 from trio_agents._items import (
@@ -897,13 +898,13 @@ def test_the_pool_checks_an_idle_connection_only_when_it_has_something_to_read(
     # process ended (a restart) has its FATAL and end of file to read: it is checked
     # (with a query) and refused, so the pool replaces it.
     checked: list[object] = []
-    real_check = _postgres.ConnectionPool.check_connection
+    real_check = ConnectionPool.check_connection
 
     def counting_check(conn: psycopg.Connection[Any]) -> None:
         checked.append(conn)
         real_check(conn)
 
-    monkeypatch.setattr(_postgres.ConnectionPool, "check_connection", counting_check)
+    monkeypatch.setattr(ConnectionPool, "check_connection", counting_check)
     with raw_connection(pg_dsn) as conn:
         _postgres._check_connection(conn)
         _postgres._check_connection(conn)
