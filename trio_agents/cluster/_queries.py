@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,9 +18,11 @@ from ._schema import CHANNEL
 from ._session import RETRY_FOR
 
 __all__ = [
+    "CANCEL_RECORDED",
     "nodes_with_room",
     "read_runs",
     "record_cancel",
+    "record_cancel_in",
     "record_withdrawal",
     "release_node",
     "tool_start_barrier",
@@ -147,18 +150,33 @@ async def record_withdrawal(db: Database, run_id: str, injection_id: str) -> Non
     )
 
 
+CANCEL_RECORDED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "trio_agents.cluster.cancel_recorded", default=False
+)
+"""True while the owner answers a routed ``run.cancel``: the client's node recorded it
+already, in the transaction that sent it (:func:`record_cancel_in`)."""
+
+
+def record_cancel_in(conn: Conn, run_id: str, reason: str | None, mode: str) -> None:
+    """Keep a cancel in the run's ``options`` (``"cancel"``; the first one's reason and
+    mode stay), inside the caller's transaction."""
+    conn.execute(
+        "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{cancel}',"
+        " COALESCE(options::jsonb -> 'cancel', %s::jsonb))::text"
+        " WHERE run_id = %s AND NOT finished",
+        (json.dumps({"reason": reason, "mode": mode}), run_id),
+    )
+
+
 async def record_cancel(db: Database, run_id: str, reason: str | None, mode: str) -> None:
     """An acked cancel is durable: kept in the run's ``options`` (``"cancel"``); a
-    takeover that finds it ends the run cancelled instead of continuing it."""
-    cancel = json.dumps({"reason": reason, "mode": mode})
-    await db.call(
-        lambda conn: conn.execute(
-            "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{cancel}',"
-            " COALESCE(options::jsonb -> 'cancel', %s::jsonb))::text"
-            " WHERE run_id = %s AND NOT finished",
-            (cancel, run_id),
-        )
-    )
+    takeover that finds it ends the run cancelled instead of continuing it. A routed
+    cancel was recorded by the node that sent it, before the owner saw it
+    (:data:`CANCEL_RECORDED`): nothing to write then."""
+    if CANCEL_RECORDED.get():
+        await trio.lowlevel.checkpoint()
+        return
+    await db.call(lambda conn: record_cancel_in(conn, run_id, reason, mode))
 
 
 async def release_node(db: Database, node_id: str) -> None:

@@ -29,6 +29,7 @@ import trio
 from ..control._protocol import ProtocolError
 from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
+from ._queries import CANCEL_RECORDED, record_cancel_in
 from ._schema import CHANNEL
 
 __all__ = ["ROUTE_TIMEOUT", "Router"]
@@ -113,6 +114,11 @@ class Router:
             if row is None:
                 return None
             command_id, owner = int(row[0]), row[1]
+            if request["op"] == "run.cancel" and run_id is not None:
+                # Durable before the owner sees it: the owner acks without writing it.
+                record_cancel_in(
+                    conn, run_id, request.get("reason"), request.get("mode", "immediate")
+                )
             note: dict[str, Any] = {"k": "cmd", "n": target_node or owner}
             if len(args) < _INLINE:  # the owner can serve it without reading the row
                 note.update(c=command_id, r=run_id, p=principal, a=request, o=node)
@@ -257,8 +263,11 @@ class Router:
         # first reply (the UPDATE only fills an empty one).
         try:
             assert self.execute is not None
+            request = json.loads(args)
+            # A routed cancel was recorded by its sender (Router.send).
+            CANCEL_RECORDED.set(request.get("op") == "run.cancel")
             try:
-                answer: dict[str, Any] = {"ok": await self.execute(principal, json.loads(args))}
+                answer: dict[str, Any] = {"ok": await self.execute(principal, request)}
             except ProtocolError as exc:
                 answer = {"error": [exc.code, exc.message]}
             except Exception:
