@@ -178,3 +178,82 @@ async def test_session_cancel_and_subscribe_status_from_another_node(pg_dsn: str
                 isinstance(i, ta.ToolResult) and i.status == "cancelled" for i in request.items
             )
         nursery.cancel_scope.cancel()
+
+
+async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn: str) -> None:
+    # The client's node records the cancel in the run's row in the transaction that
+    # routes it, before the owner sees it; the owner then acks without writing it again.
+    import json
+
+    import psycopg
+
+    gate = trio.Event()
+
+    @ta.function_tool
+    async def wait() -> str:
+        """Wait."""
+        await gate.wait()
+        return "done"
+
+    def recorded(run_id: str) -> Any:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT options FROM trio_agents_runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+        assert row is not None
+        return json.loads(row[0]).get("cancel")
+
+    # Two runs, each cancelled in its tool call.
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})]), Turn(tool_calls=[("wait", {})])])
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, [wait]), pg_dsn, "A") as a,
+            node(nursery, agents(model, [wait]), pg_dsn, "B") as b,
+            client(a.url) as ca,
+            client(b.url) as cb,
+        ):
+            ack = await ca.ok("run.start", agent="a", input="hi", subscribe="all")
+            run_id = ack["run_id"]
+            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
+            # The owner holds every routed op until the test has looked at the row.
+            execute = a.cluster.router.execute
+            assert execute is not None
+            arrived, looked = trio.Event(), trio.Event()
+
+            async def held(
+                principal: str, request: dict[str, Any], command_id: int
+            ) -> dict[str, Any]:
+                arrived.set()
+                await looked.wait()
+                assert execute is not None
+                return await execute(principal, request, command_id)
+
+            a.cluster.router.execute = held
+            writes: list[str] = []
+            call = a.cluster.db.call
+
+            async def counting(fn: Any) -> Any:
+                writes.append(getattr(fn, "__qualname__", ""))
+                return await call(fn)
+
+            a.cluster.db.call = counting  # type: ignore[method-assign]
+            async with trio.open_nursery() as inner:
+                inner.start_soon(lambda: cb.ok("run.cancel", run_id=run_id, reason="stop"))
+                with trio.fail_after(30):
+                    await arrived.wait()
+                assert await trio.to_thread.run_sync(recorded, run_id) == {
+                    "reason": "stop",
+                    "mode": "immediate",
+                }
+                looked.set()
+            done = await ca.wait_terminal(run_id)
+            assert (done["event"]["status"], done["event"]["reason"]) == ("cancelled", "stop")
+            assert not [w for w in writes if "record_cancel" in w]
+            # A cancel on the owner itself is still recorded there, before its ack.
+            run_id = (await ca.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
+            await ca.ok("run.cancel", run_id=run_id, reason="here")
+            assert [w for w in writes if "record_cancel" in w]
+            assert (await trio.to_thread.run_sync(recorded, run_id))["reason"] == "here"
+            assert b.cluster.router.routed == 1
+        nursery.cancel_scope.cancel()

@@ -18,6 +18,7 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from psycopg_pool import ConnectionPool
 
 from trio_agents import TrioAgentsError
 from trio_agents._items import (
@@ -880,3 +881,75 @@ def test_the_guides_postgres_example_runs(pg_dsn: str, capsys: pytest.CaptureFix
         assert count == 1, "the example names its DSN on one line: DSN = '...'"
         exec(compile(code, "docs/sessions.md", "exec"), {"__name__": "docs_sessions_postgres"})
     assert "completed" in capsys.readouterr().out
+
+
+def terminate_backend(dsn: str, pid: int) -> None:
+    """End the server process of a connection, and wait until it is gone."""
+    with raw_connection(dsn) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            conn.execute("SELECT pg_sleep(0.01)")
+
+
+def test_the_pool_checks_an_idle_connection_only_when_it_has_something_to_read(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A healthy idle connection is handed out without a round trip; one whose server
+    # process ended (a restart) has its FATAL and end of file to read: it is checked
+    # (with a query) and refused, so the pool replaces it.
+    checked: list[object] = []
+    real_check = ConnectionPool.check_connection
+
+    def counting_check(conn: psycopg.Connection[Any]) -> None:
+        checked.append(conn)
+        real_check(conn)
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", counting_check)
+    with raw_connection(pg_dsn) as conn:
+        _postgres._check_connection(conn)
+        _postgres._check_connection(conn)
+        assert checked == []
+        terminate_backend(pg_dsn, conn.info.backend_pid)
+        with pytest.raises(psycopg.OperationalError):
+            _postgres._check_connection(conn)
+        assert checked == [conn]
+
+
+async def test_a_pooled_connection_whose_server_process_ended_is_replaced(pg_dsn: str) -> None:
+    async with PostgresSession(pg_dsn, "s", max_connections=1) as s:
+        await s.add_items([UserMessage("x")])
+        assert s._pool is not None
+        (pid,) = await trio.to_thread.run_sync(
+            lambda: raw_query(
+                pg_dsn,
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'trio_agents'"
+                " AND datname = current_database()",
+            )[0]
+        )
+        await trio.to_thread.run_sync(terminate_backend, pg_dsn, pid)
+        assert await s.get_items() == [UserMessage("x")]  # not an error: a new connection
+
+
+async def test_a_failed_call_rolls_its_transaction_back(pg_dsn: str) -> None:
+    async with PostgresSession(pg_dsn, "s", max_connections=1) as s:
+
+        def write_then_fail(conn: psycopg.Connection[Any]) -> None:
+            s._add_items_sync(conn, ['{"type": "user_message", "content": "lost"}'])
+            conn.execute("SELECT 1/0")
+
+        with pytest.raises(SessionStorageError):
+            await s._call(write_then_fail)
+        # The same (single) pooled connection went back idle, with the server's own
+        # timeouts (SET LOCAL ended with the transaction).
+        assert await s.get_items() == []
+        shared = s._pool
+        assert shared is not None
+
+        def look() -> tuple[Any, ...]:
+            with shared.pool.connection() as conn:
+                row = conn.execute("SHOW lock_timeout").fetchone()
+                return conn.info.transaction_status, row
+
+        status, row = await trio.to_thread.run_sync(look)
+        assert status == psycopg.pq.TransactionStatus.IDLE
+        assert row == ("0",)

@@ -39,7 +39,9 @@ sweeps every minute).
 
 Channel: one, ``trio_agents_cluster``; payloads are JSON objects with a kind ``k``:
 ``{"k": "run", "r": run_id, "s": last_seq}`` (a run's events up to ``s`` are persisted;
-subscribers on other nodes read them), ``{"k": "cmd", "n": node}`` (commands wait for
+followed by a newline and the flush's events of the run, ``[[seq, event], ...]``, as
+many as fit: subscribers on other nodes send those and read the table for the rest),
+``{"k": "cmd", "n": node}`` (commands wait for
 ``node``; with ``"c"``, ``"r"``, ``"p"``, ``"a"``, ``"o"`` — command id, run, principal,
 the request, origin node — when the request is short enough to travel inline),
 ``{"k": "reply", "n": node, "c": command_id}`` (a command of ``node`` was answered; the

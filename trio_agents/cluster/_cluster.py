@@ -224,7 +224,7 @@ class PostgresCluster:
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message.get("k")
         if kind == "run":
-            self.listener.notify(("run", message.get("r")))
+            self.listener.notify(("run", message.get("r")), message)
         elif kind == "cmd":
             if message.get("n") in (self._node_id, None):
                 self.router.command(message)

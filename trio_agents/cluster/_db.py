@@ -25,10 +25,10 @@ import trio
 from ..sessions._postgres import (
     PostgresSession,
     _acquire_pool,
-    _milliseconds,
     _Pool,
     _pool_limiter,
     _release_pool,
+    transaction,
 )
 from ..sessions._storage import SessionStorageError
 from ._schema import prepare_cluster_schema
@@ -108,15 +108,7 @@ class Database:
                     except (psycopg.DataError, SessionStorageError) as exc:
                         raise ClusterSchemaError(str(exc)) from exc
                     self._schema_ready = True
-                with conn.transaction():
-                    conn.execute(
-                        "SELECT set_config('lock_timeout', %s, true),"
-                        " set_config('statement_timeout', %s, true)",
-                        (
-                            _milliseconds(budget(self.lock_timeout)),
-                            _milliseconds(budget(self.statement_timeout)),
-                        ),
-                    )
+                with transaction(conn, budget(self.lock_timeout), budget(self.statement_timeout)):
                     self.statements += 1
                     return fn(conn)
         except psycopg.Error as exc:

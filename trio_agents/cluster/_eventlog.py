@@ -4,7 +4,9 @@ Writing: one reader task per owned run copies ``run.events()`` into the node's b
 (nothing in the run's own loop waits for the database); one flusher task writes the
 buffer in one transaction — events, then each run's row (last seq, status, reason,
 turn, pending approvals, and the session released at its terminal status), then one
-NOTIFY ``{"k": "run", "r": run_id, "s": last_seq}`` per run — at least every
+NOTIFY ``{"k": "run", "r": run_id, "s": last_seq}`` per run, followed (after a newline)
+by the batch's events of that run as ``[[seq, event], ...]``, as many as fit in the
+payload (:data:`INLINE_BYTES`) — at least every
 :data:`FLUSH_INTERVAL` seconds, at once for a ``run.item`` or ``run.updated`` event, and
 at once (as soon as the previous flush is done) while a subscriber on this node waits
 for an event: a subscriber on the owner is sent an event only once it is persisted
@@ -17,9 +19,13 @@ no row, stops writing the run's events and cancels it locally (reason ``"lease
 lost"``). A failed flush is retried with backoff; events are never reordered.
 
 Reading (:func:`follow`): a subscriber on any node replays the table from ``from_seq``
-and then waits for the run's NOTIFY (or, bounded, polls), so it sees every persisted
+and then waits for the run's NOTIFYs (or, bounded, polls), so it sees every persisted
 seq once, in order, ending after the terminal ``run.updated`` — or at once when
-``from_seq`` is past the last seq of a finished run (or the run's row is gone).
+``from_seq`` is past the last seq of a finished run (or the run's row is gone). Live,
+it sends the events a NOTIFY carries (the same text as the table's rows, sent only once
+committed) without reading the table; it reads the table again whenever they do not
+continue exactly where it is (a NOTIFY lost with a connection, events that did not fit
+in the payload, a reconnection), and after a poll interval without any.
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ logger = logging.getLogger("trio_agents.cluster")
 FLUSH_INTERVAL: Final = 0.1
 _TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
 _PAGE: Final = 500
+INLINE_BYTES: Final = 7800
+"""A NOTIFY payload's limit (PostgreSQL's is 8000 bytes): the events that do not fit
+are read from the table by the subscribers."""
+_POLL: Final = 2.0
 
 
 @final
@@ -259,7 +269,7 @@ class EventWriter:
             if run_id not in lost:  # answered with the injection it made durable
                 store_reply(conn, command_id, reply)
         payloads = [
-            json.dumps({"k": "run", "r": run_id, "s": row["seq"]})
+            _payload(run_id, row["seq"], [(e[1], e[3]) for e in kept if e[0] == run_id])
             for run_id, row in rows.items()
             if run_id not in lost
         ]
@@ -268,6 +278,23 @@ class EventWriter:
                 "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (CHANNEL, payloads)
             )
         return lost
+
+
+def _payload(run_id: str, last_seq: int, events: list[tuple[int, str]]) -> str:
+    """A run's NOTIFY: the head, then (after a newline) as many of ``events`` (seq and
+    JSON text, in order) as fit in :data:`INLINE_BYTES`."""
+    head = json.dumps({"k": "run", "r": run_id, "s": last_seq})
+    room = INLINE_BYTES - len(head) - 3  # the newline and the brackets
+    parts: list[str] = []
+    for seq, text in events:
+        part = f"[{seq},{text}]"
+        room -= len(part.encode()) + 1
+        if room < 0:
+            break
+        parts.append(part)
+    if not parts:
+        return head
+    return head + "\n[" + ",".join(parts) + "]"
 
 
 def _page(conn: Conn, *, run_id: str, start: int) -> tuple[list[tuple[Any, ...]], bool]:
@@ -303,8 +330,17 @@ async def follow(
     are persisted, until the terminal ``run.updated`` (see the module docstring)."""
     next_seq = max(from_seq or 1, 1)
     backoff = 0.05
+
+    async def deliver(seq: int, event: dict[str, Any]) -> bool:
+        """Send one event (status mode: only updates); True once it was terminal."""
+        nonlocal next_seq
+        next_seq = seq + 1
+        if mode != "status" or event.get("type") in ("run.updated", "events.dropped"):
+            await send({"type": "event", "run_id": run_id, "seq": seq, "event": event})
+        return _is_terminal(event)
+
     while True:
-        with listener.watch(("run", run_id)) as wake:
+        with listener.watch(("run", run_id), keep=True) as wake:
             try:
                 rows, ended = await db.call(functools.partial(_page, run_id=run_id, start=next_seq))
                 backoff = 0.05
@@ -313,20 +349,54 @@ async def follow(
                 backoff = min(backoff * 2, 2.0)
                 continue
             for seq, data in rows:
-                event = json.loads(data)
-                next_seq = seq + 1
-                if mode == "status" and event.get("type") not in (
-                    "run.updated",
-                    "events.dropped",
-                ):
-                    continue
-                await send({"type": "event", "run_id": run_id, "seq": seq, "event": event})
-                if _is_terminal(event):
+                if await deliver(seq, json.loads(data)):
                     return
             if ended:
                 return  # from_seq past the end of a finished run: nothing will come
             if len(rows) == _PAGE:
                 continue
-            # A NOTIFY wakes us; a bounded poll covers one lost with a connection.
-            with trio.move_on_after(2.0):
-                await wake.wait()
+            # Live: the events the NOTIFYs carry, while they continue where we are; a
+            # bounded poll covers a NOTIFY lost with a connection.
+            while True:
+                with trio.move_on_after(_POLL):
+                    await wake.wait()
+                messages = wake.take()
+                if not messages:
+                    break  # the poll: read the table
+                caught_up = True
+                for message in messages:
+                    inline = _inline(message)
+                    if inline is None:
+                        caught_up = False
+                        break
+                    last_seq, events = inline
+                    for seq, event in events:
+                        if seq < next_seq:
+                            continue  # read from the table already
+                        if seq > next_seq:
+                            break  # a gap (a lost NOTIFY): the table has it
+                        if await deliver(seq, event):
+                            return
+                    if last_seq >= next_seq:
+                        caught_up = False  # more than the payload held, or a gap
+                        break
+                if not caught_up:
+                    break
+
+
+def _inline(message: dict[str, Any] | None) -> tuple[int, list[tuple[int, dict[str, Any]]]] | None:
+    """A run NOTIFY's last seq and the events it carries (None: not one, or unreadable:
+    read the table)."""
+    if message is None:
+        return None
+    last_seq = message.get("s")
+    if not isinstance(last_seq, int):
+        return None
+    tail = message.get("tail")
+    if tail is None:
+        return last_seq, []
+    try:
+        pairs = json.loads(tail)
+        return last_seq, [(int(seq), event) for seq, event in pairs if isinstance(event, dict)]
+    except (TypeError, ValueError):
+        return None

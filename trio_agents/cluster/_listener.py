@@ -8,9 +8,16 @@ restarted) is reconnected with exponential backoff; NOTIFY is lossy across that 
 after every (re)connection :meth:`Listener.notify_all` wakes every waiter, and each
 re-reads the tables it follows (the catch-up).
 
-Waiters use ``with listener.watch(key) as wake:``: take the event *before* reading the
+Waiters use ``with listener.watch(key) as wake:``: take the waiter *before* reading the
 state it guards, then wait on it; a notification for the key, or a reconnection, sets
-it. Leaving the block unregisters it (no waiter outlives its wait).
+it. Leaving the block unregisters it (no waiter outlives its wait). A waiter made with
+``keep=True`` also keeps the messages of the notifications that set it, in order
+(``None`` for a reconnection or a local wake-up: "read the table again"), and is taken
+again with :meth:`Wake.take` — how a subscriber gets the events a NOTIFY carries.
+
+A payload is one JSON object, optionally followed by a newline and more JSON text (JSON
+text never holds a raw newline): the object is parsed here, the rest is handed on as
+text under ``"tail"`` (parsed only by a waiter that wants it).
 """
 
 from __future__ import annotations
@@ -27,12 +34,41 @@ import trio
 
 from ._schema import CHANNEL
 
-__all__ = ["Listener"]
+__all__ = ["Listener", "Wake"]
 
 logger = logging.getLogger("trio_agents.cluster")
 
 _SLICE = 0.2
 """Seconds per ``notifies()`` wait: how soon the thread sees a stop request."""
+
+
+@final
+class Wake:
+    """Set by the notifications of a key (see the module docstring)."""
+
+    __slots__ = ("_event", "_keep", "messages")
+
+    def __init__(self, keep: bool) -> None:
+        self._event = trio.Event()
+        self._keep = keep
+        self.messages: list[dict[str, Any] | None] = []
+
+    def set(self, message: dict[str, Any] | None = None) -> None:
+        if self._keep:
+            self.messages.append(message)
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def take(self) -> list[dict[str, Any] | None]:
+        """The messages kept since the last take (and clear the wake-up)."""
+        messages, self.messages = self.messages, []
+        self._event = trio.Event()
+        return messages
 
 
 @final
@@ -42,7 +78,7 @@ class Listener:
     def __init__(self, dsn: str, on_message: Callable[[dict[str, Any]], None]) -> None:
         self._dsn = dsn
         self._on_message = on_message
-        self._waiters: dict[Hashable, set[trio.Event]] = {}
+        self._waiters: dict[Hashable, set[Wake]] = {}
         self._stop = threading.Event()
         self.connected = trio.Event()
         self.reconnects = 0
@@ -50,31 +86,32 @@ class Listener:
         self.last_error: BaseException | None = None
 
     @contextlib.contextmanager
-    def watch(self, key: Hashable) -> Iterator[trio.Event]:
-        """An event set by the next notification for ``key`` (or a reconnection),
-        registered while the ``with`` block runs (and no longer after it)."""
-        event = trio.Event()
-        self._waiters.setdefault(key, set()).add(event)
+    def watch(self, key: Hashable, *, keep: bool = False) -> Iterator[Wake]:
+        """A waiter set by the notifications for ``key`` (or a reconnection),
+        registered while the ``with`` block runs (and no longer after it); with
+        ``keep``, it keeps their messages."""
+        wake = Wake(keep)
+        self._waiters.setdefault(key, set()).add(wake)
         try:
-            yield event
+            yield wake
         finally:
-            events = self._waiters.get(key)
-            if events is not None:
-                events.discard(event)
-                if not events:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(wake)
+                if not waiters:
                     del self._waiters[key]
 
-    def notify(self, key: Hashable) -> None:
-        """Wake the waiters of ``key`` (Trio thread)."""
-        for event in self._waiters.pop(key, ()):
-            event.set()
+    def notify(self, key: Hashable, message: dict[str, Any] | None = None) -> None:
+        """Wake the waiters of ``key`` (Trio thread); ``message`` for those that keep
+        them (None: read the table again)."""
+        for wake in list(self._waiters.get(key, ())):
+            wake.set(message)
 
     def notify_all(self) -> None:
         """Wake every waiter: after a reconnection each one re-reads the tables."""
-        waiters, self._waiters = self._waiters, {}
-        for events in waiters.values():
-            for event in events:
-                event.set()
+        for waiters in list(self._waiters.values()):
+            for wake in list(waiters):
+                wake.set(None)
 
     async def run(self) -> None:
         """Listen until cancelled (then the thread stops within a slice)."""
@@ -129,9 +166,12 @@ class Listener:
     def _dispatch(self, payload: str) -> None:
         if self.dead:
             return
+        head, newline, tail = payload.partition("\n")
         try:
-            message = json.loads(payload)
+            message = json.loads(head)
         except ValueError:
             return
         if isinstance(message, dict):
+            if newline:
+                message["tail"] = tail
             self._on_message(message)

@@ -13,14 +13,16 @@ from .._items import ToolCall
 from ..control._protocol import ProtocolError
 from ._db import ClusterDown, Conn, Database
 from ._eventlog import Fence
-from ._routing import store_reply
+from ._routing import CANCEL_RECORDED, record_cancel_in, store_reply
 from ._schema import CHANNEL
 from ._session import RETRY_FOR
 
 __all__ = [
+    "CANCEL_RECORDED",
     "nodes_with_room",
     "read_runs",
     "record_cancel",
+    "record_cancel_in",
     "record_withdrawal",
     "release_node",
     "tool_start_barrier",
@@ -163,17 +165,19 @@ async def record_cancel(
     reply: tuple[int, str] | None = None,
 ) -> None:
     """An acked cancel is durable: kept in the run's ``options`` (``"cancel"``); a
-    takeover that finds it ends the run cancelled instead of continuing it (a routed
-    cancel's ``reply``, ``(command_id, reply)``, is stored in the same transaction)."""
-    cancel = json.dumps({"reason": reason, "mode": mode})
+    takeover that finds it ends the run cancelled instead of continuing it.
+
+    A routed cancel was recorded by the node that sent it, before the owner saw it
+    (:data:`CANCEL_RECORDED`): nothing to write then. Applying a cancel twice is
+    harmless (the first reason and mode stay), so its ``reply`` need not be stored
+    with it; it is the routing loop's to store. Otherwise a ``reply``,
+    ``(command_id, reply)``, is stored in the same transaction."""
+    if CANCEL_RECORDED.get():
+        await trio.lowlevel.checkpoint()
+        return
 
     def record(conn: Conn) -> None:
-        conn.execute(
-            "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{cancel}',"
-            " COALESCE(options::jsonb -> 'cancel', %s::jsonb))::text"
-            " WHERE run_id = %s AND NOT finished",
-            (cancel, run_id),
-        )
+        record_cancel_in(conn, run_id, reason, mode)
         if reply is not None:
             store_reply(conn, *reply)
 

@@ -29,6 +29,7 @@ again by the next owner.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -41,7 +42,14 @@ from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
 from ._schema import CHANNEL
 
-__all__ = ["ROUTE_TIMEOUT", "Router", "ok_reply", "store_reply"]
+__all__ = [
+    "CANCEL_RECORDED",
+    "ROUTE_TIMEOUT",
+    "Router",
+    "ok_reply",
+    "record_cancel_in",
+    "store_reply",
+]
 
 logger = logging.getLogger("trio_agents.cluster")
 
@@ -63,6 +71,24 @@ Executor = Callable[[str, dict[str, Any], int], Awaitable[dict[str, Any]]]
 def ok_reply(fields: dict[str, Any]) -> str:
     """The stored reply of a command answered with these ack fields."""
     return json.dumps({"ok": fields})
+
+
+CANCEL_RECORDED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "trio_agents.cluster.cancel_recorded", default=False
+)
+"""True while the owner answers a routed ``run.cancel``: the client's node recorded it
+already, in the transaction that sent it (:func:`record_cancel_in`)."""
+
+
+def record_cancel_in(conn: Conn, run_id: str, reason: str | None, mode: str) -> None:
+    """Keep a cancel in the run's ``options`` (``"cancel"``; the first one's reason and
+    mode stay), inside the caller's transaction."""
+    conn.execute(
+        "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{cancel}',"
+        " COALESCE(options::jsonb -> 'cancel', %s::jsonb))::text"
+        " WHERE run_id = %s AND NOT finished",
+        (json.dumps({"reason": reason, "mode": mode}), run_id),
+    )
 
 
 def store_reply(conn: Conn, command_id: int, reply: str) -> None:
@@ -138,6 +164,11 @@ class Router:
             if row is None:
                 return None
             command_id, owner = int(row[0]), row[1]
+            if request["op"] == "run.cancel" and run_id is not None:
+                # Durable before the owner sees it: the owner acks without writing it.
+                record_cancel_in(
+                    conn, run_id, request.get("reason"), request.get("mode", "immediate")
+                )
             note: dict[str, Any] = {"k": "cmd", "n": target_node or owner}
             if len(args) < _INLINE:  # the owner can serve it without reading the row
                 note.update(c=command_id, r=run_id, p=principal, a=request, o=node)
@@ -282,8 +313,11 @@ class Router:
         # first reply (the UPDATE only fills an empty one).
         try:
             assert self.execute is not None
+            request = json.loads(args)
+            # A routed cancel was recorded by its sender (Router.send).
+            CANCEL_RECORDED.set(request.get("op") == "run.cancel")
             try:
-                fields = await self.execute(principal, json.loads(args), command_id)
+                fields = await self.execute(principal, request, command_id)
                 answer: dict[str, Any] = {"ok": fields}
             except ProtocolError as exc:
                 answer = {"error": [exc.code, exc.message]}
