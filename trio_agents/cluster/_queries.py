@@ -167,17 +167,20 @@ async def record_cancel(
     """An acked cancel is durable: kept in the run's ``options`` (``"cancel"``); a
     takeover that finds it ends the run cancelled instead of continuing it.
 
-    A routed cancel was recorded by the node that sent it, before the owner saw it
-    (:data:`CANCEL_RECORDED`): nothing to write then. Applying a cancel twice is
-    harmless (the first reason and mode stay), so its ``reply`` need not be stored
-    with it; it is the routing loop's to store. Otherwise a ``reply``,
-    ``(command_id, reply)``, is stored in the same transaction."""
-    if CANCEL_RECORDED.get():
+    A routed cancel's ``reply``, ``(command_id, reply)``, is stored before the owner
+    acts further, so a node that takes the run over answers from it instead of
+    serving the command again (it would find the run ended: ``run_closed``). The
+    cancel itself was recorded by the node that sent it, before the owner saw it
+    (:data:`CANCEL_RECORDED`): then only the reply is written (a row of the commands
+    table, not the run's row, which the repair's writes need)."""
+    recorded = CANCEL_RECORDED.get()
+    if recorded and reply is None:
         await trio.lowlevel.checkpoint()
         return
 
     def record(conn: Conn) -> None:
-        record_cancel_in(conn, run_id, reason, mode)
+        if not recorded:
+            record_cancel_in(conn, run_id, reason, mode)
         if reply is not None:
             store_reply(conn, *reply)
 
