@@ -308,12 +308,17 @@ class PostgresCluster:
                 logger.warning("could not delete the row of run %s", run_id)
 
     def track(self, run: Any, run_id: str, attempt: int, start_seq: int, fence: Fence) -> RunLog:
-        """Persist the events of a run this node started or resumed."""
+        """Persist the events of a run this node started or resumed, and the items it
+        writes to its session, each with its ``run.item`` event (one transaction)."""
         assert self._nursery is not None
         log = RunLog(run_id, attempt, run, start_seq, fence)
         if self.dead:
             fence.closed = True
-        self.writer.track(self._nursery, log)
+        # The run's session (fenced with it): its items are written with their events.
+        session = getattr(run, "session", None)
+        if not isinstance(session, ClusterSession) or session.fence is not fence:
+            session = None
+        self.writer.track(self._nursery, log, session)
         return log
 
     def before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:

@@ -30,20 +30,26 @@ in the payload, a reconnection), and after a poll interval without any.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 import trio
 
 from .. import InboxInjected, Run, RunItemEvent, RunUpdated
+from .._items import Item
+from ..sessions._storage import encode_items
 from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
 from ._routing import store_reply
 from ._schema import CHANNEL
+
+if TYPE_CHECKING:
+    from ._session import ClusterSession
 
 __all__ = ["FLUSH_INTERVAL", "EventWriter", "Fence", "RunLog", "follow"]
 
@@ -86,10 +92,42 @@ class RunLog:
     done: trio.Event = attrs.field(factory=trio.Event)
     # Set by the writer that tracks the run: asks it to flush now (a reader waits).
     hurry: Callable[[], None] = attrs.field(default=lambda: None)
+    # The run's ClusterSession (set by the writer's track): the item of each run.item
+    # event the run writes to it is written by the flush that persists the event.
+    session: ClusterSession | None = None
+    # The last seq the writer's reader took from the run (buffered), and a wake-up for
+    # whoever waits for it to catch up.
+    read_seq: int = 0
+    read: trio.Event = attrs.field(factory=trio.Event)
+    reader_ended: bool = False
+    # Items written with their run.item event, in order: (item, seq), until the run's
+    # session write of them (ClusterSession.add_items) has seen them persisted.
+    items: collections.deque[tuple[Item, int]] = attrs.field(factory=collections.deque)
+    items_seq: int = 0  # the seq of the last such item
+    # The error of the last flush of this run's events, if it failed (None once one
+    # succeeds): a session write waiting for that flush reports it.
+    error: BaseException | None = None
 
     def _changed(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
+
+    def _read_up_to(self, seq: int) -> None:
+        self.read_seq = seq
+        self.read.set()
+        self.read = trio.Event()
+
+    def writes_item(self) -> bool:
+        """Whether the run writes its committed items to its session now: it holds it
+        and did not drop it (a session it could not load, or an input that does not
+        fit): exactly when the run core's ``persist`` writes them (``RunState``)."""
+        session = self.session
+        return session is not None and self.run._state.session is session
+
+    async def wait_read(self, seq: int) -> None:
+        """Wait until the reader took every event up to ``seq`` (or it ended)."""
+        while self.read_seq < seq and not self.reader_ended:
+            await self.read.wait()
 
     async def wait_injection(self, injection_id: str) -> None:
         """Wait until the ``inbox.injected`` event of ``injection_id`` is persisted."""
@@ -108,6 +146,11 @@ class RunLog:
             self.hurry()
             await self.changed.wait()
 
+    def fenced(self, seq: int) -> bool:
+        """Whether the event ``seq`` will never be written by this attempt (fenced)."""
+        fence = self.fence
+        return fence.closed and (fence.fence_seq is None or seq > fence.fence_seq)
+
 
 @final
 class EventWriter:
@@ -117,16 +160,22 @@ class EventWriter:
         self._db = db
         self._listener = listener
         self._node_id = node_id
-        self._buffer: list[tuple[RunLog, Any]] = []
+        # (log, event, the event's item as stored in the session, if written with it);
+        # (log, None, None) once the run has no more events.
+        self._buffer: list[tuple[RunLog, Any, str | None]] = []
         self._pending = trio.Event()
         self._urgent = trio.Event()
         self.logs: dict[str, RunLog] = {}
         self.flushes = 0
 
-    def track(self, nursery: trio.Nursery, log: RunLog) -> None:
-        """Start persisting ``log.run``'s events (from ``log.start_seq``)."""
+    def track(self, nursery: trio.Nursery, log: RunLog, session: ClusterSession | None) -> None:
+        """Start persisting ``log.run``'s events (from ``log.start_seq``), and the items
+        the run writes to ``session`` with their ``run.item`` events."""
         self.logs[log.run_id] = log
         log.hurry = self._urgent_now
+        if session is not None:
+            log.session = session
+            session.log = log
         nursery.start_soon(self._read, log)
 
     def _urgent_now(self) -> None:
@@ -135,19 +184,29 @@ class EventWriter:
     async def _read(self, log: RunLog) -> None:
         try:
             async for event in log.run.events(log.start_seq):
-                fence = log.fence
-                if fence.closed and (fence.fence_seq is None or event.seq > fence.fence_seq):
+                if log.fenced(event.seq):
                     break
-                if isinstance(event, InboxInjected):
-                    log.injections[event.injection_id] = event.seq
-                self._buffer.append((log, event))
-                self._pending.set()
-                if isinstance(event, RunItemEvent | RunUpdated | InboxInjected):
+                item: str | None = None
+                if isinstance(event, RunItemEvent):
                     self._urgent.set()
+                    if log.writes_item():
+                        item = _encoded(event.item)
+                        if item is not None:
+                            log.items.append((event.item, event.seq))
+                            log.items_seq = event.seq
+                elif isinstance(event, RunUpdated | InboxInjected):
+                    self._urgent.set()
+                    if isinstance(event, InboxInjected):
+                        log.injections[event.injection_id] = event.seq
+                self._buffer.append((log, event, item))
+                self._pending.set()
+                log._read_up_to(event.seq)
         finally:
-            self._buffer.append((log, None))  # "no more events": done once flushed
+            self._buffer.append((log, None, None))  # "no more events": done once flushed
             self._pending.set()
             self._urgent.set()
+            log.reader_ended = True
+            log._read_up_to(log.read_seq)
 
     async def run(self) -> None:
         """The flusher: runs until cancelled."""
@@ -162,10 +221,13 @@ class EventWriter:
             try:
                 await self._flush(batch)
                 backoff = 0.05
-            except ClusterDown:
+            except ClusterDown as exc:
                 if self._db.dead:
                     continue  # a stopped node persists nothing more
                 logger.warning("flushing run events failed; retrying", exc_info=True)
+                for log in {entry[0] for entry in batch}:
+                    log.error = exc  # a session write waiting for this flush sees it
+                    log._changed()
                 self._buffer[:0] = batch
                 self._pending.set()
                 await trio.sleep(backoff)
@@ -177,13 +239,14 @@ class EventWriter:
         self._urgent.set()
         await trio.lowlevel.checkpoint()
 
-    async def _flush(self, batch: list[tuple[RunLog, Any]]) -> None:
+    async def _flush(self, batch: list[tuple[RunLog, Any, str | None]]) -> None:
         events: list[tuple[str, int, str, str]] = []
         rows: dict[str, dict[str, Any]] = {}
         logs: dict[str, RunLog] = {}
         ended: list[RunLog] = []
         replies: list[tuple[str, str, int, str]] = []
-        for log, event in batch:
+        items: dict[str, list[tuple[int, str]]] = {}
+        for log, event, item in batch:
             logs[log.run_id] = log
             row = rows.setdefault(log.run_id, {"attempt": log.attempt, "seq": 0})
             if event is None:
@@ -192,6 +255,8 @@ class EventWriter:
             data = event.to_json()
             events.append((log.run_id, event.seq, event.type, json.dumps(data)))
             row["seq"] = max(row["seq"], event.seq)
+            if item is not None:
+                items.setdefault(log.run_id, []).append((event.seq, item))
             if isinstance(event, InboxInjected) and event.injection_id in log.replies:
                 replies.append((log.run_id, event.injection_id, *log.replies[event.injection_id]))
             if isinstance(event, RunUpdated):
@@ -202,7 +267,14 @@ class EventWriter:
                 row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
                 row["finished"] = event.status.value in _TERMINAL
         if rows:
-            lost = await self._db.call(lambda conn: self._write(conn, events, rows, replies))
+            writes = [
+                (run_id, session, encoded)
+                for run_id, encoded in items.items()
+                if (session := logs[run_id].session) is not None
+            ]
+            lost = await self._db.call(
+                lambda conn: self._write(conn, events, rows, replies, writes)
+            )
             for run_id, injection_id, _, _ in replies:
                 logs[run_id].replies.pop(injection_id, None)
             self.flushes += 1
@@ -214,6 +286,7 @@ class EventWriter:
                     log.run.cancel("lease lost")
         for run_id, row in rows.items():
             log = logs[run_id]
+            log.error = None
             log.persisted_seq = max(log.persisted_seq, row["seq"])
             log._changed()
             if row.get("finished"):
@@ -230,19 +303,26 @@ class EventWriter:
         events: list[tuple[str, int, str, str]],
         rows: dict[str, dict[str, Any]],
         replies: list[tuple[str, str, int, str]],
+        items: Sequence[tuple[str, ClusterSession, list[tuple[int, str]]]] = (),
     ) -> list[str]:
         lost: list[str] = []
+        written: dict[str, int] = {}
         for run_id, row in rows.items():
+            # The run's row lock, held until the commit, fences everything below: a
+            # node that no longer owns this attempt writes no event and no item. It
+            # returns the last seq persisted before (a flush retried after its commit
+            # was lost with the connection writes no item twice).
             found = conn.execute(
-                "UPDATE trio_agents_runs SET last_seq = GREATEST(last_seq, %(seq)s),"
+                "UPDATE trio_agents_runs AS r SET last_seq = GREATEST(r.last_seq, %(seq)s),"
                 " status = COALESCE(%(status)s, status), reason = CASE WHEN %(status)s IS NULL"
                 " THEN reason ELSE %(reason)s END, turn = COALESCE(%(turn)s, turn),"
                 " pending = COALESCE(%(pending)s, pending),"
                 " finished = finished OR %(finished)s,"
                 " active_key = CASE WHEN %(finished)s THEN NULL ELSE active_key END,"
                 " updated_at = now()"
-                " WHERE run_id = %(run_id)s AND owner = %(node)s AND attempt = %(attempt)s"
-                " RETURNING run_id",
+                " FROM (SELECT last_seq FROM trio_agents_runs WHERE run_id = %(run_id)s) AS before"
+                " WHERE r.run_id = %(run_id)s AND owner = %(node)s AND attempt = %(attempt)s"
+                " RETURNING before.last_seq",
                 {
                     "seq": row["seq"],
                     "status": row.get("status"),
@@ -257,6 +337,15 @@ class EventWriter:
             ).fetchone()
             if found is None:
                 lost.append(run_id)
+            else:
+                written[run_id] = int(found[0])
+        # The items of the batch's run.item events, in the same transaction as the
+        # events: after a crash the session and the event log hold both or neither.
+        for run_id, session, pairs in items:
+            if run_id in written:
+                encoded = [item for seq, item in pairs if seq > written[run_id]]
+                if encoded:
+                    session.inner._add_items_sync(conn, encoded)
         kept = [e for e in events if e[0] not in lost]
         if kept:
             conn.execute(
@@ -278,6 +367,15 @@ class EventWriter:
                 "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (CHANNEL, payloads)
             )
         return lost
+
+
+def _encoded(item: Item) -> str | None:
+    """The item as its session row holds it (None: not storable; the run's own session
+    write then fails with the error, as in one process)."""
+    try:
+        return encode_items([item])[0]
+    except (TypeError, ValueError):
+        return None
 
 
 def _payload(run_id: str, last_seq: int, events: list[tuple[int, str]]) -> str:

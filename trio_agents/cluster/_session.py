@@ -34,7 +34,7 @@ import trio
 from .._items import Item
 from ..sessions._postgres import PostgresSession
 from ..sessions._storage import SessionStorageError, encode_items
-from ._eventlog import Fence
+from ._eventlog import Fence, RunLog
 
 __all__ = ["RETRY_FOR", "ClusterSession", "session_key"]
 
@@ -68,6 +68,9 @@ class ClusterSession:
         self.node_id = node_id
         self.run_id = run_id
         self.attempt = 1  # the run's attempt on this node (a takeover sets its own)
+        # The run's log, once the node's writer tracks it: the items the run commits
+        # are then written by the writer, each with its run.item event.
+        self.log: RunLog | None = None
 
     def _owned(self, conn: psycopg.Connection[Any]) -> bool:
         """Whether the run's row still names this node and attempt (row lock held
@@ -117,10 +120,11 @@ class ClusterSession:
         if self.fence.closed:
             await trio.lowlevel.checkpoint()
             return
-        encoded = encode_items(items)
-        if not encoded:
+        rest = await self._written_with_events(items)
+        if not rest:
             await trio.lowlevel.checkpoint()
             return
+        encoded = encode_items(rest)
         await self._write(lambda conn: self.inner._add_items_sync(conn, encoded))
 
     async def replace_items(self, items: Sequence[Item]) -> None:
@@ -128,13 +132,71 @@ class ClusterSession:
             await trio.lowlevel.checkpoint()
             return
         encoded = encode_items(items)
+        await self._written_with_events(())
         await self._write(lambda conn: self.inner._replace_sync(conn, encoded))
 
     async def clear(self) -> None:
         if self.fence.closed:
             await trio.lowlevel.checkpoint()
             return
+        await self._written_with_events(())
         await self._write(self.inner._clear_sync)
+
+    async def _written_with_events(self, items: Sequence[Item]) -> list[Item]:
+        """Wait until those of ``items`` that the node's writer writes with their
+        ``run.item`` events (the run's committed items) are persisted, and until every
+        such item before them is; return the others (written by this session itself,
+        after them: a load's repair, a takeover's input).
+
+        Raises:
+            SessionStorageError: the flush that writes them failed (at once unless the
+                database is only unreachable, then after :data:`RETRY_FOR` seconds).
+        """
+        log = self.log
+        if log is None:
+            return list(items)
+        # Every item committed so far has its run.item event in the run's log: once the
+        # writer's reader took them all, it knows which items it writes.
+        await log.wait_read(log.run.statistics().last_seq)
+        # The run's session writes come in commit order, so its items are the first
+        # ones the writer wrote with their events (compared by identity: an item
+        # committed twice is written twice).
+        queue = log.items
+        matched = 0
+        rest: list[Item] = []
+        for item in items:
+            if matched < len(queue) and queue[matched][0] is item:
+                matched += 1
+            else:
+                rest.append(item)
+        # Every item written with its event so far comes before the others.
+        seq = queue[matched - 1][1] if rest == [] and matched else log.items_seq
+        if seq:
+            await self._wait_written(log, seq)
+        for _ in range(matched):
+            queue.popleft()
+        return rest
+
+    async def _wait_written(self, log: RunLog, seq: int) -> None:
+        give_up = trio.current_time() + RETRY_FOR
+        while log.persisted_seq < seq:
+            if log.fenced(seq) or log.done.is_set():
+                return  # dropped, as every write of a fenced attempt is
+            error = log.error
+            if error is not None:
+                cause = error.__cause__
+                transient = isinstance(cause, psycopg.OperationalError) and not isinstance(
+                    cause, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled
+                )
+                if not transient or trio.current_time() > give_up:
+                    raise SessionStorageError(
+                        f"session {self.session_id!r}: writing items with their events"
+                        f" failed: {error}",
+                        session_id=self.session_id,
+                    ) from cause
+            log.hurry()
+            with trio.move_on_at(give_up + 0.001):
+                await log.changed.wait()
 
     async def aclose(self) -> None:
         await self.inner.aclose()
