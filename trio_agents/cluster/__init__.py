@@ -54,7 +54,10 @@ What holds (DESIGN §12):
 - Every event of a run is persisted in order by a writer task of its node, in batches
   flushed at least every 100 ms and at once at every ``run.item``, ``run.updated`` and
   ``inbox.injected``; nothing in a run's own loop waits for the database (except the
-  ``before_tool`` barrier: one transaction before each tool call executes). ``run.inject`` is
+  ``before_tool`` barrier: one transaction before each tool call executes, and its
+  session writes). A ``run.item`` event and its item are written in one transaction
+  (the flush appends the item to the session), so the session and the event log agree
+  after any crash. ``run.inject`` is
   acked once its ``inbox.injected`` event is persisted; ``run.cancel`` (and
   ``session.cancel``) once the cancel is recorded in the run's row, so a takeover ends
   the run ``cancelled`` with that reason (the session repaired as by a cancel) instead

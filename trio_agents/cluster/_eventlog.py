@@ -13,10 +13,17 @@ for an event: a subscriber on the owner is sent an event only once it is persist
 (:meth:`RunLog.wait_persisted`), so what any client saw survives a crash of the owner
 and the next attempt never reuses a seq a client saw. Batches then grow with the load
 (whatever arrived during the previous round trip); the run's loop never waits.
+The same transaction writes the run's conversation items: the item of every
+``run.item`` event the run writes to its session (while it holds the session and did
+not drop it, as the run core's ``persist`` decides) is appended to the session with
+that event, so after any crash the session and the event log hold both or neither.
+The run's session write (``ClusterSession.add_items``, the core's ``persist``) writes
+nothing itself: it waits for that flush, and reports its failure (``session error``).
 A run's row is only updated while this node owns the attempt (``owner`` and
 ``attempt`` match): a node that lost its lease (taken over while it was cut off) finds
-no row, stops writing the run's events and cancels it locally (reason ``"lease
-lost"``). A failed flush is retried with backoff; events are never reordered.
+no row, writes none of the run's events and items, and cancels it locally (reason
+``"lease lost"``). A failed flush is retried with backoff (an item is written once even
+when a flush is retried after its commit was lost); events are never reordered.
 
 Reading (:func:`follow`): a subscriber on any node replays the table from ``from_seq``
 and then waits for the run's NOTIFYs (or, bounded, polls), so it sees every persisted

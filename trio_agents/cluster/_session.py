@@ -13,7 +13,14 @@ fenced and patient.
 - *Patient*: a write or load that fails because the database is unreachable (a
   PostgreSQL restart) is retried with backoff for up to :data:`RETRY_FOR` seconds (and
   never past the caller's deadline) instead of failing the run.
-- *Fenced in the database too*: each write checks, in its own transaction and under the
+- *Written with the events*: once the node's writer tracks the run, the items the run
+  commits are written by the writer, each in the transaction that persists its
+  ``run.item`` event (``_eventlog.py``); :meth:`ClusterSession.add_items` then waits for
+  that flush (and raises :class:`SessionStorageError` if it fails: at once, or after
+  :data:`RETRY_FOR` seconds while the database is unreachable). Other writes (a load's
+  repair written back, a takeover's input) are this session's own transactions, after
+  the items written with events before them.
+- *Fenced in the database too*: each write checks, in its transaction and under the
   run's row lock, that the run's row still names this node and attempt (``owner``,
   ``attempt``); a node that stalled past its lease and was taken over never appends to
   the session (the write is dropped; its event writer then finds the run gone and
