@@ -30,6 +30,7 @@ from ._queries import (
     nodes_with_room,
     read_runs,
     record_cancel,
+    record_decision,
     record_withdrawal,
     release_node,
     tool_start_barrier,
@@ -402,6 +403,47 @@ class PostgresCluster:
             await record_cancel(self.db, run_id, reason, mode, reply)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+
+    async def record_decision(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        approved: bool,
+        message: str | None,
+        command: int | None = None,
+    ) -> None:
+        """Make an approval or rejection durable before it is applied: a takeover
+        applies it to the call its run asks for again instead of asking the client. A
+        routed one (``command``) is answered in the same transaction, so the node that
+        takes the run over answers from it instead of applying it again.
+
+        Raises:
+            ProtocolError: ``not_found`` (the call has a decision already: the first
+                one is the one applied), ``run_closed``, or ``internal`` (the database
+                cannot be reached, or this node's attempt of the run has ended: retry).
+        """
+        log = self.writer.logs.get(run_id)
+        if log is None or log.fence.closed:
+            raise ProtocolError(
+                "internal", "this node no longer runs the run (it is being taken over); retry"
+            )
+        reply = None if command is None else (command, ok_reply({}))
+        decision = {"approved": approved, "message": message}
+        try:
+            outcome = await record_decision(
+                self.db, run_id, self._node_id, log.attempt, call_id, decision, reply
+            )
+        except ClusterDown as exc:
+            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        if outcome == "decided":
+            raise ProtocolError("not_found", f"no tool call {call_id!r} waits for approval")
+        if outcome == "closed":
+            raise ProtocolError("run_closed", f"run {run_id} is closed")
+        if outcome == "lost":
+            raise ProtocolError(
+                "internal", "this node no longer runs the run (it is being taken over); retry"
+            )
 
     async def record_withdrawal(
         self, run_id: str, injection_id: str, command: int | None = None

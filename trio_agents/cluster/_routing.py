@@ -18,12 +18,11 @@ to retry (the run is being taken over).
 **Exactly-once answers across a takeover.** An op whose effect is durable records its
 answer in the very transaction that makes the effect durable (:func:`store_reply`): a
 cancel with the run's recorded cancel, a withdrawal with its row, an injection with the
-flush that persists its ``inbox.injected`` event (``RunLog.replies``). So a command whose
-owner died after applying it and before answering is answered (the client's node reads
-the row) and never applied again by the next owner, which only serves commands without
-a reply. Approvals and rejections have no durable effect of their own (a takeover asks
-for them again): one that was applied by a node that died before answering is served
-again by the next owner.
+flush that persists its ``inbox.injected`` event (``RunLog.replies``), an approval or
+rejection with its decision in the run's row, recorded before it is applied (a takeover
+applies it to the call asked again). So a command whose owner died after applying it
+and before answering is answered (the client's node reads the row) and never applied
+again by the next owner, which only serves commands without a reply.
 """
 
 from __future__ import annotations

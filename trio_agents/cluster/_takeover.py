@@ -41,11 +41,13 @@ from .._events import (
     RunUpdated,
     event_from_json,
 )
+from .._exceptions import RunClosedError, UnknownCallError
 from .._items import Item, item_from_json
 from .._resume import Resume
 from .._run import Run
 from ..control._hosting import resume_run
 from ._db import ClusterDown, Conn
+from ._queries import decisions_of
 from ._schema import CHANNEL
 
 if TYPE_CHECKING:
@@ -76,6 +78,8 @@ class Claimed:
     reinject: tuple[InboxInjected, ...]
     input: tuple[Item, ...] = ()
     cancel: tuple[str | None, str] | None = None  # an acked cancel: (reason, mode)
+    # Recorded approvals and rejections, by call id: (approved, message).
+    decisions: tuple[tuple[str, bool, str | None], ...] = ()
     queued: bool = False  # still queued for its session (never claimed it: _claims.py)
 
 
@@ -161,6 +165,28 @@ def _input(options: str) -> tuple[Item, ...]:
         return tuple(item_from_json(item) for item in json.loads(options).get("input", ()))
     except (TypeError, ValueError, AttributeError):
         return ()
+
+
+async def apply_decisions(run: Run, decisions: tuple[tuple[str, bool, str | None], ...]) -> None:
+    """Apply the approvals and rejections an earlier attempt recorded to the calls
+    the resumed run asks for again, as soon as it asks (its statuses say when), so the
+    client is not asked twice. Ends with the run, or once each one is applied."""
+    left = {call_id: (approved, message) for call_id, approved, message in decisions}
+    async for _update in run.updated:
+        for call_id in run.statistics().pending_approvals:
+            decision = left.pop(call_id, None)
+            if decision is None:
+                continue
+            approved, message = decision
+            try:
+                if approved:
+                    run.approve(call_id)
+                else:
+                    run.reject(call_id, message=message)
+            except (RunClosedError, UnknownCallError):
+                pass
+        if not left:
+            return
 
 
 class Leases:
@@ -384,6 +410,8 @@ class Leases:
                         run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
                     except Exception:
                         logger.exception("re-injecting into run %s failed", claimed.run_id)
+                if claimed.decisions and registry.nursery is not None:
+                    registry.nursery.start_soon(apply_decisions, run, claimed.decisions)
 
             try:
                 await resume_run(registry, claimed, resume, then)
@@ -472,6 +500,10 @@ class Leases:
                     reinject=pending,
                     input=_input(options),
                     cancel=_cancel(options),
+                    decisions=tuple(
+                        (call_id, approved, message)
+                        for call_id, (approved, message) in decisions_of(options).items()
+                    ),
                     queued=bool(queued),
                 )
             )

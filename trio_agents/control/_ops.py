@@ -174,14 +174,27 @@ async def apply_local(
         return {"injection_id": injection_id}
     if entry.first_seq > 1:
         await _settled(run)
+    approved = isinstance(request, RunApprove)
+    message = None if isinstance(request, RunApprove) else request.message
+    if cluster is not None:
+        # Durable before it is applied (its answer too, when routed): a takeover
+        # applies it to the call asked again, and never serves the command twice.
+        _live(entry)
+        if request.call_id not in run.statistics().pending_approvals:
+            raise ProtocolError("not_found", str(UnknownCallError(request.call_id)))
+        await cluster.record_decision(
+            entry.run_id, request.call_id, approved=approved, message=message, command=command
+        )
     try:
-        if isinstance(request, RunApprove):
+        if approved:
             run.approve(request.call_id)
         else:
-            run.reject(request.call_id, message=request.message)
-    except RunClosedError:
-        raise ProtocolError("run_closed", f"run {entry.run_id} is closed") from None
-    except UnknownCallError as exc:
+            run.reject(request.call_id, message=message)
+    except (RunClosedError, UnknownCallError) as exc:
+        if cluster is not None:
+            return {}  # recorded and answered already: the run ended (or moved) since
+        if isinstance(exc, RunClosedError):
+            raise ProtocolError("run_closed", f"run {entry.run_id} is closed") from None
         raise ProtocolError("not_found", str(exc)) from None
     return {}
 
