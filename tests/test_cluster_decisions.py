@@ -20,8 +20,8 @@ import trio
 import trio_agents as ta
 from trio_agents.models import ScriptedModel, Turn
 
-from .cluster_support import Client, client
-from .test_cluster_review import agent, stored_items, two_nodes
+from .cluster_support import Client, client, node
+from .test_cluster_review import agent, local_entry, stored_items, two_nodes
 
 DELETE = ta.ToolCall("d1", "delete", "{}")
 
@@ -248,3 +248,52 @@ async def test_a_second_decision_for_a_call_answers_not_found_on_every_node(
         for i in stored_items(pg_dsn, "alice", f"run:{run_id}")
         if isinstance(i, ta.ToolResult)
     ] == ["rejected: the user rejected this tool call"]
+
+
+# -- a client whose node dies ---------------------------------------------------------
+
+
+async def test_the_cancel_on_disconnect_runs_of_a_dead_nodes_clients_are_cancelled(
+    pg_dsn: str,
+) -> None:
+    # A client on B starts three runs: one on B (B is then full) and two that B places
+    # on A, all with on_disconnect="cancel" but the last. B dies with the client still
+    # connected (its connection ends with no node left to apply on_disconnect). A,
+    # once B's lease has expired, cancels the placed run it owns, and cancels the run
+    # it takes over from B at once: reason "client disconnected", as a disconnect.
+    # The on_disconnect="continue" run goes on.
+
+    @ta.function_tool
+    async def wait() -> str:
+        """Wait (not idempotent)."""
+        await trio.sleep_forever()
+
+    model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
+    agents = agent(model, [wait])
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents, pg_dsn, "A", lease_ttl=0.5, max_runs=3) as a,
+            node(nursery, agents, pg_dsn, "B", lease_ttl=0.5, max_runs=1) as b,
+            client(a.url) as ca,
+            client(b.url) as cb,
+        ):
+            starts = [("1", "cancel"), ("2", "cancel"), ("3", "continue")]
+            ids = []
+            for text, on_disconnect in starts:
+                ack = await cb.ok("run.start", agent="a", input=text, on_disconnect=on_disconnect)
+                ids.append(ack["run_id"])
+                await ca.ok("run.subscribe", run_id=ack["run_id"], from_seq=1)
+                await ca.wait_event(ack["run_id"], lambda e: e["type"] == "tool.started")
+            on_b, placed, kept = ids
+            assert local_entry(b, on_b) is not None
+            assert {placed, kept} <= set(a.server._registry.runs)
+            b.crash()
+            for run_id in (placed, on_b):
+                done = (await ca.wait_terminal(run_id))["event"]
+                assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
+            assert ca.events[kept][-1]["event"]["type"] == "tool.started"
+            assert kept in a.server._registry.runs  # taken over, or still A's: running
+            await ca.ok("run.cancel", run_id=kept, reason="by hand")
+            done = (await ca.wait_terminal(kept))["event"]
+            assert (done["status"], done["reason"]) == ("cancelled", "by hand")
+        nursery.cancel_scope.cancel()

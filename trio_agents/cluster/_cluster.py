@@ -27,6 +27,7 @@ from ._db import ClusterDown, Database
 from ._eventlog import EventWriter, Fence, RunLog, follow
 from ._listener import Listener
 from ._queries import (
+    CLIENT_GONE,
     nodes_with_room,
     read_runs,
     record_cancel,
@@ -136,6 +137,9 @@ class PostgresCluster:
         self.dead = False
         self._nursery: trio.Nursery | None = None
         self._in_use = False
+        # This node's runs started with on_disconnect="cancel" by a client connected to
+        # another node, by run id: that node (see check_clients).
+        self.clients: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"<PostgresCluster node_id={self._node_id!r} lease_ttl={self._lease_ttl}>"
@@ -256,12 +260,18 @@ class PostgresCluster:
         on_busy: str,
         cancel_holder: Callable[[str, str | None], Awaitable[None]],
         items: Sequence[Item] = (),
+        client_node: str | None = None,
     ) -> str | None:
         """Insert a new run's row, claiming its session cluster-wide (``_claims.py``):
         None once claimed, else (``enqueue``/``interrupt``) the id of the run it is
         queued behind; :meth:`claim_queued` completes the claim. The row keeps the run's
         input (``options["input"]``) for a takeover that finds it missing from the
-        session."""
+        session, and, for a run started with ``on_disconnect="cancel"``, the node that
+        holds its client's connection (``options["client"]``): once that node is dead,
+        the run is cancelled as its client's disconnect would (:meth:`check_clients`)."""
+        options: dict[str, Any] = {"input": [item.to_json() for item in items]}
+        if client_node is not None:
+            options["client"] = client_node
         return await claim_run(
             self,
             run_id=run_id,
@@ -269,7 +279,7 @@ class PostgresCluster:
             session_id=session_id,
             agent=agent,
             on_busy=on_busy,
-            options={"input": [item.to_json() for item in items]},
+            options=options,
             cancel_holder=cancel_holder,
         )
 
@@ -308,14 +318,65 @@ class PostgresCluster:
             except ClusterDown:
                 logger.warning("could not delete the row of run %s", run_id)
 
-    def track(self, run: Any, run_id: str, attempt: int, start_seq: int, fence: Fence) -> RunLog:
-        """Persist the events of a run this node started or resumed."""
+    def track(
+        self,
+        run: Any,
+        run_id: str,
+        attempt: int,
+        start_seq: int,
+        fence: Fence,
+        client_node: str | None = None,
+    ) -> RunLog:
+        """Persist the events of a run this node started or resumed (and, if its
+        client is connected to another node, ``client_node``, watch that node)."""
         assert self._nursery is not None
         log = RunLog(run_id, attempt, run, start_seq, fence)
         if self.dead:
             fence.closed = True
         self.writer.track(self._nursery, log)
+        if client_node is not None and client_node != self._node_id:
+            self.clients[run_id] = client_node
         return log
+
+    async def check_clients(self) -> None:
+        """Cancel this node's runs whose client is connected to a node that is dead
+        (its lease expired, or it stopped): reason ``"client disconnected"``, durably,
+        as that client's disconnect would have. One small query, only while such runs
+        exist (the scan calls it)."""
+        registry = self.registry
+        watched: dict[str, str] = {}
+        for run_id, node in list(self.clients.items()):
+            log = self.writer.logs.get(run_id)
+            if log is None or log.fence.closed or log.run.status.is_terminal:
+                del self.clients[run_id]  # ended here (or moved on: its new owner watches)
+            else:
+                watched[run_id] = node
+        if not watched or registry is None:
+            return
+        nodes = sorted(set(watched.values()))
+        alive = await self.db.call(
+            lambda conn: {
+                str(row[0])
+                for row in conn.execute(
+                    "SELECT node_id FROM trio_agents_nodes WHERE node_id = ANY(%s)"
+                    " AND lease_expires_at > now()",
+                    (nodes,),
+                ).fetchall()
+            }
+        )
+        for run_id, node in watched.items():
+            if node in alive:
+                continue
+            self.clients.pop(run_id, None)
+            entry = registry.runs.get(run_id)
+            if entry is None or entry.run is None or entry.done.is_set():
+                continue
+            logger.info("run %s: its client's node %s is gone; cancelling it", run_id, node)
+            entry.run.cancel(CLIENT_GONE)
+            try:
+                await self.record_cancel(run_id, CLIENT_GONE, "immediate")
+            except ProtocolError:
+                logger.warning("could not record the cancel of run %s", run_id)
 
     def before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""

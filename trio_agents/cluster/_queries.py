@@ -19,6 +19,7 @@ from ._session import RETRY_FOR
 
 __all__ = [
     "CANCEL_RECORDED",
+    "CLIENT_GONE",
     "decisions_of",
     "nodes_with_room",
     "read_runs",
@@ -29,6 +30,10 @@ __all__ = [
     "release_node",
     "tool_start_barrier",
 ]
+
+CLIENT_GONE = "client disconnected"
+"""The reason of a run cancelled because the node holding its client's connection is
+dead: the same as that client's disconnect (``on_disconnect="cancel"``)."""
 
 _COLUMNS = (
     "run_id, agent, session_id, status, reason, last_seq, turn, pending, owner, finished, principal"

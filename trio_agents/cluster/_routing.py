@@ -43,6 +43,7 @@ from ._schema import CHANNEL
 
 __all__ = [
     "CANCEL_RECORDED",
+    "ROUTED_FROM",
     "ROUTE_TIMEOUT",
     "Router",
     "ok_reply",
@@ -77,6 +78,13 @@ CANCEL_RECORDED: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 """True while the owner answers a routed ``run.cancel``: the client's node recorded it
 already, in the transaction that sent it (:func:`record_cancel_in`)."""
+
+
+ROUTED_FROM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "trio_agents.cluster.routed_from", default=None
+)
+"""The node that routed the op being answered (a placed ``run.start``: the node that
+holds its client's connection)."""
 
 
 def record_cancel_in(conn: Conn, run_id: str, reason: str | None, mode: str) -> None:
@@ -315,6 +323,7 @@ class Router:
             request = json.loads(args)
             # A routed cancel was recorded by its sender (Router.send).
             CANCEL_RECORDED.set(request.get("op") == "run.cancel")
+            ROUTED_FROM.set(origin)
             try:
                 fields = await self.execute(principal, request, command_id)
                 answer: dict[str, Any] = {"ok": fields}

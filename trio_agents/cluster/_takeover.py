@@ -47,7 +47,7 @@ from .._resume import Resume
 from .._run import Run
 from ..control._hosting import resume_run
 from ._db import ClusterDown, Conn
-from ._queries import decisions_of
+from ._queries import CLIENT_GONE, decisions_of
 from ._schema import CHANNEL
 
 if TYPE_CHECKING:
@@ -81,6 +81,10 @@ class Claimed:
     # Recorded approvals and rejections, by call id: (approved, message).
     decisions: tuple[tuple[str, bool, str | None], ...] = ()
     queued: bool = False  # still queued for its session (never claimed it: _claims.py)
+    # on_disconnect="cancel": the node holding its client's connection, and whether
+    # that node was dead (lease expired, or stopped) when the run was claimed.
+    client_node: str | None = None
+    client_gone: bool = False
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -158,6 +162,14 @@ def _undelivered(
             continue
         cursor = at + len(block)
     return tuple(left)
+
+
+def _client(options: str) -> str | None:
+    try:
+        client = json.loads(options).get("client")
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return client if isinstance(client, str) else None
 
 
 def _input(options: str) -> tuple[Item, ...]:
@@ -312,6 +324,7 @@ class Leases:
                     async with self.scanning:
                         if not self.draining:
                             await self.scan()
+                            await cluster.check_clients()
                     if trio.current_time() >= self._next_cleanup:
                         self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
                         # Well under the watchdog's margin: its lock waits fail first.
@@ -405,6 +418,9 @@ class Leases:
                     reason, mode = claimed.cancel
                     run.cancel(reason, mode=mode)  # type: ignore[arg-type]
                     return
+                if claimed.client_gone:  # its client's node died: as its disconnect
+                    run.cancel(CLIENT_GONE)
+                    return
                 for injected in claimed.reinject:
                     try:
                         run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
@@ -472,6 +488,18 @@ class Leases:
                 delivered.add((str(run_id), event.injection_id))
             elif isinstance(event, RunItemEvent):
                 items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
+        clients = {str(r[0]): _client(str(r[7])) for r in rows}
+        wanted = sorted({node for node in clients.values() if node is not None})
+        alive: set[str] = set()
+        if wanted:
+            alive = {
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT node_id FROM trio_agents_nodes WHERE node_id = ANY(%s)"
+                    " AND lease_expires_at > now()",
+                    (wanted,),
+                ).fetchall()
+            }
         claimed = []
         for row in rows:
             run_id, principal, session_id, agent, owner, attempt, last_seq, options, key, queued = (
@@ -505,6 +533,8 @@ class Leases:
                         for call_id, (approved, message) in decisions_of(options).items()
                     ),
                     queued=bool(queued),
+                    client_node=clients[run_id],
+                    client_gone=clients[run_id] is not None and clients[run_id] not in alive,
                 )
             )
         return claimed

@@ -307,8 +307,11 @@ async def execute_routed(
     returns the ack's fields.
 
     A ``run.start`` was placed here by a full node: it starts here, with no connection
-    of this node as its owner (its ``on_disconnect`` does not apply)."""
+    of this node as its owner (its ``on_disconnect`` applies on the node that placed
+    it, which holds its client's connection, and here once that node is dead)."""
     request = parse_request(json.dumps(data))
+    from ..cluster._routing import ROUTED_FROM
+
     cluster = registry.cluster
     assert cluster is not None
     if isinstance(request, RunStart):
@@ -325,6 +328,7 @@ async def execute_routed(
             session_id=request.session_id,
             on_disconnect="continue",
             on_busy=request.on_busy,
+            client_node=ROUTED_FROM.get() if request.on_disconnect == "cancel" else None,
         )
         return {"run_id": entry.run_id}
     if isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject):
