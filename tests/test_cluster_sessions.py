@@ -3,6 +3,8 @@ and PostgreSQL restarted under load (DESIGN §12, issue 17 items 3 and 5)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pytest
 import trio
@@ -220,6 +222,73 @@ async def test_a_queued_run_whose_node_dies_is_queued_again_by_the_takeover(
         nursery.cancel_scope.cancel()
     last = model.requests[-1].items
     assert [i.content for i in last if isinstance(i, ta.UserMessage)] == ["1", "2"]
+
+
+async def test_runs_queued_on_different_nodes_get_the_session_in_order(pg_dsn: str) -> None:
+    # A holds the session; a run is enqueued on B, then one on C. When A's run ends,
+    # B's gets the session first, then C's: first come, first served cluster-wide (as
+    # in one process). B is made slow to claim (its claims wait until C has tried to
+    # claim the free session), so that C would win a race if there were one.
+    gate = trio.Event()
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="ok")
+    tools = [gated_tool(gate, [])]
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A") as a,
+            node(nursery, agents(model, tools), pg_dsn, "B") as b,
+            node(nursery, agents(model, tools), pg_dsn, "C") as c,
+            client(a.url) as ca,
+            client(b.url) as cb,
+            client(c.url) as cc,
+        ):
+            holder = (
+                await ca.ok("run.start", agent="a", input="0", session_id="s", subscribe="all")
+            )["run_id"]
+            await ca.wait_event(holder, lambda e: e["type"] == "tool.started")
+            armed = trio.Event()  # both runs are queued
+            c_tried = trio.Event()  # C tried to claim with the session free
+            b_call, c_call = b.cluster.db.call, c.cluster.db.call
+
+            def claims(fn: Any) -> bool:
+                return "claim_queued" in getattr(fn, "__qualname__", "")
+
+            async def b_slow(fn: Any) -> Any:
+                if claims(fn) and armed.is_set():
+                    await c_tried.wait()
+                return await b_call(fn)
+
+            async def c_watched(fn: Any) -> Any:
+                result = await c_call(fn)
+                if claims(fn):
+                    claimed, blocker = result
+                    if claimed or (blocker is not None and blocker[0] != holder):
+                        c_tried.set()
+                return result
+
+            b.cluster.db.call = b_slow  # type: ignore[method-assign]
+            c.cluster.db.call = c_watched  # type: ignore[method-assign]
+            queued = []
+            for peer, text in ((cb, "1"), (cc, "2")):
+                run_id = (
+                    await peer.ok(
+                        "run.start",
+                        agent="a",
+                        input=text,
+                        session_id="s",
+                        on_busy="enqueue",
+                        subscribe="all",
+                    )
+                )["run_id"]
+                await peer.wait_status(run_id, "queued")
+                queued.append(run_id)
+            armed.set()
+            gate.set()
+            assert (await ca.wait_terminal(holder))["event"]["status"] == "completed"
+            for peer, run_id in zip((cb, cc), queued, strict=True):
+                assert (await peer.wait_terminal(run_id))["event"]["status"] == "completed"
+        nursery.cancel_scope.cancel()
+    last = model.requests[-1].items
+    assert [i.content for i in last if isinstance(i, ta.UserMessage)] == ["0", "1", "2"]
 
 
 async def test_a_full_node_places_runs_on_a_node_with_room(pg_dsn: str) -> None:

@@ -20,8 +20,12 @@ as any node can see that status. A takeover keeps the row (and so the claim).
   no ``active_key`` is a queued run: a takeover queues it again.
 
 Waiting is woken by the holder's NOTIFY (its terminal status persisted) and bounded by a
-poll of :data:`POLL` seconds. Among several runs queued on other nodes, whichever claims
-first gets the session (in one process: first come, first served; on one node too).
+poll of :data:`POLL` seconds. Queued runs get the session in the order they were queued
+(their rows' ``created_at``), cluster-wide, as in one process: an ``enqueue`` run claims
+it only once no unfinished run queued before it waits (one whose node died waits for
+its takeover, keeping its place), nor an ``interrupt`` run, which goes first as in one
+process (``options["on_busy"]``; among several ``interrupt`` runs, whichever claims
+first).
 """
 
 from __future__ import annotations
@@ -132,14 +136,27 @@ async def claim_queued(
     finished). Retries while the database is unreachable."""
     cancelled: set[str | None] = {interrupted}
 
+    params = {"key": key, "run": run_id}
+    # An enqueue run waits for the runs queued before it, and for interrupt runs.
+    ahead = (
+        " AND NOT EXISTS (SELECT 1 FROM trio_agents_runs q WHERE q.session_key = %(key)s"
+        " AND NOT q.finished AND q.active_key IS NULL AND q.run_id <> me.run_id"
+        " AND ((q.created_at, q.run_id) < (me.created_at, me.run_id)"
+        " OR q.options::jsonb ->> 'on_busy' = 'interrupt'))"
+        if on_busy != "interrupt"
+        else ""
+    )
+
     def claim(conn: Conn) -> tuple[bool, tuple[str, str | None] | None]:
         try:
             with conn.transaction():  # a savepoint: another waiter may win the race
                 row = conn.execute(
-                    "UPDATE trio_agents_runs SET active_key = %(key)s WHERE run_id = %(run)s"
-                    " AND NOT finished AND NOT EXISTS (SELECT 1 FROM trio_agents_runs"
-                    " WHERE active_key = %(key)s) RETURNING run_id",
-                    {"key": key, "run": run_id},
+                    "UPDATE trio_agents_runs AS me SET active_key = %(key)s"
+                    " WHERE run_id = %(run)s AND NOT finished AND NOT EXISTS (SELECT 1"
+                    " FROM trio_agents_runs WHERE active_key = %(key)s)"
+                    + ahead
+                    + " RETURNING run_id",
+                    params,
                 ).fetchone()
         except psycopg.errors.UniqueViolation:
             row = None
@@ -153,6 +170,17 @@ async def claim_queued(
         holder = conn.execute(
             "SELECT run_id, owner FROM trio_agents_runs WHERE active_key = %s", (key,)
         ).fetchone()
+        if holder is None and ahead:
+            # No holder: a run queued before this one claims first; wait for it.
+            holder = conn.execute(
+                "SELECT q.run_id, NULL FROM trio_agents_runs q, trio_agents_runs me"
+                " WHERE me.run_id = %(run)s AND q.session_key = %(key)s AND NOT q.finished"
+                " AND q.active_key IS NULL AND q.run_id <> me.run_id"
+                " AND ((q.created_at, q.run_id) < (me.created_at, me.run_id)"
+                " OR q.options::jsonb ->> 'on_busy' = 'interrupt')"
+                " ORDER BY q.created_at LIMIT 1",
+                params,
+            ).fetchone()
         return False, (("", None) if holder is None else (str(holder[0]), holder[1]))
 
     backoff = 0.05

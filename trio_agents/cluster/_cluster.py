@@ -272,6 +272,8 @@ class PostgresCluster:
         options: dict[str, Any] = {"input": [item.to_json() for item in items]}
         if client_node is not None:
             options["client"] = client_node
+        if on_busy == "interrupt":  # queued, it goes before the enqueued runs
+            options["on_busy"] = on_busy
         return await claim_run(
             self,
             run_id=run_id,
