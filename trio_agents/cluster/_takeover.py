@@ -12,8 +12,12 @@ one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 ``interrupted`` unless idempotent), and injections that were acked (a persisted
 ``inbox.injected``) but neither delivered nor withdrawn are injected again — unless
 their items are already in the session after their acceptance (an ``inbox.delivered``
-lost with its node: see :func:`_undelivered`). A NOTIFY
-``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
+lost with its node: see :func:`_undelivered`). Approvals and rejections recorded in the
+run's row are applied to the calls the resumed run asks for again
+(:func:`apply_decisions`); a run whose client's node (``on_disconnect="cancel"``) is
+dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
+node's runs whose client's node has died since (``PostgresCluster.check_clients``). A
+NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
 Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
 longer than ``retain_finished`` ago (and their events, tool starts, withdrawals and
