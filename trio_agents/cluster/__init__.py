@@ -73,9 +73,11 @@ What holds (DESIGN §12):
 - Known gaps: a run whose node died before the run's input reached its session is
   resumed with the input kept in its row if its session is empty, else with what the
   session holds; when every node is full ``run.start`` answers ``limit_exceeded`` (it
-  is not queued); a placed ``run.start`` whose ack was cut (the node that started it
-  died before answering) answers ``internal`` while its run goes on (a retry starts
-  another).
+  is not queued).
+- A placed ``run.start`` gets its id from the placing node; when no answer comes in
+  time, that node withdraws the command (which the start, holding the command's row
+  while it inserts the run's, cannot outrun) and acks the run if its row exists, else
+  answers ``internal``: no run goes on that its client was told failed.
 - ``on_disconnect="cancel"`` runs record the node holding their client's connection;
   once that node is dead (lease expired, or stopped), their owner (its scan), or the
   node taking one over, cancels them (``"client disconnected"``).

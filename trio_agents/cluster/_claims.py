@@ -59,14 +59,20 @@ async def claim_run(
     on_busy: str,
     options: dict[str, Any],
     cancel_holder: Callable[[str, str | None], Awaitable[None]],
+    command: int | None = None,
 ) -> str | None:
     """Insert the run's row, claiming its session per ``on_busy`` (see the module
     docstring); None when it holds the session, else the id of the run it is queued
     behind (unclaimed: see :func:`claim_queued`).
 
+    A start placed here by another node (``command``, its routed command) holds that
+    command's row while it inserts the run's: the placing node, if it gives up
+    waiting, withdraws the command first (``Router.send``), so either the run's row
+    exists once the command is withdrawn, or the run never starts.
+
     Raises:
         ProtocolError: ``session_busy`` (``reject``), or ``internal`` if the database
-            cannot be reached.
+            cannot be reached, or the placing node gave up on this start.
     """
     key = session_key(principal, session_id, run_id)
     active = key if session_id is not None else None
@@ -80,6 +86,15 @@ async def claim_run(
     )
 
     def insert(conn: Conn) -> tuple[str, str | None] | None:
+        if command is not None and (
+            conn.execute(
+                "SELECT 1 FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL"
+                " FOR SHARE",
+                (command,),
+            ).fetchone()
+            is None
+        ):
+            return ("-", None)  # withdrawn: its node no longer waits for this start
         row = conn.execute(
             insert_row + " ON CONFLICT (active_key) WHERE active_key IS NOT NULL DO NOTHING"
             " RETURNING run_id",
@@ -107,6 +122,8 @@ async def claim_run(
         if holder is None:
             return None
         holder_id, owner = holder
+        if holder_id == "-":
+            raise ProtocolError("internal", "the node that placed this run gave up on it")
         if not holder_id:
             continue  # it ended between our insert and our look
         if queue:

@@ -261,6 +261,7 @@ class PostgresCluster:
         cancel_holder: Callable[[str, str | None], Awaitable[None]],
         items: Sequence[Item] = (),
         client_node: str | None = None,
+        command: int | None = None,
     ) -> str | None:
         """Insert a new run's row, claiming its session cluster-wide (``_claims.py``):
         None once claimed, else (``enqueue``/``interrupt``) the id of the run it is
@@ -268,7 +269,9 @@ class PostgresCluster:
         input (``options["input"]``) for a takeover that finds it missing from the
         session, and, for a run started with ``on_disconnect="cancel"``, the node that
         holds its client's connection (``options["client"]``): once that node is dead,
-        the run is cancelled as its client's disconnect would (:meth:`check_clients`)."""
+        the run is cancelled as its client's disconnect would (:meth:`check_clients`).
+        A start placed here by another node (``command``) inserts the row only while
+        that node still waits for it (``internal`` otherwise)."""
         options: dict[str, Any] = {"input": [item.to_json() for item in items]}
         if client_node is not None:
             options["client"] = client_node
@@ -283,6 +286,7 @@ class PostgresCluster:
             on_busy=on_busy,
             options=options,
             cancel_holder=cancel_holder,
+            command=command,
         )
 
     async def claim_queued(
@@ -439,11 +443,14 @@ class PostgresCluster:
             return None
 
         nodes = await nodes_with_room(self.db, self._node_id)
+        # The run's id is chosen here: if the chosen node never answers, the run's row
+        # tells whether it started (Router.send).
+        run_id = f"run_{uuid.uuid4().hex}"
         # The counts are as of each node's last heartbeat: the chosen node checks its
         # own room (authoritative) and refuses when full; then the next one is asked.
         for node in nodes:
             try:
-                return await self.router.send(principal, request, run_id=None, target_node=node)
+                return await self.router.send(principal, request, run_id=run_id, target_node=node)
             except ProtocolError as exc:
                 if exc.code != "limit_exceeded":
                     raise

@@ -44,6 +44,7 @@ from ._schema import CHANNEL
 __all__ = [
     "CANCEL_RECORDED",
     "ROUTED_FROM",
+    "ROUTED_RUN",
     "ROUTE_TIMEOUT",
     "Router",
     "ok_reply",
@@ -85,6 +86,13 @@ ROUTED_FROM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 """The node that routed the op being answered (a placed ``run.start``: the node that
 holds its client's connection)."""
+
+
+ROUTED_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "trio_agents.cluster.routed_run", default=None
+)
+"""The run id of the op being answered (a placed ``run.start``: the id its placing node
+chose, so that it can find the run if the answer never comes)."""
 
 
 def record_cancel_in(conn: Conn, run_id: str, reason: str | None, mode: str) -> None:
@@ -136,7 +144,14 @@ class Router:
         target_node: str | None = None,
     ) -> dict[str, Any]:
         """Route ``request`` (its wire JSON) to the owner of ``run_id`` (or, for a placed
-        ``run.start``, to ``target_node``) and return its ack fields.
+        ``run.start``, to ``target_node``, ``run_id`` being the new run's id) and return
+        its ack fields.
+
+        A placed start that gets no answer in time (its node died after starting it,
+        or is slow) is settled here: the command is withdrawn, which the target's start
+        cannot outrun (it holds the command row while it inserts the run's row,
+        ``_claims.claim_run``); then the start took effect if and only if the run's row
+        exists, and its ack is returned (else ``internal``).
 
         Raises:
             ProtocolError: ``not_found`` (no such run of ``principal``), ``run_closed``
@@ -179,6 +194,8 @@ class Router:
             note: dict[str, Any] = {"k": "cmd", "n": target_node or owner}
             if len(args) < _INLINE:  # the owner can serve it without reading the row
                 note.update(c=command_id, r=run_id, p=principal, a=request, o=node)
+                if target_node is not None:
+                    note["t"] = 1  # addressed to that node: served there in any case
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(note)))
             return command_id, owner
 
@@ -202,17 +219,33 @@ class Router:
                     with contextlib.suppress(ClusterDown):
                         reply = await self._db.call(lambda conn: _reply(conn, command_id))
         if reply is None:
+            placed = run_id if target_node is not None else None
+
+            def withdraw(conn: Conn) -> str | None:
+                gone = conn.execute(
+                    "DELETE FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL"
+                    " RETURNING 1",
+                    (command_id,),
+                ).fetchone()
+                if gone is None:  # answered meanwhile
+                    return _reply(conn, command_id)
+                if (
+                    placed is not None
+                    and conn.execute(
+                        "SELECT 1 FROM trio_agents_runs WHERE run_id = %s AND principal = %s",
+                        (placed, principal),
+                    ).fetchone()
+                ):  # started by a node that could not answer
+                    return ok_reply({"run_id": placed})
+                return None
+
             with (
                 trio.CancelScope(shield=True),
-                trio.move_on_after(2.0),
+                trio.move_on_after(2.0 if placed is None else 10.0),
                 contextlib.suppress(ClusterDown),
             ):
-                await self._db.call(
-                    lambda conn: conn.execute(
-                        "DELETE FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL",
-                        (command_id,),
-                    )
-                )
+                reply = await self._db.call(withdraw)
+        if reply is None:
             raise ProtocolError(
                 "internal",
                 "the node running this run did not answer (it may be being taken over); retry",
@@ -251,20 +284,25 @@ class Router:
     def command(self, message: dict[str, Any]) -> None:
         """A command NOTIFY for this node: served at once when it is inline and its run
         is this node's (or it is a placed start); else the table is read."""
-        command_id, request = message.get("c"), message.get("a")
+        command_id, request, run_id = message.get("c"), message.get("a"), message.get("r")
         nursery = self._nursery
         if (
             nursery is None
             or not isinstance(command_id, int)
             or not isinstance(request, dict)
             or command_id in self._inflight
-            or not self.serves_inline(message.get("r"), message.get("p"))
+            or not (message.get("t") or self.serves_inline(run_id, message.get("p")))
         ):
             self.wake()
             return
         self._inflight.add(command_id)
         nursery.start_soon(
-            self._serve, command_id, str(message.get("p")), json.dumps(request), str(message["o"])
+            self._serve,
+            command_id,
+            str(message.get("p")),
+            json.dumps(request),
+            str(message["o"]),
+            run_id if isinstance(run_id, str) else None,
         )
 
     # -- the owner's side -------------------------------------------------------------
@@ -298,16 +336,19 @@ class Router:
                     self._inflight.add(command[0])
                     nursery.start_soon(self._serve, *command)
 
-    async def _take(self) -> list[tuple[int, str, str, str]]:
+    async def _take(self) -> list[tuple[int, str, str, str, str | None]]:
         node, skip = self._node_id, list(self._inflight)
 
-        def take(conn: Conn) -> list[tuple[int, str, str, str]]:
+        def take(conn: Conn) -> list[tuple[int, str, str, str, str | None]]:
             return [
-                (int(r[0]), str(r[1]), str(r[2]), str(r[3]))
+                (int(r[0]), str(r[1]), str(r[2]), str(r[3]), None if r[4] is None else str(r[4]))
                 for r in conn.execute(
-                    "SELECT command_id, principal, args, origin_node FROM trio_agents_commands"
+                    "SELECT command_id, principal, args, origin_node, run_id"
+                    " FROM trio_agents_commands"
                     " WHERE reply IS NULL AND NOT command_id = ANY(%s) AND (target_node = %s"
-                    " OR run_id IN (SELECT run_id FROM trio_agents_runs WHERE owner = %s))"
+                    # A placed start (run_id: the run it would start) is its target's.
+                    " OR target_node IS NULL"
+                    " AND run_id IN (SELECT run_id FROM trio_agents_runs WHERE owner = %s))"
                     " ORDER BY command_id",
                     (skip, node, node),
                 ).fetchall()
@@ -315,7 +356,9 @@ class Router:
 
         return await self._db.call(take)
 
-    async def _serve(self, command_id: int, principal: str, args: str, origin: str) -> None:
+    async def _serve(
+        self, command_id: int, principal: str, args: str, origin: str, run_id: str | None
+    ) -> None:
         # A command answered twice (two nodes racing right after a takeover) keeps the
         # first reply (the UPDATE only fills an empty one).
         try:
@@ -324,6 +367,7 @@ class Router:
             # A routed cancel was recorded by its sender (Router.send).
             CANCEL_RECORDED.set(request.get("op") == "run.cancel")
             ROUTED_FROM.set(origin)
+            ROUTED_RUN.set(run_id)
             try:
                 fields = await self.execute(principal, request, command_id)
                 answer: dict[str, Any] = {"ok": fields}

@@ -91,13 +91,16 @@ async def start_run(
     on_disconnect: str,
     on_busy: str,
     client_node: str | None = None,
+    run_id: str | None = None,
+    command: int | None = None,
 ) -> RunEntry:
     """Start a run in the server's nursery (after the admission checks:
     ``Registry.check_room``, ``Registry.take_start_token``).
 
     With a cluster, a run with ``on_disconnect="cancel"`` records the node that holds
     its client's connection (this one; ``client_node`` for a run another node placed
-    here), so that the run is cancelled once that node is dead.
+    here), so that the run is cancelled once that node is dead. A start another node
+    placed here has its id (``run_id``) and its routed ``command``.
 
     The session's busy policy is the core's ``on_busy``: a busy session with
     ``"reject"`` answers ``session_busy``; ``"interrupt"``/``"enqueue"`` start the
@@ -108,7 +111,7 @@ async def start_run(
     state = registry.state_of(principal)
     memory: MeteredSession | None = None
     session: Session | None = None
-    run_id = f"run_{uuid.uuid4().hex}"
+    run_id = run_id or f"run_{uuid.uuid4().hex}"
     extra: dict[str, Any] = {}
     fence: Any = None
     cluster = registry.cluster
@@ -125,6 +128,7 @@ async def start_run(
             cancel_holder=lambda holder, node: supersede(registry, principal, holder, node),
             items=items,
             client_node=client_node,
+            command=command,
         )
         cluster_session = cluster.session(principal, session_id, run_id)
         session, fence = cluster_session, cluster_session.fence

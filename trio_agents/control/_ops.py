@@ -310,7 +310,7 @@ async def execute_routed(
     of this node as its owner (its ``on_disconnect`` applies on the node that placed
     it, which holds its client's connection, and here once that node is dead)."""
     request = parse_request(json.dumps(data))
-    from ..cluster._routing import ROUTED_FROM
+    from ..cluster._routing import ROUTED_FROM, ROUTED_RUN
 
     cluster = registry.cluster
     assert cluster is not None
@@ -329,6 +329,8 @@ async def execute_routed(
             on_disconnect="continue",
             on_busy=request.on_busy,
             client_node=ROUTED_FROM.get() if request.on_disconnect == "cancel" else None,
+            run_id=ROUTED_RUN.get(),
+            command=command,
         )
         return {"run_id": entry.run_id}
     if isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject):
