@@ -3,7 +3,8 @@
 Every ``lease_ttl / 3`` seconds a node's heartbeat task (its own: no scan, resumption
 or cleanup delays it) runs one transaction: it upserts its row in ``trio_agents_nodes``
 (lease, capacity, running count, draining) and extends the lease of every unfinished run
-it owns (runs it stopped on its own are released instead). Its scan task, as often,
+it owns *and runs* (runs it stopped on its own are released instead; runs a previous
+process under the same node id left behind expire and are taken over). Its scan task, as often,
 scans for runs whose lease expired, or that their node *released* on a graceful
 shutdown (``SELECT ... FOR UPDATE SKIP LOCKED``, at most as many as it has room for),
 claims them (``owner = me``, ``attempt + 1``) and resumes each
@@ -237,6 +238,12 @@ class Leases:
         cluster = self._cluster
         sent = trio.current_time()
         releasing = list(self.to_release)
+        # Only the runs this process runs (or is resuming): a node restarted under the
+        # same id must not keep alive the leases of its previous process's runs,
+        # which then expire and are taken over (by any node, itself included).
+        owned = [
+            run_id for run_id, log in cluster.writer.logs.items() if not log.fence.closed
+        ] + list(self._resuming)
         params = {
             "node": cluster.node_id,
             "ttl": cluster.lease_ttl,
@@ -244,6 +251,7 @@ class Leases:
             "running": cluster.running(),
             "draining": self.draining,
             "releasing": releasing,
+            "owned": owned,
         }
 
         def beat(conn: Conn) -> None:
@@ -263,7 +271,8 @@ class Leases:
                 " EXCLUDED.running, draining = EXCLUDED.draining, updated_at = now()"
                 " RETURNING 1)"
                 f" UPDATE trio_agents_runs SET lease_expires_at = {_TIME}"
-                " WHERE owner = %(node)s AND NOT finished AND NOT released",
+                " WHERE owner = %(node)s AND NOT finished AND NOT released"
+                " AND run_id = ANY(%(owned)s)",
                 params,
             )
 
