@@ -137,6 +137,9 @@ class PostgresCluster:
         self.dead = False
         self._nursery: trio.Nursery | None = None
         self._in_use = False
+        # Runs being started here: their rows exist, they are not tracked yet (their
+        # leases are renewed all the same: Leases.heartbeat).
+        self.starting: set[str] = set()
         # This node's runs started with on_disconnect="cancel" by a client connected to
         # another node, by run id: that node (see check_clients).
         self.clients: dict[str, str] = {}
@@ -277,17 +280,24 @@ class PostgresCluster:
             options["client"] = client_node
         if on_busy == "interrupt":  # queued, it goes before the enqueued runs
             options["on_busy"] = on_busy
-        return await claim_run(
-            self,
-            run_id=run_id,
-            principal=principal,
-            session_id=session_id,
-            agent=agent,
-            on_busy=on_busy,
-            options=options,
-            cancel_holder=cancel_holder,
-            command=command,
-        )
+        # Its row's lease is renewed from its insert on, until the run is tracked (or
+        # forgotten): the start may wait long (an interrupted holder's routed cancel).
+        self.starting.add(run_id)
+        try:
+            return await claim_run(
+                self,
+                run_id=run_id,
+                principal=principal,
+                session_id=session_id,
+                agent=agent,
+                on_busy=on_busy,
+                options=options,
+                cancel_holder=cancel_holder,
+                command=command,
+            )
+        except BaseException:
+            self.starting.discard(run_id)
+            raise
 
     async def claim_queued(
         self,
@@ -314,6 +324,7 @@ class PostgresCluster:
 
     async def forget(self, run_id: str) -> None:
         """Delete the row of a run that never started (bad input)."""
+        self.starting.discard(run_id)
         with trio.CancelScope(shield=True), trio.move_on_after(5.0):
             try:
                 await self.db.call(
@@ -336,6 +347,7 @@ class PostgresCluster:
         """Persist the events of a run this node started or resumed (and, if its
         client is connected to another node, ``client_node``, watch that node)."""
         assert self._nursery is not None
+        self.starting.discard(run_id)
         log = RunLog(run_id, attempt, run, start_seq, fence)
         if self.dead:
             fence.closed = True

@@ -238,12 +238,13 @@ class Leases:
         cluster = self._cluster
         sent = trio.current_time()
         releasing = list(self.to_release)
-        # Only the runs this process runs (or is resuming): a node restarted under the
-        # same id must not keep alive the leases of its previous process's runs,
-        # which then expire and are taken over (by any node, itself included).
-        owned = [
-            run_id for run_id, log in cluster.writer.logs.items() if not log.fence.closed
-        ] + list(self._resuming)
+        # Only the runs this process runs (or is resuming, or starting): a node
+        # restarted under the same id must not keep alive the leases of its previous
+        # process's runs, which then expire and are taken over (by any node, itself
+        # included).
+        owned = [run_id for run_id, log in cluster.writer.logs.items() if not log.fence.closed]
+        owned += self._resuming
+        owned += cluster.starting
         params = {
             "node": cluster.node_id,
             "ttl": cluster.lease_ttl,
