@@ -103,3 +103,54 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
             assert done["status"] == "completed", done
             assert not [f for f in ca.events[second] if f["event"].get("detail", {}).get("resumed")]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_its_client(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client on B (full) starts an on_disconnect="cancel" run, placed on A; A starts
+    # it but is slow to answer. Meanwhile B cuts the client's connection (a ping or
+    # send timeout: a dead client), which cancels the request being served. The run
+    # on A must be cancelled like any run of that client ("client disconnected"): it
+    # went on forever (B, alive, never knew of it; A's check only covers dead nodes).
+    started = trio.Event()
+    model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
+    agents = agent(model, [blocking_tool(started)])
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents, pg_dsn, "A", lease_ttl=1.0) as a,
+            node(nursery, agents, pg_dsn, "B", lease_ttl=1.0, max_runs=1) as b,
+            client(a.url) as ca,
+        ):
+            async with client(b.url) as cb:
+                await cb.ok("run.start", agent="a", input="1")  # B is full now
+                with trio.fail_after(30):
+                    await started.wait()
+                execute = a.cluster.router.execute
+                assert execute is not None
+                answered = trio.Event()
+                placed: list[str] = []
+
+                async def slow_answer(principal: str, data: dict[str, Any], command: int) -> Any:
+                    assert execute is not None
+                    fields = await execute(principal, data, command)
+                    placed.append(fields["run_id"])
+                    await answered.wait()
+                    return fields
+
+                monkeypatch.setattr(a.cluster.router, "execute", slow_answer)
+                await cb.ws.send_message(
+                    '{"id": "p", "op": "run.start", "agent": "a", "input": "2",'
+                    ' "on_disconnect": "cancel"}'
+                )
+                with trio.fail_after(30):
+                    while not placed:  # noqa: ASYNC110 (started on A, not answered yet)
+                        await trio.sleep(0.01)
+                (connection,) = b.server._connections
+                connection._stop()  # B cuts the client off mid-request
+                answered.set()
+            (run_id,) = placed
+            await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
+            done = (await ca.wait_terminal(run_id))["event"]
+            assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
+        nursery.cancel_scope.cancel()

@@ -448,16 +448,18 @@ class PostgresCluster:
         ``not_found``, ``run_closed``, the owner's own)."""
         return await self.router.send(principal, request, run_id=run_id)
 
-    async def place(self, principal: str, request: dict[str, Any]) -> dict[str, Any] | None:
-        """A ``run.start`` on a full node: start it on a node with room (its ack
-        fields), or None when this node has room."""
+    async def place(
+        self, principal: str, request: dict[str, Any], run_id: str
+    ) -> dict[str, Any] | None:
+        """A ``run.start`` on a full node: start it, as ``run_id``, on a node with room
+        (its ack fields), or None when this node has room."""
         if self.running() < self._max_runs:
             return None
 
         nodes = await nodes_with_room(self.db, self._node_id)
-        # The run's id is chosen here: if the chosen node never answers, the run's row
-        # tells whether it started (Router.send).
-        run_id = f"run_{uuid.uuid4().hex}"
+        # The run's id is chosen by the placing node: if the chosen node never answers
+        # (or this node stops waiting), the run's row tells whether it started
+        # (Router.send).
         # The counts are as of each node's last heartbeat: the chosen node checks its
         # own room (authoritative) and refuses when full; then the next one is asked.
         for node in nodes:

@@ -206,45 +206,58 @@ class Router:
         if inserted is None:
             raise await self._refusal(principal, run_id)
         command_id = inserted[0]
-        reply: str | None = None
-        with trio.move_on_after(ROUTE_TIMEOUT):
-            while reply is None:
-                with self._listener.watch(("reply", command_id)) as wake:
-                    reply = self._replies.pop(command_id, None)
-                    if reply is None:
-                        with trio.move_on_after(_REPLY_POLL):
-                            await wake.wait()
-                        reply = self._replies.pop(command_id, None)
-                if reply is None:  # not inline (too long), or its NOTIFY was lost
-                    with contextlib.suppress(ClusterDown):
-                        reply = await self._db.call(lambda conn: _reply(conn, command_id))
-        if reply is None:
-            placed = run_id if target_node is not None else None
+        placed = run_id if target_node is not None else None
 
-            def withdraw(conn: Conn) -> str | None:
-                gone = conn.execute(
-                    "DELETE FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL"
-                    " RETURNING 1",
-                    (command_id,),
+        def withdraw(conn: Conn) -> str | None:
+            gone = conn.execute(
+                "DELETE FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL"
+                " RETURNING 1",
+                (command_id,),
+            ).fetchone()
+            if gone is None:  # answered meanwhile
+                return _reply(conn, command_id)
+            if (
+                placed is not None
+                and conn.execute(
+                    "SELECT 1 FROM trio_agents_runs WHERE run_id = %s AND principal = %s",
+                    (placed, principal),
                 ).fetchone()
-                if gone is None:  # answered meanwhile
-                    return _reply(conn, command_id)
-                if (
-                    placed is not None
-                    and conn.execute(
-                        "SELECT 1 FROM trio_agents_runs WHERE run_id = %s AND principal = %s",
-                        (placed, principal),
-                    ).fetchone()
-                ):  # started by a node that could not answer
-                    return ok_reply({"run_id": placed})
-                return None
+            ):  # started by a node that could not answer
+                return ok_reply({"run_id": placed})
+            return None
 
+        async def settle() -> str | None:
             with (
                 trio.CancelScope(shield=True),
                 trio.move_on_after(2.0 if placed is None else 10.0),
                 contextlib.suppress(ClusterDown),
             ):
-                reply = await self._db.call(withdraw)
+                return await self._db.call(withdraw)
+            return None
+
+        reply: str | None = None
+        try:
+            with trio.move_on_after(ROUTE_TIMEOUT):
+                while reply is None:
+                    with self._listener.watch(("reply", command_id)) as wake:
+                        reply = self._replies.pop(command_id, None)
+                        if reply is None:
+                            with trio.move_on_after(_REPLY_POLL):
+                                await wake.wait()
+                            reply = self._replies.pop(command_id, None)
+                    if reply is None:  # not inline (too long), or its NOTIFY was lost
+                        with contextlib.suppress(ClusterDown):
+                            reply = await self._db.call(lambda conn: _reply(conn, command_id))
+        except BaseException:
+            if placed is not None:
+                # A placed start cut here (its connection aborted): settled before
+                # this node goes on, so that the run exists if and only if it started
+                # (the caller then treats it as placed: its client's disconnect
+                # cancels it, ``control._ops.run_start``).
+                await settle()
+            raise
+        if reply is None:
+            reply = await settle()
         if reply is None:
             raise ProtocolError(
                 "internal",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +112,22 @@ async def run_start(conn: Connection, request: RunStart) -> None:
         conn.check_subscription_room(None)
     registry.take_start_token(conn.principal)
     cluster = registry.cluster
-    placed = None if cluster is None else await cluster.place(conn.principal, wire(request))
+    placed = None
+    if cluster is not None:
+        run_id = f"run_{uuid.uuid4().hex}"
+        # Known to the connection before it is placed: a placement cut here (the
+        # connection aborted) is settled before the connection's disconnect, which
+        # then cancels the run if it started (Router.send).
+        cut = request.on_disconnect == "cancel"
+        if cut:
+            conn.placed.add(run_id)
+        try:
+            placed = await cluster.place(conn.principal, wire(request), run_id)
+        except ProtocolError:
+            conn.placed.discard(run_id)
+            raise
+        if placed is None:
+            conn.placed.discard(run_id)
     if placed is not None:  # started on another node (this one is full)
         run_id = str(placed["run_id"])
         if request.on_disconnect == "cancel":  # a disconnect from here cancels it there
