@@ -137,6 +137,15 @@ async def claim_run(
         raise ProtocolError("session_busy", f"session {session_id!r} has an active run")
 
 
+_AHEAD = (
+    "q.session_key = %(key)s AND NOT q.finished AND q.active_key IS NULL"
+    " AND q.run_id <> me.run_id AND ((q.created_at, q.run_id) < (me.created_at, me.run_id)"
+    " OR q.options::jsonb ->> 'on_busy' = 'interrupt')"
+)
+"""The runs ``q`` that go before the queued run ``me`` of an ``enqueue`` run's session
+(``%(key)s``): those queued before it, and ``interrupt`` runs."""
+
+
 async def claim_queued(
     cluster: PostgresCluster,
     *,
@@ -156,10 +165,7 @@ async def claim_queued(
     params = {"key": key, "run": run_id}
     # An enqueue run waits for the runs queued before it, and for interrupt runs.
     ahead = (
-        " AND NOT EXISTS (SELECT 1 FROM trio_agents_runs q WHERE q.session_key = %(key)s"
-        " AND NOT q.finished AND q.active_key IS NULL AND q.run_id <> me.run_id"
-        " AND ((q.created_at, q.run_id) < (me.created_at, me.run_id)"
-        " OR q.options::jsonb ->> 'on_busy' = 'interrupt'))"
+        f" AND NOT EXISTS (SELECT 1 FROM trio_agents_runs q WHERE {_AHEAD})"
         if on_busy != "interrupt"
         else ""
     )
@@ -191,11 +197,7 @@ async def claim_queued(
             # No holder: a run queued before this one claims first; wait for it.
             holder = conn.execute(
                 "SELECT q.run_id, NULL FROM trio_agents_runs q, trio_agents_runs me"
-                " WHERE me.run_id = %(run)s AND q.session_key = %(key)s AND NOT q.finished"
-                " AND q.active_key IS NULL AND q.run_id <> me.run_id"
-                " AND ((q.created_at, q.run_id) < (me.created_at, me.run_id)"
-                " OR q.options::jsonb ->> 'on_busy' = 'interrupt')"
-                " ORDER BY q.created_at LIMIT 1",
+                f" WHERE me.run_id = %(run)s AND {_AHEAD} ORDER BY q.created_at LIMIT 1",
                 params,
             ).fetchone()
         return False, (("", None) if holder is None else (str(holder[0]), holder[1]))

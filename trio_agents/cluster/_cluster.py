@@ -28,6 +28,7 @@ from ._eventlog import EventWriter, Fence, RunLog, follow
 from ._listener import Listener
 from ._queries import (
     CLIENT_GONE,
+    live_nodes,
     nodes_with_room,
     read_runs,
     record_cancel,
@@ -372,16 +373,7 @@ class PostgresCluster:
         if not watched or registry is None:
             return
         nodes = sorted(set(watched.values()))
-        alive = await self.db.call(
-            lambda conn: {
-                str(row[0])
-                for row in conn.execute(
-                    "SELECT node_id FROM trio_agents_nodes WHERE node_id = ANY(%s)"
-                    " AND lease_expires_at > now()",
-                    (nodes,),
-                ).fetchall()
-            }
-        )
+        alive = await self.db.call(lambda conn: live_nodes(conn, nodes))
         for run_id, node in watched.items():
             if node in alive:
                 continue

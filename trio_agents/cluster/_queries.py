@@ -21,6 +21,7 @@ __all__ = [
     "CANCEL_RECORDED",
     "CLIENT_GONE",
     "decisions_of",
+    "live_nodes",
     "nodes_with_room",
     "read_runs",
     "record_cancel",
@@ -256,6 +257,18 @@ def decisions_of(options: str) -> dict[str, tuple[bool, str | None]]:
                 message if isinstance(message, str) else None,
             )
     return decisions
+
+
+def live_nodes(conn: Conn, nodes: list[str]) -> set[str]:
+    """Which of ``nodes`` are alive (their lease has not expired)."""
+    return {
+        str(row[0])
+        for row in conn.execute(
+            "SELECT node_id FROM trio_agents_nodes WHERE node_id = ANY(%s)"
+            " AND lease_expires_at > now()",
+            (nodes,),
+        ).fetchall()
+    }
 
 
 async def release_node(db: Database, node_id: str) -> None:

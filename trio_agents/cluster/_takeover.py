@@ -52,7 +52,7 @@ from .._resume import Resume
 from .._run import Run
 from ..control._hosting import resume_run
 from ._db import ClusterDown, Conn
-from ._queries import CLIENT_GONE, decisions_of
+from ._queries import CLIENT_GONE, decisions_of, live_nodes
 from ._schema import CHANNEL
 
 if TYPE_CHECKING:
@@ -504,16 +504,7 @@ class Leases:
                 items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
         clients = {str(r[0]): _client(str(r[7])) for r in rows}
         wanted = sorted({node for node in clients.values() if node is not None})
-        alive: set[str] = set()
-        if wanted:
-            alive = {
-                str(r[0])
-                for r in conn.execute(
-                    "SELECT node_id FROM trio_agents_nodes WHERE node_id = ANY(%s)"
-                    " AND lease_expires_at > now()",
-                    (wanted,),
-                ).fetchall()
-            }
+        alive = live_nodes(conn, wanted) if wanted else set()
         claimed = []
         for row in rows:
             run_id, principal, session_id, agent, owner, attempt, last_seq, options, key, queued = (
