@@ -23,7 +23,13 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from trio_agents._tools import Tool, ToolArgumentsError, ToolContext, function_tool
+from trio_agents._tools import (
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    function_tool,
+    mark_cancelled,
+)
 
 
 class Unit(enum.Enum):
@@ -533,6 +539,73 @@ async def test_cancelling_a_sync_tool_abandons_its_thread(
     release.set()
     await trio.to_thread.run_sync(finished.wait)
     assert saw_cancel == [True]
+
+
+async def test_a_thread_that_first_reads_ctx_cancelled_after_the_cancel_sees_it_set(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # ctx.cancelled is made on first read: the cancel comes before anyone has read it,
+    # and the abandoned thread's first read must still find it set.
+    entered = threading.Event()
+    release = threading.Event()
+    finished = threading.Event()
+    saw_cancel: list[bool] = []
+
+    @function_tool
+    def blocking(ctx: ToolContext) -> str:
+        entered.set()
+        try:
+            release.wait(timeout=30)
+            saw_cancel.append(ctx.cancelled.is_set())  # the first read of ctx.cancelled
+            return "late"
+        finally:
+            finished.set()
+
+    ctx = make_ctx()
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(blocking.invoke, ctx, "{}")
+            await trio.to_thread.run_sync(entered.wait)
+            scope.cancel()
+    assert scope.cancelled_caught
+    release.set()
+    await trio.to_thread.run_sync(finished.wait)
+    assert saw_cancel == [True]
+    assert ctx.cancelled.is_set()
+
+
+def test_ctx_cancelled_made_while_the_call_is_cancelled_is_never_missed() -> None:
+    # The race itself: a thread's first read of ctx.cancelled against mark_cancelled()
+    # on another thread, many times. Whichever wins, the one event both end up with is
+    # set once mark_cancelled() has returned.
+    for _ in range(300):
+        ctx = make_ctx()
+        barrier = threading.Barrier(2)
+        seen: list[threading.Event] = []
+
+        def read(ctx: ToolContext, barrier: threading.Barrier, seen: list[threading.Event]) -> None:
+            barrier.wait()
+            seen.append(ctx.cancelled)
+
+        reader = threading.Thread(target=read, args=(ctx, barrier, seen))
+        reader.start()
+        barrier.wait()
+        mark_cancelled(ctx)
+        reader.join()
+        assert seen[0] is ctx.cancelled
+        assert seen[0].is_set()
+
+
+def test_ctx_cancelled_passed_in_is_the_one_set() -> None:
+    event = threading.Event()
+    ctx = ToolContext(run_id="r", call_id="c", tool_name="t", cancelled=event)
+    assert ctx.cancelled is event
+    mark_cancelled(ctx)
+    assert event.is_set()
+    # An event made after the call was marked starts set.
+    late = make_ctx()
+    mark_cancelled(late)
+    assert late.cancelled.is_set()
 
 
 async def test_sync_tools_use_the_limiter(autojump_clock: trio.testing.MockClock) -> None:

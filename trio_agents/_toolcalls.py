@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,7 +26,7 @@ from ._inbox import Approvals
 from ._items import ToolCall, ToolResult
 from ._resume import Resume
 from ._state import CallSoon, OpenCall, RunState, call_hook
-from ._tools import ToolArgumentsError, ToolContext
+from ._tools import ToolArgumentsError, ToolContext, mark_cancelled
 from ._util import summarize
 
 __all__ = ["ToolFailure", "run_tools", "settle_resumed_calls"]
@@ -145,7 +144,6 @@ async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolR
         run_id=state.run_id,
         call_id=call.call_id,
         tool_name=call.name,
-        cancelled=threading.Event(),
         # A partial, not nested lambdas: fewer objects held while the call runs.
         on_progress=functools.partial(_progress_soon, call_soon, state, open_call),
     )
@@ -165,7 +163,7 @@ async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolR
         # cancellation never gets here: its scope catches it). Otherwise nothing
         # cancelled this call: a stray Cancelled.
         if trio.current_effective_deadline() != -math.inf:
-            ctx.cancelled.set()
+            mark_cancelled(ctx)
             return ToolResult(call.call_id, STRAY_CANCELLED, status="error")
         raise
     except ToolArgumentsError as exc:
@@ -175,7 +173,7 @@ async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolR
             raise ToolFailure(call, exc) from exc
         return ToolResult(call.call_id, f"error: {summarize(exc)}", status="error")
     if timer is not None and timer.cancelled_caught:
-        ctx.cancelled.set()
+        mark_cancelled(ctx)
         return ToolResult(call.call_id, f"timed out after {tool.timeout:g} s", status="error")
     return ToolResult(call.call_id, output)
 

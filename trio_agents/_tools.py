@@ -33,7 +33,7 @@ from ._exceptions import TrioAgentsError
 from ._model import ToolSpec
 from ._schema import ArgumentConversionError, FunctionSchema, function_schema, validate
 
-__all__ = ["Tool", "ToolArgumentsError", "ToolContext", "function_tool"]
+__all__ = ["Tool", "ToolArgumentsError", "ToolContext", "function_tool", "mark_cancelled"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -111,10 +111,33 @@ class ToolContext:
     run_id: str
     call_id: str
     tool_name: str
-    cancelled: threading.Event = attrs.field(factory=threading.Event)
+    # The event behind ``cancelled``, made on first read: a threading.Event is a
+    # Condition, a lock, a deque and two dicts, which most calls (async tools that
+    # never look at it) would hold for nothing. ``cancelled=`` still passes one in.
+    _event: threading.Event | None = attrs.field(default=None, alias="cancelled", repr=False)
     _on_progress: Callable[[str, Mapping[str, Any]], None] = attrs.field(
         default=_no_progress, repr=False, kw_only=True
     )
+    # Set by mark_cancelled() before any event exists; the event copies it when made.
+    _is_cancelled: bool = attrs.field(default=False, init=False, repr=False)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """A :class:`threading.Event`, set when the call is cancelled (see above)."""
+        event = self._event
+        if event is None:
+            # Under the lock that mark_cancelled() takes: either the event is made
+            # after the call was marked cancelled (and is made set), or mark_cancelled()
+            # finds it and sets it. A thread reading this as the call is cancelled
+            # never misses the cancellation.
+            with _EVENT_LOCK:
+                event = self._event
+                if event is None:
+                    event = threading.Event()
+                    if self._is_cancelled:
+                        event.set()
+                    object.__setattr__(self, "_event", event)
+        return event
 
     def progress(self, message: str, **data: Any) -> None:
         """Report progress: emits a ``tool.progress`` event with ``message`` and ``data``.
@@ -178,6 +201,24 @@ class ToolContext:
             if recorder.process is not None:
                 _signal_group(recorder.process.pid, signal.SIGKILL)
         return result
+
+
+# Guards the making of every ToolContext's event against mark_cancelled(): one lock
+# for all contexts (a lock per context would cost what the lazy event saves), held for
+# a few bytecodes, and only by a first read of ``cancelled`` or by a cancellation.
+_EVENT_LOCK = threading.Lock()
+
+
+def mark_cancelled(ctx: ToolContext) -> None:
+    """Set ``ctx.cancelled``, without making the event if nobody has read it yet.
+
+    Thread-safe; see :attr:`ToolContext.cancelled` for the other half of the protocol.
+    """
+    with _EVENT_LOCK:
+        object.__setattr__(ctx, "_is_cancelled", True)
+        event = ctx._event
+    if event is not None:
+        event.set()
 
 
 def _check_timeout(_instance: object, _attribute: object, value: Any) -> None:
@@ -425,7 +466,7 @@ class Tool:
                     limiter=limiter,
                 )
         except BaseException:
-            ctx.cancelled.set()
+            mark_cancelled(ctx)
             raise
         return _to_output(value)
 
