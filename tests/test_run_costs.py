@@ -3,16 +3,29 @@ the slower code they replace (their costs are measured in benchmarks/, never her
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import attrs
 import trio
 import trio.testing
 
 import trio_agents as ta
 from trio_agents._events import EVENT_TYPES, ResponseTextDelta, text_delta
 from trio_agents._run import _uuid4_hex
-from trio_agents.models import ModelRequest, ScriptedModel, ToolSpec, Turn, Usage
+from trio_agents.models import (
+    FINAL_ANSWER_TOOL,
+    Finish,
+    ModelRequest,
+    ScriptedModel,
+    ToolCallDone,
+    ToolSpec,
+    Turn,
+    Usage,
+)
 
 
 def test_text_delta_builds_the_same_event_as_the_class() -> None:
@@ -126,3 +139,67 @@ async def test_approvals_and_cancel_share_the_inbox_lock_without_deadlock(
         result = await run.wait()
     assert result.final_output == "3"
     assert run.statistics().pending_approvals == ()
+
+
+@attrs.define(eq=False)
+class _MeddlingModel:
+    """A model that tries to change what its request says about the tools and the
+    output, then answers as the final-answer tool; records what each request said."""
+
+    seen: list[tuple[str, str, str]] = attrs.field(factory=list)
+    refused: list[str] = attrs.field(factory=list)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
+        add_spec = next(spec for spec in request.tools if spec.name == "_add")
+        answer_spec = next(spec for spec in request.tools if spec.name == FINAL_ANSWER_TOOL)
+        assert request.output is not None
+        self.seen.append(
+            (
+                add_spec.parameters["properties"]["a"]["type"],
+                answer_spec.parameters["properties"]["n"]["type"],
+                request.output.schema["properties"]["n"]["type"],
+            )
+        )
+        # Typed Mapping: what a careless model might do anyway.
+        tool: Any = add_spec.parameters
+        answer: Any = answer_spec.parameters
+        output: Any = request.output.schema
+        changes: dict[str, Callable[[], object]] = {
+            "tool": lambda: tool["properties"]["a"].update(type="string"),
+            "answer tool": lambda: answer["required"].clear(),
+            "output": lambda: output["properties"].pop("n"),
+        }
+        for name, change in changes.items():
+            try:
+                change()
+            except TypeError:
+                self.refused.append(name)
+
+        async def events() -> AsyncIterator[Any]:
+            call = ta.ToolCall(f"call_{len(self.seen)}", FINAL_ANSWER_TOOL, '{"n": 3}')
+            yield ToolCallDone(call)
+            yield Finish("tool_calls")
+
+        yield events()
+
+
+@attrs.frozen
+class _Answer:
+    n: int
+
+
+async def test_no_run_can_change_the_schemas_other_runs_are_sent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The tool and output schemas are shared by every run (no per-run copy): a model
+    # (or anyone holding a request) that tries to change them is refused, and the next
+    # run is told the same as the first.
+    model = _MeddlingModel()
+    agent = ta.Agent(name="t", model=model, tools=[_add], output_type=_Answer)
+    for _ in range(2):
+        result = await ta.run(agent, "go")
+        assert result.final_output == _Answer(3)
+    assert model.seen == [("integer", "integer", "integer")] * 2
+    assert model.refused == ["tool", "answer tool", "output"] * 2
+    assert _add.parameters["properties"]["a"]["type"] == "integer"

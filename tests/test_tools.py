@@ -6,14 +6,17 @@ defined here have string annotations, which must resolve (also for local types).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import inspect
+import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypedDict, cast
 
@@ -157,10 +160,47 @@ async def test_tool_is_still_callable_like_the_function() -> None:
     assert list(inspect.signature(add).parameters) == ["a", "b"]
 
 
-def test_spec_is_a_copy() -> None:
+def test_spec_is_shared_and_read_only() -> None:
+    # One spec per tool, shared by every run: no one can change it through a spec.
     spec = add.spec()
-    spec.parameters["properties"]["a"]["type"] = "string"
+    assert add.spec() is spec
+    parameters: Any = spec.parameters  # typed Mapping; the test tries to mutate it
+    properties = parameters["properties"]
+    changes: list[Callable[[], object]] = [
+        lambda: properties["a"].__setitem__("type", "string"),
+        lambda: properties.pop("a"),
+        lambda: parameters["required"].append("c"),
+        lambda: parameters.update(type="array"),
+        lambda: add.parameters["properties"]["b"].clear(),
+    ]
+    for change in changes:
+        with pytest.raises(TypeError, match="read-only"):
+            change()
     assert add.parameters["properties"]["a"]["type"] == "integer"
+    assert add.parameters["required"] == ["a", "b"]
+    # A deep copy is plain and mutable; a shallow one is a plain top level.
+    mine = copy.deepcopy(spec.parameters)
+    mine["properties"]["a"]["type"] = "string"
+    mine["required"].append("c")
+    assert type(mine) is dict
+    assert add.parameters["properties"]["a"]["type"] == "integer"
+    assert json.loads(json.dumps(spec.parameters)) == spec.parameters
+
+
+def test_a_schema_given_to_a_tool_is_copied_then_frozen() -> None:
+    given = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+
+    async def search(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        return str(arguments["q"])
+
+    tool = Tool.from_schema("search", "Search.", given, search)
+    loaded: Any = pickle.loads(pickle.dumps(tool.parameters))
+    given_properties: Any = given["properties"]
+    given_properties["q"]["type"] = "integer"  # the caller's dict stays theirs
+    assert tool.parameters["properties"]["q"]["type"] == "string"
+    assert loaded == tool.parameters
+    with pytest.raises(TypeError, match="read-only"):
+        loaded["required"].append("x")
 
 
 def test_tools_are_immutable_but_evolvable() -> None:

@@ -31,7 +31,7 @@ from ._agent import Agent
 from ._events import RunItemEvent, RunStatus, RunUpdated
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall
 from ._log import EventLog
-from ._model import ToolSpec, Usage
+from ._model import Usage
 from ._options import RunOptions
 from ._tools import ToolContext
 from ._util import summarize
@@ -159,7 +159,6 @@ class RunState:
         "spans",
         "status",
         "stream_scope",
-        "tool_specs",
         "turn",
         "undelivered",
         "usage",
@@ -201,7 +200,6 @@ class RunState:
         self.partial_text: list[str] | None = None
         self.stream_scope: trio.CancelScope | None = None
         self.usage: Usage | None = None
-        self.tool_specs: tuple[ToolSpec, ...] | None = None  # made at the first request
         self.finish_reason: str | None = None
         self.spans = Spans()
         # Injections taken from the inbox that could not be delivered (unconsumed).

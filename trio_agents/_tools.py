@@ -10,7 +10,6 @@ abandoned (and told so through ``ctx.cancelled``) when the call is cancelled.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import enum
 import functools
@@ -30,6 +29,7 @@ import attrs
 import trio
 
 from ._exceptions import TrioAgentsError
+from ._frozen import freeze_json
 from ._model import ToolSpec
 from ._schema import ArgumentConversionError, FunctionSchema, function_schema, validate
 
@@ -238,25 +238,6 @@ def _check_name(_instance: object, _attribute: object, value: Any) -> None:
         )
 
 
-def _copy_json(value: Any) -> Any:
-    """A deep copy of a JSON-like tree (dicts, lists, tuples, scalars): what
-    ``copy.deepcopy`` gives for a schema, several times faster. Any other object is
-    handed to ``copy.deepcopy``."""
-    kind = type(value)
-    if kind in _JSON_SCALARS:
-        return value
-    if kind is dict:
-        return {key: _copy_json(item) for key, item in value.items()}
-    if kind is list:
-        return [_copy_json(item) for item in value]
-    if kind is tuple:
-        return tuple(_copy_json(item) for item in value)
-    return copy.deepcopy(value)
-
-
-_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
 def _check_needs_approval(_instance: object, _attribute: object, value: Any) -> None:
     if not isinstance(value, bool) and not callable(value):
         raise TypeError(
@@ -317,7 +298,9 @@ class Tool:
     Attributes:
         name: the name the model calls the tool by.
         description: what the model is told the tool does.
-        parameters: the JSON schema of the arguments (an object schema).
+        parameters: the JSON schema of the arguments (an object schema), read-only:
+            a frozen copy of the one given, shared by every run (``copy.deepcopy``
+            gives a plain, mutable copy).
         fn: the wrapped function.
         timeout: seconds a call may take before it is cancelled and the model gets
             ``"timed out after N s"``; None for no limit.
@@ -331,7 +314,8 @@ class Tool:
 
     name: str = attrs.field(validator=_check_name)
     description: str = attrs.field(validator=_check_str)
-    parameters: Mapping[str, Any] = attrs.field(repr=False)
+    # Frozen once here (a read-only copy), then shared by every run and request.
+    parameters: Mapping[str, Any] = attrs.field(repr=False, converter=freeze_json)
     fn: Callable[..., Any] = attrs.field(repr=False)
     timeout: float | None = attrs.field(default=None, validator=_check_timeout)
     needs_approval: bool | Callable[[Mapping[str, Any]], bool] = attrs.field(
@@ -342,6 +326,11 @@ class Tool:
     _is_async: bool = attrs.field(repr=False, kw_only=True)
     # from_schema: fn takes (ctx, arguments) rather than one keyword per parameter.
     _raw: bool = attrs.field(default=False, repr=False, kw_only=True)
+    _spec: ToolSpec = attrs.field(init=False, repr=False)
+
+    @_spec.default
+    def _make_spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
 
     @classmethod
     def from_schema(
@@ -403,8 +392,13 @@ class Tool:
         return self.fn(*args, **kwargs)
 
     def spec(self) -> ToolSpec:
-        """Return what the model is told about this tool."""
-        return ToolSpec(self.name, self.description, _copy_json(dict(self.parameters)))
+        """Return what the model is told about this tool.
+
+        Always the same object, shared by every run: its ``parameters`` (like
+        :attr:`parameters`) is read-only, and changing it raises ``TypeError``;
+        ``copy.deepcopy(spec.parameters)`` is a plain, mutable copy.
+        """
+        return self._spec
 
     def parse_arguments(self, arguments: str) -> dict[str, Any]:
         """Decode and validate the model's JSON ``arguments``; return them as a dict.

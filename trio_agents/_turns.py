@@ -220,11 +220,9 @@ def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
     """The agent's tools, plus the final-answer tool when the agent has an output type
     and the model has no native structured output (``native_output``)."""
     agent = state.agent
-    tools = state.tool_specs
-    if tools is None:
-        # Once per run: each spec deep-copies its tool's schema (isolating runs that
-        # share the agent), which every turn repeated.
-        tools = state.tool_specs = agent.tool_specs()
+    # Shared by every run of the agent, never copied: the schemas are read-only
+    # (_frozen.py), so no request can change what another run's model is told.
+    tools = agent._tool_specs
     if final_answer_offered(state):
         assert agent._output is not None
         tools = (*tools, agent._output.tool_spec())
