@@ -203,3 +203,42 @@ async def test_no_run_can_change_the_schemas_other_runs_are_sent(
     assert model.seen == [("integer", "integer", "integer")] * 2
     assert model.refused == ["tool", "answer tool", "output"] * 2
     assert _add.parameters["properties"]["a"]["type"] == "integer"
+
+
+async def test_a_running_tool_call_holds_few_frames_and_no_cancel_event(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # While a tool runs, the run's task is: the entry point, the run's task function,
+    # the turn loop, the call, the tool (no frames in between); and an async tool that
+    # never reads ctx.cancelled has no threading.Event.
+    release = trio.Event()
+    contexts: list[ta.ToolContext] = []
+
+    @ta.function_tool
+    async def held(ctx: ta.ToolContext) -> str:
+        """Wait until released."""
+        contexts.append(ctx)
+        await release.wait()
+        return "done"
+
+    model = ScriptedModel([Turn(tool_calls=[("held", {})]), "ok"])
+    agent = ta.Agent(name="t", model=model, tools=[held])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ta.run, agent, "go", name="the run")
+        await trio.testing.wait_all_tasks_blocked()
+        (task,) = [t for t in nursery.child_tasks if t.name == "the run"]
+        names = []
+        coro: Any = task.coro
+        while coro is not None and hasattr(coro, "cr_code"):
+            names.append(coro.cr_code.co_qualname)
+            coro = coro.cr_await
+        assert names[:5] == [
+            "run",
+            "Run._serve",
+            "drive",
+            "_invoke",
+            "test_a_running_tool_call_holds_few_frames_and_no_cancel_event.<locals>.held",
+        ]
+        assert contexts[0]._event is None
+        release.set()
+    assert contexts[0]._event is None

@@ -33,7 +33,14 @@ from ._frozen import freeze_json
 from ._model import ToolSpec
 from ._schema import ArgumentConversionError, FunctionSchema, function_schema, validate
 
-__all__ = ["Tool", "ToolArgumentsError", "ToolContext", "function_tool", "mark_cancelled"]
+__all__ = [
+    "Tool",
+    "ToolArgumentsError",
+    "ToolContext",
+    "function_tool",
+    "mark_cancelled",
+    "to_output",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -263,7 +270,7 @@ def _output_default(value: object) -> object:
     return str(value)
 
 
-def _to_output(value: object) -> str:
+def to_output(value: object) -> str:
     """Turn a tool's return value into the text the model reads."""
     if isinstance(value, enum.Enum):
         value = value.value
@@ -443,26 +450,45 @@ class Tool:
             ToolArgumentsError: the arguments are invalid; the function was not called.
             Exception: whatever the tool function raised, unchanged.
         """
-        parsed = self.parse_arguments(arguments)
-        if self._raw:
-            args: tuple[Any, ...] = (ctx, parsed)
-            kwargs: dict[str, Any] = {}
-        else:
-            kwargs = self.convert_arguments(parsed)
-            args = (ctx,) if self._schema.takes_context else ()
+        args, kwargs = self._bind(ctx, arguments)
         try:
-            if self._is_async:
-                value = await self.fn(*args, **kwargs)
-            else:
-                value = await trio.to_thread.run_sync(
-                    functools.partial(self.fn, *args, **kwargs),
-                    abandon_on_cancel=True,
-                    limiter=limiter,
-                )
+            value = await self._start(args, kwargs, limiter)
         except BaseException:
             mark_cancelled(ctx)
             raise
-        return _to_output(value)
+        return to_output(value)
+
+    # invoke() in two halves, for the run's own call path (_toolcalls.py), which awaits
+    # _start()'s awaitable in its own frame: one coroutine frame less per running call.
+
+    def _bind(self, ctx: ToolContext, arguments: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Validate and convert the model's ``arguments``: the function's arguments.
+
+        Raises:
+            ToolArgumentsError: the arguments are invalid.
+        """
+        parsed = self.parse_arguments(arguments)
+        if self._raw:
+            return (ctx, parsed), {}
+        kwargs = self.convert_arguments(parsed)
+        return ((ctx,) if self._schema.takes_context else ()), kwargs
+
+    def _start(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        limiter: trio.CapacityLimiter | None,
+    ) -> Awaitable[Any]:
+        """The call of the function, to await: the coroutine of an async function, or
+        a worker thread (abandoned on cancellation) running a sync one."""
+        if self._is_async:
+            awaitable: Awaitable[Any] = self.fn(*args, **kwargs)
+            return awaitable
+        return trio.to_thread.run_sync(
+            functools.partial(self.fn, *args, **kwargs),
+            abandon_on_cancel=True,
+            limiter=limiter,
+        )
 
     def convert_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Turn validated arguments into the keyword arguments of the function.
