@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -16,6 +17,7 @@ import trio.testing
 import trio_agents as ta
 from trio_agents._events import EVENT_TYPES, ResponseTextDelta, text_delta
 from trio_agents._run import _uuid4_hex
+from trio_agents._turns import model_turn
 from trio_agents.models import (
     FINAL_ANSWER_TOOL,
     Finish,
@@ -242,3 +244,65 @@ async def test_a_running_tool_call_holds_few_frames_and_no_cancel_event(
         assert contexts[0]._event is None
         release.set()
     assert contexts[0]._event is None
+
+
+def _count_stream_scopes() -> tuple[list[int], Callable[[], None]]:
+    """Count the cancel scopes the turn engine's model_turn enters (a profile hook on
+    this thread); returns the count (a one-element list) and a function to stop."""
+    count = [0]
+    enter = trio.CancelScope.__enter__.__code__
+    turn = model_turn.__code__
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code is enter and frame.f_back.f_code is turn:
+            count[0] += 1
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    return count, lambda: sys.setprofile(previous)
+
+
+async def test_only_a_run_an_injection_can_reach_has_a_stream_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # ta.run() without hooks: nobody holds the handle, nothing can inject(when="now"),
+    # so its turns open no stream scope. Whoever holds a handle gets one per turn.
+    agent = ta.Agent(
+        name="t",
+        model=ScriptedModel([Turn(tool_calls=[("_add", {"a": 1, "b": 2})]), "3"]),
+        tools=[_add],
+    )
+    count, stop = _count_stream_scopes()
+    try:
+        result = await ta.run(agent, "go")
+        assert result.final_output == "3"
+        assert count == [0]
+        agent = attrs.evolve(
+            agent, model=ScriptedModel([Turn(tool_calls=[("_add", {"a": 1, "b": 2})]), "3"])
+        )
+        async with ta.open_run(agent, "go") as run:
+            pass
+        assert run.result is not None
+        assert run.result.final_output == "3"
+        assert count == [2]
+    finally:
+        stop()
+
+
+class _InjectNowAtModelStart(ta.RunHooks):
+    async def on_model_start(self, run: ta.Run, turn: int, request: ModelRequest) -> None:
+        if turn == 1:
+            run.inject("actually, this", when="now")
+
+
+async def test_run_with_hooks_keeps_its_stream_scope_for_inject_now(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # ta.run() hands its handle to hooks, which may inject(when="now") while the model
+    # call is being opened: that call is interrupted before it yields anything, and the
+    # next one is made with the injection (without the scope, "cut" would be answered).
+    model = ScriptedModel(["cut", "the answer"])
+    result = await ta.run(ta.Agent(name="t", model=model), "go", hooks=_InjectNowAtModelStart())
+    assert result.final_output == "the answer"
+    assert ta.AssistantMessage("cut") not in result.conversation
+    assert model.requests[-1].items == (ta.UserMessage("go"), ta.UserMessage("actually, this"))

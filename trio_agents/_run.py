@@ -339,6 +339,10 @@ class Run:
         before it starts (so no start-up checkpoints are owed to a caller's cancel)."""
         self._token = trio.lowlevel.current_trio_token()
         self._thread_id = threading.get_ident()
+        if direct and self._state.hooks is None:
+            # run(): nobody holds this handle and no hook is handed it, so nothing can
+            # inject(when="now"): the turns need no stream scope to interrupt.
+            self._state.interruptible = False
         task_status.started(self)
         outcome: Outcome | None = None
         escaped: BaseException | None = None

@@ -146,6 +146,7 @@ class RunState:
         "hooks",
         "input",
         "input_committed",
+        "interruptible",
         "log",
         "max_turns",
         "new_items",
@@ -199,6 +200,10 @@ class RunState:
         # keeps it as an incomplete assistant message, whatever ended the turn.
         self.partial_text: list[str] | None = None
         self.stream_scope: trio.CancelScope | None = None
+        # Whether a when="now" injection can reach the run (it needs a cancel scope per
+        # model call): False only for a run that nobody holds the handle of (see
+        # Run._serve).
+        self.interruptible = True
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.spans = Spans()

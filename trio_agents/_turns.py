@@ -290,10 +290,14 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     calls: list[ToolCall] = []
     # The stream's scope exists before the start hook runs, so a when="now" injection
     # that arrives while the call is being opened interrupts it (never lost between).
-    with trio.CancelScope() as stream_scope:
-        state.stream_scope = stream_scope
-        if inbox.wants_interrupt():
-            stream_scope.cancel(reason="interrupted by injection")
+    # A run no injection can reach (state.interruptible) needs no scope: entering and
+    # leaving one is the largest cost of a turn in our code (issue 18, W2).
+    stream_scope = trio.CancelScope() if state.interruptible else _NO_SCOPE
+    with stream_scope:
+        if type(stream_scope) is trio.CancelScope:
+            state.stream_scope = stream_scope
+            if inbox.wants_interrupt():
+                stream_scope.cancel(reason="interrupted by injection")
         hooks = state.hooks
         if hooks is not None:
             handle = state.handle
@@ -322,6 +326,24 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     await _end_model_span(state, turn, "completed")
     await state.persist()
     return _Calls(tuple(calls)) if calls else _Answer(text)
+
+
+@final
+class _NoScope:
+    """Stands in for the stream's cancel scope in a run no injection can reach: nothing
+    can cancel it, so it never catches anything. Stateless: one serves every run."""
+
+    __slots__ = ()
+    cancelled_caught = False
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_NO_SCOPE = _NoScope()
 
 
 def _commit_response(state: RunState, partial: list[str], calls: list[ToolCall]) -> str:
