@@ -165,7 +165,12 @@ async def _invoke(
                     output = f"timed out after {tool.timeout:g} s"
                     result = ToolResult(call.call_id, output, status="error")
                 else:
-                    result = ToolResult(call.call_id, to_output(value))
+                    try:
+                        result = ToolResult(call.call_id, to_output(value))
+                    except Exception as exc:  # a value whose str() or JSON raises
+                        failed = _failed(state, call, exc)
+                        assert failed is not None
+                        result = failed
     finally:
         if limiter is not None:
             limiter.release()
