@@ -182,7 +182,9 @@ class Run:
 
         ``from_seq`` is inclusive; None means the oldest retained event. The iterator
         ends after the terminal ``run.updated``; one that falls behind retention gets an
-        ``events.dropped`` marker instead of the missing events.
+        ``events.dropped`` marker instead of the missing events. Each event is one
+        checkpoint; ``run.events().batches()`` (:meth:`EventCursor.batches`) takes every
+        event that is ready in one.
         """
         return EventCursor(self._log, from_seq)
 
