@@ -68,6 +68,15 @@ def results_of(model: ScriptedModel) -> list[ta.ToolResult]:
     return [i for i in model.requests[-1].items if isinstance(i, ta.ToolResult)]
 
 
+def statuses_after_resume(c: Client, run_id: str) -> list[str]:
+    """The statuses the client saw from the resumed attempt's first ``running`` on."""
+    statuses = [
+        frame["event"] for frame in c.events[run_id] if frame["event"]["type"] == "run.updated"
+    ]
+    first = next(i for i, e in enumerate(statuses) if e.get("detail", {}).get("resumed"))
+    return [e["status"] for e in statuses[first:]]
+
+
 def resumptions(c: Client, run_id: str) -> list[dict[str, Any]]:
     return [
         frame["event"]
@@ -108,6 +117,9 @@ async def test_an_approval_acked_before_the_owner_dies_runs_the_tool_once_after_
     (result,) = results_of(b_model)
     assert (result.status, result.output) == ("ok", "deleted on B")
     assert len(resumptions(cb, run_id)) == 1
+    # Answered by the resumed run itself: its client is never shown the call as
+    # awaiting an approval again.
+    assert statuses_after_resume(cb, run_id) == ["running", "completed"]
 
 
 async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_once(
@@ -155,6 +167,7 @@ async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_onc
     assert ran == []
     (result,) = results_of(b_model)
     assert (result.status, result.output) == ("error", "rejected: no")
+    assert statuses_after_resume(cb, run_id) == ["running", "completed"]
 
 
 @pytest.mark.parametrize("op", ["run.approve", "run.reject"])

@@ -70,6 +70,10 @@ def run_tools(
     waiting = [call for call in calls if needs_approval(state, call)]
     if waiting:
         approvals.open(waiting)
+        resume = state.options.resume
+        if resume is not None and (resume.approved or resume.rejected):
+            waiting = _decided_before(approvals, resume, waiting)
+    if waiting:
         state.emit_status(
             RunStatus.AWAITING_APPROVAL, detail={"pending": [call.call_id for call in waiting]}
         )
@@ -91,6 +95,23 @@ async def _run_all(
             nursery.start_soon(
                 _run_one, state, approvals, shared, call_soon, call, name=f"{state.run_id}:tool"
             )
+
+
+def _decided_before(
+    approvals: Approvals, resume: Resume, waiting: list[ToolCall]
+) -> list[ToolCall]:
+    """Answer the calls an earlier attempt of a resumed run had a decision for (so
+    its client is not asked twice); return those still to be asked."""
+    undecided = []
+    for call in waiting:
+        if call.call_id in resume.approved:
+            approvals.decide(call.call_id, approved=True, message=None).set()
+        elif call.call_id in resume.rejected:
+            message = resume.rejected[call.call_id]
+            approvals.decide(call.call_id, approved=False, message=message).set()
+        else:
+            undecided.append(call)
+    return undecided
 
 
 def _run_one(

@@ -14,8 +14,8 @@ one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 ``inbox.injected``) but neither delivered nor withdrawn are injected again — unless
 their items are already in the session after their acceptance (an ``inbox.delivered``
 lost with its node: see :func:`_undelivered`). Approvals and rejections recorded in the
-run's row are applied to the calls the resumed run asks for again
-(:func:`apply_decisions`); a run whose client's node (``on_disconnect="cancel"``) is
+run's row are given to the resumed run (``Resume.approved``/``rejected``), which answers
+the calls it asks for again with them, without an ``awaiting_approval`` status; a run whose client's node (``on_disconnect="cancel"``) is
 dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
 node's runs whose client's node has died since (``PostgresCluster.check_clients``). A
 NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
@@ -46,7 +46,6 @@ from .._events import (
     RunUpdated,
     event_from_json,
 )
-from .._exceptions import RunClosedError, UnknownCallError
 from .._items import Item, item_from_json
 from .._resume import Resume
 from .._run import Run
@@ -182,28 +181,6 @@ def _input(options: str) -> tuple[Item, ...]:
         return tuple(item_from_json(item) for item in json.loads(options).get("input", ()))
     except (TypeError, ValueError, AttributeError):
         return ()
-
-
-async def apply_decisions(run: Run, decisions: tuple[tuple[str, bool, str | None], ...]) -> None:
-    """Apply the approvals and rejections an earlier attempt recorded to the calls
-    the resumed run asks for again, as soon as it asks (its statuses say when), so the
-    client is not asked twice. Ends with the run, or once each one is applied."""
-    left = {call_id: (approved, message) for call_id, approved, message in decisions}
-    async for _update in run.updated:
-        for call_id in run.statistics().pending_approvals:
-            decision = left.pop(call_id, None)
-            if decision is None:
-                continue
-            approved, message = decision
-            try:
-                if approved:
-                    run.approve(call_id)
-                else:
-                    run.reject(call_id, message=message)
-            except (RunClosedError, UnknownCallError):
-                pass
-        if not left:
-            return
 
 
 class Leases:
@@ -422,6 +399,12 @@ class Leases:
                 next_seq=claimed.last_seq + 1,
                 started=claimed.started,
                 reason=f"node {claimed.previous_owner} stopped",
+                approved={call_id for call_id, approved, _ in claimed.decisions if approved},
+                rejected={
+                    call_id: message
+                    for call_id, approved, message in claimed.decisions
+                    if not approved
+                },
             )
 
             def then(run: Run) -> None:
@@ -440,8 +423,6 @@ class Leases:
                         run.inject(list(injected.items), when=injected.when)  # type: ignore[arg-type]
                     except Exception:
                         logger.exception("re-injecting into run %s failed", claimed.run_id)
-                if claimed.decisions and registry.nursery is not None:
-                    registry.nursery.start_soon(apply_decisions, run, claimed.decisions)
 
             try:
                 await resume_run(registry, claimed, resume, then)
