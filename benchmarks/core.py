@@ -43,17 +43,42 @@ async def stream_overhead(deltas: int) -> float:
     return (time.perf_counter() - start) / deltas
 
 
-async def stream_fanout(deltas: int, subscribers: int) -> tuple[float, int]:
-    """B1 fan-out: wall seconds and events delivered, ``subscribers`` ``events()`` readers."""
+async def _read_batches(run: ta.Run) -> int:
+    """Read every event of ``run`` in ``batches()``; return how many."""
+    count = 0
+    async for batch in run.events().batches():
+        count += len(batch)
+    return count
+
+
+async def _read_each(run: ta.Run) -> int:
+    """Read every event of ``run`` one by one; return how many."""
+    count = 0
+    async for _ in run.events():
+        count += 1
+    return count
+
+
+async def stream_fanout(
+    deltas: int, subscribers: int, *, batches: bool = False
+) -> tuple[float, int]:
+    """B1 fan-out: wall seconds and events delivered, ``subscribers`` ``events()`` readers
+    (reading ``batches()`` if ``batches``)."""
     model = ScriptedModel([Turn(text=["x"] * deltas)])
     agent = ta.Agent(name="b1", model=model)
     delivered = 0
 
+    # The loops inline (not awaited through a helper): every coroutine frame between
+    # the task and the cursor is paid again at each of its task steps.
     async def subscribe(run: ta.Run) -> None:
         nonlocal delivered
         count = 0
-        async for _ in run.events():
-            count += 1
+        if batches:
+            async for batch in run.events().batches():
+                count += len(batch)
+        else:
+            async for _ in run.events():
+                count += 1
         delivered += count
 
     start = time.perf_counter()
@@ -78,12 +103,26 @@ async def http_stream_cost(base_url: str, deltas: int) -> None:
             pass
 
 
-async def http_stream_overhead(base_url: str, deltas: int) -> None:
-    """W1 over HTTP: one run whose response streams ``deltas`` deltas, one reader."""
+async def http_stream_overhead(
+    base_url: str, deltas: int, *, subscribers: int = 1, batches: bool = False
+) -> None:
+    """W1 over HTTP: one run whose response streams ``deltas`` deltas, read by
+    ``subscribers`` readers of ``events()`` (of ``events().batches()`` if ``batches``)."""
     agent = ta.Agent(name="b1", model=_http_model(base_url, deltas))
-    async with ta.open_run(agent, "go") as run:
-        async for _ in run.events():
-            pass
+    if subscribers == 1:
+        # One reader: the body of the run's block, its loop inline (see stream_fanout).
+        async with ta.open_run(agent, "go") as run:
+            if batches:
+                async for _ in run.events().batches():
+                    pass
+            else:
+                async for _ in run.events():
+                    pass
+    else:
+        read = _read_batches if batches else _read_each
+        async with ta.open_run(agent, "go") as run, trio.open_nursery() as nursery:
+            for _ in range(subscribers):
+                nursery.start_soon(read, run)
     assert run.result is not None
     assert run.result.final_output == "x" * deltas, run.result
 

@@ -14,12 +14,14 @@ when valgrind is installed (``.ci/valgrind.sh`` installs it, as root, if missing
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,6 +44,11 @@ SIZES: dict[str, tuple[int, int]] = {
     "w2": (10, 60),
     "w1_http_model": (200, 2_200),
     "w1_http_run": (200, 2_200),
+    # The same with readers of run.events().batches() (every ready event in one step).
+    "w1_fanout_batch": (50, 250),
+    "w1_http_batch_run": (200, 2_200),
+    "w1_http_fanout": (50, 250),
+    "w1_http_fanout_batch": (50, 250),
 }
 
 
@@ -71,10 +78,22 @@ async def _workload(mode: str, n: int) -> None:
         for agent in agents[:n]:
             result = await ta.run(agent, "1 + 2?")
             assert result.final_output == "3", result
-    elif mode in ("w1_http_model", "w1_http_run"):
+    elif mode == "w1_fanout_batch":
+        await core.stream_fanout(10, 10, batches=True)
+        await core.stream_fanout(n, 10, batches=True)
+    elif mode.startswith("w1_http_"):
         from .latency import LoopbackServer
 
-        drain = core.http_stream_cost if mode == "w1_http_model" else core.http_stream_overhead
+        drains: dict[str, Callable[[str, int], Awaitable[None]]] = {
+            "w1_http_model": core.http_stream_cost,
+            "w1_http_run": core.http_stream_overhead,
+            "w1_http_batch_run": functools.partial(core.http_stream_overhead, batches=True),
+            "w1_http_fanout": functools.partial(core.http_stream_overhead, subscribers=10),
+            "w1_http_fanout_batch": functools.partial(
+                core.http_stream_overhead, subscribers=10, batches=True
+            ),
+        }
+        drain = drains[mode]
         async with LoopbackServer.running() as server:
             await drain(server.base_url, 50)
             await drain(server.base_url, n)
@@ -144,6 +163,12 @@ def bench_instructions(*, quick: bool = False) -> list[Figure]:
     overhead = counts["w1_run"] - counts["w1_model"]
     http_overhead = counts["w1_http_run"] - counts["w1_http_model"]
     fanout = (counts["w1_fanout"] - counts["w1_model"]) / deliveries_per_delta
+    fanout_batch = (counts["w1_fanout_batch"] - counts["w1_model"]) / deliveries_per_delta
+    http_batch = counts["w1_http_batch_run"] - counts["w1_http_model"]
+    http_fanout = (counts["w1_http_fanout"] - counts["w1_http_model"]) / deliveries_per_delta
+    http_fanout_batch = (
+        counts["w1_http_fanout_batch"] - counts["w1_http_model"]
+    ) / deliveries_per_delta
 
     def figure(name: str, value: float, note: str, target: float | None = None) -> Figure:
         return Figure(
@@ -182,6 +207,31 @@ def bench_instructions(*, quick: bool = False) -> list[Figure]:
             "W1 over loopback HTTP (many deltas per socket read): run with one events()"
             " reader, minus the model's own cost",
             0.5,
+        ),
+        figure(
+            "w1_batch_per_delivered_event",
+            fanout_batch,
+            "W1: 10 events().batches() readers, (run - model) / deliveries",
+            0.2,
+        ),
+        figure(
+            "w1_http_batch_overhead_per_delta",
+            http_batch,
+            "W1 over loopback HTTP: run with one events().batches() reader, minus the"
+            " model's own cost",
+            0.5,
+        ),
+        figure(
+            "w1_http_per_delivered_event",
+            http_fanout,
+            "W1 over loopback HTTP: 10 events() readers, (run - model) / deliveries",
+            0.2,
+        ),
+        figure(
+            "w1_http_batch_per_delivered_event",
+            http_fanout_batch,
+            "W1 over loopback HTTP: 10 events().batches() readers, (run - model) / deliveries",
+            0.2,
         ),
     ]
 

@@ -50,7 +50,7 @@ async def test_the_schema_is_created_and_versioned(pg_dsn: str) -> None:
         versions: dict[str, int] = dict(
             conn.execute("SELECT component, version FROM trio_agents_schema").fetchall()
         )
-        assert versions == {"sessions": 1, "cluster": 1}
+        assert versions == {"sessions": 1, "cluster": 2}
         (nodes,) = conn.execute("SELECT count(*) FROM trio_agents_nodes").fetchone() or (None,)
         assert nodes == 0  # a node that stopped gracefully removed its row
         row = conn.execute(
@@ -118,3 +118,28 @@ async def test_a_node_refuses_tables_of_a_newer_version(pg_dsn: str) -> None:
     assert rest is None
     assert matched is not None
     assert "newer than this trio_agents supports" in str(leaves(matched)[0])
+
+
+async def test_version_1_tables_are_migrated(pg_dsn: str) -> None:
+    # Version 2 adds the index of queued runs (their order for a session, cluster-wide).
+    model = ScriptedModel([], default="hello")
+    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "A"):
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("DROP INDEX trio_agents_runs_queued")
+        conn.execute("UPDATE trio_agents_schema SET version = 1 WHERE component = 'cluster'")
+    async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "B"):
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn) as conn:
+        (version,) = conn.execute(
+            "SELECT version FROM trio_agents_schema WHERE component = 'cluster'"
+        ).fetchone() or (None,)
+        assert version == 2
+        indexes = {
+            row[0]
+            for row in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'trio_agents_runs'"
+            ).fetchall()
+        }
+        assert "trio_agents_runs_queued" in indexes

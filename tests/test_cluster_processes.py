@@ -18,6 +18,7 @@ xfail test at the end.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import TYPE_CHECKING, Final
 
@@ -25,7 +26,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from trio_agents.control import ControlError
+from trio_agents.control import ControlConnectionError, ControlError
 
 from .process_cluster import (
     Cluster,
@@ -250,6 +251,47 @@ async def test_sigterm_hands_the_runs_over_without_waiting_for_the_lease(pg_dsn:
         assert_same_events(follower.events, log)
         assert ta.conversation_problems(items_of(log)) == []
     assert len(cluster.executions("delete", waiting.id)) == 1
+
+
+async def test_kill_9_of_a_clients_node_cancels_its_on_disconnect_cancel_runs(
+    pg_dsn: str,
+) -> None:
+    """A client on n1 starts two runs with ``on_disconnect="cancel"``, one on n1 and one
+    that n1 (full) places on another node, and one with the default ``"continue"`` on
+    n1. n1 is killed with the client connected: the run placed elsewhere is cancelled by
+    its owner, and the one taken over from n1 by the node that claims it, both with
+    reason ``"client disconnected"`` (as a disconnect); the ``"continue"`` run is
+    resumed and completes."""
+    async with open_cluster(pg_dsn, 3, lease_ttl=LEASE, max_runs=2) as cluster:
+        with trio.fail_after(BOUND):
+            first = cluster.alive()[0]
+            with contextlib.suppress(ControlConnectionError):
+                async with cluster.client(first) as client:
+                    here = await client.start(
+                        "worker", "charge #k1", on_disconnect="cancel", subscribe=None
+                    )
+                    kept = await client.start("worker", "charge #k2", subscribe=None)
+                    await cluster.wait_executions(1, "charge", here.id)
+                    await cluster.wait_executions(1, "charge", kept.id)
+                    placed = await client.start(
+                        "worker", "charge #k3", on_disconnect="cancel", subscribe=None
+                    )
+                    await cluster.wait_executions(1, "charge", placed.id)
+                    assert await owner_of(cluster, here.id) == first.node_id
+                    assert await owner_of(cluster, placed.id) != first.node_id
+                    await cluster.kill(first)
+            async with cluster.client(cluster.alive()[0]) as watcher:
+                for run in (here, placed):
+                    terminal = await watcher.attach(run.id).wait()
+                    assert (terminal.status, terminal.reason) == (
+                        ta.RunStatus.CANCELLED,
+                        "client disconnected",
+                    ), run.id
+                cluster.open_gate("charge")
+                terminal = await watcher.attach(kept.id).wait()
+                assert terminal.status is ta.RunStatus.COMPLETED, terminal
+    for run in (here, placed, kept):  # none ran its (non-idempotent) tool twice
+        assert len(cluster.executions("charge", run.id)) == 1
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@ and PostgreSQL restarted under load (DESIGN §12, issue 17 items 3 and 5)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pytest
 import trio
@@ -222,6 +224,73 @@ async def test_a_queued_run_whose_node_dies_is_queued_again_by_the_takeover(
     assert [i.content for i in last if isinstance(i, ta.UserMessage)] == ["1", "2"]
 
 
+async def test_runs_queued_on_different_nodes_get_the_session_in_order(pg_dsn: str) -> None:
+    # A holds the session; a run is enqueued on B, then one on C. When A's run ends,
+    # B's gets the session first, then C's: first come, first served cluster-wide (as
+    # in one process). B is made slow to claim (its claims wait until C has tried to
+    # claim the free session), so that C would win a race if there were one.
+    gate = trio.Event()
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="ok")
+    tools = [gated_tool(gate, [])]
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A") as a,
+            node(nursery, agents(model, tools), pg_dsn, "B") as b,
+            node(nursery, agents(model, tools), pg_dsn, "C") as c,
+            client(a.url) as ca,
+            client(b.url) as cb,
+            client(c.url) as cc,
+        ):
+            holder = (
+                await ca.ok("run.start", agent="a", input="0", session_id="s", subscribe="all")
+            )["run_id"]
+            await ca.wait_event(holder, lambda e: e["type"] == "tool.started")
+            armed = trio.Event()  # both runs are queued
+            c_tried = trio.Event()  # C tried to claim with the session free
+            b_call, c_call = b.cluster.db.call, c.cluster.db.call
+
+            def claims(fn: Any) -> bool:
+                return "claim_queued" in getattr(fn, "__qualname__", "")
+
+            async def b_slow(fn: Any) -> Any:
+                if claims(fn) and armed.is_set():
+                    await c_tried.wait()
+                return await b_call(fn)
+
+            async def c_watched(fn: Any) -> Any:
+                result = await c_call(fn)
+                if claims(fn):
+                    claimed, blocker = result
+                    if claimed or (blocker is not None and blocker[0] != holder):
+                        c_tried.set()
+                return result
+
+            b.cluster.db.call = b_slow  # type: ignore[method-assign]
+            c.cluster.db.call = c_watched  # type: ignore[method-assign]
+            queued = []
+            for peer, text in ((cb, "1"), (cc, "2")):
+                run_id = (
+                    await peer.ok(
+                        "run.start",
+                        agent="a",
+                        input=text,
+                        session_id="s",
+                        on_busy="enqueue",
+                        subscribe="all",
+                    )
+                )["run_id"]
+                await peer.wait_status(run_id, "queued")
+                queued.append(run_id)
+            armed.set()
+            gate.set()
+            assert (await ca.wait_terminal(holder))["event"]["status"] == "completed"
+            for peer, run_id in zip((cb, cc), queued, strict=True):
+                assert (await peer.wait_terminal(run_id))["event"]["status"] == "completed"
+        nursery.cancel_scope.cancel()
+    last = model.requests[-1].items
+    assert [i.content for i in last if isinstance(i, ta.UserMessage)] == ["0", "1", "2"]
+
+
 async def test_a_full_node_places_runs_on_a_node_with_room(pg_dsn: str) -> None:
     gate = trio.Event()
     started: list[str] = []
@@ -282,6 +351,111 @@ async def test_a_placed_run_is_cancelled_when_its_client_disconnects(pg_dsn: str
             for watcher, run_id in ((cb, first), (ca, kept)):
                 await cb.ok("run.cancel", run_id=run_id)
                 await watcher.wait_terminal(run_id)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_placed_start_whose_node_dies_before_answering_is_acked_with_its_run(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # C is full and places a run.start (on_disconnect="cancel") on A or B; that node
+    # starts the run and dies before it could answer. C's wait for the answer ends
+    # (shortened here): the run exists, so the client gets its id (not "internal",
+    # which a retry would answer with a second run), and its disconnect cancels the
+    # run on the node that took it over.
+    monkeypatch.setattr("trio_agents.cluster._routing.ROUTE_TIMEOUT", 3.0)
+    model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
+    tools = [gated_tool(trio.Event(), [])]
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A", lease_ttl=0.5) as a,
+            node(nursery, agents(model, tools), pg_dsn, "B", lease_ttl=0.5) as b,
+            node(nursery, agents(model, tools), pg_dsn, "C", lease_ttl=0.5, max_runs=1) as c,
+            client(c.url) as cc,
+        ):
+            first = (await cc.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
+            await cc.wait_event(first, lambda e: e["type"] == "tool.started")
+            started: list[Any] = []
+
+            def dying(target: Any) -> Any:
+                execute = target.cluster.router.execute
+
+                async def started_then_dies(*args: Any) -> Any:
+                    if args[1]["op"] != "run.start":
+                        return await execute(*args)
+                    await execute(*args)  # the run starts there
+                    started.append(target)
+                    target.crash()
+                    await trio.sleep_forever()
+
+                return started_then_dies
+
+            for target in (a, b):
+                monkeypatch.setattr(target.cluster.router, "execute", dying(target))
+            async with client(c.url) as leaving:
+                placed = (
+                    await leaving.ok("run.start", agent="a", input="2", on_disconnect="cancel")
+                )["run_id"]
+                (dead,) = started
+                alive = b if dead is a else a
+                async with client(alive.url) as watcher:
+                    await watcher.ok("run.subscribe", run_id=placed, from_seq=1)
+                    await watcher.wait_event(
+                        placed,
+                        lambda e: e["type"] == "run.updated" and e.get("detail", {}).get("resumed"),
+                    )
+                    await leaving.ws.aclose()  # the client leaves: its run is cancelled
+                    done = (await watcher.wait_terminal(placed))["event"]
+            assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
+            await cc.ok("run.cancel", run_id=first)
+            await cc.wait_terminal(first)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_placed_start_its_node_gave_up_on_never_starts(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # C is full and places a run.start on A, which is slow: C gives up waiting
+    # (shortened here) and answers "internal" (retry). The start A then gets to must
+    # not start a run nobody knows of: it finds the command withdrawn and refuses.
+    monkeypatch.setattr("trio_agents.cluster._routing.ROUTE_TIMEOUT", 1.0)
+    model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
+    tools = [gated_tool(trio.Event(), [])]
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, tools), pg_dsn, "A") as a,
+            node(nursery, agents(model, tools), pg_dsn, "C", max_runs=1) as c,
+            client(c.url) as cc,
+        ):
+            first = (await cc.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
+            await cc.wait_event(first, lambda e: e["type"] == "tool.started")
+            gave_up = trio.Event()
+            late: list[Any] = []
+            execute = a.cluster.router.execute
+            assert execute is not None
+
+            async def slow(*args: Any) -> Any:
+                await gave_up.wait()
+                try:
+                    return await execute(*args)
+                except Exception as exc:
+                    late.append(exc)
+                    raise
+                finally:
+                    late.append("done")
+
+            monkeypatch.setattr(a.cluster.router, "execute", slow)
+            answer = await cc.request("run.start", agent="a", input="2")
+            assert (answer["type"], answer["code"]) == ("error", "internal"), answer
+            gave_up.set()
+            with trio.fail_after(30):
+                while "done" not in late:  # noqa: ASYNC110 (no event to wait for)
+                    await trio.sleep(0.05)
+            assert a.server.statistics().active_runs == 0
+            with psycopg.connect(pg_dsn) as conn:
+                rows = conn.execute("SELECT run_id FROM trio_agents_runs").fetchall()
+            assert [row[0] for row in rows] == [first]
+            await cc.ok("run.cancel", run_id=first)
+            await cc.wait_terminal(first)
         nursery.cancel_scope.cancel()
 
 

@@ -496,3 +496,45 @@ async def test_a_run_whose_input_never_reached_its_session_is_resumed_with_it(
     assert [i.content for i in model.requests[0].items if isinstance(i, ta.UserMessage)] == [
         "hi there"
     ]
+
+
+async def test_a_node_restarted_under_the_same_id_does_not_keep_its_old_runs_leases(
+    pg_dsn: str,
+) -> None:
+    # A dies with a run, and a new process comes back as "A" at once (a restarted
+    # service keeps its --node-id). Its heartbeats renew the leases of its own runs
+    # only: the old run's lease expires and the run is taken over (by the new A, the
+    # only node), instead of staying "running" forever with nobody running it.
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="done")
+    release = trio.Event()
+
+    @ta.function_tool(idempotent=True)
+    async def wait() -> str:
+        """Wait (idempotent: it runs again after the takeover)."""
+        await release.wait()
+        return "waited"
+
+    async with trio.open_nursery() as nursery:
+        async with node(nursery, agents(model, [wait]), pg_dsn, "A", lease_ttl=1.0) as a:
+            async with client(a.url) as ca:
+                run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))[
+                    "run_id"
+                ]
+                await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
+            a.crash()
+            await a.stopped.wait()
+        async with (
+            node(nursery, agents(model, [wait]), pg_dsn, "A", lease_ttl=1.0) as again,
+            client(again.url) as c,
+        ):
+            await c.ok("run.subscribe", run_id=run_id, from_seq=1)
+            await c.wait_event(
+                run_id,
+                lambda e: e["type"] == "run.updated" and e.get("detail", {}).get("resumed"),
+            )
+            release.set()
+            done = await c.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed", done
+        nursery.cancel_scope.cancel()
+    _, row = run_rows(pg_dsn, run_id)
+    assert row[1:4] == ("A", 2, True)

@@ -395,3 +395,57 @@ async def test_sqlite_sessions_by_path_are_per_principal(tmp_path: object) -> No
     assert items[0] == ta.UserMessage("from alice")
     assert items[-1] == ta.AssistantMessage("stored")
     assert len(items) == 2
+
+
+class _ForwarderSteps(trio.abc.Instrument):
+    """Counts the task steps of the connections' subscription forwarders."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("Connection._forward"):
+            self.steps += 1
+
+
+@pytest.mark.parametrize("queue_size", [256, 8])
+async def test_a_subscription_forwards_a_backlog_in_few_steps_within_the_bound(
+    queue_size: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The forwarder reads run.events().batches() and queues each batch without a
+    # schedule point while the outbound queue has room: a backlog of 200 deltas takes a
+    # few task steps, not one per event. A full queue still makes it wait (the bound
+    # holds, with a lockstep client), and every frame arrives, in order.
+    model = ScriptedModel([Turn(text=["x"] * 200)])
+    limits = Limits(outbound_queue_size=queue_size, ping_interval=None)
+    counter = _ForwarderSteps()
+    with trio.fail_after(60):
+        async with (
+            serving({"a": agent_of(model)}, limits=limits) as (server, _),
+            memory_client(server) as client,
+        ):
+            ack = await ask(client, {"id": 1, "op": "run.start", "agent": "a", "input": "go"})
+            await trio.testing.wait_all_tasks_blocked()  # the run is over: a backlog
+            info = await ask(client, {"id": 2, "op": "run.get", "run_id": ack["run_id"]})
+            assert info["run"]["status"] == "completed"
+            trio.lowlevel.add_instrument(counter)
+            try:
+                sub = await ask(client, {"id": 3, "op": "run.subscribe", "run_id": ack["run_id"]})
+                assert sub["type"] == "ack"
+                events: list[dict[str, Any]] = []
+                while (
+                    not events
+                    or events[-1]["type"] != "run.updated"
+                    or events[-1]["status"] != "completed"
+                ):
+                    frame = json.loads(await client.get_message())
+                    assert frame["type"] == "event", frame
+                    events.append(frame["event"])
+            finally:
+                trio.lowlevel.remove_instrument(counter)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert sum(1 for e in events if e["type"] == "response.text.delta") == 200
+    if queue_size > len(events):
+        assert counter.steps <= 5, counter.steps
+    else:
+        assert counter.steps >= len(events) // queue_size  # it waited for room

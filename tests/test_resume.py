@@ -172,11 +172,72 @@ async def test_resume_needs_a_session_and_no_input() -> None:
         ({"attempt": True, "next_seq": 1}, TypeError),
         ({"attempt": 2, "next_seq": 1, "started": "c1"}, TypeError),
         ({"attempt": 2, "next_seq": 1, "reason": None}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "approved": "c1"}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "approved": {1}}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "rejected": ["c1"]}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "rejected": {"c1": 3}}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "approved": {"c1"}, "rejected": {"c1": None}}, ValueError),
     ],
 )
 def test_resume_validates_its_fields(kwargs: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error):
         ta.Resume(**kwargs)
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_a_decision_an_earlier_attempt_recorded_answers_the_call_asked_again(
+    approved: bool,
+) -> None:
+    # The earlier attempt had the approval (or rejection) of c4 but never ran it: the
+    # resumed run answers c4 with it, never shows awaiting_approval, and a second
+    # decision for c4 is refused like one for any answered call.
+    session = await crashed_session()
+    ran: list[str] = []
+    decided: dict[str, Any] = (
+        {"approved": {"c4"}} if approved else {"rejected": {"c4": "not that file"}}
+    )
+    resume = ta.Resume(attempt=2, next_seq=5, started={"c2"}, **decided)
+    model = ScriptedModel(["ok"])
+    async with ta.open_run(agent(model, ran), [], session=session, resume=resume) as run:
+        statuses = [u.status.value async for u in run.updated]
+        with pytest.raises(ta.RunClosedError):
+            run.approve("c4")
+    assert run.result is not None
+    assert run.result.status == "completed", run.result.reason
+    assert "awaiting_approval" not in statuses
+    result = by_call(run.result.conversation)["c4"]
+    if approved:
+        assert (result.status, result.output) == ("ok", "deleted")
+        assert sorted(ran) == ["c1", "c4"]  # c2 had started: interrupted, not run
+    else:
+        assert (result.status, result.output) == ("error", "rejected: not that file")
+        assert sorted(ran) == ["c1"]
+    assert ta.conversation_problems(await session.get_items()) == []
+
+
+async def test_a_recorded_decision_leaves_the_other_calls_awaiting_approval() -> None:
+    session = MemorySession("s")
+    await session.add_items(
+        [
+            ta.UserMessage("do it"),
+            ta.ToolCall("c1", "delete", "{}"),
+            ta.ToolCall("c2", "delete", "{}"),
+        ]
+    )
+    ran: list[str] = []
+    resume = ta.Resume(attempt=2, next_seq=4, approved={"c1"})
+    async with ta.open_run(
+        agent(ScriptedModel(["ok"]), ran), [], session=session, resume=resume
+    ) as run:
+        await trio.testing.wait_all_tasks_blocked()
+        assert run.status is ta.RunStatus.AWAITING_APPROVAL
+        assert run.statistics().pending_approvals == ("c2",)
+        with pytest.raises(ta.UnknownCallError):
+            run.approve("c1")
+        run.approve("c2")
+    assert run.result is not None
+    assert run.result.status == "completed", run.result.reason
+    assert sorted(ran) == ["c1", "c2"]
 
 
 async def test_before_tool_is_awaited_before_each_tool_runs(

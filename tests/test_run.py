@@ -616,6 +616,95 @@ async def test_breaking_out_of_a_subscription_is_safe(
     assert run.result.status == "completed"
 
 
+class _StepCounter(trio.abc.Instrument):
+    """Counts the task steps of one task."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+async def test_batches_take_every_ready_event_in_one_step(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 200 events already in the log: batches() hands them over in a few lists, one
+    # task step each; the per-event iteration takes a step per event.
+    model = ScriptedModel([Turn(text=["x"] * 200)])
+    async with ta.open_run(make_agent(model), "go") as run:
+        pass
+    every = [e.seq async for e in run.events()]
+    assert every == list(range(1, len(every) + 1))
+
+    counter = _StepCounter(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(counter)
+    try:
+        lists = [batch async for batch in run.events().batches(max_events=64)]
+        batch_steps = counter.steps
+        counter.steps = 0
+        one_by_one = [e async for e in run.events()]
+        event_steps = counter.steps
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    assert [e.seq for batch in lists for e in batch] == every
+    assert [len(batch) for batch in lists] == [64, 64, 64, len(every) - 192]
+    assert batch_steps <= len(lists) + 1
+    assert event_steps >= len(one_by_one)
+
+
+async def test_batches_follow_a_live_run_and_share_the_cursor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = ScriptedModel([Turn(text=["a", "b", "c"], delay=1.0)])
+    async with ta.open_run(make_agent(model), "go") as run:
+        cursor = run.events()
+        first = await anext(cursor)
+        seen = [first]
+        async for batch in cursor.batches():
+            assert batch  # never empty
+            seen.extend(batch)
+            if any(isinstance(e, ta.ResponseTextDelta) for e in batch):
+                break
+        seen.extend([e async for e in cursor])  # the cursor goes on after the lists
+    assert [e.seq for e in seen] == [e.seq for e in await collect(run)]
+    assert seen[-1].type == "run.updated"
+    assert [e.text for e in seen if isinstance(e, ta.ResponseTextDelta)] == ["a", "b", "c"]
+
+
+async def test_batches_mark_what_fell_out_of_retention_and_check_max_events(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = ScriptedModel([Turn(text=["x"] * 100)])
+    async with ta.open_run(make_agent(model), "go", event_retention=16) as run:
+        late = run.events(1)
+    lists = [batch async for batch in late.batches()]
+    first = lists[0][0]
+    assert isinstance(first, ta.EventsDropped)
+    assert first.first_missing_seq == 1
+    assert [e.seq for e in lists[0][1:]] == list(range(first.seq + 1, run._log.next_seq))
+    assert len(lists) == 1
+    with pytest.raises(ValueError, match="max_events"):
+        run.events().batches(0)
+    with pytest.raises(TypeError, match="max_events"):
+        run.events().batches(True)
+
+
+async def test_a_cancelled_batch_read_loses_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel([Turn(text=["x"] * 10)])
+    async with ta.open_run(make_agent(model), "go") as run:
+        pass
+    cursor = run.events()
+    batches = cursor.batches(max_events=4)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await anext(batches)  # raises Cancelled before taking anything
+    assert scope.cancelled_caught
+    assert [e.seq for e in await anext(batches)] == [1, 2, 3, 4]
+
+
 # ----------------------------------------------------------------------- hooks
 
 

@@ -3,16 +3,31 @@ the slower code they replace (their costs are measured in benchmarks/, never her
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import attrs
 import trio
 import trio.testing
 
 import trio_agents as ta
 from trio_agents._events import EVENT_TYPES, ResponseTextDelta, text_delta
 from trio_agents._run import _uuid4_hex
-from trio_agents.models import ModelRequest, ScriptedModel, ToolSpec, Turn, Usage
+from trio_agents._turns import model_turn
+from trio_agents.models import (
+    FINAL_ANSWER_TOOL,
+    Finish,
+    ModelRequest,
+    ScriptedModel,
+    ToolCallDone,
+    ToolSpec,
+    Turn,
+    Usage,
+)
 
 
 def test_text_delta_builds_the_same_event_as_the_class() -> None:
@@ -126,3 +141,168 @@ async def test_approvals_and_cancel_share_the_inbox_lock_without_deadlock(
         result = await run.wait()
     assert result.final_output == "3"
     assert run.statistics().pending_approvals == ()
+
+
+@attrs.define(eq=False)
+class _MeddlingModel:
+    """A model that tries to change what its request says about the tools and the
+    output, then answers as the final-answer tool; records what each request said."""
+
+    seen: list[tuple[str, str, str]] = attrs.field(factory=list)
+    refused: list[str] = attrs.field(factory=list)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
+        add_spec = next(spec for spec in request.tools if spec.name == "_add")
+        answer_spec = next(spec for spec in request.tools if spec.name == FINAL_ANSWER_TOOL)
+        assert request.output is not None
+        self.seen.append(
+            (
+                add_spec.parameters["properties"]["a"]["type"],
+                answer_spec.parameters["properties"]["n"]["type"],
+                request.output.schema["properties"]["n"]["type"],
+            )
+        )
+        # Typed Mapping: what a careless model might do anyway.
+        tool: Any = add_spec.parameters
+        answer: Any = answer_spec.parameters
+        output: Any = request.output.schema
+        changes: dict[str, Callable[[], object]] = {
+            "tool": lambda: tool["properties"]["a"].update(type="string"),
+            "answer tool": lambda: answer["required"].clear(),
+            "output": lambda: output["properties"].pop("n"),
+        }
+        for name, change in changes.items():
+            try:
+                change()
+            except TypeError:
+                self.refused.append(name)
+
+        async def events() -> AsyncIterator[Any]:
+            call = ta.ToolCall(f"call_{len(self.seen)}", FINAL_ANSWER_TOOL, '{"n": 3}')
+            yield ToolCallDone(call)
+            yield Finish("tool_calls")
+
+        yield events()
+
+
+@attrs.frozen
+class _Answer:
+    n: int
+
+
+async def test_no_run_can_change_the_schemas_other_runs_are_sent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The tool and output schemas are shared by every run (no per-run copy): a model
+    # (or anyone holding a request) that tries to change them is refused, and the next
+    # run is told the same as the first.
+    model = _MeddlingModel()
+    agent = ta.Agent(name="t", model=model, tools=[_add], output_type=_Answer)
+    for _ in range(2):
+        result = await ta.run(agent, "go")
+        assert result.final_output == _Answer(3)
+    assert model.seen == [("integer", "integer", "integer")] * 2
+    assert model.refused == ["tool", "answer tool", "output"] * 2
+    assert _add.parameters["properties"]["a"]["type"] == "integer"
+
+
+async def test_a_running_tool_call_holds_few_frames_and_no_cancel_event(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # While a tool runs, the run's task is: the entry point, the run's task function,
+    # the turn loop, the call, the tool (no frames in between); and an async tool that
+    # never reads ctx.cancelled has no threading.Event.
+    release = trio.Event()
+    contexts: list[ta.ToolContext] = []
+
+    @ta.function_tool
+    async def held(ctx: ta.ToolContext) -> str:
+        """Wait until released."""
+        contexts.append(ctx)
+        await release.wait()
+        return "done"
+
+    model = ScriptedModel([Turn(tool_calls=[("held", {})]), "ok"])
+    agent = ta.Agent(name="t", model=model, tools=[held])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ta.run, agent, "go", name="the run")
+        await trio.testing.wait_all_tasks_blocked()
+        (task,) = [t for t in nursery.child_tasks if t.name == "the run"]
+        names = []
+        coro: Any = task.coro
+        while coro is not None and hasattr(coro, "cr_code"):
+            names.append(coro.cr_code.co_qualname)
+            coro = coro.cr_await
+        assert names[:5] == [
+            "run",
+            "Run._serve",
+            "drive",
+            "_invoke",
+            "test_a_running_tool_call_holds_few_frames_and_no_cancel_event.<locals>.held",
+        ]
+        assert contexts[0]._event is None
+        release.set()
+    assert contexts[0]._event is None
+
+
+def _count_stream_scopes() -> tuple[list[int], Callable[[], None]]:
+    """Count the cancel scopes the turn engine's model_turn enters (a profile hook on
+    this thread); returns the count (a one-element list) and a function to stop."""
+    count = [0]
+    enter = trio.CancelScope.__enter__.__code__
+    turn = model_turn.__code__
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code is enter and frame.f_back.f_code is turn:
+            count[0] += 1
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    return count, lambda: sys.setprofile(previous)
+
+
+async def test_only_a_run_an_injection_can_reach_has_a_stream_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # ta.run() without hooks: nobody holds the handle, nothing can inject(when="now"),
+    # so its turns open no stream scope. Whoever holds a handle gets one per turn.
+    agent = ta.Agent(
+        name="t",
+        model=ScriptedModel([Turn(tool_calls=[("_add", {"a": 1, "b": 2})]), "3"]),
+        tools=[_add],
+    )
+    count, stop = _count_stream_scopes()
+    try:
+        result = await ta.run(agent, "go")
+        assert result.final_output == "3"
+        assert count == [0]
+        agent = attrs.evolve(
+            agent, model=ScriptedModel([Turn(tool_calls=[("_add", {"a": 1, "b": 2})]), "3"])
+        )
+        async with ta.open_run(agent, "go") as run:
+            pass
+        assert run.result is not None
+        assert run.result.final_output == "3"
+        assert count == [2]
+    finally:
+        stop()
+
+
+class _InjectNowAtModelStart(ta.RunHooks):
+    async def on_model_start(self, run: ta.Run, turn: int, request: ModelRequest) -> None:
+        if turn == 1:
+            run.inject("actually, this", when="now")
+
+
+async def test_run_with_hooks_keeps_its_stream_scope_for_inject_now(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # ta.run() hands its handle to hooks, which may inject(when="now") while the model
+    # call is being opened: that call is interrupted before it yields anything, and the
+    # next one is made with the injection (without the scope, "cut" would be answered).
+    model = ScriptedModel(["cut", "the answer"])
+    result = await ta.run(ta.Agent(name="t", model=model), "go", hooks=_InjectNowAtModelStart())
+    assert result.final_output == "the answer"
+    assert ta.AssistantMessage("cut") not in result.conversation
+    assert model.requests[-1].items == (ta.UserMessage("go"), ta.UserMessage("actually, this"))

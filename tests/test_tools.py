@@ -6,14 +6,17 @@ defined here have string annotations, which must resolve (also for local types).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import inspect
+import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypedDict, cast
 
@@ -23,7 +26,13 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from trio_agents._tools import Tool, ToolArgumentsError, ToolContext, function_tool
+from trio_agents._tools import (
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    function_tool,
+    mark_cancelled,
+)
 
 
 class Unit(enum.Enum):
@@ -151,10 +160,47 @@ async def test_tool_is_still_callable_like_the_function() -> None:
     assert list(inspect.signature(add).parameters) == ["a", "b"]
 
 
-def test_spec_is_a_copy() -> None:
+def test_spec_is_shared_and_read_only() -> None:
+    # One spec per tool, shared by every run: no one can change it through a spec.
     spec = add.spec()
-    spec.parameters["properties"]["a"]["type"] = "string"
+    assert add.spec() is spec
+    parameters: Any = spec.parameters  # typed Mapping; the test tries to mutate it
+    properties = parameters["properties"]
+    changes: list[Callable[[], object]] = [
+        lambda: properties["a"].__setitem__("type", "string"),
+        lambda: properties.pop("a"),
+        lambda: parameters["required"].append("c"),
+        lambda: parameters.update(type="array"),
+        lambda: add.parameters["properties"]["b"].clear(),
+    ]
+    for change in changes:
+        with pytest.raises(TypeError, match="read-only"):
+            change()
     assert add.parameters["properties"]["a"]["type"] == "integer"
+    assert add.parameters["required"] == ["a", "b"]
+    # A deep copy is plain and mutable; a shallow one is a plain top level.
+    mine = copy.deepcopy(spec.parameters)
+    mine["properties"]["a"]["type"] = "string"
+    mine["required"].append("c")
+    assert type(mine) is dict
+    assert add.parameters["properties"]["a"]["type"] == "integer"
+    assert json.loads(json.dumps(spec.parameters)) == spec.parameters
+
+
+def test_a_schema_given_to_a_tool_is_copied_then_frozen() -> None:
+    given = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+
+    async def search(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        return str(arguments["q"])
+
+    tool = Tool.from_schema("search", "Search.", given, search)
+    loaded: Any = pickle.loads(pickle.dumps(tool.parameters))
+    given_properties: Any = given["properties"]
+    given_properties["q"]["type"] = "integer"  # the caller's dict stays theirs
+    assert tool.parameters["properties"]["q"]["type"] == "string"
+    assert loaded == tool.parameters
+    with pytest.raises(TypeError, match="read-only"):
+        loaded["required"].append("x")
 
 
 def test_tools_are_immutable_but_evolvable() -> None:
@@ -533,6 +579,73 @@ async def test_cancelling_a_sync_tool_abandons_its_thread(
     release.set()
     await trio.to_thread.run_sync(finished.wait)
     assert saw_cancel == [True]
+
+
+async def test_a_thread_that_first_reads_ctx_cancelled_after_the_cancel_sees_it_set(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # ctx.cancelled is made on first read: the cancel comes before anyone has read it,
+    # and the abandoned thread's first read must still find it set.
+    entered = threading.Event()
+    release = threading.Event()
+    finished = threading.Event()
+    saw_cancel: list[bool] = []
+
+    @function_tool
+    def blocking(ctx: ToolContext) -> str:
+        entered.set()
+        try:
+            release.wait(timeout=30)
+            saw_cancel.append(ctx.cancelled.is_set())  # the first read of ctx.cancelled
+            return "late"
+        finally:
+            finished.set()
+
+    ctx = make_ctx()
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(blocking.invoke, ctx, "{}")
+            await trio.to_thread.run_sync(entered.wait)
+            scope.cancel()
+    assert scope.cancelled_caught
+    release.set()
+    await trio.to_thread.run_sync(finished.wait)
+    assert saw_cancel == [True]
+    assert ctx.cancelled.is_set()
+
+
+def test_ctx_cancelled_made_while_the_call_is_cancelled_is_never_missed() -> None:
+    # The race itself: a thread's first read of ctx.cancelled against mark_cancelled()
+    # on another thread, many times. Whichever wins, the one event both end up with is
+    # set once mark_cancelled() has returned.
+    for _ in range(300):
+        ctx = make_ctx()
+        barrier = threading.Barrier(2)
+        seen: list[threading.Event] = []
+
+        def read(ctx: ToolContext, barrier: threading.Barrier, seen: list[threading.Event]) -> None:
+            barrier.wait()
+            seen.append(ctx.cancelled)
+
+        reader = threading.Thread(target=read, args=(ctx, barrier, seen))
+        reader.start()
+        barrier.wait()
+        mark_cancelled(ctx)
+        reader.join()
+        assert seen[0] is ctx.cancelled
+        assert seen[0].is_set()
+
+
+def test_ctx_cancelled_passed_in_is_the_one_set() -> None:
+    event = threading.Event()
+    ctx = ToolContext(run_id="r", call_id="c", tool_name="t", cancelled=event)
+    assert ctx.cancelled is event
+    mark_cancelled(ctx)
+    assert event.is_set()
+    # An event made after the call was marked starts set.
+    late = make_ctx()
+    mark_cancelled(late)
+    assert late.cancelled.is_set()
 
 
 async def test_sync_tools_use_the_limiter(autojump_clock: trio.testing.MockClock) -> None:

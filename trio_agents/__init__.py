@@ -36,6 +36,7 @@ from ._items import UserMessage as UserMessage
 from ._items import coerce_items as coerce_items
 from ._items import conversation_problems as conversation_problems
 from ._items import item_from_json as item_from_json
+from ._log import EventCursor as EventCursor
 from ._model import Model as Model
 from ._model import ModelRequest as ModelRequest
 from ._model import ToolSpec as ToolSpec
@@ -61,6 +62,7 @@ __all__ = [
     "Agent",
     "AssistantMessage",
     "CancelMode",
+    "EventCursor",
     "EventsDropped",
     "InboxDelivered",
     "InboxFullError",

@@ -178,12 +178,19 @@ class Agent:
     output_type: Any = attrs.field(default=None, hash=False)
     output_retries: int = attrs.field(default=2, validator=_check_output_retries)
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
+    # What every request is told about the tools: one tuple of the tools' own (read-only)
+    # specs, shared by every run of the agent.
+    _tool_specs: tuple[ToolSpec, ...] = attrs.field(init=False, repr=False, eq=False)
     # The compiled output_type (None: plain text), read by the turn engine.
     _output: OutputType | None = attrs.field(init=False, repr=False, eq=False)
 
     @_by_name.default
     def _index_tools(self) -> Mapping[str, Tool]:
         return MappingProxyType({tool.name: tool for tool in self.tools})
+
+    @_tool_specs.default
+    def _collect_specs(self) -> tuple[ToolSpec, ...]:
+        return tuple(tool.spec() for tool in self.tools)
 
     @_output.default
     def _compile_output(self) -> OutputType | None:
@@ -200,5 +207,6 @@ class Agent:
         return self._by_name.get(name)
 
     def tool_specs(self) -> tuple[ToolSpec, ...]:
-        """Return what the model is told about the tools."""
-        return tuple(tool.spec() for tool in self.tools)
+        """Return what the model is told about the tools (shared and read-only: see
+        :meth:`Tool.spec`)."""
+        return self._tool_specs

@@ -41,15 +41,24 @@ class Answers:
         """More answers were rejected than ``Agent.output_retries`` allows."""
         return self._rejected > self._state.agent.output_retries
 
-    async def take_calls(
+    def take_calls(
         self, calls: Sequence[ToolCall], run_tools: Callable[[Sequence[ToolCall]], Awaitable[None]]
-    ) -> Attempt | None:
-        """A turn of tool calls: run them; None unless one was a final answer."""
+    ) -> Awaitable[Attempt | None]:
+        """A turn of tool calls: run them; the awaitable gives None unless one was a
+        final answer. Without a final answer it is ``run_tools``' own awaitable (one
+        coroutine frame less while the tools run)."""
         output = self._state.agent._output
+        if output is None or all(c.name != FINAL_ANSWER_TOOL for c in calls):
+            return run_tools(calls)
+        return self._take_answer_calls(calls, run_tools, output)
+
+    async def _take_answer_calls(
+        self,
+        calls: Sequence[ToolCall],
+        run_tools: Callable[[Sequence[ToolCall]], Awaitable[None]],
+        output: OutputType,
+    ) -> Attempt:
         answers = [c for c in calls if c.name == FINAL_ANSWER_TOOL]
-        if output is None or not answers:
-            await run_tools(calls)
-            return None
         # The other calls of the turn run first: the model asked for them, and their
         # results must be in before the turn can end.
         others = [c for c in calls if c.name != FINAL_ANSWER_TOOL]

@@ -30,6 +30,7 @@ from typing import Any, TypeAlias, final
 
 import attrs
 
+from ._frozen import freeze_json
 from ._model import FINAL_ANSWER_TOOL, OutputSpec, ToolSpec
 from ._schema import ArgumentConversionError, compile_type, to_json_value, validate
 
@@ -135,8 +136,10 @@ class OutputType:
     schema: Mapping[str, Any]
     convert: Callable[[Any], Any] = attrs.field(repr=False)
 
-    def tool_spec(self) -> ToolSpec:
-        """The final-answer tool, for models without native structured output."""
+    _tool_spec: ToolSpec = attrs.field(init=False, repr=False)
+
+    @_tool_spec.default
+    def _make_tool_spec(self) -> ToolSpec:
         about = f" The answer is: {self.spec.description}" if self.spec.description else ""
         return ToolSpec(
             FINAL_ANSWER_TOOL,
@@ -144,6 +147,11 @@ class OutputType:
             f" done; its arguments are the answer.{about}",
             self.spec.schema,
         )
+
+    def tool_spec(self) -> ToolSpec:
+        """The final-answer tool, for models without native structured output (one
+        shared, read-only spec)."""
+        return self._tool_spec
 
     def take(self, value: object) -> Attempt:
         """Check a decoded final answer and convert it."""
@@ -237,8 +245,10 @@ def compile_output(output_type: object) -> OutputType | None:
         }
     if strict is None:
         strict = _fits_strict(outer)
-    spec = OutputSpec(name, outer, strict=strict, description=description, envelope=envelope)
-    return OutputType(spec, MappingProxyType(schema), convert)
+    # Read-only, shared by every request of every run of the agent (_frozen.py).
+    frozen = freeze_json(outer)
+    spec = OutputSpec(name, frozen, strict=strict, description=description, envelope=envelope)
+    return OutputType(spec, frozen if envelope is None else frozen["properties"][envelope], convert)
 
 
 def _identity(value: Any) -> Any:

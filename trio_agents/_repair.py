@@ -36,6 +36,7 @@ from ._items import ToolResult
 from ._result import RunResult
 from ._state import RunState
 from ._toolcalls import finish_call
+from ._tools import mark_cancelled
 from ._turns import announce
 from ._util import summarize
 
@@ -164,7 +165,7 @@ def _close_open_calls(state: RunState, verdict: Verdict) -> None:
     output = f"cancelled: {verdict.reason}"
     for open_call in list(state.open_calls.values()):
         if open_call.ctx is not None:
-            open_call.ctx.cancelled.set()
+            mark_cancelled(open_call.ctx)
         result = ToolResult(open_call.call.call_id, output, status="cancelled")
         finish_call(state, open_call.call, result)
     hooks = state.hooks

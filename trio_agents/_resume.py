@@ -10,7 +10,8 @@ first ``running`` status says ``detail={"resumed": True, "attempt": n}``.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from types import MappingProxyType
 from typing import Any, final
 
 import attrs
@@ -30,8 +31,26 @@ def _check_at_least(minimum: int) -> Any:
 
 def _to_frozenset(value: Collection[str]) -> frozenset[str]:
     if isinstance(value, str):
-        raise TypeError("started must be a collection of call ids, not a str")
+        raise TypeError("a collection of call ids is expected, not a str")
+    if not all(isinstance(call_id, str) for call_id in value):
+        raise TypeError("call ids must be str")
     return frozenset(value)
+
+
+def _to_rejections(value: Mapping[str, str | None]) -> Mapping[str, str | None]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"rejected must be a mapping of call id -> message, not {value!r}")
+    rejections = dict(value)
+    for call_id, message in rejections.items():
+        if not isinstance(call_id, str) or not (message is None or isinstance(message, str)):
+            raise TypeError("rejected maps str call ids to a str message or None")
+    return MappingProxyType(rejections)
+
+
+def _check_decisions(instance: Resume, _attribute: object, _value: object) -> None:
+    both = instance.approved & instance.rejected.keys()
+    if both:
+        raise ValueError(f"calls both approved and rejected: {sorted(both)}")
 
 
 @final
@@ -52,6 +71,13 @@ class Resume:
             call left open that never started (one awaiting approval, say) runs, after
             its approval.
         reason: why the earlier attempt ended, for the ``interrupted`` results.
+        approved: ids of calls an earlier attempt had an approval for but had not run
+            (a cluster records every decision before applying it). When the resumed
+            run asks for such a call's approval again, it is approved at once: no
+            ``awaiting_approval`` status for it, and a later ``approve``/``reject`` of
+            it raises :class:`UnknownCallError`, as for any answered call.
+        rejected: the same for rejections: call id -> the rejection's message (or
+            ``None``).
     """
 
     attempt: int = attrs.field(validator=_check_at_least(2))
@@ -59,6 +85,10 @@ class Resume:
     started: frozenset[str] = attrs.field(default=frozenset(), converter=_to_frozenset)
     reason: str = attrs.field(
         default="the node running this call stopped", validator=attrs.validators.instance_of(str)
+    )
+    approved: frozenset[str] = attrs.field(default=frozenset(), converter=_to_frozenset)
+    rejected: Mapping[str, str | None] = attrs.field(
+        factory=dict, converter=_to_rejections, validator=_check_decisions
     )
 
     @property

@@ -182,7 +182,9 @@ class Run:
 
         ``from_seq`` is inclusive; None means the oldest retained event. The iterator
         ends after the terminal ``run.updated``; one that falls behind retention gets an
-        ``events.dropped`` marker instead of the missing events.
+        ``events.dropped`` marker instead of the missing events. Each event is one
+        checkpoint; ``run.events().batches()`` (:meth:`EventCursor.batches`) takes every
+        event that is ready in one.
         """
         return EventCursor(self._log, from_seq)
 
@@ -339,6 +341,10 @@ class Run:
         before it starts (so no start-up checkpoints are owed to a caller's cancel)."""
         self._token = trio.lowlevel.current_trio_token()
         self._thread_id = threading.get_ident()
+        if direct and self._state.hooks is None:
+            # run(): nobody holds this handle and no hook is handed it, so nothing can
+            # inject(when="now"): the turns need no stream scope to interrupt.
+            self._state.interruptible = False
         task_status.started(self)
         outcome: Outcome | None = None
         escaped: BaseException | None = None

@@ -31,7 +31,7 @@ from ._agent import Agent
 from ._events import RunItemEvent, RunStatus, RunUpdated
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall
 from ._log import EventLog
-from ._model import ToolSpec, Usage
+from ._model import Usage
 from ._options import RunOptions
 from ._tools import ToolContext
 from ._util import summarize
@@ -146,6 +146,7 @@ class RunState:
         "hooks",
         "input",
         "input_committed",
+        "interruptible",
         "log",
         "max_turns",
         "new_items",
@@ -159,7 +160,6 @@ class RunState:
         "spans",
         "status",
         "stream_scope",
-        "tool_specs",
         "turn",
         "undelivered",
         "usage",
@@ -200,8 +200,11 @@ class RunState:
         # keeps it as an incomplete assistant message, whatever ended the turn.
         self.partial_text: list[str] | None = None
         self.stream_scope: trio.CancelScope | None = None
+        # Whether a when="now" injection can reach the run (it needs a cancel scope per
+        # model call): False only for a run that nobody holds the handle of (see
+        # Run._serve).
+        self.interruptible = True
         self.usage: Usage | None = None
-        self.tool_specs: tuple[ToolSpec, ...] | None = None  # made at the first request
         self.finish_reason: str | None = None
         self.spans = Spans()
         # Injections taken from the inbox that could not be delivered (unconsumed).

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import trio
 
@@ -27,7 +26,7 @@ from ._inbox import Approvals
 from ._items import ToolCall, ToolResult
 from ._resume import Resume
 from ._state import CallSoon, OpenCall, RunState, call_hook
-from ._tools import ToolArgumentsError, ToolContext
+from ._tools import Tool, ToolArgumentsError, ToolContext, mark_cancelled, to_output
 from ._util import summarize
 
 __all__ = ["ToolFailure", "run_tools", "settle_resumed_calls"]
@@ -56,16 +55,25 @@ def needs_approval(state: RunState, call: ToolCall) -> bool:
     return bool(tool.needs_approval(arguments))
 
 
-async def run_tools(
+def run_tools(
     state: RunState,
     calls: Sequence[ToolCall],
     approvals: Approvals,
     call_soon: CallSoon,
-) -> None:
-    """Run one turn's calls concurrently; return once each has its result."""
+) -> Awaitable[None]:
+    """Run one turn's calls concurrently; the awaitable returns once each has its result.
+
+    A plain function returning the awaitable of the call path it picks (not a coroutine
+    awaiting it): the frames of a running call are the turn loop's, the call's own
+    (:func:`_invoke`) and the tool's, nothing in between (issue 18: per-run objects).
+    """
     waiting = [call for call in calls if needs_approval(state, call)]
     if waiting:
         approvals.open(waiting)
+        resume = state.options.resume
+        if resume is not None and (resume.approved or resume.rejected):
+            waiting = _decided_before(approvals, resume, waiting)
+    if waiting:
         state.emit_status(
             RunStatus.AWAITING_APPROVAL, detail={"pending": [call.call_id for call in waiting]}
         )
@@ -74,8 +82,13 @@ async def run_tools(
         # cost a spawn, two task steps and a cancel scope per turn and buy nothing: the
         # call is as cancellable here (every await in the run's scope is), its errors
         # reach the turn loop the same way, and the limiter always has a slot for it.
-        await _run_one(state, approvals, None, call_soon, calls[0])
-        return
+        return _run_one(state, approvals, None, call_soon, calls[0])
+    return _run_all(state, calls, approvals, call_soon)
+
+
+async def _run_all(
+    state: RunState, calls: Sequence[ToolCall], approvals: Approvals, call_soon: CallSoon
+) -> None:
     shared = state.tool_limiter()
     async with trio.open_nursery() as nursery:
         for call in calls:
@@ -84,30 +97,116 @@ async def run_tools(
             )
 
 
-async def _run_one(
+def _decided_before(
+    approvals: Approvals, resume: Resume, waiting: list[ToolCall]
+) -> list[ToolCall]:
+    """Answer the calls an earlier attempt of a resumed run had a decision for (so
+    its client is not asked twice); return those still to be asked."""
+    undecided = []
+    for call in waiting:
+        if call.call_id in resume.approved:
+            approvals.decide(call.call_id, approved=True, message=None).set()
+        elif call.call_id in resume.rejected:
+            message = resume.rejected[call.call_id]
+            approvals.decide(call.call_id, approved=False, message=message).set()
+        else:
+            undecided.append(call)
+    return undecided
+
+
+def _run_one(
+    state: RunState,
+    approvals: Approvals,
+    limiter: trio.CapacityLimiter | None,
+    call_soon: CallSoon,
+    call: ToolCall,
+) -> Awaitable[None]:
+    """One call, from its approval (if it needs one) to its committed result."""
+    if call.call_id in approvals:
+        return _approve_then_invoke(state, approvals, limiter, call_soon, call)
+    return _invoke(state, call, call_soon, limiter)
+
+
+async def _approve_then_invoke(
     state: RunState,
     approvals: Approvals,
     limiter: trio.CapacityLimiter | None,
     call_soon: CallSoon,
     call: ToolCall,
 ) -> None:
-    if call.call_id in approvals:
-        approval, undecided = await approvals.wait(call.call_id)
-        if not undecided and state.status is RunStatus.AWAITING_APPROVAL:
-            state.emit_status(RunStatus.RUNNING)
-        if not approval.approved:
-            message = approval.message or "the user rejected this tool call"
-            await end_tool(state, call, ToolResult(call.call_id, f"rejected: {message}", "error"))
-            return
-    if limiter is None:
-        result = await _invoke(state, call, call_soon)
-    else:
-        async with limiter:
-            result = await _invoke(state, call, call_soon)
+    approval, undecided = await approvals.wait(call.call_id)
+    if not undecided and state.status is RunStatus.AWAITING_APPROVAL:
+        state.emit_status(RunStatus.RUNNING)
+    if not approval.approved:
+        message = approval.message or "the user rejected this tool call"
+        await end_tool(state, call, ToolResult(call.call_id, f"rejected: {message}", "error"))
+        return
+    await _invoke(state, call, call_soon, limiter)
+
+
+async def _invoke(
+    state: RunState, call: ToolCall, call_soon: CallSoon, limiter: trio.CapacityLimiter | None
+) -> None:
+    """Run an (approved) call and commit its result; ``limiter`` bounds the turn's calls.
+
+    The tool's awaitable is awaited right here (not in a helper, nor in
+    :meth:`Tool.invoke`): while a call runs, its frames are this one and the tool's.
+    """
+    if limiter is not None:
+        await limiter.acquire()
+    try:
+        ready = await _prepare(state, call, call_soon)
+        if type(ready) is ToolResult:
+            result = ready
+        else:
+            assert type(ready) is tuple
+            tool, ctx, args, kwargs = ready
+            del ready  # not held while the tool runs
+            # A tool without a timeout gets no scope of its own (a cancel scope per call
+            # is a CancelScope, a CancelStatus and two sets that live as long as the call).
+            timer = None if tool.timeout is None else trio.move_on_after(tool.timeout)
+            threads = state.options.thread_limiter
+            try:
+                if timer is None:
+                    value = await tool._start(args, kwargs, threads)
+                else:
+                    with timer:
+                        value = await tool._start(args, kwargs, threads)
+            except BaseException as exc:
+                # Whenever the call ends with an exception, its context says so first
+                # (what Tool.invoke does): a sync tool's abandoned thread polls it.
+                mark_cancelled(ctx)
+                failed = _failed(state, call, exc)
+                if failed is None:
+                    raise
+                result = failed
+            else:
+                if timer is not None and timer.cancelled_caught:
+                    mark_cancelled(ctx)
+                    output = f"timed out after {tool.timeout:g} s"
+                    result = ToolResult(call.call_id, output, status="error")
+                else:
+                    try:
+                        result = ToolResult(call.call_id, to_output(value))
+                    except Exception as exc:  # a value whose str() or JSON raises
+                        failed = _failed(state, call, exc)
+                        assert failed is not None
+                        result = failed
+    finally:
+        if limiter is not None:
+            limiter.release()
     await end_tool(state, call, result)
 
 
-async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolResult:
+# A call about to run: its tool, its context and its bound arguments (a tuple: made
+# once per call, and unpacked at once).
+_Ready: TypeAlias = tuple[Tool, ToolContext, tuple[Any, ...], dict[str, Any]]
+
+
+async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolResult | _Ready:
+    """Everything before the tool runs: ``before_tool``, ``tool.started``, the start
+    hook, the tool's lookup and its arguments. A :class:`ToolResult` if the call ends
+    here (not started, unknown tool, invalid arguments)."""
     before_tool = state.options.before_tool
     if before_tool is not None:
         # A cluster records durably that the call starts, before it can have any effect:
@@ -145,39 +244,33 @@ async def _invoke(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolR
         run_id=state.run_id,
         call_id=call.call_id,
         tool_name=call.name,
-        cancelled=threading.Event(),
         # A partial, not nested lambdas: fewer objects held while the call runs.
         on_progress=functools.partial(_progress_soon, call_soon, state, open_call),
     )
     open_call.ctx = ctx
-    # A tool without a timeout gets no scope of its own (a cancel scope per call is a
-    # CancelScope, a CancelStatus and two sets that live as long as the call).
-    timer = None if tool.timeout is None else trio.move_on_after(tool.timeout)
-    limiter = state.options.thread_limiter
     try:
-        if timer is None:
-            output = await tool.invoke(ctx, call.arguments, limiter=limiter)
-        else:
-            with timer:
-                output = await tool.invoke(ctx, call.arguments, limiter=limiter)
-    except trio.Cancelled:
+        args, kwargs = tool._bind(ctx, call.arguments)
+    except ToolArgumentsError as exc:
+        return ToolResult(call.call_id, str(exc), status="error")
+    return tool, ctx, args, kwargs
+
+
+def _failed(state: RunState, call: ToolCall, exc: BaseException) -> ToolResult | None:
+    """The result of a call whose tool raised ``exc``; None: ``exc`` must propagate."""
+    if isinstance(exc, trio.Cancelled):
         # -inf: some scope around us (the run's) really is cancelled (the timeout's own
         # cancellation never gets here: its scope catches it). Otherwise nothing
         # cancelled this call: a stray Cancelled.
         if trio.current_effective_deadline() != -math.inf:
-            ctx.cancelled.set()
             return ToolResult(call.call_id, STRAY_CANCELLED, status="error")
-        raise
-    except ToolArgumentsError as exc:
+        return None
+    if isinstance(exc, ToolArgumentsError):
         return ToolResult(call.call_id, str(exc), status="error")
-    except Exception as exc:
+    if isinstance(exc, Exception):
         if state.options.on_tool_error == "fail":
             raise ToolFailure(call, exc) from exc
         return ToolResult(call.call_id, f"error: {summarize(exc)}", status="error")
-    if timer is not None and timer.cancelled_caught:
-        ctx.cancelled.set()
-        return ToolResult(call.call_id, f"timed out after {tool.timeout:g} s", status="error")
-    return ToolResult(call.call_id, output)
+    return None  # KeyboardInterrupt and the like
 
 
 def _progress_soon(

@@ -10,7 +10,6 @@ abandoned (and told so through ``ctx.cancelled``) when the call is cancelled.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import enum
 import functools
@@ -30,10 +29,18 @@ import attrs
 import trio
 
 from ._exceptions import TrioAgentsError
+from ._frozen import freeze_json
 from ._model import ToolSpec
 from ._schema import ArgumentConversionError, FunctionSchema, function_schema, validate
 
-__all__ = ["Tool", "ToolArgumentsError", "ToolContext", "function_tool"]
+__all__ = [
+    "Tool",
+    "ToolArgumentsError",
+    "ToolContext",
+    "function_tool",
+    "mark_cancelled",
+    "to_output",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -111,10 +118,33 @@ class ToolContext:
     run_id: str
     call_id: str
     tool_name: str
-    cancelled: threading.Event = attrs.field(factory=threading.Event)
+    # The event behind ``cancelled``, made on first read: a threading.Event is a
+    # Condition, a lock, a deque and two dicts, which most calls (async tools that
+    # never look at it) would hold for nothing. ``cancelled=`` still passes one in.
+    _event: threading.Event | None = attrs.field(default=None, alias="cancelled", repr=False)
     _on_progress: Callable[[str, Mapping[str, Any]], None] = attrs.field(
         default=_no_progress, repr=False, kw_only=True
     )
+    # Set by mark_cancelled() before any event exists; the event copies it when made.
+    _is_cancelled: bool = attrs.field(default=False, init=False, repr=False)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """A :class:`threading.Event`, set when the call is cancelled (see above)."""
+        event = self._event
+        if event is None:
+            # Under the lock that mark_cancelled() takes: either the event is made
+            # after the call was marked cancelled (and is made set), or mark_cancelled()
+            # finds it and sets it. A thread reading this as the call is cancelled
+            # never misses the cancellation.
+            with _EVENT_LOCK:
+                event = self._event
+                if event is None:
+                    event = threading.Event()
+                    if self._is_cancelled:
+                        event.set()
+                    object.__setattr__(self, "_event", event)
+        return event
 
     def progress(self, message: str, **data: Any) -> None:
         """Report progress: emits a ``tool.progress`` event with ``message`` and ``data``.
@@ -180,6 +210,24 @@ class ToolContext:
         return result
 
 
+# Guards the making of every ToolContext's event against mark_cancelled(): one lock
+# for all contexts (a lock per context would cost what the lazy event saves), held for
+# a few bytecodes, and only by a first read of ``cancelled`` or by a cancellation.
+_EVENT_LOCK = threading.Lock()
+
+
+def mark_cancelled(ctx: ToolContext) -> None:
+    """Set ``ctx.cancelled``, without making the event if nobody has read it yet.
+
+    Thread-safe; see :attr:`ToolContext.cancelled` for the other half of the protocol.
+    """
+    with _EVENT_LOCK:
+        object.__setattr__(ctx, "_is_cancelled", True)
+        event = ctx._event
+    if event is not None:
+        event.set()
+
+
 def _check_timeout(_instance: object, _attribute: object, value: Any) -> None:
     if value is None:
         return
@@ -195,25 +243,6 @@ def _check_name(_instance: object, _attribute: object, value: Any) -> None:
             f"invalid tool name {value!r}: use 1-64 letters, digits, '_' or '-'"
             " (pass name=... to function_tool)"
         )
-
-
-def _copy_json(value: Any) -> Any:
-    """A deep copy of a JSON-like tree (dicts, lists, tuples, scalars): what
-    ``copy.deepcopy`` gives for a schema, several times faster. Any other object is
-    handed to ``copy.deepcopy``."""
-    kind = type(value)
-    if kind in _JSON_SCALARS:
-        return value
-    if kind is dict:
-        return {key: _copy_json(item) for key, item in value.items()}
-    if kind is list:
-        return [_copy_json(item) for item in value]
-    if kind is tuple:
-        return tuple(_copy_json(item) for item in value)
-    return copy.deepcopy(value)
-
-
-_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _check_needs_approval(_instance: object, _attribute: object, value: Any) -> None:
@@ -241,7 +270,7 @@ def _output_default(value: object) -> object:
     return str(value)
 
 
-def _to_output(value: object) -> str:
+def to_output(value: object) -> str:
     """Turn a tool's return value into the text the model reads."""
     if isinstance(value, enum.Enum):
         value = value.value
@@ -276,7 +305,9 @@ class Tool:
     Attributes:
         name: the name the model calls the tool by.
         description: what the model is told the tool does.
-        parameters: the JSON schema of the arguments (an object schema).
+        parameters: the JSON schema of the arguments (an object schema), read-only:
+            a frozen copy of the one given, shared by every run (``copy.deepcopy``
+            gives a plain, mutable copy).
         fn: the wrapped function.
         timeout: seconds a call may take before it is cancelled and the model gets
             ``"timed out after N s"``; None for no limit.
@@ -290,7 +321,8 @@ class Tool:
 
     name: str = attrs.field(validator=_check_name)
     description: str = attrs.field(validator=_check_str)
-    parameters: Mapping[str, Any] = attrs.field(repr=False)
+    # Frozen once here (a read-only copy), then shared by every run and request.
+    parameters: Mapping[str, Any] = attrs.field(repr=False, converter=freeze_json)
     fn: Callable[..., Any] = attrs.field(repr=False)
     timeout: float | None = attrs.field(default=None, validator=_check_timeout)
     needs_approval: bool | Callable[[Mapping[str, Any]], bool] = attrs.field(
@@ -301,6 +333,11 @@ class Tool:
     _is_async: bool = attrs.field(repr=False, kw_only=True)
     # from_schema: fn takes (ctx, arguments) rather than one keyword per parameter.
     _raw: bool = attrs.field(default=False, repr=False, kw_only=True)
+    _spec: ToolSpec = attrs.field(init=False, repr=False)
+
+    @_spec.default
+    def _make_spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
 
     @classmethod
     def from_schema(
@@ -362,8 +399,13 @@ class Tool:
         return self.fn(*args, **kwargs)
 
     def spec(self) -> ToolSpec:
-        """Return what the model is told about this tool."""
-        return ToolSpec(self.name, self.description, _copy_json(dict(self.parameters)))
+        """Return what the model is told about this tool.
+
+        Always the same object, shared by every run: its ``parameters`` (like
+        :attr:`parameters`) is read-only, and changing it raises ``TypeError``;
+        ``copy.deepcopy(spec.parameters)`` is a plain, mutable copy.
+        """
+        return self._spec
 
     def parse_arguments(self, arguments: str) -> dict[str, Any]:
         """Decode and validate the model's JSON ``arguments``; return them as a dict.
@@ -408,26 +450,45 @@ class Tool:
             ToolArgumentsError: the arguments are invalid; the function was not called.
             Exception: whatever the tool function raised, unchanged.
         """
+        args, kwargs = self._bind(ctx, arguments)
+        try:
+            value = await self._start(args, kwargs, limiter)
+        except BaseException:
+            mark_cancelled(ctx)
+            raise
+        return to_output(value)
+
+    # invoke() in two halves, for the run's own call path (_toolcalls.py), which awaits
+    # _start()'s awaitable in its own frame: one coroutine frame less per running call.
+
+    def _bind(self, ctx: ToolContext, arguments: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Validate and convert the model's ``arguments``: the function's arguments.
+
+        Raises:
+            ToolArgumentsError: the arguments are invalid.
+        """
         parsed = self.parse_arguments(arguments)
         if self._raw:
-            args: tuple[Any, ...] = (ctx, parsed)
-            kwargs: dict[str, Any] = {}
-        else:
-            kwargs = self.convert_arguments(parsed)
-            args = (ctx,) if self._schema.takes_context else ()
-        try:
-            if self._is_async:
-                value = await self.fn(*args, **kwargs)
-            else:
-                value = await trio.to_thread.run_sync(
-                    functools.partial(self.fn, *args, **kwargs),
-                    abandon_on_cancel=True,
-                    limiter=limiter,
-                )
-        except BaseException:
-            ctx.cancelled.set()
-            raise
-        return _to_output(value)
+            return (ctx, parsed), {}
+        kwargs = self.convert_arguments(parsed)
+        return ((ctx,) if self._schema.takes_context else ()), kwargs
+
+    def _start(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        limiter: trio.CapacityLimiter | None,
+    ) -> Awaitable[Any]:
+        """The call of the function, to await: the coroutine of an async function, or
+        a worker thread (abandoned on cancellation) running a sync one."""
+        if self._is_async:
+            awaitable: Awaitable[Any] = self.fn(*args, **kwargs)
+            return awaitable
+        return trio.to_thread.run_sync(
+            functools.partial(self.fn, *args, **kwargs),
+            abandon_on_cancel=True,
+            limiter=limiter,
+        )
 
     def convert_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Turn validated arguments into the keyword arguments of the function.

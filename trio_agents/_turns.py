@@ -220,11 +220,9 @@ def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
     """The agent's tools, plus the final-answer tool when the agent has an output type
     and the model has no native structured output (``native_output``)."""
     agent = state.agent
-    tools = state.tool_specs
-    if tools is None:
-        # Once per run: each spec deep-copies its tool's schema (isolating runs that
-        # share the agent), which every turn repeated.
-        tools = state.tool_specs = agent.tool_specs()
+    # Shared by every run of the agent, never copied: the schemas are read-only
+    # (_frozen.py), so no request can change what another run's model is told.
+    tools = agent._tool_specs
     if final_answer_offered(state):
         assert agent._output is not None
         tools = (*tools, agent._output.tool_spec())
@@ -292,10 +290,14 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     calls: list[ToolCall] = []
     # The stream's scope exists before the start hook runs, so a when="now" injection
     # that arrives while the call is being opened interrupts it (never lost between).
-    with trio.CancelScope() as stream_scope:
-        state.stream_scope = stream_scope
-        if inbox.wants_interrupt():
-            stream_scope.cancel(reason="interrupted by injection")
+    # A run no injection can reach (state.interruptible) needs no scope: entering and
+    # leaving one is the largest cost of a turn in our code (issue 18, W2).
+    stream_scope = trio.CancelScope() if state.interruptible else _NO_SCOPE
+    with stream_scope:
+        if type(stream_scope) is trio.CancelScope:
+            state.stream_scope = stream_scope
+            if inbox.wants_interrupt():
+                stream_scope.cancel(reason="interrupted by injection")
         hooks = state.hooks
         if hooks is not None:
             handle = state.handle
@@ -324,6 +326,24 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     await _end_model_span(state, turn, "completed")
     await state.persist()
     return _Calls(tuple(calls)) if calls else _Answer(text)
+
+
+@final
+class _NoScope:
+    """Stands in for the stream's cancel scope in a run no injection can reach: nothing
+    can cancel it, so it never catches anything. Stateless: one serves every run."""
+
+    __slots__ = ()
+    cancelled_caught = False
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_NO_SCOPE = _NoScope()
 
 
 def _commit_response(state: RunState, partial: list[str], calls: list[ToolCall]) -> str:

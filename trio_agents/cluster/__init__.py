@@ -9,7 +9,7 @@ or ``trio-agents serve --cluster DSN [--node-id ID] [--lease-ttl S] [--max-runs 
 Every node serves the same agents; clients may connect to any node (behind any load
 balancer) and see every run of their principal.
 
-Tables (component ``cluster`` of ``trio_agents_schema``, schema version 1, created or
+Tables (component ``cluster`` of ``trio_agents_schema``, schema version 2, created or
 migrated by the library under an advisory lock, next to the session tables of
 :class:`~trio_agents.sessions.PostgresSession`, which hold every run's conversation
 under the session id ``json.dumps([principal, session_id])`` — or
@@ -21,7 +21,10 @@ under the session id ``json.dumps([principal, session_id])`` — or
                      active_key UNIQUE WHERE NOT NULL,  -- = session_key while the run
                                                         -- holds its session
                      agent, options (JSON: the run's input; "cancel" once a
-                                     cancel was acked), status, reason, turn,
+                                     cancel was acked; "decisions": approvals and
+                                     rejections by call id; "client": the node of an
+                                     on_disconnect="cancel" run's client; "on_busy"
+                                     of a queued interrupt run), status, reason, turn,
                      pending (JSON list of call ids),
                      finished, owner (node_id), released, lease_expires_at, attempt,
                      last_seq, created_at, updated_at)
@@ -61,7 +64,8 @@ What holds (DESIGN §12):
   acked once its ``inbox.injected`` event is persisted; ``run.cancel`` (and
   ``session.cancel``) once the cancel is recorded in the run's row, so a takeover ends
   the run ``cancelled`` with that reason (the session repaired as by a cancel) instead
-  of continuing it.
+  of continuing it. ``run.approve`` / ``run.reject`` once the decision is recorded in
+  the run's row (before it is applied): a takeover applies it to the call asked again.
 - Any node answers for any run of its principal: ``run.get`` and ``runs.list`` read
   the runs table (a node's own runs from memory); ``run.subscribe`` on a node that
   does not run it (or whose attempt here was stopped) replays the events table from
@@ -71,12 +75,19 @@ What holds (DESIGN §12):
   answered by the new owner, or answers ``internal`` ("retry") after 30 s.
 - Known gaps: a run whose node died before the run's input reached its session is
   resumed with the input kept in its row if its session is empty, else with what the
-  session holds; a ``run.start`` placed on another node ignores
-  ``on_disconnect="cancel"``; when every node is full ``run.start`` answers
-  ``limit_exceeded`` (it is not queued).
+  session holds; when every node is full ``run.start`` answers ``limit_exceeded`` (it
+  is not queued).
+- A placed ``run.start`` gets its id from the placing node; when no answer comes in
+  time, that node withdraws the command (which the start, holding the command's row
+  while it inserts the run's, cannot outrun) and acks the run if its row exists, else
+  answers ``internal``: no run goes on that its client was told failed.
+- ``on_disconnect="cancel"`` runs record the node holding their client's connection;
+  once that node is dead (lease expired, or stopped), their owner (its scan), or the
+  node taking one over, cancels them (``"client disconnected"``).
 - One active run per session across the cluster (``active_key``); ``on_busy`` holds
-  cluster-wide. A ``run.start`` that waits (``enqueue``/``interrupt``) is acked once
-  it holds the session.
+  cluster-wide. A ``run.start`` that waits (``enqueue``/``interrupt``) is acked at
+  once, ``queued``; queued runs get the session in the order they were queued
+  (``interrupt`` runs first), cluster-wide.
 - A node runs at most ``max_runs`` runs; a ``run.start`` on a full node is started on
   the least loaded node with room (``limit_exceeded`` when every node is full).
 - Leases: a node that stops heartbeating for ``lease_ttl`` loses its runs: another
@@ -103,9 +114,9 @@ What holds (DESIGN §12):
   while disconnected).
 
 Not exactly-once: a tool not declared idempotent runs at most once (it may be
-interrupted); an idempotent one at least once. A routed op whose owner died while
-answering it is answered again by the next owner (an injection acked by neither may
-then arrive twice). Events a node emitted but had not yet
+interrupted); an idempotent one at least once. A routed op is answered once: its
+answer is stored with its durable effect, so an owner that dies while answering it
+leaves the answer for the client's node and the op is not applied again. Events a node emitted but had not yet
 persisted when it died are lost (the seqs are reused by the next attempt); no client saw
 them: every subscriber, on the owner too, is sent an event only once it is persisted
 (the writer flushes at once while one waits), so exact replay across a crash holds for

@@ -20,8 +20,12 @@ as any node can see that status. A takeover keeps the row (and so the claim).
   no ``active_key`` is a queued run: a takeover queues it again.
 
 Waiting is woken by the holder's NOTIFY (its terminal status persisted) and bounded by a
-poll of :data:`POLL` seconds. Among several runs queued on other nodes, whichever claims
-first gets the session (in one process: first come, first served; on one node too).
+poll of :data:`POLL` seconds. Queued runs get the session in the order they were queued
+(their rows' ``created_at``), cluster-wide, as in one process: an ``enqueue`` run claims
+it only once no unfinished run queued before it waits (one whose node died waits for
+its takeover, keeping its place), nor an ``interrupt`` run, which goes first as in one
+process (``options["on_busy"]``; among several ``interrupt`` runs, whichever claims
+first).
 """
 
 from __future__ import annotations
@@ -55,14 +59,20 @@ async def claim_run(
     on_busy: str,
     options: dict[str, Any],
     cancel_holder: Callable[[str, str | None], Awaitable[None]],
+    command: int | None = None,
 ) -> str | None:
     """Insert the run's row, claiming its session per ``on_busy`` (see the module
     docstring); None when it holds the session, else the id of the run it is queued
     behind (unclaimed: see :func:`claim_queued`).
 
+    A start placed here by another node (``command``, its routed command) holds that
+    command's row while it inserts the run's: the placing node, if it gives up
+    waiting, withdraws the command first (``Router.send``), so either the run's row
+    exists once the command is withdrawn, or the run never starts.
+
     Raises:
         ProtocolError: ``session_busy`` (``reject``), or ``internal`` if the database
-            cannot be reached.
+            cannot be reached, or the placing node gave up on this start.
     """
     key = session_key(principal, session_id, run_id)
     active = key if session_id is not None else None
@@ -76,6 +86,15 @@ async def claim_run(
     )
 
     def insert(conn: Conn) -> tuple[str, str | None] | None:
+        if command is not None and (
+            conn.execute(
+                "SELECT 1 FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL"
+                " FOR SHARE",
+                (command,),
+            ).fetchone()
+            is None
+        ):
+            return ("-", None)  # withdrawn: its node no longer waits for this start
         row = conn.execute(
             insert_row + " ON CONFLICT (active_key) WHERE active_key IS NOT NULL DO NOTHING"
             " RETURNING run_id",
@@ -103,6 +122,8 @@ async def claim_run(
         if holder is None:
             return None
         holder_id, owner = holder
+        if holder_id == "-":
+            raise ProtocolError("internal", "the node that placed this run gave up on it")
         if not holder_id:
             continue  # it ended between our insert and our look
         if queue:
@@ -114,6 +135,15 @@ async def claim_run(
             await local.done.wait()  # its release is being written: then it is free
             continue
         raise ProtocolError("session_busy", f"session {session_id!r} has an active run")
+
+
+_AHEAD = (
+    "q.session_key = %(key)s AND NOT q.finished AND q.active_key IS NULL"
+    " AND q.run_id <> me.run_id AND ((q.created_at, q.run_id) < (me.created_at, me.run_id)"
+    " OR q.options::jsonb ->> 'on_busy' = 'interrupt')"
+)
+"""The runs ``q`` that go before the queued run ``me`` of an ``enqueue`` run's session
+(``%(key)s``): those queued before it, and ``interrupt`` runs."""
 
 
 async def claim_queued(
@@ -132,14 +162,24 @@ async def claim_queued(
     finished). Retries while the database is unreachable."""
     cancelled: set[str | None] = {interrupted}
 
+    params = {"key": key, "run": run_id}
+    # An enqueue run waits for the runs queued before it, and for interrupt runs.
+    ahead = (
+        f" AND NOT EXISTS (SELECT 1 FROM trio_agents_runs q WHERE {_AHEAD})"
+        if on_busy != "interrupt"
+        else ""
+    )
+
     def claim(conn: Conn) -> tuple[bool, tuple[str, str | None] | None]:
         try:
             with conn.transaction():  # a savepoint: another waiter may win the race
                 row = conn.execute(
-                    "UPDATE trio_agents_runs SET active_key = %(key)s WHERE run_id = %(run)s"
-                    " AND NOT finished AND NOT EXISTS (SELECT 1 FROM trio_agents_runs"
-                    " WHERE active_key = %(key)s) RETURNING run_id",
-                    {"key": key, "run": run_id},
+                    "UPDATE trio_agents_runs AS me SET active_key = %(key)s"
+                    " WHERE run_id = %(run)s AND NOT finished AND NOT EXISTS (SELECT 1"
+                    " FROM trio_agents_runs WHERE active_key = %(key)s)"
+                    + ahead
+                    + " RETURNING run_id",
+                    params,
                 ).fetchone()
         except psycopg.errors.UniqueViolation:
             row = None
@@ -153,6 +193,13 @@ async def claim_queued(
         holder = conn.execute(
             "SELECT run_id, owner FROM trio_agents_runs WHERE active_key = %s", (key,)
         ).fetchone()
+        if holder is None and ahead:
+            # No holder: a run queued before this one claims first; wait for it.
+            holder = conn.execute(
+                "SELECT q.run_id, NULL FROM trio_agents_runs q, trio_agents_runs me"
+                f" WHERE me.run_id = %(run)s AND {_AHEAD} ORDER BY q.created_at LIMIT 1",
+                params,
+            ).fetchone()
         return False, (("", None) if holder is None else (str(holder[0]), holder[1]))
 
     backoff = 0.05

@@ -27,9 +27,12 @@ from ._db import ClusterDown, Database
 from ._eventlog import EventWriter, Fence, RunLog, follow
 from ._listener import Listener
 from ._queries import (
+    CLIENT_GONE,
+    live_nodes,
     nodes_with_room,
     read_runs,
     record_cancel,
+    record_decision,
     record_withdrawal,
     release_node,
     tool_start_barrier,
@@ -135,6 +138,12 @@ class PostgresCluster:
         self.dead = False
         self._nursery: trio.Nursery | None = None
         self._in_use = False
+        # Runs being started here: their rows exist, they are not tracked yet (their
+        # leases are renewed all the same: Leases.heartbeat).
+        self.starting: set[str] = set()
+        # This node's runs started with on_disconnect="cancel" by a client connected to
+        # another node, by run id: that node (see check_clients).
+        self.clients: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"<PostgresCluster node_id={self._node_id!r} lease_ttl={self._lease_ttl}>"
@@ -255,22 +264,41 @@ class PostgresCluster:
         on_busy: str,
         cancel_holder: Callable[[str, str | None], Awaitable[None]],
         items: Sequence[Item] = (),
+        client_node: str | None = None,
+        command: int | None = None,
     ) -> str | None:
         """Insert a new run's row, claiming its session cluster-wide (``_claims.py``):
         None once claimed, else (``enqueue``/``interrupt``) the id of the run it is
         queued behind; :meth:`claim_queued` completes the claim. The row keeps the run's
         input (``options["input"]``) for a takeover that finds it missing from the
-        session."""
-        return await claim_run(
-            self,
-            run_id=run_id,
-            principal=principal,
-            session_id=session_id,
-            agent=agent,
-            on_busy=on_busy,
-            options={"input": [item.to_json() for item in items]},
-            cancel_holder=cancel_holder,
-        )
+        session, and, for a run started with ``on_disconnect="cancel"``, the node that
+        holds its client's connection (``options["client"]``): once that node is dead,
+        the run is cancelled as its client's disconnect would (:meth:`check_clients`).
+        A start placed here by another node (``command``) inserts the row only while
+        that node still waits for it (``internal`` otherwise)."""
+        options: dict[str, Any] = {"input": [item.to_json() for item in items]}
+        if client_node is not None:
+            options["client"] = client_node
+        if on_busy == "interrupt":  # queued, it goes before the enqueued runs
+            options["on_busy"] = on_busy
+        # Its row's lease is renewed from its insert on, until the run is tracked (or
+        # forgotten): the start may wait long (an interrupted holder's routed cancel).
+        self.starting.add(run_id)
+        try:
+            return await claim_run(
+                self,
+                run_id=run_id,
+                principal=principal,
+                session_id=session_id,
+                agent=agent,
+                on_busy=on_busy,
+                options=options,
+                cancel_holder=cancel_holder,
+                command=command,
+            )
+        except BaseException:
+            self.starting.discard(run_id)
+            raise
 
     async def claim_queued(
         self,
@@ -297,6 +325,7 @@ class PostgresCluster:
 
     async def forget(self, run_id: str) -> None:
         """Delete the row of a run that never started (bad input)."""
+        self.starting.discard(run_id)
         with trio.CancelScope(shield=True), trio.move_on_after(5.0):
             try:
                 await self.db.call(
@@ -307,10 +336,20 @@ class PostgresCluster:
             except ClusterDown:
                 logger.warning("could not delete the row of run %s", run_id)
 
-    def track(self, run: Any, run_id: str, attempt: int, start_seq: int, fence: Fence) -> RunLog:
+    def track(
+        self,
+        run: Any,
+        run_id: str,
+        attempt: int,
+        start_seq: int,
+        fence: Fence,
+        client_node: str | None = None,
+    ) -> RunLog:
         """Persist the events of a run this node started or resumed, and the items it
-        writes to its session, each with its ``run.item`` event (one transaction)."""
+        writes to its session, each with its ``run.item`` event (one transaction); if
+        its client is connected to another node, ``client_node``, watch that node."""
         assert self._nursery is not None
+        self.starting.discard(run_id)
         log = RunLog(run_id, attempt, run, start_seq, fence)
         if self.dead:
             fence.closed = True
@@ -319,7 +358,40 @@ class PostgresCluster:
         if not isinstance(session, ClusterSession) or session.fence is not fence:
             session = None
         self.writer.track(self._nursery, log, session)
+        if client_node is not None and client_node != self._node_id:
+            self.clients[run_id] = client_node
         return log
+
+    async def check_clients(self) -> None:
+        """Cancel this node's runs whose client is connected to a node that is dead
+        (its lease expired, or it stopped): reason ``"client disconnected"``, durably,
+        as that client's disconnect would have. One small query, only while such runs
+        exist (the scan calls it)."""
+        registry = self.registry
+        watched: dict[str, str] = {}
+        for run_id, node in list(self.clients.items()):
+            log = self.writer.logs.get(run_id)
+            if log is None or log.fence.closed or log.run.status.is_terminal:
+                del self.clients[run_id]  # ended here (or moved on: its new owner watches)
+            else:
+                watched[run_id] = node
+        if not watched or registry is None:
+            return
+        nodes = sorted(set(watched.values()))
+        alive = await self.db.call(lambda conn: live_nodes(conn, nodes))
+        for run_id, node in watched.items():
+            if node in alive:
+                continue
+            self.clients.pop(run_id, None)
+            entry = registry.runs.get(run_id)
+            if entry is None or entry.run is None or entry.done.is_set():
+                continue
+            logger.info("run %s: its client's node %s is gone; cancelling it", run_id, node)
+            entry.run.cancel(CLIENT_GONE)
+            try:
+                await self.record_cancel(run_id, CLIENT_GONE, "immediate")
+            except ProtocolError:
+                logger.warning("could not record the cancel of run %s", run_id)
 
     def before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""
@@ -373,18 +445,23 @@ class PostgresCluster:
         ``not_found``, ``run_closed``, the owner's own)."""
         return await self.router.send(principal, request, run_id=run_id)
 
-    async def place(self, principal: str, request: dict[str, Any]) -> dict[str, Any] | None:
-        """A ``run.start`` on a full node: start it on a node with room (its ack
-        fields), or None when this node has room."""
+    async def place(
+        self, principal: str, request: dict[str, Any], run_id: str
+    ) -> dict[str, Any] | None:
+        """A ``run.start`` on a full node: start it, as ``run_id``, on a node with room
+        (its ack fields), or None when this node has room."""
         if self.running() < self._max_runs:
             return None
 
         nodes = await nodes_with_room(self.db, self._node_id)
+        # The run's id is chosen by the placing node: if the chosen node never answers
+        # (or this node stops waiting), the run's row tells whether it started
+        # (Router.send).
         # The counts are as of each node's last heartbeat: the chosen node checks its
         # own room (authoritative) and refuses when full; then the next one is asked.
         for node in nodes:
             try:
-                return await self.router.send(principal, request, run_id=None, target_node=node)
+                return await self.router.send(principal, request, run_id=run_id, target_node=node)
             except ProtocolError as exc:
                 if exc.code != "limit_exceeded":
                     raise
@@ -407,6 +484,47 @@ class PostgresCluster:
             await record_cancel(self.db, run_id, reason, mode, reply)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+
+    async def record_decision(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        approved: bool,
+        message: str | None,
+        command: int | None = None,
+    ) -> None:
+        """Make an approval or rejection durable before it is applied: a takeover
+        applies it to the call its run asks for again instead of asking the client. A
+        routed one (``command``) is answered in the same transaction, so the node that
+        takes the run over answers from it instead of applying it again.
+
+        Raises:
+            ProtocolError: ``not_found`` (the call has a decision already: the first
+                one is the one applied), ``run_closed``, or ``internal`` (the database
+                cannot be reached, or this node's attempt of the run has ended: retry).
+        """
+        log = self.writer.logs.get(run_id)
+        if log is None or log.fence.closed:
+            raise ProtocolError(
+                "internal", "this node no longer runs the run (it is being taken over); retry"
+            )
+        reply = None if command is None else (command, ok_reply({}))
+        decision = {"approved": approved, "message": message}
+        try:
+            outcome = await record_decision(
+                self.db, run_id, self._node_id, log.attempt, call_id, decision, reply
+            )
+        except ClusterDown as exc:
+            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        if outcome == "decided":
+            raise ProtocolError("not_found", f"no tool call {call_id!r} waits for approval")
+        if outcome == "closed":
+            raise ProtocolError("run_closed", f"run {run_id} is closed")
+        if outcome == "lost":
+            raise ProtocolError(
+                "internal", "this node no longer runs the run (it is being taken over); retry"
+            )
 
     async def record_withdrawal(
         self, run_id: str, injection_id: str, command: int | None = None

@@ -19,14 +19,22 @@ from ._session import RETRY_FOR
 
 __all__ = [
     "CANCEL_RECORDED",
+    "CLIENT_GONE",
+    "decisions_of",
+    "live_nodes",
     "nodes_with_room",
     "read_runs",
     "record_cancel",
     "record_cancel_in",
+    "record_decision",
     "record_withdrawal",
     "release_node",
     "tool_start_barrier",
 ]
+
+CLIENT_GONE = "client disconnected"
+"""The reason of a run cancelled because the node holding its client's connection is
+dead: the same as that client's disconnect (``on_disconnect="cancel"``)."""
 
 _COLUMNS = (
     "run_id, agent, session_id, status, reason, last_seq, turn, pending, owner, finished, principal"
@@ -185,6 +193,82 @@ async def record_cancel(
             store_reply(conn, *reply)
 
     await db.call(record)
+
+
+async def record_decision(
+    db: Database,
+    run_id: str,
+    node_id: str,
+    attempt: int,
+    call_id: str,
+    decision: dict[str, Any],
+    reply: tuple[int, str] | None = None,
+) -> str:
+    """Record an approval or rejection (``decision``: ``{"approved": bool, "message":
+    str | None}``) in the run's ``options`` (``"decisions"``, by call id) before it is
+    applied: a takeover applies it to the call its run asks for again. A routed one's
+    ``reply``, ``(command_id, reply)``, is stored in the same transaction.
+
+    Returns ``"recorded"``; ``"decided"`` when the call has a decision already (the
+    first one stays: the run applies it, never this one); ``"closed"`` when the run
+    has finished; ``"lost"`` when this node no longer runs this attempt (another node
+    took it over: nothing is recorded)."""
+
+    def record(conn: Conn) -> str:
+        row = conn.execute(
+            "SELECT owner, attempt, released, finished, options FROM trio_agents_runs"
+            " WHERE run_id = %s FOR UPDATE",
+            (run_id,),
+        ).fetchone()
+        if row is None or row[3]:
+            return "closed"
+        if row[0] != node_id or int(row[1]) != attempt or row[2]:
+            return "lost"
+        if call_id in decisions_of(str(row[4])):
+            return "decided"
+        conn.execute(
+            "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{decisions}',"
+            " COALESCE(options::jsonb -> 'decisions', '{}'::jsonb)"
+            " || jsonb_build_object(%s::text, %s::jsonb))::text WHERE run_id = %s",
+            (call_id, json.dumps(decision), run_id),
+        )
+        if reply is not None:
+            store_reply(conn, *reply)
+        return "recorded"
+
+    return await db.call(record)
+
+
+def decisions_of(options: str) -> dict[str, tuple[bool, str | None]]:
+    """The recorded approvals and rejections in a run's ``options``, by call id:
+    ``(approved, message)``."""
+    try:
+        recorded = json.loads(options).get("decisions")
+    except (TypeError, ValueError, AttributeError):
+        return {}
+    if not isinstance(recorded, dict):
+        return {}
+    decisions: dict[str, tuple[bool, str | None]] = {}
+    for call_id, decision in recorded.items():
+        if isinstance(decision, dict):
+            message = decision.get("message")
+            decisions[str(call_id)] = (
+                decision.get("approved") is True,
+                message if isinstance(message, str) else None,
+            )
+    return decisions
+
+
+def live_nodes(conn: Conn, nodes: list[str]) -> set[str]:
+    """Which of ``nodes`` are alive (their lease has not expired)."""
+    return {
+        str(row[0])
+        for row in conn.execute(
+            "SELECT node_id FROM trio_agents_nodes WHERE node_id = ANY(%s)"
+            " AND lease_expires_at > now()",
+            (nodes,),
+        ).fetchall()
+    }
 
 
 async def release_node(db: Database, node_id: str) -> None:

@@ -18,12 +18,11 @@ to retry (the run is being taken over).
 **Exactly-once answers across a takeover.** An op whose effect is durable records its
 answer in the very transaction that makes the effect durable (:func:`store_reply`): a
 cancel with the run's recorded cancel, a withdrawal with its row, an injection with the
-flush that persists its ``inbox.injected`` event (``RunLog.replies``). So a command whose
-owner died after applying it and before answering is answered (the client's node reads
-the row) and never applied again by the next owner, which only serves commands without
-a reply. Approvals and rejections have no durable effect of their own (a takeover asks
-for them again): one that was applied by a node that died before answering is served
-again by the next owner.
+flush that persists its ``inbox.injected`` event (``RunLog.replies``), an approval or
+rejection with its decision in the run's row, recorded before it is applied (a takeover
+applies it to the call asked again). So a command whose owner died after applying it
+and before answering is answered (the client's node reads the row) and never applied
+again by the next owner, which only serves commands without a reply.
 """
 
 from __future__ import annotations
@@ -44,6 +43,8 @@ from ._schema import CHANNEL
 
 __all__ = [
     "CANCEL_RECORDED",
+    "ROUTED_FROM",
+    "ROUTED_RUN",
     "ROUTE_TIMEOUT",
     "Router",
     "ok_reply",
@@ -78,6 +79,20 @@ CANCEL_RECORDED: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 """True while the owner answers a routed ``run.cancel``: the client's node recorded it
 already, in the transaction that sent it (:func:`record_cancel_in`)."""
+
+
+ROUTED_FROM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "trio_agents.cluster.routed_from", default=None
+)
+"""The node that routed the op being answered (a placed ``run.start``: the node that
+holds its client's connection)."""
+
+
+ROUTED_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "trio_agents.cluster.routed_run", default=None
+)
+"""The run id of the op being answered (a placed ``run.start``: the id its placing node
+chose, so that it can find the run if the answer never comes)."""
 
 
 def record_cancel_in(conn: Conn, run_id: str, reason: str | None, mode: str) -> None:
@@ -129,7 +144,14 @@ class Router:
         target_node: str | None = None,
     ) -> dict[str, Any]:
         """Route ``request`` (its wire JSON) to the owner of ``run_id`` (or, for a placed
-        ``run.start``, to ``target_node``) and return its ack fields.
+        ``run.start``, to ``target_node``, ``run_id`` being the new run's id) and return
+        its ack fields.
+
+        A placed start that gets no answer in time (its node died after starting it,
+        or is slow) is settled here: the command is withdrawn, which the target's start
+        cannot outrun (it holds the command row while it inserts the run's row,
+        ``_claims.claim_run``); then the start took effect if and only if the run's row
+        exists, and its ack is returned (else ``internal``).
 
         Raises:
             ProtocolError: ``not_found`` (no such run of ``principal``), ``run_closed``
@@ -172,6 +194,8 @@ class Router:
             note: dict[str, Any] = {"k": "cmd", "n": target_node or owner}
             if len(args) < _INLINE:  # the owner can serve it without reading the row
                 note.update(c=command_id, r=run_id, p=principal, a=request, o=node)
+                if target_node is not None:
+                    note["t"] = 1  # addressed to that node: served there in any case
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(note)))
             return command_id, owner
 
@@ -182,30 +206,59 @@ class Router:
         if inserted is None:
             raise await self._refusal(principal, run_id)
         command_id = inserted[0]
-        reply: str | None = None
-        with trio.move_on_after(ROUTE_TIMEOUT):
-            while reply is None:
-                with self._listener.watch(("reply", command_id)) as wake:
-                    reply = self._replies.pop(command_id, None)
-                    if reply is None:
-                        with trio.move_on_after(_REPLY_POLL):
-                            await wake.wait()
-                        reply = self._replies.pop(command_id, None)
-                if reply is None:  # not inline (too long), or its NOTIFY was lost
-                    with contextlib.suppress(ClusterDown):
-                        reply = await self._db.call(lambda conn: _reply(conn, command_id))
-        if reply is None:
+        placed = run_id if target_node is not None else None
+
+        def withdraw(conn: Conn) -> str | None:
+            gone = conn.execute(
+                "DELETE FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL"
+                " RETURNING 1",
+                (command_id,),
+            ).fetchone()
+            if gone is None:  # answered meanwhile
+                return _reply(conn, command_id)
+            if (
+                placed is not None
+                and conn.execute(
+                    "SELECT 1 FROM trio_agents_runs WHERE run_id = %s AND principal = %s",
+                    (placed, principal),
+                ).fetchone()
+            ):  # started by a node that could not answer
+                return ok_reply({"run_id": placed})
+            return None
+
+        async def settle() -> str | None:
             with (
                 trio.CancelScope(shield=True),
-                trio.move_on_after(2.0),
+                trio.move_on_after(2.0 if placed is None else 10.0),
                 contextlib.suppress(ClusterDown),
             ):
-                await self._db.call(
-                    lambda conn: conn.execute(
-                        "DELETE FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL",
-                        (command_id,),
-                    )
-                )
+                return await self._db.call(withdraw)
+            return None
+
+        reply: str | None = None
+        try:
+            with trio.move_on_after(ROUTE_TIMEOUT):
+                while reply is None:
+                    with self._listener.watch(("reply", command_id)) as wake:
+                        reply = self._replies.pop(command_id, None)
+                        if reply is None:
+                            with trio.move_on_after(_REPLY_POLL):
+                                await wake.wait()
+                            reply = self._replies.pop(command_id, None)
+                    if reply is None:  # not inline (too long), or its NOTIFY was lost
+                        with contextlib.suppress(ClusterDown):
+                            reply = await self._db.call(lambda conn: _reply(conn, command_id))
+        except BaseException:
+            if placed is not None:
+                # A placed start cut here (its connection aborted): settled before
+                # this node goes on, so that the run exists if and only if it started
+                # (the caller then treats it as placed: its client's disconnect
+                # cancels it, ``control._ops.run_start``).
+                await settle()
+            raise
+        if reply is None:
+            reply = await settle()
+        if reply is None:
             raise ProtocolError(
                 "internal",
                 "the node running this run did not answer (it may be being taken over); retry",
@@ -244,20 +297,25 @@ class Router:
     def command(self, message: dict[str, Any]) -> None:
         """A command NOTIFY for this node: served at once when it is inline and its run
         is this node's (or it is a placed start); else the table is read."""
-        command_id, request = message.get("c"), message.get("a")
+        command_id, request, run_id = message.get("c"), message.get("a"), message.get("r")
         nursery = self._nursery
         if (
             nursery is None
             or not isinstance(command_id, int)
             or not isinstance(request, dict)
             or command_id in self._inflight
-            or not self.serves_inline(message.get("r"), message.get("p"))
+            or not (message.get("t") or self.serves_inline(run_id, message.get("p")))
         ):
             self.wake()
             return
         self._inflight.add(command_id)
         nursery.start_soon(
-            self._serve, command_id, str(message.get("p")), json.dumps(request), str(message["o"])
+            self._serve,
+            command_id,
+            str(message.get("p")),
+            json.dumps(request),
+            str(message["o"]),
+            run_id if isinstance(run_id, str) else None,
         )
 
     # -- the owner's side -------------------------------------------------------------
@@ -291,16 +349,19 @@ class Router:
                     self._inflight.add(command[0])
                     nursery.start_soon(self._serve, *command)
 
-    async def _take(self) -> list[tuple[int, str, str, str]]:
+    async def _take(self) -> list[tuple[int, str, str, str, str | None]]:
         node, skip = self._node_id, list(self._inflight)
 
-        def take(conn: Conn) -> list[tuple[int, str, str, str]]:
+        def take(conn: Conn) -> list[tuple[int, str, str, str, str | None]]:
             return [
-                (int(r[0]), str(r[1]), str(r[2]), str(r[3]))
+                (int(r[0]), str(r[1]), str(r[2]), str(r[3]), None if r[4] is None else str(r[4]))
                 for r in conn.execute(
-                    "SELECT command_id, principal, args, origin_node FROM trio_agents_commands"
+                    "SELECT command_id, principal, args, origin_node, run_id"
+                    " FROM trio_agents_commands"
                     " WHERE reply IS NULL AND NOT command_id = ANY(%s) AND (target_node = %s"
-                    " OR run_id IN (SELECT run_id FROM trio_agents_runs WHERE owner = %s))"
+                    # A placed start (run_id: the run it would start) is its target's.
+                    " OR target_node IS NULL"
+                    " AND run_id IN (SELECT run_id FROM trio_agents_runs WHERE owner = %s))"
                     " ORDER BY command_id",
                     (skip, node, node),
                 ).fetchall()
@@ -308,7 +369,9 @@ class Router:
 
         return await self._db.call(take)
 
-    async def _serve(self, command_id: int, principal: str, args: str, origin: str) -> None:
+    async def _serve(
+        self, command_id: int, principal: str, args: str, origin: str, run_id: str | None
+    ) -> None:
         # A command answered twice (two nodes racing right after a takeover) keeps the
         # first reply (the UPDATE only fills an empty one).
         try:
@@ -316,6 +379,8 @@ class Router:
             request = json.loads(args)
             # A routed cancel was recorded by its sender (Router.send).
             CANCEL_RECORDED.set(request.get("op") == "run.cancel")
+            ROUTED_FROM.set(origin)
+            ROUTED_RUN.set(run_id)
             try:
                 fields = await self.execute(principal, request, command_id)
                 answer: dict[str, Any] = {"ok": fields}

@@ -3,8 +3,9 @@
 Created or migrated like the session tables (see
 :mod:`trio_agents.sessions._postgres`): in one transaction, under the same advisory
 lock, with the version in the shared ``trio_agents_schema`` table. Migrations:
-``MIGRATIONS[v]`` upgrades version ``v`` to ``v + 1`` (there are none yet). The tables
-are described in the docstring of :mod:`trio_agents.cluster`.
+``MIGRATIONS[v]`` upgrades version ``v`` to ``v + 1``: 1 to 2 adds the index of queued
+runs (``_QUEUED``). The tables are described in the docstring of
+:mod:`trio_agents.cluster`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,24 @@ from ..sessions._postgres import _SCHEMA_LOCK, _SCHEMA_TABLE, Migration
 
 __all__ = ["CHANNEL", "COMPONENT", "MIGRATIONS", "SCHEMA_VERSION", "prepare_cluster_schema"]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 COMPONENT: Final = "cluster"
 CHANNEL: Final = "trio_agents_cluster"
 """The one LISTEN/NOTIFY channel of the cluster (payloads are small JSON objects)."""
 
-MIGRATIONS: dict[int, Migration] = {}
+_QUEUED: Final = (
+    "CREATE INDEX trio_agents_runs_queued ON trio_agents_runs (session_key, created_at)"
+    " WHERE NOT finished AND active_key IS NULL"
+)
+"""Unfinished runs not holding a session (queued for it, or without one): a queued
+run claims its session only once no run queued before it waits (``_claims.py``)."""
+
+
+def _add_queued_index(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_QUEUED)
+
+
+MIGRATIONS: dict[int, Migration] = {1: _add_queued_index}
 
 _DDL: Final = (
     """CREATE TABLE trio_agents_nodes (
@@ -56,6 +69,7 @@ _DDL: Final = (
     " WHERE active_key IS NOT NULL",
     "CREATE INDEX trio_agents_runs_unfinished ON trio_agents_runs (owner) WHERE NOT finished",
     "CREATE INDEX trio_agents_runs_principal ON trio_agents_runs (principal, created_at)",
+    _QUEUED,
     """CREATE TABLE trio_agents_events (
         run_id TEXT NOT NULL,
         seq BIGINT NOT NULL,

@@ -3,7 +3,8 @@
 Every ``lease_ttl / 3`` seconds a node's heartbeat task (its own: no scan, resumption
 or cleanup delays it) runs one transaction: it upserts its row in ``trio_agents_nodes``
 (lease, capacity, running count, draining) and extends the lease of every unfinished run
-it owns (runs it stopped on its own are released instead). Its scan task, as often,
+it owns *and runs* (runs it stopped on its own are released instead; runs a previous
+process under the same node id left behind expire and are taken over). Its scan task, as often,
 scans for runs whose lease expired, or that their node *released* on a graceful
 shutdown (``SELECT ... FOR UPDATE SKIP LOCKED``, at most as many as it has room for),
 claims them (``owner = me``, ``attempt + 1``) and resumes each
@@ -12,8 +13,12 @@ one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 ``interrupted`` unless idempotent), and injections that were acked (a persisted
 ``inbox.injected``) but neither delivered nor withdrawn are injected again — unless
 their items are already in the session after their acceptance (an ``inbox.delivered``
-lost with its node: see :func:`_undelivered`). A NOTIFY
-``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
+lost with its node: see :func:`_undelivered`). Approvals and rejections recorded in the
+run's row are given to the resumed run (``Resume.approved``/``rejected``), which answers
+the calls it asks for again with them, without an ``awaiting_approval`` status; a run whose client's node (``on_disconnect="cancel"``) is
+dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
+node's runs whose client's node has died since (``PostgresCluster.check_clients``). A
+NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
 Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
 longer than ``retain_finished`` ago (and their events, tool starts, withdrawals and
@@ -46,6 +51,7 @@ from .._resume import Resume
 from .._run import Run
 from ..control._hosting import resume_run
 from ._db import ClusterDown, Conn
+from ._queries import CLIENT_GONE, decisions_of, live_nodes
 from ._schema import CHANNEL
 
 if TYPE_CHECKING:
@@ -76,7 +82,13 @@ class Claimed:
     reinject: tuple[InboxInjected, ...]
     input: tuple[Item, ...] = ()
     cancel: tuple[str | None, str] | None = None  # an acked cancel: (reason, mode)
+    # Recorded approvals and rejections, by call id: (approved, message).
+    decisions: tuple[tuple[str, bool, str | None], ...] = ()
     queued: bool = False  # still queued for its session (never claimed it: _claims.py)
+    # on_disconnect="cancel": the node holding its client's connection, and whether
+    # that node was dead (lease expired, or stopped) when the run was claimed.
+    client_node: str | None = None
+    client_gone: bool = False
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -156,6 +168,14 @@ def _undelivered(
     return tuple(left)
 
 
+def _client(options: str) -> str | None:
+    try:
+        client = json.loads(options).get("client")
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return client if isinstance(client, str) else None
+
+
 def _input(options: str) -> tuple[Item, ...]:
     try:
         return tuple(item_from_json(item) for item in json.loads(options).get("input", ()))
@@ -195,6 +215,13 @@ class Leases:
         cluster = self._cluster
         sent = trio.current_time()
         releasing = list(self.to_release)
+        # Only the runs this process runs (or is resuming, or starting): a node
+        # restarted under the same id must not keep alive the leases of its previous
+        # process's runs, which then expire and are taken over (by any node, itself
+        # included).
+        owned = [run_id for run_id, log in cluster.writer.logs.items() if not log.fence.closed]
+        owned += self._resuming
+        owned += cluster.starting
         params = {
             "node": cluster.node_id,
             "ttl": cluster.lease_ttl,
@@ -202,6 +229,7 @@ class Leases:
             "running": cluster.running(),
             "draining": self.draining,
             "releasing": releasing,
+            "owned": owned,
         }
 
         def beat(conn: Conn) -> None:
@@ -221,7 +249,8 @@ class Leases:
                 " EXCLUDED.running, draining = EXCLUDED.draining, updated_at = now()"
                 " RETURNING 1)"
                 f" UPDATE trio_agents_runs SET lease_expires_at = {_TIME}"
-                " WHERE owner = %(node)s AND NOT finished AND NOT released",
+                " WHERE owner = %(node)s AND NOT finished AND NOT released"
+                " AND run_id = ANY(%(owned)s)",
                 params,
             )
 
@@ -286,6 +315,7 @@ class Leases:
                     async with self.scanning:
                         if not self.draining:
                             await self.scan()
+                            await cluster.check_clients()
                     if trio.current_time() >= self._next_cleanup:
                         self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
                         # Well under the watchdog's margin: its lock waits fail first.
@@ -369,6 +399,12 @@ class Leases:
                 next_seq=claimed.last_seq + 1,
                 started=claimed.started,
                 reason=f"node {claimed.previous_owner} stopped",
+                approved={call_id for call_id, approved, _ in claimed.decisions if approved},
+                rejected={
+                    call_id: message
+                    for call_id, approved, message in claimed.decisions
+                    if not approved
+                },
             )
 
             def then(run: Run) -> None:
@@ -378,6 +414,9 @@ class Leases:
                 if claimed.cancel is not None:
                     reason, mode = claimed.cancel
                     run.cancel(reason, mode=mode)  # type: ignore[arg-type]
+                    return
+                if claimed.client_gone:  # its client's node died: as its disconnect
+                    run.cancel(CLIENT_GONE)
                     return
                 for injected in claimed.reinject:
                     try:
@@ -444,6 +483,9 @@ class Leases:
                 delivered.add((str(run_id), event.injection_id))
             elif isinstance(event, RunItemEvent):
                 items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
+        clients = {str(r[0]): _client(str(r[7])) for r in rows}
+        wanted = sorted({node for node in clients.values() if node is not None})
+        alive = live_nodes(conn, wanted) if wanted else set()
         claimed = []
         for row in rows:
             run_id, principal, session_id, agent, owner, attempt, last_seq, options, key, queued = (
@@ -472,7 +514,13 @@ class Leases:
                     reinject=pending,
                     input=_input(options),
                     cancel=_cancel(options),
+                    decisions=tuple(
+                        (call_id, approved, message)
+                        for call_id, (approved, message) in decisions_of(options).items()
+                    ),
                     queued=bool(queued),
+                    client_node=clients[run_id],
+                    client_gone=clients[run_id] is not None and clients[run_id] not in alive,
                 )
             )
         return claimed

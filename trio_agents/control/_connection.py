@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, final
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from .. import EventsDropped, RunUpdated
+from .. import EventsDropped, RunEvent, RunUpdated
 from ._ops import serve_request
 from ._protocol import ProtocolError, error_frame, event_frame
 from ._registry import Registry, RunEntry
@@ -229,29 +229,49 @@ class Connection:
         assert entry.run is not None
         try:
             with scope:
-                fence = entry.fence
-                async for event in entry.run.events(from_seq):
-                    if (
-                        fence is not None
-                        and fence.closed
-                        and (fence.fence_seq is None or event.seq > fence.fence_seq)
-                    ):
-                        break  # not this node's: the run goes on elsewhere
-                    if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
-                        continue
-                    if entry.log is not None and entry.log.persisted_seq < event.seq:
-                        # A cluster: an event is sent once persisted, so a client never
-                        # sees an event a crash of this node could lose (the next
-                        # attempt would reuse its seq), and a terminal status only once
-                        # the session is released cluster-wide (the next run.start on
-                        # any node finds it free, as in one process).
-                        await entry.log.wait_persisted(event.seq)
-                        if entry.log.persisted_seq < event.seq:
-                            break  # this attempt stopped writing: the run goes on elsewhere
-                    await self.send(event_frame(event))
+                # Every event that is ready in one list (one checkpoint per list, not per
+                # event: a model's network read often carries many deltas); each event
+                # still passes the same checks, in order, before it is queued.
+                async for batch in entry.run.events(from_seq).batches():
+                    if not await self._forward_batch(entry, entry.fence, batch, mode):
+                        break
         except Exception:
             logger.exception("forwarding the events of %s failed", entry.run_id)
         finally:
             if self.subscriptions.get(entry.run_id) is scope:
                 del self.subscriptions[entry.run_id]
             self._subscriptions_changed.set()
+
+    async def _forward_batch(
+        self, entry: RunEntry, fence: Any, batch: list[RunEvent], mode: str
+    ) -> bool:
+        """Queue the frames of ``batch``'s events; False once the run goes on elsewhere."""
+        for event in batch:
+            if (
+                fence is not None
+                and fence.closed
+                and (fence.fence_seq is None or event.seq > fence.fence_seq)
+            ):
+                return False  # not this node's: the run goes on elsewhere
+            if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
+                continue
+            if entry.log is not None and entry.log.persisted_seq < event.seq:
+                # A cluster: an event is sent once persisted, so a client never sees an
+                # event a crash of this node could lose (the next attempt would reuse its
+                # seq), and a terminal status only once the session is released
+                # cluster-wide (the next run.start on any node finds it free, as in one
+                # process).
+                await entry.log.wait_persisted(event.seq)
+                if entry.log.persisted_seq < event.seq:
+                    return False  # this attempt stopped writing: the run goes on elsewhere
+            await self._queue(event_frame(event))
+        return True
+
+    async def _queue(self, frame: Mapping[str, Any]) -> None:
+        """:meth:`send` without a schedule point while the outbound queue has room; a
+        full queue waits as :meth:`send` does (the per-connection bound holds)."""
+        text = json.dumps(frame, separators=(",", ":"), default=repr)
+        try:
+            self._out_send.send_nowait(text)
+        except trio.WouldBlock:
+            await self._out_send.send(text)

@@ -90,9 +90,17 @@ async def start_run(
     session_id: str | None,
     on_disconnect: str,
     on_busy: str,
+    client_node: str | None = None,
+    run_id: str | None = None,
+    command: int | None = None,
 ) -> RunEntry:
     """Start a run in the server's nursery (after the admission checks:
     ``Registry.check_room``, ``Registry.take_start_token``).
+
+    With a cluster, a run with ``on_disconnect="cancel"`` records the node that holds
+    its client's connection (this one; ``client_node`` for a run another node placed
+    here), so that the run is cancelled once that node is dead. A start another node
+    placed here has its id (``run_id``) and its routed ``command``.
 
     The session's busy policy is the core's ``on_busy``: a busy session with
     ``"reject"`` answers ``session_busy``; ``"interrupt"``/``"enqueue"`` start the
@@ -103,12 +111,14 @@ async def start_run(
     state = registry.state_of(principal)
     memory: MeteredSession | None = None
     session: Session | None = None
-    run_id = f"run_{uuid.uuid4().hex}"
+    run_id = run_id or f"run_{uuid.uuid4().hex}"
     extra: dict[str, Any] = {}
     fence: Any = None
     cluster = registry.cluster
     behind: str | None = None
     if cluster is not None:
+        if client_node is None and owner is not None and on_disconnect == "cancel":
+            client_node = cluster.node_id
         behind = await cluster.claim(
             run_id=run_id,
             principal=principal,
@@ -117,6 +127,8 @@ async def start_run(
             on_busy=on_busy,
             cancel_holder=lambda holder, node: supersede(registry, principal, holder, node),
             items=items,
+            client_node=client_node,
+            command=command,
         )
         cluster_session = cluster.session(principal, session_id, run_id)
         session, fence = cluster_session, cluster_session.fence
@@ -169,7 +181,7 @@ async def start_run(
             if cluster is not None:
                 await cluster.forget(run_id)
     if cluster is not None:
-        entry.log = cluster.track(entry.run, run_id, 1, 1, fence)
+        entry.log = cluster.track(entry.run, run_id, 1, 1, fence, client_node)
     if gate is not None:
         registry.nursery.start_soon(_claim_later, registry, entry, gate, policy, behind, None)
     return entry
@@ -278,7 +290,12 @@ async def resume_run(
                 gate.release()
             registry.end(entry, retain=False)
     entry.log = cluster.track(
-        entry.run, entry.run_id, resume.attempt, resume.next_seq, session.fence
+        entry.run,
+        entry.run_id,
+        resume.attempt,
+        resume.next_seq,
+        session.fence,
+        None if claimed.client_gone else claimed.client_node,
     )
     if gate is not None:
         registry.nursery.start_soon(

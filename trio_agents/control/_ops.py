@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +112,22 @@ async def run_start(conn: Connection, request: RunStart) -> None:
         conn.check_subscription_room(None)
     registry.take_start_token(conn.principal)
     cluster = registry.cluster
-    placed = None if cluster is None else await cluster.place(conn.principal, wire(request))
+    placed = None
+    if cluster is not None:
+        run_id = f"run_{uuid.uuid4().hex}"
+        # Known to the connection before it is placed: a placement cut here (the
+        # connection aborted) is settled before the connection's disconnect, which
+        # then cancels the run if it started (Router.send).
+        cut = request.on_disconnect == "cancel"
+        if cut:
+            conn.placed.add(run_id)
+        try:
+            placed = await cluster.place(conn.principal, wire(request), run_id)
+        except ProtocolError:
+            conn.placed.discard(run_id)
+            raise
+        if placed is None:
+            conn.placed.discard(run_id)
     if placed is not None:  # started on another node (this one is full)
         run_id = str(placed["run_id"])
         if request.on_disconnect == "cancel":  # a disconnect from here cancels it there
@@ -174,14 +190,27 @@ async def apply_local(
         return {"injection_id": injection_id}
     if entry.first_seq > 1:
         await _settled(run)
+    approved = isinstance(request, RunApprove)
+    message = None if isinstance(request, RunApprove) else request.message
+    if cluster is not None:
+        # Durable before it is applied (its answer too, when routed): a takeover
+        # applies it to the call asked again, and never serves the command twice.
+        _live(entry)
+        if request.call_id not in run.statistics().pending_approvals:
+            raise ProtocolError("not_found", str(UnknownCallError(request.call_id)))
+        await cluster.record_decision(
+            entry.run_id, request.call_id, approved=approved, message=message, command=command
+        )
     try:
-        if isinstance(request, RunApprove):
+        if approved:
             run.approve(request.call_id)
         else:
-            run.reject(request.call_id, message=request.message)
-    except RunClosedError:
-        raise ProtocolError("run_closed", f"run {entry.run_id} is closed") from None
-    except UnknownCallError as exc:
+            run.reject(request.call_id, message=message)
+    except (RunClosedError, UnknownCallError) as exc:
+        if cluster is not None:
+            return {}  # recorded and answered already: the run ended (or moved) since
+        if isinstance(exc, RunClosedError):
+            raise ProtocolError("run_closed", f"run {entry.run_id} is closed") from None
         raise ProtocolError("not_found", str(exc)) from None
     return {}
 
@@ -294,8 +323,11 @@ async def execute_routed(
     returns the ack's fields.
 
     A ``run.start`` was placed here by a full node: it starts here, with no connection
-    of this node as its owner (its ``on_disconnect`` does not apply)."""
+    of this node as its owner (its ``on_disconnect`` applies on the node that placed
+    it, which holds its client's connection, and here once that node is dead)."""
     request = parse_request(json.dumps(data))
+    from ..cluster._routing import ROUTED_FROM, ROUTED_RUN
+
     cluster = registry.cluster
     assert cluster is not None
     if isinstance(request, RunStart):
@@ -312,6 +344,9 @@ async def execute_routed(
             session_id=request.session_id,
             on_disconnect="continue",
             on_busy=request.on_busy,
+            client_node=ROUTED_FROM.get() if request.on_disconnect == "cancel" else None,
+            run_id=ROUTED_RUN.get(),
+            command=command,
         )
         return {"run_id": entry.run_id}
     if isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject):
