@@ -255,6 +255,10 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
                     "mode": "immediate",
                 }
                 looked.set()
+            # The owner answered in the transaction that stored its answer (with the
+            # NOTIFY to the sender): no second transaction just to send it.
+            assert [w for w in writes if "record_cancel" in w], writes
+            assert not [w for w in writes if "answer_it" in w], writes
             done = await ca.wait_terminal(run_id)
             assert (done["event"]["status"], done["event"]["reason"]) == ("cancelled", "stop")
             # The owner wrote only the command's reply (kept for a takeover), not the

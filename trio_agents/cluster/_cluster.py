@@ -37,7 +37,7 @@ from ._queries import (
     release_node,
     tool_start_barrier,
 )
-from ._routing import Executor, Router, ok_reply
+from ._routing import REPLY_SENT, Executor, Reply, Router, ok_reply, routed_reply
 from ._session import ClusterSession, session_key
 from ._takeover import Leases
 
@@ -479,11 +479,12 @@ class PostgresCluster:
         Raises:
             ProtocolError: ``internal`` when the database cannot be reached.
         """
-        reply = None if command is None else (command, ok_reply({}))
+        reply = routed_reply(command, {})
         try:
             await record_cancel(self.db, run_id, reason, mode, reply)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        _sent(reply)
 
     async def record_decision(
         self,
@@ -509,7 +510,7 @@ class PostgresCluster:
             raise ProtocolError(
                 "internal", "this node no longer runs the run (it is being taken over); retry"
             )
-        reply = None if command is None else (command, ok_reply({}))
+        reply = routed_reply(command, {})
         decision = {"approved": approved, "message": message}
         try:
             outcome = await record_decision(
@@ -525,14 +526,16 @@ class PostgresCluster:
             raise ProtocolError(
                 "internal", "this node no longer runs the run (it is being taken over); retry"
             )
+        _sent(reply)
 
     async def record_withdrawal(
         self, run_id: str, injection_id: str, command: int | None = None
     ) -> None:
         """A withdrawn injection is never injected again by a takeover; a routed
         withdrawal (``command``) is answered in the same transaction."""
-        reply = None if command is None else (command, ok_reply({"withdrawn": True}))
+        reply = routed_reply(command, {"withdrawn": True})
         await record_withdrawal(self.db, run_id, injection_id, reply)
+        _sent(reply)
 
     async def injection_persisted(
         self, run_id: str, injection_id: str, command: int | None = None
@@ -606,3 +609,10 @@ class PostgresCluster:
         for log in self.writer.logs.values():
             log.fence.closed = True
             log.fence.fence_seq = None
+
+
+def _sent(reply: Reply | None) -> None:
+    """The op's transaction stored its routed command's answer and notified the
+    sender: the router sends nothing more (:data:`REPLY_SENT`)."""
+    if reply is not None and reply[2] is not None:
+        REPLY_SENT.set(True)

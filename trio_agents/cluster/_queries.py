@@ -13,7 +13,7 @@ from .._items import ToolCall
 from ..control._protocol import ProtocolError
 from ._db import ClusterDown, Conn, Database
 from ._eventlog import Fence
-from ._routing import CANCEL_RECORDED, record_cancel_in, store_reply
+from ._routing import CANCEL_RECORDED, Reply, record_cancel_in, store_reply
 from ._schema import CHANNEL
 from ._session import RETRY_FOR
 
@@ -148,10 +148,10 @@ async def nodes_with_room(db: Database, node_id: str) -> list[str]:
 
 
 async def record_withdrawal(
-    db: Database, run_id: str, injection_id: str, reply: tuple[int, str] | None = None
+    db: Database, run_id: str, injection_id: str, reply: Reply | None = None
 ) -> None:
     """A withdrawn injection is never injected again by a takeover (a routed
-    withdrawal's ``reply``, ``(command_id, reply)``, is stored in the same transaction)."""
+    withdrawal's ``reply`` (:data:`Reply`), is stored in the same transaction)."""
 
     def record(conn: Conn) -> None:
         conn.execute(
@@ -170,12 +170,12 @@ async def record_cancel(
     run_id: str,
     reason: str | None,
     mode: str,
-    reply: tuple[int, str] | None = None,
+    reply: Reply | None = None,
 ) -> None:
     """An acked cancel is durable: kept in the run's ``options`` (``"cancel"``); a
     takeover that finds it ends the run cancelled instead of continuing it.
 
-    A routed cancel's ``reply``, ``(command_id, reply)``, is stored before the owner
+    A routed cancel's ``reply`` (:data:`Reply`), is stored before the owner
     acts further, so a node that takes the run over answers from it instead of
     serving the command again (it would find the run ended: ``run_closed``). The
     cancel itself was recorded by the node that sent it, before the owner saw it
@@ -202,12 +202,12 @@ async def record_decision(
     attempt: int,
     call_id: str,
     decision: dict[str, Any],
-    reply: tuple[int, str] | None = None,
+    reply: Reply | None = None,
 ) -> str:
     """Record an approval or rejection (``decision``: ``{"approved": bool, "message":
     str | None}``) in the run's ``options`` (``"decisions"``, by call id) before it is
     applied: a takeover applies it to the call its run asks for again. A routed one's
-    ``reply``, ``(command_id, reply)``, is stored in the same transaction.
+    ``reply`` (:data:`Reply`), is stored in the same transaction.
 
     Returns ``"recorded"``; ``"decided"`` when the call has a decision already (the
     first one stays: the run applies it, never this one); ``"closed"`` when the run

@@ -43,12 +43,16 @@ from ._schema import CHANNEL
 
 __all__ = [
     "CANCEL_RECORDED",
+    "REPLY_SENT",
     "ROUTED_FROM",
     "ROUTED_RUN",
     "ROUTE_TIMEOUT",
+    "Reply",
     "Router",
     "ok_reply",
     "record_cancel_in",
+    "reply_note",
+    "routed_reply",
     "store_reply",
 ]
 
@@ -106,13 +110,49 @@ def record_cancel_in(conn: Conn, run_id: str, reason: str | None, mode: str) -> 
     )
 
 
-def store_reply(conn: Conn, command_id: int, reply: str) -> None:
+REPLY_SENT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "trio_agents.cluster.reply_sent", default=False
+)
+"""Set (in the serving task) once the op being answered committed a transaction that
+stored the routed command's answer *and* notified its sender (:func:`routed_reply`), so
+the router sends no answer of its own: one transaction fewer on the path of a routed
+cancel, withdrawal or decision."""
+
+
+def reply_note(origin: str, command_id: int, reply: str) -> str:
+    """The NOTIFY payload that tells ``origin`` a command is answered (the answer
+    itself inline when short; else its sender reads it from the row)."""
+    note: dict[str, Any] = {"k": "reply", "n": origin, "c": command_id}
+    if len(reply) < _INLINE:
+        note["a"] = json.loads(reply)
+    return json.dumps(note)
+
+
+def routed_reply(command_id: int | None, fields: dict[str, Any]) -> Reply | None:
+    """What an op answering routed command ``command_id`` with ``fields`` stores in the
+    transaction making it durable: the reply and the NOTIFY to its sender (from
+    :data:`ROUTED_FROM`; call it in the serving task). ``None`` for a local op."""
+    if command_id is None:
+        return None
+    reply = ok_reply(fields)
+    origin = ROUTED_FROM.get()
+    return command_id, reply, None if origin is None else reply_note(origin, command_id, reply)
+
+
+Reply = tuple[int, str, str | None]
+"""``(command_id, reply, note)``: a routed command's stored answer and the NOTIFY to
+send with it (``None``: the router sends it)."""
+
+
+def store_reply(conn: Conn, command_id: int, reply: str, note: str | None = None) -> None:
     """Answer a command in the caller's transaction (only if it has no answer yet: a
-    command is answered once)."""
+    command is answered once), and notify its sender (``note``) on commit."""
     conn.execute(
         "UPDATE trio_agents_commands SET reply = %s WHERE command_id = %s AND reply IS NULL",
         (reply, command_id),
     )
+    if note is not None:
+        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, note))
 
 
 @final
@@ -381,6 +421,7 @@ class Router:
             CANCEL_RECORDED.set(request.get("op") == "run.cancel")
             ROUTED_FROM.set(origin)
             ROUTED_RUN.set(run_id)
+            REPLY_SENT.set(False)
             try:
                 fields = await self.execute(principal, request, command_id)
                 answer: dict[str, Any] = {"ok": fields}
@@ -390,15 +431,13 @@ class Router:
                 logger.exception("routed command %s failed", command_id)
                 answer = {"error": ["internal", "internal error"]}
             self.served += 1
+            if REPLY_SENT.get():
+                return  # stored and sent with the op's own durable effect
             text = json.dumps(answer)
-            reply: dict[str, Any] = {"k": "reply", "n": origin, "c": command_id}
-            if len(text) < _INLINE:
-                reply["a"] = answer
-            note = json.dumps(reply)
+            note = reply_note(origin, command_id, text)
 
             def answer_it(conn: Conn) -> None:
-                store_reply(conn, command_id, text)
-                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, note))
+                store_reply(conn, command_id, text, note)
 
             backoff = 0.05
             while True:
