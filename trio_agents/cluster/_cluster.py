@@ -22,6 +22,7 @@ import trio
 
 from .._items import Item, ToolCall
 from ..control._protocol import ProtocolError
+from ._capacity import cancel_unstarted, enqueue_start
 from ._claims import claim_queued, claim_run
 from ._db import ClusterDown, Database
 from ._eventlog import EventWriter, Fence, RunLog, follow
@@ -97,7 +98,8 @@ class PostgresCluster:
             every ``lease_ttl / 3``): how long after a crash another node takes them
             over.
         max_runs: unfinished runs this node runs at most; a ``run.start`` beyond it is
-            placed on a node with room (``limit_exceeded`` when none has).
+            placed on a node with room, or, when none has, queued until one has
+            (``limit_exceeded`` past the principal's active-run limit of such runs).
 
     Give it to ``ControlServer(agents, auth=..., cluster=cluster)`` (one cluster object
     per server); ``sessions`` must then be None: runs' sessions are PostgreSQL sessions
@@ -185,6 +187,11 @@ class PostgresCluster:
         """Unfinished runs of this node."""
         return 0 if self.registry is None else self.registry.active_count
 
+    def room_freed(self) -> None:
+        """A run of this node ended: scan at once if runs queued for capacity may wait."""
+        if self.leases.queued:
+            self.leases.wake()
+
     # -- the node's tasks -------------------------------------------------------------
 
     async def serve_node(
@@ -241,6 +248,8 @@ class PostgresCluster:
             if message.get("n") == self._node_id:
                 self.router.replied(message)
         elif kind == "scan":
+            if message.get("q"):
+                self.leases.queued = True  # a run queued for capacity: scan when room frees
             self.leases.wake()
         elif kind == "connected":
             self.router.wake()
@@ -442,14 +451,26 @@ class PostgresCluster:
 
     async def route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
         """Send an op to the owner of ``run_id``; its ack fields come back (errors:
-        ``not_found``, ``run_closed``, the owner's own)."""
+        ``not_found``, ``run_closed``, the owner's own). A cancel of a run queued for
+        capacity that no node has claimed ends it here (``_capacity.cancel_unstarted``)."""
+        if request.get("op") == "run.cancel" and await cancel_unstarted(
+            self.db, principal, run_id, request.get("reason")
+        ):
+            return {}  # queued for capacity: ended before any node started it
         return await self.router.send(principal, request, run_id=run_id)
 
     async def place(
         self, principal: str, request: dict[str, Any], run_id: str
     ) -> dict[str, Any] | None:
         """A ``run.start`` on a full node: start it, as ``run_id``, on a node with room
-        (its ack fields), or None when this node has room."""
+        (its ack fields), or, when every node is full, queue it for capacity (``queued``
+        in the answer); None when this node has room.
+
+        Raises:
+            ProtocolError: ``limit_exceeded`` when the principal has as many runs
+                queued for capacity as its active-run limit (``Limits``), the placed
+                node's error, ``session_busy`` or ``internal``.
+        """
         if self.running() < self._max_runs:
             return None
 
@@ -465,9 +486,13 @@ class PostgresCluster:
             except ProtocolError as exc:
                 if exc.code != "limit_exceeded":
                     raise
-        raise ProtocolError(
-            "limit_exceeded", "every node of the cluster runs as many runs as it may"
-        )
+        # Every node is full: queued for capacity (``_capacity.py``), claimed by the
+        # first node with room, in the order of the starts.
+        registry = self.registry
+        bound = 100 if registry is None else registry.limits.max_runs_per_principal
+        client = self._node_id if request.get("on_disconnect") == "cancel" else None
+        await enqueue_start(self.db, principal, request, run_id, client_node=client, bound=bound)
+        return {"run_id": run_id}
 
     async def record_cancel(
         self, run_id: str, reason: str | None, mode: str, command: int | None = None

@@ -205,6 +205,9 @@ class Leases:
         # flight, so every run it resumed is handed over too.
         self.scanning = trio.Lock()
         self.stopped = False
+        # Runs queued for capacity may wait (a NOTIFY said so, or the last scan filled
+        # this node's room): a run ending here wakes the scan (PostgresCluster.room_freed).
+        self.queued = True
 
     def wake(self) -> None:
         """Scan now (a node released runs, or we reconnected)."""
@@ -372,6 +375,7 @@ class Leases:
         if room <= 0:
             return
         claimed = await cluster.db.call(lambda conn: self._claim(conn, room))
+        self.queued = len(claimed) >= room  # fewer: none was left to claim
         # Ours from the commit on: a command for any of them waits for its resumption.
         self._resuming.update(run.run_id for run in claimed)
         for run in claimed:
@@ -441,7 +445,7 @@ class Leases:
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
             " session_key, session_id IS NOT NULL AND active_key IS NULL FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
-            " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at LIMIT %s"
+            " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at, created_at LIMIT %s"
             " FOR UPDATE SKIP LOCKED",
             # Not the runs this node stopped and has yet to release: its heartbeat (in
             # another task) would release them after we claimed them back.

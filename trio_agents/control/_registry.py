@@ -264,6 +264,8 @@ class Registry:
         state = self.state_of(entry.principal)
         state.active.discard(entry)
         self.active_count -= 1
+        if self.cluster is not None:
+            self.cluster.room_freed()
         if entry.owner is not None:
             entry.owner.owned.discard(entry)
             fence = entry.fence
