@@ -75,8 +75,7 @@ What holds (DESIGN §12):
   answered by the new owner, or answers ``internal`` ("retry") after 30 s.
 - Known gaps: a run whose node died before the run's input reached its session is
   resumed with the input kept in its row if its session is empty, else with what the
-  session holds; when every node is full ``run.start`` answers ``limit_exceeded`` (it
-  is not queued).
+  session holds.
 - A placed ``run.start`` gets its id from the placing node; when no answer comes in
   time, that node withdraws the command (which the start, holding the command's row
   while it inserts the run's, cannot outrun) and acks the run if its row exists, else
@@ -89,7 +88,11 @@ What holds (DESIGN §12):
   once, ``queued``; queued runs get the session in the order they were queued
   (``interrupt`` runs first), cluster-wide.
 - A node runs at most ``max_runs`` runs; a ``run.start`` on a full node is started on
-  the least loaded node with room (``limit_exceeded`` when every node is full).
+  the least loaded node with room; when every node is full it is acked and the run is
+  *queued for capacity* (an unowned row, status ``queued``, first event persisted),
+  claimed by the takeover scan of the first node with room, in the order of the starts
+  (``_capacity.py``); at most ``Limits.max_runs_per_principal`` such runs per
+  principal (``limit_exceeded`` past it).
 - Leases: a node that stops heartbeating for ``lease_ttl`` loses its runs: another
   node claims each one (``attempt + 1``) and resumes it from its session
   (:class:`trio_agents.Resume`): a call whose tool had started (``tool_starts``) and
