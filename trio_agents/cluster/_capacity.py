@@ -13,7 +13,8 @@ runs were started: ``_claims.py``). A node scans when a run of its own ends whil
 queued runs may wait, and when a run is queued (a NOTIFY ``{"k": "scan"}``).
 
 A cancel of such a run (from any node, a disconnect's included) ends its row
-``cancelled`` in one transaction, unless a node has claimed it meanwhile (the row lock
+``cancelled`` in the transaction that would route it (``Router.send``: no transaction
+more for a routed cancel), unless a node has claimed it meanwhile (the row lock
 decides): then it is routed to that node as for any run.
 """
 
@@ -27,9 +28,8 @@ from .._events import RunStatus, RunUpdated
 from ..control._protocol import ProtocolError
 from ._db import ClusterDown, Conn, Database
 from ._schema import CHANNEL
-from ._session import session_key
 
-__all__ = ["cancel_unstarted", "enqueue_start"]
+__all__ = ["cancel_unstarted_in", "enqueue_start"]
 
 
 async def enqueue_start(
@@ -48,6 +48,8 @@ async def enqueue_start(
             for capacity already, ``session_busy`` for an ``on_busy="reject"`` start
             whose session is held, ``internal`` when the database cannot be reached.
     """
+    from ._session import session_key  # here: _session -> _eventlog -> _routing -> us
+
     session_id = request.get("session_id")
     on_busy = request.get("on_busy") or "reject"
     key = session_key(principal, session_id, run_id)
@@ -107,36 +109,30 @@ async def enqueue_start(
         raise ProtocolError("session_busy", f"session {session_id!r} has an active run")
 
 
-async def cancel_unstarted(db: Database, principal: str, run_id: str, reason: str | None) -> bool:
-    """End a run queued for capacity ``cancelled`` if no node has claimed it yet; False
-    when it has an owner (or is not the principal's unfinished run)."""
-
-    def cancel(conn: Conn) -> bool:
-        row = conn.execute(
-            "SELECT last_seq FROM trio_agents_runs WHERE run_id = %s AND principal = %s"
-            " AND NOT finished AND owner IS NULL FOR UPDATE",
-            (run_id, principal),
-        ).fetchone()
-        if row is None:
-            return False
-        seq = int(row[0]) + 1
-        event = RunUpdated(run_id, seq, RunStatus.CANCELLED, reason, 0, time.time()).to_json()
-        conn.execute(
-            "INSERT INTO trio_agents_events (run_id, seq, type, data)"
-            " VALUES (%s, %s, 'run.updated', %s)",
-            (run_id, seq, json.dumps(event)),
-        )
-        conn.execute(
-            "UPDATE trio_agents_runs SET status = 'cancelled', reason = %s, finished = true,"
-            " active_key = NULL, last_seq = %s, updated_at = now() WHERE run_id = %s",
-            (reason, seq, run_id),
-        )
-        conn.execute(
-            "SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps({"k": "run", "r": run_id, "s": seq}))
-        )
-        return True
-
-    try:
-        return bool(await db.call(cancel))
-    except ClusterDown as exc:
-        raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+def cancel_unstarted_in(conn: Conn, principal: str, run_id: str, reason: str | None) -> bool:
+    """End a run queued for capacity ``cancelled`` if no node has claimed it yet, inside
+    the caller's transaction (the row lock decides against a claim); False when it has
+    an owner (or is not the principal's unfinished run)."""
+    row = conn.execute(
+        "SELECT last_seq FROM trio_agents_runs WHERE run_id = %s AND principal = %s"
+        " AND NOT finished AND owner IS NULL FOR UPDATE",
+        (run_id, principal),
+    ).fetchone()
+    if row is None:
+        return False
+    seq = int(row[0]) + 1
+    event = RunUpdated(run_id, seq, RunStatus.CANCELLED, reason, 0, time.time()).to_json()
+    conn.execute(
+        "INSERT INTO trio_agents_events (run_id, seq, type, data)"
+        " VALUES (%s, %s, 'run.updated', %s)",
+        (run_id, seq, json.dumps(event)),
+    )
+    conn.execute(
+        "UPDATE trio_agents_runs SET status = 'cancelled', reason = %s, finished = true,"
+        " active_key = NULL, last_seq = %s, updated_at = now() WHERE run_id = %s",
+        (reason, seq, run_id),
+    )
+    conn.execute(
+        "SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps({"k": "run", "r": run_id, "s": seq}))
+    )
+    return True

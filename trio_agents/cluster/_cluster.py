@@ -22,7 +22,7 @@ import trio
 
 from .._items import Item, ToolCall
 from ..control._protocol import ProtocolError
-from ._capacity import cancel_unstarted, enqueue_start
+from ._capacity import enqueue_start
 from ._claims import claim_queued, claim_run
 from ._db import ClusterDown, Database
 from ._eventlog import EventWriter, Fence, RunLog, follow
@@ -452,19 +452,15 @@ class PostgresCluster:
     async def route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
         """Send an op to the owner of ``run_id``; its ack fields come back (errors:
         ``not_found``, ``run_closed``, the owner's own). A cancel of a run queued for
-        capacity that no node has claimed ends it here (``_capacity.cancel_unstarted``)."""
-        if request.get("op") == "run.cancel" and await cancel_unstarted(
-            self.db, principal, run_id, request.get("reason")
-        ):
-            return {}  # queued for capacity: ended before any node started it
+        capacity that no node has claimed ends it at once (``Router.send``)."""
         return await self.router.send(principal, request, run_id=run_id)
 
     async def place(
         self, principal: str, request: dict[str, Any], run_id: str
     ) -> dict[str, Any] | None:
         """A ``run.start`` on a full node: start it, as ``run_id``, on a node with room
-        (its ack fields), or, when every node is full, queue it for capacity (``queued``
-        in the answer); None when this node has room.
+        (its ack fields), or, when every node is full, queue it for capacity (``_capacity.py``)
+        and return its ``run_id``; None when this node has room.
 
         Raises:
             ProtocolError: ``limit_exceeded`` when the principal has as many runs

@@ -37,6 +37,7 @@ from typing import Any, Final, final
 import trio
 
 from ..control._protocol import ProtocolError
+from ._capacity import cancel_unstarted_in
 from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
 from ._schema import CHANNEL
@@ -109,6 +110,10 @@ def record_cancel_in(conn: Conn, run_id: str, reason: str | None, mode: str) -> 
         (json.dumps({"reason": reason, "mode": mode}), run_id),
     )
 
+
+UNSTARTED: Final = (-1, None)
+"""What a routed cancel's transaction returns when it ended a run queued for capacity
+that no node had claimed (``_capacity.cancel_unstarted_in``): nothing to route."""
 
 REPLY_SENT: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "trio_agents.cluster.reply_sent", default=False
@@ -226,6 +231,16 @@ class Router:
             if row is None:
                 return None
             command_id, owner = int(row[0]), row[1]
+            if (
+                request["op"] == "run.cancel"
+                and run_id is not None
+                and owner is None
+                and cancel_unstarted_in(conn, principal, run_id, request.get("reason"))
+            ):  # queued for capacity, claimed by no node: ended here, answered at once
+                conn.execute(
+                    "DELETE FROM trio_agents_commands WHERE command_id = %s", (command_id,)
+                )
+                return UNSTARTED
             if request["op"] == "run.cancel" and run_id is not None:
                 # Durable before the owner sees it: the owner acks without writing it.
                 record_cancel_in(
@@ -245,6 +260,8 @@ class Router:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         if inserted is None:
             raise await self._refusal(principal, run_id)
+        if inserted is UNSTARTED:
+            return {}
         command_id = inserted[0]
         placed = run_id if target_node is not None else None
 
