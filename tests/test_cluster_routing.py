@@ -278,3 +278,43 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
                 assert (await trio.to_thread.run_sync(recorded, run_id))["reason"] == "here"
             assert b.cluster.router.routed == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_a_subscriber_on_a_node_whose_attempt_stopped_follows_the_run_elsewhere(
+    pg_dsn: str,
+) -> None:
+    # Node A loses its lease (alive, but its attempt of the run is stopped: "lease
+    # lost") and the run goes on in a new attempt. A client subscribed on A stays
+    # subscribed: it gets every later event, through the terminal one, each seq once.
+    # (It used to get nothing more, silently: its subscription read A's stopped run.)
+    gate = trio.Event()
+
+    @ta.function_tool
+    async def wait() -> str:
+        """Wait."""
+        await gate.wait()
+        return "done"
+
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})]), "finished elsewhere"])
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(model, [wait]), pg_dsn, "A") as a,
+            node(nursery, agents(model, [wait]), pg_dsn, "B"),
+            client(a.url) as ca,
+        ):
+            run_id = (await ca.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
+            assert a.cluster.lose_all("lease lost") == 1
+            with trio.fail_after(60):
+                done = await ca.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed", done
+            seqs = ca.seqs(run_id)
+            assert seqs == sorted(set(seqs)), seqs  # each seq once, in order
+            resumed = [
+                f["event"]
+                for f in ca.events[run_id]
+                if f["event"]["type"] == "run.updated"
+                and f["event"].get("detail", {}).get("resumed")
+            ]
+            assert len(resumed) == 1, resumed
+        nursery.cancel_scope.cancel()

@@ -87,8 +87,9 @@ class Resume:
         default="the node running this call stopped", validator=attrs.validators.instance_of(str)
     )
     approved: frozenset[str] = attrs.field(default=frozenset(), converter=_to_frozenset)
+    # Left out of the hash (a read-only mapping is not hashable); equality compares it.
     rejected: Mapping[str, str | None] = attrs.field(
-        factory=dict, converter=_to_rejections, validator=_check_decisions
+        factory=dict, converter=_to_rejections, validator=_check_decisions, hash=False
     )
 
     @property

@@ -227,23 +227,34 @@ class Connection:
         self, entry: RunEntry, from_seq: int | None, mode: str, scope: trio.CancelScope
     ) -> None:
         assert entry.run is not None
+        sent: list[int] = []  # the seq of the last event queued, once there is one
         try:
             with scope:
                 # Every event that is ready in one list (one checkpoint per list, not per
                 # event: a model's network read often carries many deltas); each event
                 # still passes the same checks, in order, before it is queued.
                 async for batch in entry.run.events(from_seq).batches():
-                    if not await self._forward_batch(entry, entry.fence, batch, mode):
+                    if not await self._forward_batch(entry, entry.fence, batch, mode, sent):
+                        # A cluster: this node's attempt stopped (lease lost) and the run
+                        # goes on elsewhere. The client is still subscribed: follow the
+                        # run's persisted log from the first seq it was not sent (this
+                        # attempt's unsent persisted events, then the next attempt's).
+                        cluster = self.registry.cluster
+                        if cluster is not None and self.subscriptions.get(entry.run_id) is scope:
+                            self._remote.add(entry.run_id)
+                            start = sent[-1] + 1 if sent else from_seq
+                            await cluster.follow(entry.run_id, start, mode, self.send)
                         break
         except Exception:
             logger.exception("forwarding the events of %s failed", entry.run_id)
         finally:
             if self.subscriptions.get(entry.run_id) is scope:
                 del self.subscriptions[entry.run_id]
+                self._remote.discard(entry.run_id)
             self._subscriptions_changed.set()
 
     async def _forward_batch(
-        self, entry: RunEntry, fence: Any, batch: list[RunEvent], mode: str
+        self, entry: RunEntry, fence: Any, batch: list[RunEvent], mode: str, sent: list[int]
     ) -> bool:
         """Queue the frames of ``batch``'s events; False once the run goes on elsewhere."""
         for event in batch:
@@ -265,6 +276,10 @@ class Connection:
                 if entry.log.persisted_seq < event.seq:
                     return False  # this attempt stopped writing: the run goes on elsewhere
             await self._queue(event_frame(event))
+            if sent:
+                sent[0] = event.seq
+            else:
+                sent.append(event.seq)
         return True
 
     async def _queue(self, frame: Mapping[str, Any]) -> None:
