@@ -164,6 +164,16 @@ async def test_resume_needs_a_session_and_no_input() -> None:
         )
 
 
+def test_resume_is_a_hashable_value_with_its_decisions() -> None:
+    one = ta.Resume(attempt=2, next_seq=1, approved={"a"}, rejected={"b": "no"})
+    same = ta.Resume(attempt=2, next_seq=1, approved=["a"], rejected={"b": "no"})
+    assert one == same
+    assert hash(one) == hash(same)
+    assert one != ta.Resume(attempt=2, next_seq=1, approved={"a"}, rejected={"b": None})
+    with pytest.raises(TypeError):
+        one.rejected["c"] = None  # type: ignore[index]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
@@ -179,15 +189,6 @@ async def test_resume_needs_a_session_and_no_input() -> None:
         ({"attempt": 2, "next_seq": 1, "approved": {"c1"}, "rejected": {"c1": None}}, ValueError),
     ],
 )
-def test_resume_is_a_hashable_value_with_its_decisions() -> None:
-    one = ta.Resume(attempt=2, next_seq=1, approved={"a"}, rejected={"b": "no"})
-    same = ta.Resume(attempt=2, next_seq=1, approved=["a"], rejected={"b": "no"})
-    assert one == same and hash(one) == hash(same)
-    assert one != ta.Resume(attempt=2, next_seq=1, approved={"a"}, rejected={"b": None})
-    with pytest.raises(TypeError):
-        one.rejected["c"] = None  # type: ignore[index]
-
-
 def test_resume_validates_its_fields(kwargs: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error):
         ta.Resume(**kwargs)
