@@ -239,8 +239,14 @@ class Connection:
                         # goes on elsewhere. The client is still subscribed: follow the
                         # run's persisted log from the first seq it was not sent (this
                         # attempt's unsent persisted events, then the next attempt's).
+                        # Not while this node stops: its connections close (1001) and
+                        # their clients re-subscribe elsewhere.
                         cluster = self.registry.cluster
-                        if cluster is not None and self.subscriptions.get(entry.run_id) is scope:
+                        if (
+                            cluster is not None
+                            and not self._shutting_down
+                            and self.subscriptions.get(entry.run_id) is scope
+                        ):
                             self._remote.add(entry.run_id)
                             start = sent[-1] + 1 if sent else from_seq
                             await cluster.follow(entry.run_id, start, mode, self.send)
