@@ -310,3 +310,45 @@ async def test_the_cancel_on_disconnect_runs_of_a_dead_nodes_clients_are_cancell
             done = (await ca.wait_terminal(kept))["event"]
             assert (done["status"], done["reason"]) == ("cancelled", "by hand")
         nursery.cancel_scope.cancel()
+
+
+async def test_a_run_no_live_node_can_resume_ends_failed_with_a_terminal_event(
+    pg_dsn: str,
+) -> None:
+    # (Leases.fail, the terminal write it shares with a cancelled queued run.) A dies;
+    # B claims the run but does not serve its agent: the run ends failed, with one
+    # terminal event a subscriber on B receives, and its session is released.
+    gate = trio.Event()
+
+    @ta.function_tool
+    async def wait() -> str:
+        """Wait."""
+        await gate.wait()
+        return "done"
+
+    a_agents = agent(ScriptedModel([Turn(tool_calls=[("wait", {})])]), [wait])
+    b_agents = {"other": agent(ScriptedModel([], default="x"), [])["a"]}
+    async with (
+        two_nodes(pg_dsn, a_agents, b_agents) as (a, _b),
+        client(a.url) as ca,
+        client(_b.url) as cb,
+    ):
+        run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s", subscribe="all"))[
+            "run_id"
+        ]
+        await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
+        a.crash()
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        with trio.fail_after(60):
+            done = await cb.wait_terminal(run_id)
+        assert done["event"]["status"] == "failed", done
+        assert "is not served by node" in done["event"]["reason"], done
+        seqs = cb.seqs(run_id)
+        assert seqs == list(range(1, len(seqs) + 1)), seqs
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT status, finished, active_key, last_seq FROM trio_agents_runs"
+                " WHERE run_id = %s",
+                (run_id,),
+            ).fetchone()
+        assert row == ("failed", True, None, seqs[-1]), row

@@ -29,7 +29,7 @@ from ..control._protocol import ProtocolError
 from ._db import ClusterDown, Conn, Database
 from ._schema import CHANNEL
 
-__all__ = ["cancel_unstarted_in", "enqueue_start"]
+__all__ = ["cancel_unstarted_in", "end_run_in", "enqueue_start"]
 
 
 async def enqueue_start(
@@ -120,19 +120,34 @@ def cancel_unstarted_in(conn: Conn, principal: str, run_id: str, reason: str | N
     ).fetchone()
     if row is None:
         return False
-    seq = int(row[0]) + 1
-    event = RunUpdated(run_id, seq, RunStatus.CANCELLED, reason, 0, time.time()).to_json()
+    end_run_in(conn, run_id, int(row[0]) + 1, RunStatus.CANCELLED, reason)
+    return True
+
+
+def end_run_in(
+    conn: Conn,
+    run_id: str,
+    seq: int,
+    status: RunStatus,
+    reason: str | None,
+    *,
+    if_absent: bool = False,
+) -> None:
+    """End a run that no node runs (never started, or claimed and not resumable) in the
+    caller's transaction: its terminal ``run.updated`` as event ``seq``, its row
+    finished (the session released), and the NOTIFY its subscribers wait for.
+    ``if_absent``: keep an event already stored at ``seq``."""
+    event = RunUpdated(run_id, seq, status, reason, 0, time.time()).to_json()
     conn.execute(
         "INSERT INTO trio_agents_events (run_id, seq, type, data)"
-        " VALUES (%s, %s, 'run.updated', %s)",
+        " VALUES (%s, %s, 'run.updated', %s)" + (" ON CONFLICT DO NOTHING" if if_absent else ""),
         (run_id, seq, json.dumps(event)),
     )
     conn.execute(
-        "UPDATE trio_agents_runs SET status = 'cancelled', reason = %s, finished = true,"
+        "UPDATE trio_agents_runs SET status = %s, reason = %s, finished = true,"
         " active_key = NULL, last_seq = %s, updated_at = now() WHERE run_id = %s",
-        (reason, seq, run_id),
+        (status.value, reason, seq, run_id),
     )
     conn.execute(
         "SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps({"k": "run", "r": run_id, "s": seq}))
     )
-    return True

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -43,13 +42,13 @@ from .._events import (
     InboxInjected,
     RunItemEvent,
     RunStatus,
-    RunUpdated,
     event_from_json,
 )
 from .._items import Item, item_from_json
 from .._resume import Resume
 from .._run import Run
 from ..control._hosting import resume_run
+from ._capacity import end_run_in
 from ._db import ClusterDown, Conn
 from ._queries import CLIENT_GONE, decisions_of, live_nodes
 from ._schema import CHANNEL
@@ -532,23 +531,8 @@ class Leases:
     async def fail(self, run: Claimed, reason: str) -> None:
         """End a claimed run that cannot be resumed: ``failed`` with a terminal event."""
         cluster = self._cluster
-        seq = run.last_seq + 1
-        event = RunUpdated(run.run_id, seq, RunStatus.FAILED, reason, 0, time.time()).to_json()
 
         def write(conn: Conn) -> None:
-            conn.execute(
-                "INSERT INTO trio_agents_events (run_id, seq, type, data) VALUES"
-                " (%s, %s, 'run.updated', %s) ON CONFLICT DO NOTHING",
-                (run.run_id, seq, json.dumps(event)),
-            )
-            conn.execute(
-                "UPDATE trio_agents_runs SET status = 'failed', reason = %s, finished = true,"
-                " active_key = NULL, last_seq = %s, updated_at = now() WHERE run_id = %s",
-                (reason, seq, run.run_id),
-            )
-            conn.execute(
-                "SELECT pg_notify(%s, %s)",
-                (CHANNEL, json.dumps({"k": "run", "r": run.run_id, "s": seq})),
-            )
+            end_run_in(conn, run.run_id, run.last_seq + 1, RunStatus.FAILED, reason, if_absent=True)
 
         await cluster.db.call(write)
