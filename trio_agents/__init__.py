@@ -13,7 +13,9 @@ from ._events import EventsDropped as EventsDropped
 from ._events import InboxDelivered as InboxDelivered
 from ._events import InboxInjected as InboxInjected
 from ._events import ResponseTextDelta as ResponseTextDelta
+from ._events import RunChild as RunChild
 from ._events import RunEvent as RunEvent
+from ._events import RunHandoff as RunHandoff
 from ._events import RunItemEvent as RunItemEvent
 from ._events import RunStatus as RunStatus
 from ._events import RunUpdated as RunUpdated
@@ -50,6 +52,7 @@ from ._run import InjectionId as InjectionId
 from ._run import InjectWhen as InjectWhen
 from ._run import Run as Run
 from ._session_lock import OnBusy as OnBusy
+from ._tools import CallOutcome as CallOutcome
 from ._tools import Tool as Tool
 from ._tools import ToolArgumentsError as ToolArgumentsError
 from ._tools import ToolContext as ToolContext
@@ -61,6 +64,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "Agent",
     "AssistantMessage",
+    "CallOutcome",
     "CancelMode",
     "EventCursor",
     "EventsDropped",
@@ -78,9 +82,11 @@ __all__ = [
     "ResponseTextDelta",
     "Resume",
     "Run",
+    "RunChild",
     "RunClosedError",
     "RunEvent",
     "RunFailedError",
+    "RunHandoff",
     "RunHooks",
     "RunItemEvent",
     "RunResult",

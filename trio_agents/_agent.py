@@ -5,13 +5,17 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._handoffs import handoff_specs, index_handoffs
 from ._model import FINAL_ANSWER_TOOL, Model, ToolSpec
 from ._output import OutputType, compile_output
 from ._tools import Tool, function_tool
+
+if TYPE_CHECKING:
+    from ._result import RunResult
 
 __all__ = ["Agent"]
 
@@ -125,6 +129,18 @@ def _check_output_retries(_instance: object, _attribute: object, value: object) 
         raise ValueError("output_retries must be at least 0")
 
 
+def _to_handoffs(value: Iterable[Agent]) -> tuple[Agent, ...]:
+    if isinstance(value, Agent | str) or not isinstance(value, Iterable):
+        raise TypeError("Agent(handoffs=...) takes a list of agents, e.g. handoffs=[billing]")
+    agents = tuple(value)
+    for index, element in enumerate(agents):
+        if not isinstance(element, Agent):
+            raise TypeError(
+                f"Agent(handoffs=...): element {index} is {type(element).__name__}, not an Agent"
+            )
+    return agents
+
+
 def _default_model() -> Model:
     from .models._demo import DemoModel
 
@@ -165,6 +181,11 @@ class Agent:
         output_retries: how many times a final answer that does not validate is sent
             back to the model, with the errors, for another try; once they are used up
             the run ends ``failed`` with reason ``"output validation failed: …"``.
+        handoffs: agents this one may hand the conversation to (DESIGN §17): the model
+            is offered a ``transfer_to_<name>`` tool per target, and calling one makes
+            the *same* run continue as that agent (its instructions, tools, model and
+            output type) on the same conversation; ``run.agent`` is the current agent
+            and a ``run.handoff`` event marks the switch. See docs/multi-agent.md.
     """
 
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -177,7 +198,12 @@ class Agent:
     # Left out of the hash (a raw schema is a dict), kept in equality.
     output_type: Any = attrs.field(default=None, hash=False)
     output_retries: int = attrs.field(default=2, validator=_check_output_retries)
+    # Left out of equality and the hash: agents that hand off to each other would make
+    # both recurse through the graph.
+    handoffs: tuple[Agent, ...] = attrs.field(default=(), converter=_to_handoffs, eq=False)
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
+    # transfer_to_<name> -> target agent.
+    _handoffs: Mapping[str, Agent] = attrs.field(init=False, repr=False, eq=False)
     # What every request is told about the tools: one tuple of the tools' own (read-only)
     # specs, shared by every run of the agent.
     _tool_specs: tuple[ToolSpec, ...] = attrs.field(init=False, repr=False, eq=False)
@@ -188,9 +214,20 @@ class Agent:
     def _index_tools(self) -> Mapping[str, Tool]:
         return MappingProxyType({tool.name: tool for tool in self.tools})
 
+    @_handoffs.default
+    def _index_handoffs(self) -> Mapping[str, Agent]:
+        handoffs = index_handoffs(self.handoffs)
+        clash = sorted(set(handoffs) & set(self._by_name))
+        if clash:
+            raise ValueError(
+                f"Agent(tools=...) has a tool named {clash[0]!r}, the name of a handoff"
+                " tool; rename the tool"
+            )
+        return handoffs
+
     @_tool_specs.default
     def _collect_specs(self) -> tuple[ToolSpec, ...]:
-        return tuple(tool.spec() for tool in self.tools)
+        return (*(tool.spec() for tool in self.tools), *handoff_specs(self._handoffs))
 
     @_output.default
     def _compile_output(self) -> OutputType | None:
@@ -201,6 +238,37 @@ class Agent:
                 " with an output_type uses for its final answer; rename the tool"
             )
         return output
+
+    def as_tool(
+        self,
+        name: str | None = None,
+        description: str | None = None,
+        *,
+        output: Callable[[RunResult], str] | None = None,
+        **options: Any,
+    ) -> Tool:
+        """This agent as a tool another agent can call (DESIGN §17).
+
+        Each call runs this agent as a *child run* of the calling run, on the call's
+        ``input`` argument (the schema is ``{"input": str}``); the calls of one turn
+        run concurrently, so parallel branches are just several calls. The result is
+        the child's final output — its text, or JSON for an ``output_type`` — or
+        ``output(result)`` when given. A child cancelled on its own gives a
+        ``cancelled`` result (``"sub-agent <name> cancelled: <reason>"``) and the
+        parent goes on; a failed child an error result naming it and its reason (with
+        the parent's ``on_tool_error="fail"``, the parent fails instead).
+
+        Args:
+            name: the tool's name (default: the agent's name, made a valid tool name).
+            description: what the calling model is told (default: from the agent's
+                name and instructions).
+            output: maps the child's :class:`RunResult` to the text the parent reads.
+            options: run options for every child (those of :func:`open_run`);
+                ``cleanup_timeout``, ``hooks`` and the like default to the parent's.
+        """
+        from ._children import agent_tool
+
+        return agent_tool(self, name, description, output, options)
 
     def get_tool(self, name: str) -> Tool | None:
         """Return the tool called ``name``, or None."""

@@ -13,6 +13,8 @@ Every event of a run has ``type``, ``seq`` (strictly increasing from 1 within th
 ``inbox.injected``          :class:`InboxInjected` — an injection was accepted
 ``inbox.delivered``         :class:`InboxDelivered` — injected items entered a turn
 ``events.dropped``          :class:`EventsDropped` — a slow subscriber missed events
+``run.child``               :class:`RunChild` — a child run started or ended (§17)
+``run.handoff``             :class:`RunHandoff` — the run continues with another agent
 ==========================  =====================================================
 """
 
@@ -32,7 +34,9 @@ __all__ = [
     "InboxDelivered",
     "InboxInjected",
     "ResponseTextDelta",
+    "RunChild",
     "RunEvent",
+    "RunHandoff",
     "RunItemEvent",
     "RunStatus",
     "RunUpdated",
@@ -314,6 +318,36 @@ class EventsDropped(_EventBase):
     count: int
 
 
+@attrs.frozen
+class RunChild(_EventBase):
+    """A child run of this run started (``status`` ``"queued"``) or ended (its terminal
+    status) — ``run.child``, in the parent's log.
+
+    ``call_id`` is the parent's tool call the child runs in; ``agent`` the child's agent
+    name.
+    """
+
+    type: ClassVar[str] = "run.child"
+    run_id: str
+    seq: int
+    child_id: str
+    agent: str
+    call_id: str
+    status: RunStatus
+
+
+@attrs.frozen
+class RunHandoff(_EventBase):
+    """The run handed its conversation from one agent to another (``run.handoff``):
+    the model called ``transfer_to_<to_agent>``, and the next turns are ``to_agent``'s."""
+
+    type: ClassVar[str] = "run.handoff"
+    run_id: str
+    seq: int
+    from_agent: str
+    to_agent: str
+
+
 _new = object.__new__
 # ResponseTextDelta's slots, set directly: an attrs frozen __init__ sets each field
 # through object.__setattr__, a third slower for the event the run builds per delta.
@@ -343,6 +377,8 @@ RunEvent: TypeAlias = (
     | InboxInjected
     | InboxDelivered
     | EventsDropped
+    | RunChild
+    | RunHandoff
 )
 """Any event of a run."""
 

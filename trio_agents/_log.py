@@ -9,11 +9,14 @@ readers park on one :class:`trio.lowlevel.ParkingLot` that every append wakes.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import final
+from typing import TYPE_CHECKING, final
 
 import trio
 
 from ._events import EventsDropped, RunEvent, RunUpdated
+
+if TYPE_CHECKING:
+    from ._feed import TreeFeed
 
 __all__ = ["EventCursor", "EventLog", "StatusCursor", "UpdatedStream"]
 
@@ -30,6 +33,7 @@ class EventLog:
         "_retention",
         "_start",
         "_statuses",
+        "feed",
         "next_seq",
         "run_id",
     )
@@ -52,6 +56,8 @@ class EventLog:
         self._lot = trio.lowlevel.ParkingLot()
         self._parked = 0  # readers in wait(): append() skips the lot when there are none
         self._statuses: list[RunUpdated] = []
+        # The tree's merged stream (_feed.py), once this run is part of a tree.
+        self.feed: TreeFeed | None = None
 
     @property
     def first_seq(self) -> int:
@@ -83,6 +89,8 @@ class EventLog:
             self._statuses.append(event)
         if self._parked:
             self._lot.unpark_all()
+        if self.feed is not None:
+            self.feed.add(event)
 
     def _grow(self) -> list[RunEvent | None]:
         old = self._buffer
@@ -96,6 +104,8 @@ class EventLog:
         """Mark the log finished (after the terminal event) and wake every reader."""
         self._closed = True
         self._lot.unpark_all()
+        if self.feed is not None:
+            self.feed.wake()
 
     def get(self, seq: int) -> RunEvent:
         """Return the retained event with ``seq``."""

@@ -33,6 +33,7 @@ from ._events import RunStatus
 from ._history import load_session
 from ._inbox import Injection
 from ._items import ToolResult
+from ._model import Usage
 from ._result import RunResult
 from ._state import RunState
 from ._toolcalls import finish_call
@@ -99,7 +100,14 @@ def build_result(state: RunState, verdict: Verdict, leftovers: list[Injection]) 
         unconsumed=tuple(item for injection in unconsumed for item in injection.items),
         error=verdict.error,
         finish_reason=state.finish_reason,
+        tree_usage=_tree_usage(state.usage, state.usage_below),
     )
+
+
+def _tree_usage(own: Usage | None, below: Usage | None) -> Usage | None:
+    if own is None or below is None:
+        return own if below is None else below
+    return own + below
 
 
 def _fail(verdict: Verdict, reason: str, error: BaseException | None) -> None:

@@ -40,6 +40,9 @@ class RunResult:
             ``"tool_calls"``, ``"length"``, …) when the model said one. A final answer
             cut by anything but a normal stop is kept as an incomplete
             :class:`~trio_agents.AssistantMessage`.
+        tree_usage: :attr:`usage` plus every descendant run's (child runs, DESIGN §17);
+            None when none of them reported any. Equal to ``usage`` for a run without
+            children.
     """
 
     run_id: str
@@ -53,6 +56,7 @@ class RunResult:
     unconsumed: tuple[Item, ...] = ()
     error: BaseException | None = attrs.field(default=None, eq=False)
     finish_reason: str | None = None
+    tree_usage: Usage | None = None
 
     @property
     def ok(self) -> bool:

@@ -28,13 +28,14 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
-from typing import Any, Literal, TypeAlias, final
+from typing import Any, Literal, TypeAlias, final, overload
 
 import attrs
 import trio
 
 from ._agent import Agent
-from ._events import RunStatus
+from ._events import RunChild, RunStatus
+from ._feed import TreeCursor, TreeFeed
 from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, check_injection
 from ._items import Item, coerce_items, conversation_problems
 from ._log import EventCursor, EventLog, UpdatedStream
@@ -91,6 +92,8 @@ class Run:
         session: Session | None = None,
         run_id: str | None = None,
         options: RunOptions,
+        _parent: Run | None = None,
+        _call_id: str | None = None,
     ) -> None:
         if not isinstance(agent, Agent):
             raise TypeError(f"agent must be an Agent, not {type(agent).__name__}")
@@ -110,8 +113,14 @@ class Run:
                 "resume= continues a run from its session: give a session and no input"
             )
         self.id: str = run_id or f"run_{_uuid4_hex()}"
-        self.agent = agent
         self.session = session
+        # The run tree (§17): a child run lives inside one of its parent's tool calls.
+        self._parent = _parent
+        self.parent_id: str | None = None if _parent is None else _parent.id
+        self.root_id: str = self.id if _parent is None else _parent.root_id
+        self.call_id: str | None = _call_id
+        self._children: list[Run] | None = None  # made at the first child
+        self._session_made = False  # a child's session opened for it (closed after it)
         self._options = options
         start = resume.next_seq if resume is not None else 1
         self._log = EventLog(self.id, options.event_retention, start)
@@ -139,6 +148,8 @@ class Run:
         self._claim: SessionClaim | None = None
         if session is not None:
             self._claim = SessionClaim(session_key(session), session.session_id, self)
+        if _parent is not None:
+            self._state.on_waiting = _parent._waiting_changed
         self._state.emit_status(RunStatus.QUEUED)
 
     # ------------------------------------------------------------------ public API
@@ -147,6 +158,33 @@ class Run:
     def status(self) -> RunStatus:
         """The current status."""
         return self._state.status
+
+    @property
+    def agent(self) -> Agent:
+        """The agent the run is working as: the one it started with, or the target of
+        its latest handoff (``run.handoff``)."""
+        return self._state.agent
+
+    @property
+    def parent(self) -> Run | None:
+        """The run this run is a child of (None at the root of a tree)."""
+        return self._parent
+
+    @property
+    def children(self) -> tuple[Run, ...]:
+        """The child runs this run started, live and finished, in start order."""
+        return () if self._children is None else tuple(self._children)
+
+    def find(self, run_id: str) -> Run | None:
+        """The descendant run with ``run_id`` (at any depth); None for this run itself,
+        an ancestor, or an id not in the subtree."""
+        pending = list(self._children or ())
+        while pending:
+            child = pending.pop()
+            if child.id == run_id:
+                return child
+            pending.extend(child._children or ())
+        return None
 
     @property
     def result(self) -> RunResult | None:
@@ -177,7 +215,17 @@ class Run:
         """
         return UpdatedStream(self._log)
 
-    def events(self, from_seq: int | None = None) -> EventCursor:
+    @overload
+    def events(
+        self, from_seq: int | None = None, *, tree: Literal[False] = False
+    ) -> EventCursor: ...
+
+    @overload
+    def events(self, from_seq: None = None, *, tree: Literal[True]) -> TreeCursor: ...
+
+    def events(
+        self, from_seq: int | None = None, *, tree: bool = False
+    ) -> EventCursor | TreeCursor:
         """Every event of the run, replayable from the run's bounded log.
 
         ``from_seq`` is inclusive; None means the oldest retained event. The iterator
@@ -185,7 +233,16 @@ class Run:
         ``events.dropped`` marker instead of the missing events. Each event is one
         checkpoint; ``run.events().batches()`` (:meth:`EventCursor.batches`) takes every
         event that is ready in one.
+
+        ``tree=True`` yields the events of this run and of every descendant, merged in
+        the order they happened, each with its own ``run_id`` and per-run ``seq``
+        (:class:`~trio_agents._feed.TreeCursor`; no ``from_seq``). It ends after this
+        run's own terminal update, which comes after every descendant's.
         """
+        if tree:
+            if from_seq is not None:
+                raise ValueError("events(tree=True) replays from the oldest retained event")
+            return TreeCursor(self._tree_feed(), self._log)
         return EventCursor(self._log, from_seq)
 
     async def wait(self) -> RunResult:
@@ -281,6 +338,86 @@ class Run:
     def __repr__(self) -> str:
         return f"<Run {self.id} {self._state.status.value} turn={self._state.turn}>"
 
+    # ------------------------------------------------------------------ the tree
+
+    def _tree_feed(self) -> TreeFeed:
+        """The tree's merged stream, made (at the root) on first use, seeded with what
+        the root's log retains."""
+        feed = self._log.feed
+        if feed is None:
+            assert self._parent is None  # a child joins its parent's feed when made
+            feed = TreeFeed(self._options.event_retention)
+            feed.join(self.id, None)
+            for event in self._log.retained():
+                feed.add(event)
+            self._log.feed = feed
+        return feed
+
+    def _adopt(self, child: Run) -> None:
+        """A child run made in one of this run's calls (its session claimed): keep it,
+        join it to the tree's stream, announce it (``run.child``, ``queued``)."""
+        feed = self._tree_feed()
+        feed.join(child.id, self.id)
+        for event in child._log.retained():  # its queued update, made with the handle
+            feed.add(event)
+        child._log.feed = feed
+        if self._children is None:
+            self._children = []
+        self._children.append(child)
+        self._child_event(child, RunStatus.QUEUED)
+
+    def _child_ended(self, child: Run, result: RunResult) -> None:
+        """A child run reached its terminal update (inside this run's tool call)."""
+        state = self._state
+        usage = result.tree_usage
+        if usage is not None:
+            below = state.usage_below
+            state.usage_below = usage if below is None else below + usage
+        self._child_event(child, result.status)
+        self._waiting_changed()
+
+    def _child_event(self, child: Run, status: RunStatus) -> None:
+        log = self._log
+        if log.closed:  # pragma: no cover - a child lives inside one of our calls
+            return
+        log.append(
+            RunChild(
+                run_id=self.id,
+                seq=log.next_seq,
+                child_id=child.id,
+                agent=child._state.agent.name,
+                call_id=child.call_id or "",
+                status=status,
+            )
+        )
+
+    def _waiting_changed(self) -> None:
+        """The calls awaiting approval below this run changed: recompute them and show
+        them in this run's status (and so on up the tree). On the run's thread."""
+        state = self._state
+        if self._log.closed:
+            return
+        below: list[Mapping[str, str]] = []
+        for child in self._children or ():
+            if child._log.closed:
+                continue
+            below.extend({"run_id": child.id, "call_id": c} for c in child._approvals.pending_ids())
+            below.extend(child._state.waiting_below)
+        state.waiting_below = tuple(below)
+        state.show_approvals(self._approvals.pending_ids())
+
+    def _cancelled_by(self) -> dict[str, Any]:
+        """Who cancelled this child run from above: the nearest ancestor that was asked
+        to cancel, else its parent (a timeout, a sibling's failure, the caller's scope)."""
+        ancestor = self._parent
+        while ancestor is not None:
+            request = ancestor._cancel
+            if request is not None and request.mode == "immediate":
+                return {"by": ancestor.id, "reason": request.reason}
+            ancestor = ancestor._parent
+        assert self._parent is not None
+        return {"by": self._parent.id, "reason": "parent cancelled"}
+
     # ------------------------------------------------------------ thread plumbing
 
     def _call_soon(self, fn: Callable[[], None]) -> None:
@@ -341,7 +478,7 @@ class Run:
         before it starts (so no start-up checkpoints are owed to a caller's cancel)."""
         self._token = trio.lowlevel.current_trio_token()
         self._thread_id = threading.get_ident()
-        if direct and self._state.hooks is None:
+        if direct and self._state.hooks is None and self._parent is None:
             # run(): nobody holds this handle and no hook is handed it, so nothing can
             # inject(when="now"): the turns need no stream scope to interrupt.
             self._state.interruptible = False
@@ -400,6 +537,8 @@ class Run:
         if type(outcome) is Failed:
             return Verdict(RunStatus.FAILED, outcome.reason, outcome.error)
         if escaped is not None:
+            if self._parent is not None:
+                return Verdict(RunStatus.CANCELLED, "parent cancelled", detail=self._cancelled_by())
             return Verdict(RunStatus.CANCELLED, "parent cancelled")
         # Our own scope caught the cancellation, or after_turn stopped the run.
         assert outcome is None or type(outcome) is Stopped
@@ -436,6 +575,8 @@ class Run:
             state.emit_status(result.status, result.reason, verdict.detail)
             self._log.close()
             self._done.set()
+            if self._parent is not None:
+                self._parent._child_ended(self, result)
             # The state's only reference back to us was for the hooks, which are done:
             # without the cycle, a finished run is freed by reference counting as soon
             # as its holder drops it, not by the garbage collector's next full pass.

@@ -142,6 +142,7 @@ class RunState:
         "conversation",
         "finish_reason",
         "handle",
+        "handoff_to",
         "history_loaded",
         "hooks",
         "input",
@@ -150,6 +151,7 @@ class RunState:
         "log",
         "max_turns",
         "new_items",
+        "on_waiting",
         "open_calls",
         "options",
         "partial_text",
@@ -163,6 +165,8 @@ class RunState:
         "turn",
         "undelivered",
         "usage",
+        "usage_below",
+        "waiting_below",
     )
 
     def __init__(
@@ -211,6 +215,14 @@ class RunState:
         self.undelivered: tuple[Any, ...] = ()
         self.run_span_open = False
         self.session_dropped = False
+        # The run tree (§17): usage of the finished descendants, the approvals waiting
+        # below this run (one {"run_id", "call_id"} per call), the parent's callback
+        # for when this run's own or its descendants' waiting calls change, and the
+        # agent a transfer_to_<name> call of the current turn hands the run to.
+        self.usage_below: Usage | None = None
+        self.waiting_below: tuple[Mapping[str, str], ...] = ()
+        self.on_waiting: Callable[[], None] | None = None
+        self.handoff_to: Agent | None = None
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
         self._limiter: trio.CapacityLimiter | None = None
@@ -233,6 +245,30 @@ class RunState:
                 detail=detail or _NO_DETAIL,
             )
         )
+
+    def show_approvals(self, pending: tuple[str, ...] | list[str]) -> None:
+        """Show the calls waiting for approval in the status: this run's own
+        (``pending``) and its descendants' (:attr:`waiting_below`).
+
+        ``awaiting_approval`` while any waits (``detail["pending"]``: its own;
+        ``detail["waiting"]``: those below, when there are any), ``running`` again once
+        none does; re-emitted when the set changes. Then the parent is told.
+        """
+        below = self.waiting_below
+        if self.status.is_terminal or self.status is RunStatus.QUEUED:
+            return
+        if pending or below:
+            detail: dict[str, Any] = {"pending": list(pending)}
+            if below:
+                detail["waiting"] = [dict(w) for w in below]
+            if self.status is not RunStatus.AWAITING_APPROVAL or (
+                self.log.last_status.detail != detail
+            ):
+                self.emit_status(RunStatus.AWAITING_APPROVAL, detail=detail)
+        elif self.status is RunStatus.AWAITING_APPROVAL:
+            self.emit_status(RunStatus.RUNNING)
+        if self.on_waiting is not None:
+            self.on_waiting()
 
     def commit(self, item: Item) -> None:
         """An item entered the conversation: record it, emit it, queue it for the session."""

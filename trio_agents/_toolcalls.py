@@ -21,15 +21,16 @@ from typing import Any, TypeAlias
 
 import trio
 
+from ._agent import Agent
 from ._events import RunStatus, ToolFinished, ToolProgress, ToolStarted
 from ._inbox import Approvals
 from ._items import ToolCall, ToolResult
 from ._resume import Resume
 from ._state import CallSoon, OpenCall, RunState, call_hook
-from ._tools import Tool, ToolArgumentsError, ToolContext, mark_cancelled, to_output
+from ._tools import CallOutcome, Tool, ToolArgumentsError, ToolContext, mark_cancelled, to_output
 from ._util import summarize
 
-__all__ = ["ToolFailure", "run_tools", "settle_resumed_calls"]
+__all__ = ["ToolFailure", "hand_off", "run_tools", "settle_resumed_calls"]
 
 STRAY_CANCELLED = "error: the tool raised trio.Cancelled although nothing cancelled it"
 
@@ -74,9 +75,7 @@ def run_tools(
         if resume is not None and (resume.approved or resume.rejected):
             waiting = _decided_before(approvals, resume, waiting)
     if waiting:
-        state.emit_status(
-            RunStatus.AWAITING_APPROVAL, detail={"pending": [call.call_id for call in waiting]}
-        )
+        state.show_approvals([call.call_id for call in waiting])
     if len(calls) == 1:
         # One call: it runs in the model-stream task itself. A nursery and a task would
         # cost a spawn, two task steps and a cancel scope per turn and buy nothing: the
@@ -136,7 +135,7 @@ async def _approve_then_invoke(
 ) -> None:
     approval, undecided = await approvals.wait(call.call_id)
     if not undecided and state.status is RunStatus.AWAITING_APPROVAL:
-        state.emit_status(RunStatus.RUNNING)
+        state.show_approvals(())  # running again, unless calls below still wait
     if not approval.approved:
         message = approval.message or "the user rejected this tool call"
         await end_tool(state, call, ToolResult(call.call_id, f"rejected: {message}", "error"))
@@ -185,6 +184,8 @@ async def _invoke(
                     mark_cancelled(ctx)
                     output = f"timed out after {tool.timeout:g} s"
                     result = ToolResult(call.call_id, output, status="error")
+                elif type(value) is CallOutcome:
+                    result = ToolResult(call.call_id, value.output, status=value.status)
                 else:
                     try:
                         result = ToolResult(call.call_id, to_output(value))
@@ -235,9 +236,13 @@ async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> Tool
             # Replaced by the real result when the call ends (or by the repair's).
             lambda: hooks.on_tool_end(handle, call, ToolResult(call.call_id, "", "cancelled")),
         )
-    tool = state.agent.get_tool(call.name)
+    agent = state.agent
+    tool = agent.get_tool(call.name)
     if tool is None:
-        names = ", ".join(t.name for t in state.agent.tools) or "none"
+        target = agent._handoffs.get(call.name)
+        if target is not None:
+            return hand_off(state, call, target)
+        names = ", ".join([*(t.name for t in agent.tools), *agent._handoffs]) or "none"
         output = f"unknown tool {call.name!r}; available tools: {names}"
         return ToolResult(call.call_id, output, status="error")
     ctx = ToolContext(
@@ -246,6 +251,7 @@ async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> Tool
         tool_name=call.name,
         # A partial, not nested lambdas: fewer objects held while the call runs.
         on_progress=functools.partial(_progress_soon, call_soon, state, open_call),
+        handle=state.handle,
     )
     open_call.ctx = ctx
     try:
@@ -327,6 +333,17 @@ async def end_tool(state: RunState, call: ToolCall, result: ToolResult) -> None:
     end = state.spans.pop(f"tool:{call.call_id}")
     if end is not None:
         await call_hook("on_tool_end", end())
+
+
+def hand_off(state: RunState, call: ToolCall, target: Agent) -> ToolResult:
+    """A ``transfer_to_<name>`` call: answer it, and hand the run to ``target`` once the
+    turn's calls are done (the turn loop does: ``_turns.switch_agent``). The first
+    handoff of a turn wins; another in the same turn is an error the model reads."""
+    if state.handoff_to is not None and state.handoff_to is not target:
+        output = f"not transferred: this turn already transferred to {state.handoff_to.name}"
+        return ToolResult(call.call_id, output, status="error")
+    state.handoff_to = target
+    return ToolResult(call.call_id, f"transferred to {target.name}")
 
 
 def settle_resumed_calls(state: RunState, resume: Resume, calls: list[ToolCall]) -> list[ToolCall]:

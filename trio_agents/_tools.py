@@ -23,7 +23,8 @@ import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, final, overload
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Literal, final, overload
 
 import attrs
 import trio
@@ -33,7 +34,13 @@ from ._frozen import freeze_json
 from ._model import ToolSpec
 from ._schema import ArgumentConversionError, FunctionSchema, function_schema, validate
 
+if TYPE_CHECKING:
+    from ._agent import Agent
+    from ._result import RunResult
+    from ._run import Run
+
 __all__ = [
+    "CallOutcome",
     "Tool",
     "ToolArgumentsError",
     "ToolContext",
@@ -125,8 +132,69 @@ class ToolContext:
     _on_progress: Callable[[str, Mapping[str, Any]], None] = attrs.field(
         default=_no_progress, repr=False, kw_only=True
     )
+    # The run making the call (None for a context built by hand): what ctx.run() and
+    # ctx.open_run() start their child runs under.
+    _handle: Run | None = attrs.field(default=None, kw_only=True, repr=False, alias="handle")
     # Set by mark_cancelled() before any event exists; the event copies it when made.
     _is_cancelled: bool = attrs.field(default=False, init=False, repr=False)
+
+    @property
+    def parent(self) -> Run:
+        """The :class:`~trio_agents.Run` making this call.
+
+        Raises:
+            RuntimeError: the context was built by hand, not by a run.
+        """
+        if self._handle is None:
+            raise RuntimeError(
+                f"this ToolContext (call {self.call_id!r}) was not made by a run:"
+                " ctx.parent, ctx.run() and ctx.open_run() need the run making the call"
+            )
+        return self._handle
+
+    async def run(
+        self,
+        agent: Agent,
+        input: Any,
+        *,
+        session: Any = "inherit",
+        run_id: str | None = None,
+        **options: Any,
+    ) -> RunResult:
+        """Run ``agent`` on ``input`` as a child of the run making this call; return
+        its :class:`~trio_agents.RunResult` (DESIGN §17).
+
+        The child lives in this call: cancelling the call (or any ancestor) cancels it
+        and waits for its repair; cancelling the child alone (``run.find(id).cancel()``)
+        ends only its subtree, and this returns its ``cancelled`` result. Options are
+        those of :func:`~trio_agents.open_run`; ``cleanup_timeout``,
+        ``max_concurrent_tools``, ``inbox_capacity``, ``event_retention``,
+        ``on_tool_error``, ``hooks`` and ``thread_limiter`` default to the parent's.
+        ``session="inherit"`` (the default) stores the child's conversation in the
+        parent's session store under ``"<parent session id>/<call id>"`` (see
+        docs/multi-agent.md); ``None`` for none, or any :class:`Session`.
+        """
+        from ._children import make_child, serve_child
+
+        child = make_child(self, agent, input, session=session, run_id=run_id, options=options)
+        return await serve_child(child)
+
+    def open_run(
+        self,
+        agent: Agent,
+        input: Any,
+        *,
+        session: Any = "inherit",
+        run_id: str | None = None,
+        **options: Any,
+    ) -> AbstractAsyncContextManager[Run]:
+        """``async with ctx.open_run(agent, input) as child:`` — start a child run and
+        hold its handle, as :func:`~trio_agents.open_run` does; several may be open at
+        once (fan-out). Leaving the block waits for the child to end. Same options and
+        session rule as :meth:`run`."""
+        from ._children import open_child
+
+        return open_child(self, agent, input, session=session, run_id=run_id, options=options)
 
     @property
     def cancelled(self) -> threading.Event:
@@ -226,6 +294,16 @@ def mark_cancelled(ctx: ToolContext) -> None:
         event = ctx._event
     if event is not None:
         event.set()
+
+
+@final
+@attrs.frozen
+class CallOutcome:
+    """A tool's return value that sets its result's status as well as its output (what
+    ``Agent.as_tool`` returns for a child run that was cancelled or failed)."""
+
+    output: str
+    status: Literal["ok", "error", "cancelled"] = "ok"
 
 
 def _check_timeout(_instance: object, _attribute: object, value: Any) -> None:

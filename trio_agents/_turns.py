@@ -36,6 +36,7 @@ import trio
 from ._answer import Answers, final_answer_offered
 from ._events import InboxDelivered, InboxInjected, RunStatus, text_delta
 from ._exceptions import ModelError
+from ._handoffs import switch_agent
 from ._history import load_session
 from ._inbox import Approvals, Inbox, Injection
 from ._items import AssistantMessage, ToolCall
@@ -177,6 +178,8 @@ async def drive(
                 continue
             if type(turn) is _Calls:
                 attempt = await answers.take_calls(turn.calls, run)
+                if state.handoff_to is not None:
+                    switch_agent(state)  # a transfer_to_<name> call: the next turn is theirs
             else:
                 assert type(turn) is _Answer
                 attempt = await answers.take_text(turn.text)

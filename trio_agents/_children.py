@@ -1,0 +1,244 @@
+"""Child runs (DESIGN §17): ``ctx.run`` / ``ctx.open_run`` and ``Agent.as_tool``.
+
+A child run is an ordinary :class:`~trio_agents.Run` whose task lives inside one of its
+parent's tool calls: in the call's own task (``ctx.run``, ``as_tool``) or in a nursery
+the call opens (``ctx.open_run``). So Trio's rule holds for the tree by construction:
+a cancel of the parent's scope reaches the child at once; the child's bounded repair
+runs and its terminal update is emitted before the call (and so the parent) can end;
+nothing outlives the call. Cancelling the child alone ends only its subtree: the call
+gets the child's ``cancelled`` result and the parent goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._events import RunStatus
+from ._options import make_options
+from ._result import RunResult
+from ._run import Run
+from ._tools import CallOutcome, Tool, ToolContext
+from ._util import first_leaf, only_cancelled
+from .sessions._base import Session
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+
+logger = logging.getLogger("trio_agents")
+
+__all__ = [
+    "SubAgentFailed",
+    "agent_tool",
+    "child_session",
+    "make_child",
+    "open_child",
+    "serve_child",
+]
+
+# The options a child takes from its parent unless given (the others are its own:
+# max_turns is its agent's; on_busy, before_tool and resume concern one session's run).
+_INHERITED = (
+    "cleanup_timeout",
+    "max_concurrent_tools",
+    "inbox_capacity",
+    "event_retention",
+    "on_tool_error",
+    "hooks",
+    "thread_limiter",
+)
+_INPUT_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The task for the agent."}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
+
+
+def child_session(parent: Run, call_id: str) -> Session | None:
+    """The session of a child run started in ``call_id``: the parent's store, under
+    ``"<parent session id>/<call id>"`` (``.2``, ``.3``, … for further children of one
+    call). None when the parent has no session or its store cannot open another id
+    (a session without ``with_id``)."""
+    session = parent.session
+    with_id = getattr(session, "with_id", None)
+    if session is None or with_id is None:
+        return None
+    base = f"{session.session_id}/{call_id}"
+    earlier = sum(1 for c in parent.children if c.call_id == call_id)
+    child = with_id(base if earlier == 0 else f"{base}.{earlier + 1}")
+    if not isinstance(child, Session):
+        raise TypeError(f"{type(session).__name__}.with_id() returned {type(child).__name__}")
+    return child
+
+
+def make_child(
+    ctx: ToolContext,
+    agent: Agent,
+    input: Any,
+    *,
+    session: Session | str | None,
+    run_id: str | None,
+    options: Mapping[str, Any],
+) -> Run:
+    """Build a child run of the run making ``ctx``'s call (it is ``queued`` and
+    announced by a ``run.child`` event in the parent's log)."""
+    parent = ctx.parent
+    if ctx.call_id not in parent._state.open_calls:
+        raise RuntimeError(
+            f"tool call {ctx.call_id!r} of run {parent.id} has ended: a child run can only"
+            " start while the call that owns it runs"
+        )
+    base = parent._options
+    merged = {name: getattr(base, name) for name in _INHERITED}
+    merged.update(options)
+    made = session == "inherit"
+    if made:
+        chosen = child_session(parent, ctx.call_id)
+    elif session is None or isinstance(session, Session):
+        chosen = session
+    else:
+        raise TypeError(
+            f"session must be 'inherit', None or a Session, not {type(session).__name__}"
+        )
+    child = Run(
+        agent,
+        input,
+        session=chosen,
+        run_id=run_id,
+        options=make_options(merged),
+        _parent=parent,
+        _call_id=ctx.call_id,
+    )
+    child._session_made = made and chosen is not None
+    child._claim_session()  # raises SessionBusyError for on_busy="reject": not adopted
+    parent._adopt(child)
+    return child
+
+
+async def _close_session(child: Run) -> None:
+    """Close the session made for the child (``with_id``), bounded, whatever happened."""
+    aclose = getattr(child.session, "aclose", None)
+    if not child._session_made or aclose is None:
+        return
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + child._options.cleanup_timeout
+        try:
+            await aclose()
+        except Exception:
+            # The run is over and its repair persisted: a failing close is only logged.
+            logger.exception("closing the session of child run %s failed", child.id)
+
+
+async def serve_child(child: Run) -> RunResult:
+    """Run ``child`` in the calling task (the parent's tool call) to its end."""
+    try:
+        await child._serve(direct=True)
+    finally:
+        await _close_session(child)
+    assert child.result is not None
+    return child.result
+
+
+@asynccontextmanager
+async def open_child(
+    ctx: ToolContext,
+    agent: Agent,
+    input: Any,
+    *,
+    session: Session | str | None,
+    run_id: str | None,
+    options: Mapping[str, Any],
+) -> AsyncIterator[Run]:
+    """``open_run`` for a child: its task in a nursery of the calling tool."""
+    child = make_child(ctx, agent, input, session=session, run_id=run_id, options=options)
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            go = trio.Event()
+            await nursery.start(child._serve, go)
+            go.set()
+            try:
+                yield child
+            except BaseException as exc:
+                body_error = exc
+                if not isinstance(exc, trio.Cancelled):
+                    child.cancel("caller exited")
+    except BaseExceptionGroup as group:
+        if body_error is None:
+            if only_cancelled(group):
+                raise first_leaf(group) from None
+            raise
+        if not only_cancelled(group):
+            raise
+    finally:
+        await _close_session(child)
+    if body_error is not None:
+        raise body_error
+
+
+# ----------------------------------------------------------------- Agent.as_tool
+
+
+def _default_text(result: RunResult) -> str:
+    """A completed child's output as the parent's model reads it: its text, or JSON
+    for a parsed ``output_type`` value."""
+    value = result.final_output
+    if isinstance(value, str):
+        return value
+    from ._tools import to_output
+
+    return to_output(value)
+
+
+def agent_tool(
+    agent: Agent,
+    name: str | None,
+    description: str | None,
+    output: Callable[[RunResult], str] | None,
+    options: Mapping[str, Any],
+) -> Tool:
+    """What :meth:`Agent.as_tool` returns: a tool whose every call runs ``agent`` as a
+    child run (its input: the call's ``input`` argument)."""
+    from ._handoffs import tool_name_for
+
+    tool_name = name if name is not None else tool_name_for(agent.name)
+    if description is None:
+        description = f"Ask the {agent.name} agent to do a task; it answers with its result."
+        if agent.instructions:
+            description += f" Its instructions: {agent.instructions[:500]}"
+    if output is not None and not callable(output):
+        raise TypeError(
+            f"output must be a callable taking a RunResult, not {type(output).__name__}"
+        )
+    make_options(options)  # refuse unknown or invalid options now, not at the first call
+
+    async def call_agent(ctx: ToolContext, arguments: dict[str, Any]) -> CallOutcome:
+        result = await ctx.run(agent, arguments["input"], **options)
+        if result.status is RunStatus.CANCELLED:
+            return CallOutcome(f"sub-agent {agent.name} cancelled: {result.reason}", "cancelled")
+        if result.status is RunStatus.FAILED:
+            if ctx.parent._options.on_tool_error == "fail":
+                raise SubAgentFailed(agent.name, result)
+            return CallOutcome(f"sub-agent {agent.name} failed: {result.reason}", "error")
+        if output is None:
+            return CallOutcome(_default_text(result))
+        text = output(result)
+        if not isinstance(text, str):
+            raise TypeError(f"as_tool(output=...) returned {type(text).__name__}, not str")
+        return CallOutcome(text)
+
+    return Tool.from_schema(tool_name, description, _INPUT_SCHEMA, call_agent)
+
+
+class SubAgentFailed(Exception):
+    """A child run of ``Agent.as_tool`` failed and the parent runs with
+    ``on_tool_error="fail"``: the parent fails with this (``result`` is the child's)."""
+
+    def __init__(self, agent: str, result: RunResult) -> None:
+        super().__init__(f"sub-agent {agent} failed: {result.reason}")
+        self.result = result
