@@ -3,7 +3,6 @@ handoffs, tree handles and events, cancel and steering of any node."""
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
@@ -58,15 +57,21 @@ async def test_as_tool_child_output_is_the_call_result() -> None:
     results = [i for i in result.conversation if isinstance(i, ta.ToolResult)]
     assert [(r.output, r.status) for r in results] == [("the answer is 42", "ok")]
     (kid,) = run.children
-    assert kid.parent_id == run.id and kid.root_id == run.id and kid.call_id == "call_1_0"
-    assert run.find(kid.id) is kid and run.find(run.id) is None and kid.find(run.id) is None
-    assert kid.result is not None and kid.result.final_output == "the answer is 42"
+    assert kid.parent_id == run.id
+    assert kid.root_id == run.id
+    assert kid.call_id == "call_1_0"
+    assert run.find(kid.id) is kid
+    assert run.find(run.id) is None
+    assert kid.find(run.id) is None
+    assert kid.result is not None
+    assert kid.result.final_output == "the answer is 42"
     kinds = [
         (e.type, getattr(e, "status", None)) for e in await events(run) if e.type == "run.child"
     ]
     assert kinds == [("run.child", "queued"), ("run.child", "completed")]
     # tree usage adds the child's
-    assert result.usage is not None and result.tree_usage is not None
+    assert result.usage is not None
+    assert result.tree_usage is not None
     assert kid.result.usage is not None
     assert result.tree_usage == result.usage + kid.result.usage
     # the child's input is the call's argument
@@ -84,12 +89,15 @@ async def test_parallel_branches_and_tree_events_in_order(autojump_clock: Any) -
     )
     async with ta.open_run(root, "go") as run:
         tree_events = [e async for e in run.events(tree=True)]
-    assert run.result is not None and run.result.status == "completed"
+    assert run.result is not None
+    assert run.result.status == "completed"
     ids = {run.id} | {c.id for c in run.children}
     assert {e.run_id for e in tree_events} == ids
     # ends with the root's terminal update; every child's terminal comes before
     last = tree_events[-1]
-    assert isinstance(last, ta.RunUpdated) and last.run_id == run.id and last.status.is_terminal
+    assert isinstance(last, ta.RunUpdated)
+    assert last.run_id == run.id
+    assert last.status.is_terminal
     for child in run.children:
         own = [e for e in tree_events if e.run_id == child.id]
         assert [e.seq for e in own] == list(range(1, len(own) + 1))
@@ -112,18 +120,22 @@ async def test_cancel_root_cancels_every_descendant_bottom_up(autojump_clock: An
     )
     async with ta.open_run(root, "go") as run:
         await trio.sleep(10)
-        assert len(run.children) == 1 and len(run.children[0].children) == 2
+        assert len(run.children) == 1
+        assert len(run.children[0].children) == 2
         run.cancel("user pressed stop")
         tree = [e async for e in run.events(tree=True)]
-    assert run.result is not None and run.result.status == "cancelled"
+    assert run.result is not None
+    assert run.result.status == "cancelled"
     assert run.result.reason == "user pressed stop"
     (mid_run,) = run.children
     every = [mid_run, *mid_run.children]
     for node in every:
-        assert node.result is not None and node.result.status == "cancelled"
+        assert node.result is not None
+        assert node.result.status == "cancelled"
         assert node.result.reason == "parent cancelled"
         terminal = [e for e in tree if e.run_id == node.id and isinstance(e, ta.RunUpdated)][-1]
-        assert terminal.detail["by"] == run.id and terminal.detail["reason"] == "user pressed stop"
+        assert terminal.detail["by"] == run.id
+        assert terminal.detail["reason"] == "user pressed stop"
     # bottom-up: each child's terminal update precedes its parent's result for the call
     position = {id(e): i for i, e in enumerate(tree)}
 
@@ -143,7 +155,8 @@ async def test_cancel_root_cancels_every_descendant_bottom_up(autojump_clock: An
         )
 
     for node in every:
-        assert node.parent is not None and node.call_id is not None
+        assert node.parent is not None
+        assert node.call_id is not None
         assert terminal_of(node) < result_of(node.parent, node.call_id)
     assert terminal_of(run) == len(tree) - 1
 
@@ -168,7 +181,8 @@ async def test_cancel_one_branch_the_parent_goes_on(autojump_clock: Any) -> None
         i.call_id: (i.status, i.output) for i in result.conversation if isinstance(i, ta.ToolResult)
     }
     assert outputs[branch.call_id or ""] == ("cancelled", "sub-agent slow cancelled: not needed")
-    assert branch.result is not None and branch.result.reason == "not needed"
+    assert branch.result is not None
+    assert branch.result.reason == "not needed"
     assert "fast result" in [o for _, o in outputs.values()]
 
 
@@ -192,7 +206,8 @@ async def test_failing_child_gives_an_error_result_naming_it() -> None:
         tools=[researcher("broken", Turn(fail="boom")).as_tool()],
     )
     failed = await ta.run(root2, "go", on_tool_error="fail")
-    assert failed.status == "failed" and failed.reason is not None
+    assert failed.status == "failed"
+    assert failed.reason is not None
     assert "sub-agent broken failed" in failed.reason
 
 
@@ -221,10 +236,12 @@ async def test_ctx_open_run_fan_out_and_ctx_run() -> None:
     )
     async with ta.open_run(root, "go") as run:
         pass
-    assert run.result is not None and run.result.status == "completed"
+    assert run.result is not None
+    assert run.result.status == "completed"
     outputs = [i.output for i in run.result.conversation if isinstance(i, ta.ToolResult)]
     assert outputs == ["h0 says hi, h1 says hi, h2 says hi; solo"]
-    assert len(run.children) == 4 and {c.id for c in run.children[:3]} == set(seen)
+    assert len(run.children) == 4
+    assert {c.id for c in run.children[:3]} == set(seen)
     assert all(c.call_id == "call_1_0" for c in run.children)
 
 
@@ -280,7 +297,8 @@ async def test_approval_in_a_grandchild_shows_on_every_ancestor(autojump_clock: 
         node = run.find(grandchild.id)
         assert node is grandchild
         await trio.to_thread.run_sync(node.approve, "call_1_0")
-    assert run.result is not None and run.result.status == "completed"
+    assert run.result is not None
+    assert run.result.status == "completed"
     statuses = [u.status for u in await events(run) if isinstance(u, ta.RunUpdated)]
     assert statuses == ["queued", "running", "awaiting_approval", "running", "completed"]
 
@@ -297,7 +315,8 @@ async def test_inject_into_a_child(autojump_clock: Any) -> None:
         await trio.sleep(1)
         (kid,) = run.children
         kid.inject([{"role": "user", "content": "also this"}])
-    assert kid.result is not None and kid.result.final_output == "second"
+    assert kid.result is not None
+    assert kid.result.final_output == "second"
     assert child_model.requests[1].items[-1] == ta.UserMessage("also this")
 
 
@@ -326,9 +345,11 @@ async def test_fifty_threads_cancel_random_nodes(autojump_clock: Any) -> None:
         threads = [threading.Thread(target=hammer, args=(k,)) for k in range(50)]
         for t in threads:
             t.start()
-        await trio.to_thread.run_sync(lambda: [t.join() for t in threads])
+        for t in threads:
+            await trio.to_thread.run_sync(t.join)
     for node in nodes:
-        assert node.result is not None and node.result.status == "cancelled"
+        assert node.result is not None
+        assert node.result.status == "cancelled"
         report = check_events(node.result, await events(node))
         assert report.ok, str(report)
     assert run.result is not None
