@@ -53,7 +53,8 @@ async def test_as_tool_child_output_is_the_call_result() -> None:
     async with ta.open_run(root, "go") as run:
         pass
     result = run.result
-    assert result is not None and result.status == "completed", result
+    assert result is not None
+    assert result.status == "completed", result
     results = [i for i in result.conversation if isinstance(i, ta.ToolResult)]
     assert [(r.output, r.status) for r in results] == [("the answer is 42", "ok")]
     (kid,) = run.children
@@ -176,7 +177,8 @@ async def test_cancel_one_branch_the_parent_goes_on(autojump_clock: Any) -> None
         branch = next(c for c in run.children if c.agent.name == "slow")
         branch.cancel("not needed")
     result = run.result
-    assert result is not None and result.status == "completed", result
+    assert result is not None
+    assert result.status == "completed", result
     outputs = {
         i.call_id: (i.status, i.output) for i in result.conversation if isinstance(i, ta.ToolResult)
     }
@@ -254,7 +256,8 @@ async def test_handoff_same_run_continues_with_the_other_agent() -> None:
     async with ta.open_run(triage, "refund please") as run:
         assert run.agent is triage
     result = run.result
-    assert result is not None and result.status == "completed", result
+    assert result is not None
+    assert result.status == "completed", result
     assert result.final_output == "billing here: refunded"
     assert run.agent is billing
     handoffs = [e for e in await events(run) if isinstance(e, ta.RunHandoff)]
