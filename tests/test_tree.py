@@ -358,3 +358,292 @@ async def test_fifty_threads_cancel_random_nodes(autojump_clock: Any) -> None:
     assert run.result is not None
     conv = run.result.conversation
     assert ta.conversation_problems(conv) == []
+
+
+# ---------------------------------------------------------------- faults in a child
+
+
+class _ChildHookFails(ta.RunHooks):
+    """Hooks inherited by the whole tree; they raise only in the child runs."""
+
+    async def on_run_start(self, run: ta.Run) -> None:
+        if run.parent is not None:
+            raise RuntimeError("child hook broke")
+
+
+def _one_child_root(child: ta.Agent, *, after: str = "root coped") -> ta.Agent:
+    return ta.Agent(
+        name="root",
+        model=ScriptedModel([_calls((child.name, {"input": "x"})), after]),
+        tools=[child.as_tool()],
+    )
+
+
+async def _assert_tree_valid(run: ta.Run) -> None:
+    """Every run of the tree: one terminal update, last; a valid conversation."""
+    nodes = [run]
+    while nodes:
+        node = nodes.pop()
+        nodes.extend(node.children)
+        report = check_events(node.result, await events(node))
+        assert report.ok, f"{node.agent.name}: {report}"
+
+
+async def test_child_hook_raising_fails_only_the_child() -> None:
+    root = _one_child_root(researcher("kid", "never"))
+    async with ta.open_run(root, "go", hooks=_ChildHookFails()) as run:
+        pass
+    assert run.result is not None
+    assert run.result.status == "completed"
+    (kid,) = run.children
+    assert kid.result is not None
+    assert kid.result.status == "failed"
+    assert kid.result.reason is not None
+    assert "on_run_start" in kid.result.reason
+    (tool_result,) = [i for i in run.result.conversation if isinstance(i, ta.ToolResult)]
+    assert tool_result.status == "error"
+    assert tool_result.output.startswith("sub-agent kid failed: hook error")
+    await _assert_tree_valid(run)
+
+
+async def test_child_session_write_failing_fails_the_child_not_the_parent() -> None:
+    class Failing:
+        """A session whose children cannot write."""
+
+        def __init__(self, session_id: str, fail: bool) -> None:
+            self.session_id = session_id
+            self.fail = fail
+            self.items: list[ta.Item] = []
+
+        async def get_items(self) -> list[ta.Item]:
+            return list(self.items)
+
+        async def add_items(self, items: Any) -> None:
+            if self.fail:
+                raise OSError("disk full")
+            self.items.extend(items)
+
+        async def clear(self) -> None:
+            self.items.clear()
+
+        def with_id(self, session_id: str) -> Failing:
+            return Failing(session_id, fail=True)
+
+    session = Failing("s", fail=False)
+    root = _one_child_root(researcher("kid", "child text"))
+    async with ta.open_run(root, "go", session=session) as run:
+        pass
+    assert run.result is not None
+    assert run.result.status == "completed"
+    (kid,) = run.children
+    assert kid.session is not None
+    assert kid.session.session_id == "s/call_1_0"
+    assert kid.result is not None
+    assert kid.result.status == "failed"
+    assert kid.result.reason == "session error: OSError: disk full"
+    # the parent's own session got the whole parent conversation, valid
+    assert ta.conversation_problems(session.items) == []
+    assert session.items == list(run.result.conversation)
+    await _assert_tree_valid(run)
+
+
+async def test_child_tool_blocking_in_a_shield_delays_but_never_breaks_the_tree(
+    autojump_clock: Any,
+) -> None:
+    @ta.function_tool
+    async def stubborn() -> str:
+        """Ignore cancellation for a while."""
+        with trio.CancelScope(shield=True):
+            await trio.sleep(30)
+        return "late"
+
+    kid = ta.Agent(name="kid", model=ScriptedModel([_calls(("stubborn", {}))]), tools=[stubborn])
+    root = _one_child_root(kid)
+    async with ta.open_run(root, "go", cleanup_timeout=1) as run:
+        await trio.sleep(5)
+        run.cancel("stop")
+    assert run.result is not None
+    assert run.result.status == "cancelled"
+    (child,) = run.children
+    assert child.result is not None
+    assert child.result.status == "cancelled"
+    await _assert_tree_valid(run)
+
+
+async def test_child_sessions_persist_under_parent_id_slash_call_id(tmp_path: Any) -> None:
+    path = tmp_path / "tree.db"
+    async with ta.sessions.SQLiteSession(path, "conv") as session:
+        kids = [researcher(f"k{i}", f"kid {i} answer") for i in range(2)]
+        root = ta.Agent(
+            name="root",
+            model=ScriptedModel(
+                [_calls(("k0", {"input": "a"}), ("k1", {"input": "b"})), "both done"]
+            ),
+            tools=[k.as_tool() for k in kids],
+        )
+        result = await ta.run(root, "go", session=session)
+        assert result.status == "completed"
+        for index in range(2):
+            async with ta.sessions.SQLiteSession(path, f"conv/call_1_{index}") as stored:
+                items = await stored.get_items()
+            assert items == [
+                ta.UserMessage("ab"[index]),
+                ta.AssistantMessage(f"kid {index} answer"),
+            ]
+        stored_parent = await session.get_items()
+        assert stored_parent == list(result.conversation)
+
+
+async def test_memory_session_children_share_its_store() -> None:
+    session = ta.sessions.MemorySession("m")
+    root = _one_child_root(researcher("kid", "stored"))
+    result = await ta.run(root, "go", session=session)
+    assert result.status == "completed"
+    child_store = session.with_id("m/call_1_0")
+    assert await child_store.get_items() == [ta.UserMessage("x"), ta.AssistantMessage("stored")]
+    assert session.with_id("m/call_1_0") is child_store
+
+
+# ----------------------------------------------------------------------- races
+
+
+@pytest.mark.parametrize("cancel_at", [4.0, 5.0, 5.0001, 6.0])
+async def test_cancel_racing_a_childs_completion(autojump_clock: Any, cancel_at: float) -> None:
+    kid = researcher("kid", Turn("kid done", delay=5))
+    root = ta.Agent(
+        name="root",
+        model=ScriptedModel([_calls(("kid", {"input": "x"})), Turn("root done", delay=5)]),
+        tools=[kid.as_tool()],
+    )
+    async with ta.open_run(root, "go") as run:
+        await trio.sleep(cancel_at)
+        run.cancel("race")
+    assert run.result is not None
+    assert run.result.status == "cancelled"
+    (child,) = run.children
+    assert child.result is not None
+    assert child.result.status in ("completed", "cancelled")
+    await _assert_tree_valid(run)
+
+
+@pytest.mark.parametrize("inject_at", [4.0, 5.0, 5.0001])
+async def test_inject_into_a_child_racing_its_final_answer(
+    autojump_clock: Any, inject_at: float
+) -> None:
+    kid_model = ScriptedModel([Turn("first", delay=5)], default=Turn("again"))
+    kid = ta.Agent(name="kid", model=kid_model)
+    root = _one_child_root(kid)
+    outcome: str = ""
+    async with ta.open_run(root, "go") as run:
+        await trio.sleep(inject_at)
+        (child,) = run.children
+        try:
+            child.inject([{"role": "user", "content": "late news"}])
+            outcome = "accepted"
+        except ta.RunClosedError:
+            outcome = "refused"
+    (child,) = run.children
+    assert child.result is not None
+    assert child.result.status == "completed"
+    delivered = ta.UserMessage("late news") in child.result.conversation
+    # accepted: delivered in one more turn; refused: the child had already ended
+    assert delivered == (outcome == "accepted")
+    assert child.result.unconsumed == ()
+    await _assert_tree_valid(run)
+
+
+async def test_grandchild_approval_racing_a_root_cancel(autojump_clock: Any) -> None:
+    @ta.function_tool(needs_approval=True)
+    async def risky() -> str:
+        """Needs a yes."""
+        return "done"
+
+    leaf = researcher("leaf", _calls(("risky", {})), "leaf done", tools=[risky])
+    mid = _one_child_root(leaf, after="mid done")
+    mid = attrs_evolve_name(mid, "mid")
+    root = _one_child_root(mid)
+    errors: list[BaseException] = []
+    async with ta.open_run(root, "go") as run:
+        await trio.testing.wait_all_tasks_blocked()
+        grandchild = run.children[0].children[0]
+        assert grandchild.status == "awaiting_approval"
+
+        def approve() -> None:
+            try:
+                grandchild.approve("call_1_0")
+            except (ta.RunClosedError, ta.UnknownCallError) as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=approve)
+        thread.start()
+        run.cancel("abort everything")
+        await trio.to_thread.run_sync(thread.join)
+    assert run.result is not None
+    assert run.result.status == "cancelled"
+    for node in (run.children[0], grandchild):
+        assert node.result is not None
+        assert node.result.status == "cancelled"
+    await _assert_tree_valid(run)
+
+
+def attrs_evolve_name(agent: ta.Agent, name: str) -> ta.Agent:
+    import attrs
+
+    return attrs.evolve(agent, name=name)
+
+
+async def test_handoff_while_a_now_injection_arrives(autojump_clock: Any) -> None:
+    expert_model = ScriptedModel([Turn("expert long answer " * 5, delay=1)], default="expert again")
+    expert = ta.Agent(name="expert", model=expert_model)
+    triage = ta.Agent(
+        name="triage",
+        model=ScriptedModel([Turn(tool_calls=[("transfer_to_expert", {})], delay=1)]),
+        handoffs=[expert],
+    )
+    async with ta.open_run(triage, "help") as run:
+        async for event in run.events():
+            if isinstance(event, ta.RunHandoff):
+                run.inject([{"role": "user", "content": "actually, urgent"}], when="now")
+                break
+    assert run.result is not None
+    assert run.result.status == "completed"
+    assert run.agent is expert
+    assert ta.UserMessage("actually, urgent") in run.result.conversation
+    report = check_events(run.result, await events(run))
+    assert report.ok, str(report)
+
+
+async def test_ctx_outside_a_run_and_after_its_call() -> None:
+    ctx = ta.ToolContext(run_id="r", call_id="c", tool_name="t")
+    with pytest.raises(RuntimeError, match="not made by a run"):
+        await ctx.run(researcher("x", "y"), "hi")
+    kept: list[ta.ToolContext] = []
+
+    @ta.function_tool
+    async def keep(ctx: ta.ToolContext) -> str:
+        """Keep the context."""
+        kept.append(ctx)
+        return "kept"
+
+    root = ta.Agent(name="root", model=ScriptedModel([_calls(("keep", {})), "ok"]), tools=[keep])
+    await ta.run(root, "go")
+    with pytest.raises(RuntimeError, match="has ended"):
+        await kept[0].run(researcher("x", "y"), "hi")
+
+
+async def test_handoff_and_as_tool_validation() -> None:
+    a = ta.Agent(name="a b!", model=ScriptedModel(["x"]))
+    assert a.as_tool().name == "a_b_"
+    with pytest.raises(TypeError, match="list of agents"):
+        ta.Agent(name="t", handoffs=a)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not an Agent"):
+        ta.Agent(name="t", handoffs=["a"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="handoff"):
+
+        @ta.function_tool(name="transfer_to_a_b_")
+        def clash() -> None:
+            """Clash."""
+
+        ta.Agent(name="t", tools=[clash], handoffs=[a])
+    with pytest.raises(TypeError, match="unknown run option"):
+        a.as_tool(bogus=1)

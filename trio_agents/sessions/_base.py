@@ -21,6 +21,11 @@ class Session(Protocol):
     One run at a time per session (see ``open_run``'s ``on_busy``): runs are kept apart
     by the session's optional ``lock_key`` attribute (any hashable naming the stored
     conversation, e.g. a file and an id), or else by its type and ``session_id``.
+
+    Optional: ``with_id(session_id) -> Session``, a session for another conversation in
+    the same store. Child runs (DESIGN §17) keep their conversations through it, under
+    ``"<parent session id>/<call id>"``; a session without it gives child runs none.
+    ``MemorySession``, ``SQLiteSession`` and ``PostgresSession`` have it.
     """
 
     @property

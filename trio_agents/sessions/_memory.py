@@ -20,6 +20,21 @@ class MemorySession:
 
     session_id: str = "default"
     _items: list[Item] = attrs.field(init=False, factory=list)
+    # The sessions with_id() made: a child run's conversation lives as long as this one.
+    _others: dict[str, MemorySession] = attrs.field(init=False, factory=dict, repr=False)
+
+    def with_id(self, session_id: str) -> MemorySession:
+        """The session with ``session_id`` in this session's store: for memory, one
+        kept by this object (the same object for the same id), so the conversation of
+        a child run (``"<id>/<call id>"``, DESIGN §17) lives as long as this one."""
+        if not isinstance(session_id, str) or not session_id:
+            raise ValueError(f"session_id must be a non-empty str, not {session_id!r}")
+        if session_id == self.session_id:
+            return self
+        other = self._others.get(session_id)
+        if other is None:
+            other = self._others[session_id] = MemorySession(session_id)
+        return other
 
     @property
     def lock_key(self) -> object:

@@ -326,6 +326,18 @@ class PostgresSession:
         """The database as ``host:port/dbname`` (from the DSN; never the password)."""
         return self._database
 
+    def with_id(self, session_id: str) -> PostgresSession:
+        """A new session object for ``session_id`` in the same database, with the same
+        options and the same shared pool (a child run's conversation, ``"<id>/<call
+        id>"``, DESIGN §17). Close it like any other."""
+        return PostgresSession(
+            self._dsn,
+            session_id,
+            max_connections=self._max_connections,
+            lock_timeout=self._lock_timeout,
+            statement_timeout=self._statement_timeout,
+        )
+
     # -- the Session protocol ---------------------------------------------------------
 
     async def get_items(self) -> list[Item]:

@@ -213,6 +213,14 @@ class SQLiteSession:
 
     # -- extras -----------------------------------------------------------------------
 
+    def with_id(self, session_id: str) -> SQLiteSession:
+        """A new session object for ``session_id`` in the same file, with the same
+        options (a child run's conversation, ``"<id>/<call id>"``, DESIGN §17). It opens
+        its own connection on first use; close it like any other."""
+        return SQLiteSession(
+            self._path, session_id, durable=self._durable, busy_timeout=self._busy_timeout
+        )
+
     async def statistics(self) -> SQLiteSessionStatistics:
         """Return the path, the session id and the number of stored items.
 

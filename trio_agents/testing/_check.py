@@ -38,8 +38,9 @@ LEGAL_NEXT: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.RUNNING: frozenset(
         {RunStatus.AWAITING_APPROVAL, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
     ),
+    # awaiting_approval again: the calls waiting below the run changed (§17).
     RunStatus.AWAITING_APPROVAL: frozenset(
-        {RunStatus.RUNNING, RunStatus.FAILED, RunStatus.CANCELLED}
+        {RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL, RunStatus.FAILED, RunStatus.CANCELLED}
     ),
 }
 
@@ -186,7 +187,9 @@ def _check_statuses(result: RunResult | None, events: Sequence[RunEvent], out: F
                     f" (seq {before.seq} → {after.seq})",
                 )
             )
-        if after.status is RunStatus.AWAITING_APPROVAL and not after.detail.get("pending"):
+        if after.status is RunStatus.AWAITING_APPROVAL and not (
+            after.detail.get("pending") or after.detail.get("waiting")
+        ):
             out.append(Violation("statuses", f"awaiting_approval (seq {after.seq}) lists no calls"))
     terminal = [u for u in updates if u.status.is_terminal]
     if len(terminal) != 1:
