@@ -638,12 +638,12 @@ async def test_handoff_and_as_tool_validation() -> None:
         ta.Agent(name="t", handoffs=a)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not an Agent"):
         ta.Agent(name="t", handoffs=["a"])  # type: ignore[list-item]
+
+    @ta.function_tool(name="transfer_to_a_b_")
+    def clash() -> None:
+        """Clash."""
+
     with pytest.raises(ValueError, match="handoff"):
-
-        @ta.function_tool(name="transfer_to_a_b_")
-        def clash() -> None:
-            """Clash."""
-
         ta.Agent(name="t", tools=[clash], handoffs=[a])
     with pytest.raises(TypeError, match="unknown run option"):
         a.as_tool(bogus=1)
