@@ -367,6 +367,10 @@ def test_demo_runs_offline() -> None:
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert "=> cancelled: user pressed stop" in done.stdout
+    # the tree section: three researcher sub-agents, one branch stopped, the lead goes on
+    assert "=> lead completed; its sub-agents:" in done.stdout
+    assert "researcher-pitfalls cancelled: branch not needed" in done.stdout
+    assert "researcher-history completed" in done.stdout
     assert re.search(r"tool result \S+ \[cancelled\]: cancelled: user pressed stop", done.stdout), (
         done.stdout
     )
@@ -438,7 +442,10 @@ async def test_demo_tour_never_waits_for_a_progress_event_that_cannot_come(
 ) -> None:
     # Section 1: one slow turn (so the tour sees "running" and injects), one for the
     # injected follow-up; section 2: the model fails, or answers without the slow tool.
-    model = ScriptedModel([Turn(text="42", delay=1.0), Turn(text="sunny"), second])
+    # Section 3 (the tree): the lead answers without its research tool.
+    model = ScriptedModel(
+        [Turn(text="42", delay=1.0), Turn(text="sunny"), second], default=Turn(text="no research")
+    )
     out = io.StringIO()
     with trio.fail_after(HANG_GUARD):
         reason = await run_demo(model, MemorySession(), out)

@@ -357,14 +357,16 @@ class Run:
         """A child run made in one of this run's calls (its session claimed): keep it,
         join it to the tree's stream, announce it (``run.child``, ``queued``)."""
         feed = self._tree_feed()
-        feed.join(child.id, self.id)
-        for event in child._log.retained():  # its queued update, made with the handle
-            feed.add(event)
-        child._log.feed = feed
         if self._children is None:
             self._children = []
         self._children.append(child)
+        # The announcement first, then the child's own events (its queued update, made
+        # with the handle): a reader of the tree learns who a run is before it hears it.
         self._child_event(child, RunStatus.QUEUED)
+        feed.join(child.id, self.id)
+        for event in child._log.retained():
+            feed.add(event)
+        child._log.feed = feed
 
     def _child_ended(self, child: Run, result: RunResult) -> None:
         """A child run reached its terminal update (inside this run's tool call)."""

@@ -1,4 +1,5 @@
-"""``trio-agents demo``: a terminal tour of the run lifecycle.
+"""``trio-agents demo``: a terminal tour of the run lifecycle, and of a small tree of
+agents (a lead fanning out to three researcher sub-agents, one branch stopped).
 
 Offline by default, on the labelled DemoModel. With ``--model`` naming a remote model,
 the API key and the server are checked first, so a missing key or an unreachable
@@ -22,6 +23,7 @@ from .. import (
     Agent,
     Model,
     Run,
+    RunChild,
     RunClosedError,
     ToolContext,
     ToolProgress,
@@ -35,9 +37,9 @@ from ..models._anthropic import DEFAULT_BASE_URL as ANTHROPIC_BASE_URL
 from ..models._openai import DEFAULT_BASE_URL as OPENAI_BASE_URL
 from ..sessions import Session, SessionStorageError
 from ._errors import EXIT_USAGE, CLIError
-from ._format import Printer, describe_item
+from ._format import Printer, describe_item, event_line
 
-__all__ = ["check_remote_model", "demo_agent", "demo_command", "run_demo"]
+__all__ = ["check_remote_model", "demo_agent", "demo_command", "lead_agent", "run_demo"]
 
 PREFLIGHT_TIMEOUT: Final = 10.0
 """Seconds the up-front reachability check of a remote model may take."""
@@ -79,6 +81,70 @@ async def search_archive(ctx: ToolContext, query: str) -> str:
         await trio.sleep(0.1)
         ctx.progress(f"scanned page {page}/100", page=page)
     return f"found 3 documents about {query}"
+
+
+@function_tool
+async def read_sources(ctx: ToolContext, topic: str) -> str:
+    """Read the sources on a topic (canned data, offline); reports each page.
+
+    Args:
+        topic: what to read about.
+    """
+    for page in range(1, 11):
+        await trio.sleep(0.05)
+        ctx.progress(f"read page {page}/10", page=page)
+    return f"10 pages on {topic}, 2 useful quotes (demo data)"
+
+
+ANGLES: Final = ("history", "practice", "pitfalls")
+"""The three researcher sub-agents of the tree section, one per angle."""
+
+
+def lead_agent(model: Model) -> Agent:
+    """The root of the tour's tree: one tool that fans out to three researcher
+    sub-agents in parallel (``ctx.open_run``), each a child run with a tool of its own."""
+    researchers = {
+        angle: Agent(
+            name=f"researcher-{angle}",
+            instructions=f"Research the {angle} of a topic. Use the tools when they help.",
+            model=model,
+            tools=[read_sources],
+            max_turns=4,
+        )
+        for angle in ANGLES
+    }
+
+    @function_tool
+    async def research(ctx: ToolContext, topic: str) -> str:
+        """Ask three researcher sub-agents about a topic, in parallel.
+
+        Args:
+            topic: the topic to research.
+        """
+        findings: dict[str, str] = {}
+
+        async def ask(angle: str) -> None:
+            async with ctx.open_run(researchers[angle], f"{topic}: {angle}") as child:
+                pass
+            result = child.result
+            assert result is not None
+            if result.status == "completed":
+                findings[angle] = str(result.final_output)
+            else:
+                findings[angle] = f"({result.status.value}: {result.reason})"
+
+        async with trio.open_nursery() as nursery:
+            for angle in ANGLES:
+                nursery.start_soon(ask, angle)
+        return "; ".join(f"{angle}: {findings[angle]}" for angle in ANGLES)
+
+    return Agent(
+        name="lead",
+        instructions="You lead a research team. Use the tools when they help.",
+        model=model,
+        tools=[research],
+        max_turns=4,
+    )
 
 
 def demo_agent(model: Model) -> Agent:
@@ -158,9 +224,63 @@ async def run_demo(model: Model, session: Session, out: TextIO) -> str | None:
         printer.line(f"=> {result.status.value}: {result.reason}")
 
     printer.heading("")
-    printer.heading("== 3. The conversation the session holds (valid model input) ==")
+    printer.heading("== 3. A tree of agents: three researchers in parallel, one branch stopped ==")
+    reason = await _tree_section(model, session, printer)
+    if reason is not None:
+        return reason
+
+    printer.heading("")
+    printer.heading("== 4. The conversation the session holds (valid model input) ==")
     for item in await session.get_items():
         printer.line(describe_item(item))
+    return None
+
+
+async def _watch_tree(run: Run, printer: Printer, branch_busy: trio.Event) -> None:
+    """Print the tree's events, each child's prefixed with its agent. ``branch_busy`` is
+    set once the last researcher has read a few pages, or when the run ends."""
+    names: dict[str, str] = {}
+    try:
+        async for event in run.events(tree=True):
+            if isinstance(event, RunChild):
+                names[event.child_id] = event.agent
+            if event.run_id == run.id:
+                printer.event(event)
+                continue
+            line = event_line(event)
+            if line is not None:
+                printer.line(f"  <{names.get(event.run_id, event.run_id)}> {line}")
+            if (
+                isinstance(event, ToolProgress)
+                and names.get(event.run_id) == f"researcher-{ANGLES[-1]}"
+                and event.data.get("page") == PROGRESS_PAGE
+            ):
+                branch_busy.set()
+    finally:
+        branch_busy.set()
+
+
+async def _tree_section(model: Model, session: Session, printer: Printer) -> str | None:
+    branch_busy = trio.Event()
+    async with (
+        open_run(lead_agent(model), "Research structured concurrency", session=session) as run,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(_watch_tree, run, printer, branch_busy)
+        await branch_busy.wait()  # set by the branch's progress, or when the run ends
+        branch = next((c for c in run.children if c.agent.name == f"researcher-{ANGLES[-1]}"), None)
+        if branch is not None and branch.result is None:
+            printer.line(f"(stopping one branch: run.find({branch.id!r}).cancel(...))")
+            branch.cancel("branch not needed")
+    result = await run.wait()
+    if result.status == "failed":
+        printer.line(f"=> failed: {result.reason}")
+        return result.reason or "failed"
+    printer.line(f"=> lead {result.status.value}; its sub-agents:")
+    for child in run.children:
+        assert child.result is not None
+        why = f": {child.result.reason}" if child.result.reason else ""
+        printer.line(f"   {child.agent.name} {child.result.status.value}{why}")
     return None
 
 

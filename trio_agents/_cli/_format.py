@@ -11,7 +11,9 @@ from .._events import (
     InboxDelivered,
     InboxInjected,
     ResponseTextDelta,
+    RunChild,
     RunEvent,
+    RunHandoff,
     RunItemEvent,
     RunUpdated,
     ToolFinished,
@@ -50,6 +52,9 @@ def event_line(event: RunEvent) -> str | None:
         pending = event.detail.get("pending")
         if pending:
             extra += f" pending={list(pending)}"
+        waiting = event.detail.get("waiting")
+        if waiting:
+            extra += f" waiting below={[w.get('call_id') for w in waiting]}"
         return f"[run.updated] {event.status.value} (turn {event.turn}){extra}"
     if isinstance(event, ToolStarted):
         return f"[tool.started] {event.call_id} {event.name}({event.arguments})"
@@ -63,6 +68,10 @@ def event_line(event: RunEvent) -> str | None:
         return f"[inbox.delivered] {event.injection_id} into turn {event.turn}"
     if isinstance(event, EventsDropped):
         return f"[events.dropped] {event.count} events from seq {event.first_missing_seq}"
+    if isinstance(event, RunChild):
+        return f"[run.child] {event.child_id} ({event.agent}) {event.status.value}"
+    if isinstance(event, RunHandoff):
+        return f"[run.handoff] {event.from_agent} -> {event.to_agent}"
     assert isinstance(event, ResponseTextDelta | RunItemEvent)
     return None
 
