@@ -51,7 +51,9 @@ async def research(ctx: ta.ToolContext, topic: str) -> str:
     async def ask(angle: str) -> None:
         async with ctx.open_run(RESEARCHERS[angle], f"{topic}: {angle}") as child:
             pass
-        findings[angle] = f"{child.result.status}: {child.result.reason}"
+        result = child.result
+        assert result is not None  # the block waited for the child to end
+        findings[angle] = f"{result.status}: {result.reason}"
 
     async with trio.open_nursery() as nursery:
         for angle in ANGLES:
