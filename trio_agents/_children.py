@@ -16,11 +16,14 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from ._events import RunStatus
+from ._items import ToolCall, ToolResult
 from ._options import make_options
 from ._result import RunResult
+from ._resume import Resume
 from ._run import Run
 from ._tools import CallOutcome, Tool, ToolContext
 from ._util import first_leaf, only_cancelled
@@ -76,7 +79,7 @@ def child_session(parent: Run, call_id: str) -> Session | None:
     return child
 
 
-def make_child(
+async def make_child(
     ctx: ToolContext,
     agent: Agent,
     input: Any,
@@ -105,6 +108,10 @@ def make_child(
         raise TypeError(
             f"session must be 'inherit', None or a Session, not {type(session).__name__}"
         )
+    resume = await _resume_for(parent, ctx.call_id, chosen) if made else None
+    if resume is not None:
+        merged["resume"] = resume
+        input = ()  # the child's session holds its input
     child = Run(
         agent,
         input,
@@ -118,6 +125,29 @@ def make_child(
     child._claim_session()  # raises SessionBusyError for on_busy="reject": not adopted
     parent._adopt(child)
     return child
+
+
+async def _resume_for(parent: Run, call_id: str, session: Session | None) -> Resume | None:
+    """How to resume the child a resumed parent's call had started, from the child's
+    session; None for a fresh child (the parent is not resumed, the call had not
+    started, or the child had stored nothing).
+
+    Which of the child's own calls had started is not recorded anywhere, so every call
+    it left open counts as started: it runs again only if its tool is idempotent, and
+    is otherwise answered ``interrupted`` — a tool is never run twice unless declared
+    idempotent (§12), at the price of asking a model again about a call that may never
+    have started.
+    """
+    earlier = parent._options.resume
+    if earlier is None or session is None or call_id not in earlier.started:
+        return None
+    read = getattr(session, "get_stored_items", None) or session.get_items
+    stored = await read()
+    if not stored:
+        return None
+    answered = {i.call_id for i in stored if isinstance(i, ToolResult)}
+    left_open = {i.call_id for i in stored if isinstance(i, ToolCall)} - answered
+    return Resume(attempt=earlier.attempt, next_seq=1, started=left_open, reason=earlier.reason)
 
 
 async def _close_session(child: Run) -> None:
@@ -155,7 +185,7 @@ async def open_child(
     options: Mapping[str, Any],
 ) -> AsyncIterator[Run]:
     """``open_run`` for a child: its task in a nursery of the calling tool."""
-    child = make_child(ctx, agent, input, session=session, run_id=run_id, options=options)
+    child = await make_child(ctx, agent, input, session=session, run_id=run_id, options=options)
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
@@ -232,7 +262,8 @@ def agent_tool(
             raise TypeError(f"as_tool(output=...) returned {type(text).__name__}, not str")
         return CallOutcome(text)
 
-    return Tool.from_schema(tool_name, description, _INPUT_SCHEMA, call_agent)
+    tool = Tool.from_schema(tool_name, description, _INPUT_SCHEMA, call_agent)
+    return attrs.evolve(tool, child_agent=agent)
 
 
 class SubAgentFailed(Exception):

@@ -353,7 +353,11 @@ def settle_resumed_calls(state: RunState, resume: Resume, calls: list[ToolCall])
     again: list[ToolCall] = []
     for call in calls:
         tool = state.agent.get_tool(call.name)
-        if call.call_id not in resume.started or (tool is not None and tool.idempotent):
+        if call.call_id not in resume.started or (
+            tool is not None and (tool.idempotent or tool._child_agent is not None)
+        ):
+            # An agent tool's call runs again too: it resumes its child run from the
+            # child's session, whose own tools keep this same rule (_children.py).
             again.append(call)
             continue
         state.open_calls[call.call_id].started = True  # its tool.started was sent before

@@ -176,7 +176,9 @@ class ToolContext:
         """
         from ._children import make_child, serve_child
 
-        child = make_child(self, agent, input, session=session, run_id=run_id, options=options)
+        child = await make_child(
+            self, agent, input, session=session, run_id=run_id, options=options
+        )
         return await serve_child(child)
 
     def open_run(
@@ -411,6 +413,9 @@ class Tool:
     _is_async: bool = attrs.field(repr=False, kw_only=True)
     # from_schema: fn takes (ctx, arguments) rather than one keyword per parameter.
     _raw: bool = attrs.field(default=False, repr=False, kw_only=True)
+    # Agent.as_tool: the agent each call runs as a child run. A resumed run runs such a
+    # call again, and the call resumes its child from the child's session (§17).
+    _child_agent: Any = attrs.field(default=None, repr=False, kw_only=True, alias="child_agent")
     _spec: ToolSpec = attrs.field(init=False, repr=False)
 
     @_spec.default
