@@ -253,3 +253,52 @@ async def test_inject_now_during_a_shielded_on_model_start_interrupts_that_call(
     assert [r.items for r in model.requests] == [
         (ta.UserMessage("go"), ta.UserMessage("actually, this"))
     ]
+
+
+class NoCheckpointModel:
+    """A model whose stream never checkpoints (events it already holds): nothing in it
+    can notice a cancelled scope. Answers ``answer <n>`` per call."""
+
+    def __init__(self) -> None:
+        self.requests: list[ta.ModelRequest] = []
+
+    def stream(self, request: ta.ModelRequest) -> Any:
+        self.requests.append(request)
+        return _Ready([TextDelta(f"answer {len(self.requests)}")])
+
+
+class _Ready:
+    def __init__(self, events: list[TextDelta]) -> None:
+        self.events = events
+
+    async def __aenter__(self) -> _Ready:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    def __aiter__(self) -> _Ready:
+        return self
+
+    async def __anext__(self) -> TextDelta:
+        if not self.events:
+            raise StopAsyncIteration
+        return self.events.pop(0)
+
+
+async def test_inject_now_from_on_model_start_never_streams_a_checkpoint_free_model(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = NoCheckpointModel()
+    result = await ta.run(
+        ta.Agent(name="t", instructions="", model=model), "go", hooks=InjectingModelStart()
+    )
+    assert (result.status, result.final_output) == ("completed", "answer 1")
+    assert [r.items for r in model.requests] == [
+        (ta.UserMessage("go"), ta.UserMessage("actually, this"))
+    ]
+    assert result.new_items == (
+        ta.UserMessage("go"),
+        ta.UserMessage("actually, this"),
+        ta.AssistantMessage("answer 1"),
+    )
