@@ -48,10 +48,10 @@ def test_freeze_copies_and_refuses_every_change() -> None:
         lambda: lst.reverse(),
         # Through the object, not only its mutators (issue 29): a second __init__
         # (the inherited one updated in place), and a class switch to plain dict/list.
-        lambda: d.__init__({"k": 1}),
-        lambda: d.__init__(k=1),
-        lambda: lst.__init__([]),
-        lambda: lst.__init__([9, 9]),
+        lambda: type(d).__init__(d, {"k": 1}),
+        lambda: type(d).__init__(d, k=1),
+        lambda: type(lst).__init__(lst, []),
+        lambda: type(lst).__init__(lst, [9, 9]),
         lambda: setattr(d, "__class__", dict),
         lambda: setattr(lst, "__class__", list),
         lambda: delattr(d, "__class__"),
