@@ -46,6 +46,15 @@ def test_freeze_copies_and_refuses_every_change() -> None:
         lambda: lst.clear(),
         lambda: lst.sort(),
         lambda: lst.reverse(),
+        # Through the object, not only its mutators (issue 29): a second __init__
+        # (the inherited one updated in place), and a class switch to plain dict/list.
+        lambda: type(d).__init__(d, {"k": 1}),
+        lambda: type(d).__init__(d, k=1),
+        lambda: type(lst).__init__(lst, []),
+        lambda: type(lst).__init__(lst, [9, 9]),
+        lambda: setattr(d, "__class__", dict),
+        lambda: setattr(lst, "__class__", list),
+        lambda: delattr(d, "__class__"),
     ]
     for change in changes:
         with pytest.raises(TypeError, match="read-only"):

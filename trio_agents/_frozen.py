@@ -11,6 +11,12 @@ agent's output type) is made, and every run and request shares it: changing it r
 unchanged: ``json.dumps`` (the providers' request bodies), ``isinstance(x, dict)``
 checks, equality with plain dicts and lists. ``dict(schema)`` and ``schema.copy()`` give
 a plain (shallow) dict; ``copy.deepcopy(schema)`` gives a plain, fully mutable copy.
+
+What no ``dict``/``list`` subclass can refuse: the base class's own methods called on
+the object (``dict.__setitem__(schema, k, v)``, ``dict.__init__(schema, ...)``,
+``list.append(...)``, ``object.__setattr__(schema, "__class__", dict)``). Everything
+reached *through* the object — its methods, operators, a second ``schema.__init__``,
+``schema.__class__ = dict`` — raises ``TypeError``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,15 @@ class FrozenDict(dict[str, Any]):
     """A ``dict`` that refuses every change (see the module docstring)."""
 
     __slots__ = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Built by _frozen_dict, never by __init__: the inherited dict.__init__ would
+        # update the shared tree in place (schema.__init__({...})).
+        _refuse()
+
+    # schema.__class__ = dict would make the shared tree a plain, mutable dict.
+    __setattr__ = _refuse
+    __delattr__ = _refuse
 
     def __setitem__(self, key: str, value: Any) -> NoReturn:
         _refuse()
@@ -66,6 +81,13 @@ class FrozenList(list[Any]):
     """A ``list`` that refuses every change (see the module docstring)."""
 
     __slots__ = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Built by _frozen_list: the inherited list.__init__ clears and refills in place.
+        _refuse()
+
+    __setattr__ = _refuse
+    __delattr__ = _refuse
 
     def __setitem__(self, index: SupportsIndex | slice, value: Any) -> NoReturn:
         _refuse()
@@ -110,10 +132,23 @@ def freeze_json(value: Any) -> Any:
     if kind in _SCALARS or kind is FrozenDict or kind is FrozenList:
         return value
     if isinstance(value, Mapping):
-        return FrozenDict({key: freeze_json(item) for key, item in value.items()})
+        return _frozen_dict({key: freeze_json(item) for key, item in value.items()})
     if isinstance(value, list | tuple):
-        return FrozenList(freeze_json(item) for item in value)
+        return _frozen_list([freeze_json(item) for item in value])
     return value
+
+
+def _frozen_dict(items: dict[str, Any]) -> FrozenDict:
+    """Fill a new FrozenDict through the base class (its own ``__init__`` refuses)."""
+    frozen = dict.__new__(FrozenDict)
+    dict.update(frozen, items)
+    return frozen
+
+
+def _frozen_list(items: list[Any]) -> FrozenList:
+    frozen = list.__new__(FrozenList)
+    list.extend(frozen, items)
+    return frozen
 
 
 def thaw_json(value: Any) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ._items import Item, ToolCall
 from ._state import InvalidConversation, OpenCall, RunState, SessionError
+from .sessions._base import Session
 from .sessions._repair import repair_keeping_tail
 
 __all__ = ["load_session"]
@@ -29,7 +30,9 @@ async def load_session(state: RunState) -> list[ToolCall]:
     if state.session is not None and not state.history_loaded:
         resuming = state.options.resume is not None
         try:
-            stored = await state.session.get_items()
+            stored = await _stored_items(state.session) if resuming else None
+            if stored is None:
+                stored = await state.session.get_items()
             # Raises TypeError for garbage.
             repaired, tail = repair_keeping_tail(stored, close_tail=not resuming)
         except Exception as exc:
@@ -52,6 +55,21 @@ async def load_session(state: RunState) -> list[ToolCall]:
         raise InvalidConversation(f"the input does not fit the stored conversation: {problems[0]}")
     await state.persist()
     return tail
+
+
+async def _stored_items(session: Session) -> list[Item] | None:
+    """The stored rows as they are, from a session that repairs in ``get_items`` (the
+    shipped stored sessions close the calls a dead process left open as ``cancelled``
+    there): a resumed run must see those calls open. ``None`` for a session without
+    ``get_stored_items``, whose ``get_items`` is then expected to return its rows
+    unrepaired."""
+    raw = getattr(session, "get_stored_items", None)
+    if raw is None:
+        return None
+    items = await raw()
+    if not isinstance(items, list):
+        raise TypeError(f"get_stored_items returned {type(items).__name__}, not a list")
+    return items
 
 
 async def _write_back(state: RunState, stored: list[Item], repaired: list[Item]) -> None:

@@ -190,6 +190,9 @@ async def drive(
                 idle = False  # tools ran, or the model is asked again
                 continue
             assert type(attempt) is Accepted
+            # A hook (on_model_end, say) or session that swallowed the run's Cancelled
+            # must not let the run complete: the cancel wins (DESIGN §5).
+            await trio.lowlevel.checkpoint_if_cancelled()
             if inbox.close_if_empty(RunStatus.COMPLETED.value):
                 return Completed(attempt.value)
             idle = True  # something is pending: one more turn with it
@@ -310,6 +313,11 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
                 lambda: hooks.on_model_end(handle, turn, "cancelled"),
             )
         log, run_id = state.log, state.run_id
+        # A when="now" injection accepted while the start hook ran (or a cancel the
+        # hook swallowed) must stop the call before it is opened: the hook may not
+        # have awaited since, and a model's stream need not checkpoint before its
+        # first events (DESIGN §6, last bullet).
+        await trio.lowlevel.checkpoint_if_cancelled()
         async with agent.model.stream(request) as stream:
             async for event in stream:
                 # The hot path, inline: a text delta whose text is text.
@@ -320,7 +328,13 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
                 else:
                     _accept(state, event, turn, partial, calls)
     state.stream_scope = None
-    if stream_scope.cancelled_caught:
+    # A model may swallow the Cancelled (its iterator ends the stream on it, or its
+    # __aexit__ returns True): the stream then "ends" with the cut-off text. The run's
+    # own cancellation is re-raised here, so a cancelled run never turns that text
+    # into a final answer (DESIGN §5); an interruption counts as one whether or not
+    # the scope caught its Cancelled.
+    await trio.lowlevel.checkpoint_if_cancelled()
+    if stream_scope.cancel_called:
         state.keep_partial_text()
         await _end_model_span(state, turn, "interrupted")
         await state.persist()
@@ -337,7 +351,7 @@ class _NoScope:
     can cancel it, so it never catches anything. Stateless: one serves every run."""
 
     __slots__ = ()
-    cancelled_caught = False
+    cancel_called = False
 
     def __enter__(self) -> None:
         return None

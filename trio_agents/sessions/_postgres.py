@@ -384,6 +384,18 @@ class PostgresSession:
         """Delete the stored conversation of this session (other sessions are untouched)."""
         await self._call(self._clear_sync)
 
+    async def get_stored_items(self) -> list[Item]:
+        """Return the stored conversation as it is: not repaired, nothing written.
+
+        What a resumed run (the ``resume`` run option) loads: it decides the calls a
+        dead process left open itself (run again, ask for approval, or answer
+        ``interrupted``), where :meth:`get_items` would close them as ``cancelled``.
+
+        Raises:
+            SessionStorageError: a stored item cannot be read (names its position).
+        """
+        return await self._call(self._read_sync)
+
     # -- extras -----------------------------------------------------------------------
 
     async def statistics(self) -> PostgresSessionStatistics:

@@ -211,6 +211,28 @@ class SQLiteSession:
         """Delete the stored conversation of this session (other sessions are untouched)."""
         await self._call(self._clear_sync)
 
+    async def replace_items(self, items: Sequence[Item]) -> None:
+        """Replace the stored conversation with ``items`` in one transaction (how a run
+        writes back a repair that is not just an append).
+
+        Raises:
+            TypeError: an element of ``items`` is not an item (nothing is written).
+        """
+        encoded = encode_items(items)
+        await self._call(lambda conn: self._in_transaction(conn, self._replace_sync, encoded))
+
+    async def get_stored_items(self) -> list[Item]:
+        """Return the stored conversation as it is: not repaired, nothing written.
+
+        What a resumed run (the ``resume`` run option) loads: it decides the calls a
+        dead process left open itself (run again, ask for approval, or answer
+        ``interrupted``), where :meth:`get_items` would close them as ``cancelled``.
+
+        Raises:
+            SessionStorageError: a stored item cannot be read (names its position).
+        """
+        return await self._call(self._read_sync)
+
     # -- extras -----------------------------------------------------------------------
 
     def with_id(self, session_id: str) -> SQLiteSession:
@@ -468,6 +490,22 @@ class SQLiteSession:
             "INSERT INTO items (session_id, position, data, created_at) VALUES (?, ?, ?, ?)",
             [(self._session_id, i, data, now) for i, data in enumerate(encoded)],
         )
+
+    def _in_transaction(
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[[sqlite3.Connection, list[str]], None],
+        encoded: list[str],
+    ) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            fn(conn, encoded)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
 
     def _add_items_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
         conn.execute("BEGIN IMMEDIATE")

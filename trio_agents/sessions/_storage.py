@@ -48,11 +48,23 @@ class SessionStorageError(TrioAgentsError):
 
 
 def check_session_id(_instance: object, _attribute: object, value: object) -> None:
-    """An attrs validator: a session id is a non-empty str."""
+    """An attrs validator: a session id is a non-empty str that a database can store.
+
+    Refused up front rather than failing every later call: a lone surrogate (SQLite and
+    PostgreSQL take UTF-8, which cannot encode one: a raw ``UnicodeEncodeError`` at each
+    statement) and NUL (PostgreSQL's text cannot hold it)."""
     if not isinstance(value, str):
         raise TypeError(f"session_id must be a str, not {type(value).__name__}")
     if not value:
         raise ValueError("session_id must not be empty")
+    if "\x00" in value:
+        raise ValueError(f"session_id must not contain NUL: {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"session_id must be encodable as UTF-8 (a lone surrogate at {exc.start}): {value!r}"
+        ) from None
 
 
 def encode_items(items: Sequence[Item]) -> list[str]:
