@@ -3,6 +3,7 @@ handoffs, tree handles and events, cancel and steering of any node."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -647,3 +648,68 @@ async def test_handoff_and_as_tool_validation() -> None:
         ta.Agent(name="t", tools=[clash], handoffs=[a])
     with pytest.raises(TypeError, match="unknown run option"):
         a.as_tool(bogus=1)
+
+
+# ------------------------------------------------------------------- durability
+
+
+def _crashed_tree_rows() -> tuple[list[ta.Item], list[ta.Item]]:
+    """What a process that died inside a child's tool left in the sessions: the
+    parent's agent-tool call and the child's own tool call, both open."""
+    parent: list[ta.Item] = [
+        ta.UserMessage("go"),
+        ta.ToolCall("call_1_0", "kid", json.dumps({"input": "x"})),
+    ]
+    child: list[ta.Item] = [ta.UserMessage("x"), ta.ToolCall("k1", "work", "{}")]
+    return parent, child
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_resumed_parent_resumes_its_child_from_the_childs_session(
+    tmp_path: Any, idempotent: bool
+) -> None:
+    ran: list[str] = []
+
+    @ta.function_tool(idempotent=idempotent)
+    async def work() -> str:
+        """Do the work."""
+        ran.append("work")
+        return "worked"
+
+    path = tmp_path / "tree.db"
+    parent_rows, child_rows = _crashed_tree_rows()
+    async with ta.sessions.SQLiteSession(path, "conv") as session:
+        await session.add_items(parent_rows)
+        async with ta.sessions.SQLiteSession(path, "conv/call_1_0") as child_session:
+            await child_session.add_items(child_rows)
+        kid_model = ScriptedModel(["kid finished"])
+        kid = ta.Agent(name="kid", model=kid_model, tools=[work])
+        root = ta.Agent(name="root", model=ScriptedModel(["root finished"]), tools=[kid.as_tool()])
+        resume = ta.Resume(attempt=2, next_seq=10, started={"call_1_0"}, reason="node died")
+        async with ta.open_run(root, [], session=session, resume=resume) as run:
+            pass
+        result = run.result
+        assert result is not None
+        assert result.status == "completed", result
+        (child,) = run.children
+        assert child.result is not None
+        assert child.result.status == "completed"
+        # the child's own started call: run again only if idempotent, else interrupted
+        (work_result,) = [i for i in child.result.conversation if isinstance(i, ta.ToolResult)]
+        if idempotent:
+            assert ran == ["work"]
+            assert (work_result.status, work_result.output) == ("ok", "worked")
+        else:
+            assert ran == []
+            assert work_result.status == "error"
+            assert work_result.output == "interrupted: node died"
+        # the child's model saw its stored conversation, not a fresh input
+        assert kid_model.requests[0].items[:2] == (ta.UserMessage("x"), child_rows[1])
+        # the parent's call got the child's answer; both sessions hold valid conversations
+        (call_result,) = [i for i in result.conversation if isinstance(i, ta.ToolResult)]
+        assert call_result.output == "kid finished"
+        async with ta.sessions.SQLiteSession(path, "conv/call_1_0") as child_session:
+            stored_child = await child_session.get_items()
+        assert ta.conversation_problems(stored_child) == []
+        assert stored_child[-1] == ta.AssistantMessage("kid finished")
+        assert await session.get_items() == list(result.conversation)

@@ -70,6 +70,7 @@ class ClusterSession:
         self, dsn: str, key: str, node_id: str, fence: Fence, run_id: str | None = None
     ) -> None:
         self.inner = PostgresSession(dsn, key)
+        self._dsn = dsn
         self.fence = fence
         self.lock_key: Hashable = ("trio_agents.cluster", node_id, key)
         self.node_id = node_id
@@ -207,3 +208,14 @@ class ClusterSession:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+    def with_id(self, session_id: str) -> ClusterSession:
+        """The session of a child run of this session's run (DESIGN §17), stored under
+        ``session_id`` (``"<this key>/<call id>"``) in the same database: fenced by this
+        run's fence and its row (``owner``, ``attempt``) — a tree lives and is taken
+        over with its root — and written by itself (the node's writer persists the
+        root's events only). Its loads are raw, as this one's are, so a takeover
+        resumes the child from what it stored."""
+        child = ClusterSession(self._dsn, session_id, self.node_id, self.fence, self.run_id)
+        child.attempt = self.attempt
+        return child
