@@ -15,6 +15,8 @@ conversation alone — the model keeps no state of its own:
 - ``hold stream``: the same, but the first delta waits for the ``hold`` gate.
 - a word ``#TAG``: the run's tag. The model does not know the run's id, so its gate
   and its records use the tag (``gates/stream.TAG``).
+- ``delegate``: call the ``helper`` sub-agent (``as_tool``) with the rest of the
+  scenario as its input: a run tree whose child run does the rest.
 - anything else: answer at once.
 
 After the tool results are in, the model answers ``done`` plus each result of this
@@ -211,7 +213,13 @@ class ClusterModel:
         users = sum(isinstance(item, ta.UserMessage) for item in request.items)
         events: list[ModelEvent | str] = []
         wanted = [word for word in scenario if word in TOOLS]
-        if wanted and not calls:
+        if "delegate" in scenario and not calls:
+            # A run tree: the rest of the scenario is a child run's (an as_tool call).
+            rest = " ".join(word for word in scenario if word != "delegate")
+            arguments = json.dumps({"input": rest})
+            events += [ToolCallDone(ta.ToolCall("call_helper_1", "helper", arguments))]
+            events += [Usage(1, 1), Finish("tool_calls")]
+        elif wanted and not calls:
             for number, name in enumerate(wanted, 1):
                 events.append(ToolCallDone(ta.ToolCall(f"call_{name}_{number}", name, "{}")))
             events += [Usage(1, 1), Finish("tool_calls")]
@@ -230,12 +238,20 @@ class ClusterModel:
 
 
 def app() -> dict[str, ta.Agent]:
-    """The agents every node serves."""
+    """The agents every node serves. ``worker`` can also delegate (the scenario word
+    ``delegate``) to a ``helper`` sub-agent: a run tree whose child does the rest of
+    the scenario."""
+    helper = ta.Agent(
+        name="helper",
+        instructions="Do what the first message says.",
+        model=ClusterModel(),
+        tools=[charge, lookup, delete],
+    )
     return {
         "worker": ta.Agent(
             name="worker",
             instructions="Do what the first message says.",
             model=ClusterModel(),
-            tools=[charge, lookup, delete],
+            tools=[charge, lookup, delete, helper.as_tool()],
         )
     }
