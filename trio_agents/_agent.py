@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +115,14 @@ def _check_model(_instance: object, _attribute: object, value: object) -> None:
         )
 
 
+def _check_instructions(_instance: object, _attribute: object, value: object) -> None:
+    if not isinstance(value, str) and not callable(value):
+        raise TypeError(
+            "instructions must be a str or a callable of the Run returning one,"
+            f" not {type(value).__name__}"
+        )
+
+
 def _check_max_turns(_instance: object, _attribute: object, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError("max_turns must be an int")
@@ -156,7 +164,10 @@ class Agent:
 
     Args:
         name: a name for logs, the control channel and traces.
-        instructions: the system prompt.
+        instructions: the system prompt: a str, or a callable taking the
+            :class:`Run` (``run.context`` holds the run's dependencies) and returning
+            it, sync or async, called before every model request. One that raises
+            fails the run (reason ``"hook error: instructions raised …"``).
         model: any :class:`~trio_agents.models.Model`, or a model string resolved
             at construction with :func:`~trio_agents.models.from_string`
             (``"openai:gpt-4o-mini"``, ``"anthropic:claude-3-5-haiku-latest"``,
@@ -189,7 +200,11 @@ class Agent:
     """
 
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
-    instructions: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    # A str, or a callable of the Run returning one (sync or async), called before
+    # every model request (DESIGN §18).
+    instructions: str | Callable[[Any], str | Awaitable[str]] = attrs.field(
+        default="", validator=_check_instructions
+    )
     model: Model = attrs.field(factory=_default_model, converter=_to_model, validator=_check_model)
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_to_tools)
     max_turns: int = attrs.field(default=10, validator=_check_max_turns)

@@ -53,6 +53,7 @@ _INHERITED = (
     "on_tool_error",
     "hooks",
     "thread_limiter",
+    "context",
 )
 _INPUT_SCHEMA: Mapping[str, Any] = {
     "type": "object",
@@ -239,7 +240,7 @@ def agent_tool(
     tool_name = name if name is not None else tool_name_for(agent.name)
     if description is None:
         description = f"Ask the {agent.name} agent to do a task; it answers with its result."
-        if agent.instructions:
+        if isinstance(agent.instructions, str) and agent.instructions:
             description += f" Its instructions: {agent.instructions[:500]}"
     if output is not None and not callable(output):
         raise TypeError(

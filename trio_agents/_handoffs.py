@@ -57,7 +57,7 @@ def handoff_specs(handoffs: Mapping[str, Agent]) -> tuple[ToolSpec, ...]:
     specs = []
     for name, target in handoffs.items():
         description = f"Hand the conversation over to the {target.name} agent."
-        if target.instructions:
+        if isinstance(target.instructions, str) and target.instructions:
             description += f" It handles: {target.instructions[:300]}"
         specs.append(ToolSpec(name, description, _NO_PARAMETERS))
     return tuple(specs)

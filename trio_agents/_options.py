@@ -63,6 +63,9 @@ class RunOptions:
     resume: Resume | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Resume))
     )
+    # Any object: the run's dependencies, for tools (ctx.context), hooks and
+    # instructions (run.context); child runs inherit it (DESIGN §18).
+    context: Any = attrs.field(default=None, eq=False, hash=False)
 
 
 _DEFAULT: list[RunOptions] = []  # frozen: one shared instance for runs without options

@@ -166,6 +166,12 @@ class Run:
         return self._state.agent
 
     @property
+    def context(self) -> Any:
+        """The ``context=`` object the run was started with (inherited by child runs
+        unless they were given their own); None when none was given."""
+        return self._options.context
+
+    @property
     def parent(self) -> Run | None:
         """The run this run is a child of (None at the root of a tree)."""
         return self._parent

@@ -24,7 +24,11 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Literal, final, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, final, overload
+
+# PEP 696's default: a bare ``ToolContext`` is ``ToolContext[Any]`` (no error under
+# mypy --strict); typing has it from Python 3.13 only.
+from typing_extensions import TypeVar
 
 import attrs
 import trio
@@ -90,9 +94,13 @@ class _ProcessRecorder:
         self.process = value
 
 
+ContextT = TypeVar("ContextT", default=Any)
+"""The type of a run's ``context=`` object, as ``ctx: ToolContext[MyDeps]`` declares it."""
+
+
 @final
 @attrs.frozen(eq=False)
-class ToolContext:
+class ToolContext(Generic[ContextT]):
     """What a tool call knows about itself; pass it as the tool's first parameter.
 
     A tool function whose first parameter is named ``ctx`` (or annotated
@@ -107,7 +115,7 @@ class ToolContext:
             ...
 
     To unit-test such a function, build a context yourself:
-    ``ToolContext(run_id="r", call_id="c", tool_name="crunch")``.
+    ``ToolContext(run_id="r", call_id="c", tool_name="crunch", context=deps)``.
 
     Attributes:
         run_id: the id of the run making the call.
@@ -135,8 +143,21 @@ class ToolContext:
     # The run making the call (None for a context built by hand): what ctx.run() and
     # ctx.open_run() start their child runs under.
     _handle: Run | None = attrs.field(default=None, kw_only=True, repr=False, alias="handle")
+    # The context of a ToolContext built by hand (a run's calls read the run's).
+    _context: Any = attrs.field(default=None, kw_only=True, repr=False, alias="context")
     # Set by mark_cancelled() before any event exists; the event copies it when made.
     _is_cancelled: bool = attrs.field(default=False, init=False, repr=False)
+
+    @property
+    def context(self) -> ContextT:
+        """The run's ``context=`` object (DESIGN §18): the dependencies a tool needs (a
+        database pool, the user, settings). Annotate the parameter as
+        ``ctx: ToolContext[MyDeps]`` for type checkers. None when the run has none."""
+        if self._handle is not None:
+            value: ContextT = self._handle.context
+            return value
+        own: ContextT = self._context
+        return own
 
     @property
     def parent(self) -> Run:

@@ -26,6 +26,7 @@ times; then the run fails with ``"output validation failed: …"``.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, TypeAlias, final
@@ -283,8 +284,11 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     turn = state.turn
     agent = state.agent
     output = agent._output
+    instructions = agent.instructions
+    if not isinstance(instructions, str):
+        instructions = await _instructions(state, instructions)
     request = ModelRequest(
-        instructions=agent.instructions,
+        instructions=instructions,
         items=tuple(state.conversation),
         tools=_request_tools(state),
         settings=agent.model_settings,
@@ -343,6 +347,23 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     await _end_model_span(state, turn, "completed")
     await state.persist()
     return _Calls(tuple(calls)) if calls else _Answer(text)
+
+
+async def _instructions(state: RunState, make: Callable[[Any], Any]) -> str:
+    """Call an agent's callable instructions with the run (DESIGN §18); what it raises
+    (or returns that is not a str) fails the run, naming it, as a hook's would."""
+    text: list[str] = []
+    await call_hook("instructions", _call_instructions(make, state.handle, text))
+    return text[0]
+
+
+async def _call_instructions(make: Callable[[Any], Any], run: Any, into: list[str]) -> None:
+    value = make(run)
+    if inspect.isawaitable(value):
+        value = await value
+    if not isinstance(value, str):
+        raise TypeError(f"returned {type(value).__name__}, not str")
+    into.append(value)
 
 
 @final
