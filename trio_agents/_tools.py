@@ -26,12 +26,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Generic, Literal, final, overload
 
+import attrs
+import trio
+
 # PEP 696's default: a bare ``ToolContext`` is ``ToolContext[Any]`` (no error under
 # mypy --strict); typing has it from Python 3.13 only.
 from typing_extensions import TypeVar
-
-import attrs
-import trio
 
 from ._exceptions import TrioAgentsError
 from ._frozen import freeze_json
