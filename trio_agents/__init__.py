@@ -29,6 +29,7 @@ from ._exceptions import RunFailedError as RunFailedError
 from ._exceptions import SessionBusyError as SessionBusyError
 from ._exceptions import TrioAgentsError as TrioAgentsError
 from ._exceptions import UnknownCallError as UnknownCallError
+from ._exceptions import UsageLimitExceeded as UsageLimitExceeded
 from ._hooks import RunHooks as RunHooks
 from ._items import AssistantMessage as AssistantMessage
 from ._items import Item as Item
@@ -38,6 +39,8 @@ from ._items import UserMessage as UserMessage
 from ._items import coerce_items as coerce_items
 from ._items import conversation_problems as conversation_problems
 from ._items import item_from_json as item_from_json
+from ._limits import WRAP_UP_MESSAGE as WRAP_UP_MESSAGE
+from ._limits import UsageLimits as UsageLimits
 from ._log import EventCursor as EventCursor
 from ._model import Model as Model
 from ._model import ModelRequest as ModelRequest
@@ -62,6 +65,7 @@ from .sessions import SessionStorageError as SessionStorageError
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "WRAP_UP_MESSAGE",
     "Agent",
     "AssistantMessage",
     "CallOutcome",
@@ -107,6 +111,8 @@ __all__ = [
     "TrioAgentsError",
     "UnknownCallError",
     "Usage",
+    "UsageLimitExceeded",
+    "UsageLimits",
     "UserMessage",
     "coerce_items",
     "conversation_problems",

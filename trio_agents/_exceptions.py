@@ -10,6 +10,7 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     ├── SessionStorageError   a session database could not be opened, read or written
     ├── UnknownCallError      approve()/reject() named no pending call (also a LookupError)
     ├── ModelError            a model provider failed (HTTP status, protocol error, ...)
+    ├── UsageLimitExceeded    a run (or its subtree) spent past a UsageLimits limit
     └── ControlError          the control server answered a request with an error (.code)
         └── ControlConnectionError   the control connection was refused or lost
 
@@ -34,6 +35,7 @@ __all__ = [
     "SessionBusyError",
     "TrioAgentsError",
     "UnknownCallError",
+    "UsageLimitExceeded",
 ]
 
 
@@ -168,3 +170,27 @@ class ControlConnectionError(ControlError):
         super().__init__(code, message)
         self.status_code = status_code
         self.close_code = close_code
+
+
+class UsageLimitExceeded(TrioAgentsError):
+    """A run's :class:`~trio_agents.UsageLimits` were exceeded (by the run or any of its
+    descendants): the run whose limit it was ends ``failed`` with this as
+    ``result.error``; its reason is ``"usage limit: <name> <used>/<limit>"`` (or
+    ``"timeout"`` for the ``deadline``).
+
+    Attributes:
+        name: the limit (``"requests"``, ``"tool_calls"``, ``"input_tokens"``,
+            ``"output_tokens"``, ``"total_tokens"`` or ``"deadline"``).
+        used: what was used, counting the step that crossed the limit (an estimate from
+            the streamed text while a response streams without usage).
+        limit: the limit.
+        run_id: the id of the run whose limit it was.
+    """
+
+    def __init__(self, name: str, used: float, limit: float, run_id: str) -> None:
+        message = "timeout" if name == "deadline" else f"usage limit: {name} {used:g}/{limit:g}"
+        super().__init__(message)
+        self.name = name
+        self.used = used
+        self.limit = limit
+        self.run_id = run_id

@@ -10,6 +10,7 @@ import trio
 
 from ._hooks import RunHooks
 from ._items import ToolCall
+from ._limits import UsageLimits
 from ._resume import Resume
 from ._session_lock import OnBusy
 
@@ -66,6 +67,11 @@ class RunOptions:
     # Any object: the run's dependencies, for tools (ctx.context), hooks and
     # instructions (run.context); child runs inherit it (DESIGN §18).
     context: Any = attrs.field(default=None, eq=False, hash=False)
+    # What this run and its subtree may spend (DESIGN §18); a child also charges every
+    # ancestor's limits.
+    limits: UsageLimits | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(UsageLimits))
+    )
 
 
 _DEFAULT: list[RunOptions] = []  # frozen: one shared instance for runs without options

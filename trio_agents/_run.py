@@ -35,9 +35,11 @@ import trio
 
 from ._agent import Agent
 from ._events import RunChild, RunStatus
+from ._exceptions import InboxFullError, RunClosedError, UsageLimitExceeded
 from ._feed import TreeCursor, TreeFeed
 from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, check_injection
 from ._items import Item, coerce_items, conversation_problems
+from ._limits import WRAP_UP_MESSAGE, Budget
 from ._log import EventCursor, EventLog, UpdatedStream
 from ._options import RunOptions
 from ._repair import Verdict, build_result, repair
@@ -150,6 +152,13 @@ class Run:
             self._claim = SessionClaim(session_key(session), session.session_id, self)
         if _parent is not None:
             self._state.on_waiting = _parent._waiting_changed
+        # Usage limits (_limits.py): this run's own budget, then every ancestor's.
+        self._limit_error: UsageLimitExceeded | None = None
+        inherited = () if _parent is None else _parent._state.budgets
+        if options.limits is not None:
+            self._state.budgets = (Budget(options.limits, self), *inherited)
+        else:
+            self._state.budgets = inherited
         self._state.emit_status(RunStatus.QUEUED)
 
     # ------------------------------------------------------------------ public API
@@ -414,14 +423,42 @@ class Run:
         state.waiting_below = tuple(below)
         state.show_approvals(self._approvals.pending_ids())
 
+    def _limit_exceeded(self, error: UsageLimitExceeded) -> None:
+        """One of this run's limits was passed (by it or a descendant, on the run's
+        thread): the run fails with ``error``; its scope is cancelled at once."""
+        if self._limit_error is None and not self._done.is_set():
+            self._limit_error = error
+            self._scope.cancel(reason=str(error))
+
+    def _timed_out(self) -> bool:
+        """Whether the run's ``limits.deadline`` passed (its scope's own deadline)."""
+        limits = self._options.limits
+        return (
+            limits is not None
+            and limits.deadline is not None
+            and self._scope.deadline <= trio.current_time()
+        )
+
+    def _stopped_because(self) -> str | None:
+        """Why this run stopped its subtree, if it did: a cancel, a limit, its deadline."""
+        request = self._cancel
+        if request is not None and request.mode == "immediate":
+            return request.reason
+        if self._limit_error is not None:
+            return str(self._limit_error)
+        if self._timed_out():
+            return "timeout"
+        return None
+
     def _cancelled_by(self) -> dict[str, Any]:
         """Who cancelled this child run from above: the nearest ancestor that was asked
-        to cancel, else its parent (a timeout, a sibling's failure, the caller's scope)."""
+        to cancel (or passed a limit or its deadline), else its parent (a tool timeout,
+        a sibling's failure, the caller's scope)."""
         ancestor = self._parent
         while ancestor is not None:
-            request = ancestor._cancel
-            if request is not None and request.mode == "immediate":
-                return {"by": ancestor.id, "reason": request.reason}
+            reason = ancestor._stopped_because()
+            if reason is not None:
+                return {"by": ancestor.id, "reason": reason}
             ancestor = ancestor._parent
         assert self._parent is not None
         return {"by": self._parent.id, "reason": "parent cancelled"}
@@ -493,6 +530,12 @@ class Run:
         task_status.started(self)
         outcome: Outcome | None = None
         escaped: BaseException | None = None
+        limits = self._options.limits
+        wrap_up_at: float | None = None
+        if limits is not None and limits.deadline is not None:
+            self._scope.deadline = trio.current_time() + limits.deadline
+            if limits.wrap_up is not None:
+                wrap_up_at = self._scope.deadline - limits.wrap_up
         try:
             with self._scope:
                 if go is not None:
@@ -509,13 +552,16 @@ class Run:
                 self._live = True
                 try:
                     self._on_injected()  # what was injected while the run was queued
-                    outcome = await drive(
-                        self._state,
-                        self._inbox,
-                        self._approvals,
-                        self._stop_requested,
-                        self._call_soon,
-                    )
+                    if wrap_up_at is None:
+                        outcome = await drive(
+                            self._state,
+                            self._inbox,
+                            self._approvals,
+                            self._stop_requested,
+                            self._call_soon,
+                        )
+                    else:
+                        outcome = await self._drive_with_wrap_up(wrap_up_at)
                 finally:
                     self._live = False
         except BaseException as exc:
@@ -525,6 +571,21 @@ class Run:
         signals = _signals(escaped)
         if signals is not None:
             raise signals  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
+
+    async def _drive_with_wrap_up(self, at: float) -> Outcome:
+        """The turn loop, beside a timer that asks for the final answer at ``at``."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._wrap_up, at)
+            outcome = await drive(
+                self._state, self._inbox, self._approvals, self._stop_requested, self._call_soon
+            )
+            nursery.cancel_scope.cancel()
+        return outcome
+
+    async def _wrap_up(self, at: float) -> None:
+        await trio.sleep_until(at)
+        with suppress(RunClosedError, InboxFullError):
+            self.inject([{"role": "user", "content": WRAP_UP_MESSAGE}], when="now")
 
     def _verdict(self, outcome: Outcome | None, escaped: BaseException | None) -> Verdict:
         """What ended the run, as a verdict for the repair."""
@@ -545,11 +606,24 @@ class Run:
         if type(outcome) is Failed:
             return Verdict(RunStatus.FAILED, outcome.reason, outcome.error)
         if escaped is not None:
+            if self._limit_error is not None:
+                # Passed a limit in a step that was already being cancelled from above.
+                return Verdict(RunStatus.FAILED, str(self._limit_error), self._limit_error)
             if self._parent is not None:
                 return Verdict(RunStatus.CANCELLED, "parent cancelled", detail=self._cancelled_by())
             return Verdict(RunStatus.CANCELLED, "parent cancelled")
         # Our own scope caught the cancellation, or after_turn stopped the run.
         assert outcome is None or type(outcome) is Stopped
+        if outcome is None and self._cancel is None:
+            # A limit of ours was passed (by us or a descendant), or our deadline.
+            error = self._limit_error
+            if error is None and self._timed_out():
+                limits = self._options.limits
+                assert limits is not None
+                assert limits.deadline is not None
+                error = UsageLimitExceeded("deadline", limits.deadline, limits.deadline, self.id)
+            if error is not None:
+                return Verdict(RunStatus.FAILED, str(error), error)
         request = self._cancel
         return Verdict(RunStatus.CANCELLED, request.reason if request else "cancelled")
 
@@ -564,6 +638,9 @@ class Run:
             self._attach_session()  # stopped before it began: it still records its input
         self._approvals.close(verdict.status.value)
         leftovers = self._inbox.close(verdict.status.value)
+        budgets = state.budgets
+        if budgets and budgets[0].owner is self:
+            verdict.detail["limits"] = budgets[0].report()  # for a budget bar
         result: RunResult | None = None
         try:
             result = await repair(state, verdict, leftovers, deadline)

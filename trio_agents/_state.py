@@ -30,6 +30,7 @@ import trio
 from ._agent import Agent
 from ._events import RunItemEvent, RunStatus, RunUpdated
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall
+from ._limits import Budget
 from ._log import EventLog
 from ._model import Usage
 from ._options import RunOptions
@@ -138,6 +139,7 @@ class RunState:
         "_unpersisted",
         "_write_lock",
         "agent",
+        "budgets",
         "call_ids",
         "conversation",
         "finish_reason",
@@ -223,6 +225,8 @@ class RunState:
         self.waiting_below: tuple[Mapping[str, str], ...] = ()
         self.on_waiting: Callable[[], None] | None = None
         self.handoff_to: Agent | None = None
+        # The usage limits this run charges: its own, then each ancestor's (_limits.py).
+        self.budgets: tuple[Budget, ...] = ()
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
         self._limiter: trio.CapacityLimiter | None = None
@@ -269,6 +273,18 @@ class RunState:
             self.emit_status(RunStatus.RUNNING)
         if self.on_waiting is not None:
             self.on_waiting()
+
+    def spend(self, name: str, count: int = 1) -> bool:
+        """Count requests or tool calls against every budget the run charges; True if
+        that passed a limit (its run's scope is then cancelled: the caller must not go
+        on, and its next checkpoint raises)."""
+        over = False
+        for budget in self.budgets:
+            exceeded = budget.charge(name, count)
+            if exceeded is not None:
+                budget.owner._limit_exceeded(exceeded)
+                over = True
+        return over
 
     def commit(self, item: Item) -> None:
         """An item entered the conversation: record it, emit it, queue it for the session."""

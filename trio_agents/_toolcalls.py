@@ -208,6 +208,9 @@ async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> Tool
     """Everything before the tool runs: ``before_tool``, ``tool.started``, the start
     hook, the tool's lookup and its arguments. A :class:`ToolResult` if the call ends
     here (not started, unknown tool, invalid arguments)."""
+    if state.budgets and state.spend("tool_calls"):
+        # Past a tool_calls limit: the call never runs (its run's scope is cancelled).
+        await trio.lowlevel.checkpoint_if_cancelled()
     before_tool = state.options.before_tool
     if before_tool is not None:
         # A cluster records durably that the call starts, before it can have any effect:

@@ -41,6 +41,7 @@ from ._handoffs import switch_agent
 from ._history import load_session
 from ._inbox import Approvals, Inbox, Injection
 from ._items import AssistantMessage, ToolCall
+from ._limits import StreamMeter
 from ._model import (
     Finish,
     ModelRequest,
@@ -280,6 +281,8 @@ def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
 
 async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     """One model call: stream it, validate its events, commit what it produced."""
+    if state.budgets and state.spend("requests"):
+        await trio.lowlevel.checkpoint_if_cancelled()  # the limit's run is stopping
     state.turn += 1
     turn = state.turn
     agent = state.agent
@@ -303,34 +306,44 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     # A run no injection can reach (state.interruptible) needs no scope: entering and
     # leaving one is the largest cost of a turn in our code (issue 18, W2).
     stream_scope = trio.CancelScope() if state.interruptible else _NO_SCOPE
-    with stream_scope:
-        if type(stream_scope) is trio.CancelScope:
-            state.stream_scope = stream_scope
-            if inbox.wants_interrupt():
-                stream_scope.cancel(reason="interrupted by injection")
-        hooks = state.hooks
-        if hooks is not None:
-            handle = state.handle
-            await state.spans.start(
-                "model",
-                call_hook("on_model_start", hooks.on_model_start(handle, turn, request)),
-                lambda: hooks.on_model_end(handle, turn, "cancelled"),
-            )
-        log, run_id = state.log, state.run_id
-        # A when="now" injection accepted while the start hook ran (or a cancel the
-        # hook swallowed) must stop the call before it is opened: the hook may not
-        # have awaited since, and a model's stream need not checkpoint before its
-        # first events (DESIGN §6, last bullet).
-        await trio.lowlevel.checkpoint_if_cancelled()
-        async with agent.model.stream(request) as stream:
-            async for event in stream:
-                # The hot path, inline: a text delta whose text is text.
-                if type(event) is TextDelta and type(event.text) is str:
-                    if event.text:
-                        partial.append(event.text)
-                        log.append(text_delta(run_id, log.next_seq, turn, event.text))
-                else:
-                    _accept(state, event, turn, partial, calls)
+    meter = StreamMeter(state.budgets) if state.budgets else None
+    try:
+        with stream_scope:
+            if type(stream_scope) is trio.CancelScope:
+                state.stream_scope = stream_scope
+                if inbox.wants_interrupt():
+                    stream_scope.cancel(reason="interrupted by injection")
+            hooks = state.hooks
+            if hooks is not None:
+                handle = state.handle
+                await state.spans.start(
+                    "model",
+                    call_hook("on_model_start", hooks.on_model_start(handle, turn, request)),
+                    lambda: hooks.on_model_end(handle, turn, "cancelled"),
+                )
+            log, run_id = state.log, state.run_id
+            # A when="now" injection accepted while the start hook ran (or a cancel the
+            # hook swallowed) must stop the call before it is opened: the hook may not
+            # have awaited since, and a model's stream need not checkpoint before its
+            # first events (DESIGN §6, last bullet).
+            await trio.lowlevel.checkpoint_if_cancelled()
+            async with agent.model.stream(request) as stream:
+                async for event in stream:
+                    # The hot path, inline: a text delta whose text is text.
+                    if type(event) is TextDelta and type(event.text) is str:
+                        if event.text:
+                            partial.append(event.text)
+                            log.append(text_delta(run_id, log.next_seq, turn, event.text))
+                            if meter is not None and meter.text(event.text):
+                                # Past a limit: its run's scope is cancelled; cut here.
+                                await trio.lowlevel.checkpoint_if_cancelled()
+                    else:
+                        _accept(state, event, turn, partial, calls)
+                        if meter is not None and type(event) is Usage and meter.usage(event):
+                            await trio.lowlevel.checkpoint_if_cancelled()
+    finally:
+        if meter is not None:
+            meter.close()  # an estimate no usage replaced counts as the usage
     state.stream_scope = None
     # A model may swallow the Cancelled (its iterator ends the stream on it, or its
     # __aexit__ returns True): the stream then "ends" with the cut-off text. The run's
