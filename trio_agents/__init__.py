@@ -60,11 +60,16 @@ from ._tools import Tool as Tool
 from ._tools import ToolArgumentsError as ToolArgumentsError
 from ._tools import ToolContext as ToolContext
 from ._tools import function_tool as function_tool
+from ._window import SUMMARY_PREFIX as SUMMARY_PREFIX
+from ._window import KeepLastTurns as KeepLastTurns
+from ._window import Summarize as Summarize
+from ._window import TokenWindow as TokenWindow
 from .sessions import SessionStorageError as SessionStorageError
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "SUMMARY_PREFIX",
     "WRAP_UP_MESSAGE",
     "Agent",
     "AssistantMessage",
@@ -79,6 +84,7 @@ __all__ = [
     "InjectionId",
     "Item",
     "JSONSchema",
+    "KeepLastTurns",
     "Model",
     "ModelError",
     "ModelRequest",
@@ -99,6 +105,8 @@ __all__ = [
     "RunUpdated",
     "SessionBusyError",
     "SessionStorageError",
+    "Summarize",
+    "TokenWindow",
     "Tool",
     "ToolArgumentsError",
     "ToolCall",

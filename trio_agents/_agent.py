@@ -13,6 +13,7 @@ from ._handoffs import handoff_specs, index_handoffs
 from ._model import FINAL_ANSWER_TOOL, Model, ToolSpec
 from ._output import OutputType, compile_output
 from ._tools import Tool, function_tool
+from ._window import HistoryPolicy, Summarize
 
 if TYPE_CHECKING:
     from ._result import RunResult
@@ -123,6 +124,14 @@ def _check_instructions(_instance: object, _attribute: object, value: object) ->
         )
 
 
+def _check_history(_instance: object, _attribute: object, value: Any) -> None:
+    if value is not None and not isinstance(value, Summarize) and not callable(value):
+        raise TypeError(
+            "history must be None, a callable (items) -> items, or KeepLastTurns,"
+            f" TokenWindow or Summarize; not {type(value).__name__}"
+        )
+
+
 def _check_max_turns(_instance: object, _attribute: object, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError("max_turns must be an int")
@@ -197,6 +206,12 @@ class Agent:
             the *same* run continue as that agent (its instructions, tools, model and
             output type) on the same conversation; ``run.agent`` is the current agent
             and a ``run.handoff`` event marks the switch. See docs/multi-agent.md.
+        history: what each model request is sent (never what is stored; DESIGN §18):
+            a callable ``(items) -> items`` (sync or async), or
+            :class:`~trio_agents.KeepLastTurns`, :class:`~trio_agents.TokenWindow` or
+            :class:`~trio_agents.Summarize`. A result that is not a valid conversation
+            fails the run (``"invalid conversation: history …"``); one that raises
+            fails it naming the policy (``"hook error: history raised …"``).
     """
 
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -216,6 +231,7 @@ class Agent:
     # Left out of equality and the hash: agents that hand off to each other would make
     # both recurse through the graph.
     handoffs: tuple[Agent, ...] = attrs.field(default=(), converter=_to_handoffs, eq=False)
+    history: HistoryPolicy | None = attrs.field(default=None, validator=_check_history, eq=False)
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
     # transfer_to_<name> -> target agent.
     _handoffs: Mapping[str, Agent] = attrs.field(init=False, repr=False, eq=False)

@@ -164,6 +164,7 @@ class RunState:
         "spans",
         "status",
         "stream_scope",
+        "summaries",
         "turn",
         "undelivered",
         "usage",
@@ -227,6 +228,8 @@ class RunState:
         self.handoff_to: Agent | None = None
         # The usage limits this run charges: its own, then each ancestor's (_limits.py).
         self.budgets: tuple[Budget, ...] = ()
+        # Summarize's summaries (per policy: (cut index, the summary message)).
+        self.summaries: dict[int, tuple[int, Item]] = {}
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
         self._limiter: trio.CapacityLimiter | None = None

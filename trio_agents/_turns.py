@@ -40,7 +40,7 @@ from ._exceptions import ModelError
 from ._handoffs import switch_agent
 from ._history import load_session
 from ._inbox import Approvals, Inbox, Injection
-from ._items import AssistantMessage, ToolCall
+from ._items import AssistantMessage, Item, ToolCall
 from ._limits import StreamMeter
 from ._model import (
     Finish,
@@ -62,6 +62,7 @@ from ._state import (
 )
 from ._toolcalls import ToolFailure, run_tools, settle_resumed_calls
 from ._util import summarize
+from ._window import HistoryError, apply_history
 
 __all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]
 
@@ -290,9 +291,12 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     instructions = agent.instructions
     if not isinstance(instructions, str):
         instructions = await _instructions(state, instructions)
+    items = tuple(state.conversation)
+    if agent.history is not None:
+        items = await _history(state, agent.history, items)
     request = ModelRequest(
         instructions=instructions,
-        items=tuple(state.conversation),
+        items=items,
         tools=_request_tools(state),
         settings=agent.model_settings,
         output=output.spec if output is not None else None,
@@ -368,6 +372,26 @@ async def _instructions(state: RunState, make: Callable[[Any], Any]) -> str:
     text: list[str] = []
     await call_hook("instructions", _call_instructions(make, state.handle, text))
     return text[0]
+
+
+async def _history(state: RunState, policy: Any, items: tuple[Item, ...]) -> tuple[Item, ...]:
+    """What the agent's history policy sends of ``items`` (DESIGN §18); an invalid result
+    fails the run as an invalid conversation, a raising policy naming it."""
+    sent: list[tuple[Item, ...]] = []
+
+    async def apply() -> None:
+        try:
+            sent.append(await apply_history(state, policy, items))
+        except HistoryError as exc:
+            raise InvalidConversation(f"history {exc}") from exc
+
+    try:
+        await call_hook("history", apply())
+    except HookError as exc:
+        if isinstance(exc.error, InvalidConversation):
+            raise exc.error from None
+        raise
+    return sent[0]
 
 
 async def _call_instructions(make: Callable[[Any], Any], run: Any, into: list[str]) -> None:
