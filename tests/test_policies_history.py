@@ -84,13 +84,16 @@ async def test_summarize_replaces_what_it_drops_with_one_summary_cached() -> Non
     assert first.items[0] == ta.UserMessage(
         "Summary of the earlier conversation: they asked ten questions, all pinged"
     )
+    assert isinstance(first.items[0], ta.UserMessage)
     assert first.items[0].content.startswith(ta.SUMMARY_PREFIX)
     assert first.items[1:] == (ta.UserMessage("now"),)
     assert second.items[0] == first.items[0]
     assert summarizer.calls == 1  # cached: nothing more was dropped for the second request
     # the summary's call counts in the run's usage
     assert result.usage is not None
-    assert summarizer.requests[0].items[0].content.startswith("user: question 0")
+    transcript = summarizer.requests[0].items[0]
+    assert isinstance(transcript, ta.UserMessage)
+    assert transcript.content.startswith("user: question 0")
 
 
 async def test_a_summary_counts_in_the_limits() -> None:
