@@ -22,6 +22,7 @@ from ._events import RunUpdated as RunUpdated
 from ._events import ToolFinished as ToolFinished
 from ._events import ToolProgress as ToolProgress
 from ._events import ToolStarted as ToolStarted
+from ._exceptions import GuardrailTripped as GuardrailTripped
 from ._exceptions import InboxFullError as InboxFullError
 from ._exceptions import ModelError as ModelError
 from ._exceptions import RunClosedError as RunClosedError
@@ -30,6 +31,11 @@ from ._exceptions import SessionBusyError as SessionBusyError
 from ._exceptions import TrioAgentsError as TrioAgentsError
 from ._exceptions import UnknownCallError as UnknownCallError
 from ._exceptions import UsageLimitExceeded as UsageLimitExceeded
+from ._guardrails import GuardrailResult as GuardrailResult
+from ._guardrails import InputGuardrail as InputGuardrail
+from ._guardrails import OutputGuardrail as OutputGuardrail
+from ._guardrails import input_guardrail as input_guardrail
+from ._guardrails import output_guardrail as output_guardrail
 from ._hooks import RunHooks as RunHooks
 from ._items import AssistantMessage as AssistantMessage
 from ._items import Item as Item
@@ -77,11 +83,14 @@ __all__ = [
     "CancelMode",
     "EventCursor",
     "EventsDropped",
+    "GuardrailResult",
+    "GuardrailTripped",
     "InboxDelivered",
     "InboxFullError",
     "InboxInjected",
     "InjectWhen",
     "InjectionId",
+    "InputGuardrail",
     "Item",
     "JSONSchema",
     "KeepLastTurns",
@@ -89,6 +98,7 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "OnBusy",
+    "OutputGuardrail",
     "ResponseTextDelta",
     "Resume",
     "Run",
@@ -125,8 +135,10 @@ __all__ = [
     "coerce_items",
     "conversation_problems",
     "function_tool",
+    "input_guardrail",
     "item_from_json",
     "open_run",
+    "output_guardrail",
     "run",
     "serve_run",
 ]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._guardrails import InputGuardrail, OutputGuardrail
 from ._handoffs import handoff_specs, index_handoffs
 from ._model import FINAL_ANSWER_TOOL, Model, ToolSpec
 from ._output import OutputType, compile_output
@@ -132,6 +133,27 @@ def _check_history(_instance: object, _attribute: object, value: Any) -> None:
         )
 
 
+def _guardrail_list(value: Any, kind: type, maker: str, field: str) -> tuple[Any, ...]:
+    if isinstance(value, (kind, str)) or not isinstance(value, Iterable):
+        raise TypeError(f"Agent({field}=...) takes a list of guardrails, e.g. {field}=[check]")
+    found = tuple(value)
+    for index, element in enumerate(found):
+        if not isinstance(element, kind):
+            raise TypeError(
+                f"Agent({field}=...): element {index} is {type(element).__name__};"
+                f" make guardrails with @ta.{maker}"
+            )
+    return found
+
+
+def _to_input_guardrails(value: Any) -> tuple[InputGuardrail, ...]:
+    return _guardrail_list(value, InputGuardrail, "input_guardrail", "input_guardrails")
+
+
+def _to_output_guardrails(value: Any) -> tuple[OutputGuardrail, ...]:
+    return _guardrail_list(value, OutputGuardrail, "output_guardrail", "output_guardrails")
+
+
 def _check_max_turns(_instance: object, _attribute: object, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError("max_turns must be an int")
@@ -212,6 +234,12 @@ class Agent:
             :class:`~trio_agents.Summarize`. A result that is not a valid conversation
             fails the run (``"invalid conversation: history …"``); one that raises
             fails it naming the policy (``"hook error: history raised …"``).
+        input_guardrails: checks of each turn's new user input, made with
+            :func:`~trio_agents.input_guardrail`; they run beside the model call, and a
+            trip stops the run (``failed``, ``"guardrail <name>: <info>"``).
+        output_guardrails: checks of the final answer, made with
+            :func:`~trio_agents.output_guardrail`; ``stream=True`` ones gate the text
+            as it streams (see docs/policies.md).
     """
 
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -232,6 +260,12 @@ class Agent:
     # both recurse through the graph.
     handoffs: tuple[Agent, ...] = attrs.field(default=(), converter=_to_handoffs, eq=False)
     history: HistoryPolicy | None = attrs.field(default=None, validator=_check_history, eq=False)
+    input_guardrails: tuple[InputGuardrail, ...] = attrs.field(
+        default=(), converter=_to_input_guardrails, eq=False
+    )
+    output_guardrails: tuple[OutputGuardrail, ...] = attrs.field(
+        default=(), converter=_to_output_guardrails, eq=False
+    )
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
     # transfer_to_<name> -> target agent.
     _handoffs: Mapping[str, Agent] = attrs.field(init=False, repr=False, eq=False)

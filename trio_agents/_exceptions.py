@@ -11,6 +11,7 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     ├── UnknownCallError      approve()/reject() named no pending call (also a LookupError)
     ├── ModelError            a model provider failed (HTTP status, protocol error, ...)
     ├── UsageLimitExceeded    a run (or its subtree) spent past a UsageLimits limit
+    ├── GuardrailTripped      a guardrail stopped the run (result.error of that run)
     └── ControlError          the control server answered a request with an error (.code)
         └── ControlConnectionError   the control connection was refused or lost
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ControlConnectionError",
     "ControlError",
+    "GuardrailTripped",
     "InboxFullError",
     "ModelError",
     "RunClosedError",
@@ -194,3 +196,24 @@ class UsageLimitExceeded(TrioAgentsError):
         self.used = used
         self.limit = limit
         self.run_id = run_id
+
+
+class GuardrailTripped(TrioAgentsError):
+    """A guardrail tripped: the run ends ``failed`` with this as ``result.error`` and
+    the reason ``"guardrail <name>: <info>"``.
+
+    Attributes:
+        name: the guardrail's name.
+        info: what it returned as ``GuardrailResult.info`` (None for a bare ``True``).
+    """
+
+    def __init__(self, name: str, info: object) -> None:
+        try:
+            text = " ".join(str(info).split())
+        except Exception:  # an info whose __str__ raises still trips, named by type
+            text = f"<{type(info).__name__}>"
+        if len(text) > 400:
+            text = text[:397] + "..."
+        super().__init__(f"guardrail {name}: {text}")
+        self.name = name
+        self.info = info

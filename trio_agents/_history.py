@@ -4,7 +4,7 @@ conversation already holds."""
 
 from __future__ import annotations
 
-from ._items import Item, ToolCall
+from ._items import Item, ToolCall, UserMessage
 from ._state import InvalidConversation, OpenCall, RunState, SessionError
 from .sessions._base import Session
 from .sessions._repair import repair_keeping_tail
@@ -47,6 +47,8 @@ async def load_session(state: RunState) -> list[ToolCall]:
     state.input_committed = True
     for item in state.input:
         state.commit(item)
+        if type(item) is UserMessage:
+            state.fresh_input.append(item)  # for the first turn's input guardrails
     if error is not None:
         raise error
     problems = state.conversation_problems(allow_open_calls=True)

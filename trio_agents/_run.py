@@ -37,6 +37,7 @@ from ._agent import Agent
 from ._events import RunChild, RunStatus
 from ._exceptions import InboxFullError, RunClosedError, UsageLimitExceeded
 from ._feed import TreeCursor, TreeFeed
+from ._guardrails import needs_side_tasks
 from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, check_injection
 from ._items import Item, coerce_items, conversation_problems
 from ._limits import WRAP_UP_MESSAGE, Budget
@@ -153,7 +154,8 @@ class Run:
         if _parent is not None:
             self._state.on_waiting = _parent._waiting_changed
         # Usage limits (_limits.py): this run's own budget, then every ancestor's.
-        self._limit_error: UsageLimitExceeded | None = None
+        # A limit passed or a guardrail tripped: the run fails with this (reason, error).
+        self._failure: tuple[str, BaseException] | None = None
         inherited = () if _parent is None else _parent._state.budgets
         if options.limits is not None:
             self._state.budgets = (Budget(options.limits, self), *inherited)
@@ -426,9 +428,15 @@ class Run:
     def _limit_exceeded(self, error: UsageLimitExceeded) -> None:
         """One of this run's limits was passed (by it or a descendant, on the run's
         thread): the run fails with ``error``; its scope is cancelled at once."""
-        if self._limit_error is None and not self._done.is_set():
-            self._limit_error = error
-            self._scope.cancel(reason=str(error))
+        self._fail_now(str(error), error)
+
+    def _fail_now(self, reason: str, error: BaseException) -> None:
+        """End the run ``failed`` with ``reason`` at once (a limit, a guardrail): its
+        scope is cancelled, and the verdict reads the reason back. On the run's thread;
+        the first failure wins."""
+        if self._failure is None and not self._done.is_set():
+            self._failure = (reason, error)
+            self._scope.cancel(reason=reason)
 
     def _timed_out(self) -> bool:
         """Whether the run's ``limits.deadline`` passed (its scope's own deadline)."""
@@ -444,8 +452,8 @@ class Run:
         request = self._cancel
         if request is not None and request.mode == "immediate":
             return request.reason
-        if self._limit_error is not None:
-            return str(self._limit_error)
+        if self._failure is not None:
+            return self._failure[0]
         if self._timed_out():
             return "timeout"
         return None
@@ -552,7 +560,7 @@ class Run:
                 self._live = True
                 try:
                     self._on_injected()  # what was injected while the run was queued
-                    if wrap_up_at is None:
+                    if wrap_up_at is None and not needs_side_tasks(self._state.agent):
                         outcome = await drive(
                             self._state,
                             self._inbox,
@@ -561,7 +569,7 @@ class Run:
                             self._call_soon,
                         )
                     else:
-                        outcome = await self._drive_with_wrap_up(wrap_up_at)
+                        outcome = await self._drive_with_tasks(wrap_up_at)
                 finally:
                     self._live = False
         except BaseException as exc:
@@ -572,14 +580,22 @@ class Run:
         if signals is not None:
             raise signals  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
 
-    async def _drive_with_wrap_up(self, at: float) -> Outcome:
-        """The turn loop, beside a timer that asks for the final answer at ``at``."""
+    async def _drive_with_tasks(self, wrap_up_at: float | None) -> Outcome:
+        """The turn loop in a nursery for the run's side tasks: guardrails that run
+        beside it (``_guardrails.py``), and a timer that asks for the final answer at
+        ``wrap_up_at``. They end with the loop."""
+        state = self._state
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._wrap_up, at)
-            outcome = await drive(
-                self._state, self._inbox, self._approvals, self._stop_requested, self._call_soon
-            )
-            nursery.cancel_scope.cancel()
+            state.side = nursery
+            if wrap_up_at is not None:
+                nursery.start_soon(self._wrap_up, wrap_up_at)
+            try:
+                outcome = await drive(
+                    state, self._inbox, self._approvals, self._stop_requested, self._call_soon
+                )
+            finally:
+                state.side = None
+                nursery.cancel_scope.cancel()
         return outcome
 
     async def _wrap_up(self, at: float) -> None:
@@ -606,23 +622,24 @@ class Run:
         if type(outcome) is Failed:
             return Verdict(RunStatus.FAILED, outcome.reason, outcome.error)
         if escaped is not None:
-            if self._limit_error is not None:
-                # Passed a limit in a step that was already being cancelled from above.
-                return Verdict(RunStatus.FAILED, str(self._limit_error), self._limit_error)
+            if self._failure is not None:
+                # Failed (a limit, a guardrail) as it was being cancelled from above.
+                return Verdict(RunStatus.FAILED, *self._failure)
             if self._parent is not None:
                 return Verdict(RunStatus.CANCELLED, "parent cancelled", detail=self._cancelled_by())
             return Verdict(RunStatus.CANCELLED, "parent cancelled")
         # Our own scope caught the cancellation, or after_turn stopped the run.
         assert outcome is None or type(outcome) is Stopped
         if outcome is None and self._cancel is None:
-            # A limit of ours was passed (by us or a descendant), or our deadline.
-            error = self._limit_error
-            if error is None and self._timed_out():
+            # A limit of ours was passed (by us or a descendant), a guardrail tripped,
+            # or our deadline passed.
+            if self._failure is not None:
+                return Verdict(RunStatus.FAILED, *self._failure)
+            if self._timed_out():
                 limits = self._options.limits
                 assert limits is not None
                 assert limits.deadline is not None
                 error = UsageLimitExceeded("deadline", limits.deadline, limits.deadline, self.id)
-            if error is not None:
                 return Verdict(RunStatus.FAILED, str(error), error)
         request = self._cancel
         return Verdict(RunStatus.CANCELLED, request.reason if request else "cancelled")

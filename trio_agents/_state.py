@@ -143,6 +143,9 @@ class RunState:
         "call_ids",
         "conversation",
         "finish_reason",
+        "fresh_input",
+        "guardrails_idle",
+        "guardrails_running",
         "handle",
         "handoff_to",
         "history_loaded",
@@ -161,6 +164,7 @@ class RunState:
         "run_span_open",
         "session",
         "session_dropped",
+        "side",
         "spans",
         "status",
         "stream_scope",
@@ -228,6 +232,13 @@ class RunState:
         self.handoff_to: Agent | None = None
         # The usage limits this run charges: its own, then each ancestor's (_limits.py).
         self.budgets: tuple[Budget, ...] = ()
+        # Guardrails (_guardrails.py): the user items no input guardrail has seen yet,
+        # the nursery of the run's side tasks (when its agents have guardrails that run
+        # beside the turn loop), and the input guardrails still running.
+        self.fresh_input: list[Item] = []
+        self.side: trio.Nursery | None = None
+        self.guardrails_running = 0
+        self.guardrails_idle: trio.Event | None = None
         # Summarize's summaries (per policy: (cut index, the summary message)).
         self.summaries: dict[int, tuple[int, Item]] = {}
         self._checker = ConversationChecker()

@@ -36,11 +36,20 @@ import trio
 
 from ._answer import Answers, final_answer_offered
 from ._events import InboxDelivered, InboxInjected, RunStatus, text_delta
-from ._exceptions import ModelError
+from ._exceptions import GuardrailTripped, ModelError
+from ._guardrails import (
+    GuardrailFault,
+    StreamGate,
+    check,
+    check_output,
+    gate_task,
+    input_guardrails_done,
+    start_input_guardrails,
+)
 from ._handoffs import switch_agent
 from ._history import load_session
 from ._inbox import Approvals, Inbox, Injection
-from ._items import AssistantMessage, Item, ToolCall
+from ._items import AssistantMessage, Item, ToolCall, UserMessage
 from ._limits import StreamMeter
 from ._model import (
     Finish,
@@ -137,6 +146,10 @@ def failure(exc: Exception) -> Failed:
         return Failed(f"session error: {exc}", exc.error)
     if isinstance(exc, InvalidConversation):
         return Failed(f"invalid conversation: {exc}", exc)
+    if isinstance(exc, GuardrailTripped):
+        return Failed(str(exc), exc)
+    if isinstance(exc, GuardrailFault):
+        return Failed(str(exc), exc.error)
     return Failed(summarize(exc), exc)
 
 
@@ -193,6 +206,12 @@ async def drive(
                 idle = False  # tools ran, or the model is asked again
                 continue
             assert type(attempt) is Accepted
+            agent = state.agent
+            if state.guardrails_running or agent.output_guardrails:
+                # Never complete before every input guardrail passed, nor with an answer
+                # an output guardrail refuses (a trip raises: the run fails).
+                await input_guardrails_done(state)
+                await check_output(state, attempt.value)
             # A hook (on_model_end, say) or session that swallowed the run's Cancelled
             # must not let the run complete: the cancel wins (DESIGN §5).
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -270,6 +289,8 @@ def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
             )
         for item in injection.items:
             state.commit(item)
+            if type(item) is UserMessage:
+                state.fresh_input.append(item)  # for the next turn's input guardrails
         state.log.append(
             InboxDelivered(
                 run_id=state.run_id,
@@ -287,6 +308,12 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     state.turn += 1
     turn = state.turn
     agent = state.agent
+    if state.fresh_input:
+        fresh, state.fresh_input = state.fresh_input, []
+        if agent.input_guardrails:
+            # Beside the model call (side tasks), or before it for blocking ones.
+            for guardrail in start_input_guardrails(state, fresh):
+                await check(guardrail.name, guardrail.fn, state.handle, fresh)
     output = agent._output
     instructions = agent.instructions
     if not isinstance(instructions, str):
@@ -311,6 +338,7 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     # leaving one is the largest cost of a turn in our code (issue 18, W2).
     stream_scope = trio.CancelScope() if state.interruptible else _NO_SCOPE
     meter = StreamMeter(state.budgets) if state.budgets else None
+    gate = _gate(state, turn, partial)
     try:
         with stream_scope:
             if type(stream_scope) is trio.CancelScope:
@@ -336,8 +364,11 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
                     # The hot path, inline: a text delta whose text is text.
                     if type(event) is TextDelta and type(event.text) is str:
                         if event.text:
-                            partial.append(event.text)
-                            log.append(text_delta(run_id, log.next_seq, turn, event.text))
+                            if gate is None:
+                                partial.append(event.text)
+                                log.append(text_delta(run_id, log.next_seq, turn, event.text))
+                            else:
+                                gate.push(event.text)  # published once guardrails pass it
                             if meter is not None and meter.text(event.text):
                                 # Past a limit: its run's scope is cancelled; cut here.
                                 await trio.lowlevel.checkpoint_if_cancelled()
@@ -345,9 +376,14 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
                         _accept(state, event, turn, partial, calls)
                         if meter is not None and type(event) is Usage and meter.usage(event):
                             await trio.lowlevel.checkpoint_if_cancelled()
+            if gate is not None:
+                gate.end()
+                await gate.drained()  # every delta checked and published, or a trip
     finally:
         if meter is not None:
             meter.close()  # an estimate no usage replaced counts as the usage
+        if gate is not None:
+            gate.close()  # nothing still held is ever published
     state.stream_scope = None
     # A model may swallow the Cancelled (its iterator ends the stream on it, or its
     # __aexit__ returns True): the stream then "ends" with the cut-off text. The run's
@@ -364,6 +400,17 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     await _end_model_span(state, turn, "completed")
     await state.persist()
     return _Calls(tuple(calls)) if calls else _Answer(text)
+
+
+def _gate(state: RunState, turn: int, partial: list[str]) -> StreamGate | None:
+    """The turn's stream gate, if its agent has streaming output guardrails (its checker
+    is a side task of the run)."""
+    guardrails = [g for g in state.agent.output_guardrails if g.stream]
+    if not guardrails or state.side is None:
+        return None
+    gate = StreamGate(state, turn, guardrails, partial)
+    state.side.start_soon(gate_task, gate, state)
+    return gate
 
 
 async def _instructions(state: RunState, make: Callable[[Any], Any]) -> str:

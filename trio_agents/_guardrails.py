@@ -1,0 +1,343 @@
+"""Guardrails (DESIGN §18): checks beside the model, with the power to stop the run.
+
+- **Input guardrails** (``@input_guardrail``) are called as ``await g(run, items)`` with
+  the new user items of every turn that has some (the first turn; turns with injected
+  user items), *concurrently with that turn's model call*, as tasks of the run
+  (``_side.py``). A trip cancels the run's scope — the model stream and any tool
+  started since — and the run ends ``failed``. ``blocking=True`` runs one before the
+  model call instead. A run never completes while one is still running.
+- **Output guardrails** (``@output_guardrail``) are called as ``await g(run, answer)``
+  with the final answer (its text, or the parsed ``final_output``), after any
+  ``output_type`` validation, before the run completes. With ``stream=True`` one is
+  called with the whole text streamed so far, again each time more arrives, and
+  **gates** the stream (:class:`StreamGate`): a ``response.text.delta`` is published
+  only once every streaming guardrail has passed the text holding it; a trip cuts the
+  stream, and only released text is kept (as an incomplete message).
+
+Any trip ends the run ``failed`` with reason ``"guardrail <name>: <info>"`` and a
+:class:`~trio_agents.GuardrailTripped` as ``result.error``. A guardrail that raises (a
+stray ``trio.Cancelled`` included) fails the run too (``"guardrail <name> raised …"``);
+one that hangs holds the run (a cancel still ends it): never a pass.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+import attrs
+import trio
+
+from ._events import text_delta
+from ._exceptions import GuardrailTripped
+from ._util import summarize
+
+if TYPE_CHECKING:
+    from ._state import RunState
+
+__all__ = [
+    "GuardrailFault",
+    "GuardrailResult",
+    "InputGuardrail",
+    "OutputGuardrail",
+    "StreamGate",
+    "check",
+    "check_output",
+    "input_guardrail",
+    "input_guardrails_done",
+    "needs_side_tasks",
+    "output_guardrail",
+    "start_input_guardrails",
+    "stop_run",
+]
+
+
+@attrs.frozen
+class GuardrailResult:
+    """What a guardrail returns: ``tripped`` stops the run; ``info`` says why (it is in
+    the failure reason and on :class:`GuardrailTripped`). A guardrail may return a
+    bool instead: ``True`` means tripped."""
+
+    tripped: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    info: Any = None
+
+
+class GuardrailFault(Exception):
+    """A guardrail raised, or returned something that is not a result (the run fails
+    with ``"guardrail <name> raised …"``, never treats it as a pass)."""
+
+    def __init__(self, name: str, error: BaseException) -> None:
+        super().__init__(f"guardrail {name} raised {summarize(error)}")
+        self.name = name
+        self.error = error
+
+
+def _check_name(_instance: object, _attribute: object, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"a guardrail's name must be a non-empty str, not {value!r}")
+
+
+@attrs.frozen(eq=False)
+class InputGuardrail:
+    """An input guardrail: ``fn(run, items)``; made with :func:`input_guardrail`."""
+
+    fn: Callable[[Any, Sequence[Any]], Any] = attrs.field(repr=False)
+    name: str = attrs.field(validator=_check_name)
+    blocking: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+
+@attrs.frozen(eq=False)
+class OutputGuardrail:
+    """An output guardrail: ``fn(run, answer)``; made with :func:`output_guardrail`."""
+
+    fn: Callable[[Any, Any], Any] = attrs.field(repr=False)
+    name: str = attrs.field(validator=_check_name)
+    stream: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+
+def _name_of(fn: object) -> str:
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) and name else type(fn).__name__
+
+
+@overload
+def input_guardrail(fn: Callable[..., Any], /) -> InputGuardrail: ...
+@overload
+def input_guardrail(
+    *, name: str | None = None, blocking: bool = False
+) -> Callable[[Callable[..., Any]], InputGuardrail]: ...
+def input_guardrail(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, blocking: bool = False
+) -> InputGuardrail | Callable[[Callable[..., Any]], InputGuardrail]:
+    """Make an input guardrail of ``fn(run, items)`` (async or sync), returning a
+    :class:`GuardrailResult` or a bool; as ``@input_guardrail`` or with options.
+
+    Args:
+        name: the name in failure reasons (default: the function's name).
+        blocking: run before the model call instead of beside it.
+    """
+
+    def make(fn: Callable[..., Any]) -> InputGuardrail:
+        if not callable(fn):
+            raise TypeError(f"input_guardrail needs a function, not {type(fn).__name__}")
+        return InputGuardrail(fn, name if name is not None else _name_of(fn), blocking)
+
+    return make if fn is None else make(fn)
+
+
+@overload
+def output_guardrail(fn: Callable[..., Any], /) -> OutputGuardrail: ...
+@overload
+def output_guardrail(
+    *, name: str | None = None, stream: bool = False
+) -> Callable[[Callable[..., Any]], OutputGuardrail]: ...
+def output_guardrail(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, stream: bool = False
+) -> OutputGuardrail | Callable[[Callable[..., Any]], OutputGuardrail]:
+    """Make an output guardrail of ``fn(run, answer)`` (async or sync), returning a
+    :class:`GuardrailResult` or a bool; as ``@output_guardrail`` or with options.
+
+    Args:
+        name: the name in failure reasons (default: the function's name).
+        stream: check the text as it streams and gate it (see the module docs).
+    """
+
+    def make(fn: Callable[..., Any]) -> OutputGuardrail:
+        if not callable(fn):
+            raise TypeError(f"output_guardrail needs a function, not {type(fn).__name__}")
+        return OutputGuardrail(fn, name if name is not None else _name_of(fn), stream)
+
+    return make if fn is None else make(fn)
+
+
+async def check(name: str, fn: Callable[[Any, Any], Any], run: Any, value: Any) -> None:
+    """Call one guardrail.
+
+    Raises:
+        GuardrailTripped: it tripped.
+        GuardrailFault: it raised (a stray ``trio.Cancelled`` too) or returned garbage.
+    """
+    try:
+        result = fn(run, value)
+        if inspect.isawaitable(result):
+            result = await result
+    except Exception as exc:
+        raise GuardrailFault(name, exc) from exc
+    except trio.Cancelled as exc:
+        if trio.current_effective_deadline() != -math.inf:
+            raise GuardrailFault(name, exc) from exc  # a stray one: nothing cancelled it
+        raise
+    if isinstance(result, bool):
+        result = GuardrailResult(result)
+    if not isinstance(result, GuardrailResult):
+        error = TypeError(f"returned {type(result).__name__}, not a GuardrailResult or bool")
+        raise GuardrailFault(name, error)
+    if result.tripped:
+        raise GuardrailTripped(name, result.info)
+
+
+class StreamGate:
+    """Holds a response's text deltas until every streaming output guardrail has passed
+    the text holding them; then publishes them (``response.text.delta``) and keeps them
+    as the turn's partial text. One per model turn of an agent with such guardrails.
+
+    The checker (:meth:`run`) is a task beside the stream: each round it takes the text
+    streamed so far, calls every streaming guardrail with it, and releases what they
+    passed; deltas that arrive meanwhile wait for the next round (so a fast stream costs
+    one round per batch of deltas, not one per delta).
+    """
+
+    def __init__(
+        self, state: RunState, turn: int, guardrails: Sequence[OutputGuardrail], partial: list[str]
+    ) -> None:
+        self._state = state
+        self._turn = turn
+        self._guardrails = guardrails
+        self._partial = partial  # what the turn keeps: released text only
+        self._held: list[str] = []
+        self._text: list[str] = []  # all streamed text (released and held)
+        self._more = trio.Event()
+        self._idle = trio.Event()
+        self._idle.set()
+        self._ended = False
+        self._closed = False
+
+    def push(self, text: str) -> None:
+        """A delta arrived: hold it until it is checked."""
+        self._held.append(text)
+        self._text.append(text)
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self._more.set()
+
+    def end(self) -> None:
+        """The stream ended: the checker stops once everything held is checked."""
+        self._ended = True
+        self._more.set()
+
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """The turn is over (however it ended): release nothing more, stop checking."""
+        self._closed = True
+        self._held.clear()
+        self._more.set()
+
+    async def drained(self) -> None:
+        """Wait until every delta pushed so far is checked and released."""
+        while self._held:
+            await self._idle.wait()
+
+    async def run(self) -> None:
+        """The checker task (see the class docstring). A trip or fault raises (the run
+        fails): nothing still held is ever published."""
+        state = self._state
+        while True:
+            await self._more.wait()
+            self._more = trio.Event()
+            count = len(self._held)
+            if self._closed:
+                return
+            if count:
+                text = "".join(self._text)
+                for guardrail in self._guardrails:
+                    await check(guardrail.name, guardrail.fn, state.handle, text)
+                if self.is_closed():
+                    return  # the turn ended while checking: nothing more is published
+                released, self._held = self._held[:count], self._held[count:]
+                log = state.log
+                for piece in released:
+                    self._partial.append(piece)
+                    log.append(text_delta(state.run_id, log.next_seq, self._turn, piece))
+                if self._held:
+                    self._more.set()  # more arrived while checking: another round
+                else:
+                    self._idle.set()
+            elif self._ended:
+                return
+
+
+def needs_side_tasks(agent: Any) -> bool:
+    """Whether ``agent`` or any agent it can hand off to has guardrails that run as
+    tasks beside the turn loop (non-blocking input ones, streaming output ones)."""
+    seen: set[int] = set()
+    pending = [agent]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if any(not g.blocking for g in current.input_guardrails) or any(
+            g.stream for g in current.output_guardrails
+        ):
+            return True
+        pending.extend(current.handoffs)
+    return False
+
+
+def stop_run(state: RunState, error: GuardrailTripped | GuardrailFault) -> None:
+    """A guardrail task tripped or failed: the run fails now (its scope is cancelled)."""
+    handle = state.handle
+    if handle is None:
+        return  # the run already ended
+    if isinstance(error, GuardrailFault):
+        handle._fail_now(str(error), error.error)
+    else:
+        handle._fail_now(str(error), error)
+
+
+async def input_task(state: RunState, guardrail: InputGuardrail, items: Sequence[Any]) -> None:
+    """A non-blocking input guardrail, beside the model call (a task of the run)."""
+    try:
+        await check(guardrail.name, guardrail.fn, state.handle, items)
+    except (GuardrailTripped, GuardrailFault) as exc:
+        stop_run(state, exc)
+    finally:
+        state.guardrails_running -= 1
+        if not state.guardrails_running and state.guardrails_idle is not None:
+            state.guardrails_idle.set()
+
+
+async def gate_task(gate: StreamGate, state: RunState) -> None:
+    """A turn's stream gate checker (a task of the run)."""
+    try:
+        await gate.run()
+    except (GuardrailTripped, GuardrailFault) as exc:
+        stop_run(state, exc)
+
+
+def start_input_guardrails(state: RunState, items: Sequence[Any]) -> list[InputGuardrail]:
+    """Start the agent's non-blocking input guardrails on ``items`` as side tasks;
+    return its blocking ones (the caller awaits them before the model call)."""
+    blocking = []
+    for guardrail in state.agent.input_guardrails:
+        if guardrail.blocking or state.side is None:
+            blocking.append(guardrail)
+            continue
+        if not state.guardrails_running:
+            state.guardrails_idle = trio.Event()
+        state.guardrails_running += 1
+        state.side.start_soon(input_task, state, guardrail, items)
+    return blocking
+
+
+async def input_guardrails_done(state: RunState) -> None:
+    """Wait for the input guardrails still running (a run never completes before they
+    all passed)."""
+    while state.guardrails_running:
+        assert state.guardrails_idle is not None
+        await state.guardrails_idle.wait()
+
+
+async def check_output(state: RunState, answer: Any) -> None:
+    """The agent's (non-streaming) output guardrails on the final answer.
+
+    Raises:
+        GuardrailTripped, GuardrailFault: as :func:`check`.
+    """
+    for guardrail in state.agent.output_guardrails:
+        if not guardrail.stream:
+            await check(guardrail.name, guardrail.fn, state.handle, answer)
