@@ -255,3 +255,95 @@ async def test_guardrail_validation() -> None:
         ta.Agent(name="a", input_guardrails=ta.input_guardrail(lambda r, i: False))
     with pytest.raises(TypeError, match="make guardrails with"):
         ta.Agent(name="a", output_guardrails=[lambda r, t: False])
+
+
+# ----------------------------------------------------------------------- races
+
+
+@pytest.mark.parametrize("trip_at", [0.999, 1.0, 1.001])
+async def test_a_trip_racing_the_final_answer_never_completes_the_run(
+    autojump_clock: Any, trip_at: float
+) -> None:
+    @ta.input_guardrail
+    async def late(run: ta.Run, items: Sequence[ta.Item]) -> bool:
+        await trio.sleep(trip_at)
+        return True
+
+    model = ScriptedModel([Turn(["the ", "answer"], delay=0.5)])  # done at t=1.0
+    agent = ta.Agent(name="a", model=model, input_guardrails=[late])
+    async with ta.open_run(agent, "x") as run:
+        pass
+    result = run.result
+    assert result is not None
+    assert result.status == "failed"  # an unchecked input never gives a completed run
+    assert result.reason == "guardrail late: None"
+    assert check_events(result, await _events(run)).ok
+
+
+@pytest.mark.parametrize("trip_at", [0.999, 1.0, 1.001])
+async def test_a_trip_racing_a_tool_finishing(autojump_clock: Any, trip_at: float) -> None:
+    @ta.function_tool
+    async def one_second() -> str:
+        """Takes a second."""
+        await trio.sleep(1)
+        return "done"
+
+    @ta.input_guardrail
+    async def late(run: ta.Run, items: Sequence[ta.Item]) -> bool:
+        await trio.sleep(trip_at)
+        return True
+
+    agent = ta.Agent(
+        name="a",
+        model=ScriptedModel([_calls(("one_second", {})), "after"]),
+        tools=[one_second],
+        input_guardrails=[late],
+    )
+    async with ta.open_run(agent, "x") as run:
+        pass
+    result = run.result
+    assert result is not None
+    assert result.status == "failed"
+    assert ta.conversation_problems(result.conversation) == []
+    assert check_events(result, await _events(run)).ok
+
+
+@pytest.mark.parametrize("cancel_at", [0.999, 1.0, 1.001])
+async def test_a_trip_racing_a_cancel(autojump_clock: Any, cancel_at: float) -> None:
+    @ta.input_guardrail
+    async def trip(run: ta.Run, items: Sequence[ta.Item]) -> bool:
+        await trio.sleep(1)
+        return True
+
+    agent = ta.Agent(
+        name="a", model=ScriptedModel([Turn(["x"] * 100, delay=0.1)]), input_guardrails=[trip]
+    )
+    async with ta.open_run(agent, "x") as run:
+        await trio.sleep(cancel_at)
+        run.cancel("user")
+    result = run.result
+    assert result is not None
+    # whichever came first ends the run; exactly one terminal update, a valid history
+    expected = {0.999: "cancelled", 1.001: "failed"}.get(cancel_at)
+    assert result.status in ("cancelled", "failed")
+    if expected is not None:
+        assert result.status == expected
+    assert check_events(result, await _events(run)).ok
+
+
+async def test_a_guardrail_swallowing_the_runs_cancel_is_no_pass(autojump_clock: Any) -> None:
+    @ta.input_guardrail
+    async def swallow(run: ta.Run, items: Sequence[ta.Item]) -> bool:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            return False  # swallowed: "passes"
+        return False
+
+    agent = ta.Agent(name="a", model=ScriptedModel(["answer"]), input_guardrails=[swallow])
+    async with ta.open_run(agent, "x") as run:
+        await trio.sleep(1)
+        run.cancel("stop")
+    assert run.result is not None
+    assert run.result.status == "cancelled"
+    assert run.result.reason == "stop"

@@ -8,8 +8,11 @@ import pytest
 import trio
 
 import trio_agents as ta
-from trio_agents.models import ScriptedModel, Turn
+from trio_agents.models import OpenAIChatModel, ScriptedModel, Turn
 from trio_agents.testing import check_events
+
+from .chat_wire import chunk
+from .sse_server import SSE, Reply, SSEServer
 
 pytestmark = pytest.mark.trio
 
@@ -196,3 +199,28 @@ async def test_limits_validation() -> None:
         ta.UsageLimits(requests=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="finite number"):
         ta.UsageLimits(deadline=float("nan"))
+
+
+async def test_a_limit_crossed_mid_stream_by_a_server_that_streams_no_usage(
+    nursery: trio.Nursery,
+) -> None:
+    # A real loopback server speaking Chat Completions, streaming 500 deltas and never
+    # any usage, holding the response open after them: the estimate cuts the stream,
+    # and the connection is closed (the server sees the client go away).
+    server = SSEServer()
+    await nursery.start(server.serve)
+    parts = [SSE(chunk("", role="assistant"))] + [SSE(chunk("abcd")) for _ in range(500)]
+    server.add(Reply(events=parts, end="hold"))
+    model = OpenAIChatModel(model="gpt-test", base_url=f"{server.base_url}/v1")
+    agent = ta.Agent(name="a", model=model)
+    with trio.fail_after(30):
+        async with ta.open_run(agent, "go", limits=ta.UsageLimits(output_tokens=50)) as run:
+            pass
+    result = run.result
+    assert result is not None
+    assert result.status == "failed"
+    assert result.reason == "usage limit: output_tokens 51/50"
+    (kept,) = [i for i in result.new_items if isinstance(i, ta.AssistantMessage)]
+    assert kept.content == "abcd" * 51
+    assert kept.status == "incomplete"
+    assert result.usage is None  # the server never reported any
