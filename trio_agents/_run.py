@@ -434,6 +434,9 @@ class Run:
         """End the run ``failed`` with ``reason`` at once (a limit, a guardrail): its
         scope is cancelled, and the verdict reads the reason back. On the run's thread;
         the first failure wins."""
+        request = self._cancel
+        if request is not None and request.mode == "immediate":
+            return  # cancelled first: the cancel is what ends the run
         if self._failure is None and not self._done.is_set():
             self._failure = (reason, error)
             self._scope.cancel(reason=reason)
@@ -630,12 +633,12 @@ class Run:
             return Verdict(RunStatus.CANCELLED, "parent cancelled")
         # Our own scope caught the cancellation, or after_turn stopped the run.
         assert outcome is None or type(outcome) is Stopped
+        if self._failure is not None:
+            # A limit of ours was passed (by us or a descendant) or a guardrail tripped,
+            # before any cancel (_fail_now): the run fails.
+            return Verdict(RunStatus.FAILED, *self._failure)
         if outcome is None and self._cancel is None:
-            # A limit of ours was passed (by us or a descendant), a guardrail tripped,
-            # or our deadline passed.
-            if self._failure is not None:
-                return Verdict(RunStatus.FAILED, *self._failure)
-            if self._timed_out():
+            if self._timed_out():  # our deadline
                 limits = self._options.limits
                 assert limits is not None
                 assert limits.deadline is not None
