@@ -637,13 +637,12 @@ class Run:
             # A limit of ours was passed (by us or a descendant) or a guardrail tripped,
             # before any cancel (_fail_now): the run fails.
             return Verdict(RunStatus.FAILED, *self._failure)
-        if outcome is None and self._cancel is None:
-            if self._timed_out():  # our deadline
-                limits = self._options.limits
-                assert limits is not None
-                assert limits.deadline is not None
-                error = UsageLimitExceeded("deadline", limits.deadline, limits.deadline, self.id)
-                return Verdict(RunStatus.FAILED, str(error), error)
+        if outcome is None and self._cancel is None and self._timed_out():  # our deadline
+            limits = self._options.limits
+            assert limits is not None
+            assert limits.deadline is not None
+            error = UsageLimitExceeded("deadline", limits.deadline, limits.deadline, self.id)
+            return Verdict(RunStatus.FAILED, str(error), error)
         request = self._cancel
         return Verdict(RunStatus.CANCELLED, request.reason if request else "cancelled")
 
