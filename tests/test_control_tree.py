@@ -1,0 +1,267 @@
+"""Run trees over the control channel (DESIGN §17, §10), end to end over real loopback
+websockets: every op on any node's id, the tree fields of ``run.get``, ``runs.list``
+with ``all``, tree subscriptions, principal isolation, and the Python client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+
+import trio_agents as ta
+from trio_agents.control import ControlError, Limits, connect
+from trio_agents.models import ScriptedModel, Turn
+
+from .control_support import answer, ask, memory_client, raw_client, serving
+
+
+@ta.function_tool
+async def sleep_hour() -> str:
+    """Sleep for an hour."""
+    await trio.sleep(3600)
+    return "woke"
+
+
+@ta.function_tool(needs_approval=True)
+async def launch() -> str:
+    """Launch, once approved."""
+    return "launched"
+
+
+def _calls(*calls: tuple[str, dict[str, Any]]) -> Turn:
+    return Turn(tool_calls=list(calls))
+
+
+def sleeper(name: str) -> ta.Agent:
+    """An agent whose every run calls a tool that sleeps for an hour."""
+    return ta.Agent(
+        name=name, model=ScriptedModel([], default=_calls(("sleep_hour", {}))), tools=[sleep_hour]
+    )
+
+
+def delegating(name: str, child: ta.Agent, final: str) -> ta.Agent:
+    """An agent that asks ``child`` (as a tool) once, then answers ``final``."""
+    return ta.Agent(
+        name=name,
+        model=ScriptedModel([_calls((child.name, {"input": "dig"})), final]),
+        tools=[child.as_tool()],
+    )
+
+
+def by_run(events: list[ta.RunEvent]) -> dict[str, list[ta.RunEvent]]:
+    runs: dict[str, list[ta.RunEvent]] = {}
+    for event in events:
+        runs.setdefault(event.run_id, []).append(event)
+    return runs
+
+
+async def test_get_list_subscribe_and_cancel_a_child_by_id() -> None:
+    root = delegating("root", sleeper("helper"), "root done")
+    with trio.fail_after(30):
+        async with (
+            serving({"root": root}) as (_, url),
+            connect(url, token="tok-alice") as alice,
+            connect(url, token="tok-bob") as bob,
+        ):
+            run = await alice.start("root", "go", subscribe=None)
+            tree = run.events(tree=True)
+            seen: list[ta.RunEvent] = []
+            async for event in tree:
+                seen.append(event)
+                if isinstance(event, ta.ToolStarted) and event.run_id != run.id:
+                    break
+            child_id = seen[-1].run_id
+
+            info = await run.get()
+            assert (info.parent_id, info.root_id, info.children) == (None, run.id, (child_id,))
+            assert info.agent == "root"
+            child = alice.attach(child_id)
+            child_info = await child.get()
+            assert child_info.run_id == child_id
+            assert (child_info.parent_id, child_info.root_id) == (run.id, run.id)
+            assert (child_info.agent, child_info.status, child_info.children) == (
+                "helper",
+                "running",
+                (),
+            )
+            assert [c.id for c in await run.children()] == [child_id]
+            assert [r.run_id for r in await alice.list_runs()] == [run.id]
+            assert [r.run_id for r in await alice.list_runs(all=True)] == [run.id, child_id]
+
+            # Another principal: the child's id is not found, whatever the op.
+            other = bob.attach(child_id)
+            for attempt in (
+                other.get(),
+                other.cancel("mine now"),
+                other.inject("hello"),
+                other.approve("call_1_0"),
+                other.withdraw("inj"),
+            ):
+                with pytest.raises(ControlError) as refused:
+                    await attempt
+                assert refused.value.code == "not_found"
+            assert await bob.list_runs(all=True) == []
+
+            # Cancel the child alone: the root gets a cancelled result and goes on.
+            await child.cancel("enough")
+            child_end = await child.wait()
+            assert (child_end.status, child_end.reason) == ("cancelled", "enough")
+            end = await run.wait()
+            assert end.status == "completed"
+            seen.extend([e async for e in tree])
+
+            # Ops that change a finished child answer run_closed; it stays visible.
+            with pytest.raises(ta.RunClosedError):
+                await child.cancel("again")
+            with pytest.raises(ta.RunClosedError):
+                await child.inject("more")
+            assert (await child.get()).status == "cancelled"
+            assert [r.run_id for r in await alice.list_runs(all=True)] == [run.id, child_id]
+            with pytest.raises(ControlError) as refused:
+                await other.get()
+            assert refused.value.code == "not_found"
+
+    runs = by_run(seen)
+    assert set(runs) == {run.id, child_id}
+    for events in runs.values():  # each with its own seqs, in order, from 1
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert seen[-1] == end  # the root's terminal update ends the tree's stream
+    results = [
+        e.item
+        for e in runs[run.id]
+        if isinstance(e, ta.RunItemEvent) and isinstance(e.item, ta.ToolResult)
+    ]
+    assert [(r.status, r.output) for r in results] == [
+        ("cancelled", "sub-agent helper cancelled: enough")
+    ]
+    assert runs[child_id][-1] == child_end
+
+
+async def test_approve_a_grandchilds_call_by_its_id() -> None:
+    leaf = ta.Agent(
+        name="leaf", model=ScriptedModel([_calls(("launch", {})), "leaf done"]), tools=[launch]
+    )
+    root = delegating("root", delegating("mid", leaf, "mid done"), "root done")
+    with trio.fail_after(30):
+        async with (
+            serving({"root": root}) as (_, url),
+            connect(url, token="tok-alice") as alice,
+            connect(url, token="tok-bob") as bob,
+        ):
+            run = await alice.start("root", "go")
+            async for update in run.updated:
+                if update.status == "awaiting_approval":
+                    break
+            ((waiting),) = update.detail["waiting"]
+            leaf_id, call_id = waiting["run_id"], waiting["call_id"]
+            (mid_id,) = (await run.get()).children or ()
+            leaf_info = await alice.attach(leaf_id).get()
+            assert (leaf_info.parent_id, leaf_info.root_id) == (mid_id, run.id)
+            assert leaf_info.pending_approvals == (call_id,)
+            listed = await alice.list_runs(all=True)
+            assert [(r.run_id, r.parent_id) for r in listed] == [
+                (run.id, None),
+                (mid_id, run.id),
+                (leaf_id, mid_id),
+            ]
+            with pytest.raises(ControlError) as refused:
+                await bob.attach(leaf_id).approve(call_id)
+            assert refused.value.code == "not_found"
+            with pytest.raises(ControlError) as unknown:  # not the leaf's call to approve
+                await alice.attach(mid_id).approve(call_id)
+            assert unknown.value.code == "not_found"
+            await alice.attach(leaf_id).approve(call_id)
+            end = await run.wait()
+            leaf_end = await alice.attach(leaf_id).get()
+    assert end.status == "completed"
+    assert (leaf_end.status, leaf_end.pending_approvals) == ("completed", ())
+
+
+async def test_tree_subscription_frames_over_the_wire() -> None:
+    root = delegating("root", sleeper("helper"), "root done")
+    with trio.fail_after(30):
+        async with serving({"root": root}) as (_, url), raw_client(url) as ws:
+            started = await ask(ws, {"id": 1, "op": "run.start", "agent": "root", "input": "go"})
+            run_id = started["run_id"]
+            for bad in (
+                {"tree": True, "from_seq": 3},
+                {"tree": 1},
+                {"tree": "yes"},
+            ):
+                refused = await ask(ws, {"id": 2, "op": "run.subscribe", "run_id": run_id, **bad})
+                assert (refused["type"], refused["code"]) == ("error", "invalid_request"), bad
+            refused = await ask(ws, {"id": 3, "op": "runs.list", "all": "yes"})
+            assert refused["code"] == "invalid_request"
+            acked = await ask(
+                ws, {"id": 4, "op": "run.subscribe", "run_id": run_id, "tree": True, "from_seq": 0}
+            )
+            assert acked == {"type": "ack", "id": 4}
+            frames: list[dict[str, Any]] = []
+            while True:  # until the child's tool runs
+                frame = json.loads(await ws.get_message())
+                frames.append(frame)
+                if frame["run_id"] != run_id and frame["event"]["type"] == "tool.started":
+                    break
+            child_id = frames[-1]["run_id"]
+            await ws.send_message(json.dumps({"id": 5, "op": "run.cancel", "run_id": run_id}))
+            while not (
+                frames[-1]["run_id"] == run_id
+                and frames[-1]["event"]["type"] == "run.updated"
+                and frames[-1]["event"]["status"] == "cancelled"
+            ):
+                frame = json.loads(await ws.get_message())
+                if frame["type"] == "event":
+                    frames.append(frame)
+            # The subscription ended with the root's terminal update.
+            gone = await ask(ws, {"id": 6, "op": "run.unsubscribe", "run_id": run_id, "tree": True})
+            assert gone == {"type": "ack", "id": 6, "unsubscribed": False}
+    assert all(f["type"] == "event" and f["tree"] == run_id for f in frames)
+    assert {f["run_id"] for f in frames} == {run_id, child_id}
+    for rid in (run_id, child_id):
+        seqs = [f["seq"] for f in frames if f["run_id"] == rid]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert all(f["event"]["seq"] == f["seq"] for f in frames if f["run_id"] == rid)
+    child_end = next(
+        f["event"]
+        for f in frames
+        if f["run_id"] == child_id
+        and f["event"]["type"] == "run.updated"
+        and f["event"]["status"] == "cancelled"
+    )
+    assert child_end["reason"] == "parent cancelled"
+    assert child_end["detail"]["by"] == run_id
+
+
+async def test_a_finished_child_is_visible_as_long_as_its_root(autojump_clock: Any) -> None:
+    helper = ta.Agent(name="helper", model=ScriptedModel(["found it"]))
+    root = delegating("root", helper, "root done")
+    async with (
+        serving({"root": root}, limits=Limits(retain_finished=60.0, ping_interval=None)) as (
+            server,
+            _,
+        ),
+        memory_client(server) as ws,
+    ):
+        started = await ask(
+            ws, {"id": 1, "op": "run.start", "agent": "root", "input": "go", "subscribe": "all"}
+        )
+        run_id = started["run_id"]
+        while True:  # until the root's terminal update
+            frame = json.loads(await ws.get_message())
+            event = frame.get("event", {})
+            if frame["run_id"] == run_id and event.get("status") == "completed":
+                break
+        got = await ask(ws, {"id": 2, "op": "run.get", "run_id": run_id})
+        (child_id,) = got["run"]["children"]
+        child = await ask(ws, {"id": 3, "op": "run.get", "run_id": child_id})
+        assert child["run"]["status"] == "completed"
+        assert child["run"]["parent_id"] == run_id
+        await trio.sleep(59)
+        assert (await ask(ws, {"id": 4, "op": "run.get", "run_id": child_id}))["type"] == "ack"
+        await trio.sleep(2)
+        for rid in (run_id, child_id):
+            await ws.send_message(json.dumps({"id": 5, "op": "run.get", "run_id": rid}))
+            gone = await answer(ws)
+            assert (gone["type"], gone["code"]) == ("error", "not_found")
