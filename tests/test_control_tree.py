@@ -265,3 +265,65 @@ async def test_a_finished_child_is_visible_as_long_as_its_root(autojump_clock: A
             await ws.send_message(json.dumps({"id": 5, "op": "run.get", "run_id": rid}))
             gone = await answer(ws)
             assert (gone["type"], gone["code"]) == ("error", "not_found")
+
+
+async def test_cluster_child_ids_are_served_by_the_node_running_the_tree(pg_dsn: str) -> None:
+    """In a cluster a tree lives on its root's node, and only roots have rows: a child's
+    id works on that node and is ``not_found`` on the others (documented)."""
+    from .cluster_support import client, node
+
+    agents = {"root": delegating("root", sleeper("helper"), "root done")}
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents, pg_dsn, "A") as a,
+            node(nursery, agents, pg_dsn, "B") as b,
+            client(a.url) as ca,
+            client(b.url) as cb,
+            client(a.url, token="tok-bob") as bob,
+        ):
+            ack = await ca.ok("run.start", agent="root", input="go", subscribe="all")
+            run_id = ack["run_id"]
+            announced = await ca.wait_event(run_id, lambda e: e["type"] == "run.child")
+            child_id = announced["event"]["child_id"]
+            await ca.ok("run.subscribe", run_id=run_id, tree=True)
+            await ca.wait_event(child_id, lambda e: e["type"] == "tool.started")
+
+            got = await ca.ok("run.get", run_id=child_id)
+            assert (got["run"]["parent_id"], got["run"]["root_id"]) == (run_id, run_id)
+            listed = await ca.ok("runs.list", all=True)
+            assert [r["run_id"] for r in listed["runs"]] == [run_id, child_id]
+            got = await ca.ok("run.get", run_id=run_id)
+            assert got["run"]["children"] == [child_id]
+
+            # Node B knows the root from its row, not the tree.
+            got = await cb.ok("run.get", run_id=run_id)
+            assert (got["run"]["root_id"], got["run"]["children"]) == (run_id, None)
+            listed = await cb.ok("runs.list", all=True)
+            assert [r["run_id"] for r in listed["runs"]] == [run_id]
+            for op, fields in (
+                ("run.get", {}),
+                ("run.cancel", {}),
+                ("run.inject", {"items": "x"}),
+                ("run.subscribe", {}),
+                ("run.subscribe", {"tree": True}),
+            ):
+                refused = await cb.request(op, run_id=child_id, **fields)
+                assert (refused["type"], refused["code"]) == ("error", "not_found"), op
+                refused = await bob.request(op, run_id=child_id, **fields)
+                assert (refused["type"], refused["code"]) == ("error", "not_found"), op
+            refused = await cb.request("run.subscribe", run_id=run_id, tree=True)
+            assert refused["code"] == "invalid_request"
+
+            await ca.ok("run.cancel", run_id=child_id, reason="enough")
+            done = await ca.wait_terminal(run_id)
+            assert done["event"]["status"] == "completed"
+            child_end = await ca.wait_terminal(child_id)
+            assert (child_end["event"]["status"], child_end["event"]["reason"]) == (
+                "cancelled",
+                "enough",
+            )
+            closed = await ca.request("run.cancel", run_id=child_id)
+            assert closed["code"] == "run_closed"
+            got = await ca.ok("run.get", run_id=child_id)
+            assert got["run"]["status"] == "cancelled"
+        nursery.cancel_scope.cancel()
