@@ -327,3 +327,33 @@ async def test_cluster_child_ids_are_served_by_the_node_running_the_tree(pg_dsn:
             got = await ca.ok("run.get", run_id=child_id)
             assert got["run"]["status"] == "cancelled"
         nursery.cancel_scope.cancel()
+
+
+def triage_and_billing() -> tuple[ta.Agent, ta.Agent]:
+    """A triage agent that hands off to billing at once; billing's tool sleeps."""
+    billing = sleeper("billing")
+    triage = ta.Agent(
+        name="triage",
+        model=ScriptedModel([_calls(("transfer_to_billing", {}))]),
+        handoffs=[billing],
+    )
+    return triage, billing
+
+
+async def test_run_get_reports_the_current_agent_after_a_handoff() -> None:
+    for served, expected in ((True, "money"), (False, "billing")):
+        triage, billing = triage_and_billing()
+        agents = {"front": triage, "money": billing} if served else {"front": triage}
+        with trio.fail_after(30):
+            async with serving(agents) as (_, url), connect(url, token="tok-alice") as alice:
+                run = await alice.start("front", "refund please")
+                async for event in run.events():
+                    if isinstance(event, ta.ToolStarted) and event.name == "sleep_hour":
+                        break
+                # The agent it works as now: its name on the server, else its own.
+                info = await run.get()
+                assert (info.agent, info.parent_id, info.children) == (expected, None, ())
+                (listed,) = await alice.list_runs()
+                assert listed.agent == expected
+                await run.cancel("done")
+                await run.wait()
