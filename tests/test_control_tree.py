@@ -357,3 +357,72 @@ async def test_run_get_reports_the_current_agent_after_a_handoff() -> None:
                 assert listed.agent == expected
                 await run.cancel("done")
                 await run.wait()
+
+
+async def test_inject_and_withdraw_into_a_child_count_against_its_root() -> None:
+    release = trio.Event()
+
+    @ta.function_tool
+    async def wait_a_bit() -> str:
+        """Wait until released."""
+        await release.wait()
+        return "waited"
+
+    helper = ta.Agent(
+        name="helper",
+        model=ScriptedModel([_calls(("wait_a_bit", {})), "helper done"]),
+        tools=[wait_a_bit],
+    )
+    root = delegating("root", helper, "root done")
+    limits = Limits(max_inject_bytes_per_run=300, ping_interval=None)
+    with trio.fail_after(30):
+        async with (
+            serving({"root": root}, limits=limits) as (_, url),
+            connect(url, token="tok-alice") as alice,
+        ):
+            run = await alice.start("root", "go")
+            async for event in run.events(tree=True):
+                if isinstance(event, ta.ToolStarted) and event.name == "wait_a_bit":
+                    break
+            child = alice.attach(event.run_id)
+            kept = await child.inject("mind the budget")
+            dropped = await child.inject("never mind")
+            assert await child.withdraw(dropped) is True
+            with pytest.raises(ControlError) as full:  # the tree's bytes, at its root
+                await run.inject("x" * 200)
+            assert full.value.code == "limit_exceeded"
+            release.set()
+            child_events = [e async for e in child.events()]
+            assert (await run.wait()).status == "completed"
+    delivered = [e.injection_id for e in child_events if isinstance(e, ta.InboxDelivered)]
+    assert delivered == [kept]
+    last = child_events[-1]
+    assert isinstance(last, ta.RunUpdated)
+    assert last.status == "completed"
+
+
+async def test_a_finished_tree_replays_the_same_merged_stream() -> None:
+    helpers = [ta.Agent(name=f"r{i}", model=ScriptedModel([f"found {i}"])) for i in range(3)]
+    root = ta.Agent(
+        name="root",
+        model=ScriptedModel(
+            [_calls(*[(f"r{i}", {"input": f"topic {i}"}) for i in range(3)]), "summary"]
+        ),
+        tools=[h.as_tool() for h in helpers],
+    )
+    with trio.fail_after(30):
+        async with serving({"root": root}) as (_, url):
+            async with connect(url, token="tok-alice") as alice:
+                run = await alice.start("root", "go")
+                live = [e async for e in run.events(tree=True)]
+                again = [e async for e in run.events(tree=True)]  # this client's buffer
+                status_only = alice.attach(run.id)
+                assert await status_only.unsubscribe(tree=True) is False
+            async with connect(url, token="tok-alice") as later:
+                replayed = [e async for e in later.attach(run.id).events(tree=True)]
+                children = await later.attach(run.id).children()
+                assert len(await later.list_runs(all=True)) == 4
+    assert live == again == replayed
+    assert {e.run_id for e in live} == {run.id, *(c.id for c in children)}
+    assert isinstance(live[-1], ta.RunUpdated)
+    assert (live[-1].run_id, live[-1].status) == (run.id, "completed")
