@@ -259,6 +259,8 @@ async def test_a_finished_child_is_visible_as_long_as_its_root(autojump_clock: A
         assert child["run"]["status"] == "completed"
         assert child["run"]["parent_id"] == run_id
         await trio.sleep(59)
+        # Retained with its root, and counted with it: 1 KiB per run of the tree.
+        assert server.principal_statistics("alice").retained_bytes >= 2 * 1024
         assert (await ask(ws, {"id": 4, "op": "run.get", "run_id": child_id}))["type"] == "ack"
         await trio.sleep(2)
         for rid in (run_id, child_id):

@@ -97,11 +97,14 @@ class RunEntry:
     # A child run of a tree started here (§17): the entry of its root, which holds the
     # tree's counters (retention, inject bytes), fence and owner; None for a root.
     root: RunEntry | None = None
+    descendants: int = 0  # a root's, once it ended: each is retained with it
 
     @property
     def bytes(self) -> int:
-        """What the run counts against its principal's retained bytes."""
-        return RUN_OVERHEAD + self.input_bytes + self.injected_bytes
+        """What the run counts against its principal's retained bytes (a root: with
+        the runs of its tree)."""
+        runs = 1 + self.descendants
+        return RUN_OVERHEAD * runs + self.input_bytes + self.injected_bytes
 
     @property
     def tree(self) -> RunEntry:
@@ -392,7 +395,8 @@ class Registry:
             state.runs.pop(entry.run_id, None)
             return
         if entry.run is not None and entry.run.children:
-            self.nodes_of(entry)  # the tree is final: every node found by id from now
+            # The tree is final: every node is found by id from now, and retained.
+            entry.descendants = len(self.nodes_of(entry)) - 1
         self._finished.append((trio.current_time(), entry.principal, entry.run_id))
         self._finished_wakeup.set()
         state.finished[entry.run_id] = entry
