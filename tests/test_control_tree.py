@@ -428,3 +428,38 @@ async def test_a_finished_tree_replays_the_same_merged_stream() -> None:
     assert {e.run_id for e in live} == {run.id, *(c.id for c in children)}
     assert isinstance(live[-1], ta.RunUpdated)
     assert (live[-1].run_id, live[-1].status) == (run.id, "completed")
+
+
+async def test_shutdown_ends_a_tree_subscription_after_the_terminal_updates() -> None:
+    from trio_agents.control import ControlServer
+
+    from .control_support import TOKENS
+
+    server = ControlServer(
+        {"root": delegating("root", sleeper("helper"), "root done")},
+        auth=TOKENS,
+        limits=Limits(ping_interval=None, shutdown_timeout=10.0),
+    )
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            serve_scope = trio.CancelScope()
+
+            async def serve(task_status: trio.TaskStatus[int]) -> None:
+                with serve_scope:
+                    await server.serve("127.0.0.1", 0, task_status=task_status)
+
+            port = await nursery.start(serve)
+            async with connect(f"ws://127.0.0.1:{port}/", token="tok-alice") as alice:
+                run = await alice.start("root", "go", subscribe=None)
+                tree: list[ta.RunEvent] = []
+                async for event in run.events(tree=True):
+                    tree.append(event)
+                    if isinstance(event, ta.ToolStarted) and event.run_id != run.id:
+                        serve_scope.cancel()
+    ends = [e for e in tree if isinstance(e, ta.RunUpdated) and e.status.is_terminal]
+    assert [(e.run_id == run.id, e.status, e.reason) for e in ends] == [
+        (False, "cancelled", "parent cancelled"),
+        (True, "cancelled", "server shutdown"),
+    ]
+    assert ends[0].detail == {"by": run.id, "reason": "server shutdown"}
+    assert tree[-1] is ends[-1]
