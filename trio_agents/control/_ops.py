@@ -3,10 +3,11 @@ or raising :class:`ProtocolError` (sent back as an ``error`` frame).
 
 Every op that names a run accepts any node of a tree started here (DESIGN §17): the
 registry finds a child run through its root (``Registry.find``). In a cluster a tree
-lives on its root's node and only the root has a row in the cluster's tables: a
-child's id is served by that node and is ``not_found`` on the others, and the ops on
-a child are applied there without being recorded in the tables (a takeover does not
-replay them)."""
+lives on its root's node and only the root has a row in the cluster's tables: another
+node resolves a child's id by asking the nodes that run the principal's runs
+(:func:`_tree_node`) and routes the op there; the ops on a child are applied there
+without being recorded in the tables (a takeover does not replay them), and its events
+(not in the cluster's log) are served by that node only."""
 
 from __future__ import annotations
 
@@ -242,8 +243,59 @@ async def _control(
     if registry.cluster is None or _here(conn, request.run_id) is not None:
         data = await apply_local(registry, conn.principal, request)
     else:
-        data = await registry.cluster.route(conn.principal, wire(request), request.run_id)
+        data = await _route(conn, wire(request), request.run_id)
     await conn.send(ack_frame(request.id, **data))
+
+
+async def _route(conn: Connection, request: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """Route an op to the node running ``run_id``: a root's owner (its row), or, for a
+    child run (no row), the node running its tree."""
+    cluster = conn.registry.cluster
+    assert cluster is not None
+    try:
+        data: dict[str, Any] = await cluster.route(conn.principal, request, run_id)
+        return data
+    except ProtocolError as exc:
+        # The owner's own not_found (an unknown call id, ...) stands; a run without a
+        # row may be a child run.
+        if exc.code != "not_found" or await cluster.owner_of(conn.principal, run_id):
+            raise
+    node, _ = await _tree_node(conn, run_id)
+    return await cluster.route_to(conn.principal, request, run_id, node)
+
+
+async def _tree_node(conn: Connection, run_id: str) -> tuple[str, dict[str, Any]]:
+    """A child run of a tree another node of the cluster runs: that node, and the run's
+    ``run.get`` fields there. Asks each live node that runs (or ran, within
+    ``retain_finished``) a run of the principal, in turn: none for a principal without
+    runs elsewhere. The principal is the asking one's: another's child is not found.
+
+    Raises:
+        ProtocolError: ``not_found`` (no such run of the principal), ``internal``.
+    """
+    cluster = conn.registry.cluster
+    assert cluster is not None
+    get = {"id": 0, "op": "run.get", "run_id": run_id}
+    for node in await cluster.tree_nodes(conn.principal, conn.registry.limits.retain_finished):
+        try:
+            answer = await cluster.route_to(conn.principal, get, run_id, node)
+        except ProtocolError as exc:
+            if exc.code in ("not_found", "invalid_request"):  # not there (or an older node)
+                continue
+            raise
+        return node, answer["run"]
+    raise ProtocolError("not_found", f"no run {run_id!r}")
+
+
+async def _elsewhere(conn: Connection, run_id: str, what: str) -> None:
+    """Refuse to serve the events of another node's child run (``invalid_request``);
+    ``not_found`` if there is no such run of the principal."""
+    node, _ = await _tree_node(conn, run_id)
+    raise ProtocolError(
+        "invalid_request",
+        f"run {run_id} is a child run of a tree that node {node} of the cluster runs:"
+        f" {what} on that node (a child's events are not in the cluster's log)",
+    )
 
 
 async def run_subscribe(conn: Connection, request: RunSubscribe) -> None:
@@ -257,7 +309,12 @@ async def run_subscribe(conn: Connection, request: RunSubscribe) -> None:
         await conn.send(ack_frame(request.id))
         conn.subscribe(entry, request.from_seq, request.events)
         return
-    await _row(conn, request.run_id)
+    try:
+        await _row(conn, request.run_id)
+    except ProtocolError as exc:
+        if exc.code != "not_found":
+            raise
+        await _elsewhere(conn, request.run_id, "subscribe to it")
     conn.check_subscription_room(request.run_id)
     await conn.send(ack_frame(request.id))
     conn.subscribe_remote(request.run_id, request.from_seq, request.events)
@@ -274,7 +331,12 @@ async def _subscribe_tree(conn: Connection, request: RunSubscribe) -> None:
         )
     entry = _here(conn, request.run_id)
     if entry is None:
-        await _row(conn, request.run_id)  # not_found unless it is a root of the cluster
+        try:
+            await _row(conn, request.run_id)
+        except ProtocolError as exc:
+            if exc.code != "not_found":
+                raise
+            await _elsewhere(conn, request.run_id, "subscribe to its tree")
         raise ProtocolError(
             "invalid_request",
             f"run {request.run_id} runs on another node of the cluster: subscribe to its"
@@ -288,7 +350,7 @@ async def _subscribe_tree(conn: Connection, request: RunSubscribe) -> None:
 async def run_unsubscribe(conn: Connection, request: RunUnsubscribe) -> None:
     if request.tree:
         if request.run_id not in conn.tree_subscriptions and _here(conn, request.run_id) is None:
-            await _row(conn, request.run_id)
+            await _known(conn, request.run_id)
         await conn.send(ack_frame(request.id, unsubscribed=conn.unsubscribe_tree(request.run_id)))
         return
     if conn.registry.cluster is None or _here(conn, request.run_id) is not None:
@@ -296,8 +358,20 @@ async def run_unsubscribe(conn: Connection, request: RunUnsubscribe) -> None:
         await conn.send(ack_frame(request.id, unsubscribed=conn.unsubscribe(entry.run_id)))
         return
     if request.run_id not in conn.subscriptions:
-        await _row(conn, request.run_id)
+        await _known(conn, request.run_id)
     await conn.send(ack_frame(request.id, unsubscribed=conn.unsubscribe(request.run_id)))
+
+
+async def _known(conn: Connection, run_id: str) -> dict[str, Any]:
+    """The ``run.get`` fields of a run of the cluster this node does not run (a root's
+    row, or a child's on the node running its tree); ``not_found`` if none."""
+    try:
+        return _info(await _row(conn, run_id))
+    except ProtocolError as exc:
+        if exc.code != "not_found":
+            raise
+    _, info = await _tree_node(conn, run_id)
+    return info
 
 
 def _info(row: dict[str, Any]) -> dict[str, Any]:
@@ -310,8 +384,7 @@ async def run_get(conn: Connection, request: RunGet) -> None:
     if entry is not None:
         await conn.send(ack_frame(request.id, run=conn.registry.info(entry).to_json()))
         return
-    row = await _row(conn, request.run_id)
-    await conn.send(ack_frame(request.id, run=_info(row)))
+    await conn.send(ack_frame(request.id, run=await _known(conn, request.run_id)))
 
 
 async def runs_list(conn: Connection, request: RunsList) -> None:
@@ -397,6 +470,12 @@ async def execute_routed(
     if isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject):
         await cluster.wait_resumed(request.run_id)
         return await apply_local(registry, principal, request, command)
+    if isinstance(request, RunGet):  # is a child run in a tree of this node? (_tree_node)
+        entry = registry.lookup(principal, request.run_id)
+        fence = entry.tree.fence
+        if entry.root is None or (fence is not None and fence.closed):
+            raise ProtocolError("not_found", f"no child run {request.run_id!r} here")
+        return {"run": registry.info(entry).to_json()}
     raise ProtocolError("invalid_request", f"{request.op} is not routed")
 
 
