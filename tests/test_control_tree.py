@@ -312,20 +312,21 @@ async def test_cluster_routes_ops_on_a_child_id_to_the_node_running_its_tree(
             got = await cb.ok("run.get", run_id=child_id)
             assert (got["run"]["parent_id"], got["run"]["status"]) == (run_id, "running")
             assert got["run"]["agent"] == "helper"
-            for op, fields in (("run.subscribe", {}), ("run.subscribe", {"tree": True})):
-                refused = await cb.request(op, run_id=child_id, **fields)
+            for tree in (False, True):
+                refused = await cb.request("run.subscribe", run_id=child_id, tree=tree)
                 assert (refused["type"], refused["code"]) == ("error", "invalid_request")
                 assert "node A" in refused["message"]
             refused = await cb.request("run.subscribe", run_id=run_id, tree=True)
             assert refused["code"] == "invalid_request"
-            for op, fields in (
+            checks: tuple[tuple[str, dict[str, Any]], ...] = (
                 ("run.get", {}),
                 ("run.cancel", {}),
                 ("run.inject", {"items": "x"}),
                 ("run.approve", {"call_id": "call_1_0"}),
                 ("run.subscribe", {}),
                 ("run.subscribe", {"tree": True}),
-            ):
+            )
+            for op, fields in checks:
                 for other in (bob_a, bob_b):
                     refused = await other.request(op, run_id=child_id, **fields)
                     assert (refused["type"], refused["code"]) == ("error", "not_found"), op
@@ -484,3 +485,28 @@ async def test_shutdown_ends_a_tree_subscription_after_the_terminal_updates() ->
     ]
     assert ends[0].detail == {"by": run.id, "reason": "server shutdown"}
     assert tree[-1] is ends[-1]
+
+
+async def test_client_tree_unsubscribe_then_subscribe_again_replays_without_duplicates() -> None:
+    root = delegating("root", sleeper("helper"), "root done")
+    with trio.fail_after(30):
+        async with (
+            serving({"root": root}) as (_, url),
+            connect(url, token="tok-alice") as alice,
+        ):
+            run = await alice.start("root", "go", subscribe=None)
+            first = run.events(tree=True)
+            before: list[ta.RunEvent] = []
+            async for event in first:
+                before.append(event)
+                if isinstance(event, ta.ToolStarted) and event.run_id != run.id:
+                    break
+            assert await run.unsubscribe(tree=True) is True
+            before.extend([e async for e in first])  # what came before; then it ends
+            await run.cancel("stop")
+            after = [e async for e in run.events(tree=True)]
+    assert after[: len(before)] == before
+    for events in by_run(after).values():
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert isinstance(after[-1], ta.RunUpdated)
+    assert (after[-1].run_id, after[-1].reason) == (run.id, "stop")

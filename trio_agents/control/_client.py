@@ -119,6 +119,7 @@ class _TreeFeed:
         self.base = 0  # the position of events[0] in the merged stream
         self.subscribed = False
         self.done = False  # the run's own terminal update came: the stream is complete
+        self.stopped = False  # unsubscribed: its cursors end once they have read it all
         self.error: ControlConnectionError | None = None
         self.lot = trio.lowlevel.ParkingLot()
 
@@ -152,15 +153,17 @@ class RemoteTreeCursor(AsyncIterator[RunEvent]):
 
     def __init__(self, run: RemoteRun) -> None:
         self._run = run
-        self._next: int | None = None
+        self._feed: _TreeFeed | None = None
+        self._next = 0
 
     def __aiter__(self) -> RemoteTreeCursor:
         return self
 
     async def __anext__(self) -> RunEvent:
-        client = self._run._client
-        feed = client._tree_for(self._run.id)
-        if self._next is None:
+        feed = self._feed
+        if feed is None:
+            client = self._run._client
+            feed = self._feed = client._tree_for(self._run.id)
             await client._ensure_tree_subscribed(feed)
             self._next = feed.base
         await trio.lowlevel.checkpoint()
@@ -176,7 +179,7 @@ class RemoteTreeCursor(AsyncIterator[RunEvent]):
                 event = feed.events[self._next - feed.base]
                 self._next += 1
                 return event
-            if feed.done:
+            if feed.done or feed.stopped:
                 raise StopAsyncIteration
             if feed.error is not None:
                 raise feed.error
@@ -406,11 +409,18 @@ class RemoteRun:
         return feed.terminal
 
     async def unsubscribe(self, *, tree: bool = False) -> bool:
-        """Stop receiving this run's events on this connection (``run.unsubscribe``;
-        ``tree=True``: its tree subscription)."""
+        """Stop receiving this run's events on this connection (``run.unsubscribe``).
+
+        ``tree=True``: its tree subscription; the tree cursors reading it end once they
+        have read what came before, and a later ``events(tree=True)`` subscribes again
+        (replaying from the oldest event the server retains)."""
         if tree:
             answer = await self._client.request("run.unsubscribe", run_id=self.id, tree=True)
-            self._client._tree_for(self.id).subscribed = False
+            # Every frame of that subscription came before the answer.
+            feed = self._client._trees.pop(self.id, None)
+            if feed is not None:
+                feed.stopped = True
+                feed.lot.unpark_all()
             return bool(answer["unsubscribed"])
         answer = await self._client.request("run.unsubscribe", run_id=self.id)
         self._feed.subscribed_from = None
