@@ -631,6 +631,45 @@ class PostgresCluster:
             log.fence.closed = True
             log.fence.fence_seq = None
 
+    # -- run trees (DESIGN §17) -------------------------------------------------------
+
+    async def tree_nodes(self, principal: str, retain: float) -> list[str]:
+        """The other nodes where a tree of ``principal`` may hold a child run: the
+        live owners of its unfinished runs and of those finished less than ``retain``
+        s ago. Child runs have no rows (a tree lives on its root's node), so a child's
+        id is resolved by asking these nodes (:meth:`route_to`); a principal with no
+        runs on other nodes costs this one query.
+
+        Raises:
+            ProtocolError: ``internal`` when the database cannot be reached.
+        """
+
+        def read(conn: Any) -> list[str]:
+            rows = conn.execute(
+                "SELECT DISTINCT owner FROM trio_agents_runs WHERE principal = %s"
+                " AND owner IS NOT NULL AND owner <> %s"
+                " AND (NOT finished OR updated_at > now() - make_interval(secs => %s))"
+                # Live nodes only: a dead one would answer nothing (ROUTE_TIMEOUT), and
+                # the trees it ran are gone from memory with it.
+                " AND owner IN (SELECT node_id FROM trio_agents_nodes"
+                " WHERE lease_expires_at > now())",
+                (principal, self._node_id, retain),
+            ).fetchall()
+            return sorted(str(row[0]) for row in rows)
+
+        try:
+            return await self.db.call(read)
+        except ClusterDown as exc:
+            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+
+    async def route_to(
+        self, principal: str, request: dict[str, Any], run_id: str, node: str
+    ) -> dict[str, Any]:
+        """Send an op on ``run_id`` (a child run, which has no row) to ``node``, the
+        node running its tree; its ack fields come back (errors: the node's own, e.g.
+        ``not_found`` when the tree is not there)."""
+        return await self.router.send(principal, request, run_id=run_id, target_node=node)
+
 
 def _sent(reply: Reply | None) -> None:
     """The op's transaction stored its routed command's answer and notified the

@@ -263,7 +263,9 @@ class Router:
         if inserted is UNSTARTED:
             return {}
         command_id = inserted[0]
-        placed = run_id if target_node is not None else None
+        # A start placed on target_node (an op addressed to a node for a run without a
+        # row, a child run of a tree there, is not one).
+        placed = run_id if target_node is not None and request["op"] == "run.start" else None
 
         def withdraw(conn: Conn) -> str | None:
             gone = conn.execute(

@@ -2,7 +2,9 @@
 
 One reader task per connection reads every frame: answers wake the request that
 waits for them, events go to a per-run buffer (a *feed*) that any number of cursors
-read, so a consumer that never reads never holds back the others or the socket.
+read, so a consumer that never reads never holds back the others or the socket. The
+frames of a tree subscription (``"tree"``: the run whose subtree they follow) go to a
+buffer of their own, in the order they came: the merged stream of the subtree.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager, suppress
-from typing import Any, cast, final
+from typing import Any, Literal, cast, final, overload
 
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection
@@ -27,7 +29,14 @@ from .._util import leaves as _leaves
 from ._protocol import SUBPROTOCOL, RunInfo
 from ._stream import GuardedStream
 
-__all__ = ["ControlClient", "RemoteEventCursor", "RemoteRun", "RemoteUpdated", "connect"]
+__all__ = [
+    "ControlClient",
+    "RemoteEventCursor",
+    "RemoteRun",
+    "RemoteTreeCursor",
+    "RemoteUpdated",
+    "connect",
+]
 
 logger = logging.getLogger("trio_agents.control")
 
@@ -96,6 +105,85 @@ class _Feed:
                 count=self.evicted_upto - seq + 1,
             )
         return None
+
+
+@final
+class _TreeFeed:
+    """The events of one run's subtree as the server sent them, merged, oldest first
+    (the last ``capacity``; a cursor that falls behind gets an ``events.dropped``)."""
+
+    def __init__(self, run_id: str, capacity: int) -> None:
+        self.run_id = run_id
+        self.capacity = capacity
+        self.events: list[RunEvent] = []
+        self.base = 0  # the position of events[0] in the merged stream
+        self.subscribed = False
+        self.done = False  # the run's own terminal update came: the stream is complete
+        self.stopped = False  # unsubscribed: its cursors end once they have read it all
+        self.error: ControlConnectionError | None = None
+        self.lot = trio.lowlevel.ParkingLot()
+
+    def add(self, event: RunEvent) -> None:
+        if self.done:
+            return  # the stream ended: a replay after a new subscription
+        self.events.append(event)
+        if (
+            event.run_id == self.run_id
+            and isinstance(event, RunUpdated)
+            and event.status.is_terminal
+        ):
+            self.done = True
+        if len(self.events) >= 2 * self.capacity:
+            drop = len(self.events) - self.capacity
+            del self.events[:drop]
+            self.base += drop
+        self.lot.unpark_all()
+
+    def fail(self, error: ControlConnectionError) -> None:
+        self.error = error
+        self.lot.unpark_all()
+
+
+@final
+class RemoteTreeCursor(AsyncIterator[RunEvent]):
+    """The events of a remote run and of every descendant, merged in the order they
+    happened, each with its own ``run_id`` and ``seq`` (``run.subscribe`` with
+    ``"tree": true``); ends after the run's own terminal update. Subscribes on first
+    use; safe to ``break`` out of."""
+
+    def __init__(self, run: RemoteRun) -> None:
+        self._run = run
+        self._feed: _TreeFeed | None = None
+        self._next = 0
+
+    def __aiter__(self) -> RemoteTreeCursor:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        feed = self._feed
+        if feed is None:
+            client = self._run._client
+            feed = self._feed = client._tree_for(self._run.id)
+            await client._ensure_tree_subscribed(feed)
+            self._next = feed.base
+        await trio.lowlevel.checkpoint()
+        while True:
+            if self._next < feed.base:
+                missing = feed.base - self._next
+                dropped = EventsDropped(
+                    run_id=feed.run_id, seq=0, first_missing_seq=self._next, count=missing
+                )
+                self._next = feed.base
+                return dropped
+            if self._next < feed.base + len(feed.events):
+                event = feed.events[self._next - feed.base]
+                self._next += 1
+                return event
+            if feed.done or feed.stopped:
+                raise StopAsyncIteration
+            if feed.error is not None:
+                raise feed.error
+            await feed.lot.park()
 
 
 @final
@@ -271,12 +359,38 @@ class RemoteRun:
         answer = await self._client.request("run.get", run_id=self.id)
         return RunInfo.from_json(answer["run"])
 
-    def events(self, from_seq: int | None = None) -> RemoteEventCursor:
+    @overload
+    def events(
+        self, from_seq: int | None = None, *, tree: Literal[False] = False
+    ) -> RemoteEventCursor: ...
+
+    @overload
+    def events(self, from_seq: None = None, *, tree: Literal[True]) -> RemoteTreeCursor: ...
+
+    def events(
+        self, from_seq: int | None = None, *, tree: bool = False
+    ) -> RemoteEventCursor | RemoteTreeCursor:
         """Every event of the run from ``from_seq`` (inclusive; None: the oldest the
         server retains), ending after the terminal update. Re-attaching after a
         disconnect with the next seq you need gets every missed event (or an
-        ``events.dropped`` marker for what the server no longer retains)."""
+        ``events.dropped`` marker for what the server no longer retains).
+
+        ``tree=True``: the events of the run and of every descendant, merged in the
+        order they happened (:class:`RemoteTreeCursor`; no ``from_seq``)."""
+        if tree:
+            if from_seq is not None:
+                raise ValueError("events(tree=True) replays from the oldest retained event")
+            return RemoteTreeCursor(self)
         return RemoteEventCursor(self, from_seq)
+
+    async def children(self) -> list[RemoteRun]:
+        """Handles on the run's child runs, in start order (``run.get``)."""
+        children = (await self.get()).children
+        if children is None:
+            raise ControlError(
+                "not_found", f"the children of run {self.id} are not known to this server"
+            )
+        return [RemoteRun(self._client, child) for child in children]
 
     @property
     def updated(self) -> _UpdatedStream:
@@ -294,8 +408,20 @@ class RemoteRun:
         await trio.lowlevel.checkpoint()
         return feed.terminal
 
-    async def unsubscribe(self) -> bool:
-        """Stop receiving this run's events on this connection (``run.unsubscribe``)."""
+    async def unsubscribe(self, *, tree: bool = False) -> bool:
+        """Stop receiving this run's events on this connection (``run.unsubscribe``).
+
+        ``tree=True``: its tree subscription; the tree cursors reading it end once they
+        have read what came before, and a later ``events(tree=True)`` subscribes again
+        (replaying from the oldest event the server retains)."""
+        if tree:
+            answer = await self._client.request("run.unsubscribe", run_id=self.id, tree=True)
+            # Every frame of that subscription came before the answer.
+            feed = self._client._trees.pop(self.id, None)
+            if feed is not None:
+                feed.stopped = True
+                feed.lot.unpark_all()
+            return bool(answer["unsubscribed"])
         answer = await self._client.request("run.unsubscribe", run_id=self.id)
         self._feed.subscribed_from = None
         return bool(answer["unsubscribed"])
@@ -310,6 +436,7 @@ class ControlClient:
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._feeds: dict[str, _Feed] = {}
+        self._trees: dict[str, _TreeFeed] = {}
         self._event_buffer = event_buffer
         self._error: ControlConnectionError | None = None
         self.protocol_errors: list[dict[str, Any]] = []
@@ -324,6 +451,25 @@ class ControlClient:
             if self._error is not None:
                 feed.fail(self._error)
         return feed
+
+    def _tree_for(self, run_id: str) -> _TreeFeed:
+        feed = self._trees.get(run_id)
+        if feed is None:
+            feed = self._trees[run_id] = _TreeFeed(run_id, self._event_buffer)
+            if self._error is not None:
+                feed.fail(self._error)
+        return feed
+
+    async def _ensure_tree_subscribed(self, feed: _TreeFeed) -> None:
+        if feed.subscribed or feed.done:
+            await trio.lowlevel.checkpoint()
+            return
+        feed.subscribed = True
+        try:
+            await self.request("run.subscribe", run_id=feed.run_id, events="all", tree=True)
+        except BaseException:
+            feed.subscribed = False
+            raise
 
     async def _send(self, frame: Mapping[str, Any]) -> None:
         if self._error is not None:
@@ -399,6 +545,8 @@ class ControlClient:
             pending.event.set()
         for feed in self._feeds.values():
             feed.fail(self._error)
+        for tree in self._trees.values():
+            tree.fail(self._error)
 
     async def _read_loop(self) -> None:
         try:
@@ -414,7 +562,11 @@ class ControlClient:
             kind = frame["type"]
             if kind == "event":
                 event = event_from_json(frame["event"])
-                self._feed_for(event.run_id).add(event)
+                tree = frame.get("tree")
+                if tree is not None:  # a tree subscription's (to the run ``tree``)
+                    self._tree_for(str(tree)).add(event)
+                else:
+                    self._feed_for(event.run_id).add(event)
             elif kind in ("ack", "error"):
                 request_id = frame.get("id")
                 pending = self._pending.get(str(request_id)) if request_id is not None else None
@@ -467,9 +619,11 @@ class ControlClient:
         nothing is sent until a verb or ``events()`` is used."""
         return RemoteRun(self, run_id)
 
-    async def list_runs(self) -> list[RunInfo]:
-        """Every run of this principal the server still shows (``runs.list``)."""
-        answer = await self.request("runs.list")
+    async def list_runs(self, *, all: bool = False) -> list[RunInfo]:
+        """Every run of this principal the server still shows (``runs.list``): the
+        roots of its run trees, or (``all=True``) every node, each root followed by
+        its descendants."""
+        answer = await self.request("runs.list", **({"all": True} if all else {}))
         return [RunInfo.from_json(run) for run in answer["runs"]]
 
     async def cancel_session(

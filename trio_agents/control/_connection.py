@@ -20,7 +20,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from .. import EventsDropped, RunEvent, RunUpdated
 from ._ops import serve_request
-from ._protocol import ProtocolError, error_frame, event_frame
+from ._protocol import ProtocolError, error_frame, event_frame, tree_event_frame
 from ._registry import Registry, RunEntry
 from ._requests import parse_request
 from ._stream import GuardedStream
@@ -52,6 +52,9 @@ class Connection:
         self.principal = principal
         self.limits = registry.limits
         self.subscriptions: dict[str, trio.CancelScope] = {}
+        # Tree subscriptions (§17), by the id of the run whose subtree they follow: apart
+        # from the plain ones, as a client may want both for one run.
+        self.tree_subscriptions: dict[str, trio.CancelScope] = {}
         self._remote: set[str] = set()  # subscriptions followed from a cluster's log
         self.owned: set[RunEntry] = set()
         self.placed: set[str] = set()  # its runs on other nodes, on_disconnect="cancel"
@@ -90,7 +93,7 @@ class Connection:
 
     async def _close_gracefully(self) -> None:
         # Runs were cancelled first: subscriptions end after their terminal events.
-        while self.subscriptions:
+        while self.subscriptions or self.tree_subscriptions:
             self._subscriptions_changed = trio.Event()
             await self._subscriptions_changed.wait()
         await self._out_send.send(None)
@@ -170,13 +173,18 @@ class Connection:
 
     # ---------------------------------------------------------- subscriptions
 
-    def room_for_subscription(self, run_id: str | None) -> bool:
-        return (run_id is not None and run_id in self.subscriptions) or len(
-            self.subscriptions
-        ) < self.limits.max_subscriptions_per_connection
+    def room_for_subscription(self, run_id: str | None, *, tree: str | None = None) -> bool:
+        """Whether a subscription to ``run_id`` (or to the tree of ``tree``) fits: it
+        replaces one the connection has, or there is room for one more."""
+        return (
+            (run_id is not None and run_id in self.subscriptions)
+            or (tree is not None and tree in self.tree_subscriptions)
+            or len(self.subscriptions) + len(self.tree_subscriptions)
+            < self.limits.max_subscriptions_per_connection
+        )
 
-    def check_subscription_room(self, run_id: str | None) -> None:
-        if not self.room_for_subscription(run_id):
+    def check_subscription_room(self, run_id: str | None, *, tree: str | None = None) -> None:
+        if not self.room_for_subscription(run_id, tree=tree):
             raise ProtocolError(
                 "limit_exceeded",
                 f"at most {self.limits.max_subscriptions_per_connection} subscriptions"
@@ -193,6 +201,21 @@ class Connection:
     def unsubscribe(self, run_id: str) -> bool:
         scope = self.subscriptions.pop(run_id, None)
         self._remote.discard(run_id)
+        if scope is None:
+            return False
+        scope.cancel()
+        self._subscriptions_changed.set()
+        return True
+
+    def subscribe_tree(self, entry: RunEntry, mode: str) -> None:
+        """(Re)subscribe to a run's subtree (``run.subscribe`` with ``"tree": true``)."""
+        self.unsubscribe_tree(entry.run_id)
+        scope = trio.CancelScope()
+        self.tree_subscriptions[entry.run_id] = scope
+        self.start_soon(self._forward_tree, entry, mode, scope)
+
+    def unsubscribe_tree(self, run_id: str) -> bool:
+        scope = self.tree_subscriptions.pop(run_id, None)
         if scope is None:
             return False
         scope.cancel()
@@ -287,6 +310,42 @@ class Connection:
             else:
                 sent.append(event.seq)
         return True
+
+    async def _forward_tree(self, entry: RunEntry, mode: str, scope: trio.CancelScope) -> None:
+        """Send the events of ``entry``'s subtree, merged, until its terminal update.
+
+        With a cluster, the run's own events are sent once persisted, as on a plain
+        subscription; its descendants' are not in the cluster's log (a tree lives on
+        its root's node) and are sent as they happen. Once this node's attempt of the
+        tree stops (lease lost, hand-over), the subscription ends: the client
+        subscribes again where the tree goes on.
+        """
+        assert entry.run is not None
+        log = entry.log  # None for a child run, and without a cluster
+        fence = entry.tree.fence
+        try:
+            with scope:
+                async for event in entry.run.events(tree=True):
+                    own = event.run_id == entry.run_id
+                    if (
+                        fence is not None
+                        and fence.closed
+                        and (not own or fence.fence_seq is None or event.seq > fence.fence_seq)
+                    ):
+                        break  # not this node's: the tree goes on elsewhere
+                    if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
+                        continue
+                    if own and log is not None and log.persisted_seq < event.seq:
+                        await log.wait_persisted(event.seq)
+                        if log.persisted_seq < event.seq:
+                            break  # this attempt stopped writing: the tree goes on elsewhere
+                    await self._queue(tree_event_frame(event, entry.run_id))
+        except Exception:
+            logger.exception("forwarding the tree events of %s failed", entry.run_id)
+        finally:
+            if self.tree_subscriptions.get(entry.run_id) is scope:
+                del self.tree_subscriptions[entry.run_id]
+            self._subscriptions_changed.set()
 
     async def _queue(self, frame: Mapping[str, Any]) -> None:
         """:meth:`send` without a schedule point while the outbound queue has room; a

@@ -1,5 +1,13 @@
 """The eleven ops: one function per typed request class, each answering with an ``ack``
-or raising :class:`ProtocolError` (sent back as an ``error`` frame)."""
+or raising :class:`ProtocolError` (sent back as an ``error`` frame).
+
+Every op that names a run accepts any node of a tree started here (DESIGN §17): the
+registry finds a child run through its root (``Registry.find``). In a cluster a tree
+lives on its root's node and only the root has a row in the cluster's tables: another
+node resolves a child's id by asking the nodes that run the principal's runs
+(:func:`_tree_node`) and routes the op there; the ops on a child are applied there
+without being recorded in the tables (a takeover does not replay them), and its events
+(not in the cluster's log) are served by that node only."""
 
 from __future__ import annotations
 
@@ -64,16 +72,17 @@ def _live(entry: RunEntry) -> Run:
     return run
 
 
-def _here(conn: Connection, run_id: str) -> RunEntry | None:
+def _here(conn: Connection, run_id: str, *, nodes: bool = True) -> RunEntry | None:
     """The run, if this node serves it (always, without a cluster: lookups then answer
-    ``not_found``); with a cluster, None when another node does."""
+    ``not_found``); with a cluster, None when another node does (``nodes=False``: a
+    root, as the cluster's rows are)."""
     registry = conn.registry
     if registry.cluster is None:
         return _entry(conn, run_id)
-    entry = registry.runs.get(run_id)
-    if entry is None or entry.principal != conn.principal or entry.run is None:
+    entry = registry.find(conn.principal, run_id, nodes=nodes)
+    if entry is None:
         return None
-    fence = entry.fence
+    fence = entry.tree.fence  # a child's tree is where its root is
     if fence is not None and fence.closed:
         # This node's attempt is over (stopped, handed over, or ending unpersisted):
         # the run goes on from its tables, wherever it is resumed.
@@ -162,7 +171,8 @@ async def apply_local(
     assert isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject)
     entry = registry.lookup(principal, request.run_id)
     run = _live(entry)
-    cluster = registry.cluster
+    # A child run has no row in a cluster's tables: its ops are applied here only.
+    cluster = registry.cluster if entry.root is None else None
     if isinstance(request, RunCancel):
         run.cancel(request.reason, mode=request.mode)
         if cluster is not None:  # acked once durable: a takeover ends it cancelled
@@ -175,7 +185,7 @@ async def apply_local(
         return {"withdrawn": withdrawn}
     if isinstance(request, RunInject):
         size = items_bytes(request.items)
-        registry.check_inject(entry, size)
+        registry.check_inject(entry.tree, size)  # a tree is retained, and counted, as one
         try:
             injection_id = run.inject(request.items, when=request.when)
         except RunClosedError:
@@ -184,7 +194,7 @@ async def apply_local(
             raise ProtocolError("inbox_full", str(exc)) from None
         except (TypeError, ValueError) as exc:
             raise ProtocolError("invalid_request", str(exc)) from None
-        entry.injected_bytes += size
+        entry.tree.injected_bytes += size
         if cluster is not None:  # acked once durable: a takeover injects it again
             await cluster.injection_persisted(entry.run_id, str(injection_id), command)
         return {"injection_id": injection_id}
@@ -233,11 +243,65 @@ async def _control(
     if registry.cluster is None or _here(conn, request.run_id) is not None:
         data = await apply_local(registry, conn.principal, request)
     else:
-        data = await registry.cluster.route(conn.principal, wire(request), request.run_id)
+        data = await _route(conn, wire(request), request.run_id)
     await conn.send(ack_frame(request.id, **data))
 
 
+async def _route(conn: Connection, request: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """Route an op to the node running ``run_id``: a root's owner (its row), or, for a
+    child run (no row), the node running its tree."""
+    cluster = conn.registry.cluster
+    assert cluster is not None
+    try:
+        data: dict[str, Any] = await cluster.route(conn.principal, request, run_id)
+        return data
+    except ProtocolError as exc:
+        # The owner's own not_found (an unknown call id, ...) stands; a run without a
+        # row may be a child run.
+        if exc.code != "not_found" or await cluster.owner_of(conn.principal, run_id):
+            raise
+    node, _ = await _tree_node(conn, run_id)
+    return await cluster.route_to(conn.principal, request, run_id, node)
+
+
+async def _tree_node(conn: Connection, run_id: str) -> tuple[str, dict[str, Any]]:
+    """A child run of a tree another node of the cluster runs: that node, and the run's
+    ``run.get`` fields there. Asks each live node that runs (or ran, within
+    ``retain_finished``) a run of the principal, in turn: none for a principal without
+    runs elsewhere. The principal is the asking one's: another's child is not found.
+
+    Raises:
+        ProtocolError: ``not_found`` (no such run of the principal), ``internal``.
+    """
+    cluster = conn.registry.cluster
+    assert cluster is not None
+    get = {"id": 0, "op": "run.get", "run_id": run_id}
+    for node in await cluster.tree_nodes(conn.principal, conn.registry.limits.retain_finished):
+        try:
+            answer = await cluster.route_to(conn.principal, get, run_id, node)
+        except ProtocolError as exc:
+            if exc.code in ("not_found", "invalid_request"):  # not there (or an older node)
+                continue
+            raise
+        return node, answer["run"]
+    raise ProtocolError("not_found", f"no run {run_id!r}")
+
+
+async def _elsewhere(conn: Connection, run_id: str, what: str) -> None:
+    """Refuse to serve the events of another node's child run (``invalid_request``);
+    ``not_found`` if there is no such run of the principal."""
+    node, _ = await _tree_node(conn, run_id)
+    raise ProtocolError(
+        "invalid_request",
+        f"run {run_id} is a child run of a tree that node {node} of the cluster runs:"
+        f" {what} on that node (a child's events are not in the cluster's log)",
+    )
+
+
 async def run_subscribe(conn: Connection, request: RunSubscribe) -> None:
+    if request.tree:
+        await _subscribe_tree(conn, request)
+        return
     entry = _here(conn, request.run_id)
     from_seq = max(request.from_seq or 1, 1)
     if entry is not None and (conn.registry.cluster is None or from_seq >= entry.first_seq):
@@ -245,45 +309,99 @@ async def run_subscribe(conn: Connection, request: RunSubscribe) -> None:
         await conn.send(ack_frame(request.id))
         conn.subscribe(entry, request.from_seq, request.events)
         return
-    await _row(conn, request.run_id)
+    try:
+        await _row(conn, request.run_id)
+    except ProtocolError as exc:
+        if exc.code != "not_found":
+            raise
+        await _elsewhere(conn, request.run_id, "subscribe to it")
     conn.check_subscription_room(request.run_id)
     await conn.send(ack_frame(request.id))
     conn.subscribe_remote(request.run_id, request.from_seq, request.events)
 
 
+async def _subscribe_tree(conn: Connection, request: RunSubscribe) -> None:
+    """``run.subscribe`` with ``"tree": true``: the run's subtree, merged in the order
+    the events happened (``Run.events(tree=True)``), served by the node running it."""
+    if request.from_seq:
+        raise ProtocolError(
+            "invalid_request",
+            "from_seq must be 0 or absent with tree: true (a tree subscription replays"
+            " from the oldest event the tree retains; seqs are per run)",
+        )
+    entry = _here(conn, request.run_id)
+    if entry is None:
+        try:
+            await _row(conn, request.run_id)
+        except ProtocolError as exc:
+            if exc.code != "not_found":
+                raise
+            await _elsewhere(conn, request.run_id, "subscribe to its tree")
+        raise ProtocolError(
+            "invalid_request",
+            f"run {request.run_id} runs on another node of the cluster: subscribe to its"
+            " tree on that node (tree events are not in the cluster's log)",
+        )
+    conn.check_subscription_room(None, tree=entry.run_id)
+    await conn.send(ack_frame(request.id))
+    conn.subscribe_tree(entry, request.events)
+
+
 async def run_unsubscribe(conn: Connection, request: RunUnsubscribe) -> None:
+    if request.tree:
+        if request.run_id not in conn.tree_subscriptions and _here(conn, request.run_id) is None:
+            await _known(conn, request.run_id)
+        await conn.send(ack_frame(request.id, unsubscribed=conn.unsubscribe_tree(request.run_id)))
+        return
     if conn.registry.cluster is None or _here(conn, request.run_id) is not None:
         entry = _entry(conn, request.run_id)
         await conn.send(ack_frame(request.id, unsubscribed=conn.unsubscribe(entry.run_id)))
         return
     if request.run_id not in conn.subscriptions:
-        await _row(conn, request.run_id)
+        await _known(conn, request.run_id)
     await conn.send(ack_frame(request.id, unsubscribed=conn.unsubscribe(request.run_id)))
 
 
+async def _known(conn: Connection, run_id: str) -> dict[str, Any]:
+    """The ``run.get`` fields of a run of the cluster this node does not run (a root's
+    row, or a child's on the node running its tree); ``not_found`` if none."""
+    try:
+        return _info(await _row(conn, run_id))
+    except ProtocolError as exc:
+        if exc.code != "not_found":
+            raise
+    _, info = await _tree_node(conn, run_id)
+    return info
+
+
 def _info(row: dict[str, Any]) -> dict[str, Any]:
-    return RunInfo.from_json(row).to_json()
+    # A row is a root's (children have none); its children are known on its node only.
+    return RunInfo.from_json({**row, "children": None}).to_json()
 
 
 async def run_get(conn: Connection, request: RunGet) -> None:
     entry = _here(conn, request.run_id)
     if entry is not None:
-        await conn.send(ack_frame(request.id, run=entry.info().to_json()))
+        await conn.send(ack_frame(request.id, run=conn.registry.info(entry).to_json()))
         return
-    row = await _row(conn, request.run_id)
-    await conn.send(ack_frame(request.id, run=_info(row)))
+    await conn.send(ack_frame(request.id, run=await _known(conn, request.run_id)))
 
 
 async def runs_list(conn: Connection, request: RunsList) -> None:
     registry = conn.registry
     if registry.cluster is None:
-        runs = [entry.info().to_json() for entry in registry.runs_of(conn.principal)]
+        entries = registry.runs_of(conn.principal, nodes=request.all)
+        runs = [registry.info(entry).to_json() for entry in entries]
     else:
         rows = await registry.cluster.list_runs(conn.principal, registry.limits.retain_finished)
         runs = []
         for row in rows:
-            entry = _here(conn, row["run_id"])
-            runs.append(entry.info().to_json() if entry is not None else _info(row))
+            entry = _here(conn, row["run_id"], nodes=False)
+            if entry is None:
+                runs.append(_info(row))
+                continue
+            nodes = registry.nodes_of(entry) if request.all else [entry]
+            runs.extend(registry.info(node).to_json() for node in nodes)
     await conn.send(ack_frame(request.id, runs=runs))
 
 
@@ -352,6 +470,12 @@ async def execute_routed(
     if isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject):
         await cluster.wait_resumed(request.run_id)
         return await apply_local(registry, principal, request, command)
+    if isinstance(request, RunGet):  # is a child run in a tree of this node? (_tree_node)
+        entry = registry.lookup(principal, request.run_id)
+        fence = entry.tree.fence
+        if entry.root is None or (fence is not None and fence.closed):
+            raise ProtocolError("not_found", f"no child run {request.run_id!r} here")
+        return {"run": registry.info(entry).to_json()}
     raise ProtocolError("invalid_request", f"{request.op} is not routed")
 
 

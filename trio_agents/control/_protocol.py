@@ -28,6 +28,7 @@ __all__ = [
     "dumps",
     "error_frame",
     "event_frame",
+    "tree_event_frame",
 ]
 
 SUBPROTOCOL: Final = "trio-agents.v1"
@@ -175,6 +176,10 @@ class RunInfo:
         seq: the seq of its latest event.
         turn: the number of model calls started.
         pending_approvals: ids of tool calls waiting for approval.
+        parent_id: the run this one is a child of (None at the root of a tree).
+        root_id: the root of its tree (its own id at the root).
+        children: its child runs' ids, in start order, live and finished; None when
+            not known here (a cluster node answering for a tree another node runs).
     """
 
     run_id: str
@@ -185,6 +190,11 @@ class RunInfo:
     seq: int
     turn: int = 0
     pending_approvals: tuple[str, ...] = ()
+    parent_id: str | None = None
+    root_id: str = attrs.field(
+        default=attrs.Factory(lambda self: self.run_id, takes_self=True)  # a root's
+    )
+    children: tuple[str, ...] | None = ()
 
     def to_json(self) -> dict[str, Any]:
         """The ``run`` object of a ``run.get`` ack."""
@@ -197,6 +207,9 @@ class RunInfo:
             "seq": self.seq,
             "turn": self.turn,
             "pending_approvals": list(self.pending_approvals),
+            "parent_id": self.parent_id,
+            "root_id": self.root_id,
+            "children": None if self.children is None else list(self.children),
         }
 
     @classmethod
@@ -212,9 +225,21 @@ class RunInfo:
                 seq=int(data["seq"]),
                 turn=int(data.get("turn", 0)),
                 pending_approvals=tuple(str(c) for c in data.get("pending_approvals", ())),
+                **_tree_fields(data),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed run info: {exc!r}") from None
+
+
+def _tree_fields(data: Any) -> dict[str, Any]:
+    """The run-tree fields of a ``run`` object (absent from an older server's)."""
+    parent_id = data.get("parent_id")
+    children = data.get("children", ())
+    return {
+        "parent_id": None if parent_id is None else str(parent_id),
+        "root_id": str(data.get("root_id") or data["run_id"]),
+        "children": None if children is None else tuple(str(c) for c in children),
+    }
 
 
 # ---------------------------------------------------------------------- answers
@@ -238,3 +263,11 @@ def error_frame(code: str, message: str, request_id: str | int | None) -> dict[s
 def event_frame(event: RunEvent) -> dict[str, Any]:
     """An ``event`` frame carrying ``event.to_json()``."""
     return {"type": "event", "run_id": event.run_id, "seq": event.seq, "event": event.to_json()}
+
+
+def tree_event_frame(event: RunEvent, tree: str) -> dict[str, Any]:
+    """An ``event`` frame of a tree subscription (``run.subscribe`` with ``"tree":
+    true``) to run ``tree``: the event keeps its own ``run_id`` and ``seq``; ``tree``
+    names the subscription it belongs to (a connection may also be subscribed to the
+    same run on its own)."""
+    return {**event_frame(event), "tree": tree}

@@ -7,6 +7,13 @@ and its own ordered tables, so neither admission nor reaping ever scans the runs
 the whole server. Finished runs are forgotten by one reaper task, oldest first, after
 ``retain_finished`` — or earlier, oldest first, once a principal's finished runs hold
 more than ``max_retained_bytes_per_principal``.
+
+Child runs (DESIGN §17) are not started here: a tree's root is, and its descendants
+live inside its tool calls. Their ids are found through their root: a child looked up
+the first time is searched for in the principal's active trees only (a run without
+children costs one test), then kept in :attr:`Registry.nodes`; when a root ends, every
+node of its tree is indexed there (a tree no longer changes), and forgotten with it.
+So a finished child stays visible exactly as long as its root does.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from ._sessions import MemorySessions, MeteredSession, SessionFactory
 if TYPE_CHECKING:
     from ..cluster._cluster import PostgresCluster
 
-__all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry"]
+__all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry", "descendants"]
 
 logger = logging.getLogger("trio_agents.control")
 
@@ -87,26 +94,55 @@ class RunEntry:
     fence: Any = None  # a cluster's Fence: events past it are not this node's to send
     first_seq: int = 1  # a resumed run's first event here (earlier ones: the cluster's log)
     log: Any = None  # a cluster's RunLog: what of the run's events is persisted
+    # A child run of a tree started here (§17): the entry of its root, which holds the
+    # tree's counters (retention, inject bytes), fence and owner; None for a root.
+    root: RunEntry | None = None
+    descendants: int = 0  # a root's, once it ended: each is retained with it
 
     @property
     def bytes(self) -> int:
-        """What the run counts against its principal's retained bytes."""
-        return RUN_OVERHEAD + self.input_bytes + self.injected_bytes
+        """What the run counts against its principal's retained bytes (a root: with
+        the runs of its tree)."""
+        runs = 1 + self.descendants
+        return RUN_OVERHEAD * runs + self.input_bytes + self.injected_bytes
 
-    def info(self) -> RunInfo:
-        assert self.run is not None
-        stats = self.run.statistics()
-        result = self.run.result
+    @property
+    def tree(self) -> RunEntry:
+        """The entry of the root of the run's tree (itself for a root)."""
+        return self if self.root is None else self.root
+
+    def info(self, agent: str | None = None) -> RunInfo:
+        """The run's :class:`RunInfo`; ``agent``: the name of its current agent
+        (default: the name it was started under)."""
+        run = self.run
+        assert run is not None
+        stats = run.statistics()
+        result = run.result
         return RunInfo(
             run_id=self.run_id,
-            agent=self.agent,
+            agent=self.agent if agent is None else agent,
             session_id=self.session_id,
             status=stats.status,
             reason=result.reason if result is not None else None,
             seq=stats.last_seq,
             turn=stats.turn,
             pending_approvals=stats.pending_approvals,
+            parent_id=run.parent_id,
+            root_id=run.root_id,
+            children=tuple(child.id for child in run.children),
         )
+
+
+def descendants(run: Run) -> list[Run]:
+    """Every descendant of ``run``, depth first, each after its parent, siblings in
+    start order (nothing to walk for a run without children)."""
+    found: list[Run] = []
+    pending = list(reversed(run.children))
+    while pending:
+        node = pending.pop()
+        found.append(node)
+        pending.extend(reversed(node.children))
+    return found
 
 
 @final
@@ -146,6 +182,11 @@ class Registry:
         # bytes) is not kept alive here until its time comes.
         self._finished: deque[tuple[float, str, str]] = deque()
         self._finished_wakeup = trio.Event()
+        # The child runs of this server's trees looked up so far, and every node of
+        # each finished tree (see the module docstring), by run id.
+        self.nodes: dict[str, RunEntry] = {}
+        # id(agent) -> the name it is served under: a run's current agent by name.
+        self._names = {id(agent): name for name, agent in reversed(list(agents.items()))}
 
     def state_of(self, principal: str) -> _Principal:
         """The principal's counters and tables (created on first use)."""
@@ -161,18 +202,90 @@ class Registry:
     # ------------------------------------------------------------------- lookups
 
     def lookup(self, principal: str, run_id: str) -> RunEntry:
-        """The run ``run_id`` of ``principal``; another principal's is not found."""
-        entry = self.runs.get(run_id)
-        if entry is None or entry.principal != principal or entry.run is None:
+        """The run ``run_id`` of ``principal`` (a root or any node of one of its
+        trees); another principal's is not found."""
+        entry = self.find(principal, run_id)
+        if entry is None:
             raise ProtocolError("not_found", f"no run {run_id!r}")
         return entry
 
-    def runs_of(self, principal: str) -> list[RunEntry]:
-        """Every visible run of ``principal``, oldest first."""
+    def find(self, principal: str, run_id: str, *, nodes: bool = True) -> RunEntry | None:
+        """:meth:`lookup`, None for a run that is not found (``nodes=False``: a root
+        only)."""
+        entry = self.runs.get(run_id)
+        if entry is None and nodes:
+            entry = self.nodes.get(run_id) or self._search(principal, run_id)
+        if entry is None or entry.principal != principal or entry.run is None:
+            return None
+        return entry
+
+    def _search(self, principal: str, run_id: str) -> RunEntry | None:
+        """A child not looked up before, in the principal's active trees (at most
+        ``max_runs_per_principal`` roots; a root without children costs one test)."""
+        state = self._principals.get(principal)
+        for root in state.active if state is not None else ():
+            run = root.run
+            if run is None or not run.children:
+                continue
+            child = run.find(run_id)
+            if child is not None:
+                return self._node(root, child)
+        return None
+
+    def _node(self, root: RunEntry, child: Run) -> RunEntry:
+        """The entry of ``child``, a descendant of ``root``'s run (made once)."""
+        entry = self.nodes.get(child.id)
+        if entry is None:
+            entry = self.nodes[child.id] = RunEntry(
+                run_id=child.id,
+                principal=root.principal,
+                agent=self.agent_name(child),
+                session_id=None,  # its conversation is kept under its parent's (§17)
+                on_disconnect="continue",
+                owner=None,
+                input_bytes=0,
+                run=child,
+                root=root,
+            )
+        return entry
+
+    def nodes_of(self, root: RunEntry) -> list[RunEntry]:
+        """``root`` and every node of its tree (see :func:`descendants`)."""
+        assert root.run is not None
+        return [root, *(self._node(root, child) for child in descendants(root.run))]
+
+    def _unindex(self, root: RunEntry) -> None:
+        """Forget the nodes of ``root``'s tree (the root is forgotten)."""
+        if root.run is None or not root.run.children:
+            return
+        for child in descendants(root.run):
+            entry = self.nodes.get(child.id)
+            if entry is not None and entry.root is root:
+                del self.nodes[child.id]
+
+    def agent_name(self, run: Run) -> str:
+        """The name of ``run``'s current agent: the one it is served under here, else
+        the agent's own name (a handoff target or a child's agent not served here)."""
+        return self._names.get(id(run.agent), run.agent.name)
+
+    def info(self, entry: RunEntry) -> RunInfo:
+        """What ``run.get`` reports about ``entry``'s run."""
+        assert entry.run is not None
+        current = entry.run.agent
+        if entry.root is None and self.agents.get(entry.agent) is current:
+            return entry.info()  # not handed off: the name it was started under
+        return entry.info(self.agent_name(entry.run))
+
+    def runs_of(self, principal: str, *, nodes: bool = False) -> list[RunEntry]:
+        """Every visible run of ``principal`` started here, oldest first (``nodes``:
+        each followed by the nodes of its tree)."""
         state = self._principals.get(principal)
         if state is None:
             return []
-        return [e for e in state.runs.values() if e.run is not None]
+        roots = [e for e in state.runs.values() if e.run is not None]
+        if not nodes:
+            return roots
+        return [node for root in roots for node in self.nodes_of(root)]
 
     def session_holder(self, principal: str, session_id: str) -> RunEntry | None:
         """The principal's run that holds ``session_id`` (its active run), if any.
@@ -250,6 +363,7 @@ class Registry:
 
     def drop(self, entry: RunEntry) -> None:
         """Forget at once an earlier attempt of a run this node resumes."""
+        self._unindex(entry)
         state = self.state_of(entry.principal)
         self.runs.pop(entry.run_id, None)
         state.runs.pop(entry.run_id, None)
@@ -276,9 +390,13 @@ class Registry:
         if entry.memory is not None:
             state.sessions.release(entry.memory)
         if not retain:
+            self._unindex(entry)
             self.runs.pop(entry.run_id, None)
             state.runs.pop(entry.run_id, None)
             return
+        if entry.run is not None and entry.run.children:
+            # The tree is final: every node is found by id from now, and retained.
+            entry.descendants = len(self.nodes_of(entry)) - 1
         self._finished.append((trio.current_time(), entry.principal, entry.run_id))
         self._finished_wakeup.set()
         state.finished[entry.run_id] = entry
@@ -289,6 +407,7 @@ class Registry:
 
     def _forget(self, entry: RunEntry, state: _Principal) -> None:
         """Forget a finished run (already taken out of ``state.finished``)."""
+        self._unindex(entry)
         if self.runs.get(entry.run_id) is entry:
             del self.runs[entry.run_id]
         state.runs.pop(entry.run_id, None)

@@ -96,6 +96,12 @@ def _items(name: str, value: Any) -> tuple[Item, ...]:
     return items
 
 
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false")
+    return value
+
+
 def _spec(check: _Validator) -> dict[str, _Validator]:
     """attrs field metadata: the wire validator of one request field."""
     return {"check": check}
@@ -211,16 +217,19 @@ class RunSubscribe:
     events: Literal["all", "status"] = attrs.field(
         default="all", metadata=_spec(_choice("all", "status"))
     )
+    # The run's subtree, merged (DESIGN §17); from_seq must then be 0 or absent.
+    tree: bool = attrs.field(default=False, metadata=_spec(_flag))
 
 
 @final
 @attrs.frozen(kw_only=True)
 class RunUnsubscribe:
-    """``run.unsubscribe``."""
+    """``run.unsubscribe`` (``tree``: the tree subscription to the run)."""
 
     op: ClassVar[str] = "run.unsubscribe"
     id: RequestId
     run_id: str = attrs.field(metadata=_NAME)
+    tree: bool = attrs.field(default=False, metadata=_spec(_flag))
 
 
 @final
@@ -236,10 +245,11 @@ class RunGet:
 @final
 @attrs.frozen(kw_only=True)
 class RunsList:
-    """``runs.list``."""
+    """``runs.list``: the roots of the principal's trees, or every node (``all``)."""
 
     op: ClassVar[str] = "runs.list"
     id: RequestId
+    all: bool = attrs.field(default=False, metadata=_spec(_flag))
 
 
 @final

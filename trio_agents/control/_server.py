@@ -175,7 +175,9 @@ class ControlServer:
             connections=len(self._connections),
             active_runs=registry.active_count,
             retained_runs=len(registry.runs) - registry.active_count,
-            subscriptions=sum(len(c.subscriptions) for c in self._connections),
+            subscriptions=sum(
+                len(c.subscriptions) + len(c.tree_subscriptions) for c in self._connections
+            ),
         )
 
     def principal_statistics(self, principal: str) -> PrincipalStatistics:
