@@ -267,3 +267,46 @@ def test_any_model_string_names_its_host_or_none(rest: str) -> None:
         assert model.base_url == rest[cut + 1 :].rstrip("/").removesuffix("/chat/completions")
         assert "://" not in model.model
         assert "@" not in model.base_url
+
+
+# ------------------------------------------------------------------------- API keys
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+async def test_the_api_key_is_read_when_the_model_is_called(
+    name: str, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 item 8: an agent built at import time, before a .env is loaded, sends
+    the key the environment has when the model is called, every call anew."""
+    provider = PROVIDERS[name]
+    server = await _serve(nursery)
+    server.add(*(provider.reply() for _ in range(4)))
+    agent = ta.Agent(name="early", model=f"{name}:m@{server.base_url}/v1")  # "import time"
+    explicit = from_string(f"{name}:m@{server.base_url}/v1", api_key="explicit-key")
+    monkeypatch.setenv(provider.key_env, "loaded-later")  # the .env is loaded
+    await _call(agent.model)
+    monkeypatch.setenv(provider.key_env, "rotated")
+    await _call(agent.model)
+    await _call(explicit)  # an explicit api_key= wins over the environment
+    monkeypatch.delenv(provider.key_env)
+    await _call(agent.model)
+    sent = [r.headers.get(provider.key_header) for r in server.requests]
+    assert sent == [
+        provider.key_value("loaded-later"),
+        provider.key_value("rotated"),
+        provider.key_value("explicit-key"),
+        None,
+    ]
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+async def test_an_explicit_empty_api_key_sends_none(
+    name: str, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = PROVIDERS[name]
+    server = await _serve(nursery)
+    server.add(provider.reply())
+    model = from_string(f"{name}:m@{server.base_url}/v1", api_key="")
+    monkeypatch.setenv(provider.key_env, "from-env")
+    await _call(model)
+    assert server.requests[0].headers.get(provider.key_header) is None
