@@ -88,6 +88,7 @@ async def test_a_base_url_with_user_info_is_refused_and_nothing_is_sent(
     monkeypatch.setenv(provider.base_env, decoy.base_url)
     decoy.add(provider.reply())
     spec = f"{name}:gpt-x@http://user:s3cr3t-pw@127.0.0.1:{target.port}/v1"
+
     async def build_and_call() -> None:
         await _call(from_string(spec))  # before the fix: reached the decoy
 
@@ -169,11 +170,11 @@ ACCEPTED = [
 @pytest.mark.parametrize("name", ["openai", "anthropic"])
 @pytest.mark.parametrize(("rest", "model", "base_url"), ACCEPTED)
 def test_accepted_model_strings(name: str, rest: str, model: str, base_url: str | None) -> None:
-    built = from_string(f"{name}:{rest}")
-    assert built.model == model  # type: ignore[attr-defined]
+    built: Any = from_string(f"{name}:{rest}")
+    assert built.model == model
     # What the model's constructor makes of the URL (Anthropic's drops a final /v1).
     expected = type(built)("x", base_url=base_url).base_url if base_url else DEFAULT_BASES[name]
-    assert built.base_url == expected  # type: ignore[attr-defined]
+    assert built.base_url == expected
 
 
 _PIECES = st.sampled_from(

@@ -27,13 +27,18 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def _fail(name: str, reply: Reply, nursery: trio.Nursery) -> tuple[ModelError, SSEServer]:
-    server = SSEServer([reply, PROVIDERS[name].reply()])
+    server = SSEServer()
+    server.add(reply, PROVIDERS[name].reply())
     await nursery.start(server.serve)
     model = from_string(f"{name}:m@{server.base_url}/v1", retry_base_delay=0)
-    with trio.fail_after(10), pytest.raises(ModelError) as caught:
+
+    async def call() -> None:
         async with model.stream(REQUEST) as stream:
             async for _event in stream:
                 pass
+
+    with trio.fail_after(10), pytest.raises(ModelError) as caught:
+        await call()
     assert len(server.requests) == 1, "the same request would get the same answer"
     message = str(caught.value)
     assert "\n" not in message

@@ -535,7 +535,7 @@ async def _serve_started(agent: ta.Agent, hooks: ta.RunHooks) -> ta.RunResult:
     from functools import partial
 
     async with trio.open_nursery() as nursery:
-        run = await nursery.start(partial(ta.serve_run, agent, "go", hooks=hooks))
+        run: ta.Run = await nursery.start(partial(ta.serve_run, agent, "go", hooks=hooks))
     assert run.result is not None
     return run.result
 
@@ -683,7 +683,8 @@ async def test_a_cancelled_run_leaves_the_callers_context(
     assert root.status.description == "parent cancelled"
     thread = traces.one("thread work")
     tool = traces.one("execute_tool in_thread")
-    assert thread.parent is not None and tool.context is not None
+    assert thread.parent is not None
+    assert tool.context is not None
     assert thread.parent.span_id == tool.context.span_id
 
 

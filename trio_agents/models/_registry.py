@@ -96,8 +96,11 @@ def _check_base_url(spec: str, url: str) -> None:
             " api_key=, and for a server behind HTTP basic auth build the model with"
             " client=httpx.AsyncClient(auth=...)",
         )
-    host, colon, port = netloc.rpartition(":") if not netloc.endswith("]") else (netloc, "", "")
-    if not colon:
+    # "host:port", "host", "[v6]:port" or "[v6]": the port is after the last ":" that
+    # is not inside the brackets.
+    host, colon, port_text = netloc.rpartition(":")
+    port: str | None = port_text
+    if not colon or netloc.endswith("]"):
         host, port = netloc, None
     if not host or not _HOST.fullmatch(host):
         raise _refuse(spec, f"the base URL has no valid host (got {netloc!r})")
