@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -703,3 +704,35 @@ async def partial_run(
         finally:
             # This task is the run's own: its context must be as it was.
             assert _current_span_id() == before
+
+
+async def test_a_run_started_from_a_thread_tool_is_a_child_of_its_call(
+    traces: Traces, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A sync tool (in a worker thread) that runs another agent through
+    ``trio.from_thread.run``: the inner run's span is a child of the calling tool's
+    span, and the thread's context is as it was once the inner run is done."""
+    seen: list[int] = []
+
+    @ta.function_tool
+    def delegate() -> str:
+        """Asks another agent."""
+        before = _current_span_id()
+        inner = make_agent(ScriptedModel(["inner answer"]))
+        inner = attrs.evolve(inner, name="inner")
+        result = trio.from_thread.run(_run_direct, inner, traces.hooks)
+        seen.extend([before, _current_span_id()])
+        return str(result.final_output)
+
+    model = ScriptedModel([Turn(tool_calls=[("delegate", {})]), "done"])
+    result = await ta.run(make_agent(model, [delegate]), "go", hooks=traces.hooks)
+    assert result.status == "completed"
+    assert traces.opened.open == {}
+    outer, inner = traces.one("invoke_agent tracer"), traces.one("invoke_agent inner")
+    tool = traces.one("execute_tool delegate")
+    assert tool.context is not None
+    assert inner.parent is not None
+    assert inner.parent.span_id == tool.context.span_id
+    assert seen == [tool.context.span_id, tool.context.span_id]
+    assert outer.context is not None
+    assert _current_span_id() == 0
