@@ -345,3 +345,13 @@ async def test_a_server_that_dies_mid_call_gives_error_results_and_is_reaped(
     assert [r.status for r in outputs] == ["error", "error"]
     assert all("MCP server 'dying'" in r.output for r in outputs)
     assert_gone(pidfile)
+
+
+async def test_a_server_that_exits_at_once_fails_the_block_with_one_error() -> None:
+    """Opening fails with the SDK's own error, not wrapped in exception groups (the
+    connection's task must not change what ``async with`` raises)."""
+    server = MCPServerStdio(sys.executable, ["-c", "import sys; sys.exit(3)"])
+    with trio.fail_after(HANG_GUARD), pytest.raises(Exception) as caught:  # noqa: PT011
+        await server.__aenter__()
+    assert not isinstance(caught.value, BaseExceptionGroup), repr(caught.value)
+    assert "closed" in str(caught.value).lower()

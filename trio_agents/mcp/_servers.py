@@ -157,28 +157,35 @@ class _Server:
         lives in a nursery around it). A transport failure is logged, and the calls
         see a closed connection.
         """
-        started = False
         with trio.CancelScope() as scope:
             self._scope = scope
+            stack = AsyncExitStack()
             try:
-                async with AsyncExitStack() as stack:
-                    read, write = await self._open_transport(stack)
-                    session = await stack.enter_async_context(ClientSession(read, write))
-                    await session.initialize()
-                    scope.shield = True
-                    task_status.started(session)
-                    started = True
-                    await self._closing.wait()
-            except Exception as error:
-                if not started:
-                    raise  # raised by __aenter__: the caller sees why the server did not open
-                # A server that died leaves its transport's error to be raised here,
-                # after its calls already failed with MCPToolError: report it, never
-                # replace the block's own outcome with it. (Cancelled and
-                # KeyboardInterrupt propagate.)
-                logger.warning(
-                    "MCP server %r: closing the connection raised %s", self.name, summarize(error)
-                )
+                read, write = await self._open_transport(stack)
+                session = await stack.enter_async_context(ClientSession(read, write))
+                await session.initialize()
+            except BaseException:
+                # Closed apart from the error, which propagates as it was raised (out of
+                # __aenter__), not wrapped in the groups of the SDK's task groups.
+                await stack.aclose()
+                raise
+            scope.shield = True
+            task_status.started(session)
+            try:
+                await self._closing.wait()
+            finally:
+                try:
+                    await stack.aclose()
+                except Exception as error:
+                    # A server that died leaves its transport's error to be raised
+                    # here, after its calls already failed with MCPToolError: report
+                    # it, never replace the block's own outcome with it. (Cancelled and
+                    # KeyboardInterrupt propagate.)
+                    logger.warning(
+                        "MCP server %r: closing the connection raised %s",
+                        self.name,
+                        summarize(error),
+                    )
 
     async def __aexit__(
         self,
