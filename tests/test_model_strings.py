@@ -246,3 +246,11 @@ async def test_an_explicit_empty_api_key_sends_none(
     monkeypatch.setenv(provider.key_env, "from-env")
     await _call(model)
     assert server.requests[0].headers.get(provider.key_header) is None
+
+
+def test_a_base_url_in_the_string_and_as_an_option_is_refused() -> None:
+    with pytest.raises(ModelSpecError, match="base_url= is given too"):
+        from_string("openai:m@http://127.0.0.1:1/v1", base_url="http://127.0.0.1:2/v1")
+    # Without a URL in the string, base_url= is the one named.
+    model = from_string("openai:m", base_url="http://127.0.0.1:2/v1")
+    assert model.base_url == "http://127.0.0.1:2/v1"  # type: ignore[attr-defined]

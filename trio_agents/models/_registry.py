@@ -161,7 +161,10 @@ def from_string(spec: str, **options: Any) -> Model:
     if not model:
         raise ValueError(f"unknown model spec {redact(spec)!r}; use one of {ACCEPTED_FORMS}")
     if base_url is not None:
-        options = {"base_url": base_url, **options}
+        if options.get("base_url") is not None:
+            # Two URLs named: neither may silently win.
+            raise _refuse(spec, "it names a base URL and base_url= is given too; give one")
+        options = {**options, "base_url": base_url}
     if provider == "openai":
         from ._openai import OpenAIChatModel
 
