@@ -108,3 +108,27 @@ async def test_a_huge_body_is_cut_in_the_message(
     error, _ = await _fail(name, reply, nursery)
     assert len(str(error)) < 1000, len(str(error))
     assert "\u2026" in str(error)
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+@pytest.mark.parametrize("status", [400, 502])
+async def test_a_huge_error_body_is_cut_in_the_message(
+    name: str, status: int, nursery: trio.Nursery
+) -> None:
+    server = SSEServer()
+    page = b"<html><body>" + b"Bad gateway. " * 100_000 + b"</body></html>"
+    server.add(Reply(status=status, headers=[("content-type", "text/html")], body=page))
+    await nursery.start(server.serve)
+    model = from_string(f"{name}:m@{server.base_url}/v1", max_retries=0)
+
+    async def call() -> None:
+        async with model.stream(REQUEST) as stream:
+            async for _event in stream:
+                pass
+
+    with trio.fail_after(10), pytest.raises(ModelError) as caught:
+        await call()
+    message = str(caught.value)
+    assert f"HTTP {status}" in message
+    assert "Bad gateway." in message
+    assert len(message) < 1000, len(message)
