@@ -736,3 +736,31 @@ async def test_a_run_started_from_a_thread_tool_is_a_child_of_its_call(
     assert seen == [tool.context.span_id, tool.context.span_id]
     assert outer.context is not None
     assert _current_span_id() == 0
+
+
+class _Exploding(SpanProcessor):
+    """A span processor that raises when a span named ``name`` starts or ends."""
+
+    def __init__(self, name: str, on: str) -> None:
+        self.name, self.on = name, on
+
+    def on_start(self, span: SDKSpan, parent_context: Context | None = None) -> None:
+        if self.on == "start" and span.name == self.name:
+            raise RuntimeError("processor bug")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.on == "end" and span.name == self.name:
+            raise RuntimeError("processor bug")
+
+
+@pytest.mark.parametrize("name", ["invoke_agent tracer", "chat", "execute_tool add"])
+@pytest.mark.parametrize("on", ["start", "end"])
+async def test_a_raising_span_processor_leaves_the_callers_context(
+    traces: Traces, autojump_clock: trio.testing.MockClock, name: str, on: str
+) -> None:
+    traces.provider.add_span_processor(_Exploding(name, on))
+    model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
+    before = _current_span_id()
+    result = await ta.run(make_agent(model, [add]), "go", hooks=traces.hooks)
+    assert _current_span_id() == before
+    assert result.status in ("completed", "failed")

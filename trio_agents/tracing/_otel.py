@@ -214,6 +214,17 @@ class OpenTelemetryHooks(RunHooks):
         record = self._runs.pop(run, None)
         if record is None:
             return
+        try:
+            self._end_run(record, result)
+        finally:
+            # Give the caller back the context it had, even if a span processor raised
+            # above: resetting the run's token restores the value from before
+            # on_run_start, whatever the model and tool hooks attached (and could not
+            # detach) in this task since. on_run_end runs in the run's task (the repair
+            # calls it there), so this never misses for run() or an awaited serve_run.
+            record.attached.detach()
+
+    def _end_run(self, record: _RunSpans, result: RunResult) -> None:
         for span, outcome, end_time in record.unfinished:
             self._end_unfinished_model(span, outcome, end_time, result)
         now = time.time_ns()
@@ -234,11 +245,6 @@ class OpenTelemetryHooks(RunHooks):
                 span.set_attribute(RUN_REASON, _short(result.reason))
             _set_error(span, _error_type(result), result.reason)
         span.end()
-        # Give the caller back the context it had: resetting the run's token restores the
-        # value from before on_run_start, whatever the model and tool hooks attached (and
-        # could not detach) in this task since. on_run_end runs in the run's task (the
-        # repair calls it there), so this never misses for run() or an awaited serve_run.
-        record.attached.detach()
 
     # -------------------------------------------------------------- model calls
 
