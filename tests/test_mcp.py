@@ -355,3 +355,15 @@ async def test_a_server_that_exits_at_once_fails_the_block_with_one_error() -> N
         await server.__aenter__()
     assert not isinstance(caught.value, BaseExceptionGroup), repr(caught.value)
     assert "closed" in str(caught.value).lower()
+
+
+async def test_progress_numbers_json_cannot_carry_are_left_out() -> None:
+    from trio_agents.mcp._servers import _progress_reporter
+
+    seen: list[tuple[str, dict[str, Any]]] = []
+    ctx = ta.ToolContext(run_id="r", call_id="c", tool_name="t")
+    object.__setattr__(ctx, "_on_progress", lambda message, data: seen.append((message, data)))
+    report = _progress_reporter(ctx)
+    await report(float("nan"), float("inf"), None)
+    await report(1.5, float("nan"), "half")
+    assert seen == [("progress nan", {}), ("half", {"progress": 1.5})]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import subprocess
 import sys
@@ -264,8 +265,12 @@ def _progress_reporter(ctx: ToolContext) -> ProgressFnT:
     message (or ``"progress <n>"``), with ``progress`` and ``total`` as data."""
 
     async def report(progress: float, total: float | None, message: str | None) -> None:
-        data: dict[str, Any] = {"progress": progress}
-        if total is not None:
+        # A server's NaN or infinity stays out of the event: JSON has no such numbers,
+        # and every subscriber of the run's events gets them as JSON.
+        data: dict[str, Any] = {}
+        if math.isfinite(progress):
+            data["progress"] = progress
+        if total is not None and math.isfinite(total):
             data["total"] = total
         ctx.progress(message if message else f"progress {progress:g}", **data)
 
