@@ -48,8 +48,9 @@ from .._util import summarize
 __all__ = ["MCPServerHTTP", "MCPServerStdio", "MCPToolError"]
 
 logger = logging.getLogger("trio_agents.mcp")
-# Seconds closing a connection may take in all (the SDK bounds each of its steps: 0.5 s
-# to flush, 2 s for the process to exit on its own, then the kill).
+# A deadline for closing the connection, set on its (shielded) task's scope by __aexit__:
+# the SDK bounds each step of its own, shielded shutdown (0.5 s to flush, 2 s for the
+# process to exit on its own, then the kill); this bounds what is not shielded.
 _CLOSE_BOUND = 10.0
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -200,8 +201,8 @@ class _Server:
             return
         self._closing.set()
         if self._scope is not None:
-            # The SDK bounds each step of its shutdown; this bounds them all, even
-            # when the caller's scope is cancelled (the connection's scope is shielded).
+            # The connection's scope is shielded from the caller's: its own deadline
+            # keeps closing bounded even when the caller's scope is cancelled.
             self._scope.deadline = trio.current_time() + _CLOSE_BOUND
         await stack.aclose()
 
