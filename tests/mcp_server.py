@@ -116,6 +116,18 @@ async def progress_then_done(steps: int, ctx: Context) -> str:
     return "done"
 
 
+_notices: list[Any] = []
+
+
+@server.tool()
+async def cancel_notices() -> str:
+    """Once a recorded notifications/cancelled has arrived: how many have (an HTTP
+    server answers a notification's POST before it dispatches it)."""
+    with anyio.fail_after(HANG_GUARD):
+        await _event("notice").wait()
+    return str(len(_notices))
+
+
 def _record_cancel_notices(path: str) -> None:
     """Append each notifications/cancelled the server receives to ``path``."""
     dispatch = JSONRPCDispatcher._dispatch_notification
@@ -124,6 +136,8 @@ def _record_cancel_notices(path: str) -> None:
         if msg.method == "notifications/cancelled":
             with open(path, "a", encoding="utf-8") as file:
                 file.write(json.dumps(msg.params) + "\n")
+            _notices.append(msg.params)
+            _event("notice").set()
         dispatch(self, msg, *args, **kwargs)
 
     JSONRPCDispatcher._dispatch_notification = recording  # type: ignore[method-assign]
