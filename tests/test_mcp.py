@@ -3,6 +3,7 @@ in a subprocess, over stdio and over Streamable HTTP on loopback, all under Trio
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -194,3 +195,182 @@ async def test_tool_prefix_and_timeout() -> None:
             tools = {tool.name: tool for tool in await server.list_tools()}
             assert "srv_add" in tools
             assert tools["srv_slow"].timeout == 0.5
+
+
+# ------------------------------------------- one scope over the run and the server
+
+
+def cancel_notices(record: Path) -> list[dict[str, Any]]:
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+async def test_one_scope_over_run_and_stdio_server_still_sends_the_cancel_notice(
+    tmp_path: Path,
+) -> None:
+    """Issue 29 item 12: the caller's scope cancels the call and closes the server in
+    one go; the server is told (notifications/cancelled) before its input closes."""
+    record = tmp_path / "record.jsonl"
+    env = {"TRIO_AGENTS_MCP_RECORD": str(record)}
+    with trio.fail_after(HANG_GUARD), trio.CancelScope() as outer:
+        async with MCPServerStdio(sys.executable, [SERVER, "stdio"], env=env) as server:
+            tools = await server.list_tools()
+            agent = agent_with(tools, [Turn(tool_calls=[("slow", {})])])
+            async with ta.open_run(agent, "go"):
+                assert await call_text(server, "wait_started") == "started"
+                outer.cancel()
+    assert outer.cancelled_caught
+    # The server read the notice before the end of its input, and is gone now.
+    notices = cancel_notices(record)
+    assert len(notices) == 1, notices
+    assert isinstance(notices[0]["requestId"], int | str)
+
+
+@HTTPCORE2_GC
+async def test_one_scope_over_run_and_http_server_still_sends_the_cancel_notice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRIO_AGENTS_MCP_RECORD", str(tmp_path / "record.jsonl"))
+    with trio.fail_after(HANG_GUARD):
+        async with http_server_process() as url:
+            with trio.CancelScope() as outer:
+                async with MCPServerHTTP(url) as server:
+                    tools = await server.list_tools()
+                    agent = agent_with(tools, [Turn(tool_calls=[("slow", {})])])
+                    async with ta.open_run(agent, "go"):
+                        assert await call_text(server, "wait_started") == "started"
+                        outer.cancel()
+            assert outer.cancelled_caught
+            # Asked on a new connection: the server dispatches a notification after
+            # it has answered its POST, so it may still be on its way.
+            async with MCPServerHTTP(url) as probe:
+                assert await call_text(probe, "cancel_notices") == "1"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_mcp_progress_becomes_tool_progress_events(transport: str, tmp_path: Path) -> None:
+    with trio.fail_after(HANG_GUARD):
+        async with open_server(transport) as server:
+            tools = await server.list_tools()
+            script: list[Turn | str] = [
+                Turn(tool_calls=[("progress_then_done", {"steps": 3})]),
+                Turn(tool_calls=[("slow_progress", {"steps": 2})]),
+            ]
+            async with ta.open_run(agent_with(tools, script), "go") as run:
+                progress: list[ta.ToolProgress] = []
+                async for event in run.events():
+                    if isinstance(event, ta.ToolProgress):
+                        progress.append(event)
+                        if event.name == "slow_progress" and event.data.get("progress") == 2:
+                            run.cancel("seen enough")
+    done = [(e.message, dict(e.data)) for e in progress if e.name == "progress_then_done"]
+    assert done == [
+        ("progress 1", {"progress": 1.0}),
+        ("step 2", {"progress": 2.0}),
+        ("progress 3", {"progress": 3.0}),
+    ]
+    slow = [(e.message, dict(e.data)) for e in progress if e.name == "slow_progress"]
+    assert slow == [
+        ("step 1 of 2", {"progress": 1.0, "total": 2.0}),
+        ("step 2 of 2", {"progress": 2.0, "total": 2.0}),
+    ]
+    assert run.result is not None
+    assert run.result.status == "cancelled"
+
+
+# ------------------------------------------------------------------ hostile servers
+
+RAW_SERVER = str(Path(__file__).with_name("mcp_raw_server.py"))
+
+
+def raw_server(mode: str, tmp_path: Path, **kw: Any) -> tuple[MCPServerStdio, Path]:
+    pidfile = tmp_path / f"{mode}.pid"
+    return MCPServerStdio(sys.executable, [RAW_SERVER, mode, str(pidfile)], **kw), pidfile
+
+
+def assert_gone(pidfile: Path) -> None:
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pidfile.read_text()), 0)
+
+
+async def test_a_server_that_never_answers_initialize_is_bounded_by_the_callers_scope(
+    tmp_path: Path,
+) -> None:
+    server, pidfile = raw_server("silent-init", tmp_path)
+    with trio.fail_after(HANG_GUARD):
+        with trio.move_on_after(1) as scope:
+            async with server:
+                raise AssertionError("opened a server that never answered")
+    assert scope.cancelled_caught
+    assert_gone(pidfile)
+    with pytest.raises(RuntimeError, match="not open"):
+        server.session  # noqa: B018
+
+
+async def test_a_server_that_never_answers_list_tools_is_bounded_and_stopped(
+    tmp_path: Path,
+) -> None:
+    server, pidfile = raw_server("silent-list", tmp_path)
+    with trio.fail_after(HANG_GUARD), trio.move_on_after(1) as scope:
+        async with server:
+            await server.list_tools()
+    assert scope.cancelled_caught
+    assert_gone(pidfile)
+
+
+async def test_garbage_on_stdout_is_skipped(tmp_path: Path) -> None:
+    """A server that prints a banner or log lines to stdout (against the spec) still
+    works: the lines that are no JSON-RPC message are logged and skipped."""
+    server, pidfile = raw_server("garbage", tmp_path)
+    with trio.fail_after(HANG_GUARD):
+        async with server:
+            tools = await server.list_tools()
+            result = await ta.run(
+                agent_with(tools, [Turn(tool_calls=[("echo", {})]), "done"]), "go"
+            )
+    assert [r.output for r in result.new_items if isinstance(r, ta.ToolResult)] == ["echoed"]
+    assert_gone(pidfile)
+
+
+async def test_a_server_that_dies_mid_call_gives_error_results_and_is_reaped(
+    tmp_path: Path,
+) -> None:
+    """The process exits in the middle of a call: that call and every later one get an
+    error result naming the server, the block ends, nothing is left running."""
+    server, pidfile = raw_server("die-on-call", tmp_path, name="dying")
+    with trio.fail_after(HANG_GUARD):
+        async with server:
+            tools = await server.list_tools()
+            script: list[Turn | str] = [
+                Turn(tool_calls=[("echo", {})]),
+                Turn(tool_calls=[("echo", {})]),
+                "gave up",
+            ]
+            result = await ta.run(agent_with(tools, script), "go")
+    outputs = [r for r in result.new_items if isinstance(r, ta.ToolResult)]
+    assert [r.status for r in outputs] == ["error", "error"]
+    assert all("MCP server 'dying'" in r.output for r in outputs)
+    assert_gone(pidfile)
+
+
+async def test_a_server_that_exits_at_once_fails_the_block_with_one_error() -> None:
+    """Opening fails with the SDK's own error, not wrapped in exception groups (the
+    connection's task must not change what ``async with`` raises)."""
+    server = MCPServerStdio(sys.executable, ["-c", "import sys; sys.exit(3)"])
+    with trio.fail_after(HANG_GUARD), pytest.raises(Exception) as caught:  # noqa: PT011
+        await server.__aenter__()
+    assert not isinstance(caught.value, BaseExceptionGroup), repr(caught.value)
+    assert "closed" in str(caught.value).lower()
+
+
+async def test_progress_numbers_json_cannot_carry_are_left_out() -> None:
+    from trio_agents.mcp._servers import _progress_reporter
+
+    seen: list[tuple[str, dict[str, Any]]] = []
+    ctx = ta.ToolContext(run_id="r", call_id="c", tool_name="t")
+    object.__setattr__(ctx, "_on_progress", lambda message, data: seen.append((message, data)))
+    report = _progress_reporter(ctx)
+    await report(float("nan"), float("inf"), None)
+    await report(1.5, float("nan"), "half")
+    assert seen == [("progress nan", {}), ("half", {"progress": 1.5})]

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -507,3 +508,259 @@ async def test_spans_the_model_opens_are_children_of_its_chat_span(
     assert http.parent is not None
     assert chat.context is not None
     assert http.parent.span_id == chat.context.span_id
+
+
+# ------------------------------------------------------- the caller's context is kept
+
+
+def _current_span_id() -> int:
+    return trace.get_current_span().get_span_context().span_id
+
+
+async def _run_direct(agent: ta.Agent, hooks: ta.RunHooks) -> ta.RunResult:
+    return await ta.run(agent, "go", hooks=hooks)
+
+
+async def _run_in_block(agent: ta.Agent, hooks: ta.RunHooks) -> ta.RunResult:
+    async with ta.open_run(agent, "go", hooks=hooks) as run:
+        pass
+    assert run.result is not None
+    return run.result
+
+
+async def _serve_awaited(agent: ta.Agent, hooks: ta.RunHooks) -> ta.RunResult:
+    return await ta.serve_run(agent, "go", hooks=hooks)
+
+
+async def _serve_started(agent: ta.Agent, hooks: ta.RunHooks) -> ta.RunResult:
+    from functools import partial
+
+    async with trio.open_nursery() as nursery:
+        run: ta.Run = await nursery.start(partial(ta.serve_run, agent, "go", hooks=hooks))
+    assert run.result is not None
+    return run.result
+
+
+ENTRIES = {
+    "run": _run_direct,
+    "open_run": _run_in_block,
+    "serve_run": _serve_awaited,
+    "nursery.start(serve_run)": _serve_started,
+}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("with_caller_span", [False, True])
+async def test_the_callers_current_span_is_unchanged_after_a_run(
+    traces: Traces, autojump_clock: trio.testing.MockClock, entry: str, with_caller_span: bool
+) -> None:
+    """§13: a run's span is never left as the caller's current span, so the next run in
+    the same task is not parented to the finished one."""
+    from opentelemetry import context as otel_context
+
+    def agent() -> ta.Agent:
+        # A tool call alone in its turn runs in the model-stream task: for run() and an
+        # awaited serve_run, that is the caller's own task.
+        model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
+        return make_agent(model, [add])
+
+    token = None
+    if with_caller_span:
+        # attach, not `with`: a `with` block's own detach would hide a leak.
+        caller = traces.tracer.start_span("caller")
+        token = otel_context.attach(trace.set_span_in_context(caller))
+    before = _current_span_id()
+    first = await ENTRIES[entry](agent(), traces.hooks)
+    assert _current_span_id() == before
+    second = await ENTRIES[entry](agent(), traces.hooks)
+    assert _current_span_id() == before
+    assert first.status == second.status == "completed"
+    roots = [s for s in traces.named("invoke_agent ") if attrs_of(s)]
+    hooked = [s for s in roots if s.name == "invoke_agent tracer"]
+    assert len(hooked) >= 2
+    for root in hooked:
+        parent = root.parent.span_id if root.parent is not None else 0
+        assert parent == before, "a run's span is parented to another run's"
+    if token is not None:
+        otel_context.detach(token)
+
+
+class _Wrapping(ta.RunHooks):
+    """Delegates to OpenTelemetryHooks; ``fault`` names the hook that misbehaves after
+    delegating: ``"raise"`` raises, ``"block"`` blocks until cancelled."""
+
+    def __init__(self, inner: OpenTelemetryHooks, hook: str, fault: str) -> None:
+        self.inner, self.hook, self.fault = inner, hook, fault
+
+    async def _after(self, name: str) -> None:
+        if name != self.hook:
+            return
+        if self.fault == "raise":
+            raise RuntimeError(f"{name} bug")
+        await trio.sleep_forever()
+
+    async def on_run_start(self, run: ta.Run) -> None:
+        await self.inner.on_run_start(run)
+        await self._after("on_run_start")
+
+    async def on_run_end(self, run: ta.Run, result: ta.RunResult) -> None:
+        await self.inner.on_run_end(run, result)
+
+    async def on_model_start(self, run: ta.Run, turn: int, request: ta.ModelRequest) -> None:
+        await self.inner.on_model_start(run, turn, request)
+        await self._after("on_model_start")
+
+    async def on_model_end(self, run: ta.Run, turn: int, outcome: str) -> None:
+        await self.inner.on_model_end(run, turn, outcome)
+        await self._after("on_model_end")
+
+    async def on_tool_start(self, run: ta.Run, call: ta.ToolCall) -> None:
+        await self.inner.on_tool_start(run, call)
+        await self._after("on_tool_start")
+
+    async def on_tool_end(self, run: ta.Run, call: ta.ToolCall, result: ta.ToolResult) -> None:
+        await self.inner.on_tool_end(run, call, result)
+        await self._after("on_tool_end")
+
+
+@pytest.mark.parametrize(
+    "hook",
+    ["on_run_start", "on_model_start", "on_model_end", "on_tool_start", "on_tool_end"],
+)
+@pytest.mark.parametrize("fault", ["raise", "block"])
+async def test_a_faulty_hook_leaves_the_callers_context_and_no_open_span(
+    traces: Traces, autojump_clock: trio.testing.MockClock, hook: str, fault: str
+) -> None:
+    model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
+    hooks = _Wrapping(traces.hooks, hook, fault)
+    before = _current_span_id()
+    with trio.move_on_after(60) as outer:  # a blocked start hook: the caller gives up
+        result = await ta.run(make_agent(model, [add]), "go", hooks=hooks, cleanup_timeout=1)
+    assert _current_span_id() == before
+    traces.check_tree()
+    if fault == "raise":
+        assert not outer.cancelled_caught
+        assert result.status == "failed"
+        assert f"{hook} bug" in (result.reason or "")
+
+
+async def test_a_cancelled_run_leaves_the_callers_context(
+    traces: Traces, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A tool alone in its turn runs in the caller's task under run(); cancelled, its
+    end hook runs in the repair's own task and cannot detach there."""
+    entered = trio.Event()
+
+    @ta.function_tool
+    async def block() -> str:
+        """Blocks."""
+        entered.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    @ta.function_tool
+    def in_thread() -> str:
+        """Opens a span in its worker thread and leaves it current there."""
+        from opentelemetry import context as otel_context
+
+        span = traces.tracer.start_span("thread work")
+        otel_context.attach(trace.set_span_in_context(span))
+        span.end()
+        return "ok"
+
+    model = ScriptedModel(
+        [Turn(tool_calls=[("in_thread", {})]), Turn(tool_calls=[("block", {})]), "never"]
+    )
+    before = _current_span_id()
+    with trio.CancelScope() as outer:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(entered.wait)
+            nursery.start_soon(
+                partial_run, make_agent(model, [block, in_thread]), traces.hooks, entered, outer
+            )
+    assert outer.cancelled_caught
+    assert _current_span_id() == before
+    root = traces.check_tree()
+    assert root.status.description == "parent cancelled"
+    thread = traces.one("thread work")
+    tool = traces.one("execute_tool in_thread")
+    assert thread.parent is not None
+    assert tool.context is not None
+    assert thread.parent.span_id == tool.context.span_id
+
+
+async def partial_run(
+    agent: ta.Agent, hooks: ta.RunHooks, entered: trio.Event, outer: trio.CancelScope
+) -> None:
+    async def cancel_when_entered() -> None:
+        await entered.wait()
+        outer.cancel()
+
+    before = _current_span_id()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_when_entered)
+        try:
+            await ta.run(agent, "go", hooks=hooks)
+        finally:
+            # This task is the run's own: its context must be as it was.
+            assert _current_span_id() == before
+
+
+async def test_a_run_started_from_a_thread_tool_is_a_child_of_its_call(
+    traces: Traces, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A sync tool (in a worker thread) that runs another agent through
+    ``trio.from_thread.run``: the inner run's span is a child of the calling tool's
+    span, and the thread's context is as it was once the inner run is done."""
+    seen: list[int] = []
+
+    @ta.function_tool
+    def delegate() -> str:
+        """Asks another agent."""
+        before = _current_span_id()
+        inner = make_agent(ScriptedModel(["inner answer"]))
+        inner = attrs.evolve(inner, name="inner")
+        result = trio.from_thread.run(_run_direct, inner, traces.hooks)
+        seen.extend([before, _current_span_id()])
+        return str(result.final_output)
+
+    model = ScriptedModel([Turn(tool_calls=[("delegate", {})]), "done"])
+    result = await ta.run(make_agent(model, [delegate]), "go", hooks=traces.hooks)
+    assert result.status == "completed"
+    assert traces.opened.open == {}
+    outer, inner = traces.one("invoke_agent tracer"), traces.one("invoke_agent inner")
+    tool = traces.one("execute_tool delegate")
+    assert tool.context is not None
+    assert inner.parent is not None
+    assert inner.parent.span_id == tool.context.span_id
+    assert seen == [tool.context.span_id, tool.context.span_id]
+    assert outer.context is not None
+    assert _current_span_id() == 0
+
+
+class _Exploding(SpanProcessor):
+    """A span processor that raises when a span named ``name`` starts or ends."""
+
+    def __init__(self, name: str, on: str) -> None:
+        self.name, self.on = name, on
+
+    def on_start(self, span: SDKSpan, parent_context: Context | None = None) -> None:
+        if self.on == "start" and span.name == self.name:
+            raise RuntimeError("processor bug")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.on == "end" and span.name == self.name:
+            raise RuntimeError("processor bug")
+
+
+@pytest.mark.parametrize("name", ["invoke_agent tracer", "chat", "execute_tool add"])
+@pytest.mark.parametrize("on", ["start", "end"])
+async def test_a_raising_span_processor_leaves_the_callers_context(
+    traces: Traces, autojump_clock: trio.testing.MockClock, name: str, on: str
+) -> None:
+    traces.provider.add_span_processor(_Exploding(name, on))
+    model = ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
+    before = _current_span_id()
+    result = await ta.run(make_agent(model, [add]), "go", hooks=traces.hooks)
+    assert _current_span_id() == before
+    assert result.status in ("completed", "failed")

@@ -69,7 +69,10 @@ def _to_settings(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 def _spec_problem(spec: str) -> tuple[str, str]:
     """What is wrong with a model string ``from_string`` refused, and a likely fix."""
+    from .models._registry import redact
+
     name = spec.strip()
+    spec = redact(spec)
     provider, colon, _rest = name.partition(":")
     if not colon:
         guess = "anthropic" if name.startswith("claude") else "openai"
@@ -85,10 +88,12 @@ def _spec_problem(spec: str) -> tuple[str, str]:
 def model_from_string(spec: str) -> Model:
     """Build the model a model string names (``models.from_string``), or raise a
     ``ValueError`` naming the string, what is wrong, and the known prefixes."""
-    from .models._registry import PROVIDERS, from_string
+    from .models._registry import PROVIDERS, ModelSpecError, from_string
 
     try:
         return from_string(spec)
+    except ModelSpecError:
+        raise  # says exactly what is ambiguous in the string, credentials masked
     except ValueError:
         problem, hint = _spec_problem(spec)
         prefixes = ", ".join(f"{provider}:" for provider in PROVIDERS)
@@ -104,7 +109,9 @@ def _to_model(value: Model | str) -> Model:
         try:
             return model_from_string(value)
         except ValueError as exc:
-            raise ValueError(f"Agent(model={value!r}): {exc}") from None
+            from .models._registry import redact
+
+            raise ValueError(f"Agent(model={redact(value)!r}): {exc}") from None
     return value
 
 

@@ -1,14 +1,19 @@
 """MCP servers as async context managers, their tools as ordinary :class:`Tool`\\ s.
 
 Built on the official ``mcp`` SDK, which is written on AnyIO and so runs under Trio.
-The connection (the SDK's transport task group and ``ClientSession``) is opened in
-``__aenter__`` and closed in ``__aexit__``, in the task that holds the ``async with``;
-tool calls may come from any task of the same Trio run (a run's tool tasks).
+The connection (the SDK's transport task group and ``ClientSession``) lives in a task
+of its own, started in a nursery by ``__aenter__`` and ended by ``__aexit__``; tool
+calls may come from any task of the same Trio run (a run's tool tasks).
 
 Cancellation: a tool call is an ``await session.call_tool(...)``. When the run (or the
 tool's timeout) cancels it, the SDK sends ``notifications/cancelled`` for the request,
 in a shielded, bounded write, and the call raises ``Cancelled`` at once: the server is
-told, nobody waits for it.
+told, nobody waits for it. The write goes through the transport's tasks, so those must
+outlive the call even when the caller's scope covers both the run and the server's
+block: hence the connection's own task, shielded once the connection is open.
+
+Progress: each call passes a progress callback, so the SDK sends a progress token and
+the server's ``notifications/progress`` for the call become ``ctx.progress(...)``.
 
 A server that dies: its pending requests fail as the connection closes, and every later
 call fails at once (the connection is marked closed), each with a :class:`MCPToolError`
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import subprocess
 import sys
@@ -30,8 +36,10 @@ from typing import Any, Self
 import anyio
 import httpx2
 import mcp.types as mcp_types
+import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import ProgressFnT
 
 from .._exceptions import TrioAgentsError
 from .._tools import Tool, ToolContext
@@ -40,6 +48,10 @@ from .._util import summarize
 __all__ = ["MCPServerHTTP", "MCPServerStdio", "MCPToolError"]
 
 logger = logging.getLogger("trio_agents.mcp")
+# A deadline for closing the connection, set on its (shielded) task's scope by __aexit__:
+# the SDK bounds each step of its own, shielded shutdown (0.5 s to flush, 2 s for the
+# process to exit on its own, then the kill); this bounds what is not shielded.
+_CLOSE_BOUND = 10.0
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -100,6 +112,9 @@ class _Server:
         self._stack: AsyncExitStack | None = None
         self._session: ClientSession | None = None
         self._closed_reason: str | None = None
+        # The connection task's scope and its stop signal (made anew by each open).
+        self._scope: trio.CancelScope | None = None
+        self._closing = trio.Event()
 
     @property
     def session(self) -> ClientSession:
@@ -118,19 +133,61 @@ class _Server:
     async def __aenter__(self) -> Self:
         if self._stack is not None:
             raise RuntimeError(f"MCP server {self.name!r} is already open")
+        self._closing = trio.Event()
         stack = AsyncExitStack()
         try:
-            read, write = await self._open_transport(stack)
-            session = await stack.enter_async_context(ClientSession(read, write))
-            await session.initialize()
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            session = await nursery.start(self._connection)
         except BaseException:
-            # Not in a shielded scope of ours: the stack holds the SDK's task groups,
-            # whose scopes must be left from outside any scope opened after them (the
-            # SDK shields its own transport shutdown).
             await stack.aclose()
             raise
         self._stack, self._session, self._closed_reason = stack, session, None
         return self
+
+    async def _connection(self, *, task_status: trio.TaskStatus[ClientSession]) -> None:
+        """The connection's own task: the SDK's transport and session live here.
+
+        Once the session is initialized, this task's scope is *shielded*: a scope of
+        the caller's that covers both a run and this server's block then cancels the
+        run's calls, whose ``notifications/cancelled`` the transport (still running
+        here) writes out before ``__aexit__`` closes the connection. Without the
+        shield the transport's tasks were cancelled in the same instant as the calls,
+        and the server only saw its input close. ``__aexit__`` ends this task (and
+        bounds it with a deadline on this scope).
+
+        Never raises an ``Exception``: it would cancel the caller's block (this task
+        lives in a nursery around it). A transport failure is logged, and the calls
+        see a closed connection.
+        """
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            stack = AsyncExitStack()
+            try:
+                read, write = await self._open_transport(stack)
+                session = await stack.enter_async_context(ClientSession(read, write))
+                await session.initialize()
+            except BaseException:
+                # Closed apart from the error, which propagates as it was raised (out of
+                # __aenter__), not wrapped in the groups of the SDK's task groups.
+                await stack.aclose()
+                raise
+            scope.shield = True
+            task_status.started(session)
+            try:
+                await self._closing.wait()
+            finally:
+                try:
+                    await stack.aclose()
+                except Exception as error:
+                    # A server that died leaves its transport's error to be raised
+                    # here, after its calls already failed with MCPToolError: report
+                    # it, never replace the block's own outcome with it. (Cancelled and
+                    # KeyboardInterrupt propagate.)
+                    logger.warning(
+                        "MCP server %r: closing the connection raised %s",
+                        self.name,
+                        summarize(error),
+                    )
 
     async def __aexit__(
         self,
@@ -142,15 +199,12 @@ class _Server:
         self._closed_reason = "the server was closed"
         if stack is None:
             return
-        try:
-            await stack.aclose()
-        except Exception as error:
-            # A server that died leaves its transport's error to be raised here, after
-            # its calls already failed with MCPToolError: report it, never replace the
-            # block's own outcome with it. (Cancelled and KeyboardInterrupt propagate.)
-            logger.warning(
-                "MCP server %r: closing the connection raised %s", self.name, summarize(error)
-            )
+        self._closing.set()
+        if self._scope is not None:
+            # The connection's scope is shielded from the caller's: its own deadline
+            # keeps closing bounded even when the caller's scope is cancelled.
+            self._scope.deadline = trio.current_time() + _CLOSE_BOUND
+        await stack.aclose()
 
     async def list_tools(self) -> list[Tool]:
         """The server's tools (every page), as tools an agent can call."""
@@ -169,7 +223,7 @@ class _Server:
         remote = tool.name
 
         async def call(ctx: ToolContext, arguments: dict[str, Any]) -> str:
-            return await self._call(remote, arguments)
+            return await self._call(remote, arguments, ctx)
 
         return Tool.from_schema(
             _tool_name(remote, self._prefix),
@@ -179,12 +233,17 @@ class _Server:
             timeout=self._call_timeout,
         )
 
-    async def _call(self, tool: str, arguments: dict[str, Any]) -> str:
+    async def _call(
+        self, tool: str, arguments: dict[str, Any], ctx: ToolContext | None = None
+    ) -> str:
         session = self._session
         if session is None:
             raise MCPToolError(self.name, tool, self._closed_reason or "the server is not open")
+        # With a callback the SDK sends a progress token, and each of the server's
+        # notifications/progress for the call becomes a tool.progress event.
+        on_progress = _progress_reporter(ctx) if ctx is not None else None
         try:
-            result = await session.call_tool(tool, arguments)
+            result = await session.call_tool(tool, arguments, progress_callback=on_progress)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             raise MCPToolError(self.name, tool, "the connection to the server is gone") from exc
         except Exception as exc:
@@ -200,6 +259,23 @@ class _Server:
 
 def _describe(exc: BaseException) -> str:
     return summarize(exc)
+
+
+def _progress_reporter(ctx: ToolContext) -> ProgressFnT:
+    """An SDK progress callback that reports through ``ctx.progress``: the server's
+    message (or ``"progress <n>"``), with ``progress`` and ``total`` as data."""
+
+    async def report(progress: float, total: float | None, message: str | None) -> None:
+        # A server's NaN or infinity stays out of the event: JSON has no such numbers,
+        # and every subscriber of the run's events gets them as JSON.
+        data: dict[str, Any] = {}
+        if math.isfinite(progress):
+            data["progress"] = progress
+        if total is not None and math.isfinite(total):
+            data["total"] = total
+        ctx.progress(message if message else f"progress {progress:g}", **data)
+
+    return report
 
 
 class MCPServerStdio(_Server):

@@ -311,8 +311,8 @@ class AnthropicModel(HTTPStreamingModel):
         base_url: the API root, default ``$ANTHROPIC_BASE_URL`` or
             ``https://api.anthropic.com`` (requests go to ``{base_url}/v1/messages``;
             a ``base_url`` ending in ``/v1`` or ``/v1/messages`` is accepted too).
-        api_key: default ``$ANTHROPIC_API_KEY``; sent as ``x-api-key`` (left out when
-            there is none).
+        api_key: default ``$ANTHROPIC_API_KEY``, read at each call; sent as
+            ``x-api-key`` (left out when there is none).
         client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
             Without one, ``async with model:`` keeps one pooled client for the block,
             and outside such a block every stream opens and closes its own.
@@ -357,7 +357,10 @@ class AnthropicModel(HTTPStreamingModel):
         self._model = model
         base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
         self._base_url = normalize_base_url(base)
-        self._api_key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
+        # Only an explicit key is kept: $ANTHROPIC_API_KEY is read at each call
+        # (_build_request), so an agent built at import time, before a .env is
+        # loaded, still sends it.
+        self._api_key = api_key
         self._max_tokens = max_tokens
         self._settings = dict(settings)
 
@@ -392,8 +395,11 @@ class AnthropicModel(HTTPStreamingModel):
 
     def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
         headers = {"anthropic-version": API_VERSION}
-        if self._api_key:
-            headers["x-api-key"] = self._api_key
+        api_key = (
+            self._api_key if self._api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
+        )
+        if api_key:
+            headers["x-api-key"] = api_key
         return HTTPRequestSpec(
             url=f"{self._base_url}/v1/messages",
             headers=headers,

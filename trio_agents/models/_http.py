@@ -92,6 +92,8 @@ DRAIN_BOUND: Final = 1.0
 """How long to read on after the end-of-stream marker so the connection can be reused."""
 
 _BODY_HEAD_BYTES: Final = 2048
+# How much of an error body (or of a JSON body where a stream was expected) is read.
+_MAX_ERROR_BODY: Final = 64 * 1024
 """How much of a response body is kept to quote when it is not an event stream."""
 
 MAX_LINE_BYTES: Final = 16 * 1024 * 1024
@@ -790,7 +792,7 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         if "text/event-stream" not in content_type and "json" in content_type:
             body = await self._read_error_body()
             await self._close_response()
-            detail = error_detail(body, status) or "an empty body"
+            detail = _not_streamed_detail(body, status)
             raise ModelError(
                 f"{self._label()}: expected an event stream, got HTTP {status}"
                 f" {content_type!r}: {detail}",
@@ -820,11 +822,21 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         return ModelError(f"{self._label()}: {reason}", status_code=self._status)
 
     async def _read_error_body(self) -> bytes:
-        assert self._response is not None
+        """The body's first :data:`_MAX_ERROR_BODY` bytes: enough for any error message,
+        and a huge body (a whole non-streamed answer, a page) is not held in memory."""
+        body = bytearray()
         try:
-            return await self._response.aread()
+            # Through _next_chunk: the body iterator it keeps is unwound by
+            # _close_response, where a loop left early would leave httpx's async
+            # generators to the garbage collector.
+            while len(body) < _MAX_ERROR_BODY:
+                chunk = await self._next_chunk()
+                if chunk is None:
+                    break
+                body += chunk
         except httpx.HTTPError:
-            return b""
+            pass
+        return bytes(body[:_MAX_ERROR_BODY])
 
     async def _next_chunk(self) -> bytes | None:
         assert self._response is not None
@@ -1101,3 +1113,25 @@ class HTTPStreamingModel(abc.ABC):
     def _new_parser(self, call_ids: CallIds) -> StreamParser:
         """A fresh parser for one response; it makes its tool-call ids unique with
         ``call_ids`` (:meth:`CallIds.claim`)."""
+
+
+def _not_streamed_detail(body: bytes, status: int) -> str:
+    """What to say about a JSON body that came where an event stream was expected.
+
+    Only a body that *is* an error (an ``"error"`` member, or Anthropic's
+    ``{"type": "error", ...}``) is read as one. Anything else — a whole non-streamed
+    answer, say Anthropic's ``{"type": "message", ...}`` — is quoted, cut to a few
+    hundred characters: its ``type`` names what it is, not an error.
+    """
+    text = body.decode("utf-8", errors="replace")
+    if not text.strip():
+        return "an empty body"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and (data.get("error") or data.get("type") == "error"):
+        detail = error_detail(body, status)
+        if detail:
+            return detail
+    return repr(one_line(text, 300))

@@ -307,8 +307,8 @@ class OpenAIChatModel(HTTPStreamingModel):
         model: the model name (``"gpt-4o-mini"``, ``"llama3.1:8b"``, ...).
         base_url: the API root, default ``$OPENAI_BASE_URL`` or
             ``https://api.openai.com/v1``.
-        api_key: default ``$OPENAI_API_KEY``; with neither, no ``Authorization``
-            header is sent (fine for local servers).
+        api_key: default ``$OPENAI_API_KEY``, read at each call; with neither, no
+            ``Authorization`` header is sent (fine for local servers).
         client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
             Without one, ``async with model:`` keeps one pooled client for the block,
             and outside such a block every stream opens and closes its own.
@@ -356,7 +356,10 @@ class OpenAIChatModel(HTTPStreamingModel):
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         # A pasted endpoint URL is accepted: requests go to {base_url}/chat/completions.
         self._base_url = base.rstrip("/").removesuffix("/chat/completions")
-        self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        # Only an explicit key is kept: $OPENAI_API_KEY is read at each call
+        # (_build_request), so an agent built at import time, before a .env is
+        # loaded, still sends it.
+        self._api_key = api_key
         self._settings = dict(settings)
         if not isinstance(native_output, bool):
             raise TypeError(f"native_output must be a bool, not {type(native_output).__name__}")
@@ -399,8 +402,9 @@ class OpenAIChatModel(HTTPStreamingModel):
 
     def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
         headers = {}
-        if self._api_key:
-            headers["authorization"] = f"Bearer {self._api_key}"
+        api_key = self._api_key if self._api_key is not None else os.environ.get("OPENAI_API_KEY")
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
         return HTTPRequestSpec(
             url=f"{self._base_url}/chat/completions",
             headers=headers,

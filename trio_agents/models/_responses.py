@@ -390,8 +390,8 @@ class OpenAIResponsesModel(HTTPStreamingModel):
         model: the model name (``"gpt-5-mini"``, ``"o4-mini"``, ...).
         base_url: the API root, default ``$OPENAI_BASE_URL`` or
             ``https://api.openai.com/v1``.
-        api_key: default ``$OPENAI_API_KEY``; with neither, no ``Authorization``
-            header is sent (fine for local servers).
+        api_key: default ``$OPENAI_API_KEY``, read at each call; with neither, no
+            ``Authorization`` header is sent (fine for local servers).
         client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
             Without one, ``async with model:`` keeps one pooled client for the block,
             and outside such a block every stream opens and closes its own.
@@ -445,7 +445,10 @@ class OpenAIResponsesModel(HTTPStreamingModel):
         self._model = model
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         self._base_url = base.rstrip("/").removesuffix("/responses")
-        self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        # Only an explicit key is kept: $OPENAI_API_KEY is read at each call
+        # (_build_request), so an agent built at import time, before a .env is
+        # loaded, still sends it.
+        self._api_key = api_key
         self._settings = dict(settings)
         if not isinstance(native_output, bool):
             raise TypeError(f"native_output must be a bool, not {type(native_output).__name__}")
@@ -503,8 +506,9 @@ class OpenAIResponsesModel(HTTPStreamingModel):
 
     def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
         headers = {}
-        if self._api_key:
-            headers["authorization"] = f"Bearer {self._api_key}"
+        api_key = self._api_key if self._api_key is not None else os.environ.get("OPENAI_API_KEY")
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
         return HTTPRequestSpec(
             url=f"{self._base_url}/responses", headers=headers, body=self.request_body(request)
         )

@@ -102,6 +102,9 @@ class _RunSpans:
 
     span: Span
     context: otel_context.Context
+    # on_run_start's attachment: in the run's own task, which for run() and an awaited
+    # serve_run is the caller's task, so on_run_end must undo it there.
+    attached: _Open
     models: dict[int, _Open] = attrs.field(factory=dict)
     tools: dict[str, _Open] = attrs.field(factory=dict)
     # Model spans that ended cancelled/failed, with their end time (ns): their reason
@@ -201,15 +204,27 @@ class OpenTelemetryHooks(RunHooks):
             f"invoke_agent {run.agent.name}", kind=SpanKind.INTERNAL, attributes=attributes
         )
         context = trace.set_span_in_context(span)
-        self._runs[run] = _RunSpans(span, context)
         # The model-stream task (and the tool tasks it spawns) see the run's span.
-        otel_context.attach(context)
+        token = otel_context.attach(context)
+        attached = _Open(span, token, trio.lowlevel.current_task())
+        self._runs[run] = _RunSpans(span, context, attached)
 
     async def on_run_end(self, run: Run, result: RunResult) -> None:
         """End the run's span with the result's status, usage and finish reason."""
         record = self._runs.pop(run, None)
         if record is None:
             return
+        try:
+            self._end_run(record, result)
+        finally:
+            # Give the caller back the context it had, even if a span processor raised
+            # above: resetting the run's token restores the value from before
+            # on_run_start, whatever the model and tool hooks attached (and could not
+            # detach) in this task since. on_run_end runs in the run's task (the repair
+            # calls it there), so this never misses for run() or an awaited serve_run.
+            record.attached.detach()
+
+    def _end_run(self, record: _RunSpans, result: RunResult) -> None:
         for span, outcome, end_time in record.unfinished:
             self._end_unfinished_model(span, outcome, end_time, result)
         now = time.time_ns()
