@@ -4,7 +4,7 @@ any number of concurrent runs, so a run's memory is not mixed up with a script's
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import final
@@ -74,7 +74,7 @@ class CallsThenAnswer:
     Stateless, like :class:`ToolThenAnswer`, so one agent serves every tree of a
     benchmark (the run trees of B8 and the fan-out)."""
 
-    def __init__(self, calls: Sequence[tuple[str, dict[str, object]]], answer: str) -> None:
+    def __init__(self, calls: Sequence[tuple[str, Mapping[str, object]]], answer: str) -> None:
         self._calls = [(tool, json.dumps(arguments)) for tool, arguments in calls]
         self._answer = answer
 

@@ -145,7 +145,9 @@ async def _one_cancel(agent: ta.Agent, naps: int, marker: str) -> tuple[float, f
     return t0, t_terminal
 
 
-def _summary(values: list[float], passes: GCPasses, marks: list[tuple[float, float]]) -> dict[str, Any]:
+def _summary(
+    values: list[float], passes: GCPasses, marks: list[tuple[float, float]]
+) -> dict[str, Any]:
     clean = [t1 - t0 for t0, t1 in marks if not passes.hit(t0, t1)]
     return {
         "n": len(values),
@@ -185,7 +187,9 @@ async def bench_b8(base: Baselines, *, trees: int, warmup: int) -> list[Figure]:
             extra={
                 **_summary(tree_values, passes, tree_marks),
                 "x_single_p99": round(tree_p99 / single_p99, 3),
-                "x_single_p50": round(percentile(tree_values, 50) / percentile(single_values, 50), 3),
+                "x_single_p50": round(
+                    percentile(tree_values, 50) / percentile(single_values, 50), 3
+                ),
                 **base.ratios(tree_p99),
                 **base.cancel_ratio(tree_p99),
             },
@@ -373,7 +377,10 @@ async def _in_flight(agent: ta.Agent, runs: int, blocked_calls: int) -> tuple[in
             for i in range(runs):
                 nursery.start_soon(
                     functools.partial(
-                        ta.run, agent, f"run {i}", max_concurrent_tools=max(1, blocked_calls // runs)
+                        ta.run,
+                        agent,
+                        f"run {i}",
+                        max_concurrent_tools=max(1, blocked_calls // runs),
                     )
                 )
             await trio.testing.wait_all_tasks_blocked()
@@ -431,4 +438,3 @@ async def bench_f1(base: Baselines, *, children: int, trees: int) -> list[Figure
             },
         )
     ]
-
