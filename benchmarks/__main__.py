@@ -124,7 +124,14 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
     if "B8" in only:
         from .tree import bench_b8
 
-        emit(await bench_b8(base, trees=3 if quick else 200, warmup=1 if quick else 20))
+        emit(
+            await bench_b8(
+                base,
+                trees=3 if quick else 200,
+                warmup=1 if quick else 20,
+                profiled=2 if quick else 20,
+            )
+        )
     if "B9" in only:
         from .tree import bench_b9
 

@@ -22,8 +22,10 @@ are fresh ``ScriptedModel`` scripts as in B2/W2.
 
 from __future__ import annotations
 
+import cProfile
 import functools
 import gc
+import pstats
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable
@@ -117,9 +119,12 @@ async def _all_napping(run: ta.Run, naps: int) -> None:
     raise RuntimeError("the run ended before every leaf was in its tool")
 
 
-async def _one_cancel(agent: ta.Agent, naps: int, marker: str) -> tuple[float, float]:
+async def _one_cancel(
+    agent: ta.Agent, naps: int, marker: str, profile: cProfile.Profile | None = None
+) -> tuple[float, float]:
     """One run (a tree when ``naps`` > 1) cancelled with every leaf in its tool:
-    (t_cancel, t_root_terminal_seen)."""
+    (t_cancel, t_root_terminal_seen). ``profile`` is enabled from just before
+    ``cancel()`` until the terminal update is seen (it counts the cancel path's calls)."""
     t_terminal = 0.0
     async with ta.open_run(agent, marker) as run:
         await _all_napping(run, naps)
@@ -131,9 +136,13 @@ async def _one_cancel(agent: ta.Agent, naps: int, marker: str) -> tuple[float, f
                 async for update in statuses:
                     if update.status.is_terminal:
                         t_terminal = time.monotonic()
+                        if profile is not None:
+                            profile.disable()
 
             nursery.start_soon(watch)
             await trio.lowlevel.checkpoint()  # the watcher is parked on the log now
+            if profile is not None:
+                profile.enable()
             t0 = time.monotonic()
             run.cancel("bench")
     nodes = _nodes(run)
@@ -158,8 +167,9 @@ def _summary(
     }
 
 
-async def bench_b8(base: Baselines, *, trees: int, warmup: int) -> list[Figure]:
-    """``trees`` trees and as many single runs, interleaved, after ``warmup`` of each."""
+async def bench_b8(base: Baselines, *, trees: int, warmup: int, profiled: int = 20) -> list[Figure]:
+    """``trees`` trees and as many single runs, interleaved, after ``warmup`` of each;
+    then ``profiled`` of each under cProfile for the calls on the cancel path."""
     tree_agent, single_agent = cancel_tree_agent(), _single_agent()
     tree_marks: list[tuple[float, float]] = []
     single_marks: list[tuple[float, float]] = []
@@ -171,6 +181,14 @@ async def bench_b8(base: Baselines, *, trees: int, warmup: int) -> list[Figure]:
             if i >= warmup:
                 tree_marks.append(tree)
                 single_marks.append(single)
+    # Python calls on the cancel path (cProfile, after the timed cancels): unlike the
+    # times, a count that does not move with the machine's load.
+    calls = {}
+    for label, agent, naps in (("tree", tree_agent, BRANCHES**2), ("single", single_agent, 1)):
+        profile = cProfile.Profile()
+        for i in range(profiled):
+            await _one_cancel(agent, naps, f"profiled {label} {i}", profile)
+        calls[label] = pstats.Stats(profile).total_calls / profiled  # type: ignore[attr-defined]
     tree_values = [t1 - t0 for t0, t1 in tree_marks]
     single_values = [t1 - t0 for t0, t1 in single_marks]
     tree_p99, single_p99 = percentile(tree_values, 99), percentile(single_values, 99)
@@ -190,6 +208,8 @@ async def bench_b8(base: Baselines, *, trees: int, warmup: int) -> list[Figure]:
                 "x_single_p50": round(
                     percentile(tree_values, 50) / percentile(single_values, 50), 3
                 ),
+                "calls_per_cancel": round(calls["tree"], 1),
+                "x_single_calls": round(calls["tree"] / calls["single"], 3),
                 **base.ratios(tree_p99),
                 **base.cancel_ratio(tree_p99),
             },
@@ -202,6 +222,7 @@ async def bench_b8(base: Baselines, *, trees: int, warmup: int) -> list[Figure]:
             " the trees",
             extra={
                 **_summary(single_values, passes, single_marks),
+                "calls_per_cancel": round(calls["single"], 1),
                 **base.ratios(single_p99),
                 **base.cancel_ratio(single_p99),
             },
