@@ -21,7 +21,7 @@ from .concurrency import bench_b3
 from .report import write_markdown
 
 HERE = Path(__file__).resolve().parent
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1", "B8", "B9", "F1")
 # "I": instruction counts under valgrind (minutes; not in the smoke test's ALL).
 DEFAULT = (*ALL, "I")
 
@@ -121,6 +121,31 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
                 repeats=1 if quick else 5,
             )
         )
+    if "B8" in only:
+        from .tree import bench_b8
+
+        emit(
+            await bench_b8(
+                base,
+                trees=3 if quick else 200,
+                warmup=1 if quick else 20,
+                profiled=2 if quick else 20,
+            )
+        )
+    if "B9" in only:
+        from .tree import bench_b9
+
+        # quick: wall time only (callgrind takes minutes; the child workload is smoke-run
+        # in-process by tests/test_benchmarks_smoke.py).
+        emit(
+            await bench_b9(
+                base, units=3 if quick else 200, repeats=1 if quick else 5, callgrind=not quick
+            )
+        )
+    if "F1" in only:
+        from .tree import bench_f1
+
+        emit(await bench_f1(base, children=5 if quick else 100, trees=1 if quick else 10))
     if "I" in only:
         from .instructions import bench_instructions
 

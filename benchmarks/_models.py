@@ -4,7 +4,7 @@ any number of concurrent runs, so a run's memory is not mixed up with a script's
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import final
@@ -14,7 +14,7 @@ import trio
 from trio_agents import ToolCall, ToolResult
 from trio_agents.models import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
 
-__all__ = ["ToolThenAnswer"]
+__all__ = ["CallsThenAnswer", "ToolThenAnswer"]
 
 
 @final
@@ -65,3 +65,29 @@ class ToolThenAnswer:
             return _Stream([TextDelta(last.output), usage, Finish("stop")])
         call = ToolCall(f"call_{len(request.items)}", self._tool, self._arguments)
         return _Stream([ToolCallDone(call), usage, Finish("tool_calls")])
+
+
+@final
+class CallsThenAnswer:
+    """First call: one turn of ``len(calls)`` parallel tool calls (``(tool, arguments)``
+    each); once the conversation ends with a tool result: the answer ``answer``.
+    Stateless, like :class:`ToolThenAnswer`, so one agent serves every tree of a
+    benchmark (the run trees of B8 and the fan-out)."""
+
+    def __init__(self, calls: Sequence[tuple[str, Mapping[str, object]]], answer: str) -> None:
+        self._calls = [(tool, json.dumps(arguments)) for tool, arguments in calls]
+        self._answer = answer
+
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        last = request.items[-1] if request.items else None
+        usage = Usage(input_tokens=10, output_tokens=2)
+        if isinstance(last, ToolResult):
+            return _Stream([TextDelta(self._answer), usage, Finish("stop")])
+        turn = len(request.items)
+        events: list[ModelEvent] = [
+            ToolCallDone(ToolCall(f"call_{turn}_{i}", tool, arguments))
+            for i, (tool, arguments) in enumerate(self._calls)
+        ]
+        return _Stream([*events, usage, Finish("tool_calls")])

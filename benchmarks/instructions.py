@@ -97,6 +97,10 @@ async def _workload(mode: str, n: int) -> None:
         async with LoopbackServer.running() as server:
             await drain(server.base_url, 50)
             await drain(server.base_url, n)
+    elif mode.startswith("b9_"):
+        from .tree import b9_workload
+
+        await b9_workload(mode, n)
     else:  # pragma: no cover
         raise ValueError(mode)
 

@@ -393,7 +393,12 @@ class Run:
             below = state.usage_below
             state.usage_below = usage if below is None else below + usage
         self._child_event(child, result.status)
-        self._waiting_changed()
+        # Every change of a descendant's waiting calls reaches this run at once
+        # (show_approvals -> on_waiting), so with nothing waiting below, the ended child
+        # had nothing waiting and recomputing would find and emit nothing; skipping it
+        # saves ~8 % of the Python calls of cancelling a 13-run tree (benchmark B8).
+        if state.waiting_below:
+            self._waiting_changed()
 
     def _child_event(self, child: Run, status: RunStatus) -> None:
         log = self._log
