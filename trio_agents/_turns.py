@@ -58,6 +58,7 @@ from ._state import (
     call_hook,
 )
 from ._toolcalls import ToolFailure, run_tools, settle_resumed_calls
+from ._util import TextJoiner
 from ._util import summarize
 
 __all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]
@@ -307,15 +308,25 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
                 lambda: hooks.on_model_end(handle, turn, "cancelled"),
             )
         log, run_id = state.log, state.run_id
+        # Streamed text is cleaned as it comes (a surrogate pair split across deltas is
+        # joined, a lone surrogate replaced): the deltas sent out are what is committed.
+        joiner = TextJoiner()
         async with agent.model.stream(request) as stream:
             async for event in stream:
-                # The hot path, inline: a text delta whose text is text.
+                # The hot path, inline: a text delta whose text is ASCII text.
                 if type(event) is TextDelta and type(event.text) is str:
-                    if event.text:
-                        partial.append(event.text)
-                        log.append(text_delta(run_id, log.next_seq, turn, event.text))
+                    text = event.text
+                    if not text.isascii() or joiner.held:
+                        text = joiner.feed(text)
+                    if text:
+                        partial.append(text)
+                        log.append(text_delta(run_id, log.next_seq, turn, text))
                 else:
-                    _accept(state, event, turn, partial, calls)
+                    _accept(state, event, turn, partial, calls, joiner)
+        tail = joiner.flush()  # a high surrogate the stream ended on: lone
+        if tail:
+            partial.append(tail)
+            log.append(text_delta(run_id, log.next_seq, turn, tail))
     state.stream_scope = None
     if stream_scope.cancelled_caught:
         state.keep_partial_text()
@@ -374,7 +385,12 @@ async def _end_model_span(state: RunState, turn: int, outcome: str) -> None:
 
 
 def _accept(
-    state: RunState, event: object, turn: int, partial: list[str], calls: list[ToolCall]
+    state: RunState,
+    event: object,
+    turn: int,
+    partial: list[str],
+    calls: list[ToolCall],
+    joiner: TextJoiner,
 ) -> None:
     """Validate one model event and take it in (raises ModelError for a bad one)."""
     kind = type(event)
@@ -383,6 +399,7 @@ def _accept(
         text = event.text
         if type(text) is not str:
             raise ModelError(f"model yielded a TextDelta whose text is {type(text).__name__}")
+        text = joiner.feed(text)
         if text:
             partial.append(text)
             state.log.append(text_delta(state.run_id, state.log.next_seq, turn, text))
