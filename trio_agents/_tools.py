@@ -31,7 +31,13 @@ import trio
 from ._exceptions import TrioAgentsError
 from ._frozen import freeze_json
 from ._model import ToolSpec
-from ._schema import ArgumentConversionError, FunctionSchema, function_schema, validate
+from ._schema import (
+    ArgumentConversionError,
+    FunctionSchema,
+    function_schema,
+    loads_json,
+    validate,
+)
 
 __all__ = [
     "Tool",
@@ -421,10 +427,13 @@ class Tool:
         if not arguments.strip():
             arguments = "{}"  # some models send nothing for a tool without parameters
         try:
-            value = json.loads(arguments, parse_constant=_reject_constant)
+            value = loads_json(arguments)
         except (ValueError, RecursionError) as exc:
             raise ToolArgumentsError(self.name, [f"invalid JSON: {exc}"]) from None
-        errors = validate(self.parameters, value)
+        try:
+            errors = validate(self.parameters, value)
+        except RecursionError:  # decodable, but too deep for the checker's recursion
+            raise ToolArgumentsError(self.name, ["$: nested too deeply"]) from None
         if errors or not isinstance(value, dict):
             raise ToolArgumentsError(self.name, errors or ["$: expected object"])
         return value
@@ -504,10 +513,8 @@ class Tool:
             return self._schema.convert(arguments)
         except ArgumentConversionError as exc:
             raise ToolArgumentsError(self.name, exc.errors) from exc
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+        except RecursionError:
+            raise ToolArgumentsError(self.name, ["$: nested too deeply"]) from None
 
 
 def _unwrap_callable(fn: object) -> object:

@@ -13,6 +13,7 @@ __all__ = [
     "TextJoiner",
     "clean_text",
     "describe_error",
+    "error_message",
     "first_leaf",
     "leaves",
     "only_cancelled",
@@ -48,7 +49,7 @@ def first_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-def _message(exc: BaseException) -> str:
+def error_message(exc: BaseException) -> str:
     """``str(exc)``, which is user code: one whose ``__str__`` raises (or returns no
     str) must not turn the report of an error into a new one."""
     try:
@@ -60,7 +61,7 @@ def _message(exc: BaseException) -> str:
 
 def describe_error(exc: BaseException) -> str:
     """``"Type: message"`` (``"Type"`` without a message), safe for any exception."""
-    text = " ".join(_message(exc).split())  # one line, whatever the message held
+    text = " ".join(error_message(exc).split())  # one line, whatever the message held
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
