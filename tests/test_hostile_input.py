@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -119,7 +119,7 @@ async def measure(span: Span) -> int:
 
 
 def test_an_assert_in_an_argument_validator_is_invalid_arguments() -> None:
-    script = [
+    script: list[Turn | str] = [
         Turn(tool_calls=[("measure", '{"span": {"start": 5, "end": 1}}')]),
         Turn(tool_calls=[("measure", '{"span": {"start": 1, "end": 5}}')]),
         "done",
@@ -134,7 +134,7 @@ def test_an_assert_in_an_argument_validator_is_invalid_arguments() -> None:
     assert good.output == "4"
 
 
-def _refuses(arguments: dict[str, Any]) -> bool:
+def _refuses(arguments: Mapping[str, Any]) -> bool:
     raise BrokenStr
 
 
@@ -225,7 +225,9 @@ def _deep(depth: int) -> str:
 @pytest.mark.parametrize("depth", [100_000, 990], ids=["undecodable", "decodable"])
 def test_a_deeply_nested_final_answer_is_a_validation_error(depth: int) -> None:
     nested = _deep(depth)
-    obs = observe([answer(f'{{"response": {nested}}}'), answer('{"response": []}')], output_type=list)
+    obs = observe(
+        [answer(f'{{"response": {nested}}}'), answer('{"response": []}')], output_type=list
+    )
     assert obs.result.status is RunStatus.COMPLETED
     assert obs.result.final_output == []
     rejected = results(obs)[0]
@@ -249,7 +251,10 @@ async def count(items: list[Any]) -> int:
 
 @pytest.mark.parametrize("depth", [100_000, 990], ids=["undecodable", "decodable"])
 def test_deeply_nested_tool_arguments_are_invalid_arguments(depth: int) -> None:
-    script = [Turn(tool_calls=[("count", f'{{"items": {_deep(depth)}}}')]), "done"]
+    script: list[Turn | str] = [
+        Turn(tool_calls=[("count", f'{{"items": {_deep(depth)}}}')]),
+        "done",
+    ]
     obs = observe(script, tools=[count])
     assert obs.result.status is RunStatus.COMPLETED
     (result,) = results(obs)
@@ -267,9 +272,7 @@ class Reading:
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"])
 def test_a_non_finite_number_in_a_final_answer_is_a_validation_error(number: str) -> None:
-    obs = observe(
-        [answer(f'{{"value": {number}}}'), answer('{"value": 1.5}')], output_type=Reading
-    )
+    obs = observe([answer(f'{{"value": {number}}}'), answer('{"value": 1.5}')], output_type=Reading)
     assert obs.result.final_output == Reading(1.5)
     rejected = results(obs)[0]
     assert rejected.status == "error"

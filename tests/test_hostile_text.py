@@ -181,9 +181,7 @@ async def test_tool_arguments_with_lone_surrogates_are_sent_back_encodable(
     assert ta.ToolResult("call_1", "x\ufffd") in first.new_items
 
 
-async def test_nul_is_kept_and_sent_escaped(
-    wire: Wire, server: SSEServer, tmp_path: Path
-) -> None:
+async def test_nul_is_kept_and_sent_escaped(wire: Wire, server: SSEServer, tmp_path: Path) -> None:
     @ta.function_tool
     async def read() -> str:
         """Read."""

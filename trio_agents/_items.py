@@ -137,7 +137,9 @@ class ToolCall:
 
     call_id: str = attrs.field(converter=_text, validator=_nonempty_str_field("ToolCall.call_id"))
     name: str = attrs.field(converter=_text, validator=_nonempty_str_field("ToolCall.name"))
-    arguments: str = attrs.field(default="{}", converter=_text, validator=_str_field("ToolCall.arguments"))
+    arguments: str = attrs.field(
+        default="{}", converter=_text, validator=_str_field("ToolCall.arguments")
+    )
 
     def to_json(self) -> dict[str, Any]:
         """Return the item as a JSON-compatible dict (OpenAI Responses ``function_call``)."""

@@ -58,8 +58,7 @@ from ._state import (
     call_hook,
 )
 from ._toolcalls import ToolFailure, run_tools, settle_resumed_calls
-from ._util import TextJoiner
-from ._util import summarize
+from ._util import TextJoiner, summarize
 
 __all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]
 

@@ -25,11 +25,11 @@ from ._clock import _release as _release_hold
 
 __all__ = [
     "GARBAGE",
+    "HOSTILE_TEXTS",
+    "BrokenStrError",
     "CallRecord",
     "FakeToolError",
     "ToolRecorder",
-    "BrokenStrError",
-    "HOSTILE_TEXTS",
     "blocking_tool",
     "broken_str_tool",
     "failing_tool",
