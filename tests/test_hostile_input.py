@@ -333,3 +333,22 @@ def test_surrogate_escapes_in_a_final_answer_are_cleaned() -> None:
 def test_duplicate_keys_in_a_final_answer_keep_the_last() -> None:
     obs = observe([answer('{"value": 1, "value": 2}')], output_type=Reading)
     assert obs.result.final_output == Reading(2.0)
+
+
+def test_an_integer_too_large_for_a_float_parameter_is_invalid_arguments() -> None:
+    huge = "9" * 400  # a valid JSON number, under the int-string limit, over a float's
+    obs = observe([Turn(tool_calls=[("scale", f'{{"factor": {huge}}}')]), "done"], tools=[scale])
+    assert obs.result.status is RunStatus.COMPLETED
+    (result,) = results(obs)
+    assert result == ToolResult(
+        result.call_id,
+        "invalid arguments for tool 'scale': $.factor: the number is too large for a float",
+        "error",
+    )
+
+
+def test_an_integer_too_large_for_a_float_answer_is_a_validation_error() -> None:
+    huge = "9" * 400
+    obs = observe([answer(f'{{"value": {huge}}}'), answer('{"value": 1}')], output_type=Reading)
+    assert obs.result.final_output == Reading(1.0)
+    assert "$.value: the number is too large for a float" in results(obs)[0].output

@@ -447,7 +447,14 @@ def _to_int(value: Any, path: str) -> Any:
 
 
 def _to_float(value: Any, path: str) -> Any:
-    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer of 309 digits or more
+            raise ArgumentConversionError(
+                [f"{path}: the number is too large for a float"]
+            ) from None
+    return value
 
 
 def _compile_annotated(args: tuple[Any, ...], seen: frozenset[object]) -> _Compiled:

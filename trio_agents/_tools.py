@@ -38,6 +38,7 @@ from ._schema import (
     loads_json,
     validate,
 )
+from ._util import describe_error
 
 __all__ = [
     "Tool",
@@ -515,6 +516,10 @@ class Tool:
             raise ToolArgumentsError(self.name, exc.errors) from exc
         except RecursionError:
             raise ToolArgumentsError(self.name, ["$: nested too deeply"]) from None
+        except Exception as exc:
+            # Converting runs code we do not own (a class's __init__, an enum's lookup):
+            # whatever fails in it, the arguments could not become the function's.
+            raise ToolArgumentsError(self.name, [f"$: {describe_error(exc)}"]) from exc
 
 
 def _unwrap_callable(fn: object) -> object:
