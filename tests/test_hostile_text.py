@@ -251,3 +251,28 @@ async def test_a_rejection_message_with_lone_surrogates(
         assert second.status == "completed", second.reason
     assert_encodable(server)
     assert ta.ToolResult("call_1", f"rejected: not {SHOWN}", "error") in first.new_items
+
+
+async def test_hostile_text_on_a_postgres_session(server: SSEServer, pg_dsn: str) -> None:
+    """The same through PostgreSQL, whose ``TEXT`` cannot hold NUL raw: a first run
+    meets lone surrogates and NUL, a second run on the session sends them back."""
+    from trio_agents.sessions import PostgresSession
+
+    @ta.function_tool
+    async def read() -> str:
+        """Read."""
+        return f"{FILE_NAME} \x00 end"
+
+    wire = WIRES[0]
+    server.add(wire.call("call_1", "read", "{}"), wire.text(["\ud83d", "\ude00"]))
+    server.add(wire.text(["ok"]))
+    agent = ta.Agent("a", model=wire.model(server.base_url), tools=[read])
+    async with PostgresSession(pg_dsn, "s") as session:
+        first = await ta.run(agent, "go", session=session)
+        assert first.status == "completed", first.reason
+        second = await ta.run(agent, "again", session=session)
+        assert second.status == "completed", second.reason
+        stored = await session.get_items()
+    assert ta.ToolResult("call_1", f"{SHOWN} \x00 end") in stored
+    assert ta.AssistantMessage("\U0001f600") in stored
+    assert_encodable(server)
