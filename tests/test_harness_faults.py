@@ -449,3 +449,13 @@ def test_output_validators_that_raise_never_break_the_run(
     if result.status is ta.RunStatus.FAILED:
         assert result.reason is not None
         assert not result.reason.startswith("internal error"), result.reason
+
+
+def test_a_model_error_whose_str_raises() -> None:
+    """The run's reason and the harness's own record both survive it."""
+    count_example()
+    script = [Turn(text=["a ", "b "], fail=_BrokenStr(), fail_after=1)]
+    observation = _observe(script)
+    check_run(observation).raise_for_violations()
+    assert observation.result.reason == "_BrokenStr: <str() raised RuntimeError>"
+    assert observation.streams[0].error == "_BrokenStr: <str() raised RuntimeError>"
