@@ -276,3 +276,34 @@ async def test_hostile_text_on_a_postgres_session(server: SSEServer, pg_dsn: str
     assert ta.ToolResult("call_1", f"{SHOWN} \x00 end") in stored
     assert ta.AssistantMessage("\U0001f600") in stored
     assert_encodable(server)
+
+
+async def test_a_session_poisoned_by_an_earlier_version_heals_on_load(
+    wire: Wire, server: SSEServer, tmp_path: Path
+) -> None:
+    """Rows written before items were cleaned hold lone surrogates as JSON escapes (the
+    stored JSON is ASCII): loading them cleans them, so the next request encodes."""
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    async with SQLiteSession(db, "s") as session:
+        await session.add_items([ta.UserMessage("hello")])
+    row = json.dumps({"type": "function_call_output", "call_id": "c", "output": "x"})
+    poisoned = [
+        json.dumps({"type": "function_call", "call_id": "c", "name": "ls", "arguments": "{}"}),
+        row.replace('"x"', '"r\\udce9sum\\udce9.pdf"'),
+        json.dumps({"type": "message", "role": "assistant", "content": "\ud83d"}),
+    ]
+    with sqlite3.connect(db) as conn:
+        conn.executemany(
+            "INSERT INTO items (session_id, position, data, created_at) VALUES ('s', ?, ?, 0)",
+            list(enumerate(poisoned, 1)),
+        )
+    conn.close()
+    server.add(wire.text(["fine"]))
+    agent = ta.Agent("a", model=wire.model(server.base_url))
+    async with SQLiteSession(db, "s") as session:
+        result = await ta.run(agent, "and now?", session=session)
+    assert result.status == "completed", result.reason
+    assert_encodable(server)
+    assert SHOWN in sent_texts(server.requests[0].json)
