@@ -352,3 +352,34 @@ def test_an_integer_too_large_for_a_float_answer_is_a_validation_error() -> None
     obs = observe([answer(f'{{"value": {huge}}}'), answer('{"value": 1}')], output_type=Reading)
     assert obs.result.final_output == Reading(1.0)
     assert "$.value: the number is too large for a float" in results(obs)[0].output
+
+
+def test_an_async_needs_approval_predicate_is_refused_up_front() -> None:
+    async def predicate(arguments: Mapping[str, Any]) -> bool:
+        return True
+
+    with pytest.raises(TypeError, match="not async"):
+        ta.function_tool(needs_approval=predicate)(sibling.fn)  # type: ignore[arg-type]
+
+
+async def _decide(arguments: Mapping[str, Any]) -> bool:
+    return False
+
+
+def _sneaky_predicate(arguments: Mapping[str, Any]) -> bool:
+    return _decide(arguments)  # type: ignore[return-value]  # the bug under test
+
+
+@ta.function_tool(needs_approval=_sneaky_predicate)
+async def sneaky() -> str:
+    """Its predicate returns a coroutine."""
+    return "ran"
+
+
+def test_a_needs_approval_predicate_returning_a_coroutine_fails_its_call() -> None:
+    obs = observe([Turn(tool_calls=[("sneaky", "{}")]), "done"], tools=[sneaky])
+    assert obs.result.status is RunStatus.COMPLETED
+    (result,) = results(obs)
+    assert result.output == (
+        "error: needs_approval raised TypeError: needs_approval returned an awaitable, not a bool"
+    )

@@ -15,6 +15,7 @@ shares), which would otherwise escape the run looking like an outer cancellation
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeAlias
@@ -52,7 +53,13 @@ def needs_approval(state: RunState, call: ToolCall) -> bool:
         arguments = tool.parse_arguments(call.arguments)
     except ToolArgumentsError:
         return False  # the call fails validation without running
-    return bool(tool.needs_approval(arguments))
+    decision: object = tool.needs_approval(arguments)  # user code: trust no annotation
+    if inspect.isawaitable(decision):  # an async callable object got past the check
+        close = getattr(decision, "close", None)
+        if callable(close):
+            close()  # never awaited: no "coroutine was never awaited" warning later
+        raise TypeError("needs_approval returned an awaitable, not a bool")
+    return bool(decision)
 
 
 def run_tools(

@@ -258,6 +258,9 @@ def _check_needs_approval(_instance: object, _attribute: object, value: Any) -> 
             "needs_approval must be a bool or a callable taking the arguments,"
             f" not {type(value).__name__}"
         )
+    if inspect.iscoroutinefunction(_unwrap_callable(value)):
+        # Its coroutine would be truthy (every call would wait) and never awaited.
+        raise TypeError("needs_approval must be a plain function returning a bool, not async")
 
 
 def _check_str(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
