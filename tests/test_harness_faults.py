@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,6 +32,7 @@ from trio_agents.testing import (
     Turn,
     check_run,
     faults,
+    hostile_items,
     run_schedule,
     schedules,
     scripts,
@@ -313,3 +315,147 @@ def test_any_fault_under_any_schedule(
 ) -> None:
     """Everything at once: every fault tool, model, hook and session fault."""
     _property(TOOLS, script, schedule, fault, max_turns)
+
+
+# ------------------------------------------------ hostile text and broken errors
+# Issue 29, items 2, 5 and 6: lone surrogates, a surrogate pair split across deltas,
+# NUL and huge text from the model, a tool or an injection; a tool exception whose
+# str() raises; an output validator that raises anything. The checker's "clean-text"
+# invariant says no such text reaches the user, the session or the model.
+
+
+HOSTILE_CASES: list[Any] = [
+    pytest.param(
+        [Turn(text=["smile \ud83d", "\ude00, r\udce9sum\udce9 \x00"]), "done"],
+        None,
+        id="model-streams-split-and-lone-surrogates",
+    ),
+    pytest.param([Turn(text=["cut \ud83d"], fail="fell over", fail_after=1)], None, id="cut"),
+    pytest.param([Turn(text=["x" * 100_000, "\ud83d"])], None, id="model-huge-delta"),
+    *(
+        pytest.param(_calling("hostile", {"kind": k, "echo": "\ud83d"}), None, id=f"tool-{k}")
+        for k in range(6)
+    ),
+    pytest.param(_calling("brokenstr", {}), None, id="tool-exception-str-raises"),
+    pytest.param(_calling("brokenstr_thread", {}), None, id="thread-tool-exception-str-raises"),
+    pytest.param(
+        _calling("brokenstr", {}), {"on_tool_error": "fail"}, id="tool-exception-str-raises-fail"
+    ),
+    pytest.param(
+        [Turn(tool_calls=[("lookup", '{"q": "\udce9"}')]), "done"], None, id="raw-surrogate-args"
+    ),
+]
+
+
+@pytest.mark.parametrize(("script", "options"), HOSTILE_CASES)
+def test_one_hostile_input(script: list[Turn | str], options: dict[str, Any] | None) -> None:
+    count_example()
+    observation = run_schedule(
+        _agent(TOOLS),
+        script,
+        (Op(0.0, "inject", items=(ta.UserMessage("r\udce9sum\udce9.pdf"),)),),
+        recorder=TOOLS.recorder,
+        session=True,
+        run_options={"cleanup_timeout": CLEANUP, **(options or {})},
+    )
+    check_run(observation).raise_for_violations()
+    assert observation.result.status in (ta.RunStatus.COMPLETED, ta.RunStatus.FAILED)
+    if options is None and "fell over" not in str(script):
+        assert observation.result.status is ta.RunStatus.COMPLETED, observation.result.reason
+
+
+HOSTILE = _subset("sleep", "hostile", "brokenstr", "brokenstr_thread")
+
+
+@lifecycle_settings(weight=0.5)
+@given(
+    script=scripts(HOSTILE, hostile_text=True),
+    schedule=schedules(injected=hostile_items()),
+    fault=faults(hooks=False),
+    max_turns=st.integers(1, 4),
+)
+def test_hostile_text_and_broken_errors_never_break_the_run(
+    script: list[Turn], schedule: tuple[Op, ...], fault: Faults, max_turns: int
+) -> None:
+    """Hostile text streamed, returned by tools and injected; tool errors that cannot
+    be described; with model and session faults on top."""
+    _property(HOSTILE, script, schedule, fault, max_turns)
+
+
+class _BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+@attrs.frozen
+class Picky:
+    """An output type whose validator raises whatever it likes."""
+
+    x: int = attrs.field()
+
+    @x.validator
+    def _check(self, _attribute: object, value: int) -> None:
+        if value < 0:
+            raise KeyError("negative")
+        assert value != 0, "zero"
+        if value > 100:
+            raise _BrokenStr
+
+
+_ANSWERS = st.sampled_from(
+    [
+        *(f'{{"x": {x}}}' for x in (-1, 0, 7, 101)),
+        '{"x": NaN}',
+        '{"x": 1e400}',
+        '{"x": ' + "[" * 5000 + "]" * 5000 + "}",
+        '{"x": ' + "9" * 5000 + "}",
+    ]
+)
+_ANSWER_TURNS = st.one_of(
+    _ANSWERS.map(lambda arguments: Turn(tool_calls=[("final_answer", arguments)])),
+    _ANSWERS,  # a text answer
+    st.just(Turn(tool_calls=[("sleep", {"seconds": 0.5})])),
+)
+
+
+@lifecycle_settings(weight=0.5)
+@given(
+    script=st.lists(_ANSWER_TURNS, min_size=1, max_size=4),
+    schedule=schedules(max_ops=3),
+    max_turns=st.integers(1, 5),
+)
+def test_output_validators_that_raise_never_break_the_run(
+    script: list[Turn | str], schedule: tuple[Op, ...], max_turns: int
+) -> None:
+    """Structured answers a validator refuses with any exception, NaN, numbers no float
+    holds, nesting deeper than any recursion limit: each is a validation error."""
+    count_example()
+
+    def factory(model: ta.Model) -> ta.Agent:
+        tools = list(_subset("sleep").tools)
+        return ta.Agent(name="o", model=model, tools=tools, max_turns=max_turns, output_type=Picky)
+
+    observation = run_schedule(
+        factory,
+        script,
+        schedule,
+        recorder=TOOLS.recorder,
+        default_turn=None,
+        session=True,
+        run_options={"cleanup_timeout": CLEANUP},
+    )
+    check_run(observation).raise_for_violations()
+    result = observation.result
+    if result.status is ta.RunStatus.FAILED:
+        assert result.reason is not None
+        assert not result.reason.startswith("internal error"), result.reason
+
+
+def test_a_model_error_whose_str_raises() -> None:
+    """The run's reason and the harness's own record both survive it."""
+    count_example()
+    script = [Turn(text=["a ", "b "], fail=_BrokenStr(), fail_after=1)]
+    observation = _observe(script)
+    check_run(observation).raise_for_violations()
+    assert observation.result.reason == "_BrokenStr: <str() raised RuntimeError>"
+    assert observation.streams[0].error == "_BrokenStr: <str() raised RuntimeError>"

@@ -20,10 +20,14 @@ from hypothesis import strategies as st
 
 import trio_agents as ta
 from trio_agents.testing import (
+    HOSTILE_TEXTS,
     FakeTools,
     Op,
     Turn,
     check_run,
+    hostile_items,
+    hostile_text_tool,
+    hostile_texts,
     run_schedule,
     schedules,
     scripts,
@@ -122,3 +126,38 @@ def test_process_tools_die_with_the_run(calls: Sequence[float], schedule: tuple[
     observation = run_schedule(_agent(tools, 3), script, schedule, recorder=tools.recorder)
     check_run(observation).raise_for_violations()
     assert all(c.state != "running" for c in observation.tool_calls)
+
+
+# Hostile text (issue 29): the standard tools plus one returning lone surrogates, NUL
+# and huge text; scripts streaming such text (an emoji's halves in two deltas among
+# it); injections carrying it. The checker's "clean-text" invariant must hold.
+HOSTILE_TOOLS = FakeTools(
+    (*TOOLS.tools, hostile_text_tool(TOOLS.recorder)),
+    TOOLS.recorder,
+    {
+        **TOOLS.arguments,
+        "hostile": st.fixed_dictionaries(
+            {"kind": st.integers(0, len(HOSTILE_TEXTS) - 1), "echo": hostile_texts()}
+        ),
+    },
+)
+
+
+@lifecycle_settings(weight=1)
+@given(
+    script=scripts(HOSTILE_TOOLS, hostile_text=True),
+    schedule=schedules(injected=hostile_items()),
+    max_turns=st.integers(1, 5),
+)
+def test_hostile_text_keeps_the_lifecycle_rules(
+    script: list[Turn], schedule: tuple[Op, ...], max_turns: int
+) -> None:
+    count_example()
+    observation = run_schedule(
+        _agent(HOSTILE_TOOLS, max_turns),
+        script,
+        schedule,
+        recorder=HOSTILE_TOOLS.recorder,
+        session=True,
+    )
+    check_run(observation).raise_for_violations()

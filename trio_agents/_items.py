@@ -14,6 +14,8 @@ from typing import Any, ClassVar, Literal, TypeAlias
 
 import attrs
 
+from ._util import clean_text
+
 __all__ = [
     "AssistantMessage",
     "ConversationChecker",
@@ -31,6 +33,18 @@ ToolResultStatus: TypeAlias = Literal["ok", "error", "cancelled"]
 
 _MESSAGE_STATUSES = ("completed", "incomplete")
 _RESULT_STATUSES = ("ok", "error", "cancelled")
+
+
+def _text(value: str) -> str:
+    """The converter of every str field: the one place text enters the conversation.
+
+    Whatever made the item (a model's stream, a tool's output, the run's input, an
+    injection, an approval's message, a session's stored row), its text leaves here in
+    a form every model API and session accepts (:func:`~trio_agents._util.clean_text`):
+    a lone surrogate would make every later request of the conversation fail to encode.
+    A value that is not a str is left for the field's validator to refuse.
+    """
+    return clean_text(value) if isinstance(value, str) else value
 
 
 def _str_field(name: str) -> Any:
@@ -63,7 +77,7 @@ def _choice_field(name: str, choices: tuple[str, ...]) -> Any:
 class UserMessage:
     """A message from the user."""
 
-    content: str = attrs.field(validator=_str_field("UserMessage.content"))
+    content: str = attrs.field(converter=_text, validator=_str_field("UserMessage.content"))
 
     role: ClassVar[str] = "user"
 
@@ -88,7 +102,7 @@ class AssistantMessage:
     failure or a ``when="now"`` injection): the words the user already saw are kept.
     """
 
-    content: str = attrs.field(validator=_str_field("AssistantMessage.content"))
+    content: str = attrs.field(converter=_text, validator=_str_field("AssistantMessage.content"))
     status: MessageStatus = attrs.field(
         default="completed", validator=_choice_field("AssistantMessage.status", _MESSAGE_STATUSES)
     )
@@ -121,9 +135,11 @@ class ToolCall:
     call runs, and invalid arguments become an error :class:`ToolResult`.
     """
 
-    call_id: str = attrs.field(validator=_nonempty_str_field("ToolCall.call_id"))
-    name: str = attrs.field(validator=_nonempty_str_field("ToolCall.name"))
-    arguments: str = attrs.field(default="{}", validator=_str_field("ToolCall.arguments"))
+    call_id: str = attrs.field(converter=_text, validator=_nonempty_str_field("ToolCall.call_id"))
+    name: str = attrs.field(converter=_text, validator=_nonempty_str_field("ToolCall.name"))
+    arguments: str = attrs.field(
+        default="{}", converter=_text, validator=_str_field("ToolCall.arguments")
+    )
 
     def to_json(self) -> dict[str, Any]:
         """Return the item as a JSON-compatible dict (OpenAI Responses ``function_call``)."""
@@ -151,8 +167,8 @@ class ToolResult:
     to read) or ``"cancelled"`` (the run was cancelled while the call was open).
     """
 
-    call_id: str = attrs.field(validator=_nonempty_str_field("ToolResult.call_id"))
-    output: str = attrs.field(validator=_str_field("ToolResult.output"))
+    call_id: str = attrs.field(converter=_text, validator=_nonempty_str_field("ToolResult.call_id"))
+    output: str = attrs.field(converter=_text, validator=_str_field("ToolResult.output"))
     status: ToolResultStatus = attrs.field(
         default="ok", validator=_choice_field("ToolResult.status", _RESULT_STATUSES)
     )

@@ -32,7 +32,8 @@ import attrs
 
 from ._frozen import freeze_json
 from ._model import FINAL_ANSWER_TOOL, OutputSpec, ToolSpec
-from ._schema import ArgumentConversionError, compile_type, to_json_value, validate
+from ._schema import ArgumentConversionError, compile_type, loads_json, to_json_value, validate
+from ._util import clean_text, describe_error
 
 __all__ = [
     "ENVELOPE",
@@ -49,6 +50,8 @@ ENVELOPE = "response"
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*)\n```$", re.DOTALL)
+# A JSON escape of a surrogate (``\ud83d``): its str may need cleaning after decoding.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _to_schema(value: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -159,13 +162,22 @@ class OutputType:
         if envelope is not None and isinstance(value, dict) and set(value) == {envelope}:
             value = value[envelope]
         # Without the envelope a model that answered ``42`` for an int is right too.
-        errors = validate(self.schema, value)
+        try:
+            errors = validate(self.schema, value)
+        except RecursionError:  # a value nested deeper than the checker's recursion
+            return Rejected(_TOO_DEEP)
         if errors:
             return Rejected("; ".join(errors[:5]))
         try:
             return Accepted(self.convert(value))
         except ArgumentConversionError as exc:
             return Rejected(str(exc))
+        except RecursionError:
+            return Rejected(_TOO_DEEP)
+        except Exception as exc:
+            # The output type's own code (a validator, a converter) raised: whatever it
+            # raised, the answer is invalid and the model is told why (docs/output.md).
+            return Rejected(f"$: {describe_error(exc)}")
 
     def take_text(self, text: str) -> Attempt:
         """A final answer given as text: JSON (a Markdown code fence around it is
@@ -176,7 +188,9 @@ class OutputType:
         if fenced:
             stripped = fenced.group(1).strip()
         try:
-            value = json.loads(stripped)
+            value = _decode(stripped)
+        except RecursionError:
+            return Rejected(_TOO_DEEP)
         except ValueError as exc:
             if self.schema.get("type") == "string":
                 return self.take(text)
@@ -190,10 +204,40 @@ class OutputType:
     def take_arguments(self, arguments: str) -> Attempt:
         """A final answer given as the arguments of a ``final_answer`` call."""
         try:
-            value = json.loads(arguments or "{}")
+            value = _decode(arguments or "{}")
+        except RecursionError:
+            return Rejected(_TOO_DEEP)
         except ValueError as exc:
             return Rejected(f"the arguments are not JSON ({exc})")
         return self.take(value)
+
+
+_TOO_DEEP = "the answer is nested too deeply"
+
+
+def _decode(text: str) -> Any:
+    """A final answer's JSON, strictly (no ``NaN``, ``Infinity``, ``1e400``: a
+    structured answer must be JSON, as tool arguments must), with the surrogates of
+    its str values and keys cleaned (``"\\ud83d"`` is valid JSON, but a lone surrogate
+    is no text: the answer goes on to users, logs and other services).
+
+    Raises:
+        ValueError: not JSON. RecursionError: nested too deeply.
+    """
+    value = loads_json(text)
+    if _SURROGATE_ESCAPE.search(text):
+        value = _clean_value(value)
+    return value
+
+
+def _clean_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_clean_value(item) for item in value]
+    if isinstance(value, dict):
+        return {clean_text(key): _clean_value(item) for key, item in value.items()}
+    return value
 
 
 def output_problems(spec: OutputSpec, value: object) -> list[str]:

@@ -25,6 +25,7 @@ import enum
 import functools
 import inspect
 import json
+import math
 import re
 import types
 import typing
@@ -32,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+
+from ._util import describe_error, error_message
 
 __all__ = [
     "MAX_ERRORS",
@@ -108,7 +111,9 @@ def _json_type(value: object) -> str:
     if isinstance(value, int):
         return "integer"
     if isinstance(value, float):
-        return "number"
+        # NaN and the infinities are no JSON numbers (json.dumps(allow_nan=False) and
+        # every strict parser refuse them): a value holding one is invalid.
+        return "number" if math.isfinite(value) else repr(value)
     if isinstance(value, str):
         return "string"
     if isinstance(value, list | tuple):
@@ -151,6 +156,28 @@ def _json_default(value: object) -> object:
     if isinstance(value, tuple | set | frozenset):
         return list(value)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: valid JSON that no float holds
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def loads_json(text: str | bytes | bytearray) -> Any:
+    """``json.loads`` for what a model sends (tool arguments, final answers): it also
+    refuses ``NaN`` / ``Infinity`` (Python's extension, not JSON) and numbers too large
+    for a float (``1e400``, which would become ``inf``).
+
+    Raises:
+        ValueError: not JSON (``RecursionError``: nested too deeply to decode).
+    """
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 def _as_json_value(value: object) -> tuple[bool, object]:
@@ -420,7 +447,14 @@ def _to_int(value: Any, path: str) -> Any:
 
 
 def _to_float(value: Any, path: str) -> Any:
-    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer of 309 digits or more
+            raise ArgumentConversionError(
+                [f"{path}: the number is too large for a float"]
+            ) from None
+    return value
 
 
 def _compile_annotated(args: tuple[Any, ...], seen: frozenset[object]) -> _Compiled:
@@ -571,6 +605,15 @@ def _compile_typeddict(cls: type[Any], seen: frozenset[object]) -> _Compiled:
     return _Compiled(schema, convert)
 
 
+def _construction_error(exc: Exception) -> str:
+    """What went wrong constructing a class from arguments. Its validators are user code
+    and may raise anything (an ``assert`` raises ``AssertionError``; a ``__str__`` may
+    raise too): every failure to build the value means the value is invalid."""
+    if isinstance(exc, TypeError | ValueError):
+        return error_message(exc)
+    return describe_error(exc)
+
+
 def _compile_attrs(cls: type[Any], seen: frozenset[object]) -> _Compiled:
     hints = _class_hints(cls)
     properties: dict[str, dict[str, Any]] = {}
@@ -600,10 +643,10 @@ def _compile_attrs(cls: type[Any], seen: frozenset[object]) -> _Compiled:
         }
         try:
             return cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, ArgumentConversionError):
-                raise
-            raise ArgumentConversionError([f"{path}: {exc}"]) from exc
+        except ArgumentConversionError:
+            raise
+        except Exception as exc:
+            raise ArgumentConversionError([f"{path}: {_construction_error(exc)}"]) from exc
 
     return _Compiled(schema, convert)
 
@@ -643,10 +686,10 @@ def _compile_dataclass(cls: type[Any], seen: frozenset[object]) -> _Compiled:
         }
         try:
             return cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, ArgumentConversionError):
-                raise
-            raise ArgumentConversionError([f"{path}: {exc}"]) from exc
+        except ArgumentConversionError:
+            raise
+        except Exception as exc:
+            raise ArgumentConversionError([f"{path}: {_construction_error(exc)}"]) from exc
 
     return _Compiled(schema, convert)
 

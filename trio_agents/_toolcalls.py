@@ -15,6 +15,7 @@ shares), which would otherwise escape the run looking like an outer cancellation
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeAlias
@@ -53,7 +54,13 @@ def needs_approval(state: RunState, call: ToolCall) -> bool:
         arguments = tool.parse_arguments(call.arguments)
     except ToolArgumentsError:
         return False  # the call fails validation without running
-    return bool(tool.needs_approval(arguments))
+    decision: object = tool.needs_approval(arguments)  # user code: trust no annotation
+    if inspect.isawaitable(decision):  # an async callable object got past the check
+        close = getattr(decision, "close", None)
+        if callable(close):
+            close()  # never awaited: no "coroutine was never awaited" warning later
+        raise TypeError("needs_approval returned an awaitable, not a bool")
+    return bool(decision)
 
 
 def run_tools(
@@ -68,7 +75,20 @@ def run_tools(
     awaiting it): the frames of a running call are the turn loop's, the call's own
     (:func:`_invoke`) and the tool's, nothing in between (issue 18: per-run objects).
     """
-    waiting = [call for call in calls if needs_approval(state, call)]
+    waiting: list[ToolCall] = []
+    broken: dict[str, ToolResult] | None = None
+    for call in calls:
+        try:
+            if needs_approval(state, call):
+                waiting.append(call)
+        except Exception as exc:
+            # The predicate is user code: its failure is this call's error result (the
+            # call does not run: nobody could say whether it needed approval), never
+            # the run's, nor its sibling calls'.
+            output = f"error: needs_approval raised {summarize(exc)}"
+            if broken is None:
+                broken = {}
+            broken[call.call_id] = ToolResult(call.call_id, output, status="error")
     if waiting:
         approvals.open(waiting)
         resume = state.options.resume
@@ -81,16 +101,25 @@ def run_tools(
         # cost a spawn, two task steps and a cancel scope per turn and buy nothing: the
         # call is as cancellable here (every await in the run's scope is), its errors
         # reach the turn loop the same way, and the limiter always has a slot for it.
+        if broken is not None:
+            return end_tool(state, calls[0], broken[calls[0].call_id])
         return _run_one(state, approvals, None, call_soon, calls[0])
-    return _run_all(state, calls, approvals, call_soon)
+    return _run_all(state, calls, approvals, call_soon, broken)
 
 
 async def _run_all(
-    state: RunState, calls: Sequence[ToolCall], approvals: Approvals, call_soon: CallSoon
+    state: RunState,
+    calls: Sequence[ToolCall],
+    approvals: Approvals,
+    call_soon: CallSoon,
+    broken: dict[str, ToolResult] | None,
 ) -> None:
     shared = state.tool_limiter()
     async with trio.open_nursery() as nursery:
         for call in calls:
+            if broken is not None and call.call_id in broken:
+                await end_tool(state, call, broken[call.call_id])
+                continue
             nursery.start_soon(
                 _run_one, state, approvals, shared, call_soon, call, name=f"{state.run_id}:tool"
             )

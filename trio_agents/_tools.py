@@ -36,7 +36,14 @@ from typing_extensions import TypeVar
 from ._exceptions import TrioAgentsError
 from ._frozen import freeze_json
 from ._model import ToolSpec
-from ._schema import ArgumentConversionError, FunctionSchema, function_schema, validate
+from ._schema import (
+    ArgumentConversionError,
+    FunctionSchema,
+    function_schema,
+    loads_json,
+    validate,
+)
+from ._util import describe_error
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -352,6 +359,9 @@ def _check_needs_approval(_instance: object, _attribute: object, value: Any) -> 
             "needs_approval must be a bool or a callable taking the arguments,"
             f" not {type(value).__name__}"
         )
+    if inspect.iscoroutinefunction(_unwrap_callable(value)):
+        # Its coroutine would be truthy (every call would wait) and never awaited.
+        raise TypeError("needs_approval must be a plain function returning a bool, not async")
 
 
 def _check_str(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -525,10 +535,13 @@ class Tool:
         if not arguments.strip():
             arguments = "{}"  # some models send nothing for a tool without parameters
         try:
-            value = json.loads(arguments, parse_constant=_reject_constant)
+            value = loads_json(arguments)
         except (ValueError, RecursionError) as exc:
             raise ToolArgumentsError(self.name, [f"invalid JSON: {exc}"]) from None
-        errors = validate(self.parameters, value)
+        try:
+            errors = validate(self.parameters, value)
+        except RecursionError:  # decodable, but too deep for the checker's recursion
+            raise ToolArgumentsError(self.name, ["$: nested too deeply"]) from None
         if errors or not isinstance(value, dict):
             raise ToolArgumentsError(self.name, errors or ["$: expected object"])
         return value
@@ -608,10 +621,12 @@ class Tool:
             return self._schema.convert(arguments)
         except ArgumentConversionError as exc:
             raise ToolArgumentsError(self.name, exc.errors) from exc
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+        except RecursionError:
+            raise ToolArgumentsError(self.name, ["$: nested too deeply"]) from None
+        except Exception as exc:
+            # Converting runs code we do not own (a class's __init__, an enum's lookup):
+            # whatever fails in it, the arguments could not become the function's.
+            raise ToolArgumentsError(self.name, [f"$: {describe_error(exc)}"]) from exc
 
 
 def _unwrap_callable(fn: object) -> object:

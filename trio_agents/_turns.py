@@ -70,7 +70,7 @@ from ._state import (
     call_hook,
 )
 from ._toolcalls import ToolFailure, run_tools, settle_resumed_calls
-from ._util import summarize
+from ._util import TextJoiner, summarize
 from ._window import HistoryError, apply_history
 
 __all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]
@@ -359,23 +359,39 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
             # have awaited since, and a model's stream need not checkpoint before its
             # first events (DESIGN §6, last bullet).
             await trio.lowlevel.checkpoint_if_cancelled()
+            # Streamed text is cleaned as it comes (a surrogate pair split across deltas
+            # is joined, a lone surrogate replaced): the deltas sent out are what is
+            # committed.
+            joiner = TextJoiner()
             async with agent.model.stream(request) as stream:
                 async for event in stream:
-                    # The hot path, inline: a text delta whose text is text.
+                    text: str | None
+                    # The hot path, inline: a text delta whose text is ASCII text.
                     if type(event) is TextDelta and type(event.text) is str:
-                        if event.text:
-                            if gate is None:
-                                partial.append(event.text)
-                                log.append(text_delta(run_id, log.next_seq, turn, event.text))
-                            else:
-                                gate.push(event.text)  # published once guardrails pass it
-                            if meter is not None and meter.text(event.text):
-                                # Past a limit: its run's scope is cancelled; cut here.
-                                await trio.lowlevel.checkpoint_if_cancelled()
+                        text = event.text
+                        if not text.isascii() or joiner.held:
+                            text = joiner.feed(text)
                     else:
-                        _accept(state, event, turn, partial, calls)
+                        # Any other event (a TextDelta subclass's text comes back).
+                        text = _accept(state, event, calls, joiner)
                         if meter is not None and type(event) is Usage and meter.usage(event):
                             await trio.lowlevel.checkpoint_if_cancelled()
+                    if text:
+                        if gate is None:
+                            partial.append(text)
+                            log.append(text_delta(run_id, log.next_seq, turn, text))
+                        else:
+                            gate.push(text)  # published once the guardrails pass it
+                        if meter is not None and meter.text(text):
+                            # Past a limit: its run's scope is cancelled; cut here.
+                            await trio.lowlevel.checkpoint_if_cancelled()
+            tail = joiner.flush()  # a high surrogate the stream ended on: lone
+            if tail:
+                if gate is None:
+                    partial.append(tail)
+                    log.append(text_delta(run_id, log.next_seq, turn, tail))
+                else:
+                    gate.push(tail)
             if gate is not None:
                 gate.end()
                 await gate.drained()  # every delta checked and published, or a trip
@@ -496,19 +512,18 @@ async def _end_model_span(state: RunState, turn: int, outcome: str) -> None:
 
 
 def _accept(
-    state: RunState, event: object, turn: int, partial: list[str], calls: list[ToolCall]
-) -> None:
-    """Validate one model event and take it in (raises ModelError for a bad one)."""
+    state: RunState, event: object, calls: list[ToolCall], joiner: TextJoiner
+) -> str | None:
+    """Validate one model event and take it in (raises ModelError for a bad one); a
+    text delta's cleaned text is returned for the caller to publish."""
     kind = type(event)
     if kind is TextDelta:
         assert isinstance(event, TextDelta)
         text = event.text
         if type(text) is not str:
             raise ModelError(f"model yielded a TextDelta whose text is {type(text).__name__}")
-        if text:
-            partial.append(text)
-            state.log.append(text_delta(state.run_id, state.log.next_seq, turn, text))
-    elif kind is ToolCallDone:
+        return joiner.feed(text)
+    if kind is ToolCallDone:
         assert isinstance(event, ToolCallDone)
         call = event.call
         if not isinstance(call, ToolCall):
@@ -529,3 +544,4 @@ def _accept(
         state.finish_reason = event.reason
     else:
         raise ModelError(f"model yielded an unknown event: {event!r:.200}")
+    return None

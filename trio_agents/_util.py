@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import trio
 
-__all__ = ["first_leaf", "leaves", "only_cancelled", "summarize"]
+__all__ = [
+    "TextJoiner",
+    "clean_text",
+    "describe_error",
+    "error_message",
+    "first_leaf",
+    "leaves",
+    "only_cancelled",
+    "summarize",
+]
 
 _MAX_REASON = 500
 
@@ -40,11 +49,26 @@ def first_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+def error_message(exc: BaseException) -> str:
+    """``str(exc)``, which is user code: one whose ``__str__`` raises (or returns no
+    str) must not turn the report of an error into a new one."""
+    try:
+        text = str(exc)
+    except Exception as inner:
+        return f"<str() raised {type(inner).__name__}>"
+    return clean_text(text)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"Type: message"`` (``"Type"`` without a message), safe for any exception."""
+    text = " ".join(error_message(exc).split())  # one line, whatever the message held
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _one(exc: BaseException) -> str:
     if isinstance(exc, trio.Cancelled):  # only summarised when nothing asked for it
         return "a stray trio.Cancelled"
-    text = " ".join(str(exc).split())  # one line, whatever the message held
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return describe_error(exc)
 
 
 def summarize(exc: BaseException) -> str:
@@ -61,3 +85,62 @@ def summarize(exc: BaseException) -> str:
     else:
         summary = f"{len(real)} errors: " + "; ".join(_one(e) for e in real)
     return summary if len(summary) <= _MAX_REASON else summary[: _MAX_REASON - 3] + "..."
+
+
+# ------------------------------------------------------------------- hostile text
+
+_HIGH_SURROGATES = range(0xD800, 0xDC00)
+
+
+def clean_text(text: str) -> str:
+    """``text`` in a form every model API and session accepts: each surrogate pair
+    joined into its character, each lone surrogate replaced by U+FFFD.
+
+    A Python str can hold lone surrogates (``os.fsdecode`` of a non-UTF-8 file name,
+    ``json.loads('"\\ud83d"')``, an emoji streamed as two escaped halves); UTF-8 cannot,
+    so the next request's body (and every later one that sends the item) would fail to
+    encode. NUL is kept: it is valid JSON (``\\u0000``), and the sessions store it
+    escaped (PostgreSQL's ``TEXT`` could not hold it raw).
+
+    The check costs one pass over text that is not ASCII (``str.isascii`` is a flag
+    read), and the result is the same object when nothing needed repair.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # UTF-16 with surrogatepass writes each surrogate as the code unit it is; the
+        # decoder then pairs what pairs and replaces what does not.
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
+class TextJoiner:
+    """Cleans a stream of text deltas as they arrive (:func:`clean_text` per delta).
+
+    A server may split a character's surrogate pair across two deltas (``"\\ud83d"``
+    then ``"\\ude00"``): a delta that ends with a high surrogate keeps it back until
+    the next delta says whether its low half follows. The deltas given out, joined,
+    equal :func:`clean_text` of the deltas taken in, joined (after :meth:`flush`).
+    """
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = ""  # a high surrogate waiting for its low half
+
+    def feed(self, text: str) -> str:
+        """The clean text to give out now for the delta ``text`` (maybe "")."""
+        if self.held:
+            text = self.held + text
+            self.held = ""
+        if text and ord(text[-1]) in _HIGH_SURROGATES:
+            self.held = text[-1]
+            text = text[:-1]
+        return clean_text(text)
+
+    def flush(self) -> str:
+        """At the end of the stream: a high surrogate still held is lone (U+FFFD)."""
+        held, self.held = self.held, ""
+        return clean_text(held)

@@ -9,11 +9,14 @@ message saying so. The pieces:
   :func:`blocking_tool`, :func:`sleeping_tool`, :func:`failing_tool`,
   :func:`thread_tool`, :func:`process_tool`; and fault tools that misbehave on
   purpose: :func:`swallowing_tool`, :func:`stray_cancel_tool`, :func:`shielding_tool`,
-  :func:`garbage_tool`, :func:`stubborn_thread_tool`.
+  :func:`garbage_tool`, :func:`stubborn_thread_tool`; tools that return hostile text
+  or raise an exception whose ``str()`` raises: :func:`hostile_text_tool`,
+  :func:`broken_str_tool`.
 - Faults of models, hooks and sessions: :class:`Faults` (:class:`ModelFault`,
   :class:`HookFault`, :class:`SessionFault`).
 - Hypothesis strategies: :func:`tool_sets`, :func:`scripts`, :func:`schedules`
-  (operations :class:`Op` at virtual times), :func:`items`, :func:`faults`.
+  (operations :class:`Op` at virtual times), :func:`items`, :func:`faults`, and
+  :func:`hostile_texts` / :func:`hostile_items` (lone surrogates, NUL, huge text).
 - :func:`run_schedule`: one example on ``MockClock(autojump_threshold=0)``, returning an
   :class:`Observation`; :func:`check_run`: the invariant checker, returning a
   :class:`Report`.
@@ -41,12 +44,16 @@ from ._check import Violation as Violation
 from ._check import check_events as check_events
 from ._check import check_run as check_run
 from ._fakes import GARBAGE as GARBAGE
+from ._fakes import HOSTILE_TEXTS as HOSTILE_TEXTS
+from ._fakes import BrokenStrError as BrokenStrError
 from ._fakes import CallRecord as CallRecord
 from ._fakes import FakeToolError as FakeToolError
 from ._fakes import ToolRecorder as ToolRecorder
 from ._fakes import blocking_tool as blocking_tool
+from ._fakes import broken_str_tool as broken_str_tool
 from ._fakes import failing_tool as failing_tool
 from ._fakes import garbage_tool as garbage_tool
+from ._fakes import hostile_text_tool as hostile_text_tool
 from ._fakes import process_tool as process_tool
 from ._fakes import shielding_tool as shielding_tool
 from ._fakes import sleeping_tool as sleeping_tool
@@ -78,6 +85,8 @@ from ._strategies import FakeTools as FakeTools
 from ._strategies import Op as Op
 from ._strategies import OpKind as OpKind
 from ._strategies import faults as faults
+from ._strategies import hostile_items as hostile_items
+from ._strategies import hostile_texts as hostile_texts
 from ._strategies import items as items
 from ._strategies import schedules as schedules
 from ._strategies import scripts as scripts
@@ -89,8 +98,10 @@ del _hypothesis
 __all__ = [
     "GARBAGE",
     "HOOK_NAMES",
+    "HOSTILE_TEXTS",
     "INVARIANTS",
     "OP_KINDS",
+    "BrokenStrError",
     "CallRecord",
     "CancelRecord",
     "Failure",
@@ -118,12 +129,16 @@ __all__ = [
     "Turn",
     "Violation",
     "blocking_tool",
+    "broken_str_tool",
     "check_events",
     "check_run",
     "failing_tool",
     "faults",
     "garbage_tool",
     "harness_settings",
+    "hostile_items",
+    "hostile_text_tool",
+    "hostile_texts",
     "items",
     "lifecycle_test",
     "process_tool",

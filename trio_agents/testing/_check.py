@@ -27,7 +27,7 @@ from .. import (
 
 # The output_type machinery has no public entry point (yet): the one private import.
 from .._output import compile_output, output_problems
-from ..models import OutputSpec
+from ..models import ModelRequest, OutputSpec
 from ._faults import MALFORMED, START_HOOKS, HookCall
 from ._runner import Observation
 
@@ -53,6 +53,7 @@ INVARIANTS: dict[str, str] = {
     "output": "a completed run with an output_type has a final_output that validates",
     "conversation": "result.conversation is valid model input and ends with new_items",
     "items-events": "the run.item events are exactly result.new_items, in order",
+    "clean-text": "every text streamed, committed or sent to the model encodes as UTF-8",
     "streamed-text": "text streamed in a turn is kept (as an incomplete message if the turn broke)",
     "tools-balanced": "each tool.started has one tool.finished matching the call's result",
     "tool-cancellation": "a tool running when the run is cancelled ends 'cancelled'",
@@ -809,6 +810,7 @@ def _check_events(
         _check_result(result, spec, out)
         _check_conversation(result, events, out)
         _check_tools(result, events, out)
+    _check_clean_text(result, events, (), out)
     order = list(INVARIANTS)
     out.sort(key=lambda v: order.index(v.invariant))
     return Report(tuple(out))
@@ -831,6 +833,7 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     if result is not None and result.new_items[: len(obs.input_items)] != obs.input_items:
         out.append(Violation("result", "result.new_items does not start with the run's input"))
     checks: list[Callable[[], None]] = [
+        lambda: _check_clean_text(None, (), obs.requests, out),
         lambda: _check_ends(obs, out),
         lambda: _check_tool_cancellation(obs, out),
         lambda: _check_model(obs, out),
@@ -847,3 +850,48 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     order = list(INVARIANTS)
     out.sort(key=lambda v: order.index(v.invariant))
     return Report(tuple(out), obs.describe())
+
+
+def _unencodable(text: object) -> bool:
+    if not isinstance(text, str) or text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _item_texts(item: Item) -> list[str]:
+    return [value for value in item.to_json().values() if isinstance(value, str)]
+
+
+def _check_clean_text(
+    result: RunResult | None,
+    events: Sequence[RunEvent],
+    requests: Sequence[ModelRequest],
+    out: Found,
+) -> None:
+    """No lone surrogate reaches the user, the session or the model: a request body
+    holding one cannot be encoded, nor can any later request of the conversation."""
+    found: list[str] = []
+    for event in events:
+        if isinstance(event, ResponseTextDelta) and _unencodable(event.text):
+            found.append(f"response.text.delta seq {event.seq}")
+        elif isinstance(event, RunItemEvent) and any(map(_unencodable, _item_texts(event.item))):
+            found.append(f"run.item seq {event.seq}")
+        elif isinstance(event, ToolStarted) and _unencodable(event.arguments):
+            found.append(f"tool.started seq {event.seq}")
+        elif isinstance(event, ToolFinished) and _unencodable(event.output):
+            found.append(f"tool.finished seq {event.seq}")
+    if result is not None:
+        for index, item in enumerate(result.conversation):
+            if any(map(_unencodable, _item_texts(item))):
+                found.append(f"result.conversation[{index}]")
+        if _unencodable(result.final_output) or _unencodable(result.reason):
+            found.append("the result's final_output or reason")
+    for number, request in enumerate(requests, 1):
+        if any(_unencodable(text) for item in request.items for text in _item_texts(item)):
+            found.append(f"model request {number}")
+    for where in found[:3]:
+        out.append(Violation("clean-text", f"{where} holds text UTF-8 cannot encode"))

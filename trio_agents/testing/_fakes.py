@@ -25,12 +25,16 @@ from ._clock import _release as _release_hold
 
 __all__ = [
     "GARBAGE",
+    "HOSTILE_TEXTS",
+    "BrokenStrError",
     "CallRecord",
     "FakeToolError",
     "ToolRecorder",
     "blocking_tool",
+    "broken_str_tool",
     "failing_tool",
     "garbage_tool",
+    "hostile_text_tool",
     "process_tool",
     "shielding_tool",
     "sleeping_tool",
@@ -548,3 +552,69 @@ def stubborn_thread_tool(
         return "done"
 
     return function_tool(stubborn, name=name)
+
+
+# ------------------------------------------------------------------ hostile text
+
+HOSTILE_TEXTS: tuple[str, ...] = (
+    "r\udce9sum\udce9.pdf",  # os.fsdecode() of a Latin-1 file name: lone low surrogates
+    "smile \ud83d",  # an emoji's high half, its low half lost
+    "\ude00 alone",  # a low half alone
+    "\ud83d\ude00",  # both halves as two code points (one character once joined)
+    "nul \x00 inside",
+    "x" * 100_000,  # huge
+)
+"""Text no UTF-8 encoder takes as is (and some it does, but few expect): what
+:func:`hostile_text_tool` returns, and what :func:`~trio_agents.testing.hostile_items`
+and ``scripts(hostile_text=True)`` stream and inject."""
+
+
+def hostile_text_tool(recorder: ToolRecorder, *, name: str = "hostile") -> Tool:
+    """An async tool ``hostile(kind: int, echo: str = "")`` that returns
+    ``HOSTILE_TEXTS[kind % len(HOSTILE_TEXTS)] + echo``: lone surrogates, a split pair,
+    NUL, 100,000 characters. The run must hand it to the model and the session in a
+    form they accept (the tool itself behaves: it is no fault tool)."""
+
+    async def hostile(ctx: ToolContext, kind: int, echo: str = "") -> str:
+        """Return text that is hard to encode.
+
+        Args:
+            kind: which text.
+            echo: appended as given (a model may send JSON-escaped surrogates).
+        """
+        with _Recording(recorder, name, ctx, "async"):
+            await trio.lowlevel.checkpoint()
+            return HOSTILE_TEXTS[kind % len(HOSTILE_TEXTS)] + echo
+
+    return function_tool(hostile, name=name)
+
+
+class BrokenStrError(Exception):
+    """What :func:`broken_str_tool` raises: an exception whose ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("BrokenStrError.__str__ raised on purpose")
+
+
+def broken_str_tool(
+    recorder: ToolRecorder, *, name: str = "brokenstr", thread: bool = False
+) -> Tool:
+    """A tool ``brokenstr()`` that raises :class:`BrokenStrError` — an async tool, or
+    (``thread``) a sync one, run in a worker thread. The run must still turn it into an
+    error result (or, with ``on_tool_error="fail"``, a failure with a readable reason)."""
+
+    async def brokenstr(ctx: ToolContext) -> str:
+        """Fail with an error that cannot be described."""
+        with _Recording(recorder, name, ctx, "async"):
+            await trio.lowlevel.checkpoint()
+            raise BrokenStrError
+
+    def brokenstr_thread(ctx: ToolContext) -> str:
+        """Fail, in a thread, with an error that cannot be described."""
+        record = recorder._start(name, ctx, "thread")
+        try:
+            raise BrokenStrError
+        finally:
+            recorder._end(record, "failed")
+
+    return function_tool(brokenstr_thread if thread else brokenstr, name=name)

@@ -246,7 +246,7 @@ class _WatchedIterator:
 
     def _error(self, exc: BaseException) -> None:
         if self._record.error is None:
-            self._record.error = f"{type(exc).__name__}: {exc}"
+            self._record.error = _describe(exc)
             self._record.error_at = trio.current_time()
 
     async def _next(self) -> ModelEvent:
@@ -328,7 +328,7 @@ class _WatchedStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
                 raise InjectedFault(f"model call {self._record.number} could not connect (fault)")
             iterator = await self._inner.__aenter__()
         except Exception as exc:
-            self._record.error = f"{type(exc).__name__}: {exc}"
+            self._record.error = _describe(exc)
             self._record.error_at = trio.current_time()
             raise
         self._record.opened_at = trio.current_time()
@@ -616,3 +616,13 @@ class WatchedSession:
     async def clear(self) -> None:
         """Clear the wrapped session."""
         await self._call("clear", 0, None, self.inner.clear)
+
+
+def _describe(exc: BaseException) -> str:
+    """``"Type: message"`` of an exception the model raised into the run; its ``str()``
+    is the model's code, and may raise (the harness must not)."""
+    try:
+        text = str(exc)
+    except Exception as inner:
+        text = f"<str() raised {type(inner).__name__}>"
+    return f"{type(exc).__name__}: {text}"

@@ -19,10 +19,13 @@ from .. import AssistantMessage, InjectWhen, Item, Tool, ToolCall, ToolResult, U
 from ..models import Turn
 from ._fakes import (
     GARBAGE,
+    HOSTILE_TEXTS,
     ToolRecorder,
     blocking_tool,
+    broken_str_tool,
     failing_tool,
     garbage_tool,
+    hostile_text_tool,
     process_tool,
     shielding_tool,
     sleeping_tool,
@@ -47,6 +50,8 @@ __all__ = [
     "Op",
     "OpKind",
     "faults",
+    "hostile_items",
+    "hostile_texts",
     "items",
     "schedules",
     "scripts",
@@ -167,8 +172,11 @@ def standard_tools(
     With ``faults=True`` it adds the fault tools, which misbehave on purpose:
     ``swallow`` (swallows ``trio.Cancelled``), ``stray`` (raises a stray
     ``trio.Cancelled``), ``shield`` (works in a shielded scope for 0.5, 2 or 8 s),
-    ``garbage`` (returns values JSON cannot encode) and, with ``threads``,
-    ``stubborn`` (a thread that ignores ``ctx.cancelled`` until released).
+    ``garbage`` (returns values JSON cannot encode), ``hostile`` (returns lone
+    surrogates, NUL, 100,000 characters: :data:`HOSTILE_TEXTS`), ``brokenstr`` (raises
+    an exception whose ``str()`` raises) and, with ``threads``, ``brokenstr_thread``
+    (the same from a worker thread) and ``stubborn`` (a thread that ignores
+    ``ctx.cancelled`` until released).
     """
     recorder = recorder or ToolRecorder()
     tools = [
@@ -202,6 +210,15 @@ def standard_tools(
         arguments["stray"] = st.fixed_dictionaries({"after": st.sampled_from([0.0, 0.5, 2.0])})
         arguments["shield"] = st.fixed_dictionaries({"seconds": st.sampled_from([0.5, 2.0, 8.0])})
         arguments["garbage"] = st.fixed_dictionaries({"kind": st.integers(0, len(GARBAGE) - 1)})
+        tools += [hostile_text_tool(recorder), broken_str_tool(recorder)]
+        arguments["hostile"] = st.fixed_dictionaries(
+            {"kind": st.integers(0, len(HOSTILE_TEXTS) - 1)},
+            optional={"echo": st.sampled_from(["\ud83d", "\udce9!", "\x00"])},
+        )
+        arguments["brokenstr"] = st.just({})
+        if threads:
+            tools.append(broken_str_tool(recorder, name="brokenstr_thread", thread=True))
+            arguments["brokenstr_thread"] = st.just({})
         if threads:
             tools.append(stubborn_thread_tool(recorder))
             arguments["stubborn"] = st.just({})
@@ -293,8 +310,9 @@ def _turn(
     draw: st.DrawFn,
     calls: st.SearchStrategy[list[tuple[str, dict[str, Any] | str]]] | None,
     failures: bool,
+    chunks_from: st.SearchStrategy[list[str]] = _CHUNKS,
 ) -> Turn:
-    chunks = draw(_CHUNKS)
+    chunks = draw(chunks_from)
     tool_calls = draw(calls) if calls is not None else []
     delay = draw(_DELAYS)
     fail = draw(_FAILS) if failures else None
@@ -312,13 +330,16 @@ def scripts(
     failures: bool = True,
     unknown_tools: bool = True,
     invalid_arguments: bool = True,
+    hostile_text: bool = False,
 ) -> st.SearchStrategy[list[Turn]]:
     """Scripts for a :class:`~trio_agents.testing.ScriptedModel`: lists of turns.
 
     Each turn streams a few text chunks with a delay of 0, 0.25 or 1 s each, may call
     tools (``tools``; arguments from ``arguments``, from the ``FakeTools``' own
     strategies, or else drawn from each tool's JSON schema), may call an unknown tool
-    or pass invalid JSON, and may fail part-way (``failures``).
+    or pass invalid JSON, and may fail part-way (``failures``). With ``hostile_text``
+    the chunks include :func:`hostile_texts` (an emoji's surrogate halves in two
+    chunks, lone surrogates, NUL, 100,000 characters).
     """
     if isinstance(tools, FakeTools):
         chosen: dict[str, st.SearchStrategy[Any]] = dict(tools.arguments)
@@ -333,7 +354,8 @@ def scripts(
         else None
     )
     calls = st.lists(call, max_size=max_calls) if call is not None else None
-    return st.lists(_turn(calls, failures), min_size=min_turns, max_size=max_turns)
+    chunks = _HOSTILE_CHUNKS if hostile_text else _CHUNKS
+    return st.lists(_turn(calls, failures, chunks), min_size=min_turns, max_size=max_turns)
 
 
 # ------------------------------------------------------------------ items and ops
@@ -488,3 +510,42 @@ def faults(
     ``standard_tools(faults=True)`` and the scripts call them.
     """
     return _faults(model, hooks, session, max_turn)
+
+
+# ------------------------------------------------------------------ hostile text
+
+
+def hostile_texts() -> st.SearchStrategy[str]:
+    """Text that is hard to encode: :data:`~trio_agents.testing.HOSTILE_TEXTS` (lone
+    surrogates, a split pair, NUL, 100,000 characters), an emoji's halves on their own,
+    and plain words, which it shrinks to."""
+    return st.sampled_from(["a ", "\ud83d", "\ude00 ", *HOSTILE_TEXTS])
+
+
+# The halves of one emoji in two chunks (the run must join them), among the rest.
+_HOSTILE_CHUNKS = st.lists(
+    st.one_of(hostile_texts().map(lambda text: [text]), st.just(["\ud83d", "\ude00"])),
+    max_size=4,
+).map(lambda groups: [chunk for group in groups for chunk in group])
+
+
+@st.composite
+def _hostile_items(draw: st.DrawFn) -> tuple[Item, ...]:
+    text = draw(hostile_texts())
+    kind = draw(st.sampled_from(["user", "assistant", "pair"]))
+    if kind == "user":
+        return (UserMessage(text),)
+    if kind == "assistant":
+        return (AssistantMessage(text),)
+    call_id = f"inj_{draw(st.integers(0, 9))}"
+    return (
+        ToolCall(call_id, "lookup", json.dumps({"q": text})),
+        ToolResult(call_id, text),
+    )
+
+
+def hostile_items() -> st.SearchStrategy[tuple[Item, ...]]:
+    """What one ``run.inject`` call may carry, with :func:`hostile_texts` in it: a user
+    or an assistant message, or a tool call/result pair (the call's arguments hold the
+    text JSON-escaped, its result holds it as is). For ``schedules(injected=...)``."""
+    return _hostile_items()

@@ -1,0 +1,77 @@
+"""The text cleaning every item goes through (``_util.clean_text``) and its streaming
+form (``_util.TextJoiner``), and the error descriptions that survive a broken
+``__str__`` (``_util.describe_error``): unit tests of a private module's contract."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_agents._util import TextJoiner, clean_text, describe_error, summarize
+
+# Any code point, surrogates included (Hypothesis leaves them out by default).
+_ANY = st.characters(codec=None, categories=None)
+_TEXT = st.text(_ANY, max_size=20)
+_PIECES = st.sampled_from(["a", "é", "\ud83d", "\ude00", "\udce9", "\x00", "😀"])
+_CHUNK = st.one_of(_TEXT, st.lists(_PIECES, max_size=6).map("".join))
+
+
+def test_examples() -> None:
+    assert clean_text("r\udce9sum\udce9.pdf") == "r\ufffdsum\ufffd.pdf"
+    assert clean_text("\ud83d\ude00") == "\U0001f600"  # a pair, as two code points
+    assert clean_text("\ude00\ud83d") == "\ufffd\ufffd"  # halves the wrong way round
+    assert clean_text("\ud83dx") == "\ufffdx"
+    assert clean_text("a\x00b") == "a\x00b"  # NUL is text
+    plain = "héllo 😀"
+    assert clean_text(plain) is plain
+
+
+@given(_CHUNK)
+def test_clean_text_always_encodes_and_keeps_what_encodes(text: str) -> None:
+    cleaned = clean_text(text)
+    cleaned.encode("utf-8")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        assert cleaned != text
+    else:
+        assert cleaned == text
+    assert clean_text(cleaned) == cleaned
+
+
+@given(st.lists(_CHUNK, max_size=6))
+def test_the_joiner_gives_out_what_cleaning_the_whole_gives(chunks: list[str]) -> None:
+    joiner = TextJoiner()
+    out = [joiner.feed(chunk) for chunk in chunks]
+    out.append(joiner.flush())
+    for piece in out:
+        piece.encode("utf-8")
+    assert "".join(out) == clean_text("".join(chunks))
+
+
+def test_the_joiner_joins_a_pair_split_across_deltas() -> None:
+    joiner = TextJoiner()
+    assert joiner.feed("smile \ud83d") == "smile "
+    assert joiner.feed("\ude00!") == "\U0001f600!"
+    assert joiner.feed("\ud83d") == ""
+    assert joiner.flush() == "\ufffd"
+    assert joiner.flush() == ""
+
+
+class _Broken(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+class _NotText(Exception):
+    def __str__(self) -> str:
+        return 42  # type: ignore[return-value]
+
+
+def test_describing_an_error_never_raises() -> None:
+    assert describe_error(_Broken()) == "_Broken: <str() raised RuntimeError>"
+    assert describe_error(_NotText()) == "_NotText: <str() raised TypeError>"
+    assert describe_error(ValueError("r\udce9sum\n x")) == "ValueError: r\ufffdsum x"
+    assert describe_error(KeyError()) == "KeyError"
+    group = ExceptionGroup("g", [_Broken(), ValueError("v")])
+    assert summarize(group) == "2 errors: _Broken: <str() raised RuntimeError>; ValueError: v"
