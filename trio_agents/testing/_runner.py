@@ -727,7 +727,12 @@ def _run_example(
                     "after_turn" if op.kind == "cancel_after_turn" else "immediate"
                 )
                 if op.kind == "cancel_in_tool":
-                    note += f" (tools running: {sorted(state.running_tools) or 'none'})"
+                    running = (
+                        state.running_tools
+                        if run is root
+                        else {c for r, c in state.tree_running if r == run.id}
+                    )
+                    note += f" (tools running: {sorted(running) or 'none'})"
                 record_cancel(run, mode, op.reason)
                 run.cancel(op.reason, mode=mode)
             elif op.kind == "outer_cancel":
