@@ -49,7 +49,7 @@ LEGAL_NEXT: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.RUNNING: frozenset(
         {RunStatus.AWAITING_APPROVAL, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
     ),
-    # awaiting_approval again: the calls waiting (its own or below it, §17) changed.
+    # awaiting_approval again: the calls waiting below the run changed (§17).
     RunStatus.AWAITING_APPROVAL: frozenset(
         {RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL, RunStatus.FAILED, RunStatus.CANCELLED}
     ),
@@ -203,18 +203,10 @@ def _check_statuses(result: RunResult | None, events: Sequence[RunEvent], out: F
                     f" (seq {before.seq} → {after.seq})",
                 )
             )
-        if after.status is RunStatus.AWAITING_APPROVAL:
-            if not after.detail.get("pending") and not after.detail.get("waiting"):
-                out.append(
-                    Violation("statuses", f"awaiting_approval (seq {after.seq}) lists no calls")
-                )
-            if before.status is RunStatus.AWAITING_APPROVAL and before.detail == after.detail:
-                out.append(
-                    Violation(
-                        "statuses",
-                        f"awaiting_approval repeated unchanged (seq {before.seq} → {after.seq})",
-                    )
-                )
+        if after.status is RunStatus.AWAITING_APPROVAL and not (
+            after.detail.get("pending") or after.detail.get("waiting")
+        ):
+            out.append(Violation("statuses", f"awaiting_approval (seq {after.seq}) lists no calls"))
     terminal = [u for u in updates if u.status.is_terminal]
     if len(terminal) != 1:
         out.append(Violation("one-terminal", f"{len(terminal)} terminal updates"))
@@ -828,6 +820,7 @@ def _check_events(
     if not events:
         return Report((Violation("one-terminal", "the run has no events"),))
     _check_statuses(result, events, out)
+    _check_approval_repeats(events, out)
     _check_seq(events, out)
     _check_streamed_text(events, out)
     if result is not None:
@@ -1245,3 +1238,21 @@ def _check_tree_nodes(obs: Observation, tree: TreeObservation, bound: float, out
         if len(node.event_times) == len(node.events):
             _check_cancels(view, node_bound, found)
         out.extend(_about(node, v) for v in found if v.invariant not in _CHILD_SKIPS)
+
+
+def _check_approval_repeats(events: Sequence[RunEvent], out: Found) -> None:
+    """``awaiting_approval → awaiting_approval`` says the waiting calls changed (§17):
+    never the same detail twice in a row."""
+    updates = [e for e in events if isinstance(e, RunUpdated)]
+    for before, after in itertools.pairwise(updates):
+        if (
+            before.status is RunStatus.AWAITING_APPROVAL
+            and after.status is RunStatus.AWAITING_APPROVAL
+            and before.detail == after.detail
+        ):
+            out.append(
+                Violation(
+                    "statuses",
+                    f"awaiting_approval repeated unchanged (seq {before.seq} → {after.seq})",
+                )
+            )
