@@ -839,9 +839,18 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     cancel to the terminal update (from the end of a shielded fault tool's shield, if
     one was running), and from a run's own end to its terminal update; by default the
     run's ``cleanup_timeout``, the one deadline of its whole cleanup.
+
+    For a :func:`~trio_agents.testing.run_tree_schedule` observation it also checks
+    every run below the root as a run of its own (its log, result, conversation,
+    tools, injections, tool cancellation, hooks balanced, cancel latency), and the
+    tree invariants (``tree-call-scope``, ``tree-bottom-up``, ``tree-conversations``,
+    ``tree-subtree-cancel``); violations about a run below the root name it. Each
+    level of the tree has its own cleanup deadline, so a run's latency bound is
+    ``max_cancel_latency`` times one plus the number of levels below it.
     """
     obs = observation
     bound = obs.cleanup_timeout if max_cancel_latency is None else max_cancel_latency
+    per_level = bound
     if obs.tree is not None and obs.tree.nodes:
         # Each level of the tree has its own cleanup deadline, from when its scope is
         # left: a parent's starts once its children's repairs are done.
@@ -867,7 +876,7 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     if obs.tree is not None:
         tree = obs.tree
         checks.append(lambda: _check_tree(tree, out))
-        checks.append(lambda: _check_tree_nodes(obs, tree, bound, out))
+        checks.append(lambda: _check_tree_nodes(obs, tree, per_level, out))
     for check in checks:
         check()
     order = list(INVARIANTS)
@@ -1193,7 +1202,8 @@ _CHILD_SKIPS = frozenset({"cancel-reason", "cancel-before-start", "hook-errors"}
 
 
 def _check_tree_nodes(obs: Observation, tree: TreeObservation, bound: float, out: Found) -> None:
-    """Every run below the root, checked as a run of its own."""
+    """Every run below the root, checked as a run of its own (``bound``: the latency
+    bound per level of the tree, as for the root)."""
     for node in tree.nodes[1:]:
         below = {n.run_id for n in _subtree(node, tree.nodes)}
         view = attrs.evolve(
@@ -1229,8 +1239,7 @@ def _check_tree_nodes(obs: Observation, tree: TreeObservation, bound: float, out
             ),
         )
         found: Found = list(_check_events(node.outcome, node.events, None).violations)
-        node_bound = obs.cleanup_timeout * (1 + node.height)
-        node_bound = min(bound, node_bound)
+        node_bound = bound * (1 + node.height)
         if node.outcome is not None:
             _check_injections(view, node.outcome, found)
         _check_tool_cancellation(view, found)
