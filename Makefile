@@ -29,9 +29,10 @@ lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-fuzz: $(STAMP)  ## the lifecycle and fault properties, "fuzz" profile (over 20,000 examples)
+fuzz: $(STAMP)  ## the lifecycle, fault and run-tree properties, "fuzz" profile (over 20,000 examples, and 21,000 tree schedules)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_run_properties.py \
-		tests/test_harness_faults.py -p no:cacheprovider --hypothesis-show-statistics -q \
+		tests/test_harness_faults.py tests/test_tree_properties.py \
+		-p no:cacheprovider --hypothesis-show-statistics -q \
 		-o faulthandler_timeout=3600
 
 bench: $(STAMP)  ## timing figures and instruction counts; results in benchmarks/RESULTS.md

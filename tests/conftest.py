@@ -14,7 +14,8 @@ pytest_plugins = ["pytester", "trio_agents.testing.plugin"]
 
 # CI runs a fixed, seeded profile; `make fuzz` (or HYPOTHESIS_PROFILE=fuzz) runs more
 # (FUZZ_EXAMPLES, default 3000, scales it: the lifecycle and fault properties run about
-# 7.7 times that, over 23,000 examples, 10,500 of them with faults).
+# 7.7 times that, over 23,000 examples, 10,500 of them with faults; the run-tree
+# properties of test_tree_properties.py 7 times that, 21,000 tree schedules).
 # Every profile sets, on purpose, what must not depend on machine speed: no deadline
 # (an example is a whole trio.run, with real worker threads) and no too_slow check.
 settings.register_profile(

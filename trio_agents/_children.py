@@ -171,6 +171,11 @@ async def serve_child(child: Run) -> RunResult:
         await child._serve(direct=True)
     finally:
         await _close_session(child)
+    # A cancel of the calling run that came while the child's shielded repair ran (its
+    # own verdict already given, so it returns rather than raising) still ends this
+    # call 'cancelled', as it ends any call running at the cancel. The child's result
+    # stays on its handle.
+    await trio.lowlevel.checkpoint_if_cancelled()
     assert child.result is not None
     return child.result
 

@@ -20,6 +20,12 @@ message saying so. The pieces:
 - :func:`run_schedule`: one example on ``MockClock(autojump_threshold=0)``, returning an
   :class:`Observation`; :func:`check_run`: the invariant checker, returning a
   :class:`Report`.
+- Run trees (DESIGN §17): :func:`run_tree_schedule` plays one script per agent of a
+  tree of agents, with :class:`Op` targets (``Op.target``: the agent whose first
+  live run an operation acts on); :func:`agent_trees` draws small trees
+  (:class:`AgentTree`); :func:`check_run` then checks the tree invariants too
+  (:class:`TreeObservation`), and :func:`check_tree` checks a tree you drove
+  yourself from its root's handle.
 - :class:`LifecycleProperty` and :func:`lifecycle_test`: the property for an agent;
   ``pytest -p trio_agents.testing.plugin`` adds the ``scripted_model`` and
   ``lifecycle_check`` fixtures. :func:`harness_settings`: the Hypothesis settings
@@ -43,6 +49,7 @@ from ._check import Report as Report
 from ._check import Violation as Violation
 from ._check import check_events as check_events
 from ._check import check_run as check_run
+from ._check import check_tree as check_tree
 from ._fakes import GARBAGE as GARBAGE
 from ._fakes import HOSTILE_TEXTS as HOSTILE_TEXTS
 from ._fakes import BrokenStrError as BrokenStrError
@@ -77,13 +84,19 @@ from ._property import lifecycle_test as lifecycle_test
 from ._runner import CancelRecord as CancelRecord
 from ._runner import FreshRun as FreshRun
 from ._runner import InjectionRecord as InjectionRecord
+from ._runner import ModelView as ModelView
+from ._runner import NodeRecord as NodeRecord
 from ._runner import Observation as Observation
 from ._runner import SubscriberView as SubscriberView
+from ._runner import TreeObservation as TreeObservation
 from ._runner import run_schedule as run_schedule
+from ._runner import run_tree_schedule as run_tree_schedule
 from ._strategies import OP_KINDS as OP_KINDS
+from ._strategies import AgentTree as AgentTree
 from ._strategies import FakeTools as FakeTools
 from ._strategies import Op as Op
 from ._strategies import OpKind as OpKind
+from ._strategies import agent_trees as agent_trees
 from ._strategies import faults as faults
 from ._strategies import hostile_items as hostile_items
 from ._strategies import hostile_texts as hostile_texts
@@ -101,6 +114,7 @@ __all__ = [
     "HOSTILE_TEXTS",
     "INVARIANTS",
     "OP_KINDS",
+    "AgentTree",
     "BrokenStrError",
     "CallRecord",
     "CancelRecord",
@@ -116,6 +130,8 @@ __all__ = [
     "LifecycleProperty",
     "LifecycleViolation",
     "ModelFault",
+    "ModelView",
+    "NodeRecord",
     "Observation",
     "Op",
     "OpKind",
@@ -126,12 +142,15 @@ __all__ = [
     "StreamRecord",
     "SubscriberView",
     "ToolRecorder",
+    "TreeObservation",
     "Turn",
     "Violation",
+    "agent_trees",
     "blocking_tool",
     "broken_str_tool",
     "check_events",
     "check_run",
+    "check_tree",
     "failing_tool",
     "faults",
     "garbage_tool",
@@ -143,6 +162,7 @@ __all__ = [
     "lifecycle_test",
     "process_tool",
     "run_schedule",
+    "run_tree_schedule",
     "schedules",
     "scripts",
     "shielding_tool",

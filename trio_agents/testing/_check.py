@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import final
 
 import attrs
@@ -14,6 +14,8 @@ from .. import (
     InboxDelivered,
     Item,
     ResponseTextDelta,
+    Run,
+    RunChild,
     RunEvent,
     RunItemEvent,
     RunResult,
@@ -28,10 +30,19 @@ from .. import (
 # The output_type machinery has no public entry point (yet): the one private import.
 from .._output import compile_output, output_problems
 from ..models import ModelRequest, OutputSpec
-from ._faults import MALFORMED, START_HOOKS, HookCall
-from ._runner import Observation
+from ._faults import MALFORMED, START_HOOKS, Faults, HookCall
+from ._runner import NodeRecord, Observation, TreeObservation
+from ._tree import height, tree_events, walk
 
-__all__ = ["INVARIANTS", "LifecycleViolation", "Report", "Violation", "check_events", "check_run"]
+__all__ = [
+    "INVARIANTS",
+    "LifecycleViolation",
+    "Report",
+    "Violation",
+    "check_events",
+    "check_run",
+    "check_tree",
+]
 
 LEGAL_NEXT: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
@@ -75,6 +86,11 @@ INVARIANTS: dict[str, str] = {
     "process-leak": "no process started by the run is alive after it",
     "thread-leak": "no worker thread of the run keeps running after it",
     "op-error": "operations on a live run raise only documented errors",
+    "tree-call-scope": "no run of a tree, nor any task of one, outlives its parent's call",
+    "tree-bottom-up": "a child's terminal update precedes its parent's result for that call"
+    " (and the run.child event saying how it ended); the root's terminal update is last",
+    "tree-conversations": "every conversation in the tree is valid; every child's call is answered",
+    "tree-subtree-cancel": "cancelling a subtree leaves its ancestors running (the parent goes on)",
 }
 """Every invariant the checker knows: name → what it means, in checking order."""
 
@@ -472,9 +488,10 @@ def _check_subscribers(obs: Observation, out: Found) -> None:
 
 
 def _shield_end(obs: Observation, at: float) -> float:
-    """When the last shielded fault tool running at ``at`` left its shield."""
+    """When the last shielded fault tool running at ``at`` left its shield (in a tree,
+    anywhere in the tree: a shield below a run holds its cancel up too)."""
     end = at
-    for call in obs.tool_calls:
+    for call in obs.tool_calls if obs.tree is None else obs.tree.tool_calls:
         if call.fault == "shield" and call.started_at is not None and call.started_at <= at:
             if call.ended_at is None:
                 return float("inf")
@@ -804,6 +821,7 @@ def _check_events(
     if not events:
         return Report((Violation("one-terminal", "the run has no events"),))
     _check_statuses(result, events, out)
+    _check_approval_repeats(events, out)
     _check_seq(events, out)
     _check_streamed_text(events, out)
     if result is not None:
@@ -823,9 +841,22 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     cancel to the terminal update (from the end of a shielded fault tool's shield, if
     one was running), and from a run's own end to its terminal update; by default the
     run's ``cleanup_timeout``, the one deadline of its whole cleanup.
+
+    For a :func:`~trio_agents.testing.run_tree_schedule` observation it also checks
+    every run below the root as a run of its own (its log, result, conversation,
+    tools, injections, tool cancellation, hooks balanced, cancel latency), and the
+    tree invariants (``tree-call-scope``, ``tree-bottom-up``, ``tree-conversations``,
+    ``tree-subtree-cancel``); violations about a run below the root name it. Each
+    level of the tree has its own cleanup deadline, so a run's latency bound is
+    ``max_cancel_latency`` times one plus the number of levels below it.
     """
     obs = observation
     bound = obs.cleanup_timeout if max_cancel_latency is None else max_cancel_latency
+    per_level = bound
+    if obs.tree is not None and obs.tree.nodes:
+        # Each level of the tree has its own cleanup deadline, from when its scope is
+        # left: a parent's starts once its children's repairs are done.
+        bound *= 1 + obs.tree.nodes[0].height
     # The output spec the run asked the model for (the same on every request).
     spec = obs.requests[-1].output if obs.requests else None
     out = list(_check_events(obs.outcome, obs.events, spec).violations)
@@ -845,6 +876,10 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     ]
     if result is not None:
         checks.insert(2, lambda: _check_injections(obs, result, out))
+    if obs.tree is not None:
+        tree = obs.tree
+        checks.append(lambda: _check_tree(tree, out))
+        checks.append(lambda: _check_tree_nodes(obs, tree, per_level, out))
     for check in checks:
         check()
     order = list(INVARIANTS)
@@ -895,3 +930,386 @@ def _check_clean_text(
             found.append(f"model request {number}")
     for where in found[:3]:
         out.append(Violation("clean-text", f"{where} holds text UTF-8 cannot encode"))
+
+
+# ------------------------------------------------------------------ run trees (§17)
+
+
+def check_tree(run: Run) -> Report:
+    """Check a whole run tree from its root's handle, once the root has ended.
+
+    Every run of the tree gets the checks of :func:`check_events` (its statuses, one
+    terminal update, seqs, result, conversation, items, tools; ``output_type``
+    from its agent), and the tree gets the tree invariants that its handles and
+    events can show: ``tree-call-scope`` (no run outlives the call that started it),
+    ``tree-bottom-up`` (a child's terminal update, then the parent's ``run.child``
+    event, then the parent's result for that call; the root's terminal update last),
+    ``tree-conversations`` and ``tree-subtree-cancel`` (a child whose own cancel ended
+    it leaves its parent running). Use it on trees you drive yourself; a
+    :func:`~trio_agents.testing.run_tree_schedule` observation, checked by
+    :func:`check_run`, is checked against much more. Messages name the run (by id and
+    agent) they are about.
+    """
+    tree = _tree_of(run)
+    out: Found = []
+    for node, handle in zip(tree.nodes, walk(run), strict=True):
+        compiled = compile_output(handle[0].agent.output_type)
+        spec = compiled.spec if compiled is not None else None
+        for violation in _check_events(node.outcome, node.events, spec).violations:
+            out.append(_about(node, violation))
+    _check_tree(tree, out, cancels_known=False)
+    order = list(INVARIANTS)
+    out.sort(key=lambda v: order.index(v.invariant))
+    return Report(tuple(out), "\n".join(tree.describe()))
+
+
+def _tree_of(root: Run) -> TreeObservation:
+    """What a tree's handles show (no times, no schedule)."""
+    events = tree_events(root)
+    nodes = [
+        NodeRecord(
+            run_id=node.id,
+            agent=node.agent.name,
+            parent_id=node.parent_id,
+            call_id=node.call_id,
+            depth=depth,
+            height=height(node),
+            outcome=node.result,
+            events=tuple(e for e in events if e.run_id == node.id),
+        )
+        for node, depth in walk(root)
+    ]
+    return TreeObservation(tuple(nodes), tuple(events))
+
+
+def _about(node: NodeRecord, violation: Violation) -> Violation:
+    """A violation of one run of a tree: say which."""
+    return Violation(violation.invariant, f"run {node.run_id} ({node.agent}): {violation.message}")
+
+
+def _ancestors(node: NodeRecord, by_id: Mapping[str, NodeRecord]) -> list[NodeRecord]:
+    found: list[NodeRecord] = []
+    parent = by_id.get(node.parent_id) if node.parent_id is not None else None
+    while parent is not None:
+        found.append(parent)
+        parent = by_id.get(parent.parent_id) if parent.parent_id is not None else None
+    return found
+
+
+def _subtree(node: NodeRecord, nodes: Sequence[NodeRecord]) -> list[NodeRecord]:
+    """``node`` and every run below it."""
+    ids = {node.run_id}
+    found = [node]
+    for other in nodes:  # pre-order: a parent comes before its children
+        if other.parent_id in ids:
+            ids.add(other.run_id)
+            found.append(other)
+    return found
+
+
+def _check_tree(tree: TreeObservation, out: Found, *, cancels_known: bool = True) -> None:
+    """The tree invariants of DESIGN §17 "Harness" (``cancels_known``: the tree's
+    :attr:`NodeRecord.cancels` list every cancel applied, as the runner's do)."""
+    if not tree.nodes:
+        return
+    position = {id(event): index for index, event in enumerate(tree.events)}
+    by_id = {node.run_id: node for node in tree.nodes}
+    root = tree.nodes[0]
+    if not tree.complete:
+        out.append(Violation("run-ends", "`async for` over run.events(tree=True) never ended"))
+    for message in tree.outlived:
+        out.append(Violation("tree-call-scope", message))
+    for node in tree.nodes[1:]:
+        parent = by_id.get(node.parent_id or "")
+        if parent is None:  # pragma: no cover - walk() gives parents first
+            continue
+        _check_child(tree, node, parent, position, out)
+        _check_child_cancel(node, parent, by_id, out, cancels_known)
+    root_terminal = _terminal(root)
+    last = tree.events[-1] if tree.events else None
+    if (
+        root_terminal is not None
+        and tree.complete
+        and last is not None
+        and last is not root_terminal
+    ):
+        out.append(
+            Violation(
+                "tree-bottom-up",
+                f"the root's terminal update is not the last event of the tree"
+                f" ({last.type} of run {last.run_id} seq {last.seq} follows it)",
+            )
+        )
+    for model in tree.models:
+        if model.agent == root.agent:
+            continue  # the root's model: checked as the root's own
+        for number, request in enumerate(model.requests, 1):
+            problems = conversation_problems(request.items)
+            if problems:
+                out.append(
+                    Violation(
+                        "model-input",
+                        f"agent {model.agent}: model request {number} is invalid: {problems[0]}",
+                    )
+                )
+                break
+        if model.open_streams:
+            out.append(
+                Violation(
+                    "model-streams-closed",
+                    f"agent {model.agent}: {model.open_streams} stream(s) left open",
+                )
+            )
+
+
+def _terminal(node: NodeRecord) -> RunUpdated | None:
+    for event in reversed(node.events):
+        if isinstance(event, RunUpdated) and event.status.is_terminal:
+            return event
+    return None
+
+
+def _check_child(
+    tree: TreeObservation,
+    node: NodeRecord,
+    parent: NodeRecord,
+    position: Mapping[int, int],
+    out: Found,
+) -> None:
+    """One child against the call of its parent that started it."""
+    call_id = node.call_id or ""
+    what = f"run {node.run_id} ({node.agent}, in call {call_id!r} of run {parent.run_id})"
+    if node.outcome is not None:
+        problems = conversation_problems(node.outcome.conversation)
+        if problems:
+            out.append(
+                Violation(
+                    "tree-conversations", f"{what}: its conversation is invalid: {problems[0]}"
+                )
+            )
+    answers = []
+    if parent.outcome is not None:
+        answers = [
+            i
+            for i in parent.outcome.conversation
+            if isinstance(i, ToolResult) and i.call_id == call_id
+        ]
+        if len(answers) != 1:
+            out.append(
+                Violation(
+                    "tree-conversations",
+                    f"{what}: the parent's conversation holds {len(answers)} result(s) of the call",
+                )
+            )
+    terminal = _terminal(node)
+    result_event = next(
+        (
+            e
+            for e in parent.events
+            if isinstance(e, RunItemEvent)
+            and isinstance(e.item, ToolResult)
+            and e.item.call_id == call_id
+        ),
+        None,
+    )
+    ended = [
+        e
+        for e in parent.events
+        if isinstance(e, RunChild)
+        and e.child_id == node.run_id
+        and e.status is not RunStatus.QUEUED
+    ]
+    if not any(
+        isinstance(e, RunChild) and e.child_id == node.run_id and e.status is RunStatus.QUEUED
+        for e in parent.events
+    ):
+        out.append(
+            Violation("tree-bottom-up", f"{what}: no run.child 'queued' in the parent's log")
+        )
+    if terminal is None:
+        if parent.outcome is not None:
+            out.append(Violation("tree-bottom-up", f"{what} has no terminal update"))
+        return
+    if len(ended) != 1 or ended[0].status is not terminal.status:
+        said = [e.status.value for e in ended]
+        out.append(
+            Violation(
+                "tree-bottom-up",
+                f"{what} ended {terminal.status.value}, the parent's run.child events say {said}",
+            )
+        )
+    elif position.get(id(ended[0]), -1) < position.get(id(terminal), -1):
+        out.append(
+            Violation(
+                "tree-bottom-up", f"{what}: run.child came before the child's terminal update"
+            )
+        )
+    if result_event is None:
+        return
+    result_at = position.get(id(result_event))
+    terminal_at = position.get(id(terminal))
+    if result_at is not None and terminal_at is not None and terminal_at > result_at:
+        out.append(
+            Violation(
+                "tree-bottom-up",
+                f"{what}: the parent recorded the call's result before the child's terminal update",
+            )
+        )
+    if result_at is None or not tree.event_times:
+        return
+    result_time = tree.event_times[result_at]
+    below = {n.run_id for n in _subtree(node, tree.nodes)}
+    for call in tree.tool_calls:
+        if call.run_id not in below:
+            continue
+        late = call.ended_at is not None and call.ended_at > result_time + EPSILON
+        if call.state == "running" or late:
+            when = "still runs" if call.state == "running" else f"ended at t={call.ended_at:g}"
+            out.append(
+                Violation(
+                    "tree-call-scope",
+                    f"{what}: tool {call.tool!r} (call {call.call_id!r} of run {call.run_id})"
+                    f" {when}, after the parent's call got its result at t={result_time:g}",
+                )
+            )
+
+
+def _check_child_cancel(
+    node: NodeRecord,
+    parent: NodeRecord,
+    by_id: Mapping[str, NodeRecord],
+    out: Found,
+    cancels_known: bool,
+) -> None:
+    """Who may have cancelled a child, and what its own cancel does to its parent."""
+    result = node.outcome
+    if result is None or result.status is not RunStatus.CANCELLED:
+        return
+    what = f"run {node.run_id} ({node.agent})"
+    own = [c for c in node.cancels if c.live and c.kind in ("immediate", "after_turn")]
+    ancestors = {a.run_id for a in _ancestors(node, by_id)}
+    terminal = _terminal(node)
+    by = terminal.detail.get("by") if terminal is not None else None
+    if result.reason == "parent cancelled":
+        if by not in ancestors:
+            out.append(
+                Violation(
+                    "cancel-reason",
+                    f"{what} was cancelled 'parent cancelled' by {by!r}, not one of its ancestors",
+                )
+            )
+        return
+    if cancels_known and (not own or result.reason != own[0].reason):
+        allowed = [own[0].reason] if own else []
+        out.append(
+            Violation(
+                "cancel-reason",
+                f"{what} was cancelled with reason {result.reason!r}; its cancels allow"
+                f" {[*allowed, 'parent cancelled']}",
+            )
+        )
+        return
+    # Its own cancel ended it: the parent goes on, unless something cancelled it too.
+    parent_result = parent.outcome
+    if parent_result is None:
+        return
+    if (
+        cancels_known
+        and parent_result.status is RunStatus.CANCELLED
+        and not any(c.live for c in parent.cancels)
+    ):
+        out.append(
+            Violation(
+                "tree-subtree-cancel",
+                f"cancelling {what} alone ended its parent run {parent.run_id} cancelled too"
+                f" ({parent_result.reason!r})",
+            )
+        )
+    prefix = f"sub-agent {node.agent} "
+    for item in parent_result.conversation:
+        if (
+            isinstance(item, ToolResult)
+            and item.call_id == node.call_id
+            and item.output.startswith(prefix)
+            and item.status != "cancelled"
+        ):
+            out.append(
+                Violation(
+                    "tree-subtree-cancel",
+                    f"{what} was cancelled ({result.reason!r}), yet its parent's call"
+                    f" {item.call_id!r} ended {item.status!r}: {item.output!r}",
+                )
+            )
+
+
+# The per-run checks a child gets (as the root gets them from check_run), with what
+# cannot be told apart for a child left out: its cancel reason is checked above (a
+# parent may cancel it for reasons of its own), and whether a hook error failed it
+# (its model's errors are counted per agent, not per run).
+_CHILD_SKIPS = frozenset({"cancel-reason", "cancel-before-start", "hook-errors"})
+
+
+def _check_tree_nodes(obs: Observation, tree: TreeObservation, bound: float, out: Found) -> None:
+    """Every run below the root, checked as a run of its own (``bound``: the latency
+    bound per level of the tree, as for the root)."""
+    for node in tree.nodes[1:]:
+        below = {n.run_id for n in _subtree(node, tree.nodes)}
+        view = attrs.evolve(
+            obs,
+            run_id=node.run_id,
+            outcome=node.outcome,
+            events=node.events,
+            event_times=node.event_times,
+            script=(),
+            schedule=(),
+            applied=(),
+            requests=(),
+            open_streams=0,
+            cancels=node.cancels,
+            injections=node.injections,
+            subscribers=(),
+            op_errors=(),
+            leaked_tasks=(),
+            leaked_processes=(),
+            tool_calls=node.tool_calls,
+            input_items=(),
+            run_error=None,
+            ended={},
+            faults=Faults(),
+            streams=(),
+            hook_calls=node.hook_calls,
+            session_calls=(),
+            stored=None,
+            fresh_run=None,
+            leaked_threads=(),
+            tree=attrs.evolve(
+                tree, tool_calls=tuple(c for c in tree.tool_calls if c.run_id in below)
+            ),
+        )
+        found: Found = list(_check_events(node.outcome, node.events, None).violations)
+        node_bound = bound * (1 + node.height)
+        if node.outcome is not None:
+            _check_injections(view, node.outcome, found)
+        _check_tool_cancellation(view, found)
+        _check_hooks(view, found)
+        if len(node.event_times) == len(node.events):
+            _check_cancels(view, node_bound, found)
+        out.extend(_about(node, v) for v in found if v.invariant not in _CHILD_SKIPS)
+
+
+def _check_approval_repeats(events: Sequence[RunEvent], out: Found) -> None:
+    """``awaiting_approval → awaiting_approval`` says the waiting calls changed (§17):
+    never the same detail twice in a row."""
+    updates = [e for e in events if isinstance(e, RunUpdated)]
+    for before, after in itertools.pairwise(updates):
+        if (
+            before.status is RunStatus.AWAITING_APPROVAL
+            and after.status is RunStatus.AWAITING_APPROVAL
+            and before.detail == after.detail
+        ):
+            out.append(
+                Violation(
+                    "statuses",
+                    f"awaiting_approval repeated unchanged (seq {before.seq} → {after.seq})",
+                )
+            )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeAlias, final
@@ -19,6 +20,7 @@ from .. import (
     Run,
     RunClosedError,
     RunEvent,
+    RunItemEvent,
     RunResult,
     RunStatus,
     RunUpdated,
@@ -27,6 +29,7 @@ from .. import (
     ToolFinished,
     ToolResult,
     ToolStarted,
+    UnknownCallError,
     coerce_items,
     open_run,
 )
@@ -37,6 +40,7 @@ from ._fakes import CallRecord, ToolRecorder
 from ._faults import (
     Faults,
     HookCall,
+    HookFault,
     SessionCall,
     StreamRecord,
     WatchedHooks,
@@ -44,6 +48,7 @@ from ._faults import (
     WatchedSession,
 )
 from ._strategies import Op
+from ._tree import TreeHooks, first_live, height, walk
 from ._watch import (
     ThreadWatch,
     all_tasks,
@@ -57,9 +62,13 @@ __all__ = [
     "CancelRecord",
     "FreshRun",
     "InjectionRecord",
+    "ModelView",
+    "NodeRecord",
     "Observation",
     "SubscriberView",
+    "TreeObservation",
     "run_schedule",
+    "run_tree_schedule",
 ]
 
 CancelKind: TypeAlias = Literal["immediate", "after_turn", "outer", "horizon"]
@@ -200,6 +209,10 @@ class Observation:
         fresh_run: the run started on the session afterwards (None without one).
         leaked_threads: worker threads of the run still running afterwards.
         cleanup_timeout: the run's ``cleanup_timeout``.
+        tree: the whole run tree (:func:`run_tree_schedule`; None for
+            :func:`run_schedule`). The other fields are then the root run's own
+            (its model, hooks and fake tool calls; the cancels and injections the
+            schedule applied to it).
     """
 
     run_id: str
@@ -231,6 +244,7 @@ class Observation:
     fresh_run: FreshRun | None = None
     leaked_threads: tuple[str, ...] = ()
     cleanup_timeout: float = 5.0
+    tree: TreeObservation | None = None
 
     @property
     def result(self) -> RunResult:
@@ -264,6 +278,8 @@ class Observation:
             )
         if self.run_error:
             lines.append(f"open_run raised: {self.run_error}")
+        if self.tree is not None:
+            lines += self.tree.describe()
         return "\n".join(lines)
 
 
@@ -329,6 +345,117 @@ class _State:
     fresh_run: FreshRun | None = None
     limiter: ClockHoldingLimiter | None = None
     session_calls: tuple[SessionCall, ...] = ()
+    # Run trees: what the schedule did to each run below the root, and the tree's
+    # merged stream with the time each event was seen.
+    node_cancels: dict[str, list[CancelRecord]] = attrs.Factory(dict)
+    node_injections: dict[str, list[InjectionRecord]] = attrs.Factory(dict)
+    tree_events: list[RunEvent] = attrs.Factory(list)
+    tree_times: list[float] = attrs.Factory(list)
+    tree_running: set[tuple[str, str]] = attrs.Factory(set)
+    tree_complete: bool = False
+    outlived: list[str] = attrs.Factory(list)
+
+    def cancels_of(self, run: Run) -> list[CancelRecord]:
+        """Where the cancels applied to ``run`` (or from above it) are recorded."""
+        if run is self.run:
+            return self.cancels
+        return self.node_cancels.setdefault(run.id, [])
+
+    def injections_of(self, run: Run) -> list[InjectionRecord]:
+        """Where the injections accepted by ``run`` are recorded."""
+        if run is self.run:
+            return self.injections
+        return self.node_injections.setdefault(run.id, [])
+
+    def tree_saw(self, event: RunEvent) -> None:
+        self.tree_events.append(event)
+        self.tree_times.append(trio.current_time())
+        if isinstance(event, ToolStarted):
+            self.tree_running.add((event.run_id, event.call_id))
+        elif isinstance(event, ToolFinished):
+            self.tree_running.discard((event.run_id, event.call_id))
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def tools_running_in(self, root: Run, agent: str) -> bool:
+        """Whether a tool call runs in a live run of ``agent``."""
+        for run_id, _call_id in self.tree_running:
+            node = root if run_id == root.id else root.find(run_id)
+            if node is not None and node.result is None and node.agent.name == agent:
+                return True
+        return False
+
+    def outlived_calls(self, root: Run, event: ToolFinished | RunItemEvent) -> None:
+        """A call of a run ended (its ``tool.finished`` or its result): no run
+        started in it may still be live, and no task of one may be alive."""
+        if isinstance(event, RunItemEvent):
+            if not isinstance(event.item, ToolResult):
+                return
+            call_id = event.item.call_id
+        else:
+            call_id = event.call_id
+        parent = root if event.run_id == root.id else root.find(event.run_id)
+        if parent is None:
+            return
+        children = [c for c in parent.children if c.call_id == call_id]
+        if not children:
+            return
+        alive = [task.name for task in all_tasks()]
+        for child in children:
+            for node, _depth in walk(child):
+                where = f"call {call_id!r} of run {parent.id} ended ({event.type})"
+                if node.result is None:
+                    self.outlived.append(f"{where} while run {node.id} below it had no result")
+                prefix = f"{node.id}:"
+                for name in alive:
+                    if name.startswith(prefix):
+                        self.outlived.append(f"{where} while task {name!r} of run {node.id} lived")
+
+    def tree_observation(
+        self,
+        root: Run,
+        tree: _TreeSetup,
+        hooks: TreeHooks,
+        tool_calls: Sequence[CallRecord],
+    ) -> TreeObservation:
+        nodes: list[NodeRecord] = []
+        for node, depth in walk(root):
+            pairs = [
+                (e, t)
+                for e, t in zip(self.tree_events, self.tree_times, strict=True)
+                if e.run_id == node.id
+            ]
+            watched = hooks.per_run.get(node.id)
+            nodes.append(
+                NodeRecord(
+                    run_id=node.id,
+                    agent=node.agent.name,
+                    parent_id=node.parent_id,
+                    call_id=node.call_id,
+                    depth=depth,
+                    height=height(node),
+                    outcome=node.result,
+                    events=tuple(e for e, _ in pairs),
+                    event_times=tuple(t for _, t in pairs),
+                    cancels=tuple(self.cancels_of(node)),
+                    injections=tuple(self.injections_of(node)),
+                    hook_calls=tuple(watched.calls) if watched is not None else (),
+                    tool_calls=tuple(c for c in tool_calls if c.run_id == node.id),
+                )
+            )
+        models = tuple(
+            ModelView(name, tuple(m.requests), tuple(m.streams), m.open_streams)
+            for name, m in tree.models.items()
+        )
+        return TreeObservation(
+            nodes=tuple(nodes),
+            events=tuple(self.tree_events),
+            event_times=tuple(self.tree_times),
+            complete=self.tree_complete,
+            outlived=tuple(self.outlived),
+            models=models,
+            tool_calls=tuple(tool_calls),
+        )
 
     def let_go(self) -> None:
         """The run abandoned (or no longer waits for) its threads: let the clock move."""
@@ -435,12 +562,47 @@ def run_schedule(
     Do not call it from inside ``trio.run`` (use a sync test), and not from two threads
     at once (the process marker is an environment variable).
     """
-    install_audit_hook()
-    spawns_before = spawn_count()
     faults = faults or Faults()
     scripted = ScriptedModel(list(script), default=default_turn)
     model = WatchedModel(scripted, faults.model)
     agent = agent_factory(model)
+    return _run_example(
+        agent,
+        model,
+        None,
+        schedule,
+        recorder=recorder,
+        input=input,
+        run_options=run_options,
+        horizon=horizon,
+        check_processes=check_processes,
+        faults=faults,
+        session=session,
+        thread_hold=thread_hold,
+        thread_grace=thread_grace,
+    )
+
+
+def _run_example(
+    agent: Agent,
+    model: WatchedModel,
+    tree: _TreeSetup | None,
+    schedule: Sequence[Op],
+    *,
+    recorder: ToolRecorder | None,
+    input: str | Item | Sequence[Item],
+    run_options: Mapping[str, Any] | None,
+    horizon: float,
+    check_processes: bool | None,
+    faults: Faults,
+    session: bool | Callable[[], Session],
+    thread_hold: float | None,
+    thread_grace: float,
+) -> Observation:
+    """One example of :func:`run_schedule` or :func:`run_tree_schedule` (``tree``)."""
+    install_audit_hook()
+    spawns_before = spawn_count()
+    scripted = model.scripted
     if recorder is not None:
         recorder.reset()
     options = dict(run_options or {})
@@ -448,11 +610,10 @@ def run_schedule(
     if watched_session is not None and "session" in options:
         raise TypeError("pass the session as session=..., not in run_options")
     cleanup_timeout = float(options.get("cleanup_timeout", 5.0))
-    hooks = WatchedHooks(
-        options.get("hooks"),
-        faults.hooks,
-        stored=None if watched_session is None else watched_session.inner.get_items,
-    )
+    stored = None if watched_session is None else watched_session.inner.get_items
+    hooks: WatchedHooks | TreeHooks = WatchedHooks(options.get("hooks"), faults.hooks, stored)
+    if tree is not None:
+        hooks = TreeHooks(options.get("hooks"), tree.hook_faults, stored)
     run_id = f"lifecycle-{next(_run_numbers)}"
     ops = tuple(sorted(schedule, key=lambda op: op.at))
     state = _State()
@@ -460,13 +621,23 @@ def run_schedule(
 
     def record_cancel(run: Run, kind: CancelKind, reason: str) -> None:
         stats = run.statistics()
-        state.cancels.append(
-            CancelRecord(
-                kind, reason, trio.current_time(), stats.last_seq, run.status, run.result is None
-            )
-        )
+        now = trio.current_time()
+        record = CancelRecord(kind, reason, now, stats.last_seq, run.status, run.result is None)
+        state.cancels_of(run).append(record)
         if kind != "after_turn":
             state.let_go()
+            # The subtree's live runs are cancelled with it: "parent cancelled".
+            for node, _depth in walk(run):
+                if node is not run and node.result is None:
+                    below = CancelRecord(
+                        "outer",
+                        "parent cancelled",
+                        now,
+                        node.statistics().last_seq,
+                        node.status,
+                        live=True,
+                    )
+                    state.cancels_of(node).append(below)
 
     async def timestamper(run: Run) -> None:
         state.reader_started()
@@ -482,6 +653,17 @@ def run_schedule(
         async for _update in run.updated:
             pass
         state.ended["updated"] = True
+        state.reader_ended()
+
+    async def tree_watcher(run: Run) -> None:
+        """Read ``events(tree=True)``: every event of the tree, with its time; and
+        when a call that started a child ends, no task of that child may be alive."""
+        state.reader_started()
+        async for event in run.events(tree=True):
+            state.tree_saw(event)
+            if isinstance(event, ToolFinished | RunItemEvent):
+                state.outlived_calls(run, event)
+        state.tree_complete = True
         state.reader_ended()
 
     async def horizon_guard(run: Run) -> None:
@@ -511,25 +693,50 @@ def run_schedule(
             if update.status is RunStatus.AWAITING_APPROVAL:
                 for call_id in run.statistics().pending_approvals:
                     run.approve(call_id)
+                for waiting in update.detail.get("waiting", ()):
+                    node = run.find(waiting["run_id"])
+                    with contextlib.suppress(UnknownCallError, RunClosedError):
+                        if node is not None:
+                            node.approve(waiting["call_id"])
 
-    async def until_a_tool_runs(run: Run) -> None:
-        while not state.running_tools and run.result is None and state.run_error is None:
+    async def until_a_tool_runs(run: Run, target: str | None) -> None:
+        while run.result is None and state.run_error is None:
+            if target is None and state.running_tools:
+                return
+            if target is not None and state.tools_running_in(run, target):
+                return
             await state.changed.wait()
 
-    def apply(index: int, op: Op, run: Run, outer: trio.CancelScope, nursery: trio.Nursery) -> None:
+    def apply(
+        index: int, op: Op, root: Run, outer: trio.CancelScope, nursery: trio.Nursery
+    ) -> None:
         now = trio.current_time()
         note = op.describe().split(": ", 1)[1]
+        run = root
+        if op.target is not None and op.kind in TARGETED:
+            found = first_live(root, op.target)
+            if found is None:
+                state.applied.append((now, f"{note} (no live run of {op.target!r}: nothing done)"))
+                return
+            run = found
+            if run is not root:
+                note += f" (run {run.id})"
         try:
             if op.kind in ("cancel", "cancel_after_turn", "cancel_in_tool"):
                 mode: Literal["immediate", "after_turn"] = (
                     "after_turn" if op.kind == "cancel_after_turn" else "immediate"
                 )
                 if op.kind == "cancel_in_tool":
-                    note += f" (tools running: {sorted(state.running_tools) or 'none'})"
+                    running = (
+                        state.running_tools
+                        if run is root
+                        else {c for r, c in state.tree_running if r == run.id}
+                    )
+                    note += f" (tools running: {sorted(running) or 'none'})"
                 record_cancel(run, mode, op.reason)
                 run.cancel(op.reason, mode=mode)
             elif op.kind == "outer_cancel":
-                record_cancel(run, "outer", "parent cancelled")
+                record_cancel(root, "outer", "parent cancelled")
                 outer.cancel()
             elif op.kind == "inject":
                 items = _unique_ids(op.items, index)
@@ -539,19 +746,22 @@ def run_schedule(
                     note += " -> RunClosedError"
                 else:
                     converted = tuple(coerce_items(items))
-                    state.injections.append(InjectionRecord(injection_id, op.when, converted, now))
+                    state.injections_of(run).append(
+                        InjectionRecord(injection_id, op.when, converted, now)
+                    )
                     note += f" -> {injection_id}"
             elif op.kind == "withdraw":
-                live = [i for i, inj in enumerate(state.injections) if not inj.withdrawn]
+                injections = state.injections_of(run)
+                live = [i for i, inj in enumerate(injections) if not inj.withdrawn]
                 if live:
                     position = live[-1]
-                    injection = state.injections[position]
+                    injection = injections[position]
                     last_seq = run.statistics().last_seq
                     if run.withdraw(injection.id):
-                        state.injections[position] = attrs.evolve(injection, withdrawn=True)
+                        injections[position] = attrs.evolve(injection, withdrawn=True)
                         note += f" {injection.id} -> True"
                     else:
-                        state.injections[position] = attrs.evolve(
+                        injections[position] = attrs.evolve(
                             injection, withdraw_failed_at_seq=last_seq
                         )
                         note += f" {injection.id} -> False"
@@ -568,9 +778,9 @@ def run_schedule(
                 else:
                     note += " (nothing pending)"
             elif op.kind == "subscribe":
-                nursery.start_soon(subscriber, run, "events")
+                nursery.start_soon(subscriber, root, "events")
             elif op.kind == "status_subscribe":
-                nursery.start_soon(subscriber, run, "status")
+                nursery.start_soon(subscriber, root, "status")
             elif op.kind == "release":
                 if recorder is not None:
                     recorder.release()
@@ -585,12 +795,13 @@ def run_schedule(
         index: int, op: Op, run: Run, outer: trio.CancelScope, harness: trio.Nursery
     ) -> None:
         while True:
-            await until_a_tool_runs(run)
-            running = set(state.running_tools)
+            await until_a_tool_runs(run, op.target)
+            running = set(state.running_tools if op.target is None else state.tree_running)
             await trio.sleep((index + 1) / 1024)
             # Land in a call that is still running (one that ended at once, like an
             # unknown tool's, does not count), or give up once the run is over.
-            if running & state.running_tools or not running:
+            now_running = state.running_tools if op.target is None else state.tree_running
+            if running & now_running or not running:
                 break
         apply(index, op, run, outer, harness)
 
@@ -611,7 +822,7 @@ def run_schedule(
         state.limiter = ClockHoldingLimiter(inner, hold_limit=thread_hold)
         threads = ThreadWatch(state.limiter)
         run_kwargs: dict[str, Any] = {**options, "thread_limiter": state.limiter}
-        if options.get("hooks") is not None or faults.hooks:
+        if options.get("hooks") is not None or faults.hooks or (tree and tree.hook_faults):
             # Only then: a run without hooks must keep being tested as one.
             run_kwargs["hooks"] = hooks
         if watched_session is not None:
@@ -624,6 +835,8 @@ def run_schedule(
                         harness.start_soon(timestamper, run, name="harness:timestamper")
                         harness.start_soon(status_watcher, run, name="harness:status")
                         harness.start_soon(horizon_guard, run, name="harness:horizon")
+                        if tree is not None:
+                            harness.start_soon(tree_watcher, run, name="harness:tree")
                         await play(run, outer, harness)
                 except BaseException as exc:
                     if _fatal(exc) or state.run is None:
@@ -668,6 +881,15 @@ def run_schedule(
         check_processes = spawn_count() != spawns_before
     processes = leaked_processes(run_id) if check_processes else []
     assert state.run is not None
+    hook_calls = tuple(hooks.calls) if isinstance(hooks, WatchedHooks) else ()
+    tool_calls = recorder.calls if recorder is not None else ()
+    tree_view = None
+    if tree is not None:
+        assert isinstance(hooks, TreeHooks)
+        root_hooks = hooks.per_run.get(state.run.id)
+        hook_calls = tuple(root_hooks.calls) if root_hooks is not None else ()
+        tree_view = state.tree_observation(state.run, tree, hooks, tool_calls)
+        tool_calls = tuple(c for c in tool_calls if c.run_id == state.run.id)
     return Observation(
         run_id=run_id,
         outcome=state.run.result,
@@ -684,7 +906,7 @@ def run_schedule(
         op_errors=tuple(state.op_errors),
         leaked_tasks=tuple(state.leaked_tasks),
         leaked_processes=tuple(processes),
-        tool_calls=recorder.calls if recorder is not None else (),
+        tool_calls=tool_calls,
         threads_stopped=not state.leaked_threads,
         run_options=options,
         input_items=input_items,
@@ -692,10 +914,186 @@ def run_schedule(
         ended=dict(state.ended),
         faults=faults,
         streams=tuple(model.streams),
-        hook_calls=tuple(hooks.calls),
+        hook_calls=hook_calls,
         session_calls=state.session_calls,
         stored=state.stored,
         fresh_run=state.fresh_run,
         leaked_threads=tuple(state.leaked_threads),
         cleanup_timeout=cleanup_timeout,
+        tree=tree_view,
+    )
+
+
+# ------------------------------------------------------------------ run trees
+
+TARGETED = frozenset(
+    {"cancel", "cancel_after_turn", "cancel_in_tool", "inject", "withdraw", "approve", "reject"}
+)
+"""The operation kinds an :attr:`Op.target` applies to (the others act on the root)."""
+
+
+@final
+@attrs.frozen(eq=False)
+class NodeRecord:
+    """One run of a tree, as :func:`run_tree_schedule` (or
+    :func:`~trio_agents.testing.check_tree`) saw it.
+
+    Attributes:
+        run_id: the run's id.
+        agent: the name of the agent it works as at the end (after any handoff).
+        parent_id: its parent's id (None at the root).
+        call_id: the parent's tool call it ran in (None at the root).
+        depth: 0 at the root, 1 for its children, ...
+        height: how many levels of runs were below it (0: none).
+        outcome: its result (None: it never ended).
+        events: its own events, in order.
+        event_times: when each was seen (empty from ``check_tree``).
+        cancels: the cancels the schedule applied to it, and (kind ``"outer"``) those
+            applied to an ancestor while it was live.
+        injections: the injections it accepted (``Op.target``).
+        hook_calls: its hook calls.
+        tool_calls: its fake tool calls.
+    """
+
+    run_id: str
+    agent: str
+    parent_id: str | None
+    call_id: str | None
+    depth: int
+    height: int
+    outcome: RunResult | None
+    events: tuple[RunEvent, ...]
+    event_times: tuple[float, ...] = ()
+    cancels: tuple[CancelRecord, ...] = ()
+    injections: tuple[InjectionRecord, ...] = ()
+    hook_calls: tuple[HookCall, ...] = ()
+    tool_calls: tuple[CallRecord, ...] = ()
+
+
+@final
+@attrs.frozen(eq=False)
+class ModelView:
+    """What one agent's watched model of a tree example did (all its runs together).
+
+    Attributes:
+        agent: the agent's name.
+        requests: every request, in order.
+        streams: every stream.
+        open_streams: streams still open after the example.
+    """
+
+    agent: str
+    requests: tuple[ModelRequest, ...]
+    streams: tuple[StreamRecord, ...]
+    open_streams: int
+
+
+@final
+@attrs.frozen(eq=False)
+class TreeObservation:
+    """A whole run tree, for the tree invariants of the checker.
+
+    Attributes:
+        nodes: every run, root first, in pre-order (children in start order).
+        events: the merged stream (``events(tree=True)``), in order.
+        event_times: when each event was seen (empty from ``check_tree``).
+        complete: whether the ``events(tree=True)`` reader ended by itself.
+        outlived: runs and tasks found live when the call that started them ended.
+        models: each watched agent model.
+        tool_calls: every fake tool call of the tree.
+    """
+
+    nodes: tuple[NodeRecord, ...]
+    events: tuple[RunEvent, ...]
+    event_times: tuple[float, ...] = ()
+    complete: bool = True
+    outlived: tuple[str, ...] = ()
+    models: tuple[ModelView, ...] = ()
+    tool_calls: tuple[CallRecord, ...] = ()
+
+    def describe(self) -> list[str]:
+        """The tree's runs, one line each."""
+        lines = ["tree:"]
+        for node in self.nodes:
+            outcome = node.outcome
+            status = "no result" if outcome is None else outcome.status.value
+            if outcome is not None and outcome.reason:
+                status += f" ({outcome.reason})"
+            call = f" in call {node.call_id}" if node.call_id else ""
+            lines.append(f"  {'  ' * node.depth}{node.agent} {node.run_id}{call}: {status}")
+        return lines
+
+
+@attrs.frozen
+class _TreeSetup:
+    models: Mapping[str, WatchedModel]
+    hook_faults: Mapping[str, tuple[HookFault, ...]]
+
+
+def run_tree_schedule(
+    tree: Callable[[Mapping[str, Model]], Agent],
+    scripts: Mapping[str, Sequence[Turn | str]],
+    schedule: Sequence[Op] = (),
+    *,
+    faults: Mapping[str, Faults] | None = None,
+    recorder: ToolRecorder | None = None,
+    input: str | Item | Sequence[Item] = "go",
+    run_options: Mapping[str, Any] | None = None,
+    default_turn: Turn | str | None = "the end",
+    horizon: float = 100_000.0,
+    check_processes: bool | None = None,
+    session: bool | Callable[[], Session] = False,
+    thread_hold: float | None = 1.0,
+    thread_grace: float = 5.0,
+) -> Observation:
+    """Run one example of a *tree* of agents (DESIGN §17) and return what happened.
+
+    ``scripts`` gives each agent (by name) its script: the harness makes one watched
+    :class:`ScriptedModel` per agent (every run of that agent plays from it, in call
+    order, then ``default_turn``) and calls ``tree(models)`` (agent name → model) to
+    build the root agent — typically an agent whose tools include other agents'
+    :meth:`~trio_agents.Agent.as_tool`. The root agent's name must be a key of
+    ``scripts``.
+
+    ``faults`` gives each agent's :class:`Faults`: its model faults (counted over all
+    the calls of its model) and hook faults (counted per run; every run of the tree
+    shares the root's hooks, split per run by the harness); the session fault is the
+    root's. An :class:`Op` with a ``target`` acts on the first live run of that
+    agent. Everything else is as in :func:`run_schedule`; the absent user also
+    approves every call waiting below the root. The :class:`Observation` is the
+    root's, with :attr:`Observation.tree` holding every run of the tree;
+    :func:`~trio_agents.testing.check_run` checks the tree invariants as well.
+    """
+    per_agent = dict(faults or {})
+    models = {
+        name: WatchedModel(
+            ScriptedModel(list(script), default=default_turn),
+            per_agent.get(name, Faults()).model,
+        )
+        for name, script in scripts.items()
+    }
+    agent = tree(dict(models))
+    if agent.name not in models:
+        raise ValueError(
+            f"the root agent {agent.name!r} has no script (scripts are given for {sorted(models)})"
+        )
+    root_faults = per_agent.get(agent.name, Faults())
+    setup = _TreeSetup(
+        models=models,
+        hook_faults={name: f.hooks for name, f in per_agent.items() if f.hooks},
+    )
+    return _run_example(
+        agent,
+        models[agent.name],
+        setup,
+        schedule,
+        recorder=recorder,
+        input=input,
+        run_options=run_options,
+        horizon=horizon,
+        check_processes=check_processes,
+        faults=root_faults,
+        session=session,
+        thread_hold=thread_hold,
+        thread_grace=thread_grace,
     )

@@ -15,7 +15,17 @@ from typing import Any, Literal, TypeAlias, final
 import attrs
 from hypothesis import strategies as st
 
-from .. import AssistantMessage, InjectWhen, Item, Tool, ToolCall, ToolResult, UserMessage
+from .. import (
+    Agent,
+    AssistantMessage,
+    InjectWhen,
+    Item,
+    Model,
+    Tool,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
 from ..models import Turn
 from ._fakes import (
     GARBAGE,
@@ -46,9 +56,11 @@ from ._faults import (
 
 __all__ = [
     "OP_KINDS",
+    "AgentTree",
     "FakeTools",
     "Op",
     "OpKind",
+    "agent_trees",
     "faults",
     "hostile_items",
     "hostile_texts",
@@ -116,6 +128,12 @@ class Op:
     - ``"release"``: ``recorder.release()``, ending :func:`blocking_tool` calls.
 
     Operations at time 0 run before the run takes its first step.
+
+    ``target`` (run trees, :func:`~trio_agents.testing.run_tree_schedule`) names the
+    agent whose first live run in the tree a ``cancel``, ``cancel_after_turn``,
+    ``cancel_in_tool``, ``inject``, ``withdraw``, ``approve`` or ``reject`` acts on
+    (None: the root). If no run of that agent is live at that moment, the operation
+    does nothing (and is recorded as such). The other kinds always act on the root.
     """
 
     at: float
@@ -123,9 +141,14 @@ class Op:
     reason: str = "stop"
     when: InjectWhen = "next_turn"
     items: tuple[Item, ...] = (UserMessage("more, please"),)
+    target: str | None = None
 
     def describe(self) -> str:
         """A short human-readable form, as used in reports."""
+        text = self._describe()
+        return text if self.target is None else f"{text} @{self.target}"
+
+    def _describe(self) -> str:
         if self.kind in ("cancel", "cancel_after_turn", "cancel_in_tool"):
             return f"{self.at:g}: {self.kind}({self.reason!r})"
         if self.kind == "reject":
@@ -426,13 +449,16 @@ def schedules(
     max_ops: int = 8,
     reasons: Sequence[str] = ("r1", "r2", "r3"),
     injected: st.SearchStrategy[tuple[Item, ...]] | None = None,
+    targets: Sequence[str] = (),
 ) -> st.SearchStrategy[tuple[Op, ...]]:
     """Schedules: up to ``max_ops`` operations (:class:`Op`) at virtual ``times``.
 
     The result is sorted by time (ties keep their drawn order). Keep ``times`` to
     multiples of 1/8 s (see the module notes) and ``max_ops`` below 128. When
     ``kinds`` includes ``"cancel_in_tool"`` (the default does), about a third of the
-    operations drawn are cancels that land in a tool call.
+    operations drawn are cancels that land in a tool call. With ``targets`` (agent
+    names of a run tree), each operation's :attr:`Op.target` is drawn from them and
+    None (the root), shrinking towards None.
     """
     if not 0 <= max_ops < 128:
         raise ValueError("max_ops must be between 0 and 127")
@@ -454,6 +480,7 @@ def schedules(
             reason=st.sampled_from(list(reasons)),
             when=st.sampled_from(_WHENS),
             items=injected if injected is not None else items(),
+            target=st.sampled_from([None, *targets]) if targets else st.none(),
         ),
     )
     ops = st.lists(op, max_size=max_ops)
@@ -549,3 +576,194 @@ def hostile_items() -> st.SearchStrategy[tuple[Item, ...]]:
     or an assistant message, or a tool call/result pair (the call's arguments hold the
     text JSON-escaped, its result holds it as is). For ``schedules(injected=...)``."""
     return _hostile_items()
+
+
+# ------------------------------------------------------------------ run trees (§17)
+
+
+@final
+@attrs.frozen(eq=False)
+class AgentTree:
+    """A small tree of agents, drawn by :func:`agent_trees`, for
+    :func:`~trio_agents.testing.run_tree_schedule`: who has whom as a tool
+    (:meth:`~trio_agents.Agent.as_tool`), every agent's script and faults.
+
+    Attributes:
+        root: the root agent's name.
+        children: agent name → the names of the agents it calls as tools.
+        tools: the fake tools every agent has besides its agent tools (one recorder).
+        scripts: agent name → its script (every run of that agent plays from it).
+        faults: agent name → what misbehaves in its runs (:class:`Faults`).
+        max_turns: every agent's ``max_turns``.
+    """
+
+    root: str
+    children: Mapping[str, tuple[str, ...]]
+    tools: FakeTools
+    scripts: Mapping[str, tuple[Turn, ...]]
+    faults: Mapping[str, Faults] = attrs.Factory(dict)
+    max_turns: int = 10
+
+    def names(self) -> tuple[str, ...]:
+        """Every agent's name, the root first, then depth first."""
+        out: list[str] = []
+        pending = [self.root]
+        while pending:
+            name = pending.pop()
+            out.append(name)
+            pending.extend(reversed(self.children.get(name, ())))
+        return tuple(out)
+
+    def build(self, models: Mapping[str, Model]) -> Agent:
+        """The root agent, each agent on its model from ``models`` (by name)."""
+
+        def make(name: str) -> Agent:
+            kids = [make(kid).as_tool() for kid in self.children.get(name, ())]
+            return Agent(
+                name=name,
+                model=models[name],
+                tools=[*self.tools.tools, *kids],
+                max_turns=self.max_turns,
+            )
+
+        return make(self.root)
+
+    def describe(self) -> list[str]:
+        """The tree, its scripts and faults, readably."""
+        lines = []
+        for name in self.names():
+            kids = self.children.get(name, ())
+            lines.append(f"{name}" + (f" -> {', '.join(kids)}" if kids else ""))
+            lines += [f"  {index + 1}. {turn!r}" for index, turn in enumerate(self.scripts[name])]
+            faults = self.faults.get(name)
+            if faults:
+                lines += [f"  fault: {text}" for text in faults.describe()]
+        return lines
+
+
+_AGENT_INPUT = st.fixed_dictionaries({"input": st.sampled_from(["task a", "task b", "more"])})
+
+
+def _agent_script(
+    tools: FakeTools, kids: Sequence[str], max_turns: int, max_calls: int, failures: bool
+) -> st.SearchStrategy[list[Turn]]:
+    general = _call(tools.names(), tools.arguments, unknown_tools=True, invalid_arguments=True)
+    if not kids:
+        turn = _turn(st.lists(general, max_size=max_calls), failures)
+        return st.lists(turn, min_size=1, max_size=max_turns)
+    # Calls of the agent tools are what a tree is about: the first turn calls at least
+    # one (and never fails), and half the calls of the later turns are theirs.
+    agent_call = st.tuples(st.sampled_from(list(kids)), _AGENT_INPUT)
+    first = _turn(
+        st.tuples(
+            st.lists(agent_call, min_size=1, max_size=max_calls),
+            st.lists(general, max_size=1),
+        ).map(lambda pair: [*pair[0], *pair[1]]),
+        failures=False,
+    )
+    later = _turn(st.lists(st.one_of(agent_call, general), max_size=max_calls), failures)
+    return st.tuples(first, st.lists(later, max_size=max_turns - 1)).map(
+        lambda pair: [pair[0], *pair[1]]
+    )
+
+
+@st.composite
+def _agent_trees(
+    draw: st.DrawFn,
+    tools: FakeTools,
+    max_children: int,
+    grandchildren: bool,
+    with_faults: bool,
+    max_turns: int,
+    max_calls: int,
+) -> AgentTree:
+    count = draw(st.integers(1, max_children), label="children")
+    kids = tuple(f"c{index + 1}" for index in range(count))
+    children: dict[str, tuple[str, ...]] = {"root": kids}
+    names = ["root", *kids]
+    if grandchildren and draw(st.booleans(), label="grandchild"):
+        parent = draw(st.sampled_from(kids), label="grandchild's parent")
+        children[parent] = ("g1",)
+        names.append("g1")
+    scripts: dict[str, tuple[Turn, ...]] = {}
+    agent_faults: dict[str, Faults] = {}
+    for name in names:
+        below = children.get(name, ())
+        script = _SCRIPTS.get((id(tools), below, max_turns, max_calls, with_faults))
+        if script is None:
+            script = _agent_script(tools, below, max_turns, max_calls, with_faults)
+            _SCRIPTS[(id(tools), below, max_turns, max_calls, with_faults)] = script
+        scripts[name] = tuple(draw(script, label=f"script of {name}"))
+        if with_faults:
+            drawn = draw(_TREE_FAULTS[name == "root"], label=f"faults of {name}")
+            if drawn:
+                agent_faults[name] = drawn
+    return AgentTree("root", children, tools, scripts, agent_faults)
+
+
+# Built once: a strategy made inside a draw is validated again at every example.
+_SCRIPTS: dict[tuple[int, tuple[str, ...], int, int, bool], st.SearchStrategy[list[Turn]]] = {}
+_MODEL_FAULTS = st.lists(
+    st.builds(
+        ModelFault,
+        turn=st.integers(1, 3),
+        kind=st.sampled_from(MODEL_FAULT_KINDS),
+        after=st.integers(0, 3),
+    ),
+    max_size=2,
+    unique_by=lambda f: f.turn,
+)
+_HOOK_FAULTS = st.lists(
+    st.builds(
+        HookFault,
+        hook=st.sampled_from(HOOK_NAMES),
+        kind=st.sampled_from(("raise", "block")),
+        call=st.integers(1, 3),
+    ),
+    max_size=2,
+    unique_by=lambda f: f.hook,
+)
+_SESSION_FAULT = st.none() | st.builds(
+    SessionFault, kind=st.sampled_from(SESSION_FAULT_KINDS), call=st.integers(1, 3)
+)
+_TREE_FAULTS = {
+    root: st.builds(
+        Faults,
+        model=_MODEL_FAULTS.map(tuple),
+        hooks=_HOOK_FAULTS.map(tuple),
+        session=_SESSION_FAULT if root else st.none(),
+    )
+    for root in (True, False)
+}
+# The faults below the root are what the tree examples are for: a root that fails at
+# once never starts a child, so the root's faults come in a quarter of the examples.
+_TREE_FAULTS[True] = st.one_of(
+    st.just(Faults()), st.just(Faults()), st.just(Faults()), _TREE_FAULTS[True]
+)
+
+
+def agent_trees(
+    *,
+    tools: FakeTools | None = None,
+    max_children: int = 3,
+    grandchildren: bool = True,
+    faults: bool = True,
+    max_turns: int = 3,
+    max_calls: int = 3,
+) -> st.SearchStrategy[AgentTree]:
+    """Small trees of agents (:class:`AgentTree`): a ``root`` with 1 to
+    ``max_children`` agent tools ``c1``, ``c2``, ... and maybe (``grandchildren``) a
+    grandchild ``g1`` below one of them; a script per agent whose turns call the fake
+    ``tools`` (default: :func:`standard_tools` without threads, with the fault tools
+    if ``faults``), unknown tools, and the agent's own agent tools; and (``faults``)
+    model turns that fail part-way plus :func:`faults` per agent — a child's model
+    that raises or sends garbage, a child's hook that raises or blocks, the root's
+    session. With the fault tools, a child's tool may also hang in a shield past
+    ``cleanup_timeout`` or swallow its cancellation.
+
+    Each example shrinks towards one child, no grandchild, short scripts, no fault.
+    Draw schedules for it with ``schedules(targets=tree.names()[1:])``; the tools'
+    recorder is shared by the examples (:func:`run_tree_schedule` resets it).
+    """
+    chosen = tools if tools is not None else standard_tools(threads=False, faults=faults)
+    return _agent_trees(chosen, max_children, grandchildren, faults, max_turns, max_calls)
