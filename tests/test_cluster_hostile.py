@@ -14,11 +14,15 @@ and the node, its writer and every other run go on.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
 
 import trio
 
-from .cluster_support import Client, client
+import trio_agents as ta
+from trio_agents.models import ScriptedModel, Turn
+
+from .cluster_support import Client, client, node
 from .process_cluster import Cluster, open_cluster, poll_until
 
 BOUND: Final = 90.0  # a hang guard per test
@@ -130,10 +134,83 @@ async def test_hostile_strings_are_refused_and_every_run_goes_on(pg_dsn: str) ->
                     if frame["event"]["type"] == "inbox.injected"
                 ]
                 assert [event["items"][0]["content"] for event in injected] == [big]
-            assert owner.running and other.running, cluster.output()
+            assert owner.running, cluster.output()
+            assert other.running, cluster.output()
     _no_tracebacks(cluster)
 
 
 def _no_tracebacks(cluster: Cluster) -> None:
-    for node in cluster.nodes.values():
-        assert not [line for line in node.stderr if "Traceback" in line], node.output()
+    for one in cluster.nodes.values():
+        assert not [line for line in one.stderr if "Traceback" in line], one.output()
+
+
+# -- the cluster's storage on its own: values no client sent -----------------------------
+
+
+def _storage_agents() -> dict[str, ta.Agent]:
+    @ta.function_tool
+    async def report(ctx: ta.ToolContext) -> str:
+        """Report progress with data nested too deeply to encode as JSON."""
+        deep: Any = "x"
+        for _ in range(5000):
+            deep = {"d": deep}
+        ctx.progress("deep", blob=deep)
+        await trio.lowlevel.checkpoint()
+        return "reported"
+
+    def agent(model: ta.Model, tools: list[ta.Tool] | None = None) -> ta.Agent:
+        return ta.Agent(name="a", instructions="", model=model, tools=tools or [])
+
+    return {
+        # A provider's error message holding NUL and a lone surrogate: the run's
+        # failure reason (a text column of its row).
+        "failing": agent(ScriptedModel([Turn(fail="provider said a\x00b\ud800c")])),
+        "deep": agent(
+            ScriptedModel([Turn(tool_calls=[("report", {})]), Turn(text="after")]), [report]
+        ),
+        "plain": agent(ScriptedModel([Turn(text="fine a\x00b")], default=Turn(text="fine"))),
+    }
+
+
+async def test_values_the_database_refuses_never_stop_the_writer(pg_dsn: str) -> None:
+    """A failure reason holding NUL and a lone surrogate (from a model provider, no
+    client involved) is stored (the event faithfully, the row's ``reason`` column with
+    U+FFFD); it used to wedge every later flush of the node (NUL) or crash it (a lone
+    surrogate). An event the database cannot take at all (progress data too deep to
+    encode) ends only its own run ``failed``; the node's other runs are persisted."""
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, _storage_agents(), pg_dsn, "A") as a,
+            node(nursery, _storage_agents(), pg_dsn, "B") as b,
+            client(a.url) as ca,
+            client(b.url) as cb,
+        ):
+            with trio.fail_after(BOUND):
+                failing = str((await ca.ok("run.start", agent="failing", input="hi"))["run_id"])
+                deep = str((await ca.ok("run.start", agent="deep", input="hi"))["run_id"])
+                plain = str((await ca.ok("run.start", agent="plain", input="hi"))["run_id"])
+                ended: dict[str, dict[str, Any]] = {}
+                for run_id in (failing, deep, plain):  # read from the log, on node B
+                    await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+                    ended[run_id] = (await cb.wait_terminal(run_id))["event"]
+                    assert cb.seqs(run_id) == list(range(1, len(cb.seqs(run_id)) + 1))
+                assert ended[failing]["status"] == "failed"
+                assert "provider said a\x00b" in ended[failing]["reason"]
+                info = (await cb.ok("run.get", run_id=failing))["run"]
+                assert "provider said a\ufffdb" in info["reason"]
+                assert not re.search("[\x00\ud800-\udfff]", info["reason"])
+                assert ended[deep]["status"] == "failed"
+                assert "could not be stored" in ended[deep]["reason"]
+                assert ended[plain]["status"] == "completed"
+                texts = [
+                    frame["event"]["item"]["content"]
+                    for frame in cb.events[plain]
+                    if frame["event"]["type"] == "run.item"
+                    and frame["event"]["item"].get("role") == "assistant"
+                ]
+                assert texts == ["fine a\x00b"]  # stored faithfully (escaped JSON)
+                # The node goes on: a new run on it is persisted.
+                again = str((await ca.ok("run.start", agent="plain", input="hi"))["run_id"])
+                await cb.ok("run.subscribe", run_id=again, from_seq=1)
+                assert (await cb.wait_terminal(again))["event"]["status"] == "completed"
+        nursery.cancel_scope.cancel()
