@@ -80,6 +80,7 @@ async def test_a_taken_over_queued_run_cancelled_as_its_session_frees(
                         # The run is cancelled as its session frees: it ends (and its
                         # session is closed) before the claim's next step.
                         entry = registry.runs[queued]
+                        assert entry.run is not None
                         entry.run.cancel("cancelled as the session freed")
                         await entry.run.wait()
                         await _until(lambda: entry.log.session.inner._closed)

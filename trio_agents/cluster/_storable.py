@@ -15,7 +15,7 @@ and the JSON that ``::jsonb`` casts read (a cancel's reason, a decision's messag
 from __future__ import annotations
 
 import re
-from typing import Any, Final, TypeVar
+from typing import Any, Final, overload
 
 __all__ = ["REPLACEMENT", "storable", "storable_json"]
 
@@ -24,10 +24,12 @@ REPLACEMENT: Final = "\ufffd"
 
 _UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
 
-T = TypeVar("T", str, None)
 
-
-def storable(text: T) -> T:
+@overload
+def storable(text: str) -> str: ...
+@overload
+def storable(text: str | None) -> str | None: ...
+def storable(text: str | None) -> str | None:
     """``text`` with each NUL and lone surrogate replaced by U+FFFD (None stays None).
     A surrogate pair never occurs in a Python str (it is one character), so every
     surrogate code point in one is a lone one."""
