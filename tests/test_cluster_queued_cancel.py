@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import psycopg
 import pytest
 import trio
 
@@ -19,6 +20,7 @@ import trio_agents as ta
 from trio_agents.models import ScriptedModel, Turn
 
 from .cluster_support import client, node
+from .process_cluster import open_cluster, owner_of, poll_until, wait_status
 
 BOUND: Final = 60.0  # a hang guard
 
@@ -115,3 +117,69 @@ async def test_a_taken_over_queued_run_cancelled_as_its_session_frees(
                 await cb.ok("run.cancel", run_id=again)
                 await cb.wait_terminal(again)
         nursery.cancel_scope.cancel()
+
+
+# -- the same with real node processes ---------------------------------------------------
+
+
+def _claim_waits_for_lock(dsn: str) -> bool:
+    """Whether a node's claim of a queued run's session waits for a row lock."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE %s",
+            ("%SET active_key%",),
+        ).fetchone()
+    return row is not None and int(row[0]) > 0
+
+
+async def test_with_node_processes(pg_dsn: str) -> None:
+    """``kill -9`` of the node where a run holds a session and another is queued for
+    it; the node that takes both over claims the session for the queued run as the
+    holder ends, while (a row lock the test holds widens the window) that run is
+    cancelled by its client: the claim is answered after the run ended and its
+    session closed. That node used to crash."""
+    async with open_cluster(pg_dsn, 2, lease_ttl=2.0) as cluster:
+        with trio.fail_after(BOUND):
+            first, second = cluster.alive()
+            async with cluster.client(first) as c1:
+                holder = await c1.start("worker", "stream #qh", session_id="qs")
+                await cluster.wait_executions(1, "model", "qh")
+                queued = await c1.start("worker", "hi", session_id="qs", on_busy="enqueue")
+            await poll_until(lambda: _row_status(pg_dsn, queued.id) == "queued")
+            await cluster.kill(first)
+            await poll_until(lambda: len(cluster.executions("model", "qh")) >= 2)
+            assert await owner_of(cluster, queued.id) == second.node_id
+            async with (
+                cluster.client(second) as c2,
+                cluster.client(second) as c3,
+                trio.open_nursery() as nursery,
+            ):
+                with psycopg.connect(pg_dsn) as lock:
+                    lock.execute(
+                        "SELECT 1 FROM trio_agents_runs WHERE run_id = %s FOR UPDATE",
+                        (queued.id,),
+                    )
+                    cluster.open_gate("stream", "qh")  # the holder ends: the claim comes
+                    await poll_until(lambda: _claim_waits_for_lock(pg_dsn))
+                    # The cancel ends the run at once; its record in the row (and so
+                    # its answer) waits for the lock, behind the claim.
+                    nursery.start_soon(c3.attach(queued.id).cancel, "as the session frees")
+                    await wait_status(c2, queued.id, lambda info: info.status.is_terminal)
+                    lock.rollback()  # the claim goes through now, for a run that ended
+                ended = await c2.attach(queued.id).wait()
+                assert ended.status is ta.RunStatus.CANCELLED, ended
+                assert (await c2.attach(holder.id).wait()).status is ta.RunStatus.COMPLETED
+                # The node is still up and serves.
+                again = await c2.start("worker", "hi", session_id="qs")
+                assert (await again.wait()).status is ta.RunStatus.COMPLETED
+            assert second.running
+    assert not [line for line in second.stderr if "ClosedResourceError" in line], second.output()
+
+
+def _row_status(dsn: str, run_id: str) -> str | None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT status FROM trio_agents_runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+    return None if row is None else str(row[0])
