@@ -159,6 +159,13 @@ def _storage_agents() -> dict[str, ta.Agent]:
         await trio.lowlevel.checkpoint()
         return "reported"
 
+    @ta.function_tool
+    async def raw(ctx: ta.ToolContext) -> str:
+        """Report progress with data that is not JSON."""
+        ctx.progress("raw", blob=b"\x00\xff")
+        await trio.lowlevel.checkpoint()
+        return "reported"
+
     def agent(model: ta.Model, tools: list[ta.Tool] | None = None) -> ta.Agent:
         return ta.Agent(name="a", instructions="", model=model, tools=tools or [])
 
@@ -169,6 +176,7 @@ def _storage_agents() -> dict[str, ta.Agent]:
         "deep": agent(
             ScriptedModel([Turn(tool_calls=[("report", {})]), Turn(text="after")]), [report]
         ),
+        "raw": agent(ScriptedModel([Turn(tool_calls=[("raw", {})]), Turn(text="after")]), [raw]),
         "plain": agent(ScriptedModel([Turn(text="fine a\x00b")], default=Turn(text="fine"))),
     }
 
@@ -177,8 +185,10 @@ async def test_values_the_database_refuses_never_stop_the_writer(pg_dsn: str) ->
     """A failure reason holding NUL and a lone surrogate (from a model provider, no
     client involved) is stored (the event faithfully, the row's ``reason`` column with
     U+FFFD); it used to wedge every later flush of the node (NUL) or crash it (a lone
-    surrogate). An event the database cannot take at all (progress data too deep to
-    encode) ends only its own run ``failed``; the node's other runs are persisted."""
+    surrogate). Progress data that is not JSON is stored as the control channel sends
+    it (``repr``); it used to crash the node's writer. An event that cannot be stored at
+    all (progress data too deep to encode) ends only its own run ``failed``; the node's
+    other runs are persisted."""
     async with trio.open_nursery() as nursery:
         async with (
             node(nursery, _storage_agents(), pg_dsn, "A") as a,
@@ -189,9 +199,10 @@ async def test_values_the_database_refuses_never_stop_the_writer(pg_dsn: str) ->
             with trio.fail_after(BOUND):
                 failing = str((await ca.ok("run.start", agent="failing", input="hi"))["run_id"])
                 deep = str((await ca.ok("run.start", agent="deep", input="hi"))["run_id"])
+                raw = str((await ca.ok("run.start", agent="raw", input="hi"))["run_id"])
                 plain = str((await ca.ok("run.start", agent="plain", input="hi"))["run_id"])
                 ended: dict[str, dict[str, Any]] = {}
-                for run_id in (failing, deep, plain):  # read from the log, on node B
+                for run_id in (failing, deep, raw, plain):  # read from the log, on node B
                     await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
                     ended[run_id] = (await cb.wait_terminal(run_id))["event"]
                     assert cb.seqs(run_id) == list(range(1, len(cb.seqs(run_id)) + 1))
@@ -203,6 +214,14 @@ async def test_values_the_database_refuses_never_stop_the_writer(pg_dsn: str) ->
                 assert ended[deep]["status"] == "failed"
                 assert "could not be stored" in ended[deep]["reason"]
                 assert ended[plain]["status"] == "completed"
+                # Data that is not JSON is stored as the control channel sends it.
+                assert ended[raw]["status"] == "completed"
+                (progress,) = [
+                    frame["event"]
+                    for frame in cb.events[raw]
+                    if frame["event"]["type"] == "tool.progress"
+                ]
+                assert progress["data"] == {"blob": repr(b"\x00\xff")}
                 texts = [
                     frame["event"]["item"]["content"]
                     for frame in cb.events[plain]

@@ -271,7 +271,8 @@ class EventWriter:
                 ended.append(log)
                 continue
             data = event.to_json()
-            events.append((log.run_id, event.seq, event.type, json.dumps(data)))
+            # Non-JSON values (a tool's progress data) as the control channel sends them.
+            events.append((log.run_id, event.seq, event.type, json.dumps(data, default=repr)))
             row["seq"] = max(row["seq"], event.seq)
             if item is not None:
                 items.setdefault(log.run_id, []).append((event.seq, item))
