@@ -17,9 +17,13 @@ import json
 import re
 from typing import Any, Final
 
+import psycopg
+import pytest
 import trio
 
 import trio_agents as ta
+from trio_agents.cluster._db import ClusterDown
+from trio_agents.cluster._storable import storable, storable_json
 from trio_agents.models import ScriptedModel, Turn
 
 from .cluster_support import Client, client, node
@@ -233,4 +237,58 @@ async def test_values_the_database_refuses_never_stop_the_writer(pg_dsn: str) ->
                 again = str((await ca.ok("run.start", agent="plain", input="hi"))["run_id"])
                 await cb.ok("run.subscribe", run_id=again, from_seq=1)
                 assert (await cb.wait_terminal(again))["event"]["status"] == "completed"
+        nursery.cancel_scope.cancel()
+
+
+def test_storable_replaces_what_postgresql_text_cannot_hold() -> None:
+    assert storable("a\x00b\ud800c\udfff\U0001f600") == "a\ufffdb\ufffdc\ufffd\U0001f600"
+    assert storable(None) is None
+    value = {"k\x00": ["\ud800", 1, None, {"x": "ok"}], "n": 2.5}
+    assert storable_json(value) == {"k\ufffd": ["\ufffd", 1, None, {"x": "ok"}], "n": 2.5}
+
+
+async def test_a_call_id_the_database_refuses_is_not_retried(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model's call id holding NUL cannot be recorded as started (the ``before_tool``
+    barrier): the tool does not run and the model reads the error at once. The barrier
+    used to retry the refused insert for 30 s, as if the database were down."""
+    executed: list[str] = []
+
+    @ta.function_tool
+    async def tick(ctx: ta.ToolContext) -> str:
+        """Record an execution."""
+        executed.append(ctx.call_id)
+        await trio.lowlevel.checkpoint()
+        return "ticked"
+
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c\x00", "tick", "{}")]), "after"])
+    agents = {"a": ta.Agent(name="a", instructions="", model=model, tools=[tick])}
+    async with trio.open_nursery() as nursery:
+        async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as ca:
+            refusals: list[ClusterDown] = []
+            real_call = a.cluster.db.call
+
+            async def call(fn: Any) -> Any:
+                try:
+                    return await real_call(fn)
+                except ClusterDown as exc:
+                    if isinstance(exc.__cause__, psycopg.DataError):
+                        refusals.append(exc)
+                    raise
+
+            monkeypatch.setattr(a.cluster.db, "call", call)
+            with trio.fail_after(BOUND):
+                run_id = str((await ca.ok("run.start", agent="a", input="hi"))["run_id"])
+                await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
+                assert (await ca.wait_terminal(run_id))["event"]["status"] == "completed"
+            results = [
+                frame["event"]["item"]
+                for frame in ca.events[run_id]
+                if frame["event"]["type"] == "run.item"
+                and frame["event"]["item"]["type"] == "function_call_output"
+            ]
+            assert [(r["call_id"], r.get("status")) for r in results] == [("c\x00", "error")]
+            assert executed == []
+            assert len(refusals) == 1  # refused once, not retried
         nursery.cancel_scope.cancel()

@@ -45,7 +45,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
-import psycopg
 import trio
 
 from .. import InboxInjected, Run, RunItemEvent, RunStatus, RunUpdated
@@ -56,7 +55,7 @@ from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
 from ._routing import store_reply
 from ._schema import CHANNEL
-from ._storable import storable
+from ._storable import refused, storable
 
 if TYPE_CHECKING:
     from ._session import ClusterSession
@@ -235,7 +234,7 @@ class EventWriter:
                 await self._flush(batch)
                 backoff = 0.05
             except Exception as exc:
-                if not isinstance(exc, ClusterDown) or _refused(exc):
+                if not isinstance(exc, ClusterDown) or refused(exc):
                     # A value the database refuses (or that cannot be encoded): retrying
                     # the batch would fail forever and persist nothing of any run.
                     await self._isolate(batch)
@@ -333,7 +332,7 @@ class EventWriter:
             except Exception as exc:
                 if self._db.dead:
                     return
-                if isinstance(exc, ClusterDown) and not _refused(exc):
+                if isinstance(exc, ClusterDown) and not refused(exc):
                     retry += entries
                 else:
                     await self._unstorable(entries, exc)
@@ -456,14 +455,6 @@ class EventWriter:
                 "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (CHANNEL, payloads)
             )
         return lost
-
-
-def _refused(exc: ClusterDown) -> bool:
-    """Whether the database refused a value of the batch (a ``DataError``: NUL, an
-    encoding, a malformed value; retrying cannot help). Anything else is retried: the
-    database unreachable, busy or timing out, or refusing for a while (a trigger, a
-    full disk) until an operator heals it."""
-    return isinstance(exc.__cause__, psycopg.DataError)
 
 
 def _encoded(item: Item) -> str | None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import re
 from typing import Any, Final, overload
 
-__all__ = ["REPLACEMENT", "storable", "storable_json"]
+import psycopg
+
+__all__ = ["REPLACEMENT", "refused", "storable", "storable_json"]
 
 REPLACEMENT: Final = "\ufffd"
 """What NUL and lone surrogates become in a plain ``text`` column."""
@@ -48,3 +50,11 @@ def storable_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [storable_json(v) for v in value]
     return value
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether the database refused a value of the statement (``ClusterDown`` from a
+    ``DataError``: NUL, an encoding, a malformed value): retrying cannot help. Anything
+    else is retried: the database unreachable, busy or timing out, or refusing for a
+    while (a trigger, a full disk) until an operator heals it."""
+    return isinstance(exc.__cause__, psycopg.DataError)
