@@ -23,7 +23,11 @@ A run's row is only updated while this node owns the attempt (``owner`` and
 ``attempt`` match): a node that lost its lease (taken over while it was cut off) finds
 no row, writes none of the run's events and items, and cancels it locally (reason
 ``"lease lost"``). A failed flush is retried with backoff (an item is written once even
-when a flush is retried after its commit was lost); events are never reordered.
+when a flush is retried after its commit was lost); events are never reordered. A
+flush the database *refuses* because of a value in it (``_storable.refused``, or a
+value that cannot be encoded) is not retried as a whole: its runs are flushed one by
+one, and a run whose own events cannot be stored is fenced, stopped here and ended
+``failed`` after its last persisted event; every other run goes on.
 
 Reading (:func:`follow`): a subscriber on any node replays the table from ``from_seq``
 and then waits for the run's NOTIFYs (or, bounded, polls), so it sees every persisted
