@@ -27,7 +27,7 @@ from trio_agents.cluster._storable import storable, storable_json
 from trio_agents.models import ScriptedModel, Turn
 
 from .cluster_support import Client, client, node
-from .process_cluster import Cluster, open_cluster, poll_until
+from .process_cluster import Cluster, open_cluster
 
 BOUND: Final = 90.0  # a hang guard per test
 BAD: Final = ("a\x00b", "a\ud800b", "\udfff", "\x00")
@@ -44,6 +44,12 @@ async def _start_held(c: Client, tag: str, **fields: Any) -> str:
     await c.ok("run.subscribe", run_id=run_id)
     await c.wait_event(run_id, lambda e: _text(e) == "beta ")
     return run_id
+
+
+async def _answered(c: Client, request_id: str | None) -> None:
+    """Wait for the answer to a frame sent raw (``Client.read`` wakes ``changed``)."""
+    while request_id not in c.answers:
+        await c.changed.wait()
 
 
 async def _refused(c: Client, op: str, **fields: Any) -> None:
@@ -77,12 +83,12 @@ async def _hostile_frames(c: Client, run_id: str, awaiting: str) -> None:
         assert answer["code"] == "invalid_request", answer
     # A request id holding one is refused too (echoed as sent: JSON escapes it).
     await c.ws.send_message(json.dumps({"id": "x\ud800", "op": "runs.list"}))
-    await poll_until(lambda: "x\ud800" in c.answers)
+    await _answered(c, "x\ud800")
     assert c.answers.pop("x\ud800")["code"] == "invalid_request"
     # Deep JSON: too deep for the parser, or deep where a string or items are due.
     await c.ws.send_message("[" * 100_000 + "]" * 100_000)
     await c.ws.send_message('{"id": "deep", "op": "runs.list", "x": ' + "[" * 100_000)
-    await poll_until(lambda: None in c.answers)
+    await _answered(c, None)
     assert c.answers.pop(None)["code"] == "invalid_json"
     deep: Any = "hi"
     for _ in range(900):
