@@ -243,3 +243,41 @@ async def test_oversized_message_closes_with_1009() -> None:
                 await ws.get_message()
             assert closed.value.reason is not None
             assert closed.value.reason.code == 1009
+
+
+@pytest.mark.parametrize("bad", ["\x00", "a\x00", "\ud800", "x\udfffy"])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"id": "{bad}", "op": "runs.list"},
+        {"id": 1, "op": "run.cancel", "run_id": "r", "reason": "{bad}"},
+        {"id": 1, "op": "run.get", "run_id": "{bad}"},
+        {"id": 1, "op": "session.cancel", "session_id": "{bad}"},
+        {"id": 1, "op": "run.start", "agent": "a", "input": "{bad}"},
+        {"id": 1, "op": "run.start", "agent": "a", "input": "hi", "session_id": "{bad}"},
+        {"id": 1, "op": "run.start", "agent": "{bad}", "input": "hi"},
+        {
+            "id": 1,
+            "op": "run.inject",
+            "run_id": "r",
+            "items": [{"type": "user", "content": "{bad}"}],
+        },
+        {"id": 1, "op": "run.reject", "run_id": "r", "call_id": "c", "message": "{bad}"},
+        {"id": 1, "op": "runs.list", "{bad}": 1},
+    ],
+)
+def test_strings_with_nul_or_a_lone_surrogate_are_refused(
+    frame: dict[str, object], bad: str
+) -> None:
+    """Anywhere in a request (docs/protocol.md): ``invalid_request``, the id echoed."""
+    text = json.dumps(frame).replace("{bad}", json.dumps(bad)[1:-1])
+    with pytest.raises(ProtocolError) as error:
+        parse_request(text)
+    assert error.value.code == "invalid_request"
+    assert error.value.request_id == json.loads(text)["id"]
+
+
+def test_a_surrogate_pair_is_one_character_and_accepted() -> None:
+    request = parse_request('{"id": 1, "op": "run.start", "agent": "a", "input": "\\ud83d\\ude00"}')
+    assert isinstance(request, RunStart)
+    assert request.input == (ta.UserMessage("\U0001f600"),)

@@ -23,7 +23,11 @@ A run's row is only updated while this node owns the attempt (``owner`` and
 ``attempt`` match): a node that lost its lease (taken over while it was cut off) finds
 no row, writes none of the run's events and items, and cancels it locally (reason
 ``"lease lost"``). A failed flush is retried with backoff (an item is written once even
-when a flush is retried after its commit was lost); events are never reordered.
+when a flush is retried after its commit was lost); events are never reordered. A
+flush the database *refuses* because of a value in it (``_storable.refused``, or a
+value that cannot be encoded) is not retried as a whole: its runs are flushed one by
+one, and a run whose own events cannot be stored is fenced, stopped here and ended
+``failed`` after its last persisted event; every other run goes on.
 
 Reading (:func:`follow`): a subscriber on any node replays the table from ``from_seq``
 and then waits for the run's NOTIFYs (or, bounded, polls), so it sees every persisted
@@ -47,13 +51,15 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 import trio
 
-from .. import InboxInjected, Run, RunItemEvent, RunUpdated
+from .. import InboxInjected, Run, RunItemEvent, RunStatus, RunUpdated
 from .._items import Item
 from ..sessions._storage import encode_items
+from ._capacity import end_run_in
 from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
 from ._routing import store_reply
 from ._schema import CHANNEL
+from ._storable import refused, storable
 
 if TYPE_CHECKING:
     from ._session import ClusterSession
@@ -69,6 +75,9 @@ INLINE_BYTES: Final = 7800
 """A NOTIFY payload's limit (PostgreSQL's is 8000 bytes): the events that do not fit
 are read from the table by the subscribers."""
 _POLL: Final = 2.0
+RETRY_UNSTORABLE: Final = 30.0
+"""How long the writer retries ending a run whose events the database refuses (while
+the database is unreachable); past it, the run's lease expires and a takeover ends it."""
 
 
 @final
@@ -228,7 +237,12 @@ class EventWriter:
             try:
                 await self._flush(batch)
                 backoff = 0.05
-            except ClusterDown as exc:
+            except Exception as exc:
+                if not isinstance(exc, ClusterDown) or refused(exc):
+                    # A value the database refuses (or that cannot be encoded): retrying
+                    # the batch would fail forever and persist nothing of any run.
+                    await self._isolate(batch)
+                    continue
                 if self._db.dead:
                     continue  # a stopped node persists nothing more
                 logger.warning("flushing run events failed; retrying", exc_info=True)
@@ -260,7 +274,8 @@ class EventWriter:
                 ended.append(log)
                 continue
             data = event.to_json()
-            events.append((log.run_id, event.seq, event.type, json.dumps(data)))
+            # Non-JSON values (a tool's progress data) as the control channel sends them.
+            events.append((log.run_id, event.seq, event.type, json.dumps(data, default=repr)))
             row["seq"] = max(row["seq"], event.seq)
             if item is not None:
                 items.setdefault(log.run_id, []).append((event.seq, item))
@@ -268,7 +283,7 @@ class EventWriter:
                 replies.append((log.run_id, event.injection_id, *log.replies[event.injection_id]))
             if isinstance(event, RunUpdated):
                 row["status"] = event.status.value
-                row["reason"] = event.reason
+                row["reason"] = storable(event.reason)  # a text column (_storable.py)
                 row["turn"] = event.turn
                 pending = (event.detail or {}).get("pending", [])
                 row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
@@ -301,6 +316,76 @@ class EventWriter:
         for log in ended:
             log.done.set()
             log._changed()
+            if self.logs.get(log.run_id) is log:
+                del self.logs[log.run_id]
+
+    # -- a batch the database refuses: find the run it belongs to -------------------
+
+    async def _isolate(self, batch: list[tuple[RunLog, Any, str | None]]) -> None:
+        """Flush the batch run by run: the runs whose events can be stored are, and a
+        run whose own events cannot be (its flush refused, not merely failing while the
+        database is unreachable) is ended :meth:`_unstorable`. Runs whose flush failed
+        otherwise go back to the buffer, in order, for the retry."""
+        groups: dict[str, list[tuple[RunLog, Any, str | None]]] = {}
+        for entry in batch:
+            groups.setdefault(entry[0].run_id, []).append(entry)
+        retry: list[tuple[RunLog, Any, str | None]] = []
+        for entries in groups.values():
+            try:
+                await self._flush(entries)
+            except Exception as exc:
+                if self._db.dead:
+                    return
+                if isinstance(exc, ClusterDown) and not refused(exc):
+                    retry += entries
+                else:
+                    await self._unstorable(entries, exc)
+        if retry:
+            self._buffer[:0] = retry
+            self._pending.set()
+
+    async def _unstorable(
+        self, entries: list[tuple[RunLog, Any, str | None]], exc: Exception
+    ) -> None:
+        """A run whose events the database refuses: nothing more of this attempt is
+        persisted (fenced), the run is stopped here, and its row ends ``failed`` with
+        a terminal event after the last persisted one, so no subscriber, session
+        queue or takeover waits for it."""
+        log = entries[0][0]
+        reason = storable(f"its events could not be stored: {exc!r}"[:1000])
+        logger.error("run %s: %s; it fails", log.run_id, reason, exc_info=exc)
+        fence = log.fence
+        if not fence.closed or fence.fence_seq is None or fence.fence_seq > log.persisted_seq:
+            fence.fence_seq = log.persisted_seq
+        fence.closed = True
+        # Its events buffered meanwhile are fenced off too (its reader drops the next).
+        self._buffer = [e for e in self._buffer if e[0] is not log or e[1] is None]
+        log.error = exc  # its session write waiting for this flush fails
+        log.run.cancel(reason)
+
+        def end(conn: Conn) -> None:
+            row = conn.execute(
+                "SELECT last_seq FROM trio_agents_runs WHERE run_id = %s AND owner = %s"
+                " AND attempt = %s AND NOT finished FOR UPDATE",
+                (log.run_id, self._node_id, log.attempt),
+            ).fetchone()
+            if row is not None:  # still this attempt's: end it (else another node has it)
+                end_run_in(
+                    conn, log.run_id, int(row[0]) + 1, RunStatus.FAILED, reason, if_absent=True
+                )
+
+        backoff = 0.05
+        with trio.move_on_after(RETRY_UNSTORABLE):
+            while not self._db.dead:
+                try:
+                    await self._db.call(end)
+                    break
+                except ClusterDown:
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+        log._changed()
+        if any(event is None for _, event, _ in entries):
+            log.done.set()
             if self.logs.get(log.run_id) is log:
                 del self.logs[log.run_id]
 

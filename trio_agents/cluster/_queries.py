@@ -16,6 +16,7 @@ from ._eventlog import Fence
 from ._routing import CANCEL_RECORDED, Reply, record_cancel_in, store_reply
 from ._schema import CHANNEL
 from ._session import RETRY_FOR
+from ._storable import refused, storable, storable_json
 
 __all__ = [
     "CANCEL_RECORDED",
@@ -111,8 +112,10 @@ def tool_start_barrier(
                 raise RuntimeError("this node no longer runs the call")
             try:
                 owned = await db.call(lambda conn: insert(conn, call.call_id))
-            except ClusterDown:
-                if db.dead or trio.current_time() + backoff > give_up:
+            except ClusterDown as exc:
+                # A call id the database refuses (NUL, from a model) is refused at once:
+                # the tool does not run, the model reads the error.
+                if db.dead or refused(exc) or trio.current_time() + backoff > give_up:
                     raise
             else:
                 if owned:
@@ -230,7 +233,8 @@ async def record_decision(
             "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{decisions}',"
             " COALESCE(options::jsonb -> 'decisions', '{}'::jsonb)"
             " || jsonb_build_object(%s::text, %s::jsonb))::text WHERE run_id = %s",
-            (call_id, json.dumps(decision), run_id),
+            # NUL or a lone surrogate would fail the casts (_storable.py).
+            (storable(call_id), json.dumps(storable_json(decision)), run_id),
         )
         if reply is not None:
             store_reply(conn, *reply)

@@ -41,6 +41,7 @@ from ._capacity import cancel_unstarted_in
 from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
 from ._schema import CHANNEL
+from ._storable import storable_json
 
 __all__ = [
     "CANCEL_RECORDED",
@@ -107,7 +108,8 @@ def record_cancel_in(conn: Conn, run_id: str, reason: str | None, mode: str) -> 
         "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{cancel}',"
         " COALESCE(options::jsonb -> 'cancel', %s::jsonb))::text"
         " WHERE run_id = %s AND NOT finished",
-        (json.dumps({"reason": reason, "mode": mode}), run_id),
+        # A reason with NUL or a lone surrogate would fail the ::jsonb cast (_storable).
+        (json.dumps(storable_json({"reason": reason, "mode": mode})), run_id),
     )
 
 

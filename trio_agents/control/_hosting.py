@@ -219,11 +219,28 @@ async def _claim_later(
             interrupted=interrupted,
         )
         if claimed and then is not None:
-            await then()
+            await _then_claimed(entry, then)
     finally:
         if not claimed and entry.run is not None and not entry.done.is_set():
             entry.run.cancel("this node stopped")  # it never gets the session here
         gate.release()
+
+
+async def _then_claimed(entry: RunEntry, then: Callable[[], Awaitable[None]]) -> None:
+    """``then()`` of a queued run that got its session (a takeover writes its input).
+    The run can end first — cancelled as its session frees, its session closed with
+    it —: then there is nothing to write. Whatever ``then()`` raises stops the run,
+    never the server (it runs in the server's nursery)."""
+    run = entry.run
+    if entry.done.is_set() or (run is not None and run.result is not None):
+        await trio.lowlevel.checkpoint()
+        return
+    try:
+        await then()
+    except Exception as exc:
+        if run is not None and run.result is None:
+            logger.warning("run %s: its session could not be prepared", entry.run_id, exc_info=True)
+            run.cancel(f"session error: {exc}")
 
 
 async def resume_run(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Final, Literal, TypeAlias, cast, final, get_args
 
@@ -287,6 +288,31 @@ OPS: Final[Mapping[str, type[Request]]] = {
 """Every op and its request class (fields validated by their ``check`` metadata)."""
 
 
+# NUL and lone surrogates (valid JSON: "\u0000", "\ud800"): neither can be stored in
+# PostgreSQL text (a cluster's tables), nor encoded as UTF-8 (a lone surrogate), so no
+# request may hold one anywhere, in one process as in a cluster: the same answer
+# everywhere, before any op looks at the value. A surrogate pair in JSON decodes to
+# one character, so every surrogate code point left in a str is a lone one.
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unstorable(value: Any) -> bool:
+    """Whether a string anywhere in ``value`` (a parsed JSON value) holds NUL or a lone
+    surrogate. Iterative: the parser bounds the depth, this adds no recursion."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if _UNSTORABLE.search(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -316,6 +342,15 @@ def parse_request(text: str | bytes) -> Request:
         raise ProtocolError("invalid_request", f"id is longer than {MAX_ID_LENGTH} characters")
     if isinstance(request_id, int) and abs(request_id) >= 2**53:
         raise ProtocolError("invalid_request", "an integer id must be below 2**53")
+    for key, value in data.items():
+        if _unstorable(key) or _unstorable(value):
+            where = "a field name" if _unstorable(key) else repr(key[:64])
+            raise ProtocolError(
+                "invalid_request",
+                f"{where} holds a NUL character or a lone surrogate (U+D800..U+DFFF):"
+                " strings must be Unicode text without NUL",
+                request_id,
+            )
     op = data.get("op")
     if not isinstance(op, str):
         raise ProtocolError("invalid_request", "op must be a string", request_id)
