@@ -147,9 +147,10 @@ class RunLog:
             await self.changed.wait()
 
     async def wait_persisted(self, seq: int) -> None:
-        """Wait until the event ``seq`` is written (or this attempt's writing ended);
-        the writer flushes at once while someone waits."""
-        while self.persisted_seq < seq and not self.done.is_set():
+        """Wait until the event ``seq`` is written (or this attempt's writing ended, or
+        the event was fenced off: it never will be); the writer flushes at once while
+        someone waits."""
+        while self.persisted_seq < seq and not self.done.is_set() and not self.fenced(seq):
             self.hurry()
             await self.changed.wait()
 
@@ -253,6 +254,7 @@ class EventWriter:
         ended: list[RunLog] = []
         replies: list[tuple[str, str, int, str]] = []
         items: dict[str, list[tuple[int, str]]] = {}
+        lost: list[str] = []
         for log, event, item in batch:
             logs[log.run_id] = log
             row = rows.setdefault(log.run_id, {"attempt": log.attempt, "seq": 0})
@@ -294,7 +296,11 @@ class EventWriter:
         for run_id, row in rows.items():
             log = logs[run_id]
             log.error = None
-            log.persisted_seq = max(log.persisted_seq, row["seq"])
+            if run_id not in lost:
+                # Only what this flush wrote counts as persisted: the events of a run
+                # fenced off (taken over) were dropped, and the next attempt reuses
+                # their seqs, so a subscriber here must never be sent them.
+                log.persisted_seq = max(log.persisted_seq, row["seq"])
             log._changed()
             if row.get("finished"):
                 self._listener.notify(("run", run_id))
