@@ -99,13 +99,18 @@ async def row_of(dsn: str, run_id: str) -> dict[str, Any]:
 
 async def poll_row(dsn: str, run_id: str, condition: Callable[[dict[str, Any]], bool]) -> None:
     """Wait until the run's row (changed by other tasks' transactions) satisfies it."""
-    while not condition(await row_of(dsn, run_id)):
+    while True:
+        if condition(await row_of(dsn, run_id)):
+            return
         await trio.sleep(POLL)
 
 
 async def logged(dsn: str, run_id: str) -> list[dict[str, Any]]:
     rows = await trio.to_thread.run_sync(
-        query, dsn, "SELECT seq, data FROM trio_agents_events WHERE run_id = %s ORDER BY seq", run_id
+        query,
+        dsn,
+        "SELECT seq, data FROM trio_agents_events WHERE run_id = %s ORDER BY seq",
+        run_id,
     )
     return [{"seq": int(seq), "event": json.loads(data)} for seq, data in rows]
 
@@ -190,9 +195,7 @@ async def test_a_taken_over_session_holder_goes_before_a_run_queued_on_its_new_n
     items = [ta.item_from_json(json.loads(row[0])) for row in stored]
     assert ta.conversation_problems(items) == []
     texts = [
-        item.content if isinstance(item, ta.UserMessage) else item.content
-        for item in items
-        if isinstance(item, ta.UserMessage | ta.AssistantMessage)
+        item.content for item in items if isinstance(item, ta.UserMessage | ta.AssistantMessage)
     ]
     assert texts == ["first", "ok first", "second", "ok second"]
 
@@ -232,7 +235,9 @@ async def test_a_taken_over_queue_head_and_a_later_run_queued_on_its_new_node_do
                 await cb.ok("run.subscribe", run_id=r1, from_seq=1)
                 await cb.wait_event(
                     r1,
-                    lambda e: e["type"] == "run.updated" and e["status"] == "queued" and e["seq"] > 1,
+                    lambda e: (
+                        e["type"] == "run.updated" and e["status"] == "queued" and e["seq"] > 1
+                    ),
                 )
                 model.holds["zero"].set()
                 done1 = await cb.wait_terminal(r1)
@@ -248,9 +253,7 @@ async def test_a_taken_over_queue_head_and_a_later_run_queued_on_its_new_node_do
     items = [ta.item_from_json(json.loads(row[0])) for row in stored]
     assert ta.conversation_problems(items) == []
     texts = [
-        item.content
-        for item in items
-        if isinstance(item, ta.UserMessage | ta.AssistantMessage)
+        item.content for item in items if isinstance(item, ta.UserMessage | ta.AssistantMessage)
     ]
     assert texts == ["zero", "ok zero", "first", "ok first", "second", "ok second"]
 
@@ -267,28 +270,27 @@ async def test_a_subscriber_on_an_owner_whose_flush_is_fenced_off_sees_exactly_t
     reuses its seq). It follows the run to its end on B, exactly as the log has it."""
     model = GatedModel()
     with trio.fail_after(BOUND):
-        async with nodes(model, pg_dsn, "A", "B") as (a, b):
-            async with client(a.url) as ca:
-                run_id = (
-                    await ca.ok("run.start", agent="a", input="two deltas", subscribe="all")
-                )["run_id"]
-                await ca.wait_event(
-                    run_id, lambda e: e["type"] == "response.text.delta" and e["text"] == "one"
-                )
-                # Taken from A by a node that then vanished; its lease expired: B
-                # takes it over next.
-                await trio.to_thread.run_sync(
-                    query,
-                    pg_dsn,
-                    "UPDATE trio_agents_runs SET owner = 'ghost', attempt = attempt + 1,"
-                    " lease_expires_at = now() - interval '1 second' WHERE run_id = %s"
-                    " RETURNING 1",
-                    run_id,
-                )
-                model.go.set()
-                await ca.wait_terminal(run_id)
-                log = await logged(pg_dsn, run_id)
-                check_exact(ca, run_id, log)
+        async with nodes(model, pg_dsn, "A", "B") as (a, _b), client(a.url) as ca:
+            run_id = (await ca.ok("run.start", agent="a", input="two deltas", subscribe="all"))[
+                "run_id"
+            ]
+            await ca.wait_event(
+                run_id, lambda e: e["type"] == "response.text.delta" and e["text"] == "one"
+            )
+            # Taken from A by a node that then vanished; its lease expired: B
+            # takes it over next.
+            await trio.to_thread.run_sync(
+                query,
+                pg_dsn,
+                "UPDATE trio_agents_runs SET owner = 'ghost', attempt = attempt + 1,"
+                " lease_expires_at = now() - interval '1 second' WHERE run_id = %s"
+                " RETURNING 1",
+                run_id,
+            )
+            model.go.set()
+            await ca.wait_terminal(run_id)
+            log = await logged(pg_dsn, run_id)
+            check_exact(ca, run_id, log)
     assert log[-1]["event"]["status"] == "completed"
     assert (await row_of(pg_dsn, run_id))["attempt"] == 3  # taken over by A or B
     assert a.cluster.leases.fenced == 0  # A stopped it as taken over, not for its lease
@@ -308,34 +310,31 @@ async def test_a_run_row_locked_longer_than_the_lease_does_not_cost_its_node_the
     model.holds["held"] = trio.Event()
     lease = 1.5
     with trio.fail_after(BOUND):
-        async with nodes(model, pg_dsn, "A", lease_ttl=lease) as (a,):
-            async with client(a.url) as ca:
-                run_id = (await ca.ok("run.start", agent="a", input="held", subscribe="all"))[
-                    "run_id"
-                ]
-                await ca.wait_status(run_id, "running")
-                leases = a.cluster.leases
-                conn = await trio.to_thread.run_sync(
-                    lambda: psycopg.connect(pg_dsn, autocommit=False)
-                )
-                try:
-                    await trio.to_thread.run_sync(
-                        lambda: conn.execute(
-                            "SELECT 1 FROM trio_agents_runs WHERE run_id = %s FOR UPDATE",
-                            (run_id,),
-                        )
+        async with nodes(model, pg_dsn, "A", lease_ttl=lease) as (a,), client(a.url) as ca:
+            run_id = (await ca.ok("run.start", agent="a", input="held", subscribe="all"))["run_id"]
+            await ca.wait_status(run_id, "running")
+            leases = a.cluster.leases
+            conn = await trio.to_thread.run_sync(lambda: psycopg.connect(pg_dsn, autocommit=False))
+            try:
+                await trio.to_thread.run_sync(
+                    lambda: conn.execute(
+                        "SELECT 1 FROM trio_agents_runs WHERE run_id = %s FOR UPDATE",
+                        (run_id,),
                     )
-                    # Hold it over two leases' worth of heartbeats (or until the node
-                    # gives its runs up, which it must not).
-                    locked_at = trio.current_time()
-                    while leases.renewed_at < locked_at + 2 * lease and not leases.fenced:
-                        await trio.sleep(POLL)
-                finally:
-                    await trio.to_thread.run_sync(conn.rollback)
-                    await trio.to_thread.run_sync(conn.close)
-                assert leases.fenced == 0
-                model.holds["held"].set()
-                done = await ca.wait_terminal(run_id)
+                )
+                # Hold it over two leases' worth of heartbeats (or until the node
+                # gives its runs up, which it must not).
+                locked_at = trio.current_time()
+                while True:
+                    if leases.renewed_at >= locked_at + 2 * lease or leases.fenced:
+                        break
+                    await trio.sleep(POLL)
+            finally:
+                await trio.to_thread.run_sync(conn.rollback)
+                await trio.to_thread.run_sync(conn.close)
+            assert leases.fenced == 0
+            model.holds["held"].set()
+            done = await ca.wait_terminal(run_id)
     assert done["event"]["status"] == "completed", done
     row = await row_of(pg_dsn, run_id)
     assert (row["attempt"], row["owner"]) == (1, "A")

@@ -175,6 +175,7 @@ class EventWriter:
         self._urgent = trio.Event()
         self.logs: dict[str, RunLog] = {}
         self.flushes = 0
+        self.lease_ttl = 10.0  # the node's (PostgresCluster sets it)
 
     def track(self, nursery: trio.Nursery, log: RunLog, session: ClusterSession | None) -> None:
         """Start persisting ``log.run``'s events (from ``log.start_seq``), and the items
@@ -332,7 +333,10 @@ class EventWriter:
                 " pending = COALESCE(%(pending)s, pending),"
                 " finished = finished OR %(finished)s,"
                 " active_key = CASE WHEN %(finished)s THEN NULL ELSE active_key END,"
-                " updated_at = now()"
+                # The row lock is ours: renew the run's lease with it (the heartbeat
+                # skips rows locked when it beats).
+                " lease_expires_at = GREATEST(lease_expires_at,"
+                " now() + make_interval(secs => %(ttl)s)), updated_at = now()"
                 " FROM (SELECT last_seq FROM trio_agents_runs WHERE run_id = %(run_id)s) AS before"
                 " WHERE r.run_id = %(run_id)s AND owner = %(node)s AND attempt = %(attempt)s"
                 " RETURNING before.last_seq",
@@ -346,6 +350,7 @@ class EventWriter:
                     "run_id": run_id,
                     "node": self._node_id,
                     "attempt": row["attempt"],
+                    "ttl": self.lease_ttl,
                 },
             ).fetchone()
             if found is None:
