@@ -32,12 +32,19 @@ Cross-process control and observation go through a directory named by the
 - ``gates/NAME`` or ``gates/NAME.KEY``: a gate is open once that file exists (for
   every run, or for one run: KEY is the run's id for a tool, its tag for the model). Tools and the model poll for their gate; a test opens it
   with :func:`open_gate`.
+- ``freeze-in-flush.NODE``: once that file exists, node NODE freezes itself
+  (``SIGSTOP``) in its next flush of run events, after the flush's statements and
+  before its commit: its transaction holds the runs' row locks, idle, as a node paused
+  mid-flush would (a paused VM, a partition that leaves its socket open). The file is
+  removed and a ``freeze`` record (the flushed run ids) written first; the test sends
+  ``SIGCONT`` (:func:`freeze_in_next_flush`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -49,7 +56,14 @@ import trio
 import trio_agents as ta
 from trio_agents.models import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
 
-__all__ = ["ClusterModel", "app", "execution_records", "gate_is_open", "open_gate"]
+__all__ = [
+    "ClusterModel",
+    "app",
+    "execution_records",
+    "freeze_in_next_flush",
+    "gate_is_open",
+    "open_gate",
+]
 
 DIR_ENV: Final = "CLUSTER_TEST_DIR"
 NODE_ENV: Final = "CLUSTER_NODE"
@@ -239,3 +253,35 @@ def app() -> dict[str, ta.Agent]:
             tools=[charge, lookup, delete],
         )
     }
+
+
+# ------------------------------------------------------------------ a frozen node
+
+
+def freeze_in_next_flush(directory: Path, node: str) -> None:
+    """Make ``node`` freeze itself inside its next flush (see the module doc)."""
+    (directory / f"freeze-in-flush.{node}").touch()
+
+
+def _install_freeze_in_flush() -> None:
+    """Wrap the node's flush statements (fault injection for the frozen-node tests;
+    inert while no ``freeze-in-flush.NODE`` file exists)."""
+    from trio_agents.cluster._eventlog import EventWriter
+
+    write = EventWriter._write
+
+    def frozen_write(self: EventWriter, conn: Any, events: Any, rows: Any, *args: Any) -> Any:
+        lost = write(self, conn, events, rows, *args)
+        trigger = _directory() / f"freeze-in-flush.{os.environ.get(NODE_ENV, '?')}"
+        written = [run_id for run_id in rows if run_id not in lost]
+        if written and trigger.exists():
+            trigger.unlink()
+            record("freeze", ",".join(written), "")
+            os.kill(os.getpid(), signal.SIGSTOP)  # the transaction stays open, idle
+        return lost
+
+    EventWriter._write = frozen_write  # type: ignore[method-assign]
+
+
+if os.environ.get(DIR_ENV):  # a node process of a test cluster
+    _install_freeze_in_flush()
