@@ -13,6 +13,8 @@ conversation alone — the model keeps no state of its own:
 - ``stream``: stream ``alpha``, ``beta``, then block until the ``stream`` gate is
   opened, then ``gamma`` and finish (no tool).
 - ``hold stream``: the same, but the first delta waits for the ``hold`` gate.
+- ``unique``: the call ids end with ``_TAG`` (several runs calling tools in one
+  session; otherwise a run's ids are ``call_NAME_N``, the same in every run).
 - a word ``#TAG``: the run's tag. The model does not know the run's id, so its gate
   and its records use the tag (``gates/stream.TAG``).
 - anything else: answer at once.
@@ -225,9 +227,12 @@ class ClusterModel:
         users = sum(isinstance(item, ta.UserMessage) for item in request.items)
         events: list[ModelEvent | str] = []
         wanted = [word for word in scenario if word in TOOLS]
+        # "unique": call ids carry the tag (several runs' calls in one session).
+        suffix = f"_{tag}" if "unique" in scenario else ""
         if wanted and not calls:
             for number, name in enumerate(wanted, 1):
-                events.append(ToolCallDone(ta.ToolCall(f"call_{name}_{number}", name, "{}")))
+                call_id = f"call_{name}_{number}{suffix}"
+                events.append(ToolCallDone(ta.ToolCall(call_id, name, "{}")))
             events += [Usage(1, 1), Finish("tool_calls")]
         elif "stream" in scenario and not calls:
             if "hold" in scenario:  # the first delta waits for the "hold" gate
@@ -280,7 +285,7 @@ def _install_freeze_in_flush() -> None:
             os.kill(os.getpid(), signal.SIGSTOP)  # the transaction stays open, idle
         return lost
 
-    EventWriter._write = frozen_write  # type: ignore[method-assign]
+    EventWriter._write = frozen_write  # type: ignore[method-assign,assignment]
 
 
 if os.environ.get(DIR_ENV):  # a node process of a test cluster

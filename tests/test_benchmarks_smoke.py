@@ -10,8 +10,8 @@ from benchmarks.__main__ import ALL, collect
 if TYPE_CHECKING:
     from .pg_support import PostgresServer
 
-# B7 (a cluster of node processes) needs PostgreSQL: its own test, below.
-LOCAL = tuple(name for name in ALL if name != "B7")
+# B7 and B8 (clusters of node processes) need PostgreSQL: their own tests, below.
+LOCAL = tuple(name for name in ALL if name not in ("B7", "B8"))
 
 
 async def test_every_workload_runs_with_tiny_sizes() -> None:
@@ -37,6 +37,20 @@ async def test_the_cluster_workload_runs_with_tiny_sizes(
         "B7.cancel_to_terminal.same_node.nodes3",
         "B7.cancel_to_terminal.routed",
         "B7.takeover_after_kill",
+    }
+    for figure in figures:
+        assert not math.isnan(figure.value), figure
+
+
+async def test_the_failover_workload_runs_with_tiny_sizes(
+    postgres_server: PostgresServer,  # only to skip (or fail under CI) without PostgreSQL
+) -> None:
+    figures = await collect(("B8",), quick=True, echo=False)
+    names = {figure.bench for figure in figures if figure.bench.startswith("B8.")}
+    assert names == {
+        "B8.takeover_after_kill",
+        "B8.takeover_after_freeze",
+        "B8.takeover_after_freeze_in_flush",
     }
     for figure in figures:
         assert not math.isnan(figure.value), figure
