@@ -430,7 +430,7 @@ class Follower:
             except ControlConnectionError:
                 pass
             # The node died (or refused us while dying): go on elsewhere.
-            others = [n for n in self.cluster.alive() if n is not node]
+            others = [n for n in self.cluster.alive() if n is not node and n.url]
             if others:
                 node = others[0]
                 await trio.lowlevel.checkpoint()
