@@ -55,6 +55,7 @@ NODES: Final = 3
 RUNS: Final = int(os.environ.get("CHAOS_RUNS", "12"))
 SEED: Final = int(os.environ.get("CHAOS_SEED", "30"))
 SESSIONS: Final = max(2, RUNS // 4)  # so runs queue for their sessions
+FAULTS: Final = max(4, RUNS // 8)  # at least
 SCENARIOS: Final = ("charge", "lookup", "delete", "stream", "charge delete", "lookup delete")
 BOUND: Final = 120.0 + 6.0 * RUNS  # a hang guard for the whole test
 SETTLE: Final = 90.0 + 1.5 * RUNS  # a hang guard for the runs to end once faults stop
@@ -250,6 +251,9 @@ async def chaos(server: PostgresServer, dsn: str) -> None:
                     await state.start(number)
                     for _ in range(rng.randrange(3)):
                         await state.poke()
+                while len(state.faults) < FAULTS:  # faults go on meanwhile
+                    await state.poke()
+                    await trio.sleep(0.2)  # between pokes
                 done.set()
             print("faults:", state.faults)
             while len(cluster.alive()) < NODES:
