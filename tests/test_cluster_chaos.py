@@ -210,25 +210,28 @@ class Chaos:
                 await self.fault()
 
     async def settle(self) -> None:
-        """Open every gate and give every approval until every run ended."""
+        """Open every gate and give every pending approval, on every pass over the
+        unfinished runs (a run may wait for its session behind one that waits for
+        approval), until every run ended."""
         for gate in ("charge", "lookup", "stream"):
             self.cluster.open_gate(gate)
+        left = list(self.runs)
         report = trio.current_time() + 10.0
-        for planned in self.runs:
-            while True:
+        while left:
+            for planned in list(left):
 
                 async def look(client: Any, planned: Planned = planned) -> Any:
                     return await client.attach(planned.run_id).get()
 
                 info = await self.attempt(look)
                 if info.status.is_terminal:
-                    break
-                if trio.current_time() > report:
-                    report = trio.current_time() + 10.0
-                    print("waiting for", planned, info)
-                if info.pending_approvals:
+                    left.remove(planned)
+                elif info.pending_approvals:
                     await self.approve(planned)
-                await trio.sleep(POLL)
+            if trio.current_time() > report:
+                report = trio.current_time() + 10.0
+                print("waiting for", left)
+            await trio.sleep(POLL)
 
 
 def ended(follower: Follower) -> bool:

@@ -258,6 +258,59 @@ async def test_a_taken_over_queue_head_and_a_later_run_queued_on_its_new_node_do
     assert texts == ["zero", "ok zero", "first", "ok first", "second", "ok second"]
 
 
+async def test_a_run_started_while_its_session_is_free_for_a_moment_queues_behind_the_queued(
+    pg_dsn: str,
+) -> None:
+    """R0 holds session s on A; R1 is queued for it through B, and B dies. R0 ends: the
+    session is free until R1 is taken over. A run started meanwhile does not take it
+    past R1: it is queued, and runs after R1."""
+    model = GatedModel()
+    model.holds["zero"] = trio.Event()
+    with trio.fail_after(BOUND):
+        async with nodes(model, pg_dsn, "A", "B", lease_ttl=4.0) as (a, b):
+            async with client(a.url) as ca, client(b.url) as cb:
+                r0 = (
+                    await ca.ok(
+                        "run.start", agent="a", input="zero", session_id="s", subscribe="all"
+                    )
+                )["run_id"]
+                await ca.wait_status(r0, "running")
+                r1 = (
+                    await cb.ok(
+                        "run.start", agent="a", input="first", session_id="s", on_busy="enqueue"
+                    )
+                )["run_id"]
+                await poll_row(pg_dsn, r1, lambda row: row["status"] == "queued")
+                b.crash()
+                model.holds["zero"].set()
+                await ca.wait_terminal(r0)
+                await poll_row(pg_dsn, r0, lambda row: row["active"] is None)
+                r2 = (
+                    await ca.ok(
+                        "run.start",
+                        agent="a",
+                        input="second",
+                        session_id="s",
+                        on_busy="enqueue",
+                        subscribe="all",
+                    )
+                )["run_id"]
+                await ca.ok("run.subscribe", run_id=r1, from_seq=1)
+                done1 = await ca.wait_terminal(r1)
+                done2 = await ca.wait_terminal(r2)
+            assert done1["event"]["status"] == "completed", done1
+            assert done2["event"]["status"] == "completed", done2
+    stored = await trio.to_thread.run_sync(
+        query,
+        pg_dsn,
+        "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
+        json.dumps(["alice", "s"]),
+    )
+    items = [ta.item_from_json(json.loads(row[0])) for row in stored]
+    texts = [item.content for item in items if isinstance(item, ta.UserMessage)]
+    assert texts == ["zero", "first", "second"]
+
+
 # -- item 5: a subscriber on an owner that loses its lease ---------------------------------
 
 
