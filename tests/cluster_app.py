@@ -13,6 +13,8 @@ conversation alone — the model keeps no state of its own:
 - ``stream``: stream ``alpha``, ``beta``, then block until the ``stream`` gate is
   opened, then ``gamma`` and finish (no tool).
 - ``hold stream``: the same, but the first delta waits for the ``hold`` gate.
+- ``unique``: the call ids end with ``_TAG`` (several runs calling tools in one
+  session; otherwise a run's ids are ``call_NAME_N``, the same in every run).
 - a word ``#TAG``: the run's tag. The model does not know the run's id, so its gate
   and its records use the tag (``gates/stream.TAG``).
 - ``delegate``: call the ``helper`` sub-agent (``as_tool``) with the rest of the
@@ -34,12 +36,19 @@ Cross-process control and observation go through a directory named by the
 - ``gates/NAME`` or ``gates/NAME.KEY``: a gate is open once that file exists (for
   every run, or for one run: KEY is the run's id for a tool, its tag for the model). Tools and the model poll for their gate; a test opens it
   with :func:`open_gate`.
+- ``freeze-in-flush.NODE``: once that file exists, node NODE freezes itself
+  (``SIGSTOP``) in its next flush of run events, after the flush's statements and
+  before its commit: its transaction holds the runs' row locks, idle, as a node paused
+  mid-flush would (a paused VM, a partition that leaves its socket open). The file is
+  removed and a ``freeze`` record (the flushed run ids) written first; the test sends
+  ``SIGCONT`` (:func:`freeze_in_next_flush`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -51,7 +60,14 @@ import trio
 import trio_agents as ta
 from trio_agents.models import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
 
-__all__ = ["ClusterModel", "app", "execution_records", "gate_is_open", "open_gate"]
+__all__ = [
+    "ClusterModel",
+    "app",
+    "execution_records",
+    "freeze_in_next_flush",
+    "gate_is_open",
+    "open_gate",
+]
 
 DIR_ENV: Final = "CLUSTER_TEST_DIR"
 NODE_ENV: Final = "CLUSTER_NODE"
@@ -213,6 +229,8 @@ class ClusterModel:
         users = sum(isinstance(item, ta.UserMessage) for item in request.items)
         events: list[ModelEvent | str] = []
         wanted = [word for word in scenario if word in TOOLS]
+        # "unique": call ids carry the tag (several runs' calls in one session).
+        suffix = f"_{tag}" if "unique" in scenario else ""
         if "delegate" in scenario and not calls:
             # A run tree: the rest of the scenario is a child run's (an as_tool call).
             rest = " ".join(word for word in scenario if word != "delegate")
@@ -221,7 +239,8 @@ class ClusterModel:
             events += [Usage(1, 1), Finish("tool_calls")]
         elif wanted and not calls:
             for number, name in enumerate(wanted, 1):
-                events.append(ToolCallDone(ta.ToolCall(f"call_{name}_{number}", name, "{}")))
+                call_id = f"call_{name}_{number}{suffix}"
+                events.append(ToolCallDone(ta.ToolCall(call_id, name, "{}")))
             events += [Usage(1, 1), Finish("tool_calls")]
         elif "stream" in scenario and not calls:
             if "hold" in scenario:  # the first delta waits for the "hold" gate
@@ -255,3 +274,35 @@ def app() -> dict[str, ta.Agent]:
             tools=[charge, lookup, delete, helper.as_tool()],
         )
     }
+
+
+# ------------------------------------------------------------------ a frozen node
+
+
+def freeze_in_next_flush(directory: Path, node: str) -> None:
+    """Make ``node`` freeze itself inside its next flush (see the module doc)."""
+    (directory / f"freeze-in-flush.{node}").touch()
+
+
+def _install_freeze_in_flush() -> None:
+    """Wrap the node's flush statements (fault injection for the frozen-node tests;
+    inert while no ``freeze-in-flush.NODE`` file exists)."""
+    from trio_agents.cluster._eventlog import EventWriter
+
+    write = EventWriter._write
+
+    def frozen_write(self: EventWriter, conn: Any, events: Any, rows: Any, *args: Any) -> Any:
+        lost = write(self, conn, events, rows, *args)
+        trigger = _directory() / f"freeze-in-flush.{os.environ.get(NODE_ENV, '?')}"
+        written = [run_id for run_id in rows if run_id not in lost]
+        if written and trigger.exists():
+            trigger.unlink()
+            record("freeze", ",".join(written), "")
+            os.kill(os.getpid(), signal.SIGSTOP)  # the transaction stays open, idle
+        return lost
+
+    EventWriter._write = frozen_write  # type: ignore[method-assign,assignment]
+
+
+if os.environ.get(DIR_ENV):  # a node process of a test cluster
+    _install_freeze_in_flush()

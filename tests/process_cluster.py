@@ -229,6 +229,23 @@ class Cluster:
             target.process.send_signal(signal.SIGTERM)
         return await target.process.wait()
 
+    def freeze(self, node: str | Node) -> None:
+        """``kill -STOP``: the node is paused, its sockets stay open."""
+        target = self.node(node)
+        if target.running:
+            target.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self, node: str | Node) -> None:
+        """``kill -CONT``: a paused node goes on."""
+        target = self.node(node)
+        if target.running:
+            target.process.send_signal(signal.SIGCONT)
+
+    def freeze_in_next_flush(self, node: str | Node) -> None:
+        """Make the node pause itself inside its next flush, its transaction open
+        (tests/cluster_app.py); :meth:`thaw` resumes it."""
+        cluster_app.freeze_in_next_flush(self.directory, self.node(node).node_id)
+
     @asynccontextmanager
     async def client(self, node: str | Node) -> AsyncIterator[ControlClient]:
         """A control client connected to ``node``.
@@ -413,7 +430,7 @@ class Follower:
             except ControlConnectionError:
                 pass
             # The node died (or refused us while dying): go on elsewhere.
-            others = [n for n in self.cluster.alive() if n is not node]
+            others = [n for n in self.cluster.alive() if n is not node and n.url]
             if others:
                 node = others[0]
                 await trio.lowlevel.checkpoint()

@@ -16,8 +16,8 @@ from benchmarks.tree import b9_workload
 if TYPE_CHECKING:
     from .pg_support import PostgresServer
 
-# B7 (a cluster of node processes) needs PostgreSQL: its own test, below.
-LOCAL = tuple(name for name in ALL if name != "B7")
+# B7 and B10 (clusters of node processes) need PostgreSQL: their own tests, below.
+LOCAL = tuple(name for name in ALL if name not in ("B7", "B10"))
 
 
 async def test_every_workload_runs_with_tiny_sizes(tmp_path: Path) -> None:
@@ -67,6 +67,20 @@ async def test_the_cluster_workload_runs_with_tiny_sizes(
         "B7.cancel_to_terminal.same_node.nodes3",
         "B7.cancel_to_terminal.routed",
         "B7.takeover_after_kill",
+    }
+    for figure in figures:
+        assert not math.isnan(figure.value), figure
+
+
+async def test_the_failover_workload_runs_with_tiny_sizes(
+    postgres_server: PostgresServer,  # only to skip (or fail under CI) without PostgreSQL
+) -> None:
+    figures = await collect(("B10",), quick=True, echo=False)
+    names = {figure.bench for figure in figures if figure.bench.startswith("B10.")}
+    assert names == {
+        "B10.takeover_after_kill",
+        "B10.takeover_after_freeze",
+        "B10.takeover_after_freeze_in_flush",
     }
     for figure in figures:
         assert not math.isnan(figure.value), figure

@@ -104,10 +104,16 @@ What holds (DESIGN §12):
   hands its runs over at once: it stops them without persisting anything more and
   releases them. Its subscribers' streams end without a terminal event; they
   re-subscribe on another node from the next seq.
-- The heartbeat runs in its own task: no scan, resumption or cleanup delays it (the
-  cleanup skips locked rows and gives up after ``lease_ttl / 4``). A node that stops
-  its runs on its own (lease lost) releases them at its next heartbeat, so they are
-  taken over (there or on any node).
+- The heartbeat runs in its own task, on its own connection: no scan, resumption,
+  cleanup or pooled work delays it (the cleanup skips locked rows and gives up after
+  ``lease_ttl / 4``), and it never waits for a run's row lock (``SKIP LOCKED``; the
+  flush holding the row renews that run's lease). A node that stops its runs on its
+  own (lease lost) releases them at its next heartbeat, so they are taken over (there
+  or on any node).
+- A frozen node (a paused process or VM, a partition) never blocks its takeover for
+  long: every transaction of a node ends once idle for half the lease (1 to 5 s,
+  ``idle_in_transaction_session_timeout``), releasing its row locks; every connection
+  has TCP keepalives. docs/cluster.md gives the failure timeline.
 - Fencing in the database: the ``before_tool`` barrier's insert and every session
   write check, in their transaction under the run's row lock, that the row still names
   this node and attempt: a node that stalled past its lease and was taken over never

@@ -8,6 +8,10 @@ as any node can see that status. A takeover keeps the row (and so the claim).
 
 ``on_busy`` when the insert finds the session held:
 
+A session is held, for this, also while runs queued for it wait (its holder just
+ended; the next one has yet to claim it, or waits for its node's takeover): a start
+never takes it past them (``"interrupt"`` aside, which goes first).
+
 - ``"reject"``: ``session_busy`` — unless the holder is a run of this node that has
   already ended and whose terminal status is being written, which is waited for (a
   client that saw the terminal event may start the next run at once, as in one process);
@@ -85,6 +89,10 @@ async def claim_run(
         " now() + make_interval(secs => %s))"
     )
 
+    def values(claim: str | None) -> tuple[Any, ...]:
+        """The row's values, claiming the session (``claim``) or queued (None)."""
+        return (run_id, principal, session_id, key, claim, agent, json.dumps(options), node, ttl)
+
     def insert(conn: Conn) -> tuple[str, str | None] | None:
         if command is not None and (
             conn.execute(
@@ -95,10 +103,24 @@ async def claim_run(
             is None
         ):
             return ("-", None)  # withdrawn: its node no longer waits for this start
+        if active is not None and on_busy != "interrupt":
+            # First come, first served, as in one process (where a session goes
+            # straight from its holder to the next waiter): a session free for a moment
+            # (its holder just ended; its next run's node dead, waiting for its
+            # takeover) is not taken past the runs queued for it.
+            ahead = conn.execute(
+                "SELECT run_id, owner FROM trio_agents_runs WHERE session_key = %s"
+                " AND NOT finished AND active_key IS NULL ORDER BY created_at LIMIT 1",
+                (key,),
+            ).fetchone()
+            if ahead is not None:
+                if queue:
+                    conn.execute(insert_row, values(None))
+                return (str(ahead[0]), ahead[1])
         row = conn.execute(
             insert_row + " ON CONFLICT (active_key) WHERE active_key IS NOT NULL DO NOTHING"
             " RETURNING run_id",
-            (run_id, principal, session_id, key, active, agent, json.dumps(options), node, ttl),
+            values(active),
         ).fetchone()
         if row is not None:
             return None
@@ -108,10 +130,7 @@ async def claim_run(
         if holder is None:
             return ("", None)
         if queue:  # queued: the row without the claim
-            conn.execute(
-                insert_row,
-                (run_id, principal, session_id, key, None, agent, json.dumps(options), node, ttl),
-            )
+            conn.execute(insert_row, values(None))
         return (str(holder[0]), holder[1])
 
     while True:

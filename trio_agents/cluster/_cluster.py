@@ -131,8 +131,13 @@ class PostgresCluster:
         self._lease_ttl = float(lease_ttl)
         self._max_runs = max_runs
         self.db = Database(dsn)
+        # A transaction of a frozen node (a paused process or VM, a partition that
+        # leaves its socket open) is ended by the server once idle this long, its row
+        # locks with it: its runs can be taken over once their leases expire.
+        self.db.idle_timeout = idle_timeout(self._lease_ttl)
         self.listener = Listener(dsn, self._on_message)
         self.writer = EventWriter(self.db, self.listener, self._node_id)
+        self.writer.lease_ttl = self._lease_ttl
         self.router = Router(self.db, self.listener, self._node_id)
         self.leases = Leases(self)
         self.registry: Registry | None = None
@@ -259,9 +264,11 @@ class PostgresCluster:
 
     def session(self, principal: str, session_id: str | None, run_id: str) -> ClusterSession:
         """The session of a run (fenced by a new :class:`Fence`)."""
-        return ClusterSession(
+        session = ClusterSession(
             self._dsn, session_key(principal, session_id, run_id), self._node_id, Fence(), run_id
         )
+        session.inner._idle_timeout = self.db.idle_timeout
+        return session
 
     async def claim(
         self,
@@ -669,6 +676,13 @@ class PostgresCluster:
         node running its tree; its ack fields come back (errors: the node's own, e.g.
         ``not_found`` when the tree is not there)."""
         return await self.router.send(principal, request, run_id=run_id, target_node=node)
+
+
+def idle_timeout(lease_ttl: float) -> float:
+    """How long a node's transaction may sit idle between statements before the server
+    ends it: half the lease (its locks are gone before the lease expires), at least 1 s
+    (a loaded machine's pauses), at most 5 s (the lock timeout)."""
+    return min(max(lease_ttl / 2, 1.0), 5.0)
 
 
 def _sent(reply: Reply | None) -> None:

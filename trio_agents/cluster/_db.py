@@ -28,12 +28,13 @@ from ..sessions._postgres import (
     _Pool,
     _pool_limiter,
     _release_pool,
+    keepalives,
     transaction,
 )
 from ..sessions._storage import SessionStorageError
 from ._schema import prepare_cluster_schema
 
-__all__ = ["ClusterDown", "ClusterSchemaError", "Conn", "Database"]
+__all__ = ["ClusterDown", "ClusterSchemaError", "Conn", "Database", "Dedicated"]
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -60,6 +61,10 @@ class Database:
         self._schema_ready = False
         self.statement_timeout = 10.0
         self.lock_timeout = 5.0
+        # A transaction idle that long between its statements (its node frozen: a
+        # paused process or VM, a partition) is ended by the server, releasing its
+        # locks (the cluster sets it from its lease: see PostgresCluster).
+        self.idle_timeout: float | None = None
         self.dead = False  # a "crashed" node (tests): every call fails at once
         self.statements = 0
 
@@ -108,8 +113,79 @@ class Database:
                     except (psycopg.DataError, SessionStorageError) as exc:
                         raise ClusterSchemaError(str(exc)) from exc
                     self._schema_ready = True
-                with transaction(conn, budget(self.lock_timeout), budget(self.statement_timeout)):
+                with transaction(
+                    conn,
+                    budget(self.lock_timeout),
+                    budget(self.statement_timeout),
+                    self.idle_timeout,
+                ):
                     self.statements += 1
                     return fn(conn)
         except psycopg.Error as exc:
             raise ClusterDown(str(exc)) from exc
+
+
+@final
+class Dedicated:
+    """One connection of its own, outside the pool, for the node's heartbeat: it never
+    waits for a pooled connection or a worker-thread slot behind the work (the flushes,
+    routed ops and sessions of hundreds of runs), so a busy node renews its lease in
+    time. Same transactions and timeouts as :meth:`Database.call`; the connection is
+    opened on first use, and again after any error."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._conn: Conn | None = None
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def call(self, fn: Callable[[Conn], T]) -> T:
+        """Run ``fn(conn)`` in one transaction on this connection, in a worker thread.
+        Raises :class:`ClusterDown` on any database error."""
+        db = self._db
+        if not db._schema_ready:  # the tables exist once a pooled call checked them
+            await db.call(lambda conn: None)
+        if db.dead:
+            await trio.lowlevel.checkpoint()
+            raise ClusterDown("this node is stopped")
+        remaining = trio.current_effective_deadline() - trio.current_time()
+        deadline = time.monotonic() + max(remaining, 0.0) if remaining < float("inf") else None
+        return await trio.to_thread.run_sync(self._in_thread, fn, deadline, limiter=self._limiter)
+
+    def _in_thread(self, fn: Callable[[Conn], T], deadline: float | None) -> T:
+        db = self._db
+
+        def budget(limit: float) -> float:
+            return (
+                limit if deadline is None else max(min(limit, deadline - time.monotonic()), 0.001)
+            )
+
+        try:
+            conn = self._conn
+            if conn is None or conn.closed or conn.broken:
+                self._conn = None
+                params = psycopg.conninfo.conninfo_to_dict(db.dsn)
+                extra: dict[str, Any] = {"autocommit": True, **keepalives(params)}
+                if "application_name" not in params:
+                    extra["application_name"] = "trio_agents"
+                if "connect_timeout" not in params:  # libpq: whole seconds, at least 2
+                    extra["connect_timeout"] = max(2, int(budget(db.statement_timeout)))
+                conn = self._conn = psycopg.connect(db.dsn, **extra)
+            with transaction(
+                conn, budget(db.lock_timeout), budget(db.statement_timeout), db.idle_timeout
+            ):
+                db.statements += 1
+                return fn(conn)
+        except psycopg.Error as exc:
+            self.close()
+            raise ClusterDown(str(exc)) from exc
+
+    def close(self) -> None:
+        """Close the connection (blocking; call from a thread)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    async def aclose(self) -> None:
+        """Close the connection (shielded; waits for a call in flight)."""
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.close, limiter=self._limiter)

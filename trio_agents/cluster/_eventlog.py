@@ -156,9 +156,10 @@ class RunLog:
             await self.changed.wait()
 
     async def wait_persisted(self, seq: int) -> None:
-        """Wait until the event ``seq`` is written (or this attempt's writing ended);
-        the writer flushes at once while someone waits."""
-        while self.persisted_seq < seq and not self.done.is_set():
+        """Wait until the event ``seq`` is written (or this attempt's writing ended, or
+        the event was fenced off: it never will be); the writer flushes at once while
+        someone waits."""
+        while self.persisted_seq < seq and not self.done.is_set() and not self.fenced(seq):
             self.hurry()
             await self.changed.wait()
 
@@ -183,6 +184,7 @@ class EventWriter:
         self._urgent = trio.Event()
         self.logs: dict[str, RunLog] = {}
         self.flushes = 0
+        self.lease_ttl = 10.0  # the node's (PostgresCluster sets it)
 
     def track(self, nursery: trio.Nursery, log: RunLog, session: ClusterSession | None) -> None:
         """Start persisting ``log.run``'s events (from ``log.start_seq``), and the items
@@ -267,6 +269,7 @@ class EventWriter:
         ended: list[RunLog] = []
         replies: list[tuple[str, str, int, str]] = []
         items: dict[str, list[tuple[int, str]]] = {}
+        lost: list[str] = []
         for log, event, item in batch:
             logs[log.run_id] = log
             row = rows.setdefault(log.run_id, {"attempt": log.attempt, "seq": 0})
@@ -309,7 +312,11 @@ class EventWriter:
         for run_id, row in rows.items():
             log = logs[run_id]
             log.error = None
-            log.persisted_seq = max(log.persisted_seq, row["seq"])
+            if run_id not in lost:
+                # Only what this flush wrote counts as persisted: the events of a run
+                # fenced off (taken over) were dropped, and the next attempt reuses
+                # their seqs, so a subscriber here must never be sent them.
+                log.persisted_seq = max(log.persisted_seq, row["seq"])
             log._changed()
             if row.get("finished"):
                 self._listener.notify(("run", run_id))
@@ -411,7 +418,10 @@ class EventWriter:
                 " pending = COALESCE(%(pending)s, pending),"
                 " finished = finished OR %(finished)s,"
                 " active_key = CASE WHEN %(finished)s THEN NULL ELSE active_key END,"
-                " updated_at = now()"
+                # The row lock is ours: renew the run's lease with it (the heartbeat
+                # skips rows locked when it beats).
+                " lease_expires_at = GREATEST(lease_expires_at,"
+                " now() + make_interval(secs => %(ttl)s)), updated_at = now()"
                 " FROM (SELECT last_seq FROM trio_agents_runs WHERE run_id = %(run_id)s) AS before"
                 " WHERE r.run_id = %(run_id)s AND owner = %(node)s AND attempt = %(attempt)s"
                 " RETURNING before.last_seq",
@@ -425,6 +435,7 @@ class EventWriter:
                     "run_id": run_id,
                     "node": self._node_id,
                     "attempt": row["attempt"],
+                    "ttl": self.lease_ttl,
                 },
             ).fetchone()
             if found is None:

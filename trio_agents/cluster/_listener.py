@@ -32,6 +32,7 @@ from typing import Any, final
 import psycopg
 import trio
 
+from ..sessions._postgres import keepalives
 from ._schema import CHANNEL
 
 __all__ = ["Listener", "Wake"]
@@ -133,7 +134,10 @@ class Listener:
         backoff = 0.05
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
+                params = psycopg.conninfo.conninfo_to_dict(self._dsn)
+                with psycopg.connect(
+                    self._dsn, autocommit=True, connect_timeout=5, **keepalives(params)
+                ) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     backoff = 0.05
                     self._soon(token, self._connected)

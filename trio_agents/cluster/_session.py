@@ -25,8 +25,9 @@ fenced and patient.
   ``attempt``); a node that stalled past its lease and was taken over never appends to
   the session (the write is dropped; its event writer then finds the run gone and
   stops it).
-- Its ``lock_key`` includes the node id: the core's in-process claim is per node; the
-  cluster-wide claim is the runs table's ``active_key`` (``_claims.py``).
+- Its ``lock_key`` includes the node and the run: the core's in-process claim is per
+  run (it keeps a queued run queued behind its gate); the one claim is cluster-wide,
+  the runs table's ``active_key`` (``_claims.py``), in the cluster-wide queue order.
 """
 
 from __future__ import annotations
@@ -72,7 +73,14 @@ class ClusterSession:
         self.inner = PostgresSession(dsn, key)
         self._dsn = dsn
         self.fence = fence
-        self.lock_key: Hashable = ("trio_agents.cluster", node_id, key)
+        # Per run: the in-process claim only keeps a queued run queued until its gate
+        # lets go (``control._hosting``); which run has the session, and in what order
+        # the queued ones get it, is decided cluster-wide alone (``_claims.py``). A
+        # claim shared by the node's runs of a session would order them a second
+        # time, by arrival here: a run taken over here (which held the session, or was
+        # ahead in its queue) would find it busy with a run queued here after it, or
+        # wait for it while that run waits for it cluster-wide.
+        self.lock_key: Hashable = ("trio_agents.cluster", node_id, key, run_id)
         self.node_id = node_id
         self.run_id = run_id
         self.attempt = 1  # the run's attempt on this node (a takeover sets its own)

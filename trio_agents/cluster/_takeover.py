@@ -1,10 +1,14 @@
 """Leases and takeover.
 
 Every ``lease_ttl / 3`` seconds a node's heartbeat task (its own: no scan, resumption
-or cleanup delays it) runs one transaction: it upserts its row in ``trio_agents_nodes``
-(lease, capacity, running count, draining) and extends the lease of every unfinished run
-it owns *and runs* (runs it stopped on its own are released instead; runs a previous
-process under the same node id left behind expire and are taken over). Its scan task, as often,
+or cleanup delays it) runs one transaction on its own connection (never waiting for the
+pool the work uses): it upserts its row in ``trio_agents_nodes`` (lease, capacity,
+running count, draining) and extends the lease of every unfinished run it owns *and
+runs* (runs it stopped on its own are released instead; runs a previous process under
+the same node id left behind expire and are taken over), skipping the rows another
+transaction has locked (``SKIP LOCKED``: the heartbeat never waits for the locks the
+work holds; the node's flush renews the lease of each run row it writes, and the next
+beat the others). Its scan task, as often,
 scans for runs whose lease expired, or that their node *released* on a graceful
 shutdown (``SELECT ... FOR UPDATE SKIP LOCKED``, at most as many as it has room for),
 claims them (``owner = me``, ``attempt + 1``) and resumes each
@@ -49,7 +53,7 @@ from .._resume import Resume
 from .._run import Run
 from ..control._hosting import resume_run
 from ._capacity import end_run_in
-from ._db import ClusterDown, Conn
+from ._db import ClusterDown, Conn, Dedicated
 from ._queries import CLIENT_GONE, decisions_of, live_nodes
 from ._schema import CHANNEL
 
@@ -207,6 +211,7 @@ class Leases:
         # Runs queued for capacity may wait (a NOTIFY said so, or the last scan filled
         # this node's room): a run ending here wakes the scan (PostgresCluster.room_freed).
         self.queued = True
+        self._connection = Dedicated(cluster.db)  # the heartbeat's own
 
     def wake(self) -> None:
         """Scan now (a node released runs, or we reconnected)."""
@@ -234,14 +239,31 @@ class Leases:
             "owned": owned,
         }
 
-        def beat(conn: Conn) -> None:
+        def beat(conn: Conn) -> set[str]:
+            # No statement here waits for a run's row lock (the node's own flushes and
+            # other nodes' routed writes hold them, for as long as a loaded machine
+            # makes them last): rows locked now are skipped (SKIP LOCKED). A skipped
+            # run's lease is renewed by the flush holding its row, or by the next beat.
+            left: set[str] = set()
             if releasing:
-                conn.execute(
+                released = conn.execute(
                     "UPDATE trio_agents_runs SET released = true, lease_expires_at = now()"
-                    " WHERE run_id = ANY(%(releasing)s) AND owner = %(node)s AND NOT finished",
+                    " WHERE run_id IN (SELECT run_id FROM trio_agents_runs"
+                    " WHERE run_id = ANY(%(releasing)s) AND owner = %(node)s AND NOT finished"
+                    " FOR UPDATE SKIP LOCKED) RETURNING run_id",
                     params,
-                )
-                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps({"k": "scan"})))
+                ).fetchall()
+                if released:
+                    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps({"k": "scan"})))
+                # Skipped (locked now): released by the next beat.
+                left = {
+                    str(row[0])
+                    for row in conn.execute(
+                        "SELECT run_id FROM trio_agents_runs WHERE run_id = ANY(%(releasing)s)"
+                        " AND owner = %(node)s AND NOT finished AND NOT released",
+                        params,
+                    ).fetchall()
+                }
             conn.execute(
                 "WITH node AS (INSERT INTO trio_agents_nodes"
                 " (node_id, lease_expires_at, max_runs, running, draining)"
@@ -251,13 +273,16 @@ class Leases:
                 " EXCLUDED.running, draining = EXCLUDED.draining, updated_at = now()"
                 " RETURNING 1)"
                 f" UPDATE trio_agents_runs SET lease_expires_at = {_TIME}"
+                " WHERE run_id IN (SELECT run_id FROM trio_agents_runs"
                 " WHERE owner = %(node)s AND NOT finished AND NOT released"
-                " AND run_id = ANY(%(owned)s)",
+                " AND run_id = ANY(%(owned)s) FOR UPDATE SKIP LOCKED)",
                 params,
             )
+            return left
 
-        await cluster.db.call(beat)
-        self.to_release.difference_update(releasing)
+        # On the node's own connection: never behind the work's pooled connections.
+        left = await self._connection.call(beat)
+        self.to_release.difference_update(set(releasing) - left)
         self.renewed_at = sent
         self._renewed.set()
         self._renewed = trio.Event()
@@ -282,10 +307,13 @@ class Leases:
         """Heartbeat every ``lease_ttl / 3`` s in one task; scan (and sweep) as often in
         another, so a slow scan, resumption or cleanup never delays a heartbeat. Started
         after the first heartbeat; runs until cancelled (or the hand-over stops it)."""
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self._beat)
-            task_status.started()
-            await self._scans()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._beat)
+                task_status.started()
+                await self._scans()
+        finally:
+            await self._connection.aclose()
 
     async def _beat(self, task_status: trio.TaskStatus[None]) -> None:
         cluster = self._cluster
@@ -373,7 +401,12 @@ class Leases:
         room = cluster.max_runs - cluster.running()
         if room <= 0:
             return
-        claimed = await cluster.db.call(lambda conn: self._claim(conn, room))
+        # Never the runs this node runs (or starts, resumes, or has yet to release):
+        # a lease of one of them that lapsed (its row locked at every beat) is renewed
+        # by the next beat, not taken over from itself.
+        mine = set(self.to_release) | self._resuming | cluster.starting
+        mine.update(run_id for run_id, log in cluster.writer.logs.items() if not log.fence.closed)
+        claimed = await cluster.db.call(lambda conn: self._claim(conn, room, mine))
         self.queued = len(claimed) >= room  # fewer: none was left to claim
         # Ours from the commit on: a command for any of them waits for its resumption.
         self._resuming.update(run.run_id for run in claimed)
@@ -439,16 +472,17 @@ class Leases:
             self._resumed = trio.Event()
             cluster.router.wake()  # commands that waited for the run's new owner
 
-    def _claim(self, conn: Conn, room: int) -> list[Claimed]:
+    def _claim(self, conn: Conn, room: int, mine: set[str]) -> list[Claimed]:
         cluster = self._cluster
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
             " session_key, session_id IS NOT NULL AND active_key IS NULL FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
             " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at, created_at LIMIT %s"
             " FOR UPDATE SKIP LOCKED",
-            # Not the runs this node stopped and has yet to release: its heartbeat (in
-            # another task) would release them after we claimed them back.
-            (list(self.to_release), room),
+            # Not the runs this node stopped and has yet to release (its heartbeat, in
+            # another task, would release them after we claimed them back), nor those
+            # it runs.
+            (sorted(mine), room),
         ).fetchall()
         if not rows:
             return []

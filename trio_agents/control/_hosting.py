@@ -188,9 +188,11 @@ async def start_run(
 
 
 def _gate(entry: RunEntry, session: Any) -> SessionClaim:
-    """Hold the run's session in this process until it is claimed cluster-wide."""
+    """Hold the run's session in this process until it is claimed cluster-wide (the
+    cluster session's claim is per run: the gate holds it at once, and the run queues
+    behind it; the order among runs is the cluster-wide queue's)."""
     gate = SessionClaim(session.lock_key, session.session_id, _Gate(entry))
-    gate.claim_now("enqueue")  # behind a run of this node that holds it, if any
+    gate.claim_now("enqueue")
     return gate
 
 

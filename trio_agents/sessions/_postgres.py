@@ -157,6 +157,7 @@ def _acquire_pool(key: tuple[str, int]) -> _Pool:
             extra: dict[str, Any] = {"autocommit": True}  # transactions are explicit
             if "application_name" not in params:
                 extra["application_name"] = "trio_agents"
+            extra.update(keepalives(params))
             pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
                 dsn,
                 min_size=1,
@@ -206,16 +207,27 @@ def _readable(fd: int) -> bool:
 
 @contextlib.contextmanager
 def transaction(
-    conn: psycopg.Connection[Any], lock_timeout: float, statement_timeout: float
+    conn: psycopg.Connection[Any],
+    lock_timeout: float,
+    statement_timeout: float,
+    idle_timeout: float | None = None,
 ) -> Iterator[None]:
     """One transaction on an autocommit connection, its ``lock_timeout`` and
     ``statement_timeout`` (seconds) local to it (the pooled connection goes back with
     its defaults): ``BEGIN`` and both ``SET LOCAL`` in one round trip (a simple query:
     the values are numbers formatted here), ``COMMIT`` at the end, ``ROLLBACK`` on any
-    error."""
+    error. With ``idle_timeout``, the server also ends the connection once the
+    transaction sits idle that long between statements
+    (``idle_in_transaction_session_timeout``): a client frozen mid-transaction (a
+    paused process or VM, a partition) does not hold its locks for longer."""
+    idle = (
+        ""
+        if idle_timeout is None
+        else f"; SET LOCAL idle_in_transaction_session_timeout = '{_milliseconds(idle_timeout)}'"
+    )
     conn.execute(
         f"BEGIN; SET LOCAL lock_timeout = '{_milliseconds(lock_timeout)}';"
-        f" SET LOCAL statement_timeout = '{_milliseconds(statement_timeout)}'"
+        f" SET LOCAL statement_timeout = '{_milliseconds(statement_timeout)}'{idle}"
     )
     try:
         yield
@@ -302,6 +314,9 @@ class PostgresSession:
     _pool: _Pool | None = attrs.field(init=False, default=None, repr=False)
     _state: threading.Condition = attrs.field(init=False, factory=threading.Condition, repr=False)
     _calls: int = attrs.field(init=False, default=0, repr=False)
+    # Set by a cluster's session (``trio_agents.cluster``): its transactions end with
+    # the connection once idle that long (see ``transaction``).
+    _idle_timeout: float | None = attrs.field(init=False, default=None, repr=False)
     _closed: bool = attrs.field(init=False, default=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -513,7 +528,9 @@ class PostgresSession:
     def _transaction(
         self, conn: Connection, budget: Callable[[float], float], fn: Callable[[Connection], T]
     ) -> T:
-        with transaction(conn, budget(self._lock_timeout), budget(self._statement_timeout)):
+        with transaction(
+            conn, budget(self._lock_timeout), budget(self._statement_timeout), self._idle_timeout
+        ):
             return fn(conn)
 
     def _error(self, message: str, **data: Any) -> SessionStorageError:
@@ -725,3 +742,24 @@ def _create_schema(conn: Connection) -> None:
         f"INSERT INTO {_SCHEMA_TABLE} (component, version) VALUES (%s, %s)",
         (COMPONENT, SCHEMA_VERSION),
     )
+
+
+# -- TCP keepalives -----------------------------------------------------------------------
+
+KEEPALIVES: Final[dict[str, int]] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15000,
+}
+"""libpq's TCP keepalive settings for every connection trio_agents opens: a server that
+vanished (a partition, a host gone without closing its sockets) is noticed within
+about 11 s of silence (``keepalives_idle + interval * count``), and unacknowledged
+data within 15 s (``tcp_user_timeout``, milliseconds), instead of the kernel's two
+hours: a call waiting on such a connection fails and is retried on a new one."""
+
+
+def keepalives(params: dict[str, Any]) -> dict[str, Any]:
+    """:data:`KEEPALIVES`, except those the DSN's ``params`` set itself."""
+    return {key: value for key, value in KEEPALIVES.items() if key not in params}
