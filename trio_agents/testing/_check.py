@@ -759,6 +759,12 @@ def _check_leaks(obs: Observation, out: Found) -> None:
                 " does a sync tool ignore ctx.cancelled?",
             )
         )
+    faulty = {c.call_id for c in obs.tool_calls if c.fault is not None}
+    for call_id, description in obs.ignored_cancels:
+        if call_id not in faulty:
+            out.append(
+                Violation("thread-leak", f"{description}: does a sync tool ignore ctx.cancelled?")
+            )
     for error in obs.op_errors:
         out.append(Violation("op-error", error))
 

@@ -50,6 +50,7 @@ from ._watch import (
     install_audit_hook,
     leaked_processes,
     marked_environment,
+    process_tree,
     spawn_count,
 )
 
@@ -200,6 +201,9 @@ class Observation:
         fresh_run: the run started on the session afterwards (None without one).
         leaked_threads: worker threads of the run still running afterwards.
         cleanup_timeout: the run's ``cleanup_timeout``.
+        ignored_cancels: ``(call id, description)`` of each worker thread that ran
+            past its clock hold and returned after its call was cancelled without ever
+            reading ``ctx.cancelled`` (found whatever ``thread_grace`` is).
     """
 
     run_id: str
@@ -231,6 +235,7 @@ class Observation:
     fresh_run: FreshRun | None = None
     leaked_threads: tuple[str, ...] = ()
     cleanup_timeout: float = 5.0
+    ignored_cancels: tuple[tuple[str, str], ...] = ()
 
     @property
     def result(self) -> RunResult:
@@ -437,6 +442,7 @@ def run_schedule(
     """
     install_audit_hook()
     spawns_before = spawn_count()
+    tree_before = process_tree(depth=1)  # this process's children before the run
     faults = faults or Faults()
     scripted = ScriptedModel(list(script), default=default_turn)
     model = WatchedModel(scripted, faults.model)
@@ -666,7 +672,7 @@ def run_schedule(
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     if check_processes is None:
         check_processes = spawn_count() != spawns_before
-    processes = leaked_processes(run_id) if check_processes else []
+    processes = leaked_processes(run_id, tree_before) if check_processes else []
     assert state.run is not None
     return Observation(
         run_id=run_id,
@@ -698,4 +704,5 @@ def run_schedule(
         fresh_run=state.fresh_run,
         leaked_threads=tuple(state.leaked_threads),
         cleanup_timeout=cleanup_timeout,
+        ignored_cancels=tuple(state.limiter.ignored_cancels) if state.limiter else (),
     )
