@@ -21,11 +21,6 @@ class Session(Protocol):
     One run at a time per session (see ``open_run``'s ``on_busy``): runs are kept apart
     by the session's optional ``lock_key`` attribute (any hashable naming the stored
     conversation, e.g. a file and an id), or else by its type and ``session_id``.
-
-    Optional methods a run looks up with ``getattr``: ``replace_items(items)`` (atomic;
-    how a load repair that is not an append is written back) and
-    ``get_stored_items()`` (the rows as stored, unrepaired: what a resumed run reads,
-    for a session whose ``get_items`` repairs them).
     """
 
     @property
