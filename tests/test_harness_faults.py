@@ -84,6 +84,11 @@ TWO_TURNS: list[Turn | str] = [
 ]
 
 
+# A final answer, streamed slowly: a cancel that its stream swallows must not make
+# the cut-off text the run's final output.
+ANSWER: list[Turn | str] = [Turn(text="the answer is forty two", delay=0.25)]
+
+
 def _calling(name: str, arguments: dict[str, Any]) -> list[Turn | str]:
     return [Turn(text="on it", tool_calls=[(name, arguments), ("sleep", {"seconds": 0.5})]), "done"]
 
@@ -114,6 +119,26 @@ CASES: list[Any] = [
     pytest.param(TWO_TURNS, (), _model(2, "reused_id"), id="model-reuses-an-earlier-id"),
     pytest.param(TWO_TURNS, CANCEL_AT_1, _model(1, "never_ends"), id="model-never-ends"),
     pytest.param(TWO_TURNS, (), _model(1, "stray_cancel"), id="model-stray-cancelled"),
+    # -- models that swallow their cancellation (issue 29): still cancelled, or still
+    #    interrupted by a when="now" injection
+    *(
+        pytest.param(script, schedule, _model(1, kind), id=f"model-{kind}-{name}")
+        for kind in ("swallow_cancel", "swallow_cancel_on_exit")
+        for script, schedule, name in (
+            (TWO_TURNS, CANCEL_AT_1, "then-tools"),
+            (ANSWER, CANCEL_AT_1, "in-an-answer"),
+            (ANSWER, (Op(1.0, "outer_cancel"),), "outer-cancel-in-an-answer"),
+        )
+    ),
+    *(
+        pytest.param(
+            TWO_TURNS,
+            (Op(1.0, "inject", when="now"),),
+            _model(1, kind),
+            id=f"model-{kind}-swallows-an-interruption",
+        )
+        for kind in ("swallow_cancel", "swallow_cancel_on_exit")
+    ),
     # -- tools
     pytest.param(_calling("swallow", {"seconds": 2.0}), CANCEL_IN_TOOL, None, id="tool-swallows"),
     pytest.param(_calling("stray", {"after": 0.5}), (), None, id="tool-stray-cancelled"),

@@ -341,3 +341,30 @@ async def test_a_resumed_load_writes_back_a_mid_conversation_repair(stored: Any)
     assert rows == list(result.conversation)
     assert rows[:5] == [ta.UserMessage("a"), ta.AssistantMessage("b"), *CRASHED[:3]]
     assert ta.conversation_problems(rows) == []
+
+
+async def test_a_resumed_call_of_an_unknown_tool_gets_an_error_result(stored: Any) -> None:
+    # The agent changed between attempts: an open call names a tool it no longer has.
+    await stored.add_items([ta.ToolCall("c5", "gone", "{}")])
+    ran: list[str] = []
+    resume = ta.Resume(attempt=2, next_seq=9, started={"c1", "c2", "c4"})
+    result = await ta.run(agent(ScriptedModel(["ok"]), ran), [], session=stored, resume=resume)
+    assert result.status == "completed", result.reason
+    assert ran == ["c1"]
+    gone = by_call(result.conversation)["c5"]
+    assert gone.status == "error"
+    assert "unknown tool 'gone'" in gone.output
+    assert ta.conversation_problems(await reopen(stored)) == []
+
+
+async def test_resuming_on_a_closed_stored_session_fails_the_run(tmp_path: Path) -> None:
+    session = SQLiteSession(tmp_path / "s.db", "s")
+    async with session:
+        await session.add_items(CRASHED)
+    resume = ta.Resume(attempt=2, next_seq=9)
+    result = await ta.run(agent(ScriptedModel(["x"]), []), [], session=session, resume=resume)
+    assert result.status == "failed"
+    assert result.reason is not None
+    assert result.reason.startswith("session error: ")
+    async with SQLiteSession(tmp_path / "s.db", "s") as again:
+        assert await again.get_stored_items() == CRASHED

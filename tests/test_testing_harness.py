@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -644,3 +647,96 @@ def test_waiting_fake_tools_are_let_go_even_when_the_schedule_is_cut_short() -> 
     assert tt.check_run(observation).ok, tt.check_run(observation)
     assert observation.result.reason == "parent cancelled"
     assert [c.state for c in observation.tool_calls] == ["finished"]
+
+
+class ReleaseOnToolEnd(ta.RunHooks):
+    """Lets a thread tool go once the run has closed its call (as cancelled)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    async def on_tool_end(self, run: ta.Run, call: ta.ToolCall, result: ta.ToolResult) -> None:
+        self.release.set()
+
+
+@pytest.mark.parametrize("takes_ctx", [True, False])
+def test_a_thread_tool_returning_after_its_cancel_unread_is_reported_whatever_the_grace(
+    takes_ctx: bool,
+) -> None:
+    """Issue 29: the tool ignores the cancel only until the run's repair lets it go
+    (well within the default 5 s grace): found by what it did (returned after its call
+    was cancelled, never having read ctx.cancelled), not by how long it ran."""
+    release = threading.Event()
+
+    if takes_ctx:
+
+        @ta.function_tool
+        def export_rows(ctx: ta.ToolContext, rows: int) -> str:
+            """Export rows, never looking at ctx.cancelled."""
+            release.wait(30)
+            return f"exported {rows}"
+
+    else:
+
+        @ta.function_tool
+        def export_rows(rows: int) -> str:
+            """Export rows; it cannot even see a cancellation."""
+            release.wait(30)
+            return f"exported {rows}"
+
+    prop = tt.LifecycleProperty(
+        agent_with(export_rows), run_options={"hooks": ReleaseOnToolEnd(release)}, thread_hold=0.05
+    )
+    try:
+        report = prop.check(
+            [tt.Turn(tool_calls=[("export_rows", {"rows": 3})]), "done"],
+            [tt.Op(0.5, "cancel", reason="stop")],
+        )
+    finally:
+        release.set()
+    assert report.invariants == ("thread-leak",), report
+    assert "returned after its call was cancelled, never having read ctx.cancelled" in str(report)
+
+
+def test_a_thread_tool_that_reads_ctx_cancelled_is_not_reported() -> None:
+    @ta.function_tool
+    def export_rows(ctx: ta.ToolContext, rows: int) -> str:
+        """Export rows, stopping when cancelled."""
+        ctx.cancelled.wait(30)
+        return "stopped"
+
+    prop = tt.LifecycleProperty(agent_with(export_rows), thread_hold=0.05)
+    report = prop.check(
+        [tt.Turn(tool_calls=[("export_rows", {"rows": 3})]), "done"],
+        [tt.Op(0.5, "cancel", reason="stop")],
+    )
+    assert report.ok, report
+
+
+def test_a_process_leaked_with_an_explicit_env_is_reported() -> None:
+    """Issue 29: the child gets env= without the harness's marker; it is still found,
+    as a descendant of the process that was not there before the run."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    @ta.function_tool
+    def launch() -> str:
+        """Start a helper process and forget about it."""
+        started.append(
+            subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(60)"],
+                env={"PATH": os.environ.get("PATH", "")},
+                stdin=subprocess.DEVNULL,
+            )
+        )
+        return "launched"
+
+    prop = tt.LifecycleProperty(agent_with(launch))
+    try:
+        report = prop.check([tt.Turn(tool_calls=[("launch", {})]), "done"], [])
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+    assert started
+    assert report.invariants == ("process-leak",), report
+    assert f"process {started[0].pid} " in str(report)

@@ -30,7 +30,7 @@ from .. import (
 # The output_type machinery has no public entry point (yet): the one private import.
 from .._output import compile_output, output_problems
 from ..models import ModelRequest, OutputSpec
-from ._faults import MALFORMED, START_HOOKS, Faults, HookCall
+from ._faults import MALFORMED, START_HOOKS, SWALLOWING, Faults, HookCall
 from ._runner import NodeRecord, Observation, TreeObservation
 from ._tree import height, tree_events, walk
 
@@ -74,6 +74,7 @@ INVARIANTS: dict[str, str] = {
     "model-streams-closed": "no model stream is left open",
     "subscribers": "every subscriber sees the log in order and ends with the terminal update",
     "cancel-reason": "a cancelled run carries the reason of the cancel that ended it",
+    "cancel-wins": "a run cancelled (not after_turn) before its last item never ends completed",
     "cancel-before-start": "a run cancelled while queued makes no model call",
     "cancel-latency": "a cancel reaches the terminal update within cleanup_timeout",
     "cleanup-latency": "a run that ends by itself reaches its terminal update within cleanup_timeout",
@@ -447,6 +448,28 @@ def _check_model(obs: Observation, out: Found) -> None:
         fault = stream.fault
         if fault is None or stream.fired_at is None or fault.kind == "never_ends":
             continue
+        if fault.kind in SWALLOWING:
+            # It ends only by a cancel (the run's, or an interruption), which it hides
+            # as a normal end: its text was cut, so it is never kept as complete (and
+            # a cancelled run never completes: cancel-wins).
+            complete = [
+                e.seq
+                for e in obs.events
+                if isinstance(e, RunItemEvent)
+                and e.turn == stream.number
+                and isinstance(e.item, AssistantMessage)
+                and e.item.status == "completed"
+            ]
+            if complete:
+                out.append(
+                    Violation(
+                        "model-events",
+                        f"model call {stream.number} swallowed its cancellation (t="
+                        f"{stream.fired_at:g}), yet its cut-off text was kept as a complete"
+                        f" answer (seq {complete[0]})",
+                    )
+                )
+            continue
         what = f"model call {stream.number} {fault.kind} (t={stream.fired_at:g})"
         if result is None or result.status is not RunStatus.FAILED:
             status = "no result" if result is None else f"{result.status.value} ({result.reason})"
@@ -510,6 +533,20 @@ def _check_cancels(obs: Observation, max_latency: float, out: Found) -> None:
                 Violation(
                     "cancel-reason",
                     f"cancelled with reason {result.reason!r}; the cancels allow {sorted(allowed)}",
+                )
+            )
+    if result is not None and result.status is RunStatus.COMPLETED:
+        # Whatever the model, a tool or a hook did with the Cancelled (swallowed it),
+        # a run cancelled before it committed its last item is not completed (a cancel
+        # that lands while the run's repair runs, after the answer, may be).
+        items = [e.seq for e in obs.events if e.type == "run.item"]
+        early = [c for c in live if c.kind != "after_turn" and items and c.seq < items[-1]]
+        if early:
+            out.append(
+                Violation(
+                    "cancel-wins",
+                    f"{early[0].kind} cancel at t={early[0].at:g} (after seq {early[0].seq}),"
+                    f" yet the run went on to seq {items[-1]} and completed",
                 )
             )
     for cancel in live:
@@ -780,6 +817,12 @@ def _check_leaks(obs: Observation, out: Found) -> None:
                 " does a sync tool ignore ctx.cancelled?",
             )
         )
+    faulty = {c.call_id for c in obs.tool_calls if c.fault is not None}
+    for call_id, description in obs.ignored_cancels:
+        if call_id not in faulty:
+            out.append(
+                Violation("thread-leak", f"{description}: does a sync tool ignore ctx.cancelled?")
+            )
     for error in obs.op_errors:
         out.append(Violation("op-error", error))
 

@@ -101,30 +101,44 @@ class _Borrow:
     holding: bool = True
     finished: bool = False  # its thread returned: never hold the clock for it again
     timer: threading.Timer | None = None
+    # The tool call's context, if it could be seen: whether the call was cancelled and
+    # whether the tool ever read ctx.cancelled (its event is made on first read).
+    ctx: ToolContext | None = None
+    expired: bool = False  # it ran past its hold: virtual time went on meanwhile
 
 
 def _calling_tool_call_id() -> str | None:
-    """The call id of the tool call whose thread is being started, if it can be seen.
+    """The call id of the tool call whose thread is being started, if it can be seen
+    (see :func:`_calling_tool_context`)."""
+    ctx = _calling_tool_context(2)
+    return None if ctx is None else ctx.call_id
+
+
+def _calling_tool_context(skip: int = 1) -> ToolContext | None:
+    """The ``ToolContext`` of the tool call whose thread is being started, if it can be
+    seen.
 
     Called from ``acquire_on_behalf_of``: the caller is ``trio.to_thread.run_sync``,
-    whose ``sync_fn`` is the tool function with its ``ToolContext`` bound. This looks
-    at Trio's frame (an implementation detail); without it, threads are matched by
-    task name only.
+    whose ``sync_fn`` is the tool function with its ``ToolContext`` bound (when the
+    tool takes one); above it, the run's own call path holds the call's context as
+    ``ctx`` (when it does not). This looks at Trio's and the run's frames (an
+    implementation detail); without them, threads are matched by task name only.
     """
-    frame: types.FrameType | None = sys._getframe(1)
-    fn: object = None
-    for _ in range(6):  # acquire_on_behalf_of, then trio's to_thread.run_sync
+    frame: types.FrameType | None = sys._getframe(skip)
+    for _ in range(8):  # acquire_on_behalf_of, trio's to_thread.run_sync, the run's call
         frame = frame.f_back if frame is not None else None
         if frame is None:
             return None
-        fn = frame.f_locals.get("sync_fn")
-        if fn is not None:
-            break
-    while isinstance(fn, functools.partial):
-        for value in (*fn.args, *fn.keywords.values()):
-            if isinstance(value, ToolContext):
-                return value.call_id
-        fn = fn.func
+        local = frame.f_locals
+        fn = local.get("sync_fn")
+        while isinstance(fn, functools.partial):
+            for value in (*fn.args, *fn.keywords.values()):
+                if isinstance(value, ToolContext):
+                    return value
+            fn = fn.func
+        ctx = local.get("ctx")
+        if isinstance(ctx, ToolContext):
+            return ctx
     return None
 
 
@@ -152,6 +166,8 @@ class ClockHoldingLimiter:
         self._idle = threading.Event()
         self._idle.set()
         self._registered = False
+        # (call id, description) of each thread that ignored its call's cancellation.
+        self.ignored_cancels: list[tuple[str, str]] = []
 
     async def acquire_on_behalf_of(self, borrower: object) -> None:
         """Acquire a token; hold the clock until it is released (or the hold expires)."""
@@ -161,7 +177,10 @@ class ClockHoldingLimiter:
             if holds is not None:
                 holds.limiters.append(self)
             self._registered = True
-        borrow = _Borrow(trio.lowlevel.current_task().name, _calling_tool_call_id())
+        ctx = _calling_tool_context()
+        borrow = _Borrow(
+            trio.lowlevel.current_task().name, None if ctx is None else ctx.call_id, ctx=ctx
+        )
         self._borrows[borrower] = borrow
         self._idle.clear()
         _acquire()
@@ -179,6 +198,7 @@ class ClockHoldingLimiter:
         borrow = self._borrows.pop(borrower, None)
         if borrow is not None:
             borrow.finished = True
+            self._check_cancel_read(borrow)
             if borrow.timer is not None:
                 borrow.timer.cancel()
             self._let_go(borrow)
@@ -188,7 +208,27 @@ class ClockHoldingLimiter:
     def _expire(self, borrower: object) -> None:
         borrow = self._borrows.get(borrower)
         if borrow is not None:
+            borrow.expired = True
             self._let_go(borrow)
+
+    def _check_cancel_read(self, borrow: _Borrow) -> None:
+        """A thread that ran past its hold, whose call was cancelled meanwhile, and
+        that returned without ever reading ``ctx.cancelled`` (its event is made on the
+        first read) ignored the cancellation: recorded whatever the grace, so a tool
+        that ignores it for 3 s is found as surely as one that never returns. Only
+        threads past their hold: a cancel can reach a thread that still holds the clock
+        only by landing at the same virtual instant, which real timing decides."""
+        ctx = borrow.ctx
+        if ctx is None or not borrow.expired or not ctx._is_cancelled or ctx._event is not None:
+            return
+        self.ignored_cancels.append(
+            (
+                ctx.call_id,
+                f"the worker thread of tool call {ctx.call_id!r} ({ctx.tool_name!r}, task"
+                f" {borrow.task_name!r}) returned after its call was cancelled, never having"
+                " read ctx.cancelled",
+            )
+        )
 
     def _let_go(self, borrow: _Borrow) -> None:
         if borrow.holding:

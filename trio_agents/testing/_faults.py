@@ -54,6 +54,8 @@ ModelFaultKind: TypeAlias = Literal[
     "reused_id",
     "never_ends",
     "stray_cancel",
+    "swallow_cancel",
+    "swallow_cancel_on_exit",
 ]
 """How a model stream misbehaves (see :class:`ModelFault`)."""
 
@@ -66,6 +68,8 @@ MODEL_FAULT_KINDS: tuple[ModelFaultKind, ...] = (
     "reused_id",
     "never_ends",
     "stray_cancel",
+    "swallow_cancel",
+    "swallow_cancel_on_exit",
 )
 
 MALFORMED: frozenset[ModelFaultKind] = frozenset(
@@ -109,7 +113,12 @@ class ModelFault:
     - ``"reused_id"``: yield a ``ToolCallDone`` reusing a call id of the conversation
       (a no-op when the conversation has no call yet);
     - ``"never_ends"``: stop sending and never end (until cancelled);
-    - ``"stray_cancel"``: raise a ``trio.Cancelled`` that no scope of the run cancelled.
+    - ``"stray_cancel"``: raise a ``trio.Cancelled`` that no scope of the run cancelled;
+    - ``"swallow_cancel"``: stop sending and wait; when cancelled (the run, or a
+      ``when="now"`` injection), end the stream as if it were complete instead;
+    - ``"swallow_cancel_on_exit"``: stop sending and wait; when cancelled, let the
+      ``Cancelled`` out of the iterator but swallow it in the stream's ``__aexit__``
+      (which returns True).
 
     If the script's stream has fewer than ``after`` events, the fault comes at its end.
     """
@@ -287,6 +296,15 @@ class _WatchedIterator:
         if kind == "never_ends":
             self._fired()
             await trio.sleep_forever()
+        if kind in SWALLOWING:
+            self._fired()
+            if kind == "swallow_cancel_on_exit":
+                await trio.sleep_forever()  # its Cancelled is swallowed by __aexit__
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                self._done = True
+            raise StopAsyncIteration  # the bug, on purpose: a cancel as a normal end
         if kind == "bytes_text":
             self._fired()
             return TextDelta(cast(str, b"bytes, not text"))
@@ -341,7 +359,16 @@ class _WatchedStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         traceback: TracebackType | None,
     ) -> bool | None:
         self._record.closed_at = trio.current_time()
-        return await self._inner.__aexit__(exc_type, exc_value, traceback)
+        swallowed = await self._inner.__aexit__(exc_type, exc_value, traceback)
+        fault = self._record.fault
+        if (
+            fault is not None
+            and fault.kind == "swallow_cancel_on_exit"
+            and self._record.fired_at is not None
+            and _cancelled_only(exc_value)
+        ):
+            return True  # the bug, on purpose: the stream swallows its cancellation
+        return swallowed
 
 
 @final
@@ -626,3 +653,17 @@ def _describe(exc: BaseException) -> str:
     except Exception as inner:
         text = f"<str() raised {type(inner).__name__}>"
     return f"{type(exc).__name__}: {text}"
+
+
+SWALLOWING: frozenset[ModelFaultKind] = frozenset({"swallow_cancel", "swallow_cancel_on_exit"})
+"""Model faults that swallow the stream's cancellation: the run must still end
+``cancelled`` when it was cancelled, and a ``when="now"`` injection still interrupts."""
+
+
+def _cancelled_only(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a ``trio.Cancelled`` (or a group of nothing else)."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(lambda e: not isinstance(e, trio.Cancelled)) is None
+    return False

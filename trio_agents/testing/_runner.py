@@ -55,6 +55,7 @@ from ._watch import (
     install_audit_hook,
     leaked_processes,
     marked_environment,
+    process_tree,
     spawn_count,
 )
 
@@ -213,6 +214,9 @@ class Observation:
             :func:`run_schedule`). The other fields are then the root run's own
             (its model, hooks and fake tool calls; the cancels and injections the
             schedule applied to it).
+        ignored_cancels: ``(call id, description)`` of each worker thread that ran
+            past its clock hold and returned after its call was cancelled without ever
+            reading ``ctx.cancelled`` (found whatever ``thread_grace`` is).
     """
 
     run_id: str
@@ -244,6 +248,7 @@ class Observation:
     fresh_run: FreshRun | None = None
     leaked_threads: tuple[str, ...] = ()
     cleanup_timeout: float = 5.0
+    ignored_cancels: tuple[tuple[str, str], ...] = ()
     tree: TreeObservation | None = None
 
     @property
@@ -602,6 +607,7 @@ def _run_example(
     """One example of :func:`run_schedule` or :func:`run_tree_schedule` (``tree``)."""
     install_audit_hook()
     spawns_before = spawn_count()
+    tree_before = process_tree(depth=1)  # this process's children before the run
     scripted = model.scripted
     if recorder is not None:
         recorder.reset()
@@ -879,7 +885,7 @@ def _run_example(
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     if check_processes is None:
         check_processes = spawn_count() != spawns_before
-    processes = leaked_processes(run_id) if check_processes else []
+    processes = leaked_processes(run_id, tree_before) if check_processes else []
     assert state.run is not None
     hook_calls = tuple(hooks.calls) if isinstance(hooks, WatchedHooks) else ()
     tool_calls = recorder.calls if recorder is not None else ()
@@ -921,6 +927,7 @@ def _run_example(
         leaked_threads=tuple(state.leaked_threads),
         cleanup_timeout=cleanup_timeout,
         tree=tree_view,
+        ignored_cancels=tuple(state.limiter.ignored_cancels) if state.limiter else (),
     )
 
 

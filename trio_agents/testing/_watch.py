@@ -3,8 +3,11 @@
 Not only the harness's fakes: every sync tool of a run gets its thread through the
 run's ``thread_limiter``, which the runner wraps (:class:`ClockHoldingLimiter` knows
 which of its threads still run), and any other thread started during the run is seen
-by comparing :func:`threading.enumerate` before and after. Child processes inherit a
-marker in their environment, found afterwards in ``/proc``.
+by comparing :func:`threading.enumerate` before and after. Child processes are found
+by the process tree (``/proc``: every descendant of this process that was not there
+before the run), so a tool that hands its child an explicit ``env=`` is seen too; a
+marker in the environment (inherited) still finds a child that left the tree (a
+double fork).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = [
     "install_audit_hook",
     "leaked_processes",
     "marked_environment",
+    "process_tree",
     "spawn_count",
 ]
 
@@ -96,13 +100,131 @@ def _marked_processes(run_id: str) -> list[tuple[int, str]]:
     return found
 
 
-def leaked_processes(run_id: str) -> list[tuple[int, str]]:
-    """Marked processes still alive; killed ones get up to 1 s (real) to disappear."""
+ProcessKey = tuple[int, str]
+"""A process as ``(pid, start time)``: a pid alone may be reused."""
+
+
+def _stat(pid: str) -> tuple[int, str, str] | None:
+    """``(parent pid, state, start time)`` from ``/proc/<pid>/stat``, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold anything: split after
+    # its last ')'. Then: state (3), ppid (4), ..., starttime (22).
+    fields = raw[raw.rfind(")") + 2 :].split()
+    if len(fields) < 20:
+        return None
+    return int(fields[1]), fields[0], fields[19]
+
+
+def _children_by_task(pid: int) -> list[int] | None:
+    """The children of ``pid`` from ``/proc/<pid>/task/*/children`` (cheap: a few
+    small files), or None if the kernel has no such files."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found += [int(child) for child in f.read().split()]
+        except FileNotFoundError:
+            if tid == str(pid):
+                return None  # no CONFIG_PROC_CHILDREN: the main thread always has one
+        except OSError:
+            continue
+    return found
+
+
+def _children_by_scan() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from every ``/proc/<pid>/stat`` (the fallback)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return children
+    for entry in entries:
+        if entry.isdigit():
+            stat = _stat(entry)
+            if stat is not None:
+                children.setdefault(stat[0], []).append(int(entry))
+    return children
+
+
+def process_tree(
+    before: Collection[ProcessKey] = (), *, depth: int | None = None
+) -> set[ProcessKey]:
+    """Live (not zombie) descendants of this process, as ``(pid, start time)``.
+
+    Processes in ``before`` (the tree taken before a run) are left out, and so is
+    everything under them: a long-lived child that existed before (a test's server)
+    may fork on its own without that being the run's doing. ``depth=1`` gives the
+    children only, which is all a later call needs as its ``before``.
+    """
+    scanned: dict[int, list[int]] | None = None
+
+    def children(pid: int) -> list[int]:
+        nonlocal scanned
+        found = _children_by_task(pid)
+        if found is not None:
+            return found
+        if scanned is None:
+            scanned = _children_by_scan()
+        return scanned.get(pid, [])
+
+    found: set[ProcessKey] = set()
+    level = [os.getpid()]
+    remaining = depth
+    while level and (remaining is None or remaining > 0):
+        next_level: list[int] = []
+        for parent in level:
+            for child in children(parent):
+                stat = _stat(str(child))
+                if stat is None or stat[1] in ("Z", "X"):
+                    continue
+                key = (child, stat[2])
+                if key in before or key in found:
+                    continue
+                found.add(key)
+                next_level.append(child)
+        level = next_level
+        remaining = None if remaining is None else remaining - 1
+    return found
+
+
+def _cmdline(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _new_descendants(before: Collection[ProcessKey]) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for key in sorted(process_tree(before)):
+        cmdline = _cmdline(key[0])
+        if cmdline is not None:
+            found.append((key[0], cmdline))
+    return found
+
+
+def leaked_processes(
+    run_id: str, before: Collection[ProcessKey] | None = None
+) -> list[tuple[int, str]]:
+    """Processes of the run still alive: descendants of this process that were not in
+    ``before`` (the tree taken before the run; None: none are looked for), and marked
+    ones. Killed ones get up to 1 s (real) to disappear."""
     deadline = time.monotonic() + 1.0
     while True:
-        found = _marked_processes(run_id)
+        found = dict(_marked_processes(run_id))
+        if before is not None:
+            found.update(_new_descendants(before))
         if not found or time.monotonic() > deadline:
-            return found
+            return sorted(found.items())
         time.sleep(0.01)
 
 
