@@ -37,7 +37,7 @@ from trio_agents.testing import (
 
 # What a test suite would register as a profile: seeded, no timing-based checks.
 SETTINGS = hypothesis.settings(
-    max_examples=200,
+    max_examples=600,
     derandomize=True,  # the same examples every time
     database=None,
     deadline=None,
