@@ -195,7 +195,9 @@ async def test_on_disconnect_continue_and_replay_from_a_seq() -> None:
 
 
 async def test_security_tokens_principals_and_origins() -> None:
-    model = ScriptedModel([], default=Turn(text="z", delay=0.05))
+    # The runs stream for an hour: they are live whenever the test acts on them (a
+    # 50 ms turn could end before bob's cancel on a busy machine), and cancelled at the end.
+    model = ScriptedModel([], default=Turn(text="z", delay=3600))
     with trio.fail_after(20):
         async with serving({"a": agent_of(model)}, allowed_origins=["https://ok.example"]) as (
             _,
