@@ -31,6 +31,7 @@ lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
 
 fuzz: $(STAMP)  ## the lifecycle and fault properties, "fuzz" profile (over 20,000 examples)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_run_properties.py \
+		tests/test_policy_properties.py \
 		tests/test_harness_faults.py -p no:cacheprovider --hypothesis-show-statistics -q \
 		-o faulthandler_timeout=3600
 

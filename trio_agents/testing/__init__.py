@@ -84,8 +84,6 @@ from ._strategies import scripts as scripts
 from ._strategies import standard_tools as standard_tools
 from ._strategies import tool_sets as tool_sets
 
-del _hypothesis
-
 __all__ = [
     "GARBAGE",
     "HOOK_NAMES",
@@ -139,3 +137,27 @@ __all__ = [
     "thread_tool",
     "tool_sets",
 ]
+
+# Run policies (DESIGN §18): guardrail and limit faults, their runner and checker.
+from ._policy_check import check_policies as check_policies
+from ._policy_faults import GuardrailCall as GuardrailCall
+from ._policy_faults import GuardrailPlan as GuardrailPlan
+from ._policy_faults import PolicyFaults as PolicyFaults
+from ._policy_runner import PolicyObservation as PolicyObservation
+from ._policy_runner import run_policy_schedule as run_policy_schedule
+from ._policy_strategies import guardrail_plans as guardrail_plans
+from ._policy_strategies import policy_faults as policy_faults
+from ._policy_strategies import usage_limits as usage_limits
+
+__all__ += [
+    "GuardrailCall",
+    "GuardrailPlan",
+    "PolicyFaults",
+    "PolicyObservation",
+    "check_policies",
+    "guardrail_plans",
+    "policy_faults",
+    "run_policy_schedule",
+    "usage_limits",
+]
+del _hypothesis
