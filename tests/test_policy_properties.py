@@ -152,6 +152,9 @@ EXAMPLES: dict[str, tuple[list[Turn], PolicyFaults, str | None]] = {
         ),
         "timeout",
     ),
+    # Found by the fuzz profile: the answer waits 2 s for a slow output guardrail, which
+    # the lifecycle checker alone took for a slow cleanup.
+    "output passes slowly": ([Turn(["a "])], _one("g", "output", delay=2.0), None),
     "output trips": (TOOL_THEN_ANSWER, _one("g", "output", "trip", delay=0.25), "guardrail g"),
     "requests limit": (
         TOOL_THEN_ANSWER,

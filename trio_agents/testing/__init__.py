@@ -96,6 +96,8 @@ __all__ = [
     "FakeTools",
     "Faults",
     "FreshRun",
+    "GuardrailCall",
+    "GuardrailPlan",
     "HookCall",
     "HookFault",
     "InjectedFault",
@@ -106,6 +108,8 @@ __all__ = [
     "Observation",
     "Op",
     "OpKind",
+    "PolicyFaults",
+    "PolicyObservation",
     "Report",
     "ScriptedModel",
     "SessionCall",
@@ -117,14 +121,18 @@ __all__ = [
     "Violation",
     "blocking_tool",
     "check_events",
+    "check_policies",
     "check_run",
     "failing_tool",
     "faults",
     "garbage_tool",
+    "guardrail_plans",
     "harness_settings",
     "items",
     "lifecycle_test",
+    "policy_faults",
     "process_tool",
+    "run_policy_schedule",
     "run_schedule",
     "schedules",
     "scripts",
@@ -136,6 +144,7 @@ __all__ = [
     "swallowing_tool",
     "thread_tool",
     "tool_sets",
+    "usage_limits",
 ]
 
 # Run policies (DESIGN §18): guardrail and limit faults, their runner and checker.
@@ -149,15 +158,4 @@ from ._policy_strategies import guardrail_plans as guardrail_plans
 from ._policy_strategies import policy_faults as policy_faults
 from ._policy_strategies import usage_limits as usage_limits
 
-__all__ += [
-    "GuardrailCall",
-    "GuardrailPlan",
-    "PolicyFaults",
-    "PolicyObservation",
-    "check_policies",
-    "guardrail_plans",
-    "policy_faults",
-    "run_policy_schedule",
-    "usage_limits",
-]
 del _hypothesis

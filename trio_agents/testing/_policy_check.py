@@ -354,6 +354,22 @@ def _with_wrap_up(pobs: PolicyObservation) -> Observation:
     return attrs.evolve(obs, injections=tuple(injections))
 
 
+def _excuse_slow_guardrails(
+    pobs: PolicyObservation, found: list[Violation], bound: float | None
+) -> list[Violation]:
+    """A run ends by itself only once its guardrails answered (a slow output or input
+    guardrail legitimately holds the final answer back): ``cleanup-latency`` counts
+    from the last guardrail answer, not from the model's final answer."""
+    ends = [c.ended_at for c in pobs.guardrail_calls if c.ended_at is not None]
+    terminal = _terminal_time(pobs)
+    if not ends or terminal is None:
+        return found
+    limit = pobs.observation.cleanup_timeout if bound is None else bound
+    if terminal - max(ends) > limit + EPSILON:
+        return found
+    return [v for v in found if v.invariant != "cleanup-latency"]
+
+
 def check_policies(
     observation: PolicyObservation, *, max_cancel_latency: float | None = None
 ) -> Report:
@@ -362,6 +378,7 @@ def check_policies(
     :func:`~trio_agents.testing.run_policy_schedule`."""
     lifecycle = _with_wrap_up(observation)
     out = list(check_run(lifecycle, max_cancel_latency=max_cancel_latency).violations)
+    out = _excuse_slow_guardrails(observation, out, max_cancel_latency)
     _check_gate(observation, out)
     _check_guardrails(observation, out)
     _check_limits(observation, out)
