@@ -180,6 +180,12 @@ EXAMPLES: dict[str, tuple[list[Turn], PolicyFaults, str | None]] = {
 }
 
 
+def test_an_injected_assistant_message_is_not_the_gated_turn() -> None:
+    """Found by the fuzz profile: what the user injects is no text the gate released."""
+    injected = Op(0.0, "inject", when="next_turn", items=(ta.AssistantMessage("also this"),))
+    _check([Turn()], (injected,), _one("g", "stream"), max_turns=1)
+
+
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_one_policy_fault(name: str) -> None:
     script, policies, reason = EXAMPLES[name]

@@ -72,10 +72,15 @@ def _check_gate(pobs: PolicyObservation, out: list[Violation]) -> None:
     stream_names = [p.name for p in pobs.policies.guardrails if p.kind == "stream"]
     published: dict[int, list[str]] = {}
     kept: dict[int, list[str]] = {}
+    injected = [item for inj in pobs.observation.injections for item in inj.items]
     for event in pobs.observation.events:
         if isinstance(event, ResponseTextDelta) and isinstance(event.text, str):
             published.setdefault(event.turn, []).append(event.text)
-        elif isinstance(event, RunItemEvent) and isinstance(event.item, AssistantMessage):
+        elif (
+            isinstance(event, RunItemEvent)
+            and isinstance(event.item, AssistantMessage)
+            and event.item not in injected  # the user's, not the model's
+        ):
             kept.setdefault(event.turn, []).append(event.item.content)
     for turn, pieces in sorted(published.items()):
         text = "".join(pieces)
