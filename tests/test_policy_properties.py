@@ -186,6 +186,25 @@ def test_an_injected_assistant_message_is_not_the_gated_turn() -> None:
     _check([Turn()], (injected,), _one("g", "stream"), max_turns=1)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="core bug (found by make fuzz): model_turn charges `requests` before a blocking"
+    " input guardrail and the when='now' interrupt check, so a turn interrupted before"
+    " its request is opened still counts one (lead: move the charge to just before"
+    " model.stream)",
+)
+def test_a_request_interrupted_before_it_is_sent_is_not_counted() -> None:
+    """The blocking guardrail holds turn 1 until t=0.25; a when="now" injection at
+    t=0.125 then interrupts it before its request is sent. Turn 2's request is the
+    first one sent: ``requests=1`` allows it; the run completes."""
+    inject = Op(0.125, "inject", when="now", items=(ta.UserMessage("also this"),))
+    policies = PolicyFaults(
+        (GuardrailPlan("g", "input", delay=0.25, blocking=True),), ta.UsageLimits(requests=1)
+    )
+    observation = _check([Turn("ok")], (inject,), policies, max_turns=2)
+    assert observation.observation.result.status is ta.RunStatus.COMPLETED
+
+
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_one_policy_fault(name: str) -> None:
     script, policies, reason = EXAMPLES[name]
