@@ -104,10 +104,10 @@ async def test_a_summary_counts_in_the_limits() -> None:
         agent, [*_history(3), ta.UserMessage("now")], limits=ta.UsageLimits(requests=1)
     )
     assert result.status == "failed"
-    # the run's request is counted first (1/1), the summary's call would be the second:
-    # it is never sent, and neither is the request
+    # the summary's call is made (1/1) to build the request, which would be the second:
+    # it is never sent
     assert result.reason == "usage limit: requests 2/1"
-    assert summarizer.calls == 0
+    assert summarizer.calls == 1
     assert model.calls == 0
 
 

@@ -303,8 +303,6 @@ def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
 
 async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     """One model call: stream it, validate its events, commit what it produced."""
-    if state.budgets and state.spend("requests"):
-        await trio.lowlevel.checkpoint_if_cancelled()  # the limit's run is stopping
     state.turn += 1
     turn = state.turn
     agent = state.agent
@@ -359,6 +357,11 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
             # have awaited since, and a model's stream need not checkpoint before its
             # first events (DESIGN §6, last bullet).
             await trio.lowlevel.checkpoint_if_cancelled()
+            # A request counts against the limits only now that it is really sent (one
+            # interrupted or refused before this point was never made); the one that
+            # would pass a requests limit is not sent: its run's scope is cancelled.
+            if state.budgets and state.spend("requests"):
+                await trio.lowlevel.checkpoint_if_cancelled()
             # Streamed text is cleaned as it comes (a surrogate pair split across deltas
             # is joined, a lone surrogate replaced): the deltas sent out are what is
             # committed.

@@ -106,8 +106,6 @@ from ._strategies import scripts as scripts
 from ._strategies import standard_tools as standard_tools
 from ._strategies import tool_sets as tool_sets
 
-del _hypothesis
-
 __all__ = [
     "GARBAGE",
     "HOOK_NAMES",
@@ -123,6 +121,8 @@ __all__ = [
     "FakeTools",
     "Faults",
     "FreshRun",
+    "GuardrailCall",
+    "GuardrailPlan",
     "HookCall",
     "HookFault",
     "InjectedFault",
@@ -135,6 +135,8 @@ __all__ = [
     "Observation",
     "Op",
     "OpKind",
+    "PolicyFaults",
+    "PolicyObservation",
     "Report",
     "ScriptedModel",
     "SessionCall",
@@ -149,18 +151,22 @@ __all__ = [
     "blocking_tool",
     "broken_str_tool",
     "check_events",
+    "check_policies",
     "check_run",
     "check_tree",
     "failing_tool",
     "faults",
     "garbage_tool",
+    "guardrail_plans",
     "harness_settings",
     "hostile_items",
     "hostile_text_tool",
     "hostile_texts",
     "items",
     "lifecycle_test",
+    "policy_faults",
     "process_tool",
+    "run_policy_schedule",
     "run_schedule",
     "run_tree_schedule",
     "schedules",
@@ -173,4 +179,18 @@ __all__ = [
     "swallowing_tool",
     "thread_tool",
     "tool_sets",
+    "usage_limits",
 ]
+
+# Run policies (DESIGN §18): guardrail and limit faults, their runner and checker.
+from ._policy_check import check_policies as check_policies
+from ._policy_faults import GuardrailCall as GuardrailCall
+from ._policy_faults import GuardrailPlan as GuardrailPlan
+from ._policy_faults import PolicyFaults as PolicyFaults
+from ._policy_runner import PolicyObservation as PolicyObservation
+from ._policy_runner import run_policy_schedule as run_policy_schedule
+from ._policy_strategies import guardrail_plans as guardrail_plans
+from ._policy_strategies import policy_faults as policy_faults
+from ._policy_strategies import usage_limits as usage_limits
+
+del _hypothesis

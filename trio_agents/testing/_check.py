@@ -92,6 +92,20 @@ INVARIANTS: dict[str, str] = {
     " (and the run.child event saying how it ended); the root's terminal update is last",
     "tree-conversations": "every conversation in the tree is valid; every child's call is answered",
     "tree-subtree-cancel": "cancelling a subtree leaves its ancestors running (the parent goes on)",
+    # Run policies (DESIGN §18), checked by check_policies (_policy_check.py).
+    "gate-prefix": "with streaming guardrails, a turn publishes a prefix of what the model streamed",
+    "gate-passed": "every published delta was passed by every streaming guardrail (a trip's text never is)",
+    "gate-kept": "a guarded turn keeps exactly the text it published (released text is never withheld)",
+    "guardrail-trip": "a trip fails the run with 'guardrail <name>: <info>' (a GuardrailTripped); never completed",
+    "guardrail-fault": "a guardrail that raises or returns garbage fails the run, naming it",
+    "guardrail-input-pending": "a run never completes while an input guardrail is still running",
+    "guardrail-stops": "after a guardrail trips or fails, no model call opens and no tool starts",
+    "limit-requests": "the request past a requests limit is never sent (the run fails naming it)",
+    "limit-tool-calls": "the tool call past a tool_calls limit never starts",
+    "limit-reason": "a run failed by a limit carries its UsageLimitExceeded (used > limit) and reason",
+    "limit-completed": "a completed run stayed within its token limits and its deadline",
+    "limit-deadline": "a run with a deadline ends by deadline + cleanup_timeout",
+    "limit-wrap-up": "the wrap-up request arrives only at deadline - wrap_up or later",
 }
 """Every invariant the checker knows: name → what it means, in checking order."""
 
