@@ -79,3 +79,52 @@ async def test_a_takeover_resumes_with_the_same_limits_and_a_fresh_context(pg_ds
     assert (first, principal, info.resumed, info.run_id) == ("A", "alice", False, run_id)
     assert (second, resumed.resumed, resumed.run_id, resumed.input) == ("B", True, run_id, ())
     assert info.limits == resumed.limits == ta.UsageLimits(tool_calls=1)
+
+
+async def test_a_start_placed_on_another_node_keeps_its_limits_and_gets_that_nodes_context(
+    pg_dsn: str,
+) -> None:
+    gate = trio.Event()
+    contexts: list[tuple[str, RunStartInfo]] = []
+
+    @ta.function_tool
+    async def wait(ctx: ta.ToolContext[str]) -> str:
+        """Wait for the gate (the first run), or answer (the placed one)."""
+        if ctx.context == "A":
+            await gate.wait()
+        return ctx.context
+
+    def hook_of(node_id: str) -> Any:
+        def context(principal: str, info: RunStartInfo) -> str:
+            contexts.append((node_id, info))
+            return node_id
+
+        return context
+
+    model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
+
+    def agents() -> dict[str, ta.Agent]:
+        return {"a": ta.Agent(name="a", instructions="", model=model, tools=[wait])}
+
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents(), pg_dsn, "A", max_runs=1, context=hook_of("A")) as a,
+            node(nursery, agents(), pg_dsn, "B", max_runs=1, context=hook_of("B")),
+            client(a.url) as ca,
+        ):
+            held = (await ca.ok("run.start", agent="a", input="hold", subscribe="all"))["run_id"]
+            await ca.wait_event(held, lambda e: e["type"] == "tool.started")
+            # A is full: this start is placed on B, its limits with it.
+            placed = (
+                await ca.ok(
+                    "run.start", agent="a", input="go", subscribe="all", limits={"requests": 2}
+                )
+            )["run_id"]
+            done = await ca.wait_terminal(placed)
+            gate.set()
+            await ca.wait_terminal(held)
+        nursery.cancel_scope.cancel()
+    event = done["event"]
+    assert (event["status"], event["reason"]) == ("failed", "usage limit: requests 3/2")
+    assert [(node_id, info.run_id) for node_id, info in contexts] == [("A", held), ("B", placed)]
+    assert contexts[1][1].limits == ta.UsageLimits(requests=2)
