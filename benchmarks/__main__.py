@@ -15,15 +15,15 @@ from pathlib import Path
 
 import trio
 
-from . import control, core, latency
+from . import control, core, latency, policies
 from ._common import Figure, environment, measure_baselines
 from .concurrency import bench_b3
 from .report import write_markdown
 
 HERE = Path(__file__).resolve().parent
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1", "B8", "B9", "F1", "B10")
-# "I": instruction counts under valgrind (minutes; not in the smoke test's ALL).
-DEFAULT = (*ALL, "I")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1", "B8", "B9", "F1", "B10", "P1", "P2")
+# "I", "PI": instruction counts under valgrind (minutes; not in the smoke test's ALL).
+DEFAULT = (*ALL, "I", "PI")
 
 
 async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> list[Figure]:
@@ -150,6 +150,19 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
         from .tree import bench_f1
 
         emit(await bench_f1(base, children=5 if quick else 100, trees=1 if quick else 10))
+    if "P1" in only:
+        emit(
+            await policies.bench_p1(
+                base,
+                deltas=50 if quick else 2000,
+                repeats=1 if quick else 5,
+                trips=3 if quick else 500,
+            )
+        )
+    if "P2" in only:
+        emit(await policies.bench_p2(base, trips=3 if quick else 500))
+    if "PI" in only:
+        emit(await trio.to_thread.run_sync(lambda: policies.bench_pi(quick=quick)))
     if "I" in only:
         from .instructions import bench_instructions
 

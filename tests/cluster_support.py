@@ -52,6 +52,7 @@ async def node(
     lease_ttl: float = 5.0,
     max_runs: int = 100,
     limits: Limits | None = None,
+    context: Any = None,
 ) -> AsyncIterator[Node]:
     """Serve one node in ``nursery`` until the block ends (or it is stopped)."""
     cluster = PostgresCluster(dsn, node_id=node_id, lease_ttl=lease_ttl, max_runs=max_runs)
@@ -60,6 +61,7 @@ async def node(
         auth=TOKENS,
         cluster=cluster,
         limits=limits or Limits(ping_interval=None, shutdown_timeout=10.0),
+        context=context,
     )
     scope = trio.CancelScope()
     stopped = trio.Event()

@@ -84,3 +84,12 @@ async def test_the_failover_workload_runs_with_tiny_sizes(
     }
     for figure in figures:
         assert not math.isnan(figure.value), figure
+
+
+async def test_the_policies_instruction_workload_runs_with_tiny_sizes() -> None:
+    # What the PI callgrind children run (valgrind itself is too slow for the suite).
+    from benchmarks import policies
+
+    for mode in ("plain", "gate"):
+        await policies._workload(mode, 5)
+    assert await policies.parallel_guardrail_duration(0.0, 0.0) >= 0.0

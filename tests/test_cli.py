@@ -488,3 +488,20 @@ def test_explain_looks_inside_groups_but_never_unwraps_several_errors() -> None:
     assert explain(ExceptionGroup("nursery", [ValueError("a"), ValueError("b")])) is None
     assert explain(ValueError("a bug")) is None
     assert explain(BrokenPipeError()) == ("", 141)
+
+
+def test_serve_max_run_limits() -> None:
+    from trio_agents._cli._args import parse
+
+    args = parse(["serve", "--max-run-limits", "requests=50,deadline=300,wrap_up=2.5"])
+    assert args.max_run_limits == ta.UsageLimits(requests=50, deadline=300, wrap_up=2.5)
+    assert parse(["serve"]).max_run_limits is None
+    for bad, expected in [
+        ("requests", "expected NAME=NUMBER, not 'requests'"),
+        ("requests=x", "expected NAME=NUMBER, not 'requests=x'"),
+        ("cost=1", "unknown field(s) in --max-run-limits: 'cost'"),
+        ("tool_calls=-1", "--max-run-limits.tool_calls must be an integer >= 0"),
+        ("wrap_up=5", "wrap_up needs a deadline"),
+    ]:
+        done = cli("serve", "--max-run-limits", bad, "--port", "0")
+        assert expected in assert_one_error_line(done, 2), bad

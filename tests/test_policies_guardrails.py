@@ -3,6 +3,7 @@ checks of the answer, and streaming output checks that gate what is published.""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -347,3 +348,44 @@ async def test_a_guardrail_swallowing_the_runs_cancel_is_no_pass(autojump_clock:
     assert run.result is not None
     assert run.result.status == "cancelled"
     assert run.result.reason == "stop"
+
+
+async def test_each_streaming_check_sees_exactly_the_text_so_far(autojump_clock: Any) -> None:
+    # Rounds of one delta (the stream is slower than the check) and of several (a slow
+    # check lets deltas queue), mixed: every call sees a longer prefix of the stream,
+    # the last the whole text; a bare True trips with no info.
+    calls: list[str] = []
+
+    @ta.output_guardrail(stream=True)
+    async def watch(run: ta.Run, text: str) -> bool:
+        calls.append(text)
+        await trio.sleep(0.05 if len(calls) % 3 == 0 else 0)
+        return "STOP" in text
+
+    words = [f"w{n} " for n in range(20)]
+    agent = ta.Agent(
+        name="a", model=ScriptedModel([Turn(words, delay=0.01)]), output_guardrails=[watch]
+    )
+    async with ta.open_run(agent, "x") as run:
+        seen = [e async for e in run.events()]
+    whole = "".join(words)
+    assert _texts(seen) == whole
+    assert calls[-1] == whole
+    assert all(whole.startswith(text) for text in calls)
+    assert all(len(a) < len(b) for a, b in itertools.pairwise(calls))
+    assert any(len(b) - len(a) > len(words[0]) for a, b in itertools.pairwise(calls))
+    assert len(calls) < len(words)
+
+    calls.clear()
+    agent = ta.Agent(
+        name="a",
+        model=ScriptedModel([Turn(["go ", "on ", "STOP ", "now"], delay=0.01)]),
+        output_guardrails=[watch],
+    )
+    async with ta.open_run(agent, "x") as run:
+        seen = [e async for e in run.events()]
+    assert run.result is not None
+    assert run.result.reason == "guardrail watch: None"
+    assert isinstance(run.result.error, ta.GuardrailTripped)
+    assert run.result.error.info is None
+    assert "STOP" not in _texts(seen)

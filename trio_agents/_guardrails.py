@@ -169,8 +169,10 @@ async def check(name: str, fn: Callable[[Any, Any], Any], run: Any, value: Any) 
         if trio.current_effective_deadline() != -math.inf:
             raise GuardrailFault(name, exc) from exc  # a stray one: nothing cancelled it
         raise
-    if isinstance(result, bool):
-        result = GuardrailResult(result)
+    if result is False:
+        return  # a pass, the common case: no result object to build (P1)
+    if result is True:
+        raise GuardrailTripped(name, None)
     if not isinstance(result, GuardrailResult):
         error = TypeError(f"returned {type(result).__name__}, not a GuardrailResult or bool")
         raise GuardrailFault(name, error)
@@ -196,8 +198,8 @@ class StreamGate:
         self._turn = turn
         self._guardrails = guardrails
         self._partial = partial  # what the turn keeps: released text only
-        self._held: list[str] = []
-        self._text: list[str] = []  # all streamed text (released and held)
+        self._held: list[str] = []  # pushed, not yet released (nor, but the round
+        # under way's, checked): the text so far is what was checked plus these
         self._more = trio.Event()
         self._idle = trio.Event()
         self._idle.set()
@@ -207,7 +209,6 @@ class StreamGate:
     def push(self, text: str) -> None:
         """A delta arrived: hold it until it is checked."""
         self._held.append(text)
-        self._text.append(text)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._more.set()
 
@@ -235,19 +236,24 @@ class StreamGate:
         """The checker task (see the class docstring). A trip or fault raises (the run
         fails): nothing still held is ever published."""
         state = self._state
+        # The text every guardrail has passed (all released text), kept whole: a round
+        # appends what arrived since instead of joining every delta again (P1).
+        checked = ""
         while True:
             await self._more.wait()
             self._more = trio.Event()
-            count = len(self._held)
+            held = self._held
+            count = len(held)
             if self._closed:
                 return
             if count:
-                text = "".join(self._text)
+                text = checked + (held[0] if count == 1 else "".join(held))
                 for guardrail in self._guardrails:
                     await check(guardrail.name, guardrail.fn, state.handle, text)
                 if self.is_closed():
                     return  # the turn ended while checking: nothing more is published
-                released, self._held = self._held[:count], self._held[count:]
+                checked = text
+                released, self._held = held[:count], held[count:]
                 log = state.log
                 for piece in released:
                     self._partial.append(piece)

@@ -6,7 +6,7 @@ import argparse
 import os
 import urllib.parse
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import __version__
 from ._errors import EXIT_USAGE
@@ -104,6 +104,28 @@ def _add_demo(commands: argparse._SubParsersAction[_Parser]) -> None:
     )
 
 
+def _run_limits(text: str) -> Any:
+    """``NAME=VALUE[,NAME=VALUE...]``: a ``UsageLimits`` (the server's maximum)."""
+    from ..control._policies import effective_limits, limits_from_wire
+    from ..control._protocol import ProtocolError
+
+    asked: dict[str, Any] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            asked[name.strip()] = float(value) if "." in value else int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected NAME=NUMBER, not {part!r}") from None
+    try:
+        return effective_limits(limits_from_wire("--max-run-limits", asked), None)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ProtocolError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -150,6 +172,15 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         type=_seconds,
         default=10.0,
         help="bound on the graceful shutdown after Ctrl-C or SIGTERM (default 10)",
+    )
+    serve.add_argument(
+        "--max-run-limits",
+        metavar="NAME=VALUE,...",
+        type=_run_limits,
+        default=None,
+        help="the most a client may ask for in run.start's limits, and the limits of a"
+        " run that asks none: requests, tool_calls, input_tokens, output_tokens,"
+        " total_tokens, deadline, wrap_up (say requests=50,deadline=300)",
     )
     cluster = serve.add_argument_group(
         "cluster",

@@ -193,7 +193,7 @@ async def _serve(
         agents,
         auth=auth,
         sessions=args.db if cluster is None else None,
-        limits=Limits(shutdown_timeout=args.shutdown_timeout),
+        limits=Limits(shutdown_timeout=args.shutdown_timeout, max_run_limits=args.max_run_limits),
         cluster=cluster,
     )
     where = (

@@ -21,6 +21,8 @@ import attrs
 import trio
 
 from .._items import Item, ToolCall
+from .._limits import UsageLimits
+from ..control._policies import limits_to_wire
 from ..control._protocol import ProtocolError
 from ._capacity import enqueue_start
 from ._claims import claim_queued, claim_run
@@ -282,6 +284,7 @@ class PostgresCluster:
         items: Sequence[Item] = (),
         client_node: str | None = None,
         command: int | None = None,
+        limits: UsageLimits | None = None,
     ) -> str | None:
         """Insert a new run's row, claiming its session cluster-wide (``_claims.py``):
         None once claimed, else (``enqueue``/``interrupt``) the id of the run it is
@@ -291,8 +294,11 @@ class PostgresCluster:
         holds its client's connection (``options["client"]``): once that node is dead,
         the run is cancelled as its client's disconnect would (:meth:`check_clients`).
         A start placed here by another node (``command``) inserts the row only while
-        that node still waits for it (``internal`` otherwise)."""
+        that node still waits for it (``internal`` otherwise). The run's ``limits``
+        (``options["limits"]``) are its limits again after a takeover."""
         options: dict[str, Any] = {"input": [item.to_json() for item in items]}
+        if limits is not None:
+            options["limits"] = limits_to_wire(limits)
         if client_node is not None:
             options["client"] = client_node
         if on_busy == "interrupt":  # queued, it goes before the enqueued runs

@@ -49,9 +49,12 @@ from .._events import (
     event_from_json,
 )
 from .._items import Item, item_from_json
+from .._limits import UsageLimits
 from .._resume import Resume
 from .._run import Run
 from ..control._hosting import resume_run
+from ..control._policies import effective_limits, limits_from_wire
+from ..control._protocol import ProtocolError
 from ._capacity import end_run_in
 from ._db import ClusterDown, Conn, Dedicated
 from ._queries import CLIENT_GONE, decisions_of, live_nodes
@@ -92,6 +95,7 @@ class Claimed:
     # that node was dead (lease expired, or stopped) when the run was claimed.
     client_node: str | None = None
     client_gone: bool = False
+    limits: UsageLimits | None = None  # what it was started with (options["limits"])
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -177,6 +181,17 @@ def _client(options: str) -> str | None:
     except (TypeError, ValueError, AttributeError):
         return None
     return client if isinstance(client, str) else None
+
+
+def _limits(options: str) -> UsageLimits | None:
+    """The run's limits, as its start stored them (already checked then)."""
+    try:
+        stored = json.loads(options).get("limits")
+        if not isinstance(stored, dict):
+            return None
+        return effective_limits(limits_from_wire("limits", stored), None)
+    except (TypeError, ValueError, AttributeError, ProtocolError):
+        return None
 
 
 def _input(options: str) -> tuple[Item, ...]:
@@ -558,6 +573,7 @@ class Leases:
                     queued=bool(queued),
                     client_node=clients[run_id],
                     client_gone=clients[run_id] is not None and clients[run_id] not in alive,
+                    limits=_limits(options),
                 )
             )
         return claimed

@@ -13,6 +13,8 @@ from .._exceptions import ControlError as ControlError
 from ._client import ControlClient as ControlClient
 from ._client import RemoteRun as RemoteRun
 from ._client import connect as connect
+from ._policies import ContextHook as ContextHook
+from ._policies import RunStartInfo as RunStartInfo
 from ._protocol import ERROR_CODES as ERROR_CODES
 from ._protocol import SUBPROTOCOL as SUBPROTOCOL
 from ._protocol import Limits as Limits
@@ -29,6 +31,7 @@ __all__ = [
     "ERROR_CODES",
     "SUBPROTOCOL",
     "Auth",
+    "ContextHook",
     "ControlClient",
     "ControlConnectionError",
     "ControlError",
@@ -38,6 +41,7 @@ __all__ = [
     "PrincipalStatistics",
     "RemoteRun",
     "RunInfo",
+    "RunStartInfo",
     "SessionFactory",
     "connect",
     "event_from_json",

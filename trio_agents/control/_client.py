@@ -25,7 +25,9 @@ from trio_websocket import wrap_client_stream as _wrap_client_stream
 from .._events import EventsDropped, RunEvent, RunStatus, RunUpdated, event_from_json
 from .._exceptions import ControlConnectionError, ControlError, RunClosedError
 from .._items import Item, coerce_items
+from .._limits import UsageLimits
 from .._util import leaves as _leaves
+from ._policies import limits_to_wire
 from ._protocol import SUBPROTOCOL, RunInfo
 from ._stream import GuardedStream
 
@@ -592,11 +594,15 @@ class ControlClient:
         on_disconnect: str = "continue",
         on_busy: str = "reject",
         subscribe: str | None = "all",
+        limits: UsageLimits | Mapping[str, Any] | None = None,
     ) -> RemoteRun:
         """Start ``agent`` (its name on the server) on ``input``; return the run.
 
         With ``subscribe="all"`` (the default) every event from seq 1 is received from
         the start; ``None`` subscribes lazily, on the first ``events()``/``wait()``.
+        ``limits`` (a :class:`~trio_agents.UsageLimits`, or a mapping of its fields)
+        are the run's usage limits, within the server's maximum (asking more answers
+        ``invalid_request``).
         """
         fields: dict[str, Any] = {
             "agent": agent,
@@ -608,6 +614,8 @@ class ControlClient:
             fields["session_id"] = session_id
         if subscribe is not None:
             fields["subscribe"] = subscribe
+        if limits is not None:
+            fields["limits"] = limits_to_wire(limits)
         answer = await self.request("run.start", **fields)
         run = RemoteRun(self, str(answer["run_id"]))
         if subscribe == "all":

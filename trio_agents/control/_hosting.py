@@ -23,8 +23,10 @@ import attrs
 import trio
 
 from .. import Agent, Item, Run, SessionBusyError, serve_run
+from .._limits import UsageLimits
 from .._session_lock import SessionClaim
 from ..sessions import Session
+from ._policies import RunStartInfo, call_context_hook
 from ._protocol import ProtocolError
 from ._registry import Owner, Registry, RunEntry
 from ._sessions import MeteredSession, ScopedSession
@@ -93,6 +95,7 @@ async def start_run(
     client_node: str | None = None,
     run_id: str | None = None,
     command: int | None = None,
+    limits: UsageLimits | None = None,
 ) -> RunEntry:
     """Start a run in the server's nursery (after the admission checks:
     ``Registry.check_room``, ``Registry.take_start_token``).
@@ -106,6 +109,10 @@ async def start_run(
     ``"reject"`` answers ``session_busy``; ``"interrupt"``/``"enqueue"`` start the
     run ``queued`` behind the session's active run. With a cluster, the session is
     claimed cluster-wide first (``trio_agents.cluster._claims``).
+
+    ``limits`` are the run's (the server's maximum applied: ``_policies.py``); the
+    server's ``context`` hook is called first of all, so a hook that raises
+    (``internal``) leaves nothing behind: no session claimed, no row, no run.
     """
     assert registry.nursery is not None
     state = registry.state_of(principal)
@@ -113,6 +120,13 @@ async def start_run(
     session: Session | None = None
     run_id = run_id or f"run_{uuid.uuid4().hex}"
     extra: dict[str, Any] = {}
+    if limits is not None:
+        extra["limits"] = limits
+    if registry.context_hook is not None:
+        info = RunStartInfo(
+            run_id=run_id, agent=agent_name, session_id=session_id, input=items, limits=limits
+        )
+        extra["context"] = await call_context_hook(registry.context_hook, principal, info)
     fence: Any = None
     cluster = registry.cluster
     behind: str | None = None
@@ -129,6 +143,7 @@ async def start_run(
             items=items,
             client_node=client_node,
             command=command,
+            limits=limits,
         )
         cluster_session = cluster.session(principal, session_id, run_id)
         session, fence = cluster_session, cluster_session.fence
@@ -254,6 +269,24 @@ async def resume_run(
     assert registry.nursery is not None
     assert registry.cluster is not None
     cluster = registry.cluster
+    # The limits it was started with (persisted with its row), counted afresh by this
+    # attempt; its context from the hook again (a context never leaves its process),
+    # first of all: a hook that raises leaves nothing behind (the takeover fails it).
+    policies: dict[str, Any] = {}
+    if claimed.limits is not None:
+        policies["limits"] = claimed.limits
+    if registry.context_hook is not None:
+        info = RunStartInfo(
+            run_id=claimed.run_id,
+            agent=claimed.agent,
+            session_id=claimed.session_id,
+            input=(),
+            limits=claimed.limits,
+            resumed=True,
+        )
+        policies["context"] = await call_context_hook(
+            registry.context_hook, claimed.principal, info
+        )
     session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
     session.attempt = resume.attempt  # its writes are fenced on this attempt
     entry = RunEntry(
@@ -293,11 +326,12 @@ async def resume_run(
         stored = await session.get_items()
         if not stored:
             await session.add_items(claimed.input)
-    extra = {
+    extra: dict[str, Any] = {
         "resume": resume,
         "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
         "_then": then,
     }
+    extra.update(policies)
     on_busy = "reject" if gate is None else "enqueue"
     try:
         entry.run = await registry.nursery.start(
@@ -360,8 +394,7 @@ async def _run_task(
                 run_id=entry.run_id,
                 task_status=cast(trio.TaskStatus[Run], _Started(entry, task_status, then)),
                 on_busy=on_busy,
-                **registry.run_options,
-                **extra,
+                **{**registry.run_options, **extra},
             )
     finally:
         if entry.run is not None:

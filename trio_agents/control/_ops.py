@@ -22,6 +22,7 @@ import trio
 
 from .. import InboxFullError, Run, RunClosedError, RunStatus, UnknownCallError
 from ._hosting import own_placed, start_run
+from ._policies import effective_limits
 from ._protocol import ProtocolError, RunInfo, ack_frame, error_frame
 from ._registry import Registry, RunEntry
 from ._requests import (
@@ -116,6 +117,7 @@ async def run_start(conn: Connection, request: RunStart) -> None:
     registry = conn.registry
     if request.agent not in registry.agents:
         raise ProtocolError("not_found", f"no agent {request.agent!r}")
+    limits = effective_limits(request.limits, registry.limits.max_run_limits)
     registry.check_room(conn.principal)
     if request.subscribe is not None:
         conn.check_subscription_room(None)
@@ -155,6 +157,7 @@ async def run_start(conn: Connection, request: RunStart) -> None:
         session_id=request.session_id,
         on_disconnect=request.on_disconnect,
         on_busy=request.on_busy,
+        limits=limits,
     )
     await conn.send(ack_frame(request.id, run_id=entry.run_id))
     if request.subscribe is not None and conn.room_for_subscription(entry.run_id):
@@ -449,6 +452,7 @@ async def execute_routed(
     cluster = registry.cluster
     assert cluster is not None
     if isinstance(request, RunStart):
+        limits = effective_limits(request.limits, registry.limits.max_run_limits)
         registry.check_room(principal)
         if cluster.running() >= cluster.max_runs:
             raise ProtocolError("limit_exceeded", f"node {cluster.node_id} is full")
@@ -465,6 +469,7 @@ async def execute_routed(
             client_node=ROUTED_FROM.get() if request.on_disconnect == "cancel" else None,
             run_id=ROUTED_RUN.get(),
             command=command,
+            limits=limits,
         )
         return {"run_id": entry.run_id}
     if isinstance(request, RunCancel | RunInject | RunWithdraw | RunApprove | RunReject):

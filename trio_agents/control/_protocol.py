@@ -16,6 +16,7 @@ from typing import Any, Final, Literal, TypeAlias
 import attrs
 
 from .._events import RunEvent, RunStatus
+from .._limits import UsageLimits
 
 __all__ = [
     "ERROR_CODES",
@@ -124,6 +125,12 @@ class Limits:
         max_retained_bytes_per_principal: bytes (input and injected items, as JSON,
             plus 1 KiB per run) of one principal's finished runs kept for
             ``retain_finished``; past it, its oldest finished runs are forgotten early.
+        max_run_limits: the most a client may ask for in ``run.start``'s ``"limits"``
+            (a :class:`~trio_agents.UsageLimits`), and the limits of a run that asks
+            none: each limit set here applies to every run, at the value the client
+            asks if that is not above it (asking more answers ``invalid_request``;
+            a ``wrap_up`` is not a maximum, only a default). None: clients may ask any
+            limits, and a run that asks none has none.
     """
 
     max_message_size: int = attrs.field(default=1 << 20, validator=_check_positive_int)
@@ -144,6 +151,10 @@ class Limits:
     )
     max_retained_bytes_per_principal: int = attrs.field(
         default=64 << 20, validator=_check_positive_int
+    )
+    max_run_limits: UsageLimits | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(UsageLimits)),
     )
 
 

@@ -32,6 +32,7 @@ from ._sessions import MemorySessions, MeteredSession, SessionFactory
 
 if TYPE_CHECKING:
     from ..cluster._cluster import PostgresCluster
+    from ._policies import ContextHook
 
 __all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry", "descendants"]
 
@@ -173,6 +174,8 @@ class Registry:
         self.session_factory = session_factory
         self.run_options = run_options
         self.cluster: PostgresCluster | None = None
+        # ControlServer(context=...): each run's context (_policies.py).
+        self.context_hook: ContextHook | None = None
         self.runs: dict[str, RunEntry] = {}
         self.active_count = 0
         self.closing = False

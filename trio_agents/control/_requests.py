@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias, cast, final, get_ar
 import attrs
 
 from .._items import Item, coerce_items
+from ._policies import limits_from_wire
 from ._protocol import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH, ProtocolError
 
 __all__ = [
@@ -140,6 +141,10 @@ class RunStart:
     )
     subscribe: Literal["all", "status"] | None = attrs.field(
         default=None, metadata=_spec(_choice("all", "status", None))
+    )
+    # The UsageLimits asked (null ones left out), capped by the server (_policies.py).
+    limits: Mapping[str, int | float] | None = attrs.field(
+        default=None, metadata=_spec(_optional(limits_from_wire))
     )
 
 

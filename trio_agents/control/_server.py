@@ -36,6 +36,7 @@ from .._util import first_leaf, leaves, only_cancelled
 from ._auth import Auth, check_handshake
 from ._connection import Connection
 from ._hosting import closing, disconnected
+from ._policies import ContextHook
 from ._protocol import SUBPROTOCOL, Limits
 from ._registry import PrincipalStatistics, Registry, RunEntry
 from ._sessions import SessionFactory, sqlite_sessions
@@ -99,6 +100,16 @@ class ControlServer:
             of its principal; runs survive the node). ``sessions`` must then be None:
             sessions are PostgreSQL sessions in the cluster's database. Shutting the
             server down hands its runs over to other nodes instead of cancelling them.
+        context: the hook that supplies each run's ``context`` (contexts stay
+            server-side: a client cannot send one), called as ``context(principal,
+            info)`` — sync or async, ``info`` a :class:`~trio_agents.control.RunStartInfo` — on the node that
+            runs the run, once per ``run.start`` and once per cluster takeover
+            (``info.resumed``). Its return value is the run's ``context``
+            (``ctx.context`` in tools). A hook that raises is a server fault: it is
+            logged, the ``run.start`` answers ``internal`` and nothing is started.
+
+    Limits a client may set on its runs (``run.start``'s ``"limits"``) are capped, and
+    defaulted, by ``limits.max_run_limits``.
 
     Serve with ``port = await nursery.start(server.serve, host, port)`` or
     :func:`open_control_server`. Cancelling the scope around :meth:`serve` shuts the
@@ -115,7 +126,16 @@ class ControlServer:
         allowed_origins: Sequence[str] | None = None,
         run_options: Mapping[str, Any] | None = None,
         cluster: PostgresCluster | None = None,
+        context: ContextHook | None = None,
     ) -> None:
+        if context is not None and not callable(context):
+            raise TypeError("context must be a callable (principal, info) -> context")
+        for name in ("context", "limits"):
+            if run_options is not None and name in run_options:
+                raise TypeError(
+                    f"run_options cannot hold {name!r}: use ControlServer(context=...) for"
+                    " contexts and Limits(max_run_limits=...) for limits"
+                )
         if cluster is not None:
             from ..cluster import PostgresCluster
 
@@ -148,6 +168,7 @@ class ControlServer:
             raise TypeError("sessions must be None, a path or a callable")
         self._registry = Registry(dict(agents), limits, session_factory, dict(run_options or {}))
         self._registry.cluster = cluster
+        self._registry.context_hook = context
         self._cluster = cluster
 
         self.port: int | None = None
@@ -368,6 +389,7 @@ async def open_control_server(
     allowed_origins: Sequence[str] | None = None,
     run_options: Mapping[str, Any] | None = None,
     cluster: PostgresCluster | None = None,
+    context: ContextHook | None = None,
 ) -> AsyncIterator[ControlServer]:
     """Serve a :class:`ControlServer` for the duration of the block (loopback, a free
     port by default; ``server.port`` is the bound port).
@@ -383,6 +405,7 @@ async def open_control_server(
         allowed_origins=allowed_origins,
         run_options=run_options,
         cluster=cluster,
+        context=context,
     )
     body_error: BaseException | None = None
     try:
