@@ -231,7 +231,8 @@ async def test_one_scope_over_run_and_stdio_server_still_sends_the_cancel_notice
 async def test_one_scope_over_run_and_http_server_still_sends_the_cancel_notice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TRIO_AGENTS_MCP_RECORD", str(tmp_path / "record.jsonl"))
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("TRIO_AGENTS_MCP_RECORD", str(record))
     with trio.fail_after(HANG_GUARD):
         async with http_server_process() as url:
             with trio.CancelScope() as outer:
@@ -242,10 +243,15 @@ async def test_one_scope_over_run_and_http_server_still_sends_the_cancel_notice(
                         assert await call_text(server, "wait_started") == "started"
                         outer.cancel()
             assert outer.cancelled_caught
-            # Asked on a new connection: the server dispatches a notification after
-            # it has answered its POST, so it may still be on its way.
-            async with MCPServerHTTP(url) as probe:
-                assert await call_text(probe, "cancel_notices") == "1"
+            # The server records each notice it reads (a file, not a second MCP session:
+            # after a session is torn down mid-call, the SDK's HTTP server can leave a
+            # new session's first request unanswered under load). It dispatches a
+            # notification after it has answered its POST, so poll for it, bounded.
+            while not cancel_notices(record):
+                await trio.sleep(0.05)
+    notices = cancel_notices(record)
+    assert len(notices) == 1, notices
+    assert isinstance(notices[0]["requestId"], int | str)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
