@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ._entry import hold
 from ._events import RunStatus
 from ._items import ToolCall, ToolResult
 from ._options import make_options
@@ -26,7 +27,6 @@ from ._result import RunResult
 from ._resume import Resume
 from ._run import Run
 from ._tools import CallOutcome, Tool, ToolContext
-from ._util import first_leaf, only_cancelled
 from .sessions._base import Session
 
 if TYPE_CHECKING:
@@ -192,29 +192,11 @@ async def open_child(
 ) -> AsyncIterator[Run]:
     """``open_run`` for a child: its task in a nursery of the calling tool."""
     child = await make_child(ctx, agent, input, session=session, run_id=run_id, options=options)
-    body_error: BaseException | None = None
     try:
-        async with trio.open_nursery() as nursery:
-            go = trio.Event()
-            await nursery.start(child._serve, go)
-            go.set()
-            try:
-                yield child
-            except BaseException as exc:
-                body_error = exc
-                if not isinstance(exc, trio.Cancelled):
-                    child.cancel("caller exited")
-    except BaseExceptionGroup as group:
-        if body_error is None:
-            if only_cancelled(group):
-                raise first_leaf(group) from None
-            raise
-        if not only_cancelled(group):
-            raise
+        async with hold(child) as held:
+            yield held
     finally:
         await _close_session(child)
-    if body_error is not None:
-        raise body_error
 
 
 # ----------------------------------------------------------------- Agent.as_tool

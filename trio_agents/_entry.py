@@ -80,6 +80,15 @@ async def open_run(
     """
     handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
     handle._claim_session()
+    async with hold(handle) as held:
+        yield held
+
+
+@asynccontextmanager
+async def hold(handle: Run) -> AsyncIterator[Run]:
+    """Serve ``handle`` (its session claimed) in a nursery of the caller's while the
+    ``async with`` body holds it: :func:`open_run`'s semantics, shared with
+    ``ctx.open_run`` (``_children.py``)."""
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
