@@ -26,7 +26,7 @@ descendants end ``cancelled`` / ``"parent cancelled"``, ``detail["by"]`` naming 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
@@ -37,7 +37,14 @@ from ._model import Usage
 if TYPE_CHECKING:
     from ._run import Run
 
-__all__ = ["WRAP_UP_MESSAGE", "Budget", "StreamMeter", "UsageLimits", "estimate_tokens"]
+__all__ = [
+    "WRAP_UP_MESSAGE",
+    "Budget",
+    "StreamMeter",
+    "UsageLimits",
+    "charge_all",
+    "estimate_tokens",
+]
 
 WRAP_UP_MESSAGE: Final = (
     "Time is almost up: stop using tools and give your final answer now, with what you have."
@@ -162,6 +169,21 @@ class Budget:
         )
 
 
+def charge_all(
+    budgets: tuple[Budget, ...], step: Callable[[Budget], UsageLimitExceeded | None]
+) -> bool:
+    """Apply ``step`` to every budget a run charges (its own, then each ancestor's);
+    each limit it passes fails that budget's run at once. True if any was passed (the
+    caller must not go on: its next checkpoint raises)."""
+    over = False
+    for budget in budgets:
+        exceeded = step(budget)
+        if exceeded is not None:
+            budget.owner._limit_exceeded(exceeded)
+            over = True
+    return over
+
+
 def estimate_tokens(chars: int) -> int:
     """About four characters per token (what a budget counts before usage arrives)."""
     return -(-chars // 4)
@@ -179,14 +201,8 @@ class StreamMeter:
         self._chars = 0
         self._estimate = 0  # the tokens charged for _chars so far
 
-    def _apply(self, step: Any) -> bool:
-        over = False
-        for budget in self._budgets:
-            exceeded = step(budget)
-            if exceeded is not None:
-                budget.owner._limit_exceeded(exceeded)
-                over = True
-        return over
+    def _apply(self, step: Callable[[Budget], UsageLimitExceeded | None]) -> bool:
+        return charge_all(self._budgets, step)
 
     def text(self, text: str) -> bool:
         """More text streamed; True if that passed a limit (the run is being stopped)."""

@@ -30,7 +30,7 @@ import trio
 from ._agent import Agent
 from ._events import RunItemEvent, RunStatus, RunUpdated
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall
-from ._limits import Budget
+from ._limits import Budget, charge_all
 from ._log import EventLog
 from ._model import Usage
 from ._options import RunOptions
@@ -292,13 +292,7 @@ class RunState:
         """Count requests or tool calls against every budget the run charges; True if
         that passed a limit (its run's scope is then cancelled: the caller must not go
         on, and its next checkpoint raises)."""
-        over = False
-        for budget in self.budgets:
-            exceeded = budget.charge(name, count)
-            if exceeded is not None:
-                budget.owner._limit_exceeded(exceeded)
-                over = True
-        return over
+        return charge_all(self.budgets, lambda budget: budget.charge(name, count))
 
     def commit(self, item: Item) -> None:
         """An item entered the conversation: record it, emit it, queue it for the session."""
