@@ -1,0 +1,188 @@
+"""The interface every face of the server is a client of: :class:`RunHost`.
+
+A host owns the run registry, the sessions, the principals and their limits, and the
+ops (start, get, list, subscribe, cancel, inject, withdraw, approve, reject, cancel a
+session). The websocket control channel, HTTP + SSE, A2A and AG-UI are faces: each
+turns its wire format into calls of a host and the host's answers (and
+:class:`HostError`) back into its wire format. No face knows whether the host is one
+process (:class:`LocalHost`) or a node of a cluster.
+
+Every method takes the asking principal explicitly: a run of another principal is
+``not_found`` on every method, exactly as an unknown id is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal, Protocol
+
+import attrs
+
+from .._agent import Agent
+from .._exceptions import TrioAgentsError
+from .._items import Item
+from .._limits import UsageLimits
+
+__all__ = ["HostError", "HostedEvent", "Origin", "RunHost", "StartRequest"]
+
+HostErrorCode = Literal[
+    "not_found",
+    "run_closed",
+    "invalid_request",
+    "unauthorized",
+    "limit_exceeded",
+    "rate_limited",
+    "inbox_full",
+    "session_busy",
+    "no_active_run",
+    "internal",
+]
+
+
+class HostError(TrioAgentsError):
+    """A host refused an op; ``code`` is one of DESIGN §10's error codes, which each
+    face maps to its own wire (a websocket ``error`` frame, an HTTP status and JSON
+    body, a JSON-RPC error).
+
+    Attributes:
+        code: the §10 error code.
+        message: a human-readable explanation (safe to show the client).
+    """
+
+    def __init__(self, code: HostErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code: HostErrorCode = code
+        self.message = message
+
+
+@attrs.frozen(kw_only=True)
+class StartRequest:
+    """What starting a run asks for (``run.start``, ``POST /runs``, A2A ``SendMessage``,
+    AG-UI ``RunAgentInput``).
+
+    Attributes:
+        agent: the name the agent is registered under.
+        input: the items the run starts with.
+        session_id: the session to run in (None: a fresh conversation).
+        on_disconnect: what the owner's going away does (``"cancel"`` or
+            ``"continue"``); applies only when the start names an owner.
+        on_busy: ``"reject"``, ``"enqueue"`` or ``"interrupt"`` when the session is busy.
+        limits: the run's usage limits (capped by the host's ``max_run_limits``).
+        context: the run's wire context (passed to the host's context hook).
+    """
+
+    agent: str
+    input: tuple[Item, ...]
+    session_id: str | None = None
+    on_disconnect: Literal["cancel", "continue"] = "cancel"
+    on_busy: Literal["reject", "enqueue", "interrupt"] = "reject"
+    limits: UsageLimits | None = None
+    context: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Origin:
+    """Who asks, as explicit values (never context variables).
+
+    Attributes:
+        principal: the authenticated principal.
+        owner: the client connection (or stream) whose going away applies the runs'
+            ``on_disconnect``; None for a request that outlives nothing (a REST call).
+        node: the cluster node an op was routed from (None: asked on this node).
+        run_id: the id a routed start must use (None: the host picks one).
+        command: the routed command's id (its durable answer; None when not routed).
+    """
+
+    principal: str
+    owner: object | None = None
+    node: str | None = None
+    run_id: str | None = None
+    command: int | None = None
+
+
+@attrs.frozen
+class HostedEvent:
+    """One event of a subscription: the run's event JSON (``RunEvent.to_json()``), its
+    run and seq (a tree subscription carries its descendants' events, each with their
+    own run id and seq)."""
+
+    run_id: str
+    seq: int
+    event: Mapping[str, Any]
+
+
+class RunHost(Protocol):
+    """The ops of a server's runs; see the module docstring."""
+
+    @property
+    def agents(self) -> Mapping[str, Agent]:
+        """The agents runs may be started with, by name."""
+        ...
+
+    async def start(self, origin: Origin, request: StartRequest) -> str:
+        """Start a run; returns its id once it exists (it may still be queued)."""
+        ...
+
+    async def get(self, principal: str, run_id: str) -> Any:
+        """The run's :class:`~trio_agents.control.RunInfo` (any node of a tree)."""
+        ...
+
+    async def list(self, principal: str, *, all: bool = False) -> list[Any]:
+        """The principal's runs (roots; every node of every tree with ``all``)."""
+        ...
+
+    async def cancel(
+        self, principal: str, run_id: str, reason: str | None = None, mode: str = "now"
+    ) -> None:
+        """Cancel a run; returns once the cancel is applied (durable in a cluster)."""
+        ...
+
+    async def wait_terminal(self, principal: str, run_id: str) -> Any:
+        """Wait until the run's terminal update was emitted; returns its RunInfo."""
+        ...
+
+    async def inject(
+        self, principal: str, run_id: str, items: tuple[Item, ...], when: str = "next_turn"
+    ) -> str:
+        """Queue items into a live run; returns the injection id."""
+        ...
+
+    async def withdraw(self, principal: str, run_id: str, injection_id: str) -> bool:
+        """Withdraw an injection not yet delivered; False when it already was."""
+        ...
+
+    async def approve(self, principal: str, run_id: str, call_id: str) -> None:
+        """Approve a tool call waiting for approval."""
+        ...
+
+    async def reject(
+        self, principal: str, run_id: str, call_id: str, message: str | None = None
+    ) -> None:
+        """Reject a tool call waiting for approval."""
+        ...
+
+    async def cancel_session(
+        self, principal: str, session_id: str, reason: str | None = None, mode: str = "now"
+    ) -> str:
+        """Cancel the session's active run; returns its id (``no_active_run`` if none)."""
+        ...
+
+    def events(
+        self,
+        principal: str,
+        run_id: str,
+        *,
+        from_seq: int = 1,
+        tree: bool = False,
+        status_only: bool = False,
+    ) -> AbstractAsyncContextManager[AsyncIterator[HostedEvent]]:
+        """Subscribe to a run's events from ``from_seq`` (its whole subtree with
+        ``tree``), in order, each once; an ``events.dropped`` event says what retention
+        lost. The iterator ends after the run's terminal update (the tree's root's with
+        ``tree``)."""
+        ...
+
+    def disconnected(self, owner: object) -> None:
+        """The owner went away: apply its runs' ``on_disconnect``."""
+        ...
