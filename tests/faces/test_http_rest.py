@@ -338,3 +338,40 @@ async def test_one_host_a_run_started_over_the_websocket_is_seen_over_http() -> 
         assert run["status"] == "cancelled"
         async with client(served.base, "tok-bob") as bob:
             assert (await bob.get(f"/runs/{ws_run}")).status_code == 404
+
+
+async def test_a_client_that_stops_reading_is_cut_and_the_run_goes_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    limits = HttpLimits(send_timeout=5.0, keepalive_interval=1000.0)
+    async with serving(limits=limits) as served, client(served.base) as alice:
+        run_id = await start(alice)
+        port = int(served.base.rsplit(":", 1)[1])
+        sock = trio.socket.socket()
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+        await sock.connect(("127.0.0.1", port))
+        request = (
+            f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: x\r\n"
+            "Authorization: Bearer tok-alice\r\n\r\n"
+        )
+        await sock.send(request.encode())
+        await wait_until(lambda: served.app.statistics().streams == 1)
+        # Never read. Each injection is an event of ~256 KiB on the stream; once the
+        # socket's buffers are full the stream's write blocks, and send_timeout later
+        # (virtual time) the server cuts the connection.
+        for _ in range(40):
+            await alice.post(f"/runs/{run_id}/inject", json={"items": "x" * (256 << 10)})
+            with trio.move_on_after(3 * limits.send_timeout):
+                await wait_until(lambda: served.app.statistics().streams == 0)
+            if served.app.statistics().streams == 0:
+                break
+        assert served.app.statistics().streams == 0
+        sock.close()
+        run = (await alice.get(f"/runs/{run_id}")).json()["run"]
+        assert run["status"] == "running"  # the run was not touched
+        # and the client may come back for what it missed
+        async with alice.stream(
+            "GET", f"/runs/{run_id}/events", headers={"Last-Event-ID": "1"}
+        ) as stream:
+            first = await _read(stream, lambda m: True)
+        assert first[0].data["seq"] == 2
