@@ -10,8 +10,9 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.support.helpers import check_common_invariants, collect
+from tests.support.helpers import collect
 from trio_agents.models import ScriptedModel, Turn
+from trio_agents.testing import check_events
 
 
 @ta.function_tool
@@ -51,7 +52,7 @@ async def test_next_turn_lands_after_the_tool_results_before_the_next_call(
     assert [e.injection_id for e in injected] == [injection]
     assert [(e.injection_id, e.turn) for e in delivered] == [(injection, 2)]
     assert injected[0].seq < delivered[0].seq
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
 
 
 async def test_injection_that_arrives_with_the_final_answer_runs_another_turn(
@@ -164,7 +165,7 @@ async def test_unconsumed_on_cancel_and_max_turns(autojump_clock: trio.testing.M
     events = await collect(run)
     assert len([e for e in events if isinstance(e, ta.InboxInjected)]) == 2
     assert not [e for e in events if isinstance(e, ta.InboxDelivered)]
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
 
     model = ScriptedModel([], default=Turn(tool_calls=[("gate", {"seconds": 1})]))
     async with ta.open_run(agent(model, max_turns=2), "q") as run:

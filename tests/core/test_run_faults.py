@@ -16,9 +16,10 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.support.helpers import check_common_invariants, collect
+from tests.support.helpers import collect
 from trio_agents.models import Finish, ScriptedModel, TextDelta, ToolCallDone, Turn, Usage
 from trio_agents.sessions import MemorySession, SQLiteSession
+from trio_agents.testing import check_events
 
 
 def make_agent(model: ta.Model, tools: Sequence[ta.Tool] = (), **kw: Any) -> ta.Agent:
@@ -76,7 +77,7 @@ async def test_a_malformed_model_event_fails_the_run_and_keeps_the_text(
         events = await collect(run)
     result = run.result
     assert result is not None
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
     assert result.status == "failed"
     assert result.reason is not None
     assert result.reason.startswith("ModelError: model yielded")
@@ -181,7 +182,7 @@ async def test_a_blocking_end_hook_skips_no_repair_step(
         events = await collect(run)
     result = run.result
     assert result is not None
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
     # Both calls answered and written before any hook ran: the status is the truth.
     assert (result.status, result.reason) == ("cancelled", "stop")
     assert result.reason == "stop"
@@ -357,7 +358,7 @@ async def test_a_stray_cancelled_from_a_tool_is_an_error_result(
         events = await collect(run)
     result = run.result
     assert result is not None
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
     assert result.status == "completed"
     assert result.final_output == "final"
     assert result.conversation[-1] == ta.AssistantMessage("final")

@@ -11,9 +11,10 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.support.helpers import check_common_invariants, collect, statuses
+from tests.support.helpers import collect, statuses
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import MemorySession
+from trio_agents.testing import check_events
 
 
 @ta.function_tool
@@ -54,7 +55,7 @@ async def test_tool_turn_then_answer(autojump_clock: trio.testing.MockClock) -> 
         events = await collect(run)
     result = run.result
     assert result is not None
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
     assert result.final_output == "It is 5."
     assert statuses(events) == ["queued", "running", "completed"]
     kinds = [type(item).__name__ for item in result.conversation]
@@ -154,7 +155,7 @@ async def test_max_turns_fails_with_valid_conversation(
     assert result.reason == "max_turns"
     assert result.turns == 3
     assert model.calls == 3
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
 
 
 async def test_model_failure_keeps_partial_text(autojump_clock: trio.testing.MockClock) -> None:
@@ -168,7 +169,7 @@ async def test_model_failure_keeps_partial_text(autojump_clock: trio.testing.Moc
     assert "backend down" in result.reason
     assert isinstance(result.error, ta.ModelError)
     assert result.new_items[-1] == ta.AssistantMessage("one two ", status="incomplete")
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
 
 
 # ------------------------------------------------------------------- cancellation
@@ -203,7 +204,7 @@ async def test_cancel_mid_stream_keeps_partial_text_and_closes_stream(
     assert result.reason == "stop"
     assert result.new_items[-1] == ta.AssistantMessage("alpha beta ", status="incomplete")
     assert model.open_streams == 0
-    check_common_invariants(result, await collect(run))
+    check_events(result, await collect(run)).raise_for_violations()
 
 
 async def test_cancel_drops_partial_tool_calls_of_an_unfinished_stream(
@@ -255,7 +256,7 @@ async def test_cancel_while_async_tool_runs(autojump_clock: trio.testing.MockClo
         tool_result.call_id, "cancelled: user pressed stop", status="cancelled"
     )
     events = await collect(run)
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
     finished = [e for e in events if isinstance(e, ta.ToolFinished)]
     assert [f.status for f in finished] == ["cancelled"]
 
@@ -408,7 +409,7 @@ async def test_fifty_threads_cancelling_at_once_give_one_terminal_update(
     assert run.result.reason is not None
     assert run.result.reason.startswith("thread ")
     assert terminal[0].reason == run.result.reason
-    check_common_invariants(run.result, events)
+    check_events(run.result, events).raise_for_violations()
 
 
 async def test_outer_cancellation_is_recorded_and_propagates(

@@ -12,9 +12,10 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.support.helpers import check_common_invariants, collect
+from tests.support.helpers import collect
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import MemorySession, SQLiteSession
+from trio_agents.testing import check_events
 
 
 @ta.function_tool
@@ -164,7 +165,7 @@ async def test_interrupt_while_awaiting_approval(
     assert second.status == "completed"
     assert second.final_output == "fresh start"
     assert ta.conversation_problems(second.conversation) == []
-    check_common_invariants(first.result, await collect(first))
+    check_events(first.result, await collect(first)).raise_for_violations()
 
 
 async def test_enqueue_waits_queued_then_runs_on_the_whole_history(

@@ -11,9 +11,10 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.support.helpers import check_common_invariants, collect
+from tests.support.helpers import collect
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import MemorySession
+from trio_agents.testing import check_events
 
 
 async def started(run: ta.Run, count: int = 1) -> None:
@@ -186,7 +187,7 @@ async def test_progress_events(autojump_clock: trio.testing.MockClock) -> None:
     ]
     assert progress[0].to_json()["type"] == "tool.progress"
     assert run.result is not None
-    check_common_invariants(run.result, events)
+    check_events(run.result, events).raise_for_violations()
 
 
 # -------------------------------------------------------------------- approval
@@ -257,7 +258,7 @@ async def test_approve_and_reject(autojump_clock: trio.testing.MockClock) -> Non
     # harmless and p2 finished while approval was pending
     order = [e.call_id for e in events if isinstance(e, ta.ToolFinished)]
     assert order.index("h1") < order.index("d1")
-    check_common_invariants(result, events)
+    check_events(result, events).raise_for_violations()
 
 
 async def test_approval_from_another_thread(autojump_clock: trio.testing.MockClock) -> None:
