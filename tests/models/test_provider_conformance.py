@@ -7,30 +7,22 @@ wire's own (its events, request bodies, error shapes) stays in that provider's f
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 import pytest
 import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.model_streams import REQUEST, collect
 from tests.support.provider_wires import WIRES, Wire
 from tests.support.sse_server import Reply, SSEServer, unused_port
-from trio_agents import AssistantMessage, ModelError, ModelRequest, UserMessage
+from trio_agents import AssistantMessage, ModelError
 from trio_agents.models import Finish, ModelEvent, TextDelta
-
-REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
 
 
 @pytest.fixture(params=list(WIRES))
 def wire(request: pytest.FixtureRequest) -> Wire:
     return WIRES[request.param]
-
-
-async def collect(model: Any, request: ModelRequest = REQUEST) -> list[ModelEvent]:
-    async with model.stream(request) as stream:
-        return [event async for event in stream]
 
 
 async def test_text_is_streamed_in_order_and_ends_with_finish(

@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.model_streams import collect, collect_into
 from tests.support.responses_wire import ResponseScript, text_response, tool_response
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer
 from trio_agents import (
@@ -35,23 +36,9 @@ from trio_agents.models import (
     from_string,
 )
 
-REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
-
 
 def make_model(server: SSEServer, **kwargs: Any) -> OpenAIResponsesModel:
     return OpenAIResponsesModel("gpt-test", base_url=f"{server.base_url}/v1", **kwargs)
-
-
-async def collect(model: OpenAIResponsesModel, request: ModelRequest = REQUEST) -> list[ModelEvent]:
-    async with model.stream(request) as stream:
-        return [event async for event in stream]
-
-
-async def collect_into(got: list[ModelEvent], model: OpenAIResponsesModel) -> None:
-    """Like :func:`collect`, but keeps what arrived before an exception."""
-    async with model.stream(REQUEST) as stream:
-        async for event in stream:
-            got.append(event)
 
 
 @ta.function_tool

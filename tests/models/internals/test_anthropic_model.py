@@ -18,6 +18,7 @@ from tests.support.anthropic_wire import (
     text_reply,
     tool_block,
 )
+from tests.support.model_streams import collect, collect_into
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer
 from trio_agents import (
     AssistantMessage,
@@ -33,23 +34,9 @@ from trio_agents import (
 from trio_agents.models import AnthropicModel, Finish, ModelEvent, TextDelta, ToolCallDone
 from trio_agents.models._anthropic import anthropic_messages
 
-REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
-
 
 def make_model(server: SSEServer, **kwargs: Any) -> AnthropicModel:
     return AnthropicModel("claude-test", base_url=server.base_url, **kwargs)
-
-
-async def collect(model: AnthropicModel, request: ModelRequest = REQUEST) -> list[ModelEvent]:
-    async with model.stream(request) as stream:
-        return [event async for event in stream]
-
-
-async def collect_into(got: list[ModelEvent], model: AnthropicModel) -> None:
-    """Like :func:`collect`, but keeps what arrived before an exception."""
-    async with model.stream(REQUEST) as stream:
-        async for item in stream:
-            got.append(item)
 
 
 # ------------------------------------------------------------------- streaming

@@ -12,6 +12,7 @@ import trio.testing
 
 import trio_agents as ta
 from tests.support.chat_wire import DONE, chunk, text_reply, usage_chunk
+from tests.support.model_streams import REQUEST, collect, collect_into
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer
 from trio_agents import (
     AssistantMessage,
@@ -26,23 +27,9 @@ from trio_agents import (
 from trio_agents.models import Finish, ModelEvent, OpenAIChatModel, TextDelta, ToolCallDone
 from trio_agents.models._openai import chat_messages
 
-REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
-
 
 def make_model(server: SSEServer, **kwargs: Any) -> OpenAIChatModel:
     return OpenAIChatModel("gpt-test", base_url=f"{server.base_url}/v1", **kwargs)
-
-
-async def collect(model: OpenAIChatModel, request: ModelRequest = REQUEST) -> list[ModelEvent]:
-    async with model.stream(request) as stream:
-        return [event async for event in stream]
-
-
-async def collect_into(got: list[ModelEvent], model: OpenAIChatModel) -> None:
-    """Like :func:`collect`, but keeps what arrived before an exception."""
-    async with model.stream(REQUEST) as stream:
-        async for event in stream:
-            got.append(event)
 
 
 # ------------------------------------------------------------------- streaming
