@@ -46,6 +46,17 @@ CHILD = textwrap.dedent(  # SESSION_CLASS: the session class under test
     """
 )
 
+# What the child finalised before it was killed mid-call, and the repair of that call.
+FINALISED: list[ta.Item] = [
+    ta.UserMessage("weather in Oslo and Paris?"),
+    ta.AssistantMessage("Checking Oslo."),
+    ta.ToolCall("call_1_0", "lookup", '{"city": "Oslo"}'),
+    ta.ToolResult("call_1_0", "Oslo: 4 C"),
+    ta.AssistantMessage("Now Paris."),
+    ta.ToolCall("call_2_0", "lookup", '{"city": "Paris"}'),
+]
+REPAIR = ta.ToolResult("call_2_0", "cancelled: interrupted", status="cancelled")
+
 
 async def test_sigkill_mid_tool_loses_nothing_finalised(tmp_path: Path) -> None:
     db = tmp_path / "crash.db"
@@ -57,15 +68,7 @@ async def test_sigkill_mid_tool_loses_nothing_finalised(tmp_path: Path) -> None:
         async with SQLiteSession(db, "s1") as session:
             loaded = await session.get_items()
             # Everything finalised before the kill, then the repair of the open call.
-            assert loaded == [
-                ta.UserMessage("weather in Oslo and Paris?"),
-                ta.AssistantMessage("Checking Oslo."),
-                ta.ToolCall("call_1_0", "lookup", '{"city": "Oslo"}'),
-                ta.ToolResult("call_1_0", "Oslo: 4 C"),
-                ta.AssistantMessage("Now Paris."),
-                ta.ToolCall("call_2_0", "lookup", '{"city": "Paris"}'),
-                ta.ToolResult("call_2_0", "cancelled: interrupted", status="cancelled"),
-            ]
+            assert loaded == [*FINALISED, REPAIR]
             model = ScriptedModel(["Sorry, the Paris lookup was interrupted."])
             result = await ta.run(ta.Agent(name="after", model=model), "and now?", session=session)
         assert result.status == "completed"
@@ -87,21 +90,13 @@ async def test_sigkill_mid_tool_leaves_a_session_the_next_run_loads_valid(pg_dsn
 
         # Everything finalised before the kill is stored; the open call has no result.
         before: list[ta.Item] = items_of(pg_dsn, "s1")
-        assert before == [
-            ta.UserMessage("weather in Oslo and Paris?"),
-            ta.AssistantMessage("Checking Oslo."),
-            ta.ToolCall("call_1_0", "lookup", '{"city": "Oslo"}'),
-            ta.ToolResult("call_1_0", "Oslo: 4 C"),
-            ta.AssistantMessage("Now Paris."),
-            ta.ToolCall("call_2_0", "lookup", '{"city": "Paris"}'),
-        ]
+        assert before == FINALISED
         async with PostgresSession(pg_dsn, "s1") as session:
             model = ScriptedModel(["Sorry, the Paris lookup was interrupted."])
             result = await ta.run(ta.Agent(name="after", model=model), "and now?", session=session)
         assert result.status == "completed"
         (request,) = model.requests
-        repair = ta.ToolResult("call_2_0", "cancelled: interrupted", status="cancelled")
-        assert request.items == (*before, repair, ta.UserMessage("and now?"))
+        assert request.items == (*before, REPAIR, ta.UserMessage("and now?"))
         assert ta.conversation_problems(request.items) == []
         # The load's repair was written back, and the new run appended after it.
         assert items_of(pg_dsn, "s1") == list(result.conversation)
