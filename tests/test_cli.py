@@ -29,7 +29,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 import trio_agents as ta
 from trio_agents._cli import CLIError, build_parser, main
-from trio_agents._cli._demo import run_demo
+from trio_agents._cli._tour import run_demo
 from trio_agents._cli._errors import explain
 from trio_agents._cli._serve import read_tokens
 from trio_agents.control import connect

@@ -38,7 +38,7 @@ from trio_agents.models._http import (
     parse_retry_after,
 )
 from trio_agents.models._openai import OpenAIChatModel
-from trio_agents.models._registry import from_string
+from trio_agents.models._model_string import from_string
 
 from .sse_server import SSE, Reply, SSEServer
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import trio_agents as ta
 from trio_agents.models import OpenAIChatModel, from_string
-from trio_agents.models._registry import ModelSpecError
+from trio_agents.models._model_string import ModelSpecError
 
 from .provider_table import PROVIDERS, REQUEST
 from .sse_server import SSEServer

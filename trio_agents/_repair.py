@@ -30,7 +30,7 @@ import attrs
 import trio
 
 from ._events import RunStatus
-from ._history import load_session
+from ._session_load import load_session
 from ._inbox import Injection
 from ._items import ToolResult
 from ._model import Usage

@@ -47,7 +47,7 @@ from ._guardrails import (
     start_input_guardrails,
 )
 from ._handoffs import switch_agent
-from ._history import load_session
+from ._session_load import load_session
 from ._inbox import Approvals, Inbox, Injection
 from ._items import AssistantMessage, Item, ToolCall, UserMessage
 from ._limits import StreamMeter

@@ -20,7 +20,7 @@ from .._model import Usage as Usage
 from ._anthropic import AnthropicModel as AnthropicModel
 from ._demo import DemoModel as DemoModel
 from ._openai import OpenAIChatModel as OpenAIChatModel
-from ._registry import from_string as from_string
+from ._model_string import from_string as from_string
 from ._responses import OpenAIResponsesModel as OpenAIResponsesModel
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import Turn as Turn

@@ -56,7 +56,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .._items import Item
-from ._repair import repair_loaded
+from ._dangling_calls import repair_loaded
 from ._storage import SessionStorageError, check_session_id, decode_item, encode_items
 
 __all__ = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ._items import Item, ToolCall, UserMessage
 from ._state import InvalidConversation, OpenCall, RunState, SessionError
 from .sessions._base import Session
-from .sessions._repair import repair_keeping_tail
+from .sessions._dangling_calls import repair_keeping_tail
 
 __all__ = ["load_session"]
 
