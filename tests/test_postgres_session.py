@@ -30,8 +30,8 @@ from trio_agents._items import (
     conversation_problems,
 )
 from trio_agents.sessions import PostgresSession, PostgresSessionStatistics, Session, _postgres
-from trio_agents.sessions._postgres import MIGRATIONS, SCHEMA_VERSION
 from trio_agents.sessions._dangling_calls import INTERRUPTED_OUTPUT, repair_loaded
+from trio_agents.sessions._postgres import MIGRATIONS, SCHEMA_VERSION
 from trio_agents.sessions._storage import SessionStorageError
 
 from .test_sqlite_session import EVERY_KIND, assert_batches_whole

@@ -47,7 +47,6 @@ from ._guardrails import (
     start_input_guardrails,
 )
 from ._handoffs import switch_agent
-from ._session_load import load_session
 from ._inbox import Approvals, Inbox, Injection
 from ._items import AssistantMessage, Item, ToolCall, UserMessage
 from ._limits import StreamMeter
@@ -60,6 +59,7 @@ from ._model import (
     Usage,
 )
 from ._output import Accepted, Rejected
+from ._session_load import load_session
 from ._state import (
     CallSoon,
     HookError,

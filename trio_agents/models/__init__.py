@@ -19,8 +19,8 @@ from .._model import ToolSpec as ToolSpec
 from .._model import Usage as Usage
 from ._anthropic import AnthropicModel as AnthropicModel
 from ._demo import DemoModel as DemoModel
-from ._openai import OpenAIChatModel as OpenAIChatModel
 from ._model_string import from_string as from_string
+from ._openai import OpenAIChatModel as OpenAIChatModel
 from ._responses import OpenAIResponsesModel as OpenAIResponsesModel
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import Turn as Turn
