@@ -26,6 +26,7 @@ import trio.testing
 import trio_agents as ta
 from trio_agents import TrioAgentsError
 from trio_agents.models import ScriptedModel
+from trio_agents.sessions import MemorySession
 
 PACKAGE = Path(ta.__file__).parent
 ROOT = PACKAGE.parent
@@ -135,9 +136,12 @@ def _raised_classes(module: ModuleType, node: ast.Raise) -> list[type[BaseExcept
         returns = obj.__annotations__.get("return")
         name = returns if isinstance(returns, str) else getattr(returns, "__name__", "")
         return list(EXCEPTIONS.get(name, []))
-    if inspect.isclass(obj) and issubclass(obj, BaseException):
-        if obj.__module__.split(".")[0] == "trio_agents":
-            return [obj]
+    if (
+        inspect.isclass(obj)
+        and issubclass(obj, BaseException)
+        and obj.__module__.split(".")[0] == "trio_agents"
+    ):
+        return [obj]
     return []
 
 
@@ -231,12 +235,17 @@ def test_every_trio_agents_error_is_public_and_documented() -> None:
 async def test_an_invalid_conversation_fails_the_run_with_a_public_error(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # A result that answers no call: the run refuses to send it, before any model call.
+    # An input reusing a call id the stored conversation already holds: the run refuses
+    # to send (or store) it, before any model call.
+    session = MemorySession()
+    call = ta.ToolCall("c1", "t", "{}")
+    await session.add_items([ta.UserMessage("a"), call, ta.ToolResult("c1", "x")])
     model = ScriptedModel(["never sent"])
     agent = ta.Agent(name="a", model=model)
-    result = await ta.run(agent, [ta.UserMessage("hi"), ta.ToolResult("nope", "orphan")])
+    result = await ta.run(agent, [call, ta.ToolResult("c1", "again")], session=session)
     assert result.status == "failed"
     assert result.reason is not None
-    assert result.reason.startswith("invalid conversation: ")
+    assert result.reason.startswith("invalid conversation: the input does not fit")
     assert isinstance(result.error, ta.InvalidConversationError)
+    assert isinstance(result.error, ta.TrioAgentsError)
     assert model.calls == 0
