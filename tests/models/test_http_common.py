@@ -38,8 +38,8 @@ from trio_agents.models._http import (
     parse_error_body,
     parse_retry_after,
 )
+from trio_agents.models._model_string import from_string
 from trio_agents.models._openai import OpenAIChatModel
-from trio_agents.models._registry import from_string
 
 REQUEST = ModelRequest(instructions="", items=(UserMessage("hi"),))
 

@@ -31,8 +31,8 @@ from trio_agents._items import (
     conversation_problems,
 )
 from trio_agents.sessions import PostgresSession, PostgresSessionStatistics, Session, _postgres
+from trio_agents.sessions._dangling_calls import INTERRUPTED_OUTPUT, repair_loaded
 from trio_agents.sessions._postgres import MIGRATIONS, SCHEMA_VERSION
-from trio_agents.sessions._repair import INTERRUPTED_OUTPUT, repair_loaded
 from trio_agents.sessions._storage import SessionStorageError
 
 ITEMS = "trio_agents_session_items"

@@ -14,7 +14,7 @@ from trio_agents._items import (
     UserMessage,
     conversation_problems,
 )
-from trio_agents.sessions._repair import INTERRUPTED_OUTPUT, repair_loaded
+from trio_agents.sessions._dangling_calls import INTERRUPTED_OUTPUT, repair_loaded
 
 text = st.text(max_size=10)
 # A few call ids, so that duplicates, orphans and late results are common.

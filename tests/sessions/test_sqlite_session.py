@@ -30,7 +30,7 @@ from trio_agents._items import (
     conversation_problems,
 )
 from trio_agents.sessions import Session, _sqlite
-from trio_agents.sessions._repair import INTERRUPTED_OUTPUT, repair_loaded
+from trio_agents.sessions._dangling_calls import INTERRUPTED_OUTPUT, repair_loaded
 from trio_agents.sessions._sqlite import (
     MIGRATIONS,
     SCHEMA_VERSION,
