@@ -16,11 +16,17 @@ import trio
 import trio.testing
 
 from tests.support.sse_server import SSE, Reply, SSEServer
-from trio_agents import ModelError
-from trio_agents._items import UserMessage
-from trio_agents._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
-from trio_agents.models._anthropic import AnthropicModel
-from trio_agents.models._demo import DemoModel
+from trio_agents import ModelError, ModelRequest, Usage, UserMessage
+from trio_agents.models import (
+    AnthropicModel,
+    DemoModel,
+    Finish,
+    ModelEvent,
+    OpenAIChatModel,
+    TextDelta,
+    ToolCallDone,
+    from_string,
+)
 from trio_agents.models._http import (
     MAX_RETRY_AFTER,
     CallIds,
@@ -38,8 +44,6 @@ from trio_agents.models._http import (
     parse_error_body,
     parse_retry_after,
 )
-from trio_agents.models._model_string import from_string
-from trio_agents.models._openai import OpenAIChatModel
 
 REQUEST = ModelRequest(instructions="", items=(UserMessage("hi"),))
 
