@@ -39,9 +39,9 @@ from tests.support.cli_support import (
 )
 from tests.support.control_support import raw_client, serving
 from trio_agents._cli import CLIError, build_parser, main
-from trio_agents._cli._demo import run_demo
 from trio_agents._cli._errors import explain
 from trio_agents._cli._serve import read_tokens
+from trio_agents._cli._tour import run_demo
 from trio_agents.control import connect
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import MemorySession, SQLiteSession

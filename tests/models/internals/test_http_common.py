@@ -27,23 +27,13 @@ from trio_agents.models import (
     ToolCallDone,
     from_string,
 )
-from trio_agents.models._http import (
-    MAX_RETRY_AFTER,
-    CallIds,
-    ClientOwnership,
-    HTTPRequestSpec,
-    HTTPStreamingModel,
-    SSEDecoder,
-    SSEEvent,
-    StreamParser,
-    backoff_delay,
-    error_detail,
-    http_error,
-    make_timeout,
-    one_line,
-    parse_error_body,
-    parse_retry_after,
-)
+from trio_agents.models._call_ids import CallIds
+from trio_agents.models._clients import ClientOwnership, make_timeout
+from trio_agents.models._error_bodies import error_detail, http_error, one_line, parse_error_body
+from trio_agents.models._http import HTTPStreamingModel
+from trio_agents.models._model_stream import HTTPRequestSpec, StreamParser
+from trio_agents.models._retry import MAX_RETRY_AFTER, backoff_delay, parse_retry_after
+from trio_agents.models._sse import SSEDecoder, SSEEvent
 
 REQUEST = ModelRequest(instructions="", items=(UserMessage("hi"),))
 

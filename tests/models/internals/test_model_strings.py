@@ -20,7 +20,7 @@ import trio_agents as ta
 from tests.support.provider_table import PROVIDERS, REQUEST
 from tests.support.sse_server import SSEServer
 from trio_agents.models import OpenAIChatModel, from_string
-from trio_agents.models._registry import ModelSpecError
+from trio_agents.models._model_string import ModelSpecError
 
 DEFAULT_BASES = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 

@@ -4,10 +4,11 @@ conversation already holds."""
 
 from __future__ import annotations
 
+from ._exceptions import InvalidConversationError
 from ._items import Item, ToolCall, UserMessage
-from ._state import InvalidConversation, OpenCall, RunState, SessionError
+from ._state import OpenCall, RunState, SessionError
 from .sessions._base import Session
-from .sessions._repair import repair_keeping_tail
+from .sessions._dangling_calls import repair_keeping_tail
 
 __all__ = ["load_session"]
 
@@ -54,7 +55,9 @@ async def load_session(state: RunState) -> list[ToolCall]:
     problems = state.conversation_problems(allow_open_calls=True)
     if problems:
         state.drop_session()  # refuse to store an invalid conversation
-        raise InvalidConversation(f"the input does not fit the stored conversation: {problems[0]}")
+        raise InvalidConversationError(
+            f"the input does not fit the stored conversation: {problems[0]}"
+        )
     await state.persist()
     return tail
 

@@ -6,6 +6,7 @@ import re
 import urllib.parse
 from typing import Any, Final
 
+from .._exceptions import TrioAgentsError
 from .._model import Model
 
 __all__ = ["ModelSpecError", "from_string"]
@@ -32,11 +33,12 @@ _HOST: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-F
 _NAME_TAG: Final = re.compile(r"[A-Za-z0-9_-]+")
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(TrioAgentsError, ValueError):
     """A model string that names a base URL the library will not guess at.
 
     Its message never contains the string's credentials (user info is shown as
-    ``***``). ``Agent(model=...)`` passes it on as is."""
+    ``***``). ``Agent(model=...)`` raises a ``ValueError`` with its message. Also a
+    ``ValueError`` itself, so ``except ValueError`` keeps catching it."""
 
 
 def redact(spec: str) -> str:
