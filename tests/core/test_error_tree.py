@@ -45,7 +45,7 @@ INTERNAL: dict[str, str] = {
     # The tool-schema converter's own signal; Tool.convert_arguments re-raises it as
     # ToolArgumentsError.
     "ArgumentConversionError": "re-raised as ToolArgumentsError by Tool.convert_arguments",
-    "_Unsupported": "the schema compiler's signal, re-raised as a TypeError naming the tool",
+    "Unsupported": "the schema compiler's signal, re-raised as a TypeError naming the tool",
     # The control server turns it into an ``error`` frame; the client raises ControlError.
     "ProtocolError": "becomes an error frame on the wire; the client raises ControlError",
     # The command line prints it as one line and exits non-zero (``_cli.main``).
