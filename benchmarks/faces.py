@@ -26,7 +26,7 @@ import httpx
 import trio
 
 import trio_agents as ta
-from trio_agents.control import connect, open_control_server
+from trio_agents.control import Limits, connect, open_control_server
 from trio_agents.faces import HttpApp, HttpLimits, http_app, serve_http
 from trio_agents.models import ScriptedModel, Turn
 
@@ -64,7 +64,9 @@ class Served:
 
 @asynccontextmanager
 async def _serving(deltas: int) -> AsyncIterator[Served]:
-    async with open_control_server(_agents(deltas), auth=AUTH) as server:
+    # Starts back to back: the start rate (a guard against clients) is not measured here.
+    limits = Limits(start_rate=10_000, start_burst=10_000, max_runs_per_principal=1000)
+    async with open_control_server(_agents(deltas), auth=AUTH, limits=limits) as server:
         app = http_app(server.host, auth=AUTH, limits=HttpLimits(max_streams_per_principal=4096))
         async with trio.open_nursery() as nursery:
             port = await nursery.start(serve_http, app, "127.0.0.1", 0)

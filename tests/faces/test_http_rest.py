@@ -13,10 +13,9 @@ import pytest
 import trio
 import trio.testing
 
-from tests.control_support import ask, raw_client, wait_until
+from tests.support.control_support import ask, raw_client, wait_until
+from tests.support.http_support import Message, bearer, client, messages, serving, start, talker
 from trio_agents.faces import HttpLimits
-
-from .http_support import Message, bearer, client, messages, serving, start, talker
 
 # A client that leaves an SSE stream mid-way (the point of several tests) abandons
 # httpx's nested body generators; they are finalized by the garbage collector and Trio
