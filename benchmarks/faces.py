@@ -114,12 +114,12 @@ async def cancel_sse(served: Served, n: int) -> list[float]:
                         break
                 start = time.perf_counter()
                 await http.post(f"/runs/{run_id}/cancel", json={"reason": "bench"})
+                # Read to the end (the stream ends after the terminal update): leaving
+                # httpx's line iterator mid-way leaves its generators to the collector.
                 async for data in reading:
                     event = data["event"]
                     if event["type"] == "run.updated" and event["status"] == "cancelled":
-                        break
-                samples.append(time.perf_counter() - start)
-                await reading.aclose()
+                        samples.append(time.perf_counter() - start)
     return samples
 
 

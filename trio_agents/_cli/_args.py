@@ -136,6 +136,22 @@ def _count(text: str) -> int:
     return value
 
 
+def _add_serve_http(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s options of the HTTP faces."""
+    serve.add_argument(
+        "--http-port",
+        type=_port,
+        default=None,
+        help="port of the HTTP faces (REST + SSE; needs the serve extra) on the same"
+        " --host (default: --port + 1, or any free port with --port 0)",
+    )
+    serve.add_argument(
+        "--no-http",
+        action="store_true",
+        help="serve the websocket channel only",
+    )
+
+
 def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
     serve = commands.add_parser(
         "serve",
@@ -153,18 +169,7 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         default=8765,
         help="port to listen on (default 8765; 0: any free port, printed)",
     )
-    serve.add_argument(
-        "--http-port",
-        type=_port,
-        default=None,
-        help="port of the HTTP faces (REST + SSE; needs the serve extra) on the same"
-        " --host (default: --port + 1, or any free port with --port 0)",
-    )
-    serve.add_argument(
-        "--no-http",
-        action="store_true",
-        help="serve the websocket channel only",
-    )
+    _add_serve_http(serve)
     serve.add_argument(
         "--db",
         metavar="PATH",
