@@ -33,24 +33,26 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import Any, Final, NoReturn
 
 import attrs
-import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
 from .._items import UserMessage
-from ..hosting import HostError, Origin, RunHost, StartRequest
+from ..hosting import HostedEvent, HostError, Origin, RunHost, StartRequest
 from ._a2a_tasks import TaskView, stream_event
 from ._a2a_v03 import METHODS as V03_METHODS
 from ._a2a_v03 import params_from_v03, result_to_v03
-from ._http import HttpError, HttpLimits, error_response, principal_of, read_body
+from ._app import Face, Routes
+from ._http import HttpError, error_response, principal_of, read_body
+from ._sse import EventStream
 
-__all__ = ["A2AFace", "RpcError"]
+__all__ = ["A2AFace", "RpcError", "routes"]
 
 # JSON-RPC 2.0's codes, and A2A's (spec §5.4).
 PARSE_ERROR: Final = -32700
@@ -228,93 +230,32 @@ def _sse_error(error: RpcError, rpc_id: Any) -> bytes:
     return f"event: error\ndata: {body}\n\n".encode()
 
 
-Emit = Callable[[bytes], Awaitable[None]]
-
-
-@attrs.frozen
-class _EventStream:
-    """An SSE answer written straight to ASGI ``send`` (no async generator: the host's
-    subscription is a context manager that must not be left suspended in one). The
-    producer runs in a task and hands frames over a small channel; the writer sends
-    them, a comment line after ``keepalive`` seconds of silence, and cuts a client
-    whose send stays blocked past ``send_timeout`` (the run goes on). A client that
-    goes away cancels the producer."""
-
-    produce: Callable[[Emit], Awaitable[None]]
-    send_timeout: float
-    keepalive: float
-
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-store"),
-                    (b"x-accel-buffering", b"no"),
-                ],
-            }
-        )
-        frames_in, frames_out = trio.open_memory_channel[bytes](16)
-
-        async def pump() -> None:
-            async with frames_in:
-                await self.produce(frames_in.send)
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            nursery.cancel_scope.cancel(reason="client disconnected")
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
-            nursery.start_soon(pump)
-            async with frames_out:
-                while True:
-                    frame = b": keepalive\n\n"
-                    with trio.move_on_after(self.keepalive):
-                        try:
-                            frame = await frames_out.receive()
-                        except trio.EndOfChannel:
-                            break
-                    with trio.move_on_after(self.send_timeout) as slow:
-                        await send({"type": "http.response.body", "body": frame, "more_body": True})
-                    if slow.cancelled_caught:
-                        # A client that stopped reading: cut it (never block the run).
-                        nursery.cancel_scope.cancel(reason="slow client")
-                        return
-            with trio.move_on_after(self.send_timeout):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            nursery.cancel_scope.cancel()
+def routes(face: Face) -> Routes:
+    """The A2A routes: the card (public: it names the agents and how to authenticate,
+    and holds no run and no principal's data — A2A's discovery) and ``POST /a2a``
+    (authenticated, like every route holding runs)."""
+    a2a = A2AFace(face)
+    return Routes(
+        routes=[Route("/a2a", a2a.rpc, methods=["POST"])],
+        public=[Route("/.well-known/agent-card.json", a2a.card, methods=["GET"])],
+    )
 
 
 @attrs.define(eq=False)
 class A2AFace:
-    """The A2A face of a host: :meth:`routes` are its two routes (both behind the
-    server's auth layer: no method, not even the card, answers without a token).
+    """The A2A face of a host (see the module docstring).
 
     Attributes:
-        host: the run host every request is answered by.
-        limits: the HTTP limits (body size, stream send timeout, keepalive).
+        face: the host, the limits and the stream bookkeeping every face shares.
         name: the agent name the card gives the server.
     """
 
-    host: RunHost
-    limits: HttpLimits = attrs.field(factory=HttpLimits)
+    face: Face
     name: str = "trio-agents"
 
-    def routes(self) -> list[Route]:
-        """``GET /.well-known/agent-card.json`` and ``POST /a2a``."""
-        return [
-            Route("/.well-known/agent-card.json", self.card, methods=["GET"]),
-            Route("/a2a", self.rpc, methods=["POST"]),
-        ]
+    @property
+    def host(self) -> RunHost:
+        return self.face.host
 
     # ----------------------------------------------------------------- the card
 
@@ -354,20 +295,19 @@ class A2AFace:
         }
 
     async def card(self, request: Request) -> Response:
-        principal_of(request)  # behind auth: a card is not for strangers
         return JSONResponse(
             self.card_json(str(request.base_url)), headers={"Cache-Control": "no-store"}
         )
 
     # --------------------------------------------------------------- JSON-RPC
 
-    async def rpc(self, request: Request) -> Response | _EventStream:
+    async def rpc(self, request: Request) -> Response:
         """One JSON-RPC request: parsed, checked, dispatched; every failure is a
         JSON-RPC error (HTTP 200, as A2A's clients expect), except a body past the
         limit (413) — the HTTP layer refuses it before JSON-RPC starts."""
         principal = principal_of(request)
         try:
-            body = await read_body(request, self.limits.max_body_bytes)
+            body = await read_body(request, self.face.limits.max_body_bytes)
         except HttpError as exc:
             return error_response(exc.code, exc.message, headers=exc.headers)
         rpc_id: Any = None
@@ -476,7 +416,9 @@ class A2AFace:
         """Start a run for a message that names no task; returns its id."""
         message = _object(params, "message", required=True)
         text = _message_text(message)
-        agent = _object(params, "metadata").get("agent") or _object(message, "metadata").get("agent")
+        agent = _object(params, "metadata").get("agent") or _object(message, "metadata").get(
+            "agent"
+        )
         if agent is None:
             if len(self.host.agents) != 1:
                 _fail(
@@ -571,9 +513,7 @@ class A2AFace:
         try:
             info = await self.host.get(principal, task_id)
             if str(info.status) in ("completed", "failed", "cancelled"):
-                raise RpcError(
-                    TASK_NOT_CANCELABLE, f"the task is {info.status}", "run_closed"
-                )
+                raise RpcError(TASK_NOT_CANCELABLE, f"the task is {info.status}", "run_closed")
             await self.host.cancel(principal, task_id, reason or "cancelled over A2A")
             # The answer waits for the run to have stopped: its terminal update.
             await self.host.wait_terminal(principal, task_id)
@@ -666,42 +606,51 @@ class A2AFace:
 
     def _stream_response(
         self, principal: str, opened: tuple[str, int | None], rpc_id: Any, legacy: bool, method: str
-    ) -> _EventStream:
+    ) -> Response:
         task_id, after = opened
         host = self.host
 
         def shaped(result: dict[str, Any]) -> dict[str, Any]:
             return result_to_v03(method, result) if legacy else result
 
-        async def produce(emit: Emit) -> None:
-            try:
-                async with host.events(principal, task_id) as events:
-                    info = await host.get(principal, task_id)
-                    view = TaskView.from_info(info)
-                    backlog: list[bytes] = []
-                    if info.seq > 0:
-                        async for hosted in events:
-                            view.apply(hosted.event)
-                            if after is not None and hosted.seq > after:
-                                frame = stream_event(view, hosted.event)
-                                if frame is not None:
-                                    backlog.append(_sse(shaped(frame), rpc_id))
-                            if hosted.seq >= info.seq:
-                                break
-                    await emit(_sse(shaped({"task": view.task()}), rpc_id, event_id=view.seq))
-                    for frame_bytes in backlog:
-                        await emit(frame_bytes)
+        @asynccontextmanager
+        async def source() -> AsyncIterator[AsyncIterator[bytes]]:
+            async with host.events(principal, task_id) as events:
+                info = await host.get(principal, task_id)
+                view = TaskView.from_info(info)
+                backlog: list[bytes] = []
+                if info.seq > 0:
                     async for hosted in events:
                         view.apply(hosted.event)
-                        frame = stream_event(view, hosted.event)
-                        if frame is not None:
-                            await emit(_sse(shaped(frame), rpc_id, event_id=hosted.seq))
-            except HostError as exc:
-                await emit(_sse_error(_host_error(exc, op="get"), rpc_id))
+                        if after is not None and hosted.seq > after:
+                            frame = stream_event(view, hosted.event)
+                            if frame is not None:
+                                backlog.append(_sse(shaped(frame), rpc_id))
+                        if hosted.seq >= info.seq:
+                            break
+                first = _sse(shaped({"task": view.task()}), rpc_id, event_id=view.seq)
+                yield _frames(view, [first, *backlog], events, shaped, rpc_id)
 
-        return _EventStream(
-            produce=produce,
-            send_timeout=self.limits.send_timeout,
-            keepalive=self.limits.keepalive_interval,
-        )
+        return EventStream(self.face, principal, source)
 
+
+async def _frames(
+    view: TaskView,
+    first: list[bytes],
+    events: AsyncIterator[HostedEvent],
+    shaped: Callable[[dict[str, Any]], dict[str, Any]],
+    rpc_id: Any,
+) -> AsyncIterator[bytes]:
+    """The SSE frames of a task stream: the first task (and the asked-for backlog),
+    then one frame per later event, until the run's terminal update. Holds no scope:
+    the subscription is the caller's context manager."""
+    for frame_bytes in first:
+        yield frame_bytes
+    try:
+        async for hosted in events:
+            view.apply(hosted.event)
+            frame = stream_event(view, hosted.event)
+            if frame is not None:
+                yield _sse(shaped(frame), rpc_id, event_id=hosted.seq)
+    except HostError as exc:
+        yield _sse_error(_host_error(exc, op="get"), rpc_id)

@@ -178,7 +178,9 @@ class TaskView:
 
     def waiting_calls(self) -> list[dict[str, Any]]:
         """The calls waiting for approval, with their names and arguments when seen."""
-        return [self.calls.get(c, {"callId": c, "name": "?", "arguments": ""}) for c in self.pending]
+        return [
+            self.calls.get(c, {"callId": c, "name": "?", "arguments": ""}) for c in self.pending
+        ]
 
     def status(self) -> dict[str, Any]:
         """The ``TaskStatus``: the state, and a message where there is something to say
@@ -205,9 +207,7 @@ class TaskView:
             status["timestamp"] = timestamp(self.at)
         return status
 
-    def task(
-        self, *, history_length: int | None = None, artifacts: bool = True
-    ) -> dict[str, Any]:
+    def task(self, *, history_length: int | None = None, artifacts: bool = True) -> dict[str, Any]:
         """The ``Task``; ``history_length`` as A2A defines it (None: all, 0: none),
         ``artifacts=False`` leaves the field out (ListTasks' default)."""
         task: dict[str, Any] = {
@@ -249,7 +249,11 @@ def stream_event(view: TaskView, event: Mapping[str, Any]) -> dict[str, Any] | N
             }
         }
     item = event.get("item") if kind == "run.item" else None
-    if isinstance(item, Mapping) and item.get("type") == "message" and item.get("role") == "assistant":
+    if (
+        isinstance(item, Mapping)
+        and item.get("type") == "message"
+        and item.get("role") == "assistant"
+    ):
         turn = int(event.get("turn", 0))
         return {
             "artifactUpdate": {

@@ -143,7 +143,12 @@ def result_to_v03(method: str, result: Any) -> Any:
     if "statusUpdate" in result:
         update = result["statusUpdate"]
         status = _status_out(update["status"])
-        return {"kind": "status-update", **update, "status": status, "final": status["state"] in _TERMINAL}
+        return {
+            "kind": "status-update",
+            **update,
+            "status": status,
+            "final": status["state"] in _TERMINAL,
+        }
     if "artifactUpdate" in result:
         update = result["artifactUpdate"]
         return {"kind": "artifact-update", **update, "artifact": _artifact_out(update["artifact"])}
