@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import attrs
+import h11
 import httpx
 import trio
 
@@ -67,12 +69,108 @@ def text_message(text: str, **fields: Any) -> dict[str, Any]:
     return {"messageId": f"m-{text[:10]}", "role": "ROLE_USER", "parts": [{"text": text}], **fields}
 
 
-async def sse_results(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON-RPC objects of an SSE answer, one per ``data:`` event."""
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip())
-        elif not line and data:
-            yield json.loads("\n".join(data))
-            data = []
+@attrs.define
+class SseReader:
+    """The JSON-RPC objects of one SSE answer, read over a bare socket with h11 (httpx's
+    line iterators are nested async generators that a test leaving a stream early would
+    leave to the garbage collector). ``status`` and ``headers`` are the answer's."""
+
+    stream: trio.SocketStream
+    conn: h11.Connection
+    status: int = 0
+    headers: dict[str, str] = attrs.field(factory=dict)
+    body: bytes = b""
+    ended: bool = False
+
+    async def _event(self) -> Any:
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                self.conn.receive_data(await self.stream.receive_some())
+                continue
+            return event
+
+    async def start(self) -> None:
+        event = await self._event()
+        assert isinstance(event, h11.Response), event
+        self.status = event.status_code
+        self.headers = {k.decode().lower(): v.decode() for k, v in event.headers}
+
+    async def next(self) -> dict[str, Any] | None:
+        """The next JSON-RPC object, or None once the stream ended."""
+        while True:
+            if b"\n\n" in self.body:
+                raw, self.body = self.body.split(b"\n\n", 1)
+                data = [line[5:].lstrip() for line in raw.decode().split("\n") if line.startswith("data:")]
+                if data:
+                    return dict(json.loads("\n".join(data)))
+                continue
+            if self.ended:
+                return None
+            event = await self._event()
+            if isinstance(event, h11.Data):
+                self.body += bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                self.ended = True
+
+    async def rest(self) -> list[dict[str, Any]]:
+        """Every object until the stream ends."""
+        got = []
+        while (message := await self.next()) is not None:
+            got.append(message)
+        return got
+
+
+@asynccontextmanager
+async def sse(
+    base_url: str, method: str, params: Any, *, headers: Mapping[str, str] = ALICE, rpc_id: Any = 1
+) -> AsyncIterator[SseReader]:
+    """A streaming JSON-RPC call to ``/a2a``; leaving the block closes the connection
+    (a client that goes away)."""
+    port = int(base_url.rsplit(":", 1)[1])
+    body = json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}).encode()
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        conn = h11.Connection(h11.CLIENT)
+        head = [("Host", f"127.0.0.1:{port}"), ("Content-Type", "application/json"),
+                ("Content-Length", str(len(body))), *headers.items()]
+        await stream.send_all(conn.send(h11.Request(method="POST", target="/a2a", headers=head)))
+        await stream.send_all(conn.send(h11.Data(data=body)))
+        await stream.send_all(conn.send(h11.EndOfMessage()))
+        reader = SseReader(stream, conn)
+        await reader.start()
+        yield reader
+
+
+async def raw_post(url: str, head: Mapping[str, str], chunks: list[bytes]) -> int:
+    """POST ``chunks`` to ``/a2a`` over a bare socket (headers as given; the body
+    chunked unless ``head`` has a Content-Length) and return the answer's status: a
+    server may answer before the body is sent, which httpx does not let a test see."""
+    port = int(url.rsplit(":", 1)[1])
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    chunked = "Content-Length" not in head
+    lines = ["POST /a2a HTTP/1.1", f"Host: 127.0.0.1:{port}", *(f"{k}: {v}" for k, v in head.items())]
+    if chunked:
+        lines.append("Transfer-Encoding: chunked")
+    answer = b""
+    async with stream:
+
+        async def write() -> None:
+            try:
+                await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode())
+                for chunk in chunks:
+                    await stream.send_all(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                if chunked:
+                    await stream.send_all(b"0\r\n\r\n")
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the server answered and closed first
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            while b"\r\n" not in answer:
+                data = await stream.receive_some()
+                if not data:
+                    break
+                answer += data
+            nursery.cancel_scope.cancel()
+    return int(answer.split(b" ", 2)[1])
