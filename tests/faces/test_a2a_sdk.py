@@ -22,7 +22,7 @@ from a2a.types.a2a_pb2 import (
 import trio_agents as ta
 from trio_agents.models import ScriptedModel, Turn
 
-from .a2a_support import ALICE, in_asyncio, serving
+from tests.support.a2a_support import ALICE, in_asyncio, serving
 
 
 def _talker() -> ta.Agent:

@@ -14,7 +14,7 @@ import trio.testing
 import trio_agents as ta
 from trio_agents.models import ScriptedModel, Turn
 
-from .a2a_support import ALICE, BOB, raw_post, rpc, serving, sse, text_message
+from tests.support.a2a_support import ALICE, BOB, raw_post, rpc, serving, sse, text_message
 
 METHODS = ["SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
            "SubscribeToTask", "message/send", "message/stream", "tasks/get", "tasks/cancel",
