@@ -20,9 +20,8 @@ from a2a.types.a2a_pb2 import (
 )
 
 import trio_agents as ta
-from trio_agents.models import ScriptedModel, Turn
-
 from tests.support.a2a_support import ALICE, in_asyncio, serving
+from trio_agents.models import ScriptedModel, Turn
 
 
 def _talker() -> ta.Agent:
@@ -53,7 +52,8 @@ async def test_send_message_blocking_answers_the_completed_task() -> None:
         task, got, listed = await in_asyncio(main)
     assert task.status.state == TaskState.TASK_STATE_COMPLETED
     assert get_artifact_text(task.artifacts[-1]) == "one two three"
-    assert got.id == task.id and got.context_id == task.context_id
+    assert got.id == task.id
+    assert got.context_id == task.context_id
     assert got.status.state == TaskState.TASK_STATE_COMPLETED
     assert [t.id for t in listed.tasks] == [task.id]
 
@@ -148,7 +148,8 @@ async def test_cancel_task_answers_the_canceled_task_with_its_reason() -> None:
         info = await host.get("alice", task.id)
     assert task.status.state == TaskState.TASK_STATE_CANCELED
     assert task.status.message.parts[0].text == "user pressed stop"
-    assert str(info.status) == "cancelled" and info.reason == "user pressed stop"
+    assert str(info.status) == "cancelled"
+    assert info.reason == "user pressed stop"
 
 
 def _approver() -> ta.Agent:
@@ -178,9 +179,9 @@ async def test_approval_is_input_required_answered_by_a_message() -> None:
                 answer = new_text_message("", task_id=waiting.id, context_id=waiting.context_id)
                 del answer.parts[:]
                 answer.parts.append(new_data_part({"decision": "approve"}))
-                done = [
-                    e async for e in client.send_message(SendMessageRequest(message=answer))
-                ][-1].task
+                done = [e async for e in client.send_message(SendMessageRequest(message=answer))][
+                    -1
+                ].task
                 return waiting, done
 
         waiting, done = await in_asyncio(main)
@@ -222,6 +223,7 @@ async def test_the_sdk_0_3_transport_sends_03_names_and_reads_03_shapes() -> Non
         sent, got, resubscribed, canceled = await in_asyncio(main)
     assert sent.status.state == TaskState.TASK_STATE_COMPLETED
     assert get_artifact_text(sent.artifacts[-1]) == "one two three"
-    assert got.id == sent.id and got.status.state == TaskState.TASK_STATE_COMPLETED
+    assert got.id == sent.id
+    assert got.status.state == TaskState.TASK_STATE_COMPLETED
     assert resubscribed.task.status.state == TaskState.TASK_STATE_WORKING
     assert canceled.status.state == TaskState.TASK_STATE_CANCELED

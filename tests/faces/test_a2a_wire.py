@@ -12,13 +12,22 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.a2a_support import ALICE, BOB, raw_post, rpc, serving, sse, text_message
 from trio_agents.models import ScriptedModel, Turn
 
-from tests.support.a2a_support import ALICE, BOB, raw_post, rpc, serving, sse, text_message
-
-METHODS = ["SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
-           "SubscribeToTask", "message/send", "message/stream", "tasks/get", "tasks/cancel",
-           "tasks/resubscribe"]
+METHODS = [
+    "SendMessage",
+    "SendStreamingMessage",
+    "GetTask",
+    "ListTasks",
+    "CancelTask",
+    "SubscribeToTask",
+    "message/send",
+    "message/stream",
+    "tasks/get",
+    "tasks/cancel",
+    "tasks/resubscribe",
+]
 
 
 def _talker(text: str = "one two three") -> ta.Agent:
@@ -50,7 +59,9 @@ def _holder(
 
 async def _start(url: str, text: str = "go", **params: Any) -> dict[str, Any]:
     config = {"returnImmediately": True}
-    answer = await rpc(url, "SendMessage", {"message": text_message(text), "configuration": config, **params})
+    answer = await rpc(
+        url, "SendMessage", {"message": text_message(text), "configuration": config, **params}
+    )
     body = answer.json()
     assert "result" in body, body
     return dict(body["result"]["task"])
@@ -64,6 +75,13 @@ async def _until_state(url: str, task_id: str, state: str) -> dict[str, Any]:
             if status and status["state"] == state:
                 return dict(result)
     raise AssertionError(f"{task_id} never reached {state}")
+
+
+def _update(result: dict[str, Any]) -> dict[str, Any]:
+    """The status or artifact update a stream result holds."""
+    update = result.get("statusUpdate") or result.get("artifactUpdate")
+    assert isinstance(update, dict), result
+    return update
 
 
 def _error(response: httpx.Response) -> dict[str, Any]:
@@ -86,12 +104,16 @@ async def test_no_token_is_401_on_every_method(method: str) -> None:
 
 
 async def test_the_card_is_public_and_lists_the_agents_as_skills() -> None:
-    async with serving({"t": _talker(), "h": _holder(trio.Event())}) as (_host, url):
-        async with httpx.AsyncClient() as client:
-            card = (await client.get(f"{url}/.well-known/agent-card.json")).json()
+    async with (
+        serving({"t": _talker(), "h": _holder(trio.Event())}) as (_host, url),
+        httpx.AsyncClient() as client,
+    ):
+        card = (await client.get(f"{url}/.well-known/agent-card.json")).json()
     assert [s["id"] for s in card["skills"]] == ["h", "t"]
     assert {(i["protocolBinding"], i["protocolVersion"]) for i in card["supportedInterfaces"]} == {
-        ("JSONRPC", "1.0"), ("JSONRPC", "0.3")}
+        ("JSONRPC", "1.0"),
+        ("JSONRPC", "0.3"),
+    }
     assert all(i["url"] == f"{url}/a2a" for i in card["supportedInterfaces"])
     assert card["capabilities"]["streaming"] is True
     assert "bearer" in card["securitySchemes"]
@@ -102,19 +124,31 @@ async def test_another_principals_task_is_not_found_on_every_method() -> None:
     async with serving({"h": _holder(gate)}) as (host, url):
         task = await _start(url)
         other = {"id": task["id"]}
-        for method in ("GetTask", "CancelTask", "SubscribeToTask", "tasks/get", "tasks/cancel",
-                       "tasks/resubscribe"):
+        for method in (
+            "GetTask",
+            "CancelTask",
+            "SubscribeToTask",
+            "tasks/get",
+            "tasks/cancel",
+            "tasks/resubscribe",
+        ):
             error = _error(await rpc(url, method, other, headers=BOB))
             assert error["code"] == -32001, (method, error)
         for method in ("SendMessage", "SendStreamingMessage", "message/send", "message/stream"):
             message = text_message("more", taskId=task["id"])
             if method.startswith("message/"):
-                message = {"kind": "message", "messageId": "m", "role": "user", "taskId": task["id"],
-                           "parts": [{"kind": "text", "text": "more"}]}
+                message = {
+                    "kind": "message",
+                    "messageId": "m",
+                    "role": "user",
+                    "taskId": task["id"],
+                    "parts": [{"kind": "text", "text": "more"}],
+                }
             error = _error(await rpc(url, method, {"message": message}, headers=BOB))
             assert error["code"] == -32001, (method, error)
         listed = (await rpc(url, "ListTasks", {}, headers=BOB)).json()["result"]
-        assert listed["tasks"] == [] and listed["totalSize"] == 0
+        assert listed["tasks"] == []
+        assert listed["totalSize"] == 0
         # and bob's attempts changed nothing
         assert str((await host.get("alice", task["id"])).status) != "cancelled"
         gate.set()
@@ -144,27 +178,54 @@ async def test_another_principals_task_is_not_found_on_every_method() -> None:
         (b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {}}', -32602),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": 5}}', -32602),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}}', -32602),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"parts": []}}}', -32602),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"parts": [{"url": "http://x"}]}}}', -32005),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"parts": [{"text": "x"}]}, "metadata": {"agent": "nobody"}}}', -32602),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"parts": []}}}',
+            -32602,
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"parts": [{"url": "http://x"}]}}}',
+            -32005,
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"parts": [{"text": "x"}]}, "metadata": {"agent": "nobody"}}}',
+            -32602,
+        ),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": -1}}', -32602),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageToken": "forged"}}', -32602),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "no-such-task"}}', -32001),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "CreateTaskPushNotificationConfig", "params": {}}', -32003),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageToken": "forged"}}',
+            -32602,
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "no-such-task"}}',
+            -32001,
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "CreateTaskPushNotificationConfig", "params": {}}',
+            -32003,
+        ),
     ],
 )
 async def test_garbage_json_rpc_answers_json_rpc_errors(body: bytes, code: int) -> None:
     async with serving({"t": _talker()}) as (_host, url):
         async with httpx.AsyncClient() as client:
-            answer = await client.post(f"{url}/a2a", content=body, headers={**ALICE, "Content-Type": "application/json"})
+            answer = await client.post(
+                f"{url}/a2a", content=body, headers={**ALICE, "Content-Type": "application/json"}
+            )
         error = _error(answer)
         assert error["code"] == code, error
-        assert isinstance(error["message"], str) and error["message"]
+        assert isinstance(error["message"], str)
+        assert error["message"]
 
 
 async def test_an_unsupported_version_header_is_version_not_supported() -> None:
     async with serving({"t": _talker()}) as (_host, url):
-        for version, ok in (("1.0", True), ("0.3", True), ("1.0.2", True), ("0.5", False), ("2.0", False)):
+        for version, ok in (
+            ("1.0", True),
+            ("0.3", True),
+            ("1.0.2", True),
+            ("0.5", False),
+            ("2.0", False),
+        ):
             answer = await rpc(url, "ListTasks", {}, headers={**ALICE, "A2A-Version": version})
             body = answer.json()
             assert ("result" in body) is ok, (version, body)
@@ -195,6 +256,10 @@ async def test_host_errors_carry_their_code_in_error_info() -> None:
 # ------------------------------------------------------------------- cancel
 
 
+async def _cancel_into(answers: list[httpx.Response], url: str, task_id: str) -> None:
+    answers.append(await rpc(url, "CancelTask", {"id": task_id}))
+
+
 async def test_cancel_task_answers_only_once_the_run_has_stopped() -> None:
     gate, stubborn, reached = trio.Event(), trio.Event(), trio.Event()
     async with serving({"h": _holder(gate, stubborn=stubborn, reached=reached)}) as (host, url):
@@ -203,7 +268,9 @@ async def test_cancel_task_answers_only_once_the_run_has_stopped() -> None:
         answers: list[httpx.Response] = []
 
         async def cancel() -> None:
-            answers.append(await rpc(url, "CancelTask", {"id": task["id"], "metadata": {"reason": "stop"}}))
+            answers.append(
+                await rpc(url, "CancelTask", {"id": task["id"], "metadata": {"reason": "stop"}})
+            )
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancel)
@@ -222,13 +289,17 @@ async def test_cancel_task_answers_only_once_the_run_has_stopped() -> None:
 
 async def test_cancel_of_a_finished_task_is_not_cancelable() -> None:
     async with serving({"t": _talker()}) as (_host, url):
-        sent = (await rpc(url, "SendMessage", {"message": text_message("hi")})).json()["result"]["task"]
+        sent = (await rpc(url, "SendMessage", {"message": text_message("hi")})).json()["result"][
+            "task"
+        ]
         assert sent["status"]["state"] == "TASK_STATE_COMPLETED"
         error = _error(await rpc(url, "CancelTask", {"id": sent["id"]}))
         assert error["code"] == -32002
         error = _error(await rpc(url, "SubscribeToTask", {"id": sent["id"]}))
         assert error["code"] == -32004
-        error = _error(await rpc(url, "SendMessage", {"message": text_message("more", taskId=sent["id"])}))
+        error = _error(
+            await rpc(url, "SendMessage", {"message": text_message("more", taskId=sent["id"])})
+        )
         assert error["code"] == -32004
 
 
@@ -242,14 +313,10 @@ async def test_cancel_task_racing_completion_answers_the_state_the_task_ended_in
             task = await _start(url)
             await _until_state(url, task["id"], "TASK_STATE_WORKING")
             answers: list[httpx.Response] = []
-
-            async def cancel() -> None:
-                answers.append(await rpc(url, "CancelTask", {"id": task["id"]}))
-
             async with trio.open_nursery() as nursery:
                 if round % 2:
                     gate.set()
-                nursery.start_soon(cancel)
+                nursery.start_soon(_cancel_into, answers, url, task["id"])
                 for _ in range(round):
                     await trio.lowlevel.checkpoint()
                 gate.set()
@@ -281,25 +348,29 @@ async def test_resubscribe_with_last_event_id_replays_each_event_after_it() -> N
         seq = snapshot["metadata"]["seq"]
         assert seq >= 3
         got: list[dict[str, Any]] = []
-        async with sse(url, "SubscribeToTask", params, rpc_id="s", headers={**ALICE, "Last-Event-ID": "1"}) as stream:
+        async with sse(
+            url, "SubscribeToTask", params, rpc_id="s", headers={**ALICE, "Last-Event-ID": "1"}
+        ) as stream:
             while (message := await stream.next()) is not None:
                 assert message["id"] == "s"
                 got.append(message["result"])
                 if len(got) == 1:
                     gate.set()
     assert got[0]["task"]["metadata"]["seq"] >= seq
-    replayed = [(r.get("statusUpdate") or r.get("artifactUpdate"))["metadata"]["seq"] for r in got[1:]]
+    replayed = [_update(r)["metadata"]["seq"] for r in got[1:]]
     # 2.. the snapshot's seq (the backlog asked for), then every later event, once
     assert replayed == list(range(2, replayed[-1] + 1))
     assert got[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
 
 
 async def test_streaming_send_message_frames_json_rpc_in_sse() -> None:
-    async with serving({"t": _talker()}) as (_host, url):
-        async with sse(url, "SendStreamingMessage", {"message": text_message("hi")}, rpc_id=42) as stream:
-            assert stream.status == 200
-            assert stream.headers["content-type"].startswith("text/event-stream")
-            got = await stream.rest()
+    async with (
+        serving({"t": _talker()}) as (_host, url),
+        sse(url, "SendStreamingMessage", {"message": text_message("hi")}, rpc_id=42) as stream,
+    ):
+        assert stream.status == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        got = await stream.rest()
     assert all(m["jsonrpc"] == "2.0" and m["id"] == 42 for m in got)
     assert "task" in got[0]["result"]
     text = "".join(
@@ -310,7 +381,10 @@ async def test_streaming_send_message_frames_json_rpc_in_sse() -> None:
     assert text == "one two three"
     last = got[-1]["result"]["statusUpdate"]
     assert last["status"]["state"] == "TASK_STATE_COMPLETED"
-    seqs = [(m["result"].get("statusUpdate") or m["result"].get("artifactUpdate"))["metadata"]["seq"] for m in got[1:]]
+    seqs = [
+        (m["result"].get("statusUpdate") or m["result"].get("artifactUpdate"))["metadata"]["seq"]
+        for m in got[1:]
+    ]
     assert seqs == sorted(set(seqs))
 
 
@@ -330,14 +404,27 @@ def _approver() -> ta.Agent:
 @pytest.mark.parametrize("answer", ["reject-data", "reject-text", "approve-text"])
 async def test_input_required_answered_by_a_message(answer: str) -> None:
     async with serving({"a": _approver()}) as (_host, url):
-        waiting = (await rpc(url, "SendMessage", {"message": text_message("launch")})).json()["result"]["task"]
+        waiting = (await rpc(url, "SendMessage", {"message": text_message("launch")})).json()[
+            "result"
+        ]["task"]
         assert waiting["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
         (call,) = waiting["status"]["message"]["parts"][1]["data"]["waiting"]
         # a message without a decision is refused while a call waits
-        error = _error(await rpc(url, "SendMessage", {"message": text_message("hm", taskId=waiting["id"])}))
+        error = _error(
+            await rpc(url, "SendMessage", {"message": text_message("hm", taskId=waiting["id"])})
+        )
         assert error["code"] == -32602
+        parts: list[dict[str, Any]]
         if answer == "reject-data":
-            parts = [{"data": {"decision": "reject", "callId": call["callId"], "message": "no launches today"}}]
+            parts = [
+                {
+                    "data": {
+                        "decision": "reject",
+                        "callId": call["callId"],
+                        "message": "no launches today",
+                    }
+                }
+            ]
         else:
             parts = [{"text": answer.split("-")[0].upper()}]
         message = {"messageId": "m2", "role": "ROLE_USER", "taskId": waiting["id"], "parts": parts}
@@ -352,8 +439,14 @@ async def test_a_message_to_a_working_task_is_injected() -> None:
     async with serving({"h": _holder(gate)}) as (host, url):
         task = await _start(url)
         await _until_state(url, task["id"], "TASK_STATE_WORKING")
-        sent = await rpc(url, "SendMessage", {"message": text_message("also this", taskId=task["id"]),
-                                              "configuration": {"returnImmediately": True}})
+        sent = await rpc(
+            url,
+            "SendMessage",
+            {
+                "message": text_message("also this", taskId=task["id"]),
+                "configuration": {"returnImmediately": True},
+            },
+        )
         assert sent.json()["result"]["task"]["id"] == task["id"]
         gate.set()
         info = await host.wait_terminal("alice", task["id"])
@@ -369,11 +462,22 @@ async def test_a_message_to_a_working_task_is_injected() -> None:
 async def test_03_method_names_take_and_give_03_shapes() -> None:
     gate = trio.Event()
     async with serving({"h": _holder(gate)}) as (_host, url):
-        message = {"kind": "message", "messageId": "m1", "role": "user", "parts": [{"kind": "text", "text": "go"}]}
-        sent = (await rpc(url, "message/send", {"message": message, "configuration": {"blocking": False}})).json()["result"]
-        assert sent["kind"] == "task" and sent["status"]["state"] in ("submitted", "working")
+        message = {
+            "kind": "message",
+            "messageId": "m1",
+            "role": "user",
+            "parts": [{"kind": "text", "text": "go"}],
+        }
+        sent = (
+            await rpc(
+                url, "message/send", {"message": message, "configuration": {"blocking": False}}
+            )
+        ).json()["result"]
+        assert sent["kind"] == "task"
+        assert sent["status"]["state"] in ("submitted", "working")
         got = (await rpc(url, "tasks/get", {"id": sent["id"]})).json()["result"]
-        assert got["kind"] == "task" and got["id"] == sent["id"]
+        assert got["kind"] == "task"
+        assert got["id"] == sent["id"]
         async with sse(url, "tasks/resubscribe", {"id": sent["id"]}) as stream:
             first = await stream.next()
             assert first is not None
@@ -381,8 +485,10 @@ async def test_03_method_names_take_and_give_03_shapes() -> None:
             got = [first, *await stream.rest()]
         kinds = [m["result"]["kind"] for m in got]
         last = got[-1]["result"]
-        assert kinds[0] == "task" and set(kinds[1:]) <= {"status-update", "artifact-update"}
-        assert last["kind"] == "status-update" and last["final"] is True
+        assert kinds[0] == "task"
+        assert set(kinds[1:]) <= {"status-update", "artifact-update"}
+        assert last["kind"] == "status-update"
+        assert last["final"] is True
         assert last["status"]["state"] == "completed"
         error = (await rpc(url, "tasks/cancel", {"id": sent["id"]})).json()["error"]
         assert error["code"] == -32002

@@ -101,7 +101,11 @@ class SseReader:
         while True:
             if b"\n\n" in self.body:
                 raw, self.body = self.body.split(b"\n\n", 1)
-                data = [line[5:].lstrip() for line in raw.decode().split("\n") if line.startswith("data:")]
+                data = [
+                    line[5:].lstrip()
+                    for line in raw.decode().split("\n")
+                    if line.startswith("data:")
+                ]
                 if data:
                     return dict(json.loads("\n".join(data)))
                 continue
@@ -132,8 +136,12 @@ async def sse(
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         conn = h11.Connection(h11.CLIENT)
-        head = [("Host", f"127.0.0.1:{port}"), ("Content-Type", "application/json"),
-                ("Content-Length", str(len(body))), *headers.items()]
+        head = [
+            ("Host", f"127.0.0.1:{port}"),
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+            *headers.items(),
+        ]
         await stream.send_all(conn.send(h11.Request(method="POST", target="/a2a", headers=head)))
         await stream.send_all(conn.send(h11.Data(data=body)))
         await stream.send_all(conn.send(h11.EndOfMessage()))
@@ -149,7 +157,11 @@ async def raw_post(url: str, head: Mapping[str, str], chunks: list[bytes]) -> in
     port = int(url.rsplit(":", 1)[1])
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     chunked = "Content-Length" not in head
-    lines = ["POST /a2a HTTP/1.1", f"Host: 127.0.0.1:{port}", *(f"{k}: {v}" for k, v in head.items())]
+    lines = [
+        "POST /a2a HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        *(f"{k}: {v}" for k, v in head.items()),
+    ]
     if chunked:
         lines.append("Transfer-Encoding: chunked")
     answer = b""
@@ -159,7 +171,9 @@ async def raw_post(url: str, head: Mapping[str, str], chunks: list[bytes]) -> in
             try:
                 await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode())
                 for chunk in chunks:
-                    await stream.send_all(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    await stream.send_all(
+                        b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
+                    )
                 if chunked:
                     await stream.send_all(b"0\r\n\r\n")
             except (trio.BrokenResourceError, trio.ClosedResourceError):
