@@ -161,6 +161,12 @@ async def test_another_principals_task_is_not_found_on_every_method() -> None:
     ("body", "code"),
     [
         (b"{not json", -32700),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": NaN}}', -32700),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "a\\u0000b"}}',
+            -32602,
+        ),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "\\ud800"}}', -32602),
         (b"\xff\xfe", -32700),
         (b"", -32700),
         (b"[]", -32600),
@@ -490,5 +496,8 @@ async def test_03_method_names_take_and_give_03_shapes() -> None:
         assert last["kind"] == "status-update"
         assert last["final"] is True
         assert last["status"]["state"] == "completed"
+        listed = (await rpc(url, "tasks/list", {"status": "completed"})).json()["result"]
+        assert [(t["kind"], t["id"]) for t in listed["tasks"]] == [("task", sent["id"])]
+        assert (await rpc(url, "tasks/list", {"status": "working"})).json()["result"]["tasks"] == []
         error = (await rpc(url, "tasks/cancel", {"id": sent["id"]})).json()["error"]
         assert error["code"] == -32002

@@ -49,7 +49,7 @@ from ._a2a_tasks import TaskView, stream_event
 from ._a2a_v03 import METHODS as V03_METHODS
 from ._a2a_v03 import params_from_v03, result_to_v03
 from ._app import Face, Routes
-from ._http import HttpError, error_response, principal_of, read_body
+from ._http import HttpError, _reject_constant, _unstorable, error_response, principal_of, read_body
 from ._sse import EventStream
 
 __all__ = ["A2AFace", "RpcError", "routes"]
@@ -337,7 +337,7 @@ class A2AFace:
     def _parse(self, body: bytes) -> dict[str, Any]:
         """The request object, or the JSON-RPC error it deserves."""
         try:
-            data = json.loads(body.decode("utf-8"))
+            data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise RpcError(PARSE_ERROR, "the body is not valid UTF-8 JSON") from None
         if isinstance(data, list):
@@ -359,6 +359,12 @@ class A2AFace:
         params = data.get("params")
         if not isinstance(params, dict):
             raise RpcError(INVALID_PARAMS, "params must be an object")
+        if _unstorable(params):
+            # Valid JSON, but no session store keeps it; every face refuses it alike.
+            raise RpcError(
+                INVALID_PARAMS,
+                "a string holds a NUL character or a lone surrogate (U+D800..U+DFFF)",
+            )
         return {"id": rpc_id, "method": method, "params": params}
 
     async def _call(self, principal: str, method: str, params: dict[str, Any]) -> dict[str, Any]:

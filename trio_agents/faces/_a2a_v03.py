@@ -71,6 +71,9 @@ def params_from_v03(method: str, params: Any) -> Any:
     if not isinstance(params, Mapping):
         return params
     out = dict(params)
+    if method == "tasks/list" and isinstance(out.get("status"), str):
+        # "input-required" -> "TASK_STATE_INPUT_REQUIRED"
+        out["status"] = "TASK_STATE_" + out["status"].upper().replace("-", "_")
     if method in ("message/send", "message/stream"):
         if "message" in out:
             out["message"] = _message_in(out["message"])
