@@ -501,3 +501,43 @@ async def test_03_method_names_take_and_give_03_shapes() -> None:
         assert (await rpc(url, "tasks/list", {"status": "working"})).json()["result"]["tasks"] == []
         error = (await rpc(url, "tasks/cancel", {"id": sent["id"]})).json()["error"]
         assert error["code"] == -32002
+
+
+async def test_a_call_waiting_in_a_child_run_is_answered_through_the_root_task() -> None:
+    """A sub-agent's tool waits for approval: the root task is input-required, its
+    status names the child's call (``runId``), and a message to the root answers it."""
+
+    @ta.function_tool(needs_approval=True)
+    async def launch() -> str:
+        """Launch, once approved."""
+        return "launched"
+
+    child = ta.Agent(
+        name="child",
+        instructions="test",
+        model=ScriptedModel([Turn(tool_calls=[("launch", {})]), Turn(text="child done")]),
+        tools=[launch],
+    )
+    root = ta.Agent(
+        name="root",
+        instructions="test",
+        model=ScriptedModel(
+            [Turn(tool_calls=[("child", {"input": "go"})]), Turn(text="root done")]
+        ),
+        tools=[child.as_tool()],
+    )
+    async with serving({"root": root}) as (_host, url):
+        answer = await rpc(url, "SendMessage", {"message": text_message("delegate")})
+        waiting = answer.json()["result"]["task"]
+        assert waiting["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+        (call,) = waiting["status"]["message"]["parts"][1]["data"]["waiting"]
+        assert call["runId"] != waiting["id"]
+        message = {
+            "messageId": "m2",
+            "role": "ROLE_USER",
+            "taskId": waiting["id"],
+            "parts": [{"text": "approve"}],
+        }
+        done = (await rpc(url, "SendMessage", {"message": message})).json()["result"]["task"]
+    assert done["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert done["artifacts"][-1]["parts"][0]["text"] == "root done"

@@ -190,6 +190,7 @@ class _Decision:
     approve: bool
     call_id: str | None
     message: str | None
+    run_id: str | None = None
 
 
 def _decision(message: Mapping[str, Any]) -> _Decision | None:
@@ -205,12 +206,11 @@ def _decision(message: Mapping[str, Any]) -> _Decision | None:
             decision = data["decision"]
             if decision not in ("approve", "reject"):
                 _fail(INVALID_PARAMS, 'decision must be "approve" or "reject"')
-            call_id, text = data.get("callId"), data.get("message")
-            if call_id is not None and not isinstance(call_id, str):
-                _fail(INVALID_PARAMS, "callId must be a string")
-            if text is not None and not isinstance(text, str):
-                _fail(INVALID_PARAMS, "message must be a string")
-            return _Decision(decision == "approve", call_id, text)
+            call_id, text, run_id = data.get("callId"), data.get("message"), data.get("runId")
+            for name, value in (("callId", call_id), ("message", text), ("runId", run_id)):
+                if value is not None and not isinstance(value, str):
+                    _fail(INVALID_PARAMS, f"{name} must be a string")
+            return _Decision(decision == "approve", call_id, text, run_id)
     if len(parts) == 1 and isinstance(parts[0], Mapping) and isinstance(parts[0].get("text"), str):
         word = parts[0]["text"].strip().lower()
         if word in ("approve", "reject"):
@@ -471,15 +471,11 @@ class A2AFace:
                         'the task waits for approval: send a data part {"decision": "approve"'
                         ' | "reject", "callId": ...}',
                     )
-                call_id = decision.call_id
-                if call_id is None:
-                    if len(info.pending_approvals) != 1:
-                        _fail(INVALID_PARAMS, "several calls wait: name one with callId")
-                    (call_id,) = info.pending_approvals
+                run_id, call_id = await self._waiting_call(principal, task_id, decision)
                 if decision.approve:
-                    await self.host.approve(principal, task_id, call_id)
+                    await self.host.approve(principal, run_id, call_id)
                 else:
-                    await self.host.reject(principal, task_id, call_id, decision.message)
+                    await self.host.reject(principal, run_id, call_id, decision.message)
             elif decision is not None:
                 _fail(INVALID_PARAMS, "no call of this task waits for approval")
             else:
@@ -491,6 +487,25 @@ class A2AFace:
                 raise RpcError(INVALID_PARAMS, exc.message, exc.code) from None
             raise _host_error(exc, op="message") from None
         return int(info.seq) + 1
+
+    async def _waiting_call(
+        self, principal: str, task_id: str, decision: _Decision
+    ) -> tuple[str, str]:
+        """The run and call a decision is for: among the calls the task waits for
+        (its own and its descendants'), the one it names — or the only one."""
+        view = await self._snapshot(principal, task_id)
+        waiting = [(c["runId"], c["callId"]) for c in view.waiting_calls()]
+        if decision.call_id is not None:
+            waiting = [
+                (run, call)
+                for run, call in waiting
+                if call == decision.call_id and decision.run_id in (None, run)
+            ]
+            if not waiting:
+                _fail(INVALID_PARAMS, f"no call {decision.call_id[:100]!r} waits for approval")
+        if len(waiting) != 1:
+            _fail(INVALID_PARAMS, "several calls wait: name one with callId (and runId)")
+        return waiting[0]
 
     async def _send_message(self, principal: str, params: dict[str, Any]) -> dict[str, Any]:
         message = _object(params, "message", required=True)

@@ -104,6 +104,8 @@ class TaskView:
     # calls an input-required status waits for.
     calls: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     pending: list[str] = attrs.field(factory=list)
+    # calls waiting in descendant runs (a child's tool, §17): {"run_id", "call_id"}
+    below: list[dict[str, str]] = attrs.field(factory=list)
     artifacts: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     history: list[dict[str, Any]] = attrs.field(factory=list)
 
@@ -134,6 +136,12 @@ class TaskView:
             detail = event.get("detail") or {}
             pending = detail.get("pending") if isinstance(detail, Mapping) else None
             self.pending = [str(c) for c in pending] if isinstance(pending, list) else []
+            below = detail.get("waiting") if isinstance(detail, Mapping) else None
+            self.below = [
+                {"run_id": str(w.get("run_id")), "call_id": str(w.get("call_id"))}
+                for w in (below if isinstance(below, list) else ())
+                if isinstance(w, Mapping)
+            ]
         elif kind == "response.text.delta":
             artifact = self._artifact(int(event.get("turn", 0)))
             artifact["parts"][0]["text"] += str(event.get("text", ""))
@@ -177,10 +185,16 @@ class TaskView:
     # ------------------------------------------------------------------ reading
 
     def waiting_calls(self) -> list[dict[str, Any]]:
-        """The calls waiting for approval, with their names and arguments when seen."""
-        return [
-            self.calls.get(c, {"callId": c, "name": "?", "arguments": ""}) for c in self.pending
+        """The calls waiting for approval — this run's, with their names and arguments,
+        then its descendants' (``runId`` names the child run; their names are in the
+        child's log, not this one's)."""
+        unknown = {"name": "?", "arguments": ""}
+        own = [
+            {"runId": self.task_id, **self.calls.get(c, {"callId": c, **unknown})}
+            for c in self.pending
         ]
+        below = [{"runId": w["run_id"], "callId": w["call_id"], **unknown} for w in self.below]
+        return own + below
 
     def status(self) -> dict[str, Any]:
         """The ``TaskStatus``: the state, and a message where there is something to say
