@@ -4,7 +4,10 @@ racing completion, re-subscription with Last-Event-ID, approvals, 0.3 names."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -13,6 +16,7 @@ import trio.testing
 
 import trio_agents as ta
 from tests.support.a2a_support import ALICE, BOB, raw_post, rpc, serving, sse, text_message
+from trio_agents.hosting import LocalHost, RunHost
 from trio_agents.models import ScriptedModel, Turn
 
 METHODS = [
@@ -541,3 +545,64 @@ async def test_a_call_waiting_in_a_child_run_is_answered_through_the_root_task()
         done = (await rpc(url, "SendMessage", {"message": message})).json()["result"]["task"]
     assert done["status"]["state"] == "TASK_STATE_COMPLETED"
     assert done["artifacts"][-1]["parts"][0]["text"] == "root done"
+
+
+class _Watched:
+    """A host proxy that tells when a status-only subscription (a blocking
+    SendMessage's wait) opens and closes."""
+
+    def __init__(self, host: LocalHost) -> None:
+        self._host = host
+        self.opened = trio.Event()
+        self.closed = trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
+
+    @asynccontextmanager
+    async def events(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async with self._host.events(*args, **kwargs) as events:
+            watched = kwargs.get("status_only", False)
+            if watched:
+                self.opened.set()
+            try:
+                yield events
+            finally:
+                if watched:
+                    self.closed.set()
+
+
+async def test_a_blocking_send_message_stops_waiting_when_its_client_goes_away() -> None:
+    """The client of a blocking SendMessage hangs up while the run works: the handler
+    stops waiting (its subscription closes), the run goes on."""
+    gate = trio.Event()
+    proxies: list[_Watched] = []
+
+    def wrap(host: LocalHost) -> RunHost:
+        proxies.append(_Watched(host))
+        return cast(RunHost, proxies[0])
+
+    async with serving({"h": _holder(gate)}, wrap=wrap) as (host, url):
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendMessage",
+                "params": {"message": text_message("go")},
+            }
+        )
+        head = (
+            f"POST /a2a HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok-alice\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all((head + body).encode())
+            await proxies[0].opened.wait()  # the handler waits for the run
+        with trio.fail_after(10):  # a hang guard: it closes at once
+            await proxies[0].closed.wait()
+        (info,) = await host.list("alice")
+        assert not info.status.is_terminal  # the run goes on
+        gate.set()
+        assert str((await host.wait_terminal("alice", info.run_id)).status) == "completed"

@@ -17,7 +17,7 @@ import trio
 
 import trio_agents as ta
 from trio_agents.faces import http_app, serve_http
-from trio_agents.hosting import LocalHost
+from trio_agents.hosting import LocalHost, RunHost
 
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
 ALICE = {"Authorization": "Bearer tok-alice"}
@@ -28,13 +28,17 @@ T = TypeVar("T")
 
 @asynccontextmanager
 async def serving(
-    agents: Mapping[str, ta.Agent], **host_kwargs: Any
+    agents: Mapping[str, ta.Agent],
+    *,
+    wrap: Callable[[LocalHost], RunHost] | None = None,
+    **host_kwargs: Any,
 ) -> AsyncIterator[tuple[LocalHost, str]]:
     """A LocalHost of ``agents`` served over HTTP on 127.0.0.1 (a free port): the host
-    and the server's base URL."""
+    and the server's base URL. ``wrap``: what the faces are given instead of the host
+    (a test's instrumented proxy of it)."""
     host = LocalHost(agents, **host_kwargs)
     async with host.running(), trio.open_nursery() as nursery:
-        app = http_app(host, auth=TOKENS)
+        app = http_app(host if wrap is None else wrap(host), auth=TOKENS)
         port = await nursery.start(serve_http, app, "127.0.0.1", 0)
         try:
             yield host, f"http://127.0.0.1:{port}"

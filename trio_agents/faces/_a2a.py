@@ -38,6 +38,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Final, NoReturn
 
 import attrs
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -327,7 +328,7 @@ class A2AFace:
             if method in ("SendStreamingMessage", "SubscribeToTask"):
                 stream = await self._open_stream(principal, method, params, request)
                 return self._stream_response(principal, stream, rpc_id, legacy, method)
-            result = await self._call(principal, method, params)
+            result = await self._call(principal, method, params, request)
             if legacy:
                 result = result_to_v03(method, result)
             return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "result": result})
@@ -367,9 +368,11 @@ class A2AFace:
             )
         return {"id": rpc_id, "method": method, "params": params}
 
-    async def _call(self, principal: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _call(
+        self, principal: str, method: str, params: dict[str, Any], request: Request
+    ) -> dict[str, Any]:
         if method == "SendMessage":
-            return await self._send_message(principal, params)
+            return await self._send_message(principal, params, request)
         if method == "GetTask":
             task_id = _string(params, "id", required=True)
             assert task_id is not None
@@ -417,6 +420,37 @@ class A2AFace:
                         return
         except HostError as exc:
             raise _host_error(exc, op="get") from None
+
+    async def _settle_or_gone(
+        self, request: Request, principal: str, run_id: str, from_seq: int
+    ) -> None:
+        """:meth:`_settle`, unless the client goes away first: a blocking SendMessage
+        must not hold its handler (and a subscription) for a run nobody waits for. The
+        run goes on either way (GetTask or SubscribeToTask find it)."""
+        failed: list[RpcError] = []
+        gone = False
+
+        async def settle() -> None:
+            try:
+                await self._settle(principal, run_id, from_seq)
+            except RpcError as exc:
+                failed.append(exc)
+            nursery.cancel_scope.cancel()
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(settle)
+            nursery.start_soon(watch)
+        if failed:
+            raise failed[0]
+        if gone:
+            raise RpcError(INTERNAL_ERROR, "the client went away")  # nobody reads it
 
     async def _start(self, principal: str, params: dict[str, Any]) -> str:
         """Start a run for a message that names no task; returns its id."""
@@ -507,7 +541,9 @@ class A2AFace:
             _fail(INVALID_PARAMS, "several calls wait: name one with callId (and runId)")
         return waiting[0]
 
-    async def _send_message(self, principal: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _send_message(
+        self, principal: str, params: dict[str, Any], request: Request
+    ) -> dict[str, Any]:
         message = _object(params, "message", required=True)
         config = _object(params, "configuration")
         history = _count(config, "historyLength")
@@ -521,7 +557,7 @@ class A2AFace:
         else:
             from_seq = await self._continue(principal, task_id, message)
         if not immediately:
-            await self._settle(principal, task_id, from_seq)
+            await self._settle_or_gone(request, principal, task_id, from_seq)
         view = await self._snapshot(principal, task_id)
         return {"task": view.task(history_length=history)}
 
