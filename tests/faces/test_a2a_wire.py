@@ -606,3 +606,16 @@ async def test_a_blocking_send_message_stops_waiting_when_its_client_goes_away()
         assert not info.status.is_terminal  # the run goes on
         gate.set()
         assert str((await host.wait_terminal("alice", info.run_id)).status) == "completed"
+
+
+async def test_a_busy_context_is_a_server_error_carrying_session_busy() -> None:
+    """A second task in a context (session) whose run is still working: the host's
+    ``session_busy``, which A2A has no code for — -32000, the §10 code in ErrorInfo."""
+    gate = trio.Event()
+    async with serving({"h": _holder(gate)}) as (_host, url):
+        task = await _start(url)
+        busy = {"message": text_message("again", contextId=task["contextId"])}
+        error = _error(await rpc(url, "SendMessage", busy))
+        assert error["code"] == -32000
+        assert error["data"][0]["metadata"] == {"code": "session_busy"}
+        gate.set()
