@@ -58,18 +58,27 @@ class AguiStream:
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
-        self._lines = response.aiter_lines()
+        self._body = response.aiter_bytes()
+        self._buffer = b""
         self.events: list[dict[str, Any]] = []
+
+    async def _line(self) -> bytes | None:
+        while b"\n" not in self._buffer:
+            try:
+                self._buffer += await self._body.__anext__()
+            except StopAsyncIteration:
+                return None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
 
     async def next(self) -> dict[str, Any] | None:
         """The next event (None at the end of the stream)."""
         while True:
-            try:
-                line = await self._lines.__anext__()
-            except StopAsyncIteration:
+            line = await self._line()
+            if line is None:
                 return None
-            if line.startswith("data: "):
-                data = line[len("data: ") :]
+            if line.startswith(b"data: "):
+                data = line[len(b"data: ") :]
                 EVENT.validate_json(data)  # every event is a valid AG-UI event
                 event: dict[str, Any] = json.loads(data)
                 self.events.append(event)
@@ -90,9 +99,17 @@ class AguiStream:
         return self.events
 
     async def aclose(self) -> None:
-        # Closed explicitly: an abandoned aiter_lines() chain is left to the garbage
-        # collector otherwise, and Trio warns about it.
-        await self._lines.aclose()  # type: ignore[attr-defined]
+        """Unwind httpx's chain of nested body generators: resumed under a cancelled
+        scope, the next socket read raises at the bottom and every generator unwinds
+        (closing only the outermost would leave the inner ones to the garbage
+        collector, and Trio warns). As ``trio_agents.models`` does for model streams."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.cancel()
+            try:
+                while True:
+                    await self._body.__anext__()
+            except (StopAsyncIteration, httpx.HTTPError):
+                return
 
 
 @asynccontextmanager

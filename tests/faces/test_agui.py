@@ -37,7 +37,10 @@ async def sleep_hour() -> str:
 
 def _agent(name: str, turns: list[Any], *tools: ta.Tool, default: Any = None) -> ta.Agent:
     return ta.Agent(
-        name=name, instructions="test", model=ScriptedModel(turns, default=default), tools=list(tools)
+        name=name,
+        instructions="test",
+        model=ScriptedModel(turns, default=default),
+        tools=list(tools),
     )
 
 
@@ -138,9 +141,9 @@ async def test_a_fan_out_of_children_streams_as_steps() -> None:
     assert all(_ours(e)["status"] == "completed" for e in finished)
     # The children's own text streams inside their steps, as messages of their own.
     child_ids = {_ours(e)["run_id"] for e in started}
-    child_messages = {
-        e["messageId"] for e in events if e["type"] == "TEXT_MESSAGE_START"
-    } - {f"{_ours(events[0])['run_id']}.2"}
+    child_messages = {e["messageId"] for e in events if e["type"] == "TEXT_MESSAGE_START"} - {
+        f"{_ours(events[0])['run_id']}.2"
+    }
     assert {m.rsplit(".", 1)[0] for m in child_messages} == child_ids
     for step_start, step_end in zip(started, finished, strict=False):
         assert events.index(step_start) < events.index(step_end)
@@ -167,7 +170,11 @@ async def test_an_approval_interrupts_the_agui_run_and_resume_continues_it() -> 
 
             body = run_input(run="ag-2")
             body["resume"] = [
-                {"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": True},
+                }
             ]
             async with agui_stream(client, "ops", body) as stream:
                 second = await stream.rest()

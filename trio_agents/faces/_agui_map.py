@@ -128,9 +128,7 @@ def parse_input(body: Any) -> RunAgentInput:
         where = ".".join(str(part) for part in first["loc"]) or "body"
         count = exc.error_count()
         more = f" (and {count - 1} more problem(s))" if count > 1 else ""
-        raise AguiInputError(
-            f"not a valid RunAgentInput: {where}: {first['msg']}{more}"
-        ) from None
+        raise AguiInputError(f"not a valid RunAgentInput: {where}: {first['msg']}{more}") from None
 
 
 @attrs.frozen
@@ -191,9 +189,9 @@ def plan(
     return Start(_new_input(run_input.messages), mode)
 
 
-def _on_disconnect(props: Any, default: Literal["cancel", "continue"]) -> Literal[
-    "cancel", "continue"
-]:
+def _on_disconnect(
+    props: Any, default: Literal["cancel", "continue"]
+) -> Literal["cancel", "continue"]:
     if props is None:
         return default
     if not isinstance(props, dict):
@@ -477,9 +475,7 @@ class EventMapper:
         if name_or_none is None:
             return []
         return [
-            StepFinishedEvent(
-                step_name=name_or_none, metadata=_meta(run_id=child, status=status)
-            )
+            StepFinishedEvent(step_name=name_or_none, metadata=_meta(run_id=child, status=status))
         ]
 
     def _close_all(self) -> list[BaseEvent]:

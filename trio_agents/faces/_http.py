@@ -187,11 +187,17 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise HttpError("payload_too_large", f"the body is over {max_bytes} bytes")
-        chunks.append(chunk)
+    # Starlette's stream() is an async generator: closed here when we stop early, or
+    # the garbage collector finalizes it later and Trio reports it unraisable.
+    body = request.stream()
+    try:
+        async for chunk in body:
+            size += len(chunk)
+            if size > max_bytes:
+                raise HttpError("payload_too_large", f"the body is over {max_bytes} bytes")
+            chunks.append(chunk)
+    finally:
+        await body.aclose()
     return b"".join(chunks)
 
 
