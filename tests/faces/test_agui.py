@@ -259,3 +259,76 @@ async def test_a_session_busy_thread_is_refused_before_the_stream() -> None:
             answer = await client.post("/ag-ui/ops", json=run_input(run="ag-2"), headers=ALICE)
     assert answer.status_code == 409
     assert answer.json()["error"]["code"] == "session_busy"
+
+
+GATE: trio.Event | None = None
+
+
+@ta.function_tool
+async def gated() -> str:
+    """Wait until the test opens the gate."""
+    assert GATE is not None
+    await GATE.wait()
+    return "through"
+
+
+async def test_a_childs_approval_interrupts_and_the_resume_loses_nothing_of_its_siblings() -> None:
+    """One child waits for an approval while its sibling is still working: the AG-UI run
+    ends on the interrupt; the sibling finishes while no stream is open; the resumed
+    AG-UI run carries the sibling's end and the approved call's result, and nothing
+    the first AG-UI run already sent."""
+    global GATE
+    GATE = trio.Event()
+    asker = _agent("asker", [Turn(tool_calls=[("launch", {})]), "asker done"], launch)
+    worker = _agent("worker", [Turn(tool_calls=[("gated", {})]), "worker done"], gated)
+    root = _agent(
+        "root",
+        [Turn(tool_calls=[("asker", {"input": "a"}), ("worker", {"input": "w"})]), "all done"],
+        asker.as_tool(),
+        worker.as_tool(),
+    )
+    with trio.fail_after(30):
+        async with agui_server({"root": root}) as (host, _, client):
+            async with agui_stream(client, "root", run_input()) as stream:
+                first = await stream.rest()
+            check_order(first)
+            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            asker_run = interrupt["metadata"]["trio-agents"]["run_id"]
+            assert asker_run != _ours(first[0])["run_id"]
+            assert (
+                interrupt["toolCallId"]
+                == f"{asker_run}.{interrupt['metadata']['trio-agents']['call_id']}"
+            )
+            # The worker goes on and finishes while no AG-UI stream is open.
+            GATE.set()
+            worker_run = next(
+                _ours(e)["run_id"]
+                for e in first
+                if e["type"] == "STEP_STARTED" and "worker" in e["stepName"]
+            )
+            assert (await host.wait_terminal("alice", worker_run)).status == "completed"
+
+            body = run_input(run="ag-2")
+            body["resume"] = [
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": True},
+                }
+            ]
+            async with agui_stream(client, "root", body) as stream:
+                second = await stream.rest()
+    check_order(second)
+    assert second[-1]["outcome"] == {"type": "success"}
+    results = {e["toolCallId"]: e["content"] for e in second if e["type"] == "TOOL_CALL_RESULT"}
+    assert results[interrupt["toolCallId"]] == "launched"
+    assert "through" in results.values()  # the worker's tool, run while no stream was open
+    worker_text = "".join(
+        e["delta"]
+        for e in second
+        if e["type"] == "TEXT_MESSAGE_CONTENT" and e["messageId"].startswith(worker_run)
+    )
+    assert worker_text == "worker done"
+    # Nothing twice: every call is announced by one AG-UI run only.
+    starts = [e["toolCallId"] for e in first + second if e["type"] == "TOOL_CALL_START"]
+    assert len(starts) == len(set(starts)) == 4  # two of the root, one per child

@@ -284,3 +284,24 @@ async def test_bad_on_disconnect_query_is_400() -> None:
                 "/ag-ui/ops", json=run_input(), headers=ALICE, params={"on_disconnect": "x"}
             )
     assert _error(answer)[:2] == (400, "invalid_request")
+
+
+async def test_a_resume_answered_twice_is_refused_the_second_time() -> None:
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher()}) as (_, _, client):
+            async with agui_stream(client, "ops", run_input()) as stream:
+                first = await stream.rest()
+            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            body = run_input(run="ag-2")
+            body["resume"] = [
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": True},
+                }
+            ]
+            async with agui_stream(client, "ops", body) as stream:
+                check_order(await stream.rest())
+            body["runId"] = "ag-3"
+            answer = await client.post("/ag-ui/ops", json=body, headers=ALICE)
+    assert _error(answer)[:2] == (409, "run_closed")
