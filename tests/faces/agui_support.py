@@ -5,7 +5,7 @@ the ``ag-ui-protocol`` models, and a checker of AG-UI's ordering rules."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 
 import trio_agents as ta
 from trio_agents.faces import HttpApp, HttpLimits, http_app, serve_http
-from trio_agents.hosting import LocalHost
+from trio_agents.hosting import LocalHost, RunHost
 
 AUTH = {"tok-alice": "alice", "tok-bob": "bob"}
 ALICE = {"Authorization": "Bearer tok-alice"}
@@ -28,12 +28,16 @@ EVENT = TypeAdapter(Event)
 
 @asynccontextmanager
 async def agui_server(
-    agents: Mapping[str, ta.Agent], *, limits: HttpLimits | None = None
+    agents: Mapping[str, ta.Agent],
+    *,
+    limits: HttpLimits | None = None,
+    wrap: Callable[[LocalHost], RunHost] | None = None,
 ) -> AsyncIterator[tuple[LocalHost, HttpApp, httpx.AsyncClient]]:
-    """A host serving ``agents`` over HTTP on a free loopback port, and a client of it."""
+    """A host serving ``agents`` over HTTP on a free loopback port, and a client of it
+    (``wrap``: the faces are given ``wrap(host)`` instead of the host itself)."""
     host = LocalHost(agents)
     async with host.running():
-        app = http_app(host, auth=AUTH, limits=limits)
+        app = http_app(host if wrap is None else wrap(host), auth=AUTH, limits=limits)
         async with trio.open_nursery() as nursery:
             port = await nursery.start(serve_http, app, "127.0.0.1", 0)
             timeout = httpx.Timeout(10.0, read=None)

@@ -26,8 +26,9 @@ an approval no longer waiting); once the stream has started, a failure is a
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final, Literal, final
 
@@ -120,8 +121,22 @@ async def _source(
             parent_run_id=run_input.parent_run_id,
         )
     try:
-        async with host.events(principal, root, tree=True) as events:
-            yield _Messages(mapper, events)
+        async with contextlib.AsyncExitStack() as stack:
+
+            async def follow(from_seq: int) -> AsyncIterator[HostedEvent]:
+                # The root's own events, from the host's log of it: where the tree is not
+                # (a cluster node that does not run it), or no longer is (a takeover).
+                return await stack.enter_async_context(
+                    host.events(principal, root, from_seq=from_seq)
+                )
+
+            try:
+                events = await stack.enter_async_context(host.events(principal, root, tree=True))
+            except HostError as exc:
+                if exc.code != "invalid_request":
+                    raise
+                events = await follow(1)
+            yield _Messages(mapper, root, events, follow)
     finally:
         # Ended before its AG-UI run did: the client went away (or stopped reading).
         if not mapper.finished and asked.on_disconnect == "cancel":
@@ -152,11 +167,29 @@ async def _answer(
 class _Messages:
     """The SSE messages of one AG-UI run: the mapper's events for each of the host's,
     until the mapper made the AG-UI run's last event (a class, not an async generator:
-    the stream's pump may abandon it at any await)."""
+    the stream's pump may abandon it at any await).
 
-    def __init__(self, mapper: EventMapper, events: AsyncIterator[HostedEvent]) -> None:
+    A tree subscription that ends before the run did (the run's tree went to another
+    node of a cluster) is followed on from the root's own log, from the seq after the
+    last root event given; the children's own events are then not streamed (they stay
+    on the node running the tree), their steps are.
+    """
+
+    _MAX_FOLLOWS: Final = 16
+
+    def __init__(
+        self,
+        mapper: EventMapper,
+        root: str,
+        events: AsyncIterator[HostedEvent],
+        follow: Callable[[int], Awaitable[AsyncIterator[HostedEvent]]],
+    ) -> None:
         self._mapper = mapper
+        self._root = root
         self._events = events
+        self._follow = follow
+        self._follows = 0
+        self._root_seq = 0
         self._encoder = EventEncoder()
         self._ready: list[BaseEvent] = mapper.started()
 
@@ -171,8 +204,11 @@ class _Messages:
             try:
                 hosted = await self._events.__anext__()
             except StopAsyncIteration:
-                # The host stopped giving the run's events before its end (a cluster
-                # node handing the run over): say so, never end as if it had ended.
+                if self._follows < self._MAX_FOLLOWS:
+                    self._follows += 1
+                    self._events = await self._follow(self._root_seq + 1)
+                    continue
+                # Never end the stream as if the run had ended.
                 mapper.finished = True
                 self._ready = [
                     RunErrorEvent(
@@ -185,6 +221,10 @@ class _Messages:
                 mapper.finished = True
                 self._ready = [RunErrorEvent(message=exc.message, code=exc.code)]
                 break
+            if hosted.run_id == self._root:
+                if hosted.seq <= self._root_seq:
+                    continue  # given already (a follow overlapping what the tree gave)
+                self._root_seq = hosted.seq
             self._ready = mapper.feed(hosted.run_id, hosted.seq, hosted.event)
         ready, self._ready = self._ready, []
         return "".join(self._encoder.encode(event) for event in ready).encode("utf-8")
