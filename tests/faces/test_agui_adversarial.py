@@ -169,6 +169,18 @@ async def test_another_principals_thread_and_interrupts_are_not_theirs() -> None
             "invalid_request",
             "interruptId",
         ),
+        (
+            b'{"threadId": "' + b"t" * 257 + b'", "runId": "r", "messages": [{"id": "1",'
+            b' "role": "user", "content": "hi"}]}',
+            "invalid_request",
+            "threadId",
+        ),
+        (
+            b'{"threadId": "", "runId": "r", "messages": [{"id": "1", "role": "user",'
+            b' "content": "hi"}]}',
+            "invalid_request",
+            "threadId",
+        ),
     ],
 )
 async def test_garbage_run_agent_input_is_a_clear_400(body: bytes, code: str, names: str) -> None:
@@ -197,6 +209,11 @@ async def test_a_resume_payload_that_is_not_an_approval_is_refused() -> None:
                 {"interruptId": interrupt["id"], "status": "resolved"},
                 {"interruptId": interrupt["id"], "status": "maybe"},
                 {"interruptId": forged, "status": "cancelled"},
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": False, "message": "x" * 5000},
+                },
             ):
                 body = run_input(run="ag-2")
                 body["resume"] = [entry]
@@ -305,3 +322,35 @@ async def test_a_resume_answered_twice_is_refused_the_second_time() -> None:
             body["runId"] = "ag-3"
             answer = await client.post("/ag-ui/ops", json=body, headers=ALICE)
     assert _error(answer)[:2] == (409, "run_closed")
+
+
+async def test_a_resumed_agui_run_owns_the_run_too() -> None:
+    global GATE
+    GATE = trio.Event()
+    agent = ta.Agent(
+        name="ops",
+        instructions="test",
+        model=ScriptedModel(
+            [Turn(tool_calls=[("launch", {})]), Turn(tool_calls=[("gated", {})]), "done"]
+        ),
+        tools=[launch, gated],
+    )
+    with trio.fail_after(30):
+        async with agui_server({"ops": agent}) as (host, app, client):
+            async with agui_stream(client, "ops", run_input()) as stream:
+                first = await stream.rest()
+            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            body = run_input(run="ag-2")
+            body["resume"] = [
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": True},
+                }
+            ]
+            async with agui_stream(client, "ops", body) as stream:
+                await stream.until("TOOL_CALL_START", toolCallName="gated")
+            await wait_streams_closed(app)
+            GATE.set()
+            info = await host.wait_terminal("alice", first[0]["metadata"]["trio-agents"]["run_id"])
+    assert (info.status, info.reason) == ("cancelled", "client disconnected")

@@ -102,6 +102,11 @@ APPROVAL_SCHEMA: Final[dict[str, Any]] = {
 """The ``responseSchema`` of every approval interrupt: what a ``resolved`` resume
 entry's ``payload`` holds."""
 
+# The websocket channel's bounds on names (session and run ids) and on a rejection's
+# message, so every face refuses the same.
+MAX_NAME_LENGTH: Final = 256
+MAX_MESSAGE_LENGTH: Final = 4096
+
 CANCELLED_APPROVAL: Final = "the user dismissed the approval"
 """The rejection message of an approval whose resume entry is ``cancelled``."""
 
@@ -183,6 +188,8 @@ def plan(
         )
     if run_input.state not in (None, {}):
         raise AguiInputError("state: these agents keep no shared state; send {} or leave it out")
+    if not 0 < len(run_input.thread_id) <= MAX_NAME_LENGTH:
+        raise AguiInputError(f"threadId must be 1 to {MAX_NAME_LENGTH} characters")
     mode = _on_disconnect(run_input.forwarded_props, on_disconnect)
     if run_input.resume:
         return _resume(run_input, mode)
@@ -250,8 +257,13 @@ def _resume(run_input: RunAgentInput, mode: Literal["cancel", "continue"]) -> Re
                 f"{where}.payload: a resolved approval needs {{'approved': true|false}}"
             )
         message = payload.get("message")
-        if message is not None and not isinstance(message, str):
-            raise AguiInputError(f"{where}.payload.message must be a string")
+        if message is not None and (
+            not isinstance(message, str) or len(message) > MAX_MESSAGE_LENGTH
+        ):
+            raise AguiInputError(
+                f"{where}.payload.message must be a string of at most"
+                f" {MAX_MESSAGE_LENGTH} characters"
+            )
         approvals.append(Approval(run_id, call_id, payload["approved"], message))
     if len(places) != 1:
         raise AguiInputError("resume: every entry must answer the same interrupted run")
@@ -279,8 +291,7 @@ def _decode_interrupt_id(value: str) -> tuple[str, int, str, str]:
         and type(decoded[1]) is int
         and isinstance(decoded[2], str)
         and isinstance(decoded[3], str)
-        and decoded[2]
-        and decoded[3]
+        and all(0 < len(name) <= MAX_NAME_LENGTH for name in (decoded[2], decoded[3]))
     ):
         return decoded[0], decoded[1], decoded[2], decoded[3]
     raise ValueError("not an interrupt id")
