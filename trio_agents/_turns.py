@@ -36,7 +36,7 @@ import trio
 
 from ._answer import Answers, final_answer_offered
 from ._events import InboxDelivered, InboxInjected, RunStatus, text_delta
-from ._exceptions import GuardrailTripped, ModelError
+from ._exceptions import GuardrailTripped, InvalidConversationError, ModelError
 from ._guardrails import (
     GuardrailFault,
     StreamGate,
@@ -47,7 +47,6 @@ from ._guardrails import (
     start_input_guardrails,
 )
 from ._handoffs import switch_agent
-from ._history import load_session
 from ._inbox import Approvals, Inbox, Injection
 from ._items import AssistantMessage, Item, ToolCall, UserMessage
 from ._limits import StreamMeter
@@ -60,10 +59,10 @@ from ._model import (
     Usage,
 )
 from ._output import Accepted, Rejected
+from ._session_load import load_session
 from ._state import (
     CallSoon,
     HookError,
-    InvalidConversation,
     OpenCall,
     RunState,
     SessionError,
@@ -144,7 +143,7 @@ def failure(exc: Exception) -> Failed:
         return Failed(f"hook error: {exc}", exc.error)
     if isinstance(exc, SessionError):
         return Failed(f"session error: {exc}", exc.error)
-    if isinstance(exc, InvalidConversation):
+    if isinstance(exc, InvalidConversationError):
         return Failed(f"invalid conversation: {exc}", exc)
     if isinstance(exc, GuardrailTripped):
         return Failed(str(exc), exc)
@@ -187,7 +186,7 @@ async def drive(
                     return Failed("max_turns")
                 problems = state.conversation_problems()
                 if problems:
-                    raise InvalidConversation("; ".join(problems[:3]))
+                    raise InvalidConversationError("; ".join(problems[:3]))
                 turn = await model_turn(state, inbox)
             if type(turn) is _Interrupted:
                 idle = False  # a when="now" injection: the next turn starts at once
@@ -284,7 +283,7 @@ def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
             # Accepted before the history was loaded, or the model used the id since:
             # unconsumed, never delivered into an invalid conversation.
             state.undelivered += tuple(taken[index:])
-            raise InvalidConversation(
+            raise InvalidConversationError(
                 f"injected call id {clash[0]!r} is already in the conversation"
             )
         for item in injection.items:
@@ -449,12 +448,12 @@ async def _history(state: RunState, policy: Any, items: tuple[Item, ...]) -> tup
         try:
             sent.append(await apply_history(state, policy, items))
         except HistoryError as exc:
-            raise InvalidConversation(f"history {exc}") from exc
+            raise InvalidConversationError(f"history {exc}") from exc
 
     try:
         await call_hook("history", apply())
     except HookError as exc:
-        if isinstance(exc.error, InvalidConversation):
+        if isinstance(exc.error, InvalidConversationError):
             raise exc.error from None
         raise
     return sent[0]

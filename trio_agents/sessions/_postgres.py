@@ -56,7 +56,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .._items import Item
-from ._repair import repair_loaded
+from ._dangling_calls import repair_loaded
 from ._storage import SessionStorageError, check_session_id, decode_item, encode_items
 
 __all__ = [
@@ -688,18 +688,18 @@ class PostgresSession:
         self._write_all_sync(conn, encoded)
 
     def _add_items_sync(self, conn: Connection, encoded: list[str]) -> None:
-        # One statement: the upsert claims positions [start, start + n) under the
+        # One statement: the upsert reserves positions [start, start + n) under the
         # session's row lock (ON CONFLICT DO UPDATE works on the latest row version,
         # even under READ COMMITTED), and the rows go in at those positions.
         conn.execute(
-            f"WITH claimed AS ("
+            f"WITH reserved AS ("
             f" INSERT INTO {_SESSIONS} AS s (session_id, next_position) VALUES (%(sid)s, %(n)s)"
             "  ON CONFLICT (session_id) DO UPDATE"
             "  SET next_position = s.next_position + EXCLUDED.next_position, updated_at = now()"
             "  RETURNING s.next_position - %(n)s AS start)"
             f" INSERT INTO {_ITEMS} (session_id, position, data)"
-            " SELECT %(sid)s, claimed.start + item.ordinality - 1, item.data"
-            " FROM claimed, unnest(%(data)s::text[]) WITH ORDINALITY AS item(data, ordinality)",
+            " SELECT %(sid)s, reserved.start + item.ordinality - 1, item.data"
+            " FROM reserved, unnest(%(data)s::text[]) WITH ORDINALITY AS item(data, ordinality)",
             {"sid": self._session_id, "n": len(encoded), "data": encoded},
         )
 

@@ -38,7 +38,7 @@ import attrs
 import trio
 
 from .._items import Item
-from ._repair import repair_loaded
+from ._dangling_calls import repair_loaded
 from ._storage import SessionStorageError, check_session_id, decode_item, encode_items
 
 __all__ = [
@@ -142,7 +142,7 @@ class SQLiteSession:
     (so a bad file is reported on entry). Close it with :meth:`aclose` (or ``async
     with``, or :meth:`close`); afterwards every call raises
     :class:`trio.ClosedResourceError`. Loaded conversations are repaired
-    (:func:`~trio_agents.sessions._repair.repair_loaded`): dangling tool calls from a
+    (:func:`~trio_agents.sessions._dangling_calls.repair_loaded`): dangling tool calls from a
     crashed run are closed with a ``cancelled`` result.
 
     Raises (from any call):
@@ -180,7 +180,7 @@ class SQLiteSession:
         """Return the stored conversation, oldest first, repaired.
 
         Dangling tool calls are answered with a ``cancelled`` result and orphan results
-        dropped (see :func:`~trio_agents.sessions._repair.repair_loaded`), and the repair
+        dropped (see :func:`~trio_agents.sessions._dangling_calls.repair_loaded`), and the repair
         is written back in one transaction, so the stored rows are valid again.
 
         Raises:
