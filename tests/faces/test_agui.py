@@ -11,9 +11,8 @@ from typing import Any
 import trio
 
 import trio_agents as ta
+from tests.support.agui_support import ALICE, agui_server, agui_stream, check_order, run_input
 from trio_agents.models import ScriptedModel, Turn
-
-from .agui_support import ALICE, agui_server, agui_stream, check_order, run_input
 
 
 @ta.function_tool

@@ -11,10 +11,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from trio_agents.faces import HttpLimits
-from trio_agents.models import ScriptedModel, Turn
-
-from .agui_support import (
+from tests.support.agui_support import (
     ALICE,
     BOB,
     agui_server,
@@ -23,6 +20,8 @@ from .agui_support import (
     run_input,
     wait_streams_closed,
 )
+from trio_agents.faces import HttpLimits
+from trio_agents.models import ScriptedModel, Turn
 
 
 @ta.function_tool(needs_approval=True)

@@ -12,10 +12,9 @@ from typing import Any
 import trio
 
 import trio_agents as ta
+from tests.support.agui_support import agui_server, agui_stream, check_order, run_input
 from trio_agents.hosting import HostedEvent, HostError, LocalHost
 from trio_agents.models import ScriptedModel, Turn
-
-from .agui_support import agui_server, agui_stream, check_order, run_input
 
 
 class _Host:
