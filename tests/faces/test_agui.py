@@ -335,3 +335,36 @@ async def test_a_childs_approval_interrupts_and_the_resume_loses_nothing_of_its_
     # Nothing twice: every call is announced by one AG-UI run only.
     starts = [e["toolCallId"] for e in first + second if e["type"] == "TOOL_CALL_START"]
     assert len(starts) == len(set(starts)) == 4  # two of the root, one per child
+
+
+async def test_a_resume_after_a_handoff_continues_the_run() -> None:
+    billing = _agent("billing", [Turn(tool_calls=[("launch", {})]), "billed"], launch)
+    triage = ta.Agent(
+        name="triage",
+        instructions="test",
+        model=ScriptedModel([Turn(tool_calls=[("transfer_to_billing", {})])]),
+        handoffs=[billing],
+    )
+    with trio.fail_after(30):
+        async with agui_server({"triage": triage}) as (_, _, client):
+            async with agui_stream(client, "triage", run_input()) as stream:
+                first = await stream.rest()
+            check_order(first)
+            handoff = next(e for e in first if e["type"] == "CUSTOM")
+            assert handoff["name"] == "trio-agents.run.handoff"
+            assert handoff["value"]["to_agent"] == "billing"
+            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            body = run_input(run="ag-2")
+            body["resume"] = [
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": True},
+                }
+            ]
+            # The AG-UI client still talks to the agent it started with.
+            async with agui_stream(client, "triage", body) as stream:
+                second = await stream.rest()
+    check_order(second)
+    assert second[-1]["outcome"] == {"type": "success"}
+    assert "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT") == "billed"

@@ -111,7 +111,7 @@ async def _source(
             parent_run_id=run_input.parent_run_id,
         )
     else:
-        root = await _answer(host, principal, agent, run_input, asked)
+        root = await _answer(host, principal, run_input, asked)
         mapper = EventMapper(
             thread_id=run_input.thread_id,
             run_id=run_input.run_id,
@@ -147,14 +147,13 @@ async def _source(
                     logger.debug("AG-UI run %s not cancelled on disconnect: %s", root, exc)
 
 
-async def _answer(
-    host: RunHost, principal: str, agent: str, run_input: RunAgentInput, asked: Resume
-) -> str:
-    """Check the interrupted run is this thread's (and this agent's), then apply each
-    resume entry's answer; returns the run to stream."""
+async def _answer(host: RunHost, principal: str, run_input: RunAgentInput, asked: Resume) -> str:
+    """Check the interrupted run is this thread's, then apply each resume entry's
+    answer; returns the run to stream. (Not checked against ``agent``: after a handoff
+    the run's current agent is another one, and the thread is what names the run.)"""
     info = await host.get(principal, asked.root)  # not_found: unknown, or another's
-    if info.session_id != run_input.thread_id or info.agent != agent or info.parent_id:
-        raise HttpError("not_found", "no interrupted run of this agent in this thread")
+    if info.session_id != run_input.thread_id or info.parent_id:
+        raise HttpError("not_found", "no interrupted run in this thread")
     for answer in asked.approvals:
         if answer.approved:
             await host.approve(principal, answer.run_id, answer.call_id)
