@@ -18,7 +18,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.cluster.test_cluster_crash_and_partition import (
+from tests.cluster.internals.test_cluster_crash_and_partition import (
     agent,
     local_entry,
     stored_items,

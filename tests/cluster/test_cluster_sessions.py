@@ -111,7 +111,7 @@ async def test_on_busy_across_nodes(pg_dsn: str, on_busy: str) -> None:
 
 @pytest.mark.parametrize("holder_node", ["A", "B"])
 async def test_an_enqueued_start_is_acked_at_once_and_queued(pg_dsn: str, holder_node: str) -> None:
-    # As in one process (tests/control/test_control_limits.py): run.start with on_busy="enqueue"
+    # As in one process (tests/control/internals/test_control_limits.py): run.start with on_busy="enqueue"
     # on a busy session is acked at once, the run is "queued" (on every node), can be
     # cancelled while queued (leaving the session alone), and gets the session once the
     # holder lets go; the holder on another node or on the same one.

@@ -379,7 +379,7 @@ async def test_sqlite_sessions_by_path_are_per_principal(tmp_path: object) -> No
     import json as _json
     import os
 
-    from trio_agents.sessions._sqlite import SQLiteSession
+    from trio_agents.sessions import SQLiteSession
 
     path = os.path.join(str(tmp_path), "sessions.sqlite3")
     model = ScriptedModel([], default=Turn(text="stored"))

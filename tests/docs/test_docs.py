@@ -3,7 +3,7 @@
 Blocks of one file run in order in one namespace (so a later block can use an earlier
 one's names), the way a reader follows the page. A block whose first line is
 ``# not run: <why>`` is skipped: only docs/sessions.md's PostgresSession example, which
-tests/sessions/test_postgres_session.py runs against the test suite's PostgreSQL server.
+tests/sessions/internals/test_postgres_session.py runs against the test suite's PostgreSQL server.
 """
 
 from __future__ import annotations

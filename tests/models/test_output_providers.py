@@ -12,7 +12,12 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.models.test_anthropic_model import message_end, message_start, text_block, tool_block
+from tests.models.internals.test_anthropic_model import (
+    message_end,
+    message_start,
+    text_block,
+    tool_block,
+)
 from tests.support.chat_wire import text_reply, tool_reply
 from tests.support.responses_wire import text_response
 from tests.support.sse_server import Reply, SSEServer

@@ -16,18 +16,24 @@ import trio.testing
 import trio_agents as ta
 from tests.support.responses_wire import ResponseScript, text_response, tool_response
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer, unused_port
-from trio_agents import ModelError
-from trio_agents._items import AssistantMessage, ToolCall, ToolResult, UserMessage
-from trio_agents._model import (
-    Finish,
-    ModelEvent,
+from trio_agents import (
+    AssistantMessage,
+    ModelError,
     ModelRequest,
-    TextDelta,
-    ToolCallDone,
+    ToolCall,
+    ToolResult,
     ToolSpec,
     Usage,
+    UserMessage,
 )
-from trio_agents.models import OpenAIResponsesModel, from_string
+from trio_agents.models import (
+    Finish,
+    ModelEvent,
+    OpenAIResponsesModel,
+    TextDelta,
+    ToolCallDone,
+    from_string,
+)
 
 REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
 

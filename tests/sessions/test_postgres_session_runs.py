@@ -22,7 +22,7 @@ import trio
 
 import trio_agents as ta
 from tests.core.test_run_faults import EventsModel, make_agent
-from tests.sessions.test_postgres_session import SESSIONS, raw_connection, stored
+from tests.sessions.internals.test_postgres_session import SESSIONS, raw_connection, stored
 from trio_agents.models import ScriptedModel, TextDelta, Turn
 from trio_agents.sessions import PostgresSession
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_agents._items import (
+from tests.support.helpers import INTERRUPTED_OUTPUT
+from trio_agents import (
     AssistantMessage,
     Item,
     ToolCall,
@@ -14,7 +15,7 @@ from trio_agents._items import (
     UserMessage,
     conversation_problems,
 )
-from trio_agents.sessions._dangling_calls import INTERRUPTED_OUTPUT, repair_loaded
+from trio_agents.sessions import repair_loaded
 
 text = st.text(max_size=10)
 # A few call ids, so that duplicates, orphans and late results are common.

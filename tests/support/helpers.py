@@ -31,3 +31,8 @@ async def collect(run: ta.Run, from_seq: int | None = None) -> list[ta.RunEvent]
 
 def statuses(events: Sequence[ta.RunEvent]) -> list[str]:
     return [e.status.value for e in events if isinstance(e, ta.RunUpdated)]
+
+
+# What a repaired call's result says (docs/sessions.md "Repair on load"): written out
+# here, not imported from the private module, so a change to it shows up as a test diff.
+INTERRUPTED_OUTPUT = "cancelled: interrupted"

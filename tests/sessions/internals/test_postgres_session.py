@@ -20,20 +20,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg_pool import ConnectionPool
 
-from tests.sessions.test_sqlite_session import EVERY_KIND, assert_batches_whole
-from trio_agents import TrioAgentsError
-from trio_agents._items import (
+from tests.sessions.internals.test_sqlite_session import EVERY_KIND, assert_batches_whole
+from tests.support.helpers import INTERRUPTED_OUTPUT
+from trio_agents import (
     AssistantMessage,
     Item,
     ToolCall,
     ToolResult,
+    TrioAgentsError,
     UserMessage,
     conversation_problems,
 )
-from trio_agents.sessions import PostgresSession, PostgresSessionStatistics, Session, _postgres
-from trio_agents.sessions._dangling_calls import INTERRUPTED_OUTPUT, repair_loaded
-from trio_agents.sessions._postgres import MIGRATIONS, SCHEMA_VERSION
-from trio_agents.sessions._storage import SessionStorageError
+from trio_agents.sessions import (
+    SCHEMA_VERSION,
+    PostgresSession,
+    PostgresSessionStatistics,
+    Session,
+    SessionStorageError,
+    _postgres,
+    repair_loaded,
+)
+from trio_agents.sessions._postgres import MIGRATIONS
 
 ITEMS = "trio_agents_session_items"
 SESSIONS = "trio_agents_sessions"
@@ -866,7 +873,7 @@ async def test_aclose_waits_for_a_write_in_flight(session: PostgresSession, pg_d
 
 
 def guide_blocks() -> Iterator[str]:
-    page = (Path(__file__).resolve().parents[2] / "docs" / "sessions.md").read_text()
+    page = (Path(__file__).resolve().parents[3] / "docs" / "sessions.md").read_text()
     for block in re.findall(r"^```python\n(.*?)^```", page, re.MULTILINE | re.DOTALL):
         if block.startswith("# not run: needs a PostgreSQL server"):
             yield block

@@ -16,30 +16,24 @@ import trio
 import trio.testing
 
 from tests.support.sse_server import SSE, Reply, SSEServer
-from trio_agents import ModelError
-from trio_agents._items import UserMessage
-from trio_agents._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
-from trio_agents.models._anthropic import AnthropicModel
-from trio_agents.models._demo import DemoModel
-from trio_agents.models._http import (
-    MAX_RETRY_AFTER,
-    CallIds,
-    ClientOwnership,
-    HTTPRequestSpec,
-    HTTPStreamingModel,
-    SSEDecoder,
-    SSEEvent,
-    StreamParser,
-    backoff_delay,
-    error_detail,
-    http_error,
-    make_timeout,
-    one_line,
-    parse_error_body,
-    parse_retry_after,
+from trio_agents import ModelError, ModelRequest, Usage, UserMessage
+from trio_agents.models import (
+    AnthropicModel,
+    DemoModel,
+    Finish,
+    ModelEvent,
+    OpenAIChatModel,
+    TextDelta,
+    ToolCallDone,
+    from_string,
 )
-from trio_agents.models._model_string import from_string
-from trio_agents.models._openai import OpenAIChatModel
+from trio_agents.models._call_ids import CallIds
+from trio_agents.models._clients import ClientOwnership, make_timeout
+from trio_agents.models._error_bodies import error_detail, http_error, one_line, parse_error_body
+from trio_agents.models._http import HTTPStreamingModel
+from trio_agents.models._model_stream import HTTPRequestSpec, StreamParser
+from trio_agents.models._retry import MAX_RETRY_AFTER, backoff_delay, parse_retry_after
+from trio_agents.models._sse import SSEDecoder, SSEEvent
 
 REQUEST = ModelRequest(instructions="", items=(UserMessage("hi"),))
 

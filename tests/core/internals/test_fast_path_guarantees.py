@@ -15,7 +15,8 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from trio_agents._events import EVENT_TYPES, ResponseTextDelta, text_delta
+from trio_agents import ResponseTextDelta
+from trio_agents._events import EVENT_TYPES, text_delta
 from trio_agents._run import _uuid4_hex
 from trio_agents._turns import model_turn
 from trio_agents.models import (

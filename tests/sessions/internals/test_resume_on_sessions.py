@@ -20,7 +20,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.core.test_resume import agent, by_call
+from tests.core.internals.test_resume import agent, by_call
 from trio_agents.models import ScriptedModel
 from trio_agents.sessions import PostgresSession, SQLiteSession
 from trio_agents.testing._fakes import _stray_cancelled

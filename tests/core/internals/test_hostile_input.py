@@ -306,7 +306,7 @@ def test_a_number_too_large_for_a_float_is_invalid_tool_arguments() -> None:
 
 
 def test_validate_refuses_non_finite_floats() -> None:
-    from trio_agents._schema import validate
+    from trio_agents._validator import validate
 
     assert validate({"type": "number"}, float("nan")) == ["$: expected number, got nan"]
     assert validate({"type": "integer"}, float("inf")) == ["$: expected integer, got inf"]

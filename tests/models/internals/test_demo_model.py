@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from trio_agents._schema import validate
+from trio_agents._validator import validate
 from trio_agents.models import (
     DemoModel,
     Finish,

@@ -12,18 +12,19 @@ import trio
 
 import trio_agents as ta
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer
-from trio_agents import ModelError
-from trio_agents._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from trio_agents._model import (
-    Finish,
-    ModelEvent,
+from trio_agents import (
+    AssistantMessage,
+    Item,
+    ModelError,
     ModelRequest,
-    TextDelta,
-    ToolCallDone,
+    ToolCall,
+    ToolResult,
     ToolSpec,
     Usage,
+    UserMessage,
 )
-from trio_agents.models._anthropic import AnthropicModel, anthropic_messages
+from trio_agents.models import AnthropicModel, Finish, ModelEvent, TextDelta, ToolCallDone
+from trio_agents.models._anthropic import anthropic_messages
 
 REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
 

@@ -21,7 +21,7 @@ import trio_agents as ta
 from trio_agents.mcp import MCPServerHTTP, MCPServerStdio, MCPToolError
 from trio_agents.models import ScriptedModel, Turn
 
-SERVER = str(Path(__file__).resolve().parents[1] / "support" / "mcp_server.py")
+SERVER = str(Path(__file__).resolve().parents[2] / "support" / "mcp_server.py")
 HANG_GUARD = 30  # seconds: a broken test fails instead of hanging
 
 Opener = Callable[[], Any]
@@ -288,7 +288,7 @@ async def test_mcp_progress_becomes_tool_progress_events(transport: str, tmp_pat
 
 # ------------------------------------------------------------------ hostile servers
 
-RAW_SERVER = str(Path(__file__).resolve().parents[1] / "support" / "mcp_raw_server.py")
+RAW_SERVER = str(Path(__file__).resolve().parents[2] / "support" / "mcp_raw_server.py")
 
 
 def raw_server(mode: str, tmp_path: Path, **kw: Any) -> tuple[MCPServerStdio, Path]:

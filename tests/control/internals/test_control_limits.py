@@ -215,7 +215,8 @@ async def test_a_ping_flood_that_never_reads_is_cut_within_send_timeout(
 def test_events_decode_through_one_registry() -> None:
     from typing import get_args
 
-    from trio_agents._events import EVENT_TYPES, event_from_json
+    from trio_agents._events import EVENT_TYPES
+    from trio_agents.control import event_from_json
 
     assert set(EVENT_TYPES.values()) == set(get_args(ta.RunEvent))
     delta = ta.ResponseTextDelta("r", 2, 1, "hi")

@@ -26,13 +26,8 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from trio_agents._tools import (
-    Tool,
-    ToolArgumentsError,
-    ToolContext,
-    function_tool,
-    mark_cancelled,
-)
+from trio_agents import Tool, ToolArgumentsError, ToolContext, function_tool
+from trio_agents._tools import mark_cancelled
 
 
 class Unit(enum.Enum):

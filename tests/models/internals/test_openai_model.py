@@ -14,18 +14,18 @@ import trio.testing
 import trio_agents as ta
 from tests.support.chat_wire import DONE, chunk, text_reply, usage_chunk
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer, unused_port
-from trio_agents import ModelError
-from trio_agents._items import AssistantMessage, ToolCall, ToolResult, UserMessage
-from trio_agents._model import (
-    Finish,
-    ModelEvent,
+from trio_agents import (
+    AssistantMessage,
+    ModelError,
     ModelRequest,
-    TextDelta,
-    ToolCallDone,
+    ToolCall,
+    ToolResult,
     ToolSpec,
     Usage,
+    UserMessage,
 )
-from trio_agents.models._openai import OpenAIChatModel, chat_messages
+from trio_agents.models import Finish, ModelEvent, OpenAIChatModel, TextDelta, ToolCallDone
+from trio_agents.models._openai import chat_messages
 
 REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
 

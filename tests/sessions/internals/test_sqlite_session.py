@@ -20,24 +20,25 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_agents import TrioAgentsError
-from trio_agents._items import (
+from tests.support.helpers import INTERRUPTED_OUTPUT
+from trio_agents import (
     AssistantMessage,
     Item,
     ToolCall,
     ToolResult,
+    TrioAgentsError,
     UserMessage,
     conversation_problems,
 )
-from trio_agents.sessions import Session, _sqlite
-from trio_agents.sessions._dangling_calls import INTERRUPTED_OUTPUT, repair_loaded
-from trio_agents.sessions._sqlite import (
-    MIGRATIONS,
+from trio_agents.sessions import (
     SCHEMA_VERSION,
+    Session,
     SessionStorageError,
     SQLiteSession,
-    SQLiteSessionStatistics,
+    _sqlite,
+    repair_loaded,
 )
+from trio_agents.sessions._sqlite import MIGRATIONS, SQLiteSessionStatistics
 
 EVERY_KIND: list[Item] = [
     UserMessage('hello ✓ \x00 "quoted" {json} \ud800 lone surrogate'),

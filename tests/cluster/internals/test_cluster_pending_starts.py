@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.cluster.test_cluster_crash_and_partition import agent
+from tests.cluster.internals.test_cluster_crash_and_partition import agent
 from tests.support.cluster_support import client, node
 from trio_agents.control import _hosting
 from trio_agents.models import ScriptedModel, Turn

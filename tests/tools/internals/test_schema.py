@@ -13,16 +13,15 @@ from typing import Annotated, Any, Literal, NewType, NotRequired, Optional, Requ
 import attrs
 import pytest
 
-from trio_agents._schema import (
-    MAX_ERRORS,
+from trio_agents._docstrings import parse_docstring
+from trio_agents._signatures import function_schema
+from trio_agents._typeschema import (
     ArgumentConversionError,
     compile_type,
-    function_schema,
-    parse_docstring,
     schema_for_type,
     to_json_value,
-    validate,
 )
+from trio_agents._validator import MAX_ERRORS, validate
 
 
 class Color(enum.Enum):

@@ -1,9 +1,9 @@
-"""Our argument validator (``trio_agents._schema.validate``) against the reference
+"""Our argument validator (``trio_agents._validator.validate``) against the reference
 implementation, ``jsonschema`` (Draft 2020-12), on random schemas of the subset we
 support (type, properties, required, additionalProperties, items, enum, anyOf) and
 random JSON values: the two must agree on every valid/invalid verdict.
 
-This is why ``_schema.py`` may stay our own (see docs/output.md): on the subset it
+This is why ``_validator.py`` may stay our own (see docs/output.md): on the subset it
 implements it is the reference's equal, checked here, not assumed.
 """
 
@@ -15,7 +15,7 @@ import hypothesis
 import jsonschema
 from hypothesis import strategies as st
 
-from trio_agents._schema import validate
+from trio_agents._validator import validate
 
 KEYS = ("a", "b", "c")
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")

@@ -16,10 +16,17 @@ import trio_agents as ta
 from tests.support.chat_wire import DONE, chunk, text_reply, tool_reply
 from tests.support.sse_server import SSE, Raw, RecordedRequest, Reply, SSEServer
 from tests.support.strict_servers import STRICT_SERVERS, llama_cpp_python
-from trio_agents import ModelError
-from trio_agents._items import AssistantMessage, ToolCall, ToolResult, UserMessage
-from trio_agents._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
-from trio_agents.models._openai import OpenAIChatModel, chat_messages, object_arguments
+from trio_agents import (
+    AssistantMessage,
+    ModelError,
+    ModelRequest,
+    ToolCall,
+    ToolResult,
+    Usage,
+    UserMessage,
+)
+from trio_agents.models import Finish, ModelEvent, OpenAIChatModel, TextDelta, ToolCallDone
+from trio_agents.models._openai import chat_messages, object_arguments
 
 REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
 
