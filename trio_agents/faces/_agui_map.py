@@ -564,12 +564,18 @@ class EventMapper:
         for run_id, call_id in waiting:
             if (run_id, call_id) in self._resolved:
                 continue  # answered by this very request; its wait is over
-            name, arguments = self._calls.get((run_id, call_id), ("?", ""))
+            known = self._calls.get((run_id, call_id))
+            # A call unknown here (its item fell out of retention) is still named by id.
+            name, arguments = known if known is not None else (None, "")
             interrupts.append(
                 Interrupt(
                     id=interrupt_id(self._root, seq, run_id, call_id),
                     reason="tool_approval",
-                    message=f"approve the call {name}({arguments})?",
+                    message=(
+                        f"approve the call {name}({arguments})?"
+                        if name is not None
+                        else f"approve the tool call {call_id}?"
+                    ),
                     tool_call_id=self._tool_call_id(run_id, call_id),
                     response_schema=APPROVAL_SCHEMA,
                     metadata=_meta(run_id=run_id, call_id=call_id, tool=name),
