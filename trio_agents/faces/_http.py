@@ -17,6 +17,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from contextlib import aclosing
 from typing import Any, Final
 
 import attrs
@@ -187,17 +188,12 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             )
     chunks: list[bytes] = []
     size = 0
-    # Starlette's stream() is an async generator: closed here when we stop early, or
-    # the garbage collector finalizes it later and Trio reports it unraisable.
-    body = request.stream()
-    try:
-        async for chunk in body:
+    async with aclosing(request.stream()) as stream:
+        async for chunk in stream:
             size += len(chunk)
             if size > max_bytes:
                 raise HttpError("payload_too_large", f"the body is over {max_bytes} bytes")
             chunks.append(chunk)
-    finally:
-        await body.aclose()
     return b"".join(chunks)
 
 
