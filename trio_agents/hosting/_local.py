@@ -26,10 +26,15 @@ keeps one small record per live owner, forgotten by ``disconnected``.
 Errors: every refusal is a :class:`HostError` with a §10 code; a face maps the code to
 its wire. A run of another principal is ``not_found`` on every method.
 
-Phase note: over a server that is a node of a cluster, this host serves the runs this
-node runs (and records their cancels, injections and decisions durably, as the
-websocket channel does); routing ops to other nodes and following their runs' logs is
-the cluster's host's job (it is being layered under this interface).
+A node of a cluster has a host of its own, ``trio_agents.cluster``'s ``ClusterHost``,
+which wraps this one (placement, routing, durable records, the persisted event log);
+``ControlServer(cluster=...).host`` is that one. The run machinery this host is built
+over (the registry, the run tasks, the policies) still lives in ``trio_agents.control``
+(the import contract lists those crossings, docs/architecture.md).
+
+Changes to the interface: ``events``' ``from_seq`` may be None (from the oldest event
+retained, without an ``events.dropped`` marker: what ``run.subscribe`` without
+``from_seq`` does).
 """
 
 from __future__ import annotations
