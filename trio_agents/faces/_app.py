@@ -42,6 +42,7 @@ FACES: Final[tuple[str, ...]] = (
     # One line per face: the module trio_agents/faces/_<name>.py, with routes(face).
     "rest",
     "a2a",
+    "agui",
 )
 """The faces :func:`http_app` serves by default, by module name."""
 
