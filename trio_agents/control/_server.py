@@ -44,6 +44,7 @@ from ._stream import GuardedStream
 
 if TYPE_CHECKING:
     from ..cluster import PostgresCluster
+    from ..hosting import LocalHost
 
 __all__ = [
     "Auth",
@@ -166,9 +167,19 @@ class ControlServer:
             session_factory = sessions
         else:
             raise TypeError("sessions must be None, a path or a callable")
-        self._registry = Registry(dict(agents), limits, session_factory, dict(run_options or {}))
+        # The run host every face shares (imported here: the hosting layer's local
+        # host is still built over this package's registry and ops).
+        from ..hosting._local import LocalHost
+
+        self._host = LocalHost(
+            agents,
+            sessions=session_factory,
+            limits=limits,
+            run_options=run_options,
+            context=context,
+        )
+        self._registry: Registry = self._host._registry
         self._registry.cluster = cluster
-        self._registry.context_hook = context
         self._cluster = cluster
 
         self.port: int | None = None
@@ -178,6 +189,13 @@ class ControlServer:
         self._connections_scope = trio.CancelScope(shield=True)
         self._connections_done = trio.Event()
         self.shutdown_deadline = float("inf")
+
+    @property
+    def host(self) -> LocalHost:
+        """The server's run host (:class:`~trio_agents.hosting.LocalHost`): the same
+        registry the websocket channel serves, for the other faces (HTTP + SSE, A2A,
+        AG-UI) of the same server. Served by :meth:`serve` (do not serve it again)."""
+        return self._host
 
     @property
     def cluster(self) -> PostgresCluster | None:
