@@ -41,6 +41,7 @@ logger = logging.getLogger("trio_agents.faces")
 FACES: Final[tuple[str, ...]] = (
     # One line per face: the module trio_agents/faces/_<name>.py, with routes(face).
     "rest",
+    "ui",
 )
 """The faces :func:`http_app` serves by default, by module name."""
 

@@ -15,6 +15,8 @@
   const TOKEN_KEY = "trio-agents.token";
   const VIEW_KEY = "trio-agents.view"; // the selected run's view, for a reload
   const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+  // a tool result's status, in the colours of the run statuses
+  const TOOL_STATUS = { running: "running", ok: "completed", error: "failed", cancelled: "cancelled" };
   const LIST_EVERY_MS = 1500;
   const RETRY_MS = [250, 500, 1000, 2000, 4000];
   // The page is served at <prefix>/ui/; the API lives at <prefix>/.
@@ -382,6 +384,9 @@
           }
           const err = errorOf(resp.status, data);
           if (resp.status === 404) {
+            // unknown, or another principal's: the same answer, and nothing shown
+            $("run-view").querySelector(".tree").textContent = "";
+            sessionStorage.removeItem(VIEW_KEY);
             showRunError(err.message);
             setConn("idle", "not found");
             return;
@@ -492,6 +497,7 @@
     const agent = el("span", "agent");
     const rid = el("span", "mono muted", n.id);
     const turn = el("span", "muted turn");
+    const session = el("span", "muted session");
     const reason = el("span", "reason");
     const actions = el("span", "actions");
     const errorBox = el("div", "error action-error");
@@ -536,7 +542,7 @@
       if (!injectPanel.hidden) injectText.focus();
     });
     actions.append(injectOpen, cancelOpen);
-    head.append(badge, agent, rid, turn, reason, el("span", "spacer"), actions);
+    head.append(badge, agent, rid, session, turn, reason, el("span", "spacer"), actions);
 
     const budget = el("div", "budget");
     const approvals = el("div", "approvals");
@@ -544,7 +550,7 @@
     const children = el("div", "children");
     root.append(head, cancelPanel, injectPanel, errorBox, budget, approvals, transcript, children);
     return {
-      root, badge, agent, turn, reason, cancelOpen, injectOpen, cancelPanel, injectPanel,
+      root, badge, agent, session, turn, reason, actions, cancelPanel, injectPanel,
       budget, approvals, transcript, children, errorBox,
       shown: [], // per entry: {el, v}
       approvalsKey: null, limitsKey: null, childCount: 0,
@@ -577,7 +583,7 @@
     e.dataset.call = entry.callId;
     const line = el("div");
     line.append(el("span", "name", entry.name || "tool"), el("span", "args mono", "(" + entry.args + ")"));
-    line.append(" ", el("span", "status " + (entry.status === "running" ? "running" : ""), entry.status || "called"));
+    line.append(" ", el("span", "status " + (TOOL_STATUS[entry.status] || ""), entry.status || "called"));
     e.append(line);
     const child = Object.values(view.nodes).find((c) => c.parent === n.id && c.callId === entry.callId);
     if (child) e.append(el("div", "muted", "sub-agent " + (child.agent || "") + " (" + child.id + ")"));
@@ -604,10 +610,10 @@
     d.badge.className = "status " + n.status;
     d.badge.textContent = n.status;
     d.agent.textContent = n.agent || "";
+    d.session.textContent = n.session ? "session " + n.session : "";
     d.turn.textContent = n.turn ? "turn " + n.turn : "";
     d.reason.textContent = n.reason ? n.reason : "";
-    d.cancelOpen.disabled = terminal;
-    d.injectOpen.disabled = terminal;
+    d.actions.hidden = terminal; // a finished run takes no cancel, inject or decision
     if (terminal) {
       d.cancelPanel.hidden = true;
       d.injectPanel.hidden = true;
@@ -737,6 +743,16 @@
       dirty.add(nid);
     }
     render();
+    // the root's agent and session: the tree's events name every child's, not the root's
+    api("GET", runPath(id)).then((data) => {
+      const info = unwrapRun(data);
+      if (!view || view.root !== id || !info) return;
+      const n = node(id);
+      n.agent = n.agent || info.agent;
+      n.session = info.session_id || null;
+      dirty.add(id);
+      scheduleRender();
+    }, () => {});
     for (const row of document.querySelectorAll("#runs tr.run-row")) {
       row.classList.toggle("selected", row.dataset.run === id);
     }
