@@ -14,6 +14,8 @@ page really looks like.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.cli_support import ROOT, cli_argv, cli_env
 from tests.faces.ui_support import (
     ALICE,
     BOB,
@@ -279,3 +282,44 @@ def test_another_principals_runs_never_appear(page: Page, server: UiServer) -> N
     with httpx.Client(base_url=server.url) as client:
         listed = client.get("/runs", headers={"Authorization": f"Bearer {ALICE}"}).json()
     assert bobs not in str(listed)
+
+
+def test_trio_agents_serve_prints_the_ui_url_and_the_demo_runs_in_it(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """``trio-agents serve`` (the demo agent on the offline DemoModel) prints the web
+    UI's URL; the page there signs in, starts a demo run and shows it to the end."""
+    process = subprocess.Popen(
+        cli_argv("serve", "--port", "0", "--db", tmp_path / "s.db", "--token", "demo-tok-1"),
+        env=cli_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()  # printed before "serving ...": all is up
+        assert first.startswith("web UI: http://127.0.0.1:"), first
+        url = first.split()[2]
+        assert url.endswith("/ui/") and "demo-tok-1" not in first
+        assert process.stdout.readline().startswith("serving demo on ws://")
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(url)
+            page.fill("#token", "demo-tok-1")
+            page.click("#signin-form button")
+            expect(page.locator("#start-agent")).to_have_value("demo")
+            page.fill("#start-input", "What is 2 + 3?")
+            page.click("#start-button")
+            root = page.locator(".tree > .node")
+            expect(head(root, ".status")).to_have_text("completed")
+            expect(root.locator(".msg.assistant").last).not_to_be_empty()
+        finally:
+            context.close()
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "server stopped" in out

@@ -54,6 +54,12 @@ def _port(text: str) -> int:
     return port
 
 
+def _http_port(text: str) -> int | None:
+    if text == "off":
+        return None
+    return _port(text)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -152,6 +158,15 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         type=_port,
         default=8765,
         help="port to listen on (default 8765; 0: any free port, printed)",
+    )
+    serve.add_argument(
+        "--http-port",
+        type=_http_port,
+        default=-1,
+        metavar="PORT",
+        help="port of the HTTP faces: REST + SSE and the web UI at /ui/, whose URL is"
+        " printed (default: --port + 1, any free one with --port 0; 'off': none;"
+        " needs the serve extra)",
     )
     serve.add_argument(
         "--db",

@@ -168,8 +168,48 @@ def _listen_error(exc: OSError, host: str, port: int) -> CLIError:
     return CLIError(f"cannot listen on {where}: {exc.strerror or exc}")
 
 
-def _url(host: str, port: int) -> str:
-    return f"ws://[{host}]:{port}/" if ":" in host else f"ws://{host}:{port}/"
+def _url(host: str, port: int, scheme: str = "ws") -> str:
+    return f"{scheme}://[{host}]:{port}/" if ":" in host else f"{scheme}://{host}:{port}/"
+
+
+def _http_port(args: argparse.Namespace) -> int | None:
+    """The HTTP faces' port: ``--http-port``, or by default the websocket's + 1 (any
+    free one when that is any free one); none by default for a cluster node (its host
+    answers for this node's runs only, so a page there would miss the others')."""
+    if args.http_port is None:
+        return None
+    if args.http_port != -1:
+        return int(args.http_port)
+    if args.cluster is not None:
+        return None
+    return 0 if args.port in (0, 65535) else int(args.port) + 1
+
+
+async def _serve_http(
+    nursery: trio.Nursery, args: argparse.Namespace, host: Any, auth: dict[str, str], out: TextIO
+) -> None:
+    """Serve the HTTP faces (REST + SSE, the web UI) of ``host`` in ``nursery`` and
+    print the web UI's URL: the page asks for the token, which never goes in a URL."""
+    port = _http_port(args)
+    if port is None:
+        return
+    try:
+        from ..faces import http_app, serve_http
+    except ImportError:
+        out.write(
+            "web UI: not served (the HTTP faces need the serve extra:"
+            " pip install 'trio-agents[serve]')\n"
+        )
+        return
+    from ..faces._ui import UI_PATH
+
+    app = http_app(host, auth=auth)
+    try:
+        bound = await nursery.start(serve_http, app, args.host, port)
+    except OSError as exc:
+        raise _listen_error(exc, args.host, port) from None
+    base = _url(args.host, bound, "http")
+    out.write(f"web UI: {base}{UI_PATH.lstrip('/')} (sign in with the token; REST + SSE on {base})\n")
 
 
 async def _serve(
@@ -210,6 +250,8 @@ async def _serve(
                 port = await nursery.start(server.serve, args.host, args.port)
             except OSError as exc:
                 raise _listen_error(exc, args.host, args.port) from None
+            # before the "serving" line, which says everything is up
+            await _serve_http(nursery, args, server.host, auth, out)
             out.write(
                 f"serving {', '.join(agents)} on {_url(args.host, port)}"
                 f" ({where}; Ctrl-C or SIGTERM to stop)\n"
