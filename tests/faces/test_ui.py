@@ -45,7 +45,7 @@ if not chromium_available():
         allow_module_level=True,
     )
 
-from playwright.sync_api import Browser, Page, Request, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
 
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 TIMEOUT_MS = 15_000
@@ -138,9 +138,7 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=str(IMAGES / name), full_page=True)
 
 
-def test_start_a_run_from_the_page_and_see_its_text_stream_in(
-    page: Page, server: UiServer
-) -> None:
+def test_start_a_run_from_the_page_and_see_its_text_stream_in(page: Page, server: UiServer) -> None:
     sign_in(page, server)
     run_id = start_from_page(page, "writer", "Tell me a story")
     root = page.locator(".tree > .node")
@@ -157,9 +155,7 @@ def test_start_a_run_from_the_page_and_see_its_text_stream_in(
     expect(page.locator(f'#runs tr[data-run="{run_id}"] .status')).to_have_text("completed")
 
 
-def test_cancel_one_branch_of_a_fan_out_and_the_root_goes_on(
-    page: Page, server: UiServer
-) -> None:
+def test_cancel_one_branch_of_a_fan_out_and_the_root_goes_on(page: Page, server: UiServer) -> None:
     sign_in(page, server)
     start_from_page(page, "lead", "Research structured concurrency")
     root = page.locator(".tree > .node")
@@ -172,7 +168,7 @@ def test_cancel_one_branch_of_a_fan_out_and_the_root_goes_on(
     expect(head(branch_a, ".status")).to_have_text("cancelled")
     expect(head(branch_a, ".reason")).to_have_text("not needed")
     # the root and the other branch go on
-    expect(root.locator(':scope > .transcript .tool[data-call] .out').first).to_contain_text(
+    expect(root.locator(":scope > .transcript .tool[data-call] .out").first).to_contain_text(
         "sub-agent branch_a cancelled: not needed"
     )
     expect(head(root, ".status")).to_have_text("running")
@@ -196,7 +192,7 @@ def test_approve_a_waiting_call(page: Page, server: UiServer) -> None:
     shot(page, "ui-approval.png")
     approval.locator(".approve").click()
     expect(approval).to_have_count(0)
-    expect(root.locator('.tool[data-call] .out')).to_have_text("→ deleted notes.txt")
+    expect(root.locator(".tool[data-call] .out")).to_have_text("→ deleted notes.txt")
     expect(root.locator(".msg.assistant").last).to_have_text("Deleted notes.txt.")
     expect(head(root, ".status")).to_have_text("completed")
 
@@ -219,9 +215,7 @@ def test_inject_a_message_and_the_next_turn_uses_it(page: Page, server: UiServer
     shot(page, "ui-inject.png")
 
 
-def test_reload_mid_run_sees_no_event_twice_or_missing(
-    watched: Watched, server: UiServer
-) -> None:
+def test_reload_mid_run_sees_no_event_twice_or_missing(watched: Watched, server: UiServer) -> None:
     page = watched.page
     run_id = server.start(ALICE, "long", "count")
     sign_in(page, server)
@@ -230,7 +224,8 @@ def test_reload_mid_run_sees_no_event_twice_or_missing(
     first_half = "".join(f"w{i:02d} " for i in range(1, 21))
     expect(text).to_have_text(first_half)
     before = page.evaluate("window.trioAgentsUI.stats()")
-    assert before["duplicates"] == 0 and before["gaps"] == 0
+    assert before["duplicates"] == 0
+    assert before["gaps"] == 0
     watched.requests.clear()
     page.reload()
     # the view came back from the tab's storage, and the stream re-attached after it
@@ -302,7 +297,8 @@ def test_trio_agents_serve_prints_the_ui_url_and_the_demo_runs_in_it(
         first = process.stdout.readline()  # printed before "serving ...": all is up
         assert first.startswith("web UI: http://127.0.0.1:"), first
         url = first.split()[2]
-        assert url.endswith("/ui/") and "demo-tok-1" not in first
+        assert url.endswith("/ui/")
+        assert "demo-tok-1" not in first
         assert process.stdout.readline().startswith("serving demo on ws://")
         context = browser.new_context()
         try:

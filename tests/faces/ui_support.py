@@ -195,9 +195,7 @@ def last_user_text(request: ModelRequest) -> str:
 
 def tool_outputs(request: ModelRequest) -> str:
     """The outputs of the tool results the model was sent, joined."""
-    return "; ".join(
-        str(item.output) for item in request.items if isinstance(item, ta.ToolResult)
-    )
+    return "; ".join(str(item.output) for item in request.items if isinstance(item, ta.ToolResult))
 
 
 # ------------------------------------------------------------------ the agents
@@ -231,7 +229,18 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
             name="writer",
             instructions="Tells a story, streamed.",
             model=GatedModel(
-                [["Once ", "upon ", "a ", "time", Gate("write"), ", a run ", "streamed ", "to the end."]],
+                [
+                    [
+                        "Once ",
+                        "upon ",
+                        "a ",
+                        "time",
+                        Gate("write"),
+                        ", a run ",
+                        "streamed ",
+                        "to the end.",
+                    ]
+                ],
                 gates,
             ),
         ),
@@ -240,7 +249,10 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
             instructions="Fans out to two researcher sub-agents.",
             model=GatedModel(
                 [
-                    [Call("branch_a", {"input": "history"}), Call("branch_b", {"input": "practice"})],
+                    [
+                        Call("branch_a", {"input": "history"}),
+                        Call("branch_b", {"input": "practice"}),
+                    ],
                     [lambda request: "Summary: " + tool_outputs(request)],
                 ],
                 gates,
@@ -318,8 +330,8 @@ class UiServer:
         with self._client(token) as client:
             answer = client.get(f"/runs/{run_id}")
             answer.raise_for_status()
-            data: dict[str, Any] = answer.json()
-            return data.get("run", data)
+            run: dict[str, Any] = answer.json()["run"]
+            return run
 
 
 @contextmanager

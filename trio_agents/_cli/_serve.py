@@ -209,7 +209,9 @@ async def _serve_http(
     except OSError as exc:
         raise _listen_error(exc, args.host, port) from None
     base = _url(args.host, bound, "http")
-    out.write(f"web UI: {base}{UI_PATH.lstrip('/')} (sign in with the token; REST + SSE on {base})\n")
+    out.write(
+        f"web UI: {base}{UI_PATH.lstrip('/')} (sign in with the token; REST + SSE on {base})\n"
+    )
 
 
 async def _serve(
