@@ -135,7 +135,7 @@ def head(locator: Any, selector: str) -> Any:
 
 def shot(page: Page, name: str) -> None:
     IMAGES.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(IMAGES / name), full_page=True)
+    page.screenshot(path=str(IMAGES / name))
 
 
 def test_start_a_run_from_the_page_and_see_its_text_stream_in(page: Page, server: UiServer) -> None:
@@ -213,6 +213,25 @@ def test_inject_a_message_and_the_next_turn_uses_it(page: Page, server: UiServer
     expect(note).to_contain_text("delivered")
     expect(head(root, ".status")).to_have_text("completed")
     shot(page, "ui-inject.png")
+
+
+def test_usage_against_the_limits_set_and_a_handoff(page: Page, server: UiServer) -> None:
+    sign_in(page, server)
+    page.click("#start-form summary")
+    page.fill("#limit-requests", "5")
+    page.fill("#limit-total_tokens", "1000")
+    start_from_page(page, "triage", "My printer is on fire")
+    root = page.locator(".tree > .node")
+    expect(head(root, ".status")).to_have_text("completed")
+    # the same run, now the specialist's: the handoff is marked where it happened
+    expect(head(root, ".agent")).to_have_text("specialist")
+    expect(root.locator(".msg.handoff")).to_have_text("handoff: triage → specialist")
+    expect(root.locator(".msg.assistant").last).to_have_text("Specialist here: all sorted.")
+    expect(root.locator('.limit[data-limit="requests"]')).to_have_text("requests  2 / 5")
+    expect(root.locator('.limit[data-limit="total_tokens"]')).to_have_text(
+        "total_tokens  30 / 1000"
+    )
+    shot(page, "ui-limits-handoff.png")
 
 
 def test_reload_mid_run_sees_no_event_twice_or_missing(watched: Watched, server: UiServer) -> None:
@@ -319,3 +338,36 @@ def test_trio_agents_serve_prints_the_ui_url_and_the_demo_runs_in_it(
         out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     assert "server stopped" in out
+
+
+def test_a_dropped_connection_reattaches_from_the_last_event(
+    browser: Browser, server: UiServer
+) -> None:
+    # this page goes through the proxy, whose connections the test cuts
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        run_id = server.start(ALICE, "long_drop", "count")
+        page.goto(server.proxy_url + "/ui/")
+        page.fill("#token", ALICE)
+        page.click("#signin-form button")
+        page.goto(f"{server.proxy_url}/ui/#/runs/{run_id}")
+        text = page.locator(".tree > .node .msg.assistant")
+        expect(text).to_have_text("".join(f"w{i:02d} " for i in range(1, 21)))
+        expect(page.locator("#conn")).to_have_text("live")
+        last = page.evaluate("window.trioAgentsUI.stats()")["lastId"]
+        requests: list[Request] = []
+        page.on("request", lambda request: requests.append(request))
+        server.sever()
+        page.wait_for_function("() => window.trioAgentsUI.stats().attaches === 2")  # re-attached
+        (again,) = [r for r in requests if "/events" in r.url]
+        assert again.headers["last-event-id"] == last  # the id of the last event it got
+        server.open_gate("drop")
+        expect(text).to_have_text("".join(f"w{i:02d} " for i in range(1, 41)))
+        expect(page.locator(".tree > .node > .node-head .status")).to_have_text("completed")
+        stats = page.evaluate("window.trioAgentsUI.stats()")
+        assert (stats["duplicates"], stats["gaps"]) == (0, 0)
+        assert stats["attaches"] == 2
+        assert stats["events"] == server.get(ALICE, run_id)["seq"]
+    finally:
+        context.close()

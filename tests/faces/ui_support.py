@@ -278,19 +278,35 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
                 gates,
             ),
         ),
-        "long": Agent(
-            name="long",
-            instructions="Counts to forty, slowly.",
-            model=GatedModel(
-                [
+        # counts to forty, stopping halfway at its gate
+        **{
+            name: Agent(
+                name=name,
+                instructions="Counts to forty.",
+                model=GatedModel(
                     [
-                        *(f"w{i:02d} " for i in range(1, 21)),
-                        Gate("reload"),
-                        *(f"w{i:02d} " for i in range(21, 41)),
-                    ]
-                ],
-                gates,
-            ),
+                        [
+                            *(f"w{i:02d} " for i in range(1, 21)),
+                            Gate(gate),
+                            *(f"w{i:02d} " for i in range(21, 41)),
+                        ]
+                    ],
+                    gates,
+                ),
+            )
+            for name, gate in (("long", "reload"), ("long_drop", "drop"))
+        },
+        "triage": Agent(
+            name="triage",
+            instructions="Hands the conversation to a specialist.",
+            model=GatedModel([[Call("transfer_to_specialist", {})]], gates),
+            handoffs=[
+                Agent(
+                    name="specialist",
+                    instructions="Answers what triage passes on.",
+                    model=GatedModel([["Specialist here: ", "all sorted."]], gates),
+                )
+            ],
         ),
         "quick": Agent(
             name="quick", instructions="Says hello.", model=GatedModel([["Hello."]], gates)
@@ -302,15 +318,67 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
 
 
 @final
-class UiServer:
-    """A running server (see :func:`running_ui_server`)."""
+class _Proxy:
+    """A loopback TCP proxy in front of the server whose connections the test can cut
+    (:meth:`sever`): a dropped connection, for real, under an open event stream."""
 
-    def __init__(self, url: str, gates: Gates) -> None:
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.streams: set[trio.SocketStream] = set()
+
+    async def serve(self, *, task_status: trio.TaskStatus[int]) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        async with trio.open_nursery() as nursery:
+            task_status.started(listeners[0].socket.getsockname()[1])
+            await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        server = await trio.open_tcp_stream("127.0.0.1", self.target)
+        self.streams |= {client, server}
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump, client, server, nursery.cancel_scope)
+                nursery.start_soon(self._pump, server, client, nursery.cancel_scope)
+        finally:
+            self.streams -= {client, server}
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+                await server.aclose()
+
+    async def _pump(
+        self, source: trio.SocketStream, sink: trio.SocketStream, scope: trio.CancelScope
+    ) -> None:
+        try:
+            async for data in source:
+                await sink.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        scope.cancel()
+
+    def sever(self) -> None:
+        """Cut every connection through the proxy (on the server's Trio thread)."""
+        for stream in list(self.streams):
+            stream.socket.close()  # an abrupt close: the peer sees the connection drop
+
+
+@final
+class UiServer:
+    """A running server (see :func:`running_ui_server`); ``proxy_url`` reaches it
+    through a proxy whose connections :meth:`sever` cuts."""
+
+    def __init__(self, url: str, proxy_url: str, gates: Gates, proxy: _Proxy) -> None:
         self.url = url
+        self.proxy_url = proxy_url
         self.gates = gates
+        self._proxy = proxy
 
     def open_gate(self, name: str) -> None:
         self.gates.open(name)
+
+    def sever(self) -> None:
+        """Drop every connection made through ``proxy_url``."""
+        assert self.gates.token is not None
+        self.gates.token.run_sync_soon(self._proxy.sever)
 
     def _client(self, token: str) -> httpx.Client:
         return httpx.Client(
@@ -344,7 +412,7 @@ def running_ui_server(
     from trio_agents.hosting import LocalHost
 
     gates = Gates()
-    ready: queue.Queue[int | BaseException] = queue.Queue()
+    ready: queue.Queue[tuple[int, int, _Proxy] | BaseException] = queue.Queue()
     stop: list[Callable[[], None]] = []
 
     async def main() -> None:
@@ -353,8 +421,10 @@ def running_ui_server(
         async with host.running(), trio.open_nursery() as nursery:
             app = http_app(host, auth=TOKENS)
             port = await nursery.start(serve_http, app, "127.0.0.1", 0)
+            proxy = _Proxy(port)
+            proxied = await nursery.start(proxy.serve)
             stop.append(nursery.cancel_scope.cancel)
-            ready.put(port)
+            ready.put((port, proxied, proxy))
 
     def thread() -> None:
         try:
@@ -368,7 +438,8 @@ def running_ui_server(
     if isinstance(got, BaseException):
         raise RuntimeError("the UI's test server did not start") from got
     try:
-        yield UiServer(f"http://127.0.0.1:{got}", gates)
+        port, proxied, proxy = got
+        yield UiServer(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxied}", gates, proxy)
     finally:
         assert gates.token is not None
         gates.token.run_sync_soon(stop[0])

@@ -219,7 +219,11 @@
         n.reason = ev.reason || null;
         n.turn = ev.turn || n.turn;
         const detail = ev.detail || {};
+        const before = n.pending;
         n.pending = ev.status === "awaiting_approval" ? detail.pending || [] : [];
+        for (const callId of [...before, ...n.pending]) {
+          if (n.tools[callId] !== undefined) touch(n, n.tools[callId]); // "awaiting approval" on it
+        }
         n.waiting = ev.status === "awaiting_approval" ? detail.waiting || [] : [];
         if (detail.limits) n.limits = detail.limits;
         if (TERMINAL.has(ev.status) && n.streaming >= 0) {
@@ -583,7 +587,9 @@
     e.dataset.call = entry.callId;
     const line = el("div");
     line.append(el("span", "name", entry.name || "tool"), el("span", "args mono", "(" + entry.args + ")"));
-    line.append(" ", el("span", "status " + (TOOL_STATUS[entry.status] || ""), entry.status || "called"));
+    const waiting = !entry.status && n.pending.includes(entry.callId);
+    const shown = waiting ? "awaiting_approval" : TOOL_STATUS[entry.status] || "";
+    line.append(" ", el("span", "status " + shown, waiting ? "awaiting approval" : entry.status || "called"));
     e.append(line);
     const child = Object.values(view.nodes).find((c) => c.parent === n.id && c.callId === entry.callId);
     if (child) e.append(el("div", "muted", "sub-agent " + (child.agent || "") + " (" + child.id + ")"));
