@@ -240,7 +240,7 @@
       case "response.text.delta": {
         if (n.streaming < 0 || n.entries[n.streaming].turn !== ev.turn) {
           if (n.streaming >= 0) n.entries[n.streaming].streaming = false;
-          n.streaming = pushEntry(n, { kind: "assistant", text: "", turn: ev.turn, streaming: true });
+          n.streaming = pushEntry(n, { kind: "assistant", text: "", turn: ev.turn, streaming: true, rewrites: 0 });
         }
         n.entries[n.streaming].text += ev.text;
         touch(n, n.streaming);
@@ -252,7 +252,10 @@
           const text = typeof item.content === "string" ? item.content : JSON.stringify(item.content);
           if (n.streaming >= 0) {
             const e = n.entries[n.streaming];
-            e.text = text;
+            if (e.text !== text) {
+              e.text = text; // not what streamed (cut short, say): shown anew
+              e.rewrites = (e.rewrites || 0) + 1;
+            }
             e.streaming = false;
             e.incomplete = item.status === "incomplete";
             touch(n, n.streaming);
@@ -598,6 +601,30 @@
     return e;
   }
 
+  // A streaming text grows in one text node; once it passes SEAL_AT characters, all but
+  // its last line (or word) moves into a block of its own that never changes again.
+  // The browser then lays out only the short live part each frame, not the whole text
+  // (a block that did not change keeps its layout); without this, layout per frame
+  // grows with the text and a long fast stream slows the page down.
+  const SEAL_AT = 4096;
+
+  function seal(shown) {
+    const live = shown.live;
+    const text = live.data;
+    let cut = text.lastIndexOf("\n");
+    let skip = 1; // the newline itself: the block's end breaks the line already
+    if (cut < 0) {
+      cut = text.lastIndexOf(" ");
+      skip = 0;
+      if (cut < 0) cut = text.length - 1;
+      cut += 1; // keep the space at the end of the sealed part
+    }
+    const block = el("span", "sealed", text.slice(0, cut));
+    shown.el.insertBefore(block, live);
+    live.deleteData(0, cut + (skip && text[cut] === "\n" ? 1 : 0));
+    shown.sealed += cut + (skip && text[cut] === "\n" ? 1 : 0);
+  }
+
   function renderNode(n) {
     let d = dom[n.id];
     if (!d) {
@@ -678,7 +705,21 @@
       const shown = d.shown[i];
       if (shown && shown.v === entry.v) continue;
       if (shown && entry.kind === "assistant") {
-        shown.el.textContent = entry.text; // the hot path: one text update per frame
+        // The hot path, once per frame while text streams: append what arrived since
+        // the last frame to the same text node. Replacing the whole text instead makes
+        // the browser shape and lay out all of it again, every frame (measured:
+        // benchmarks/ui.py fell behind a 1,000 deltas/s stream that way).
+        const live = shown.live;
+        const had = shown.sealed + (live ? live.length : 0);
+        if (live && entry.rewrites === shown.rewrites && entry.text.length >= had) {
+          if (entry.text.length > had) live.appendData(entry.text.slice(had));
+          if (live.length > SEAL_AT) seal(shown);
+        } else {
+          shown.el.textContent = entry.text;
+          shown.live = shown.el.firstChild || shown.el.appendChild(document.createTextNode(""));
+          shown.sealed = 0;
+          shown.rewrites = entry.rewrites;
+        }
         shown.el.classList.toggle("streaming", !!entry.streaming);
         shown.v = entry.v;
         continue;
@@ -686,7 +727,10 @@
       const fresh = renderEntry(n, entry, d, d.errorBox);
       if (shown) shown.el.replaceWith(fresh);
       else d.transcript.append(fresh);
-      d.shown[i] = { el: fresh, v: entry.v };
+      d.shown[i] = { el: fresh, v: entry.v, rewrites: entry.rewrites, sealed: 0, live: null };
+      if (entry.kind === "assistant") {
+        d.shown[i].live = fresh.firstChild || fresh.appendChild(document.createTextNode(""));
+      }
     }
     for (const childId of n.children) {
       if (dom[childId] && !dom[childId].root.isConnected) d.children.append(dom[childId].root);
