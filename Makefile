@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers fuzz docs clean interop postgres chromium cluster-demo
+.PHONY: demo demo-ui test lint bench bench-peers fuzz docs clean interop postgres chromium cluster-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)  ## the lifecycle tour, offline, on the DemoModel
 	$(BIN)/trio-agents demo
+
+demo-ui: $(STAMP)  ## the web UI on the offline DemoModel: open the printed URL, paste the token
+	$(BIN)/trio-agents serve
 
 test: $(STAMP) postgres chromium  ## the test suite (Hypothesis runs the seeded "ci" profile)
 	$(BIN)/python -m pytest

@@ -148,6 +148,29 @@ def _summary(probe: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+def _server_alone(server: Any, model: PacedModel) -> float:
+    """Events per second the server's event stream delivers to a plain HTTP client
+    reading as fast as it can (no browser): what the page could be given at most."""
+    import httpx
+
+    from tests.faces.ui_support import ALICE
+
+    run_id = server.start(ALICE, "firehose_bare", "go")
+    headers = {"Authorization": f"Bearer {ALICE}"}
+    with (
+        httpx.Client(base_url=server.url, headers=headers, timeout=120) as client,
+        client.stream("GET", f"/runs/{run_id}/events?tree=1") as answer,
+    ):
+        server.gates.token.run_sync_soon(model.go.set)
+        events, first = 0, 0.0
+        for line in answer.iter_lines():
+            if line.startswith("data:"):
+                events += 1
+                if events == 10:  # past the run's start: the stream proper
+                    first = time.perf_counter()
+        return (events - 10) / (time.perf_counter() - first)
+
+
 def _metrics(cdp: Any) -> dict[str, float]:
     """The page's cumulative main-thread times (seconds), from the DevTools protocol."""
     return {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
@@ -181,14 +204,17 @@ def measure(*, runs: int, rate: float, seconds: float, profile: bool = False) ->
 
     count = int(rate * seconds)
     model = PacedModel(count, rate)
+    bare = PacedModel(count, rate)  # the same stream, read without a browser
 
     def agents(gates: Gates) -> dict[str, Agent]:
         return {
             **ui_agents(gates),
             "firehose": Agent(name="firehose", instructions="Streams.", model=model),
+            "firehose_bare": Agent(name="firehose_bare", instructions="Streams.", model=bare),
         }
 
     with running_ui_server(agents) as server:
+        server_rate = _server_alone(server, bare)
         for number in range(runs):
             server.start(ALICE, "quick", f"run {number}")
         with sync_playwright() as playwright:
@@ -198,10 +224,10 @@ def measure(*, runs: int, rate: float, seconds: float, profile: bool = False) ->
                 page.goto(server.url + "/ui/")
                 page.fill("#token", ALICE)
                 page.click("#signin-form button")
-                expect(page.locator("#runs tbody tr")).to_have_count(runs, timeout=30_000)
+                expect(page.locator("#runs tbody tr")).to_have_count(runs + 1, timeout=30_000)
                 run_id = server.start(ALICE, "firehose", "go")
                 page.goto(f"{server.url}/ui/#/runs/{run_id}")
-                expect(page.locator("#runs tbody tr")).to_have_count(runs + 1, timeout=30_000)
+                expect(page.locator("#runs tbody tr")).to_have_count(runs + 2, timeout=30_000)
                 expect(page.locator("#conn")).to_have_text("live", timeout=30_000)
                 # the floor: the same page, idle, as long as the stream will last
                 page.evaluate(_PROBE)
@@ -240,9 +266,10 @@ def measure(*, runs: int, rate: float, seconds: float, profile: bool = False) ->
     expected = "".join(f"d{i} " for i in range(1, count + 1))
     return {
         "load": os.getloadavg()[0],
-        "runs_listed": runs + 1,
+        "runs_listed": runs + 2,
         "deltas": count,
         "rate_asked": rate,
+        "server_alone_rate": server_rate,
         # the rate the page applied events at, from its first to its last frame that
         # saw new ones (deltas are most of them: a few status and item events besides)
         "rate_shown": (probe["last"]["events"] - probe["first"]["events"])
@@ -292,6 +319,8 @@ def _markdown(result: Mapping[str, Any], *, quick: bool) -> str:
         lines.append(f"| {label} | {idle[key]:.1f} | {busy[key]:.1f} | {targets.get(key, '')} |")
     kept = result["text_complete"] and result["duplicates"] == 0 and result["gaps"] == 0
     lines += [
+        f"| events per second the server streams to a plain HTTP client (no browser) | |"
+        f" {result['server_alone_rate']:.0f} | ≥ {result['rate_asked'] * 0.95:.0f} |",
         f"| deltas shown per second | | {result['rate_shown']:.0f} | ≥ {result['rate_asked'] * 0.95:.0f} |",
         f"| last delta shown after its schedule (ms) | | {result['last_delta_late_ms']:.0f} | ≤ 100 |",
         "| page main thread per event: all tasks / script / layout (ms) | |"
