@@ -54,12 +54,6 @@ def _port(text: str) -> int:
     return port
 
 
-def _http_port(text: str) -> int | None:
-    if text == "off":
-        return None
-    return _port(text)
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -145,7 +139,7 @@ def _count(text: str) -> int:
 def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
     serve = commands.add_parser(
         "serve",
-        help="serve agents over the websocket control channel",
+        help="serve agents over the websocket control channel and HTTP (REST + SSE)",
         description="Serve agents over the control channel until Ctrl-C or SIGTERM, which"
         " shut down gracefully: every run is cancelled with reason 'server shutdown', its"
         " session saved, every socket closed with 1001; then exit 0.",
@@ -161,12 +155,15 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
     )
     serve.add_argument(
         "--http-port",
-        type=_http_port,
-        default=-1,
-        metavar="PORT",
-        help="port of the HTTP faces: REST + SSE and the web UI at /ui/, whose URL is"
-        " printed (default: --port + 1, any free one with --port 0; 'off': none;"
-        " needs the serve extra)",
+        type=_port,
+        default=None,
+        help="port of the HTTP faces (REST + SSE, the web UI at /ui/; needs the serve extra) on the same"
+        " --host (default: --port + 1, or any free port with --port 0)",
+    )
+    serve.add_argument(
+        "--no-http",
+        action="store_true",
+        help="serve the websocket channel only",
     )
     serve.add_argument(
         "--db",

@@ -1,5 +1,13 @@
 """``trio-agents serve``: a control server until Ctrl-C or SIGTERM.
 
+Two ports: the websocket channel's (``--port``, trio-websocket owns its listener and
+handshake) and the HTTP faces' (``--http-port``, Hypercorn's; REST + SSE and the faces
+built on the same plumbing). One port would mean terminating the websocket handshake in
+Hypercorn and re-implementing the channel over ASGI websockets: its slow-client and
+half-frame guards (``control/_stream.py``) live on the raw byte stream trio-websocket
+reads. Both faces are clients of the same host (``ControlServer.host``): a run started
+on one is seen, and steered, on the other.
+
 Both signals mean the same graceful shutdown (DESIGN §10): the scope around
 :meth:`ControlServer.serve` is cancelled, so every run is cancelled with reason
 ``"server shutdown"``, its session is written, every socket is closed with 1001, all
@@ -154,12 +162,12 @@ def _auth(args: argparse.Namespace, out: TextIO) -> dict[str, str]:
     return {token: DEFAULT_PRINCIPAL}
 
 
-def _listen_error(exc: OSError, host: str, port: int) -> CLIError:
+def _listen_error(exc: OSError, host: str, port: int, flag: str = "--port") -> CLIError:
     where = f"{host}:{port}"
     if exc.errno == errno.EADDRINUSE:
         return CLIError(
             f"cannot listen on {where}: the address is already in use (another server?);"
-            " choose another --port, or --port 0 for any free one"
+            f" choose another {flag}, or {flag} 0 for any free one"
         )
     if exc.errno == errno.EACCES:
         return CLIError(f"cannot listen on {where}: permission denied (ports below 1024?)")
@@ -168,50 +176,12 @@ def _listen_error(exc: OSError, host: str, port: int) -> CLIError:
     return CLIError(f"cannot listen on {where}: {exc.strerror or exc}")
 
 
-def _url(host: str, port: int, scheme: str = "ws") -> str:
-    return f"{scheme}://[{host}]:{port}/" if ":" in host else f"{scheme}://{host}:{port}/"
+def _url(host: str, port: int) -> str:
+    return f"ws://[{host}]:{port}/" if ":" in host else f"ws://{host}:{port}/"
 
 
-def _http_port(args: argparse.Namespace) -> int | None:
-    """The HTTP faces' port: ``--http-port``, or by default the websocket's + 1 (any
-    free one when that is any free one); none by default for a cluster node (its host
-    answers for this node's runs only, so a page there would miss the others')."""
-    if args.http_port is None:
-        return None
-    if args.http_port != -1:
-        return int(args.http_port)
-    if args.cluster is not None:
-        return None
-    return 0 if args.port in (0, 65535) else int(args.port) + 1
-
-
-async def _serve_http(
-    nursery: trio.Nursery, args: argparse.Namespace, host: Any, auth: dict[str, str], out: TextIO
-) -> None:
-    """Serve the HTTP faces (REST + SSE, the web UI) of ``host`` in ``nursery`` and
-    print the web UI's URL: the page asks for the token, which never goes in a URL."""
-    port = _http_port(args)
-    if port is None:
-        return
-    try:
-        from ..faces import http_app, serve_http
-    except ImportError:
-        out.write(
-            "web UI: not served (the HTTP faces need the serve extra:"
-            " pip install 'trio-agents[serve]')\n"
-        )
-        return
-    from ..faces._ui import UI_PATH
-
-    app = http_app(host, auth=auth)
-    try:
-        bound = await nursery.start(serve_http, app, args.host, port)
-    except OSError as exc:
-        raise _listen_error(exc, args.host, port) from None
-    base = _url(args.host, bound, "http")
-    out.write(
-        f"web UI: {base}{UI_PATH.lstrip('/')} (sign in with the token; REST + SSE on {base})\n"
-    )
+def _http_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 async def _serve(
@@ -243,6 +213,18 @@ async def _serve(
         if cluster is None
         else f"cluster node {cluster.node_id}, sessions in PostgreSQL"
     )
+    faces: Any = None
+    http_off = "--no-http"
+    if not args.no_http:
+        try:
+            from .. import faces
+            from ..faces._ui import UI_PATH
+        except ImportError:
+            if args.http_port is not None:
+                raise CLIError(
+                    "--http-port needs the serve extra: pip install 'trio-agents[serve]'"
+                ) from None
+            http_off = "the serve extra is not installed: pip install 'trio-agents[serve]'"
     received, active = "?", 0
     # Both signals go to this receiver from here on; before it, Ctrl-C is a plain
     # KeyboardInterrupt (nothing is served yet) and SIGTERM the default exit.
@@ -252,8 +234,26 @@ async def _serve(
                 port = await nursery.start(server.serve, args.host, args.port)
             except OSError as exc:
                 raise _listen_error(exc, args.host, args.port) from None
-            # before the "serving" line, which says everything is up
-            await _serve_http(nursery, args, server.host, auth, out)
+            # The "serving" line comes last: it says everything is listening.
+            if faces is not None:
+                http_port = args.http_port
+                if http_port is None:
+                    http_port = 0 if args.port == 0 else min(port + 1, 65535)
+                app = faces.http_app(
+                    server.host,
+                    auth=auth,
+                    limits=faces.HttpLimits(shutdown_timeout=args.shutdown_timeout),
+                )
+                try:
+                    http_port = await nursery.start(faces.serve_http, app, args.host, http_port)
+                except OSError as exc:
+                    raise _listen_error(exc, args.host, http_port, "--http-port") from None
+                base = _http_url(args.host, http_port)
+                out.write(f"http: {base} (REST + SSE)\n")
+                # the page asks for the token: it never goes in this URL
+                out.write(f"web UI: {base}{UI_PATH.lstrip('/')} (sign in with the token)\n")
+            else:
+                out.write(f"http: off ({http_off})\n")
             out.write(
                 f"serving {', '.join(agents)} on {_url(args.host, port)}"
                 f" ({where}; Ctrl-C or SIGTERM to stop)\n"

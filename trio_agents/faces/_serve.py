@@ -126,7 +126,7 @@ async def serve_http(
         ASGIWrapper(app),
         config,
         context,
-        ConnectionState({}),  # type: ignore[arg-type]
+        ConnectionState({}),
     )
 
     async def handle(stream: trio.SocketStream) -> None:
