@@ -36,11 +36,12 @@ lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
 	$(BIN)/mypy
 
 fuzz: $(STAMP)  ## the lifecycle, fault and run-tree properties, "fuzz" profile (over 20,000 examples, and 21,000 tree schedules); cluster chaos, 100 runs
-	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_run_properties.py \
-		tests/test_harness_faults.py tests/test_tree_properties.py tests/test_policy_properties.py \
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/core/test_run_properties.py \
+		tests/testing/test_harness_faults.py tests/testing/test_tree_properties.py \
+		tests/testing/test_policy_properties.py \
 		-p no:cacheprovider --hypothesis-show-statistics -q \
 		-o faulthandler_timeout=3600
-	CHAOS_RUNS=100 $(BIN)/python -m pytest tests/test_cluster_chaos.py -p no:cacheprovider -q \
+	CHAOS_RUNS=100 $(BIN)/python -m pytest tests/cluster/test_cluster_chaos.py -p no:cacheprovider -q \
 		-o faulthandler_timeout=3600
 
 bench: $(STAMP)  ## timing figures and instruction counts; results in benchmarks/RESULTS.md

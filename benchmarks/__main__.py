@@ -140,7 +140,7 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
         from .tree import bench_b9
 
         # quick: wall time only (callgrind takes minutes; the child workload is smoke-run
-        # in-process by tests/test_benchmarks_smoke.py).
+        # in-process by tests/docs/test_benchmarks_smoke.py).
         emit(
             await bench_b9(
                 base, units=3 if quick else 200, repeats=1 if quick else 5, callgrind=not quick

@@ -15,7 +15,7 @@ It records, on ``time.monotonic()`` (``CLOCK_MONOTONIC``: the same clock in ever
 process of the machine), when each request had fully arrived (with the first and last
 message contents as markers) and when the client closed each connection; ``GET
 /stats`` returns those records as JSON. It is its own process so that its work never
-shares the benchmarked process's scheduler or GIL; ideas from ``tests/sse_server.py``.
+shares the benchmarked process's scheduler or GIL; ideas from ``tests/support/sse_server.py``.
 """
 
 from __future__ import annotations

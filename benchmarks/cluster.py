@@ -1,8 +1,8 @@
 """B7: a cluster of ``trio-agents serve --cluster`` processes on one PostgreSQL.
 
-Real node processes on loopback (tests/process_cluster.py starts them: ``serve
+Real node processes on loopback (tests/support/process_cluster.py starts them: ``serve
 --cluster`` as benchmarks/_cluster_node.py, without the start rate limit; serving
-tests/cluster_app.py's agents) on a throwaway PostgreSQL server (tests/pg_support.py,
+tests/support/cluster_app.py's agents) on a throwaway PostgreSQL server (tests/support/pg_support.py,
 ``fsync=off`` but ``synchronous_commit=on``: a commit waits for its WAL write, not for
 the disk), on the same machine as the client:
 
@@ -121,7 +121,7 @@ def _latency_figure(name: str, samples: list[float], note: str, **extra: Any) ->
 async def _one_cluster(
     dsn: str, nodes: int, *, runs: int, cancels: int, connections: int, flush_wait: float
 ) -> list[Figure]:
-    from tests.process_cluster import open_cluster
+    from tests.support.process_cluster import open_cluster
 
     figures: list[Figure] = []
     async with open_cluster(dsn, nodes, lease_ttl=10.0, echo=False, node_command=NODE) as cluster:
@@ -194,7 +194,7 @@ async def _one_cluster(
 
 
 async def _takeover(dsn: str, kills: int, lease_ttl: float) -> Figure:
-    from tests.process_cluster import open_cluster
+    from tests.support.process_cluster import open_cluster
 
     samples: list[float] = []
     async with open_cluster(dsn, 0, lease_ttl=lease_ttl, echo=False, node_command=NODE) as cluster:
@@ -238,7 +238,7 @@ async def bench_b7(
 ) -> list[Figure]:
     """B7 (see the module docstring). Needs PostgreSQL (``initdb``) on the machine."""
     del base  # process-to-process figures: hop ratios would mean nothing here
-    from tests.pg_support import PostgresServer, find_bin_dir
+    from tests.support.pg_support import PostgresServer, find_bin_dir
 
     server = PostgresServer(find_bin_dir(), synchronous_commit=True)
     await trio.to_thread.run_sync(server.start)

@@ -1,8 +1,8 @@
 """B10: the failure timeline of a cluster — how long until a run goes on elsewhere.
 
-Real node processes on loopback (as B7: tests/process_cluster.py, serving
-tests/cluster_app.py's agents) on a throwaway PostgreSQL server, with
-``lease_ttl=3`` (as the chaos test: tests/test_cluster_chaos.py). A run blocks in an
+Real node processes on loopback (as B7: tests/support/process_cluster.py, serving
+tests/support/cluster_app.py's agents) on a throwaway PostgreSQL server, with
+``lease_ttl=3`` (as the chaos test: tests/cluster/test_cluster_chaos.py). A run blocks in an
 idempotent tool on its owner; a client of another node subscribes to it; then the
 owner:
 
@@ -10,7 +10,7 @@ owner:
 - ``takeover_after_freeze``: is paused (``SIGSTOP``, resumed with ``SIGCONT`` after the
   measurement): its sockets stay open, as a paused VM's or a partitioned host's;
 - ``takeover_after_freeze_in_flush``: pauses itself inside a flush of the run's events,
-  its transaction open, holding the run's row lock (tests/cluster_app.py's
+  its transaction open, holding the run's row lock (tests/support/cluster_app.py's
   ``freeze-in-flush``): the server ends that transaction once it has been idle for half
   the lease (``idle_in_transaction_session_timeout``); until then no node can claim
   the run.
@@ -73,7 +73,7 @@ async def _inject(cluster: Any, node: Any, run_id: str) -> None:
 
 
 async def _figure(dsn: str, fault: str, samples: int) -> Figure:
-    from tests.process_cluster import open_cluster
+    from tests.support.process_cluster import open_cluster
 
     seconds: list[float] = []
     for _ in range(samples):  # a fresh cluster per sample: one freeze record each
@@ -98,7 +98,7 @@ async def _figure(dsn: str, fault: str, samples: int) -> Figure:
 async def bench_b10(base: Baselines, *, samples: int = 5) -> list[Figure]:
     """B10 (see the module docstring). Needs PostgreSQL (``initdb``) on the machine."""
     del base
-    from tests.pg_support import PostgresServer, find_bin_dir
+    from tests.support.pg_support import PostgresServer, find_bin_dir
 
     server = PostgresServer(find_bin_dir(), synchronous_commit=True)
     await trio.to_thread.run_sync(server.start)

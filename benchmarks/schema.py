@@ -1,4 +1,4 @@
-"""S1: validating tool arguments — our ``_schema.validate`` against ``jsonschema``.
+"""S1: validating tool arguments — our ``_validator.validate`` against ``jsonschema``.
 
 ``python -m benchmarks.schema`` prints, for three argument shapes a tool typically
 gets, the time per validation of a valid and of an invalid value with our validator,
@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonschema
 
-from trio_agents._schema import validate
+from trio_agents._validator import validate
 
 SHAPES: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "flat (3 scalars)": (

@@ -1,7 +1,7 @@
 """Three ``trio-agents serve --cluster`` nodes on one PostgreSQL; one is killed mid-run.
 
 What it shows (``make cluster-demo``): a throwaway PostgreSQL server starts (from the
-machine's PostgreSQL, as the test suite starts one: tests/pg_support.py), then three
+machine's PostgreSQL, as the test suite starts one: tests/support/pg_support.py), then three
 node processes. A run starts on node-1 while a client on node-2 prints its status
 stream. In the middle of the run's second step node-1 gets SIGKILL; once its lease
 expires, another node takes the run over (status ``running``, resumed, attempt 2), runs
@@ -32,11 +32,11 @@ from trio_agents.control import connect
 from trio_agents.models import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
 
 if TYPE_CHECKING:
-    from tests.pg_support import PostgresServer
+    from tests.support.pg_support import PostgresServer
 
 HERE: Final = Path(__file__).resolve().parent
 ROOT: Final = HERE.parent
-sys.path.insert(0, str(ROOT))  # the test suite's PostgreSQL helper: tests/pg_support.py
+sys.path.insert(0, str(ROOT))  # the test suite's PostgreSQL helper: tests/support/pg_support.py
 STEPS: Final = 3
 LEASE_TTL: Final = 2.0
 TOKEN: Final = "demo-token"
@@ -116,7 +116,7 @@ def app() -> dict[str, ta.Agent]:
 
 def start_postgres() -> tuple[PostgresServer, str]:
     """A throwaway PostgreSQL server (the test suite's helper) and a database DSN."""
-    from tests.pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
+    from tests.support.pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
 
     try:
         server = PostgresServer(find_bin_dir())

@@ -5,7 +5,7 @@ subprocess on a free loopback port with three models:
 
 * ``mock-gpt`` — LiteLLM's own mock (``mock_response``): answers without any upstream;
 * ``upstream`` — an ``openai/`` model whose ``api_base`` is a loopback port the tests
-  serve with ``tests/sse_server.py``: the proxy is then a real third party in the middle,
+  serve with ``tests/support/sse_server.py``: the proxy is then a real third party in the middle,
   parsing what we send, re-sending it with its own OpenAI client and re-streaming the
   answer;
 * ``dead`` — an ``openai/`` model whose upstream port nothing listens on.
@@ -29,7 +29,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.sse_server import unused_port
+from tests.support.sse_server import unused_port
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("INTEROP_VENV", ROOT / ".venv-interop"))

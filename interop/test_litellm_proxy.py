@@ -13,10 +13,10 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.chat_wire import text_reply, tool_reply
-from tests.responses_wire import ResponseScript, text_response
-from tests.sse_server import SSEServer
-from tests.strict_servers import STRICT_SERVERS
+from tests.support.chat_wire import text_reply, tool_reply
+from tests.support.responses_wire import ResponseScript, text_response
+from tests.support.sse_server import SSEServer
+from tests.support.strict_servers import STRICT_SERVERS
 from trio_agents import ModelError
 from trio_agents._items import ToolCall, ToolResult, UserMessage
 from trio_agents._model import Finish, ModelEvent, ModelRequest, TextDelta, Usage

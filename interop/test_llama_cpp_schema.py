@@ -1,6 +1,6 @@
 """What we send, against llama-cpp-python's real request schema (``make interop``).
 
-The loopback validator of ``tests/strict_servers.py`` says how llama-cpp-python treats
+The loopback validator of ``tests/support/strict_servers.py`` says how llama-cpp-python treats
 a request; here pydantic checks the same messages against ``llama_types.py`` from the
 llama-cpp-python 0.3.36 source distribution (downloaded by ``install.sh``; the native
 library is never built): our shape is accepted, the old one is refused with the error
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.sse_server import RecordedRequest
-from tests.strict_servers import llama_cpp_python
+from tests.support.sse_server import RecordedRequest
+from tests.support.strict_servers import llama_cpp_python
 from trio_agents._items import AssistantMessage, ToolCall, ToolResult, UserMessage
 from trio_agents.models._openai import chat_messages
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 if TYPE_CHECKING:
-    from .pg_support import PostgresServer
+    from tests.support.pg_support import PostgresServer
 
 pytest_plugins = ["pytester", "trio_agents.testing.plugin"]
 
@@ -42,7 +42,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    from .helpers import EXAMPLES_RUN
+    from tests.support.helpers import EXAMPLES_RUN
 
     if EXAMPLES_RUN[0]:
         terminalreporter.write_line(
@@ -56,11 +56,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
-    """A throwaway PostgreSQL server for the whole test session (see tests/pg_support.py).
+    """A throwaway PostgreSQL server for the whole test session (see tests/support/pg_support.py).
 
     Without PostgreSQL on the machine the tests that need it fail under CI=true and
     are skipped, with the reason, elsewhere."""
-    from .pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
+    from tests.support.pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
 
     server: PostgresServer | None = None
     try:

@@ -6,6 +6,7 @@ steers it, and ``run.updated`` / ``run.events()`` say what it is doing. See
 """
 
 from ._agent import Agent as Agent
+from ._children import SubAgentFailed as SubAgentFailed
 from ._entry import open_run as open_run
 from ._entry import run as run
 from ._entry import serve_run as serve_run
@@ -24,6 +25,7 @@ from ._events import ToolProgress as ToolProgress
 from ._events import ToolStarted as ToolStarted
 from ._exceptions import GuardrailTripped as GuardrailTripped
 from ._exceptions import InboxFullError as InboxFullError
+from ._exceptions import InvalidConversationError as InvalidConversationError
 from ._exceptions import ModelError as ModelError
 from ._exceptions import RunClosedError as RunClosedError
 from ._exceptions import RunFailedError as RunFailedError
@@ -91,6 +93,7 @@ __all__ = [
     "InjectWhen",
     "InjectionId",
     "InputGuardrail",
+    "InvalidConversationError",
     "Item",
     "JSONSchema",
     "KeepLastTurns",
@@ -115,6 +118,7 @@ __all__ = [
     "RunUpdated",
     "SessionBusyError",
     "SessionStorageError",
+    "SubAgentFailed",
     "Summarize",
     "TokenWindow",
     "Tool",

@@ -69,7 +69,7 @@ def _to_settings(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 def _spec_problem(spec: str) -> tuple[str, str]:
     """What is wrong with a model string ``from_string`` refused, and a likely fix."""
-    from .models._registry import redact
+    from .models._model_string import redact
 
     name = spec.strip()
     spec = redact(spec)
@@ -78,7 +78,7 @@ def _spec_problem(spec: str) -> tuple[str, str]:
         guess = "anthropic" if name.startswith("claude") else "openai"
         hint = f" Did you mean '{guess}:{name}'?" if name else ""
         return f"model string {spec!r} has no provider prefix", hint
-    from .models._registry import PROVIDERS
+    from .models._model_string import PROVIDERS
 
     if provider not in PROVIDERS:
         return f"model string {spec!r} names an unknown provider {provider!r}", ""
@@ -88,7 +88,7 @@ def _spec_problem(spec: str) -> tuple[str, str]:
 def model_from_string(spec: str) -> Model:
     """Build the model a model string names (``models.from_string``), or raise a
     ``ValueError`` naming the string, what is wrong, and the known prefixes."""
-    from .models._registry import PROVIDERS, ModelSpecError, from_string
+    from .models._model_string import PROVIDERS, ModelSpecError, from_string
 
     try:
         return from_string(spec)
@@ -109,7 +109,7 @@ def _to_model(value: Model | str) -> Model:
         try:
             return model_from_string(value)
         except ValueError as exc:
-            from .models._registry import redact
+            from .models._model_string import redact
 
             raise ValueError(f"Agent(model={redact(value)!r}): {exc}") from None
     return value

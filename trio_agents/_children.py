@@ -21,6 +21,7 @@ import trio
 
 from ._entry import hold
 from ._events import RunStatus
+from ._exceptions import TrioAgentsError
 from ._items import ToolCall, ToolResult
 from ._options import make_options
 from ._result import RunResult
@@ -254,9 +255,13 @@ def agent_tool(
     return attrs.evolve(tool, child_agent=agent)
 
 
-class SubAgentFailed(Exception):
+class SubAgentFailed(TrioAgentsError):
     """A child run of ``Agent.as_tool`` failed and the parent runs with
-    ``on_tool_error="fail"``: the parent fails with this (``result`` is the child's)."""
+    ``on_tool_error="fail"``: the parent fails with this as ``result.error``.
+
+    Attributes:
+        result: the child's :class:`~trio_agents.RunResult`.
+    """
 
     def __init__(self, agent: str, result: RunResult) -> None:
         super().__init__(f"sub-agent {agent} failed: {result.reason}")

@@ -3,17 +3,36 @@
 Every exception the library raises on purpose derives from :class:`TrioAgentsError`::
 
     TrioAgentsError
-    ├── RunClosedError        the run has ended; it takes no more input
-    ├── RunFailedError        raised by RunResult.raise_for_status() for a failed run
-    ├── InboxFullError        inject() found the run's inbox full; nothing was queued
-    ├── SessionBusyError      another run is active on the session (on_busy="reject")
-    ├── SessionStorageError   a session database could not be opened, read or written
-    ├── UnknownCallError      approve()/reject() named no pending call (also a LookupError)
-    ├── ModelError            a model provider failed (HTTP status, protocol error, ...)
-    ├── UsageLimitExceeded    a run (or its subtree) spent past a UsageLimits limit
-    ├── GuardrailTripped      a guardrail stopped the run (result.error of that run)
-    └── ControlError          the control server answered a request with an error (.code)
-        └── ControlConnectionError   the control connection was refused or lost
+    ├── RunClosedError            the run has ended; it takes no more input
+    ├── RunFailedError            RunResult.raise_for_status() of a failed run
+    ├── InboxFullError            inject() found the inbox full; nothing was queued
+    ├── SessionBusyError          another run is active on the session (on_busy="reject")
+    ├── SessionStorageError       a session database could not be opened, read or written
+    ├── UnknownCallError          approve()/reject(): no such pending call (also a LookupError)
+    ├── ModelError                a model provider failed (HTTP status, protocol error, ...)
+    ├── ModelSpecError            a model string's base URL is ambiguous (also a ValueError)
+    ├── ToolArgumentsError        a call's arguments do not fit the tool (also a ValueError)
+    ├── MCPToolError              an MCP tool call gave no result (error, protocol, lost link)
+    ├── SubAgentFailed            an as_tool child failed (on_tool_error="fail"): result.error
+    ├── InvalidConversationError  the conversation broke the invariant: result.error
+    ├── UsageLimitExceeded        a run (or its subtree) spent past a UsageLimits limit
+    ├── GuardrailTripped          a guardrail stopped the run (result.error of that run)
+    ├── HostError                 a run host refused an op (.code; each face maps it)
+    ├── ClusterDown               the cluster's database is unreachable or failed
+    ├── ClusterSchemaError        the cluster's tables are not usable by this version
+    └── ControlError              the control server answered with an error (.code)
+        └── ControlConnectionError  the control connection was refused or lost
+
+Where each lives: the core's in ``trio_agents``; :class:`ModelSpecError` in
+``trio_agents.models``; :class:`MCPToolError` in ``trio_agents.mcp``;
+:class:`HostError` in ``trio_agents.hosting``; :class:`ClusterDown` and
+:class:`ClusterSchemaError` in ``trio_agents.cluster``; the two control errors in
+``trio_agents.control``. ``tests/core/test_error_tree.py`` keeps this drawing complete.
+
+Outside the tree on purpose: the testing kit's ``LifecycleViolation`` (an
+``AssertionError``, so a broken invariant fails a test) and its fakes of foreign errors
+(``InjectedFault``, ``FakeToolError``, ``BrokenStrError``). A user's own exception (from a
+tool, hook, guardrail or session) reaches ``result.error`` as it was raised.
 
 A failed or cancelled run is never raised by ``open_run``, ``run`` or ``Run.wait()``:
 inspect ``result.status`` or call ``result.raise_for_status()``.
@@ -31,6 +50,7 @@ __all__ = [
     "ControlError",
     "GuardrailTripped",
     "InboxFullError",
+    "InvalidConversationError",
     "ModelError",
     "RunClosedError",
     "RunFailedError",
@@ -217,3 +237,14 @@ class GuardrailTripped(TrioAgentsError):
         super().__init__(f"guardrail {name}: {text}")
         self.name = name
         self.info = info
+
+
+class InvalidConversationError(TrioAgentsError):
+    """The conversation broke the validity invariant (see
+    :func:`~trio_agents.conversation_problems`) before it was sent or stored: the run
+    ends ``failed`` with this as ``result.error`` and the reason ``"invalid
+    conversation: <problem>"``, before any model call sees it.
+
+    Raised for an input that does not fit the stored conversation, an injection whose
+    call id is already in it, or a history policy's invalid result.
+    """

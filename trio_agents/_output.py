@@ -3,11 +3,11 @@ how a final answer is checked and turned into the value.
 
 ``Agent(output_type=T)`` compiles ``T`` once, at construction, into an
 :class:`OutputType`: the :class:`~trio_agents.models.OutputSpec` every request of a run
-carries, plus the schema and converter of the value itself (``_schema.py`` builds both,
+carries, plus the schema and converter of the value itself (``_typeschema.py`` builds both,
 the same machinery as tool parameters). ``T`` is one of:
 
 - an attrs class, a dataclass or a ``TypedDict`` — an object schema;
-- anything else ``_schema.py`` describes (``int``, ``str``, ``list[Point]``,
+- anything else ``_typeschema.py`` describes (``int``, ``str``, ``list[Point]``,
   ``Literal[...]``, a union, ...) — wrapped in a one-property object (the *envelope*,
   ``{"response": ...}``), because providers' native formats and tool arguments must be
   objects;
@@ -32,8 +32,9 @@ import attrs
 
 from ._frozen import freeze_json
 from ._model import FINAL_ANSWER_TOOL, OutputSpec, ToolSpec
-from ._schema import ArgumentConversionError, compile_type, loads_json, to_json_value, validate
+from ._typeschema import ArgumentConversionError, compile_type, to_json_value
 from ._util import clean_text, describe_error
+from ._validator import loads_json, validate
 
 __all__ = [
     "ENVELOPE",
@@ -258,7 +259,7 @@ def compile_output(output_type: object) -> OutputType | None:
     """Compile an ``Agent(output_type=...)``; None for None (plain text answers).
 
     Raises:
-        TypeError: the type is not one ``_schema.py`` can describe.
+        TypeError: the type is not one ``_typeschema.py`` can describe.
     """
     if output_type is None:
         return None

@@ -30,11 +30,11 @@ import attrs
 import trio
 
 from ._events import RunStatus
-from ._history import load_session
 from ._inbox import Injection
 from ._items import ToolResult
 from ._model import Usage
 from ._result import RunResult
+from ._session_load import load_session
 from ._state import RunState
 from ._toolcalls import finish_call
 from ._tools import mark_cancelled

@@ -45,7 +45,7 @@ from ._log import EventCursor, EventLog, UpdatedStream
 from ._options import RunOptions
 from ._repair import Verdict, build_result, repair
 from ._result import RunResult, RunStatistics
-from ._session_lock import SessionClaim, session_key
+from ._session_lock import SessionClaim, session_lock_key
 from ._state import RunState
 from ._turns import Completed, Failed, Outcome, Stopped, announce, drive, failure
 from ._util import leaves, only_cancelled, summarize
@@ -150,7 +150,7 @@ class Run:
         self._live = False  # the turn loop runs: injections are announced at once
         self._claim: SessionClaim | None = None
         if session is not None:
-            self._claim = SessionClaim(session_key(session), session.session_id, self)
+            self._claim = SessionClaim(session_lock_key(session), session.session_id, self)
         if _parent is not None:
             self._state.on_waiting = _parent._waiting_changed
         # Usage limits (_limits.py): this run's own budget, then every ancestor's.

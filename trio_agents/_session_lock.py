@@ -3,7 +3,7 @@
 A run that has a session claims it before it loads anything and releases it after its
 repair is persisted, just before its terminal update, so a client that sees the
 terminal update can start the next run on the session at once. Claims are keyed by
-:func:`session_key`, so two :class:`~trio_agents.sessions.SQLiteSession` objects for
+:func:`session_lock_key`, so two :class:`~trio_agents.sessions.SQLiteSession` objects for
 the same file and id are the same session, in any thread of the process.
 
 Waiters (``on_busy="enqueue"`` / ``"interrupt"``) are woken through their own Trio
@@ -27,7 +27,7 @@ from ._exceptions import SessionBusyError
 if TYPE_CHECKING:
     from .sessions._base import Session
 
-__all__ = ["OnBusy", "SessionClaim", "session_key"]
+__all__ = ["OnBusy", "SessionClaim", "session_lock_key"]
 
 OnBusy: TypeAlias = Literal["reject", "interrupt", "enqueue"]
 """What ``open_run`` does when the session already has an active run."""
@@ -44,7 +44,7 @@ class Holder(Protocol):
     def cancel(self, reason: str | None = None) -> None: ...
 
 
-def session_key(session: Session) -> Hashable:
+def session_lock_key(session: Session) -> Hashable:
     """The identity under which a session is claimed.
 
     A session may define ``lock_key`` (any hashable) to say which objects share its
@@ -170,5 +170,5 @@ class SessionClaim:
 def active_run_id(session: Session) -> str | None:
     """The id of the run that holds ``session``, if any (for diagnostics)."""
     with _lock:
-        slot = _slots.get(session_key(session))
+        slot = _slots.get(session_lock_key(session))
         return None if slot is None else slot.holder.id

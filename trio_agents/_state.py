@@ -55,10 +55,6 @@ class SessionError(Exception):
         self.error = error
 
 
-class InvalidConversation(Exception):
-    """The conversation broke the validity invariant before a model call."""
-
-
 class HookError(Exception):
     """A hook raised during the run (reason ``hook error: <hook> raised …``)."""
 

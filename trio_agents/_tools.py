@@ -36,14 +36,10 @@ from typing_extensions import TypeVar
 from ._exceptions import TrioAgentsError
 from ._frozen import freeze_json
 from ._model import ToolSpec
-from ._schema import (
-    ArgumentConversionError,
-    FunctionSchema,
-    function_schema,
-    loads_json,
-    validate,
-)
+from ._signatures import FunctionSchema, function_schema
+from ._typeschema import ArgumentConversionError
 from ._util import describe_error
+from ._validator import loads_json, validate
 
 if TYPE_CHECKING:
     from ._agent import Agent

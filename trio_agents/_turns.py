@@ -34,9 +34,10 @@ from typing import Any, TypeAlias, final
 import attrs
 import trio
 
+from ._agent import Agent
 from ._answer import Answers, final_answer_offered
 from ._events import InboxDelivered, InboxInjected, RunStatus, text_delta
-from ._exceptions import GuardrailTripped, ModelError
+from ._exceptions import GuardrailTripped, InvalidConversationError, ModelError
 from ._guardrails import (
     GuardrailFault,
     StreamGate,
@@ -47,12 +48,12 @@ from ._guardrails import (
     start_input_guardrails,
 )
 from ._handoffs import switch_agent
-from ._history import load_session
 from ._inbox import Approvals, Inbox, Injection
 from ._items import AssistantMessage, Item, ToolCall, UserMessage
 from ._limits import StreamMeter
 from ._model import (
     Finish,
+    Model,
     ModelRequest,
     TextDelta,
     ToolCallDone,
@@ -60,10 +61,10 @@ from ._model import (
     Usage,
 )
 from ._output import Accepted, Rejected
+from ._session_load import load_session
 from ._state import (
     CallSoon,
     HookError,
-    InvalidConversation,
     OpenCall,
     RunState,
     SessionError,
@@ -144,7 +145,7 @@ def failure(exc: Exception) -> Failed:
         return Failed(f"hook error: {exc}", exc.error)
     if isinstance(exc, SessionError):
         return Failed(f"session error: {exc}", exc.error)
-    if isinstance(exc, InvalidConversation):
+    if isinstance(exc, InvalidConversationError):
         return Failed(f"invalid conversation: {exc}", exc)
     if isinstance(exc, GuardrailTripped):
         return Failed(str(exc), exc)
@@ -187,7 +188,7 @@ async def drive(
                     return Failed("max_turns")
                 problems = state.conversation_problems()
                 if problems:
-                    raise InvalidConversation("; ".join(problems[:3]))
+                    raise InvalidConversationError("; ".join(problems[:3]))
                 turn = await model_turn(state, inbox)
             if type(turn) is _Interrupted:
                 idle = False  # a when="now" injection: the next turn starts at once
@@ -284,7 +285,7 @@ def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
             # Accepted before the history was loaded, or the model used the id since:
             # unconsumed, never delivered into an invalid conversation.
             state.undelivered += tuple(taken[index:])
-            raise InvalidConversation(
+            raise InvalidConversationError(
                 f"injected call id {clash[0]!r} is already in the conversation"
             )
         for item in injection.items:
@@ -302,30 +303,20 @@ def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
 
 
 async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
-    """One model call: stream it, validate its events, commit what it produced."""
+    """One model call: stream it, validate its events, commit what it produced.
+
+    The steps, each its own function: the fresh input's guardrails
+    (:func:`_check_fresh_input`), the request (:func:`_request`), opening the call
+    (:func:`_open_call`), the stream (:func:`_stream`) and committing or keeping what
+    it produced (:func:`_finish`). This function owns the stream's scope, the meter and
+    the gate, and closes the last two whatever happens.
+    """
     state.turn += 1
     turn = state.turn
     agent = state.agent
     if state.fresh_input:
-        fresh, state.fresh_input = state.fresh_input, []
-        if agent.input_guardrails:
-            # Beside the model call (side tasks), or before it for blocking ones.
-            for guardrail in start_input_guardrails(state, fresh):
-                await check(guardrail.name, guardrail.fn, state.handle, fresh)
-    output = agent._output
-    instructions = agent.instructions
-    if not isinstance(instructions, str):
-        instructions = await _instructions(state, instructions)
-    items = tuple(state.conversation)
-    if agent.history is not None:
-        items = await _history(state, agent.history, items)
-    request = ModelRequest(
-        instructions=instructions,
-        items=items,
-        tools=_request_tools(state),
-        settings=agent.model_settings,
-        output=output.spec if output is not None else None,
-    )
+        await _check_fresh_input(state)
+    request = await _request(state, agent)
     partial: list[str] = []
     state.partial_text = partial
     state.finish_reason = None
@@ -343,61 +334,8 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
                 state.stream_scope = stream_scope
                 if inbox.wants_interrupt():
                     stream_scope.cancel(reason="interrupted by injection")
-            hooks = state.hooks
-            if hooks is not None:
-                handle = state.handle
-                await state.spans.start(
-                    "model",
-                    call_hook("on_model_start", hooks.on_model_start(handle, turn, request)),
-                    lambda: hooks.on_model_end(handle, turn, "cancelled"),
-                )
-            log, run_id = state.log, state.run_id
-            # A when="now" injection accepted while the start hook ran (or a cancel the
-            # hook swallowed) must stop the call before it is opened: the hook may not
-            # have awaited since, and a model's stream need not checkpoint before its
-            # first events (DESIGN §6, last bullet).
-            await trio.lowlevel.checkpoint_if_cancelled()
-            # A request counts against the limits only now that it is really sent (one
-            # interrupted or refused before this point was never made); the one that
-            # would pass a requests limit is not sent: its run's scope is cancelled.
-            if state.budgets and state.spend("requests"):
-                await trio.lowlevel.checkpoint_if_cancelled()
-            # Streamed text is cleaned as it comes (a surrogate pair split across deltas
-            # is joined, a lone surrogate replaced): the deltas sent out are what is
-            # committed.
-            joiner = TextJoiner()
-            async with agent.model.stream(request) as stream:
-                async for event in stream:
-                    text: str | None
-                    # The hot path, inline: a text delta whose text is ASCII text.
-                    if type(event) is TextDelta and type(event.text) is str:
-                        text = event.text
-                        if not text.isascii() or joiner.held:
-                            text = joiner.feed(text)
-                    else:
-                        # Any other event (a TextDelta subclass's text comes back).
-                        text = _accept(state, event, calls, joiner)
-                        if meter is not None and type(event) is Usage and meter.usage(event):
-                            await trio.lowlevel.checkpoint_if_cancelled()
-                    if text:
-                        if gate is None:
-                            partial.append(text)
-                            log.append(text_delta(run_id, log.next_seq, turn, text))
-                        else:
-                            gate.push(text)  # published once the guardrails pass it
-                        if meter is not None and meter.text(text):
-                            # Past a limit: its run's scope is cancelled; cut here.
-                            await trio.lowlevel.checkpoint_if_cancelled()
-            tail = joiner.flush()  # a high surrogate the stream ended on: lone
-            if tail:
-                if gate is None:
-                    partial.append(tail)
-                    log.append(text_delta(run_id, log.next_seq, turn, tail))
-                else:
-                    gate.push(tail)
-            if gate is not None:
-                gate.end()
-                await gate.drained()  # every delta checked and published, or a trip
+            await _open_call(state, turn, request)
+            await _stream(state, agent.model, request, turn, partial, calls, meter, gate)
     finally:
         if meter is not None:
             meter.close()  # an estimate no usage replaced counts as the usage
@@ -410,7 +348,115 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     # into a final answer (DESIGN §5); an interruption counts as one whether or not
     # the scope caught its Cancelled.
     await trio.lowlevel.checkpoint_if_cancelled()
-    if stream_scope.cancel_called:
+    return await _finish(state, turn, stream_scope.cancel_called, partial, calls)
+
+
+async def _check_fresh_input(state: RunState) -> None:
+    """Run the input guardrails on the input that arrived since the last turn."""
+    fresh, state.fresh_input = state.fresh_input, []
+    if state.agent.input_guardrails:
+        # Beside the model call (side tasks), or before it for blocking ones.
+        for guardrail in start_input_guardrails(state, fresh):
+            await check(guardrail.name, guardrail.fn, state.handle, fresh)
+
+
+async def _request(state: RunState, agent: Agent) -> ModelRequest:
+    """The turn's request: the instructions and history (either may be computed by the
+    agent's callables), the tools, the settings and the output spec."""
+    output = agent._output
+    instructions = agent.instructions
+    if not isinstance(instructions, str):
+        instructions = await _instructions(state, instructions)
+    items = tuple(state.conversation)
+    if agent.history is not None:
+        items = await _history(state, agent.history, items)
+    return ModelRequest(
+        instructions=instructions,
+        items=items,
+        tools=_request_tools(state),
+        settings=agent.model_settings,
+        output=output.spec if output is not None else None,
+    )
+
+
+async def _open_call(state: RunState, turn: int, request: ModelRequest) -> None:
+    """Before the call is opened: the start hook, then the last chances to stop it."""
+    hooks = state.hooks
+    if hooks is not None:
+        handle = state.handle
+        await state.spans.start(
+            "model",
+            call_hook("on_model_start", hooks.on_model_start(handle, turn, request)),
+            lambda: hooks.on_model_end(handle, turn, "cancelled"),
+        )
+    # A when="now" injection accepted while the start hook ran (or a cancel the
+    # hook swallowed) must stop the call before it is opened: the hook may not
+    # have awaited since, and a model's stream need not checkpoint before its
+    # first events (DESIGN §6, last bullet).
+    await trio.lowlevel.checkpoint_if_cancelled()
+    # A request counts against the limits only now that it is really sent (one
+    # interrupted or refused before this point was never made); the one that
+    # would pass a requests limit is not sent: its run's scope is cancelled.
+    if state.budgets and state.spend("requests"):
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+
+async def _stream(
+    state: RunState,
+    model: Model,
+    request: ModelRequest,
+    turn: int,
+    partial: list[str],
+    calls: list[ToolCall],
+    meter: StreamMeter | None,
+    gate: StreamGate | None,
+) -> None:
+    """Stream the call: publish its text (through the gate, if any) and collect its
+    calls into ``calls``; the meter charges what streams against the limits."""
+    log, run_id = state.log, state.run_id
+    # Streamed text is cleaned as it comes (a surrogate pair split across deltas
+    # is joined, a lone surrogate replaced): the deltas sent out are what is
+    # committed.
+    joiner = TextJoiner()
+    async with model.stream(request) as stream:
+        async for event in stream:
+            text: str | None
+            # The hot path, inline: a text delta whose text is ASCII text.
+            if type(event) is TextDelta and type(event.text) is str:
+                text = event.text
+                if not text.isascii() or joiner.held:
+                    text = joiner.feed(text)
+            else:
+                # Any other event (a TextDelta subclass's text comes back).
+                text = _accept(state, event, calls, joiner)
+                if meter is not None and type(event) is Usage and meter.usage(event):
+                    await trio.lowlevel.checkpoint_if_cancelled()
+            if text:
+                if gate is None:
+                    partial.append(text)
+                    log.append(text_delta(run_id, log.next_seq, turn, text))
+                else:
+                    gate.push(text)  # published once the guardrails pass it
+                if meter is not None and meter.text(text):
+                    # Past a limit: its run's scope is cancelled; cut here.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+    tail = joiner.flush()  # a high surrogate the stream ended on: lone
+    if tail:
+        if gate is None:
+            partial.append(tail)
+            log.append(text_delta(run_id, log.next_seq, turn, tail))
+        else:
+            gate.push(tail)
+    if gate is not None:
+        gate.end()
+        await gate.drained()  # every delta checked and published, or a trip
+
+
+async def _finish(
+    state: RunState, turn: int, interrupted: bool, partial: list[str], calls: list[ToolCall]
+) -> _TurnOutcome:
+    """After the stream: keep an interrupted call's text, or commit the response."""
+    if interrupted:
         state.keep_partial_text()
         await _end_model_span(state, turn, "interrupted")
         await state.persist()
@@ -449,12 +495,12 @@ async def _history(state: RunState, policy: Any, items: tuple[Item, ...]) -> tup
         try:
             sent.append(await apply_history(state, policy, items))
         except HistoryError as exc:
-            raise InvalidConversation(f"history {exc}") from exc
+            raise InvalidConversationError(f"history {exc}") from exc
 
     try:
         await call_hook("history", apply())
     except HookError as exc:
-        if isinstance(exc.error, InvalidConversation):
+        if isinstance(exc.error, InvalidConversationError):
             raise exc.error from None
         raise
     return sent[0]

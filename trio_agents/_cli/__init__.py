@@ -24,7 +24,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     args = parse(argv)
     out = sys.stdout
     if args.command == "demo":
-        from ._demo import demo_command
+        from ._tour import demo_command
 
         return demo_command(args, out)
     if args.command == "serve":

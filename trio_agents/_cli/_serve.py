@@ -297,7 +297,7 @@ def serve_command(args: argparse.Namespace, out: TextIO) -> int:
         agents = load_app(args.app)
     else:
         from ..models import DemoModel
-        from ._demo import demo_agent
+        from ._tour import demo_agent
 
         agents = {"demo": demo_agent(DemoModel())}
     auth = _auth(args, out)

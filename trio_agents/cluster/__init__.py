@@ -134,5 +134,7 @@ every subscriber.
 
 from ._cluster import ClusterStatistics as ClusterStatistics
 from ._cluster import PostgresCluster as PostgresCluster
+from ._db import ClusterDown as ClusterDown
+from ._db import ClusterSchemaError as ClusterSchemaError
 
-__all__ = ["ClusterStatistics", "PostgresCluster"]
+__all__ = ["ClusterDown", "ClusterSchemaError", "ClusterStatistics", "PostgresCluster"]

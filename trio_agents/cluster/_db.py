@@ -22,6 +22,7 @@ from typing import Any, TypeVar, final
 import psycopg
 import trio
 
+from .._exceptions import TrioAgentsError
 from ..sessions._postgres import (
     PostgresSession,
     _acquire_pool,
@@ -40,13 +41,15 @@ T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 
 
-class ClusterSchemaError(Exception):
+class ClusterSchemaError(TrioAgentsError):
     """The database's tables are not usable by this trio_agents (newer, or foreign):
-    not retried; the node does not start."""
+    not retried; the node does not start (its control server's ``serve`` raises this)."""
 
 
-class ClusterDown(Exception):
-    """The database could not be reached or a statement failed (the node retries)."""
+class ClusterDown(TrioAgentsError):
+    """The database could not be reached or a statement failed (the node retries).
+    Its control server's ``serve`` raises this when the database stays unreachable
+    while the node starts."""
 
 
 @final

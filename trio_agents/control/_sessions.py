@@ -13,7 +13,7 @@ import attrs
 import trio
 
 from .._items import Item
-from .._session_lock import session_key
+from .._session_lock import session_lock_key
 from ..sessions import Session
 
 __all__ = [
@@ -69,7 +69,7 @@ class ScopedSession:
 
     def __init__(self, inner: Session, principal: str) -> None:
         self.inner = inner
-        self.lock_key: Hashable = ("trio_agents.control", principal, session_key(inner))
+        self.lock_key: Hashable = ("trio_agents.control", principal, session_lock_key(inner))
 
     @property
     def session_id(self) -> str:

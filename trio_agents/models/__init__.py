@@ -2,9 +2,10 @@
 
 ``OpenAIChatModel`` (OpenAI and every Chat Completions-compatible server),
 ``OpenAIResponsesModel`` (the Responses API) and ``AnthropicModel`` stream over httpx;
-``from_string`` builds one from a spec such as ``"openai:gpt-4o-mini"``. ``ScriptedModel`` is a deterministic model for tests;
-``DemoModel`` is the offline default that powers ``make demo`` (clearly labelled, not
-an LLM).
+``from_string`` builds one from a spec such as ``"openai:gpt-4o-mini"`` (raising
+``ModelSpecError`` for one it will not guess at). ``ScriptedModel`` is a deterministic
+model for tests; ``DemoModel`` is the offline default that powers ``make demo``
+(clearly labelled, not an LLM).
 """
 
 from .._model import FINAL_ANSWER_TOOL as FINAL_ANSWER_TOOL
@@ -19,8 +20,9 @@ from .._model import ToolSpec as ToolSpec
 from .._model import Usage as Usage
 from ._anthropic import AnthropicModel as AnthropicModel
 from ._demo import DemoModel as DemoModel
+from ._model_string import ModelSpecError as ModelSpecError
+from ._model_string import from_string as from_string
 from ._openai import OpenAIChatModel as OpenAIChatModel
-from ._registry import from_string as from_string
 from ._responses import OpenAIResponsesModel as OpenAIResponsesModel
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import Turn as Turn
@@ -33,6 +35,7 @@ __all__ = [
     "Model",
     "ModelEvent",
     "ModelRequest",
+    "ModelSpecError",
     "OpenAIChatModel",
     "OpenAIResponsesModel",
     "OutputSpec",

@@ -17,14 +17,11 @@ import httpx
 from .._exceptions import ModelError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
-from ._http import (
-    CallIds,
-    HTTPRequestSpec,
-    HTTPStreamingModel,
-    SSEEvent,
-    parse_json_event,
-    stream_error,
-)
+from ._call_ids import CallIds
+from ._error_bodies import stream_error
+from ._http import HTTPStreamingModel, check_model_name
+from ._model_stream import HTTPRequestSpec
+from ._sse import SSEEvent, parse_json_event
 
 __all__ = ["AnthropicModel", "anthropic_messages", "anthropic_tools", "normalize_base_url"]
 
@@ -328,6 +325,7 @@ class AnthropicModel(HTTPStreamingModel):
     """
 
     _provider = _PROVIDER
+    _api_key_env = "ANTHROPIC_API_KEY"
 
     def __init__(
         self,
@@ -343,44 +341,18 @@ class AnthropicModel(HTTPStreamingModel):
         retry_max_delay: float = 20.0,
         **settings: Any,
     ) -> None:
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be a non-empty str, got {model!r}")
+        check_model_name(model)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
-        super().__init__(
-            client=client,
-            max_retries=max_retries,
-            connect_timeout=connect_timeout,
-            retry_base_delay=retry_base_delay,
-            retry_max_delay=retry_max_delay,
-        )
-        self._model = model
+        super().__init__(client, max_retries, connect_timeout, retry_base_delay, retry_max_delay)
         base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
-        self._base_url = normalize_base_url(base)
-        # Only an explicit key is kept: $ANTHROPIC_API_KEY is read at each call
-        # (_build_request), so an agent built at import time, before a .env is
-        # loaded, still sends it.
-        self._api_key = api_key
+        self._set_endpoint(model, normalize_base_url(base), api_key, settings)
         self._max_tokens = max_tokens
-        self._settings = dict(settings)
-
-    @property
-    def model(self) -> str:
-        """The model name sent with every request."""
-        return self._model
-
-    @property
-    def base_url(self) -> str:
-        """The API root (without a trailing slash)."""
-        return self._base_url
 
     @property
     def settings(self) -> Mapping[str, Any]:
         """The constructor's settings (a copy), ``max_tokens`` included."""
         return {"max_tokens": self._max_tokens, **self._settings}
-
-    def __repr__(self) -> str:
-        return f"AnthropicModel({self._model!r}, base_url={self._base_url!r})"
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
@@ -395,9 +367,7 @@ class AnthropicModel(HTTPStreamingModel):
 
     def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
         headers = {"anthropic-version": API_VERSION}
-        api_key = (
-            self._api_key if self._api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
-        )
+        api_key = self._current_api_key()
         if api_key:
             headers["x-api-key"] = api_key
         return HTTPRequestSpec(

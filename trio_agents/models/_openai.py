@@ -28,14 +28,11 @@ from .._model import (
     ToolSpec,
     Usage,
 )
-from ._http import (
-    CallIds,
-    HTTPRequestSpec,
-    HTTPStreamingModel,
-    SSEEvent,
-    parse_json_event,
-    stream_error,
-)
+from ._call_ids import CallIds
+from ._error_bodies import stream_error
+from ._http import HTTPStreamingModel, bearer_headers, check_model_name, check_native_output
+from ._model_stream import HTTPRequestSpec
+from ._sse import SSEEvent, parse_json_event
 
 __all__ = [
     "FINISH_REASONS",
@@ -328,6 +325,7 @@ class OpenAIChatModel(HTTPStreamingModel):
     """
 
     _provider = _PROVIDER
+    _api_key_env = "OPENAI_API_KEY"
 
     def __init__(
         self,
@@ -343,46 +341,14 @@ class OpenAIChatModel(HTTPStreamingModel):
         native_output: bool = True,
         **settings: Any,
     ) -> None:
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be a non-empty str, got {model!r}")
-        super().__init__(
-            client=client,
-            max_retries=max_retries,
-            connect_timeout=connect_timeout,
-            retry_base_delay=retry_base_delay,
-            retry_max_delay=retry_max_delay,
-        )
-        self._model = model
+        check_model_name(model)
+        super().__init__(client, max_retries, connect_timeout, retry_base_delay, retry_max_delay)
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         # A pasted endpoint URL is accepted: requests go to {base_url}/chat/completions.
-        self._base_url = base.rstrip("/").removesuffix("/chat/completions")
-        # Only an explicit key is kept: $OPENAI_API_KEY is read at each call
-        # (_build_request), so an agent built at import time, before a .env is
-        # loaded, still sends it.
-        self._api_key = api_key
-        self._settings = dict(settings)
-        if not isinstance(native_output, bool):
-            raise TypeError(f"native_output must be a bool, not {type(native_output).__name__}")
+        base = base.rstrip("/").removesuffix("/chat/completions")
+        self._set_endpoint(model, base, api_key, settings)
         # Read by the run (docs/output.md): True means request.output is honoured here.
-        self.native_output = native_output
-
-    @property
-    def model(self) -> str:
-        """The model name sent with every request."""
-        return self._model
-
-    @property
-    def base_url(self) -> str:
-        """The API root (without a trailing slash)."""
-        return self._base_url
-
-    @property
-    def settings(self) -> Mapping[str, Any]:
-        """The constructor's settings (a copy)."""
-        return dict(self._settings)
-
-    def __repr__(self) -> str:
-        return f"OpenAIChatModel({self._model!r}, base_url={self._base_url!r})"
+        self.native_output = check_native_output(native_output)
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
@@ -401,13 +367,9 @@ class OpenAIChatModel(HTTPStreamingModel):
         return body
 
     def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
-        headers = {}
-        api_key = self._api_key if self._api_key is not None else os.environ.get("OPENAI_API_KEY")
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
         return HTTPRequestSpec(
             url=f"{self._base_url}/chat/completions",
-            headers=headers,
+            headers=bearer_headers(self._current_api_key()),
             body=self.request_body(request),
         )
 

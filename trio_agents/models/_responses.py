@@ -46,14 +46,11 @@ from .._model import (
     ToolSpec,
     Usage,
 )
-from ._http import (
-    CallIds,
-    HTTPRequestSpec,
-    HTTPStreamingModel,
-    SSEEvent,
-    parse_error_body,
-    parse_json_event,
-)
+from ._call_ids import CallIds
+from ._error_bodies import parse_error_body
+from ._http import HTTPStreamingModel, bearer_headers, check_model_name, check_native_output
+from ._model_stream import HTTPRequestSpec
+from ._sse import SSEEvent, parse_json_event
 
 __all__ = [
     "INCOMPLETE_REASONS",
@@ -411,6 +408,7 @@ class OpenAIResponsesModel(HTTPStreamingModel):
     """
 
     _provider = _PROVIDER
+    _api_key_env = "OPENAI_API_KEY"
 
     def __init__(
         self,
@@ -427,52 +425,19 @@ class OpenAIResponsesModel(HTTPStreamingModel):
         reasoning_memory: int = 4096,
         **settings: Any,
     ) -> None:
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be a non-empty str, got {model!r}")
+        check_model_name(model)
         if (
             isinstance(reasoning_memory, bool)
             or not isinstance(reasoning_memory, int)
             or reasoning_memory < 0
         ):
             raise ValueError(f"reasoning_memory must be an int >= 0, got {reasoning_memory!r}")
-        super().__init__(
-            client=client,
-            max_retries=max_retries,
-            connect_timeout=connect_timeout,
-            retry_base_delay=retry_base_delay,
-            retry_max_delay=retry_max_delay,
-        )
-        self._model = model
+        super().__init__(client, max_retries, connect_timeout, retry_base_delay, retry_max_delay)
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        self._base_url = base.rstrip("/").removesuffix("/responses")
-        # Only an explicit key is kept: $OPENAI_API_KEY is read at each call
-        # (_build_request), so an agent built at import time, before a .env is
-        # loaded, still sends it.
-        self._api_key = api_key
-        self._settings = dict(settings)
-        if not isinstance(native_output, bool):
-            raise TypeError(f"native_output must be a bool, not {type(native_output).__name__}")
+        self._set_endpoint(model, base.rstrip("/").removesuffix("/responses"), api_key, settings)
         # Read by the run (docs/output.md): True means request.output is honoured here.
-        self.native_output = native_output
+        self.native_output = check_native_output(native_output)
         self._memory = _ReasoningMemory(reasoning_memory)
-
-    @property
-    def model(self) -> str:
-        """The model name sent with every request."""
-        return self._model
-
-    @property
-    def base_url(self) -> str:
-        """The API root (without a trailing slash)."""
-        return self._base_url
-
-    @property
-    def settings(self) -> Mapping[str, Any]:
-        """The constructor's settings (a copy)."""
-        return dict(self._settings)
-
-    def __repr__(self) -> str:
-        return f"OpenAIResponsesModel({self._model!r}, base_url={self._base_url!r})"
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
@@ -505,10 +470,7 @@ class OpenAIResponsesModel(HTTPStreamingModel):
         return body
 
     def _build_request(self, request: ModelRequest) -> HTTPRequestSpec:
-        headers = {}
-        api_key = self._api_key if self._api_key is not None else os.environ.get("OPENAI_API_KEY")
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
+        headers = bearer_headers(self._current_api_key())
         return HTTPRequestSpec(
             url=f"{self._base_url}/responses", headers=headers, body=self.request_body(request)
         )

@@ -9,8 +9,8 @@ programs; write your own against the :class:`Session` protocol.
 from typing import TYPE_CHECKING, Any
 
 from ._base import Session as Session
+from ._dangling_calls import repair_loaded as repair_loaded
 from ._memory import MemorySession as MemorySession
-from ._repair import repair_loaded as repair_loaded
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION
 from ._sqlite import SQLiteSession as SQLiteSession
 from ._storage import SessionStorageError as SessionStorageError

@@ -56,8 +56,17 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .._items import Item
-from ._repair import repair_loaded
-from ._storage import SessionStorageError, check_session_id, decode_item, encode_items
+from ._dangling_calls import repair_loaded
+from ._storage import (
+    MigrationTexts,
+    SessionStorageError,
+    check_session_id,
+    decode_rows,
+    encode_items,
+    refuse_or_checkpoint,
+    run_limiter,
+    run_migrations,
+)
 
 __all__ = [
     "COMPONENT",
@@ -137,15 +146,7 @@ _LIMITERS: trio.lowlevel.RunVar[dict[tuple[str, int], trio.CapacityLimiter]] = t
 
 def _pool_limiter(key: tuple[str, int]) -> trio.CapacityLimiter:
     """The limiter (of the pool's size) for calls on the pool ``key`` in this Trio run."""
-    try:
-        limiters = _LIMITERS.get()
-    except LookupError:
-        limiters = {}
-        _LIMITERS.set(limiters)
-    limiter = limiters.get(key)
-    if limiter is None:
-        limiter = limiters[key] = trio.CapacityLimiter(key[1])
-    return limiter
+    return run_limiter(_LIMITERS, key, key[1])
 
 
 def _acquire_pool(key: tuple[str, int]) -> _Pool:
@@ -380,9 +381,7 @@ class PostgresSession:
         """
         encoded = encode_items(items)
         if not encoded:
-            if self._closed:
-                raise trio.ClosedResourceError("this PostgresSession is closed")
-            await trio.lowlevel.checkpoint()
+            await refuse_or_checkpoint(self._closed, "PostgresSession")
             return
         await self._call(lambda conn: self._add_items_sync(conn, encoded))
 
@@ -605,25 +604,14 @@ class PostgresSession:
         return version
 
     def _migrate(self, conn: Connection, version: int) -> None:
-        for step_from in range(version, SCHEMA_VERSION):
-            step = MIGRATIONS.get(step_from)
-            if step is None:
-                raise self._error(
-                    f"cannot use database {self._database}: no migration of the session"
-                    f" tables from schema version {step_from} to {step_from + 1}"
-                )
-            try:
-                step(conn)
-            except Exception as exc:
-                raise self._error(
-                    f"migrating the session tables in database {self._database} from schema"
-                    f" version {step_from} to {step_from + 1} failed: {exc}"
-                ) from exc
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
-                raise self._error(
-                    f"the migration from schema version {step_from} ended the transaction;"
-                    " migrations must not commit or roll back"
-                )
+        texts = MigrationTexts(
+            no_step=f"cannot use database {self._database}: no migration of the session tables",
+            migrating=f"migrating the session tables in database {self._database}",
+            must_not="commit or roll back",
+        )
+        run_migrations(
+            conn, version, SCHEMA_VERSION, MIGRATIONS, texts, _inside_transaction, self._error
+        )
         conn.execute(
             f"UPDATE {_SCHEMA_TABLE} SET version = %s, updated_at = now() WHERE component = %s",
             (SCHEMA_VERSION, COMPONENT),
@@ -648,18 +636,7 @@ class PostgresSession:
             f"SELECT position, data FROM {_ITEMS} WHERE session_id = %s ORDER BY position",
             (self._session_id,),
         ).fetchall()
-        items: list[Item] = []
-        for position, data in rows:
-            try:
-                items.append(decode_item(data))
-            except (TypeError, ValueError, RecursionError) as exc:
-                raise self._error(
-                    f"session {self._session_id!r} in database {self._database}: the item at"
-                    f" position {position} cannot be read: {exc}",
-                    session_id=self._session_id,
-                    position=position,
-                ) from exc
-        return items
+        return decode_rows(rows, f"database {self._database}", self._session_id, self._error)
 
     def _lock_row_sync(self, conn: Connection) -> None:
         """Take the session's row lock (creating the row if missing)."""
@@ -688,18 +665,18 @@ class PostgresSession:
         self._write_all_sync(conn, encoded)
 
     def _add_items_sync(self, conn: Connection, encoded: list[str]) -> None:
-        # One statement: the upsert claims positions [start, start + n) under the
+        # One statement: the upsert reserves positions [start, start + n) under the
         # session's row lock (ON CONFLICT DO UPDATE works on the latest row version,
         # even under READ COMMITTED), and the rows go in at those positions.
         conn.execute(
-            f"WITH claimed AS ("
+            f"WITH reserved AS ("
             f" INSERT INTO {_SESSIONS} AS s (session_id, next_position) VALUES (%(sid)s, %(n)s)"
             "  ON CONFLICT (session_id) DO UPDATE"
             "  SET next_position = s.next_position + EXCLUDED.next_position, updated_at = now()"
             "  RETURNING s.next_position - %(n)s AS start)"
             f" INSERT INTO {_ITEMS} (session_id, position, data)"
-            " SELECT %(sid)s, claimed.start + item.ordinality - 1, item.data"
-            " FROM claimed, unnest(%(data)s::text[]) WITH ORDINALITY AS item(data, ordinality)",
+            " SELECT %(sid)s, reserved.start + item.ordinality - 1, item.data"
+            " FROM reserved, unnest(%(data)s::text[]) WITH ORDINALITY AS item(data, ordinality)",
             {"sid": self._session_id, "n": len(encoded), "data": encoded},
         )
 
@@ -763,3 +740,8 @@ hours: a call waiting on such a connection fails and is retried on a new one."""
 def keepalives(params: dict[str, Any]) -> dict[str, Any]:
     """:data:`KEEPALIVES`, except those the DSN's ``params`` set itself."""
     return {key: value for key, value in KEEPALIVES.items() if key not in params}
+
+
+def _inside_transaction(conn: Connection) -> bool:
+    """Whether the migrations left the transaction open (they must)."""
+    return conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS

@@ -38,8 +38,17 @@ import attrs
 import trio
 
 from .._items import Item
-from ._repair import repair_loaded
-from ._storage import SessionStorageError, check_session_id, decode_item, encode_items
+from ._dangling_calls import repair_loaded
+from ._storage import (
+    MigrationTexts,
+    SessionStorageError,
+    check_session_id,
+    decode_rows,
+    encode_items,
+    refuse_or_checkpoint,
+    run_limiter,
+    run_migrations,
+)
 
 __all__ = [
     "APPLICATION_ID",
@@ -96,15 +105,7 @@ _LIMITERS: trio.lowlevel.RunVar[dict[str, trio.CapacityLimiter]] = trio.lowlevel
 
 def _file_limiter(path: str) -> trio.CapacityLimiter:
     """Return the limiter of 1 shared by every session on the database file ``path``."""
-    try:
-        limiters = _LIMITERS.get()
-    except LookupError:
-        limiters = {}
-        _LIMITERS.set(limiters)
-    limiter = limiters.get(path)
-    if limiter is None:
-        limiter = limiters[path] = trio.CapacityLimiter(1)
-    return limiter
+    return run_limiter(_LIMITERS, path, 1)
 
 
 def _resolve_path(path: str | os.PathLike[str]) -> str:
@@ -142,7 +143,7 @@ class SQLiteSession:
     (so a bad file is reported on entry). Close it with :meth:`aclose` (or ``async
     with``, or :meth:`close`); afterwards every call raises
     :class:`trio.ClosedResourceError`. Loaded conversations are repaired
-    (:func:`~trio_agents.sessions._repair.repair_loaded`): dangling tool calls from a
+    (:func:`~trio_agents.sessions._dangling_calls.repair_loaded`): dangling tool calls from a
     crashed run are closed with a ``cancelled`` result.
 
     Raises (from any call):
@@ -180,7 +181,7 @@ class SQLiteSession:
         """Return the stored conversation, oldest first, repaired.
 
         Dangling tool calls are answered with a ``cancelled`` result and orphan results
-        dropped (see :func:`~trio_agents.sessions._repair.repair_loaded`), and the repair
+        dropped (see :func:`~trio_agents.sessions._dangling_calls.repair_loaded`), and the repair
         is written back in one transaction, so the stored rows are valid again.
 
         Raises:
@@ -201,9 +202,7 @@ class SQLiteSession:
         """
         encoded = encode_items(items)
         if not encoded:
-            if self._closed:
-                raise trio.ClosedResourceError("this SQLiteSession is closed")
-            await trio.lowlevel.checkpoint()
+            await refuse_or_checkpoint(self._closed, "SQLiteSession")
             return
         await self._call(lambda conn: self._add_items_sync(conn, encoded))
 
@@ -421,25 +420,14 @@ class SQLiteSession:
         return version
 
     def _migrate(self, conn: sqlite3.Connection, version: int) -> None:
-        for step_from in range(version, SCHEMA_VERSION):
-            step = MIGRATIONS.get(step_from)
-            if step is None:
-                raise self._error(
-                    f"cannot open session database {self._path!r}: no migration from schema"
-                    f" version {step_from} to {step_from + 1}"
-                )
-            try:
-                step(conn)
-            except Exception as exc:
-                raise self._error(
-                    f"migrating session database {self._path!r} from schema version"
-                    f" {step_from} to {step_from + 1} failed: {exc}"
-                ) from exc
-            if not conn.in_transaction:
-                raise self._error(
-                    f"the migration from schema version {step_from} ended the transaction;"
-                    " migrations must not commit"
-                )
+        texts = MigrationTexts(
+            no_step=f"cannot open session database {self._path!r}: no migration",
+            migrating=f"migrating session database {self._path!r}",
+            must_not="commit",
+        )
+        run_migrations(
+            conn, version, SCHEMA_VERSION, MIGRATIONS, texts, _inside_transaction, self._error
+        )
         conn.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
             (str(SCHEMA_VERSION),),
@@ -469,18 +457,7 @@ class SQLiteSession:
             "SELECT position, data FROM items WHERE session_id = ? ORDER BY position",
             (self._session_id,),
         ).fetchall()
-        items: list[Item] = []
-        for position, data in rows:
-            try:
-                items.append(decode_item(data))
-            except (TypeError, ValueError, RecursionError) as exc:
-                raise self._error(
-                    f"session {self._session_id!r} in {self._path!r}: the item at position"
-                    f" {position} cannot be read: {exc}",
-                    session_id=self._session_id,
-                    position=position,
-                ) from exc
-        return items
+        return decode_rows(rows, repr(self._path), self._session_id, self._error)
 
     def _replace_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
         """Replace this session's rows (inside the caller's transaction)."""
@@ -560,3 +537,8 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
         return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     message = str(exc)
     return "locked" in message or "busy" in message
+
+
+def _inside_transaction(conn: sqlite3.Connection) -> bool:
+    """Whether the migrations left the transaction open (they must)."""
+    return conn.in_transaction

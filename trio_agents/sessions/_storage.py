@@ -4,12 +4,29 @@ their error, and how an item becomes a row and back."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import trio
 
 from .._exceptions import TrioAgentsError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage, item_from_json
 
-__all__ = ["SessionStorageError", "check_session_id", "decode_item", "encode_items"]
+__all__ = [
+    "MigrationTexts",
+    "SessionStorageError",
+    "check_session_id",
+    "decode_item",
+    "decode_rows",
+    "encode_items",
+    "refuse_or_checkpoint",
+    "run_limiter",
+    "run_migrations",
+]
+
+K = TypeVar("K", bound=Hashable)
+C = TypeVar("C")
 
 _ITEM_TYPES = (UserMessage, AssistantMessage, ToolCall, ToolResult)
 
@@ -90,3 +107,104 @@ def decode_item(data: str) -> Item:
         TypeError, ValueError, RecursionError: the text is not an item's JSON.
     """
     return item_from_json(json.loads(data))
+
+
+def decode_rows(
+    rows: Iterable[tuple[int, str]],
+    where: str,
+    session_id: str,
+    error: Callable[..., SessionStorageError],
+) -> list[Item]:
+    """Decode ``(position, data)`` rows into items, oldest first.
+
+    Raises:
+        SessionStorageError: (made by ``error``) a row is not an item; the message
+            names the session, ``where`` it is stored, and the row's position.
+    """
+    items: list[Item] = []
+    for position, data in rows:
+        try:
+            items.append(decode_item(data))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise error(
+                f"session {session_id!r} in {where}: the item at"
+                f" position {position} cannot be read: {exc}",
+                session_id=session_id,
+                position=position,
+            ) from exc
+    return items
+
+
+@attrs.frozen
+class MigrationTexts:
+    """How a backend names what is migrated, in :func:`run_migrations`'s errors.
+
+    Attributes:
+        no_step: the start of "there is no migration" (``"cannot open session database
+            'x.db': no migration"``), followed by ``" from schema version N to N+1"``.
+        migrating: the start of "a migration failed" (``"migrating session database
+            'x.db'"``), followed by ``" from schema version N to N+1 failed: ..."``.
+        must_not: what a migration must not do to the transaction (``"commit"``).
+    """
+
+    no_step: str
+    migrating: str
+    must_not: str
+
+
+def run_migrations(
+    conn: C,
+    version: int,
+    target: int,
+    migrations: Mapping[int, Callable[[C], Any]],
+    texts: MigrationTexts,
+    in_transaction: Callable[[C], bool],
+    error: Callable[[str], SessionStorageError],
+) -> None:
+    """Run the migrations from ``version`` up to ``target``, one step at a time, all
+    inside the caller's transaction (so a failed step leaves the stored rows as they
+    were). The caller records the new version.
+
+    Raises:
+        SessionStorageError: a step is missing, fails, or ends the transaction.
+    """
+    for step_from in range(version, target):
+        step = migrations.get(step_from)
+        if step is None:
+            raise error(f"{texts.no_step} from schema version {step_from} to {step_from + 1}")
+        try:
+            step(conn)
+        except Exception as exc:
+            raise error(
+                f"{texts.migrating} from schema version {step_from} to {step_from + 1}"
+                f" failed: {exc}"
+            ) from exc
+        if not in_transaction(conn):
+            raise error(
+                f"the migration from schema version {step_from} ended the transaction;"
+                f" migrations must not {texts.must_not}"
+            )
+
+
+def run_limiter(
+    var: trio.lowlevel.RunVar[dict[K, trio.CapacityLimiter]], key: K, size: int
+) -> trio.CapacityLimiter:
+    """The limiter (of ``size``) for ``key`` in this Trio run, kept in ``var``: one per
+    database file or pool, shared by every session on it in the run."""
+    try:
+        limiters = var.get()
+    except LookupError:
+        limiters = {}
+        var.set(limiters)
+    limiter = limiters.get(key)
+    if limiter is None:
+        limiter = limiters[key] = trio.CapacityLimiter(size)
+    return limiter
+
+
+async def refuse_or_checkpoint(closed: bool, name: str) -> None:
+    """What an ``add_items`` of nothing does: nothing to write, but a closed session
+    (``name`` is its class) still refuses, and the call is still a checkpoint."""
+    if closed:
+        raise trio.ClosedResourceError(f"this {name} is closed")
+    await trio.lowlevel.checkpoint()

@@ -1133,9 +1133,20 @@ def _check_child(
     position: Mapping[int, int],
     out: Found,
 ) -> None:
-    """One child against the call of its parent that started it."""
+    """One child against the call of its parent that started it: the conversations,
+    the order of the updates, and the child's tool calls against the call's scope."""
     call_id = node.call_id or ""
     what = f"run {node.run_id} ({node.agent}, in call {call_id!r} of run {parent.run_id})"
+    _check_child_conversations(node, parent, call_id, what, out)
+    result_at = _check_child_order(node, parent, call_id, position, what, out)
+    if result_at is not None and tree.event_times:
+        _check_child_calls(tree, node, result_at, what, out)
+
+
+def _check_child_conversations(
+    node: NodeRecord, parent: NodeRecord, call_id: str, what: str, out: Found
+) -> None:
+    """The child's conversation is valid; the parent's holds one result of the call."""
     if node.outcome is not None:
         problems = conversation_problems(node.outcome.conversation)
         if problems:
@@ -1144,7 +1155,6 @@ def _check_child(
                     "tree-conversations", f"{what}: its conversation is invalid: {problems[0]}"
                 )
             )
-    answers = []
     if parent.outcome is not None:
         answers = [
             i
@@ -1158,6 +1168,22 @@ def _check_child(
                     f"{what}: the parent's conversation holds {len(answers)} result(s) of the call",
                 )
             )
+
+
+def _check_child_order(
+    node: NodeRecord,
+    parent: NodeRecord,
+    call_id: str,
+    position: Mapping[int, int],
+    what: str,
+    out: Found,
+) -> int | None:
+    """Bottom-up: the parent's log says the child was queued and how it ended, after the
+    child's terminal update, and records the call's result after it too.
+
+    Returns where the parent's result of the call stands in the merged log (``None``:
+    the child did not end, or the parent recorded no result).
+    """
     terminal = _terminal(node)
     result_event = next(
         (
@@ -1186,7 +1212,7 @@ def _check_child(
     if terminal is None:
         if parent.outcome is not None:
             out.append(Violation("tree-bottom-up", f"{what} has no terminal update"))
-        return
+        return None
     if len(ended) != 1 or ended[0].status is not terminal.status:
         said = [e.status.value for e in ended]
         out.append(
@@ -1202,7 +1228,7 @@ def _check_child(
             )
         )
     if result_event is None:
-        return
+        return None
     result_at = position.get(id(result_event))
     terminal_at = position.get(id(terminal))
     if result_at is not None and terminal_at is not None and terminal_at > result_at:
@@ -1212,8 +1238,14 @@ def _check_child(
                 f"{what}: the parent recorded the call's result before the child's terminal update",
             )
         )
-    if result_at is None or not tree.event_times:
-        return
+    return result_at
+
+
+def _check_child_calls(
+    tree: TreeObservation, node: NodeRecord, result_at: int, what: str, out: Found
+) -> None:
+    """No tool call of the child's subtree outlives the parent's call: all ended by the
+    time the parent recorded the call's result."""
     result_time = tree.event_times[result_at]
     below = {n.run_id for n in _subtree(node, tree.nodes)}
     for call in tree.tool_calls:

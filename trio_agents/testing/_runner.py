@@ -608,7 +608,6 @@ def _run_example(
     install_audit_hook()
     spawns_before = spawn_count()
     tree_before = process_tree(depth=1)  # this process's children before the run
-    scripted = model.scripted
     if recorder is not None:
         recorder.reset()
     options = dict(run_options or {})
@@ -622,10 +621,246 @@ def _run_example(
         hooks = TreeHooks(options.get("hooks"), tree.hook_faults, stored)
     run_id = f"lifecycle-{next(_run_numbers)}"
     ops = tuple(sorted(schedule, key=lambda op: op.at))
-    state = _State()
     input_items = tuple(coerce_items(input))
+    example = _Example(
+        agent=agent,
+        model=model,
+        tree=tree,
+        ops=ops,
+        recorder=recorder,
+        input=input,
+        input_items=input_items,
+        options=options,
+        cleanup_timeout=cleanup_timeout,
+        horizon=horizon,
+        faults=faults,
+        watched_session=watched_session,
+        hooks=hooks,
+        run_id=run_id,
+        thread_hold=thread_hold,
+        thread_grace=thread_grace,
+    )
+    with marked_environment(example.run_id):
+        trio.run(example.main, clock=trio.testing.MockClock(autojump_threshold=0))
+    if check_processes is None:
+        check_processes = spawn_count() != spawns_before
+    processes = leaked_processes(example.run_id, tree_before) if check_processes else []
+    return example.observation(processes)
 
-    def record_cancel(run: Run, kind: CancelKind, reason: str) -> None:
+
+@final
+@attrs.define(eq=False)
+class _Example:
+    """One example being run: what it was given, and the jobs of the harness around
+    the run, one method each.
+
+    The harness's readers (:meth:`timestamper`, :meth:`status_watcher`,
+    :meth:`tree_watcher`, :meth:`subscriber`), its guard (:meth:`horizon_guard`), the
+    schedule (:meth:`play`, :meth:`apply` and one method per kind of operation), the
+    absent user (:meth:`drain`), and the end (:meth:`settle`, :meth:`observation`).
+    What they record goes in :attr:`state`.
+    """
+
+    agent: Agent
+    model: WatchedModel
+    tree: _TreeSetup | None
+    ops: tuple[Op, ...]
+    recorder: ToolRecorder | None
+    input: str | Item | Sequence[Item]
+    input_items: tuple[Item, ...]
+    options: dict[str, Any]
+    cleanup_timeout: float
+    horizon: float
+    faults: Faults
+    watched_session: WatchedSession | None
+    hooks: WatchedHooks | TreeHooks
+    run_id: str
+    thread_hold: float | None
+    thread_grace: float
+    state: _State = attrs.Factory(_State)
+
+    # -- the run, and what follows it
+
+    async def main(self) -> None:
+        state = self.state
+        baseline = {id(task) for task in all_tasks()}
+        threads = ThreadWatch(self._limiter())
+        async with trio.open_nursery() as harness:
+            with trio.CancelScope() as outer:
+                try:
+                    async with open_run(
+                        self.agent, self.input, run_id=self.run_id, **self._run_kwargs()
+                    ) as run:
+                        state.run = run
+                        harness.start_soon(self.timestamper, run, name="harness:timestamper")
+                        harness.start_soon(self.status_watcher, run, name="harness:status")
+                        harness.start_soon(self.horizon_guard, run, name="harness:horizon")
+                        if self.tree is not None:
+                            harness.start_soon(self.tree_watcher, run, name="harness:tree")
+                        await self.play(run, outer, harness)
+                except BaseException as exc:
+                    if _fatal(exc) or state.run is None:
+                        raise  # the test was stopped, or the run could not even start
+                    if not (outer.cancel_called and _only_cancelled(exc)):
+                        state.run_error = _summary(exc)
+                        state.changed.set()
+            if self.recorder is not None:
+                # The schedule may have been cut short (an outer cancel, a crash) before
+                # drain() ran: the absent user still lets waiting fake tools go.
+                self.recorder.release()
+            await self.settle(state.run, harness)
+        current = trio.lowlevel.current_task()
+        state.leaked_tasks.extend(
+            task.name for task in all_tasks() if id(task) not in baseline and task is not current
+        )
+        if self.watched_session is not None:
+            state.session_calls = tuple(self.watched_session.calls)
+            state.stored = tuple(await self.watched_session.inner.get_items())
+            state.fresh_run = await _fresh_run(self.watched_session, SETTLE)
+        state.let_go()
+        state.leaked_threads.extend(await threads.settle(self.thread_grace))
+
+    def _limiter(self) -> ClockHoldingLimiter:
+        """The run's thread limiter, wrapped so worker threads hold the clock still."""
+        options = self.options
+        inner = options.get("thread_limiter") or trio.to_thread.current_default_thread_limiter()
+        self.state.limiter = ClockHoldingLimiter(inner, hold_limit=self.thread_hold)
+        return self.state.limiter
+
+    def _run_kwargs(self) -> dict[str, Any]:
+        """``open_run``'s options: the caller's, with the harness's limiter, hooks and
+        session."""
+        assert self.state.limiter is not None
+        run_kwargs: dict[str, Any] = {**self.options, "thread_limiter": self.state.limiter}
+        tree = self.tree
+        if (
+            self.options.get("hooks") is not None
+            or self.faults.hooks
+            or (tree and tree.hook_faults)
+        ):
+            # Only then: a run without hooks must keep being tested as one.
+            run_kwargs["hooks"] = self.hooks
+        if self.watched_session is not None:
+            run_kwargs["session"] = self.watched_session
+        return run_kwargs
+
+    async def settle(self, run: Run | None, harness: trio.Nursery) -> None:
+        """Give ``wait()`` and the readers a (virtual) bound to end, then stop them."""
+        state = self.state
+        assert run is not None
+        with trio.move_on_after(SETTLE):
+            await run.wait()
+            state.ended["wait"] = True
+        with trio.move_on_after(SETTLE):
+            if state.readers:
+                await state.readers_done.wait()
+        if state.ended["wait"]:
+            with trio.move_on_after(SETTLE):
+                late = [event.seq async for event in run.events()]
+                state.ended["late_events"] = late == [event.seq for event in state.events]
+        harness.cancel_scope.cancel()
+
+    def observation(self, processes: Sequence[tuple[int, str]]) -> Observation:
+        """Everything recorded, once ``trio.run`` has returned."""
+        state, hooks, scripted = self.state, self.hooks, self.model.scripted
+        assert state.run is not None
+        hook_calls = tuple(hooks.calls) if isinstance(hooks, WatchedHooks) else ()
+        tool_calls = self.recorder.calls if self.recorder is not None else ()
+        tree_view = None
+        if self.tree is not None:
+            assert isinstance(hooks, TreeHooks)
+            root_hooks = hooks.per_run.get(state.run.id)
+            hook_calls = tuple(root_hooks.calls) if root_hooks is not None else ()
+            tree_view = state.tree_observation(state.run, self.tree, hooks, tool_calls)
+            tool_calls = tuple(c for c in tool_calls if c.run_id == state.run.id)
+        return Observation(
+            run_id=self.run_id,
+            outcome=state.run.result,
+            events=tuple(state.events),
+            event_times=tuple(state.times),
+            script=scripted.turns,
+            schedule=self.ops,
+            applied=tuple(state.applied),
+            requests=tuple(scripted.requests),
+            open_streams=scripted.open_streams,
+            cancels=tuple(state.cancels),
+            injections=tuple(state.injections),
+            subscribers=tuple(state.subscribers),
+            op_errors=tuple(state.op_errors),
+            leaked_tasks=tuple(state.leaked_tasks),
+            leaked_processes=tuple(processes),
+            tool_calls=tool_calls,
+            threads_stopped=not state.leaked_threads,
+            run_options=self.options,
+            input_items=self.input_items,
+            run_error=state.run_error,
+            ended=dict(state.ended),
+            faults=self.faults,
+            streams=tuple(self.model.streams),
+            hook_calls=hook_calls,
+            session_calls=state.session_calls,
+            stored=state.stored,
+            fresh_run=state.fresh_run,
+            leaked_threads=tuple(state.leaked_threads),
+            cleanup_timeout=self.cleanup_timeout,
+            tree=tree_view,
+            ignored_cancels=tuple(state.limiter.ignored_cancels) if state.limiter else (),
+        )
+
+    # -- the harness's readers and guard
+
+    async def timestamper(self, run: Run) -> None:
+        state = self.state
+        state.reader_started()
+        async for event in run.events():
+            state.saw(event)
+            if isinstance(event, RunUpdated) and event.status.is_terminal:
+                state.let_go()
+        state.ended["events"] = True
+        state.reader_ended()
+
+    async def status_watcher(self, run: Run) -> None:
+        state = self.state
+        state.reader_started()
+        async for _update in run.updated:
+            pass
+        state.ended["updated"] = True
+        state.reader_ended()
+
+    async def tree_watcher(self, run: Run) -> None:
+        """Read ``events(tree=True)``: every event of the tree, with its time; and
+        when a call that started a child ends, no task of that child may be alive."""
+        state = self.state
+        state.reader_started()
+        async for event in run.events(tree=True):
+            state.tree_saw(event)
+            if isinstance(event, ToolFinished | RunItemEvent):
+                state.outlived_calls(run, event)
+        state.tree_complete = True
+        state.reader_ended()
+
+    async def subscriber(self, run: Run, kind: Literal["events", "status"]) -> None:
+        state = self.state
+        state.reader_started()
+        seen: list[RunEvent] = []
+        try:
+            cursor = run.events() if kind == "events" else run.updated
+            async for event in cursor:
+                seen.append(event)
+        finally:
+            state.subscribers.append(SubscriberView(kind, tuple(seen), complete=False))
+        state.subscribers[-1] = attrs.evolve(state.subscribers[-1], complete=True)
+        state.reader_ended()
+
+    async def horizon_guard(self, run: Run) -> None:
+        with trio.move_on_after(self.horizon):
+            await run.wait()
+            return
+        self.record_cancel(run, "horizon", HORIZON_REASON)
+        run.cancel(HORIZON_REASON)
+
+    def record_cancel(self, run: Run, kind: CancelKind, reason: str) -> None:
+        state = self.state
         stats = run.statistics()
         now = trio.current_time()
         record = CancelRecord(kind, reason, now, stats.last_seq, run.status, run.result is None)
@@ -645,56 +880,23 @@ def _run_example(
                     )
                     state.cancels_of(node).append(below)
 
-    async def timestamper(run: Run) -> None:
-        state.reader_started()
-        async for event in run.events():
-            state.saw(event)
-            if isinstance(event, RunUpdated) and event.status.is_terminal:
-                state.let_go()
-        state.ended["events"] = True
-        state.reader_ended()
+    # -- the schedule, and the absent user after it
 
-    async def status_watcher(run: Run) -> None:
-        state.reader_started()
-        async for _update in run.updated:
-            pass
-        state.ended["updated"] = True
-        state.reader_ended()
+    async def play(self, run: Run, outer: trio.CancelScope, harness: trio.Nursery) -> None:
+        start = trio.current_time()
+        for index, op in enumerate(self.ops):
+            if op.at > 0:
+                await trio.sleep_until(start + op.at + (index + 1) / 1024)
+            if op.kind == "cancel_in_tool":  # waits on its own: the other ops go on
+                harness.start_soon(self.cancel_in_tool, index, op, run, outer, harness)
+            else:
+                self.apply(index, op, run, outer, harness)
+        harness.start_soon(self.drain, run, name="harness:drain")
 
-    async def tree_watcher(run: Run) -> None:
-        """Read ``events(tree=True)``: every event of the tree, with its time; and
-        when a call that started a child ends, no task of that child may be alive."""
-        state.reader_started()
-        async for event in run.events(tree=True):
-            state.tree_saw(event)
-            if isinstance(event, ToolFinished | RunItemEvent):
-                state.outlived_calls(run, event)
-        state.tree_complete = True
-        state.reader_ended()
-
-    async def horizon_guard(run: Run) -> None:
-        with trio.move_on_after(horizon):
-            await run.wait()
-            return
-        record_cancel(run, "horizon", HORIZON_REASON)
-        run.cancel(HORIZON_REASON)
-
-    async def subscriber(run: Run, kind: Literal["events", "status"]) -> None:
-        state.reader_started()
-        seen: list[RunEvent] = []
-        try:
-            cursor = run.events() if kind == "events" else run.updated
-            async for event in cursor:
-                seen.append(event)
-        finally:
-            state.subscribers.append(SubscriberView(kind, tuple(seen), complete=False))
-        state.subscribers[-1] = attrs.evolve(state.subscribers[-1], complete=True)
-        state.reader_ended()
-
-    async def drain(run: Run) -> None:
+    async def drain(self, run: Run) -> None:
         """The user is gone: release blocking tools, approve whatever waits."""
-        if recorder is not None:
-            recorder.release()
+        if self.recorder is not None:
+            self.recorder.release()
         async for update in run.updated:
             if update.status is RunStatus.AWAITING_APPROVAL:
                 for call_id in run.statistics().pending_approvals:
@@ -705,7 +907,23 @@ def _run_example(
                         if node is not None:
                             node.approve(waiting["call_id"])
 
-    async def until_a_tool_runs(run: Run, target: str | None) -> None:
+    async def cancel_in_tool(
+        self, index: int, op: Op, run: Run, outer: trio.CancelScope, harness: trio.Nursery
+    ) -> None:
+        state = self.state
+        while True:
+            await self._until_a_tool_runs(run, op.target)
+            running = set(state.running_tools if op.target is None else state.tree_running)
+            await trio.sleep((index + 1) / 1024)
+            # Land in a call that is still running (one that ended at once, like an
+            # unknown tool's, does not count), or give up once the run is over.
+            now_running = state.running_tools if op.target is None else state.tree_running
+            if running & now_running or not running:
+                break
+        self.apply(index, op, run, outer, harness)
+
+    async def _until_a_tool_runs(self, run: Run, target: str | None) -> None:
+        state = self.state
         while run.result is None and state.run_error is None:
             if target is None and state.running_tools:
                 return
@@ -714,8 +932,10 @@ def _run_example(
             await state.changed.wait()
 
     def apply(
-        index: int, op: Op, root: Run, outer: trio.CancelScope, nursery: trio.Nursery
+        self, index: int, op: Op, root: Run, outer: trio.CancelScope, nursery: trio.Nursery
     ) -> None:
+        """Apply one operation (to the run it targets) and record what it did."""
+        state = self.state
         now = trio.current_time()
         note = op.describe().split(": ", 1)[1]
         run = root
@@ -729,67 +949,23 @@ def _run_example(
                 note += f" (run {run.id})"
         try:
             if op.kind in ("cancel", "cancel_after_turn", "cancel_in_tool"):
-                mode: Literal["immediate", "after_turn"] = (
-                    "after_turn" if op.kind == "cancel_after_turn" else "immediate"
-                )
-                if op.kind == "cancel_in_tool":
-                    running = (
-                        state.running_tools
-                        if run is root
-                        else {c for r, c in state.tree_running if r == run.id}
-                    )
-                    note += f" (tools running: {sorted(running) or 'none'})"
-                record_cancel(run, mode, op.reason)
-                run.cancel(op.reason, mode=mode)
+                note = self._cancel(op, run, root, note)
             elif op.kind == "outer_cancel":
-                record_cancel(root, "outer", "parent cancelled")
+                self.record_cancel(root, "outer", "parent cancelled")
                 outer.cancel()
             elif op.kind == "inject":
-                items = _unique_ids(op.items, index)
-                try:
-                    injection_id = run.inject(items, when=op.when)
-                except RunClosedError:
-                    note += " -> RunClosedError"
-                else:
-                    converted = tuple(coerce_items(items))
-                    state.injections_of(run).append(
-                        InjectionRecord(injection_id, op.when, converted, now)
-                    )
-                    note += f" -> {injection_id}"
+                note = self._inject(index, op, run, now, note)
             elif op.kind == "withdraw":
-                injections = state.injections_of(run)
-                live = [i for i, inj in enumerate(injections) if not inj.withdrawn]
-                if live:
-                    position = live[-1]
-                    injection = injections[position]
-                    last_seq = run.statistics().last_seq
-                    if run.withdraw(injection.id):
-                        injections[position] = attrs.evolve(injection, withdrawn=True)
-                        note += f" {injection.id} -> True"
-                    else:
-                        injections[position] = attrs.evolve(
-                            injection, withdraw_failed_at_seq=last_seq
-                        )
-                        note += f" {injection.id} -> False"
-                else:
-                    note += " (nothing to withdraw)"
+                note = self._withdraw(run, note)
             elif op.kind in ("approve", "reject"):
-                pending = run.statistics().pending_approvals
-                if pending:
-                    if op.kind == "approve":
-                        run.approve(pending[0])
-                    else:
-                        run.reject(pending[0], message=op.reason)
-                    note += f" {pending[0]}"
-                else:
-                    note += " (nothing pending)"
+                note = self._decide(op, run, note)
             elif op.kind == "subscribe":
-                nursery.start_soon(subscriber, root, "events")
+                nursery.start_soon(self.subscriber, root, "events")
             elif op.kind == "status_subscribe":
-                nursery.start_soon(subscriber, root, "status")
+                nursery.start_soon(self.subscriber, root, "status")
             elif op.kind == "release":
-                if recorder is not None:
-                    recorder.release()
+                if self.recorder is not None:
+                    self.recorder.release()
             else:  # pragma: no cover - OpKind is closed
                 raise ValueError(f"unknown op kind {op.kind!r}")
         except Exception as exc:
@@ -797,138 +973,55 @@ def _run_example(
             note += f" -> raised {type(exc).__name__}"
         state.applied.append((now, note))
 
-    async def cancel_in_tool(
-        index: int, op: Op, run: Run, outer: trio.CancelScope, harness: trio.Nursery
-    ) -> None:
-        while True:
-            await until_a_tool_runs(run, op.target)
-            running = set(state.running_tools if op.target is None else state.tree_running)
-            await trio.sleep((index + 1) / 1024)
-            # Land in a call that is still running (one that ended at once, like an
-            # unknown tool's, does not count), or give up once the run is over.
-            now_running = state.running_tools if op.target is None else state.tree_running
-            if running & now_running or not running:
-                break
-        apply(index, op, run, outer, harness)
-
-    async def play(run: Run, outer: trio.CancelScope, harness: trio.Nursery) -> None:
-        start = trio.current_time()
-        for index, op in enumerate(ops):
-            if op.at > 0:
-                await trio.sleep_until(start + op.at + (index + 1) / 1024)
-            if op.kind == "cancel_in_tool":  # waits on its own: the other ops go on
-                harness.start_soon(cancel_in_tool, index, op, run, outer, harness)
-            else:
-                apply(index, op, run, outer, harness)
-        harness.start_soon(drain, run, name="harness:drain")
-
-    async def main() -> None:
-        baseline = {id(task) for task in all_tasks()}
-        inner = options.get("thread_limiter") or trio.to_thread.current_default_thread_limiter()
-        state.limiter = ClockHoldingLimiter(inner, hold_limit=thread_hold)
-        threads = ThreadWatch(state.limiter)
-        run_kwargs: dict[str, Any] = {**options, "thread_limiter": state.limiter}
-        if options.get("hooks") is not None or faults.hooks or (tree and tree.hook_faults):
-            # Only then: a run without hooks must keep being tested as one.
-            run_kwargs["hooks"] = hooks
-        if watched_session is not None:
-            run_kwargs["session"] = watched_session
-        async with trio.open_nursery() as harness:
-            with trio.CancelScope() as outer:
-                try:
-                    async with open_run(agent, input, run_id=run_id, **run_kwargs) as run:
-                        state.run = run
-                        harness.start_soon(timestamper, run, name="harness:timestamper")
-                        harness.start_soon(status_watcher, run, name="harness:status")
-                        harness.start_soon(horizon_guard, run, name="harness:horizon")
-                        if tree is not None:
-                            harness.start_soon(tree_watcher, run, name="harness:tree")
-                        await play(run, outer, harness)
-                except BaseException as exc:
-                    if _fatal(exc) or state.run is None:
-                        raise  # the test was stopped, or the run could not even start
-                    if not (outer.cancel_called and _only_cancelled(exc)):
-                        state.run_error = _summary(exc)
-                        state.changed.set()
-            if recorder is not None:
-                # The schedule may have been cut short (an outer cancel, a crash) before
-                # drain() ran: the absent user still lets waiting fake tools go.
-                recorder.release()
-            await settle(state.run, harness)
-        current = trio.lowlevel.current_task()
-        state.leaked_tasks.extend(
-            task.name for task in all_tasks() if id(task) not in baseline and task is not current
+    def _cancel(self, op: Op, run: Run, root: Run, note: str) -> str:
+        mode: Literal["immediate", "after_turn"] = (
+            "after_turn" if op.kind == "cancel_after_turn" else "immediate"
         )
-        if watched_session is not None:
-            state.session_calls = tuple(watched_session.calls)
-            state.stored = tuple(await watched_session.inner.get_items())
-            state.fresh_run = await _fresh_run(watched_session, SETTLE)
-        state.let_go()
-        state.leaked_threads.extend(await threads.settle(thread_grace))
+        if op.kind == "cancel_in_tool":
+            running = (
+                self.state.running_tools
+                if run is root
+                else {c for r, c in self.state.tree_running if r == run.id}
+            )
+            note += f" (tools running: {sorted(running) or 'none'})"
+        self.record_cancel(run, mode, op.reason)
+        run.cancel(op.reason, mode=mode)
+        return note
 
-    async def settle(run: Run | None, harness: trio.Nursery) -> None:
-        """Give ``wait()`` and the readers a (virtual) bound to end, then stop them."""
-        assert run is not None
-        with trio.move_on_after(SETTLE):
-            await run.wait()
-            state.ended["wait"] = True
-        with trio.move_on_after(SETTLE):
-            if state.readers:
-                await state.readers_done.wait()
-        if state.ended["wait"]:
-            with trio.move_on_after(SETTLE):
-                late = [event.seq async for event in run.events()]
-                state.ended["late_events"] = late == [event.seq for event in state.events]
-        harness.cancel_scope.cancel()
+    def _inject(self, index: int, op: Op, run: Run, now: float, note: str) -> str:
+        items = _unique_ids(op.items, index)
+        try:
+            injection_id = run.inject(items, when=op.when)
+        except RunClosedError:
+            return note + " -> RunClosedError"
+        converted = tuple(coerce_items(items))
+        self.state.injections_of(run).append(InjectionRecord(injection_id, op.when, converted, now))
+        return note + f" -> {injection_id}"
 
-    with marked_environment(run_id):
-        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    if check_processes is None:
-        check_processes = spawn_count() != spawns_before
-    processes = leaked_processes(run_id, tree_before) if check_processes else []
-    assert state.run is not None
-    hook_calls = tuple(hooks.calls) if isinstance(hooks, WatchedHooks) else ()
-    tool_calls = recorder.calls if recorder is not None else ()
-    tree_view = None
-    if tree is not None:
-        assert isinstance(hooks, TreeHooks)
-        root_hooks = hooks.per_run.get(state.run.id)
-        hook_calls = tuple(root_hooks.calls) if root_hooks is not None else ()
-        tree_view = state.tree_observation(state.run, tree, hooks, tool_calls)
-        tool_calls = tuple(c for c in tool_calls if c.run_id == state.run.id)
-    return Observation(
-        run_id=run_id,
-        outcome=state.run.result,
-        events=tuple(state.events),
-        event_times=tuple(state.times),
-        script=scripted.turns,
-        schedule=ops,
-        applied=tuple(state.applied),
-        requests=tuple(scripted.requests),
-        open_streams=scripted.open_streams,
-        cancels=tuple(state.cancels),
-        injections=tuple(state.injections),
-        subscribers=tuple(state.subscribers),
-        op_errors=tuple(state.op_errors),
-        leaked_tasks=tuple(state.leaked_tasks),
-        leaked_processes=tuple(processes),
-        tool_calls=tool_calls,
-        threads_stopped=not state.leaked_threads,
-        run_options=options,
-        input_items=input_items,
-        run_error=state.run_error,
-        ended=dict(state.ended),
-        faults=faults,
-        streams=tuple(model.streams),
-        hook_calls=hook_calls,
-        session_calls=state.session_calls,
-        stored=state.stored,
-        fresh_run=state.fresh_run,
-        leaked_threads=tuple(state.leaked_threads),
-        cleanup_timeout=cleanup_timeout,
-        tree=tree_view,
-        ignored_cancels=tuple(state.limiter.ignored_cancels) if state.limiter else (),
-    )
+    def _withdraw(self, run: Run, note: str) -> str:
+        injections = self.state.injections_of(run)
+        live = [i for i, inj in enumerate(injections) if not inj.withdrawn]
+        if not live:
+            return note + " (nothing to withdraw)"
+        position = live[-1]
+        injection = injections[position]
+        last_seq = run.statistics().last_seq
+        if run.withdraw(injection.id):
+            injections[position] = attrs.evolve(injection, withdrawn=True)
+            return note + f" {injection.id} -> True"
+        injections[position] = attrs.evolve(injection, withdraw_failed_at_seq=last_seq)
+        return note + f" {injection.id} -> False"
+
+    def _decide(self, op: Op, run: Run, note: str) -> str:
+        """Approve or reject the first call that waits for approval."""
+        pending = run.statistics().pending_approvals
+        if not pending:
+            return note + " (nothing pending)"
+        if op.kind == "approve":
+            run.approve(pending[0])
+        else:
+            run.reject(pending[0], message=op.reason)
+        return note + f" {pending[0]}"
 
 
 # ------------------------------------------------------------------ run trees

@@ -1,0 +1,144 @@
+"""PostgresCluster's arguments, its schema, and the event writer's batching (no
+database round trip per streamed delta)."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+import trio
+
+import trio_agents as ta
+from tests.support.cluster_support import client, node
+from tests.support.control_support import TOKENS
+from trio_agents._util import leaves
+from trio_agents.cluster import PostgresCluster
+from trio_agents.control import ControlServer
+from trio_agents.models import ScriptedModel, Turn
+
+
+def test_arguments_are_checked() -> None:
+    cluster = PostgresCluster("host=localhost dbname=x", node_id="n1", lease_ttl=2, max_runs=3)
+    assert (cluster.node_id, cluster.lease_ttl, cluster.max_runs) == ("n1", 2.0, 3)
+    assert cluster.dsn == "host=localhost dbname=x"
+    assert PostgresCluster("host=localhost").node_id  # a generated id
+    with pytest.raises(TypeError):
+        PostgresCluster(b"dsn")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lease_ttl"):
+        PostgresCluster("host=x", lease_ttl=0)
+    with pytest.raises(ValueError, match="max_runs"):
+        PostgresCluster("host=x", max_runs=0)
+    with pytest.raises(TypeError, match="max_runs"):
+        PostgresCluster("host=x", max_runs=True)
+    agent = ta.Agent(name="a", instructions="", model=ScriptedModel(["x"]))
+    with pytest.raises(ValueError, match="sessions"):
+        ControlServer({"a": agent}, auth=TOKENS, cluster=cluster, sessions="x.db")
+    with pytest.raises(TypeError, match="cluster"):
+        ControlServer({"a": agent}, auth=TOKENS, cluster="dsn")  # type: ignore[arg-type]
+    assert ControlServer({"a": agent}, auth=TOKENS, cluster=cluster).cluster is cluster
+
+
+async def test_the_schema_is_created_and_versioned(pg_dsn: str) -> None:
+    model = ScriptedModel([], default="hello")
+    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    async with trio.open_nursery() as nursery:
+        async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as c:
+            run_id = (await c.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            await c.wait_terminal(run_id)
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn) as conn:
+        versions: dict[str, int] = dict(
+            conn.execute("SELECT component, version FROM trio_agents_schema").fetchall()
+        )
+        assert versions == {"sessions": 1, "cluster": 2}
+        (nodes,) = conn.execute("SELECT count(*) FROM trio_agents_nodes").fetchone() or (None,)
+        assert nodes == 0  # a node that stopped gracefully removed its row
+        row = conn.execute(
+            "SELECT status, finished, active_key, attempt FROM trio_agents_runs"
+        ).fetchone()
+        assert row == ("completed", True, None, 1)
+
+
+async def test_streamed_deltas_are_written_in_batches(pg_dsn: str) -> None:
+    chunks = [f"w{i} " for i in range(300)]
+    model = ScriptedModel([Turn(text=chunks)])
+    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    async with trio.open_nursery() as nursery:
+        async with (
+            node(nursery, agents, pg_dsn, "A") as a,
+            node(nursery, agents, pg_dsn, "B") as b,
+            client(a.url) as ca,
+            client(b.url) as cb,
+        ):
+            before = a.cluster.statistics().flushes
+            run_id = (await ca.ok("run.start", agent="a", input="talk", subscribe="all"))["run_id"]
+            await ca.wait_terminal(run_id)
+            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+            await cb.wait_terminal(run_id)
+            assert cb.events[run_id] == ca.events[run_id]
+            deltas = [f for f in cb.events[run_id] if f["event"]["type"] == "response.text.delta"]
+            assert len(deltas) == 300
+            # Far fewer writes than events: batches, flushed at items and statuses.
+            assert a.cluster.statistics().flushes - before < 30
+        nursery.cancel_scope.cancel()
+
+
+async def test_finished_runs_are_forgotten_after_retention(pg_dsn: str) -> None:
+    model = ScriptedModel([], default="hello")
+    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    async with trio.open_nursery() as nursery:
+        async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as c:
+            run_id = (await c.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            await c.wait_terminal(run_id)
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                conn.execute("UPDATE trio_agents_runs SET updated_at = now() - interval '1 day'")
+            await a.cluster.leases.cleanup()
+            gone = await c.request("run.get", run_id=run_id)
+            assert gone["type"] == "ack"  # still retained in the node's memory
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn) as conn:
+        for table in ("runs", "events"):
+            count = conn.execute(f"SELECT count(*) FROM trio_agents_{table}").fetchone()
+            assert count == (0,)
+
+
+async def test_a_node_refuses_tables_of_a_newer_version(pg_dsn: str) -> None:
+    from trio_agents.cluster._db import ClusterSchemaError
+
+    model = ScriptedModel([], default="hello")
+    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "A"):
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE trio_agents_schema SET version = 99 WHERE component = 'cluster'")
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "B"):
+            raise AssertionError("the node started")
+    matched, rest = caught.value.split(ClusterSchemaError)
+    assert rest is None
+    assert matched is not None
+    assert "newer than this trio_agents supports" in str(leaves(matched)[0])
+
+
+async def test_version_1_tables_are_migrated(pg_dsn: str) -> None:
+    # Version 2 adds the index of queued runs (their order for a session, cluster-wide).
+    model = ScriptedModel([], default="hello")
+    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "A"):
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("DROP INDEX trio_agents_runs_queued")
+        conn.execute("UPDATE trio_agents_schema SET version = 1 WHERE component = 'cluster'")
+    async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "B"):
+        nursery.cancel_scope.cancel()
+    with psycopg.connect(pg_dsn) as conn:
+        (version,) = conn.execute(
+            "SELECT version FROM trio_agents_schema WHERE component = 'cluster'"
+        ).fetchone() or (None,)
+        assert version == 2
+        indexes = {
+            row[0]
+            for row in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'trio_agents_runs'"
+            ).fetchall()
+        }
+        assert "trio_agents_runs_queued" in indexes

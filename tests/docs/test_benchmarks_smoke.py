@@ -1,0 +1,95 @@
+"""Smoke test: every benchmark workload runs with tiny sizes. No timing is asserted."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from benchmarks.__main__ import ALL, collect
+from benchmarks._common import environment
+from benchmarks.report import write_markdown
+from benchmarks.tree import b9_workload
+
+if TYPE_CHECKING:
+    from tests.support.pg_support import PostgresServer
+
+# B7 and B10 (clusters of node processes) need PostgreSQL: their own tests, below.
+LOCAL = tuple(name for name in ALL if name not in ("B7", "B10"))
+
+
+async def test_every_workload_runs_with_tiny_sizes(tmp_path: Path) -> None:
+    figures = await collect(LOCAL, quick=True, echo=False)
+    names = {figure.bench.split(".", 1)[0] for figure in figures}
+    assert names == {"baseline", *LOCAL}
+    for figure in figures:
+        assert not math.isnan(figure.value), figure
+        assert figure.to_json()["bench"] == figure.bench
+    # The run-tree workloads (issue 25): B8's trees were cancelled (each checked: every
+    # node cancelled), B9 ran in-process (no callgrind in quick mode), F1 counted.
+    trees = {f.bench for f in figures if f.bench.split(".", 1)[0] in ("B8", "B9", "F1")}
+    assert trees == {
+        "B8.tree_cancel_to_terminal",
+        "B8.single_cancel_to_terminal",
+        "B9.wall_per_tree",
+        "F1.memory_per_child",
+    }
+    by_name = {figure.bench: figure for figure in figures}
+    assert by_name["B8.tree_cancel_to_terminal"].extra["n"] == 3
+    assert by_name["F1.memory_per_child"].extra["child_objects"] > 0
+    report = tmp_path / "RESULTS.md"
+    write_markdown(report, {**environment(), "duration_s": 0.0, "quick": True}, figures)
+    text = report.read_text()
+    assert "## Issue 25 targets (run trees)" in text
+    assert "| B8 tree cancel p99 (13 runs) | not measured |" not in text
+    assert "| F1 fan-out: memory per in-flight child | not measured |" not in text
+
+
+@pytest.mark.parametrize("mode", ["b9_tree", "b9_separate"])
+async def test_the_child_overhead_callgrind_workloads_run(mode: str) -> None:
+    # What B9's callgrind children run (benchmarks.instructions --child b9_*), tiny.
+    await b9_workload(mode, 2, largest=2)
+
+
+async def test_the_cluster_workload_runs_with_tiny_sizes(
+    postgres_server: PostgresServer,  # only to skip (or fail under CI) without PostgreSQL
+) -> None:
+    figures = await collect(("B7",), quick=True, echo=False)
+    names = {figure.bench for figure in figures if figure.bench.startswith("B7.")}
+    assert names == {
+        "B7.runs_per_s.nodes1",
+        "B7.runs_per_s.nodes3",
+        "B7.statements_per_run.nodes1",
+        "B7.statements_per_run.nodes3",
+        "B7.cancel_to_terminal.same_node.nodes1",
+        "B7.cancel_to_terminal.same_node.nodes3",
+        "B7.cancel_to_terminal.routed",
+        "B7.takeover_after_kill",
+    }
+    for figure in figures:
+        assert not math.isnan(figure.value), figure
+
+
+async def test_the_failover_workload_runs_with_tiny_sizes(
+    postgres_server: PostgresServer,  # only to skip (or fail under CI) without PostgreSQL
+) -> None:
+    figures = await collect(("B10",), quick=True, echo=False)
+    names = {figure.bench for figure in figures if figure.bench.startswith("B10.")}
+    assert names == {
+        "B10.takeover_after_kill",
+        "B10.takeover_after_freeze",
+        "B10.takeover_after_freeze_in_flush",
+    }
+    for figure in figures:
+        assert not math.isnan(figure.value), figure
+
+
+async def test_the_policies_instruction_workload_runs_with_tiny_sizes() -> None:
+    # What the PI callgrind children run (valgrind itself is too slow for the suite).
+    from benchmarks import policies
+
+    for mode in ("plain", "gate"):
+        await policies._workload(mode, 5)
+    assert await policies.parallel_guardrail_duration(0.0, 0.0) >= 0.0

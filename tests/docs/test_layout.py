@@ -1,0 +1,78 @@
+"""The layout of tests/ (tests/README.md): folders by part, tests on
+public names, and a test of a private module's own contract in an ``internals/`` folder
+that says so. Read with ``ast``, nothing imported."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+from typing import Final
+
+TESTS: Final = Path(__file__).resolve().parents[1]
+
+# Support code that instruments a node from the inside (it freezes a node's event
+# writer mid-flush, tests/support/cluster_app.py): the one reach into a private module
+# outside an internals/ folder, named here so no other slips in beside it.
+ALLOWED: Final = {("support/cluster_app.py", "trio_agents.cluster._eventlog")}
+
+
+def python_files() -> list[Path]:
+    return sorted(TESTS.rglob("*.py"))
+
+
+def private_imports(path: Path) -> list[str]:
+    """The private trio_agents modules (or private names of a public one) ``path``
+    imports: any dotted part after ``trio_agents`` starting with ``_``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for module in modules:
+            head, *rest = module.split(".")
+            if head == "trio_agents" and any(part.startswith("_") for part in rest):
+                found.append(module)
+    return found
+
+
+def test_only_internals_folders_import_private_modules() -> None:
+    offenders = []
+    for path in python_files():
+        relative = path.relative_to(TESTS)
+        if "internals" in relative.parts:
+            continue
+        for module in private_imports(path):
+            if not any(
+                str(relative) == file and (module == allowed or module.startswith(allowed + "."))
+                for file, allowed in ALLOWED
+            ):
+                offenders.append(f"{relative}: {module}")
+    assert offenders == [], (
+        "a test outside an internals/ folder imports a private module; use the public"
+        " name, or move the test of that module's own contract to <part>/internals/"
+    )
+
+
+def test_the_checker_sees_private_imports() -> None:
+    """The rule above is not vacuous: the files it exempts do import private modules."""
+    inside = [p for p in python_files() if "internals" in p.relative_to(TESTS).parts]
+    assert inside
+    assert all(private_imports(p) for p in inside if p.name.startswith("test_"))
+
+
+def test_every_folder_is_a_package_and_tests_are_in_a_part() -> None:
+    folders = {p.parent for p in python_files()}
+    assert all((folder / "__init__.py").exists() for folder in folders), folders
+    loose = [p.name for p in TESTS.glob("test_*.py")]
+    assert loose == [], f"test files directly in tests/: {loose}"
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """Package-qualified imports would keep them apart, but a reader and a traceback
+    would not: every test module's file name is unique in tests/."""
+    names = Counter(p.name for p in python_files() if p.name.startswith("test_"))
+    assert [name for name, count in names.items() if count > 1] == []

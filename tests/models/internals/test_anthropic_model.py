@@ -1,0 +1,429 @@
+"""AnthropicModel against a real loopback HTTP server speaking the Messages API SSE
+format byte for byte (see ``sse_server.py``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+import trio_agents as ta
+from tests.support.sse_server import SSE, Raw, Reply, SSEServer
+from trio_agents import (
+    AssistantMessage,
+    Item,
+    ModelError,
+    ModelRequest,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    UserMessage,
+)
+from trio_agents.models import AnthropicModel, Finish, ModelEvent, TextDelta, ToolCallDone
+from trio_agents.models._anthropic import anthropic_messages
+
+REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
+
+
+def event(kind: str, **fields: Any) -> SSE:
+    """One Messages API event: ``event: <kind>`` plus its JSON data."""
+    return SSE({"type": kind, **fields}, event=kind)
+
+
+def message_start(input_tokens: int = 25, **usage: int) -> SSE:
+    return event(
+        "message_start",
+        message={
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": "claude-test",
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1, **usage},
+        },
+    )
+
+
+def text_block(index: int, *parts: str) -> list[SSE]:
+    return [
+        event("content_block_start", index=index, content_block={"type": "text", "text": ""}),
+        *[
+            event("content_block_delta", index=index, delta={"type": "text_delta", "text": part})
+            for part in parts
+        ],
+        event("content_block_stop", index=index),
+    ]
+
+
+def tool_block(index: int, call_id: str, name: str, *parts: str) -> list[SSE]:
+    block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+    return [
+        event("content_block_start", index=index, content_block=block),
+        *[
+            event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "input_json_delta", "partial_json": part},
+            )
+            for part in parts
+        ],
+        event("content_block_stop", index=index),
+    ]
+
+
+def message_end(stop_reason: str = "end_turn", output_tokens: int = 12) -> list[SSE]:
+    return [
+        event(
+            "message_delta",
+            delta={"stop_reason": stop_reason, "stop_sequence": None},
+            usage={"output_tokens": output_tokens},
+        ),
+        event("message_stop"),
+    ]
+
+
+def text_reply(*parts: str) -> Reply:
+    return Reply(events=[message_start(), *text_block(0, *parts), *message_end()])
+
+
+def make_model(server: SSEServer, **kwargs: Any) -> AnthropicModel:
+    return AnthropicModel("claude-test", base_url=server.base_url, **kwargs)
+
+
+async def collect(model: AnthropicModel, request: ModelRequest = REQUEST) -> list[ModelEvent]:
+    async with model.stream(request) as stream:
+        return [event async for event in stream]
+
+
+async def collect_into(got: list[ModelEvent], model: AnthropicModel) -> None:
+    """Like :func:`collect`, but keeps what arrived before an exception."""
+    async with model.stream(REQUEST) as stream:
+        async for item in stream:
+            got.append(item)
+
+
+# ------------------------------------------------------------------- streaming
+
+
+async def test_event_sequence_with_ping_and_input_json_delta(server: SSEServer) -> None:
+    arguments = json.dumps({"city": 'Zürich "centre"', "tags": ["日本", "✓"]}, ensure_ascii=False)
+    parts = [arguments[:1], arguments[1:10], arguments[10:17], arguments[17:]]
+    events: list[SSE | Raw] = [
+        message_start(20, cache_read_input_tokens=5),
+        event("ping"),
+        *text_block(0, "Let me ", "check ", "ünïcode."),
+        event("ping"),
+        *tool_block(1, "toolu_1", "weather", *parts),
+        *tool_block(2, "toolu_2", "noargs"),
+        *message_end("tool_use", output_tokens=42),
+    ]
+    server.add(Reply(events=events))
+    with trio.fail_after(10):
+        got = await collect(make_model(server))
+    assert got == [
+        TextDelta("Let me "),
+        TextDelta("check "),
+        TextDelta("ünïcode."),
+        ToolCallDone(ToolCall("toolu_1", "weather", arguments)),
+        ToolCallDone(ToolCall("toolu_2", "noargs", "{}")),
+        Usage(25, 42),
+        Finish("tool_calls"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "finish"),
+    [("end_turn", "stop"), ("max_tokens", "length"), ("stop_sequence", "stop"), ("odd", "odd")],
+)
+async def test_stop_reason_mapping(server: SSEServer, stop_reason: str, finish: str) -> None:
+    server.add(Reply(events=[message_start(), *text_block(0, "x"), *message_end(stop_reason)]))
+    with trio.fail_after(10):
+        got = await collect(make_model(server))
+    assert got[-1] == Finish(finish)
+
+
+async def test_request_body_and_headers(server: SSEServer) -> None:
+    server.add(text_reply("ok"))
+    tool = ToolSpec("add", "Add.", {"type": "object", "properties": {"a": {"type": "integer"}}})
+    request = ModelRequest(
+        instructions="You are terse.",
+        items=(
+            UserMessage("add please"),
+            AssistantMessage("Adding."),
+            ToolCall("t1", "add", '{"a": 1}'),
+            ToolCall("t2", "add", "not json"),
+            ToolResult("t1", "1"),
+            ToolResult("t2", "bad arguments", status="error"),
+            UserMessage("and then?"),
+            AssistantMessage("Then I was interrupted ", status="incomplete"),
+            UserMessage("carry on"),
+        ),
+        tools=(tool,),
+        settings={"temperature": 0.2},
+    )
+    model = make_model(server, api_key="sk-ant", max_tokens=512, temperature=0.9, top_k=5)
+    with trio.fail_after(10):
+        await collect(model, request)
+    (sent,) = server.requests
+    assert sent.path == "/v1/messages"
+    assert sent.headers["x-api-key"] == "sk-ant"
+    assert sent.headers["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in sent.headers
+    assert sent.json == {
+        "model": "claude-test",
+        "max_tokens": 512,
+        "temperature": 0.2,
+        "top_k": 5,
+        "system": "You are terse.",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "add please"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Adding."},
+                    {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}},
+                    {
+                        "type": "tool_use",
+                        "id": "t2",
+                        "name": "add",
+                        "input": {"_raw_arguments": "not json"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "1"},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t2",
+                        "content": "bad arguments",
+                        "is_error": True,
+                    },
+                    {"type": "text", "text": "and then?"},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "Then I was interrupted "}],
+            },
+            {"role": "user", "content": [{"type": "text", "text": "carry on"}]},
+        ],
+        "tools": [
+            {
+                "name": "add",
+                "description": "Add.",
+                "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+            }
+        ],
+        "stream": True,
+    }
+
+
+def test_messages_merge_roles_and_trim_a_final_prefill() -> None:
+    items: list[Item] = [
+        UserMessage("one"),
+        UserMessage(""),
+        UserMessage("two"),
+        AssistantMessage("partial answer  \n", status="incomplete"),
+    ]
+    assert anthropic_messages(items) == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "partial answer"}]},
+    ]
+
+
+async def test_env_defaults_and_no_key(server: SSEServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    server.add(text_reply("a"), text_reply("b"))
+    with trio.fail_after(10):
+        await collect(make_model(server))
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-env")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await collect(AnthropicModel("claude-test"))
+    assert "x-api-key" not in server.requests[0].headers
+    assert server.requests[1].headers["x-api-key"] == "sk-env"
+
+
+def test_default_base_url() -> None:
+    assert AnthropicModel("claude-3-5-haiku-latest").base_url == "https://api.anthropic.com"
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/", "/v1/messages"])
+async def test_base_url_ending_in_v1_is_normalised(server: SSEServer, suffix: str) -> None:
+    # OpenAI-style configuration ends in /v1: not /v1/v1/messages and a 404.
+    server.add(text_reply("ok"))
+    model = AnthropicModel("claude-test", base_url=server.base_url + suffix)
+    assert model.base_url == server.base_url
+    with trio.fail_after(10):
+        assert (await collect(model))[0] == TextDelta("ok")
+    assert server.requests[0].path == "/v1/messages"
+
+
+async def test_no_usage_reported_is_unknown_not_zero(server: SSEServer) -> None:
+    # A proxy translating to the Messages format without usage fields.
+    start = event("message_start", message={"id": "m", "type": "message", "role": "assistant"})
+    stop = [event("message_delta", delta={"stop_reason": "max_tokens"}), event("message_stop")]
+    server.add(Reply(events=[start, *text_block(0, "cut"), *stop]))
+    with trio.fail_after(10):
+        assert await collect(make_model(server)) == [TextDelta("cut"), Finish("length")]
+
+
+async def test_a_reused_tool_use_id_gets_a_fresh_one(server: SSEServer) -> None:
+    request = ModelRequest(
+        "", (UserMessage("go"), ToolCall("toolu_1", "add", "{}"), ToolResult("toolu_1", "0"))
+    )
+    server.add(
+        Reply(events=[message_start(), *tool_block(0, "toolu_1", "add", "{}"), *message_end()])
+    )
+    with trio.fail_after(10):
+        events = await collect(make_model(server), request)
+    assert events[0] == ToolCallDone(ToolCall("toolu_1_2", "add", "{}"))
+
+
+# ---------------------------------------------------------------------- errors
+
+
+async def test_error_event_after_output(server: SSEServer) -> None:
+    error = {"type": "overloaded_error", "message": "Overloaded"}
+    events = [message_start(), *text_block(0, "Hel")[:2], event("error", error=error)]
+    server.add(Reply(events=events), text_reply("never"))
+    got: list[ModelEvent] = []
+    with trio.fail_after(10), pytest.raises(ModelError) as info:
+        await collect_into(got, make_model(server, retry_base_delay=0.01))
+    assert got == [TextDelta("Hel")]
+    assert "overloaded_error: Overloaded" in str(info.value)
+    assert len(server.requests) == 1
+
+
+async def test_error_event_before_output_is_retried(server: SSEServer) -> None:
+    error = {"type": "overloaded_error", "message": "Overloaded"}
+    server.add(Reply(events=[message_start(), event("error", error=error)]), text_reply("ok"))
+    with trio.fail_after(10):
+        got = await collect(make_model(server, retry_base_delay=0.01))
+    assert got[0] == TextDelta("ok")
+    assert len(server.requests) == 2
+
+
+async def test_400_fails_with_the_providers_message(server: SSEServer) -> None:
+    body = {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "max_tokens: too large"},
+    }
+    server.add(Reply.json(400, body))
+    with trio.fail_after(10), pytest.raises(ModelError) as info:
+        await collect(make_model(server))
+    assert info.value.status_code == 400
+    assert "invalid_request_error: max_tokens: too large" in str(info.value)
+
+
+async def test_529_then_success(server: SSEServer) -> None:
+    body = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    server.add(Reply.json(529, body), text_reply("ok"))
+    with trio.fail_after(10):
+        got = await collect(make_model(server, retry_base_delay=0.01))
+    assert got[0] == TextDelta("ok")
+
+
+async def test_truncated_without_message_stop_fails(server: SSEServer) -> None:
+    events = [message_start(), *text_block(0, "a", "b")]
+    server.add(Reply(events=events))
+    with trio.fail_after(10), pytest.raises(ModelError, match="stream ended early after 5 events"):
+        await collect(make_model(server))
+
+
+async def test_drop_mid_stream_fails(server: SSEServer) -> None:
+    events = [message_start(), *text_block(0, "a", "b", "c")]
+    server.add(Reply(events=events, drop_after=3))
+    with trio.fail_after(10), pytest.raises(ModelError, match="ended early after 3 events"):
+        await collect(make_model(server))
+
+
+async def test_input_json_delta_for_a_text_block_is_an_error(server: SSEServer) -> None:
+    bad = event(
+        "content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": "{"}
+    )
+    events = [message_start(), *text_block(0, "a")[:2], bad]
+    server.add(Reply(events=events))
+    with trio.fail_after(10), pytest.raises(ModelError, match="not a tool_use"):
+        await collect(make_model(server))
+
+
+# ---------------------------------------------------------------- cancellation
+
+
+async def test_cancel_mid_stream_closes_the_socket(server: SSEServer) -> None:
+    server.add(Reply(events=[message_start(), *text_block(0, "a", "b")[:2]], end="hold"))
+    with trio.fail_after(10):
+        with trio.CancelScope() as scope:
+            async with make_model(server).stream(REQUEST) as stream:
+                async for _item in stream:
+                    scope.cancel()
+                    await trio.sleep_forever()
+        connection = server.connections[0]
+        await connection.closed.wait()
+    assert connection.closed_at is not None
+
+
+async def test_pooled_and_caller_clients(server: SSEServer) -> None:
+    server.add(text_reply("a"), text_reply("b"), text_reply("c"))
+    with trio.fail_after(10):
+        model = make_model(server)
+        async with model:
+            await collect(model)
+            await collect(model)
+        await server.connections[0].closed.wait()
+        async with httpx.AsyncClient() as client:
+            await collect(make_model(server, client=client))
+            assert not client.is_closed
+    assert [c.requests for c in server.connections] == [2, 1]
+
+
+async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
+    @ta.function_tool
+    async def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    server.add(
+        Reply(
+            events=[
+                message_start(30),
+                *text_block(0, "Adding."),
+                *tool_block(1, "toolu_1", "add", '{"a": 2', ', "b": 3}'),
+                *message_end("tool_use", output_tokens=10),
+            ]
+        ),
+        Reply(events=[message_start(50), *text_block(0, "It is ", "5."), *message_end()]),
+    )
+    agent = ta.Agent(name="calc", instructions="Use tools.", model=make_model(server), tools=[add])
+    with trio.fail_after(10):
+        result = await ta.run(agent, "what is 2+3?")
+    result.raise_for_status()
+    assert result.final_output == "It is 5."
+    assert result.usage == Usage(80, 22)
+    first, second = (request.json for request in server.requests)
+    assert first["tools"][0]["name"] == "add"
+    assert second["system"] == "Use tools."
+    assert second["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "what is 2+3?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Adding."},
+                {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 2, "b": 3}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5"}],
+        },
+    ]

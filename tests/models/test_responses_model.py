@@ -1,0 +1,740 @@
+"""OpenAIResponsesModel against a real loopback HTTP server speaking the Responses API
+SSE format byte for byte (``responses_wire.py`` on ``sse_server.py``): the same coverage
+as OpenAIChatModel's tests — stream, tools, request shape, errors, retries, cancel
+closing the socket, client ownership and pooling, full runs — plus reasoning items."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+import trio_agents as ta
+from tests.support.responses_wire import ResponseScript, text_response, tool_response
+from tests.support.sse_server import SSE, Raw, Reply, SSEServer, unused_port
+from trio_agents import (
+    AssistantMessage,
+    ModelError,
+    ModelRequest,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    UserMessage,
+)
+from trio_agents.models import (
+    Finish,
+    ModelEvent,
+    OpenAIResponsesModel,
+    TextDelta,
+    ToolCallDone,
+    from_string,
+)
+
+REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
+
+
+def make_model(server: SSEServer, **kwargs: Any) -> OpenAIResponsesModel:
+    return OpenAIResponsesModel("gpt-test", base_url=f"{server.base_url}/v1", **kwargs)
+
+
+async def collect(model: OpenAIResponsesModel, request: ModelRequest = REQUEST) -> list[ModelEvent]:
+    async with model.stream(request) as stream:
+        return [event async for event in stream]
+
+
+async def collect_into(got: list[ModelEvent], model: OpenAIResponsesModel) -> None:
+    """Like :func:`collect`, but keeps what arrived before an exception."""
+    async with model.stream(REQUEST) as stream:
+        async for event in stream:
+            got.append(event)
+
+
+@ta.function_tool
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+# ------------------------------------------------------------------- streaming
+
+
+async def test_text_stream_usage_and_completed(server: SSEServer) -> None:
+    server.add(text_response("Hel", "lo", " wörld"))
+    with trio.fail_after(10):
+        events = await collect(make_model(server))
+    assert events == [
+        TextDelta("Hel"),
+        TextDelta("lo"),
+        TextDelta(" wörld"),
+        Usage(9, 3),
+        Finish("stop"),
+    ]
+    (request,) = server.requests
+    assert request.method == "POST"
+    assert request.path == "/v1/responses"
+    assert request.headers["accept"] == "text/event-stream"
+    assert "authorization" not in request.headers
+    assert request.json == {
+        "model": "gpt-test",
+        "instructions": "Be brief.",
+        "input": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    }
+
+
+async def test_function_calls_with_streamed_arguments(server: SSEServer) -> None:
+    args_0 = json.dumps({"city": 'Zürich "centre"', "days": 3}, ensure_ascii=False)
+    args_1 = json.dumps({"q": "日本語 ✓"}, ensure_ascii=False)
+    script = (
+        ResponseScript()
+        .start()
+        .message("Let me check.")
+        .function_call("call_a", "weather", args_0[:3], args_0[3:9], args_0[9:15], args_0[15:])
+        .function_call("call_b", "search", args_1[:5], args_1[5:8], args_1[8:])
+        .completed(50, 20)
+    )
+    server.add(script.reply())
+    with trio.fail_after(10):
+        got = await collect(make_model(server))
+    assert got == [
+        TextDelta("Let me check."),
+        ToolCallDone(ToolCall("call_a", "weather", args_0)),
+        ToolCallDone(ToolCall("call_b", "search", args_1)),
+        Usage(50, 20),
+        Finish("tool_calls"),
+    ]
+
+
+async def test_arguments_from_deltas_when_the_done_item_has_none(server: SSEServer) -> None:
+    # A minimal server: no arguments.done, and a done item without arguments.
+    script = ResponseScript().start()
+    added = {"id": "fc_0", "type": "function_call", "call_id": "c", "name": "f", "arguments": ""}
+    script.event("response.output_item.added", output_index=0, item=added)
+    for part in ('{"x"', ": 1}"):
+        script.event(
+            "response.function_call_arguments.delta", item_id="fc_0", output_index=0, delta=part
+        )
+    done = {"id": "fc_0", "type": "function_call", "call_id": "c", "name": "f"}
+    script.event("response.output_item.done", output_index=0, item=done)
+    server.add(script.completed(None).reply())
+    with trio.fail_after(10):
+        got = await collect(make_model(server))
+    assert got == [ToolCallDone(ToolCall("c", "f", '{"x": 1}')), Finish("tool_calls")]
+
+
+async def test_unstreamed_message_text_and_done_marker(server: SSEServer) -> None:
+    # A minimal server: the text only in the done item, and a Chat-style [DONE] end.
+    script = ResponseScript().start()
+    item = {
+        "id": "msg_9",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "whole", "annotations": []}],
+    }
+    script.event("response.output_item.done", output_index=0, item=item)
+    server.add(Reply(events=[*script.events, SSE("[DONE]")]))
+    with trio.fail_after(10):
+        assert await collect(make_model(server)) == [TextDelta("whole"), Finish("stop")]
+
+
+async def test_event_split_across_writes_and_crlf(server: SSEServer) -> None:
+    delta = {"type": "response.output_text.delta", "item_id": "m", "output_index": 0}
+    payload = json.dumps({**delta, "delta": "¡hola!"}, ensure_ascii=False).encode()
+    cut = payload.index("¡".encode()) + 1  # inside the two-byte character
+    completed = json.dumps({"type": "response.completed", "response": {"status": "completed"}})
+    server.add(
+        Reply(
+            events=[
+                Raw(b": keepalive\r\n\r\n"),
+                Raw(b"event: response.output_text.delta\r\ndata: " + payload[:cut]),
+                Raw(payload[cut:] + b"\r"),
+                Raw(b"\n\r\n"),
+                Raw(b"event: response.completed\r\ndata: " + completed.encode() + b"\r\n\r\n"),
+            ]
+        )
+    )
+    with trio.fail_after(10):
+        assert await collect(make_model(server)) == [TextDelta("¡hola!"), Finish("stop")]
+
+
+async def test_request_body_format(server: SSEServer) -> None:
+    server.add(text_response("ok"))
+    tool = ToolSpec(
+        "add", "Add two integers.", {"type": "object", "properties": {"a": {"type": "integer"}}}
+    )
+    request = ModelRequest(
+        instructions="You are terse.",
+        items=(
+            UserMessage("what is 2+3 and 4+4?"),
+            AssistantMessage("Let me add."),
+            ToolCall("c1", "add", '{"a": 2, "b": 3}'),
+            ToolCall("c2", "add", '{"a": 4, "b": 4}'),
+            ToolResult("c1", "5"),
+            ToolResult("c2", "boom", status="error"),
+            AssistantMessage("", status="incomplete"),
+            AssistantMessage("The answers are 5 a", status="incomplete"),
+            UserMessage("go on"),
+        ),
+        tools=(tool,),
+        settings={"temperature": 0.5, "top_p": 0.9},
+    )
+    model = make_model(server, api_key="sk-test", temperature=0.1, max_output_tokens=99)
+    with trio.fail_after(10):
+        await collect(model, request)
+    (sent,) = server.requests
+    assert sent.headers["authorization"] == "Bearer sk-test"
+    assert sent.json == {
+        "model": "gpt-test",
+        "temperature": 0.5,
+        "max_output_tokens": 99,
+        "top_p": 0.9,
+        "instructions": "You are terse.",
+        "input": [
+            {"role": "user", "content": "what is 2+3 and 4+4?"},
+            {"role": "assistant", "content": "Let me add."},
+            {
+                "type": "function_call",
+                "call_id": "c1",
+                "name": "add",
+                "arguments": '{"a": 2, "b": 3}',
+            },
+            {
+                "type": "function_call",
+                "call_id": "c2",
+                "name": "add",
+                "arguments": '{"a": 4, "b": 4}',
+            },
+            {"type": "function_call_output", "call_id": "c1", "output": "5"},
+            {"type": "function_call_output", "call_id": "c2", "output": "boom"},
+            {"role": "assistant", "content": "The answers are 5 a"},
+            {"role": "user", "content": "go on"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "name": "add",
+                "description": "Add two integers.",
+                "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                "strict": False,
+            }
+        ],
+        "stream": True,
+    }
+
+
+async def test_env_defaults_and_a_pasted_endpoint(
+    server: SSEServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{server.base_url}/v1/responses/")
+    server.add(text_response("hi"))
+    model = OpenAIResponsesModel("gpt-test")
+    assert model.base_url == f"{server.base_url}/v1"
+    with trio.fail_after(10):
+        await collect(model)
+    assert server.requests[0].headers["authorization"] == "Bearer sk-env"
+
+
+def test_defaults_repr_and_validation() -> None:
+    model = OpenAIResponsesModel("gpt-5-mini", api_key="sk-secret", store=False)
+    assert model.base_url == "https://api.openai.com/v1"
+    assert model.settings == {"store": False}
+    assert "sk-secret" not in repr(model)
+    with pytest.raises(ValueError, match="model"):
+        OpenAIResponsesModel("")
+    with pytest.raises(ValueError, match="reasoning_memory"):
+        OpenAIResponsesModel("m", reasoning_memory=-1)
+
+
+def test_from_string() -> None:
+    model = from_string("openai-responses:gpt-5-mini")
+    assert isinstance(model, OpenAIResponsesModel)
+    assert (model.model, model.base_url) == ("gpt-5-mini", "https://api.openai.com/v1")
+    local = from_string("openai-responses:gpt-oss:20b@http://127.0.0.1:11434/v1", store=False)
+    assert isinstance(local, OpenAIResponsesModel)
+    assert (local.model, local.base_url) == ("gpt-oss:20b", "http://127.0.0.1:11434/v1")
+    assert local.settings == {"store": False}
+
+
+# ------------------------------------------------------------------- reasoning
+
+
+async def test_reasoning_items_go_back_with_their_calls(server: SSEServer) -> None:
+    first = (
+        ResponseScript()
+        .start()
+        .reasoning("rs_1", "I should add.", encrypted="enc-1")
+        .function_call("call_1", "add", '{"a": 2, "b": 3}')
+        .reasoning("rs_2", "And once more.", encrypted="enc-2")
+        .function_call("call_2", "add", '{"a": 4, "b": 4}')
+        .completed()
+    )
+    final = ResponseScript().start().reasoning("rs_3", "Done.").message("5 and 8").completed()
+    server.add(first.reply(), final.reply(), text_response("again"))
+    agent = ta.Agent(name="calc", model=make_model(server), tools=[add])
+    with trio.fail_after(10):
+        result = await ta.run(agent, "2+3 and 4+4?")
+        result.raise_for_status()
+        follow_up = await ta.run(agent, [*result.conversation, UserMessage("thanks")])
+    follow_up.raise_for_status()
+    assert result.final_output == "5 and 8"
+    second = server.requests[1].json["input"]
+    assert [entry.get("type", entry.get("role")) for entry in second] == [
+        "user",
+        "reasoning",
+        "function_call",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "function_call_output",
+    ]
+    assert second[1] == {
+        "id": "rs_1",
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": "I should add."}],
+        "encrypted_content": "enc-1",
+    }
+    assert second[3]["id"] == "rs_2"
+    # The reasoning that led to the final answer is not kept; the calls' still is.
+    third = server.requests[2].json["input"]
+    assert [entry["id"] for entry in third if entry.get("type") == "reasoning"] == ["rs_1", "rs_2"]
+
+
+async def test_store_false_asks_for_encrypted_reasoning_and_skips_plain_ids(
+    server: SSEServer,
+) -> None:
+    first = (
+        ResponseScript()
+        .start()
+        .reasoning("rs_plain", "no encrypted content", encrypted=None)
+        .function_call("call_1", "add", '{"a": 1, "b": 1}')
+        .reasoning("rs_enc", "encrypted", encrypted="enc")
+        .function_call("call_2", "add", '{"a": 1, "b": 2}')
+        .completed()
+    )
+    server.add(first.reply(), text_response("2 and 3"))
+    model = make_model(server, store=False, include=["message.output_text.logprobs"])
+    agent = ta.Agent(name="calc", model=model, tools=[add])
+    with trio.fail_after(10):
+        result = await ta.run(agent, "go")
+    result.raise_for_status()
+    for request in server.requests:
+        assert request.json["store"] is False
+        assert request.json["include"] == [
+            "message.output_text.logprobs",
+            "reasoning.encrypted_content",
+        ]
+    second = server.requests[1].json["input"]
+    # An unstored reasoning item can only be sent back encrypted: the plain one is left out.
+    assert [entry["id"] for entry in second if entry.get("type") == "reasoning"] == ["rs_enc"]
+
+
+async def test_reasoning_memory_is_bounded_and_unknown_calls_go_without(
+    server: SSEServer,
+) -> None:
+    model = make_model(server, reasoning_memory=1)
+    for n in (1, 2):
+        script = (
+            ResponseScript().start().reasoning(f"rs_{n}", "r").function_call(f"c{n}", "f", "{}")
+        )
+        server.add(script.completed().reply())
+    server.add(text_response("ok"))
+    with trio.fail_after(10):
+        await collect(model)
+        await collect(model)
+        request = ModelRequest(
+            "",
+            (
+                UserMessage("x"),
+                ToolCall("c1", "f", "{}"),
+                ToolResult("c1", "."),
+                ToolCall("c2", "f", "{}"),
+                ToolResult("c2", "."),
+                ToolCall("from_a_session", "f", "{}"),
+                ToolResult("from_a_session", "."),
+            ),
+        )
+        await collect(model, request)
+    sent = server.requests[2].json["input"]
+    assert [entry.get("id") for entry in sent if entry.get("type") == "reasoning"] == ["rs_2"]
+    assert all("id" not in entry for entry in sent if entry.get("type") == "function_call")
+
+
+async def test_a_reused_call_id_gets_a_fresh_one(server: SSEServer) -> None:
+    request = ModelRequest(
+        "", (UserMessage("go"), ToolCall("call_1", "f", "{}"), ToolResult("call_1", "."))
+    )
+    server.add(tool_response("call_1", "f", "{}"))
+    with trio.fail_after(10):
+        events = await collect(make_model(server), request)
+    assert events[0] == ToolCallDone(ToolCall("call_1_2", "f", "{}"))
+
+
+# ------------------------------------------------------------ finish and errors
+
+
+@pytest.mark.parametrize(
+    ("reason", "finish"),
+    [("max_output_tokens", "length"), ("content_filter", "content_filter"), ("other", "other")],
+)
+async def test_incomplete_responses(server: SSEServer, reason: str, finish: str) -> None:
+    server.add(ResponseScript().start().message("cut sh").incomplete(reason).reply())
+    with trio.fail_after(10):
+        events = await collect(make_model(server))
+    assert events == [TextDelta("cut sh"), Usage(12, 64), Finish(finish)]
+
+
+async def test_missing_usage_is_unknown(server: SSEServer) -> None:
+    server.add(ResponseScript().start().message("hi").completed(None).reply())
+    with trio.fail_after(10):
+        assert await collect(make_model(server)) == [TextDelta("hi"), Finish("stop")]
+
+
+async def test_failed_response_after_output(server: SSEServer) -> None:
+    script = ResponseScript().start().message("Hel").failed("server_error", "The model\ncrashed.")
+    server.add(script.reply(), text_response("never"))
+    got: list[ModelEvent] = []
+    with trio.fail_after(10), pytest.raises(ModelError) as info:
+        await collect_into(got, make_model(server, retry_base_delay=0.01))
+    assert got == [TextDelta("Hel")]
+    assert str(info.value) == (
+        "openai-responses: the response failed: server_error: The model crashed."
+    )
+    assert len(server.requests) == 1
+
+
+async def test_error_event_before_output_is_retried(server: SSEServer) -> None:
+    server.add(
+        ResponseScript().start().error("server_error", "try again").reply(), text_response("ok")
+    )
+    with trio.fail_after(10):
+        events = await collect(make_model(server, retry_base_delay=0.01))
+    assert events[0] == TextDelta("ok")
+    assert len(server.requests) == 2
+
+
+async def test_invalid_prompt_error_event_is_not_retried(server: SSEServer) -> None:
+    script = ResponseScript().start().error("invalid_prompt", "Invalid prompt.")
+    server.add(script.reply(), text_response("never"))
+    with trio.fail_after(10), pytest.raises(ModelError) as info:
+        await collect(make_model(server, retry_base_delay=0.01))
+    assert not info.value.retryable
+    assert "invalid_prompt: Invalid prompt." in str(info.value)
+    assert len(server.requests) == 1
+
+
+async def test_a_chat_style_error_object_in_the_stream_is_an_error(server: SSEServer) -> None:
+    # LiteLLM's proxy answers a Responses stream it cannot produce with HTTP 200, a
+    # typeless {"error": {...}} event and "[DONE]": that is no empty answer.
+    error = {"message": "Error processing stream start", "type": "internal_server_error"}
+    server.add(
+        Reply(events=[SSE({"error": {**error, "param": None, "code": "500"}}), SSE("[DONE]")])
+    )
+    with trio.fail_after(10), pytest.raises(ModelError) as info:
+        await collect(make_model(server, max_retries=0))
+    assert str(info.value) == (
+        "openai-responses: the server sent an error in the stream:"
+        " internal_server_error: Error processing stream start"
+    )
+
+
+async def test_400_fails_at_once_with_the_providers_message(server: SSEServer) -> None:
+    error = {
+        "error": {
+            "message": "Unknown parameter: 'foo'.",
+            "type": "invalid_request_error",
+            "param": "foo",
+            "code": "unknown_parameter",
+        }
+    }
+    server.add(Reply.json(400, error), text_response("never"))
+    with trio.fail_after(10), pytest.raises(ModelError) as info:
+        await collect(make_model(server, retry_base_delay=0))
+    assert info.value.status_code == 400
+    assert not info.value.retryable
+    assert str(info.value) == (
+        f"openai-responses ({server.base_url}/v1/responses): HTTP 400 invalid_request_error:"
+        " Unknown parameter: 'foo'."
+    )
+    assert len(server.requests) == 1
+
+
+async def test_malformed_json_names_the_line(server: SSEServer) -> None:
+    server.add(Reply(events=[SSE("{not json", "response.output_text.delta")]))
+    with trio.fail_after(10), pytest.raises(ModelError, match=r"malformed JSON.*\{not json"):
+        await collect(make_model(server))
+
+
+async def test_json_instead_of_an_event_stream(server: SSEServer) -> None:
+    # A server that ignored "stream": true and answered with the whole response.
+    server.add(Reply.json(200, {"id": "resp_1", "object": "response", "output": []}))
+    with trio.fail_after(10), pytest.raises(ModelError, match="expected an event stream"):
+        await collect(make_model(server))
+
+
+async def test_arguments_for_an_unknown_call_are_an_error(server: SSEServer) -> None:
+    script = ResponseScript().start()
+    script.event(
+        "response.function_call_arguments.delta", item_id="fc_9", output_index=3, delta="{"
+    )
+    server.add(script.reply())
+    with trio.fail_after(10), pytest.raises(ModelError, match="never added"):
+        await collect(make_model(server))
+
+
+# --------------------------------------------------------------------- retries
+
+
+async def test_429_with_retry_after_then_success(server: SSEServer) -> None:
+    limited = Reply.json(429, {"error": {"message": "slow down"}}, headers=[("retry-after", "0")])
+    server.add(limited, text_response("ok"))
+    model = make_model(server, retry_base_delay=30, retry_max_delay=30)
+    with trio.fail_after(10):
+        events = await collect(model)
+    assert events[0] == TextDelta("ok")
+    assert len(server.requests) == 2
+    assert server.requests[0].json == server.requests[1].json
+
+
+async def test_503_then_success_and_giving_up(server: SSEServer) -> None:
+    server.add(Reply.json(503, {"error": {"message": "busy"}}), text_response("ok"))
+    with trio.fail_after(10):
+        events = await collect(make_model(server, retry_base_delay=0.01))
+    assert events[0] == TextDelta("ok")
+    server.add(*[Reply.json(500, {"error": {"message": "oops"}}) for _ in range(3)])
+    with trio.fail_after(10), pytest.raises(ModelError, match="gave up after 3 attempts"):
+        await collect(make_model(server, max_retries=2, retry_base_delay=0.01))
+    assert len(server.requests) == 5
+
+
+async def test_connect_refused_gives_up() -> None:
+    model = OpenAIResponsesModel(
+        "m", base_url=f"http://127.0.0.1:{unused_port()}/v1", max_retries=1, retry_base_delay=0.01
+    )
+    with trio.fail_after(10), pytest.raises(ModelError, match="ConnectError") as info:
+        await collect(model)
+    assert "gave up after 2 attempts" in str(info.value)
+
+
+async def test_drop_after_output_is_not_retried(server: SSEServer) -> None:
+    script = ResponseScript().start().message("Hel", "lo", "!")
+    server.add(script.reply(drop_after=6), text_response("again"))
+    got: list[ModelEvent] = []
+    with trio.fail_after(10), pytest.raises(ModelError) as info:
+        await collect_into(got, make_model(server, retry_base_delay=0.01))
+    assert got == [TextDelta("Hel"), TextDelta("lo")]
+    assert "stream ended early after 6 events" in str(info.value)
+    assert len(server.requests) == 1
+
+
+async def test_truncated_without_a_terminal_event_fails(server: SSEServer) -> None:
+    server.add(ResponseScript().start().message("Hel").reply(), text_response("again"))
+    with trio.fail_after(10), pytest.raises(ModelError, match="without the end-of-stream"):
+        await collect(make_model(server, retry_base_delay=0.01))
+    assert len(server.requests) == 1
+
+
+async def test_drop_before_any_output_is_retried(server: SSEServer) -> None:
+    server.add(ResponseScript().start().reply(drop_after=1), text_response("ok"))
+    with trio.fail_after(10):
+        events = await collect(make_model(server, retry_base_delay=0.01))
+    assert events[0] == TextDelta("ok")
+    assert len(server.requests) == 2
+
+
+# ---------------------------------------------------------------- cancellation
+
+
+def held(*parts: str) -> Reply:
+    """A response that streams ``parts`` and then stays open."""
+    return ResponseScript().start().message(*parts).reply(end="hold")
+
+
+async def test_cancel_while_waiting_for_the_next_event_closes_the_socket(
+    server: SSEServer,
+) -> None:
+    server.add(held("Hel"))
+    got: list[ModelEvent] = []
+    first = trio.Event()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+
+            async def consume() -> None:
+                with scope:
+                    async with make_model(server).stream(REQUEST) as stream:
+                        async for event in stream:
+                            got.append(event)
+                            first.set()
+
+            nursery.start_soon(consume)
+            await first.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            scope.cancel()
+        await server.connections[0].closed.wait()
+    assert got == [TextDelta("Hel")]
+
+
+async def test_cancel_between_events_closes_the_socket(server: SSEServer) -> None:
+    server.add(held("Hel", "lo"))
+    with trio.fail_after(10):
+        with trio.CancelScope() as scope:
+            async with make_model(server).stream(REQUEST) as stream:
+                async for _event in stream:
+                    scope.cancel()
+                    await trio.sleep_forever()
+        await server.connections[0].closed.wait()
+
+
+async def test_cancel_before_headers_closes_the_socket(server: SSEServer) -> None:
+    server.add(text_response("x", delay_before_headers=5))
+    with trio.fail_after(10):
+        with trio.move_on_after(0.05):
+            await collect(make_model(server))
+        await server.connections[0].closed.wait()
+
+
+# ------------------------------------------------------------ client ownership
+
+
+async def test_caller_client_is_used_and_not_closed(server: SSEServer) -> None:
+    server.add(text_response("one"), held("x"), text_response("two"))
+    with trio.fail_after(10):
+        async with httpx.AsyncClient() as client:
+            model = make_model(server, client=client)
+            assert (await collect(model))[0] == TextDelta("one")
+            with trio.CancelScope() as scope:
+                async with model.stream(REQUEST) as stream:
+                    async for _event in stream:
+                        scope.cancel()
+            assert not client.is_closed
+            assert (await collect(model))[0] == TextDelta("two")
+            assert not client.is_closed
+        await server.connections[1].closed.wait()
+    assert [c.requests for c in server.connections] == [2, 1]
+
+
+async def test_per_call_client_is_closed(server: SSEServer) -> None:
+    server.add(text_response("one"), text_response("two"))
+    model = make_model(server)
+    with trio.fail_after(10):
+        await collect(model)
+        await server.connections[0].closed.wait()
+        await collect(model)
+        await server.connections[1].closed.wait()
+    assert [c.requests for c in server.connections] == [1, 1]
+
+
+async def test_async_with_model_pools_one_client(server: SSEServer) -> None:
+    server.add(text_response("one"), text_response("two"))
+    model = make_model(server)
+    with trio.fail_after(10):
+        async with model:
+            assert (await collect(model))[0] == TextDelta("one")
+            assert (await collect(model))[0] == TextDelta("two")
+            assert len(server.connections) == 1
+        await server.connections[0].closed.wait()
+    assert server.connections[0].requests == 2
+
+
+async def test_many_cancelled_streams_do_not_exhaust_a_small_pool(server: SSEServer) -> None:
+    count = 250  # a leak would exhaust the 2-connection pool by the third call
+    for _ in range(count):
+        server.add(held("x"))
+    server.add(text_response("still fine"))
+    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
+    with trio.fail_after(20):
+        async with httpx.AsyncClient(limits=limits) as client:
+            model = make_model(server, client=client)
+            for _ in range(count):
+                with trio.CancelScope() as scope:
+                    async with model.stream(REQUEST) as stream:
+                        async for _event in stream:
+                            scope.cancel()
+                            await trio.sleep_forever()
+            assert (await collect(model))[0] == TextDelta("still fine")
+        for connection in server.connections:
+            await connection.closed.wait()
+    assert len(server.requests) == count + 1
+
+
+# ------------------------------------------------------------------ full runs
+
+
+async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
+    server.add(
+        ResponseScript()
+        .start()
+        .function_call("call_1", "add", '{"a": 2, ', '"b": 3}')
+        .completed(30, 10)
+        .reply(),
+        text_response("The answer ", "is 5."),
+    )
+    agent = ta.Agent(
+        name="calc",
+        instructions="Use tools.",
+        model=make_model(server),
+        tools=[add],
+        model_settings={"temperature": 0},
+    )
+    with trio.fail_after(10):
+        result = await ta.run(agent, "what is 2+3?")
+    result.raise_for_status()
+    assert result.final_output == "The answer is 5."
+    assert result.usage == Usage(30 + 9, 10 + 2)
+    first, second = (request.json for request in server.requests)
+    assert first["temperature"] == 0
+    assert first["tools"][0]["name"] == "add"
+    assert second["instructions"] == "Use tools."
+    assert second["input"] == [
+        {"role": "user", "content": "what is 2+3?"},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "add",
+            "arguments": '{"a": 2, "b": 3}',
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "5"},
+    ]
+
+
+async def test_cancelled_run_closes_the_model_socket(server: SSEServer) -> None:
+    server.add(held("Partial ", "answer"))
+    agent = ta.Agent(name="a", model=make_model(server))
+    with trio.fail_after(10):
+        async with ta.open_run(agent, "hi") as run:
+            async for update in run.events():
+                if isinstance(update, ta.ResponseTextDelta) and update.text == "answer":
+                    run.cancel("user pressed stop")
+        await server.connections[0].closed.wait()
+    result = run.result
+    assert result is not None
+    assert result.status == "cancelled"
+    assert result.new_items[-1] == AssistantMessage("Partial answer", status="incomplete")
+
+
+async def test_two_hundred_cancelled_runs_through_one_small_pool(server: SSEServer) -> None:
+    # A leaked connection would exhaust the pool of two at the third run and hang.
+    count = 200
+    for _ in range(count):
+        server.add(held("x"))
+    server.add(text_response("still fine"))
+    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
+    with trio.fail_after(60):
+        async with httpx.AsyncClient(limits=limits) as client:
+            agent = ta.Agent(name="a", model=make_model(server, client=client))
+            for _ in range(count):
+                async with ta.open_run(agent, "hi") as run:
+                    async for event in run.events():
+                        if isinstance(event, ta.ResponseTextDelta):
+                            run.cancel("stop")
+                assert run.result is not None
+                assert run.result.status == "cancelled"
+            final = await ta.run(agent, "again")
+            assert final.final_output == "still fine"
+    assert len(server.requests) == count + 1

@@ -1,0 +1,264 @@
+"""Runs on PostgresSessions, with the real run core and a real PostgreSQL server: each
+tool result persisted as its tool finishes, the repair persisted before the terminal
+update, a repair blocked by a lock held elsewhere stays bounded, ``on_busy`` across
+objects, and a process killed with SIGKILL mid-tool leaves a session the next run loads
+valid.
+
+PostgreSQL is called from real threads, which a MockClock with autojump would take for
+idle time: these tests run on the real clock, each under a hang guard."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+import trio_agents as ta
+from tests.core.test_run_faults import EventsModel, make_agent
+from tests.sessions.internals.test_postgres_session import SESSIONS, raw_connection, stored
+from trio_agents.models import ScriptedModel, TextDelta, Turn
+from trio_agents.sessions import PostgresSession
+
+HANG_GUARD = 60  # seconds; never a timing claim
+
+
+def items_of(dsn: str, session_id: str) -> list[ta.Item]:
+    return [item for _, item in stored(dsn, session_id)]
+
+
+class Watched:
+    """A PostgresSession that tells the test each batch it has written (the database is
+    real; this only reports when ``add_items`` returned)."""
+
+    def __init__(self, inner: PostgresSession) -> None:
+        self.inner = inner
+        self.session_id = inner.session_id
+        self.lock_key = inner.lock_key
+        self.written_send, self.written = trio.open_memory_channel[list[ta.Item]](100)
+
+    async def get_items(self) -> list[ta.Item]:
+        return await self.inner.get_items()
+
+    async def add_items(self, items: Sequence[ta.Item]) -> None:
+        await self.inner.add_items(items)
+        self.written_send.send_nowait(list(items))
+
+    async def clear(self) -> None:
+        await self.inner.clear()
+
+
+async def test_each_tool_result_is_persisted_when_its_tool_finishes(pg_dsn: str) -> None:
+    release = trio.Event()
+
+    @ta.function_tool
+    async def fast() -> str:
+        """Answers at once."""
+        return "fast done"
+
+    @ta.function_tool
+    async def slow() -> str:
+        """Answers when the test says so."""
+        await release.wait()
+        return "slow done"
+
+    model = ScriptedModel([Turn(tool_calls=[("slow", {}), ("fast", {})]), "all done"])
+    agent = ta.Agent(name="p", model=model, tools=[fast, slow])
+    with trio.fail_after(HANG_GUARD):
+        async with PostgresSession(pg_dsn, "s") as inner:
+            session = Watched(inner)
+            async with ta.open_run(agent, "go", session=session) as run:
+                fast_result = ta.ToolResult("call_1_1", "fast done")
+                async for batch in session.written:
+                    if fast_result in batch:
+                        break
+                assert not release.is_set()  # the slow tool, and so its turn, still runs
+                rows = items_of(pg_dsn, "s")
+                assert rows[-1] == fast_result
+                assert not any(
+                    isinstance(item, ta.ToolResult) and item.call_id == "call_1_0" for item in rows
+                )
+                release.set()
+    assert run.result is not None
+    assert run.result.status == "completed"
+    assert items_of(pg_dsn, "s") == list(run.result.conversation)
+
+
+async def test_cancel_persists_the_repair_before_the_terminal_update(pg_dsn: str) -> None:
+    @ta.function_tool
+    async def forever() -> str:
+        """Never answers."""
+        await trio.sleep_forever()
+
+    model = ScriptedModel([Turn(text="working", tool_calls=[("forever", {})]), "unreached"])
+    agent = ta.Agent(name="p", model=model, tools=[forever])
+    seen_at_terminal: list[ta.Item] = []
+    with trio.fail_after(HANG_GUARD):
+        async with (
+            PostgresSession(pg_dsn, "s") as session,
+            ta.open_run(agent, "go", session=session) as run,
+        ):
+            async for event in run.events():
+                if isinstance(event, ta.ToolStarted):
+                    break
+            run.cancel("stop")
+            async for update in run.updated:
+                if update.status.is_terminal:
+                    # Read at once, before anything else runs: the repair must be there.
+                    seen_at_terminal = items_of(pg_dsn, "s")
+                    break
+    result = run.result
+    assert result is not None
+    assert (result.status, result.reason) == ("cancelled", "stop")
+    assert seen_at_terminal == list(result.conversation)
+    assert seen_at_terminal[-1] == ta.ToolResult("call_1_0", "cancelled: stop", status="cancelled")
+    assert ta.conversation_problems(seen_at_terminal) == []
+
+
+async def test_a_repair_blocked_by_a_lock_held_elsewhere_is_bounded(pg_dsn: str) -> None:
+    """A real row lock held by another connection: the repair gives up within its
+    deadline (the session's hour-long timeouts are capped by what is left of
+    ``cleanup_timeout``) and says so; the run ends ``failed``, not ``cancelled``."""
+    session = PostgresSession(pg_dsn, "s", lock_timeout=3600, statement_timeout=3600)
+    model = EventsModel([TextDelta("partial")], block=True)
+    try:
+        async with ta.open_run(
+            make_agent(model), "go", session=session, cleanup_timeout=0.3
+        ) as run:
+            with trio.fail_after(HANG_GUARD):
+                async for event in run.events():
+                    if isinstance(event, ta.ResponseTextDelta):
+                        break
+            with raw_connection(pg_dsn) as other:
+                other.autocommit = False
+                locked = other.execute(
+                    f"SELECT 1 FROM {SESSIONS} WHERE session_id = 's' FOR UPDATE"
+                ).fetchall()
+                assert locked == [(1,)]  # the input was persisted: the row exists
+                run.cancel("stop")
+                with trio.fail_after(HANG_GUARD):
+                    result = await run.wait()
+                other.rollback()
+        assert result.status == "failed"
+        assert result.reason is not None
+        assert result.reason == "cleanup timed out" or result.reason.startswith("session error:")
+        assert result.conversation[-1] == ta.AssistantMessage("partial", status="incomplete")
+        # Nothing of the repair was written; the session is usable again.
+        assert items_of(pg_dsn, "s") == [ta.UserMessage("go")]
+        with trio.fail_after(HANG_GUARD):
+            after = await ta.run(make_agent(ScriptedModel(["ok"])), "again", session=session)
+        assert after.status == "completed"
+    finally:
+        await session.aclose()
+
+
+async def test_two_objects_on_one_database_and_id_are_one_session(pg_dsn: str) -> None:
+    @ta.function_tool
+    async def forever() -> str:
+        """Never answers."""
+        await trio.sleep_forever()
+
+    params = psycopg.conninfo.conninfo_to_dict(pg_dsn)
+    uri = f"postgresql://postgres@127.0.0.1:{params['port']}/{params['dbname']}"
+    model = ScriptedModel([Turn(tool_calls=[("forever", {})]), "done"])
+    with trio.fail_after(HANG_GUARD):
+        async with (
+            PostgresSession(pg_dsn, "a") as a1,
+            PostgresSession(uri, "a", max_connections=2) as a2,  # spelled otherwise
+            PostgresSession(pg_dsn, "b") as b,
+            ta.open_run(ta.Agent(name="p", model=model, tools=[forever]), "one", session=a1) as run,
+        ):
+            async for event in run.events():
+                if isinstance(event, ta.ToolStarted):
+                    break
+            with pytest.raises(ta.SessionBusyError):
+                await ta.run(make_agent(ScriptedModel(["x"])), "two", session=a2)
+            other = await ta.run(make_agent(ScriptedModel(["b here"])), "hi", session=b)
+            assert other.status == "completed"
+            second = await ta.run(
+                make_agent(ScriptedModel(["took over"])), "three", session=a2, on_busy="interrupt"
+            )
+    assert run.result is not None
+    assert (run.result.status, run.result.reason) == ("cancelled", "superseded")
+    assert second.status == "completed"
+    assert items_of(pg_dsn, "a") == list(second.conversation)
+    assert ta.conversation_problems(second.conversation) == []
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    import trio
+    import trio_agents as ta
+    from trio_agents.models import ScriptedModel, Turn
+    from trio_agents.sessions import PostgresSession
+
+    @ta.function_tool
+    async def lookup(city: str) -> str:
+        "Look a city up (the first call answers, the second hangs)."
+        if city == "Oslo":
+            return "Oslo: 4 C"
+        print("tool started", flush=True)
+        await trio.sleep_forever()
+
+    async def main(dsn: str) -> None:
+        model = ScriptedModel([
+            Turn(text="Checking Oslo.", tool_calls=[("lookup", {"city": "Oslo"})]),
+            Turn(text="Now Paris.", tool_calls=[("lookup", {"city": "Paris"})]),
+            "unreached",
+        ])
+        agent = ta.Agent(name="crashy", model=model, tools=[lookup])
+        async with PostgresSession(dsn, "s1") as session:
+            await ta.run(agent, "weather in Oslo and Paris?", session=session)
+
+    trio.run(main, sys.argv[1])
+    """
+)
+
+
+async def test_sigkill_mid_tool_leaves_a_session_the_next_run_loads_valid(pg_dsn: str) -> None:
+    with trio.fail_after(HANG_GUARD):
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-c", CHILD, pg_dsn], stdout=subprocess.PIPE
+        )
+        assert process.stdout is not None
+        try:
+            seen = b""
+            while b"tool started" not in seen:
+                chunk = await process.stdout.receive_some()
+                assert chunk, "the child exited before its tool started"
+                seen += chunk
+            process.send_signal(signal.SIGKILL)
+            assert await process.wait() == -signal.SIGKILL
+        finally:
+            process.kill()  # a no-op once it is dead
+            await process.wait()
+            await process.stdout.aclose()
+
+        # Everything finalised before the kill is stored; the open call has no result.
+        before: list[Any] = items_of(pg_dsn, "s1")
+        assert before == [
+            ta.UserMessage("weather in Oslo and Paris?"),
+            ta.AssistantMessage("Checking Oslo."),
+            ta.ToolCall("call_1_0", "lookup", '{"city": "Oslo"}'),
+            ta.ToolResult("call_1_0", "Oslo: 4 C"),
+            ta.AssistantMessage("Now Paris."),
+            ta.ToolCall("call_2_0", "lookup", '{"city": "Paris"}'),
+        ]
+        async with PostgresSession(pg_dsn, "s1") as session:
+            model = ScriptedModel(["Sorry, the Paris lookup was interrupted."])
+            result = await ta.run(ta.Agent(name="after", model=model), "and now?", session=session)
+        assert result.status == "completed"
+        (request,) = model.requests
+        repair = ta.ToolResult("call_2_0", "cancelled: interrupted", status="cancelled")
+        assert request.items == (*before, repair, ta.UserMessage("and now?"))
+        assert ta.conversation_problems(request.items) == []
+        # The load's repair was written back, and the new run appended after it.
+        assert items_of(pg_dsn, "s1") == list(result.conversation)
+        assert ta.conversation_problems(result.conversation) == []

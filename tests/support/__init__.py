@@ -1,0 +1,1 @@
+"""What the tests share: loopback wire servers, PostgreSQL and cluster processes, helpers."""

@@ -1,0 +1,163 @@
+"""A real MCP server for the tests (the SDK's own ``MCPServer``), run in a subprocess.
+
+``python tests/support/mcp_server.py stdio`` serves over stdin/stdout; ``python
+tests/support/mcp_server.py http`` binds a free loopback port, prints it on one line, then
+serves Streamable HTTP at ``/mcp``.
+
+With ``TRIO_AGENTS_MCP_RECORD=<file>`` in its environment, the server appends every
+``notifications/cancelled`` it receives to that file (one JSON line each), so a test
+can tell a cancel notice from a closed input after the process is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+
+server = MCPServer("trio-agents-test")
+# Created on first use, inside the server's event loop.
+_events: dict[str, anyio.Event] = {}
+HANG_GUARD = 30
+
+
+def _event(name: str) -> anyio.Event:
+    if name not in _events:
+        _events[name] = anyio.Event()
+    return _events[name]
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool(name="text.upper")
+def upper(text: str) -> str:
+    """Upper-case a text."""
+    return text.upper()
+
+
+@server.tool()
+def fail(message: str) -> str:
+    """Always fails with the message."""
+    raise ToolError(message)
+
+
+@server.tool()
+def env(name: str) -> str:
+    """An environment variable of the server process."""
+    return os.environ.get(name, "<unset>")
+
+
+@server.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+@server.tool()
+async def slow() -> str:
+    """Runs until cancelled; remembers that it was."""
+    _event("started").set()
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class():
+        _event("cancelled").set()
+        raise
+    return "unreachable"
+
+
+@server.tool()
+async def wait_started() -> str:
+    """Returns once a slow call has started."""
+    with anyio.fail_after(HANG_GUARD):
+        await _event("started").wait()
+    return "started"
+
+
+@server.tool()
+async def was_cancelled() -> str:
+    """Returns once a slow call was cancelled by the client's notifications/cancelled."""
+    with anyio.fail_after(HANG_GUARD):
+        await _event("cancelled").wait()
+    return "cancelled"
+
+
+@server.tool()
+def crash() -> str:
+    """The server process dies on the spot."""
+    os._exit(3)
+
+
+@server.tool()
+async def slow_progress(steps: int, ctx: Context) -> str:
+    """Reports ``steps`` progress notifications, then runs until cancelled."""
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, steps, f"step {step} of {steps}")
+    _event("started").set()
+    await anyio.sleep_forever()
+    return "unreachable"
+
+
+@server.tool()
+async def progress_then_done(steps: int, ctx: Context) -> str:
+    """Reports ``steps`` progress notifications, then returns."""
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, None, None if step % 2 else f"step {step}")
+    return "done"
+
+
+_notices: list[Any] = []
+
+
+@server.tool()
+async def cancel_notices() -> str:
+    """Once a recorded notifications/cancelled has arrived: how many have (an HTTP
+    server answers a notification's POST before it dispatches it)."""
+    with anyio.fail_after(HANG_GUARD):
+        await _event("notice").wait()
+    return str(len(_notices))
+
+
+def _record_cancel_notices(path: str) -> None:
+    """Append each notifications/cancelled the server receives to ``path``."""
+    dispatch = JSONRPCDispatcher._dispatch_notification
+
+    def recording(self: Any, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if msg.method == "notifications/cancelled":
+            with open(path, "a", encoding="utf-8") as file:
+                file.write(json.dumps(msg.params) + "\n")
+            _notices.append(msg.params)
+            _event("notice").set()
+        dispatch(self, msg, *args, **kwargs)
+
+    JSONRPCDispatcher._dispatch_notification = recording  # type: ignore[method-assign]
+
+
+def serve_http() -> None:
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()  # connections wait in the backlog until uvicorn accepts them
+    print(sock.getsockname()[1], flush=True)
+    config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRIO_AGENTS_MCP_RECORD"):
+        _record_cancel_notices(os.environ["TRIO_AGENTS_MCP_RECORD"])
+    if sys.argv[1] == "http":
+        serve_http()
+    else:
+        server.run("stdio")

@@ -1,0 +1,97 @@
+"""Loading the session at the start of a run: the history, repaired (and the repair
+written back, atomically), then the run's input — validated against what the
+conversation already holds."""
+
+from __future__ import annotations
+
+from ._exceptions import InvalidConversationError
+from ._items import Item, ToolCall, UserMessage
+from ._state import OpenCall, RunState, SessionError
+from .sessions._base import Session
+from .sessions._dangling_calls import repair_keeping_tail
+
+__all__ = ["load_session"]
+
+
+async def load_session(state: RunState) -> list[ToolCall]:
+    """Load (and repair) the session's history, then commit the input, once.
+
+    The input is committed even when loading fails, so it is in ``new_items``. A
+    resumed run (the ``resume`` option) keeps the calls left open at the end of the
+    history open, and returns them (see ``settle_resumed_calls``); otherwise the repair
+    closes them and this returns ``[]``.
+
+    Raises:
+        SessionError: the session raised (the input is then not written to it).
+    """
+    if state.input_committed:
+        return []
+    error: SessionError | None = None
+    tail: list[ToolCall] = []
+    if state.session is not None and not state.history_loaded:
+        resuming = state.options.resume is not None
+        try:
+            stored = await _stored_items(state.session) if resuming else None
+            if stored is None:
+                stored = await state.session.get_items()
+            # Raises TypeError for garbage.
+            repaired, tail = repair_keeping_tail(stored, close_tail=not resuming)
+        except Exception as exc:
+            error = SessionError(exc)
+            state.drop_session()  # never write to a session we could not read
+        else:
+            state.load_history(repaired)
+            for call in tail:
+                state.open_calls[call.call_id] = OpenCall(call)
+            if repaired != stored:
+                await _write_back(state, stored, repaired)
+    state.input_committed = True
+    for item in state.input:
+        state.commit(item)
+        if type(item) is UserMessage:
+            state.fresh_input.append(item)  # for the first turn's input guardrails
+    if error is not None:
+        raise error
+    problems = state.conversation_problems(allow_open_calls=True)
+    if problems:
+        state.drop_session()  # refuse to store an invalid conversation
+        raise InvalidConversationError(
+            f"the input does not fit the stored conversation: {problems[0]}"
+        )
+    await state.persist()
+    return tail
+
+
+async def _stored_items(session: Session) -> list[Item] | None:
+    """The stored rows as they are, from a session that repairs in ``get_items`` (the
+    shipped stored sessions close the calls a dead process left open as ``cancelled``
+    there): a resumed run must see those calls open. ``None`` for a session without
+    ``get_stored_items``, whose ``get_items`` is then expected to return its rows
+    unrepaired."""
+    raw = getattr(session, "get_stored_items", None)
+    if raw is None:
+        return None
+    items = await raw()
+    if not isinstance(items, list):
+        raise TypeError(f"get_stored_items returned {type(items).__name__}, not a list")
+    return items
+
+
+async def _write_back(state: RunState, stored: list[Item], repaired: list[Item]) -> None:
+    """Write a load repair back, so the stored rows are valid again — atomically only: a
+    repair that just appends (results for calls left open at the end, the usual crash)
+    is one ``add_items``; any other goes through the session's ``replace_items`` if it
+    has one (a clear followed by an append could lose the history halfway). A session
+    with neither is repaired again at every load."""
+    session = state.session
+    assert session is not None
+    try:
+        if repaired[: len(stored)] == stored:
+            await session.add_items(repaired[len(stored) :])
+            return
+        replace = getattr(session, "replace_items", None)
+        if replace is not None:
+            await replace(repaired)
+    except Exception as exc:
+        state.drop_session()
+        raise SessionError(exc) from exc
