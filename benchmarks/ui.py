@@ -153,7 +153,7 @@ def _server_alone(server: Any, model: PacedModel) -> float:
     reading as fast as it can (no browser): what the page could be given at most."""
     import httpx
 
-    from tests.faces.ui_support import ALICE
+    from tests.support.ui_support import ALICE
 
     run_id = server.start(ALICE, "firehose_bare", "go")
     headers = {"Authorization": f"Bearer {ALICE}"}
@@ -193,7 +193,7 @@ def measure(*, runs: int, rate: float, seconds: float, profile: bool = False) ->
     """Run the scenario; the figures (see the module docstring)."""
     from playwright.sync_api import expect, sync_playwright
 
-    from tests.faces.ui_support import (
+    from tests.support.ui_support import (
         ALICE,
         CHROMIUM,
         CHROMIUM_ARGS,

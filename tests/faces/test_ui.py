@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.cli_support import ROOT, cli_argv, cli_env
-from tests.faces.ui_support import (
+from tests.support.cli_support import ROOT, cli_argv, cli_env
+from tests.support.ui_support import (
     ALICE,
     BOB,
     CHROMIUM,
@@ -313,14 +313,15 @@ def test_trio_agents_serve_prints_the_ui_url_and_the_demo_runs_in_it(
     )
     try:
         assert process.stdout is not None
-        lines = []  # up to "serving ...", which says all is up
+        lines: list[str] = []  # up to "serving ...", which says all is up
         while not lines or not lines[-1].startswith("serving "):
             line = process.stdout.readline()
             assert line, f"serve exited: {lines}"
             lines.append(line)
         (shown,) = [line for line in lines if line.startswith("web UI: ")]
         url = shown.split()[2]
-        assert url.startswith("http://127.0.0.1:") and url.endswith("/ui/")
+        assert url.startswith("http://127.0.0.1:")
+        assert url.endswith("/ui/")
         assert "demo-tok-1" not in "".join(lines)
         context = browser.new_context()
         try:

@@ -14,11 +14,10 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.control_support import serving
 from trio_agents.control import Limits, connect
 from trio_agents.hosting import HostedEvent, HostError, LocalHost, Origin, RunHost, StartRequest
 from trio_agents.models import ScriptedModel, Turn
-
-from ..control_support import serving
 
 
 @ta.function_tool
