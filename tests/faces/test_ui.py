@@ -29,6 +29,7 @@ from tests.support.ui_support import (
     BOB,
     CHROMIUM,
     CHROMIUM_ARGS,
+    ESSAY,
     UiServer,
     chromium_available,
     running_ui_server,
@@ -232,6 +233,19 @@ def test_usage_against_the_limits_set_and_a_handoff(page: Page, server: UiServer
         "total_tokens  30 / 1000"
     )
     shot(page, "ui-limits-handoff.png")
+
+
+def test_a_long_answer_stays_whole_and_in_order(page: Page, server: UiServer) -> None:
+    """Past 4 KiB the page sets streamed text into blocks that never change again (so
+    layout per frame stays small): the text shown is still exactly the answer."""
+    run_id = server.start(ALICE, "essay", "write a lot")
+    sign_in(page, server)
+    page.goto(f"{server.url}/ui/#/runs/{run_id}")
+    root = page.locator(".tree > .node")
+    expect(head(root, ".status")).to_have_text("completed")
+    answer = root.locator(".msg.assistant")
+    assert answer.locator(".sealed").count() >= 3
+    assert answer.inner_text().rstrip("\n") == "".join(ESSAY).rstrip("\n")
 
 
 def test_reload_mid_run_sees_no_event_twice_or_missing(watched: Watched, server: UiServer) -> None:

@@ -200,6 +200,9 @@ def tool_outputs(request: ModelRequest) -> str:
 
 # ------------------------------------------------------------------ the agents
 
+ESSAY: Final = tuple(f"line {i:03d} of a long answer\n" for i in range(1, 501))
+"""What the ``essay`` agent streams: 14 KB, past the page's 4 KiB sealing point."""
+
 
 def ui_agents(gates: Gates) -> dict[str, Agent]:
     """The agents the browser tests start runs of; each test uses its own agent and
@@ -307,6 +310,11 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
                     model=GatedModel([["Specialist here: ", "all sorted."]], gates),
                 )
             ],
+        ),
+        "essay": Agent(
+            name="essay",
+            instructions="Writes a long answer.",
+            model=GatedModel([list(ESSAY)], gates),
         ),
         "quick": Agent(
             name="quick", instructions="Says hello.", model=GatedModel([["Hello."]], gates)
