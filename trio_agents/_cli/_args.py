@@ -157,7 +157,7 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         "--http-port",
         type=_port,
         default=None,
-        help="port of the HTTP faces (REST + SSE, the web UI at /ui/; needs the serve extra) on the same"
+        help="port of the HTTP faces (REST + SSE; needs the serve extra) on the same"
         " --host (default: --port + 1, or any free port with --port 0)",
     )
     serve.add_argument(
