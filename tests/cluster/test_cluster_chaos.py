@@ -25,11 +25,9 @@ import functools
 import os
 import random
 from collections import Counter
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
-import pytest
 import trio
 
 import trio_agents as ta
@@ -60,23 +58,6 @@ FAULTS: Final = max(4, RUNS // 8)  # at least
 SCENARIOS: Final = ("charge", "lookup", "delete", "stream", "charge delete", "lookup delete")
 BOUND: Final = 120.0 + 6.0 * RUNS  # a hang guard for the whole test
 SETTLE: Final = 90.0 + 1.5 * RUNS  # a hang guard for the runs to end once faults stop
-
-
-@pytest.fixture
-def crashable_postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of this test's own, which it stops and starts again."""
-    from tests.support.pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
-
-    server = PostgresServer(find_bin_dir(), synchronous_commit=True)
-    try:
-        server.start()
-    except PostgresUnavailable as exc:
-        server.stop()
-        pytest.skip(str(exc))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @attrs.define

@@ -22,7 +22,6 @@ import contextlib
 from collections import Counter
 from typing import TYPE_CHECKING, Final
 
-import pytest
 import trio
 
 import trio_agents as ta
@@ -291,21 +290,6 @@ async def test_kill_9_of_a_clients_node_cancels_its_on_disconnect_cancel_runs(
                 assert terminal.status is ta.RunStatus.COMPLETED, terminal
     for run in (here, placed, kept):  # none ran its (non-idempotent) tool twice
         assert len(cluster.executions("charge", run.id)) == 1
-
-
-@pytest.fixture
-def crashable_postgres() -> PostgresServer:
-    """A PostgreSQL server of this test's own, with synchronous commits, that the test
-    crashes and restarts (the suite's shared server keeps its clients' pools)."""
-    from tests.support.pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
-
-    server = PostgresServer(find_bin_dir(), synchronous_commit=True)
-    try:
-        server.start()
-    except PostgresUnavailable as exc:
-        server.stop()
-        pytest.skip(str(exc))
-    return server
 
 
 async def test_postgres_restarted_under_load_loses_and_duplicates_nothing(

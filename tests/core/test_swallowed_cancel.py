@@ -94,9 +94,7 @@ async def test_a_model_that_swallows_cancel_still_ends_cancelled(
     async with ta.open_run(agent, "go", session=session) as run:
         await model.waiting.wait()
         run.cancel("stop")
-    result = run.result
-    assert result is not None
-    assert (result.status, result.reason) == ("cancelled", "stop")
+    result = cancelled_by_stop(run)
     assert result.final_output is None
     assert result.new_items[-1] == ta.AssistantMessage("cut ", status="incomplete")
     assert model.calls == 1
@@ -142,9 +140,7 @@ async def test_a_tool_that_swallows_cancel_does_not_complete_the_run(
     async with ta.open_run(agent, "go") as run:
         await trio.testing.wait_all_tasks_blocked()
         run.cancel("stop")
-    result = run.result
-    assert result is not None
-    assert (result.status, result.reason) == ("cancelled", "stop")
+    cancelled_by_stop(run)
     # The model is never asked again. (The tool's own result says what it returned:
     # swallowing is the tool's bug, which the harness reports as "tool-cancellation".)
     assert model.calls == 1
@@ -195,9 +191,7 @@ async def test_a_hook_that_swallows_cancel_does_not_complete_the_run(
     async with ta.open_run(agent, "go", hooks=hooks) as run:
         await hooks.waiting.wait()
         run.cancel("stop")
-    result = run.result
-    assert result is not None
-    assert (result.status, result.reason) == ("cancelled", "stop")
+    result = cancelled_by_stop(run)
     assert result.final_output is None
 
 
@@ -307,3 +301,11 @@ async def test_inject_now_from_on_model_start_never_streams_a_checkpoint_free_mo
         ta.UserMessage("actually, this"),
         ta.AssistantMessage("answer 1"),
     )
+
+
+def cancelled_by_stop(run: ta.Run) -> ta.RunResult:
+    """The run's result, which must be: cancelled, for the reason "stop"."""
+    result = run.result
+    assert result is not None
+    assert (result.status, result.reason) == ("cancelled", "stop")
+    return result

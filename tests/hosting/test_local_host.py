@@ -186,6 +186,9 @@ async def test_events_past_retention_start_with_events_dropped(autojump_clock: A
         await host.wait_terminal("alice", run_id)
         async with host.events("alice", run_id, from_seq=1) as events:
             got = await _collect(events)
+        async with host.events("alice", run_id, from_seq=None) as events:
+            retained = await _collect(events)
+    assert retained == got[1:]  # from the oldest retained: no marker
     dropped = got[0]
     assert dropped.event["type"] == "events.dropped"
     assert dropped.event["first_missing_seq"] == 1

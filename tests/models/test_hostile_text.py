@@ -21,13 +21,13 @@ import attrs
 import pytest
 
 import trio_agents as ta
-from tests.models.internals.test_anthropic_model import (
+from tests.support import chat_wire, responses_wire
+from tests.support.anthropic_wire import (
     message_end,
     message_start,
     text_block,
     tool_block,
 )
-from tests.support import chat_wire, responses_wire
 from tests.support.sse_server import Reply, SSEServer
 from trio_agents.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 from trio_agents.sessions import SQLiteSession

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.models.internals.test_anthropic_model import (
+from tests.support.anthropic_wire import (
     message_end,
     message_start,
     text_block,

@@ -12,6 +12,7 @@ import json
 import pytest
 import trio
 
+from tests.support.model_streams import collect
 from tests.support.provider_table import PROVIDERS, REQUEST
 from tests.support.sse_server import Raw, Reply, SSEServer
 from trio_agents import ModelError
@@ -23,14 +24,8 @@ async def _fail(name: str, reply: Reply, nursery: trio.Nursery) -> tuple[ModelEr
     server.add(reply, PROVIDERS[name].reply())
     await nursery.start(server.serve)
     model = from_string(f"{name}:m@{server.base_url}/v1", retry_base_delay=0)
-
-    async def call() -> None:
-        async with model.stream(REQUEST) as stream:
-            async for _event in stream:
-                pass
-
     with trio.fail_after(10), pytest.raises(ModelError) as caught:
-        await call()
+        await collect(model, REQUEST)
     assert len(server.requests) == 1, "the same request would get the same answer"
     message = str(caught.value)
     assert "\n" not in message
@@ -112,14 +107,8 @@ async def test_a_huge_error_body_is_cut_in_the_message(
     server.add(Reply(status=status, headers=[("content-type", "text/html")], body=page))
     await nursery.start(server.serve)
     model = from_string(f"{name}:m@{server.base_url}/v1", max_retries=0)
-
-    async def call() -> None:
-        async with model.stream(REQUEST) as stream:
-            async for _event in stream:
-                pass
-
     with trio.fail_after(10), pytest.raises(ModelError) as caught:
-        await call()
+        await collect(model, REQUEST)
     message = str(caught.value)
     assert f"HTTP {status}" in message
     assert "Bad gateway." in message

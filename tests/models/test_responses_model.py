@@ -1,21 +1,22 @@
 """OpenAIResponsesModel against a real loopback HTTP server speaking the Responses API
-SSE format byte for byte (``responses_wire.py`` on ``sse_server.py``): the same coverage
-as OpenAIChatModel's tests — stream, tools, request shape, errors, retries, cancel
-closing the socket, client ownership and pooling, full runs — plus reasoning items."""
+SSE format byte for byte (``responses_wire.py`` on ``sse_server.py``): its own events,
+tools, request shape, errors, full runs and reasoning items. What every provider
+promises (retries, cancel closing the socket, client ownership and pooling) is in
+test_provider_conformance.py."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.model_streams import collect, collect_into
 from tests.support.responses_wire import ResponseScript, text_response, tool_response
-from tests.support.sse_server import SSE, Raw, Reply, SSEServer, unused_port
+from tests.support.sse_server import SSE, Raw, Reply, SSEServer
 from trio_agents import (
     AssistantMessage,
     ModelError,
@@ -35,23 +36,9 @@ from trio_agents.models import (
     from_string,
 )
 
-REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
-
 
 def make_model(server: SSEServer, **kwargs: Any) -> OpenAIResponsesModel:
     return OpenAIResponsesModel("gpt-test", base_url=f"{server.base_url}/v1", **kwargs)
-
-
-async def collect(model: OpenAIResponsesModel, request: ModelRequest = REQUEST) -> list[ModelEvent]:
-    async with model.stream(request) as stream:
-        return [event async for event in stream]
-
-
-async def collect_into(got: list[ModelEvent], model: OpenAIResponsesModel) -> None:
-    """Like :func:`collect`, but keeps what arrived before an exception."""
-    async with model.stream(REQUEST) as stream:
-        async for event in stream:
-            got.append(event)
 
 
 @ta.function_tool
@@ -490,37 +477,6 @@ async def test_arguments_for_an_unknown_call_are_an_error(server: SSEServer) -> 
 # --------------------------------------------------------------------- retries
 
 
-async def test_429_with_retry_after_then_success(server: SSEServer) -> None:
-    limited = Reply.json(429, {"error": {"message": "slow down"}}, headers=[("retry-after", "0")])
-    server.add(limited, text_response("ok"))
-    model = make_model(server, retry_base_delay=30, retry_max_delay=30)
-    with trio.fail_after(10):
-        events = await collect(model)
-    assert events[0] == TextDelta("ok")
-    assert len(server.requests) == 2
-    assert server.requests[0].json == server.requests[1].json
-
-
-async def test_503_then_success_and_giving_up(server: SSEServer) -> None:
-    server.add(Reply.json(503, {"error": {"message": "busy"}}), text_response("ok"))
-    with trio.fail_after(10):
-        events = await collect(make_model(server, retry_base_delay=0.01))
-    assert events[0] == TextDelta("ok")
-    server.add(*[Reply.json(500, {"error": {"message": "oops"}}) for _ in range(3)])
-    with trio.fail_after(10), pytest.raises(ModelError, match="gave up after 3 attempts"):
-        await collect(make_model(server, max_retries=2, retry_base_delay=0.01))
-    assert len(server.requests) == 5
-
-
-async def test_connect_refused_gives_up() -> None:
-    model = OpenAIResponsesModel(
-        "m", base_url=f"http://127.0.0.1:{unused_port()}/v1", max_retries=1, retry_base_delay=0.01
-    )
-    with trio.fail_after(10), pytest.raises(ModelError, match="ConnectError") as info:
-        await collect(model)
-    assert "gave up after 2 attempts" in str(info.value)
-
-
 async def test_drop_after_output_is_not_retried(server: SSEServer) -> None:
     script = ResponseScript().start().message("Hel", "lo", "!")
     server.add(script.reply(drop_after=6), text_response("again"))
@@ -537,130 +493,6 @@ async def test_truncated_without_a_terminal_event_fails(server: SSEServer) -> No
     with trio.fail_after(10), pytest.raises(ModelError, match="without the end-of-stream"):
         await collect(make_model(server, retry_base_delay=0.01))
     assert len(server.requests) == 1
-
-
-async def test_drop_before_any_output_is_retried(server: SSEServer) -> None:
-    server.add(ResponseScript().start().reply(drop_after=1), text_response("ok"))
-    with trio.fail_after(10):
-        events = await collect(make_model(server, retry_base_delay=0.01))
-    assert events[0] == TextDelta("ok")
-    assert len(server.requests) == 2
-
-
-# ---------------------------------------------------------------- cancellation
-
-
-def held(*parts: str) -> Reply:
-    """A response that streams ``parts`` and then stays open."""
-    return ResponseScript().start().message(*parts).reply(end="hold")
-
-
-async def test_cancel_while_waiting_for_the_next_event_closes_the_socket(
-    server: SSEServer,
-) -> None:
-    server.add(held("Hel"))
-    got: list[ModelEvent] = []
-    first = trio.Event()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            scope = trio.CancelScope()
-
-            async def consume() -> None:
-                with scope:
-                    async with make_model(server).stream(REQUEST) as stream:
-                        async for event in stream:
-                            got.append(event)
-                            first.set()
-
-            nursery.start_soon(consume)
-            await first.wait()
-            await trio.testing.wait_all_tasks_blocked()
-            scope.cancel()
-        await server.connections[0].closed.wait()
-    assert got == [TextDelta("Hel")]
-
-
-async def test_cancel_between_events_closes_the_socket(server: SSEServer) -> None:
-    server.add(held("Hel", "lo"))
-    with trio.fail_after(10):
-        with trio.CancelScope() as scope:
-            async with make_model(server).stream(REQUEST) as stream:
-                async for _event in stream:
-                    scope.cancel()
-                    await trio.sleep_forever()
-        await server.connections[0].closed.wait()
-
-
-async def test_cancel_before_headers_closes_the_socket(server: SSEServer) -> None:
-    server.add(text_response("x", delay_before_headers=5))
-    with trio.fail_after(10):
-        with trio.move_on_after(0.05):
-            await collect(make_model(server))
-        await server.connections[0].closed.wait()
-
-
-# ------------------------------------------------------------ client ownership
-
-
-async def test_caller_client_is_used_and_not_closed(server: SSEServer) -> None:
-    server.add(text_response("one"), held("x"), text_response("two"))
-    with trio.fail_after(10):
-        async with httpx.AsyncClient() as client:
-            model = make_model(server, client=client)
-            assert (await collect(model))[0] == TextDelta("one")
-            with trio.CancelScope() as scope:
-                async with model.stream(REQUEST) as stream:
-                    async for _event in stream:
-                        scope.cancel()
-            assert not client.is_closed
-            assert (await collect(model))[0] == TextDelta("two")
-            assert not client.is_closed
-        await server.connections[1].closed.wait()
-    assert [c.requests for c in server.connections] == [2, 1]
-
-
-async def test_per_call_client_is_closed(server: SSEServer) -> None:
-    server.add(text_response("one"), text_response("two"))
-    model = make_model(server)
-    with trio.fail_after(10):
-        await collect(model)
-        await server.connections[0].closed.wait()
-        await collect(model)
-        await server.connections[1].closed.wait()
-    assert [c.requests for c in server.connections] == [1, 1]
-
-
-async def test_async_with_model_pools_one_client(server: SSEServer) -> None:
-    server.add(text_response("one"), text_response("two"))
-    model = make_model(server)
-    with trio.fail_after(10):
-        async with model:
-            assert (await collect(model))[0] == TextDelta("one")
-            assert (await collect(model))[0] == TextDelta("two")
-            assert len(server.connections) == 1
-        await server.connections[0].closed.wait()
-    assert server.connections[0].requests == 2
-
-
-async def test_many_cancelled_streams_do_not_exhaust_a_small_pool(server: SSEServer) -> None:
-    count = 250  # a leak would exhaust the 2-connection pool by the third call
-    for _ in range(count):
-        server.add(held("x"))
-    server.add(text_response("still fine"))
-    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
-    with trio.fail_after(20):
-        async with httpx.AsyncClient(limits=limits) as client:
-            model = make_model(server, client=client)
-            for _ in range(count):
-                with trio.CancelScope() as scope:
-                    async with model.stream(REQUEST) as stream:
-                        async for _event in stream:
-                            scope.cancel()
-                            await trio.sleep_forever()
-            assert (await collect(model))[0] == TextDelta("still fine")
-        for connection in server.connections:
-            await connection.closed.wait()
-    assert len(server.requests) == count + 1
 
 
 # ------------------------------------------------------------------ full runs
@@ -701,40 +533,3 @@ async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
         },
         {"type": "function_call_output", "call_id": "call_1", "output": "5"},
     ]
-
-
-async def test_cancelled_run_closes_the_model_socket(server: SSEServer) -> None:
-    server.add(held("Partial ", "answer"))
-    agent = ta.Agent(name="a", model=make_model(server))
-    with trio.fail_after(10):
-        async with ta.open_run(agent, "hi") as run:
-            async for update in run.events():
-                if isinstance(update, ta.ResponseTextDelta) and update.text == "answer":
-                    run.cancel("user pressed stop")
-        await server.connections[0].closed.wait()
-    result = run.result
-    assert result is not None
-    assert result.status == "cancelled"
-    assert result.new_items[-1] == AssistantMessage("Partial answer", status="incomplete")
-
-
-async def test_two_hundred_cancelled_runs_through_one_small_pool(server: SSEServer) -> None:
-    # A leaked connection would exhaust the pool of two at the third run and hang.
-    count = 200
-    for _ in range(count):
-        server.add(held("x"))
-    server.add(text_response("still fine"))
-    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
-    with trio.fail_after(60):
-        async with httpx.AsyncClient(limits=limits) as client:
-            agent = ta.Agent(name="a", model=make_model(server, client=client))
-            for _ in range(count):
-                async with ta.open_run(agent, "hi") as run:
-                    async for event in run.events():
-                        if isinstance(event, ta.ResponseTextDelta):
-                            run.cancel("stop")
-                assert run.result is not None
-                assert run.result.status == "cancelled"
-            final = await ta.run(agent, "again")
-            assert final.final_output == "still fine"
-    assert len(server.requests) == count + 1

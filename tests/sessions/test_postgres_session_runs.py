@@ -9,12 +9,7 @@ idle time: these tests run on the real clock, each under a hang guard."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import textwrap
 from collections.abc import Sequence
-from typing import Any
 
 import psycopg
 import pytest
@@ -189,76 +184,3 @@ async def test_two_objects_on_one_database_and_id_are_one_session(pg_dsn: str) -
     assert second.status == "completed"
     assert items_of(pg_dsn, "a") == list(second.conversation)
     assert ta.conversation_problems(second.conversation) == []
-
-
-CHILD = textwrap.dedent(
-    """
-    import sys
-    import trio
-    import trio_agents as ta
-    from trio_agents.models import ScriptedModel, Turn
-    from trio_agents.sessions import PostgresSession
-
-    @ta.function_tool
-    async def lookup(city: str) -> str:
-        "Look a city up (the first call answers, the second hangs)."
-        if city == "Oslo":
-            return "Oslo: 4 C"
-        print("tool started", flush=True)
-        await trio.sleep_forever()
-
-    async def main(dsn: str) -> None:
-        model = ScriptedModel([
-            Turn(text="Checking Oslo.", tool_calls=[("lookup", {"city": "Oslo"})]),
-            Turn(text="Now Paris.", tool_calls=[("lookup", {"city": "Paris"})]),
-            "unreached",
-        ])
-        agent = ta.Agent(name="crashy", model=model, tools=[lookup])
-        async with PostgresSession(dsn, "s1") as session:
-            await ta.run(agent, "weather in Oslo and Paris?", session=session)
-
-    trio.run(main, sys.argv[1])
-    """
-)
-
-
-async def test_sigkill_mid_tool_leaves_a_session_the_next_run_loads_valid(pg_dsn: str) -> None:
-    with trio.fail_after(HANG_GUARD):
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-c", CHILD, pg_dsn], stdout=subprocess.PIPE
-        )
-        assert process.stdout is not None
-        try:
-            seen = b""
-            while b"tool started" not in seen:
-                chunk = await process.stdout.receive_some()
-                assert chunk, "the child exited before its tool started"
-                seen += chunk
-            process.send_signal(signal.SIGKILL)
-            assert await process.wait() == -signal.SIGKILL
-        finally:
-            process.kill()  # a no-op once it is dead
-            await process.wait()
-            await process.stdout.aclose()
-
-        # Everything finalised before the kill is stored; the open call has no result.
-        before: list[Any] = items_of(pg_dsn, "s1")
-        assert before == [
-            ta.UserMessage("weather in Oslo and Paris?"),
-            ta.AssistantMessage("Checking Oslo."),
-            ta.ToolCall("call_1_0", "lookup", '{"city": "Oslo"}'),
-            ta.ToolResult("call_1_0", "Oslo: 4 C"),
-            ta.AssistantMessage("Now Paris."),
-            ta.ToolCall("call_2_0", "lookup", '{"city": "Paris"}'),
-        ]
-        async with PostgresSession(pg_dsn, "s1") as session:
-            model = ScriptedModel(["Sorry, the Paris lookup was interrupted."])
-            result = await ta.run(ta.Agent(name="after", model=model), "and now?", session=session)
-        assert result.status == "completed"
-        (request,) = model.requests
-        repair = ta.ToolResult("call_2_0", "cancelled: interrupted", status="cancelled")
-        assert request.items == (*before, repair, ta.UserMessage("and now?"))
-        assert ta.conversation_problems(request.items) == []
-        # The load's repair was written back, and the new run appended after it.
-        assert items_of(pg_dsn, "s1") == list(result.conversation)
-        assert ta.conversation_problems(result.conversation) == []

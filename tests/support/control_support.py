@@ -48,22 +48,10 @@ async def raw_client(
         extra.append((b"Authorization", f"Bearer {token}".encode()))
     try:
         async with trio.open_nursery() as nursery:
-            ws = await wrap_client_stream(
-                nursery,
-                stream,
-                f"127.0.0.1:{port}",
-                "/",
-                subprotocols=[SUBPROTOCOL] if subprotocols is None else subprotocols,
-                extra_headers=extra,
-                message_queue_size=1,
-                max_message_size=1 << 26,
-            )
-            try:
+            protocols = [SUBPROTOCOL] if subprotocols is None else subprotocols
+            async with _websocket(nursery, stream, f"127.0.0.1:{port}", protocols, extra) as ws:
                 yield ws
-            finally:
-                with trio.move_on_after(1, shield=True):
-                    await ws.aclose()
-                nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         matched, _ = group.split(ConnectionRejected)
         if matched is None:
@@ -91,21 +79,13 @@ async def memory_client(
     client_stream, server_stream = trio.testing.lockstep_stream_pair()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(server.handle_stream, server_stream)
-        ws = await wrap_client_stream(
-            nursery,
-            cast(trio.SocketStream, client_stream),  # any trio Stream will do
-            "memory",
-            "/",
-            subprotocols=[SUBPROTOCOL],
-            extra_headers=[(b"Authorization", f"Bearer {token}".encode())],
-            message_queue_size=1,
-            max_message_size=1 << 26,
-        )
         try:
-            yield ws
+            headers = [(b"Authorization", f"Bearer {token}".encode())]
+            # any trio Stream will do
+            stream = cast(trio.SocketStream, client_stream)
+            async with _websocket(nursery, stream, "memory", [SUBPROTOCOL], headers) as ws:
+                yield ws
         finally:
-            with trio.move_on_after(1, shield=True):
-                await ws.aclose()
             with trio.CancelScope(shield=True):
                 await client_stream.aclose()
             nursery.cancel_scope.cancel()
@@ -130,3 +110,30 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
     """Poll ``predicate`` (for state only observable across real sockets)."""
     while not predicate():  # noqa: ASYNC110 - server state, no event to wait on
         await trio.sleep(0.005)
+
+
+@asynccontextmanager
+async def _websocket(
+    nursery: trio.Nursery,
+    stream: trio.SocketStream,
+    host: str,
+    subprotocols: list[str],
+    headers: list[tuple[bytes, bytes]],
+) -> AsyncIterator[WebSocketConnection]:
+    """A client websocket over ``stream``, closed (within a second) when the block ends,
+    however it ends. One-message queue: a test sees back-pressure at once."""
+    ws = await wrap_client_stream(
+        nursery,
+        stream,
+        host,
+        "/",
+        subprotocols=subprotocols,
+        extra_headers=headers,
+        message_queue_size=1,
+        max_message_size=1 << 26,
+    )
+    try:
+        yield ws
+    finally:
+        with trio.move_on_after(1, shield=True):
+            await ws.aclose()

@@ -14,7 +14,9 @@ Changes since the first draft of this interface: the cancel ``mode`` is the core
 (``"immediate"`` | ``"after_turn"``, default ``"immediate"``; the draft's ``"now"`` is
 no mode of ``Run.cancel``), and ``inject``'s ``when`` is typed as the core's. A
 ``StartRequest.context`` is refused (``invalid_request``): a run's context comes from the
-host's context hook only (§18: contexts never travel).
+host's context hook only (§18: contexts never travel). ``events``' ``from_seq`` may be
+None: from the oldest event retained, without an ``events.dropped`` marker (what the
+websocket's ``run.subscribe`` without ``from_seq`` does).
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ class RunHost(Protocol):
         principal: str,
         run_id: str,
         *,
-        from_seq: int = 1,
+        from_seq: int | None = 1,
         tree: bool = False,
         status_only: bool = False,
     ) -> AbstractAsyncContextManager[AsyncIterator[HostedEvent]]:

@@ -6,11 +6,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.anthropic_wire import (
+    event,
+    message_end,
+    message_start,
+    text_block,
+    text_reply,
+    tool_block,
+)
+from tests.support.model_streams import collect, collect_into
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer
 from trio_agents import (
     AssistantMessage,
@@ -26,86 +34,9 @@ from trio_agents import (
 from trio_agents.models import AnthropicModel, Finish, ModelEvent, TextDelta, ToolCallDone
 from trio_agents.models._anthropic import anthropic_messages
 
-REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
-
-
-def event(kind: str, **fields: Any) -> SSE:
-    """One Messages API event: ``event: <kind>`` plus its JSON data."""
-    return SSE({"type": kind, **fields}, event=kind)
-
-
-def message_start(input_tokens: int = 25, **usage: int) -> SSE:
-    return event(
-        "message_start",
-        message={
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "content": [],
-            "model": "claude-test",
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 1, **usage},
-        },
-    )
-
-
-def text_block(index: int, *parts: str) -> list[SSE]:
-    return [
-        event("content_block_start", index=index, content_block={"type": "text", "text": ""}),
-        *[
-            event("content_block_delta", index=index, delta={"type": "text_delta", "text": part})
-            for part in parts
-        ],
-        event("content_block_stop", index=index),
-    ]
-
-
-def tool_block(index: int, call_id: str, name: str, *parts: str) -> list[SSE]:
-    block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
-    return [
-        event("content_block_start", index=index, content_block=block),
-        *[
-            event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "input_json_delta", "partial_json": part},
-            )
-            for part in parts
-        ],
-        event("content_block_stop", index=index),
-    ]
-
-
-def message_end(stop_reason: str = "end_turn", output_tokens: int = 12) -> list[SSE]:
-    return [
-        event(
-            "message_delta",
-            delta={"stop_reason": stop_reason, "stop_sequence": None},
-            usage={"output_tokens": output_tokens},
-        ),
-        event("message_stop"),
-    ]
-
-
-def text_reply(*parts: str) -> Reply:
-    return Reply(events=[message_start(), *text_block(0, *parts), *message_end()])
-
 
 def make_model(server: SSEServer, **kwargs: Any) -> AnthropicModel:
     return AnthropicModel("claude-test", base_url=server.base_url, **kwargs)
-
-
-async def collect(model: AnthropicModel, request: ModelRequest = REQUEST) -> list[ModelEvent]:
-    async with model.stream(request) as stream:
-        return [event async for event in stream]
-
-
-async def collect_into(got: list[ModelEvent], model: AnthropicModel) -> None:
-    """Like :func:`collect`, but keeps what arrived before an exception."""
-    async with model.stream(REQUEST) as stream:
-        async for item in stream:
-            got.append(item)
 
 
 # ------------------------------------------------------------------- streaming
@@ -358,33 +289,6 @@ async def test_input_json_delta_for_a_text_block_is_an_error(server: SSEServer) 
 
 
 # ---------------------------------------------------------------- cancellation
-
-
-async def test_cancel_mid_stream_closes_the_socket(server: SSEServer) -> None:
-    server.add(Reply(events=[message_start(), *text_block(0, "a", "b")[:2]], end="hold"))
-    with trio.fail_after(10):
-        with trio.CancelScope() as scope:
-            async with make_model(server).stream(REQUEST) as stream:
-                async for _item in stream:
-                    scope.cancel()
-                    await trio.sleep_forever()
-        connection = server.connections[0]
-        await connection.closed.wait()
-    assert connection.closed_at is not None
-
-
-async def test_pooled_and_caller_clients(server: SSEServer) -> None:
-    server.add(text_reply("a"), text_reply("b"), text_reply("c"))
-    with trio.fail_after(10):
-        model = make_model(server)
-        async with model:
-            await collect(model)
-            await collect(model)
-        await server.connections[0].closed.wait()
-        async with httpx.AsyncClient() as client:
-            await collect(make_model(server, client=client))
-            assert not client.is_closed
-    assert [c.requests for c in server.connections] == [2, 1]
 
 
 async def test_full_run_with_a_tool_call(server: SSEServer) -> None:

@@ -38,6 +38,13 @@ from trio_agents.models._sse import SSEDecoder, SSEEvent
 REQUEST = ModelRequest(instructions="", items=(UserMessage("hi"),))
 
 
+async def settle() -> None:
+    """Let the garbage collector finalise what a test dropped, and its tasks run."""
+    for _ in range(3):
+        gc.collect()
+        await trio.testing.wait_all_tasks_blocked()
+
+
 # ------------------------------------------------------------------ SSEDecoder
 
 STREAM = (
@@ -233,8 +240,8 @@ def test_one_line() -> None:
 
 def test_call_ids() -> None:
     ids = CallIds(["a", "a_2", "b"])
-    assert [ids.claim(i) for i in ("a", "c", "c", "b", "a")] == ["a_3", "c", "c_2", "b_2", "a_4"]
-    assert CallIds().claim("x") == "x"
+    assert [ids.unique(i) for i in ("a", "c", "c", "b", "a")] == ["a_3", "c", "c_2", "b_2", "a_4"]
+    assert CallIds().unique("x") == "x"
 
 
 def test_sse_decoder_counts_event_stream_lines() -> None:
@@ -459,11 +466,6 @@ async def test_abandoned_httpx_generators_warn_but_model_streams_do_not(
     hold = Reply(events=[SSE({"choices": [{"index": 0, "delta": {"content": "x"}}]})], end="hold")
     server.add(hold, hold)
 
-    async def settle() -> None:
-        for _ in range(3):
-            gc.collect()
-            await trio.testing.wait_all_tasks_blocked()
-
     with trio.fail_after(10):
         with warnings.catch_warnings(record=True) as naive:
             warnings.simplefilter("always")
@@ -578,11 +580,6 @@ class StallingUpload(httpx.AsyncBaseTransport):
 async def test_cancel_during_the_request_upload_leaves_no_generator() -> None:
     """httpx's own request body (``ByteStream.__aiter__``) is an async generator that a
     cancellation during the upload abandons (the control); the model's body is not."""
-
-    async def settle() -> None:
-        for _ in range(3):
-            gc.collect()
-            await trio.testing.wait_all_tasks_blocked()
 
     with trio.fail_after(10):
         with warnings.catch_warnings(record=True) as naive:

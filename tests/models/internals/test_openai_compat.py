@@ -14,6 +14,7 @@ import trio
 
 import trio_agents as ta
 from tests.support.chat_wire import DONE, chunk, text_reply, tool_reply
+from tests.support.model_streams import collect
 from tests.support.sse_server import SSE, Raw, RecordedRequest, Reply, SSEServer
 from tests.support.strict_servers import STRICT_SERVERS, llama_cpp_python
 from trio_agents import (
@@ -25,19 +26,12 @@ from trio_agents import (
     Usage,
     UserMessage,
 )
-from trio_agents.models import Finish, ModelEvent, OpenAIChatModel, TextDelta, ToolCallDone
+from trio_agents.models import Finish, OpenAIChatModel, TextDelta, ToolCallDone
 from trio_agents.models._openai import chat_messages, object_arguments
-
-REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
 
 
 def make_model(server: SSEServer, **kwargs: Any) -> OpenAIChatModel:
     return OpenAIChatModel("gpt-test", base_url=f"{server.base_url}/v1", **kwargs)
-
-
-async def collect(model: OpenAIChatModel, request: ModelRequest = REQUEST) -> list[ModelEvent]:
-    async with model.stream(request) as stream:
-        return [event async for event in stream]
 
 
 @ta.function_tool

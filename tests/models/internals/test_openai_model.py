@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
 
 import trio_agents as ta
 from tests.support.chat_wire import DONE, chunk, text_reply, usage_chunk
-from tests.support.sse_server import SSE, Raw, Reply, SSEServer, unused_port
+from tests.support.model_streams import REQUEST, collect, collect_into
+from tests.support.sse_server import SSE, Raw, Reply, SSEServer
 from trio_agents import (
     AssistantMessage,
     ModelError,
@@ -27,23 +27,9 @@ from trio_agents import (
 from trio_agents.models import Finish, ModelEvent, OpenAIChatModel, TextDelta, ToolCallDone
 from trio_agents.models._openai import chat_messages
 
-REQUEST = ModelRequest(instructions="Be brief.", items=(UserMessage("hi"),))
-
 
 def make_model(server: SSEServer, **kwargs: Any) -> OpenAIChatModel:
     return OpenAIChatModel("gpt-test", base_url=f"{server.base_url}/v1", **kwargs)
-
-
-async def collect(model: OpenAIChatModel, request: ModelRequest = REQUEST) -> list[ModelEvent]:
-    async with model.stream(request) as stream:
-        return [event async for event in stream]
-
-
-async def collect_into(got: list[ModelEvent], model: OpenAIChatModel) -> None:
-    """Like :func:`collect`, but keeps what arrived before an exception."""
-    async with model.stream(REQUEST) as stream:
-        async for event in stream:
-            got.append(event)
 
 
 # ------------------------------------------------------------------- streaming
@@ -278,48 +264,6 @@ async def test_json_instead_of_event_stream(server: SSEServer) -> None:
 # --------------------------------------------------------------------- retries
 
 
-async def test_429_with_retry_after_then_success(server: SSEServer) -> None:
-    limited = Reply.json(429, {"error": {"message": "slow down"}}, headers=[("retry-after", "0")])
-    server.add(limited, text_reply("ok"))
-    # A 30 s backoff would blow the deadline: only Retry-After: 0 lets this pass.
-    model = make_model(server, retry_base_delay=30, retry_max_delay=30)
-    with trio.fail_after(10):
-        events = await collect(model)
-    assert events[0] == TextDelta("ok")
-    assert len(server.requests) == 2
-    assert server.requests[0].json == server.requests[1].json
-
-
-async def test_503_then_success(server: SSEServer) -> None:
-    server.add(Reply.json(503, {"error": {"message": "busy"}}), text_reply("ok"))
-    with trio.fail_after(10):
-        events = await collect(make_model(server, retry_base_delay=0.01))
-    assert events[0] == TextDelta("ok")
-    assert len(server.requests) == 2
-
-
-async def test_5xx_gives_up_after_max_retries(server: SSEServer) -> None:
-    server.add(*[Reply.json(500, {"error": {"message": "oops"}}) for _ in range(5)])
-    with trio.fail_after(10), pytest.raises(ModelError) as info:
-        await collect(make_model(server, max_retries=2, retry_base_delay=0.01))
-    assert info.value.status_code == 500
-    assert info.value.retryable
-    assert "gave up after 3 attempts" in str(info.value)
-    assert "oops" in str(info.value)
-    assert len(server.requests) == 3
-
-
-async def test_connect_refused_gives_up_after_max_retries() -> None:
-    model = OpenAIChatModel(
-        "m", base_url=f"http://127.0.0.1:{unused_port()}/v1", max_retries=2, retry_base_delay=0.01
-    )
-    with trio.fail_after(10), pytest.raises(ModelError) as info:
-        await collect(model)
-    assert "ConnectError" in str(info.value)
-    assert "gave up after 3 attempts" in str(info.value)
-    assert info.value.status_code is None
-
-
 async def test_drop_after_output_is_not_retried(server: SSEServer) -> None:
     parts = [SSE(chunk("Hel")), SSE(chunk("lo")), SSE(chunk("!"))]
     server.add(Reply(events=parts, drop_after=2), text_reply("again"))
@@ -339,140 +283,7 @@ async def test_truncated_stream_without_done_fails(server: SSEServer) -> None:
     assert len(server.requests) == 1
 
 
-async def test_drop_before_any_output_is_retried(server: SSEServer) -> None:
-    server.add(Reply(events=[SSE(chunk("x"))], drop_after=0), text_reply("ok"))
-    with trio.fail_after(10):
-        events = await collect(make_model(server, retry_base_delay=0.01))
-    assert events[0] == TextDelta("ok")
-    assert len(server.requests) == 2
-
-
-# ---------------------------------------------------------------- cancellation
-
-
-async def test_cancel_while_waiting_for_the_next_event_closes_the_socket(
-    server: SSEServer,
-) -> None:
-    server.add(Reply(events=[SSE(chunk("Hel"))], end="hold"))
-    got: list[ModelEvent] = []
-    first = trio.Event()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            scope = trio.CancelScope()
-
-            async def consume() -> None:
-                with scope:
-                    async with make_model(server).stream(REQUEST) as stream:
-                        async for event in stream:
-                            got.append(event)
-                            first.set()
-
-            nursery.start_soon(consume)
-            await first.wait()
-            await trio.testing.wait_all_tasks_blocked()  # the consumer waits in a read
-            scope.cancel()
-        connection = server.connections[0]
-        await connection.closed.wait()
-    assert got == [TextDelta("Hel")]
-    assert connection.closed_at is not None
-
-
-async def test_cancel_between_events_closes_the_socket(server: SSEServer) -> None:
-    # The consumer is cancelled while busy elsewhere, so httpx's generator chain is
-    # suspended at a yield: leaving the stream must unwind it (no GC warning under -W error).
-    server.add(Reply(events=[SSE(chunk("Hel")), SSE(chunk("lo"))], end="hold"))
-    with trio.fail_after(10):
-        with trio.CancelScope() as scope:
-            async with make_model(server).stream(REQUEST) as stream:
-                async for _event in stream:
-                    scope.cancel()
-                    await trio.sleep_forever()
-        connection = server.connections[0]
-        await connection.closed.wait()
-    assert connection.closed_at is not None
-
-
-async def test_cancel_before_headers_closes_the_socket(server: SSEServer) -> None:
-    server.add(Reply(events=[DONE], delay_before_headers=5))
-    scope = trio.CancelScope()
-
-    async def consume() -> None:
-        with scope:
-            await collect(make_model(server))
-
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(consume)
-            await server.wait_for_requests(1)  # sent; the headers come in 5 s
-            scope.cancel()
-        await server.connections[0].closed.wait()
-    assert scope.cancelled_caught
-
-
 # ------------------------------------------------------------ client ownership
-
-
-async def test_caller_client_is_used_and_not_closed(server: SSEServer) -> None:
-    server.add(text_reply("one"), Reply(events=[SSE(chunk("x"))], end="hold"), text_reply("two"))
-    with trio.fail_after(10):
-        async with httpx.AsyncClient() as client:
-            model = make_model(server, client=client)
-            assert (await collect(model))[0] == TextDelta("one")
-            with trio.CancelScope() as scope:
-                async with model.stream(REQUEST) as stream:
-                    async for _event in stream:
-                        scope.cancel()
-            assert not client.is_closed
-            assert (await collect(model))[0] == TextDelta("two")
-            assert not client.is_closed
-        await server.connections[1].closed.wait()  # the cancelled call's connection
-    # The first and third calls shared the pooled connection; the cancelled one was closed.
-    assert [c.requests for c in server.connections] == [2, 1]
-
-
-async def test_per_call_client_is_closed(server: SSEServer) -> None:
-    server.add(text_reply("one"), text_reply("two"))
-    model = make_model(server)
-    with trio.fail_after(10):
-        await collect(model)
-        await server.connections[0].closed.wait()  # the call's own client was closed
-        await collect(model)
-        await server.connections[1].closed.wait()
-    assert [c.requests for c in server.connections] == [1, 1]
-
-
-async def test_async_with_model_pools_one_client(server: SSEServer) -> None:
-    server.add(text_reply("one"), text_reply("two"))
-    model = make_model(server)
-    with trio.fail_after(10):
-        async with model:
-            assert (await collect(model))[0] == TextDelta("one")
-            assert (await collect(model))[0] == TextDelta("two")
-            assert len(server.connections) == 1
-            assert not server.connections[0].closed.is_set()
-        await server.connections[0].closed.wait()  # closed when the block ends
-    assert server.connections[0].requests == 2
-
-
-async def test_many_cancelled_streams_do_not_exhaust_a_small_pool(server: SSEServer) -> None:
-    count = 250  # a leak would exhaust the 2-connection pool by the third call
-    for _ in range(count):
-        server.add(Reply(events=[SSE(chunk("x"))], end="hold"))
-    server.add(text_reply("still fine"))
-    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
-    with trio.fail_after(10):
-        async with httpx.AsyncClient(limits=limits) as client:
-            model = make_model(server, client=client)
-            for _ in range(count):
-                with trio.CancelScope() as scope:
-                    async with model.stream(REQUEST) as stream:
-                        async for _event in stream:
-                            scope.cancel()
-                            await trio.sleep_forever()
-            assert (await collect(model))[0] == TextDelta("still fine")
-        for connection in server.connections:
-            await connection.closed.wait()
-    assert len(server.requests) == count + 1
 
 
 async def test_stream_cannot_be_reused(server: SSEServer) -> None:
@@ -543,44 +354,3 @@ async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "5"},
     ]
-
-
-async def test_cancelled_run_closes_the_model_socket(server: SSEServer) -> None:
-    server.add(Reply(events=[SSE(chunk("Partial ")), SSE(chunk("answer"))], end="hold"))
-    agent = ta.Agent(name="a", model=make_model(server))
-    with trio.fail_after(10):
-        async with ta.open_run(agent, "hi") as run:
-            async for update in run.events():
-                if isinstance(update, ta.ResponseTextDelta) and update.text == "answer":
-                    run.cancel("user pressed stop")
-        await server.connections[0].closed.wait()
-    result = run.result
-    assert result is not None
-    assert result.status == "cancelled"
-    assert result.reason == "user pressed stop"
-    assert result.new_items[-1] == AssistantMessage("Partial answer", status="incomplete")
-    closed_at = server.connections[0].closed_at
-    assert closed_at is not None  # how soon is a benchmark figure (B4), not a test
-
-
-async def test_a_thousand_cancelled_runs_through_one_small_pool(server: SSEServer) -> None:
-    # Each run is cancelled mid-stream; a leaked connection would exhaust the pool of
-    # two at the third run and hang (fail_after bounds that).
-    count = 1000
-    for _ in range(count):
-        server.add(Reply(events=[SSE(chunk("x"))], end="hold"))
-    server.add(text_reply("still fine"))
-    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
-    with trio.fail_after(60):
-        async with httpx.AsyncClient(limits=limits) as client:
-            agent = ta.Agent(name="a", model=make_model(server, client=client))
-            for _ in range(count):
-                async with ta.open_run(agent, "hi") as run:
-                    async for event in run.events():
-                        if isinstance(event, ta.ResponseTextDelta):
-                            run.cancel("stop")
-                assert run.result is not None
-                assert run.result.status == "cancelled"
-            final = await ta.run(agent, "again")
-            assert final.final_output == "still fine"
-    assert len(server.requests) == count + 1

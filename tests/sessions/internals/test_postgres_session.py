@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg_pool import ConnectionPool
 
-from tests.sessions.internals.test_sqlite_session import EVERY_KIND, assert_batches_whole
 from tests.support.helpers import INTERRUPTED_OUTPUT
+from tests.support.session_backends import assert_batches_whole
 from trio_agents import (
     AssistantMessage,
     Item,
@@ -131,21 +131,6 @@ async def test_is_a_session(session: PostgresSession, pg_dsn: str) -> None:
     assert "hunter2" not in str(secret.lock_key)
 
 
-async def test_round_trip_of_every_item_type(session: PostgresSession, pg_dsn: str) -> None:
-    assert conversation_problems(EVERY_KIND) == []
-    await session.add_items(EVERY_KIND[:4])
-    await session.add_items(EVERY_KIND[4:])
-    assert await session.get_items() == EVERY_KIND
-    async with PostgresSession(pg_dsn, "main", max_connections=2) as other_pool:
-        assert await other_pool.get_items() == EVERY_KIND
-    # Stored as the items' to_json, one JSON document per row, positions from 0.
-    rows = raw_query(
-        pg_dsn, f"SELECT position, data FROM {ITEMS} WHERE session_id = 'main' ORDER BY position"
-    )
-    assert [p for p, _ in rows] == list(range(len(EVERY_KIND)))
-    assert [json.loads(data) for _, data in rows] == [item.to_json() for item in EVERY_KIND]
-
-
 async def test_new_session_is_empty_and_tables_are_created_lazily(pg_dsn: str) -> None:
     s = PostgresSession(pg_dsn)
     assert s.session_id == "default"
@@ -160,34 +145,9 @@ async def test_new_session_is_empty_and_tables_are_created_lazily(pg_dsn: str) -
         await s.aclose()
 
 
-async def test_empty_add_is_a_no_op(session: PostgresSession) -> None:
+async def test_statistics(session: PostgresSession) -> None:
     await session.add_items([])
     assert await session.statistics() == PostgresSessionStatistics(session.database, "main", 0)
-
-
-async def test_add_items_rejects_non_items_and_writes_nothing(session: PostgresSession) -> None:
-    with pytest.raises(TypeError, match="item 1"):
-        await session.add_items([UserMessage("ok"), {"role": "user", "content": "no"}])  # type: ignore[list-item]
-    with pytest.raises(TypeError, match="item 0"):
-        await session.replace_items("hello")  # type: ignore[arg-type]
-    assert await session.get_items() == []
-
-
-async def test_clear(pg_dsn: str) -> None:
-    async with PostgresSession(pg_dsn, "a") as a, PostgresSession(pg_dsn, "b") as b:
-        await a.add_items([UserMessage("a1"), UserMessage("a2")])
-        await b.add_items([UserMessage("b1")])
-        await a.clear()
-        assert await a.get_items() == []
-        assert await b.get_items() == [UserMessage("b1")]
-        # Positions start again from 0 after a clear.
-        await a.add_items([UserMessage("a3")])
-        assert await a.get_items() == [UserMessage("a3")]
-    assert positions(pg_dsn, "a") == [0]
-    assert positions(pg_dsn, "b") == [0]
-
-
-async def test_statistics(session: PostgresSession) -> None:
     await session.add_items([UserMessage("x"), ToolCall("c", "t")])
     stats = await session.statistics()
     # The count is of stored rows; get_items repairs (and writes the repair back).
@@ -260,64 +220,6 @@ def test_any_stored_list_loads_repaired_and_stays_so(
 
 
 # -- many sessions, concurrency -----------------------------------------------------------
-
-
-async def test_many_sessions_in_one_database_are_kept_apart(pg_dsn: str) -> None:
-    sessions = [PostgresSession(pg_dsn, f"s{i}") for i in range(5)]
-    try:
-        for round_ in range(3):
-            for i, s in enumerate(sessions):
-                await s.add_items([UserMessage(f"s{i} r{round_}")])
-        for i, s in enumerate(sessions):
-            assert await s.get_items() == [UserMessage(f"s{i} r{r}") for r in range(3)]
-            assert positions(pg_dsn, f"s{i}") == [0, 1, 2]
-        async with PostgresSession(pg_dsn, "s3") as again:
-            assert await again.get_items() == await sessions[3].get_items()
-    finally:
-        for s in sessions:
-            await s.aclose()
-
-
-async def test_concurrent_appends_to_one_session(pg_dsn: str) -> None:
-    tasks, batch_size = 25, 7
-    # Two objects on two pools: concurrent transactions, kept apart by the row lock.
-    async with (
-        PostgresSession(pg_dsn, "busy", max_connections=3) as first,
-        PostgresSession(pg_dsn, "busy", max_connections=4) as second,
-    ):
-
-        async def writer(n: int) -> None:
-            target = first if n % 2 else second
-            await target.add_items([UserMessage(f"w{n}:{j}") for j in range(batch_size)])
-
-        async with trio.open_nursery() as nursery:
-            for n in range(tasks):
-                nursery.start_soon(writer, n)
-        items = await first.get_items()
-    writers = assert_batches_whole(items, batch_size)
-    assert sorted(writers) == sorted(f"w{n}" for n in range(tasks))
-    assert positions(pg_dsn, "busy") == list(range(tasks * batch_size))
-
-
-async def test_concurrent_appends_to_several_sessions(pg_dsn: str) -> None:
-    session_ids, per_session, batch_size = ["a", "b", "c", "d"], 5, 4
-    sessions = {sid: PostgresSession(pg_dsn, sid) for sid in session_ids}
-    try:
-
-        async def writer(sid: str, n: int) -> None:
-            await sessions[sid].add_items([UserMessage(f"{sid}{n}:{j}") for j in range(batch_size)])
-
-        async with trio.open_nursery() as nursery:
-            for n in range(per_session):
-                for sid in session_ids:
-                    nursery.start_soon(writer, sid, n)
-        for sid in session_ids:
-            writers = assert_batches_whole(await sessions[sid].get_items(), batch_size)
-            assert sorted(writers) == sorted(f"{sid}{n}" for n in range(per_session))
-            assert positions(pg_dsn, sid) == list(range(per_session * batch_size))
-    finally:
-        for s in sessions.values():
-            await s.aclose()
 
 
 def test_several_trio_runs_create_and_share_one_database(pg_dsn: str) -> None:
@@ -420,60 +322,6 @@ async def test_the_callers_deadline_caps_the_wait_for_a_lock(pg_dsn: str, call: 
 
 
 # -- cancellation ----------------------------------------------------------------------
-
-
-async def test_cancel_right_after_starting_add_items_writes_the_whole_batch(
-    session: PostgresSession,
-) -> None:
-    batch = [UserMessage(f"m{i}") for i in range(3000)]
-    finished = False
-
-    async def add() -> None:
-        nonlocal finished
-        await session.add_items(batch)
-        finished = True
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(add)
-        await trio.testing.wait_all_tasks_blocked()  # the write is running in its thread
-        nursery.cancel_scope.cancel()
-    assert finished  # not abandoned: the caller waited for the commit
-    assert await session.get_items() == batch
-
-
-async def test_a_failing_batch_writes_nothing(session: PostgresSession, pg_dsn: str) -> None:
-    await session.add_items([UserMessage("before")])
-    poison(pg_dsn, "poison")
-    batch = [UserMessage("ok 1"), UserMessage("ok 2"), UserMessage("poison"), UserMessage("ok 3")]
-    with pytest.raises(SessionStorageError, match="poisoned row") as info:
-        await session.add_items(batch)
-    assert isinstance(info.value.__cause__, psycopg.Error)
-    assert await session.get_items() == [UserMessage("before")]
-    # The claimed positions were rolled back with the rows; the session still works.
-    await session.add_items([UserMessage("after")])
-    assert positions(pg_dsn, "main") == [0, 1]
-
-
-@pytest.mark.parametrize("yields", [0, 1, 2, 3, 5, 8])
-async def test_cancel_at_any_point_is_all_or_nothing(session: PostgresSession, yields: int) -> None:
-    batches = [[UserMessage(f"{attempt}:{i}") for i in range(500)] for attempt in range(3)]
-    for batch in batches:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(session.add_items, batch)
-            for _ in range(yields):
-                await trio.lowlevel.checkpoint()
-            nursery.cancel_scope.cancel()
-    loaded = await session.get_items()
-    written = [batch for batch in batches if batch[0] in loaded]
-    assert loaded == [item for batch in written for item in batch]
-
-
-async def test_cancelled_before_the_call_writes_nothing(session: PostgresSession) -> None:
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        await session.add_items([UserMessage("never")])
-    assert scope.cancelled_caught
-    assert await session.get_items() == []
 
 
 async def test_cancelled_while_waiting_for_a_connection_writes_nothing(
@@ -857,16 +705,6 @@ async def test_sync_close(pg_dsn: str) -> None:
     t.close()
     t.close()
     assert (pg_dsn, 4) not in _postgres._pools
-
-
-async def test_aclose_waits_for_a_write_in_flight(session: PostgresSession, pg_dsn: str) -> None:
-    batch = [UserMessage(str(i)) for i in range(2000)]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(session.add_items, batch)
-        await trio.testing.wait_all_tasks_blocked()
-        await session.aclose()
-    async with PostgresSession(pg_dsn, "main") as reopened:
-        assert await reopened.get_items() == batch
 
 
 # -- the guide's example runs (on the test server) --------------------------------------

@@ -6,9 +6,6 @@ resumed load does when the session misbehaves, and a real ``SIGKILL`` mid-tool."
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import textwrap
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -21,6 +18,7 @@ import trio.testing
 
 import trio_agents as ta
 from tests.core.internals.test_resume import agent, by_call
+from tests.support.crash import sigkill_once_printed
 from trio_agents.models import ScriptedModel
 from trio_agents.sessions import PostgresSession, SQLiteSession
 from trio_agents.testing._fakes import _stray_cancelled
@@ -150,22 +148,7 @@ CHILD = textwrap.dedent(
 async def kill_mid_tools(db: Path) -> None:
     """Run CHILD on ``db`` and SIGKILL it once both its tools are running."""
     with trio.fail_after(30):
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-c", CHILD, str(db)], stdout=subprocess.PIPE
-        )
-        assert process.stdout is not None
-        try:
-            seen = b""
-            while not (b"started lookup" in seen and b"started charge" in seen):
-                chunk = await process.stdout.receive_some()
-                assert chunk, "the child exited before its tools started"
-                seen += chunk
-            process.send_signal(signal.SIGKILL)
-            assert await process.wait() == -signal.SIGKILL
-        finally:
-            process.kill()  # a no-op once it is dead
-            await process.wait()
-            await process.stdout.aclose()
+        await sigkill_once_printed(CHILD, str(db), b"started lookup", b"started charge")
 
 
 async def test_resume_after_a_real_sigkill_mid_tool(tmp_path: Path) -> None:

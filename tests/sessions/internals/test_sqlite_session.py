@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.helpers import INTERRUPTED_OUTPUT
+from tests.support.session_backends import assert_batches_whole
 from trio_agents import (
     AssistantMessage,
     Item,
@@ -39,20 +40,6 @@ from trio_agents.sessions import (
     repair_loaded,
 )
 from trio_agents.sessions._sqlite import MIGRATIONS, SQLiteSessionStatistics
-
-EVERY_KIND: list[Item] = [
-    UserMessage('hello ✓ \x00 "quoted" {json} \ud800 lone surrogate'),
-    AssistantMessage("thinking…", status="incomplete"),
-    AssistantMessage(""),
-    ToolCall("call-1", "search", '{"q": "trio"}'),
-    ToolCall("call-2", "add", "not even json"),
-    ToolResult("call-1", "found it"),
-    ToolResult("call-2", "bad arguments", status="error"),
-    ToolCall("call-3", "sleep"),
-    ToolResult("call-3", "cancelled by the user", status="cancelled"),
-    AssistantMessage("done", status="completed"),
-]
-
 
 # -- helpers ----------------------------------------------------------------------------
 
@@ -124,18 +111,6 @@ async def test_is_a_session(session: SQLiteSession, db: Path) -> None:
     assert issubclass(SessionStorageError, TrioAgentsError)
 
 
-async def test_round_trip_of_every_item_type(session: SQLiteSession, db: Path) -> None:
-    assert conversation_problems(EVERY_KIND) == []
-    await session.add_items(EVERY_KIND[:4])
-    await session.add_items(EVERY_KIND[4:])
-    assert await session.get_items() == EVERY_KIND
-    async with SQLiteSession(db, "main") as reopened:
-        assert await reopened.get_items() == EVERY_KIND
-    # Stored as the items' to_json, one JSON document per row.
-    rows = raw_query(db, "SELECT data FROM items WHERE session_id = 'main' ORDER BY position")
-    assert [json.loads(data) for (data,) in rows] == [item.to_json() for item in EVERY_KIND]
-
-
 async def test_new_session_is_empty_and_file_is_created_lazily(db: Path) -> None:
     s = SQLiteSession(db)
     assert s.session_id == "default"
@@ -147,33 +122,9 @@ async def test_new_session_is_empty_and_file_is_created_lazily(db: Path) -> None
         await s.aclose()
 
 
-async def test_empty_add_is_a_no_op(session: SQLiteSession) -> None:
+async def test_statistics(session: SQLiteSession) -> None:
     await session.add_items([])
     assert await session.statistics() == SQLiteSessionStatistics(session.path, "main", 0)
-
-
-async def test_add_items_rejects_non_items_and_writes_nothing(session: SQLiteSession) -> None:
-    with pytest.raises(TypeError, match="item 1"):
-        await session.add_items([UserMessage("ok"), {"role": "user", "content": "no"}])  # type: ignore[list-item]
-    with pytest.raises(TypeError, match="item 0"):
-        await session.add_items("hello")  # type: ignore[arg-type]
-    assert await session.get_items() == []
-
-
-async def test_clear(db: Path) -> None:
-    async with SQLiteSession(db, "a") as a, SQLiteSession(db, "b") as b:
-        await a.add_items([UserMessage("a1"), UserMessage("a2")])
-        await b.add_items([UserMessage("b1")])
-        await a.clear()
-        assert await a.get_items() == []
-        assert await b.get_items() == [UserMessage("b1")]
-        # Positions start again from 0 after a clear.
-        await a.add_items([UserMessage("a3")])
-        assert await a.get_items() == [UserMessage("a3")]
-    assert positions(db, "a") == [0]
-
-
-async def test_statistics(session: SQLiteSession) -> None:
     await session.add_items([UserMessage("x"), ToolCall("c", "t")])
     stats = await session.statistics()
     # The dangling call is repaired on load, but the count is of stored rows.
@@ -276,78 +227,6 @@ def test_any_stored_list_loads_repaired(batches: list[list[Item]]) -> None:
 
 
 # -- many sessions, concurrency -----------------------------------------------------------
-
-
-async def test_many_sessions_in_one_file_are_kept_apart(db: Path) -> None:
-    sessions = [SQLiteSession(db, f"s{i}") for i in range(5)]
-    try:
-        for round_ in range(3):
-            for i, s in enumerate(sessions):
-                await s.add_items([UserMessage(f"s{i} r{round_}")])
-        for i, s in enumerate(sessions):
-            assert await s.get_items() == [UserMessage(f"s{i} r{r}") for r in range(3)]
-            assert positions(db, f"s{i}") == [0, 1, 2]
-        # A second object for the same id sees the same conversation.
-        async with SQLiteSession(db, "s3") as again:
-            assert await again.get_items() == await sessions[3].get_items()
-    finally:
-        for s in sessions:
-            await s.aclose()
-
-
-def assert_batches_whole(items: list[Item], batch_size: int) -> list[str]:
-    """Each batch is one writer's `w:j` messages, j = 0..batch_size-1, never interleaved."""
-    assert len(items) % batch_size == 0
-    writers = []
-    for start in range(0, len(items), batch_size):
-        batch = items[start : start + batch_size]
-        assert all(isinstance(item, UserMessage) for item in batch)
-        writer = batch[0].content.split(":")[0]  # type: ignore[union-attr]
-        assert [item.content for item in batch] == [  # type: ignore[union-attr]
-            f"{writer}:{j}" for j in range(batch_size)
-        ]
-        writers.append(writer)
-    return writers
-
-
-async def test_concurrent_appends_to_one_session(db: Path) -> None:
-    tasks, batch_size = 25, 7
-    # Two objects for the same session id, each with its own connection.
-    async with SQLiteSession(db, "busy") as first, SQLiteSession(db, "busy") as second:
-
-        async def writer(n: int) -> None:
-            target = first if n % 2 else second
-            await target.add_items([UserMessage(f"w{n}:{j}") for j in range(batch_size)])
-
-        async with trio.open_nursery() as nursery:
-            for n in range(tasks):
-                nursery.start_soon(writer, n)
-        items = await first.get_items()
-    writers = assert_batches_whole(items, batch_size)
-    assert sorted(writers) == sorted(f"w{n}" for n in range(tasks))
-    assert positions(db, "busy") == list(range(tasks * batch_size))
-
-
-async def test_concurrent_appends_to_several_sessions_in_one_file(db: Path) -> None:
-    session_ids, per_session, batch_size = ["a", "b", "c", "d"], 6, 5
-    sessions = {sid: SQLiteSession(db, sid) for sid in session_ids}
-    try:
-
-        async def writer(sid: str, n: int) -> None:
-            batch = [UserMessage(f"{sid}{n}:{j}") for j in range(batch_size)]
-            await sessions[sid].add_items(batch)
-
-        async with trio.open_nursery() as nursery:
-            for n in range(per_session):
-                for sid in session_ids:
-                    nursery.start_soon(writer, sid, n)
-        for sid in session_ids:
-            writers = assert_batches_whole(await sessions[sid].get_items(), batch_size)
-            assert sorted(writers) == sorted(f"{sid}{n}" for n in range(per_session))
-            assert positions(db, sid) == list(range(per_session * batch_size))
-    finally:
-        for s in sessions.values():
-            await s.aclose()
 
 
 def test_one_limiter_per_file_per_run(tmp_path: Path) -> None:
@@ -456,66 +335,6 @@ def test_several_trio_runs_in_threads_create_and_share_one_file(tmp_path: Path) 
 
 
 # -- cancellation ----------------------------------------------------------------------
-
-
-async def test_cancel_right_after_starting_add_items_writes_the_whole_batch(
-    session: SQLiteSession,
-) -> None:
-    batch = [UserMessage(f"m{i}") for i in range(3000)]
-    finished = False
-
-    async def add() -> None:
-        nonlocal finished
-        await session.add_items(batch)
-        finished = True
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(add)
-        await trio.testing.wait_all_tasks_blocked()  # the write is running in its thread
-        nursery.cancel_scope.cancel()
-    # Not abandoned: the caller waited for the commit.
-    assert finished
-    assert await session.get_items() == batch
-
-
-async def test_a_failing_batch_writes_nothing(session: SQLiteSession, db: Path) -> None:
-    await session.add_items([UserMessage("before")])
-    # Make SQLite itself refuse one row in the middle of the next batch.
-    raw_execute(
-        db,
-        "CREATE TRIGGER poison BEFORE INSERT ON items WHEN NEW.data LIKE '%poison%'"
-        " BEGIN SELECT RAISE(ABORT, 'poisoned row'); END",
-    )
-    batch = [UserMessage("ok 1"), UserMessage("ok 2"), UserMessage("poison"), UserMessage("ok 3")]
-    with pytest.raises(SessionStorageError, match="poisoned row") as info:
-        await session.add_items(batch)
-    assert isinstance(info.value.__cause__, sqlite3.Error)
-    assert await session.get_items() == [UserMessage("before")]
-    # The connection is still usable afterwards.
-    await session.add_items([UserMessage("after")])
-    assert await session.get_items() == [UserMessage("before"), UserMessage("after")]
-
-
-@pytest.mark.parametrize("yields", [0, 1, 2, 3, 5, 8])
-async def test_cancel_at_any_point_is_all_or_nothing(session: SQLiteSession, yields: int) -> None:
-    batches = [[UserMessage(f"{attempt}:{i}") for i in range(1000)] for attempt in range(3)]
-    for batch in batches:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(session.add_items, batch)
-            for _ in range(yields):
-                await trio.lowlevel.checkpoint()
-            nursery.cancel_scope.cancel()
-    loaded = await session.get_items()
-    written = [batch for batch in batches if batch[0] in loaded]
-    assert loaded == [item for batch in written for item in batch]
-
-
-async def test_cancelled_before_the_call_writes_nothing(session: SQLiteSession) -> None:
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        await session.add_items([UserMessage("never")])
-    assert scope.cancelled_caught
-    assert await session.get_items() == []
 
 
 async def test_cancelled_while_waiting_for_the_file_writes_nothing(
@@ -843,13 +662,3 @@ async def test_sync_close(db: Path) -> None:
     t.close()
     t.close()
     assert sidecar_files(db) == []
-
-
-async def test_aclose_waits_for_a_write_in_flight(session: SQLiteSession) -> None:
-    batch = [UserMessage(str(i)) for i in range(2000)]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(session.add_items, batch)
-        await trio.testing.wait_all_tasks_blocked()
-        await session.aclose()
-    async with SQLiteSession(session.path, "main") as reopened:
-        assert await reopened.get_items() == batch

@@ -1,0 +1,71 @@
+"""The three streaming providers, each with its loopback wire format, behind one face:
+for the provider conformance suite (tests/models/test_provider_conformance.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from tests.support import anthropic_wire, chat_wire
+from tests.support.responses_wire import ResponseScript, text_response
+from tests.support.sse_server import SSE, Reply, SSEServer
+from trio_agents.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
+
+
+@attrs.frozen
+class Wire:
+    name: str
+    # The model on a server (``base_url`` as its users write it), with the given options.
+    model_on: Callable[..., Any]
+    # A whole text answer streamed in ``parts``; keyword arguments go to Reply.
+    text: Callable[..., Reply]
+    # Streams ``parts`` and then keeps the response open.
+    held: Callable[..., Reply]
+    # Headers sent, then the connection drops before any output.
+    dropped_before_output: Callable[[], Reply]
+    # The provider's JSON error body carrying ``message``.
+    error_body: Callable[[str], dict[str, Any]]
+    # How many runs the pool test cancels (each is a whole run: keep the suite fast).
+    cancelled_runs: int = 200
+
+    def model(self, server: SSEServer, **options: Any) -> Any:
+        return self.model_on(server.base_url, **options)
+
+
+def _openai_error(message: str) -> dict[str, Any]:
+    return {"error": {"message": message}}
+
+
+WIRES: Final = {
+    "chat": Wire(
+        "chat",
+        lambda base, **o: OpenAIChatModel("gpt-test", base_url=f"{base}/v1", **o),
+        chat_wire.text_reply,
+        lambda *parts: Reply(events=[SSE(chat_wire.chunk(p)) for p in parts], end="hold"),
+        lambda: Reply(events=[SSE(chat_wire.chunk("x"))], drop_after=0),
+        _openai_error,
+        cancelled_runs=1000,
+    ),
+    "responses": Wire(
+        "responses",
+        lambda base, **o: OpenAIResponsesModel("gpt-test", base_url=f"{base}/v1", **o),
+        text_response,
+        lambda *parts: ResponseScript().start().message(*parts).reply(end="hold"),
+        lambda: ResponseScript().start().reply(drop_after=1),
+        _openai_error,
+    ),
+    "anthropic": Wire(
+        "anthropic",
+        lambda base, **o: AnthropicModel("claude-test", base_url=base, **o),
+        anthropic_wire.text_reply,
+        # The text block's start and deltas, never its stop.
+        lambda *parts: Reply(
+            events=[anthropic_wire.message_start(), *anthropic_wire.text_block(0, *parts)[:-1]],
+            end="hold",
+        ),
+        lambda: anthropic_wire.text_reply("x", drop_after=0),
+        lambda message: {"type": "error", "error": {"type": "api_error", "message": message}},
+    ),
+}

@@ -1,0 +1,145 @@
+"""Every session backend behind one face, for the session conformance suite
+(tests/sessions/test_session_conformance.py): a fresh store of each kind, new session
+objects on it, and a look at the rows a backend stored (where it stores rows)."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import psycopg
+
+from trio_agents import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
+from trio_agents.sessions import MemorySession, PostgresSession, Session, SQLiteSession
+
+BACKENDS: Final = ("memory", "sqlite", "postgres")
+
+# One of every kind of item, with text a database may mangle (NUL, quotes, JSON, a lone
+# surrogate) and every status.
+EVERY_KIND: Final[list[Item]] = [
+    UserMessage('hello ✓ \x00 "quoted" {json} \ud800 lone surrogate'),
+    AssistantMessage("thinking…", status="incomplete"),
+    AssistantMessage(""),
+    ToolCall("call-1", "search", '{"q": "trio"}'),
+    ToolCall("call-2", "add", "not even json"),
+    ToolResult("call-1", "found it"),
+    ToolResult("call-2", "bad arguments", status="error"),
+    ToolCall("call-3", "sleep"),
+    ToolResult("call-3", "cancelled by the user", status="cancelled"),
+    AssistantMessage("done", status="completed"),
+]
+
+# Session ids every backend must store and give back as they are.
+STORABLE: Final = ["😀 emoji", "'; DROP TABLE items; --", "\\u0000", "%s %(x)s ?", "a" * 2000, " "]
+
+PG_ITEMS: Final = "trio_agents_session_items"
+
+
+def assert_batches_whole(items: list[Item], batch_size: int) -> list[str]:
+    """Each batch is one writer's `w:j` messages, j = 0..batch_size-1, never interleaved."""
+    assert len(items) % batch_size == 0
+    writers = []
+    for start in range(0, len(items), batch_size):
+        batch = items[start : start + batch_size]
+        assert all(isinstance(item, UserMessage) for item in batch)
+        writer = batch[0].content.split(":")[0]  # type: ignore[union-attr]
+        assert [item.content for item in batch] == [  # type: ignore[union-attr]
+            f"{writer}:{j}" for j in range(batch_size)
+        ]
+        writers.append(writer)
+    return writers
+
+
+@attrs.define(eq=False)
+class Store:
+    """One empty store of one backend (a memory root, a SQLite file, a PostgreSQL
+    database). ``session(id)`` is a new object on it (memory: the root's ``with_id``, the
+    one object of that id), closed when the test ends."""
+
+    backend: str
+    make: Callable[..., Session]
+    # (position, data) of every stored row of a session, in order; None: no rows (memory).
+    rows: Callable[[str], list[tuple[int, str]]] | None
+    # Make the database itself refuse any row whose data contains the marker.
+    poison: Callable[[str], None] | None
+    driver_error: type[BaseException] | None
+    # The options of two objects on one session that write through separate connections.
+    pair: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+    # Items in a batch big enough that a cancel can land in the middle of its write.
+    big_batch: int = 1000
+    opened: list[Session] = attrs.field(factory=list)
+
+    def session(self, session_id: str = "main", **options: Any) -> Any:
+        session = self.make(session_id, **options)
+        self.opened.append(session)
+        return session
+
+    def positions(self, session_id: str) -> list[int] | None:
+        return None if self.rows is None else [p for p, _ in self.rows(session_id)]
+
+    async def aclose(self) -> None:
+        for session in self.opened:
+            aclose = getattr(session, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def memory_store() -> Store:
+    root = MemorySession("the store's root")
+    return Store("memory", lambda sid, **_: root.with_id(sid), None, None, None)
+
+
+def sqlite_store(path: Path) -> Store:
+    def rows(session_id: str) -> list[tuple[int, str]]:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            sql = "SELECT position, data FROM items WHERE session_id = ? ORDER BY position"
+            return conn.execute(sql, (session_id,)).fetchall()
+
+    def poison(marker: str) -> None:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            conn.execute(
+                "CREATE TRIGGER poison BEFORE INSERT ON items"
+                f" WHEN NEW.data LIKE '%{marker}%' BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+            )
+
+    return Store(
+        "sqlite",
+        lambda sid, **options: SQLiteSession(path, sid, **options),
+        rows,
+        poison,
+        sqlite3.Error,
+    )
+
+
+def postgres_store(dsn: str) -> Store:
+    def rows(session_id: str) -> list[tuple[int, str]]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            sql = f"SELECT position, data FROM {PG_ITEMS} WHERE session_id = %s ORDER BY position"
+            return conn.execute(sql, (session_id,)).fetchall()
+
+    def poison(marker: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                f" IF NEW.data LIKE '%{marker}%' THEN RAISE EXCEPTION 'poisoned row'; END IF;"
+                " RETURN NEW; END $$"
+            )
+            conn.execute(
+                f"CREATE TRIGGER poison BEFORE INSERT ON {PG_ITEMS}"
+                " FOR EACH ROW EXECUTE FUNCTION poison()"
+            )
+
+    return Store(
+        "postgres",
+        lambda sid, **options: PostgresSession(dsn, sid, **options),
+        rows,
+        poison,
+        psycopg.Error,
+        # Two pools: concurrent transactions on one session, kept apart by its row lock.
+        pair=({"max_connections": 3}, {"max_connections": 4}),
+        big_batch=500,
+    )
