@@ -17,6 +17,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from contextlib import aclosing
 from typing import Any, Final
 
 import attrs
@@ -187,11 +188,12 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise HttpError("payload_too_large", f"the body is over {max_bytes} bytes")
-        chunks.append(chunk)
+    async with aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > max_bytes:
+                raise HttpError("payload_too_large", f"the body is over {max_bytes} bytes")
+            chunks.append(chunk)
     return b"".join(chunks)
 
 
