@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.control_support import ask, raw_client, wait_until
+from tests.support.control_support import ask, raw_client, wait_until
 from trio_agents.faces import HttpLimits
 
 from .http_support import Message, bearer, client, messages, serving, start, talker
