@@ -218,6 +218,7 @@ async def _serve(
     if not args.no_http:
         try:
             from .. import faces
+            from ..faces._ui import UI_PATH
         except ImportError:
             if args.http_port is not None:
                 raise CLIError(
@@ -247,7 +248,10 @@ async def _serve(
                     http_port = await nursery.start(faces.serve_http, app, args.host, http_port)
                 except OSError as exc:
                     raise _listen_error(exc, args.host, http_port, "--http-port") from None
-                out.write(f"http: {_http_url(args.host, http_port)} (REST + SSE)\n")
+                base = _http_url(args.host, http_port)
+                out.write(f"http: {base} (REST + SSE)\n")
+                # the page asks for the token: it never goes in this URL
+                out.write(f"web UI: {base}{UI_PATH.lstrip('/')} (sign in with the token)\n")
             else:
                 out.write(f"http: off ({http_off})\n")
             out.write(

@@ -43,6 +43,7 @@ FACES: Final[tuple[str, ...]] = (
     "rest",
     "a2a",
     "agui",
+    "ui",
 )
 """The faces :func:`http_app` serves by default, by module name."""
 
