@@ -24,10 +24,11 @@ cluster-demo: $(STAMP) postgres  ## 3 cluster nodes on a throwaway PostgreSQL; t
 postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, only if missing
 	@.ci/postgres.sh
 
-lint: $(STAMP)  ## ruff (with the ASYNC rules) and mypy --strict
+lint: $(STAMP)  ## ruff (with the ASYNC rules), mypy --strict and the import contract (the layers)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 fuzz: $(STAMP)  ## the lifecycle, fault and run-tree properties, "fuzz" profile (over 20,000 examples, and 21,000 tree schedules); cluster chaos, 100 runs
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/core/test_run_properties.py \

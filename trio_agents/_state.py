@@ -126,9 +126,51 @@ class Spans:
 
 @final
 class RunState:
-    """The conversation, event log, session writer, open calls and usage of one run."""
+    """The conversation, event log, session writer, open calls and usage of one run.
+
+    One object that the run's steps share, so its attributes are set in groups (see
+    ``__init__``), each saying which modules write it; everything else only reads.
+
+    ============== ========================================= ==========================
+    group          attributes                                written by
+    ============== ========================================= ==========================
+    the run        ``run_id``, ``options``, ``hooks``,       ``_run.py`` before the run
+                   ``max_turns``, ``input``, ``handle``,     starts; ``agent`` by a
+                   ``interruptible``, ``agent``, ``log``     handoff (``_handoffs.py``);
+                                                             ``log`` appended by every
+                                                             step
+    conversation   ``conversation``, ``new_items``,          :meth:`commit` (here);
+    and session    ``call_ids``, ``history_loaded``,         ``_session_load.py`` and
+                   ``input_committed``, ``session``,         ``_repair.py``
+                   ``session_dropped``, ``summaries``        (``input_committed``);
+                                                             ``_window.py`` caches
+                                                             ``summaries``
+    the turn       ``turn``, ``status``, ``partial_text``,   ``_turns.py`` (``usage``
+                   ``stream_scope``, ``finish_reason``,      also ``_window.py``;
+                   ``usage``, ``undelivered``,               ``handoff_to`` also
+                   ``handoff_to``                            ``_toolcalls.py`` and
+                                                             ``_handoffs.py``)
+    open calls     ``open_calls``                            ``_turns.py`` and
+                                                             ``_session_load.py`` open,
+                                                             ``_toolcalls.py`` closes
+    what the       ``run_span_open``, ``spans``              ``_turns.py`` and
+    repair needs                                             ``_toolcalls.py`` open,
+                                                             ``_repair.py`` ends
+    the run tree   ``usage_below``, ``waiting_below``,       ``_run.py``
+    and limits     ``on_waiting``, ``budgets``
+    guardrails     ``fresh_input``, ``side``,                ``_session_load.py`` and
+                   ``guardrails_running``,                   ``_turns.py``
+                   ``guardrails_idle``                       (``fresh_input``),
+                                                             ``_run.py`` (``side``),
+                                                             ``_guardrails.py``
+    ============== ========================================= ==========================
+
+    The repair (``_repair.py``) reads the turn's ``partial_text``, the ``open_calls``
+    and ``undelivered`` to close what a run left open.
+    """
 
     # Slots: one per run in flight, and an instance dict of this size is about 1 KB.
+    # Sorted here (ruff RUF023); __init__ sets them group by group.
     __slots__ = (
         "_checker",
         "_limiter",
@@ -183,17 +225,23 @@ class RunState:
         handle: Any,
         input: tuple[Item, ...],
     ) -> None:
+        # -- the run: set before it starts, read by every step. A handoff switches
+        # `agent` (_handoffs.py); every step appends to `log`.
         self.run_id = run_id
         self.agent = agent
         self.options = options
         self.hooks = options.hooks
         self.max_turns = options.max_turns or agent.max_turns
         self.log = log
-        self.session = session
         self.handle = handle  # the public Run, handed to hooks
         self.input = input
-        self.status = RunStatus.QUEUED
-        self.turn = 0
+        # Whether a when="now" injection can reach the run (it needs a cancel scope per
+        # model call): False only for a run that nobody holds the handle of (see
+        # Run._serve).
+        self.interruptible = True
+        # -- the conversation and the session it is written to: commit() and persist()
+        # (here); _session_load.py loads the history; _repair.py commits the input of a
+        # run that never started.
         # The conversation: history (as loaded and repaired) + new items.
         self.conversation: list[Item] = []
         self.new_items: list[Item] = []
@@ -202,45 +250,55 @@ class RunState:
         # Every call id in the conversation; read (never iterated) by inject() from
         # other threads to refuse an injected call that reuses one.
         self.call_ids: set[str] = set()
-        self.open_calls: dict[str, OpenCall] = {}
-        # Text streamed in the current model turn and not committed yet: the repair
-        # keeps it as an incomplete assistant message, whatever ended the turn.
-        self.partial_text: list[str] | None = None
-        self.stream_scope: trio.CancelScope | None = None
-        # Whether a when="now" injection can reach the run (it needs a cancel scope per
-        # model call): False only for a run that nobody holds the handle of (see
-        # Run._serve).
-        self.interruptible = True
-        self.usage: Usage | None = None
-        self.finish_reason: str | None = None
-        self.spans = Spans()
-        # Injections taken from the inbox that could not be delivered (unconsumed).
-        self.undelivered: tuple[Any, ...] = ()
-        self.run_span_open = False
+        self.session = session
         self.session_dropped = False
-        # The run tree (§17): usage of the finished descendants, the approvals waiting
-        # below this run (one {"run_id", "call_id"} per call), the parent's callback
-        # for when this run's own or its descendants' waiting calls change, and the
-        # agent a transfer_to_<name> call of the current turn hands the run to.
-        self.usage_below: Usage | None = None
-        self.waiting_below: tuple[Mapping[str, str], ...] = ()
-        self.on_waiting: Callable[[], None] | None = None
-        self.handoff_to: Agent | None = None
-        # The usage limits this run charges: its own, then each ancestor's (_limits.py).
-        self.budgets: tuple[Budget, ...] = ()
-        # Guardrails (_guardrails.py): the user items no input guardrail has seen yet,
-        # the nursery of the run's side tasks (when its agents have guardrails that run
-        # beside the turn loop), and the input guardrails still running.
-        self.fresh_input: list[Item] = []
-        self.side: trio.Nursery | None = None
-        self.guardrails_running = 0
-        self.guardrails_idle: trio.Event | None = None
-        # Summarize's summaries (per policy: (cut index, the summary message)).
+        # Summarize's summaries (per policy: (cut index, the summary message)), cached by
+        # _window.py.
         self.summaries: dict[int, tuple[int, Item]] = {}
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
         self._limiter: trio.CapacityLimiter | None = None
         self._write_lock: trio.Lock | None = None  # made at the first write to a session
+        # -- the turn: written by _turns.py as a model call goes (the status by
+        # emit_status, here; a summary's model call adds to the usage in _window.py).
+        self.status = RunStatus.QUEUED
+        self.turn = 0
+        # Text streamed in the current model turn and not committed yet: the repair
+        # keeps it as an incomplete assistant message, whatever ended the turn.
+        self.partial_text: list[str] | None = None
+        self.stream_scope: trio.CancelScope | None = None
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        # Injections taken from the inbox that could not be delivered (unconsumed).
+        self.undelivered: tuple[Any, ...] = ()
+        # The agent a transfer_to_<name> call of the current turn hands the run to
+        # (_toolcalls.py, _handoffs.py).
+        self.handoff_to: Agent | None = None
+        # -- the open calls: _turns.py opens one per tool call of a response (and
+        # _session_load.py those a resumed run finds), _toolcalls.py closes it with its
+        # result; the repair answers the rest.
+        self.open_calls: dict[str, OpenCall] = {}
+        # -- what the repair needs to end: the spans _turns.py and _toolcalls.py
+        # opened, and whether the run's span is (_repair.py ends them).
+        self.spans = Spans()
+        self.run_span_open = False
+        # -- the run tree (§17) and the limits, set by _run.py: usage of the finished
+        # descendants, the approvals waiting below this run (one {"run_id",
+        # "call_id"} per call), the parent's callback for when this run's own or its
+        # descendants' waiting calls change, and the usage limits this run charges:
+        # its own, then each ancestor's (_limits.py).
+        self.usage_below: Usage | None = None
+        self.waiting_below: tuple[Mapping[str, str], ...] = ()
+        self.on_waiting: Callable[[], None] | None = None
+        self.budgets: tuple[Budget, ...] = ()
+        # -- guardrails (_guardrails.py): the user items no input guardrail has seen yet
+        # (_session_load.py, _turns.py), the nursery of the run's side tasks (when its
+        # agents have guardrails that run beside the turn loop; _run.py), and the input
+        # guardrails still running.
+        self.fresh_input: list[Item] = []
+        self.side: trio.Nursery | None = None
+        self.guardrails_running = 0
+        self.guardrails_idle: trio.Event | None = None
 
     # -- events -----------------------------------------------------------------------
 

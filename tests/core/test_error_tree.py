@@ -2,10 +2,10 @@
 :class:`~trio_agents.TrioAgentsError`, drawn in ``_exceptions.py``'s docstring,
 exported from a public module and documented in docs/api.md.
 
-The raise sites are found by reading the source with :mod:`ast` (every ``raise X(...)``
-and ``raise make_error(...)`` whose function is annotated to return an exception
-class of the package), so a new exception class cannot slip past by being raised
-somewhere no test reaches. Exceptions that are raised but never reach users (caught
+The raise sites are found by reading the source with :mod:`ast` (every ``raise X``,
+``X(...)`` and ``raise make_error(...)`` whose function is annotated to return an
+exception class of the package), so a new exception class cannot slip past by being
+raised somewhere no test reaches. Exceptions that are raised but never reach users (caught
 and turned into something else inside the package) are on :data:`INTERNAL`, each with
 the reason; the testing kit's few deliberate outsiders are on :data:`OUTSIDE_BY_DESIGN`.
 """
@@ -119,19 +119,23 @@ def _resolve(module: ModuleType, expr: ast.expr) -> object:
     return None
 
 
-def _raised_classes(module: ModuleType, node: ast.Raise) -> list[type[BaseException]]:
-    """The package's exception classes a ``raise`` statement raises (none for a
-    re-raise of a caught object, or a class from outside the package)."""
-    expr = node.exc
-    if isinstance(expr, ast.Call):
-        expr = expr.func
+def _made_classes(module: ModuleType, node: ast.Raise | ast.Call) -> list[type[BaseException]]:
+    """The package's exception classes a ``raise`` statement raises or a call makes
+    (none for a re-raise of a caught object, or a class from outside the package).
+
+    Calls count as well as raises: an error made in one place and raised (or handed
+    to ``result.error``) in another reaches users just the same."""
+    if isinstance(node, ast.Raise):
+        expr = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+    else:
+        expr = node.func
     if expr is None:
         return []
     obj = _resolve(module, expr)
     if obj is None and isinstance(expr, ast.Name):
         # Imported inside the function (a lazy import): go by name.
         return list(EXCEPTIONS.get(expr.id, []))
-    if inspect.isfunction(obj):
+    if isinstance(node, ast.Raise) and inspect.isfunction(obj):
         # ``raise make_error(...)``: what the function is annotated to return.
         returns = obj.__annotations__.get("return")
         name = returns if isinstance(returns, str) else getattr(returns, "__name__", "")
@@ -146,23 +150,23 @@ def _raised_classes(module: ModuleType, node: ast.Raise) -> list[type[BaseExcept
 
 
 def test_every_exception_raised_to_users_is_in_the_tree() -> None:
-    outside: list[str] = []
-    raised: set[str] = set()
+    outside: set[str] = set()
+    made: set[str] = set()
     for module, tree in MODULES:
         for node in ast.walk(tree):
-            if not isinstance(node, ast.Raise):
+            if not isinstance(node, ast.Raise | ast.Call):
                 continue
-            for cls in _raised_classes(module, node):
-                raised.add(cls.__name__)
+            for cls in _made_classes(module, node):
+                made.add(cls.__name__)
                 if issubclass(cls, TrioAgentsError):
                     continue
                 if cls.__name__ in INTERNAL or cls.__name__ in OUTSIDE_BY_DESIGN:
                     continue
-                outside.append(f"{module.__name__}:{node.lineno} raises {cls.__qualname__}")
-    assert not outside, "raised to users but not TrioAgentsErrors:\n" + "\n".join(outside)
-    # The lists stay honest: every entry names a class the package raises, outside the tree.
+                outside.add(f"{module.__name__}:{node.lineno} makes {cls.__qualname__}")
+    assert not outside, "raised to users but not TrioAgentsErrors:\n" + "\n".join(sorted(outside))
+    # The lists stay honest: every entry names a class the package makes, outside the tree.
     for name in [*INTERNAL, *OUTSIDE_BY_DESIGN]:
-        assert name in raised, f"{name} is listed but never raised"
+        assert name in made, f"{name} is listed but never raised"
         assert not any(issubclass(cls, TrioAgentsError) for cls in EXCEPTIONS[name]), name
 
 

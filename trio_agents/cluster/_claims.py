@@ -34,6 +34,7 @@ first).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -79,60 +80,21 @@ async def claim_run(
             cannot be reached, or the placing node gave up on this start.
     """
     key = session_key(principal, session_id, run_id)
-    active = key if session_id is not None else None
     node, ttl = cluster.node_id, cluster.lease_ttl
-    queue = on_busy != "reject"
-    insert_row = (
-        "INSERT INTO trio_agents_runs (run_id, principal, session_id, session_key,"
-        " active_key, agent, options, status, owner, lease_expires_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, 'queued', %s,"
-        " now() + make_interval(secs => %s))"
-    )
 
     def values(claim: str | None) -> tuple[Any, ...]:
         """The row's values, claiming the session (``claim``) or queued (None)."""
         return (run_id, principal, session_id, key, claim, agent, json.dumps(options), node, ttl)
 
-    def insert(conn: Conn) -> tuple[str, str | None] | None:
-        if command is not None and (
-            conn.execute(
-                "SELECT 1 FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL"
-                " FOR SHARE",
-                (command,),
-            ).fetchone()
-            is None
-        ):
-            return ("-", None)  # withdrawn: its node no longer waits for this start
-        if active is not None and on_busy != "interrupt":
-            # First come, first served, as in one process (where a session goes
-            # straight from its holder to the next waiter): a session free for a moment
-            # (its holder just ended; its next run's node dead, waiting for its
-            # takeover) is not taken past the runs queued for it.
-            ahead = conn.execute(
-                "SELECT run_id, owner FROM trio_agents_runs WHERE session_key = %s"
-                " AND NOT finished AND active_key IS NULL ORDER BY created_at LIMIT 1",
-                (key,),
-            ).fetchone()
-            if ahead is not None:
-                if queue:
-                    conn.execute(insert_row, values(None))
-                return (str(ahead[0]), ahead[1])
-        row = conn.execute(
-            insert_row + " ON CONFLICT (active_key) WHERE active_key IS NOT NULL DO NOTHING"
-            " RETURNING run_id",
-            values(active),
-        ).fetchone()
-        if row is not None:
-            return None
-        holder = conn.execute(
-            "SELECT run_id, owner FROM trio_agents_runs WHERE active_key = %s", (key,)
-        ).fetchone()
-        if holder is None:
-            return ("", None)
-        if queue:  # queued: the row without the claim
-            conn.execute(insert_row, values(None))
-        return (str(holder[0]), holder[1])
-
+    insert = functools.partial(
+        _insert_run,
+        key=key,
+        claimed=values(key if session_id is not None else None),
+        queued=values(None),
+        on_busy=on_busy,
+        command=command,
+    )
+    queue = on_busy != "reject"
     while True:
         try:
             holder = await cluster.db.call(insert)
@@ -154,6 +116,68 @@ async def claim_run(
             await local.done.wait()  # its release is being written: then it is free
             continue
         raise ProtocolError("session_busy", f"session {session_id!r} has an active run")
+
+
+_INSERT_RUN = (
+    "INSERT INTO trio_agents_runs (run_id, principal, session_id, session_key,"
+    " active_key, agent, options, status, owner, lease_expires_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, 'queued', %s,"
+    " now() + make_interval(secs => %s))"
+)
+
+
+def _insert_run(
+    conn: Conn,
+    *,
+    key: str,
+    claimed: tuple[Any, ...],
+    queued: tuple[Any, ...],
+    on_busy: str,
+    command: int | None,
+) -> tuple[str, str | None] | None:
+    """:func:`claim_run`'s transaction: None when the row was inserted holding the
+    session (``claimed``: its values, ``active_key`` set when it names a session);
+    else the holder (or the first run queued) and its owner, the row inserted queued
+    (``queued``) unless ``reject``; ``("", None)`` when the holder ended between the
+    insert and the look, ``("-", None)`` when the placing node withdrew the command."""
+    if command is not None and (
+        conn.execute(
+            "SELECT 1 FROM trio_agents_commands WHERE command_id = %s AND reply IS NULL FOR SHARE",
+            (command,),
+        ).fetchone()
+        is None
+    ):
+        return ("-", None)  # withdrawn: its node no longer waits for this start
+    queue = on_busy != "reject"
+    if claimed[4] is not None and on_busy != "interrupt":
+        # First come, first served, as in one process (where a session goes straight
+        # from its holder to the next waiter): a session free for a moment (its holder
+        # just ended; its next run's node dead, waiting for its takeover) is not taken
+        # past the runs queued for it.
+        ahead = conn.execute(
+            "SELECT run_id, owner FROM trio_agents_runs WHERE session_key = %s"
+            " AND NOT finished AND active_key IS NULL ORDER BY created_at LIMIT 1",
+            (key,),
+        ).fetchone()
+        if ahead is not None:
+            if queue:
+                conn.execute(_INSERT_RUN, queued)
+            return (str(ahead[0]), ahead[1])
+    row = conn.execute(
+        _INSERT_RUN + " ON CONFLICT (active_key) WHERE active_key IS NOT NULL DO NOTHING"
+        " RETURNING run_id",
+        claimed,
+    ).fetchone()
+    if row is not None:
+        return None
+    holder = conn.execute(
+        "SELECT run_id, owner FROM trio_agents_runs WHERE active_key = %s", (key,)
+    ).fetchone()
+    if holder is None:
+        return ("", None)
+    if queue:  # queued: the row without the claim
+        conn.execute(_INSERT_RUN, queued)
+    return (str(holder[0]), holder[1])
 
 
 _AHEAD = (

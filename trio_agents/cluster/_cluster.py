@@ -14,16 +14,18 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
 
+from .._agent import Agent
 from .._items import Item, ToolCall
 from .._limits import UsageLimits
 from ..control._policies import limits_to_wire
 from ..control._protocol import ProtocolError
+from ..hosting._host import Origin
 from ._capacity import enqueue_start
 from ._claims import claim_queued, claim_run
 from ._db import ClusterDown, Database
@@ -40,12 +42,15 @@ from ._queries import (
     release_node,
     tool_start_barrier,
 )
-from ._routing import REPLY_SENT, Executor, Reply, Router, ok_reply, routed_reply
+from ._routing import Executor, Reply, Router, ok_reply, routed_reply
 from ._session import ClusterSession, session_key
 from ._takeover import Leases
 
 if TYPE_CHECKING:
+    from ..control._policies import ContextHook
+    from ..control._protocol import Limits
     from ..control._registry import Registry
+    from ._host import ClusterHost
 
 __all__ = ["ClusterStatistics", "PostgresCluster"]
 
@@ -189,6 +194,28 @@ class PostgresCluster:
             flushes=self.writer.flushes,
             reconnects=self.listener.reconnects,
         )
+
+    def _sent(self, reply: Reply | None) -> bool:
+        """Whether the op's transaction stored its routed command's answer and notified
+        the sender: then the router sends nothing more."""
+        if reply is None or reply[2] is None:
+            return False
+        self.router.answered(reply[0])
+        return True
+
+    def _host_for(
+        self,
+        agents: Mapping[str, Agent],
+        *,
+        limits: Limits | None,
+        run_options: Mapping[str, Any] | None,
+        context: ContextHook | None,
+    ) -> ClusterHost:
+        """This node as the run host a server's faces talk to (its runs, and every
+        other node's through the cluster's tables)."""
+        from ._host import ClusterHost
+
+        return ClusterHost(self, agents, limits=limits, run_options=run_options, context=context)
 
     def running(self) -> int:
         """Unfinished runs of this node."""
@@ -504,21 +531,23 @@ class PostgresCluster:
         return {"run_id": run_id}
 
     async def record_cancel(
-        self, run_id: str, reason: str | None, mode: str, command: int | None = None
-    ) -> None:
+        self, run_id: str, reason: str | None, mode: str, origin: Origin | None = None
+    ) -> bool:
         """Make an acked cancel durable: a takeover ends the run cancelled (the first
         cancel's reason and mode are kept, as :meth:`trio_agents.Run.cancel` does). A
-        routed cancel (``command``) is answered in the same transaction.
+        routed cancel (``origin``: its command) was recorded by the node that sent it;
+        its answer is stored here. Returns whether that answer was stored and sent.
 
         Raises:
             ProtocolError: ``internal`` when the database cannot be reached.
         """
-        reply = routed_reply(command, {})
+        reply = routed_reply(origin, {})
+        recorded = origin is not None and origin.command is not None
         try:
-            await record_cancel(self.db, run_id, reason, mode, reply)
+            await record_cancel(self.db, run_id, reason, mode, reply, recorded=recorded)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
-        _sent(reply)
+        return self._sent(reply)
 
     async def record_decision(
         self,
@@ -527,12 +556,13 @@ class PostgresCluster:
         *,
         approved: bool,
         message: str | None,
-        command: int | None = None,
-    ) -> None:
+        origin: Origin | None = None,
+    ) -> bool:
         """Make an approval or rejection durable before it is applied: a takeover
         applies it to the call its run asks for again instead of asking the client. A
-        routed one (``command``) is answered in the same transaction, so the node that
-        takes the run over answers from it instead of applying it again.
+        routed one (``origin``: its command) is answered in the same transaction, so the
+        node that takes the run over answers from it instead of applying it again.
+        Returns whether that answer was stored and sent.
 
         Raises:
             ProtocolError: ``not_found`` (the call has a decision already: the first
@@ -544,7 +574,7 @@ class PostgresCluster:
             raise ProtocolError(
                 "internal", "this node no longer runs the run (it is being taken over); retry"
             )
-        reply = routed_reply(command, {})
+        reply = routed_reply(origin, {})
         decision = {"approved": approved, "message": message}
         try:
             outcome = await record_decision(
@@ -560,22 +590,24 @@ class PostgresCluster:
             raise ProtocolError(
                 "internal", "this node no longer runs the run (it is being taken over); retry"
             )
-        _sent(reply)
+        return self._sent(reply)
 
     async def record_withdrawal(
-        self, run_id: str, injection_id: str, command: int | None = None
-    ) -> None:
+        self, run_id: str, injection_id: str, origin: Origin | None = None
+    ) -> bool:
         """A withdrawn injection is never injected again by a takeover; a routed
-        withdrawal (``command``) is answered in the same transaction."""
-        reply = routed_reply(command, {"withdrawn": True})
+        withdrawal (``origin``: its command) is answered in the same transaction.
+        Returns whether that answer was stored and sent."""
+        reply = routed_reply(origin, {"withdrawn": True})
         await record_withdrawal(self.db, run_id, injection_id, reply)
-        _sent(reply)
+        return self._sent(reply)
 
     async def injection_persisted(
-        self, run_id: str, injection_id: str, command: int | None = None
+        self, run_id: str, injection_id: str, origin: Origin | None = None
     ) -> None:
         """Wait (bounded) until an injection's ``inbox.injected`` event is persisted; a
-        routed injection (``command``) is answered in the transaction that persists it.
+        routed injection (``origin``: its command) is answered in the transaction that
+        persists it.
         Call it before any checkpoint after the injection (so before that flush).
 
         Raises:
@@ -584,8 +616,9 @@ class PostgresCluster:
         log = self.writer.logs.get(run_id)
         if log is None:
             return
-        if command is not None:
-            log.replies[injection_id] = (command, ok_reply({"injection_id": injection_id}))
+        if origin is not None and origin.command is not None:
+            reply = ok_reply({"injection_id": injection_id})
+            log.replies[injection_id] = (origin.command, reply)
         with trio.move_on_after(10.0):
             await log.wait_injection(injection_id)
             return
@@ -689,10 +722,3 @@ def idle_timeout(lease_ttl: float) -> float:
     ends it: half the lease (its locks are gone before the lease expires), at least 1 s
     (a loaded machine's pauses), at most 5 s (the lock timeout)."""
     return min(max(lease_ttl / 2, 1.0), 5.0)
-
-
-def _sent(reply: Reply | None) -> None:
-    """The op's transaction stored its routed command's answer and notified the
-    sender: the router sends nothing more (:data:`REPLY_SENT`)."""
-    if reply is not None and reply[2] is not None:
-        REPLY_SENT.set(True)

@@ -13,13 +13,12 @@ from .._items import ToolCall
 from ..control._protocol import ProtocolError
 from ._db import ClusterDown, Conn, Database
 from ._eventlog import Fence
-from ._routing import CANCEL_RECORDED, Reply, record_cancel_in, store_reply
+from ._routing import Reply, record_cancel_in, store_reply
 from ._schema import CHANNEL
 from ._session import RETRY_FOR
 from ._storable import refused, storable, storable_json
 
 __all__ = [
-    "CANCEL_RECORDED",
     "CLIENT_GONE",
     "decisions_of",
     "live_nodes",
@@ -174,6 +173,8 @@ async def record_cancel(
     reason: str | None,
     mode: str,
     reply: Reply | None = None,
+    *,
+    recorded: bool = False,
 ) -> None:
     """An acked cancel is durable: kept in the run's ``options`` (``"cancel"``); a
     takeover that finds it ends the run cancelled instead of continuing it.
@@ -182,9 +183,8 @@ async def record_cancel(
     acts further, so a node that takes the run over answers from it instead of
     serving the command again (it would find the run ended: ``run_closed``). The
     cancel itself was recorded by the node that sent it, before the owner saw it
-    (:data:`CANCEL_RECORDED`): then only the reply is written (a row of the commands
-    table, not the run's row, which the repair's writes need)."""
-    recorded = CANCEL_RECORDED.get()
+    (``recorded``): then only the reply is written (a row of the commands table, not
+    the run's row, which the repair's writes need)."""
     if recorded and reply is None:
         await trio.lowlevel.checkpoint()
         return

@@ -28,7 +28,7 @@ again by the next owner, which only serves commands without a reply.
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -37,6 +37,7 @@ from typing import Any, Final, final
 import trio
 
 from ..control._protocol import ProtocolError
+from ..hosting._host import Origin
 from ._capacity import cancel_unstarted_in
 from ._db import ClusterDown, Conn, Database
 from ._listener import Listener
@@ -44,10 +45,6 @@ from ._schema import CHANNEL
 from ._storable import storable_json
 
 __all__ = [
-    "CANCEL_RECORDED",
-    "REPLY_SENT",
-    "ROUTED_FROM",
-    "ROUTED_RUN",
     "ROUTE_TIMEOUT",
     "Reply",
     "Router",
@@ -71,34 +68,15 @@ limit is 8000 bytes), saving the reader a round trip; longer ones are read from 
 table."""
 
 Executor = Callable[[str, dict[str, Any], int], Awaitable[dict[str, Any]]]
-"""``execute(principal, request_json, command_id) -> ack fields``: the node's local op
-(``command_id`` lets it record its answer with its durable effect)."""
+"""``execute(principal, request_json, command_id) -> ack fields``: the node's local op.
+The command's origin, as values, is :meth:`Router.origin` of its id: the node that
+routed it, the run id it names (a placed start's chosen id) and the id under which
+the op stores its answer with its durable effect."""
 
 
 def ok_reply(fields: dict[str, Any]) -> str:
     """The stored reply of a command answered with these ack fields."""
     return json.dumps({"ok": fields})
-
-
-CANCEL_RECORDED: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "trio_agents.cluster.cancel_recorded", default=False
-)
-"""True while the owner answers a routed ``run.cancel``: the client's node recorded it
-already, in the transaction that sent it (:func:`record_cancel_in`)."""
-
-
-ROUTED_FROM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "trio_agents.cluster.routed_from", default=None
-)
-"""The node that routed the op being answered (a placed ``run.start``: the node that
-holds its client's connection)."""
-
-
-ROUTED_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "trio_agents.cluster.routed_run", default=None
-)
-"""The run id of the op being answered (a placed ``run.start``: the id its placing node
-chose, so that it can find the run if the answer never comes)."""
 
 
 def record_cancel_in(conn: Conn, run_id: str, reason: str | None, mode: str) -> None:
@@ -117,14 +95,6 @@ UNSTARTED: Final = (-1, None)
 """What a routed cancel's transaction returns when it ended a run queued for capacity
 that no node had claimed (``_capacity.cancel_unstarted_in``): nothing to route."""
 
-REPLY_SENT: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "trio_agents.cluster.reply_sent", default=False
-)
-"""Set (in the serving task) once the op being answered committed a transaction that
-stored the routed command's answer *and* notified its sender (:func:`routed_reply`), so
-the router sends no answer of its own: one transaction fewer on the path of a routed
-cancel, withdrawal or decision."""
-
 
 def reply_note(origin: str, command_id: int, reply: str) -> str:
     """The NOTIFY payload that tells ``origin`` a command is answered (the answer
@@ -135,15 +105,15 @@ def reply_note(origin: str, command_id: int, reply: str) -> str:
     return json.dumps(note)
 
 
-def routed_reply(command_id: int | None, fields: dict[str, Any]) -> Reply | None:
-    """What an op answering routed command ``command_id`` with ``fields`` stores in the
-    transaction making it durable: the reply and the NOTIFY to its sender (from
-    :data:`ROUTED_FROM`; call it in the serving task). ``None`` for a local op."""
-    if command_id is None:
+def routed_reply(origin: Origin | None, fields: dict[str, Any]) -> Reply | None:
+    """What an op answering a routed command (``origin``: its command id and the node
+    that sent it) with ``fields`` stores in the transaction making it durable: the reply
+    and the NOTIFY to its sender. ``None`` for a local op."""
+    if origin is None or origin.command is None:
         return None
     reply = ok_reply(fields)
-    origin = ROUTED_FROM.get()
-    return command_id, reply, None if origin is None else reply_note(origin, command_id, reply)
+    node = origin.node
+    return origin.command, reply, None if node is None else reply_note(node, origin.command, reply)
 
 
 Reply = tuple[int, str, str | None]
@@ -173,6 +143,10 @@ class Router:
         self.execute: Executor | None = None
         self._wakeup = trio.Event()
         self._inflight: set[int] = set()
+        # The origin of each command being answered, and those whose op stored and sent
+        # its answer itself, by command id.
+        self._origins: dict[int, Origin] = {}
+        self._answered: set[int] = set()
         self._replies: dict[Any, str] = {}
         self._nursery: trio.Nursery | None = None
         # Whether a run is this node's (set by the cluster): inline commands only then.
@@ -206,58 +180,17 @@ class Router:
                 ROUTE_TIMEOUT.
         """
         self.routed += 1
-        node = self._node_id
-        args = json.dumps(request)
-
-        def insert(conn: Conn) -> tuple[int, str | None] | None:
-            # One statement: the run must be the principal's and unfinished; its owner
-            # is read with it.
-            row = conn.execute(
-                "WITH r AS (SELECT owner FROM trio_agents_runs WHERE run_id = %(run)s"
-                " AND principal = %(p)s AND NOT finished),"
-                " ins AS (INSERT INTO trio_agents_commands"
-                " (run_id, target_node, origin_node, principal, op, args)"
-                " SELECT %(run)s, %(target)s, %(origin)s, %(p)s, %(op)s, %(args)s"
-                " WHERE %(target)s::text IS NOT NULL OR EXISTS (SELECT 1 FROM r)"
-                " RETURNING command_id)"
-                " SELECT ins.command_id, (SELECT owner FROM r) FROM ins",
-                {
-                    "run": run_id,
-                    "p": principal,
-                    "target": target_node,
-                    "origin": node,
-                    "op": request["op"],
-                    "args": args,
-                },
-            ).fetchone()
-            if row is None:
-                return None
-            command_id, owner = int(row[0]), row[1]
-            if (
-                request["op"] == "run.cancel"
-                and run_id is not None
-                and owner is None
-                and cancel_unstarted_in(conn, principal, run_id, request.get("reason"))
-            ):  # queued for capacity, claimed by no node: ended here, answered at once
-                conn.execute(
-                    "DELETE FROM trio_agents_commands WHERE command_id = %s", (command_id,)
-                )
-                return UNSTARTED
-            if request["op"] == "run.cancel" and run_id is not None:
-                # Durable before the owner sees it: the owner acks without writing it.
-                record_cancel_in(
-                    conn, run_id, request.get("reason"), request.get("mode", "immediate")
-                )
-            note: dict[str, Any] = {"k": "cmd", "n": target_node or owner}
-            if len(args) < _INLINE:  # the owner can serve it without reading the row
-                note.update(c=command_id, r=run_id, p=principal, a=request, o=node)
-                if target_node is not None:
-                    note["t"] = 1  # addressed to that node: served there in any case
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(note)))
-            return command_id, owner
-
         try:
-            inserted = await self._db.call(insert)
+            inserted = await self._db.call(
+                functools.partial(
+                    _insert_command,
+                    principal=principal,
+                    request=request,
+                    run_id=run_id,
+                    target_node=target_node,
+                    origin=self._node_id,
+                )
+            )
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         if inserted is None:
@@ -268,6 +201,24 @@ class Router:
         # A start placed on target_node (an op addressed to a node for a run without a
         # row, a child run of a tree there, is not one).
         placed = run_id if target_node is not None and request["op"] == "run.start" else None
+        reply = await self._wait_reply(principal, command_id, placed)
+        if reply is None:
+            raise ProtocolError(
+                "internal",
+                "the node running this run did not answer (it may be being taken over); retry",
+            )
+        answer = json.loads(reply)
+        if "error" in answer:
+            code, message = answer["error"]
+            raise ProtocolError(code, message)
+        data: dict[str, Any] = answer["ok"]
+        return data
+
+    async def _wait_reply(self, principal: str, command_id: int, placed: str | None) -> str | None:
+        """The answer to ``command_id`` (None: none within ROUTE_TIMEOUT, and the
+        command withdrawn). A placed start (``placed``: its run id) is settled when no
+        answer comes, or when the wait is cut: it took effect if and only if its run's
+        row exists."""
 
         def withdraw(conn: Conn) -> str | None:
             gone = conn.execute(
@@ -300,36 +251,31 @@ class Router:
         try:
             with trio.move_on_after(ROUTE_TIMEOUT):
                 while reply is None:
-                    with self._listener.watch(("reply", command_id)) as wake:
-                        reply = self._replies.pop(command_id, None)
-                        if reply is None:
-                            with trio.move_on_after(_REPLY_POLL):
-                                await wake.wait()
-                            reply = self._replies.pop(command_id, None)
-                    if reply is None:  # not inline (too long), or its NOTIFY was lost
-                        with contextlib.suppress(ClusterDown):
-                            reply = await self._db.call(lambda conn: _reply(conn, command_id))
+                    reply = await self._poll_reply(command_id)
         except BaseException:
             if placed is not None:
                 # A placed start cut here (its connection aborted): settled before
                 # this node goes on, so that the run exists if and only if it started
                 # (the caller then treats it as placed: its client's disconnect
-                # cancels it, ``control._ops.run_start``).
+                # cancels it, ``ClusterHost._place``).
                 await settle()
             raise
         if reply is None:
             reply = await settle()
-        if reply is None:
-            raise ProtocolError(
-                "internal",
-                "the node running this run did not answer (it may be being taken over); retry",
-            )
-        answer = json.loads(reply)
-        if "error" in answer:
-            code, message = answer["error"]
-            raise ProtocolError(code, message)
-        data: dict[str, Any] = answer["ok"]
-        return data
+        return reply
+
+    async def _poll_reply(self, command_id: int) -> str | None:
+        """The answer, from its NOTIFY (inline) or, after a bounded wait, its row."""
+        with self._listener.watch(("reply", command_id)) as wake:
+            reply = self._replies.pop(command_id, None)
+            if reply is None:
+                with trio.move_on_after(_REPLY_POLL):
+                    await wake.wait()
+                reply = self._replies.pop(command_id, None)
+        if reply is None:  # not inline (too long), or its NOTIFY was lost
+            with contextlib.suppress(ClusterDown):
+                reply = await self._db.call(lambda conn: _reply(conn, command_id))
+        return reply
 
     async def _refusal(self, principal: str, run_id: str | None) -> ProtocolError:
         def look(conn: Conn) -> bool | None:
@@ -438,11 +384,12 @@ class Router:
         try:
             assert self.execute is not None
             request = json.loads(args)
-            # A routed cancel was recorded by its sender (Router.send).
-            CANCEL_RECORDED.set(request.get("op") == "run.cancel")
-            ROUTED_FROM.set(origin)
-            ROUTED_RUN.set(run_id)
-            REPLY_SENT.set(False)
+            # The command's origin, as values the op reads by the command's id: it
+            # stores its answer under that id and notifies the node that sent it (a
+            # routed cancel was recorded by its sender already, Router.send).
+            self._origins[command_id] = Origin(
+                principal=principal, node=origin, run_id=run_id, command=command_id
+            )
             try:
                 fields = await self.execute(principal, request, command_id)
                 answer: dict[str, Any] = {"ok": fields}
@@ -452,7 +399,7 @@ class Router:
                 logger.exception("routed command %s failed", command_id)
                 answer = {"error": ["internal", "internal error"]}
             self.served += 1
-            if REPLY_SENT.get():
+            if command_id in self._answered:
                 return  # stored and sent with the op's own durable effect
             text = json.dumps(answer)
             note = reply_note(origin, command_id, text)
@@ -472,6 +419,76 @@ class Router:
                     backoff = min(backoff * 2, 2.0)
         finally:
             self._inflight.discard(command_id)
+            self._origins.pop(command_id, None)
+            self._answered.discard(command_id)
+
+    def origin(self, command_id: int) -> Origin:
+        """Where the command this node is answering comes from (see :data:`Executor`)."""
+        return self._origins[command_id]
+
+    def answered(self, command_id: int) -> None:
+        """The op answering ``command_id`` stored its answer and notified its sender in
+        its own transaction: the router sends nothing more (one transaction fewer on
+        the path of a routed cancel, withdrawal or decision)."""
+        if command_id in self._origins:
+            self._answered.add(command_id)
+
+
+def _insert_command(
+    conn: Conn,
+    *,
+    principal: str,
+    request: dict[str, Any],
+    run_id: str | None,
+    target_node: str | None,
+    origin: str,
+) -> tuple[int, str | None] | None:
+    """Insert a routed command (and record a routed cancel) in one transaction;
+    returns its id and the run's owner, :data:`UNSTARTED` for a cancel that ended a
+    run queued for capacity at once, None when the run is not the principal's
+    unfinished run."""
+    args = json.dumps(request)
+    # One statement: the run must be the principal's and unfinished; its owner
+    # is read with it.
+    row = conn.execute(
+        "WITH r AS (SELECT owner FROM trio_agents_runs WHERE run_id = %(run)s"
+        " AND principal = %(p)s AND NOT finished),"
+        " ins AS (INSERT INTO trio_agents_commands"
+        " (run_id, target_node, origin_node, principal, op, args)"
+        " SELECT %(run)s, %(target)s, %(origin)s, %(p)s, %(op)s, %(args)s"
+        " WHERE %(target)s::text IS NOT NULL OR EXISTS (SELECT 1 FROM r)"
+        " RETURNING command_id)"
+        " SELECT ins.command_id, (SELECT owner FROM r) FROM ins",
+        {
+            "run": run_id,
+            "p": principal,
+            "target": target_node,
+            "origin": origin,
+            "op": request["op"],
+            "args": args,
+        },
+    ).fetchone()
+    if row is None:
+        return None
+    command_id, owner = int(row[0]), row[1]
+    if (
+        request["op"] == "run.cancel"
+        and run_id is not None
+        and owner is None
+        and cancel_unstarted_in(conn, principal, run_id, request.get("reason"))
+    ):  # queued for capacity, claimed by no node: ended here, answered at once
+        conn.execute("DELETE FROM trio_agents_commands WHERE command_id = %s", (command_id,))
+        return UNSTARTED
+    if request["op"] == "run.cancel" and run_id is not None:
+        # Durable before the owner sees it: the owner acks without writing it.
+        record_cancel_in(conn, run_id, request.get("reason"), request.get("mode", "immediate"))
+    note: dict[str, Any] = {"k": "cmd", "n": target_node or owner}
+    if len(args) < _INLINE:  # the owner can serve it without reading the row
+        note.update(c=command_id, r=run_id, p=principal, a=request, o=origin)
+        if target_node is not None:
+            note["t"] = 1  # addressed to that node: served there in any case
+    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(note)))
+    return command_id, owner
 
 
 def _reply(conn: Conn, command_id: int) -> str | None:

@@ -675,25 +675,8 @@ async def connect(
             within ``connect_timeout``) or the server refused the handshake
             (``code="rejected"``, ``status_code``).
     """
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
-    host = parts.hostname
-    port = parts.port or (443 if parts.scheme == "wss" else 80)
-    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     connect_deadline = trio.current_time() + connect_timeout
-    try:
-        stream: trio.abc.Stream
-        with trio.fail_at(connect_deadline):
-            stream = await _open_stream(parts.scheme, host, port, ssl_context)
-    except trio.TooSlowError:
-        raise ControlConnectionError(
-            "connect_failed", f"no connection to {host}:{port} within {connect_timeout:g} s"
-        ) from None
-    except OSError as exc:
-        raise ControlConnectionError(
-            "connect_failed", f"could not connect to {host}:{port}: {exc}"
-        ) from exc
+    stream, host, port, resource = await _dial(url, ssl_context, connect_deadline, connect_timeout)
     guarded = GuardedStream(stream)
     body_error: BaseException | None = None
     try:
@@ -732,25 +715,62 @@ async def connect(
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        others = [e for e in leaves if e is not body_error and not isinstance(e, trio.Cancelled)]
-        if len(others) == 1 and isinstance(others[0], ControlConnectionError):
-            raise others[0] from None
-        if len(others) == 1 and isinstance(others[0], ConnectionRejected):
-            rejected = others[0]
-            raise ControlConnectionError(
-                "rejected",
-                f"the server refused the handshake with HTTP {rejected.status_code}",
-                status_code=rejected.status_code,
-            ) from None
-        if others:
-            raise
-        if body_error is not None:
-            raise body_error from None
-        raise leaves[0] from None
+        raise _connection_error(group, body_error) from None
     finally:
         with trio.CancelScope(shield=True):
             await guarded.aclose()
+
+
+async def _dial(
+    url: str, ssl_context: ssl.SSLContext | None, deadline: float, allowed: float
+) -> tuple[trio.abc.Stream, str, int, str]:
+    """The TCP (or TLS) stream to ``url``'s server, opened by ``deadline`` (``allowed``
+    seconds after the connect began); with the host, port and resource of the URL.
+
+    Raises:
+        ValueError: not a ws:// or wss:// URL.
+        ControlConnectionError: ``connect_failed``.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
+    host = parts.hostname
+    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        with trio.fail_at(deadline):
+            stream = await _open_stream(parts.scheme, host, port, ssl_context)
+    except trio.TooSlowError:
+        raise ControlConnectionError(
+            "connect_failed", f"no connection to {host}:{port} within {allowed:g} s"
+        ) from None
+    except OSError as exc:
+        raise ControlConnectionError(
+            "connect_failed", f"could not connect to {host}:{port}: {exc}"
+        ) from exc
+    return stream, host, port, resource
+
+
+def _connection_error(group: BaseExceptionGroup, body_error: BaseException | None) -> BaseException:
+    """What leaving :func:`connect`'s nursery with ``group`` raises: the block's own
+    exception, the connection's error (a refused handshake as ``rejected``), or the
+    group itself when it holds anything else."""
+    leaves = _leaves(group)
+    others = [e for e in leaves if e is not body_error and not isinstance(e, trio.Cancelled)]
+    if len(others) == 1 and isinstance(others[0], ControlConnectionError):
+        return others[0]
+    if len(others) == 1 and isinstance(others[0], ConnectionRejected):
+        rejected = others[0]
+        return ControlConnectionError(
+            "rejected",
+            f"the server refused the handshake with HTTP {rejected.status_code}",
+            status_code=rejected.status_code,
+        )
+    if others:
+        return group
+    if body_error is not None:
+        return body_error
+    return leaves[0]
 
 
 async def _open_stream(

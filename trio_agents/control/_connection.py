@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any, final
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from .. import EventsDropped, RunEvent, RunUpdated
 from ._ops import serve_request
-from ._protocol import ProtocolError, error_frame, event_frame, tree_event_frame
-from ._registry import Registry, RunEntry
+from ._protocol import ProtocolError, error_frame
 from ._requests import parse_request
 from ._stream import GuardedStream
 
 if TYPE_CHECKING:
+    from ..hosting import LocalHost
     from ._server import ControlServer
 
 __all__ = ["Connection"]
@@ -40,24 +39,21 @@ class Connection:
     def __init__(
         self,
         server: ControlServer,
-        registry: Registry,
+        host: LocalHost,
         ws: WebSocketConnection,
         stream: GuardedStream,
         principal: str,
     ) -> None:
         self.server = server
-        self.registry = registry
+        self.host = host
         self.ws = ws
         self.stream = stream
         self.principal = principal
-        self.limits = registry.limits
+        self.limits = host.limits
         self.subscriptions: dict[str, trio.CancelScope] = {}
         # Tree subscriptions (§17), by the id of the run whose subtree they follow: apart
         # from the plain ones, as a client may want both for one run.
         self.tree_subscriptions: dict[str, trio.CancelScope] = {}
-        self._remote: set[str] = set()  # subscriptions followed from a cluster's log
-        self.owned: set[RunEntry] = set()
-        self.placed: set[str] = set()  # its runs on other nodes, on_disconnect="cancel"
         self._out_send, self._out_receive = trio.open_memory_channel[str | None](
             self.limits.outbound_queue_size
         )
@@ -71,10 +67,6 @@ class Connection:
         """Stop reading requests; the connection then flushes and closes with 1001."""
         self._shutting_down = True
         self._reader_scope.cancel()
-        # A cluster's node hands its runs over: subscriptions end where this node's
-        # part of them does (the client re-subscribes elsewhere from the next seq).
-        for run_id in list(self._remote):
-            self.unsubscribe(run_id)
 
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -191,28 +183,32 @@ class Connection:
                 " per connection",
             )
 
-    def subscribe(self, entry: RunEntry, from_seq: int | None, mode: str) -> None:
-        """(Re)subscribe to a run; a second subscription to it replaces the first."""
-        self.unsubscribe(entry.run_id)
-        scope = trio.CancelScope()
-        self.subscriptions[entry.run_id] = scope
-        self.start_soon(self._forward, entry, from_seq, mode, scope)
+    @property
+    def placed(self) -> set[str]:
+        """The ids of the runs with ``on_disconnect="cancel"`` it started on other nodes
+        of a cluster (kept by the host: its disconnect cancels them there)."""
+        record = self.host._owned_by(self)
+        return set() if record is None else record.placed
+
+    async def subscribe(
+        self, run_id: str, from_seq: int | None, mode: str, *, tree: bool = False
+    ) -> trio.Event:
+        """(Re)subscribe to a run (to its subtree with ``tree``); a second subscription
+        to it replaces the first. Raises the host's refusal (``not_found``, ...) or
+        ``limit_exceeded`` before anything is sent; returns the event to set once the
+        ``ack`` is queued, after which the run's events follow."""
+        assert self._nursery is not None
+        ready = trio.Event()
+        await self._nursery.start(self._forward, run_id, from_seq, mode, tree, ready)
+        return ready
 
     def unsubscribe(self, run_id: str) -> bool:
         scope = self.subscriptions.pop(run_id, None)
-        self._remote.discard(run_id)
         if scope is None:
             return False
         scope.cancel()
         self._subscriptions_changed.set()
         return True
-
-    def subscribe_tree(self, entry: RunEntry, mode: str) -> None:
-        """(Re)subscribe to a run's subtree (``run.subscribe`` with ``"tree": true``)."""
-        self.unsubscribe_tree(entry.run_id)
-        scope = trio.CancelScope()
-        self.tree_subscriptions[entry.run_id] = scope
-        self.start_soon(self._forward_tree, entry, mode, scope)
 
     def unsubscribe_tree(self, run_id: str) -> bool:
         scope = self.tree_subscriptions.pop(run_id, None)
@@ -222,129 +218,57 @@ class Connection:
         self._subscriptions_changed.set()
         return True
 
-    def subscribe_remote(self, run_id: str, from_seq: int | None, mode: str) -> None:
-        """Follow a run of another node (a cluster) from its persisted event log."""
-        self.unsubscribe(run_id)
-        scope = trio.CancelScope()
-        self.subscriptions[run_id] = scope
-        self._remote.add(run_id)
-        self.start_soon(self._follow, run_id, from_seq, mode, scope)
-
-    async def _follow(
-        self, run_id: str, from_seq: int | None, mode: str, scope: trio.CancelScope
-    ) -> None:
-        cluster = self.registry.cluster
-        assert cluster is not None
-        try:
-            with scope:
-                await cluster.follow(run_id, from_seq, mode, self.send)
-        except Exception:
-            logger.exception("following the events of %s failed", run_id)
-        finally:
-            if self.subscriptions.get(run_id) is scope:
-                del self.subscriptions[run_id]
-                self._remote.discard(run_id)
-            self._subscriptions_changed.set()
-
     async def _forward(
-        self, entry: RunEntry, from_seq: int | None, mode: str, scope: trio.CancelScope
+        self,
+        run_id: str,
+        from_seq: int | None,
+        mode: str,
+        tree: bool,
+        ready: trio.Event,
+        *,
+        task_status: trio.TaskStatus[None],
     ) -> None:
-        assert entry.run is not None
-        sent: list[int] = []  # the seq of the last event queued, once there is one
+        """One subscription: its events (the host's, in order, each once) as frames,
+        until the run's terminal update, an unsubscribe or the connection's end."""
+        subscriptions = self.tree_subscriptions if tree else self.subscriptions
+        scope = trio.CancelScope()
+        registered = False
         try:
             with scope:
-                # Every event that is ready in one list (one checkpoint per list, not per
-                # event: a model's network read often carries many deltas); each event
-                # still passes the same checks, in order, before it is queued.
-                async for batch in entry.run.events(from_seq).batches():
-                    if not await self._forward_batch(entry, entry.fence, batch, mode, sent):
-                        # A cluster: this node's attempt stopped (lease lost) and the run
-                        # goes on elsewhere. The client is still subscribed: follow the
-                        # run's persisted log from the first seq it was not sent (this
-                        # attempt's unsent persisted events, then the next attempt's).
-                        # Not while this node stops: its connections close (1001) and
-                        # their clients re-subscribe elsewhere.
-                        cluster = self.registry.cluster
-                        if (
-                            cluster is not None
-                            and not self._shutting_down
-                            and self.subscriptions.get(entry.run_id) is scope
-                        ):
-                            self._remote.add(entry.run_id)
-                            start = sent[-1] + 1 if sent else from_seq
-                            await cluster.follow(entry.run_id, start, mode, self.send)
-                        break
+                async with self.host.events(
+                    self.principal,
+                    run_id,
+                    from_seq=from_seq,
+                    tree=tree,
+                    status_only=mode == "status",
+                ) as events:
+                    if tree:
+                        self.check_subscription_room(None, tree=run_id)
+                        self.unsubscribe_tree(run_id)
+                    else:
+                        self.check_subscription_room(run_id)
+                        self.unsubscribe(run_id)
+                    subscriptions[run_id] = scope
+                    registered = True
+                    task_status.started()
+                    await ready.wait()
+                    async for hosted in events:
+                        frame = {
+                            "type": "event",
+                            "run_id": hosted.run_id,
+                            "seq": hosted.seq,
+                            "event": hosted.event,
+                        }
+                        if tree:
+                            frame["tree"] = run_id
+                        await self._queue(frame)
         except Exception:
-            logger.exception("forwarding the events of %s failed", entry.run_id)
+            if not registered:
+                raise  # the subscription's refusal: the op answers it
+            logger.exception("forwarding the events of %s failed", run_id)
         finally:
-            if self.subscriptions.get(entry.run_id) is scope:
-                del self.subscriptions[entry.run_id]
-                self._remote.discard(entry.run_id)
-            self._subscriptions_changed.set()
-
-    async def _forward_batch(
-        self, entry: RunEntry, fence: Any, batch: list[RunEvent], mode: str, sent: list[int]
-    ) -> bool:
-        """Queue the frames of ``batch``'s events; False once the run goes on elsewhere."""
-        for event in batch:
-            if (
-                fence is not None
-                and fence.closed
-                and (fence.fence_seq is None or event.seq > fence.fence_seq)
-            ):
-                return False  # not this node's: the run goes on elsewhere
-            if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
-                continue
-            if entry.log is not None and entry.log.persisted_seq < event.seq:
-                # A cluster: an event is sent once persisted, so a client never sees an
-                # event a crash of this node could lose (the next attempt would reuse its
-                # seq), and a terminal status only once the session is released
-                # cluster-wide (the next run.start on any node finds it free, as in one
-                # process).
-                await entry.log.wait_persisted(event.seq)
-                if entry.log.persisted_seq < event.seq:
-                    return False  # this attempt stopped writing: the run goes on elsewhere
-            await self._queue(event_frame(event))
-            if sent:
-                sent[0] = event.seq
-            else:
-                sent.append(event.seq)
-        return True
-
-    async def _forward_tree(self, entry: RunEntry, mode: str, scope: trio.CancelScope) -> None:
-        """Send the events of ``entry``'s subtree, merged, until its terminal update.
-
-        With a cluster, the run's own events are sent once persisted, as on a plain
-        subscription; its descendants' are not in the cluster's log (a tree lives on
-        its root's node) and are sent as they happen. Once this node's attempt of the
-        tree stops (lease lost, hand-over), the subscription ends: the client
-        subscribes again where the tree goes on.
-        """
-        assert entry.run is not None
-        log = entry.log  # None for a child run, and without a cluster
-        fence = entry.tree.fence
-        try:
-            with scope:
-                async for event in entry.run.events(tree=True):
-                    own = event.run_id == entry.run_id
-                    if (
-                        fence is not None
-                        and fence.closed
-                        and (not own or fence.fence_seq is None or event.seq > fence.fence_seq)
-                    ):
-                        break  # not this node's: the tree goes on elsewhere
-                    if mode == "status" and not isinstance(event, RunUpdated | EventsDropped):
-                        continue
-                    if own and log is not None and log.persisted_seq < event.seq:
-                        await log.wait_persisted(event.seq)
-                        if log.persisted_seq < event.seq:
-                            break  # this attempt stopped writing: the tree goes on elsewhere
-                    await self._queue(tree_event_frame(event, entry.run_id))
-        except Exception:
-            logger.exception("forwarding the tree events of %s failed", entry.run_id)
-        finally:
-            if self.tree_subscriptions.get(entry.run_id) is scope:
-                del self.tree_subscriptions[entry.run_id]
+            if registered and subscriptions.get(run_id) is scope:
+                del subscriptions[run_id]
             self._subscriptions_changed.set()
 
     async def _queue(self, frame: Mapping[str, Any]) -> None:

@@ -115,9 +115,6 @@ async def start_run(
     (``internal``) leaves nothing behind: no session claimed, no row, no run.
     """
     assert registry.nursery is not None
-    state = registry.state_of(principal)
-    memory: MeteredSession | None = None
-    session: Session | None = None
     run_id = run_id or f"run_{uuid.uuid4().hex}"
     extra: dict[str, Any] = {}
     if limits is not None:
@@ -127,39 +124,27 @@ async def start_run(
             run_id=run_id, agent=agent_name, session_id=session_id, input=items, limits=limits
         )
         extra["context"] = await call_context_hook(registry.context_hook, principal, info)
-    fence: Any = None
     cluster = registry.cluster
-    behind: str | None = None
     if cluster is not None:
         if client_node is None and owner is not None and on_disconnect == "cancel":
             client_node = cluster.node_id
-        behind = await cluster.claim(
-            run_id=run_id,
-            principal=principal,
-            session_id=session_id,
-            agent=agent_name,
-            on_busy=on_busy,
-            cancel_holder=lambda holder, node: supersede(registry, principal, holder, node),
-            items=items,
+        session, behind = await _claim(
+            registry,
+            principal,
+            run_id,
+            agent_name,
+            items,
+            session_id,
+            on_busy,
+            extra,
             client_node=client_node,
             command=command,
             limits=limits,
         )
-        cluster_session = cluster.session(principal, session_id, run_id)
-        session, fence = cluster_session, cluster_session.fence
-        extra["before_tool"] = cluster.before_tool(run_id, 1, fence)
-    elif session_id is not None:
-        if registry.session_factory is None:
-            memory = state.sessions.acquire(session_id)
-            if memory is None:
-                raise ProtocolError(
-                    "limit_exceeded",
-                    f"in-memory sessions of this principal hold over"
-                    f" {registry.limits.max_session_bytes_per_principal} bytes in active runs",
-                )
-            session = memory
-        else:
-            session = ScopedSession(registry.session_factory(principal, session_id), principal)
+        memory = None
+    else:
+        session, memory = _local_session(registry, principal, session_id)
+        behind = None
     entry = RunEntry(
         run_id=run_id,
         principal=principal,
@@ -169,9 +154,82 @@ async def start_run(
         owner=owner,
         input_bytes=input_bytes,
         memory=memory,
-        fence=fence,
+        fence=None if cluster is None else session.fence,
     )
     registry.register(entry)
+    await _launch(registry, entry, items, session, on_busy, extra, behind, client_node)
+    return entry
+
+
+async def _claim(
+    registry: Registry,
+    principal: str,
+    run_id: str,
+    agent_name: str,
+    items: tuple[Item, ...],
+    session_id: str | None,
+    on_busy: str,
+    extra: dict[str, Any],
+    *,
+    client_node: str | None,
+    command: int | None,
+    limits: UsageLimits | None,
+) -> tuple[Any, str | None]:
+    """A cluster's run: its session claimed cluster-wide (``trio_agents.cluster._claims``)
+    and its row inserted; returns its cluster session and the run it queues behind
+    (None: the session is its own)."""
+    cluster = registry.cluster
+    assert cluster is not None
+    behind = await cluster.claim(
+        run_id=run_id,
+        principal=principal,
+        session_id=session_id,
+        agent=agent_name,
+        on_busy=on_busy,
+        cancel_holder=lambda holder, node: supersede(registry, principal, holder, node),
+        items=items,
+        client_node=client_node,
+        command=command,
+        limits=limits,
+    )
+    session = cluster.session(principal, session_id, run_id)
+    extra["before_tool"] = cluster.before_tool(run_id, 1, session.fence)
+    return session, behind
+
+
+def _local_session(
+    registry: Registry, principal: str, session_id: str | None
+) -> tuple[Session | None, MeteredSession | None]:
+    """The session of a run of one process: none, the principal's in-memory one
+    (metered, and its holder), or the factory's (scoped to its principal)."""
+    if session_id is None:
+        return None, None
+    if registry.session_factory is None:
+        memory = registry.state_of(principal).sessions.acquire(session_id)
+        if memory is None:
+            raise ProtocolError(
+                "limit_exceeded",
+                f"in-memory sessions of this principal hold over"
+                f" {registry.limits.max_session_bytes_per_principal} bytes in active runs",
+            )
+        return memory, memory
+    return ScopedSession(registry.session_factory(principal, session_id), principal), None
+
+
+async def _launch(
+    registry: Registry,
+    entry: RunEntry,
+    items: tuple[Item, ...],
+    session: Any,
+    on_busy: str,
+    extra: dict[str, Any],
+    behind: str | None,
+    client_node: str | None,
+) -> None:
+    """Start the run's task (the entry is registered); a run that does not start is
+    forgotten (and, in a cluster, its row and claim too)."""
+    assert registry.nursery is not None
+    cluster = registry.cluster
     gate: SessionClaim | None = None
     policy = on_busy  # the client's, for the cluster-wide claim
     if cluster is not None:
@@ -181,11 +239,14 @@ async def start_run(
         if behind is not None:
             gate, on_busy = _gate(entry, session), "enqueue"
     try:
+        agent = registry.agents[entry.agent]
         entry.run = await registry.nursery.start(
-            _run_task, registry, entry, registry.agents[agent_name], items, session, on_busy, extra
+            _run_task, registry, entry, agent, items, session, on_busy, extra
         )
     except SessionBusyError:
-        raise ProtocolError("session_busy", f"session {session_id!r} has an active run") from None
+        raise ProtocolError(
+            "session_busy", f"session {entry.session_id!r} has an active run"
+        ) from None
     except (TypeError, ValueError) as exc:  # the input is not a valid conversation
         raise ProtocolError("invalid_request", str(exc)) from None
     finally:
@@ -194,12 +255,11 @@ async def start_run(
                 gate.release()
             registry.end(entry, retain=False)
             if cluster is not None:
-                await cluster.forget(run_id)
+                await cluster.forget(entry.run_id)
     if cluster is not None:
-        entry.log = cluster.track(entry.run, run_id, 1, 1, fence, client_node)
+        entry.log = cluster.track(entry.run, entry.run_id, 1, 1, entry.fence, client_node)
     if gate is not None:
         registry.nursery.start_soon(_claim_later, registry, entry, gate, policy, behind, None)
-    return entry
 
 
 def _gate(entry: RunEntry, session: Any) -> SessionClaim:

@@ -35,15 +35,15 @@ from .. import Agent
 from .._util import first_leaf, leaves, only_cancelled
 from ._auth import Auth, check_handshake
 from ._connection import Connection
-from ._hosting import closing, disconnected
 from ._policies import ContextHook
 from ._protocol import SUBPROTOCOL, Limits
-from ._registry import PrincipalStatistics, Registry, RunEntry
+from ._registry import PrincipalStatistics
 from ._sessions import SessionFactory, sqlite_sessions
 from ._stream import GuardedStream
 
 if TYPE_CHECKING:
     from ..cluster import PostgresCluster
+    from ..hosting import LocalHost
 
 __all__ = [
     "Auth",
@@ -137,9 +137,9 @@ class ControlServer:
                     " contexts and Limits(max_run_limits=...) for limits"
                 )
         if cluster is not None:
-            from ..cluster import PostgresCluster
-
-            if not isinstance(cluster, PostgresCluster):
+            # Any cluster object that makes a host of its node (a PostgresCluster): this
+            # face never imports the cluster layer.
+            if not callable(getattr(cluster, "_host_for", None)):
                 raise TypeError("cluster must be a PostgresCluster")
             if sessions is not None:
                 raise ValueError(
@@ -166,9 +166,25 @@ class ControlServer:
             session_factory = sessions
         else:
             raise TypeError("sessions must be None, a path or a callable")
-        self._registry = Registry(dict(agents), limits, session_factory, dict(run_options or {}))
-        self._registry.cluster = cluster
-        self._registry.context_hook = context
+        # The run host every face of this server shares: one process's, or, with a
+        # cluster, this node's of the cluster.
+        self._host: LocalHost
+        if cluster is not None:
+            self._host = cluster._host_for(
+                agents, limits=limits, run_options=run_options, context=context
+            )
+        else:
+            # Imported here: the hosting layer's local host is still built over this
+            # package's registry and run tasks (importing it first imports this package).
+            from ..hosting import LocalHost
+
+            self._host = LocalHost(
+                agents,
+                sessions=session_factory,
+                limits=limits,
+                run_options=run_options,
+                context=context,
+            )
         self._cluster = cluster
 
         self.port: int | None = None
@@ -180,6 +196,13 @@ class ControlServer:
         self.shutdown_deadline = float("inf")
 
     @property
+    def host(self) -> LocalHost:
+        """The server's run host (:class:`~trio_agents.hosting.LocalHost`): the same
+        registry the websocket channel serves, for the other faces (HTTP + SSE, A2A,
+        AG-UI) of the same server. Served by :meth:`serve` (do not serve it again)."""
+        return self._host
+
+    @property
     def cluster(self) -> PostgresCluster | None:
         """The cluster this server is a node of, if any."""
         return self._cluster
@@ -187,15 +210,20 @@ class ControlServer:
     @property
     def limits(self) -> Limits:
         """The server's :class:`Limits`."""
-        return self._registry.limits
+        return self._host.limits
+
+    @property
+    def _registry(self) -> Any:
+        # The host's run registry (what tests of the cluster's internals look into).
+        return self._host._registry
 
     def statistics(self) -> ControlServerStatistics:
         """Counts of connections, runs, subscriptions and memory, for monitoring."""
-        registry = self._registry
+        runs = self._host.statistics()
         return ControlServerStatistics(
             connections=len(self._connections),
-            active_runs=registry.active_count,
-            retained_runs=len(registry.runs) - registry.active_count,
+            active_runs=runs.active_runs,
+            retained_runs=runs.retained_runs,
             subscriptions=sum(
                 len(c.subscriptions) + len(c.tree_subscriptions) for c in self._connections
             ),
@@ -203,7 +231,7 @@ class ControlServer:
 
     def principal_statistics(self, principal: str) -> PrincipalStatistics:
         """What one principal holds: runs, retained bytes, in-memory sessions."""
-        return self._registry.principal_statistics(principal)
+        return self._host.principal_statistics(principal)
 
     # ------------------------------------------------------------------ serving
 
@@ -230,14 +258,8 @@ class ControlServer:
         self.port = listeners[0].socket.getsockname()[1]
         try:
             async with trio.open_nursery() as nursery:
-                self._registry.nursery = nursery
-                # Shielded: the node's tasks (event writer, router, leases) outlive the
-                # cancellation until the shutdown has handed the runs over.
-                cluster_scope = trio.CancelScope(shield=True)
-                if self._cluster is not None:
-                    await nursery.start(self._serve_cluster, cluster_scope)
-                reaper_scope = trio.CancelScope()
-                nursery.start_soon(self._reaper, reaper_scope)
+                # The host's runs (and, with a cluster, the node's tasks) and its reaper.
+                stop_host = await self._host._open(nursery)
                 nursery.start_soon(self._serve_connections, listeners)
                 task_status.started(self.port)
                 try:
@@ -245,8 +267,7 @@ class ControlServer:
                 finally:
                     with trio.CancelScope(shield=True):
                         await self._shutdown()
-                    reaper_scope.cancel()
-                    cluster_scope.cancel()
+                    stop_host()
         except BaseExceptionGroup as group:
             if only_cancelled(group):
                 raise first_leaf(group) from None
@@ -257,25 +278,6 @@ class ControlServer:
                 for listener in listeners:
                     await listener.aclose()
         raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _serve_cluster(
-        self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
-    ) -> None:
-        from ._ops import execute_routed
-
-        cluster = self._cluster
-        assert cluster is not None
-        registry = self._registry
-
-        async def execute(principal: str, data: dict[str, Any], command: int) -> dict[str, Any]:
-            return await execute_routed(registry, principal, data, command)
-
-        with scope:
-            await cluster.serve_node(registry, execute, task_status=task_status)
-
-    async def _reaper(self, scope: trio.CancelScope) -> None:
-        with scope:
-            await self._registry.reaper()
 
     async def _serve_connections(self, listeners: list[trio.SocketListener]) -> None:
         try:
@@ -292,43 +294,21 @@ class ControlServer:
 
     async def _shutdown(self) -> None:
         """The bounded, shielded shutdown (see :meth:`serve`)."""
-        registry = self._registry
-        registry.closing = True
-        self.shutdown_deadline = trio.current_time() + registry.limits.shutdown_timeout
+        host = self._host
+        self.shutdown_deadline = host._begin_shutdown()
         self._accept_scope.cancel()
-        # Every run the server had, and any a cluster's scan in flight resumes meanwhile
-        # (the hand-over waits for that scan): none may outlive the shutdown.
-        known: dict[RunEntry, None] = dict.fromkeys(registry.runs.values())
-
-        def entries() -> list[RunEntry]:
-            known.update(dict.fromkeys(registry.runs.values()))
-            return list(known)
-
-        async def cancel_runs() -> None:
-            for entry in entries():
-                if entry.run is not None and not entry.done.is_set():
-                    entry.run.cancel("server shutdown")
-
-        cluster = self._cluster
-        if cluster is not None and not cluster.dead:
-            with trio.move_on_at(self.shutdown_deadline):
-                # The connections close: their on_disconnect="cancel" runs end.
-                await closing(registry, list(self._connections))
-                # Hand the runs over: fenced first, so their cancellation here persists
-                # nothing, then released to the other nodes at once.
-                await cluster.hand_over(cancel_runs)
-        await cancel_runs()
+        # Every run is stopped (a cluster's node: the connections' on_disconnect="cancel"
+        # runs cancelled, the rest handed over to the other nodes)...
+        await host._stop_runs(self.shutdown_deadline)
+        # ... then the connections flush their subscriptions' terminal events and close.
         for connection in list(self._connections):
             connection.begin_shutdown()
-        with trio.move_on_at(self.shutdown_deadline):
-            for entry in entries():
-                await entry.done.wait()
+        await host._wait_runs(self.shutdown_deadline)
         with trio.move_on_at(self.shutdown_deadline + 1.0):
             await self._connections_done.wait()
         # Past the bound: force whatever is left.
         self._connections_scope.cancel()
-        for entry in entries():
-            entry.host_scope.cancel()
+        host._force()
 
     # -------------------------------------------------------------- connections
 
@@ -336,7 +316,7 @@ class ControlServer:
         """Serve one client over ``stream`` (a TCP connection, or any byte stream:
         tests use ``trio.testing.memory_stream_pair``). Never raises but for
         cancellation: one bad client must not take the server down."""
-        limits = self._registry.limits
+        limits = self._host.limits
         guarded = GuardedStream(stream, limits.send_timeout)
         connection: Connection | None = None
         try:
@@ -351,9 +331,9 @@ class ControlServer:
                     )
                 if request is not None:
                     principal = await check_handshake(request, self._auth, self._allowed_origins)
-                    if principal is not None and not self._registry.closing:
+                    if principal is not None and not self._host._closing:
                         ws = await request.accept(subprotocol=SUBPROTOCOL)
-                        connection = Connection(self, self._registry, ws, guarded, principal)
+                        connection = Connection(self, self._host, ws, guarded, principal)
                         self._connections.add(connection)
                         await connection.serve()
                 nursery.cancel_scope.cancel()
@@ -372,7 +352,7 @@ class ControlServer:
         finally:
             if connection is not None:
                 self._connections.discard(connection)
-                disconnected(self._registry, connection)
+                self._host.disconnected(connection)
             with trio.CancelScope(shield=True):
                 await guarded.aclose()
 

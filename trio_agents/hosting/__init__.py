@@ -7,5 +7,6 @@ faces). A face imports ``hosting`` only, never ``cluster``; ``cluster`` imports 
 """
 
 from ._host import HostedEvent, HostError, Origin, RunHost, StartRequest
+from ._local import LocalHost
 
-__all__ = ["HostError", "HostedEvent", "Origin", "RunHost", "StartRequest"]
+__all__ = ["HostError", "HostedEvent", "LocalHost", "Origin", "RunHost", "StartRequest"]

@@ -9,6 +9,14 @@ process (:class:`LocalHost`) or a node of a cluster.
 
 Every method takes the asking principal explicitly: a run of another principal is
 ``not_found`` on every method, exactly as an unknown id is.
+
+Changes since the first draft of this interface: the cancel ``mode`` is the core's
+(``"immediate"`` | ``"after_turn"``, default ``"immediate"``; the draft's ``"now"`` is
+no mode of ``Run.cancel``), and ``inject``'s ``when`` is typed as the core's. A
+``StartRequest.context`` is refused (``invalid_request``): a run's context comes from the
+host's context hook only (§18: contexts never travel). ``events``' ``from_seq`` may be
+None: from the oldest event retained, without an ``events.dropped`` marker (what the
+websocket's ``run.subscribe`` without ``from_seq`` does).
 """
 
 from __future__ import annotations
@@ -69,7 +77,8 @@ class StartRequest:
             ``"continue"``); applies only when the start names an owner.
         on_busy: ``"reject"``, ``"enqueue"`` or ``"interrupt"`` when the session is busy.
         limits: the run's usage limits (capped by the host's ``max_run_limits``).
-        context: the run's wire context (passed to the host's context hook).
+        context: must be None: a run's context comes from the host's context hook
+            (contexts never travel, §18); a host refuses one with ``invalid_request``.
     """
 
     agent: str
@@ -133,7 +142,11 @@ class RunHost(Protocol):
         ...
 
     async def cancel(
-        self, principal: str, run_id: str, reason: str | None = None, mode: str = "now"
+        self,
+        principal: str,
+        run_id: str,
+        reason: str | None = None,
+        mode: Literal["immediate", "after_turn"] = "immediate",
     ) -> None:
         """Cancel a run; returns once the cancel is applied (durable in a cluster)."""
         ...
@@ -143,7 +156,11 @@ class RunHost(Protocol):
         ...
 
     async def inject(
-        self, principal: str, run_id: str, items: tuple[Item, ...], when: str = "next_turn"
+        self,
+        principal: str,
+        run_id: str,
+        items: tuple[Item, ...],
+        when: Literal["next_turn", "now", "when_idle"] = "next_turn",
     ) -> str:
         """Queue items into a live run; returns the injection id."""
         ...
@@ -163,7 +180,11 @@ class RunHost(Protocol):
         ...
 
     async def cancel_session(
-        self, principal: str, session_id: str, reason: str | None = None, mode: str = "now"
+        self,
+        principal: str,
+        session_id: str,
+        reason: str | None = None,
+        mode: Literal["immediate", "after_turn"] = "immediate",
     ) -> str:
         """Cancel the session's active run; returns its id (``no_active_run`` if none)."""
         ...
@@ -173,7 +194,7 @@ class RunHost(Protocol):
         principal: str,
         run_id: str,
         *,
-        from_seq: int = 1,
+        from_seq: int | None = 1,
         tree: bool = False,
         status_only: bool = False,
     ) -> AbstractAsyncContextManager[AsyncIterator[HostedEvent]]:

@@ -295,7 +295,7 @@ class _MessagesStreamParser:
         if not arguments.strip():
             initial = block.initial_input if isinstance(block.initial_input, dict) else {}
             arguments = json.dumps(initial, ensure_ascii=False)
-        call_id = self._call_ids.claim(block.call_id)
+        call_id = self._call_ids.unique(block.call_id)
         return [ToolCallDone(ToolCall(call_id, block.name, arguments))]
 
 

@@ -26,13 +26,13 @@ class CallIds:
     def __init__(self, taken: Iterable[str] = ()) -> None:
         self._taken = set(taken)
 
-    def claim(self, call_id: str) -> str:
+    def unique(self, call_id: str) -> str:
         """Return ``call_id``, or a fresh id derived from it if it is taken; either
         way the returned id is taken from now on."""
-        unique = call_id
+        candidate = call_id
         number = 2
-        while unique in self._taken:
-            unique = f"{call_id}_{number}"
+        while candidate in self._taken:
+            candidate = f"{call_id}_{number}"
             number += 1
-        self._taken.add(unique)
-        return unique
+        self._taken.add(candidate)
+        return candidate

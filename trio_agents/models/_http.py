@@ -192,4 +192,4 @@ class HTTPStreamingModel(abc.ABC):
     @abc.abstractmethod
     def _new_parser(self, call_ids: CallIds) -> StreamParser:
         """A fresh parser for one response; it makes its tool-call ids unique with
-        ``call_ids`` (:meth:`CallIds.claim`)."""
+        ``call_ids`` (:meth:`CallIds.unique`)."""

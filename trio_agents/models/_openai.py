@@ -274,7 +274,7 @@ class _ChatStreamParser:
             if not partial.name:
                 raise ModelError(f"{_PROVIDER}: tool call at index {index} has no function name")
             arguments = "".join(partial.arguments) or "{}"
-            call_id = self._call_ids.claim(partial.call_id or f"call_{uuid.uuid4().hex[:24]}")
+            call_id = self._call_ids.unique(partial.call_id or f"call_{uuid.uuid4().hex[:24]}")
             out.append(ToolCallDone(ToolCall(call_id, partial.name, arguments)))
         if self._usage is not None:
             out.append(self._usage)

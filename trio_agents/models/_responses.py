@@ -323,7 +323,7 @@ class _ResponsesStreamParser:
         arguments = call.final_arguments
         if arguments is None:
             arguments = "".join(call.arguments)
-        call_id = self._call_ids.claim(call.call_id or f"call_{self._called}")
+        call_id = self._call_ids.unique(call.call_id or f"call_{self._called}")
         if self._reasoning:
             self._memory.remember(call_id, self._reasoning)
             self._reasoning = []

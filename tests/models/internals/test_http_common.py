@@ -240,8 +240,8 @@ def test_one_line() -> None:
 
 def test_call_ids() -> None:
     ids = CallIds(["a", "a_2", "b"])
-    assert [ids.claim(i) for i in ("a", "c", "c", "b", "a")] == ["a_3", "c", "c_2", "b_2", "a_4"]
-    assert CallIds().claim("x") == "x"
+    assert [ids.unique(i) for i in ("a", "c", "c", "b", "a")] == ["a_3", "c", "c_2", "b_2", "a_4"]
+    assert CallIds().unique("x") == "x"
 
 
 def test_sse_decoder_counts_event_stream_lines() -> None:

@@ -1,0 +1,649 @@
+"""A node of a cluster as a run host: :class:`ClusterHost`, the
+:class:`~trio_agents.hosting.RunHost` every face of a clustered server talks to.
+
+It wraps the host of one process (:class:`~trio_agents.hosting.LocalHost`: this node's
+runs) and adds what makes N nodes act as one server:
+
+- **Placement.** A start on a full node is placed on a node with room, or queued for
+  capacity (``PostgresCluster.place``); the owner's disconnect still cancels a run it
+  placed elsewhere (its record's ``placed``, a routed cancel).
+- **Routing.** An op on a run another node runs goes to that node as a command
+  (``_routing.py``); the node that answers it gets the command's origin as explicit
+  values (:class:`~trio_agents.hosting.Origin`: the node it came from, the run id a
+  placed start must use, the command id its durable answer is stored under) and
+  :meth:`ClusterHost.execute` answers it.
+- **Durable records.** A cancel, an injection, a withdrawal and a decision on a run of
+  this node are recorded in the cluster's tables before they are acked (a takeover
+  applies them), a routed one's answer in the same transaction.
+- **Remote follow.** The events of a run another node runs come from the cluster's
+  persisted log; a subscription to a run of this node whose attempt here stops
+  (lease lost, hand-over) continues from that log where it was.
+
+A tree lives on its root's node and only the root has a row in the cluster's tables:
+another node resolves a child's id by asking the nodes that run the principal's runs
+(:meth:`ClusterHost._tree_node`) and routes the op there; the ops on a child are
+applied there without being recorded (a takeover does not replay them), and its events
+(not in the cluster's log) are served by that node only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Literal, final
+
+import trio
+
+from .._agent import Agent
+from .._events import RunStatus
+from .._exceptions import UnknownCallError
+from .._items import Item, coerce_items
+from .._run import Run
+from ..control._hosting import closing, own_placed, start_run
+from ..control._policies import ContextHook, effective_limits, limits_to_wire
+from ..control._protocol import Limits, ProtocolError, RunInfo
+from ..control._registry import RunEntry
+from ..control._sessions import items_bytes
+from ..hosting._host import HostedEvent, Origin, StartRequest
+from ..hosting._local import (
+    LocalHost,
+    check_from_seq,
+    decide_here,
+    host_errors,
+    inject_here,
+    live,
+)
+
+if TYPE_CHECKING:
+    from ._cluster import PostgresCluster
+
+__all__ = ["ClusterHost"]
+
+logger = logging.getLogger("trio_agents.cluster")
+
+_CONTROL_OPS = ("run.cancel", "run.inject", "run.withdraw", "run.approve", "run.reject")
+
+
+def _info(row: Mapping[str, Any]) -> RunInfo:
+    # A row is a root's (children have none); its children are known on its node only.
+    return RunInfo.from_json({**row, "children": None})
+
+
+@final
+class _ClusterEvents:
+    """The iterator of :meth:`ClusterHost.events`: this node's events of the run (if
+    it runs it), then — once its attempt here stops — the cluster's persisted log from
+    where it was; or the persisted log only (a run of another node)."""
+
+    def __init__(
+        self,
+        host: ClusterHost,
+        nursery: trio.Nursery,
+        run_id: str,
+        status_only: bool,
+        local: Any,
+        follow_from: int | None,
+    ) -> None:
+        self._host = host
+        self._nursery = nursery
+        self._run_id = run_id
+        self._status_only = status_only
+        self._local = local
+        self._receive: trio.MemoryReceiveChannel[HostedEvent] | None = None
+        if local is None:
+            self._receive = host._follow(nursery, run_id, follow_from, status_only)
+
+    def __aiter__(self) -> _ClusterEvents:
+        return self
+
+    async def __anext__(self) -> HostedEvent:
+        local = self._local
+        if local is not None:
+            try:
+                return await local.__anext__()  # type: ignore[no-any-return]
+            except StopAsyncIteration:
+                self._local = None
+                # This node's attempt stopped and the run goes on elsewhere: follow its
+                # persisted log from the first seq not given. Not while this node
+                # stops: its clients re-subscribe elsewhere.
+                if not local.moved or self._host._stopping:
+                    raise
+                self._receive = self._host._follow(
+                    self._nursery, self._run_id, local.next_seq, self._status_only
+                )
+        if self._receive is None:
+            raise StopAsyncIteration
+        try:
+            return await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+
+@final
+class ClusterHost(LocalHost):
+    """The run host of one node of a cluster (see the module docstring).
+
+    Made by :class:`~trio_agents.control.ControlServer` for ``cluster=...``; sessions
+    are the cluster's (PostgreSQL).
+    """
+
+    def __init__(
+        self,
+        cluster: PostgresCluster,
+        agents: Mapping[str, Agent],
+        *,
+        limits: Limits | None = None,
+        run_options: Mapping[str, Any] | None = None,
+        context: ContextHook | None = None,
+    ) -> None:
+        super().__init__(agents, limits=limits, run_options=run_options, context=context)
+        self._cluster = cluster
+        self._registry.cluster = cluster
+        self._stopping = False
+        self._follows: set[trio.CancelScope] = set()
+
+    # ------------------------------------------------------------------ serving
+
+    async def _open(self, nursery: trio.Nursery) -> Callable[[], None]:
+        stop_reaper = await super()._open(nursery)
+        # Shielded: the node's tasks (event writer, router, leases) outlive the
+        # cancellation until the shutdown has handed the runs over.
+        cluster_scope = trio.CancelScope(shield=True)
+        await nursery.start(self._serve_node, cluster_scope)
+
+        def stop() -> None:
+            stop_reaper()
+            cluster_scope.cancel()
+
+        return stop
+
+    async def _serve_node(
+        self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        with scope:
+            await self._cluster.serve_node(self._registry, self.execute, task_status=task_status)
+
+    async def _stop_runs(self, deadline: float) -> None:
+        """Hand the runs over to other nodes instead of cancelling them for good: the
+        owners' ``on_disconnect="cancel"`` runs are cancelled first (the connections
+        close), then every run is fenced, stopped here and released at once."""
+        cluster = self._cluster
+        if not cluster.dead:
+            with trio.move_on_at(deadline):
+                await closing(self._registry, list(self._owners.values()))
+                await cluster.hand_over(self._cancel_runs)
+        await self._cancel_runs()
+        # Subscriptions end where this node's part of them does (the client
+        # re-subscribes elsewhere from the next seq).
+        self._stopping = True
+        for scope in list(self._follows):
+            scope.cancel()
+
+    # ------------------------------------------------------------------ lookups
+
+    def _here(self, principal: str, run_id: str, *, nodes: bool = True) -> RunEntry | None:
+        """The run if this node serves it; None when another node does (``nodes=False``:
+        a root, as the cluster's rows are)."""
+        entry = self._registry.find(principal, run_id, nodes=nodes)
+        if entry is None:
+            return None
+        fence = entry.tree.fence  # a child's tree is where its root is
+        if fence is not None and fence.closed:
+            # This node's attempt is over (stopped, handed over, or ending unpersisted):
+            # the run goes on from its tables, wherever it is resumed.
+            return None
+        return entry
+
+    async def _row(self, principal: str, run_id: str) -> dict[str, Any]:
+        row = await self._cluster.owner_of(principal, run_id)
+        if row is None:
+            raise ProtocolError("not_found", f"no run {run_id!r}")
+        return row
+
+    async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> dict[str, Any]:
+        """Route an op to the node running ``run_id``: a root's owner (its row), or, for a
+        child run (no row), the node running its tree."""
+        cluster = self._cluster
+        try:
+            data: dict[str, Any] = await cluster.route(principal, request, run_id)
+            return data
+        except ProtocolError as exc:
+            # The owner's own not_found (an unknown call id, ...) stands; a run without a
+            # row may be a child run.
+            if exc.code != "not_found" or await cluster.owner_of(principal, run_id):
+                raise
+        node, _ = await self._tree_node(principal, run_id)
+        return await cluster.route_to(principal, request, run_id, node)
+
+    async def _tree_node(self, principal: str, run_id: str) -> tuple[str, dict[str, Any]]:
+        """A child run of a tree another node runs: that node, and the run's ``run.get``
+        fields there. Asks each live node that runs (or ran, within
+        ``retain_finished``) a run of the principal, in turn: none for a principal
+        without runs elsewhere. Another principal's child is not found.
+
+        Raises:
+            ProtocolError: ``not_found`` (no such run of the principal), ``internal``.
+        """
+        cluster = self._cluster
+        get = {"id": 0, "op": "run.get", "run_id": run_id}
+        for node in await cluster.tree_nodes(principal, self._registry.limits.retain_finished):
+            try:
+                answer = await cluster.route_to(principal, get, run_id, node)
+            except ProtocolError as exc:
+                if exc.code in ("not_found", "invalid_request"):  # not there (or an older node)
+                    continue
+                raise
+            return node, answer["run"]
+        raise ProtocolError("not_found", f"no run {run_id!r}")
+
+    async def _elsewhere(self, principal: str, run_id: str, what: str) -> None:
+        """Refuse to serve the events of another node's child run (``invalid_request``);
+        ``not_found`` if there is no such run of the principal."""
+        node, _ = await self._tree_node(principal, run_id)
+        raise ProtocolError(
+            "invalid_request",
+            f"run {run_id} is a child run of a tree that node {node} of the cluster runs:"
+            f" {what} on that node (a child's events are not in the cluster's log)",
+        )
+
+    async def _known(self, principal: str, run_id: str) -> RunInfo:
+        """A run of the cluster this node does not run (a root's row, or a child's on
+        the node running its tree); ``not_found`` if none."""
+        try:
+            return _info(await self._row(principal, run_id))
+        except ProtocolError as exc:
+            if exc.code != "not_found":
+                raise
+        _, info = await self._tree_node(principal, run_id)
+        return RunInfo.from_json(info)
+
+    # ---------------------------------------------------------------------- ops
+
+    async def start(self, origin: Origin, request: StartRequest) -> str:
+        """Start a run here, or, on a full node, on a node with room (or queued for
+        capacity until one has room)."""
+        with host_errors():
+            limits = self._admit(origin, request)
+            owner = self._owner(origin)
+            placed = await self._place(origin.principal, owner, request)
+            if placed is not None:
+                return placed
+            entry = await self._start_here(origin, request, limits, owner)
+        return entry.run_id
+
+    async def _place(self, principal: str, owner: Any, request: StartRequest) -> str | None:
+        """Place a start elsewhere when this node is full: the run's id, or None when
+        this node has room."""
+        run_id = f"run_{uuid.uuid4().hex}"
+        # Known to the owner before it is placed: a placement cut here (the connection
+        # aborted) is settled before the owner's disconnect, which then cancels the run
+        # if it started (Router.send).
+        cut = owner is not None and request.on_disconnect == "cancel"
+        if cut:
+            owner.placed.add(run_id)
+        try:
+            placed = await self._cluster.place(principal, _start_request(request), run_id)
+        except ProtocolError:
+            if cut:
+                owner.placed.discard(run_id)
+            raise
+        if placed is None:
+            if cut:
+                owner.placed.discard(run_id)
+            return None
+        run_id = str(placed["run_id"])
+        if cut:  # a disconnect from here cancels it there
+            await own_placed(self._registry, owner, run_id)
+        return run_id
+
+    async def get(self, principal: str, run_id: str) -> RunInfo:
+        entry = self._here(principal, run_id)
+        if entry is not None:
+            await trio.lowlevel.checkpoint()
+            return self._registry.info(entry)
+        with host_errors():
+            return await self._known(principal, run_id)
+
+    async def list(self, principal: str, *, all: bool = False) -> list[RunInfo]:
+        registry = self._registry
+        with host_errors():
+            rows = await self._cluster.list_runs(principal, registry.limits.retain_finished)
+        runs: list[RunInfo] = []
+        for row in rows:
+            entry = self._here(principal, row["run_id"], nodes=False)
+            if entry is None:
+                runs.append(_info(row))
+                continue
+            nodes = registry.nodes_of(entry) if all else [entry]
+            runs.extend(registry.info(node) for node in nodes)
+        return runs
+
+    async def _control(self, principal: str, request: dict[str, Any]) -> dict[str, Any]:
+        """A cancel, inject, withdraw, approve or reject: applied here (and recorded),
+        or routed to the node running the run."""
+        run_id = request["run_id"]
+        with host_errors():
+            if self._here(principal, run_id) is not None:
+                return await self._apply_here(principal, request, None)
+            return await self._route(principal, request, run_id)
+
+    async def cancel(
+        self,
+        principal: str,
+        run_id: str,
+        reason: str | None = None,
+        mode: Literal["immediate", "after_turn"] = "immediate",
+    ) -> None:
+        request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": reason, "mode": mode}
+        await self._control(principal, request)
+
+    async def inject(
+        self,
+        principal: str,
+        run_id: str,
+        items: tuple[Item, ...],
+        when: Literal["next_turn", "now", "when_idle"] = "next_turn",
+    ) -> str:
+        request = {
+            "id": 0,
+            "op": "run.inject",
+            "run_id": run_id,
+            "items": [item.to_json() for item in items],
+            "when": when,
+        }
+        return str((await self._control(principal, request))["injection_id"])
+
+    async def withdraw(self, principal: str, run_id: str, injection_id: str) -> bool:
+        request = {"id": 0, "op": "run.withdraw", "run_id": run_id, "injection_id": injection_id}
+        return bool((await self._control(principal, request))["withdrawn"])
+
+    async def approve(self, principal: str, run_id: str, call_id: str) -> None:
+        request = {"id": 0, "op": "run.approve", "run_id": run_id, "call_id": call_id}
+        await self._control(principal, request)
+
+    async def reject(
+        self, principal: str, run_id: str, call_id: str, message: str | None = None
+    ) -> None:
+        request = {
+            "id": 0,
+            "op": "run.reject",
+            "run_id": run_id,
+            "call_id": call_id,
+            "message": message,
+        }
+        await self._control(principal, request)
+
+    async def cancel_session(
+        self,
+        principal: str,
+        session_id: str,
+        reason: str | None = None,
+        mode: Literal["immediate", "after_turn"] = "immediate",
+    ) -> str:
+        with host_errors():
+            row = await self._cluster.session_holder(principal, session_id)
+            if row is None:
+                raise ProtocolError("no_active_run", f"session {session_id!r} has no active run")
+            run_id = row["run_id"]
+            cancel = {
+                "id": 0,
+                "op": "run.cancel",
+                "run_id": run_id,
+                "reason": reason,
+                "mode": mode,
+            }
+            try:
+                if self._here(principal, run_id) is not None:
+                    await self._apply_here(principal, cancel, None)
+                else:
+                    await self._cluster.route(principal, cancel, run_id)
+            except ProtocolError as exc:
+                if exc.code != "run_closed":
+                    raise
+                raise ProtocolError(
+                    "no_active_run", f"session {session_id!r} has no active run"
+                ) from None
+        return str(run_id)
+
+    async def wait_terminal(self, principal: str, run_id: str) -> RunInfo:
+        async with self.events(principal, run_id, status_only=True) as updates:
+            async for _ in updates:
+                pass
+        return await self.get(principal, run_id)
+
+    @asynccontextmanager
+    async def events(
+        self,
+        principal: str,
+        run_id: str,
+        *,
+        from_seq: int | None = 1,
+        tree: bool = False,
+        status_only: bool = False,
+    ) -> AsyncIterator[AsyncIterator[HostedEvent]]:
+        """As :meth:`LocalHost.events`, for any run of the cluster: this node's runs as
+        they happen (each event once persisted), another node's from the cluster's
+        log. A tree (not in the log) is served by the node running it only
+        (``invalid_request`` elsewhere)."""
+        with host_errors():
+            check_from_seq(from_seq, tree)
+            entry = self._here(principal, run_id)
+            start = max(from_seq or 1, 1)
+            local = None
+            if entry is not None and (tree or start >= entry.first_seq):
+                local = self._events_here(entry, from_seq, tree=tree, status_only=status_only)
+            elif tree:
+                await self._no_tree_here(principal, run_id)
+            else:
+                try:
+                    await self._row(principal, run_id)
+                except ProtocolError as exc:
+                    if exc.code != "not_found":
+                        raise
+                    await self._elsewhere(principal, run_id, "subscribe to it")
+        async with trio.open_nursery() as nursery:
+            events = _ClusterEvents(self, nursery, run_id, status_only, local, from_seq)
+            try:
+                yield events
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _no_tree_here(self, principal: str, run_id: str) -> None:
+        try:
+            await self._row(principal, run_id)
+        except ProtocolError as exc:
+            if exc.code != "not_found":
+                raise
+            await self._elsewhere(principal, run_id, "subscribe to its tree")
+        raise ProtocolError(
+            "invalid_request",
+            f"run {run_id} runs on another node of the cluster: subscribe to its"
+            " tree on that node (tree events are not in the cluster's log)",
+        )
+
+    def _follow(
+        self, nursery: trio.Nursery, run_id: str, from_seq: int | None, status_only: bool
+    ) -> trio.MemoryReceiveChannel[HostedEvent]:
+        """Follow a run's persisted log in ``nursery``; its events come out of the
+        returned channel, which ends with the run (or when this node stops)."""
+        send, receive = trio.open_memory_channel[HostedEvent](0)
+        scope = trio.CancelScope()
+        if self._stopping:
+            scope.cancel()
+        self._follows.add(scope)
+        nursery.start_soon(self._follow_task, run_id, from_seq, status_only, send, scope)
+        return receive
+
+    async def _follow_task(
+        self,
+        run_id: str,
+        from_seq: int | None,
+        status_only: bool,
+        channel: trio.MemorySendChannel[HostedEvent],
+        scope: trio.CancelScope,
+    ) -> None:
+        async def send(frame: dict[str, Any]) -> None:
+            await channel.send(HostedEvent(frame["run_id"], frame["seq"], frame["event"]))
+
+        mode = "status" if status_only else "all"
+        try:
+            async with channel:
+                with scope:
+                    await self._cluster.follow(run_id, from_seq, mode, send)
+        except Exception:
+            logger.exception("following the events of %s failed", run_id)
+        finally:
+            self._follows.discard(scope)
+
+    # ------------------------------------------------------------ applied here
+
+    async def _apply_here(
+        self, principal: str, request: dict[str, Any], origin: Origin | None
+    ) -> dict[str, Any]:
+        """Apply a cancel, inject, withdraw, approve or reject to a run of this node and
+        make it durable; returns the answer's fields (a routed op's, ``origin``, is
+        stored with its durable effect)."""
+        entry = self._registry.lookup(principal, request["run_id"])
+        run = live(entry)
+        if entry.root is not None:
+            # A child run has no row in the cluster's tables: applied here only.
+            return await self._apply_to_child(entry, request)
+        cluster = self._cluster
+        op = request["op"]
+        if op == "run.cancel":
+            reason, mode = request.get("reason"), request.get("mode", "immediate")
+            run.cancel(reason, mode=mode)
+            # Acked once durable: a takeover ends it cancelled.
+            await cluster.record_cancel(entry.run_id, reason, mode, origin)
+            return {}
+        if op == "run.withdraw":
+            withdrawn = run.withdraw(request["injection_id"])
+            if withdrawn:
+                await cluster.record_withdrawal(entry.run_id, request["injection_id"], origin)
+            return {"withdrawn": withdrawn}
+        if op == "run.inject":
+            items = tuple(coerce_items(request["items"]))
+            when = request.get("when", "next_turn")
+            injection_id = inject_here(self._registry, entry, items, when)
+            # Acked once durable: a takeover injects it again.
+            await cluster.injection_persisted(entry.run_id, str(injection_id), origin)
+            return {"injection_id": injection_id}
+        await self._decide_here(entry, run, request, origin)
+        return {}
+
+    async def _decide_here(
+        self, entry: RunEntry, run: Run, request: dict[str, Any], origin: Origin | None
+    ) -> None:
+        """An approval or rejection: durable before it is applied (its answer too, when
+        routed): a takeover applies it to the call asked again, and never serves the
+        command twice."""
+        if entry.first_seq > 1:
+            await _settled(run)
+        approved = request["op"] == "run.approve"
+        message = None if approved else request.get("message")
+        live(entry)
+        call_id = request["call_id"]
+        if call_id not in run.statistics().pending_approvals:
+            raise ProtocolError("not_found", str(UnknownCallError(call_id)))
+        await self._cluster.record_decision(
+            entry.run_id, call_id, approved=approved, message=message, origin=origin
+        )
+        # Recorded and answered already: the run may have ended (or moved) since.
+        with contextlib.suppress(ProtocolError):
+            decide_here(entry, call_id, approved=approved, message=message)
+
+    async def _apply_to_child(self, entry: RunEntry, request: dict[str, Any]) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        run = live(entry)
+        op = request["op"]
+        if op == "run.cancel":
+            run.cancel(request.get("reason"), mode=request.get("mode", "immediate"))
+            return {}
+        if op == "run.withdraw":
+            return {"withdrawn": run.withdraw(request["injection_id"])}
+        if op == "run.inject":
+            items = tuple(coerce_items(request["items"]))
+            when = request.get("when", "next_turn")
+            return {"injection_id": inject_here(self._registry, entry, items, when)}
+        approved = op == "run.approve"
+        message = None if approved else request.get("message")
+        decide_here(entry, request["call_id"], approved=approved, message=message)
+        return {}
+
+    # ------------------------------------------------------------ routed ops
+
+    async def execute(
+        self, principal: str, request: dict[str, Any], command: int
+    ) -> dict[str, Any]:
+        """Answer an op another node routed here (its wire JSON), command ``command``:
+        its origin (the node it came from, the run id of a placed start, the command's
+        id, under which a durable op stores its answer) is the router's, as values.
+
+        A ``run.start`` was placed here by a full node: it starts here, with no owner
+        on this node (its ``on_disconnect`` applies on the node that placed it, which
+        holds its client's connection, and here once that node is dead)."""
+        registry = self._registry
+        cluster = self._cluster
+        origin = cluster.router.origin(command)
+        op = request.get("op")
+        if op == "run.start":
+            limits = effective_limits(request.get("limits"), registry.limits.max_run_limits)
+            registry.check_room(principal)
+            if cluster.running() >= cluster.max_runs:
+                raise ProtocolError("limit_exceeded", f"node {cluster.node_id} is full")
+            items = tuple(coerce_items(request["input"]))
+            entry = await start_run(
+                registry,
+                principal,
+                None,
+                request["agent"],
+                items,
+                input_bytes=items_bytes(items),
+                session_id=request.get("session_id"),
+                on_disconnect="continue",
+                on_busy=request.get("on_busy", "reject"),
+                client_node=origin.node if request.get("on_disconnect") == "cancel" else None,
+                run_id=origin.run_id,
+                command=origin.command,
+                limits=limits,
+            )
+            return {"run_id": entry.run_id}
+        if op in _CONTROL_OPS:
+            await cluster.wait_resumed(request["run_id"])
+            return await self._apply_here(principal, request, origin)
+        if op == "run.get":  # is a child run in a tree of this node? (_tree_node)
+            entry = registry.lookup(principal, request["run_id"])
+            fence = entry.tree.fence
+            if entry.root is None or (fence is not None and fence.closed):
+                raise ProtocolError("not_found", f"no child run {request['run_id']!r} here")
+            return {"run": registry.info(entry).to_json()}
+        raise ProtocolError("invalid_request", f"{op} is not routed")
+
+
+def _start_request(request: StartRequest) -> dict[str, Any]:
+    """A start as the wire JSON a placed ``run.start`` carries to its node."""
+    return {
+        "id": 0,
+        "op": "run.start",
+        "agent": request.agent,
+        "input": [item.to_json() for item in request.input],
+        "session_id": request.session_id,
+        "on_disconnect": request.on_disconnect,
+        "on_busy": request.on_busy,
+        "subscribe": None,
+        "limits": None if request.limits is None else limits_to_wire(request.limits),
+    }
+
+
+async def _settled(run: Run) -> None:
+    """A run just resumed by a takeover asks again for the approvals its earlier
+    attempt waited for once it has loaded its session: an approval that comes first
+    (routed while the owner was dead) waits for that (at most 10 s)."""
+    with trio.move_on_after(10.0):
+        async for update in run.updated:
+            loading = update.status in (RunStatus.QUEUED, RunStatus.RUNNING)
+            if not loading or update.turn > 0 or run.statistics().turn > 0:
+                return
