@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers fuzz docs clean interop postgres cluster-demo
+.PHONY: demo demo-ui test lint bench bench-peers fuzz docs clean interop postgres chromium cluster-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the lifecycle tour, offline, on the DemoModel
 	$(BIN)/trio-agents demo
 
-test: $(STAMP) postgres  ## the test suite (Hypothesis runs the seeded "ci" profile)
+demo-ui: $(STAMP)  ## the web UI on the offline DemoModel: open the printed URL, paste the token
+	$(BIN)/trio-agents serve
+
+test: $(STAMP) postgres chromium  ## the test suite (Hypothesis runs the seeded "ci" profile)
 	$(BIN)/python -m pytest
 
 cluster-demo: $(STAMP) postgres  ## 3 cluster nodes on a throwaway PostgreSQL; the run's owner is killed, another finishes it
@@ -23,6 +26,9 @@ cluster-demo: $(STAMP) postgres  ## 3 cluster nodes on a throwaway PostgreSQL; t
 
 postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, only if missing
 	@.ci/postgres.sh
+
+chromium:  ## Chromium for the web UI's browser tests: apt-get install, as root, only if missing
+	@.ci/chromium.sh
 
 lint: $(STAMP)  ## ruff (with the ASYNC rules), mypy --strict and the import contract (the layers)
 	$(BIN)/ruff check .

@@ -21,7 +21,7 @@ from .concurrency import bench_b3
 from .report import write_markdown
 
 HERE = Path(__file__).resolve().parent
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1", "B8", "B9", "F1", "B10", "P1", "P2")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1", "B8", "B9", "F1", "B10", "P1", "P2", "B11")
 # "I", "PI": instruction counts under valgrind (minutes; not in the smoke test's ALL).
 DEFAULT = (*ALL, "I", "PI")
 
@@ -114,6 +114,10 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
         from .failover import bench_b10  # needs the postgres extra and PostgreSQL (initdb)
 
         emit(await bench_b10(base, samples=1 if quick else 5))
+    if "B11" in only:
+        from .faces import bench_b11  # needs the serve extra
+
+        emit(await bench_b11(base, samples=3 if quick else 100, deltas=20 if quick else 200))
     if "T1" in only:
         from .tracing import bench_t1  # needs the otel extra and opentelemetry-sdk
 

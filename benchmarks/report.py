@@ -239,6 +239,9 @@ def write_markdown(path: Path, env: dict[str, Any], figures: Sequence[Figure]) -
     notes = path.parent / "notes.md"
     if notes.exists():
         lines += ["", notes.read_text().rstrip()]
+    ui = path.parent / "ui.md"  # written by `python -m benchmarks.ui` (a browser)
+    if ui.exists():
+        lines += ["", ui.read_text().rstrip()]
     lines += [
         "",
         "## Every figure",

@@ -136,10 +136,26 @@ def _count(text: str) -> int:
     return value
 
 
+def _add_serve_http(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s options of the HTTP faces."""
+    serve.add_argument(
+        "--http-port",
+        type=_port,
+        default=None,
+        help="port of the HTTP faces (REST + SSE; needs the serve extra) on the same"
+        " --host (default: --port + 1, or any free port with --port 0)",
+    )
+    serve.add_argument(
+        "--no-http",
+        action="store_true",
+        help="serve the websocket channel only",
+    )
+
+
 def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
     serve = commands.add_parser(
         "serve",
-        help="serve agents over the websocket control channel",
+        help="serve agents over the websocket control channel and HTTP (REST + SSE)",
         description="Serve agents over the control channel until Ctrl-C or SIGTERM, which"
         " shut down gracefully: every run is cancelled with reason 'server shutdown', its"
         " session saved, every socket closed with 1001; then exit 0.",
@@ -153,6 +169,7 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         default=8765,
         help="port to listen on (default 8765; 0: any free port, printed)",
     )
+    _add_serve_http(serve)
     serve.add_argument(
         "--db",
         metavar="PATH",

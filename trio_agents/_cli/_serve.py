@@ -1,5 +1,13 @@
 """``trio-agents serve``: a control server until Ctrl-C or SIGTERM.
 
+Two ports: the websocket channel's (``--port``, trio-websocket owns its listener and
+handshake) and the HTTP faces' (``--http-port``, Hypercorn's; REST + SSE and the faces
+built on the same plumbing). One port would mean terminating the websocket handshake in
+Hypercorn and re-implementing the channel over ASGI websockets: its slow-client and
+half-frame guards (``control/_stream.py``) live on the raw byte stream trio-websocket
+reads. Both faces are clients of the same host (``ControlServer.host``): a run started
+on one is seen, and steered, on the other.
+
 Both signals mean the same graceful shutdown (DESIGN §10): the scope around
 :meth:`ControlServer.serve` is cancelled, so every run is cancelled with reason
 ``"server shutdown"``, its session is written, every socket is closed with 1001, all
@@ -154,12 +162,12 @@ def _auth(args: argparse.Namespace, out: TextIO) -> dict[str, str]:
     return {token: DEFAULT_PRINCIPAL}
 
 
-def _listen_error(exc: OSError, host: str, port: int) -> CLIError:
+def _listen_error(exc: OSError, host: str, port: int, flag: str = "--port") -> CLIError:
     where = f"{host}:{port}"
     if exc.errno == errno.EADDRINUSE:
         return CLIError(
             f"cannot listen on {where}: the address is already in use (another server?);"
-            " choose another --port, or --port 0 for any free one"
+            f" choose another {flag}, or {flag} 0 for any free one"
         )
     if exc.errno == errno.EACCES:
         return CLIError(f"cannot listen on {where}: permission denied (ports below 1024?)")
@@ -170,6 +178,10 @@ def _listen_error(exc: OSError, host: str, port: int) -> CLIError:
 
 def _url(host: str, port: int) -> str:
     return f"ws://[{host}]:{port}/" if ":" in host else f"ws://{host}:{port}/"
+
+
+def _http_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 async def _serve(
@@ -201,6 +213,18 @@ async def _serve(
         if cluster is None
         else f"cluster node {cluster.node_id}, sessions in PostgreSQL"
     )
+    faces: Any = None
+    http_off = "--no-http"
+    if not args.no_http:
+        try:
+            from .. import faces
+            from ..faces._ui import UI_PATH
+        except ImportError:
+            if args.http_port is not None:
+                raise CLIError(
+                    "--http-port needs the serve extra: pip install 'trio-agents[serve]'"
+                ) from None
+            http_off = "the serve extra is not installed: pip install 'trio-agents[serve]'"
     received, active = "?", 0
     # Both signals go to this receiver from here on; before it, Ctrl-C is a plain
     # KeyboardInterrupt (nothing is served yet) and SIGTERM the default exit.
@@ -210,6 +234,26 @@ async def _serve(
                 port = await nursery.start(server.serve, args.host, args.port)
             except OSError as exc:
                 raise _listen_error(exc, args.host, args.port) from None
+            # The "serving" line comes last: it says everything is listening.
+            if faces is not None:
+                http_port = args.http_port
+                if http_port is None:
+                    http_port = 0 if args.port == 0 else min(port + 1, 65535)
+                app = faces.http_app(
+                    server.host,
+                    auth=auth,
+                    limits=faces.HttpLimits(shutdown_timeout=args.shutdown_timeout),
+                )
+                try:
+                    http_port = await nursery.start(faces.serve_http, app, args.host, http_port)
+                except OSError as exc:
+                    raise _listen_error(exc, args.host, http_port, "--http-port") from None
+                base = _http_url(args.host, http_port)
+                out.write(f"http: {base} (REST + SSE)\n")
+                # the page asks for the token: it never goes in this URL
+                out.write(f"web UI: {base}{UI_PATH.lstrip('/')} (sign in with the token)\n")
+            else:
+                out.write(f"http: off ({http_off})\n")
             out.write(
                 f"serving {', '.join(agents)} on {_url(args.host, port)}"
                 f" ({where}; Ctrl-C or SIGTERM to stop)\n"

@@ -1,0 +1,355 @@
+"""The AG-UI face under hostile or careless clients: no token, another principal's
+thread and interrupts, garbage and refused ``RunAgentInput``, oversized bodies, and a
+client that disconnects mid-stream with each ``on_disconnect``."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+import trio
+
+import trio_agents as ta
+from tests.support.agui_support import (
+    ALICE,
+    BOB,
+    agui_server,
+    agui_stream,
+    check_order,
+    run_input,
+    wait_streams_closed,
+)
+from trio_agents.faces import HttpLimits
+from trio_agents.models import ScriptedModel, Turn
+
+
+@ta.function_tool(needs_approval=True)
+async def launch() -> str:
+    """Launch, once approved."""
+    return "launched"
+
+
+GATE: trio.Event | None = None
+
+
+@ta.function_tool
+async def gated() -> str:
+    """Wait until the test opens the gate."""
+    assert GATE is not None
+    await GATE.wait()
+    return "through"
+
+
+def _launcher(model: ScriptedModel | None = None) -> ta.Agent:
+    return ta.Agent(
+        name="ops",
+        instructions="test",
+        model=model or ScriptedModel([Turn(tool_calls=[("launch", {})]), "done"]),
+        tools=[launch],
+    )
+
+
+def _gated() -> ta.Agent:
+    return ta.Agent(
+        name="gated",
+        instructions="test",
+        model=ScriptedModel([Turn(tool_calls=[("gated", {})]), "finished"]),
+        tools=[gated],
+    )
+
+
+def _error(answer: Any) -> tuple[int, str, str]:
+    error = answer.json()["error"]
+    return answer.status_code, error["code"], error["message"]
+
+
+async def test_no_token_is_401_and_nothing_starts() -> None:
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher()}) as (host, _, client):
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic x"}):
+                answer = await client.post("/ag-ui/ops", json=run_input(), headers=headers)
+                assert answer.status_code == 401
+                assert answer.json()["error"]["code"] == "unauthorized"
+            assert await host.list("alice") == []
+
+
+async def test_another_principals_thread_and_interrupts_are_not_theirs() -> None:
+    model = ScriptedModel([Turn(tool_calls=[("launch", {})]), "bob's answer"])
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher(model)}) as (host, _, client):
+            async with agui_stream(client, "ops", run_input(thread="shared")) as stream:
+                first = await stream.rest()
+            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            resume = run_input(thread="shared", run="ag-2")
+            resume["resume"] = [
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": True},
+                }
+            ]
+            # Bob answering Alice's interrupt: not found, and nothing is approved.
+            status, code, _ = _error(await client.post("/ag-ui/ops", json=resume, headers=BOB))
+            assert (status, code) == (404, "not_found")
+            alice_run = first[0]["metadata"]["trio-agents"]["run_id"]
+            assert (await host.get("alice", alice_run)).status == "awaiting_approval"
+            # Bob's thread of the same name is his own session: Alice's busy run does
+            # not make it busy, and his run does not see her conversation.
+            async with agui_stream(
+                client, "ops", run_input(thread="shared", run="bob-1"), headers=BOB
+            ) as stream:
+                bobs = await stream.rest()
+            check_order(bobs)
+            assert bobs[-1]["outcome"]["type"] == "success"
+            assert [type(i).__name__ for i in model.requests[-1].items] == ["UserMessage"]
+            assert [r.run_id for r in await host.list("bob")] == [
+                bobs[0]["metadata"]["trio-agents"]["run_id"]
+            ]
+            # An interrupt id naming Alice's run but another thread: not found either.
+            resume["threadId"] = "other"
+            status, code, _ = _error(await client.post("/ag-ui/ops", json=resume, headers=ALICE))
+            assert (status, code) == (404, "not_found")
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "names"),
+    [
+        (b"{not json", "invalid_json", "JSON"),
+        (b"[1, 2]", "invalid_request", "RunAgentInput"),
+        (b'{"runId": "r", "messages": []}', "invalid_request", "threadId"),
+        (b'{"threadId": 5, "runId": "r", "messages": []}', "invalid_request", "threadId"),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"role": "robot", "id": "1"}]}',
+            "invalid_request",
+            "messages",
+        ),
+        (b'{"threadId": "t", "runId": "r", "messages": []}', "invalid_request", "user message"),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"id": "1", "role": "assistant",'
+            b' "content": "hi"}]}',
+            "invalid_request",
+            "user message",
+        ),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"id": "1", "role": "user",'
+            b' "content": "hi"}], "tools": [{"name": "x", "description": "y"}]}',
+            "invalid_request",
+            "tools",
+        ),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"id": "1", "role": "user",'
+            b' "content": "hi"}], "context": [{"description": "d", "value": "v"}]}',
+            "invalid_request",
+            "context",
+        ),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"id": "1", "role": "user",'
+            b' "content": "hi"}], "state": {"x": 1}}',
+            "invalid_request",
+            "state",
+        ),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"id": "1", "role": "user",'
+            b' "content": "hi"}], "forwardedProps": {"onDisconnect": "explode"}}',
+            "invalid_request",
+            "onDisconnect",
+        ),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"id": "1", "role": "user",'
+            b' "content": [{"type": "image", "source": {"type": "url",'
+            b' "value": "http://x/y.png"}}]}]}',
+            "invalid_request",
+            "text parts",
+        ),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [], "resume": [{"interruptId":'
+            b' "garbage", "status": "resolved", "payload": {"approved": true}}]}',
+            "invalid_request",
+            "interruptId",
+        ),
+        (
+            b'{"threadId": "' + b"t" * 257 + b'", "runId": "r", "messages": [{"id": "1",'
+            b' "role": "user", "content": "hi"}]}',
+            "invalid_request",
+            "threadId",
+        ),
+        (
+            b'{"threadId": "", "runId": "r", "messages": [{"id": "1", "role": "user",'
+            b' "content": "hi"}]}',
+            "invalid_request",
+            "threadId",
+        ),
+    ],
+)
+async def test_garbage_run_agent_input_is_a_clear_400(body: bytes, code: str, names: str) -> None:
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher()}) as (host, _, client):
+            answer = await client.post(
+                "/ag-ui/ops",
+                content=body,
+                headers={**ALICE, "Content-Type": "application/json"},
+            )
+            status, got, message = _error(answer)
+            assert (status, got) == (400, code), message
+            assert names in message
+            assert await host.list("alice") == []
+
+
+async def test_a_resume_payload_that_is_not_an_approval_is_refused() -> None:
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher()}) as (host, _, client):
+            async with agui_stream(client, "ops", run_input()) as stream:
+                first = await stream.rest()
+            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            forged = base64.urlsafe_b64encode(b'["run_x", 1, "run_x", ""]').decode()
+            for entry in (
+                {"interruptId": interrupt["id"], "status": "resolved", "payload": "yes"},
+                {"interruptId": interrupt["id"], "status": "resolved"},
+                {"interruptId": interrupt["id"], "status": "maybe"},
+                {"interruptId": forged, "status": "cancelled"},
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": False, "message": "x" * 5000},
+                },
+            ):
+                body = run_input(run="ag-2")
+                body["resume"] = [entry]
+                status, code, _ = _error(await client.post("/ag-ui/ops", json=body, headers=ALICE))
+                assert (status, code) == (400, "invalid_request"), entry
+            run_id = first[0]["metadata"]["trio-agents"]["run_id"]
+            assert (await host.get("alice", run_id)).status == "awaiting_approval"
+
+
+async def test_an_unknown_agent_is_404() -> None:
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher()}) as (_, _, client):
+            answer = await client.post("/ag-ui/nobody", json=run_input(), headers=ALICE)
+    assert _error(answer)[:2] == (404, "not_found")
+
+
+async def test_an_oversized_body_is_413_and_nothing_starts() -> None:
+    limits = HttpLimits(max_body_bytes=4096)
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher()}, limits=limits) as (host, _, client):
+            big = run_input(text="x" * 10_000)
+            answer = await client.post("/ag-ui/ops", json=big, headers=ALICE)
+            assert _error(answer)[:2] == (413, "payload_too_large")
+
+            async def chunks() -> Any:
+                for _ in range(10):  # no Content-Length: read until past the bound
+                    yield b" " * 1024
+
+            answer = await client.post("/ag-ui/ops", content=chunks(), headers=ALICE)
+            assert _error(answer)[:2] == (413, "payload_too_large")
+            assert await host.list("alice") == []
+
+
+async def _disconnect_mid_stream(params: dict[str, str] | None, body: dict[str, Any]) -> Any:
+    """Start the gated agent, read until its tool call, drop the connection, wait until
+    the server finished the stream, open the gate; the run's end."""
+    global GATE
+    GATE = trio.Event()
+    async with agui_server({"gated": _gated()}) as (host, app, client):
+        async with agui_stream(client, "gated", body, params=params) as stream:
+            started = await stream.next()
+            assert started is not None
+            await stream.until("TOOL_CALL_END")
+        # The client is gone (the response closed): the server decides on_disconnect.
+        await wait_streams_closed(app)
+        GATE.set()
+        return await host.wait_terminal("alice", started["metadata"]["trio-agents"]["run_id"])
+
+
+async def test_a_client_that_disconnects_cancels_its_run_by_default() -> None:
+    with trio.fail_after(30):
+        info = await _disconnect_mid_stream(None, run_input())
+    assert (info.status, info.reason) == ("cancelled", "client disconnected")
+
+
+async def test_a_client_that_disconnects_with_continue_lets_its_run_finish() -> None:
+    with trio.fail_after(30):
+        by_query = await _disconnect_mid_stream({"on_disconnect": "continue"}, run_input())
+        by_props = await _disconnect_mid_stream(
+            None, run_input(forwardedProps={"onDisconnect": "continue"})
+        )
+        # forwardedProps overrides the route's default.
+        overridden = await _disconnect_mid_stream(
+            {"on_disconnect": "continue"}, run_input(forwardedProps={"onDisconnect": "cancel"})
+        )
+    assert (by_query.status, by_props.status) == ("completed", "completed")
+    assert (overridden.status, overridden.reason) == ("cancelled", "client disconnected")
+
+
+async def test_an_interrupted_agui_run_leaves_its_run_waiting_not_cancelled() -> None:
+    # The stream ends on the interrupt (the client did nothing wrong): the run waits.
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher()}) as (host, app, client):
+            async with agui_stream(client, "ops", run_input()) as stream:
+                first = await stream.rest()
+            await wait_streams_closed(app)
+            run_id = first[0]["metadata"]["trio-agents"]["run_id"]
+            assert (await host.get("alice", run_id)).status == "awaiting_approval"
+
+
+async def test_bad_on_disconnect_query_is_400() -> None:
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher()}) as (_, _, client):
+            answer = await client.post(
+                "/ag-ui/ops", json=run_input(), headers=ALICE, params={"on_disconnect": "x"}
+            )
+    assert _error(answer)[:2] == (400, "invalid_request")
+
+
+async def test_a_resume_answered_twice_is_refused_the_second_time() -> None:
+    with trio.fail_after(30):
+        async with agui_server({"ops": _launcher()}) as (_, _, client):
+            async with agui_stream(client, "ops", run_input()) as stream:
+                first = await stream.rest()
+            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            body = run_input(run="ag-2")
+            body["resume"] = [
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": True},
+                }
+            ]
+            async with agui_stream(client, "ops", body) as stream:
+                check_order(await stream.rest())
+            body["runId"] = "ag-3"
+            answer = await client.post("/ag-ui/ops", json=body, headers=ALICE)
+    assert _error(answer)[:2] == (409, "run_closed")
+
+
+async def test_a_resumed_agui_run_owns_the_run_too() -> None:
+    global GATE
+    GATE = trio.Event()
+    agent = ta.Agent(
+        name="ops",
+        instructions="test",
+        model=ScriptedModel(
+            [Turn(tool_calls=[("launch", {})]), Turn(tool_calls=[("gated", {})]), "done"]
+        ),
+        tools=[launch, gated],
+    )
+    with trio.fail_after(30):
+        async with agui_server({"ops": agent}) as (host, app, client):
+            async with agui_stream(client, "ops", run_input()) as stream:
+                first = await stream.rest()
+            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            body = run_input(run="ag-2")
+            body["resume"] = [
+                {
+                    "interruptId": interrupt["id"],
+                    "status": "resolved",
+                    "payload": {"approved": True},
+                }
+            ]
+            async with agui_stream(client, "ops", body) as stream:
+                await stream.until("TOOL_CALL_START", toolCallName="gated")
+            await wait_streams_closed(app)
+            GATE.set()
+            info = await host.wait_terminal("alice", first[0]["metadata"]["trio-agents"]["run_id"])
+    assert (info.status, info.reason) == ("cancelled", "client disconnected")

@@ -1,0 +1,127 @@
+"""The AG-UI face on a host that cannot give a run's tree, or stops giving it (a
+cluster node that does not run the tree; a tree taken over by another node): the
+stream follows the root's own log, so the AG-UI run still ends with its outcome —
+steps and the root's events, nothing twice, never a stream cut short as a success."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+import trio_agents as ta
+from tests.support.agui_support import agui_server, agui_stream, check_order, run_input
+from trio_agents.hosting import HostedEvent, HostError, LocalHost
+from trio_agents.models import ScriptedModel, Turn
+
+
+class _Host:
+    """A LocalHost whose tree subscriptions are refused (``refuse``) or end after
+    ``cut`` events; everything else is the host's."""
+
+    def __init__(self, inner: LocalHost, *, refuse: bool = False, cut: int | None = None):
+        self._inner = inner
+        self._refuse = refuse
+        self._cut = cut
+        self.follows: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @asynccontextmanager
+    async def events(
+        self, principal: str, run_id: str, *, from_seq: int = 1, tree: bool = False, **kw: Any
+    ) -> AsyncIterator[AsyncIterator[HostedEvent]]:
+        if tree and self._refuse:
+            raise HostError("invalid_request", "the tree runs on another node")
+        if not tree:
+            self.follows.append(from_seq)
+        async with self._inner.events(
+            principal, run_id, from_seq=from_seq, tree=tree, **kw
+        ) as events:
+            if tree and self._cut is not None:
+                yield _Cut(events, self._cut)
+            else:
+                yield events
+
+
+class _Cut:
+    def __init__(self, events: AsyncIterator[HostedEvent], left: int) -> None:
+        self._events = events
+        self._left = left
+
+    def __aiter__(self) -> _Cut:
+        return self
+
+    async def __anext__(self) -> HostedEvent:
+        if self._left <= 0:
+            raise StopAsyncIteration
+        self._left -= 1
+        return await self._events.__anext__()
+
+
+def _tree() -> ta.Agent:
+    helper = ta.Agent(
+        name="helper", instructions="t", model=ScriptedModel([], default=Turn(text="deep"))
+    )
+    return ta.Agent(
+        name="root",
+        instructions="t",
+        model=ScriptedModel(
+            [Turn(text="asking", tool_calls=[("helper", {"input": "x"})]), "root done"]
+        ),
+        tools=[helper.as_tool()],
+    )
+
+
+async def test_a_refused_tree_is_followed_on_the_roots_log() -> None:
+    wrapped: list[_Host] = []
+
+    def wrap(host: LocalHost) -> Any:
+        wrapped.append(_Host(host, refuse=True))
+        return wrapped[-1]
+
+    with trio.fail_after(30):
+        async with (
+            agui_server({"root": _tree()}, wrap=wrap) as (_, _, client),
+            agui_stream(client, "root", run_input()) as stream,
+        ):
+            events = await stream.rest()
+    check_order(events)
+    assert events[-1]["outcome"] == {"type": "success"}
+    assert wrapped[0].follows == [1]
+    assert [e["type"] for e in events].count("STEP_STARTED") == 1
+    text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "askingroot done"  # the child's own text stays on its node
+
+
+async def test_a_tree_stream_that_ends_early_is_followed_without_repeats() -> None:
+    wrapped: list[_Host] = []
+    for cut in range(1, 12):
+        wrapped.clear()
+
+        def wrap(host: LocalHost, cut: int = cut) -> Any:
+            wrapped.append(_Host(host, cut=cut))
+            return wrapped[-1]
+
+        with trio.fail_after(30):
+            async with (
+                agui_server({"root": _tree()}, wrap=wrap) as (_, _, client),
+                agui_stream(client, "root", run_input()) as stream,
+            ):
+                events = await stream.rest()
+        check_order(events)
+        assert events[-1]["outcome"] == {"type": "success"}, cut
+        assert len(wrapped[0].follows) == 1, cut
+        calls = [e["toolCallId"] for e in events if e["type"] == "TOOL_CALL_START"]
+        assert calls == ["call_1_0"], (cut, calls)
+        root_text = "".join(
+            e["delta"]
+            for e in events
+            if e["type"] == "TEXT_MESSAGE_CONTENT"
+            and e["messageId"].endswith((".1", ".2"))
+            and e["messageId"].startswith(events[0]["metadata"]["trio-agents"]["run_id"])
+        )
+        assert root_text == "askingroot done", (cut, root_text)

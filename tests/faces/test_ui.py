@@ -1,0 +1,391 @@
+"""The web UI at /ui, in a real headless Chromium (Debian's, driven by Playwright).
+
+One server (a real HTTP face over a LocalHost, in its own thread) and one browser serve
+the whole module; each test gets a fresh browser context (its own sessionStorage). The
+agents' streams wait at named gates the test opens, so every state a test looks at —
+mid-stream, waiting for approval, one branch cancelled while the root runs — holds
+until the test moves on; the browser is waited for with Playwright's ``expect`` (which
+polls the page), never with sleeps.
+
+The screenshots in docs/images/ are written by these tests, so docs/ui.md shows what the
+page really looks like.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.cli_support import ROOT, cli_argv, cli_env
+from tests.support.ui_support import (
+    ALICE,
+    BOB,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    ESSAY,
+    UiServer,
+    chromium_available,
+    running_ui_server,
+)
+
+if not chromium_available():
+    if os.environ.get("CI"):
+        raise RuntimeError(
+            "the web UI's browser tests need Debian's chromium; .ci/chromium.sh installs it"
+        )
+    pytest.skip(
+        "no /usr/bin/chromium: `make chromium` (apt-get install chromium) to run the"
+        " web UI's browser tests",
+        allow_module_level=True,
+    )
+
+from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
+
+IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+TIMEOUT_MS = 15_000
+expect.set_options(timeout=TIMEOUT_MS)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[UiServer]:
+    with running_ui_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class Watched:
+    """A page and every request it made (to check no token ever travels in a URL)."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self.requests: list[Request] = []
+        page.on("request", self._seen)
+
+    def _seen(self, request: Request) -> None:
+        self.requests.append(request)
+
+
+@pytest.fixture
+def watched(browser: Browser, server: UiServer) -> Iterator[Watched]:
+    context = browser.new_context(viewport={"width": 1280, "height": 820})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    watched = Watched(page)
+    try:
+        yield watched
+        # Wherever the test went: the token was never in a URL, never in localStorage,
+        # never in a cookie; other hosts were never asked for anything.
+        for request in watched.requests:
+            for token in (ALICE, BOB):
+                assert token not in request.url
+            assert request.url.startswith(server.url), request.url
+        assert page.evaluate("localStorage.length") == 0
+        assert context.cookies() == []
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def page(watched: Watched) -> Page:
+    return watched.page
+
+
+def sign_in(page: Page, server: UiServer, token: str = ALICE) -> None:
+    page.goto(server.url + "/ui/")
+    page.fill("#token", token)
+    page.click("#signin-form button")
+    expect(page.locator("#app")).to_be_visible()
+
+
+def start_from_page(page: Page, agent: str, text: str) -> str:
+    expect(page.locator(f'#start-agent option[value="{agent}"]')).to_have_count(1)
+    page.select_option("#start-agent", agent)
+    page.fill("#start-input", text)
+    page.click("#start-button")
+    root = page.locator(".tree > .node")
+    expect(root).to_have_count(1)
+    run_id = root.get_attribute("data-run")
+    assert run_id
+    return run_id
+
+
+def node(page: Page, agent: str) -> Any:
+    return page.locator(f'.node[data-agent="{agent}"]')
+
+
+def head(locator: Any, selector: str) -> Any:
+    """``selector`` in the node's own head (not a descendant node's)."""
+    return locator.locator(f":scope > .node-head {selector}")
+
+
+def shot(page: Page, name: str) -> None:
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(IMAGES / name))
+
+
+def test_start_a_run_from_the_page_and_see_its_text_stream_in(page: Page, server: UiServer) -> None:
+    sign_in(page, server)
+    run_id = start_from_page(page, "writer", "Tell me a story")
+    root = page.locator(".tree > .node")
+    text = root.locator(".msg.assistant")
+    # mid-stream: the first words are on the page while the model still streams
+    expect(text).to_have_text("Once upon a time")
+    expect(head(root, ".status")).to_have_text("running")
+    expect(root.locator(".msg.user")).to_have_text("Tell me a story")
+    expect(page.locator(f'#runs tr[data-run="{run_id}"]')).to_have_count(1)
+    shot(page, "ui-streaming.png")
+    server.open_gate("write")
+    expect(text).to_have_text("Once upon a time, a run streamed to the end.")
+    expect(head(root, ".status")).to_have_text("completed")
+    expect(page.locator(f'#runs tr[data-run="{run_id}"] .status')).to_have_text("completed")
+
+
+def test_cancel_one_branch_of_a_fan_out_and_the_root_goes_on(page: Page, server: UiServer) -> None:
+    sign_in(page, server)
+    start_from_page(page, "lead", "Research structured concurrency")
+    root = page.locator(".tree > .node")
+    branch_a, branch_b = node(page, "branch_a"), node(page, "branch_b")
+    expect(branch_a.locator(".msg.assistant")).to_have_text("Reading the archive")
+    expect(branch_b.locator(".msg.assistant")).to_have_text("Reading sources")
+    head(branch_a, ".cancel-open").click()
+    branch_a.locator(":scope > .cancel-panel .cancel-reason").fill("not needed")
+    branch_a.locator(":scope > .cancel-panel .cancel-confirm").click()
+    expect(head(branch_a, ".status")).to_have_text("cancelled")
+    expect(head(branch_a, ".reason")).to_have_text("not needed")
+    # the root and the other branch go on
+    expect(root.locator(":scope > .transcript .tool[data-call] .out").first).to_contain_text(
+        "sub-agent branch_a cancelled: not needed"
+    )
+    expect(head(root, ".status")).to_have_text("running")
+    expect(head(branch_b, ".status")).to_have_text("running")
+    shot(page, "ui-fanout-cancel.png")
+    server.open_gate("fanout_b")
+    expect(head(branch_b, ".status")).to_have_text("completed")
+    expect(head(root, ".status")).to_have_text("completed")
+    expect(root.locator(":scope > .transcript .msg.assistant").last).to_contain_text(
+        "sub-agent branch_a cancelled: not needed"
+    )
+
+
+def test_approve_a_waiting_call(page: Page, server: UiServer) -> None:
+    sign_in(page, server)
+    start_from_page(page, "careful", "Clean up my notes")
+    root = page.locator(".tree > .node")
+    approval = root.locator(".approval")
+    expect(approval).to_contain_text('delete_file({"path": "notes.txt"})')
+    expect(head(root, ".status")).to_have_text("awaiting_approval")
+    shot(page, "ui-approval.png")
+    approval.locator(".approve").click()
+    expect(approval).to_have_count(0)
+    expect(root.locator(".tool[data-call] .out")).to_have_text("→ deleted notes.txt")
+    expect(root.locator(".msg.assistant").last).to_have_text("Deleted notes.txt.")
+    expect(head(root, ".status")).to_have_text("completed")
+
+
+def test_inject_a_message_and_the_next_turn_uses_it(page: Page, server: UiServer) -> None:
+    sign_in(page, server)
+    start_from_page(page, "chatty", "Write about birds")
+    root = page.locator(".tree > .node")
+    expect(root.locator(".msg.assistant").first).to_have_text("Working on it")
+    head(root, ".inject-open").click()
+    root.locator(":scope > .inject-panel .inject-text").fill("Also mention penguins")
+    root.locator(":scope > .inject-panel .inject-when").select_option("next_turn")
+    root.locator(":scope > .inject-panel .inject-send").click()
+    note = root.locator(".msg.note[data-injection]")
+    expect(note).to_contain_text("injected (next_turn): Also mention penguins")
+    server.open_gate("inject")
+    expect(root.locator(".msg.assistant").last).to_have_text("You asked: Also mention penguins")
+    expect(note).to_contain_text("delivered")
+    expect(head(root, ".status")).to_have_text("completed")
+    shot(page, "ui-inject.png")
+
+
+def test_usage_against_the_limits_set_and_a_handoff(page: Page, server: UiServer) -> None:
+    sign_in(page, server)
+    page.click("#start-form summary")
+    page.fill("#limit-requests", "5")
+    page.fill("#limit-total_tokens", "1000")
+    start_from_page(page, "triage", "My printer is on fire")
+    root = page.locator(".tree > .node")
+    expect(head(root, ".status")).to_have_text("completed")
+    # the same run, now the specialist's: the handoff is marked where it happened
+    expect(head(root, ".agent")).to_have_text("specialist")
+    expect(root.locator(".msg.handoff")).to_have_text("handoff: triage → specialist")
+    expect(root.locator(".msg.assistant").last).to_have_text("Specialist here: all sorted.")
+    expect(root.locator('.limit[data-limit="requests"]')).to_have_text("requests  2 / 5")
+    expect(root.locator('.limit[data-limit="total_tokens"]')).to_have_text(
+        "total_tokens  30 / 1000"
+    )
+    shot(page, "ui-limits-handoff.png")
+
+
+def test_a_long_answer_stays_whole_and_in_order(page: Page, server: UiServer) -> None:
+    """Past 4 KiB the page sets streamed text into blocks that never change again (so
+    layout per frame stays small): the text shown is still exactly the answer."""
+    run_id = server.start(ALICE, "essay", "write a lot")
+    sign_in(page, server)
+    page.goto(f"{server.url}/ui/#/runs/{run_id}")
+    root = page.locator(".tree > .node")
+    expect(head(root, ".status")).to_have_text("completed")
+    answer = root.locator(".msg.assistant")
+    assert answer.locator(".sealed").count() >= 3
+    assert answer.inner_text().rstrip("\n") == "".join(ESSAY).rstrip("\n")
+
+
+def test_reload_mid_run_sees_no_event_twice_or_missing(watched: Watched, server: UiServer) -> None:
+    page = watched.page
+    run_id = server.start(ALICE, "long", "count")
+    sign_in(page, server)
+    page.goto(f"{server.url}/ui/#/runs/{run_id}")
+    text = page.locator(".tree > .node .msg.assistant")
+    first_half = "".join(f"w{i:02d} " for i in range(1, 21))
+    expect(text).to_have_text(first_half)
+    before = page.evaluate("window.trioAgentsUI.stats()")
+    assert before["duplicates"] == 0
+    assert before["gaps"] == 0
+    watched.requests.clear()
+    page.reload()
+    # the view came back from the tab's storage, and the stream re-attached after it
+    expect(text).to_have_text(first_half)
+    expect(page.locator("#conn")).to_have_text("live")
+    attaches = [r for r in watched.requests if "/events" in r.url]
+    assert attaches, "the page did not re-attach"
+    assert attaches[0].headers.get("last-event-id"), "re-attached without Last-Event-ID"
+    server.open_gate("reload")
+    expect(text).to_have_text("".join(f"w{i:02d} " for i in range(1, 41)))
+    expect(page.locator(".tree > .node > .node-head .status")).to_have_text("completed")
+    after = page.evaluate("window.trioAgentsUI.stats()")
+    seqs = page.evaluate("window.trioAgentsUI.seqs()")
+    assert after["duplicates"] == 0
+    assert after["gaps"] == 0
+    # every event of the run was applied exactly once, across the reload
+    final = server.get(ALICE, run_id)
+    assert seqs == {run_id: final["seq"]}
+    assert after["events"] == final["seq"]
+    assert after["attaches"] == before["attaches"] + 1
+
+
+def test_a_wrong_token_sees_nothing(watched: Watched, server: UiServer) -> None:
+    page = watched.page
+    server.start(ALICE, "quick", "something to see")
+    page.goto(server.url + "/ui/")
+    page.fill("#token", "not-a-token")
+    page.click("#signin-form button")
+    expect(page.locator("#signin-error")).to_contain_text("refused")
+    expect(page.locator("#app")).to_be_hidden()
+    expect(page.locator("#runs tbody tr")).to_have_count(0)
+    assert page.evaluate("sessionStorage.length") == 0
+    shot(page, "ui-signin-refused.png")
+    for request in watched.requests:
+        assert "not-a-token" not in request.url
+
+
+def test_another_principals_runs_never_appear(page: Page, server: UiServer) -> None:
+    bobs = server.start(BOB, "quick", "bob's secret")
+    alices = server.start(ALICE, "quick", "alice's own")
+    sign_in(page, server)
+    expect(page.locator(f'#runs tr[data-run="{alices}"]')).to_have_count(1)
+    expect(page.locator(f'#runs tr[data-run="{bobs}"]')).to_have_count(0)
+    page.goto(f"{server.url}/ui/#/runs/{bobs}")
+    expect(page.locator(".run-error")).to_contain_text(f"no run '{bobs}'")
+    expect(page.locator(".tree .node")).to_have_count(0)
+    assert "bob's secret" not in page.content()
+    # and the API agrees: alice's list has no trace of bob's run
+    with httpx.Client(base_url=server.url) as client:
+        listed = client.get("/runs", headers={"Authorization": f"Bearer {ALICE}"}).json()
+    assert bobs not in str(listed)
+
+
+def test_trio_agents_serve_prints_the_ui_url_and_the_demo_runs_in_it(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """``trio-agents serve`` (the demo agent on the offline DemoModel) prints the web
+    UI's URL; the page there signs in, starts a demo run and shows it to the end."""
+    process = subprocess.Popen(
+        cli_argv("serve", "--port", "0", "--db", tmp_path / "s.db", "--token", "demo-tok-1"),
+        env=cli_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []  # up to "serving ...", which says all is up
+        while not lines or not lines[-1].startswith("serving "):
+            line = process.stdout.readline()
+            assert line, f"serve exited: {lines}"
+            lines.append(line)
+        (shown,) = [line for line in lines if line.startswith("web UI: ")]
+        url = shown.split()[2]
+        assert url.startswith("http://127.0.0.1:")
+        assert url.endswith("/ui/")
+        assert "demo-tok-1" not in "".join(lines)
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(url)
+            page.fill("#token", "demo-tok-1")
+            page.click("#signin-form button")
+            expect(page.locator("#start-agent")).to_have_value("demo")
+            page.fill("#start-input", "What is 2 + 3?")
+            page.click("#start-button")
+            root = page.locator(".tree > .node")
+            expect(head(root, ".status")).to_have_text("completed")
+            expect(root.locator(".msg.assistant").last).not_to_be_empty()
+        finally:
+            context.close()
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "server stopped" in out
+
+
+def test_a_dropped_connection_reattaches_from_the_last_event(
+    browser: Browser, server: UiServer
+) -> None:
+    # this page goes through the proxy, whose connections the test cuts
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        run_id = server.start(ALICE, "long_drop", "count")
+        page.goto(server.proxy_url + "/ui/")
+        page.fill("#token", ALICE)
+        page.click("#signin-form button")
+        page.goto(f"{server.proxy_url}/ui/#/runs/{run_id}")
+        text = page.locator(".tree > .node .msg.assistant")
+        expect(text).to_have_text("".join(f"w{i:02d} " for i in range(1, 21)))
+        expect(page.locator("#conn")).to_have_text("live")
+        last = page.evaluate("window.trioAgentsUI.stats()")["lastId"]
+        requests: list[Request] = []
+        page.on("request", lambda request: requests.append(request))
+        server.sever()
+        page.wait_for_function("() => window.trioAgentsUI.stats().attaches === 2")  # re-attached
+        (again,) = [r for r in requests if "/events" in r.url]
+        assert again.headers["last-event-id"] == last  # the id of the last event it got
+        server.open_gate("drop")
+        expect(text).to_have_text("".join(f"w{i:02d} " for i in range(1, 41)))
+        expect(page.locator(".tree > .node > .node-head .status")).to_have_text("completed")
+        stats = page.evaluate("window.trioAgentsUI.stats()")
+        assert (stats["duplicates"], stats["gaps"]) == (0, 0)
+        assert stats["attaches"] == 2
+        assert stats["events"] == server.get(ALICE, run_id)["seq"]
+    finally:
+        context.close()

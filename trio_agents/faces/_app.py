@@ -1,0 +1,280 @@
+"""The ASGI app of the HTTP faces: one Starlette app composed of every face's routes.
+
+Every face is a module ``trio_agents/faces/_<name>.py`` with a function
+``routes(face: Face) -> Routes``, listed by name in :data:`FACES` — adding a face is
+one line there. The app puts each face's :attr:`Routes.routes` behind the bearer-token
+layer (the websocket channel's :data:`~trio_agents.control.Auth`, compared in constant
+time; tokens are read from the ``Authorization`` header only, never from a URL) and its
+:attr:`Routes.public` (static files, an agent card) in front of it. So a route is
+authenticated unless its face says otherwise, and a path no face serves answers 401
+without a token and 404 with one: nothing tells an anonymous client what exists.
+
+Errors: :class:`~trio_agents.hosting.HostError` and :class:`HttpError` raised by a
+route become the JSON error answer (``_http.py``); so do Starlette's own 404 and 405;
+anything else is logged and answers 500 ``internal``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from typing import Any, Final, Protocol, final
+
+import attrs
+import trio
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Router
+
+from ..control._auth import Auth, authenticate
+from ..hosting import HostError, RunHost
+from ._http import PRINCIPAL_KEY, HttpError, HttpLimits, error_response
+
+__all__ = ["FACES", "Face", "HttpApp", "HttpStatistics", "Routes", "http_app"]
+
+logger = logging.getLogger("trio_agents.faces")
+
+FACES: Final[tuple[str, ...]] = (
+    # One line per face: the module trio_agents/faces/_<name>.py, with routes(face).
+    "rest",
+    "a2a",
+    "agui",
+    "ui",
+)
+"""The faces :func:`http_app` serves by default, by module name."""
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+@attrs.frozen(kw_only=True)
+class Routes:
+    """What one face serves.
+
+    Attributes:
+        routes: served to authenticated requests only (the request's principal:
+            :func:`~trio_agents.faces.principal_of`).
+        public: served without a token — only what holds no run and no principal's
+            data (the web UI's static files, an agent card).
+    """
+
+    routes: Sequence[BaseRoute] = ()
+    public: Sequence[BaseRoute] = ()
+
+
+@attrs.frozen
+class HttpStatistics:
+    """A snapshot of an :class:`HttpApp`.
+
+    Attributes:
+        streams: open event streams (every face's).
+        closing: whether the server is shutting down.
+    """
+
+    streams: int
+    closing: bool
+
+
+@final
+@attrs.define(eq=False)
+class Face:
+    """What a face's ``routes`` function is given: the host, the limits, and the
+    bookkeeping of event streams every face shares.
+
+    Attributes:
+        host: the run host every face is a client of.
+        limits: the :class:`HttpLimits`.
+    """
+
+    host: RunHost
+    limits: HttpLimits
+    _streams: dict[str, int] = attrs.field(init=False, factory=dict)
+    _closing: trio.Event = attrs.field(init=False, factory=trio.Event)
+
+    @property
+    def closing(self) -> bool:
+        """Whether the server is shutting down (new streams are refused)."""
+        return self._closing.is_set()
+
+    async def wait_closing(self) -> None:
+        """Wait until the server begins to shut down."""
+        await self._closing.wait()
+
+    def begin_shutdown(self) -> None:
+        self._closing.set()
+
+    def open_stream(self, principal: str) -> Callable[[], None]:
+        """Count an event stream of ``principal`` (``limit_exceeded`` past
+        ``max_streams_per_principal``, ``unavailable`` once shutting down); returns
+        the function that un-counts it (call it exactly once)."""
+        if self.closing:
+            raise HttpError("unavailable", "the server is shutting down")
+        held = self._streams.get(principal, 0)
+        if held >= self.limits.max_streams_per_principal:
+            raise HttpError(
+                "limit_exceeded",
+                f"{held} event streams are open; at most"
+                f" {self.limits.max_streams_per_principal} per principal",
+            )
+        self._streams[principal] = held + 1
+        done = False
+
+        def close() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            left = self._streams[principal] - 1
+            if left:
+                self._streams[principal] = left
+            else:
+                del self._streams[principal]
+
+        return close
+
+    def statistics(self) -> HttpStatistics:
+        return HttpStatistics(streams=sum(self._streams.values()), closing=self.closing)
+
+
+class FaceRoutes(Protocol):
+    """The ``routes`` function of a face module."""
+
+    def __call__(self, face: Face) -> Routes: ...
+
+
+def face_routes(name: str) -> FaceRoutes:
+    """The ``routes`` function of the face module ``trio_agents.faces._<name>``."""
+    if not name.isidentifier():
+        raise ValueError(f"not a face name: {name!r}")
+    try:
+        module = importlib.import_module(f"{__package__}._{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"{__package__}._{name}":
+            raise ValueError(f"no face {name!r} (known: {', '.join(FACES)})") from None
+        raise
+    routes: FaceRoutes = module.routes
+    return routes
+
+
+@final
+class _Authenticated:
+    """The bearer-token layer: the principal on the request's scope, or 401."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], auth: Auth):
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # websockets are the control channel's, elsewhere
+            raise HTTPException(404)
+        principal = authenticate(self.auth, Headers(scope=scope).get("authorization"))
+        if principal is None:
+            response = error_response(
+                "unauthorized",
+                "a valid 'Authorization: Bearer <token>' header is required",
+                headers={"WWW-Authenticate": 'Bearer realm="trio-agents"'},
+            )
+            await response(scope, receive, send)
+            return
+        scope[PRINCIPAL_KEY] = principal
+        await self.app(scope, receive, send)
+
+
+async def _on_http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HttpError)
+    return error_response(exc.code, exc.message, headers=exc.headers)
+
+
+async def _on_host_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HostError)
+    return error_response(exc.code, exc.message)
+
+
+async def _on_starlette(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response("not_found", "no such route")
+    if exc.status_code == 405:
+        return error_response(
+            "method_not_allowed", "this route does not take this method", headers=exc.headers
+        )
+    code = "internal" if exc.status_code >= 500 else "invalid_request"
+    response = error_response(code, str(exc.detail), headers=exc.headers)
+    response.status_code = exc.status_code
+    return response
+
+
+async def _on_crash(request: Request, exc: Exception) -> Response:
+    logger.error("%s %s crashed", request.method, request.url.path, exc_info=exc)
+    return error_response("internal", "the server failed to answer; the error is logged")
+
+
+@final
+class HttpApp:
+    """The ASGI app of the HTTP faces (see the module docstring); build it with
+    :func:`http_app`, serve it with :func:`~trio_agents.faces.serve_http` (or any
+    ASGI server running on Trio)."""
+
+    def __init__(self, face: Face, app: Starlette) -> None:
+        self.face = face
+        self._app = app
+
+    @property
+    def host(self) -> RunHost:
+        """The run host every face is a client of."""
+        return self.face.host
+
+    @property
+    def limits(self) -> HttpLimits:
+        """The :class:`HttpLimits`."""
+        return self.face.limits
+
+    def statistics(self) -> HttpStatistics:
+        """Counts of open event streams, for monitoring and tests."""
+        return self.face.statistics()
+
+    def shutdown(self) -> None:
+        """The server is shutting down: new event streams are refused (503)."""
+        self.face.begin_shutdown()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+def http_app(
+    host: RunHost,
+    *,
+    auth: Auth,
+    limits: HttpLimits | None = None,
+    faces: Iterable[str] = FACES,
+) -> HttpApp:
+    """The ASGI app serving ``faces`` (default: every face in :data:`FACES`) of
+    ``host``, authenticated with ``auth`` (token → principal, the same as the
+    websocket channel's)."""
+    if not (isinstance(auth, dict) or hasattr(auth, "items") or callable(auth)):
+        raise TypeError("auth must be a mapping of token -> principal or a callable")
+    limits = limits if limits is not None else HttpLimits()
+    if not isinstance(limits, HttpLimits):
+        raise TypeError("limits must be an HttpLimits")
+    face = Face(host, limits)
+    public: list[BaseRoute] = []
+    private: list[BaseRoute] = []
+    for name in faces:
+        served = face_routes(name)(face)
+        public.extend(served.public)
+        private.extend(served.routes)
+    app = Starlette(
+        routes=[*public, Mount("", app=_Authenticated(Router(routes=private), auth))],
+        exception_handlers={
+            HttpError: _on_http_error,
+            HostError: _on_host_error,
+            HTTPException: _on_starlette,
+            Exception: _on_crash,
+        },
+    )
+    return HttpApp(face, app)

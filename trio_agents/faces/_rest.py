@@ -1,0 +1,349 @@
+"""The REST + SSE face (DESIGN §19): the websocket channel's ops as HTTP routes, and a
+run's events as Server-Sent Events.
+
+Bodies are validated by the very checks of the websocket channel's request frames
+(``control/_requests.py``): the same fields, types, bounds and messages on both faces.
+
+Event streams: every message carries the event as the websocket channel's ``event``
+frame carries it (``{"run_id", "seq", "event"}``), with ``id: <seq>``. A client that
+lost the stream re-attaches with ``Last-Event-ID: <seq>`` (or ``?from_seq=<seq + 1>``
+where it cannot set headers; the header wins when both are given, as an EventSource
+re-sends the header with the original URL) and gets every event after it, once. Past
+the run's retention, the stream starts with an ``events.dropped`` event (it has no
+``id:``, so the client's last id stays the last event it got).
+
+A tree stream (``?tree=1``) merges the subtree's events, each with its own run id and
+per-run seq, so its ids are ``<run_id>:<seq>``: the last event the client got. The
+merged order is fixed once it happened, so a re-attach replays the tree and resumes
+right after that event; if that event is no longer retained, the stream starts with
+``events.dropped`` (``first_missing_seq`` and ``count`` null: what is missing spans
+several runs) and goes on with the oldest event retained after it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Final, cast
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .._limits import UsageLimits
+from ..control._protocol import ProtocolError
+from ..control._requests import (
+    RunApprove,
+    RunCancel,
+    RunInject,
+    RunReject,
+    RunStart,
+    RunWithdraw,
+    SessionCancel,
+    parse_request,
+)
+from ..hosting import HostedEvent, Origin, StartRequest
+from ._app import Face, Routes
+from ._http import HttpError, principal_of, read_json
+from ._sse import EventStream, sse_message
+
+__all__ = ["routes"]
+
+# Fields of the websocket's request frames that HTTP does not take: no connection owns
+# a run started over HTTP (on_disconnect), and the events are a route of their own.
+_NOT_OVER_HTTP: Final[Mapping[str, frozenset[str]]] = {
+    "run.start": frozenset({"subscribe", "on_disconnect"}),
+}
+
+
+def _answer(data: Mapping[str, Any], status: int = 200) -> JSONResponse:
+    return JSONResponse(dict(data), status_code=status, headers={"Cache-Control": "no-store"})
+
+
+def _validate(op: str, body: Any, **path: str) -> Any:
+    """``body`` (plus the path's fields) checked as the websocket's ``op`` frame."""
+    if not isinstance(body, dict):
+        raise HttpError("invalid_request", "the body must be a JSON object")
+    refused = sorted(set(body) & ({"id", "op"} | set(path) | _NOT_OVER_HTTP.get(op, frozenset())))
+    if refused:
+        shown = ", ".join(repr(name[:64]) for name in refused[:5])
+        raise HttpError("invalid_request", f"unknown field(s) for this route: {shown}")
+    try:
+        return parse_request(json.dumps({**body, **path, "id": 0, "op": op}))
+    except ProtocolError as exc:
+        raise HttpError(exc.code, exc.message) from None
+
+
+def _flag(request: Request, name: str) -> bool:
+    value = request.query_params.get(name)
+    if value is None or value in ("0", "false", ""):
+        return False
+    if value in ("1", "true"):
+        return True
+    raise HttpError("invalid_request", f"?{name}= must be 1, true, 0 or false")
+
+
+def _info(info: Any) -> dict[str, Any]:
+    json_of = getattr(info, "to_json", None)
+    return dict(json_of()) if callable(json_of) else dict(info)
+
+
+class _Rest:
+    def __init__(self, face: Face) -> None:
+        self.face = face
+        self.host = face.host
+
+    async def _body(self, request: Request, *, empty: Any = None) -> Any:
+        return await read_json(request, self.face.limits.max_body_bytes, empty=empty)
+
+    async def start(self, request: Request) -> Response:
+        principal = principal_of(request)
+        start: RunStart = _validate("run.start", await self._body(request))
+        limits = None
+        if start.limits:
+            try:
+                limits = UsageLimits(**cast(Any, start.limits))
+            except (TypeError, ValueError) as exc:
+                raise HttpError("invalid_request", f"limits: {exc}") from None
+        run_id = await self.host.start(
+            Origin(principal=principal),
+            StartRequest(
+                agent=start.agent,
+                input=start.input,
+                session_id=start.session_id,
+                on_disconnect="continue",
+                on_busy=start.on_busy,
+                limits=limits,
+            ),
+        )
+        return JSONResponse(
+            {"run_id": run_id},
+            status_code=201,
+            headers={"Location": f"/runs/{run_id}", "Cache-Control": "no-store"},
+        )
+
+    async def list(self, request: Request) -> Response:
+        runs = await self.host.list(principal_of(request), all=_flag(request, "all"))
+        return _answer({"runs": [_info(info) for info in runs]})
+
+    async def get(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        return _answer({"run": _info(await self.host.get(principal_of(request), run_id))})
+
+    async def cancel(self, request: Request) -> Response:
+        principal = principal_of(request)
+        wait = _flag(request, "wait")
+        cancel: RunCancel = _validate(
+            "run.cancel", await self._body(request, empty={}), run_id=request.path_params["run_id"]
+        )
+        await self.host.cancel(principal, cancel.run_id, cancel.reason, cancel.mode)
+        if not wait:
+            return _answer({"run_id": cancel.run_id}, 202)
+        return _answer({"run": _info(await self.host.wait_terminal(principal, cancel.run_id))})
+
+    async def inject(self, request: Request) -> Response:
+        inject: RunInject = _validate(
+            "run.inject", await self._body(request), run_id=request.path_params["run_id"]
+        )
+        injection_id = await self.host.inject(
+            principal_of(request), inject.run_id, inject.items, inject.when
+        )
+        return _answer({"injection_id": injection_id})
+
+    async def withdraw(self, request: Request) -> Response:
+        withdraw: RunWithdraw = _validate(
+            "run.withdraw", await self._body(request), run_id=request.path_params["run_id"]
+        )
+        withdrawn = await self.host.withdraw(
+            principal_of(request), withdraw.run_id, withdraw.injection_id
+        )
+        return _answer({"withdrawn": withdrawn})
+
+    async def approve(self, request: Request) -> Response:
+        approve: RunApprove = _validate(
+            "run.approve", await self._body(request), run_id=request.path_params["run_id"]
+        )
+        await self.host.approve(principal_of(request), approve.run_id, approve.call_id)
+        return _answer({"run_id": approve.run_id})
+
+    async def reject(self, request: Request) -> Response:
+        reject: RunReject = _validate(
+            "run.reject", await self._body(request), run_id=request.path_params["run_id"]
+        )
+        await self.host.reject(principal_of(request), reject.run_id, reject.call_id, reject.message)
+        return _answer({"run_id": reject.run_id})
+
+    async def cancel_session(self, request: Request) -> Response:
+        principal = principal_of(request)
+        wait = _flag(request, "wait")
+        cancel: SessionCancel = _validate(
+            "session.cancel",
+            await self._body(request, empty={}),
+            session_id=request.path_params["session_id"],
+        )
+        run_id = await self.host.cancel_session(
+            principal, cancel.session_id, cancel.reason, cancel.mode
+        )
+        if not wait:
+            return _answer({"run_id": run_id}, 202)
+        return _answer({"run": _info(await self.host.wait_terminal(principal, run_id))})
+
+    async def events(self, request: Request) -> Response:
+        principal = principal_of(request)
+        run_id = request.path_params["run_id"]
+        if not 0 < len(run_id) <= 256:
+            raise HttpError("invalid_request", "run ids are 1 to 256 characters")
+        tree = _flag(request, "tree")
+        kind = request.query_params.get("events", "all")
+        if kind not in ("all", "status"):
+            raise HttpError("invalid_request", "?events= must be all or status")
+        last = request.headers.get("last-event-id")
+        if tree:
+            if "from_seq" in request.query_params and last is None:
+                raise HttpError(
+                    "invalid_request",
+                    "a tree stream has no ?from_seq= (seqs are per run): re-attach with"
+                    " Last-Event-ID: <run_id>:<seq>",
+                )
+            after = None if last is None else _tree_id(last)
+            return EventStream(
+                self.face,
+                principal,
+                lambda: self._tree(principal, run_id, kind == "status", after),
+            )
+        from_seq = 1 if last is None else _seq(last, "Last-Event-ID") + 1
+        if last is None and "from_seq" in request.query_params:
+            from_seq = max(1, _seq(request.query_params["from_seq"], "?from_seq="))
+        return EventStream(
+            self.face, principal, lambda: self._run(principal, run_id, kind == "status", from_seq)
+        )
+
+    @asynccontextmanager
+    async def _run(
+        self, principal: str, run_id: str, status_only: bool, from_seq: int
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        async with self.host.events(
+            principal, run_id, from_seq=from_seq, status_only=status_only
+        ) as events:
+            yield _messages(events, tree=False)
+
+    @asynccontextmanager
+    async def _tree(
+        self, principal: str, run_id: str, status_only: bool, after: tuple[str, int] | None
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        async with self.host.events(
+            principal, run_id, tree=True, status_only=status_only
+        ) as events:
+            if after is None:
+                yield _messages(events, tree=True)
+            else:
+                yield _messages(
+                    _resume_tree(events, after, self.face.limits.max_tree_resume_events), tree=True
+                )
+
+
+def _seq(text: str, name: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise HttpError("invalid_request", f"{name} must be a seq (an integer >= 0)") from None
+    if value < 0 or value >= 2**53:
+        raise HttpError("invalid_request", f"{name} must be a seq (an integer >= 0)")
+    return value
+
+
+def _tree_id(text: str) -> tuple[str, int]:
+    run_id, colon, seq = text.strip().rpartition(":")
+    if not colon or not run_id or len(run_id) > 256:
+        raise HttpError("invalid_request", "the Last-Event-ID of a tree stream is <run_id>:<seq>")
+    return run_id, _seq(seq, "the seq of Last-Event-ID")
+
+
+def _dropped(run_id: str) -> HostedEvent:
+    return HostedEvent(
+        run_id,
+        0,
+        {
+            "type": "events.dropped",
+            "run_id": run_id,
+            "seq": 0,
+            "first_missing_seq": None,
+            "count": None,
+        },
+    )
+
+
+async def _resume_tree(
+    events: AsyncIterator[HostedEvent], after: tuple[str, int], bound: int
+) -> AsyncIterator[HostedEvent]:
+    """The tree's events after ``after`` (see the module docstring). The events read
+    before it is found are held (at most ``bound`` of them: the host's replay of what
+    it retains), so that if it is not retained they can still be given, after an
+    ``events.dropped``."""
+    run_id, seq = after
+    held: list[HostedEvent] = []
+    found = False
+    async for event in events:
+        if found:
+            yield event
+            continue
+        if (
+            event.run_id == run_id
+            and event.seq >= seq
+            and event.event.get("type") != "events.dropped"
+        ):
+            if event.seq == seq:  # the client's last event: resume right after it
+                found = True
+                held.clear()
+                continue
+            # A later event of that run, and not the one named: it is no longer retained.
+            found = True
+            yield _dropped(run_id)
+            for old in held:
+                yield old
+            held.clear()
+            yield event
+            continue
+        held.append(event)
+        if len(held) > bound:
+            found = True
+            yield _dropped(run_id)
+            for old in held:
+                yield old
+            held.clear()
+    if not found:
+        yield _dropped(run_id)
+        for old in held:
+            yield old
+
+
+async def _messages(events: AsyncIterator[HostedEvent], *, tree: bool) -> AsyncIterator[bytes]:
+    async for hosted in events:
+        dropped = hosted.event.get("type") == "events.dropped"
+        data = {"run_id": hosted.run_id, "seq": hosted.seq, "event": dict(hosted.event)}
+        if dropped:
+            yield sse_message(data)
+        elif tree:
+            yield sse_message(data, id=f"{hosted.run_id}:{hosted.seq}")
+        else:
+            yield sse_message(data, id=str(hosted.seq))
+
+
+def routes(face: Face) -> Routes:
+    """The REST + SSE routes (all authenticated)."""
+    rest = _Rest(face)
+    return Routes(
+        routes=[
+            Route("/runs", rest.start, methods=["POST"]),
+            Route("/runs", rest.list, methods=["GET"]),
+            Route("/runs/{run_id}", rest.get, methods=["GET"]),
+            Route("/runs/{run_id}/cancel", rest.cancel, methods=["POST"]),
+            Route("/runs/{run_id}/inject", rest.inject, methods=["POST"]),
+            Route("/runs/{run_id}/withdraw", rest.withdraw, methods=["POST"]),
+            Route("/runs/{run_id}/approve", rest.approve, methods=["POST"]),
+            Route("/runs/{run_id}/reject", rest.reject, methods=["POST"]),
+            Route("/runs/{run_id}/events", rest.events, methods=["GET"]),
+            Route("/sessions/{session_id}/cancel", rest.cancel_session, methods=["POST"]),
+        ]
+    )

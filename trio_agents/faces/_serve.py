@@ -1,0 +1,185 @@
+"""Serving the HTTP faces with Hypercorn's Trio worker.
+
+Why not plain ``hypercorn.trio.serve``: Hypercorn writes every byte with a *shielded*
+``send_all`` (``hypercorn/trio/tcp_server.py``, ``protocol_send``), so a client that
+stops reading an event stream blocks that write — and the stream's task — forever, and
+no cancel scope of the app can end it. The one place a bound can go is the byte stream
+under Hypercorn. So :func:`serve_http` runs Hypercorn's own per-connection server
+(``TCPServer``, the piece ``hypercorn.trio.serve`` runs for each accepted socket) over
+a listener of ours whose streams bound each write by ``send_timeout``: a write still
+blocked then closes the socket, Hypercorn sees the connection closed, and the app's
+``receive()`` answers ``http.disconnect``. The shutdown is Hypercorn's too (stop
+accepting, tell idle keep-alive connections to close, give the rest a bound).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, NoReturn, cast, final
+
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.config import Config
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+
+from .._util import first_leaf, only_cancelled
+from ._http import HttpLimits
+
+__all__ = ["serve_http"]
+
+logger = logging.getLogger("trio_agents.faces")
+
+
+@final
+class _BoundedStream(trio.abc.HalfCloseableStream):
+    """A socket stream whose ``send_all`` gives up after ``send_timeout`` seconds and
+    closes the socket (nothing is ever written after a send that did not finish)."""
+
+    def __init__(self, inner: trio.SocketStream, send_timeout: float) -> None:
+        self.inner = inner
+        self.send_timeout = send_timeout
+        self.broken = False
+
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        """The socket (Hypercorn reads the peer's address from it)."""
+        return self.inner.socket
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.broken:
+            await trio.lowlevel.checkpoint()
+            raise trio.BrokenResourceError("a previous send did not finish")
+        try:
+            with trio.move_on_after(self.send_timeout) as timer:
+                await self.inner.send_all(data)
+        except BaseException:
+            self.broken = True
+            raise
+        if timer.cancelled_caught:
+            self.broken = True
+            with trio.CancelScope(shield=True):
+                await self.inner.aclose()
+            logger.info(
+                "an HTTP client read nothing for %g s; connection closed", self.send_timeout
+            )
+            raise trio.BrokenResourceError(f"the peer read nothing for {self.send_timeout:g} s")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        self.broken = True
+        await self.inner.aclose()
+
+
+def _config(limits: HttpLimits) -> Config:
+    config = Config()
+    config.graceful_timeout = limits.shutdown_timeout
+    # Request heads and bodies are bounded here too: a head past 16 KiB is refused by
+    # h11 before the app sees it; bodies are the app's (HttpLimits.max_body_bytes).
+    config.h11_max_incomplete_size = 16 * 1024
+    config.accesslog = None
+    config.errorlog = logging.getLogger("trio_agents.faces.hypercorn")
+    # A client that sends a head slowly, or nothing at all, is let go after this.
+    config.read_timeout = None
+    config.keep_alive_timeout = 30.0
+    return config
+
+
+async def serve_http(
+    app: Callable[[Any, Any, Any], Awaitable[None]],
+    host: str | None,
+    port: int,
+    *,
+    limits: HttpLimits | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Serve the ASGI ``app`` (an :func:`~trio_agents.faces.http_app`) on
+    ``host:port`` until cancelled (port 0 picks a free one).
+
+    Start protocol: ``port = await nursery.start(serve_http, app, "127.0.0.1", 0)``
+    returns the bound port. When the scope around it is cancelled: stop accepting,
+    call ``on_shutdown`` (an :class:`~trio_agents.faces.HttpApp` passed as ``app`` is
+    told itself), close idle keep-alive connections, let requests and event streams
+    in flight finish within ``limits.shutdown_timeout`` (streams end with their run's
+    terminal update, which a host shutting down emits), then close the rest and
+    re-raise the cancellation.
+    """
+    limits = limits if limits is not None else getattr(app, "limits", None) or HttpLimits()
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound: int = listeners[0].socket.getsockname()[1]
+    config = _config(limits)
+    context = WorkerContext(None)
+    serve_connection = partial(
+        TCPServer,
+        ASGIWrapper(app),
+        config,
+        context,
+        ConnectionState({}),
+    )
+
+    async def handle(stream: trio.SocketStream) -> None:
+        # Typed for its TLS stream; it uses the socket (for addresses) and the Stream calls.
+        await serve_connection(cast(Any, _BoundedStream(stream, limits.send_timeout)))
+
+    # The connections live in a shielded nursery: a cancelled serve_http stops
+    # accepting at once, but gives what is in flight its bound (connections.deadline).
+    connections = trio.CancelScope(shield=True)
+    stop = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            handlers: trio.Nursery = await nursery.start(_hold, connections, stop)
+            accepting = trio.CancelScope()
+            handlers.start_soon(_accept, handle, listeners, handlers, accepting)
+            task_status.started(bound)
+            try:
+                await trio.sleep_forever()
+            finally:
+                accepting.cancel()
+                connections.deadline = trio.current_time() + limits.shutdown_timeout
+                told = getattr(app, "shutdown", None)
+                if on_shutdown is not None:
+                    on_shutdown()
+                elif callable(told):
+                    told()
+                await context.terminated.set()  # no checkpoint: sets a trio.Event
+                stop.set()
+    except BaseExceptionGroup as group:
+        if only_cancelled(group):
+            raise first_leaf(group) from None
+        raise
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in listeners:
+                await listener.aclose()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _hold(
+    scope: trio.CancelScope, stop: trio.Event, *, task_status: trio.TaskStatus[trio.Nursery]
+) -> None:
+    with scope:
+        async with trio.open_nursery() as handlers:
+            task_status.started(handlers)
+            await stop.wait()
+
+
+async def _accept(
+    handle: Callable[[trio.SocketStream], Awaitable[None]],
+    listeners: list[trio.SocketListener],
+    handlers: trio.Nursery,
+    scope: trio.CancelScope,
+) -> None:
+    with scope:
+        await trio.serve_listeners(handle, listeners, handler_nursery=handlers)
