@@ -50,6 +50,11 @@ INTERNAL: dict[str, str] = {
     "ProtocolError": "becomes an error frame on the wire; the client raises ControlError",
     # The command line prints it as one line and exits non-zero (``_cli.main``).
     "CLIError": "printed by the trio-agents command as one line; never leaves main()",
+    # The HTTP faces turn these into their wire's error answers (an HTTP status and JSON
+    # body, a JSON-RPC error, an AG-UI 400): a client sees the answer, never the class.
+    "HttpError": "answered as an HTTP status and JSON error body by the HTTP faces",
+    "RpcError": "answered as a JSON-RPC error by the A2A face",
+    "AguiInputError": "answered as a 400 naming the field by the AG-UI face",
 }
 
 # Raised to users on purpose and outside the tree on purpose (the testing kit).
