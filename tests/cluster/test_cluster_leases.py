@@ -38,18 +38,29 @@ class GatedModel:
     """Answers ``ok <input>`` at once, except: an input naming a gate in ``holds``
     waits for that event first (its first call only: a resumed call answers at once),
     and ``two deltas`` streams ``one``, waits for ``go``, streams ``two`` and stalls
-    (first call), answering at once when called again (a resumed attempt)."""
+    (first call), answering at once when called again (a resumed attempt).
+    :meth:`wait_called` waits until a call for an input was made."""
 
     def __init__(self) -> None:
         self.holds: dict[str, trio.Event] = {}
         self.go = trio.Event()
         self.calls: list[str] = []
+        self._called: dict[str, trio.Event] = {}
+
+    def _called_event(self, text: str) -> trio.Event:
+        return self._called.setdefault(text, trio.Event())
+
+    async def wait_called(self, text: str) -> None:
+        """Wait until the model was called for ``text`` (the run reached its model: a
+        ``running`` status is persisted before that, so it does not tell)."""
+        await self._called_event(text).wait()
 
     @asynccontextmanager
     async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
         text = last_user_text(request)
         first = text not in self.calls
         self.calls.append(text)
+        self._called_event(text).set()
 
         async def events() -> AsyncIterator[Any]:
             if first and text in self.holds:
@@ -165,6 +176,9 @@ async def test_a_taken_over_session_holder_goes_before_a_run_queued_on_its_new_n
             async with client(a.url) as ca, client(b.url) as cb:
                 r1 = await ca.start_run(agent="a", input="first", session_id="s")
                 await poll_row(pg_dsn, r1, lambda row: row["status"] == "running")
+                # R1's first attempt is in its held model call (its first call, on A):
+                # crashed earlier, its attempt on B would be the held first call.
+                await model.wait_called("first")
                 r2 = await cb.start_run(
                     agent="a", input="second", session_id="s", on_busy="enqueue", subscribe="all"
                 )
