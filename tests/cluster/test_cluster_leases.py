@@ -20,6 +20,7 @@ import trio
 
 import trio_agents as ta
 from tests.support.cluster_support import Client, client, node
+from trio_agents.cluster import ClusterDown
 from trio_agents.models import Finish, ModelRequest, TextDelta
 
 BOUND: Final = 60.0  # a hang guard per test
@@ -371,3 +372,51 @@ async def test_a_run_row_locked_longer_than_the_lease_does_not_cost_its_node_the
     assert done["event"]["status"] == "completed", done
     row = await row_of(pg_dsn, run_id)
     assert (row["attempt"], row["owner"]) == (1, "A")
+
+
+# -- a queued run's claim whose answer is lost ----------------------------------------------
+
+
+async def test_a_queued_run_whose_session_claim_committed_with_its_answer_lost_runs(
+    pg_dsn: str,
+) -> None:
+    """R0 holds session s on A; R1 is queued for s on B. When R0 ends, B's claim of s
+    for R1 commits, but its answer is lost (the connection drops at the commit, as when
+    PostgreSQL stops then) and the claim is retried: R1's own row holds s by then, and
+    R1 runs — it does not wait for itself to end."""
+    model = GatedModel()
+    model.holds["zero"] = trio.Event()
+    lost: list[Any] = []
+    with trio.fail_after(BOUND):
+        async with nodes(model, pg_dsn, "A", "B", lease_ttl=10.0) as (a, b):
+            async with client(a.url) as ca, client(b.url) as cb:
+                await ca.start_run(agent="a", input="zero", session_id="s")
+                await model.wait_called("zero")
+                call = b.cluster.db.call
+
+                async def answer_lost(fn: Any) -> Any:
+                    result = await call(fn)
+                    claim = "claim_queued" in getattr(fn, "__qualname__", "")
+                    if claim and not lost and result[0] is True:
+                        lost.append(result)  # committed: only its answer is lost
+                        raise ClusterDown("the connection dropped at the commit")
+                    return result
+
+                b.cluster.db.call = answer_lost  # type: ignore[method-assign]
+                r1 = await cb.start_run(
+                    agent="a", input="first", session_id="s", on_busy="enqueue", subscribe="all"
+                )
+                await cb.wait_status(r1, "queued")
+                model.holds["zero"].set()
+                done1 = await cb.wait_terminal(r1)
+            assert lost
+            assert done1["event"]["status"] == "completed", done1
+    stored = await trio.to_thread.run_sync(
+        query,
+        pg_dsn,
+        "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
+        json.dumps(["alice", "s"]),
+    )
+    items = [ta.item_from_json(json.loads(row[0])) for row in stored]
+    texts = [item.content for item in items if isinstance(item, ta.UserMessage)]
+    assert texts == ["zero", "first"]
