@@ -402,7 +402,7 @@ async def test_a_queued_run_whose_session_claim_committed_with_its_answer_lost_r
                         raise ClusterDown("the connection dropped at the commit")
                     return result
 
-                b.cluster.db.call = answer_lost  # type: ignore[method-assign]
+                b.cluster.db.call = answer_lost
                 r1 = await cb.start_run(
                     agent="a", input="first", session_id="s", on_busy="enqueue", subscribe="all"
                 )
