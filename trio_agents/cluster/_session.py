@@ -143,6 +143,34 @@ class ClusterSession:
         encoded = encode_items(rest)
         await self._write(lambda conn: self.inner._add_items_sync(conn, encoded))
 
+    async def add_input(self, items: Sequence[Item]) -> None:
+        """Append a taken-over run's input, once: in one transaction with the marker
+        ``input_written`` in the run's ``options``, and not at all if the marker is
+        already there. A takeover (``_takeover.py``) then knows from the run's own
+        record whether its input reached the session — its ``run.item`` events (an
+        attempt's input goes in with them) or this marker —, never from what else the
+        session holds; and a retried transaction whose commit's answer was lost does
+        not append it twice."""
+        if self.fence.closed or self.run_id is None:
+            await trio.lowlevel.checkpoint()
+            return
+        encoded = encode_items(items)
+        run_id = self.run_id
+
+        def write(conn: psycopg.Connection[Any]) -> None:
+            row = conn.execute(
+                "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb,"
+                " '{input_written}', 'true'::jsonb)::text WHERE run_id = %s"
+                " AND NOT COALESCE((options::jsonb ->> 'input_written')::boolean, false)"
+                " RETURNING 1",
+                (run_id,),
+            ).fetchone()
+            if row is not None:
+                self.inner._add_items_sync(conn, encoded)
+
+        await self._written_with_events(())
+        await self._write(write)
+
     async def replace_items(self, items: Sequence[Item]) -> None:
         if self.fence.closed:
             await trio.lowlevel.checkpoint()

@@ -86,7 +86,7 @@ class Claimed:
     last_seq: int
     started: frozenset[str]
     reinject: tuple[InboxInjected, ...]
-    input: tuple[Item, ...] = ()
+    input: tuple[Item, ...] = ()  # its input, if not in its session yet (_input)
     cancel: tuple[str | None, str] | None = None  # an acked cancel: (reason, mode)
     # Recorded approvals and rejections, by call id: (approved, message).
     decisions: tuple[tuple[str, bool, str | None], ...] = ()
@@ -194,9 +194,16 @@ def _limits(options: str) -> UsageLimits | None:
         return None
 
 
-def _input(options: str) -> tuple[Item, ...]:
+def _input(options: str, logged: bool) -> tuple[Item, ...]:
+    """The run's input, if it has yet to reach the session: not once the run logged a
+    ``run.item`` (an attempt's input is its first, written to the session with it) or
+    a takeover wrote it (``input_written``, ``ClusterSession.add_input``). What else
+    the session holds (earlier runs' items) does not tell."""
     try:
-        return tuple(item_from_json(item) for item in json.loads(options).get("input", ()))
+        parsed = json.loads(options)
+        if logged or parsed.get("input_written") is True:
+            return ()
+        return tuple(item_from_json(item) for item in parsed.get("input", ()))
     except (TypeError, ValueError, AttributeError):
         return ()
 
@@ -564,7 +571,7 @@ class Leases:
                     last_seq=int(last_seq),
                     started=frozenset(starts.get(run_id, ())),
                     reinject=pending,
-                    input=_input(options),
+                    input=_input(options, bool(items.get(run_id))),
                     cancel=_cancel(options),
                     decisions=tuple(
                         (call_id, approved, message)

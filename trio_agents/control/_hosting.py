@@ -379,13 +379,12 @@ async def resume_run(
 
         async def then_claimed() -> None:
             if inputs:
-                await session.add_items(inputs)
+                await session.add_input(inputs)
 
     elif claimed.input:
-        # The earlier attempt died before its input reached the session.
-        stored = await session.get_items()
-        if not stored:
-            await session.add_items(claimed.input)
+        # The earlier attempt died before its input reached the session (the run's own
+        # record says so: ``Claimed.input``), whatever else the session holds.
+        await session.add_input(claimed.input)
     extra: dict[str, Any] = {
         "resume": resume,
         "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
