@@ -148,3 +148,43 @@ async def test_a_takeovers_input_write_retried_after_its_commit_answer_was_lost_
         ("UserMessage", "first"),
         ("AssistantMessage", "ok first"),
     ]
+
+
+async def test_a_queued_run_killed_after_its_claim_before_its_input_answers_its_own_input(
+    pg_dsn: str,
+) -> None:
+    """R1 is queued on s behind R0 at A; when R0 ends, R1's claim of s commits and A
+    dies before R1's input is written: B takes R1 over (no longer queued) and writes
+    the input, though s holds R0's items."""
+    model = GatedModel()
+    model.holds["zero"] = trio.Event()
+    crashed = trio.Event()
+    with trio.fail_after(BOUND):
+        async with nodes(model, pg_dsn, "A", "B", lease_ttl=2.0) as (a, _b):
+            async with client(a.url) as ca:
+                await ca.start_run(agent="a", input="zero", session_id="s")
+                await model.wait_called("zero")
+                claim_queued = a.cluster.claim_queued
+
+                async def then_crash(**kwargs: Any) -> Any:
+                    claimed = await claim_queued(**kwargs)
+                    if claimed:  # R1's claim of s committed
+                        a.crash()
+                        crashed.set()
+                        await trio.sleep_forever()
+                    return claimed
+
+                a.cluster.claim_queued = then_crash  # type: ignore[method-assign]
+                r1 = await ca.start_run(
+                    agent="a", input="first", session_id="s", on_busy="enqueue", subscribe="all"
+                )
+                await ca.wait_status(r1, "queued")
+                model.holds["zero"].set()
+                await crashed.wait()
+            await poll_row(pg_dsn, r1, lambda row: row["finished"])
+    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == [
+        ("UserMessage", "zero"),
+        ("AssistantMessage", "ok zero"),
+        ("UserMessage", "first"),
+        ("AssistantMessage", "ok first"),
+    ]
