@@ -4,7 +4,7 @@ fill silences. Driven with a fake ASGI ``send`` that records each body write."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,7 +28,7 @@ class _Client:
         self.gate: trio.Event | None = None
         self.done = False
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: MutableMapping[str, Any]) -> None:
         if message["type"] != "http.response.body":
             return
         if self.gate is not None:
@@ -36,7 +36,7 @@ class _Client:
         self.bodies.append(message["body"])
         self.done = not message["more_body"]
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive(self) -> MutableMapping[str, Any]:
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 
@@ -60,7 +60,8 @@ async def test_messages_ready_together_go_in_one_body_write() -> None:
     await _stream(ready())({}, client.receive, client.send)
     opened, *middle, last = client.bodies
     assert opened == b": stream open\n\n"
-    assert last == b"" and client.done
+    assert last == b""
+    assert client.done
     assert len(middle) == 1  # one write, not one per message
     expected = b"".join(sse_message({"seq": seq}, id=str(seq)) for seq in range(1, 101))
     assert middle[0] == expected  # in order, ids kept
