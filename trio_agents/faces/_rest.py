@@ -25,13 +25,12 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .._limits import UsageLimits
 from ..control._protocol import ProtocolError
 from ..control._requests import (
     RunApprove,
@@ -100,12 +99,6 @@ class _Rest:
     async def start(self, request: Request) -> Response:
         principal = principal_of(request)
         start: RunStart = _validate("run.start", await self._body(request))
-        limits = None
-        if start.limits:
-            try:
-                limits = UsageLimits(**cast(Any, start.limits))
-            except (TypeError, ValueError) as exc:
-                raise HttpError("invalid_request", f"limits: {exc}") from None
         run_id = await self.host.start(
             Origin(principal=principal),
             StartRequest(
@@ -114,7 +107,8 @@ class _Rest:
                 session_id=start.session_id,
                 on_disconnect="continue",
                 on_busy=start.on_busy,
-                limits=limits,
+                # The wire mapping: the host merges it with its max_run_limits first.
+                limits=start.limits or None,
             ),
         )
         return JSONResponse(

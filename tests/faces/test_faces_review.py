@@ -1,0 +1,55 @@
+"""Findings of the adversarial review of the hosting layer and the HTTP faces (r27r):
+each test failed on the code before its fix."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from tests.support.control_support import ask, raw_client
+from tests.support.http_support import AGENTS, TOKENS, Served, client
+from trio_agents import UsageLimits
+from trio_agents.control import Limits, open_control_server
+from trio_agents.faces import http_app, serve_http
+
+
+@asynccontextmanager
+async def serving_with(limits: Limits) -> AsyncIterator[Served]:
+    """The HTTP faces and the websocket channel of one host with these host limits."""
+    async with open_control_server(AGENTS, auth=TOKENS, limits=limits) as server:
+        app = http_app(server.host, auth=TOKENS)
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_http, app, "127.0.0.1", 0)
+            yield Served(server, app, f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{server.port}/")
+            nursery.cancel_scope.cancel()
+
+
+async def test_limits_valid_only_with_the_servers_maximum_are_taken_by_every_face() -> None:
+    # A client's wrap_up alone is valid: the server's max_run_limits supplies the
+    # deadline it counts back from (control/_policies.py, effective_limits). The faces
+    # used to build UsageLimits(wrap_up=5) before the host merged, which refuses it.
+    limits = Limits(max_run_limits=UsageLimits(deadline=60))
+    async with serving_with(limits) as served, client(served.base) as alice:
+        answer = await alice.post(
+            "/runs", json={"agent": "blocker", "input": "go", "limits": {"wrap_up": 5}}
+        )
+        assert answer.status_code == 201, answer.text
+        async with raw_client(served.ws_url) as ws:
+            reply = await ask(
+                ws,
+                {
+                    "id": 1,
+                    "op": "run.start",
+                    "agent": "blocker",
+                    "input": "go",
+                    "limits": {"wrap_up": 5},
+                },
+            )
+            assert reply["type"] == "ack", reply
+        # and what does not fit the merged limits is refused alike on both faces
+        bad = {"agent": "blocker", "input": "go", "limits": {"wrap_up": 90}}
+        answer = await alice.post("/runs", json=bad)
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == "invalid_request"
