@@ -146,3 +146,34 @@ async def _scenario(cluster: Cluster) -> None:
         for url in (one, two, three):
             answer = await http.get(f"{url}/runs/{second_id}")
             assert answer.json()["run"]["status"] == "cancelled"
+
+
+async def test_hostile_run_ids_are_not_found_on_every_node(pg_dsn: str) -> None:
+    # Path ids reach the host unvalidated by the request frames' checks: a NUL (which
+    # PostgreSQL text refuses), a lone surrogate's escape, a huge id.
+    with trio.fail_after(BOUND):
+        async with open_cluster(pg_dsn, 2) as cluster:
+            one, two = [await _http_url(node) for node in cluster.nodes.values()]
+            auth = {"Authorization": f"Bearer {cluster.token}"}
+            async with httpx.AsyncClient(headers=auth, timeout=httpx.Timeout(BOUND)) as http:
+                for url in (one, two):
+                    for run_id in ("a%00b", "%ED%A0%80", "x" * 5000, "..%2F..%2Fetc"):
+                        for method, path in [
+                            ("GET", "/runs/{id}"),
+                            ("GET", "/runs/{id}/events"),
+                            ("POST", "/runs/{id}/cancel"),
+                            ("POST", "/runs/{id}/approve"),
+                        ]:
+                            body = {"call_id": "c1"} if path.endswith("approve") else {}
+                            answer = await http.request(
+                                method, url + path.replace("{id}", run_id), json=body
+                            )
+                            assert answer.status_code in (400, 404), (
+                                method,
+                                path,
+                                run_id[:20],
+                                answer.status_code,
+                                answer.text[:300],
+                            )
+                    answer = await http.post(f"{url}/sessions/a%00b/cancel", json={})
+                    assert answer.status_code in (400, 409), answer.text[:300]

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..control._protocol import ProtocolError
+from ..control._protocol import MAX_NAME_LENGTH, ProtocolError
 from ..control._requests import (
     RunApprove,
     RunCancel,
@@ -44,7 +44,7 @@ from ..control._requests import (
 )
 from ..hosting import HostedEvent, Origin, StartRequest
 from ._app import Face, Routes
-from ._http import HttpError, principal_of, read_json
+from ._http import _UNSTORABLE, HttpError, principal_of, read_json
 from ._sse import EventStream, sse_message
 
 __all__ = ["routes"]
@@ -122,7 +122,7 @@ class _Rest:
         return _answer({"runs": [_info(info) for info in runs]})
 
     async def get(self, request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = _path_id(request, "run_id")
         return _answer({"run": _info(await self.host.get(principal_of(request), run_id))})
 
     async def cancel(self, request: Request) -> Response:
@@ -185,9 +185,7 @@ class _Rest:
 
     async def events(self, request: Request) -> Response:
         principal = principal_of(request)
-        run_id = request.path_params["run_id"]
-        if not 0 < len(run_id) <= 256:
-            raise HttpError("invalid_request", "run ids are 1 to 256 characters")
+        run_id = _path_id(request, "run_id")
         tree = _flag(request, "tree")
         kind = request.query_params.get("events", "all")
         if kind not in ("all", "status"):
@@ -235,6 +233,19 @@ class _Rest:
                 yield _messages(
                     _resume_tree(events, after, self.face.limits.max_tree_resume_events), tree=True
                 )
+
+
+def _path_id(request: Request, name: str) -> str:
+    """A run id from the path, checked as the request frames check one (routes with a
+    body check theirs in :func:`_validate`): a NUL or a lone surrogate reached the
+    cluster's PostgreSQL queries, which refuse them (a 500 for a GET)."""
+    value = str(request.path_params[name])
+    if not 0 < len(value) <= MAX_NAME_LENGTH or _UNSTORABLE.search(value):
+        raise HttpError(
+            "invalid_request",
+            f"{name} must be 1 to {MAX_NAME_LENGTH} characters of Unicode text without NUL",
+        )
+    return value
 
 
 def _seq(text: str, name: str) -> int:
