@@ -3,13 +3,14 @@ each test failed on the code before its fix."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
 
 from tests.support.control_support import ask, raw_client
-from tests.support.http_support import AGENTS, TOKENS, Served, client
+from tests.support.http_support import AGENTS, TOKENS, Served, client, serving, start
 from trio_agents import UsageLimits
 from trio_agents.control import Limits, open_control_server
 from trio_agents.faces import http_app, serve_http
@@ -53,3 +54,38 @@ async def test_limits_valid_only_with_the_servers_maximum_are_taken_by_every_fac
         answer = await alice.post("/runs", json=bad)
         assert answer.status_code == 400
         assert answer.json()["error"]["code"] == "invalid_request"
+
+
+async def test_tree_resume_point_outside_the_tree_is_refused_not_a_silent_stream() -> None:
+    # A tree stream re-attached with a Last-Event-ID naming no event of the tree (a
+    # run outside it, another principal's, or a seq past the run's latest) used to
+    # open (200) and then hold every live event back looking for it: a blocked run's
+    # stream stayed silent. Now refused before the stream starts.
+    async with (
+        serving() as served,
+        client(served.base) as alice,
+        client(served.base, "tok-bob") as bob,
+    ):
+        run_id = await start(alice)
+        other = await start(alice)
+        bobs = await start(bob)
+        info = (await alice.get(f"/runs/{run_id}")).json()["run"]
+        for last in (
+            "nosuch:1",
+            f"{other}:1",
+            f"{bobs}:1",
+            f"{run_id}:{info['seq'] + 1000}",
+        ):
+            async with alice.stream(
+                "GET", f"/runs/{run_id}/events?tree=1", headers={"Last-Event-ID": last}
+            ) as answer:
+                assert answer.status_code == 400, last  # (before: 200, then silence)
+                body = json.loads(await answer.aread())
+            assert body["error"]["code"] == "invalid_request"
+        # An event the stream gave is still a resume point.
+        await alice.post(f"/runs/{run_id}/cancel?wait=1")
+        async with alice.stream(
+            "GET", f"/runs/{run_id}/events?tree=1", headers={"Last-Event-ID": f"{run_id}:1"}
+        ) as stream:
+            assert stream.status_code == 200
+            await stream.aread()

@@ -102,21 +102,20 @@ async def _scenario(cluster: Cluster) -> None:
         # Node 3: re-attach after the last event seen; node 2: cancel with ?wait=1.
         answers: list[httpx.Response] = []
         later: list[dict[str, Any]] = []
-        async with _events(http, three, run_id, last_id) as stream:
-            async with trio.open_nursery() as nursery:
 
-                async def cancel() -> None:
-                    answers.append(
-                        await http.post(
-                            f"{two}/runs/{run_id}/cancel?wait=1", json={"reason": "from node 2"}
-                        )
-                    )
+        async def cancel() -> None:
+            answers.append(
+                await http.post(
+                    f"{two}/runs/{run_id}/cancel?wait=1", json={"reason": "from node 2"}
+                )
+            )
 
-                nursery.start_soon(cancel)
-                while (got := await stream.next()) is not None:
-                    event_id, data = got
-                    assert event_id == str(data["seq"])
-                    later.append(data)
+        async with _events(http, three, run_id, last_id) as stream, trio.open_nursery() as nursery:
+            nursery.start_soon(cancel)
+            while (got := await stream.next()) is not None:
+                event_id, data = got
+                assert event_id == str(data["seq"])
+                later.append(data)
         assert answers[0].status_code == 200, answers[0].text
         assert answers[0].json()["run"]["status"] == "cancelled"
         seqs = [data["seq"] for data in later]
@@ -129,7 +128,8 @@ async def _scenario(cluster: Cluster) -> None:
 
         # A session's run, cancelled over REST on another node (and waited for there).
         second = await http.post(
-            f"{three}/runs", json={"agent": "worker", "input": "charge #session", "session_id": "s2"}
+            f"{three}/runs",
+            json={"agent": "worker", "input": "charge #session", "session_id": "s2"},
         )
         assert second.status_code == 201, second.text
         second_id = second.json()["run_id"]

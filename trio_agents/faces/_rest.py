@@ -42,7 +42,7 @@ from ..control._requests import (
     SessionCancel,
     parse_request,
 )
-from ..hosting import HostedEvent, Origin, StartRequest
+from ..hosting import HostedEvent, HostError, Origin, StartRequest
 from ._app import Face, Routes
 from ._http import _UNSTORABLE, HttpError, principal_of, read_json
 from ._sse import EventStream, sse_message
@@ -224,6 +224,8 @@ class _Rest:
     async def _tree(
         self, principal: str, run_id: str, status_only: bool, after: tuple[str, int] | None
     ) -> AsyncIterator[AsyncIterator[bytes]]:
+        if after is not None:
+            await self._check_resume_point(principal, run_id, after)
         async with self.host.events(
             principal, run_id, tree=True, status_only=status_only
         ) as events:
@@ -233,6 +235,48 @@ class _Rest:
                 yield _messages(
                     _resume_tree(events, after, self.face.limits.max_tree_resume_events), tree=True
                 )
+
+    async def _check_resume_point(
+        self, principal: str, run_id: str, after: tuple[str, int]
+    ) -> None:
+        """Refuse a tree stream's ``Last-Event-ID`` that names no event the tree has
+        given (a run outside the subtree, or a seq past the run's latest): resuming
+        would hold every live event back, looking for it, until the tree ended or
+        ``max_tree_resume_events`` went by — a stream silent for no reason."""
+        named, seq = after
+        refused = HttpError(
+            "invalid_request",
+            f"Last-Event-ID names no event of the tree of {run_id!r}"
+            " (expected <run_id>:<seq> of an event this stream gave)",
+        )
+        try:
+            info = await self.host.get(principal, named)
+        except HostError as exc:
+            if exc.code != "not_found":
+                raise
+            raise refused from None
+        if seq > info.seq:
+            raise refused
+        # Within the subtree: ``run_id`` is the named run or one of its ancestors.
+        for _ in range(_MAX_TREE_DEPTH):
+            if info.run_id == run_id:
+                return
+            if info.parent_id is None:
+                break
+            try:
+                info = await self.host.get(principal, info.parent_id)
+            except HostError as exc:
+                if exc.code != "not_found":
+                    raise
+                break
+        else:
+            return  # deeper than looked: resumed as the module docstring says
+        raise refused
+
+
+# How far up a tree stream's resume point is looked for the stream's run (deeper, the
+# resume point is taken unchecked).
+_MAX_TREE_DEPTH: Final = 64
 
 
 def _path_id(request: Request, name: str) -> str:
