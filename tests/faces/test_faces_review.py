@@ -89,3 +89,22 @@ async def test_tree_resume_point_outside_the_tree_is_refused_not_a_silent_stream
         ) as stream:
             assert stream.status_code == 200
             await stream.aread()
+
+
+async def test_last_event_id_that_is_not_plain_digits_is_refused() -> None:
+    # int() reads "1_0" as 10 and "+3" as 3: a garbled id resumed the stream somewhere
+    # the client never was. Ids the server sends are plain digits; only those are taken.
+    async with serving() as served, client(served.base) as alice:
+        run_id = await start(alice)
+        for last in ("1_0", "+3", "0x1", "1e3", "-1", ""):
+            async with alice.stream(
+                "GET", f"/runs/{run_id}/events", headers={"Last-Event-ID": last}
+            ) as answer:
+                assert answer.status_code == 400, repr(last)
+                body = json.loads(await answer.aread())
+            assert body["error"]["code"] == "invalid_request"
+        async with alice.stream(
+            "GET", f"/runs/{run_id}/events", params={"from_seq": "1_0"}
+        ) as answer:
+            assert answer.status_code == 400
+            await answer.aread()

@@ -293,11 +293,13 @@ def _path_id(request: Request, name: str) -> str:
 
 
 def _seq(text: str, name: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise HttpError("invalid_request", f"{name} must be a seq (an integer >= 0)") from None
-    if value < 0 or value >= 2**53:
+    digits = text.strip()
+    # Plain ASCII digits only: int() also reads "1_0", "+3" and non-ASCII digits, which
+    # no id this face sends looks like (a garbled id must not resume somewhere else).
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 16:
+        raise HttpError("invalid_request", f"{name} must be a seq (an integer >= 0)")
+    value = int(digits)
+    if value >= 2**53:
         raise HttpError("invalid_request", f"{name} must be a seq (an integer >= 0)")
     return value
 
