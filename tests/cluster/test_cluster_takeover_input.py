@@ -174,7 +174,7 @@ async def test_a_queued_run_killed_after_its_claim_before_its_input_answers_its_
                         await trio.sleep_forever()
                     return claimed
 
-                a.cluster.claim_queued = then_crash  # type: ignore[method-assign]
+                a.cluster.claim_queued = then_crash
                 r1 = await ca.start_run(
                     agent="a", input="first", session_id="s", on_busy="enqueue", subscribe="all"
                 )
@@ -187,4 +187,38 @@ async def test_a_queued_run_killed_after_its_claim_before_its_input_answers_its_
         ("AssistantMessage", "ok zero"),
         ("UserMessage", "first"),
         ("AssistantMessage", "ok first"),
+    ]
+
+
+async def test_a_session_append_retried_after_its_commit_answer_was_lost_is_stored_once(
+    pg_dsn: str, monkeypatch: Any
+) -> None:
+    """A cluster session's own append (a load's repair written back, a child run's
+    items) commits, its answer is lost and ``ClusterSession`` retries it: stored once."""
+    from trio_agents.cluster._eventlog import Fence
+    from trio_agents.cluster._session import ClusterSession
+
+    session = ClusterSession(pg_dsn, json.dumps(["alice", "s"]), "A", Fence())
+    await session.add_items([ta.UserMessage("zero")])
+    lost: list[str] = []
+    call = PostgresSession._call
+
+    async def answer_lost(self: PostgresSession, fn: Any, *args: Any) -> Any:
+        result = await call(self, fn, *args)
+        if not lost and getattr(fn, "__qualname__", "").endswith("_write.<locals>.fenced"):
+            lost.append(self.session_id)
+            error = SessionStorageError("lost", session_id=self.session_id)
+            raise error from psycopg.OperationalError("the connection dropped at the commit")
+        return result
+
+    monkeypatch.setattr(PostgresSession, "_call", answer_lost)
+    try:
+        await session.add_items([ta.AssistantMessage("ok zero"), ta.UserMessage("first")])
+    finally:
+        await session.aclose()
+    assert lost
+    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == [
+        ("UserMessage", "zero"),
+        ("AssistantMessage", "ok zero"),
+        ("UserMessage", "first"),
     ]

@@ -140,8 +140,34 @@ class ClusterSession:
         if not rest:
             await trio.lowlevel.checkpoint()
             return
-        encoded = encode_items(rest)
-        await self._write(lambda conn: self.inner._add_items_sync(conn, encoded))
+        await self._write(self._append(encode_items(rest)))
+
+    def _append(self, encoded: list[str]) -> Callable[[psycopg.Connection[Any]], None]:
+        """An append that :meth:`_retry` does not repeat: a try whose commit's answer was
+        lost (a transient error) may have committed. Each try notes, before it commits,
+        the position it appends at; a later try that finds those rows there holding
+        these items appends nothing (only this run writes the session while it holds
+        it, fenced, so nothing else can have put them there)."""
+        inner = self.inner
+        tried: list[int] = []
+
+        def append(conn: psycopg.Connection[Any]) -> None:
+            if tried:
+                rows = conn.execute(
+                    "SELECT data FROM trio_agents_session_items WHERE session_id = %s"
+                    " AND position >= %s AND position < %s ORDER BY position",
+                    (inner.session_id, tried[-1], tried[-1] + len(encoded)),
+                ).fetchall()
+                if [row[0] for row in rows] == encoded:
+                    return  # the earlier try committed
+            row = conn.execute(
+                "SELECT next_position FROM trio_agents_sessions WHERE session_id = %s FOR UPDATE",
+                (inner.session_id,),
+            ).fetchone()
+            tried.append(0 if row is None else int(row[0]))
+            inner._add_items_sync(conn, encoded)
+
+        return append
 
     async def add_input(self, items: Sequence[Item]) -> None:
         """Append a taken-over run's input, once: in one transaction with the marker
@@ -166,8 +192,9 @@ class ClusterSession:
                 (run_id,),
             ).fetchone()
             if row is not None:
-                self.inner._add_items_sync(conn, encoded)
+                append(conn)
 
+        append = self._append(encoded)
         await self._written_with_events(())
         await self._write(write)
 
