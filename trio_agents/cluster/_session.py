@@ -12,7 +12,10 @@ fenced and patient.
   calls open.
 - *Patient*: a write or load that fails because the database is unreachable (a
   PostgreSQL restart) is retried with backoff for up to :data:`RETRY_FOR` seconds (and
-  never past the caller's deadline) instead of failing the run.
+  never past the caller's deadline) instead of failing the run. A retried write is
+  not stored twice when the earlier try committed and only its answer was lost: an
+  append checks the position that try appended at (``_append``), a takeover's input
+  its ``input_written`` marker (``add_input``); a replace or a clear is the same again.
 - *Written with the events*: once the node's writer tracks the run, the items the run
   commits are written by the writer, each in the transaction that persists its
   ``run.item`` event (``_eventlog.py``); :meth:`ClusterSession.add_items` then waits for
