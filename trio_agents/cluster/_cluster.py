@@ -17,15 +17,15 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, final
 
-import attrs
 import trio
 
 from .._agent import Agent
 from .._items import Item, ToolCall
 from .._limits import UsageLimits
-from ..control._policies import limits_to_wire
-from ..control._protocol import ProtocolError
 from ..hosting._host import Origin
+from ..hosting._node import ClusterStatistics
+from ..hosting._policies import limits_to_wire
+from ..hosting._terms import ProtocolError
 from ._capacity import enqueue_start
 from ._claims import claim_queued, claim_run
 from ._db import ClusterDown, Database
@@ -47,9 +47,9 @@ from ._session import ClusterSession, session_key
 from ._takeover import Leases
 
 if TYPE_CHECKING:
-    from ..control._policies import ContextHook
-    from ..control._protocol import Limits
-    from ..control._registry import Registry
+    from ..hosting._policies import ContextHook
+    from ..hosting._registry import Registry
+    from ..hosting._terms import Limits
     from ._host import ClusterHost
 
 __all__ = ["ClusterStatistics", "PostgresCluster"]
@@ -58,31 +58,6 @@ logger = logging.getLogger("trio_agents.cluster")
 
 CONNECT_TIMEOUT = 10.0
 """Seconds a node waits for the database when it starts, then fails (ClusterDown)."""
-
-
-@attrs.frozen
-class ClusterStatistics:
-    """What :meth:`PostgresCluster.statistics` reports about this node.
-
-    Attributes:
-        node_id: this node.
-        owned_runs: unfinished runs this node runs.
-        takeovers: runs this node took over from other nodes.
-        routed: ops this node sent to other nodes.
-        served: ops other nodes sent to this one.
-        statements: database transactions this node ran (sessions excluded).
-        flushes: event-log flushes.
-        reconnects: LISTEN reconnections after a lost connection.
-    """
-
-    node_id: str
-    owned_runs: int
-    takeovers: int
-    routed: int
-    served: int
-    statements: int
-    flushes: int
-    reconnects: int
 
 
 def _default_node_id() -> str:

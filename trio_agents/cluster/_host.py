@@ -42,11 +42,6 @@ from .._events import RunStatus
 from .._exceptions import UnknownCallError
 from .._items import Item, coerce_items
 from .._run import Run
-from ..control._hosting import closing, own_placed, start_run
-from ..control._policies import ContextHook, effective_limits, limits_to_wire
-from ..control._protocol import Limits, ProtocolError, RunInfo
-from ..control._registry import RunEntry
-from ..control._sessions import items_bytes
 from ..hosting._host import HostedEvent, Origin, StartRequest
 from ..hosting._local import (
     LocalHost,
@@ -56,6 +51,11 @@ from ..hosting._local import (
     inject_here,
     live,
 )
+from ..hosting._policies import ContextHook, effective_limits, limits_to_wire
+from ..hosting._registry import RunEntry
+from ..hosting._run_tasks import closing, own_placed, start_run
+from ..hosting._sessions import items_bytes
+from ..hosting._terms import Limits, ProtocolError, RunInfo
 
 if TYPE_CHECKING:
     from ._cluster import PostgresCluster

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._limits import UsageLimits
 from ..hosting import HostError, Origin, StartRequest
-from ._protocol import ErrorCode, ProtocolError, ack_frame, error_frame
-from ._requests import (
+from ..hosting._requests import (
     Request,
     RunApprove,
     RunCancel,
@@ -31,6 +30,7 @@ from ._requests import (
     RunWithdraw,
     SessionCancel,
 )
+from ._protocol import ErrorCode, ProtocolError, ack_frame, error_frame
 
 if TYPE_CHECKING:
     from ._connection import Connection

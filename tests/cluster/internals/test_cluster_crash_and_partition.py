@@ -170,7 +170,7 @@ async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end
     # The watchdog stopped the run ("lease lost"); its tool takes a while to stop (a
     # shielded cleanup, within the run's cleanup_timeout), so that attempt still holds
     # the session in this process when the node claims the run back. The resume waits
-    # for it (control/_registry.py, _OLD_ATTEMPT_BOUND) instead of finding the session
+    # for it (hosting/_run_tasks.py, _OLD_ATTEMPT_BOUND) instead of finding the session
     # busy and failing the run.
     started, cancelled, hold = trio.Event(), trio.Event(), trio.Event()
 

@@ -16,7 +16,7 @@ import trio
 import trio_agents as ta
 from tests.cluster.internals.test_cluster_crash_and_partition import agent
 from tests.support.cluster_support import client, node
-from trio_agents.control import _hosting
+from trio_agents.hosting import _run_tasks
 from trio_agents.models import ScriptedModel, Turn
 
 
@@ -65,7 +65,7 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
     agents = agent(model, [blocking_tool(started)])
     ttl = 1.0
     seen: list[tuple[Any, ...] | None] = []
-    real = _hosting.supersede
+    real = _run_tasks.supersede
 
     async def slow_supersede(registry: Any, principal: str, run_id: str, node: Any) -> None:
         # The holder's cancel takes well over lease_ttl to be answered.
@@ -86,7 +86,7 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
             await ca.ok("run.start", agent="a", input="1", session_id="s")
             with trio.fail_after(30):
                 await started.wait()
-            monkeypatch.setattr(_hosting, "supersede", slow_supersede)
+            monkeypatch.setattr(_run_tasks, "supersede", slow_supersede)
             second = (
                 await ca.ok(
                     "run.start",

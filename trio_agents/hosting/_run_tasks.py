@@ -27,13 +27,13 @@ from .._limits import UsageLimits
 from .._session_lock import SessionClaim
 from ..sessions import Session
 from ._policies import RunStartInfo, call_context_hook
-from ._protocol import ProtocolError
 from ._registry import Owner, Registry, RunEntry
 from ._sessions import MeteredSession, ScopedSession
+from ._terms import ProtocolError
 
 if TYPE_CHECKING:
     from .._resume import Resume
-    from ..cluster._takeover import Claimed
+    from ._node import TakenOver
 
 __all__ = ["closing", "disconnected", "own_placed", "resume_run", "start_run", "supersede"]
 
@@ -321,7 +321,10 @@ async def _then_claimed(entry: RunEntry, then: Callable[[], Awaitable[None]]) ->
 
 
 async def resume_run(
-    registry: Registry, claimed: Claimed, resume: Resume, then: Callable[[Run], None] | None = None
+    registry: Registry,
+    claimed: TakenOver,
+    resume: Resume,
+    then: Callable[[Run], None] | None = None,
 ) -> RunEntry:
     """Continue a run this node took over (a cluster's takeover); ``then(run)`` is
     called the moment the run exists, before it can call its model or end (its
