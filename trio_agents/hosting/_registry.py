@@ -382,7 +382,7 @@ class Registry:
         state.active.discard(entry)
         self.active_count -= 1
         if self.cluster is not None:
-            self.cluster.room_freed()
+            self.cluster._room_freed()
         if entry.owner is not None:
             entry.owner.owned.discard(entry)
             fence = entry.fence
