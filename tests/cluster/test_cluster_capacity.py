@@ -41,7 +41,7 @@ async def fill(ca: Client, cb: Client) -> tuple[str, str]:
     """One waiting run on each node (A and B, max_runs=1)."""
     held = []
     for c in (ca, cb):
-        run_id = (await c.ok("run.start", agent="a", input="hold", subscribe="all"))["run_id"]
+        run_id = await c.start_run(agent="a", input="hold", subscribe="all")
         await c.wait_event(run_id, lambda e: e["type"] == "tool.started")
         held.append(run_id)
     return held[0], held[1]
@@ -73,7 +73,7 @@ async def test_a_start_on_a_full_cluster_is_queued_and_runs_when_a_slot_frees(
             client(b.url) as cb,
         ):
             held_a, held_b = await fill(ca, cb)
-            queued = (await ca.ok("run.start", agent="a", input="q", subscribe="all"))["run_id"]
+            queued = await ca.start_run(agent="a", input="q", subscribe="all")
             first = await ca.wait_event(queued, lambda e: e["type"] == "run.updated")
             assert (first["seq"], first["event"]["status"]) == (1, "queued")
             for c in (ca, cb):  # any node shows it queued
@@ -110,9 +110,9 @@ async def test_queued_starts_run_in_the_order_they_were_started(pg_dsn: str) -> 
         ):
             held_a, held_b = await fill(ca, cb)
             # Queued through B, then through A: B's goes first wherever room frees.
-            first = (await cb.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
+            first = await cb.start_run(agent="a", input="1", subscribe="all")
             await cb.wait_status(first, "queued")
-            second = (await ca.ok("run.start", agent="a", input="2", subscribe="all"))["run_id"]
+            second = await ca.start_run(agent="a", input="2", subscribe="all")
             await ca.wait_status(second, "queued")
             await end(ca, held_a)
             await cb.wait_event(first, lambda e: e["type"] == "tool.started")
@@ -139,7 +139,7 @@ async def test_a_queued_run_cancelled_from_another_node_never_starts(pg_dsn: str
             client(b.url) as cb,
         ):
             held_a, held_b = await fill(ca, cb)
-            queued = (await ca.ok("run.start", agent="a", input="q", subscribe="all"))["run_id"]
+            queued = await ca.start_run(agent="a", input="q", subscribe="all")
             await ca.wait_status(queued, "queued")
             await cb.ok("run.cancel", run_id=queued, reason="changed my mind")
             terminal = (await ca.wait_terminal(queued))["event"]

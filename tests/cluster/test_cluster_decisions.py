@@ -108,7 +108,7 @@ async def test_an_approval_acked_before_the_owner_dies_runs_the_tool_once_after_
         client(b.url) as cb,
     ):
         monkeypatch.setattr(a.cluster, "before_tool", blocked_barrier(reached))
-        run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
         await ca.wait_status(run_id, "awaiting_approval")
         await (ca if via == "A" else cb).ok("run.approve", run_id=run_id, call_id="d1")
         with trio.fail_after(30):
@@ -141,7 +141,7 @@ async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_onc
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
         await ca.wait_status(run_id, "awaiting_approval")
         recorded = trio.Event()
         real = a.cluster._record_decision
@@ -195,7 +195,7 @@ async def test_a_routed_decision_is_answered_once_when_its_owner_dies_answering_
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
         await ca.wait_status(run_id, "awaiting_approval")
         applied = trio.Event()
         stored: list[str | None] = []
@@ -250,7 +250,7 @@ async def test_a_second_decision_for_a_call_answers_not_found_on_every_node(
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
         await ca.wait_status(run_id, "awaiting_approval")
         await cb.ok("run.reject", run_id=run_id, call_id="d1")
         again = await ca.request("run.approve", run_id=run_id, call_id="d1")

@@ -163,18 +163,11 @@ async def test_a_taken_over_session_holder_goes_before_a_run_queued_on_its_new_n
     with trio.fail_after(BOUND):
         async with nodes(model, pg_dsn, "A", "B") as (a, b):
             async with client(a.url) as ca, client(b.url) as cb:
-                r1 = (await ca.ok("run.start", agent="a", input="first", session_id="s"))["run_id"]
+                r1 = await ca.start_run(agent="a", input="first", session_id="s")
                 await poll_row(pg_dsn, r1, lambda row: row["status"] == "running")
-                r2 = (
-                    await cb.ok(
-                        "run.start",
-                        agent="a",
-                        input="second",
-                        session_id="s",
-                        on_busy="enqueue",
-                        subscribe="all",
-                    )
-                )["run_id"]
+                r2 = await cb.start_run(
+                    agent="a", input="second", session_id="s", on_busy="enqueue", subscribe="all"
+                )
                 await cb.wait_status(r2, "queued")
                 await cb.ok("run.subscribe", run_id=r1, from_seq=1)
                 a.crash()
@@ -210,23 +203,12 @@ async def test_a_taken_over_queue_head_and_a_later_run_queued_on_its_new_node_do
     with trio.fail_after(BOUND):
         async with nodes(model, pg_dsn, "A", "B") as (a, b):
             async with client(a.url) as ca, client(b.url) as cb:
-                r0 = (await cb.ok("run.start", agent="a", input="zero", session_id="s"))["run_id"]
+                r0 = await cb.start_run(agent="a", input="zero", session_id="s")
                 await poll_row(pg_dsn, r0, lambda row: row["status"] == "running")
-                r1 = (
-                    await ca.ok(
-                        "run.start", agent="a", input="first", session_id="s", on_busy="enqueue"
-                    )
-                )["run_id"]
-                r2 = (
-                    await cb.ok(
-                        "run.start",
-                        agent="a",
-                        input="second",
-                        session_id="s",
-                        on_busy="enqueue",
-                        subscribe="all",
-                    )
-                )["run_id"]
+                r1 = await ca.start_run(agent="a", input="first", session_id="s", on_busy="enqueue")
+                r2 = await cb.start_run(
+                    agent="a", input="second", session_id="s", on_busy="enqueue", subscribe="all"
+                )
                 await cb.wait_status(r2, "queued")
                 a.crash()
                 # B took R1 over: still queued (attempt 2), behind R0.
@@ -268,32 +250,17 @@ async def test_a_run_started_while_its_session_is_free_for_a_moment_queues_behin
     with trio.fail_after(BOUND):
         async with nodes(model, pg_dsn, "A", "B", lease_ttl=4.0) as (a, b):
             async with client(a.url) as ca, client(b.url) as cb:
-                r0 = (
-                    await ca.ok(
-                        "run.start", agent="a", input="zero", session_id="s", subscribe="all"
-                    )
-                )["run_id"]
+                r0 = await ca.start_run(agent="a", input="zero", session_id="s", subscribe="all")
                 await ca.wait_status(r0, "running")
-                r1 = (
-                    await cb.ok(
-                        "run.start", agent="a", input="first", session_id="s", on_busy="enqueue"
-                    )
-                )["run_id"]
+                r1 = await cb.start_run(agent="a", input="first", session_id="s", on_busy="enqueue")
                 await poll_row(pg_dsn, r1, lambda row: row["status"] == "queued")
                 b.crash()
                 model.holds["zero"].set()
                 await ca.wait_terminal(r0)
                 await poll_row(pg_dsn, r0, lambda row: row["active"] is None)
-                r2 = (
-                    await ca.ok(
-                        "run.start",
-                        agent="a",
-                        input="second",
-                        session_id="s",
-                        on_busy="enqueue",
-                        subscribe="all",
-                    )
-                )["run_id"]
+                r2 = await ca.start_run(
+                    agent="a", input="second", session_id="s", on_busy="enqueue", subscribe="all"
+                )
                 await ca.ok("run.subscribe", run_id=r1, from_seq=1)
                 done1 = await ca.wait_terminal(r1)
                 done2 = await ca.wait_terminal(r2)
@@ -363,7 +330,7 @@ async def test_a_run_row_locked_longer_than_the_lease_does_not_cost_its_node_the
     lease = 1.5
     with trio.fail_after(BOUND):
         async with nodes(model, pg_dsn, "A", lease_ttl=lease) as (a,), client(a.url) as ca:
-            run_id = (await ca.ok("run.start", agent="a", input="held", subscribe="all"))["run_id"]
+            run_id = await ca.start_run(agent="a", input="held", subscribe="all")
             await ca.wait_status(run_id, "running")
             leases = a.cluster._leases
             conn = await trio.to_thread.run_sync(lambda: psycopg.connect(pg_dsn, autocommit=False))

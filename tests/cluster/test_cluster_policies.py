@@ -53,16 +53,9 @@ async def test_a_takeover_resumes_with_the_same_limits_and_a_fresh_context(pg_ds
             client(a.url) as ca,
             client(b.url) as cb,
         ):
-            run_id = (
-                await ca.ok(
-                    "run.start",
-                    agent="a",
-                    input="go",
-                    session_id="s",
-                    subscribe="all",
-                    limits={"tool_calls": 1},
-                )
-            )["run_id"]
+            run_id = await ca.start_run(
+                agent="a", input="go", session_id="s", subscribe="all", limits={"tool_calls": 1}
+            )
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             await cb.wait_event(run_id, lambda e: e["type"] == "tool.started")
             with trio.fail_after(30):
@@ -111,14 +104,12 @@ async def test_a_start_placed_on_another_node_keeps_its_limits_and_gets_that_nod
             node(nursery, agents(), pg_dsn, "B", max_runs=1, context=hook_of("B")),
             client(a.url) as ca,
         ):
-            held = (await ca.ok("run.start", agent="a", input="hold", subscribe="all"))["run_id"]
+            held = await ca.start_run(agent="a", input="hold", subscribe="all")
             await ca.wait_event(held, lambda e: e["type"] == "tool.started")
             # A is full: this start is placed on B, its limits with it.
-            placed = (
-                await ca.ok(
-                    "run.start", agent="a", input="go", subscribe="all", limits={"requests": 2}
-                )
-            )["run_id"]
+            placed = await ca.start_run(
+                agent="a", input="go", subscribe="all", limits={"requests": 2}
+            )
             done = await ca.wait_terminal(placed)
             gate.set()
             await ca.wait_terminal(held)

@@ -58,16 +58,10 @@ async def test_a_taken_over_queued_run_cancelled_as_its_session_frees(
                 # The holder waits for an approval on B; a second run is queued
                 # behind it for the session, on A. (The holder is not taken over
                 # itself: a takeover's order against a queued run is issue 30's item 3.)
-                holder = str(
-                    (await cb.ok("run.start", agent="a", input="x", session_id="s"))["run_id"]
-                )
+                holder = str(await cb.start_run(agent="a", input="x", session_id="s"))
                 await cb.ok("run.subscribe", run_id=holder)
                 queued = str(
-                    (
-                        await ca.ok(
-                            "run.start", agent="a", input="y", session_id="s", on_busy="enqueue"
-                        )
-                    )["run_id"]
+                    await ca.start_run(agent="a", input="y", session_id="s", on_busy="enqueue")
                 )
                 await cb.wait_status(holder, "awaiting_approval")
                 await cb.ok("run.subscribe", run_id=queued)
@@ -98,9 +92,7 @@ async def test_a_taken_over_queued_run_cancelled_as_its_session_frees(
                 # B is still up and serving.
                 info = (await cb.ok("run.get", run_id=queued))["run"]
                 assert info["status"] == "cancelled"
-                again = str(
-                    (await cb.ok("run.start", agent="a", input="z", session_id="t"))["run_id"]
-                )
+                again = str(await cb.start_run(agent="a", input="z", session_id="t"))
                 await cb.ok("run.subscribe", run_id=again)
                 await cb.wait_status(again, "awaiting_approval")
                 await cb.ok("run.cancel", run_id=again)

@@ -89,7 +89,7 @@ async def test_inject_approve_reject_and_withdraw_from_another_node(pg_dsn: str)
             client(b.url) as cb,
             client(b.url, token="tok-bob") as bob,
         ):
-            run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+            run_id = await ca.start_run(agent="a", input="go", subscribe="all")
             await ca.wait_status(run_id, "awaiting_approval")
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             # Another principal: not found, from any node, for every op.
@@ -154,9 +154,7 @@ async def test_session_cancel_and_subscribe_status_from_another_node(pg_dsn: str
         ):
             none = await cb.request("session.cancel", session_id="s1")
             assert none["code"] == "no_active_run"
-            run_id = (
-                await ca.ok("run.start", agent="a", input="hi", session_id="s1", subscribe="all")
-            )["run_id"]
+            run_id = await ca.start_run(agent="a", input="hi", session_id="s1", subscribe="all")
             await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1, events="status")
             answer = await cb.ok("session.cancel", session_id="s1", reason="bye")
@@ -167,9 +165,7 @@ async def test_session_cancel_and_subscribe_status_from_another_node(pg_dsn: str
             none = await cb.request("session.cancel", session_id="s1")
             assert none["code"] == "no_active_run"
             # The session is the cluster's: the next run, on B, continues it.
-            second = (
-                await cb.ok("run.start", agent="a", input="again", session_id="s1", subscribe="all")
-            )["run_id"]
+            second = await cb.start_run(agent="a", input="again", session_id="s1", subscribe="all")
             assert (await cb.wait_terminal(second))["event"]["status"] == "completed"
             request = model.requests[-1]
             assert [type(i).__name__ for i in request.items][:1] == ["UserMessage"]
@@ -264,7 +260,7 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
             # cancel again: that was the sender's, checked above before the owner acted.
             writes.clear()
             # A cancel on the owner itself is still recorded there, before its ack.
-            run_id = (await ca.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            run_id = await ca.start_run(agent="a", input="hi", subscribe="all")
             await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
             await ca.ok("run.cancel", run_id=run_id, reason="here")
             assert [w for w in writes if "record_cancel" in w]
@@ -301,7 +297,7 @@ async def test_a_subscriber_on_a_node_whose_attempt_stopped_follows_the_run_else
             node(nursery, agents(model, [wait]), pg_dsn, "B"),
             client(a.url) as ca,
         ):
-            run_id = (await ca.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            run_id = await ca.start_run(agent="a", input="hi", subscribe="all")
             await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
             assert a.cluster._lose_all("lease lost") == 1
             with trio.fail_after(60):

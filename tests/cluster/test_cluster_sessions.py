@@ -44,9 +44,7 @@ async def test_on_busy_across_nodes(pg_dsn: str, on_busy: str) -> None:
             client(a.url) as ca,
             client(b.url) as cb,
         ):
-            first = (
-                await ca.ok("run.start", agent="a", input="1", session_id="s", subscribe="all")
-            )["run_id"]
+            first = await ca.start_run(agent="a", input="1", session_id="s", subscribe="all")
             await ca.wait_event(first, lambda e: e["type"] == "tool.started")
             # Another principal's "s" is another session.
             async with client(b.url, token="tok-bob") as bob:
@@ -126,30 +124,14 @@ async def test_an_enqueued_start_is_acked_at_once_and_queued(pg_dsn: str, holder
             client(a.url if holder_node == "A" else b.url) as holder,
             client(b.url) as cb,
         ):
-            first = (
-                await holder.ok("run.start", agent="a", input="1", session_id="s", subscribe="all")
-            )["run_id"]
+            first = await holder.start_run(agent="a", input="1", session_id="s", subscribe="all")
             await holder.wait_event(first, lambda e: e["type"] == "tool.started")
-            second = (
-                await cb.ok(
-                    "run.start",
-                    agent="a",
-                    input="2",
-                    session_id="s",
-                    on_busy="enqueue",
-                    subscribe="status",
-                )
-            )["run_id"]
-            dropped = (
-                await cb.ok(
-                    "run.start",
-                    agent="a",
-                    input="3",
-                    session_id="s",
-                    on_busy="enqueue",
-                    subscribe="status",
-                )
-            )["run_id"]
+            second = await cb.start_run(
+                agent="a", input="2", session_id="s", on_busy="enqueue", subscribe="status"
+            )
+            dropped = await cb.start_run(
+                agent="a", input="3", session_id="s", on_busy="enqueue", subscribe="status"
+            )
             assert not gate.is_set()  # acked while the first run holds the session
             await cb.wait_status(second, "queued")
             async with client(a.url) as ca:
@@ -191,20 +173,11 @@ async def test_a_queued_run_whose_node_dies_is_queued_again_by_the_takeover(
             client(a.url) as ca,
             client(b.url) as cb,
         ):
-            first = (
-                await ca.ok("run.start", agent="a", input="1", session_id="s", subscribe="all")
-            )["run_id"]
+            first = await ca.start_run(agent="a", input="1", session_id="s", subscribe="all")
             await ca.wait_event(first, lambda e: e["type"] == "tool.started")
-            second = (
-                await cb.ok(
-                    "run.start",
-                    agent="a",
-                    input="2",
-                    session_id="s",
-                    on_busy="enqueue",
-                    subscribe="status",
-                )
-            )["run_id"]
+            second = await cb.start_run(
+                agent="a", input="2", session_id="s", on_busy="enqueue", subscribe="status"
+            )
             await cb.wait_status(second, "queued")  # persisted (sent only then)
             b.crash()
             with trio.fail_after(30):
@@ -240,9 +213,7 @@ async def test_runs_queued_on_different_nodes_get_the_session_in_order(pg_dsn: s
             client(b.url) as cb,
             client(c.url) as cc,
         ):
-            holder = (
-                await ca.ok("run.start", agent="a", input="0", session_id="s", subscribe="all")
-            )["run_id"]
+            holder = await ca.start_run(agent="a", input="0", session_id="s", subscribe="all")
             await ca.wait_event(holder, lambda e: e["type"] == "tool.started")
             armed = trio.Event()  # both runs are queued
             c_tried = trio.Event()  # C tried to claim with the session free
@@ -268,16 +239,9 @@ async def test_runs_queued_on_different_nodes_get_the_session_in_order(pg_dsn: s
             c.cluster._db.call = c_watched  # type: ignore[method-assign]
             queued = []
             for peer, text in ((cb, "1"), (cc, "2")):
-                run_id = (
-                    await peer.ok(
-                        "run.start",
-                        agent="a",
-                        input=text,
-                        session_id="s",
-                        on_busy="enqueue",
-                        subscribe="all",
-                    )
-                )["run_id"]
+                run_id = await peer.start_run(
+                    agent="a", input=text, session_id="s", on_busy="enqueue", subscribe="all"
+                )
                 await peer.wait_status(run_id, "queued")
                 queued.append(run_id)
             armed.set()
@@ -301,15 +265,15 @@ async def test_a_full_node_places_runs_on_a_node_with_room(pg_dsn: str) -> None:
             node(nursery, agents(model, tools), pg_dsn, "B", max_runs=1) as b,
             client(a.url) as ca,
         ):
-            first = (await ca.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
+            first = await ca.start_run(agent="a", input="1", subscribe="all")
             await ca.wait_event(first, lambda e: e["type"] == "tool.started")
             # B's heartbeat has told the cluster it has room; A is full.
-            second = (await ca.ok("run.start", agent="a", input="2", subscribe="status"))["run_id"]
+            second = await ca.start_run(agent="a", input="2", subscribe="status")
             assert b.server.statistics().active_runs == 1
             assert a.server.statistics().active_runs == 1
             await ca.wait_status(second, "running")
             # Every node full: queued for capacity (tests/cluster/test_cluster_capacity.py).
-            third = (await ca.ok("run.start", agent="a", input="3", subscribe="status"))["run_id"]
+            third = await ca.start_run(agent="a", input="3", subscribe="status")
             await ca.wait_status(third, "queued")
             for run_id in (third, first, second):
                 await ca.ok("run.cancel", run_id=run_id)
@@ -331,14 +295,12 @@ async def test_a_placed_run_is_cancelled_when_its_client_disconnects(pg_dsn: str
             client(a.url) as ca,
             client(b.url) as cb,
         ):
-            first = (await cb.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
+            first = await cb.start_run(agent="a", input="1", subscribe="all")
             await cb.wait_event(first, lambda e: e["type"] == "tool.started")
             async with client(b.url) as leaving:
-                placed = (
-                    await leaving.ok("run.start", agent="a", input="2", on_disconnect="cancel")
-                )["run_id"]
+                placed = await leaving.start_run(agent="a", input="2", on_disconnect="cancel")
                 assert a.server.statistics().active_runs == 1  # B is full: placed on A
-                kept = (await leaving.ok("run.start", agent="a", input="3"))["run_id"]
+                kept = await leaving.start_run(agent="a", input="3")
                 await ca.ok("run.subscribe", run_id=placed)
                 await ca.ok("run.subscribe", run_id=kept)
                 await ca.wait_event(placed, lambda e: e["type"] == "tool.started")
@@ -372,7 +334,7 @@ async def test_a_placed_start_whose_node_dies_before_answering_is_acked_with_its
             node(nursery, agents(model, tools), pg_dsn, "C", lease_ttl=0.5, max_runs=1) as c,
             client(c.url) as cc,
         ):
-            first = (await cc.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
+            first = await cc.start_run(agent="a", input="1", subscribe="all")
             await cc.wait_event(first, lambda e: e["type"] == "tool.started")
             started: list[Any] = []
 
@@ -392,9 +354,7 @@ async def test_a_placed_start_whose_node_dies_before_answering_is_acked_with_its
             for target in (a, b):
                 monkeypatch.setattr(target.cluster._router, "execute", dying(target))
             async with client(c.url) as leaving:
-                placed = (
-                    await leaving.ok("run.start", agent="a", input="2", on_disconnect="cancel")
-                )["run_id"]
+                placed = await leaving.start_run(agent="a", input="2", on_disconnect="cancel")
                 (dead,) = started
                 alive = b if dead is a else a
                 async with client(alive.url) as watcher:
@@ -426,7 +386,7 @@ async def test_a_placed_start_its_node_gave_up_on_never_starts(
             node(nursery, agents(model, tools), pg_dsn, "C", max_runs=1) as c,
             client(c.url) as cc,
         ):
-            first = (await cc.ok("run.start", agent="a", input="1", subscribe="all"))["run_id"]
+            first = await cc.start_run(agent="a", input="1", subscribe="all")
             await cc.wait_event(first, lambda e: e["type"] == "tool.started")
             gave_up = trio.Event()
             late: list[Any] = []
@@ -514,15 +474,7 @@ async def test_postgresql_restarted_under_load(
             for i in range(count):
                 c = ca if i % 2 else cb
                 runs.append(
-                    (
-                        await c.ok(
-                            "run.start",
-                            agent="a",
-                            input=f"{i}",
-                            session_id=f"s{i}",
-                            subscribe="all",
-                        )
-                    )["run_id"]
+                    await c.start_run(agent="a", input=f"{i}", session_id=f"s{i}", subscribe="all")
                 )
             for i, run_id in enumerate(runs):
                 await (ca if i % 2 else cb).wait_event(

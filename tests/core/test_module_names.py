@@ -10,6 +10,15 @@ import trio_agents
 
 PACKAGE = Path(trio_agents.__file__).parent
 
+# Collisions that landed with the hosting layer and the HTTP faces, still to be renamed
+# (issue 31): each names the modules sharing it. Nothing may join this list.
+PENDING: dict[str, str] = {
+    "_host.py": "hosting/_host.py (RunHost) vs cluster/_host.py",
+    "_http.py": "models/_http.py (the providers' base) vs faces/_http.py",
+    "_serve.py": "_cli/_serve.py (trio-agents serve) vs faces/_serve.py",
+    "_sse.py": "models/_sse.py (decoding) vs faces/_sse.py",
+}
+
 
 def test_no_two_modules_share_a_basename() -> None:
     where: defaultdict[str, list[str]] = defaultdict(list)
@@ -17,4 +26,7 @@ def test_no_two_modules_share_a_basename() -> None:
         if path.name != "__init__.py":
             where[path.name].append(str(path.relative_to(PACKAGE.parent)))
     shared = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}
-    assert not shared, f"modules sharing a basename: {shared}"
+    new = {name: paths for name, paths in shared.items() if name not in PENDING}
+    assert not new, f"modules sharing a basename: {new}"
+    # Once renamed, the entry goes: the list only ever shrinks.
+    assert set(PENDING) <= set(shared), f"no longer shared: {set(PENDING) - set(shared)}"

@@ -53,12 +53,18 @@ async def test_the_child_overhead_callgrind_workloads_run(mode: str) -> None:
     await b9_workload(mode, 2, largest=2)
 
 
+async def figure_names(bench: str) -> set[str]:
+    """Run one benchmark with tiny sizes: the names of its figures, each a number."""
+    figures = await collect((bench,), quick=True, echo=False)
+    for figure in figures:
+        assert not math.isnan(figure.value), figure
+    return {figure.bench for figure in figures if figure.bench.startswith(f"{bench}.")}
+
+
 async def test_the_cluster_workload_runs_with_tiny_sizes(
     postgres_server: PostgresServer,  # only to skip (or fail under CI) without PostgreSQL
 ) -> None:
-    figures = await collect(("B7",), quick=True, echo=False)
-    names = {figure.bench for figure in figures if figure.bench.startswith("B7.")}
-    assert names == {
+    assert await figure_names("B7") == {
         "B7.runs_per_s.nodes1",
         "B7.runs_per_s.nodes3",
         "B7.statements_per_run.nodes1",
@@ -68,22 +74,16 @@ async def test_the_cluster_workload_runs_with_tiny_sizes(
         "B7.cancel_to_terminal.routed",
         "B7.takeover_after_kill",
     }
-    for figure in figures:
-        assert not math.isnan(figure.value), figure
 
 
 async def test_the_failover_workload_runs_with_tiny_sizes(
     postgres_server: PostgresServer,  # only to skip (or fail under CI) without PostgreSQL
 ) -> None:
-    figures = await collect(("B10",), quick=True, echo=False)
-    names = {figure.bench for figure in figures if figure.bench.startswith("B10.")}
-    assert names == {
+    assert await figure_names("B10") == {
         "B10.takeover_after_kill",
         "B10.takeover_after_freeze",
         "B10.takeover_after_freeze_in_flush",
     }
-    for figure in figures:
-        assert not math.isnan(figure.value), figure
 
 
 async def test_the_policies_instruction_workload_runs_with_tiny_sizes() -> None:

@@ -128,6 +128,10 @@ class Client:
         assert answer["type"] == "ack", answer
         return answer
 
+    async def start_run(self, **fields: Any) -> str:
+        """A ``run.start`` that must be acked: the new run's id."""
+        return str((await self.ok("run.start", **fields))["run_id"])
+
     async def wait_event(self, run_id: str, predicate: Any) -> dict[str, Any]:
         """Wait (at most 60 s) for an event of ``run_id`` matching ``predicate(event_json)``."""
         with trio.fail_after(60):

@@ -17,7 +17,7 @@ from trio_agents._cli._args import parse
 from trio_agents._cli._ctl import run_ctl
 from trio_agents._cli._errors import explain
 from trio_agents._cli._serve import load_app
-from trio_agents.control import connect
+from trio_agents.control import RemoteRun, connect
 from trio_agents.models import ScriptedModel, Turn
 
 HANG_GUARD = 30  # seconds; a bound against hangs, never a wait
@@ -104,10 +104,7 @@ async def test_inject_withdraw_reject() -> None:
     with trio.fail_after(HANG_GUARD):
         async with serving(agents) as (_, url), connect(url, token="tok-alice") as client:
             run = await client.start("careful", "clean up")
-            async for update in run.updated:
-                if update.status == "awaiting_approval":
-                    (call_id,) = update.detail["pending"]
-                    break
+            call_id = await pending_call(run)
             (injection,) = await ctl(url, "inject", run.id, "also the logs")
             assert await ctl(url, "withdraw", run.id, injection) == [
                 f"run {run.id}: injection {injection} withdrawn"
@@ -137,10 +134,7 @@ async def test_approve() -> None:
     with trio.fail_after(HANG_GUARD):
         async with serving(agents) as (_, url), connect(url, token="tok-alice") as client:
             run = await client.start("careful", "clean up")
-            async for update in run.updated:
-                if update.status == "awaiting_approval":
-                    (call_id,) = update.detail["pending"]
-                    break
+            call_id = await pending_call(run)
             (line,) = await ctl(url, "--json", "approve", run.id, call_id)
             assert json.loads(line) == {"run_id": run.id, "call_id": call_id, "approved": True}
             assert (await run.wait()).status == "completed"
@@ -168,3 +162,12 @@ def test_serve_app_loading() -> None:
         load_app("tests.support.cli_app")
     with pytest.raises(CLIError, match="is module; it must be a mapping"):
         load_app("tests.support.cli_app:trio")
+
+
+async def pending_call(run: RemoteRun) -> str:
+    """The one call ``run`` waits for approval of, once it waits."""
+    async for update in run.updated:
+        if update.status == "awaiting_approval":
+            (call_id,) = update.detail["pending"]
+            return str(call_id)
+    raise AssertionError("the run ended without awaiting approval")

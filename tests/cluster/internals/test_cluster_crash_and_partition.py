@@ -148,7 +148,7 @@ async def test_runs_stopped_by_the_watchdog_are_resumed_after_the_database_retur
     async with trio.open_nursery() as nursery:
         tools = [slow_tool(started, release, cancelled)]
         async with review_node(nursery, agent(model, tools), pg_dsn, "A") as a, client(a.url) as ca:
-            run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+            run_id = await ca.start_run(agent="a", input="go", session_id="s")
             with trio.fail_after(30):
                 await started.wait()
             heal = partition_heartbeat(a, monkeypatch)  # a short outage, under lease_ttl
@@ -193,7 +193,7 @@ async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end
             review_node(nursery, agent(model, [slow]), pg_dsn, "A") as a,
             client(a.url) as ca,
         ):
-            run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+            run_id = await ca.start_run(agent="a", input="go", session_id="s")
             with trio.fail_after(30):
                 await started.wait()
             stopped = local_entry(a, run_id)
@@ -236,11 +236,9 @@ async def test_a_run_that_moved_to_another_attempt_is_cancelled_when_its_client_
         client(b.url) as cb,
     ):
         async with client(a.url) as ca:
-            run_id = (
-                await ca.ok(
-                    "run.start", agent="a", input="go", session_id="s", on_disconnect="cancel"
-                )
-            )["run_id"]
+            run_id = await ca.start_run(
+                agent="a", input="go", session_id="s", on_disconnect="cancel"
+            )
             with trio.fail_after(30):
                 await started.wait()
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
@@ -311,7 +309,7 @@ async def test_an_acked_cancel_survives_the_owner_crash(
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="go", session_id="s")
         with trio.fail_after(30):
             await started.wait()
         gate = gate_flushes(a, monkeypatch)
@@ -378,7 +376,7 @@ async def test_an_injection_is_delivered_once_across_a_crash(
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="go", session_id="s")
         with trio.fail_after(30):
             await first.wait()
         await ca.ok("run.inject", run_id=run_id, items="remember this")  # acked: durable
@@ -426,7 +424,7 @@ async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="go", session_id="s")
         with trio.fail_after(30):
             await first.wait()
         fields: dict[str, Any] = {"items": "remember"}
@@ -494,7 +492,7 @@ async def test_subscribing_past_the_end_of_a_finished_run_ends(pg_dsn: str) -> N
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="hi", subscribe="all")
         last = (await ca.wait_terminal(run_id))["seq"]
         await cb.ok("run.subscribe", run_id=run_id, from_seq=last + 1)
 
@@ -513,7 +511,7 @@ async def test_remote_subscriptions_leave_no_waiters_behind(pg_dsn: str) -> None
     ):
         run_ids = []
         for _ in range(3):
-            run_id = (await ca.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            run_id = await ca.start_run(agent="a", input="hi", subscribe="all")
             await ca.wait_terminal(run_id)
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             await cb.wait_terminal(run_id)

@@ -206,10 +206,10 @@ async def test_values_the_database_refuses_never_stop_the_writer(pg_dsn: str) ->
             client(b.url) as cb,
         ):
             with trio.fail_after(BOUND):
-                failing = str((await ca.ok("run.start", agent="failing", input="hi"))["run_id"])
-                deep = str((await ca.ok("run.start", agent="deep", input="hi"))["run_id"])
-                raw = str((await ca.ok("run.start", agent="raw", input="hi"))["run_id"])
-                plain = str((await ca.ok("run.start", agent="plain", input="hi"))["run_id"])
+                failing = str(await ca.start_run(agent="failing", input="hi"))
+                deep = str(await ca.start_run(agent="deep", input="hi"))
+                raw = str(await ca.start_run(agent="raw", input="hi"))
+                plain = str(await ca.start_run(agent="plain", input="hi"))
                 ended: dict[str, dict[str, Any]] = {}
                 for run_id in (failing, deep, raw, plain):  # read from the log, on node B
                     await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
@@ -239,7 +239,7 @@ async def test_values_the_database_refuses_never_stop_the_writer(pg_dsn: str) ->
                 ]
                 assert texts == ["fine a\x00b"]  # stored faithfully (escaped JSON)
                 # The node goes on: a new run on it is persisted.
-                again = str((await ca.ok("run.start", agent="plain", input="hi"))["run_id"])
+                again = str(await ca.start_run(agent="plain", input="hi"))
                 await cb.ok("run.subscribe", run_id=again, from_seq=1)
                 assert (await cb.wait_terminal(again))["event"]["status"] == "completed"
         nursery.cancel_scope.cancel()
@@ -284,7 +284,7 @@ async def test_a_call_id_the_database_refuses_is_not_retried(
 
             monkeypatch.setattr(a.cluster._db, "call", call)
             with trio.fail_after(BOUND):
-                run_id = str((await ca.ok("run.start", agent="a", input="hi"))["run_id"])
+                run_id = str(await ca.start_run(agent="a", input="hi"))
                 await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
                 assert (await ca.wait_terminal(run_id))["event"]["status"] == "completed"
             results = [

@@ -75,7 +75,7 @@ async def test_an_item_and_its_run_item_event_are_written_together(
             await ca.ok("run.subscribe", run_id=first["run_id"], from_seq=1)
             await ca.wait_terminal(first["run_id"])  # the tables exist, the node works
             refuse_inserts(pg_dsn, _TABLES[refused])
-            run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s"))["run_id"]
+            run_id = await ca.start_run(agent="a", input="go", session_id="s")
             run = a.server._registry.runs[run_id].run
             assert run is not None
             with trio.fail_after(30):

@@ -42,7 +42,7 @@ async def test_the_schema_is_created_and_versioned(pg_dsn: str) -> None:
     agents = {"a": ta.Agent(name="a", instructions="", model=model)}
     async with trio.open_nursery() as nursery:
         async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as c:
-            run_id = (await c.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            run_id = await c.start_run(agent="a", input="hi", subscribe="all")
             await c.wait_terminal(run_id)
         nursery.cancel_scope.cancel()
     with psycopg.connect(pg_dsn) as conn:
@@ -70,7 +70,7 @@ async def test_streamed_deltas_are_written_in_batches(pg_dsn: str) -> None:
             client(b.url) as cb,
         ):
             before = a.cluster.statistics().flushes
-            run_id = (await ca.ok("run.start", agent="a", input="talk", subscribe="all"))["run_id"]
+            run_id = await ca.start_run(agent="a", input="talk", subscribe="all")
             await ca.wait_terminal(run_id)
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             await cb.wait_terminal(run_id)
@@ -87,7 +87,7 @@ async def test_finished_runs_are_forgotten_after_retention(pg_dsn: str) -> None:
     agents = {"a": ta.Agent(name="a", instructions="", model=model)}
     async with trio.open_nursery() as nursery:
         async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as c:
-            run_id = (await c.ok("run.start", agent="a", input="hi", subscribe="all"))["run_id"]
+            run_id = await c.start_run(agent="a", input="hi", subscribe="all")
             await c.wait_terminal(run_id)
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 conn.execute("UPDATE trio_agents_runs SET updated_at = now() - interval '1 day'")

@@ -87,16 +87,9 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
             with trio.fail_after(30):
                 await started.wait()
             monkeypatch.setattr(_run_tasks, "supersede", slow_supersede)
-            second = (
-                await ca.ok(
-                    "run.start",
-                    agent="a",
-                    input="2",
-                    session_id="s",
-                    on_busy="interrupt",
-                    subscribe="all",
-                )
-            )["run_id"]
+            second = await ca.start_run(
+                agent="a", input="2", session_id="s", on_busy="interrupt", subscribe="all"
+            )
             assert seen == [("A", 1, True)]  # still its first attempt, its lease renewed
             done = (await ca.wait_terminal(second))["event"]
             assert done["status"] == "completed", done

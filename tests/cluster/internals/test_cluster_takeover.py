@@ -104,9 +104,7 @@ async def test_takeover_mid_tool(pg_dsn: str) -> None:
     )
     async with three_nodes(model, [charge, lookup], pg_dsn) as (a, b, c):
         async with client(a.url) as ca, client(b.url) as cb:
-            run_id = (
-                await ca.ok("run.start", agent="a", input="pay", session_id="s", subscribe="all")
-            )["run_id"]
+            run_id = await ca.start_run(agent="a", input="pay", session_id="s", subscribe="all")
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             # Both calls' starts are recorded before their tools run: wait until B has
             # seen both tool.started events (persisted), then "kill" A.
@@ -194,7 +192,7 @@ async def test_takeover_mid_stream(pg_dsn: str) -> None:
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="talk", subscribe="all"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="talk", subscribe="all")
         await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         # Deltas are flushed within 100 ms: B sees the second one, then A dies.
         await cb.wait_event(
@@ -272,7 +270,7 @@ async def test_an_injection_acked_before_a_crash_is_delivered_after_takeover(pg_
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
         await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
         await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         await cb.ok("run.inject", run_id=run_id, items="remember this")
@@ -356,10 +354,10 @@ async def test_a_graceful_stop_cancels_the_runs_whose_client_it_disconnects(
             with trio.fail_after(30):
                 while not started:  # noqa: ASYNC110 (no event)
                     await trio.sleep(0.01)
-        cancelled = (
-            await ca.ok("run.start", agent="a", input="go", session_id="s", on_disconnect="cancel")
-        )["run_id"]
-        kept = (await ca.ok("run.start", agent="a", input="go", session_id="t"))["run_id"]
+        cancelled = await ca.start_run(
+            agent="a", input="go", session_id="s", on_disconnect="cancel"
+        )
+        kept = await ca.start_run(agent="a", input="go", session_id="t")
         for run_id in (cancelled, kept):
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             await cb.wait_event(run_id, lambda e: e["type"] == "tool.started")
@@ -396,7 +394,7 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
             node(nursery, agents(model, [fetch]), pg_dsn, "C", lease_ttl=3600.0) as c,
             client(c.url) as cc,
         ):
-            run_id = (await cc.ok("run.start", agent="a", input="go", subscribe="all"))["run_id"]
+            run_id = await cc.start_run(agent="a", input="go", subscribe="all")
             await cc.wait_event(run_id, lambda e: e["type"] == "tool.started")
             proceed, resuming = trio.Event(), trio.Event()
             resume = b.cluster._leases.resume
@@ -459,7 +457,7 @@ async def test_an_op_for_a_dead_owner_waits_for_the_takeover(pg_dsn: str) -> Non
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="rm", subscribe="all"))["run_id"]
+        run_id = await ca.start_run(agent="a", input="rm", subscribe="all")
         await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         await cb.wait_status(run_id, "awaiting_approval")
         a.crash()
