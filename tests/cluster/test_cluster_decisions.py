@@ -107,7 +107,7 @@ async def test_an_approval_acked_before_the_owner_dies_runs_the_tool_once_after_
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        monkeypatch.setattr(a.cluster, "before_tool", blocked_barrier(reached))
+        monkeypatch.setattr(a.cluster, "_before_tool", blocked_barrier(reached))
         run_id = await ca.start_run(agent="a", input="go", subscribe="all")
         await ca.wait_status(run_id, "awaiting_approval")
         await (ca if via == "A" else cb).ok("run.approve", run_id=run_id, call_id="d1")
@@ -151,7 +151,7 @@ async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_onc
             recorded.set()
             await trio.sleep_forever()
 
-        monkeypatch.setattr(a.cluster, "record_decision", record_then_die)
+        monkeypatch.setattr(a.cluster, "_record_decision", record_then_die)
         answers: list[dict[str, Any]] = []
         async with trio.open_nursery() as waiting:
 
