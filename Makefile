@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-ui test lint bench bench-peers fuzz docs clean interop postgres chromium cluster-demo
+.PHONY: demo demo-ui screenshots test lint bench bench-peers fuzz docs clean interop postgres chromium cluster-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ cluster-demo: $(STAMP) postgres  ## 3 cluster nodes on a throwaway PostgreSQL; t
 
 postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, only if missing
 	@.ci/postgres.sh
+
+screenshots: $(STAMP) chromium  ## docs/images/ from the web UI's browser tests (CI writes them too)
+	UPDATE_SCREENSHOTS=1 $(BIN)/python -m pytest tests/faces/test_ui.py -q
 
 chromium:  ## Chromium for the web UI's browser tests: apt-get install, as root, only if missing
 	@.ci/chromium.sh

@@ -5,8 +5,12 @@ of one server, measured in the same run on loopback.
   (``run.cancel`` sent -> the terminal ``event`` frame read) and SSE (``POST
   /runs/{id}/cancel`` sent -> the terminal ``run.updated`` read on the run's event
   stream). Target (issue 27): every face's p99 <= 2x the websocket's, same run.
+- cancel -> terminal for A2A (``CancelTask`` sent -> its answer, which comes after the
+  terminal update) and AG-UI (REST cancel sent -> ``RUN_FINISHED`` cancelled read).
 - deltas/s to 100 SSE subscribers: one run streaming text deltas, every delta to each
   of 100 event streams; the figure counts deliveries (deltas x subscribers) per second.
+  The subscribers are raw sockets counting deltas in the bytes (100 httpx clients in the
+  server's process cost more than the server: 260/s measured that way).
 
 A face is one function ``async def cancel_<face>(served, n) -> list[float]`` (seconds
 from the cancel sent to the terminal seen, one per sample) listed in :data:`CANCEL_FACES`:
@@ -123,19 +127,108 @@ async def cancel_sse(served: Served, n: int) -> list[float]:
     return samples
 
 
+async def _rpc(http: httpx.AsyncClient, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    answer = (await http.post("/a2a", json=body)).json()
+    assert "result" in answer, answer
+    return dict(answer["result"])
+
+
+async def cancel_a2a(served: Served, n: int) -> list[float]:
+    """A2A ``CancelTask`` sent -> its answer (the canceled task) read: the face answers
+    only after the run's terminal update. The run is seen inside its tool on its REST
+    event stream (as in :func:`cancel_sse`), so the sample is the cancel alone."""
+    samples = []
+    async with httpx.AsyncClient(base_url=served.http_base, headers=HEADERS, timeout=None) as http:
+        for _ in range(n):
+            message = {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "go"}]}
+            started = await _rpc(
+                http,
+                "SendMessage",
+                {
+                    "message": message,
+                    "configuration": {"returnImmediately": True},
+                    "metadata": {"agent": "blocked"},
+                },
+            )
+            run_id = started["task"]["id"]
+            async with http.stream("GET", f"/runs/{run_id}/events") as stream:
+                reading = _sse(stream)
+                async for data in reading:
+                    if data["event"]["type"] == "tool.started":
+                        break
+                start = time.perf_counter()
+                task = await _rpc(http, "CancelTask", {"id": run_id})
+                samples.append(time.perf_counter() - start)
+                assert task["status"]["state"] == "TASK_STATE_CANCELED", task
+                async for _ in reading:  # to its end (see cancel_sse)
+                    pass
+    return samples
+
+
+async def cancel_agui(served: Served, n: int) -> list[float]:
+    """``POST /runs/{id}/cancel`` sent -> the AG-UI stream's ``RUN_FINISHED`` (outcome
+    ``cancelled``) read (AG-UI has no cancel request of its own: a stop button backed by
+    the REST route, the run id from ``RUN_STARTED``'s metadata)."""
+    samples = []
+    async with httpx.AsyncClient(base_url=served.http_base, headers=HEADERS, timeout=None) as http:
+        for number in range(n):
+            body = {
+                "threadId": f"t{number}",
+                "runId": f"ag{number}",
+                "messages": [{"id": "m", "role": "user", "content": "go"}],
+            }
+            async with http.stream("POST", "/ag-ui/blocked", json=body) as stream:
+                run_id = ""
+                start = 0.0
+                async for event in _sse(stream):
+                    if event["type"] == "RUN_STARTED":
+                        run_id = event["metadata"]["trio-agents"]["run_id"]
+                    elif event["type"] == "TOOL_CALL_END":
+                        start = time.perf_counter()
+                        await http.post(f"/runs/{run_id}/cancel", json={"reason": "bench"})
+                    elif event["type"] == "RUN_FINISHED":
+                        samples.append(time.perf_counter() - start)
+                        assert event.get("outcome") == {"type": "cancelled"}, event
+    return samples
+
+
 CANCEL_FACES: tuple[tuple[str, Callable[[Served, int], Awaitable[list[float]]]], ...] = (
     ("websocket", cancel_websocket),
     ("sse", cancel_sse),
-    # ("a2a", cancel_a2a), ("agui", cancel_agui): one line per face.
+    ("a2a", cancel_a2a),
+    ("agui", cancel_agui),
 )
+
+
+async def _lean_subscriber(port: int, run_id: str, counts: list[int]) -> None:
+    """One event stream read over a raw socket, counting the deltas in the bytes (no
+    HTTP client, no line parsing: the figure is the server's, not a client's)."""
+    mark = b'"type":"response.text.delta"'
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(
+            f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: b\r\n"
+            f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
+        )
+        got = 0
+        tail = b""
+        while not tail.endswith(b"\r\n0\r\n\r\n"):
+            data = await stream.receive_some(1 << 16)
+            if not data:
+                break
+            seen = tail + data
+            # a mark cut by a read boundary is counted once, in the next read
+            keep = len(mark) - 1
+            got += seen.count(mark) - seen[-keep:].count(mark)
+            tail = seen[-keep:]
+        counts.append(got + tail.count(mark))
 
 
 async def deltas_to_subscribers(served: Served, subscribers: int) -> tuple[int, float]:
     """Deliveries (deltas x subscribers) and the seconds they took."""
-    pool = httpx.Limits(max_connections=subscribers + 4, max_keepalive_connections=0)
-    async with httpx.AsyncClient(
-        base_url=served.http_base, headers=HEADERS, timeout=None, limits=pool
-    ) as http:
+    port = int(served.http_base.rsplit(":", 1)[1])
+    async with httpx.AsyncClient(base_url=served.http_base, headers=HEADERS, timeout=None) as http:
         # The run starts behind a session held by a blocked run, so every subscriber is
         # attached before its first delta.
         first = await http.post(
@@ -147,17 +240,9 @@ async def deltas_to_subscribers(served: Served, subscribers: int) -> tuple[int, 
         )
         run_id = run.json()["run_id"]
         counts: list[int] = []
-
-        async def subscriber() -> None:
-            got = 0
-            async with http.stream("GET", f"/runs/{run_id}/events") as stream:
-                async for data in _sse(stream):
-                    got += data["event"]["type"] == "response.text.delta"
-            counts.append(got)
-
         async with trio.open_nursery() as nursery:
             for _ in range(subscribers):
-                nursery.start_soon(subscriber)
+                nursery.start_soon(_lean_subscriber, port, run_id, counts)
             while served.app.statistics().streams < subscribers:  # noqa: ASYNC110
                 await trio.sleep(0.01)
             start = time.perf_counter()

@@ -114,16 +114,22 @@ class Chaos:
 
     async def start(self, number: int) -> None:
         scenario = self.rng.choice(SCENARIOS)
-        tag = f"c{number}"
         session = f"s{self.rng.randrange(SESSIONS)}"
+        tags: list[str] = []
 
         async def start(client: Any) -> Any:
+            # Each try has its own tag: a start whose answer was lost to a fault may
+            # still have started its run (an orphan, in the same session), and the
+            # model's call ids are per tag (``unique``): a retry with the same tag
+            # would call ``call_NAME_N_TAG`` again in that session.
+            tag = f"c{number}" if not tags else f"c{number}r{len(tags)}"
+            tags.append(tag)
             return await client.start(
                 "worker", f"{scenario} unique #{tag}", session_id=session, on_busy="enqueue"
             )
 
         run = await self.attempt(start)
-        self.runs.append(Planned(run.id, scenario, tag, session))
+        self.runs.append(Planned(run.id, scenario, tags[-1], session))
         if self.rng.random() < 0.25:
             follower = Follower(self.cluster, run.id)
             self.followers.append(follower)
@@ -204,6 +210,7 @@ class Chaos:
         left = list(self.runs)
         report = trio.current_time() + 10.0
         while left:
+            await self.settle_orphans()
             for planned in list(left):
 
                 async def look(client: Any, planned: Planned = planned) -> Any:
@@ -218,6 +225,25 @@ class Chaos:
                 report = trio.current_time() + 10.0
                 print("waiting for", left)
             await trio.sleep(POLL)
+
+    async def settle_orphans(self) -> None:
+        """Approve what the runs no test start answered (orphans: their start's answer
+        was lost, and it was tried again) wait for: they may hold a session the planned
+        runs wait for. Nothing else is checked of them."""
+        planned = {p.run_id for p in self.runs}
+
+        async def orphans(client: Any) -> list[Any]:
+            runs = await client.list_runs()
+            return [r for r in runs if r.run_id not in planned and not r.status.is_terminal]
+
+        for info in await self.attempt(orphans):
+
+            async def approve(client: Any, info: Any = info) -> None:
+                for call_id in info.pending_approvals:
+                    with contextlib.suppress(ta.RunClosedError, ControlError):
+                        await client.attach(info.run_id).approve(call_id)
+
+            await self.attempt(approve)
 
 
 def ended(follower: Follower) -> bool:

@@ -135,8 +135,14 @@ def head(locator: Any, selector: str) -> Any:
 
 
 def shot(page: Page, name: str) -> None:
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(IMAGES / name))
+    """Screenshot this state into docs/images/ in CI and under ``make screenshots``
+    (``UPDATE_SCREENSHOTS=1``), so the guide's pictures are made by the tests; a local
+    test run takes the picture too (it must not fail) but leaves the tree clean."""
+    if os.environ.get("CI") or os.environ.get("UPDATE_SCREENSHOTS"):
+        IMAGES.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(IMAGES / name))
+    else:
+        page.screenshot()
 
 
 def test_start_a_run_from_the_page_and_see_its_text_stream_in(page: Page, server: UiServer) -> None:
@@ -244,7 +250,9 @@ def test_a_long_answer_stays_whole_and_in_order(page: Page, server: UiServer) ->
     root = page.locator(".tree > .node")
     expect(head(root, ".status")).to_have_text("completed")
     answer = root.locator(".msg.assistant")
-    assert answer.locator(".sealed").count() >= 3
+    # How many blocks depends on how many frames the stream spanned (one seal per frame
+    # past 4 KiB; a loaded machine renders fewer frames): at least one, never a gap.
+    assert answer.locator(".sealed").count() >= 1
     assert answer.inner_text().rstrip("\n") == "".join(ESSAY).rstrip("\n")
 
 

@@ -236,6 +236,12 @@ async def claim_queued(
         holder = conn.execute(
             "SELECT run_id, owner FROM trio_agents_runs WHERE active_key = %s", (key,)
         ).fetchone()
+        if holder is not None and str(holder[0]) == run_id:
+            # Its own row holds the session: a claim of it committed whose answer was
+            # lost (the connection dropped at the commit: retried here), or made by an
+            # earlier attempt of it (whose writes are fenced off). Waiting for the
+            # holder to end would wait for itself, forever.
+            return True, None
         if holder is None and ahead:
             # No holder: a run queued before this one claims first; wait for it.
             holder = conn.execute(

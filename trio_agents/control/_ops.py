@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from .._limits import UsageLimits
 from ..hosting import HostError, Origin, StartRequest
 from ..hosting._requests import (
     Request,
@@ -65,14 +64,10 @@ async def serve_request(conn: Connection, request: Request) -> None:
         await conn.send(error_frame("internal", "internal error", request.id))
 
 
-def _limits(asked: Any) -> UsageLimits | None:
-    """``run.start``'s ``"limits"`` (validated fields) as the UsageLimits asked."""
-    if not asked:
-        return None
-    try:
-        return UsageLimits(**asked)
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError("invalid_request", f"limits: {exc}") from None
+def _limits(asked: Any) -> Mapping[str, float] | None:
+    """``run.start``'s ``"limits"`` (validated fields), as the wire mapping: the host
+    merges it with its ``max_run_limits`` before checking the limits together."""
+    return dict(asked) if asked else None
 
 
 async def run_start(conn: Connection, request: RunStart) -> None:

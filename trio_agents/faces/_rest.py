@@ -25,14 +25,13 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .._limits import UsageLimits
-from ..hosting import HostedEvent, Origin, StartRequest
+from ..hosting import HostedEvent, HostError, Origin, StartRequest
 from ..hosting._requests import (
     RunApprove,
     RunCancel,
@@ -43,9 +42,9 @@ from ..hosting._requests import (
     SessionCancel,
     parse_request,
 )
-from ..hosting._terms import ProtocolError
+from ..hosting._terms import MAX_NAME_LENGTH, ProtocolError
 from ._app import Face, Routes
-from ._http import HttpError, principal_of, read_json
+from ._http import _UNSTORABLE, HttpError, principal_of, read_json
 from ._sse import EventStream, sse_message
 
 __all__ = ["routes"]
@@ -100,12 +99,6 @@ class _Rest:
     async def start(self, request: Request) -> Response:
         principal = principal_of(request)
         start: RunStart = _validate("run.start", await self._body(request))
-        limits = None
-        if start.limits:
-            try:
-                limits = UsageLimits(**cast(Any, start.limits))
-            except (TypeError, ValueError) as exc:
-                raise HttpError("invalid_request", f"limits: {exc}") from None
         run_id = await self.host.start(
             Origin(principal=principal),
             StartRequest(
@@ -114,7 +107,8 @@ class _Rest:
                 session_id=start.session_id,
                 on_disconnect="continue",
                 on_busy=start.on_busy,
-                limits=limits,
+                # The wire mapping: the host merges it with its max_run_limits first.
+                limits=start.limits or None,
             ),
         )
         return JSONResponse(
@@ -128,7 +122,7 @@ class _Rest:
         return _answer({"runs": [_info(info) for info in runs]})
 
     async def get(self, request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = _path_id(request, "run_id")
         return _answer({"run": _info(await self.host.get(principal_of(request), run_id))})
 
     async def cancel(self, request: Request) -> Response:
@@ -191,9 +185,7 @@ class _Rest:
 
     async def events(self, request: Request) -> Response:
         principal = principal_of(request)
-        run_id = request.path_params["run_id"]
-        if not 0 < len(run_id) <= 256:
-            raise HttpError("invalid_request", "run ids are 1 to 256 characters")
+        run_id = _path_id(request, "run_id")
         tree = _flag(request, "tree")
         kind = request.query_params.get("events", "all")
         if kind not in ("all", "status"):
@@ -232,6 +224,8 @@ class _Rest:
     async def _tree(
         self, principal: str, run_id: str, status_only: bool, after: tuple[str, int] | None
     ) -> AsyncIterator[AsyncIterator[bytes]]:
+        if after is not None:
+            await self._check_resume_point(principal, run_id, after)
         async with self.host.events(
             principal, run_id, tree=True, status_only=status_only
         ) as events:
@@ -242,13 +236,70 @@ class _Rest:
                     _resume_tree(events, after, self.face.limits.max_tree_resume_events), tree=True
                 )
 
+    async def _check_resume_point(
+        self, principal: str, run_id: str, after: tuple[str, int]
+    ) -> None:
+        """Refuse a tree stream's ``Last-Event-ID`` that names no event the tree has
+        given (a run outside the subtree, or a seq past the run's latest): resuming
+        would hold every live event back, looking for it, until the tree ended or
+        ``max_tree_resume_events`` went by — a stream silent for no reason."""
+        named, seq = after
+        refused = HttpError(
+            "invalid_request",
+            f"Last-Event-ID names no event of the tree of {run_id!r}"
+            " (expected <run_id>:<seq> of an event this stream gave)",
+        )
+        try:
+            info = await self.host.get(principal, named)
+        except HostError as exc:
+            if exc.code != "not_found":
+                raise
+            raise refused from None
+        if seq > info.seq:
+            raise refused
+        # Within the subtree: ``run_id`` is the named run or one of its ancestors.
+        for _ in range(_MAX_TREE_DEPTH):
+            if info.run_id == run_id:
+                return
+            if info.parent_id is None:
+                break
+            try:
+                info = await self.host.get(principal, info.parent_id)
+            except HostError as exc:
+                if exc.code != "not_found":
+                    raise
+                break
+        else:
+            return  # deeper than looked: resumed as the module docstring says
+        raise refused
+
+
+# How far up a tree stream's resume point is looked for the stream's run (deeper, the
+# resume point is taken unchecked).
+_MAX_TREE_DEPTH: Final = 64
+
+
+def _path_id(request: Request, name: str) -> str:
+    """A run id from the path, checked as the request frames check one (routes with a
+    body check theirs in :func:`_validate`): a NUL or a lone surrogate reached the
+    cluster's PostgreSQL queries, which refuse them (a 500 for a GET)."""
+    value = str(request.path_params[name])
+    if not 0 < len(value) <= MAX_NAME_LENGTH or _UNSTORABLE.search(value):
+        raise HttpError(
+            "invalid_request",
+            f"{name} must be 1 to {MAX_NAME_LENGTH} characters of Unicode text without NUL",
+        )
+    return value
+
 
 def _seq(text: str, name: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise HttpError("invalid_request", f"{name} must be a seq (an integer >= 0)") from None
-    if value < 0 or value >= 2**53:
+    digits = text.strip()
+    # Plain ASCII digits only: int() also reads "1_0", "+3" and non-ASCII digits, which
+    # no id this face sends looks like (a garbled id must not resume somewhere else).
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 16:
+        raise HttpError("invalid_request", f"{name} must be a seq (an integer >= 0)")
+    value = int(digits)
+    if value >= 2**53:
         raise HttpError("invalid_request", f"{name} must be a seq (an integer >= 0)")
     return value
 

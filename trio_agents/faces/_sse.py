@@ -5,14 +5,19 @@
 not an empty stream — then writes the source's messages as they come, with a comment
 line after ``keepalive_interval`` of silence, and ends when the source does.
 
-Three tasks, no buffer: a pump reads the source into an unbuffered channel, the writer
-sends, a watcher reads ``receive()`` for ``http.disconnect``. So a stream holds at most
-one message beyond what the socket has taken; a client that stops reading blocks the
-writer, which the server's bounded socket writes (``_serve.py``) cut after
-``send_timeout`` — the watcher then hears the disconnect and the stream ends, the run
-does not. The source is never iterated while a write is pending, so the host's log, not
-this stream, holds what the client has not read yet (and says ``events.dropped`` when it
-lapses past retention).
+Three tasks and one small buffer: a pump reads the source into a :class:`_Batch`
+(at most ``_BATCH_BYTES``, plus the one message that crosses it), the writer sends
+*everything the batch holds* in one body write, a watcher reads ``receive()`` for
+``http.disconnect``. Writing per batch, not per message, is what makes a fast run
+cheap to follow: each body write costs a task hop, Hypercorn's per-send work and a
+socket write, and a model's network read (the host's log hands out every event that
+is ready at one wake-up) often carries dozens of deltas, which now go in one write.
+Order and ids are the source's (the batch only concatenates). A client that stops
+reading blocks the writer, which the server's bounded socket writes (``_serve.py``)
+cut after ``send_timeout`` — the watcher then hears the disconnect and the stream
+ends, the run does not. The pump stops reading the source when the batch is full, so
+the host's log, not this stream, holds what the client has not read yet (and says
+``events.dropped`` when it lapses past retention).
 """
 
 from __future__ import annotations
@@ -34,14 +39,20 @@ __all__ = ["EventStream", "sse_message"]
 def sse_message(data: Mapping[str, Any] | str, *, id: str | None = None) -> bytes:
     """One SSE message: an ``id:`` line if given, then ``data`` (a JSON object, or text
     already encoded) on ``data:`` lines, then the blank line that ends it."""
-    text = (
-        data
-        if isinstance(data, str)
-        else json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    )
-    lines = [] if id is None else [f"id: {id}"]
-    lines.extend(f"data: {line}" for line in text.split("\n"))
-    return ("\n".join(lines) + "\n\n").encode("utf-8")
+    head = "" if id is None else f"id: {id}\n"
+    if not isinstance(data, str):
+        # JSON escapes every line break inside strings: the text is one data line.
+        text = _encode(data)
+        return f"{head}data: {text}\n\n".encode()
+    body = "".join(f"data: {line}\n" for line in data.split("\n"))
+    return f"{head}{body}\n".encode()
+
+
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+# What the pump may read ahead of the socket: one body write's worth (a message larger
+# than this still goes, alone).
+_BATCH_BYTES = 64 * 1024
 
 
 _HEADERS = {
@@ -89,29 +100,65 @@ class EventStream(Response):
 
     async def _stream(self, messages: AsyncIterator[bytes], receive: Receive, send: Send) -> None:
         limits = self.face.limits
-        # A comment first: the client sees the response (and its headers) at once.
-        ended = False
+        batch = _Batch(_BATCH_BYTES)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch, receive, nursery.cancel_scope)
-            to_writer, from_pump = trio.open_memory_channel[bytes](0)
-            nursery.start_soon(_pump, messages, to_writer)
+            nursery.start_soon(_pump, messages, batch)
+            # A comment first: the client sees the response (and its headers) at once.
             if not await _write(send, b": stream open\n\n", limits.send_timeout):
                 nursery.cancel_scope.cancel()
                 return
-            async with from_pump:
-                while True:
-                    message = b": keep-alive\n\n"
-                    with trio.move_on_after(limits.keepalive_interval):
-                        try:
-                            message = await from_pump.receive()
-                        except trio.EndOfChannel:
-                            ended = True
-                            break
-                    if not await _write(send, message, limits.send_timeout):
-                        break
-            if ended:
-                await _write(send, b"", limits.send_timeout, more=False)
+            while True:
+                body: bytes | None = b": keep-alive\n\n"
+                with trio.move_on_after(limits.keepalive_interval):
+                    body = await batch.take()
+                if body is None:
+                    await _write(send, b"", limits.send_timeout, more=False)
+                    break
+                if not await _write(send, body, limits.send_timeout):
+                    break
             nursery.cancel_scope.cancel()
+
+
+@final
+class _Batch:
+    """The messages the pump has read and the writer not yet taken: at most
+    ``max_bytes`` (plus the one message that crosses it), handed over all at once."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.ended = False
+        self._filled = trio.lowlevel.ParkingLot()  # the writer waits for a message
+        self._taken = trio.lowlevel.ParkingLot()  # the pump waits for room
+
+    async def put(self, message: bytes) -> None:
+        """Add ``message``; waits while the batch is full. No schedule point otherwise:
+        the pump reads on until the source has nothing ready, then the writer runs."""
+        while self.size >= self.max_bytes:
+            await self._taken.park()
+        self.parts.append(message)
+        self.size += len(message)
+        self._filled.unpark_all()
+
+    def end(self) -> None:
+        """The source ended: the writer takes what is left, then None."""
+        self.ended = True
+        self._filled.unpark_all()
+
+    async def take(self) -> bytes | None:
+        """Every message held, joined (one body write); None once the source ended
+        and everything was taken. Waits while the batch is empty."""
+        while not self.parts:
+            if self.ended:
+                return None
+            await self._filled.park()
+        body = b"".join(self.parts)
+        self.parts = []
+        self.size = 0
+        self._taken.unpark_all()
+        return body
 
 
 async def _write(send: Send, body: bytes, bound: float, *, more: bool = True) -> bool:
@@ -123,11 +170,11 @@ async def _write(send: Send, body: bytes, bound: float, *, more: bool = True) ->
     return False
 
 
-async def _pump(messages: AsyncIterator[bytes], to_writer: trio.MemorySendChannel[bytes]) -> None:
+async def _pump(messages: AsyncIterator[bytes], batch: _Batch) -> None:
     try:
-        async with to_writer:
-            async for message in messages:
-                await to_writer.send(message)
+        async for message in messages:
+            await batch.put(message)
+        batch.end()
     finally:
         # An async generator left suspended would be finalized later, by the garbage
         # collector; close it here, in this task, while the source is still open.

@@ -76,7 +76,12 @@ class StartRequest:
         on_disconnect: what the owner's going away does (``"cancel"`` or
             ``"continue"``); applies only when the start names an owner.
         on_busy: ``"reject"``, ``"enqueue"`` or ``"interrupt"`` when the session is busy.
-        limits: the run's usage limits (capped by the host's ``max_run_limits``).
+        limits: the run's usage limits: a :class:`UsageLimits`, or ``run.start``'s
+            ``"limits"`` mapping. Merged with the host's ``max_run_limits`` (capped by
+            it, the limits left out taken from it) before they are checked together,
+            so a mapping may be valid only once merged (``{"wrap_up": 5}`` under a
+            server deadline): faces pass what the client sent, not a UsageLimits
+            built from it alone.
         context: must be None: a run's context comes from the host's context hook
             (contexts never travel, §18); a host refuses one with ``invalid_request``.
     """
@@ -86,7 +91,7 @@ class StartRequest:
     session_id: str | None = None
     on_disconnect: Literal["cancel", "continue"] = "cancel"
     on_busy: Literal["reject", "enqueue", "interrupt"] = "reject"
-    limits: UsageLimits | None = None
+    limits: UsageLimits | Mapping[str, float] | None = None
     context: Mapping[str, Any] | None = None
 
 

@@ -1,0 +1,17 @@
+"""B11 runs (tiny sizes): every face's cancel and the raw-socket fan-out, in one run."""
+
+from __future__ import annotations
+
+from benchmarks._common import measure_baselines
+from benchmarks.faces import bench_b11
+
+
+async def test_b11_runs_every_face_with_tiny_sizes() -> None:
+    base = await measure_baselines(n=200, repeats=1)
+    figures = {figure.bench: figure for figure in await bench_b11(base, samples=2, deltas=5)}
+    for face in ("websocket", "sse", "a2a", "agui"):
+        figure = figures[f"B11.cancel_to_terminal.{face}"]
+        assert figure.extra["n"] == 2
+        assert figure.value > 0
+    fanout = figures["B11.sse_deltas_per_s.s100"]
+    assert fanout.extra["deliveries"] == 5 * 100  # every delta to every subscriber
