@@ -107,7 +107,7 @@ async def test_an_approval_acked_before_the_owner_dies_runs_the_tool_once_after_
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        monkeypatch.setattr(a.cluster, "before_tool", blocked_barrier(reached))
+        monkeypatch.setattr(a.cluster, "_before_tool", blocked_barrier(reached))
         run_id = await ca.start_run(agent="a", input="go", subscribe="all")
         await ca.wait_status(run_id, "awaiting_approval")
         await (ca if via == "A" else cb).ok("run.approve", run_id=run_id, call_id="d1")
@@ -144,14 +144,14 @@ async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_onc
         run_id = await ca.start_run(agent="a", input="go", subscribe="all")
         await ca.wait_status(run_id, "awaiting_approval")
         recorded = trio.Event()
-        real = a.cluster.record_decision
+        real = a.cluster._record_decision
 
         async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
             await real(*args, **kwargs)
             recorded.set()
             await trio.sleep_forever()
 
-        monkeypatch.setattr(a.cluster, "record_decision", record_then_die)
+        monkeypatch.setattr(a.cluster, "_record_decision", record_then_die)
         answers: list[dict[str, Any]] = []
         async with trio.open_nursery() as waiting:
 
@@ -199,7 +199,7 @@ async def test_a_routed_decision_is_answered_once_when_its_owner_dies_answering_
         await ca.wait_status(run_id, "awaiting_approval")
         applied = trio.Event()
         stored: list[str | None] = []
-        execute = a.cluster.router.execute
+        execute = a.cluster._router.execute
         assert execute is not None
 
         async def answered_by_a_dying_node(*args: Any) -> NoReturn:
@@ -208,7 +208,7 @@ async def test_a_routed_decision_is_answered_once_when_its_owner_dies_answering_
             applied.set()
             await trio.sleep_forever()  # A dies before its answer is written
 
-        monkeypatch.setattr(a.cluster.router, "execute", answered_by_a_dying_node)
+        monkeypatch.setattr(a.cluster._router, "execute", answered_by_a_dying_node)
         answers: list[dict[str, Any]] = []
         async with trio.open_nursery() as waiting:
 

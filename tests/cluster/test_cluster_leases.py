@@ -327,7 +327,7 @@ async def test_a_subscriber_on_an_owner_whose_flush_is_fenced_off_sees_exactly_t
             check_exact(ca, run_id, log)
     assert log[-1]["event"]["status"] == "completed"
     assert (await row_of(pg_dsn, run_id))["attempt"] == 3  # taken over by A or B
-    assert a.cluster.leases.fenced == 0  # A stopped it as taken over, not for its lease
+    assert a.cluster._leases.fenced == 0  # A stopped it as taken over, not for its lease
 
 
 # -- item 6: the heartbeat never waits for the locks the work holds -----------------------
@@ -347,7 +347,7 @@ async def test_a_run_row_locked_longer_than_the_lease_does_not_cost_its_node_the
         async with nodes(model, pg_dsn, "A", lease_ttl=lease) as (a,), client(a.url) as ca:
             run_id = await ca.start_run(agent="a", input="held", subscribe="all")
             await ca.wait_status(run_id, "running")
-            leases = a.cluster.leases
+            leases = a.cluster._leases
             conn = await trio.to_thread.run_sync(lambda: psycopg.connect(pg_dsn, autocommit=False))
             try:
                 await trio.to_thread.run_sync(

@@ -220,7 +220,7 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
             run_id = ack["run_id"]
             await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
             # The owner holds every routed op until the test has looked at the row.
-            execute = a.cluster.router.execute
+            execute = a.cluster._router.execute
             assert execute is not None
             arrived, looked = trio.Event(), trio.Event()
 
@@ -232,15 +232,15 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
                 assert execute is not None
                 return await execute(principal, request, command_id)
 
-            a.cluster.router.execute = held
+            a.cluster._router.execute = held
             writes: list[str] = []
-            call = a.cluster.db.call
+            call = a.cluster._db.call
 
             async def counting(fn: Any) -> Any:
                 writes.append(getattr(fn, "__qualname__", ""))
                 return await call(fn)
 
-            a.cluster.db.call = counting  # type: ignore[method-assign]
+            a.cluster._db.call = counting  # type: ignore[method-assign]
             async with trio.open_nursery() as inner:
                 inner.start_soon(lambda: cb.ok("run.cancel", run_id=run_id, reason="stop"))
                 with trio.fail_after(30):
@@ -271,7 +271,7 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
                 assert await trio.to_thread.run_sync(ended, run_id) == (True, "cancelled", "here")
             else:
                 assert (await trio.to_thread.run_sync(recorded, run_id))["reason"] == "here"
-            assert b.cluster.router.routed == 1
+            assert b.cluster._router.routed == 1
         nursery.cancel_scope.cancel()
 
 
@@ -299,7 +299,7 @@ async def test_a_subscriber_on_a_node_whose_attempt_stopped_follows_the_run_else
         ):
             run_id = await ca.start_run(agent="a", input="hi", subscribe="all")
             await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
-            assert a.cluster.lose_all("lease lost") == 1
+            assert a.cluster._lose_all("lease lost") == 1
             with trio.fail_after(60):
                 done = await ca.wait_terminal(run_id)
             assert done["event"]["status"] == "completed", done

@@ -32,7 +32,7 @@ class Node:
 
     def crash(self) -> None:
         """Stop as a killed process would: nothing more reaches the database."""
-        self.cluster.crash()
+        self.cluster._crash()
         self.scope.cancel()
 
     async def stop(self) -> None:

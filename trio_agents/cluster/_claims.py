@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 import trio
 
-from ..control._protocol import ProtocolError
+from ..hosting._terms import ProtocolError
 from ._db import ClusterDown, Conn
 from ._session import session_key
 
@@ -97,7 +97,7 @@ async def claim_run(
     queue = on_busy != "reject"
     while True:
         try:
-            holder = await cluster.db.call(insert)
+            holder = await cluster._db.call(insert)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         if holder is None:
@@ -111,7 +111,7 @@ async def claim_run(
             if on_busy == "interrupt":
                 await cancel_holder(holder_id, owner)
             return holder_id
-        local = cluster.writer.logs.get(holder_id)
+        local = cluster._writer.logs.get(holder_id)
         if local is not None and local.run.status.is_terminal:
             await local.done.wait()  # its release is being written: then it is free
             continue
@@ -254,9 +254,9 @@ async def claim_queued(
     backoff = 0.05
     while waiting():
         try:
-            claimed, holder = await cluster.db.call(claim)
+            claimed, holder = await cluster._db.call(claim)
         except ClusterDown:
-            if cluster.db.dead:
+            if cluster._db.dead:
                 return False
             await trio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
@@ -269,7 +269,7 @@ async def claim_queued(
         holder_id, owner = holder
         if not holder_id:
             continue  # it ended between our update and our look
-        with cluster.listener.watch(("run", holder_id)) as wake:
+        with cluster._listener.watch(("run", holder_id)) as wake:
             if on_busy == "interrupt" and holder_id not in cancelled:
                 cancelled.add(holder_id)
                 await cancel_holder(holder_id, owner)

@@ -4,8 +4,11 @@ The parts, one job per module: ``_db.py`` (calls on the database), ``_schema.py`
 tables), ``_listener.py`` (LISTEN/NOTIFY), ``_eventlog.py`` (persisting and following
 events), ``_routing.py`` (ops for runs of other nodes), ``_claims.py`` (one active run
 per session), ``_takeover.py`` (leases, takeover), ``_session.py`` (the runs' sessions).
-The control server calls the methods below; they are internal (underscore-free names on
-a private-by-convention surface documented here, not in the public API).
+Its public face is its configuration (``dsn``, ``node_id``, ``lease_ttl``, ``max_runs``)
+and :meth:`~PostgresCluster.statistics` (issue 31); everything else — the methods the
+node's host, its run tasks and its parts call, and its mutable state — is private
+(underscored), documented here, not in the public API. The hosting layer calls the
+few it needs through a Protocol (``hosting/_node.py``'s ``ClusterNode``).
 """
 
 from __future__ import annotations
@@ -17,15 +20,15 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, final
 
-import attrs
 import trio
 
 from .._agent import Agent
 from .._items import Item, ToolCall
 from .._limits import UsageLimits
-from ..control._policies import limits_to_wire
-from ..control._protocol import ProtocolError
 from ..hosting._host import Origin
+from ..hosting._node import ClusterStatistics
+from ..hosting._policies import limits_to_wire
+from ..hosting._terms import ProtocolError
 from ._capacity import enqueue_start
 from ._claims import claim_queued, claim_run
 from ._db import ClusterDown, Database
@@ -47,9 +50,9 @@ from ._session import ClusterSession, session_key
 from ._takeover import Leases
 
 if TYPE_CHECKING:
-    from ..control._policies import ContextHook
-    from ..control._protocol import Limits
-    from ..control._registry import Registry
+    from ..hosting._policies import ContextHook
+    from ..hosting._registry import Registry
+    from ..hosting._terms import Limits
     from ._host import ClusterHost
 
 __all__ = ["ClusterStatistics", "PostgresCluster"]
@@ -58,31 +61,6 @@ logger = logging.getLogger("trio_agents.cluster")
 
 CONNECT_TIMEOUT = 10.0
 """Seconds a node waits for the database when it starts, then fails (ClusterDown)."""
-
-
-@attrs.frozen
-class ClusterStatistics:
-    """What :meth:`PostgresCluster.statistics` reports about this node.
-
-    Attributes:
-        node_id: this node.
-        owned_runs: unfinished runs this node runs.
-        takeovers: runs this node took over from other nodes.
-        routed: ops this node sent to other nodes.
-        served: ops other nodes sent to this one.
-        statements: database transactions this node ran (sessions excluded).
-        flushes: event-log flushes.
-        reconnects: LISTEN reconnections after a lost connection.
-    """
-
-    node_id: str
-    owned_runs: int
-    takeovers: int
-    routed: int
-    served: int
-    statements: int
-    flushes: int
-    reconnects: int
 
 
 def _default_node_id() -> str:
@@ -137,27 +115,27 @@ class PostgresCluster:
         self._node_id = node_id if node_id is not None else _default_node_id()
         self._lease_ttl = float(lease_ttl)
         self._max_runs = max_runs
-        self.db = Database(dsn)
+        self._db = Database(dsn)
         # A transaction of a frozen node (a paused process or VM, a partition that
         # leaves its socket open) is ended by the server once idle this long, its row
         # locks with it: its runs can be taken over once their leases expire.
-        self.db.idle_timeout = idle_timeout(self._lease_ttl)
-        self.listener = Listener(dsn, self._on_message)
-        self.writer = EventWriter(self.db, self.listener, self._node_id)
-        self.writer.lease_ttl = self._lease_ttl
-        self.router = Router(self.db, self.listener, self._node_id)
-        self.leases = Leases(self)
-        self.registry: Registry | None = None
-        self.execute: Executor | None = None
-        self.dead = False
+        self._db.idle_timeout = idle_timeout(self._lease_ttl)
+        self._listener = Listener(dsn, self._on_message)
+        self._writer = EventWriter(self._db, self._listener, self._node_id)
+        self._writer.lease_ttl = self._lease_ttl
+        self._router = Router(self._db, self._listener, self._node_id)
+        self._leases = Leases(self)
+        self._registry: Registry | None = None
+        self._execute: Executor | None = None
+        self._dead = False
         self._nursery: trio.Nursery | None = None
         self._in_use = False
         # Runs being started here: their rows exist, they are not tracked yet (their
         # leases are renewed all the same: Leases.heartbeat).
-        self.starting: set[str] = set()
+        self._starting: set[str] = set()
         # This node's runs started with on_disconnect="cancel" by a client connected to
-        # another node, by run id: that node (see check_clients).
-        self.clients: dict[str, str] = {}
+        # another node, by run id: that node (see _check_clients).
+        self._clients: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"<PostgresCluster node_id={self._node_id!r} lease_ttl={self._lease_ttl}>"
@@ -186,13 +164,13 @@ class PostgresCluster:
         """Counts for monitoring (see :class:`ClusterStatistics`)."""
         return ClusterStatistics(
             node_id=self._node_id,
-            owned_runs=self.running(),
-            takeovers=self.leases.takeovers,
-            routed=self.router.routed,
-            served=self.router.served,
-            statements=self.db.statements,
-            flushes=self.writer.flushes,
-            reconnects=self.listener.reconnects,
+            owned_runs=self._running(),
+            takeovers=self._leases.takeovers,
+            routed=self._router.routed,
+            served=self._router.served,
+            statements=self._db.statements,
+            flushes=self._writer.flushes,
+            reconnects=self._listener.reconnects,
         )
 
     def _sent(self, reply: Reply | None) -> bool:
@@ -200,7 +178,7 @@ class PostgresCluster:
         the sender: then the router sends nothing more."""
         if reply is None or reply[2] is None:
             return False
-        self.router.answered(reply[0])
+        self._router.answered(reply[0])
         return True
 
     def _host_for(
@@ -217,18 +195,18 @@ class PostgresCluster:
 
         return ClusterHost(self, agents, limits=limits, run_options=run_options, context=context)
 
-    def running(self) -> int:
+    def _running(self) -> int:
         """Unfinished runs of this node."""
-        return 0 if self.registry is None else self.registry.active_count
+        return 0 if self._registry is None else self._registry.active_count
 
-    def room_freed(self) -> None:
+    def _room_freed(self) -> None:
         """A run of this node ended: scan at once if runs queued for capacity may wait."""
-        if self.leases.queued:
-            self.leases.wake()
+        if self._leases.queued:
+            self._leases.wake()
 
     # -- the node's tasks -------------------------------------------------------------
 
-    async def serve_node(
+    async def _serve_node(
         self, registry: Registry, execute: Executor, *, task_status: trio.TaskStatus[None]
     ) -> None:
         """Run the node (listener, writer, router, leases) until cancelled; started once
@@ -236,34 +214,34 @@ class PostgresCluster:
         if self._in_use:
             raise RuntimeError("a PostgresCluster serves one ControlServer, once")
         self._in_use = True
-        self.registry = registry
-        self.execute = execute
-        self.router.execute = execute
-        self.router.serves_inline = self._serves
+        self._registry = registry
+        self._execute = execute
+        self._router.execute = execute
+        self._router.serves_inline = self._serves
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self.listener.run)
-                nursery.start_soon(self.writer.run)
+                nursery.start_soon(self._listener.run)
+                nursery.start_soon(self._writer.run)
                 with trio.move_on_after(CONNECT_TIMEOUT):
-                    await self.listener.connected.wait()
-                if not self.listener.connected.is_set():
+                    await self._listener.connected.wait()
+                if not self._listener.connected.is_set():
                     raise ClusterDown(
-                        f"cannot reach the cluster database: {self.listener.last_error}"
+                        f"cannot reach the cluster database: {self._listener.last_error}"
                     )
-                nursery.start_soon(self.router.run)
-                await nursery.start(self.leases.run)
-                nursery.start_soon(self.leases.watchdog)
+                nursery.start_soon(self._router.run)
+                await nursery.start(self._leases.run)
+                nursery.start_soon(self._leases.watchdog)
                 task_status.started()
         finally:
-            await self.db.aclose()
+            await self._db.aclose()
 
     def _serves(self, run_id: Any, principal: Any) -> bool:
         """Whether a routed op for ``run_id`` may be answered here at once (a run of
         this node; or no run: a start placed here)."""
         if run_id is None:
             return True
-        registry = self.registry
+        registry = self._registry
         entry = None if registry is None else registry.runs.get(run_id)
         return (
             entry is not None
@@ -274,32 +252,32 @@ class PostgresCluster:
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message.get("k")
         if kind == "run":
-            self.listener.notify(("run", message.get("r")), message)
+            self._listener.notify(("run", message.get("r")), message)
         elif kind == "cmd":
             if message.get("n") in (self._node_id, None):
-                self.router.command(message)
+                self._router.command(message)
         elif kind == "reply":
             if message.get("n") == self._node_id:
-                self.router.replied(message)
+                self._router.replied(message)
         elif kind == "scan":
             if message.get("q"):
-                self.leases.queued = True  # a run queued for capacity: scan when room frees
-            self.leases.wake()
+                self._leases.queued = True  # a run queued for capacity: scan when room frees
+            self._leases.wake()
         elif kind == "connected":
-            self.router.wake()
-            self.leases.wake()
+            self._router.wake()
+            self._leases.wake()
 
     # -- starting runs ----------------------------------------------------------------
 
-    def session(self, principal: str, session_id: str | None, run_id: str) -> ClusterSession:
+    def _session(self, principal: str, session_id: str | None, run_id: str) -> ClusterSession:
         """The session of a run (fenced by a new :class:`Fence`)."""
         session = ClusterSession(
             self._dsn, session_key(principal, session_id, run_id), self._node_id, Fence(), run_id
         )
-        session.inner._idle_timeout = self.db.idle_timeout
+        session.inner._idle_timeout = self._db.idle_timeout
         return session
 
-    async def claim(
+    async def _claim(
         self,
         *,
         run_id: str,
@@ -319,7 +297,7 @@ class PostgresCluster:
         input (``options["input"]``) for a takeover that finds it missing from the
         session, and, for a run started with ``on_disconnect="cancel"``, the node that
         holds its client's connection (``options["client"]``): once that node is dead,
-        the run is cancelled as its client's disconnect would (:meth:`check_clients`).
+        the run is cancelled as its client's disconnect would (:meth:`_check_clients`).
         A start placed here by another node (``command``) inserts the row only while
         that node still waits for it (``internal`` otherwise). The run's ``limits``
         (``options["limits"]``) are its limits again after a takeover."""
@@ -332,7 +310,7 @@ class PostgresCluster:
             options["on_busy"] = on_busy
         # Its row's lease is renewed from its insert on, until the run is tracked (or
         # forgotten): the start may wait long (an interrupted holder's routed cancel).
-        self.starting.add(run_id)
+        self._starting.add(run_id)
         try:
             return await claim_run(
                 self,
@@ -346,10 +324,10 @@ class PostgresCluster:
                 command=command,
             )
         except BaseException:
-            self.starting.discard(run_id)
+            self._starting.discard(run_id)
             raise
 
-    async def claim_queued(
+    async def _claim_queued(
         self,
         *,
         run_id: str,
@@ -372,12 +350,12 @@ class PostgresCluster:
             interrupted=interrupted,
         )
 
-    async def forget(self, run_id: str) -> None:
+    async def _forget(self, run_id: str) -> None:
         """Delete the row of a run that never started (bad input)."""
-        self.starting.discard(run_id)
+        self._starting.discard(run_id)
         with trio.CancelScope(shield=True), trio.move_on_after(5.0):
             try:
-                await self.db.call(
+                await self._db.call(
                     lambda conn: conn.execute(
                         "DELETE FROM trio_agents_runs WHERE run_id = %s", (run_id,)
                     )
@@ -385,7 +363,7 @@ class PostgresCluster:
             except ClusterDown:
                 logger.warning("could not delete the row of run %s", run_id)
 
-    def track(
+    def _track(
         self,
         run: Any,
         run_id: str,
@@ -398,64 +376,64 @@ class PostgresCluster:
         writes to its session, each with its ``run.item`` event (one transaction); if
         its client is connected to another node, ``client_node``, watch that node."""
         assert self._nursery is not None
-        self.starting.discard(run_id)
+        self._starting.discard(run_id)
         log = RunLog(run_id, attempt, run, start_seq, fence)
-        if self.dead:
+        if self._dead:
             fence.closed = True
         # The run's session (fenced with it): its items are written with their events.
         session = getattr(run, "session", None)
         if not isinstance(session, ClusterSession) or session.fence is not fence:
             session = None
-        self.writer.track(self._nursery, log, session)
+        self._writer.track(self._nursery, log, session)
         if client_node is not None and client_node != self._node_id:
-            self.clients[run_id] = client_node
+            self._clients[run_id] = client_node
         return log
 
-    async def check_clients(self) -> None:
+    async def _check_clients(self) -> None:
         """Cancel this node's runs whose client is connected to a node that is dead
         (its lease expired, or it stopped): reason ``"client disconnected"``, durably,
         as that client's disconnect would have. One small query, only while such runs
         exist (the scan calls it)."""
-        registry = self.registry
+        registry = self._registry
         watched: dict[str, str] = {}
-        for run_id, node in list(self.clients.items()):
-            log = self.writer.logs.get(run_id)
+        for run_id, node in list(self._clients.items()):
+            log = self._writer.logs.get(run_id)
             if log is None or log.fence.closed or log.run.status.is_terminal:
-                del self.clients[run_id]  # ended here (or moved on: its new owner watches)
+                del self._clients[run_id]  # ended here (or moved on: its new owner watches)
             else:
                 watched[run_id] = node
         if not watched or registry is None:
             return
         nodes = sorted(set(watched.values()))
-        alive = await self.db.call(lambda conn: live_nodes(conn, nodes))
+        alive = await self._db.call(lambda conn: live_nodes(conn, nodes))
         for run_id, node in watched.items():
             if node in alive:
                 continue
-            self.clients.pop(run_id, None)
+            self._clients.pop(run_id, None)
             entry = registry.runs.get(run_id)
             if entry is None or entry.run is None or entry.done.is_set():
                 continue
             logger.info("run %s: its client's node %s is gone; cancelling it", run_id, node)
             entry.run.cancel(CLIENT_GONE)
             try:
-                await self.record_cancel(run_id, CLIENT_GONE, "immediate")
+                await self._record_cancel(run_id, CLIENT_GONE, "immediate")
             except ProtocolError:
                 logger.warning("could not record the cancel of run %s", run_id)
 
-    def before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:
+    def _before_tool(self, run_id: str, attempt: int, fence: Fence) -> Callable[[ToolCall], Any]:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""
-        return tool_start_barrier(self.db, run_id, self._node_id, attempt, fence)
+        return tool_start_barrier(self._db, run_id, self._node_id, attempt, fence)
 
-    async def wait_resumed(self, run_id: str) -> None:
+    async def _wait_resumed(self, run_id: str) -> None:
         """Wait while ``run_id`` is being resumed here (a command may come first)."""
-        await self.leases.wait_resumed(run_id)
+        await self._leases.wait_resumed(run_id)
 
-    async def owner_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
+    async def _owner_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
         """The run's row (None: no such run of ``principal``)."""
         rows = await self._rows("run_id = %s AND principal = %s", (run_id, principal))
         return rows[0] if rows else None
 
-    async def unfinished(self, principal: str, run_ids: Iterable[str]) -> set[str]:
+    async def _unfinished(self, principal: str, run_ids: Iterable[str]) -> set[str]:
         """Which of ``run_ids`` (runs of ``principal``) have not finished."""
         rows = await self._rows(
             "run_id = ANY(%s) AND principal = %s AND NOT finished", (list(run_ids), principal)
@@ -465,21 +443,21 @@ class PostgresCluster:
     # -- reading ----------------------------------------------------------------------
 
     async def _rows(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
-        return await read_runs(self.db, where, params)
+        return await read_runs(self._db, where, params)
 
-    async def list_runs(self, principal: str, retain: float) -> list[dict[str, Any]]:
+    async def _list_runs(self, principal: str, retain: float) -> list[dict[str, Any]]:
         """The principal's unfinished runs and those finished less than ``retain`` s ago."""
         return await self._rows(
             "principal = %s AND (NOT finished OR updated_at > now() - make_interval(secs => %s))",
             (principal, retain),
         )
 
-    async def session_holder(self, principal: str, session_id: str) -> dict[str, Any] | None:
+    async def _session_holder(self, principal: str, session_id: str) -> dict[str, Any] | None:
         """The row of the run holding the principal's session, if any."""
         rows = await self._rows("active_key = %s", (session_key(principal, session_id, ""),))
         return rows[0] if rows else None
 
-    async def follow(
+    async def _follow(
         self,
         run_id: str,
         from_seq: int | None,
@@ -487,15 +465,15 @@ class PostgresCluster:
         send: Callable[[dict[str, Any]], Awaitable[None]],
     ) -> None:
         """Send a run's persisted events from ``from_seq`` on (``_eventlog.follow``)."""
-        await follow(self.db, self.listener, run_id, from_seq, mode, send)
+        await follow(self._db, self._listener, run_id, from_seq, mode, send)
 
-    async def route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
+    async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
         """Send an op to the owner of ``run_id``; its ack fields come back (errors:
         ``not_found``, ``run_closed``, the owner's own). A cancel of a run queued for
         capacity that no node has claimed ends it at once (``Router.send``)."""
-        return await self.router.send(principal, request, run_id=run_id)
+        return await self._router.send(principal, request, run_id=run_id)
 
-    async def place(
+    async def _place(
         self, principal: str, request: dict[str, Any], run_id: str
     ) -> dict[str, Any] | None:
         """A ``run.start`` on a full node: start it, as ``run_id``, on a node with room
@@ -507,10 +485,10 @@ class PostgresCluster:
                 queued for capacity as its active-run limit (``Limits``), the placed
                 node's error, ``session_busy`` or ``internal``.
         """
-        if self.running() < self._max_runs:
+        if self._running() < self._max_runs:
             return None
 
-        nodes = await nodes_with_room(self.db, self._node_id)
+        nodes = await nodes_with_room(self._db, self._node_id)
         # The run's id is chosen by the placing node: if the chosen node never answers
         # (or this node stops waiting), the run's row tells whether it started
         # (Router.send).
@@ -518,19 +496,19 @@ class PostgresCluster:
         # own room (authoritative) and refuses when full; then the next one is asked.
         for node in nodes:
             try:
-                return await self.router.send(principal, request, run_id=run_id, target_node=node)
+                return await self._router.send(principal, request, run_id=run_id, target_node=node)
             except ProtocolError as exc:
                 if exc.code != "limit_exceeded":
                     raise
         # Every node is full: queued for capacity (``_capacity.py``), claimed by the
         # first node with room, in the order of the starts.
-        registry = self.registry
+        registry = self._registry
         bound = 100 if registry is None else registry.limits.max_runs_per_principal
         client = self._node_id if request.get("on_disconnect") == "cancel" else None
-        await enqueue_start(self.db, principal, request, run_id, client_node=client, bound=bound)
+        await enqueue_start(self._db, principal, request, run_id, client_node=client, bound=bound)
         return {"run_id": run_id}
 
-    async def record_cancel(
+    async def _record_cancel(
         self, run_id: str, reason: str | None, mode: str, origin: Origin | None = None
     ) -> bool:
         """Make an acked cancel durable: a takeover ends the run cancelled (the first
@@ -544,12 +522,12 @@ class PostgresCluster:
         reply = routed_reply(origin, {})
         recorded = origin is not None and origin.command is not None
         try:
-            await record_cancel(self.db, run_id, reason, mode, reply, recorded=recorded)
+            await record_cancel(self._db, run_id, reason, mode, reply, recorded=recorded)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         return self._sent(reply)
 
-    async def record_decision(
+    async def _record_decision(
         self,
         run_id: str,
         call_id: str,
@@ -569,7 +547,7 @@ class PostgresCluster:
                 one is the one applied), ``run_closed``, or ``internal`` (the database
                 cannot be reached, or this node's attempt of the run has ended: retry).
         """
-        log = self.writer.logs.get(run_id)
+        log = self._writer.logs.get(run_id)
         if log is None or log.fence.closed:
             raise ProtocolError(
                 "internal", "this node no longer runs the run (it is being taken over); retry"
@@ -578,7 +556,7 @@ class PostgresCluster:
         decision = {"approved": approved, "message": message}
         try:
             outcome = await record_decision(
-                self.db, run_id, self._node_id, log.attempt, call_id, decision, reply
+                self._db, run_id, self._node_id, log.attempt, call_id, decision, reply
             )
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
@@ -592,17 +570,17 @@ class PostgresCluster:
             )
         return self._sent(reply)
 
-    async def record_withdrawal(
+    async def _record_withdrawal(
         self, run_id: str, injection_id: str, origin: Origin | None = None
     ) -> bool:
         """A withdrawn injection is never injected again by a takeover; a routed
         withdrawal (``origin``: its command) is answered in the same transaction.
         Returns whether that answer was stored and sent."""
         reply = routed_reply(origin, {"withdrawn": True})
-        await record_withdrawal(self.db, run_id, injection_id, reply)
+        await record_withdrawal(self._db, run_id, injection_id, reply)
         return self._sent(reply)
 
-    async def injection_persisted(
+    async def _injection_persisted(
         self, run_id: str, injection_id: str, origin: Origin | None = None
     ) -> None:
         """Wait (bounded) until an injection's ``inbox.injected`` event is persisted; a
@@ -613,7 +591,7 @@ class PostgresCluster:
         Raises:
             ProtocolError: ``internal`` if it is not persisted within 10 s.
         """
-        log = self.writer.logs.get(run_id)
+        log = self._writer.logs.get(run_id)
         if log is None:
             return
         if origin is not None and origin.command is not None:
@@ -626,64 +604,64 @@ class PostgresCluster:
 
     # -- stopping ---------------------------------------------------------------------
 
-    async def hand_over(self, cancel_runs: Callable[[], Awaitable[None]]) -> None:
+    async def _hand_over(self, cancel_runs: Callable[[], Awaitable[None]]) -> None:
         """Graceful stop: fence every run here, let their events up to now be written,
         stop them locally (``cancel_runs``), then release their rows so another node
         takes them over at once (a NOTIFY triggers its scan)."""
-        self.leases.draining = True
+        self._leases.draining = True
         with trio.move_on_after(5.0):
-            async with self.leases.scanning:  # a scan in flight resumes its runs first
+            async with self._leases.scanning:  # a scan in flight resumes its runs first
                 pass
-        for log in list(self.writer.logs.values()):
+        for log in list(self._writer.logs.values()):
             log.fence.closed = True
             log.fence.fence_seq = log.run.statistics().last_seq
         await cancel_runs()
-        await self.writer.flush_now()
+        await self._writer.flush_now()
         with trio.move_on_after(5.0):
-            for log in list(self.writer.logs.values()):
+            for log in list(self._writer.logs.values()):
                 await log.done.wait()
         with trio.move_on_after(5.0):
-            await self.leases.lock.acquire()  # no heartbeat in flight: none comes after
-            self.leases.stopped = True
+            await self._leases.lock.acquire()  # no heartbeat in flight: none comes after
+            self._leases.stopped = True
             try:
-                await release_node(self.db, self._node_id)
+                await release_node(self._db, self._node_id)
             except ClusterDown:
                 logger.warning("could not release this node's runs; they wait for their lease")
 
-    def lose_all(self, reason: str) -> int:
+    def _lose_all(self, reason: str) -> int:
         """Stop every run of this node without persisting anything more (its leases
         may have expired: another node may take them over); returns how many."""
         count = 0
-        for log in list(self.writer.logs.values()):
+        for log in list(self._writer.logs.values()):
             if not log.fence.closed:
                 log.fence.closed = True
                 log.fence.fence_seq = None
                 log.run.cancel(reason)
-                self.leases.to_release.add(log.run_id)
+                self._leases.to_release.add(log.run_id)
                 count += 1
         if count:
             logger.warning("node %s stopped %d runs: %s", self._node_id, count, reason)
         return count
 
-    def crash(self) -> None:
+    def _crash(self) -> None:
         """Stop talking to the database at once, as a killed process would (tests).
 
         Nothing more is persisted: no events, no session writes, no heartbeat; the
         node's runs are taken over once their leases expire."""
-        self.dead = True
-        self.db.dead = True
-        self.listener.stop()
-        for log in self.writer.logs.values():
+        self._dead = True
+        self._db.dead = True
+        self._listener.stop()
+        for log in self._writer.logs.values():
             log.fence.closed = True
             log.fence.fence_seq = None
 
     # -- run trees (DESIGN §17) -------------------------------------------------------
 
-    async def tree_nodes(self, principal: str, retain: float) -> list[str]:
+    async def _tree_nodes(self, principal: str, retain: float) -> list[str]:
         """The other nodes where a tree of ``principal`` may hold a child run: the
         live owners of its unfinished runs and of those finished less than ``retain``
         s ago. Child runs have no rows (a tree lives on its root's node), so a child's
-        id is resolved by asking these nodes (:meth:`route_to`); a principal with no
+        id is resolved by asking these nodes (:meth:`_route_to`); a principal with no
         runs on other nodes costs this one query.
 
         Raises:
@@ -704,17 +682,17 @@ class PostgresCluster:
             return sorted(str(row[0]) for row in rows)
 
         try:
-            return await self.db.call(read)
+            return await self._db.call(read)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
 
-    async def route_to(
+    async def _route_to(
         self, principal: str, request: dict[str, Any], run_id: str, node: str
     ) -> dict[str, Any]:
         """Send an op on ``run_id`` (a child run, which has no row) to ``node``, the
         node running its tree; its ack fields come back (errors: the node's own, e.g.
         ``not_found`` when the tree is not there)."""
-        return await self.router.send(principal, request, run_id=run_id, target_node=node)
+        return await self._router.send(principal, request, run_id=run_id, target_node=node)
 
 
 def idle_timeout(lease_ttl: float) -> float:

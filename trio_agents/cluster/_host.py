@@ -5,7 +5,7 @@ It wraps the host of one process (:class:`~trio_agents.hosting.LocalHost`: this 
 runs) and adds what makes N nodes act as one server:
 
 - **Placement.** A start on a full node is placed on a node with room, or queued for
-  capacity (``PostgresCluster.place``); the owner's disconnect still cancels a run it
+  capacity (``PostgresCluster._place``); the owner's disconnect still cancels a run it
   placed elsewhere (its record's ``placed``, a routed cancel).
 - **Routing.** An op on a run another node runs goes to that node as a command
   (``_routing.py``); the node that answers it gets the command's origin as explicit
@@ -42,11 +42,6 @@ from .._events import RunStatus
 from .._exceptions import UnknownCallError
 from .._items import Item, coerce_items
 from .._run import Run
-from ..control._hosting import closing, own_placed, start_run
-from ..control._policies import ContextHook, effective_limits, limits_to_wire
-from ..control._protocol import Limits, ProtocolError, RunInfo
-from ..control._registry import RunEntry
-from ..control._sessions import items_bytes
 from ..hosting._host import HostedEvent, Origin, StartRequest
 from ..hosting._local import (
     LocalHost,
@@ -56,6 +51,11 @@ from ..hosting._local import (
     inject_here,
     live,
 )
+from ..hosting._policies import ContextHook, effective_limits, limits_to_wire
+from ..hosting._registry import RunEntry
+from ..hosting._run_tasks import closing, own_placed, start_run
+from ..hosting._sessions import items_bytes
+from ..hosting._terms import Limits, ProtocolError, RunInfo
 
 if TYPE_CHECKING:
     from ._cluster import PostgresCluster
@@ -164,17 +164,17 @@ class ClusterHost(LocalHost):
         self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
     ) -> None:
         with scope:
-            await self._cluster.serve_node(self._registry, self.execute, task_status=task_status)
+            await self._cluster._serve_node(self._registry, self.execute, task_status=task_status)
 
     async def _stop_runs(self, deadline: float) -> None:
         """Hand the runs over to other nodes instead of cancelling them for good: the
         owners' ``on_disconnect="cancel"`` runs are cancelled first (the connections
         close), then every run is fenced, stopped here and released at once."""
         cluster = self._cluster
-        if not cluster.dead:
+        if not cluster._dead:
             with trio.move_on_at(deadline):
                 await closing(self._registry, list(self._owners.values()))
-                await cluster.hand_over(self._cancel_runs)
+                await cluster._hand_over(self._cancel_runs)
         await self._cancel_runs()
         # Subscriptions end where this node's part of them does (the client
         # re-subscribes elsewhere from the next seq).
@@ -198,7 +198,7 @@ class ClusterHost(LocalHost):
         return entry
 
     async def _row(self, principal: str, run_id: str) -> dict[str, Any]:
-        row = await self._cluster.owner_of(principal, run_id)
+        row = await self._cluster._owner_of(principal, run_id)
         if row is None:
             raise ProtocolError("not_found", f"no run {run_id!r}")
         return row
@@ -208,15 +208,15 @@ class ClusterHost(LocalHost):
         child run (no row), the node running its tree."""
         cluster = self._cluster
         try:
-            data: dict[str, Any] = await cluster.route(principal, request, run_id)
+            data: dict[str, Any] = await cluster._route(principal, request, run_id)
             return data
         except ProtocolError as exc:
             # The owner's own not_found (an unknown call id, ...) stands; a run without a
             # row may be a child run.
-            if exc.code != "not_found" or await cluster.owner_of(principal, run_id):
+            if exc.code != "not_found" or await cluster._owner_of(principal, run_id):
                 raise
         node, _ = await self._tree_node(principal, run_id)
-        return await cluster.route_to(principal, request, run_id, node)
+        return await cluster._route_to(principal, request, run_id, node)
 
     async def _tree_node(self, principal: str, run_id: str) -> tuple[str, dict[str, Any]]:
         """A child run of a tree another node runs: that node, and the run's ``run.get``
@@ -229,9 +229,9 @@ class ClusterHost(LocalHost):
         """
         cluster = self._cluster
         get = {"id": 0, "op": "run.get", "run_id": run_id}
-        for node in await cluster.tree_nodes(principal, self._registry.limits.retain_finished):
+        for node in await cluster._tree_nodes(principal, self._registry.limits.retain_finished):
             try:
-                answer = await cluster.route_to(principal, get, run_id, node)
+                answer = await cluster._route_to(principal, get, run_id, node)
             except ProtocolError as exc:
                 if exc.code in ("not_found", "invalid_request"):  # not there (or an older node)
                     continue
@@ -285,7 +285,7 @@ class ClusterHost(LocalHost):
         if cut:
             owner.placed.add(run_id)
         try:
-            placed = await self._cluster.place(principal, _start_request(request), run_id)
+            placed = await self._cluster._place(principal, _start_request(request), run_id)
         except ProtocolError:
             if cut:
                 owner.placed.discard(run_id)
@@ -310,7 +310,7 @@ class ClusterHost(LocalHost):
     async def list(self, principal: str, *, all: bool = False) -> list[RunInfo]:
         registry = self._registry
         with host_errors():
-            rows = await self._cluster.list_runs(principal, registry.limits.retain_finished)
+            rows = await self._cluster._list_runs(principal, registry.limits.retain_finished)
         runs: list[RunInfo] = []
         for row in rows:
             entry = self._here(principal, row["run_id"], nodes=False)
@@ -384,7 +384,7 @@ class ClusterHost(LocalHost):
         mode: Literal["immediate", "after_turn"] = "immediate",
     ) -> str:
         with host_errors():
-            row = await self._cluster.session_holder(principal, session_id)
+            row = await self._cluster._session_holder(principal, session_id)
             if row is None:
                 raise ProtocolError("no_active_run", f"session {session_id!r} has no active run")
             run_id = row["run_id"]
@@ -399,7 +399,7 @@ class ClusterHost(LocalHost):
                 if self._here(principal, run_id) is not None:
                     await self._apply_here(principal, cancel, None)
                 else:
-                    await self._cluster.route(principal, cancel, run_id)
+                    await self._cluster._route(principal, cancel, run_id)
             except ProtocolError as exc:
                 if exc.code != "run_closed":
                     raise
@@ -492,7 +492,7 @@ class ClusterHost(LocalHost):
         try:
             async with channel:
                 with scope:
-                    await self._cluster.follow(run_id, from_seq, mode, send)
+                    await self._cluster._follow(run_id, from_seq, mode, send)
         except Exception:
             logger.exception("following the events of %s failed", run_id)
         finally:
@@ -517,19 +517,19 @@ class ClusterHost(LocalHost):
             reason, mode = request.get("reason"), request.get("mode", "immediate")
             run.cancel(reason, mode=mode)
             # Acked once durable: a takeover ends it cancelled.
-            await cluster.record_cancel(entry.run_id, reason, mode, origin)
+            await cluster._record_cancel(entry.run_id, reason, mode, origin)
             return {}
         if op == "run.withdraw":
             withdrawn = run.withdraw(request["injection_id"])
             if withdrawn:
-                await cluster.record_withdrawal(entry.run_id, request["injection_id"], origin)
+                await cluster._record_withdrawal(entry.run_id, request["injection_id"], origin)
             return {"withdrawn": withdrawn}
         if op == "run.inject":
             items = tuple(coerce_items(request["items"]))
             when = request.get("when", "next_turn")
             injection_id = inject_here(self._registry, entry, items, when)
             # Acked once durable: a takeover injects it again.
-            await cluster.injection_persisted(entry.run_id, str(injection_id), origin)
+            await cluster._injection_persisted(entry.run_id, str(injection_id), origin)
             return {"injection_id": injection_id}
         await self._decide_here(entry, run, request, origin)
         return {}
@@ -548,7 +548,7 @@ class ClusterHost(LocalHost):
         call_id = request["call_id"]
         if call_id not in run.statistics().pending_approvals:
             raise ProtocolError("not_found", str(UnknownCallError(call_id)))
-        await self._cluster.record_decision(
+        await self._cluster._record_decision(
             entry.run_id, call_id, approved=approved, message=message, origin=origin
         )
         # Recorded and answered already: the run may have ended (or moved) since.
@@ -587,12 +587,12 @@ class ClusterHost(LocalHost):
         holds its client's connection, and here once that node is dead)."""
         registry = self._registry
         cluster = self._cluster
-        origin = cluster.router.origin(command)
+        origin = cluster._router.origin(command)
         op = request.get("op")
         if op == "run.start":
             limits = effective_limits(request.get("limits"), registry.limits.max_run_limits)
             registry.check_room(principal)
-            if cluster.running() >= cluster.max_runs:
+            if cluster._running() >= cluster.max_runs:
                 raise ProtocolError("limit_exceeded", f"node {cluster.node_id} is full")
             items = tuple(coerce_items(request["input"]))
             entry = await start_run(
@@ -612,7 +612,7 @@ class ClusterHost(LocalHost):
             )
             return {"run_id": entry.run_id}
         if op in _CONTROL_OPS:
-            await cluster.wait_resumed(request["run_id"])
+            await cluster._wait_resumed(request["run_id"])
             return await self._apply_here(principal, request, origin)
         if op == "run.get":  # is a child run in a tree of this node? (_tree_node)
             entry = registry.lookup(principal, request["run_id"])

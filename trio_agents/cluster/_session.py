@@ -77,7 +77,7 @@ class ClusterSession:
         self._dsn = dsn
         self.fence = fence
         # Per run: the in-process claim only keeps a queued run queued until its gate
-        # lets go (``control._hosting``); which run has the session, and in what order
+        # lets go (``hosting._run_tasks``); which run has the session, and in what order
         # the queued ones get it, is decided cluster-wide alone (``_claims.py``). A
         # claim shared by the node's runs of a session would order them a second
         # time, by arrival here: a run taken over here (which held the session, or was

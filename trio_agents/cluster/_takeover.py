@@ -21,7 +21,7 @@ lost with its node: see :func:`_undelivered`). Approvals and rejections recorded
 run's row are given to the resumed run (``Resume.approved``/``rejected``), which answers
 the calls it asks for again with them, without an ``awaiting_approval`` status; a run whose client's node (``on_disconnect="cancel"``) is
 dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
-node's runs whose client's node has died since (``PostgresCluster.check_clients``). A
+node's runs whose client's node has died since (``PostgresCluster._check_clients``). A
 NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
 Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
@@ -52,9 +52,9 @@ from .._items import Item, item_from_json
 from .._limits import UsageLimits
 from .._resume import Resume
 from .._run import Run
-from ..control._hosting import resume_run
-from ..control._policies import effective_limits, limits_from_wire
-from ..control._protocol import ProtocolError
+from ..hosting._policies import effective_limits, limits_from_wire
+from ..hosting._run_tasks import resume_run
+from ..hosting._terms import ProtocolError
 from ._capacity import end_run_in
 from ._db import ClusterDown, Conn, Dedicated
 from ._queries import CLIENT_GONE, decisions_of, live_nodes
@@ -231,9 +231,9 @@ class Leases:
         self.scanning = trio.Lock()
         self.stopped = False
         # Runs queued for capacity may wait (a NOTIFY said so, or the last scan filled
-        # this node's room): a run ending here wakes the scan (PostgresCluster.room_freed).
+        # this node's room): a run ending here wakes the scan (PostgresCluster._room_freed).
         self.queued = True
-        self._connection = Dedicated(cluster.db)  # the heartbeat's own
+        self._connection = Dedicated(cluster._db)  # the heartbeat's own
 
     def wake(self) -> None:
         """Scan now (a node released runs, or we reconnected)."""
@@ -248,14 +248,14 @@ class Leases:
         # restarted under the same id must not keep alive the leases of its previous
         # process's runs, which then expire and are taken over (by any node, itself
         # included).
-        owned = [run_id for run_id, log in cluster.writer.logs.items() if not log.fence.closed]
+        owned = [run_id for run_id, log in cluster._writer.logs.items() if not log.fence.closed]
         owned += self._resuming
-        owned += cluster.starting
+        owned += cluster._starting
         params = {
             "node": cluster.node_id,
             "ttl": cluster.lease_ttl,
             "max": cluster.max_runs,
-            "running": cluster.running(),
+            "running": cluster._running(),
             "draining": self.draining,
             "releasing": releasing,
             "owned": owned,
@@ -320,9 +320,9 @@ class Leases:
             with trio.move_on_at(self.renewed_at + margin):
                 await renewed.wait()
                 continue
-            if cluster.db.dead:
+            if cluster._db.dead:
                 return
-            self.fenced += cluster.lose_all("lease lost")
+            self.fenced += cluster._lose_all("lease lost")
             await renewed.wait()
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
@@ -354,7 +354,7 @@ class Leases:
                     started = True
                     task_status.started()
             except ClusterDown:
-                if cluster.db.dead:
+                if cluster._db.dead:
                     return
                 logger.warning("cluster heartbeat failed; retrying", exc_info=True)
             await trio.sleep(interval)  # a period, not a synchronisation
@@ -367,14 +367,14 @@ class Leases:
                     async with self.scanning:
                         if not self.draining:
                             await self.scan()
-                            await cluster.check_clients()
+                            await cluster._check_clients()
                     if trio.current_time() >= self._next_cleanup:
                         self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
                         # Well under the watchdog's margin: its lock waits fail first.
                         with trio.move_on_after(cluster.lease_ttl / 4):
                             await self.cleanup()
             except ClusterDown:
-                if cluster.db.dead:
+                if cluster._db.dead:
                     return
                 logger.warning("cluster scan failed; retrying", exc_info=True)
             with trio.move_on_after(cluster.lease_ttl / 3):
@@ -388,7 +388,7 @@ class Leases:
         another transaction holds are skipped (``SKIP LOCKED``): the next sweep gets
         them."""
         cluster = self._cluster
-        registry = cluster.registry
+        registry = cluster._registry
         retain = 600.0 if registry is None else registry.limits.retain_finished
 
         def delete(conn: Conn) -> None:
@@ -415,20 +415,20 @@ class Leases:
                 (retain,),
             )
 
-        await cluster.db.call(delete)
+        await cluster._db.call(delete)
 
     async def scan(self) -> None:
         """Claim and resume runs whose lease expired or that were released."""
         cluster = self._cluster
-        room = cluster.max_runs - cluster.running()
+        room = cluster.max_runs - cluster._running()
         if room <= 0:
             return
         # Never the runs this node runs (or starts, resumes, or has yet to release):
         # a lease of one of them that lapsed (its row locked at every beat) is renewed
         # by the next beat, not taken over from itself.
-        mine = set(self.to_release) | self._resuming | cluster.starting
-        mine.update(run_id for run_id, log in cluster.writer.logs.items() if not log.fence.closed)
-        claimed = await cluster.db.call(lambda conn: self._claim(conn, room, mine))
+        mine = set(self.to_release) | self._resuming | cluster._starting
+        mine.update(run_id for run_id, log in cluster._writer.logs.items() if not log.fence.closed)
+        claimed = await cluster._db.call(lambda conn: self._claim(conn, room, mine))
         self.queued = len(claimed) >= room  # fewer: none was left to claim
         # Ours from the commit on: a command for any of them waits for its resumption.
         self._resuming.update(run.run_id for run in claimed)
@@ -444,7 +444,7 @@ class Leases:
     async def resume(self, claimed: Claimed) -> None:
         """Continue a run this node just claimed (see the module docstring)."""
         cluster = self._cluster
-        registry = cluster.registry
+        registry = cluster._registry
         assert registry is not None
         try:
             if claimed.agent not in registry.agents:
@@ -492,7 +492,7 @@ class Leases:
             self._resuming.discard(claimed.run_id)
             self._resumed.set()
             self._resumed = trio.Event()
-            cluster.router.wake()  # commands that waited for the run's new owner
+            cluster._router.wake()  # commands that waited for the run's new owner
 
     def _claim(self, conn: Conn, room: int, mine: set[str]) -> list[Claimed]:
         cluster = self._cluster
@@ -592,4 +592,4 @@ class Leases:
         def write(conn: Conn) -> None:
             end_run_in(conn, run.run_id, run.last_seq + 1, RunStatus.FAILED, reason, if_absent=True)
 
-        await cluster.db.call(write)
+        await cluster._db.call(write)

@@ -1,22 +1,14 @@
-"""The control server's handshake checks: bearer token → principal, origin, subprotocol."""
+"""The control server's handshake checks: bearer token → principal (``hosting/_bearer.py``,
+shared with the HTTP faces), origin, subprotocol."""
 
 from __future__ import annotations
 
-import hmac
-import logging
-from collections.abc import Callable, Mapping
-from typing import TypeAlias
-
 from trio_websocket import WebSocketRequest
 
+from ..hosting._bearer import Auth, authenticate
 from ._protocol import SUBPROTOCOL
 
 __all__ = ["Auth", "authenticate", "check_handshake"]
-
-logger = logging.getLogger("trio_agents.control")
-
-Auth: TypeAlias = Mapping[str, str] | Callable[[str], str | None]
-"""Bearer token → principal: a mapping, or a callable returning None for a bad token."""
 
 
 def _header(request: WebSocketRequest, name: bytes) -> str | None:
@@ -24,37 +16,6 @@ def _header(request: WebSocketRequest, name: bytes) -> str | None:
         if key.lower() == name:
             return value.decode("latin-1")
     return None
-
-
-def authenticate(auth: Auth, header: str | None) -> str | None:
-    """The principal an ``Authorization`` header names, or None.
-
-    A mapping's tokens are all compared, each in constant time, so the time taken does
-    not tell which (or whether a) token matched. A callable that raises or returns
-    something other than a str or None rejects the handshake.
-    """
-    if header is None:
-        return None
-    scheme, _, token = header.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    if isinstance(auth, Mapping):
-        given = token.encode()
-        found: str | None = None
-        for known, name in auth.items():
-            if hmac.compare_digest(given, known.encode()):
-                found = name
-        return found
-    try:
-        principal: object = auth(token)
-    except Exception:
-        logger.exception("the auth callable raised; rejecting the handshake")
-        return None
-    if principal is not None and not isinstance(principal, str):
-        logger.error("the auth callable returned %r, not a str or None", principal)
-        return None
-    return principal
 
 
 async def check_handshake(

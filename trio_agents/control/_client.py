@@ -27,7 +27,7 @@ from .._exceptions import ControlConnectionError, ControlError, RunClosedError
 from .._items import Item, coerce_items
 from .._limits import UsageLimits
 from .._util import leaves as _leaves
-from ._policies import limits_to_wire
+from ..hosting._policies import limits_to_wire
 from ._protocol import SUBPROTOCOL, RunInfo
 from ._stream import GuardedStream
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, final
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
+from ..hosting._requests import parse_request
 from ._ops import serve_request
 from ._protocol import ProtocolError, error_frame
-from ._requests import parse_request
 from ._stream import GuardedStream
 
 if TYPE_CHECKING:

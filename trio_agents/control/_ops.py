@@ -15,8 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from ..hosting import HostError, Origin, StartRequest
-from ._protocol import ErrorCode, ProtocolError, ack_frame, error_frame
-from ._requests import (
+from ..hosting._requests import (
     Request,
     RunApprove,
     RunCancel,
@@ -30,6 +29,7 @@ from ._requests import (
     RunWithdraw,
     SessionCancel,
 )
+from ._protocol import ErrorCode, ProtocolError, ack_frame, error_frame
 
 if TYPE_CHECKING:
     from ._connection import Connection

@@ -12,11 +12,12 @@ Layout of the tasks (all in the nursery of :meth:`ControlServer.serve`)::
 Runs never live in a connection's nursery: a client that leaves (or is cut off)
 takes none of them along, except runs it started with ``on_disconnect="cancel"``,
 which are cancelled with reason ``"client disconnected"``. The jobs live in their own
-modules: the handshake checks in ``_auth.py``, the runs' bookkeeping and
-per-principal limits in ``_registry.py``, starting and hosting the runs (and what a
-disconnect does to them) in ``_hosting.py``, sessions in ``_sessions.py``, a
-connection's I/O in ``_connection.py``, the ops in ``_ops.py``; this module wires them
-together.
+modules: the handshake checks in ``_auth.py``, a connection's I/O in
+``_connection.py``, the ops in ``_ops.py``; the runs themselves are the host's (the
+hosting layer: the runs' bookkeeping and per-principal limits in
+``hosting/_registry.py``, starting and hosting the runs, and what a disconnect does to
+them, in ``hosting/_run_tasks.py``, sessions in ``hosting/_sessions.py``); this module
+wires them together.
 """
 
 from __future__ import annotations
@@ -33,17 +34,17 @@ from trio_websocket import WebSocketRequest, wrap_server_stream
 
 from .. import Agent
 from .._util import first_leaf, leaves, only_cancelled
+from ..hosting import LocalHost
+from ..hosting._policies import ContextHook
+from ..hosting._registry import PrincipalStatistics
+from ..hosting._sessions import SessionFactory, sqlite_sessions
 from ._auth import Auth, check_handshake
 from ._connection import Connection
-from ._policies import ContextHook
 from ._protocol import SUBPROTOCOL, Limits
-from ._registry import PrincipalStatistics
-from ._sessions import SessionFactory, sqlite_sessions
 from ._stream import GuardedStream
 
 if TYPE_CHECKING:
-    from ..cluster import PostgresCluster
-    from ..hosting import LocalHost
+    from ..hosting._node import NodeOfCluster
 
 __all__ = [
     "Auth",
@@ -125,7 +126,7 @@ class ControlServer:
         limits: Limits | None = None,
         allowed_origins: Sequence[str] | None = None,
         run_options: Mapping[str, Any] | None = None,
-        cluster: PostgresCluster | None = None,
+        cluster: NodeOfCluster | None = None,
         context: ContextHook | None = None,
     ) -> None:
         if context is not None and not callable(context):
@@ -174,10 +175,6 @@ class ControlServer:
                 agents, limits=limits, run_options=run_options, context=context
             )
         else:
-            # Imported here: the hosting layer's local host is still built over this
-            # package's registry and run tasks (importing it first imports this package).
-            from ..hosting import LocalHost
-
             self._host = LocalHost(
                 agents,
                 sessions=session_factory,
@@ -203,7 +200,7 @@ class ControlServer:
         return self._host
 
     @property
-    def cluster(self) -> PostgresCluster | None:
+    def cluster(self) -> NodeOfCluster | None:
         """The cluster this server is a node of, if any."""
         return self._cluster
 
@@ -368,7 +365,7 @@ async def open_control_server(
     limits: Limits | None = None,
     allowed_origins: Sequence[str] | None = None,
     run_options: Mapping[str, Any] | None = None,
-    cluster: PostgresCluster | None = None,
+    cluster: NodeOfCluster | None = None,
     context: ContextHook | None = None,
 ) -> AsyncIterator[ControlServer]:
     """Serve a :class:`ControlServer` for the duration of the block (loopback, a free

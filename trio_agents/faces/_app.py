@@ -30,8 +30,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Router
 
-from ..control._auth import Auth, authenticate
 from ..hosting import HostError, RunHost
+from ..hosting._bearer import Auth, authenticate
 from ._http import PRINCIPAL_KEY, HttpError, HttpLimits, error_response
 
 __all__ = ["FACES", "Face", "HttpApp", "HttpStatistics", "Routes", "http_app"]

@@ -150,7 +150,7 @@ def principal_of(request: Request) -> str:
 
 # NUL and lone surrogates: valid JSON, but no session store can keep them (PostgreSQL
 # text refuses NUL, UTF-8 refuses a lone surrogate); the websocket channel refuses them
-# too (control/_requests.py), so every face answers the same.
+# too (hosting/_requests.py), so every face answers the same.
 _UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
 
 

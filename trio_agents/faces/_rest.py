@@ -2,7 +2,7 @@
 run's events as Server-Sent Events.
 
 Bodies are validated by the very checks of the websocket channel's request frames
-(``control/_requests.py``): the same fields, types, bounds and messages on both faces.
+(``hosting/_requests.py``): the same fields, types, bounds and messages on both faces.
 
 Event streams: every message carries the event as the websocket channel's ``event``
 frame carries it (``{"run_id", "seq", "event"}``), with ``id: <seq>``. A client that
@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..control._protocol import MAX_NAME_LENGTH, ProtocolError
-from ..control._requests import (
+from ..hosting import HostedEvent, HostError, Origin, StartRequest
+from ..hosting._requests import (
     RunApprove,
     RunCancel,
     RunInject,
@@ -42,7 +42,7 @@ from ..control._requests import (
     SessionCancel,
     parse_request,
 )
-from ..hosting import HostedEvent, HostError, Origin, StartRequest
+from ..hosting._terms import MAX_NAME_LENGTH, ProtocolError
 from ._app import Face, Routes
 from ._http import _UNSTORABLE, HttpError, principal_of, read_json
 from ._sse import EventStream, sse_message

@@ -1,9 +1,8 @@
 """The run host of one process: :class:`LocalHost`.
 
-It owns what the websocket server owned until now — the run registry (runs by id,
-per-principal counters, limits and retention: ``control/_registry.py``), the runs'
-tasks and sessions (``control/_hosting.py``) and the ops (``control/_ops.py``'s
-``apply_local``) — and gives every face the same calls over them (:class:`RunHost`).
+It owns the run registry (runs by id, per-principal counters, limits and retention:
+``_registry.py``), the runs' tasks and sessions (``_run_tasks.py``, ``_sessions.py``)
+and the ops, and gives every face the same calls over them (:class:`RunHost`).
 
 Two ways to have one:
 
@@ -28,9 +27,9 @@ its wire. A run of another principal is ``not_found`` on every method.
 
 A node of a cluster has a host of its own, ``trio_agents.cluster``'s ``ClusterHost``,
 which wraps this one (placement, routing, durable records, the persisted event log);
-``ControlServer(cluster=...).host`` is that one. The run machinery this host is built
-over (the registry, the run tasks, the policies) still lives in ``trio_agents.control``
-(the import contract lists those crossings, docs/architecture.md).
+``ControlServer(cluster=...).host`` is that one. The run machinery both are built over
+(the registry, the run tasks, the policies, the sessions) lives here, in the hosting
+layer, below the cluster and the faces (docs/architecture.md).
 
 Changes to the interface: ``events``' ``from_seq`` may be None (from the oldest event
 retained, without an ``events.dropped`` marker: what ``run.subscribe`` without
@@ -57,13 +56,13 @@ from .._items import Item
 from .._limits import UsageLimits
 from .._run import Run
 from .._util import first_leaf, leaves, only_cancelled
-from ..control._hosting import disconnected as _disconnected
-from ..control._hosting import start_run
-from ..control._policies import ContextHook, effective_limits, limits_to_wire
-from ..control._protocol import Limits, ProtocolError, RunInfo
-from ..control._registry import Owner, PrincipalStatistics, Registry, RunEntry
-from ..control._sessions import SessionFactory, items_bytes, sqlite_sessions
 from ._host import HostedEvent, HostError, Origin, StartRequest
+from ._policies import ContextHook, effective_limits, limits_to_wire
+from ._registry import Owner, PrincipalStatistics, Registry, RunEntry
+from ._run_tasks import disconnected as _disconnected
+from ._run_tasks import start_run
+from ._sessions import SessionFactory, items_bytes, sqlite_sessions
+from ._terms import Limits, ProtocolError, RunInfo
 
 __all__ = ["HostStatistics", "LocalHost", "host_errors"]
 
@@ -100,7 +99,7 @@ def host_errors() -> Iterator[None]:
 @final
 @attrs.define(eq=False)
 class _Owner:
-    """What the registry needs of a run's owner (``control._registry.Owner``), one per
+    """What the registry needs of a run's owner (``_registry.Owner``), one per
     live owner token a face passed in :class:`Origin`."""
 
     principal: str

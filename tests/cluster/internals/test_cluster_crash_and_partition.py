@@ -71,7 +71,7 @@ async def two_nodes(
 
 def partition_heartbeat(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     """Make the node's lease renewals fail until the returned ``heal()`` is called."""
-    real = node.cluster.leases.heartbeat
+    real = node.cluster._leases.heartbeat
     cut = [True]
 
     async def heartbeat() -> None:
@@ -80,7 +80,7 @@ def partition_heartbeat(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable
             raise ClusterDown("partitioned from PostgreSQL (test)")
         await real()
 
-    monkeypatch.setattr(node.cluster.leases, "heartbeat", heartbeat)
+    monkeypatch.setattr(node.cluster._leases, "heartbeat", heartbeat)
 
     def heal() -> None:
         cut[0] = False
@@ -91,13 +91,13 @@ def partition_heartbeat(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable
 def gate_flushes(node: Node, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
     """Hold the node's event-log flushes until the returned event is set."""
     gate = trio.Event()
-    real = node.cluster.writer._flush
+    real = node.cluster._writer._flush
 
     async def flush(batch: list[Any]) -> None:
         await gate.wait()
         await real(batch)
 
-    monkeypatch.setattr(node.cluster.writer, "_flush", flush)
+    monkeypatch.setattr(node.cluster._writer, "_flush", flush)
     return gate
 
 
@@ -170,7 +170,7 @@ async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end
     # The watchdog stopped the run ("lease lost"); its tool takes a while to stop (a
     # shielded cleanup, within the run's cleanup_timeout), so that attempt still holds
     # the session in this process when the node claims the run back. The resume waits
-    # for it (control/_registry.py, _OLD_ATTEMPT_BOUND) instead of finding the session
+    # for it (hosting/_run_tasks.py, _OLD_ATTEMPT_BOUND) instead of finding the session
     # busy and failing the run.
     started, cancelled, hold = trio.Event(), trio.Event(), trio.Event()
 
@@ -201,7 +201,7 @@ async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end
             with trio.fail_after(30):
                 await cancelled.wait()  # the watchdog stopped the run ("lease lost")
             heal()  # the next heartbeat releases the run; A's scan claims it back
-            await until(lambda: a.cluster.leases.takeovers == 1)
+            await until(lambda: a.cluster._leases.takeovers == 1)
             assert stopped.run.result is None  # that attempt is still stopping
             hold.set()
             await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
@@ -244,7 +244,7 @@ async def test_a_run_that_moved_to_another_attempt_is_cancelled_when_its_client_
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             started = trio.Event()
             heal = partition_heartbeat(a, monkeypatch)
-            await until(lambda: a.cluster.leases.fenced == 1)  # A stopped its attempt
+            await until(lambda: a.cluster._leases.fenced == 1)  # A stopped its attempt
             heal()
             await cb.wait_event(
                 run_id,
@@ -281,15 +281,15 @@ async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) ->
                 await trio.to_thread.run_sync(
                     conn.execute, "SELECT 1 FROM trio_agents_nodes WHERE node_id = 'Z' FOR UPDATE"
                 )
-                a.cluster.leases._next_cleanup = 0.0  # its next sweep is due (every 60 s)
-                a.cluster.leases.wake()
+                a.cluster._leases._next_cleanup = 0.0  # its next sweep is due (every 60 s)
+                a.cluster._leases.wake()
                 await trio.sleep(2 * a.cluster.lease_ttl)  # the lock is held this long
                 await trio.to_thread.run_sync(conn.rollback)
-            renewed = a.cluster.leases.renewed_at
+            renewed = a.cluster._leases.renewed_at
             with trio.fail_after(10):
-                while a.cluster.leases.renewed_at == renewed:  # noqa: ASYNC110 (no event)
+                while a.cluster._leases.renewed_at == renewed:  # noqa: ASYNC110 (no event)
                     await trio.sleep(0.05)
-            assert a.cluster.leases.fenced == 0
+            assert a.cluster._leases.fenced == 0
             assert not cancelled.is_set()
             release.set()
         nursery.cancel_scope.cancel()
@@ -327,7 +327,7 @@ def lose_flushes_from_delivery(node: Node, monkeypatch: pytest.MonkeyPatch) -> N
     """From the first ``inbox.delivered`` event on, the node's writer persists nothing
     more (it stalls there, as one cut off from PostgreSQL): what came before it is
     persisted (the delivered items with their ``run.item`` events), it is not."""
-    real = node.cluster.writer._flush
+    real = node.cluster._writer._flush
     stalled = [False]
 
     async def flush(batch: list[Any]) -> None:
@@ -345,7 +345,7 @@ def lose_flushes_from_delivery(node: Node, monkeypatch: pytest.MonkeyPatch) -> N
             await real(batch[:cut])
         await trio.sleep_forever()
 
-    monkeypatch.setattr(node.cluster.writer, "_flush", flush)
+    monkeypatch.setattr(node.cluster._writer, "_flush", flush)
 
 
 async def test_an_injection_is_delivered_once_across_a_crash(
@@ -435,7 +435,7 @@ async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
             fields = {"reason": "stop"}
         applied = trio.Event()
         stored: list[str | None] = []
-        execute = a.cluster.router.execute
+        execute = a.cluster._router.execute
         assert execute is not None
 
         def reply_of(command_id: int) -> str | None:
@@ -452,7 +452,7 @@ async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
             applied.set()
             await trio.sleep_forever()  # A dies before its answer is written
 
-        monkeypatch.setattr(a.cluster.router, "execute", answered_by_a_dying_node)
+        monkeypatch.setattr(a.cluster._router, "execute", answered_by_a_dying_node)
         answers: list[dict[str, Any]] = []
         async with trio.open_nursery() as waiting:
 
@@ -523,7 +523,7 @@ async def test_remote_subscriptions_leave_no_waiters_behind(pg_dsn: str) -> None
             )
 
         await until(lambda: not followed())
-        waiters = b.cluster.listener._waiters
+        waiters = b.cluster._listener._waiters
         assert [r for r in run_ids if waiters.get(("run", r))] == []
 
 

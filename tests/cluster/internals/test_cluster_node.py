@@ -91,7 +91,7 @@ async def test_finished_runs_are_forgotten_after_retention(pg_dsn: str) -> None:
             await c.wait_terminal(run_id)
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 conn.execute("UPDATE trio_agents_runs SET updated_at = now() - interval '1 day'")
-            await a.cluster.leases.cleanup()
+            await a.cluster._leases.cleanup()
             gone = await c.request("run.get", run_id=run_id)
             assert gone["type"] == "ack"  # still retained in the node's memory
         nursery.cancel_scope.cancel()

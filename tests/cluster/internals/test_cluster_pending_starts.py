@@ -16,7 +16,7 @@ import trio
 import trio_agents as ta
 from tests.cluster.internals.test_cluster_crash_and_partition import agent
 from tests.support.cluster_support import client, node
-from trio_agents.control import _hosting
+from trio_agents.hosting import _run_tasks
 from trio_agents.models import ScriptedModel, Turn
 
 
@@ -65,12 +65,12 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
     agents = agent(model, [blocking_tool(started)])
     ttl = 1.0
     seen: list[tuple[Any, ...] | None] = []
-    real = _hosting.supersede
+    real = _run_tasks.supersede
 
     async def slow_supersede(registry: Any, principal: str, run_id: str, node: Any) -> None:
         # The holder's cancel takes well over lease_ttl to be answered.
         (new,) = await trio.to_thread.run_sync(queued_rows, pg_dsn, run_id)
-        leases = registry.cluster.leases
+        leases = registry.cluster._leases
         until = trio.current_time() + 2 * ttl
         while leases.renewed_at <= until:  # noqa: ASYNC110 (a heartbeat sent after it)
             await trio.sleep(ttl / 6)
@@ -86,7 +86,7 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
             await ca.ok("run.start", agent="a", input="1", session_id="s")
             with trio.fail_after(30):
                 await started.wait()
-            monkeypatch.setattr(_hosting, "supersede", slow_supersede)
+            monkeypatch.setattr(_run_tasks, "supersede", slow_supersede)
             second = await ca.start_run(
                 agent="a", input="2", session_id="s", on_busy="interrupt", subscribe="all"
             )
@@ -118,7 +118,7 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
                 await cb.ok("run.start", agent="a", input="1")  # B is full now
                 with trio.fail_after(30):
                     await started.wait()
-                execute = a.cluster.router.execute
+                execute = a.cluster._router.execute
                 assert execute is not None
                 answered = trio.Event()
                 placed: list[str] = []
@@ -130,7 +130,7 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
                     await answered.wait()
                     return fields
 
-                monkeypatch.setattr(a.cluster.router, "execute", slow_answer)
+                monkeypatch.setattr(a.cluster._router, "execute", slow_answer)
                 await cb.ws.send_message(
                     '{"id": "p", "op": "run.start", "agent": "a", "input": "2",'
                     ' "on_disconnect": "cancel"}'

@@ -397,7 +397,7 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
             run_id = await cc.start_run(agent="a", input="go", subscribe="all")
             await cc.wait_event(run_id, lambda e: e["type"] == "tool.started")
             proceed, resuming = trio.Event(), trio.Event()
-            resume = b.cluster.leases.resume
+            resume = b.cluster._leases.resume
 
             async def slow_resume(claimed: Any) -> None:
                 resuming.set()
@@ -416,14 +416,14 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
                         await trio.sleep(0.01)
                 await release_node(*args)
 
-            monkeypatch.setattr(b.cluster.leases, "resume", slow_resume)
+            monkeypatch.setattr(b.cluster._leases, "resume", slow_resume)
             with trio.fail_after(30):
                 await c.stop()  # hands the run over: B claims it
                 await resuming.wait()
             monkeypatch.setattr("trio_agents.cluster._cluster.release_node", release_once_resumed)
             b.scope.cancel()  # B's shutdown begins while it resumes the run
             with trio.fail_after(30):
-                while not b.cluster.leases.draining:  # noqa: ASYNC110 (no event)
+                while not b.cluster._leases.draining:  # noqa: ASYNC110 (no event)
                     await trio.sleep(0.01)
             proceed.set()
             try:

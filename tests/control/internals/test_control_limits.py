@@ -14,7 +14,7 @@ import trio_agents as ta
 from tests.support.cli_app import blocker
 from tests.support.control_support import TOKENS, serving
 from trio_agents.control import ControlError, ControlServer, Limits, connect
-from trio_agents.control._sessions import SESSION_OVERHEAD, items_bytes
+from trio_agents.hosting._sessions import SESSION_OVERHEAD, items_bytes
 from trio_agents.models import ScriptedModel, Turn
 
 HANG_GUARD = 20  # seconds; a bound against hangs, never a wait

@@ -27,13 +27,13 @@ from .._limits import UsageLimits
 from .._session_lock import SessionClaim
 from ..sessions import Session
 from ._policies import RunStartInfo, call_context_hook
-from ._protocol import ProtocolError
 from ._registry import Owner, Registry, RunEntry
 from ._sessions import MeteredSession, ScopedSession
+from ._terms import ProtocolError
 
 if TYPE_CHECKING:
     from .._resume import Resume
-    from ..cluster._takeover import Claimed
+    from ._node import TakenOver
 
 __all__ = ["closing", "disconnected", "own_placed", "resume_run", "start_run", "supersede"]
 
@@ -180,7 +180,7 @@ async def _claim(
     (None: the session is its own)."""
     cluster = registry.cluster
     assert cluster is not None
-    behind = await cluster.claim(
+    behind = await cluster._claim(
         run_id=run_id,
         principal=principal,
         session_id=session_id,
@@ -192,8 +192,8 @@ async def _claim(
         command=command,
         limits=limits,
     )
-    session = cluster.session(principal, session_id, run_id)
-    extra["before_tool"] = cluster.before_tool(run_id, 1, session.fence)
+    session = cluster._session(principal, session_id, run_id)
+    extra["before_tool"] = cluster._before_tool(run_id, 1, session.fence)
     return session, behind
 
 
@@ -255,9 +255,9 @@ async def _launch(
                 gate.release()
             registry.end(entry, retain=False)
             if cluster is not None:
-                await cluster.forget(entry.run_id)
+                await cluster._forget(entry.run_id)
     if cluster is not None:
-        entry.log = cluster.track(entry.run, entry.run_id, 1, 1, entry.fence, client_node)
+        entry.log = cluster._track(entry.run, entry.run_id, 1, 1, entry.fence, client_node)
     if gate is not None:
         registry.nursery.start_soon(_claim_later, registry, entry, gate, policy, behind, None)
 
@@ -286,7 +286,7 @@ async def _claim_later(
     claimed = False
     try:
         await gate.wait()
-        claimed = await cluster.claim_queued(
+        claimed = await cluster._claim_queued(
             run_id=entry.run_id,
             principal=entry.principal,
             session_id=entry.session_id,
@@ -321,7 +321,10 @@ async def _then_claimed(entry: RunEntry, then: Callable[[], Awaitable[None]]) ->
 
 
 async def resume_run(
-    registry: Registry, claimed: Claimed, resume: Resume, then: Callable[[Run], None] | None = None
+    registry: Registry,
+    claimed: TakenOver,
+    resume: Resume,
+    then: Callable[[Run], None] | None = None,
 ) -> RunEntry:
     """Continue a run this node took over (a cluster's takeover); ``then(run)`` is
     called the moment the run exists, before it can call its model or end (its
@@ -347,7 +350,7 @@ async def resume_run(
         policies["context"] = await call_context_hook(
             registry.context_hook, claimed.principal, info
         )
-    session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
+    session = cluster._session(claimed.principal, claimed.session_id, claimed.run_id)
     session.attempt = resume.attempt  # its writes are fenced on this attempt
     entry = RunEntry(
         run_id=claimed.run_id,
@@ -387,7 +390,7 @@ async def resume_run(
         await session.add_input(claimed.input)
     extra: dict[str, Any] = {
         "resume": resume,
-        "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
+        "before_tool": cluster._before_tool(entry.run_id, resume.attempt, session.fence),
         "_then": then,
     }
     extra.update(policies)
@@ -401,7 +404,7 @@ async def resume_run(
             if gate is not None:
                 gate.release()
             registry.end(entry, retain=False)
-    entry.log = cluster.track(
+    entry.log = cluster._track(
         entry.run,
         entry.run_id,
         resume.attempt,
@@ -426,7 +429,7 @@ async def supersede(registry: Registry, principal: str, run_id: str, node: str |
     assert registry.cluster is not None
     request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
     with contextlib.suppress(ProtocolError):
-        await registry.cluster.route(principal, request, run_id)
+        await registry.cluster._route(principal, request, run_id)
 
 
 async def _run_task(
@@ -480,7 +483,7 @@ async def own_placed(registry: Registry, owner: Owner, run_id: str) -> None:
     owner.placed.add(run_id)
     if len(owner.placed) > 2 * registry.limits.max_runs_per_principal:
         with contextlib.suppress(ProtocolError):  # the database is down: next time
-            unfinished = await registry.cluster.unfinished(owner.principal, owner.placed)
+            unfinished = await registry.cluster._unfinished(owner.principal, owner.placed)
             owner.placed.intersection_update(unfinished | {run_id})
 
 
@@ -509,7 +512,7 @@ async def closing(registry: Registry, owners: Iterable[Owner]) -> None:
         assert entry.run is not None
         entry.run.cancel(_DISCONNECTED)
         with contextlib.suppress(ProtocolError):
-            await cluster.record_cancel(entry.run_id, _DISCONNECTED, "immediate")
+            await cluster._record_cancel(entry.run_id, _DISCONNECTED, "immediate")
 
     async with trio.open_nursery() as nursery:
         for owner in owners:
@@ -535,7 +538,7 @@ async def _cancel_placed(registry: Registry, principal: str, run_ids: Iterable[s
             "mode": "immediate",
         }
         try:
-            await registry.cluster.route(principal, request, run_id)
+            await registry.cluster._route(principal, request, run_id)
         except ProtocolError as exc:
             if exc.code not in ("run_closed", "not_found"):
                 logger.warning("could not cancel placed run %s: %s", run_id, exc.message)

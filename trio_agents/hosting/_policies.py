@@ -29,7 +29,7 @@ import attrs
 
 from .._items import Item
 from .._limits import UsageLimits
-from ._protocol import ProtocolError
+from ._terms import ProtocolError
 
 __all__ = [
     "LIMIT_FIELDS",

@@ -1,5 +1,9 @@
 """Request frames of the wire format, version 1: one typed attrs class per op, and
-:func:`parse_request`, which validates a frame (every field, every type) into one."""
+:func:`parse_request`, which validates a frame (every field, every type) into one.
+
+Shared by the wire faces: the websocket channel parses its frames with it, and the
+REST face checks its bodies with the same rules (one set of field rules and messages
+on every face), so it lives below both, in the hosting layer."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import attrs
 
 from .._items import Item, coerce_items
 from ._policies import limits_from_wire
-from ._protocol import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH, ProtocolError
+from ._terms import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH, ProtocolError
 
 __all__ = [
     "OPS",

@@ -1,5 +1,5 @@
-"""The control server's runs and per-principal limits (the runs' tasks themselves are
-started in ``_hosting.py``).
+"""A host's runs and per-principal limits (the runs' tasks themselves are started in
+``_run_tasks.py``).
 
 Every check a request makes is O(1) in the number of runs the server remembers: each
 principal has counters (active runs, retained bytes, session bytes, a token bucket)
@@ -27,11 +27,11 @@ import attrs
 import trio
 
 from .. import Agent, Run
-from ._protocol import Limits, ProtocolError, RunInfo
 from ._sessions import MemorySessions, MeteredSession, SessionFactory
+from ._terms import Limits, ProtocolError, RunInfo
 
 if TYPE_CHECKING:
-    from ..cluster._cluster import PostgresCluster
+    from ._node import ClusterNode
     from ._policies import ContextHook
 
 __all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry", "descendants"]
@@ -173,7 +173,7 @@ class Registry:
         self.limits = limits
         self.session_factory = session_factory
         self.run_options = run_options
-        self.cluster: PostgresCluster | None = None
+        self.cluster: ClusterNode | None = None
         # ControlServer(context=...): each run's context (_policies.py).
         self.context_hook: ContextHook | None = None
         self.runs: dict[str, RunEntry] = {}
@@ -382,7 +382,7 @@ class Registry:
         state.active.discard(entry)
         self.active_count -= 1
         if self.cluster is not None:
-            self.cluster.room_freed()
+            self.cluster._room_freed()
         if entry.owner is not None:
             entry.owner.owned.discard(entry)
             fence = entry.fence
