@@ -140,13 +140,14 @@ async def node(dsn: str, node_id: str) -> AsyncIterator[tuple[trio.Process, str]
     assert process.stdout is not None
     buffer = b""
     try:
+        # The "serving ... on <url>" line comes last (the HTTP faces' lines before it).
         with trio.fail_after(60):
-            while b"\n" not in buffer:
+            while not any(line.startswith(b"serving ") for line in buffer.split(b"\n")[:-1]):
                 chunk = await process.stdout.receive_some()
                 if not chunk:
                     raise SystemExit(f"cluster demo: {node_id} exited before serving")
                 buffer += chunk
-        line = buffer.split(b"\n", 1)[0].decode()
+        line = next(ln for ln in buffer.decode().splitlines() if ln.startswith("serving "))
         url = line.split(" on ", 1)[1].split()[0]
         print(f"{node_id} serving on {url}")
         yield process, url

@@ -10,14 +10,9 @@ import trio_agents
 
 PACKAGE = Path(trio_agents.__file__).parent
 
-# Collisions that landed with the hosting layer and the HTTP faces, still to be renamed
-# (issue 31): each names the modules sharing it. Nothing may join this list.
-PENDING: dict[str, str] = {
-    "_host.py": "hosting/_host.py (RunHost) vs cluster/_host.py",
-    "_http.py": "models/_http.py (the providers' base) vs faces/_http.py",
-    "_serve.py": "_cli/_serve.py (trio-agents serve) vs faces/_serve.py",
-    "_sse.py": "models/_sse.py (decoding) vs faces/_sse.py",
-}
+# Collisions still to be renamed, each naming the modules sharing it: none left (the
+# list only ever shrinks; nothing may join it).
+PENDING: dict[str, str] = {}
 
 
 def test_no_two_modules_share_a_basename() -> None:

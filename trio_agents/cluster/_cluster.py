@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from ..hosting._policies import ContextHook
     from ..hosting._registry import Registry
     from ..hosting._terms import Limits
-    from ._host import ClusterHost
+    from ._cluster_host import ClusterHost
 
 __all__ = ["ClusterStatistics", "PostgresCluster"]
 
@@ -191,7 +191,7 @@ class PostgresCluster:
     ) -> ClusterHost:
         """This node as the run host a server's faces talk to (its runs, and every
         other node's through the cluster's tables)."""
-        from ._host import ClusterHost
+        from ._cluster_host import ClusterHost
 
         return ClusterHost(self, agents, limits=limits, run_options=run_options, context=context)
 

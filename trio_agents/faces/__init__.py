@@ -13,16 +13,16 @@ from ._app import HttpApp as HttpApp
 from ._app import HttpStatistics as HttpStatistics
 from ._app import Routes as Routes
 from ._app import http_app as http_app
-from ._http import HTTP_STATUS as HTTP_STATUS
-from ._http import HttpError as HttpError
-from ._http import HttpLimits as HttpLimits
-from ._http import error_body as error_body
-from ._http import error_response as error_response
-from ._http import principal_of as principal_of
-from ._http import read_json as read_json
-from ._serve import serve_http as serve_http
-from ._sse import EventStream as EventStream
-from ._sse import sse_message as sse_message
+from ._event_stream import EventStream as EventStream
+from ._event_stream import sse_message as sse_message
+from ._hypercorn import serve_http as serve_http
+from ._shared import HTTP_STATUS as HTTP_STATUS
+from ._shared import HttpError as HttpError
+from ._shared import HttpLimits as HttpLimits
+from ._shared import error_body as error_body
+from ._shared import error_response as error_response
+from ._shared import principal_of as principal_of
+from ._shared import read_json as read_json
 
 __all__ = [
     "FACES",

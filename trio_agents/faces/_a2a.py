@@ -50,8 +50,15 @@ from ._a2a_tasks import TaskView, stream_event
 from ._a2a_v03 import METHODS as V03_METHODS
 from ._a2a_v03 import params_from_v03, result_to_v03
 from ._app import Face, Routes
-from ._http import HttpError, _reject_constant, _unstorable, error_response, principal_of, read_body
-from ._sse import EventStream
+from ._event_stream import EventStream
+from ._shared import (
+    HttpError,
+    _reject_constant,
+    _unstorable,
+    error_response,
+    principal_of,
+    read_body,
+)
 
 __all__ = ["A2AFace", "RpcError", "routes"]
 

@@ -42,8 +42,8 @@ from starlette.routing import Route
 from ..hosting import HostedEvent, HostError, Origin, RunHost, StartRequest
 from ._agui_map import AguiInputError, EventMapper, Resume, Start, parse_input, plan
 from ._app import Face, Routes
-from ._http import HttpError, principal_of, read_json
-from ._sse import EventStream
+from ._event_stream import EventStream
+from ._shared import HttpError, principal_of, read_json
 
 __all__ = ["DISCONNECT_REASON", "routes"]
 

@@ -32,7 +32,7 @@ from starlette.routing import BaseRoute, Mount, Router
 
 from ..hosting import HostError, RunHost
 from ..hosting._bearer import Auth, authenticate
-from ._http import PRINCIPAL_KEY, HttpError, HttpLimits, error_response
+from ._shared import PRINCIPAL_KEY, HttpError, HttpLimits, error_response
 
 __all__ = ["FACES", "Face", "HttpApp", "HttpStatistics", "Routes", "http_app"]
 

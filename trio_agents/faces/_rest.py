@@ -44,8 +44,8 @@ from ..hosting._requests import (
 )
 from ..hosting._terms import MAX_NAME_LENGTH, ProtocolError
 from ._app import Face, Routes
-from ._http import _UNSTORABLE, HttpError, principal_of, read_json
-from ._sse import EventStream, sse_message
+from ._event_stream import EventStream, sse_message
+from ._shared import _UNSTORABLE, HttpError, principal_of, read_json
 
 __all__ = ["routes"]
 

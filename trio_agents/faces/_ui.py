@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ._app import Face, Routes
-from ._http import principal_of
+from ._shared import principal_of
 
 __all__ = ["UI_PATH", "routes"]
 

@@ -13,7 +13,7 @@ import trio.testing
 
 from trio_agents.faces import EventStream, HttpLimits, sse_message
 from trio_agents.faces._app import Face
-from trio_agents.faces._sse import _BATCH_BYTES
+from trio_agents.faces._event_stream import _BATCH_BYTES
 
 
 def _face(limits: HttpLimits | None = None) -> Face:

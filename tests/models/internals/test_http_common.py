@@ -466,7 +466,9 @@ async def test_abandoned_httpx_generators_warn_but_model_streams_do_not(
     hold = Reply(events=[SSE({"choices": [{"index": 0, "delta": {"content": "x"}}]})], end="hold")
     server.add(hold, hold)
 
-    with trio.fail_after(10):
+    # A bound against hangs, never a wait: gc.collect() over a whole suite's heap on a
+    # loaded machine once took longer than 10 s here.
+    with trio.fail_after(60):
         with warnings.catch_warnings(record=True) as naive:
             warnings.simplefilter("always")
             async with httpx.AsyncClient() as client:
@@ -581,7 +583,9 @@ async def test_cancel_during_the_request_upload_leaves_no_generator() -> None:
     """httpx's own request body (``ByteStream.__aiter__``) is an async generator that a
     cancellation during the upload abandons (the control); the model's body is not."""
 
-    with trio.fail_after(10):
+    # A bound against hangs, never a wait: gc.collect() over a whole suite's heap on a
+    # loaded machine once took longer than 10 s here.
+    with trio.fail_after(60):
         with warnings.catch_warnings(record=True) as naive:
             warnings.simplefilter("always")
             transport = StallingUpload()

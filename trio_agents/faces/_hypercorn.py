@@ -27,7 +27,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
 from .._util import first_leaf, only_cancelled
-from ._http import HttpLimits
+from ._shared import HttpLimits
 
 __all__ = ["serve_http"]
 
