@@ -392,7 +392,7 @@ async def test_a_queued_run_whose_session_claim_committed_with_its_answer_lost_r
             async with client(a.url) as ca, client(b.url) as cb:
                 await ca.start_run(agent="a", input="zero", session_id="s")
                 await model.wait_called("zero")
-                call = b.cluster.db.call
+                call = b.cluster._db.call
 
                 async def answer_lost(fn: Any) -> Any:
                     result = await call(fn)
@@ -402,7 +402,7 @@ async def test_a_queued_run_whose_session_claim_committed_with_its_answer_lost_r
                         raise ClusterDown("the connection dropped at the commit")
                     return result
 
-                b.cluster.db.call = answer_lost
+                b.cluster._db.call = answer_lost
                 r1 = await cb.start_run(
                     agent="a", input="first", session_id="s", on_busy="enqueue", subscribe="all"
                 )
