@@ -314,7 +314,9 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
         "essay": Agent(
             name="essay",
             instructions="Writes a long answer.",
-            model=GatedModel([list(ESSAY)], gates),
+            # The gate holds the stream at 2.8 KB (under the 4 KiB sealing point), so the
+            # page shows it live first and the rest arrives as appends it must seal.
+            model=GatedModel([[*ESSAY[:100], Gate("essay"), *ESSAY[100:]]], gates),
         ),
         "quick": Agent(
             name="quick", instructions="Says hello.", model=GatedModel([["Hello."]], gates)
