@@ -7,7 +7,13 @@ holds several real errors; they only *describe* it.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
 import trio
+
+_T = TypeVar("_T")
 
 __all__ = [
     "TextJoiner",
@@ -17,6 +23,7 @@ __all__ = [
     "first_leaf",
     "leaves",
     "only_cancelled",
+    "serving",
     "summarize",
 ]
 
@@ -144,3 +151,34 @@ class TextJoiner:
         """At the end of the stream: a high surrogate still held is lone (U+FFFD)."""
         held, self.held = self.held, ""
         return clean_text(held)
+
+
+@asynccontextmanager
+async def serving(start: Callable[[trio.Nursery], Awaitable[_T]]) -> AsyncIterator[_T]:
+    """Run a service for the duration of the block: ``start(nursery)`` starts it (and
+    returns what the block gets); leaving the block cancels it, and the service's own
+    graceful shutdown runs. An exception of the block propagates as itself (not in a
+    group), as does one of the service; a group of nothing but ``Cancelled`` becomes its
+    first ``Cancelled``. What ``open_control_server`` and ``LocalHost.running`` share."""
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            started = await start(nursery)
+            try:
+                yield started
+            except BaseException as exc:
+                body_error = exc
+                raise
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        others = [
+            leaf
+            for leaf in leaves(group)
+            if leaf is not body_error and not isinstance(leaf, trio.Cancelled)
+        ]
+        if others:
+            raise
+        if body_error is not None:
+            raise body_error from None
+        raise first_leaf(group) from None

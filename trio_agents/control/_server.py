@@ -33,7 +33,7 @@ import trio
 from trio_websocket import WebSocketRequest, wrap_server_stream
 
 from .. import Agent
-from .._util import first_leaf, leaves, only_cancelled
+from .._util import first_leaf, only_cancelled, serving
 from ..hosting import LocalHost
 from ..hosting._policies import ContextHook
 from ..hosting._registry import PrincipalStatistics
@@ -384,25 +384,10 @@ async def open_control_server(
         cluster=cluster,
         context=context,
     )
-    body_error: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve, host, port)
-            try:
-                yield server
-            except BaseException as exc:
-                body_error = exc
-                raise
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        others = [
-            leaf
-            for leaf in leaves(group)
-            if leaf is not body_error and not isinstance(leaf, trio.Cancelled)
-        ]
-        if others:
-            raise
-        if body_error is not None:
-            raise body_error from None
-        raise first_leaf(group) from None
+
+    async def start(nursery: trio.Nursery) -> ControlServer:
+        await nursery.start(server.serve, host, port)
+        return server
+
+    async with serving(start) as served:
+        yield served

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from contextlib import aclosing
 from typing import Any, Final
@@ -23,6 +22,8 @@ from typing import Any, Final
 import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+
+from ..hosting._requests import UNSTORABLE, reject_constant, unstorable
 
 __all__ = [
     "HTTP_STATUS",
@@ -150,27 +151,10 @@ def principal_of(request: Request) -> str:
 
 # NUL and lone surrogates: valid JSON, but no session store can keep them (PostgreSQL
 # text refuses NUL, UTF-8 refuses a lone surrogate); the websocket channel refuses them
-# too (hosting/_requests.py), so every face answers the same.
-_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
-
-
-def _unstorable(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            if _UNSTORABLE.search(node):
-                return True
-        elif isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+# with the same checks (hosting/_requests.py), so every face answers the same.
+_UNSTORABLE: Final = UNSTORABLE
+_unstorable = unstorable
+_reject_constant = reject_constant
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

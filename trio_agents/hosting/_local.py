@@ -55,7 +55,7 @@ from .._inbox import InjectionId
 from .._items import Item
 from .._limits import UsageLimits
 from .._run import Run
-from .._util import first_leaf, leaves, only_cancelled
+from .._util import first_leaf, only_cancelled, serving
 from ._host import HostedEvent, HostError, Origin, StartRequest
 from ._policies import ContextHook, effective_limits, limits_to_wire
 from ._registry import Owner, PrincipalStatistics, Registry, RunEntry
@@ -304,28 +304,13 @@ class LocalHost:
     async def running(self) -> AsyncIterator[LocalHost]:
         """Serve the host for the duration of the block (see :meth:`serve`); an
         exception in the block propagates after the shutdown."""
-        body_error: BaseException | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.serve)
-                try:
-                    yield self
-                except BaseException as exc:
-                    body_error = exc
-                    raise
-                finally:
-                    nursery.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            others = [
-                leaf
-                for leaf in leaves(group)
-                if leaf is not body_error and not isinstance(leaf, trio.Cancelled)
-            ]
-            if others:
-                raise
-            if body_error is not None:
-                raise body_error from None
-            raise first_leaf(group) from None
+
+        async def start(nursery: trio.Nursery) -> LocalHost:
+            await nursery.start(self.serve)
+            return self
+
+        async with serving(start) as host:
+            yield host
 
     # The steps of serving, also what a server that serves the host calls (a
     # ControlServer interleaves its connections' shutdown with them).

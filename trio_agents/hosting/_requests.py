@@ -302,17 +302,17 @@ OPS: Final[Mapping[str, type[Request]]] = {
 # request may hold one anywhere, in one process as in a cluster: the same answer
 # everywhere, before any op looks at the value. A surrogate pair in JSON decodes to
 # one character, so every surrogate code point left in a str is a lone one.
-_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
 
 
-def _unstorable(value: Any) -> bool:
+def unstorable(value: Any) -> bool:
     """Whether a string anywhere in ``value`` (a parsed JSON value) holds NUL or a lone
     surrogate. Iterative: the parser bounds the depth, this adds no recursion."""
     stack = [value]
     while stack:
         node = stack.pop()
         if isinstance(node, str):
-            if _UNSTORABLE.search(node):
+            if UNSTORABLE.search(node):
                 return True
         elif isinstance(node, dict):
             stack.extend(node.keys())
@@ -322,7 +322,8 @@ def _unstorable(value: Any) -> bool:
     return False
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
+    """``json.loads``'s ``parse_constant``: NaN and the infinities are not JSON."""
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -337,7 +338,7 @@ def parse_request(text: str | bytes) -> Request:
     if not isinstance(text, str):
         raise ProtocolError("invalid_json", "binary frames are not accepted; send JSON text")
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=reject_constant)
     except RecursionError:
         raise ProtocolError("invalid_json", "JSON nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError is a ValueError
@@ -352,8 +353,8 @@ def parse_request(text: str | bytes) -> Request:
     if isinstance(request_id, int) and abs(request_id) >= 2**53:
         raise ProtocolError("invalid_request", "an integer id must be below 2**53")
     for key, value in data.items():
-        if _unstorable(key) or _unstorable(value):
-            where = "a field name" if _unstorable(key) else repr(key[:64])
+        if unstorable(key) or unstorable(value):
+            where = "a field name" if unstorable(key) else repr(key[:64])
             raise ProtocolError(
                 "invalid_request",
                 f"{where} holds a NUL character or a lone surrogate (U+D800..U+DFFF):"
