@@ -26,6 +26,7 @@ import trio
 
 import trio_agents as ta
 from trio_agents import Agent, ModelRequest, ToolCall, UserMessage
+from trio_agents.control import Limits
 from trio_agents.models import Finish, ModelEvent, TextDelta, ToolCallDone, Usage
 
 CHROMIUM: Final = "/usr/bin/chromium"
@@ -427,7 +428,10 @@ def running_ui_server(
 
     async def main() -> None:
         gates.token = trio.lowlevel.current_trio_token()
-        host = LocalHost(agents(gates))
+        # Room for the browser benchmark's 100 listed runs, started back to back (the
+        # default start rate and per-principal bound are a server's, not this harness's).
+        limits = Limits(start_rate=1000.0, start_burst=1000, max_runs_per_principal=1000)
+        host = LocalHost(agents(gates), limits=limits)
         async with host.running(), trio.open_nursery() as nursery:
             app = http_app(host, auth=TOKENS)
             port = await nursery.start(serve_http, app, "127.0.0.1", 0)
