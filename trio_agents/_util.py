@@ -23,6 +23,7 @@ __all__ = [
     "first_leaf",
     "leaves",
     "only_cancelled",
+    "send_within",
     "serving",
     "summarize",
 ]
@@ -182,3 +183,20 @@ async def serving(start: Callable[[trio.Nursery], Awaitable[_T]]) -> AsyncIterat
         if body_error is not None:
             raise body_error from None
         raise first_leaf(group) from None
+
+
+async def send_within(
+    inner: trio.abc.SendStream, data: bytes | bytearray | memoryview, bound: float
+) -> bool:
+    """``inner.send_all(data)`` bounded by ``bound`` seconds: True if it was sent; False if the
+    peer read nothing for that long, and ``inner`` is then closed (shielded).
+    An exception of the send propagates. The send of the websocket channel's
+    ``GuardedStream`` and of the HTTP faces' listener; each marks itself broken on
+    anything but True, so nothing is written after half a write."""
+    with trio.move_on_after(bound) as timer:
+        await inner.send_all(data)
+    if not timer.cancelled_caught:
+        return True
+    with trio.CancelScope(shield=True):
+        await inner.aclose()
+    return False

@@ -22,6 +22,8 @@ from typing import final
 
 import trio
 
+from .._util import send_within
+
 __all__ = ["GuardedStream"]
 
 
@@ -47,15 +49,12 @@ class GuardedStream(trio.abc.Stream):
             await trio.lowlevel.checkpoint()
             raise trio.BrokenResourceError("a previous send was interrupted mid-frame")
         try:
-            with trio.move_on_after(self.send_timeout) as timer:
-                await self.inner.send_all(data)
+            sent = await send_within(self.inner, data, self.send_timeout)
         except BaseException:
             self.broken = True
             raise
-        if timer.cancelled_caught:
+        if not sent:
             self.broken = self.stalled = True
-            with trio.CancelScope(shield=True):
-                await self.inner.aclose()
             raise trio.BrokenResourceError(
                 f"the peer read nothing for {self.send_timeout:g} s; connection aborted"
             )

@@ -26,7 +26,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from .._util import first_leaf, only_cancelled
+from .._util import first_leaf, only_cancelled, send_within
 from ._shared import HttpLimits
 
 __all__ = ["serve_http"]
@@ -54,15 +54,12 @@ class _BoundedStream(trio.abc.HalfCloseableStream):
             await trio.lowlevel.checkpoint()
             raise trio.BrokenResourceError("a previous send did not finish")
         try:
-            with trio.move_on_after(self.send_timeout) as timer:
-                await self.inner.send_all(data)
+            sent = await send_within(self.inner, data, self.send_timeout)
         except BaseException:
             self.broken = True
             raise
-        if timer.cancelled_caught:
+        if not sent:
             self.broken = True
-            with trio.CancelScope(shield=True):
-                await self.inner.aclose()
             logger.info(
                 "an HTTP client read nothing for %g s; connection closed", self.send_timeout
             )
