@@ -13,7 +13,7 @@ Select them with ``-m faults``. The rebuilt run core (issue 13) passes every one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -60,15 +60,21 @@ def _observe(
     *,
     tools: FakeTools = TOOLS,
     max_turns: int = 4,
+    agent: Callable[[ta.Model], ta.Agent] | None = None,
+    run_options: dict[str, Any] | None = None,
+    default_turn: Turn | str | None = "the end",
 ) -> Any:
+    """One example with a session, ``tools`` recorded and the short cleanup bound;
+    ``agent`` replaces the default agent over ``tools``."""
     return run_schedule(
-        _agent(tools, max_turns),
+        agent or _agent(tools, max_turns),
         script,
         schedule,
         recorder=tools.recorder,
         faults=fault,
         session=True,
-        run_options={"cleanup_timeout": CLEANUP},
+        run_options={"cleanup_timeout": CLEANUP, **(run_options or {})},
+        default_turn=default_turn,
     )
 
 
@@ -106,6 +112,8 @@ def _session(kind: Any, call: int = 1) -> Faults:
 
 CANCEL_AT_1 = (Op(1.0, "cancel", reason="user stop"),)
 CANCEL_IN_TOOL = (Op(0.0, "cancel_in_tool", reason="user stop"),)
+# The hooks called before the run's end (a fault in on_run_end has cases of its own).
+HOOKS_IN_A_TURN = ("on_run_start", "on_model_start", "on_model_end", "on_tool_start", "on_tool_end")
 
 # id → (script, schedule, faults); each one fault (or two), minimal.
 CASES: list[Any] = [
@@ -150,36 +158,13 @@ CASES: list[Any] = [
     # -- hooks that raise
     *(
         pytest.param(TWO_TURNS, (), _hook(hook, "raise"), id=f"hook-{hook}-raises")
-        for hook in (
-            "on_run_start",
-            "on_model_start",
-            "on_model_end",
-            "on_tool_start",
-            "on_tool_end",
-        )
+        for hook in HOOKS_IN_A_TURN
     ),
     pytest.param(TWO_TURNS, (), _hook("on_run_end", "raise"), id="hook-on_run_end-raises"),
     # -- hooks that block (until cancelled)
-    pytest.param(
-        TWO_TURNS, CANCEL_AT_1, _hook("on_run_start", "block"), id="hook-on_run_start-blocks"
-    ),
-    pytest.param(
-        TWO_TURNS, CANCEL_AT_1, _hook("on_model_start", "block"), id="hook-on_model_start-blocks"
-    ),
-    pytest.param(
-        TWO_TURNS,
-        CANCEL_AT_1,
-        _hook("on_model_end", "block"),
-        id="hook-on_model_end-blocks",
-    ),
-    pytest.param(
-        TWO_TURNS, CANCEL_AT_1, _hook("on_tool_start", "block"), id="hook-on_tool_start-blocks"
-    ),
-    pytest.param(
-        TWO_TURNS,
-        CANCEL_AT_1,
-        _hook("on_tool_end", "block"),
-        id="hook-on_tool_end-blocks",
+    *(
+        pytest.param(TWO_TURNS, CANCEL_AT_1, _hook(hook, "block"), id=f"hook-{hook}-blocks")
+        for hook in HOOKS_IN_A_TURN
     ),
     pytest.param(TWO_TURNS, (), _hook("on_run_end", "block"), id="hook-on_run_end-blocks"),
     # -- sessions
@@ -293,43 +278,26 @@ def test_tools_that_raise_a_stray_cancelled_never_break_the_run(
     _property(_subset("sleep", "stray"), script, schedule, Faults(), max_turns)
 
 
+# One part at a time breaks (its faults alone), under random scripts and schedules
+# with well-behaved tools.
+PART_FAULTS = [
+    pytest.param(faults(hooks=False, session=False), id="models-that-break"),
+    pytest.param(faults(model=False, session=False), id="hooks-that-raise-or-block"),
+    pytest.param(faults(model=False, hooks=False), id="sessions-that-raise-or-block"),
+]
+
+
+@pytest.mark.parametrize("part_faults", PART_FAULTS)
 @lifecycle_settings(weight=0.5)
-@given(
-    script=scripts(WELL_BEHAVED),
-    schedule=schedules(),
-    fault=faults(hooks=False, session=False),
-    max_turns=st.integers(1, 4),
-)
-def test_models_that_break_never_break_the_run(
-    script: list[Turn], schedule: tuple[Op, ...], fault: Faults, max_turns: int
+@given(data=st.data(), script=scripts(WELL_BEHAVED), schedule=schedules())
+def test_one_part_that_breaks_never_breaks_the_run(
+    part_faults: st.SearchStrategy[Faults],
+    data: st.DataObject,
+    script: list[Turn],
+    schedule: tuple[Op, ...],
 ) -> None:
-    _property(WELL_BEHAVED, script, schedule, fault, max_turns)
-
-
-@lifecycle_settings(weight=0.5)
-@given(
-    script=scripts(WELL_BEHAVED),
-    schedule=schedules(),
-    fault=faults(model=False, session=False),
-    max_turns=st.integers(1, 4),
-)
-def test_hooks_that_raise_or_block_never_break_the_run(
-    script: list[Turn], schedule: tuple[Op, ...], fault: Faults, max_turns: int
-) -> None:
-    _property(WELL_BEHAVED, script, schedule, fault, max_turns)
-
-
-@lifecycle_settings(weight=0.5)
-@given(
-    script=scripts(WELL_BEHAVED),
-    schedule=schedules(),
-    fault=faults(model=False, hooks=False),
-    max_turns=st.integers(1, 4),
-)
-def test_sessions_that_raise_or_block_never_break_the_run(
-    script: list[Turn], schedule: tuple[Op, ...], fault: Faults, max_turns: int
-) -> None:
-    _property(WELL_BEHAVED, script, schedule, fault, max_turns)
+    fault = data.draw(part_faults, label="fault")
+    _property(WELL_BEHAVED, script, schedule, fault, data.draw(st.integers(1, 4), label="turns"))
 
 
 @lifecycle_settings(weight=1)
@@ -374,14 +342,8 @@ HOSTILE_CASES: list[Any] = [
 @pytest.mark.parametrize(("script", "options"), HOSTILE_CASES)
 def test_one_hostile_input(script: list[Turn | str], options: dict[str, Any] | None) -> None:
     count_example()
-    observation = run_schedule(
-        _agent(TOOLS),
-        script,
-        (Op(0.0, "inject", items=(ta.UserMessage("r\udce9sum\udce9.pdf"),)),),
-        recorder=TOOLS.recorder,
-        session=True,
-        run_options={"cleanup_timeout": CLEANUP, **(options or {})},
-    )
+    inject = Op(0.0, "inject", items=(ta.UserMessage("r\udce9sum\udce9.pdf"),))
+    observation = _observe(script, (inject,), run_options=options)
     check_run(observation).raise_for_violations()
     assert observation.result.status in (ta.RunStatus.COMPLETED, ta.RunStatus.FAILED)
     if options is None and "fell over" not in str(script):
@@ -459,15 +421,7 @@ def test_output_validators_that_raise_never_break_the_run(
         tools = list(_subset("sleep").tools)
         return ta.Agent(name="o", model=model, tools=tools, max_turns=max_turns, output_type=Picky)
 
-    observation = run_schedule(
-        factory,
-        script,
-        schedule,
-        recorder=TOOLS.recorder,
-        default_turn=None,
-        session=True,
-        run_options={"cleanup_timeout": CLEANUP},
-    )
+    observation = _observe(script, schedule, agent=factory, default_turn=None)
     check_run(observation).raise_for_violations()
     result = observation.result
     if result.status is ta.RunStatus.FAILED:

@@ -12,6 +12,7 @@ import trio.testing
 
 import trio_agents as ta
 from tests.support.helpers import collect
+from tests.support.tools_processes import wait_until_group_dead
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import MemorySession
 from trio_agents.testing import check_events
@@ -81,39 +82,7 @@ async def test_subprocess_tool_dies_with_the_run(tmp_path: Path) -> None:
     assert run.result.status == "cancelled"
     # SIGKILL was sent to the group; the kernel finishes each death a moment later, so
     # wait for it (on a pidfd: an event, not a poll), bounded by a hang guard.
-    with trio.fail_after(10):
-        for pid in live_processes_in_group(pgid):
-            await wait_for_exit(pid)
-    assert live_processes_in_group(pgid) == []
-
-
-async def wait_for_exit(pid: int) -> None:
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        await trio.lowlevel.wait_readable(fd)
-    finally:
-        os.close(fd)
-
-
-def live_processes_in_group(pgid: int) -> list[int]:
-    """Pids in process group ``pgid`` that are not zombies (an orphaned child killed
-    with its group may wait a moment for init to reap it; it is dead all the same)."""
-    live = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state not in ("Z", "X"):
-            live.append(int(entry))
-    return live
+    await wait_until_group_dead(pgid)
 
 
 async def test_tool_timeout_becomes_an_error_result(autojump_clock: trio.testing.MockClock) -> None:

@@ -206,6 +206,26 @@ def cancel_notices(record: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in record.read_text().splitlines()]
 
 
+def assert_one_cancel_notice(record: Path) -> None:
+    """The server recorded exactly one notifications/cancelled, naming a request."""
+    notices = cancel_notices(record)
+    assert len(notices) == 1, notices
+    assert isinstance(notices[0]["requestId"], int | str)
+
+
+async def cancel_run_and_server_in_one_scope(opener: Opener) -> None:
+    """Open a server and a run calling its ``slow`` tool under one scope; cancel the
+    scope once the call is running."""
+    with trio.CancelScope() as outer:
+        async with opener() as server:
+            tools = await server.list_tools()
+            agent = agent_with(tools, [Turn(tool_calls=[("slow", {})])])
+            async with ta.open_run(agent, "go"):
+                assert await call_text(server, "wait_started") == "started"
+                outer.cancel()
+    assert outer.cancelled_caught
+
+
 async def test_one_scope_over_run_and_stdio_server_still_sends_the_cancel_notice(
     tmp_path: Path,
 ) -> None:
@@ -213,18 +233,12 @@ async def test_one_scope_over_run_and_stdio_server_still_sends_the_cancel_notice
     one go; the server is told (notifications/cancelled) before its input closes."""
     record = tmp_path / "record.jsonl"
     env = {"TRIO_AGENTS_MCP_RECORD": str(record)}
-    with trio.fail_after(HANG_GUARD), trio.CancelScope() as outer:
-        async with MCPServerStdio(sys.executable, [SERVER, "stdio"], env=env) as server:
-            tools = await server.list_tools()
-            agent = agent_with(tools, [Turn(tool_calls=[("slow", {})])])
-            async with ta.open_run(agent, "go"):
-                assert await call_text(server, "wait_started") == "started"
-                outer.cancel()
-    assert outer.cancelled_caught
+    with trio.fail_after(HANG_GUARD):
+        await cancel_run_and_server_in_one_scope(
+            lambda: MCPServerStdio(sys.executable, [SERVER, "stdio"], env=env)
+        )
     # The server read the notice before the end of its input, and is gone now.
-    notices = cancel_notices(record)
-    assert len(notices) == 1, notices
-    assert isinstance(notices[0]["requestId"], int | str)
+    assert_one_cancel_notice(record)
 
 
 @HTTPCORE2_GC
@@ -235,14 +249,7 @@ async def test_one_scope_over_run_and_http_server_still_sends_the_cancel_notice(
     monkeypatch.setenv("TRIO_AGENTS_MCP_RECORD", str(record))
     with trio.fail_after(HANG_GUARD):
         async with http_server_process() as url:
-            with trio.CancelScope() as outer:
-                async with MCPServerHTTP(url) as server:
-                    tools = await server.list_tools()
-                    agent = agent_with(tools, [Turn(tool_calls=[("slow", {})])])
-                    async with ta.open_run(agent, "go"):
-                        assert await call_text(server, "wait_started") == "started"
-                        outer.cancel()
-            assert outer.cancelled_caught
+            await cancel_run_and_server_in_one_scope(lambda: MCPServerHTTP(url))
             # The server records each notice it reads (a file, not a second MCP session:
             # after a session is torn down mid-call, the SDK's HTTP server can leave a
             # new session's first request unanswered under load). It dispatches a
@@ -250,9 +257,7 @@ async def test_one_scope_over_run_and_http_server_still_sends_the_cancel_notice(
             # Another process writes the file: there is no Event to wait on.
             while not cancel_notices(record):  # noqa: ASYNC110
                 await trio.sleep(0.05)
-    notices = cancel_notices(record)
-    assert len(notices) == 1, notices
-    assert isinstance(notices[0]["requestId"], int | str)
+    assert_one_cancel_notice(record)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

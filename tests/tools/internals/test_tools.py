@@ -26,6 +26,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.tools_processes import live_members, wait_until_group_dead
 from trio_agents import Tool, ToolArgumentsError, ToolContext, function_tool
 from trio_agents._tools import mark_cancelled
 
@@ -542,38 +543,56 @@ async def test_cancelling_an_async_tool_sets_ctx_cancelled(
     assert cleanup == ["not yet"]
 
 
+@attrs.define
+class _BlockedThread:
+    """A sync tool whose thread blocks until released, then records ``ctx.cancelled``."""
+
+    entered: threading.Event = attrs.field(factory=threading.Event)
+    release: threading.Event = attrs.field(factory=threading.Event)
+    finished: threading.Event = attrs.field(factory=threading.Event)
+    saw_cancel: list[bool] = attrs.field(factory=list)
+
+    def tool(self) -> Tool:
+        @function_tool
+        def blocking(ctx: ToolContext) -> str:
+            self.entered.set()
+            try:
+                self.release.wait(timeout=30)
+                self.saw_cancel.append(ctx.cancelled.is_set())  # its first read, maybe
+                return "late"
+            finally:
+                self.finished.set()
+
+        return blocking
+
+    async def cancel_inside(self, ctx: ToolContext) -> float:
+        """Invoke the tool and cancel the call once its thread is in; return when."""
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.tool().invoke, ctx, "{}")
+                await trio.to_thread.run_sync(self.entered.wait)
+                start = trio.current_time()
+                scope.cancel()
+        assert scope.cancelled_caught
+        return start
+
+    async def let_go(self) -> list[bool]:
+        """Release the thread, wait for it to finish; what it saw of the cancel."""
+        self.release.set()
+        await trio.to_thread.run_sync(self.finished.wait)
+        return self.saw_cancel
+
+
 async def test_cancelling_a_sync_tool_abandons_its_thread(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    entered = threading.Event()
-    release = threading.Event()
-    finished = threading.Event()
-    saw_cancel: list[bool] = []
-
-    @function_tool
-    def blocking(ctx: ToolContext) -> str:
-        entered.set()
-        try:
-            release.wait(timeout=30)
-            saw_cancel.append(ctx.cancelled.is_set())
-            return "late"
-        finally:
-            finished.set()
-
+    blocked = _BlockedThread()
     ctx = make_ctx()
-    with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(blocking.invoke, ctx, "{}")
-            await trio.to_thread.run_sync(entered.wait)
-            start = trio.current_time()
-            scope.cancel()
-    assert scope.cancelled_caught
+    start = await blocked.cancel_inside(ctx)
     assert trio.current_time() == start
     assert ctx.cancelled.is_set()
-    assert not finished.is_set()  # the cancel did not wait for the thread
-    release.set()
-    await trio.to_thread.run_sync(finished.wait)
-    assert saw_cancel == [True]
+    assert not blocked.finished.is_set()  # the cancel did not wait for the thread
+    assert await blocked.let_go() == [True]
 
 
 async def test_a_thread_that_first_reads_ctx_cancelled_after_the_cancel_sees_it_set(
@@ -581,31 +600,10 @@ async def test_a_thread_that_first_reads_ctx_cancelled_after_the_cancel_sees_it_
 ) -> None:
     # ctx.cancelled is made on first read: the cancel comes before anyone has read it,
     # and the abandoned thread's first read must still find it set.
-    entered = threading.Event()
-    release = threading.Event()
-    finished = threading.Event()
-    saw_cancel: list[bool] = []
-
-    @function_tool
-    def blocking(ctx: ToolContext) -> str:
-        entered.set()
-        try:
-            release.wait(timeout=30)
-            saw_cancel.append(ctx.cancelled.is_set())  # the first read of ctx.cancelled
-            return "late"
-        finally:
-            finished.set()
-
+    blocked = _BlockedThread()
     ctx = make_ctx()
-    with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(blocking.invoke, ctx, "{}")
-            await trio.to_thread.run_sync(entered.wait)
-            scope.cancel()
-    assert scope.cancelled_caught
-    release.set()
-    await trio.to_thread.run_sync(finished.wait)
-    assert saw_cancel == [True]
+    await blocked.cancel_inside(ctx)
+    assert await blocked.let_go() == [True]
     assert ctx.cancelled.is_set()
 
 
@@ -731,59 +729,6 @@ async def test_run_process_rejects_options_it_owns() -> None:
         await make_ctx().run_process(["true"], grace=-1)
 
 
-def _scan_group(pgid: int) -> dict[int, str]:
-    """The members of process group ``pgid`` and their states, from /proc."""
-    states: dict[int, str] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path("/proc", name, "stat").read_text()
-        except OSError:
-            continue  # exited while we looked
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid:
-            states[int(name)] = fields[0]
-    return states
-
-
-def _live_members(pgid: int) -> list[int]:
-    """The pids of the group's processes that have not exited (zombies have).
-
-    A member may fork and exit between the listing of /proc and the reading of its
-    state. So "none alive" needs two scans in a row that find the same members all
-    dead: the second listing, made after they were all seen dead, includes every
-    child they forked.
-    """
-    dead_before: set[int] | None = None
-    while True:
-        states = _scan_group(pgid)
-        live = [pid for pid, state in states.items() if state not in ("Z", "X")]
-        if live or dead_before == set(states):
-            return live
-        dead_before = set(states)
-
-
-async def _wait_until_group_dead(pgid: int) -> None:
-    """Wait (on pidfds, not by polling) until no process of the group is alive.
-
-    A SIGKILL takes effect when the target next runs, a moment after kill()
-    returned; and orphans are reaped by init whenever init gets to it, so
-    ``os.killpg(pgid, 0)`` may still find zombies for a while: those are dead too.
-    """
-    with trio.fail_after(5):  # far less than the 60 s the processes would live
-        while live := _live_members(pgid):
-            for pid in live:
-                try:
-                    pidfd = os.pidfd_open(pid)
-                except ProcessLookupError:
-                    continue
-                try:
-                    await trio.lowlevel.wait_readable(pidfd)
-                finally:
-                    os.close(pidfd)
-
-
 async def _run_and_cancel(argv: list[str], pid_via: str, **kwargs: Any) -> int:
     """Run ``argv``, which prints its pid on ``pid_via``, in a tool call; cancel the call.
 
@@ -800,7 +745,7 @@ async def _run_and_cancel(argv: list[str], pid_via: str, **kwargs: Any) -> int:
                 line = await reader.receive_some()
                 pgid = int(line)
                 # a new session: the shell's pid is the id of the group its children are in
-                assert _live_members(pgid)
+                assert live_members(pgid)
                 nursery.cancel_scope.cancel()
     finally:
         os.close(write_fd)
@@ -815,7 +760,7 @@ async def test_run_process_cancel_kills_the_process_group() -> None:
     pgid = await _run_and_cancel(
         ["sh", "-c", "echo $$; exec >/dev/null; sleep 60 & sleep 60"], "stdout"
     )
-    await _wait_until_group_dead(pgid)
+    await wait_until_group_dead(pgid)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -826,7 +771,7 @@ async def test_run_process_cancel_escalates_to_sigkill() -> None:
         "stderr",
         grace=0.05,
     )
-    await _wait_until_group_dead(pgid)
+    await wait_until_group_dead(pgid)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -836,11 +781,11 @@ async def test_run_process_kills_leftovers_of_an_exited_leader() -> None:
     pgid = await _run_and_cancel(
         ["sh", "-c", "echo $$ >&2; exec 2>/dev/null; sleep 60 &"], "stderr"
     )
-    await _wait_until_group_dead(pgid)
+    await wait_until_group_dead(pgid)
     # and a call that returns normally leaves nothing behind either
     with trio.fail_after(10):
         result = await make_ctx().run_process(["sh", "-c", "echo $$; sleep 60 >/dev/null 2>&1 &"])
-    await _wait_until_group_dead(int(result.stdout))
+    await wait_until_group_dead(int(result.stdout))
 
 
 async def test_tool_from_schema_gets_the_validated_arguments_as_one_dict() -> None:
