@@ -5,28 +5,25 @@ with ``all``, tree subscriptions, principal isolation, and the Python client."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.control_support import answer, ask, memory_client, raw_client, serving
+from tests.support.control_support import (
+    answer,
+    ask,
+    launch,
+    memory_client,
+    raw_client,
+    serving,
+    serving_alice,
+    sleep_hour,
+)
 from trio_agents.control import ControlError, Limits, connect
 from trio_agents.models import ScriptedModel, Turn
-
-
-@ta.function_tool
-async def sleep_hour() -> str:
-    """Sleep for an hour."""
-    await trio.sleep(3600)
-    return "woke"
-
-
-@ta.function_tool(needs_approval=True)
-async def launch() -> str:
-    """Launch, once approved."""
-    return "launched"
 
 
 def _calls(*calls: tuple[str, dict[str, Any]]) -> Turn:
@@ -49,6 +46,18 @@ def delegating(name: str, child: ta.Agent, final: str) -> ta.Agent:
     )
 
 
+async def until_a_child_tool_starts(
+    tree: AsyncIterator[ta.RunEvent], root_id: str
+) -> list[ta.RunEvent]:
+    """Read a tree's events until a child run's tool starts (the last one returned)."""
+    seen: list[ta.RunEvent] = []
+    async for event in tree:
+        seen.append(event)
+        if isinstance(event, ta.ToolStarted) and event.run_id != root_id:
+            return seen
+    raise AssertionError("the tree ended before a child's tool started")
+
+
 def by_run(events: list[ta.RunEvent]) -> dict[str, list[ta.RunEvent]]:
     runs: dict[str, list[ta.RunEvent]] = {}
     for event in events:
@@ -66,11 +75,7 @@ async def test_get_list_subscribe_and_cancel_a_child_by_id() -> None:
         ):
             run = await alice.start("root", "go", subscribe=None)
             tree = run.events(tree=True)
-            seen: list[ta.RunEvent] = []
-            async for event in tree:
-                seen.append(event)
-                if isinstance(event, ta.ToolStarted) and event.run_id != run.id:
-                    break
+            seen = await until_a_child_tool_starts(tree, run.id)
             child_id = seen[-1].run_id
 
             info = await run.get()
@@ -368,7 +373,7 @@ async def test_run_get_reports_the_current_agent_after_a_handoff() -> None:
         triage, billing = triage_and_billing()
         agents = {"front": triage, "money": billing} if served else {"front": triage}
         with trio.fail_after(30):
-            async with serving(agents) as (_, url), connect(url, token="tok-alice") as alice:
+            async with serving_alice(agents) as (_, alice):
                 run = await alice.start("front", "refund please")
                 async for event in run.events():
                     if isinstance(event, ta.ToolStarted) and event.name == "sleep_hour":
@@ -399,10 +404,7 @@ async def test_inject_and_withdraw_into_a_child_count_against_its_root() -> None
     root = delegating("root", helper, "root done")
     limits = Limits(max_inject_bytes_per_run=300, ping_interval=None)
     with trio.fail_after(30):
-        async with (
-            serving({"root": root}, limits=limits) as (_, url),
-            connect(url, token="tok-alice") as alice,
-        ):
+        async with serving_alice({"root": root}, limits=limits) as (_, alice):
             run = await alice.start("root", "go")
             async for event in run.events(tree=True):
                 if isinstance(event, ta.ToolStarted) and event.name == "wait_a_bit":
@@ -488,17 +490,10 @@ async def test_shutdown_ends_a_tree_subscription_after_the_terminal_updates() ->
 async def test_client_tree_unsubscribe_then_subscribe_again_replays_without_duplicates() -> None:
     root = delegating("root", sleeper("helper"), "root done")
     with trio.fail_after(30):
-        async with (
-            serving({"root": root}) as (_, url),
-            connect(url, token="tok-alice") as alice,
-        ):
+        async with serving_alice({"root": root}) as (_, alice):
             run = await alice.start("root", "go", subscribe=None)
             first = run.events(tree=True)
-            before: list[ta.RunEvent] = []
-            async for event in first:
-                before.append(event)
-                if isinstance(event, ta.ToolStarted) and event.run_id != run.id:
-                    break
+            before = await until_a_child_tool_starts(first, run.id)
             assert await run.unsubscribe(tree=True) is True
             before.extend([e async for e in first])  # what came before; then it ends
             await run.cancel("stop")

@@ -14,23 +14,10 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.support.control_support import serving
+from tests.support.control_support import launch, serving, sleep_hour
 from trio_agents.control import Limits, connect
 from trio_agents.hosting import HostedEvent, HostError, LocalHost, Origin, RunHost, StartRequest
 from trio_agents.models import ScriptedModel, Turn
-
-
-@ta.function_tool
-async def sleep_hour() -> str:
-    """Sleep for an hour."""
-    await trio.sleep(3600)
-    return "woke"
-
-
-@ta.function_tool(needs_approval=True)
-async def launch() -> str:
-    """Launch, once approved."""
-    return "launched"
 
 
 def _agent(model: ScriptedModel, *tools: ta.Tool, name: str = "a") -> ta.Agent:

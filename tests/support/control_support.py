@@ -12,7 +12,13 @@ import trio.testing
 from trio_websocket import ConnectionRejected, WebSocketConnection, wrap_client_stream
 
 import trio_agents as ta
-from trio_agents.control import SUBPROTOCOL, ControlServer, open_control_server
+from trio_agents.control import (
+    SUBPROTOCOL,
+    ControlClient,
+    ControlServer,
+    connect,
+    open_control_server,
+)
 
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
 
@@ -137,3 +143,28 @@ async def _websocket(
     finally:
         with trio.move_on_after(1, shield=True):
             await ws.aclose()
+
+
+@asynccontextmanager
+async def serving_alice(
+    agents: Mapping[str, ta.Agent], **kwargs: Any
+) -> AsyncIterator[tuple[ControlServer, ControlClient]]:
+    """A control server as :func:`serving` starts it, and Alice's client connected to it."""
+    async with serving(agents, **kwargs) as (server, url), connect(url, token="tok-alice") as alice:
+        yield server, alice
+
+
+# Tools the agents of the control and hosting tests call.
+
+
+@ta.function_tool
+async def sleep_hour() -> str:
+    """Sleep for an hour."""
+    await trio.sleep(3600)
+    return "woke"
+
+
+@ta.function_tool(needs_approval=True)
+async def launch() -> str:
+    """Launch, once approved."""
+    return "launched"

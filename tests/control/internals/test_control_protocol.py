@@ -9,7 +9,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.control_support import ask, raw_client, serving, wait_until
+from tests.support.control_support import ask, raw_client, serving, serving_alice, wait_until
 from trio_agents.control import ERROR_CODES, ControlError, Limits, RunInfo, connect, event_from_json
 from trio_agents.hosting._requests import RunCancel, RunStart, parse_request
 from trio_agents.hosting._terms import ProtocolError
@@ -194,10 +194,7 @@ async def test_finished_runs_are_forgotten_after_retention() -> None:
     agent = ta.Agent(name="a", instructions="", model=model)
     limits = Limits(retain_finished=0.05, ping_interval=None)
     with trio.fail_after(20):
-        async with (
-            serving({"a": agent}, limits=limits) as (server, url),
-            connect(url, token="tok-alice") as client,
-        ):
+        async with serving_alice({"a": agent}, limits=limits) as (server, client):
             run = await client.start("a", "x")
             await run.wait()
             await wait_until(lambda: server.statistics().retained_runs == 0)
