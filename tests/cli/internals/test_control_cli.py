@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -98,13 +100,20 @@ async def delete(path: str) -> str:
     return f"deleted {path}"
 
 
+@asynccontextmanager
+async def awaiting_approval(model: ScriptedModel) -> AsyncIterator[tuple[str, RemoteRun, str]]:
+    """Serve the agent ``careful`` (tool ``delete``) on ``model``; start a run and wait
+    until its call awaits approval: the server's URL, the run and the call's id."""
+    agents = {"careful": ta.Agent(name="careful", model=model, tools=[delete])}
+    async with serving(agents) as (_, url), connect(url, token="tok-alice") as client:
+        run = await client.start("careful", "clean up")
+        yield url, run, await pending_call(run)
+
+
 async def test_inject_withdraw_reject() -> None:
     model = ScriptedModel([Turn(tool_calls=[("delete", {"path": "/etc"})]), "Not deleted."])
-    agents = {"careful": ta.Agent(name="careful", model=model, tools=[delete])}
     with trio.fail_after(HANG_GUARD):
-        async with serving(agents) as (_, url), connect(url, token="tok-alice") as client:
-            run = await client.start("careful", "clean up")
-            call_id = await pending_call(run)
+        async with awaiting_approval(model) as (url, run, call_id):
             (injection,) = await ctl(url, "inject", run.id, "also the logs")
             assert await ctl(url, "withdraw", run.id, injection) == [
                 f"run {run.id}: injection {injection} withdrawn"
@@ -130,11 +139,8 @@ async def test_inject_withdraw_reject() -> None:
 
 async def test_approve() -> None:
     model = ScriptedModel([Turn(tool_calls=[("delete", {"path": "/tmp/x"})]), "Done."])
-    agents = {"careful": ta.Agent(name="careful", model=model, tools=[delete])}
     with trio.fail_after(HANG_GUARD):
-        async with serving(agents) as (_, url), connect(url, token="tok-alice") as client:
-            run = await client.start("careful", "clean up")
-            call_id = await pending_call(run)
+        async with awaiting_approval(model) as (url, run, call_id):
             (line,) = await ctl(url, "--json", "approve", run.id, call_id)
             assert json.loads(line) == {"run_id": run.id, "call_id": call_id, "approved": True}
             assert (await run.wait()).status == "completed"
