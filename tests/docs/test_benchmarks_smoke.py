@@ -61,29 +61,41 @@ async def figure_names(bench: str) -> set[str]:
     return {figure.bench for figure in figures if figure.bench.startswith(f"{bench}.")}
 
 
-async def test_the_cluster_workload_runs_with_tiny_sizes(
-    postgres_server: PostgresServer,  # only to skip (or fail under CI) without PostgreSQL
-) -> None:
-    assert await figure_names("B7") == {
-        "B7.runs_per_s.nodes1",
-        "B7.runs_per_s.nodes3",
-        "B7.statements_per_run.nodes1",
-        "B7.statements_per_run.nodes3",
-        "B7.cancel_to_terminal.same_node.nodes1",
-        "B7.cancel_to_terminal.same_node.nodes3",
-        "B7.cancel_to_terminal.routed",
-        "B7.takeover_after_kill",
-    }
+# The workloads on clusters of node processes, and the figures each reports.
+CLUSTER_WORKLOADS = [
+    pytest.param(
+        "B7",
+        {
+            "B7.runs_per_s.nodes1",
+            "B7.runs_per_s.nodes3",
+            "B7.statements_per_run.nodes1",
+            "B7.statements_per_run.nodes3",
+            "B7.cancel_to_terminal.same_node.nodes1",
+            "B7.cancel_to_terminal.same_node.nodes3",
+            "B7.cancel_to_terminal.routed",
+            "B7.takeover_after_kill",
+        },
+        id="B7-cluster",
+    ),
+    pytest.param(
+        "B10",
+        {
+            "B10.takeover_after_kill",
+            "B10.takeover_after_freeze",
+            "B10.takeover_after_freeze_in_flush",
+        },
+        id="B10-failover",
+    ),
+]
 
 
-async def test_the_failover_workload_runs_with_tiny_sizes(
+@pytest.mark.parametrize(("bench", "names"), CLUSTER_WORKLOADS)
+async def test_the_cluster_workloads_run_with_tiny_sizes(
     postgres_server: PostgresServer,  # only to skip (or fail under CI) without PostgreSQL
+    bench: str,
+    names: set[str],
 ) -> None:
-    assert await figure_names("B10") == {
-        "B10.takeover_after_kill",
-        "B10.takeover_after_freeze",
-        "B10.takeover_after_freeze_in_flush",
-    }
+    assert await figure_names(bench) == names
 
 
 async def test_the_policies_instruction_workload_runs_with_tiny_sizes() -> None:

@@ -14,17 +14,17 @@ over 20,000 (seven times FUZZ_EXAMPLES).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import trio_agents as ta
 from tests.support.helpers import count_example
+from tests.support.testing_profiles import profile_settings
 from trio_agents.testing import (
     FakeTools,
     GuardrailPlan,
@@ -41,18 +41,8 @@ from trio_agents.testing import (
     usage_limits,
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 TOOLS = standard_tools()
 CLEANUP = 1.0
-FUZZ = os.environ.get("HYPOTHESIS_PROFILE", "ci") == "fuzz"
-
-
-def policy_settings(*, ci: int, fuzz_weight: float) -> Callable[[F], F]:
-    """``ci`` examples in the seeded profiles (seconds in all); ``fuzz_weight`` times
-    the profile's ``max_examples`` under ``make fuzz`` (the weights sum to 7)."""
-    count = int(settings().max_examples * fuzz_weight) if FUZZ else ci
-    return settings(max_examples=max(5, count))
 
 
 def _subset(*names: str) -> FakeTools:
@@ -242,7 +232,7 @@ def test_the_checker_catches_a_run_that_completes_past_a_trip() -> None:
 # ------------------------------------------------------------------ properties
 
 
-@policy_settings(ci=40, fuzz_weight=2)
+@profile_settings(ci=0.4, fuzz=2)
 @given(
     script=scripts(TOOLSET, failures=False),
     schedule=schedules(max_ops=4),
@@ -256,7 +246,7 @@ def test_streaming_guardrails_gate_the_stream(
     _check(script, schedule, PolicyFaults(plans), max_turns)
 
 
-@policy_settings(ci=40, fuzz_weight=1.5)
+@profile_settings(ci=0.4, fuzz=1.5)
 @given(
     script=scripts(TOOLSET, failures=False),
     schedule=schedules(max_ops=4),
@@ -271,7 +261,7 @@ def test_input_and_output_guardrails_stop_the_run(
     _check(script, schedule, PolicyFaults(plans), max_turns)
 
 
-@policy_settings(ci=40, fuzz_weight=1.5)
+@profile_settings(ci=0.4, fuzz=1.5)
 @given(
     script=scripts(TOOLSET, failures=False),
     schedule=schedules(max_ops=4),
@@ -286,7 +276,7 @@ def test_usage_limits_are_never_passed(
     _check(script, schedule, PolicyFaults(limits=limits), max_turns)
 
 
-@policy_settings(ci=40, fuzz_weight=2)
+@profile_settings(ci=0.4, fuzz=2)
 @given(
     script=scripts(TOOLSET),
     schedule=schedules(max_ops=4),

@@ -611,6 +611,21 @@ def test_lifecycle_check_runs_a_sync_tool(lifecycle_check: Callable[..., None]) 
     )
 
 
+def check_export_cancelled(
+    prop: tt.LifecycleProperty, release: threading.Event | None = None
+) -> tt.Report:
+    """Check one example where the model calls ``export_rows`` and the run is cancelled
+    at 0.5 s; then set ``release`` (whatever happened) to let the tool's thread go."""
+    try:
+        return prop.check(
+            [tt.Turn(tool_calls=[("export_rows", {"rows": 3})]), "done"],
+            [tt.Op(0.5, "cancel", reason="stop")],
+        )
+    finally:
+        if release is not None:
+            release.set()
+
+
 def test_a_user_thread_tool_that_ignores_cancellation_is_reported() -> None:
     stop = threading.Event()
 
@@ -621,13 +636,7 @@ def test_a_user_thread_tool_that_ignores_cancellation_is_reported() -> None:
         return f"exported {rows}"
 
     prop = tt.LifecycleProperty(agent_with(export_rows), thread_grace=0.5)
-    try:
-        report = prop.check(
-            [tt.Turn(tool_calls=[("export_rows", {"rows": 3})]), "done"],
-            [tt.Op(0.5, "cancel", reason="stop")],
-        )
-    finally:
-        stop.set()
+    report = check_export_cancelled(prop, stop)
     assert report.invariants == ("thread-leak",), report
     assert "does a sync tool ignore ctx.cancelled?" in str(report)
     assert "outcome: cancelled (stop)" in str(report)
@@ -686,13 +695,7 @@ def test_a_thread_tool_returning_after_its_cancel_unread_is_reported_whatever_th
     prop = tt.LifecycleProperty(
         agent_with(export_rows), run_options={"hooks": ReleaseOnToolEnd(release)}, thread_hold=0.05
     )
-    try:
-        report = prop.check(
-            [tt.Turn(tool_calls=[("export_rows", {"rows": 3})]), "done"],
-            [tt.Op(0.5, "cancel", reason="stop")],
-        )
-    finally:
-        release.set()
+    report = check_export_cancelled(prop, release)
     assert report.invariants == ("thread-leak",), report
     assert "returned after its call was cancelled, never having read ctx.cancelled" in str(report)
 
@@ -705,10 +708,7 @@ def test_a_thread_tool_that_reads_ctx_cancelled_is_not_reported() -> None:
         return "stopped"
 
     prop = tt.LifecycleProperty(agent_with(export_rows), thread_hold=0.05)
-    report = prop.check(
-        [tt.Turn(tool_calls=[("export_rows", {"rows": 3})]), "done"],
-        [tt.Op(0.5, "cancel", reason="stop")],
-    )
+    report = check_export_cancelled(prop)
     assert report.ok, report
 
 

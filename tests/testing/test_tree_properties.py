@@ -12,18 +12,18 @@ in seconds; ``make fuzz`` runs over 20,000.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 import pytest
 import trio
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import trio_agents as ta
 from tests.support.helpers import count_example
+from tests.support.testing_profiles import profile_settings
 from trio_agents.models import ScriptedModel
 from trio_agents.testing import (
     AgentTree,
@@ -40,8 +40,6 @@ from trio_agents.testing import (
     schedules,
     standard_tools,
 )
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 TREES = agent_trees()
 QUIET_TREES = agent_trees(faults=False)
@@ -73,14 +71,6 @@ def _schedules(tree: AgentTree, steering: bool) -> st.SearchStrategy[tuple[Op, .
     return _SCHEDULES[key]
 
 
-def tree_settings(*, ci: float, fuzz: float) -> Callable[[F], F]:
-    """``max_examples`` as a multiple of the active profile's: ``ci`` times it in the
-    seeded "ci" profile (seconds), ``fuzz`` times it under ``make fuzz`` (the two
-    properties below: over 20,000 tree schedules at the default FUZZ_EXAMPLES)."""
-    weight = fuzz if os.environ.get("HYPOTHESIS_PROFILE") == "fuzz" else ci
-    return settings(max_examples=max(5, int(settings().max_examples * weight)))
-
-
 def observe(tree: AgentTree, schedule: Sequence[Op], *, session: bool) -> Observation:
     return run_tree_schedule(
         tree.build,
@@ -93,32 +83,40 @@ def observe(tree: AgentTree, schedule: Sequence[Op], *, session: bool) -> Observ
     )
 
 
-@tree_settings(ci=0.6, fuzz=4.5)
-@given(data=st.data())
-def test_tree_schedules_with_faults_keep_every_invariant(data: st.DataObject) -> None:
+def run_a_drawn_tree(
+    data: st.DataObject,
+    trees: st.SearchStrategy[AgentTree],
+    *,
+    steering: bool,
+    sessions: st.SearchStrategy[bool],
+) -> tuple[NodeRecord, ...]:
+    """Draw a tree, a schedule on it and whether the root keeps a session; run it and
+    check every invariant. The tree's nodes, root first."""
     count_example()
-    tree = data.draw(TREES, label="tree")
-    schedule = data.draw(_schedules(tree, steering=False), label="schedule")
-    session = data.draw(st.booleans(), label="session")
+    tree = data.draw(trees, label="tree")
+    schedule = data.draw(_schedules(tree, steering=steering), label="schedule")
+    session = data.draw(sessions, label="session")
     observation = observe(tree, schedule, session=session)
     check_run(observation).raise_for_violations()
     assert observation.tree is not None
-    for node in observation.tree.nodes:
+    return observation.tree.nodes
+
+
+@profile_settings(ci=0.6, fuzz=4.5)
+@given(data=st.data())
+def test_tree_schedules_with_faults_keep_every_invariant(data: st.DataObject) -> None:
+    nodes = run_a_drawn_tree(data, TREES, steering=False, sessions=st.booleans())
+    for node in nodes:
         assert node.outcome is not None, node
 
 
-@tree_settings(ci=0.4, fuzz=2.5)
+@profile_settings(ci=0.4, fuzz=2.5)
 @given(data=st.data())
 def test_steering_any_node_keeps_every_invariant(data: st.DataObject) -> None:
-    count_example()
-    tree = data.draw(QUIET_TREES, label="tree")
-    schedule = data.draw(_schedules(tree, steering=True), label="schedule")
-    observation = observe(tree, schedule, session=False)
-    check_run(observation).raise_for_violations()
+    nodes = run_a_drawn_tree(data, QUIET_TREES, steering=True, sessions=st.just(False))
     # Without faults, a run below the root ends cancelled only by a cancel: its own
     # (the reason of the first one) or an ancestor's ("parent cancelled").
-    assert observation.tree is not None
-    for node in observation.tree.nodes[1:]:
+    for node in nodes[1:]:
         assert node.outcome is not None
         if node.outcome.status == "cancelled":
             assert node.cancels, node
