@@ -289,15 +289,18 @@ PART_FAULTS = [
 
 @pytest.mark.parametrize("part_faults", PART_FAULTS)
 @lifecycle_settings(weight=0.5)
-@given(data=st.data(), script=scripts(WELL_BEHAVED), schedule=schedules())
+@given(
+    data=st.data(), script=scripts(WELL_BEHAVED), schedule=schedules(), max_turns=st.integers(1, 4)
+)
 def test_one_part_that_breaks_never_breaks_the_run(
     part_faults: st.SearchStrategy[Faults],
     data: st.DataObject,
     script: list[Turn],
     schedule: tuple[Op, ...],
+    max_turns: int,
 ) -> None:
     fault = data.draw(part_faults, label="fault")
-    _property(WELL_BEHAVED, script, schedule, fault, data.draw(st.integers(1, 4), label="turns"))
+    _property(WELL_BEHAVED, script, schedule, fault, max_turns)
 
 
 @lifecycle_settings(weight=1)
