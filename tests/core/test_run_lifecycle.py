@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.core_runs import raising_tool
 from tests.support.helpers import collect, statuses
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import MemorySession
@@ -120,11 +121,7 @@ async def test_unknown_tool_and_bad_arguments_become_error_results(
 async def test_tool_exception_becomes_error_result_or_fails_run(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    @ta.function_tool
-    async def boom() -> str:
-        """Explode."""
-        raise RuntimeError("kaput")
-
+    boom = raising_tool("boom", RuntimeError, "kaput")
     model = ScriptedModel([Turn(tool_calls=[("boom", {})]), "recovered"])
     result = await ta.run(make_agent(model, [boom]), "go")
     assert result.status == "completed"
