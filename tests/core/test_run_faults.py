@@ -16,7 +16,12 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.support.core_runs import inject_now_during_model_start, raising_tool, slow
+from tests.support.core_runs import (
+    inject_now_during_model_start,
+    raising_tool,
+    run_to_the_end,
+    slow,
+)
 from tests.support.helpers import collect
 from trio_agents.models import Finish, ScriptedModel, TextDelta, ToolCallDone, Turn, Usage
 from trio_agents.sessions import MemorySession, SQLiteSession
@@ -93,11 +98,7 @@ async def test_a_malformed_model_event_fails_the_run_and_keeps_the_text(
 ) -> None:
     session = MemorySession()
     model = EventsModel([TextDelta("seen "), TextDelta("text"), bad])
-    async with ta.open_run(make_agent(model), "hi", session=session) as run:
-        events = await collect(run)
-    result = run.result
-    assert result is not None
-    check_events(result, events).raise_for_violations()
+    result, _ = await run_to_the_end(make_agent(model), "hi", session=session)
     assert result.status == "failed"
     assert result.reason is not None
     assert result.reason.startswith("ModelError: model yielded")
@@ -367,11 +368,7 @@ async def test_a_stray_cancelled_from_a_tool_is_an_error_result(
         return "never reached"
 
     model = ScriptedModel([Turn(tool_calls=[call("a")]), "final"])
-    async with ta.open_run(make_agent(model, [slow]), "go") as run:
-        events = await collect(run)
-    result = run.result
-    assert result is not None
-    check_events(result, events).raise_for_violations()
+    result, _ = await run_to_the_end(make_agent(model, [slow]), "go")
     assert result.status == "completed"
     assert result.final_output == "final"
     assert result.conversation[-1] == ta.AssistantMessage("final")

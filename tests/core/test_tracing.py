@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import trio_agents as ta
+from tests.support.core_runs import GateTool
 from tests.support.helpers import count_example, lifecycle_settings
 from trio_agents.testing import (
     FakeTools,
@@ -277,18 +278,10 @@ async def test_tool_timeout(traces: Traces, autojump_clock: trio.testing.MockClo
 
 
 async def test_cancelled_mid_tool(traces: Traces) -> None:
-    entered = trio.Event()
-
-    @ta.function_tool
-    async def block() -> str:
-        """Blocks."""
-        entered.set()
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
-
+    block = GateTool("block")  # never released
     model = ScriptedModel([Turn(tool_calls=[("block", {})])])
-    async with ta.open_run(make_agent(model, [block]), "go", hooks=traces.hooks) as run:
-        await entered.wait()
+    async with ta.open_run(make_agent(model, [block.tool]), "go", hooks=traces.hooks) as run:
+        await block.entered.wait()
         run.cancel("user pressed stop")
     assert run.result is not None
     assert run.result.status == "cancelled"
@@ -648,14 +641,7 @@ async def test_a_cancelled_run_leaves_the_callers_context(
 ) -> None:
     """A tool alone in its turn runs in the caller's task under run(); cancelled, its
     end hook runs in the repair's own task and cannot detach there."""
-    entered = trio.Event()
-
-    @ta.function_tool
-    async def block() -> str:
-        """Blocks."""
-        entered.set()
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
+    block = GateTool("block")  # never released
 
     @ta.function_tool
     def in_thread() -> str:
@@ -673,10 +659,9 @@ async def test_a_cancelled_run_leaves_the_callers_context(
     before = _current_span_id()
     with trio.CancelScope() as outer:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(entered.wait)
-            nursery.start_soon(
-                partial_run, make_agent(model, [block, in_thread]), traces.hooks, entered, outer
-            )
+            nursery.start_soon(block.entered.wait)
+            agent = make_agent(model, [block.tool, in_thread])
+            nursery.start_soon(partial_run, agent, traces.hooks, block.entered, outer)
     assert outer.cancelled_caught
     assert _current_span_id() == before
     root = traces.check_tree()

@@ -1,12 +1,37 @@
-"""What the run-core tests share: tools that fail or outlast any test, and a hook that
-holds a run at its first model call."""
+"""What the run-core tests share: a run read to the end and checked, tools that fail,
+wait for the test (in a task or a thread) or outlast any test, and a hook that holds a run at its first model call."""
 
 from __future__ import annotations
+
+import threading
+from typing import Any
 
 import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.helpers import collect
+from trio_agents.testing import check_events
+
+
+async def run_to_the_end(
+    agent: ta.Agent, input: str | list[ta.Item], **options: Any
+) -> tuple[ta.RunResult, list[ta.RunEvent]]:
+    """Open a run and read its events to the end: its result and events, the events
+    checked against the run's rules (``trio_agents.testing.check_events``)."""
+    async with ta.open_run(agent, input, **options) as run:
+        events = await collect(run)
+    assert run.result is not None
+    check_events(run.result, events).raise_for_violations()
+    return run.result, events
+
+
+def assert_ended(run: ta.Run, status: str, reason: str | None) -> ta.RunResult:
+    """Assert the run has ended with ``status`` and ``reason``; its result."""
+    result = run.result
+    assert result is not None
+    assert (result.status, result.reason) == (status, reason)
+    return result
 
 
 def raising_tool(name: str, error: type[BaseException], *args: object) -> ta.Tool:
@@ -16,6 +41,43 @@ def raising_tool(name: str, error: type[BaseException], *args: object) -> ta.Too
         raise error(*args)
 
     return ta.function_tool(fail, name=name, description=f"Raise {error.__name__}.")
+
+
+class GateTool:
+    """An async tool called ``name`` that sets ``entered`` when called, then waits for
+    the test to set ``release`` (forever if it never does) and returns ``output``."""
+
+    def __init__(self, name: str, output: str = "released") -> None:
+        self.entered = trio.Event()
+        self.release = trio.Event()
+
+        async def gate() -> str:
+            self.entered.set()
+            await self.release.wait()
+            return output
+
+        self.tool = ta.function_tool(gate, name=name, description="Wait for the test.")
+
+
+class ThreadTool:
+    """A sync tool, ``blocking``, that holds its worker thread until the test sets
+    ``release`` (30 s at most), and sets ``saw_cancel`` if ``ctx.cancelled`` is set
+    while it waits."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.saw_cancel = threading.Event()
+
+    def tool(self) -> ta.Tool:
+        def blocking(ctx: ta.ToolContext) -> str:
+            self.entered.set()
+            if ctx.cancelled.wait(timeout=30):
+                self.saw_cancel.set()
+            self.release.wait(timeout=30)
+            return "late value, must be discarded"
+
+        return ta.function_tool(blocking, description="Block in a thread until cancelled.")
 
 
 @ta.function_tool
