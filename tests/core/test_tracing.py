@@ -15,7 +15,6 @@ import pytest
 import trio
 import trio.testing
 from hypothesis import given
-from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -26,17 +25,11 @@ from opentelemetry.trace import StatusCode
 
 import trio_agents as ta
 from tests.support.core_runs import GateTool
-from tests.support.helpers import count_example, lifecycle_settings
+from tests.support.core_schedules import ScheduleCase, schedule_cases
+from tests.support.helpers import lifecycle_settings
 from trio_agents.testing import (
-    FakeTools,
-    Op,
     ScriptedModel,
     Turn,
-    check_run,
-    run_schedule,
-    schedules,
-    scripts,
-    tool_sets,
 )
 from trio_agents.tracing import OpenTelemetryHooks
 
@@ -428,31 +421,12 @@ async def test_concurrent_runs_share_one_instance(
 # ---------------------------------------------------------------- harness schedules
 
 
-def _agent(tools: FakeTools, max_turns: int) -> Any:
-    def factory(model: ta.Model) -> ta.Agent:
-        return ta.Agent(name="p", model=model, tools=list(tools.tools), max_turns=max_turns)
-
-    return factory
-
-
 @lifecycle_settings(weight=0.5)
-@given(data=st.data(), tools=tool_sets(), max_turns=st.integers(1, 4))
-def test_spans_balanced_and_parented_under_any_schedule(
-    data: st.DataObject, tools: FakeTools, max_turns: int
-) -> None:
-    count_example()
-    script = data.draw(scripts(tools), label="script")
-    schedule: tuple[Op, ...] = data.draw(schedules(max_ops=6), label="schedule")
+@given(case=schedule_cases())
+def test_spans_balanced_and_parented_under_any_schedule(case: ScheduleCase) -> None:
     traces = Traces()
     try:
-        observation = run_schedule(
-            _agent(tools, max_turns),
-            script,
-            schedule,
-            recorder=tools.recorder,
-            run_options={"hooks": traces.hooks, "cleanup_timeout": 1.0},
-        )
-        check_run(observation).raise_for_violations()
+        observation = case.run(traces.hooks)
         result = observation.result
         if traces.named("invoke_agent "):
             root = traces.check_tree()
