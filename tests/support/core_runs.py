@@ -4,7 +4,7 @@ wait for the test (in a task or a thread) or outlast any test, and a hook that h
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 import trio.testing
@@ -32,6 +32,19 @@ def assert_ended(run: ta.Run, status: str, reason: str | None) -> ta.RunResult:
     assert result is not None
     assert (result.status, result.reason) == (status, reason)
     return result
+
+
+ErrorT = TypeVar("ErrorT", bound=BaseException)
+
+
+def assert_failed_with(
+    run: ta.Run, reason: str, error: type[ErrorT]
+) -> tuple[ta.RunResult, ErrorT]:
+    """Assert the run has failed with ``reason`` and an ``error`` as its error; its
+    result and that error."""
+    result = assert_ended(run, "failed", reason)
+    assert isinstance(result.error, error)
+    return result, result.error
 
 
 def raising_tool(name: str, error: type[BaseException], *args: object) -> ta.Tool:
