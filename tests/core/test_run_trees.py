@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.core_runs import assert_ended
 from tests.support.core_trees import researcher, root_calling, run_events, tool_turn
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.testing import check_events
@@ -360,14 +361,13 @@ async def test_child_hook_raising_fails_only_the_child() -> None:
     root = root_calling(researcher("kid", "never"), then="root coped")
     async with ta.open_run(root, "go", hooks=_ChildHookFails()) as run:
         pass
-    assert run.result is not None
-    assert run.result.status == "completed"
+    result = assert_ended(run, "completed", None)
     (kid,) = run.children
     assert kid.result is not None
     assert kid.result.status == "failed"
     assert kid.result.reason is not None
     assert "on_run_start" in kid.result.reason
-    (tool_result,) = [i for i in run.result.conversation if isinstance(i, ta.ToolResult)]
+    (tool_result,) = [i for i in result.conversation if isinstance(i, ta.ToolResult)]
     assert tool_result.status == "error"
     assert tool_result.output.startswith("sub-agent kid failed: hook error")
     await _assert_tree_valid(run)
@@ -400,17 +400,14 @@ async def test_child_session_write_failing_fails_the_child_not_the_parent() -> N
     root = root_calling(researcher("kid", "child text"), then="root coped")
     async with ta.open_run(root, "go", session=session) as run:
         pass
-    assert run.result is not None
-    assert run.result.status == "completed"
+    result = assert_ended(run, "completed", None)
     (kid,) = run.children
     assert kid.session is not None
     assert kid.session.session_id == "s/call_1_0"
-    assert kid.result is not None
-    assert kid.result.status == "failed"
-    assert kid.result.reason == "session error: OSError: disk full"
+    assert_ended(kid, "failed", "session error: OSError: disk full")
     # the parent's own session got the whole parent conversation, valid
     assert ta.conversation_problems(session.items) == []
-    assert session.items == list(run.result.conversation)
+    assert session.items == list(result.conversation)
     await _assert_tree_valid(run)
 
 
