@@ -18,8 +18,8 @@ that happen to real processes:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -28,44 +28,33 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_internals import agent, answered_by_a_dying_owner, until
-from tests.support.cluster_support import Client, Node, client, node
-from tests.support.process_cluster import stored_items
+from tests.support import process_cluster
+from tests.support.cluster_internals import (
+    agents,
+    dies_answering,
+    local_entry,
+    request_as_owner_dies,
+    short_lease_node,
+    two_nodes,
+    until,
+)
+from tests.support.cluster_support import Client, Node, client
 from trio_agents.cluster._db import ClusterDown, Database
-from trio_agents.control import Limits
 from trio_agents.models import ScriptedModel, Turn
 
 # -- helpers --------------------------------------------------------------------------
 
 
-def review_node(
-    nursery: trio.Nursery,
-    agents: Mapping[str, ta.Agent],
-    dsn: str,
-    node_id: str,
-    *,
-    lease_ttl: float = 0.5,
-    limits: Limits | None = None,
-) -> AbstractAsyncContextManager[Node]:
-    """``cluster_support.node`` with a short lease."""
-    return node(nursery, agents, dsn, node_id, lease_ttl=lease_ttl, limits=limits)
+# Imported from here by tests/cluster/test_cluster_decisions.py until it imports them
+# from tests/support (a test file must not import another): then these go.
+__all__ = ["agent", "local_entry", "stored_items", "two_nodes"]
+agent = agents
 
 
-@asynccontextmanager
-async def two_nodes(
-    dsn: str,
-    a_agents: Mapping[str, ta.Agent],
-    b_agents: Mapping[str, ta.Agent],
-    *,
-    limits: Limits | None = None,
-) -> AsyncIterator[tuple[Node, Node]]:
-    async with trio.open_nursery() as nursery:
-        async with (
-            review_node(nursery, a_agents, dsn, "A", limits=limits) as a,
-            review_node(nursery, b_agents, dsn, "B", limits=limits) as b,
-        ):
-            yield a, b
-        nursery.cancel_scope.cancel()
+def stored_items(dsn: str, principal: str, session_id: str) -> list[ta.Item]:
+    """``process_cluster.stored_items``, in the argument order test_cluster_decisions.py
+    passes (the principal first)."""
+    return process_cluster.stored_items(dsn, session_id, principal)
 
 
 def partition_heartbeat(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
@@ -98,10 +87,6 @@ def gate_flushes(node: Node, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
 
     monkeypatch.setattr(node.cluster._writer, "_flush", flush)
     return gate
-
-
-def local_entry(node: Node, run_id: str) -> Any:
-    return node.server._registry.runs[run_id]
 
 
 async def start_when_started(c: Client, started: trio.Event, **fields: Any) -> str:
@@ -154,8 +139,8 @@ async def node_running_slow(dsn: str, slow: Slow) -> AsyncIterator[tuple[Node, C
     """Node A and a client of it, with a run of ``slow`` started on session ``s`` and its
     tool started: yields the node, the client and the run's id."""
     async with trio.open_nursery() as nursery:
-        agents = agent(slow.model(), [slow.tool()])
-        async with review_node(nursery, agents, dsn, "A") as a, client(a.url) as ca:
+        served = agents(slow.model(), [slow.tool()])
+        async with short_lease_node(nursery, served, dsn, "A") as a, client(a.url) as ca:
             yield a, ca, await start_when_started(ca, slow.started)
         nursery.cancel_scope.cancel()
 
@@ -223,7 +208,7 @@ async def test_a_run_that_moved_to_another_attempt_is_cancelled_when_its_client_
 
     model = ScriptedModel([], default=Turn(tool_calls=[("work", {})]))
     async with (
-        two_nodes(pg_dsn, agent(model, [work]), agent(model, [work])) as (a, b),
+        two_nodes(pg_dsn, agents(model, [work]), agents(model, [work])) as (a, b),
         client(b.url) as cb,
     ):
         async with client(a.url) as ca:
@@ -279,9 +264,9 @@ async def test_an_acked_cancel_survives_the_owner_crash(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slow = Slow()
-    agents = agent(slow.model(), [slow.tool()])
+    served = agents(slow.model(), [slow.tool()])
     async with (
-        two_nodes(pg_dsn, agents, agents) as (a, b),
+        two_nodes(pg_dsn, served, served) as (a, b),
         client(a.url) as ca,
         client(b.url) as cb,
     ):
@@ -346,7 +331,7 @@ async def test_an_injection_is_delivered_once_across_a_crash(
     )
     b_model = ScriptedModel([], default="done")
     async with (
-        two_nodes(pg_dsn, agent(a_model, [work]), agent(b_model, [work])) as (a, b),
+        two_nodes(pg_dsn, agents(a_model, [work]), agents(b_model, [work])) as (a, b),
         client(a.url) as ca,
         client(b.url) as cb,
     ):
@@ -358,7 +343,7 @@ async def test_an_injection_is_delivered_once_across_a_crash(
         def delivered() -> bool:
             return any(
                 isinstance(i, ta.UserMessage) and i.content == "remember this"
-                for i in stored_items(pg_dsn, "s", "alice")
+                for i in process_cluster.stored_items(pg_dsn, "s", "alice")
             )
 
         await until(delivered)  # in the session, as its run.item event was persisted
@@ -392,7 +377,7 @@ async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
     a_model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "work", "{}")])])
     b_model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w2", "work", "{}")])], default="done")
     async with (
-        two_nodes(pg_dsn, agent(a_model, [work]), agent(b_model, [work])) as (a, b),
+        two_nodes(pg_dsn, agents(a_model, [work]), agents(b_model, [work])) as (a, b),
         client(a.url) as ca,
         client(b.url) as cb,
     ):
@@ -403,15 +388,14 @@ async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
             fields = {"injection_id": injected["injection_id"]}
         elif op == "run.cancel":
             fields = {"reason": "stop"}
-        stored, answer = await answered_by_a_dying_owner(
-            a, cb, pg_dsn, monkeypatch, op, {"run_id": run_id, **fields}
-        )
+        applied, stored = dies_answering(a, pg_dsn, monkeypatch)
+        answer = await request_as_owner_dies(a, cb, op, once=[applied], run_id=run_id, **fields)
         # Answered with what A stored (B took the run over meanwhile).
-        assert stored is not None
+        assert stored[0] is not None
         assert answer["type"] == "ack", answer
-        assert {k: v for k, v in answer.items() if k not in ("type", "id")} == json.loads(stored)[
-            "ok"
-        ]
+        assert {k: v for k, v in answer.items() if k not in ("type", "id")} == json.loads(
+            stored[0]
+        )["ok"]
         if op == "run.withdraw":
             assert answer["withdrawn"] is True
         hold.set()
@@ -432,8 +416,8 @@ async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
 async def two_nodes_saying_hello(dsn: str) -> AsyncIterator[tuple[Node, Client, Client]]:
     """``two_nodes`` whose agent answers ``hello``, and a client of each: yields B and
     the clients of A and B."""
-    agents = agent(ScriptedModel([], default="hello"))
-    async with two_nodes(dsn, agents, agents) as (a, b), client(a.url) as ca, client(b.url) as cb:
+    served = agents(ScriptedModel([], default="hello"))
+    async with two_nodes(dsn, served, served) as (a, b), client(a.url) as ca, client(b.url) as cb:
         yield b, ca, cb
 
 
@@ -531,5 +515,5 @@ async def test_a_stale_owner_does_not_write_into_the_session(pg_dsn: str) -> Non
     finally:
         await stale.aclose()
         await current.aclose()
-    items = stored_items(pg_dsn, "stale", "alice")
+    items = process_cluster.stored_items(pg_dsn, "stale", "alice")
     assert items == [ta.UserMessage("current")]

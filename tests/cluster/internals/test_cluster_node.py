@@ -11,7 +11,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_internals import agent
+from tests.support.cluster_internals import agents
 from tests.support.cluster_support import Client, Node, client, node
 from tests.support.control_support import TOKENS
 from trio_agents._util import leaves
@@ -25,8 +25,8 @@ async def node_after_a_run(dsn: str) -> AsyncIterator[tuple[Node, Client, str]]:
     """Node A and a client of it, once a run (answered ``hello``) ended: yields the
     node, the client and the run's id."""
     async with trio.open_nursery() as nursery:
-        agents = agent(ScriptedModel([], default="hello"))
-        async with node(nursery, agents, dsn, "A") as a, client(a.url) as c:
+        served = agents(ScriptedModel([], default="hello"))
+        async with node(nursery, served, dsn, "A") as a, client(a.url) as c:
             run_id = await c.start_run(agent="a", input="hi", subscribe="all")
             await c.wait_terminal(run_id)
             yield a, c, run_id
@@ -35,8 +35,8 @@ async def node_after_a_run(dsn: str) -> AsyncIterator[tuple[Node, Client, str]]:
 
 async def start_and_stop(dsn: str, node_id: str) -> None:
     """Start a node (its schema checked, migrated or created) and stop it at once."""
-    agents = agent(ScriptedModel([], default="hello"))
-    async with trio.open_nursery() as nursery, node(nursery, agents, dsn, node_id):
+    served = agents(ScriptedModel([], default="hello"))
+    async with trio.open_nursery() as nursery, node(nursery, served, dsn, node_id):
         nursery.cancel_scope.cancel()
 
 
@@ -87,11 +87,11 @@ async def test_the_schema_is_created_and_versioned(pg_dsn: str) -> None:
 async def test_streamed_deltas_are_written_in_batches(pg_dsn: str) -> None:
     chunks = [f"w{i} " for i in range(300)]
     model = ScriptedModel([Turn(text=chunks)])
-    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    served = agents(model)
     async with trio.open_nursery() as nursery:
         async with (
-            node(nursery, agents, pg_dsn, "A") as a,
-            node(nursery, agents, pg_dsn, "B") as b,
+            node(nursery, served, pg_dsn, "A") as a,
+            node(nursery, served, pg_dsn, "B") as b,
             client(a.url) as ca,
             client(b.url) as cb,
         ):

@@ -18,11 +18,11 @@ import trio
 
 import trio_agents as ta
 from tests.support.cluster_internals import (
-    agent,
+    agents,
     approval_tool,
     fetch_tool,
-    gated_tool,
     until,
+    waiting_tool,
 )
 from tests.support.cluster_support import Client, Node, client, node
 from trio_agents.cluster._queries import release_node
@@ -83,9 +83,9 @@ async def three_nodes(
     """Nodes A, B and C, and a client of A and one of B."""
     async with trio.open_nursery() as nursery:
         async with (
-            node(nursery, agent(model, tools), dsn, "A", lease_ttl=lease_ttl) as a,
-            node(nursery, agent(model, tools), dsn, "B", lease_ttl=lease_ttl) as b,
-            node(nursery, agent(model, tools), dsn, "C", lease_ttl=lease_ttl) as c,
+            node(nursery, agents(model, tools), dsn, "A", lease_ttl=lease_ttl) as a,
+            node(nursery, agents(model, tools), dsn, "B", lease_ttl=lease_ttl) as b,
+            node(nursery, agents(model, tools), dsn, "C", lease_ttl=lease_ttl) as c,
             client(a.url) as ca,
             client(b.url) as cb,
         ):
@@ -261,9 +261,9 @@ async def test_takeover_while_awaiting_approval(pg_dsn: str) -> None:
 
 
 async def test_an_injection_acked_before_a_crash_is_delivered_after_takeover(pg_dsn: str) -> None:
-    work = gated_tool(trio.Event(), "work", "worked")  # works for a long time
-    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "work", "{}")])], default="done")
-    async with run_on_a(model, [work], pg_dsn, input="go") as ((a, _b, _c), ca, cb, run_id):
+    wait = waiting_tool(trio.Event())  # works for a long time
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "wait", "{}")])], default="done")
+    async with run_on_a(model, [wait], pg_dsn, input="go") as ((a, _b, _c), ca, cb, run_id):
         await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
         await cb.ok("run.inject", run_id=run_id, items="remember this")
         a.crash()
@@ -346,8 +346,8 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
     model = ScriptedModel([], default=Turn(tool_calls=[("fetch", {})]))
     async with trio.open_nursery() as nursery:
         async with (
-            node(nursery, agent(model, [fetch]), pg_dsn, "B", lease_ttl=3600.0) as b,
-            node(nursery, agent(model, [fetch]), pg_dsn, "C", lease_ttl=3600.0) as c,
+            node(nursery, agents(model, [fetch]), pg_dsn, "B", lease_ttl=3600.0) as b,
+            node(nursery, agents(model, [fetch]), pg_dsn, "C", lease_ttl=3600.0) as c,
             client(c.url) as cc,
         ):
             run_id = await cc.start_run(agent="a", input="go", subscribe="all")
@@ -412,7 +412,7 @@ async def test_a_run_whose_input_never_reached_its_session_is_resumed_with_it(
 ) -> None:
     model = ScriptedModel(["hello again"])
     async with trio.open_nursery() as nursery:
-        async with node(nursery, agent(model, []), pg_dsn, "B") as b, client(b.url) as cb:
+        async with node(nursery, agents(model, []), pg_dsn, "B") as b, client(b.url) as cb:
             # What a node killed right after run.start leaves: its row, no session rows.
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 conn.execute(
@@ -450,7 +450,7 @@ async def test_a_node_restarted_under_the_same_id_does_not_keep_its_old_runs_lea
         return "waited"
 
     async with trio.open_nursery() as nursery:
-        async with node(nursery, agent(model, [wait]), pg_dsn, "A", lease_ttl=1.0) as a:
+        async with node(nursery, agents(model, [wait]), pg_dsn, "A", lease_ttl=1.0) as a:
             async with client(a.url) as ca:
                 run_id = (await ca.ok("run.start", agent="a", input="go", subscribe="all"))[
                     "run_id"
@@ -459,7 +459,7 @@ async def test_a_node_restarted_under_the_same_id_does_not_keep_its_old_runs_lea
             a.crash()
             await a.stopped.wait()
         async with (
-            node(nursery, agent(model, [wait]), pg_dsn, "A", lease_ttl=1.0) as again,
+            node(nursery, agents(model, [wait]), pg_dsn, "A", lease_ttl=1.0) as again,
             client(again.url) as c,
         ):
             await c.ok("run.subscribe", run_id=run_id, from_seq=1)
