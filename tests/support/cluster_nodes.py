@@ -5,11 +5,12 @@ directly: the pieces the in-process cluster tests share."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import psycopg
+import pytest
 import trio
 
 import trio_agents as ta
@@ -23,11 +24,14 @@ __all__ = [
     "GatedModel",
     "agents",
     "clients",
+    "dies_answering",
     "local_entry",
     "nodes",
     "open_nodes",
     "poll_row",
     "query",
+    "reply_of",
+    "request_as_owner_dies",
     "row_of",
     "two_nodes",
     "waiting_agents",
@@ -219,3 +223,51 @@ async def poll_row(dsn: str, run_id: str, condition: Callable[[dict[str, Any]], 
         if condition(await row_of(dsn, run_id)):
             return
         await trio.sleep(POLL)
+
+
+def reply_of(dsn: str, command_id: int) -> str | None:
+    """The reply stored with a routed command (None: not answered yet). Sync: call it
+    in a thread."""
+    rows = query(dsn, "SELECT reply FROM trio_agents_commands WHERE command_id = %s", command_id)
+    assert rows, f"no command {command_id}"
+    return None if rows[0][0] is None else str(rows[0][0])
+
+
+def dies_answering(
+    owner: Node, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[trio.Event, list[str | None]]:
+    """Make ``owner`` apply the next routed command, then hang before it could answer
+    (as if it died): the event set once it applied it, and the replies stored with
+    the commands by then (what a node taking over finds)."""
+    applied = trio.Event()
+    stored: list[str | None] = []
+    execute = owner.cluster._router.execute
+    assert execute is not None
+
+    async def answered_by_a_dying_node(*args: Any) -> NoReturn:
+        await execute(*args)  # applied (and durable with its answer)
+        stored.append(await trio.to_thread.run_sync(reply_of, dsn, args[2]))
+        applied.set()
+        await trio.sleep_forever()  # the owner dies before its answer is written
+
+    monkeypatch.setattr(owner.cluster._router, "execute", answered_by_a_dying_node)
+    return applied, stored
+
+
+async def request_as_owner_dies(
+    owner: Node, c: Client, op: str, *, once: Sequence[trio.Event], **fields: Any
+) -> dict[str, Any]:
+    """Send ``op`` from ``c`` and crash ``owner`` once every event of ``once`` is set
+    (within 30 s): the answer ``c`` then gets."""
+    answers: list[dict[str, Any]] = []
+    async with trio.open_nursery() as waiting:
+
+        async def send() -> None:
+            answers.append(await c.request(op, **fields))
+
+        waiting.start_soon(send)
+        with trio.fail_after(30):
+            for event in once:
+                await event.wait()
+        owner.crash()
+    return answers[0]
