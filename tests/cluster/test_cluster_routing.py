@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_nodes import agents, clients, open_nodes, waiting_tool
+from tests.support.cluster_nodes import agents, approval_tool, clients, open_nodes, waiting_tool
 from tests.support.cluster_support import client
 from trio_agents.models import ScriptedModel, Turn
 
@@ -48,13 +48,7 @@ async def test_cancel_from_another_node(pg_dsn: str) -> None:
 
 async def test_inject_approve_reject_and_withdraw_from_another_node(pg_dsn: str) -> None:
     ran: list[str] = []
-
-    @ta.function_tool(needs_approval=True)
-    async def delete(ctx: ta.ToolContext) -> str:
-        """Delete something, once approved."""
-        ran.append(ctx.call_id)
-        return "deleted"
-
+    delete = approval_tool(ran)
     model = ScriptedModel(
         [
             Turn(tool_calls=[ta.ToolCall("c1", "delete", "{}"), ta.ToolCall("c2", "delete", "{}")]),

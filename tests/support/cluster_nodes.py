@@ -23,6 +23,7 @@ __all__ = [
     "POLL",
     "GatedModel",
     "agents",
+    "approval_tool",
     "clients",
     "dies_answering",
     "local_entry",
@@ -60,6 +61,19 @@ def waiting_tool(gate: trio.Event, started: list[str] | None = None) -> ta.Tool:
         return "done"
 
     return wait
+
+
+def approval_tool(ran: list[str]) -> ta.Tool:
+    """A tool ``delete`` that needs approval and, once approved, records its call id
+    in ``ran`` (and answers ``deleted``)."""
+
+    @ta.function_tool(needs_approval=True)
+    async def delete(ctx: ta.ToolContext) -> str:
+        """Delete something, once approved."""
+        ran.append(ctx.call_id)
+        return "deleted"
+
+    return delete
 
 
 def waiting_agents(
@@ -116,8 +130,9 @@ async def clients(*on: Node) -> AsyncIterator[list[Client]]:
 
 def nodes(
     model: ta.Model, dsn: str, *ids: str, lease_ttl: float = 2.0
-) -> AbstractAsyncContextManager[list[Node]]:
-    """Nodes ``ids`` serving one agent on ``model`` for the block."""
+) -> AbstractAsyncContextManager[list[Any]]:
+    """Nodes ``ids`` serving one agent on ``model`` for the block (typed ``Any``: the
+    tests patch the nodes' internals)."""
     return open_nodes(dsn, dict.fromkeys(ids, agents(model)), lease_ttl=lease_ttl)
 
 
