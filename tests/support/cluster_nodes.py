@@ -5,8 +5,13 @@ directly: the pieces the in-process cluster tests share."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    aclosing,
+    asynccontextmanager,
+)
 from typing import Any, Final, NoReturn
 
 import psycopg
@@ -189,7 +194,7 @@ class GatedModel:
         self.calls.append(text)
         self._called_event(text).set()
 
-        async def events() -> AsyncIterator[Any]:
+        async def events() -> AsyncGenerator[Any, None]:
             if first and text in self.holds:
                 await self.holds[text].wait()
             if first and text == "two deltas":
@@ -200,11 +205,8 @@ class GatedModel:
             yield TextDelta(f"ok {text}")
             yield Finish("stop")
 
-        stream = events()
-        try:
+        async with aclosing(events()) as stream:  # closed even when abandoned
             yield stream
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
 
 
 def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
