@@ -29,14 +29,13 @@ import trio
 
 import trio_agents as ta
 from tests.support import process_cluster
-from tests.support.cluster_internals import (
+from tests.support.cluster_internals import short_lease_node, until
+from tests.support.cluster_nodes import (
     agents,
     dies_answering,
     local_entry,
     request_as_owner_dies,
-    short_lease_node,
     two_nodes,
-    until,
 )
 from tests.support.cluster_support import Client, Node, client
 from trio_agents.cluster._db import ClusterDown, Database
@@ -47,16 +46,6 @@ from trio_agents.models import ScriptedModel, Turn
 
 # Imported from here by tests/cluster/test_cluster_decisions.py until it imports them
 # from tests/support (a test file must not import another): then these go.
-__all__ = ["agent", "local_entry", "stored_items", "two_nodes"]
-agent = agents
-
-
-def stored_items(dsn: str, principal: str, session_id: str) -> list[ta.Item]:
-    """``process_cluster.stored_items``, in the argument order test_cluster_decisions.py
-    passes (the principal first)."""
-    return process_cluster.stored_items(dsn, session_id, principal)
-
-
 def partition_heartbeat(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     """Make the node's lease renewals fail until the returned ``heal()`` is called."""
     real = node.cluster._leases.heartbeat

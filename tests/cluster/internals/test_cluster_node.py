@@ -11,7 +11,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_internals import agents
+from tests.support.cluster_nodes import agents
 from tests.support.cluster_support import Client, Node, client, node
 from tests.support.control_support import TOKENS
 from trio_agents._util import leaves

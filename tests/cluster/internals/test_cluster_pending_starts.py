@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_internals import agents
+from tests.support.cluster_nodes import agents
 from tests.support.cluster_support import client, node
 from trio_agents.hosting import _run_tasks
 from trio_agents.models import ScriptedModel, Turn

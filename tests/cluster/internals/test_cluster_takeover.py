@@ -17,13 +17,8 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_internals import (
-    agents,
-    approval_tool,
-    fetch_tool,
-    until,
-    waiting_tool,
-)
+from tests.support.cluster_internals import fetch_tool, until
+from tests.support.cluster_nodes import agents, approval_tool, waiting_tool
 from tests.support.cluster_support import Client, Node, client, node
 from trio_agents.cluster._queries import release_node
 from trio_agents.models import Finish as FinishEvent

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.cluster.test_cluster_leases import BOUND, GatedModel, nodes, poll_row, query
+from tests.support.cluster_nodes import BOUND, GatedModel, nodes, poll_row, query
 from tests.support.cluster_support import Node, client
 from trio_agents.sessions import SessionStorageError
 from trio_agents.sessions._postgres import PostgresSession
