@@ -11,7 +11,20 @@ from typing import Any
 import trio
 
 import trio_agents as ta
-from tests.support.agui_support import ALICE, agui_server, agui_stream, check_order, run_input
+from tests.support.agui_support import (
+    ALICE,
+    agui_server,
+    agui_stream,
+    approve,
+    check_order,
+    gated,
+    launch,
+    new_gate,
+    ours,
+    run_input,
+    scripted,
+    until_interrupt,
+)
 from trio_agents.models import ScriptedModel, Turn
 
 
@@ -21,12 +34,6 @@ async def add(a: int, b: int) -> str:
     return str(a + b)
 
 
-@ta.function_tool(needs_approval=True)
-async def launch() -> str:
-    """Launch, once approved."""
-    return "launched"
-
-
 @ta.function_tool
 async def sleep_hour() -> str:
     """Sleep for an hour."""
@@ -34,26 +41,12 @@ async def sleep_hour() -> str:
     return "woke"
 
 
-def _agent(name: str, turns: list[Any], *tools: ta.Tool, default: Any = None) -> ta.Agent:
-    return ta.Agent(
-        name=name,
-        instructions="test",
-        model=ScriptedModel(turns, default=default),
-        tools=list(tools),
-    )
-
-
 def _types(events: list[dict[str, Any]]) -> list[str]:
     return [e["type"] for e in events]
 
 
-def _ours(event: dict[str, Any]) -> dict[str, Any]:
-    meta: dict[str, Any] = event["metadata"]["trio-agents"]
-    return meta
-
-
 async def test_text_and_tool_calls_stream_as_agui_events() -> None:
-    agent = _agent(
+    agent = scripted(
         "calc",
         [Turn(text="let me add", tool_calls=[("add", {"a": 2, "b": 3})]), "it is 5"],
         add,
@@ -67,7 +60,7 @@ async def test_text_and_tool_calls_stream_as_agui_events() -> None:
     check_order(events)
     started, finished = events[0], events[-1]
     assert (started["threadId"], started["runId"]) == ("t1", "ag-1")
-    run_id = _ours(started)["run_id"]
+    run_id = ours(started)["run_id"]
     assert finished == {
         "type": "RUN_FINISHED",
         "threadId": "t1",
@@ -119,8 +112,8 @@ async def test_the_thread_is_the_session_and_only_new_user_messages_are_input() 
 
 
 async def test_a_fan_out_of_children_streams_as_steps() -> None:
-    helper = _agent("helper", [], default=Turn(text="child says hi"))
-    root = _agent(
+    helper = scripted("helper", [], default=Turn(text="child says hi"))
+    root = scripted(
         "root",
         [Turn(tool_calls=[("helper", {"input": "x"}), ("helper", {"input": "y"})]), "both done"],
         helper.as_tool(),
@@ -137,11 +130,11 @@ async def test_a_fan_out_of_children_streams_as_steps() -> None:
     finished = [e for e in events if e["type"] == "STEP_FINISHED"]
     assert len(started) == len(finished) == 2
     assert {e["stepName"] for e in started} == {e["stepName"] for e in finished}
-    assert all(_ours(e)["status"] == "completed" for e in finished)
+    assert all(ours(e)["status"] == "completed" for e in finished)
     # The children's own text streams inside their steps, as messages of their own.
-    child_ids = {_ours(e)["run_id"] for e in started}
+    child_ids = {ours(e)["run_id"] for e in started}
     child_messages = {e["messageId"] for e in events if e["type"] == "TEXT_MESSAGE_START"} - {
-        f"{_ours(events[0])['run_id']}.2"
+        f"{ours(events[0])['run_id']}.2"
     }
     assert {m.rsplit(".", 1)[0] for m in child_messages} == child_ids
     for step_start, step_end in zip(started, finished, strict=False):
@@ -149,37 +142,23 @@ async def test_a_fan_out_of_children_streams_as_steps() -> None:
 
 
 async def test_an_approval_interrupts_the_agui_run_and_resume_continues_it() -> None:
-    agent = _agent("ops", [Turn(tool_calls=[("launch", {})]), "launched it"], launch)
+    agent = scripted("ops", [Turn(tool_calls=[("launch", {})]), "launched it"], launch)
     with trio.fail_after(30):
         async with agui_server({"ops": agent}) as (host, _, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
-            check_order(first)
-            outcome = first[-1]["outcome"]
-            assert outcome["type"] == "interrupt"
-            (interrupt,) = outcome["interrupts"]
+            first, interrupt = await until_interrupt(client, "ops")
             call = next(e for e in first if e["type"] == "TOOL_CALL_START")
             assert interrupt["toolCallId"] == call["toolCallId"]
             assert interrupt["reason"] == "tool_approval"
             assert "launch" in interrupt["message"]
             assert interrupt["responseSchema"]["required"] == ["approved"]
-            run_id = _ours(first[0])["run_id"]
+            run_id = ours(first[0])["run_id"]
             # Our run is alive, waiting: the AG-UI run ended, ours did not.
             assert (await host.get("alice", run_id)).status == "awaiting_approval"
-
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
-            async with agui_stream(client, "ops", body) as stream:
+            async with agui_stream(client, "ops", approve(interrupt)) as stream:
                 second = await stream.rest()
     check_order(second)
     assert second[0]["runId"] == "ag-2"
-    assert _ours(second[0])["run_id"] == run_id
+    assert ours(second[0])["run_id"] == run_id
     result = next(e for e in second if e["type"] == "TOOL_CALL_RESULT")
     assert (result["toolCallId"], result["content"]) == (call["toolCallId"], "launched")
     text = "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT")
@@ -194,12 +173,10 @@ async def test_a_rejected_or_dismissed_approval_answers_the_call_with_an_error()
         ("resolved", {"approved": False, "message": "not today"}, "not today"),
         ("cancelled", None, "the user dismissed the approval"),
     ):
-        agent = _agent("ops", [Turn(tool_calls=[("launch", {})]), "fine"], launch)
+        agent = scripted("ops", [Turn(tool_calls=[("launch", {})]), "fine"], launch)
         with trio.fail_after(30):
             async with agui_server({"ops": agent}) as (_, _, client):
-                async with agui_stream(client, "ops", run_input()) as stream:
-                    first = await stream.rest()
-                (interrupt,) = first[-1]["outcome"]["interrupts"]
+                _, interrupt = await until_interrupt(client, "ops")
                 body = run_input(run="ag-2")
                 entry: dict[str, Any] = {"interruptId": interrupt["id"], "status": status}
                 if payload is not None:
@@ -210,12 +187,12 @@ async def test_a_rejected_or_dismissed_approval_answers_the_call_with_an_error()
         check_order(second)
         result = next(e for e in second if e["type"] == "TOOL_CALL_RESULT")
         assert expected in result["content"]
-        assert _ours(result)["status"] == "error"
+        assert ours(result)["status"] == "error"
         assert second[-1]["outcome"] == {"type": "success"}
 
 
 async def test_a_cancelled_run_finishes_cancelled_not_as_a_success() -> None:
-    agent = _agent("slow", [], sleep_hour, default=Turn(tool_calls=[("sleep_hour", {})]))
+    agent = scripted("slow", [], sleep_hour, default=Turn(tool_calls=[("sleep_hour", {})]))
     with trio.fail_after(30):
         async with (
             agui_server({"slow": agent}) as (_, _, client),
@@ -226,7 +203,7 @@ async def test_a_cancelled_run_finishes_cancelled_not_as_a_success() -> None:
             await stream.until("TOOL_CALL_END")
             # AG-UI has no cancel request: another face cancels by our run id.
             answer = await client.post(
-                f"/runs/{_ours(started)['run_id']}/cancel", json={"reason": "enough"}, headers=ALICE
+                f"/runs/{ours(started)['run_id']}/cancel", json={"reason": "enough"}, headers=ALICE
             )
             assert answer.status_code < 300, answer.text
             events = await stream.rest()
@@ -234,11 +211,11 @@ async def test_a_cancelled_run_finishes_cancelled_not_as_a_success() -> None:
     finished = events[-1]
     assert finished["type"] == "RUN_FINISHED"
     assert finished["outcome"] == {"type": "cancelled"}
-    assert _ours(finished)["reason"] == "enough"
+    assert ours(finished)["reason"] == "enough"
 
 
 async def test_a_failed_run_ends_with_run_error() -> None:
-    agent = _agent("broken", [Turn(text="partial ", fail=ValueError("model exploded"))])
+    agent = scripted("broken", [Turn(text="partial ", fail=ValueError("model exploded"))])
     with trio.fail_after(30):
         async with (
             agui_server({"broken": agent}) as (_, _, client),
@@ -254,7 +231,7 @@ async def test_a_failed_run_ends_with_run_error() -> None:
 
 
 async def test_a_session_busy_thread_is_refused_before_the_stream() -> None:
-    agent = _agent("ops", [Turn(tool_calls=[("launch", {})]), "x"], launch)
+    agent = scripted("ops", [Turn(tool_calls=[("launch", {})]), "x"], launch)
     with trio.fail_after(30):
         async with agui_server({"ops": agent}) as (_, _, client):
             async with agui_stream(client, "ops", run_input()) as stream:
@@ -264,27 +241,15 @@ async def test_a_session_busy_thread_is_refused_before_the_stream() -> None:
     assert answer.json()["error"]["code"] == "session_busy"
 
 
-GATE: trio.Event | None = None
-
-
-@ta.function_tool
-async def gated() -> str:
-    """Wait until the test opens the gate."""
-    assert GATE is not None
-    await GATE.wait()
-    return "through"
-
-
 async def test_a_childs_approval_interrupts_and_the_resume_loses_nothing_of_its_siblings() -> None:
     """One child waits for an approval while its sibling is still working: the AG-UI run
     ends on the interrupt; the sibling finishes while no stream is open; the resumed
     AG-UI run carries the sibling's end and the approved call's result, and nothing
     the first AG-UI run already sent."""
-    global GATE
-    GATE = trio.Event()
-    asker = _agent("asker", [Turn(tool_calls=[("launch", {})]), "asker done"], launch)
-    worker = _agent("worker", [Turn(tool_calls=[("gated", {})]), "worker done"], gated)
-    root = _agent(
+    gate = new_gate()
+    asker = scripted("asker", [Turn(tool_calls=[("launch", {})]), "asker done"], launch)
+    worker = scripted("worker", [Turn(tool_calls=[("gated", {})]), "worker done"], gated)
+    root = scripted(
         "root",
         [Turn(tool_calls=[("asker", {"input": "a"}), ("worker", {"input": "w"})]), "all done"],
         asker.as_tool(),
@@ -292,34 +257,22 @@ async def test_a_childs_approval_interrupts_and_the_resume_loses_nothing_of_its_
     )
     with trio.fail_after(30):
         async with agui_server({"root": root}) as (host, _, client):
-            async with agui_stream(client, "root", run_input()) as stream:
-                first = await stream.rest()
-            check_order(first)
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            first, interrupt = await until_interrupt(client, "root")
             asker_run = interrupt["metadata"]["trio-agents"]["run_id"]
-            assert asker_run != _ours(first[0])["run_id"]
+            assert asker_run != ours(first[0])["run_id"]
             assert (
                 interrupt["toolCallId"]
                 == f"{asker_run}.{interrupt['metadata']['trio-agents']['call_id']}"
             )
             # The worker goes on and finishes while no AG-UI stream is open.
-            GATE.set()
+            gate.set()
             worker_run = next(
-                _ours(e)["run_id"]
+                ours(e)["run_id"]
                 for e in first
                 if e["type"] == "STEP_STARTED" and "worker" in e["stepName"]
             )
             assert (await host.wait_terminal("alice", worker_run)).status == "completed"
-
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
-            async with agui_stream(client, "root", body) as stream:
+            async with agui_stream(client, "root", approve(interrupt)) as stream:
                 second = await stream.rest()
     check_order(second)
     assert second[-1]["outcome"] == {"type": "success"}
@@ -338,7 +291,7 @@ async def test_a_childs_approval_interrupts_and_the_resume_loses_nothing_of_its_
 
 
 async def test_a_resume_after_a_handoff_continues_the_run() -> None:
-    billing = _agent("billing", [Turn(tool_calls=[("launch", {})]), "billed"], launch)
+    billing = scripted("billing", [Turn(tool_calls=[("launch", {})]), "billed"], launch)
     triage = ta.Agent(
         name="triage",
         instructions="test",
@@ -347,23 +300,12 @@ async def test_a_resume_after_a_handoff_continues_the_run() -> None:
     )
     with trio.fail_after(30):
         async with agui_server({"triage": triage}) as (_, _, client):
-            async with agui_stream(client, "triage", run_input()) as stream:
-                first = await stream.rest()
-            check_order(first)
+            first, interrupt = await until_interrupt(client, "triage")
             handoff = next(e for e in first if e["type"] == "CUSTOM")
             assert handoff["name"] == "trio-agents.run.handoff"
             assert handoff["value"]["to_agent"] == "billing"
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
             # The AG-UI client still talks to the agent it started with.
-            async with agui_stream(client, "triage", body) as stream:
+            async with agui_stream(client, "triage", approve(interrupt)) as stream:
                 second = await stream.rest()
     check_order(second)
     assert second[-1]["outcome"] == {"type": "success"}

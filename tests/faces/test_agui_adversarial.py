@@ -16,29 +16,19 @@ from tests.support.agui_support import (
     BOB,
     agui_server,
     agui_stream,
+    approve,
     check_order,
+    gated,
+    launch,
+    new_gate,
+    ours,
     run_input,
+    scripted,
+    until_interrupt,
     wait_streams_closed,
 )
 from trio_agents.faces import HttpLimits
 from trio_agents.models import ScriptedModel, Turn
-
-
-@ta.function_tool(needs_approval=True)
-async def launch() -> str:
-    """Launch, once approved."""
-    return "launched"
-
-
-GATE: trio.Event | None = None
-
-
-@ta.function_tool
-async def gated() -> str:
-    """Wait until the test opens the gate."""
-    assert GATE is not None
-    await GATE.wait()
-    return "through"
 
 
 def _launcher(model: ScriptedModel | None = None) -> ta.Agent:
@@ -47,15 +37,6 @@ def _launcher(model: ScriptedModel | None = None) -> ta.Agent:
         instructions="test",
         model=model or ScriptedModel([Turn(tool_calls=[("launch", {})]), "done"]),
         tools=[launch],
-    )
-
-
-def _gated() -> ta.Agent:
-    return ta.Agent(
-        name="gated",
-        instructions="test",
-        model=ScriptedModel([Turn(tool_calls=[("gated", {})]), "finished"]),
-        tools=[gated],
     )
 
 
@@ -78,21 +59,12 @@ async def test_another_principals_thread_and_interrupts_are_not_theirs() -> None
     model = ScriptedModel([Turn(tool_calls=[("launch", {})]), "bob's answer"])
     with trio.fail_after(30):
         async with agui_server({"ops": _launcher(model)}) as (host, _, client):
-            async with agui_stream(client, "ops", run_input(thread="shared")) as stream:
-                first = await stream.rest()
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
-            resume = run_input(thread="shared", run="ag-2")
-            resume["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
+            first, interrupt = await until_interrupt(client, "ops", run_input(thread="shared"))
+            resume = approve(interrupt, thread="shared")
             # Bob answering Alice's interrupt: not found, and nothing is approved.
             status, code, _ = _error(await client.post("/ag-ui/ops", json=resume, headers=BOB))
             assert (status, code) == (404, "not_found")
-            alice_run = first[0]["metadata"]["trio-agents"]["run_id"]
+            alice_run = ours(first[0])["run_id"]
             assert (await host.get("alice", alice_run)).status == "awaiting_approval"
             # Bob's thread of the same name is his own session: Alice's busy run does
             # not make it busy, and his run does not see her conversation.
@@ -103,9 +75,7 @@ async def test_another_principals_thread_and_interrupts_are_not_theirs() -> None
             check_order(bobs)
             assert bobs[-1]["outcome"]["type"] == "success"
             assert [type(i).__name__ for i in model.requests[-1].items] == ["UserMessage"]
-            assert [r.run_id for r in await host.list("bob")] == [
-                bobs[0]["metadata"]["trio-agents"]["run_id"]
-            ]
+            assert [r.run_id for r in await host.list("bob")] == [ours(bobs[0])["run_id"]]
             # An interrupt id naming Alice's run but another thread: not found either.
             resume["threadId"] = "other"
             status, code, _ = _error(await client.post("/ag-ui/ops", json=resume, headers=ALICE))
@@ -199,9 +169,7 @@ async def test_garbage_run_agent_input_is_a_clear_400(body: bytes, code: str, na
 async def test_a_resume_payload_that_is_not_an_approval_is_refused() -> None:
     with trio.fail_after(30):
         async with agui_server({"ops": _launcher()}) as (host, _, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
+            first, interrupt = await until_interrupt(client, "ops")
             forged = base64.urlsafe_b64encode(b'["run_x", 1, "run_x", ""]').decode()
             for entry in (
                 {"interruptId": interrupt["id"], "status": "resolved", "payload": "yes"},
@@ -218,7 +186,7 @@ async def test_a_resume_payload_that_is_not_an_approval_is_refused() -> None:
                 body["resume"] = [entry]
                 status, code, _ = _error(await client.post("/ag-ui/ops", json=body, headers=ALICE))
                 assert (status, code) == (400, "invalid_request"), entry
-            run_id = first[0]["metadata"]["trio-agents"]["run_id"]
+            run_id = ours(first[0])["run_id"]
             assert (await host.get("alice", run_id)).status == "awaiting_approval"
 
 
@@ -249,17 +217,17 @@ async def test_an_oversized_body_is_413_and_nothing_starts() -> None:
 async def _disconnect_mid_stream(params: dict[str, str] | None, body: dict[str, Any]) -> Any:
     """Start the gated agent, read until its tool call, drop the connection, wait until
     the server finished the stream, open the gate; the run's end."""
-    global GATE
-    GATE = trio.Event()
-    async with agui_server({"gated": _gated()}) as (host, app, client):
+    gate = new_gate()
+    agent = scripted("gated", [Turn(tool_calls=[("gated", {})]), "finished"], gated)
+    async with agui_server({"gated": agent}) as (host, app, client):
         async with agui_stream(client, "gated", body, params=params) as stream:
             started = await stream.next()
             assert started is not None
             await stream.until("TOOL_CALL_END")
         # The client is gone (the response closed): the server decides on_disconnect.
         await wait_streams_closed(app)
-        GATE.set()
-        return await host.wait_terminal("alice", started["metadata"]["trio-agents"]["run_id"])
+        gate.set()
+        return await host.wait_terminal("alice", ours(started)["run_id"])
 
 
 async def test_a_client_that_disconnects_cancels_its_run_by_default() -> None:
@@ -286,10 +254,9 @@ async def test_an_interrupted_agui_run_leaves_its_run_waiting_not_cancelled() ->
     # The stream ends on the interrupt (the client did nothing wrong): the run waits.
     with trio.fail_after(30):
         async with agui_server({"ops": _launcher()}) as (host, app, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
+            first, _ = await until_interrupt(client, "ops")
             await wait_streams_closed(app)
-            run_id = first[0]["metadata"]["trio-agents"]["run_id"]
+            run_id = ours(first[0])["run_id"]
             assert (await host.get("alice", run_id)).status == "awaiting_approval"
 
 
@@ -305,17 +272,8 @@ async def test_bad_on_disconnect_query_is_400() -> None:
 async def test_a_resume_answered_twice_is_refused_the_second_time() -> None:
     with trio.fail_after(30):
         async with agui_server({"ops": _launcher()}) as (_, _, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
+            _, interrupt = await until_interrupt(client, "ops")
+            body = approve(interrupt)
             async with agui_stream(client, "ops", body) as stream:
                 check_order(await stream.rest())
             body["runId"] = "ag-3"
@@ -324,32 +282,15 @@ async def test_a_resume_answered_twice_is_refused_the_second_time() -> None:
 
 
 async def test_a_resumed_agui_run_owns_the_run_too() -> None:
-    global GATE
-    GATE = trio.Event()
-    agent = ta.Agent(
-        name="ops",
-        instructions="test",
-        model=ScriptedModel(
-            [Turn(tool_calls=[("launch", {})]), Turn(tool_calls=[("gated", {})]), "done"]
-        ),
-        tools=[launch, gated],
-    )
+    gate = new_gate()
+    turns = [Turn(tool_calls=[("launch", {})]), Turn(tool_calls=[("gated", {})]), "done"]
+    agent = scripted("ops", turns, launch, gated)
     with trio.fail_after(30):
         async with agui_server({"ops": agent}) as (host, app, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
-            async with agui_stream(client, "ops", body) as stream:
+            first, interrupt = await until_interrupt(client, "ops")
+            async with agui_stream(client, "ops", approve(interrupt)) as stream:
                 await stream.until("TOOL_CALL_START", toolCallName="gated")
             await wait_streams_closed(app)
-            GATE.set()
-            info = await host.wait_terminal("alice", first[0]["metadata"]["trio-agents"]["run_id"])
+            gate.set()
+            info = await host.wait_terminal("alice", ours(first[0])["run_id"])
     assert (info.status, info.reason) == ("cancelled", "client disconnected")
