@@ -14,19 +14,7 @@ import httpx
 import pytest
 import trio
 
-from tests.support.agui_support import (
-    AUTH,
-    agui_stream,
-    approve,
-    check_order,
-    gated,
-    launch,
-    new_gate,
-    ours,
-    scripted,
-    until_interrupt,
-    wait_streams_closed,
-)
+from tests.support import agui_support as agui
 from tests.support.cluster_support import Node, node
 from trio_agents.faces import HttpApp, http_app, serve_http
 from trio_agents.hosting import HostError
@@ -38,7 +26,7 @@ async def _http(
     nursery: trio.Nursery, the_node: Node
 ) -> AsyncIterator[tuple[HttpApp, httpx.AsyncClient]]:
     """The node's HTTP faces (over its ``ClusterHost``) on a free port, and a client."""
-    app = http_app(the_node.server.host, auth=AUTH)
+    app = http_app(the_node.server.host, auth=agui.AUTH)
     scope = trio.CancelScope()
 
     async def serve(task_status: trio.TaskStatus[int]) -> None:
@@ -73,7 +61,7 @@ async def _two_nodes(pg_dsn: str) -> AsyncIterator[_Nodes]:
         Turn(tool_calls=[("gated", {})]),
         "done",
     ]
-    agents = {"ops": scripted("ops", turns, launch, gated)}
+    agents = {"ops": agui.scripted("ops", turns, agui.launch, agui.gated)}
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             async with (
@@ -87,19 +75,19 @@ async def _two_nodes(pg_dsn: str) -> AsyncIterator[_Nodes]:
 
 
 async def test_an_agui_run_started_on_one_node_is_resumed_on_another(pg_dsn: str) -> None:
-    gate = new_gate()
+    gate = agui.new_gate()
     async with _two_nodes(pg_dsn) as nodes:
-        first, interrupt = await until_interrupt(nodes.client_a, "ops")
-        run_id = ours(first[0])["run_id"]
+        first, interrupt = await agui.until_interrupt(nodes.client_a, "ops")
+        run_id = agui.ours(first[0])["run_id"]
         # The premise: node B cannot give the tree of a run node A runs.
         with pytest.raises(HostError) as refused:
             async with nodes.b.server.host.events("alice", run_id, tree=True):
                 pass
         assert refused.value.code == "invalid_request"
         gate.set()
-        async with agui_stream(nodes.client_b, "ops", approve(interrupt)) as stream:
+        async with agui.agui_stream(nodes.client_b, "ops", agui.approve(interrupt)) as stream:
             second = await stream.rest()
-        check_order(second)
+        agui.check_order(second)
         assert second[-1]["outcome"] == {"type": "success"}, second[-1]
         results = [e["content"] for e in second if e["type"] == "TOOL_CALL_RESULT"]
         assert results == ["launched", "through"]
@@ -112,13 +100,13 @@ async def test_an_agui_run_started_on_one_node_is_resumed_on_another(pg_dsn: str
 
 
 async def test_a_client_of_another_node_that_goes_away_cancels_the_run(pg_dsn: str) -> None:
-    new_gate()  # never opened: the run waits in the gated tool until cancelled
+    agui.new_gate()  # never opened: the run waits in the agui.gated tool until cancelled
     async with _two_nodes(pg_dsn) as nodes:
-        first, interrupt = await until_interrupt(nodes.client_a, "ops")
-        run_id = ours(first[0])["run_id"]
-        async with agui_stream(nodes.client_b, "ops", approve(interrupt)) as stream:
+        first, interrupt = await agui.until_interrupt(nodes.client_a, "ops")
+        run_id = agui.ours(first[0])["run_id"]
+        async with agui.agui_stream(nodes.client_b, "ops", agui.approve(interrupt)) as stream:
             await stream.until("TOOL_CALL_START", toolCallName="gated")
         # Gone: node B applies on_disconnect (cancel), routed to node A.
-        await wait_streams_closed(nodes.app_b)
+        await agui.wait_streams_closed(nodes.app_b)
         info = await nodes.a.server.host.wait_terminal("alice", run_id)
         assert (info.status, info.reason) == ("cancelled", "client disconnected")

@@ -9,10 +9,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import trio
-
 import trio_agents as ta
-from tests.support.agui_support import agui_server, agui_stream, check_order, ours, run_input
+from tests.support.agui_support import ours, whole_run
 from trio_agents.hosting import HostedEvent, HostError, LocalHost
 from trio_agents.models import ScriptedModel, Turn
 
@@ -78,20 +76,14 @@ def _tree() -> ta.Agent:
 
 async def _follow_tree(**proxy: Any) -> tuple[list[dict[str, Any]], _Host]:
     """Stream the tree's AG-UI run from a face given a ``_Host(host, **proxy)``: the
-    events (checked for AG-UI's ordering) and the proxy."""
+    events (checked for AG-UI's ordering, by ``whole_run``) and the proxy."""
     wrapped: list[_Host] = []
 
     def wrap(host: LocalHost) -> Any:
         wrapped.append(_Host(host, **proxy))
         return wrapped[-1]
 
-    with trio.fail_after(30):
-        async with (
-            agui_server({"root": _tree()}, wrap=wrap) as (_, _, client),
-            agui_stream(client, "root", run_input()) as stream,
-        ):
-            events = await stream.rest()
-    check_order(events)
+    events, _ = await whole_run({"root": _tree()}, "root", wrap=wrap)
     return events, wrapped[0]
 
 

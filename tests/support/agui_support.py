@@ -262,3 +262,21 @@ async def until_interrupt(
     assert events[-1]["outcome"]["type"] == "interrupt", events[-1]
     (interrupt,) = events[-1]["outcome"]["interrupts"]
     return events, interrupt
+
+
+async def whole_run(
+    agents: Mapping[str, ta.Agent],
+    agent: str,
+    *,
+    wrap: Callable[[LocalHost], RunHost] | None = None,
+) -> tuple[list[dict[str, Any]], LocalHost]:
+    """Serve ``agents`` and stream one AG-UI run of ``agent`` to its end (checked for
+    AG-UI's ordering; a 30 s hang guard): the events, and the host."""
+    with trio.fail_after(30):
+        async with (
+            agui_server(agents, wrap=wrap) as (host, _, client),
+            agui_stream(client, agent, run_input()) as stream,
+        ):
+            events = await stream.rest()
+    check_order(events)
+    return events, host
