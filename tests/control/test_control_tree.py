@@ -279,82 +279,79 @@ async def test_cluster_routes_ops_on_a_child_id_to_the_node_running_its_tree(
     """In a cluster a tree lives on its root's node, and only roots have rows: another
     node finds a child's id on the nodes running the principal's runs and routes the op
     there; a child's events are served by that node only."""
-    from tests.support.cluster_support import client, node
+    from tests.support.cluster_nodes import clients, open_nodes
+    from tests.support.cluster_support import client
 
     agents = {"root": delegating("root", sleeper("helper"), "root done"), "other": sleeper("x")}
-    async with trio.open_nursery() as nursery:
-        async with (
-            node(nursery, agents, pg_dsn, "A") as a,
-            node(nursery, agents, pg_dsn, "B") as b,
-            client(a.url) as ca,
-            client(b.url) as cb,
-            client(a.url, token="tok-bob") as bob_a,
-            client(b.url, token="tok-bob") as bob_b,
-        ):
-            ack = await ca.ok("run.start", agent="root", input="go", subscribe="all")
-            run_id = ack["run_id"]
-            announced = await ca.wait_event(run_id, lambda e: e["type"] == "run.child")
-            child_id = announced["event"]["child_id"]
-            await ca.ok("run.subscribe", run_id=run_id, tree=True)
-            await ca.wait_event(child_id, lambda e: e["type"] == "tool.started")
-            # Bob has a run on A too: B asks A for his ids, and A finds none of Alice's.
-            await bob_a.ok("run.start", agent="other", input="mine")
+    async with (
+        open_nodes(pg_dsn, {"A": agents, "B": agents}) as (a, b),
+        clients(a, b) as (ca, cb),
+        client(a.url, token="tok-bob") as bob_a,
+        client(b.url, token="tok-bob") as bob_b,
+    ):
+        ack = await ca.ok("run.start", agent="root", input="go", subscribe="all")
+        run_id = ack["run_id"]
+        announced = await ca.wait_event(run_id, lambda e: e["type"] == "run.child")
+        child_id = announced["event"]["child_id"]
+        await ca.ok("run.subscribe", run_id=run_id, tree=True)
+        await ca.wait_event(child_id, lambda e: e["type"] == "tool.started")
+        # Bob has a run on A too: B asks A for his ids, and A finds none of Alice's.
+        await bob_a.ok("run.start", agent="other", input="mine")
 
-            got = await ca.ok("run.get", run_id=child_id)
-            assert (got["run"]["parent_id"], got["run"]["root_id"]) == (run_id, run_id)
-            listed = await ca.ok("runs.list", all=True)
-            assert [r["run_id"] for r in listed["runs"]] == [run_id, child_id]
-            got = await ca.ok("run.get", run_id=run_id)
-            assert got["run"]["children"] == [child_id]
+        got = await ca.ok("run.get", run_id=child_id)
+        assert (got["run"]["parent_id"], got["run"]["root_id"]) == (run_id, run_id)
+        listed = await ca.ok("runs.list", all=True)
+        assert [r["run_id"] for r in listed["runs"]] == [run_id, child_id]
+        got = await ca.ok("run.get", run_id=run_id)
+        assert got["run"]["children"] == [child_id]
 
-            # Node B: the root from its row (its children are known on A only) ...
-            got = await cb.ok("run.get", run_id=run_id)
-            assert (got["run"]["root_id"], got["run"]["children"]) == (run_id, None)
-            listed = await cb.ok("runs.list", all=True)
-            assert [r["run_id"] for r in listed["runs"]] == [run_id]
-            # ... the child by asking A.
-            got = await cb.ok("run.get", run_id=child_id)
-            assert (got["run"]["parent_id"], got["run"]["status"]) == (run_id, "running")
-            assert got["run"]["agent"] == "helper"
-            for tree in (False, True):
-                refused = await cb.request("run.subscribe", run_id=child_id, tree=tree)
-                assert (refused["type"], refused["code"]) == ("error", "invalid_request")
-                assert "node A" in refused["message"]
-            refused = await cb.request("run.subscribe", run_id=run_id, tree=True)
-            assert refused["code"] == "invalid_request"
-            checks: tuple[tuple[str, dict[str, Any]], ...] = (
-                ("run.get", {}),
-                ("run.cancel", {}),
-                ("run.inject", {"items": "x"}),
-                ("run.approve", {"call_id": "call_1_0"}),
-                ("run.subscribe", {}),
-                ("run.subscribe", {"tree": True}),
-            )
-            for op, fields in checks:
-                for other in (bob_a, bob_b):
-                    refused = await other.request(op, run_id=child_id, **fields)
-                    assert (refused["type"], refused["code"]) == ("error", "not_found"), op
-            missing = await cb.request("run.cancel", run_id="run_nope")
-            assert missing["code"] == "not_found"
-            unknown_call = await cb.request("run.approve", run_id=child_id, call_id="call_9")
-            assert unknown_call["code"] == "not_found"
+        # Node B: the root from its row (its children are known on A only) ...
+        got = await cb.ok("run.get", run_id=run_id)
+        assert (got["run"]["root_id"], got["run"]["children"]) == (run_id, None)
+        listed = await cb.ok("runs.list", all=True)
+        assert [r["run_id"] for r in listed["runs"]] == [run_id]
+        # ... the child by asking A.
+        got = await cb.ok("run.get", run_id=child_id)
+        assert (got["run"]["parent_id"], got["run"]["status"]) == (run_id, "running")
+        assert got["run"]["agent"] == "helper"
+        for tree in (False, True):
+            refused = await cb.request("run.subscribe", run_id=child_id, tree=tree)
+            assert (refused["type"], refused["code"]) == ("error", "invalid_request")
+            assert "node A" in refused["message"]
+        refused = await cb.request("run.subscribe", run_id=run_id, tree=True)
+        assert refused["code"] == "invalid_request"
+        checks: tuple[tuple[str, dict[str, Any]], ...] = (
+            ("run.get", {}),
+            ("run.cancel", {}),
+            ("run.inject", {"items": "x"}),
+            ("run.approve", {"call_id": "call_1_0"}),
+            ("run.subscribe", {}),
+            ("run.subscribe", {"tree": True}),
+        )
+        for op, fields in checks:
+            for other in (bob_a, bob_b):
+                refused = await other.request(op, run_id=child_id, **fields)
+                assert (refused["type"], refused["code"]) == ("error", "not_found"), op
+        missing = await cb.request("run.cancel", run_id="run_nope")
+        assert missing["code"] == "not_found"
+        unknown_call = await cb.request("run.approve", run_id=child_id, call_id="call_9")
+        assert unknown_call["code"] == "not_found"
 
-            injected = await cb.ok("run.inject", run_id=child_id, items="hurry up")
-            assert injected["injection_id"]
-            await cb.ok("run.cancel", run_id=child_id, reason="enough")
-            child_end = await ca.wait_terminal(child_id)
-            assert (child_end["event"]["status"], child_end["event"]["reason"]) == (
-                "cancelled",
-                "enough",
-            )
-            done = await ca.wait_terminal(run_id)
-            assert done["event"]["status"] == "completed"
-            for c in (ca, cb):
-                closed = await c.request("run.cancel", run_id=child_id)
-                assert closed["code"] == "run_closed"
-                got = await c.ok("run.get", run_id=child_id)
-                assert got["run"]["status"] == "cancelled"
-        nursery.cancel_scope.cancel()
+        injected = await cb.ok("run.inject", run_id=child_id, items="hurry up")
+        assert injected["injection_id"]
+        await cb.ok("run.cancel", run_id=child_id, reason="enough")
+        child_end = await ca.wait_terminal(child_id)
+        assert (child_end["event"]["status"], child_end["event"]["reason"]) == (
+            "cancelled",
+            "enough",
+        )
+        done = await ca.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed"
+        for c in (ca, cb):
+            closed = await c.request("run.cancel", run_id=child_id)
+            assert closed["code"] == "run_closed"
+            got = await c.ok("run.get", run_id=child_id)
+            assert got["run"]["status"] == "cancelled"
 
 
 def triage_and_billing() -> tuple[ta.Agent, ta.Agent]:
