@@ -16,16 +16,12 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.core.test_run_faults import EventsModel, make_agent
-from tests.sessions.internals.test_postgres_session import SESSIONS, raw_connection, stored
+from tests.support.sessions_runs import EventsModel, items_of, make_agent
+from tests.support.sessions_sql import PG_SESSIONS, pg_connection
 from trio_agents.models import ScriptedModel, TextDelta, Turn
 from trio_agents.sessions import PostgresSession
 
 HANG_GUARD = 60  # seconds; never a timing claim
-
-
-def items_of(dsn: str, session_id: str) -> list[ta.Item]:
-    return [item for _, item in stored(dsn, session_id)]
 
 
 class Watched:
@@ -130,10 +126,10 @@ async def test_a_repair_blocked_by_a_lock_held_elsewhere_is_bounded(pg_dsn: str)
                 async for event in run.events():
                     if isinstance(event, ta.ResponseTextDelta):
                         break
-            with raw_connection(pg_dsn) as other:
+            with pg_connection(pg_dsn) as other:
                 other.autocommit = False
                 locked = other.execute(
-                    f"SELECT 1 FROM {SESSIONS} WHERE session_id = 's' FOR UPDATE"
+                    f"SELECT 1 FROM {PG_SESSIONS} WHERE session_id = 's' FOR UPDATE"
                 ).fetchall()
                 assert locked == [(1,)]  # the input was persisted: the row exists
                 run.cancel("stop")
