@@ -16,7 +16,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.sessions_runs import EventsModel, items_of, make_agent
+from tests.support.sessions_runs import EventsModel, fast_and_slow, items_of, make_agent
 from tests.support.sessions_sql import PG_SESSIONS, pg_connection
 from trio_agents.models import ScriptedModel, TextDelta, Turn
 from trio_agents.sessions import PostgresSession
@@ -47,20 +47,8 @@ class Watched:
 
 async def test_each_tool_result_is_persisted_when_its_tool_finishes(pg_dsn: str) -> None:
     release = trio.Event()
-
-    @ta.function_tool
-    async def fast() -> str:
-        """Answers at once."""
-        return "fast done"
-
-    @ta.function_tool
-    async def slow() -> str:
-        """Answers when the test says so."""
-        await release.wait()
-        return "slow done"
-
     model = ScriptedModel([Turn(tool_calls=[("slow", {}), ("fast", {})]), "all done"])
-    agent = ta.Agent(name="p", model=model, tools=[fast, slow])
+    agent = ta.Agent(name="p", model=model, tools=fast_and_slow(release))
     with trio.fail_after(HANG_GUARD):
         async with PostgresSession(pg_dsn, "s") as inner:
             session = Watched(inner)

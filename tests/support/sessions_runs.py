@@ -47,6 +47,24 @@ class EventsModel:
         yield gen()
 
 
+def fast_and_slow(release: trio.Event) -> list[ta.Tool]:
+    """``fast`` answers "fast done" at once, ``slow`` answers "slow done" once
+    ``release`` is set: a turn's results finishing apart."""
+
+    @ta.function_tool
+    async def fast() -> str:
+        """Answers at once."""
+        return "fast done"
+
+    @ta.function_tool
+    async def slow() -> str:
+        """Answers when the test says so."""
+        await release.wait()
+        return "slow done"
+
+    return [fast, slow]
+
+
 def resume_tools(ran: list[str]) -> list[ta.Tool]:
     """``lookup`` (idempotent), ``charge`` (never run twice), ``delete`` (needs
     approval); each records its call id in ``ran``."""

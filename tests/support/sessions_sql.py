@@ -22,7 +22,6 @@ import trio
 from hypothesis import strategies as st
 
 from tests.support.helpers import INTERRUPTED_OUTPUT
-from tests.support.session_backends import PG_ITEMS
 from trio_agents import (
     AssistantMessage,
     Item,
@@ -33,6 +32,7 @@ from trio_agents import (
 )
 from trio_agents.sessions import PostgresSession, SessionStorageError, SQLiteSession
 
+PG_ITEMS: Final = "trio_agents_session_items"
 PG_SESSIONS: Final = "trio_agents_sessions"
 PG_SCHEMA: Final = "trio_agents_schema"
 
@@ -103,54 +103,118 @@ def pg_connection(dsn: str) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=True)
 
 
+# What differs between the two backends' stores, a table per question, by backend.
+ITEMS_TABLE: Final = {"sqlite": "items", "postgres": PG_ITEMS}
+MARK: Final = {"sqlite": "?", "postgres": "%s"}  # the driver's parameter marker
+# The session options that make a wait for a lock held elsewhere short, the message of
+# the error it ends in, and the driver's error behind that.
+LOCK_WAIT: Final[dict[str, tuple[dict[str, float], str, type[Exception]]]] = {
+    "sqlite": ({"busy_timeout": 0.05}, "database is locked", sqlite3.OperationalError),
+    "postgres": ({"lock_timeout": 0.05}, "lock timeout", psycopg.errors.LockNotAvailable),
+}
+# Where the store keeps the version of its schema.
+SCHEMA_VERSION_SQL: Final = {
+    "sqlite": "SELECT value FROM meta WHERE key = 'schema_version'",
+    "postgres": f"SELECT version FROM {PG_SCHEMA}",
+}
+# A hand-made "version 0" (its items table has no created_at column yet) holding one
+# item of session 'old', and the step that upgrades it.
+V0_TABLES: Final = {
+    "sqlite": (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "INSERT INTO meta VALUES ('schema_version', '0')",
+        "CREATE TABLE items (session_id TEXT, position INTEGER, data TEXT,"
+        " PRIMARY KEY (session_id, position))",
+    ),
+    "postgres": (
+        f"CREATE TABLE {PG_SCHEMA} (component TEXT PRIMARY KEY, version INTEGER NOT NULL,"
+        " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        f"INSERT INTO {PG_SCHEMA} (component, version) VALUES ('sessions', 0)",
+        f"CREATE TABLE {PG_SESSIONS} (session_id TEXT PRIMARY KEY,"
+        " next_position BIGINT NOT NULL, updated_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        f"CREATE TABLE {PG_ITEMS} (session_id TEXT NOT NULL, position BIGINT NOT NULL,"
+        " data TEXT NOT NULL, PRIMARY KEY (session_id, position))",
+        f"INSERT INTO {PG_SESSIONS} (session_id, next_position) VALUES ('old', 1)",
+    ),
+}
+V0_TO_V1: Final = {
+    "sqlite": "ALTER TABLE items ADD COLUMN created_at REAL NOT NULL DEFAULT 0",
+    "postgres": f"ALTER TABLE {PG_ITEMS} ADD COLUMN created_at TIMESTAMPTZ NOT NULL DEFAULT now()",
+}
+_V0_ITEM = json.dumps({"type": "message", "role": "user", "content": "written by v0"})
+
+
 @attrs.frozen
 class SqlStore:
-    """One SQL store, the same questions asked of either backend. ``where`` is the
-    SQLite file or the PostgreSQL DSN; ``mark`` the driver's parameter marker."""
+    """One SQL store, the same questions asked of either backend: ``where`` is the
+    SQLite file or the PostgreSQL DSN."""
 
     backend: str
     where: Any
-    session_class: type[SQLiteSession] | type[PostgresSession]
-    connect: Callable[[], contextlib.AbstractContextManager[Any]]
-    items_table: str
-    mark: str
-    # The driver's errors, the one a statement gets when it waits too long for a lock
-    # held elsewhere, and the session options that make that wait short.
-    lock_wait_cause: type[Exception]
-    short_lock_wait: dict[str, float]
-    lock_wait_error: str
-    # The version of the schema the store says it has.
-    schema_version_sql: str
-    # The hand-made "version 0" (no created_at column yet), and the step that upgrades it.
-    v0_statements: tuple[str, ...]
-    v0_to_v1: str
+
+    @property
+    def items_table(self) -> str:
+        return ITEMS_TABLE[self.backend]
+
+    @property
+    def short_lock_wait(self) -> dict[str, float]:
+        return LOCK_WAIT[self.backend][0]
+
+    @property
+    def lock_wait_error(self) -> str:
+        return LOCK_WAIT[self.backend][1]
+
+    @property
+    def lock_wait_cause(self) -> type[Exception]:
+        return LOCK_WAIT[self.backend][2]
+
+    @property
+    def v0_to_v1(self) -> str:
+        return V0_TO_V1[self.backend]
+
+    @property
+    def v0_statements(self) -> tuple[str, ...]:
+        """The "version 0" store, with one row of session 'old'."""
+        items = f"INSERT INTO {self.items_table} VALUES ('old', 0, '{_V0_ITEM}')"
+        return (*V0_TABLES[self.backend], items)
 
     def session(self, session_id: str = "default", **options: Any) -> Any:
-        return self.session_class(self.where, session_id, **options)
+        cls = SQLiteSession if self.backend == "sqlite" else PostgresSession
+        return cls(self.where, session_id, **options)
+
+    def connect(self) -> contextlib.AbstractContextManager[Any]:
+        """A plain driver connection of the test's own (autocommit), closed on exit."""
+        if self.backend == "sqlite":
+            return sqlite_connection(self.where)
+        return pg_connection(self.where)
 
     def query(self, sql: str, *params: Any) -> list[Any]:
         with self.connect() as conn:
-            return conn.execute(sql, params).fetchall()
+            rows: list[Any] = conn.execute(sql, params).fetchall()
+            return rows
 
     def execute(self, *statements: str) -> None:
         with self.connect() as conn:
             for statement in statements:
                 conn.execute(statement)
 
-    def stored(self, session_id: str) -> list[tuple[int, Item]]:
-        """(position, item) of every stored row of ``session_id``, in order."""
-        rows = self.query(
-            f"SELECT position, data FROM {self.items_table} WHERE session_id = {self.mark}"
-            " ORDER BY position",
+    def rows(self, session_id: str) -> list[tuple[int, str]]:
+        """(position, data) of every stored row of ``session_id``, in order."""
+        return self.query(
+            f"SELECT position, data FROM {self.items_table}"
+            f" WHERE session_id = {MARK[self.backend]} ORDER BY position",
             session_id,
         )
-        return [(position, item_from_json(json.loads(data))) for position, data in rows]
+
+    def stored(self, session_id: str) -> list[tuple[int, Item]]:
+        """(position, item) of every stored row of ``session_id``, in order."""
+        return [(p, item_from_json(json.loads(data))) for p, data in self.rows(session_id)]
 
     def positions(self, session_id: str) -> list[int]:
         return [position for position, _ in self.stored(session_id)]
 
     def schema_version(self) -> list[Any]:
-        return self.query(self.schema_version_sql)
+        return self.query(SCHEMA_VERSION_SQL[self.backend])
 
     def version_rows(self, version: int) -> list[Any]:
         """What :meth:`schema_version` gives for ``version`` (SQLite keeps it as text)."""
@@ -183,7 +247,7 @@ class SqlStore:
         columns = "session_id, position, data" + (
             ", created_at" if self.backend == "sqlite" else ""
         )
-        values = ", ".join([self.mark] * 3 + (["0"] if self.backend == "sqlite" else []))
+        values = ", ".join([MARK[self.backend]] * 3 + (["0"] if self.backend == "sqlite" else []))
         conn.execute(
             f"INSERT INTO {self.items_table} ({columns}) VALUES ({values})",
             (session_id, position, data),
@@ -219,54 +283,26 @@ class SqlStore:
         else:
             conn.rollback()
 
+    def poison(self, marker: str) -> None:
+        """Make the database itself refuse any item row whose data contains ``marker``."""
+        if self.backend == "sqlite":
+            self.execute(
+                "CREATE TRIGGER poison BEFORE INSERT ON items WHEN NEW.data LIKE"
+                f" '%{marker}%' BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+            )
+            return
+        self.execute(
+            "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            f" IF NEW.data LIKE '%{marker}%' THEN RAISE EXCEPTION 'poisoned row'; END IF;"
+            " RETURN NEW; END $$",
+            f"CREATE TRIGGER poison BEFORE INSERT ON {PG_ITEMS}"
+            " FOR EACH ROW EXECUTE FUNCTION poison()",
+        )
+
 
 def sqlite_sql(path: Path) -> SqlStore:
-    return SqlStore(
-        "sqlite",
-        path,
-        SQLiteSession,
-        lambda: sqlite_connection(path),
-        "items",
-        "?",
-        sqlite3.OperationalError,
-        {"busy_timeout": 0.05},
-        "database is locked",
-        schema_version_sql="SELECT value FROM meta WHERE key = 'schema_version'",
-        v0_statements=(
-            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-            "INSERT INTO meta VALUES ('schema_version', '0')",
-            "CREATE TABLE items (session_id TEXT, position INTEGER, data TEXT,"
-            " PRIMARY KEY (session_id, position))",
-            'INSERT INTO items VALUES (\'old\', 0, \'{"type": "message", "role": "user",'
-            ' "content": "written by v0"}\')',
-        ),
-        v0_to_v1="ALTER TABLE items ADD COLUMN created_at REAL NOT NULL DEFAULT 0",
-    )
+    return SqlStore("sqlite", path)
 
 
 def postgres_sql(dsn: str) -> SqlStore:
-    return SqlStore(
-        "postgres",
-        dsn,
-        PostgresSession,
-        lambda: pg_connection(dsn),
-        PG_ITEMS,
-        "%s",
-        psycopg.errors.LockNotAvailable,
-        {"lock_timeout": 0.05},
-        "lock timeout",
-        schema_version_sql=f"SELECT version FROM {PG_SCHEMA}",
-        v0_statements=(
-            f"CREATE TABLE {PG_SCHEMA} (component TEXT PRIMARY KEY, version INTEGER NOT NULL,"
-            " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-            f"INSERT INTO {PG_SCHEMA} (component, version) VALUES ('sessions', 0)",
-            f"CREATE TABLE {PG_SESSIONS} (session_id TEXT PRIMARY KEY,"
-            " next_position BIGINT NOT NULL, updated_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-            f"CREATE TABLE {PG_ITEMS} (session_id TEXT NOT NULL, position BIGINT NOT NULL,"
-            " data TEXT NOT NULL, PRIMARY KEY (session_id, position))",
-            f"INSERT INTO {PG_SESSIONS} (session_id, next_position) VALUES ('old', 1)",
-            f'INSERT INTO {PG_ITEMS} VALUES (\'old\', 0, \'{{"type": "message", "role": "user",'
-            ' "content": "written by v0"}\')',
-        ),
-        v0_to_v1=f"ALTER TABLE {PG_ITEMS} ADD COLUMN created_at TIMESTAMPTZ NOT NULL DEFAULT now()",
-    )
+    return SqlStore("postgres", dsn)

@@ -7,7 +7,7 @@ SQLiteSession is in test_sql_sessions.py."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,10 @@ import trio
 import trio.testing
 from psycopg_pool import ConnectionPool
 
-from tests.support.session_backends import PG_ITEMS, assert_batches_whole, postgres_store
+from tests.support.session_backends import assert_batches_whole
 from tests.support.sessions_sql import (
     CRASHED,
+    PG_ITEMS,
     PG_SESSIONS,
     SqlStore,
     assert_storage_error,
@@ -27,12 +28,11 @@ from tests.support.sessions_sql import (
     postgres_sql,
     trio_runs_in_threads,
 )
-from trio_agents import ToolCall, TrioAgentsError, UserMessage
+from trio_agents import ToolCall, UserMessage
 from trio_agents.sessions import (
     SCHEMA_VERSION,
     PostgresSession,
     PostgresSessionStatistics,
-    Session,
     SessionStorageError,
     _postgres,
 )
@@ -44,34 +44,20 @@ SESSIONS = PG_SESSIONS
 
 
 @pytest.fixture
-def pg(pg_dsn: str) -> SqlStore:
-    """The test's own look at its database."""
+def sql(pg_dsn: str) -> SqlStore:
+    """The test's database (and the test's own look at it)."""
     return postgres_sql(pg_dsn)
-
-
-@pytest.fixture
-async def session(pg_dsn: str) -> AsyncIterator[PostgresSession]:
-    async with PostgresSession(pg_dsn, "main") as s:
-        yield s
-
-
-def poison(dsn: str, marker: str) -> None:
-    """Make PostgreSQL itself refuse any item row whose data contains ``marker``."""
-    poison_rows = postgres_store(dsn).poison
-    assert poison_rows is not None
-    poison_rows(marker)
 
 
 # -- basics -----------------------------------------------------------------------------
 
 
-async def test_is_a_session(session: PostgresSession, pg_dsn: str) -> None:
-    assert isinstance(session, Session)
-    assert session.session_id == "main"
+async def test_database_names_host_port_and_database_but_no_secret(
+    session: PostgresSession, pg_dsn: str
+) -> None:
     dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
     port = psycopg.conninfo.conninfo_to_dict(pg_dsn)["port"]
     assert session.database == f"127.0.0.1:{port}/{dbname}"
-    assert issubclass(SessionStorageError, TrioAgentsError)
     secret = PostgresSession(pg_dsn + " password=hunter2", "x")
     assert "hunter2" not in repr(secret)
     assert "hunter2" not in str(secret.lock_key)
@@ -104,7 +90,7 @@ def test_lock_key_names_the_database_and_the_session(pg_dsn: str) -> None:
 # -- many sessions, concurrency -----------------------------------------------------------
 
 
-def test_several_trio_runs_create_and_share_one_database(pg_dsn: str) -> None:
+def test_several_trio_runs_create_and_share_one_database(pg_dsn: str, sql: SqlStore) -> None:
     # Separate pools (sizes differ), so every thread checks the schema itself and they
     # race to create it: the advisory lock makes one of them do it.
     async def worker(n: int) -> None:
@@ -113,11 +99,10 @@ def test_several_trio_runs_create_and_share_one_database(pg_dsn: str) -> None:
                 await s.add_items([UserMessage(f"t{n}-{j}:{k}") for k in range(3)])
 
     assert trio_runs_in_threads(worker, 5) == []
-    pg = postgres_sql(pg_dsn)
     for sid, writers in (("t0", 3), ("t1", 2)):
-        rows = [item for _, item in pg.stored(sid)]
+        rows = [item for _, item in sql.stored(sid)]
         assert len(assert_batches_whole(rows, 3)) == writers * 8
-        assert pg.positions(sid) == list(range(writers * 8 * 3))
+        assert sql.positions(sid) == list(range(writers * 8 * 3))
 
 
 @pytest.mark.parametrize("call", ["add_items", "get_items", "replace_items", "clear"])
@@ -169,24 +154,24 @@ async def test_cancelled_while_waiting_for_a_connection_writes_nothing(
 
 
 async def test_a_repair_write_back_that_fails_leaves_the_rows_as_they_were(
-    session: PostgresSession, pg: SqlStore
+    session: PostgresSession, sql: SqlStore
 ) -> None:
     await session.add_items(CRASHED)
-    before = pg.stored("main")
-    poison(pg.where, "cancelled: interrupted")  # the write-back's insert fails halfway
+    before = sql.stored("main")
+    sql.poison("cancelled: interrupted")  # the write-back's insert fails halfway
     with pytest.raises(SessionStorageError, match="poisoned row"):
         await session.get_items()
     # One transaction: the rows were deleted and re-inserted, or (here) neither.
-    assert pg.stored("main") == before
+    assert sql.stored("main") == before
 
 
-async def test_replace_items_is_atomic(session: PostgresSession, pg: SqlStore) -> None:
+async def test_replace_items_is_atomic(session: PostgresSession, sql: SqlStore) -> None:
     await session.add_items([UserMessage("old 1"), UserMessage("old 2"), UserMessage("old 3")])
     await session.replace_items([UserMessage("new")])
     assert await session.get_items() == [UserMessage("new")]
     await session.add_items([UserMessage("next")])
-    assert pg.positions("main") == [0, 1]
-    poison(pg.where, "poison")
+    assert sql.positions("main") == [0, 1]
+    sql.poison("poison")
     with pytest.raises(SessionStorageError, match="poisoned row"):
         await session.replace_items([UserMessage("fine"), UserMessage("poison")])
     assert await session.get_items() == [UserMessage("new"), UserMessage("next")]
@@ -226,24 +211,24 @@ async def test_replace_items_is_atomic(session: PostgresSession, pg: SqlStore) -
     ],
 )
 async def test_foreign_tables_are_refused_untouched(
-    pg: SqlStore, statements: list[str], match: str
+    sql: SqlStore, statements: list[str], match: str
 ) -> None:
-    pg.execute(*statements)
-    before = pg.snapshot()
-    error = await assert_storage_error(pg.session(), match)
+    sql.execute(*statements)
+    before = sql.snapshot()
+    error = await assert_storage_error(sql.session(), match)
     assert error.database is not None
-    assert pg.snapshot() == before
+    assert sql.snapshot() == before
 
 
-async def test_another_component_in_the_schema_table_is_fine(pg: SqlStore) -> None:
-    pg.execute(
+async def test_another_component_in_the_schema_table_is_fine(sql: SqlStore) -> None:
+    sql.execute(
         "CREATE TABLE trio_agents_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL,"
         " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())",
         "INSERT INTO trio_agents_schema (component, version) VALUES ('cluster', 7)",
     )
-    async with pg.session() as s:
+    async with sql.session() as s:
         await s.add_items([UserMessage("x")])
-    rows = pg.query("SELECT component, version FROM trio_agents_schema ORDER BY 1")
+    rows = sql.query("SELECT component, version FROM trio_agents_schema ORDER BY 1")
     assert rows == [("cluster", 7), ("sessions", SCHEMA_VERSION)]
 
 
@@ -263,6 +248,10 @@ async def test_unreachable_server_is_a_storage_error(postgres_server: Any) -> No
 # -- the pool, closing --------------------------------------------------------------------
 
 
+def is_closed(pool: Any) -> bool:
+    return bool(pool.closed)
+
+
 async def test_sessions_share_one_pool_per_dsn_and_size(pg_dsn: str) -> None:
     a, b, c = (
         PostgresSession(pg_dsn, "a"),
@@ -278,10 +267,10 @@ async def test_sessions_share_one_pool_per_dsn_and_size(pg_dsn: str) -> None:
         assert a._pool.users == 2
         pool = a._pool.pool
         await a.aclose()
-        assert not pool.closed  # b still uses it
+        assert not is_closed(pool)  # b still uses it
         assert await b.get_items() == [UserMessage("b")]
         await b.aclose()
-        assert pool.closed
+        assert is_closed(pool)
         assert (pg_dsn, 4) not in _postgres._pools
     finally:
         for s in (a, b, c):

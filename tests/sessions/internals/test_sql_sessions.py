@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,18 @@ from tests.support.sessions_sql import (
     postgres_sql,
     sqlite_sql,
 )
-from trio_agents import AssistantMessage, Item, ToolCall, UserMessage, conversation_problems
+from trio_agents import (
+    AssistantMessage,
+    Item,
+    ToolCall,
+    TrioAgentsError,
+    UserMessage,
+    conversation_problems,
+)
 from trio_agents.sessions import (
     SCHEMA_VERSION,
     PostgresSessionStatistics,
+    Session,
     SessionStorageError,
     _postgres,
     _sqlite,
@@ -53,12 +61,6 @@ def sql(request: pytest.FixtureRequest, tmp_path: Path) -> SqlStore:
     if request.param == "sqlite":
         return sqlite_sql(tmp_path / "sessions.db")
     return postgres_sql(request.getfixturevalue("pg_dsn"))
-
-
-@pytest.fixture
-async def session(sql: SqlStore) -> AsyncIterator[Any]:
-    async with sql.session("main") as s:
-        yield s
 
 
 def statistics(sql: SqlStore, session: Any, item_count: int) -> Any:
@@ -86,6 +88,12 @@ def held_open(sql: SqlStore) -> list[Any]:
 # -- basics -----------------------------------------------------------------------------
 
 
+async def test_is_a_session(session: Any) -> None:
+    assert isinstance(session, Session)
+    assert session.session_id == "main"
+    assert issubclass(SessionStorageError, TrioAgentsError)
+
+
 async def test_new_session_is_empty_and_the_store_is_created_lazily(sql: SqlStore) -> None:
     s = sql.session()
     assert s.session_id == "default"
@@ -110,7 +118,7 @@ def test_session_id_is_validated(sql: SqlStore) -> None:
     with pytest.raises(ValueError, match="session_id must not be empty"):
         sql.session("")
     with pytest.raises(TypeError, match="session_id must be a str"):
-        sql.session(3)
+        sql.session(3)  # type: ignore[arg-type]
 
 
 async def test_statistics(sql: SqlStore, session: Any) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +21,15 @@ from hypothesis import strategies as st
 
 from tests.support.session_backends import assert_batches_whole
 from tests.support.sessions_sql import (
+    SqlStore,
     assert_storage_error,
     sqlite_sql,
     text,
     trio_runs_in_threads,
 )
-from trio_agents import AssistantMessage, Item, ToolCall, ToolResult, TrioAgentsError, UserMessage
+from trio_agents import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from trio_agents.sessions import (
     SCHEMA_VERSION,
-    Session,
-    SessionStorageError,
     SQLiteSession,
     _sqlite,
 )
@@ -56,19 +55,16 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def session(db: Path) -> AsyncIterator[SQLiteSession]:
-    async with SQLiteSession(db, "main") as s:
-        yield s
+def sql(db: Path) -> SqlStore:
+    """The test's file (and the test's own look at it)."""
+    return sqlite_sql(db)
 
 
 # -- basics -----------------------------------------------------------------------------
 
 
-async def test_is_a_session(session: SQLiteSession, db: Path) -> None:
-    assert isinstance(session, Session)
-    assert session.session_id == "main"
+async def test_path_is_the_resolved_file(session: SQLiteSession, db: Path) -> None:
     assert session.path == resolved(db)
-    assert issubclass(SessionStorageError, TrioAgentsError)
 
 
 def test_arguments_are_validated(db: Path) -> None:
