@@ -17,7 +17,7 @@ from tests.support.model_streams import REQUEST, collect, collect_into
 from tests.support.provider_wires import WIRES, Wire
 from tests.support.sse_server import Reply, SSEServer, unused_port
 from trio_agents import AssistantMessage, ModelError
-from trio_agents.models import Finish, ModelEvent, TextDelta
+from trio_agents.models import Finish, ModelEvent, TextDelta, ToolCallDone
 
 # A leak hangs the many-streams tests for ever; this only bounds that. Generous: under
 # coverage tracing on a loaded 2-core machine 250 streams took over 20 s.
@@ -47,6 +47,16 @@ async def test_text_is_streamed_in_order_and_ends_with_finish(
     assert request.path == wire.path
     assert request.headers["accept"] == "text/event-stream"
     assert "authorization" not in request.headers  # no key: fine for local servers
+
+
+async def test_a_call_id_reused_from_the_history_gets_a_fresh_one(
+    wire: Wire, server: SSEServer
+) -> None:
+    history = (ta.UserMessage("go"), ta.ToolCall("call_1", "f", "{}"), ta.ToolResult("call_1", "."))
+    server.add(wire.call("call_1", "f", "{}"))
+    with trio.fail_after(10):
+        events = await collect(wire.model(server), ta.ModelRequest("", history))
+    assert events[0] == ToolCallDone(ta.ToolCall("call_1_2", "f", "{}"))
 
 
 # --------------------------------------------------------------------- retries

@@ -17,7 +17,7 @@ import trio_agents as ta
 from tests.support import models_requests as shared
 from tests.support.model_streams import collect, collect_into
 from tests.support.models_requests import responses_model as make_model
-from tests.support.responses_wire import ResponseScript, text_response, tool_response
+from tests.support.responses_wire import ResponseScript, text_response
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer
 from trio_agents import (
     AssistantMessage,
@@ -290,16 +290,6 @@ async def test_reasoning_memory_is_bounded_and_unknown_calls_go_without(
     sent = server.requests[2].json["input"]
     assert [entry.get("id") for entry in sent if entry.get("type") == "reasoning"] == ["rs_2"]
     assert all("id" not in entry for entry in sent if entry.get("type") == "function_call")
-
-
-async def test_a_reused_call_id_gets_a_fresh_one(server: SSEServer) -> None:
-    request = ModelRequest(
-        "", (UserMessage("go"), ToolCall("call_1", "f", "{}"), ToolResult("call_1", "."))
-    )
-    server.add(tool_response("call_1", "f", "{}"))
-    with trio.fail_after(10):
-        events = await collect(make_model(server), request)
-    assert events[0] == ToolCallDone(ToolCall("call_1_2", "f", "{}"))
 
 
 # ------------------------------------------------------------ finish and errors

@@ -9,7 +9,7 @@ from typing import Any, Final
 import attrs
 
 from tests.support import anthropic_wire, chat_wire
-from tests.support.responses_wire import ResponseScript, text_response
+from tests.support.responses_wire import ResponseScript, text_response, tool_response
 from tests.support.sse_server import SSE, Reply, SSEServer
 from trio_agents import Usage
 from trio_agents.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
@@ -33,6 +33,8 @@ class Wire:
     path: str
     events_before_text: int
     text_usage: Usage
+    # A whole answer of one tool call (call id, tool name, arguments).
+    call: Callable[[str, str, str], Reply]
     # How many runs the pool test cancels (each is a whole run: keep the suite fast).
     cancelled_runs: int = 200
 
@@ -55,6 +57,7 @@ WIRES: Final = {
         "/v1/chat/completions",
         1,
         Usage(9, 3),
+        lambda *call: chat_wire.tool_reply(call),
         cancelled_runs=1000,
     ),
     "responses": Wire(
@@ -67,6 +70,7 @@ WIRES: Final = {
         "/v1/responses",
         4,
         Usage(9, 3),
+        tool_response,
     ),
     "anthropic": Wire(
         "anthropic",
@@ -82,5 +86,12 @@ WIRES: Final = {
         "/v1/messages",
         2,
         Usage(25, 12),
+        lambda *call: Reply(
+            events=[
+                anthropic_wire.message_start(),
+                *anthropic_wire.tool_block(0, *call),
+                *anthropic_wire.message_end("tool_use"),
+            ]
+        ),
     ),
 }

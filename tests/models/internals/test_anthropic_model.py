@@ -25,9 +25,7 @@ from trio_agents import (
     AssistantMessage,
     Item,
     ModelError,
-    ModelRequest,
     ToolCall,
-    ToolResult,
     Usage,
     UserMessage,
 )
@@ -192,18 +190,6 @@ async def test_no_usage_reported_is_unknown_not_zero(server: SSEServer) -> None:
     server.add(Reply(events=[start, *text_block(0, "cut"), *stop]))
     with trio.fail_after(10):
         assert await collect(make_model(server)) == [TextDelta("cut"), Finish("length")]
-
-
-async def test_a_reused_tool_use_id_gets_a_fresh_one(server: SSEServer) -> None:
-    request = ModelRequest(
-        "", (UserMessage("go"), ToolCall("toolu_1", "add", "{}"), ToolResult("toolu_1", "0"))
-    )
-    server.add(
-        Reply(events=[message_start(), *tool_block(0, "toolu_1", "add", "{}"), *message_end()])
-    )
-    with trio.fail_after(10):
-        events = await collect(make_model(server), request)
-    assert events[0] == ToolCallDone(ToolCall("toolu_1_2", "add", "{}"))
 
 
 # ---------------------------------------------------------------------- errors
