@@ -17,7 +17,9 @@ import trio.testing
 
 import trio_agents as ta
 from tests.support.core_runs import (
+    EventsModel,
     inject_now_during_model_start,
+    make_agent,
     raising_tool,
     run_to_the_end,
     slow,
@@ -26,33 +28,6 @@ from tests.support.helpers import collect
 from trio_agents.models import Finish, ScriptedModel, TextDelta, ToolCallDone, Turn, Usage
 from trio_agents.sessions import MemorySession, SQLiteSession
 from trio_agents.testing import check_events
-
-
-def make_agent(model: ta.Model, tools: Sequence[ta.Tool] = (), **kw: Any) -> ta.Agent:
-    return ta.Agent(name="t", instructions="", model=model, tools=list(tools), **kw)
-
-
-class EventsModel:
-    """Yields the given events per call (the last list repeats); records requests."""
-
-    def __init__(self, *turns: Sequence[object], block: bool = False) -> None:
-        self.turns = list(turns)
-        self.requests: list[ta.ModelRequest] = []
-        self.block = block
-
-    @asynccontextmanager
-    async def stream(self, request: ta.ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
-        self.requests.append(request)
-        events = self.turns[min(len(self.requests), len(self.turns)) - 1]
-
-        async def gen() -> AsyncIterator[Any]:
-            for event in events:
-                await trio.lowlevel.checkpoint()
-                yield event
-            if self.block:
-                await trio.sleep_forever()
-
-        yield gen()
 
 
 def call(call_id: str, name: str = "slow", arguments: str = "{}") -> ta.ToolCall:

@@ -17,8 +17,8 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.core_runs import by_call, resume_agent
 from tests.support.crash import sigkill_once_printed
-from tests.support.sessions_runs import by_call, resume_agent
 from trio_agents.models import ScriptedModel
 from trio_agents.sessions import PostgresSession, SQLiteSession
 from trio_agents.testing._fakes import _stray_cancelled
