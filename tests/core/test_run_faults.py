@@ -18,6 +18,7 @@ import trio.testing
 import trio_agents as ta
 from tests.support.core_runs import (
     EventsModel,
+    fast_and_slow,
     inject_now_during_model_start,
     make_agent,
     raising_tool,
@@ -356,24 +357,13 @@ async def test_each_tool_result_is_persisted_as_its_tool_finishes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     release = trio.Event()
-
-    @ta.function_tool
-    async def fast() -> str:
-        """Return at once."""
-        return "quick"
-
-    @ta.function_tool
-    async def slow() -> str:
-        """Wait for the test."""
-        await release.wait()
-        return "late"
-
     session = MemorySession()
     model = ScriptedModel([Turn(tool_calls=[call("s", "slow"), call("f", "fast")]), "done"])
-    async with ta.open_run(make_agent(model, [fast, slow]), "go", session=session) as run:
+    agent = make_agent(model, fast_and_slow(release))
+    async with ta.open_run(agent, "go", session=session) as run:
         await trio.testing.wait_all_tasks_blocked()
         stored = await session.get_items()
-        assert ta.ToolResult("f", "quick") in stored  # before its sibling finished
+        assert ta.ToolResult("f", "fast done") in stored  # before its sibling finished
         assert not any(isinstance(i, ta.ToolResult) and i.call_id == "s" for i in stored)
         release.set()
     assert run.result is not None

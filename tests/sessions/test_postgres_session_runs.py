@@ -16,9 +16,8 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.core_runs import EventsModel, make_agent
-from tests.support.sessions_runs import fast_and_slow, items_of
-from tests.support.sessions_sql import PG_SESSIONS, pg_connection
+from tests.support.core_runs import EventsModel, fast_and_slow, make_agent
+from tests.support.sessions_sql import PG_SESSIONS, items_of, pg_connection
 from trio_agents.models import ScriptedModel, TextDelta, Turn
 from trio_agents.sessions import PostgresSession
 

@@ -11,7 +11,7 @@ import trio
 
 import trio_agents as ta
 from tests.support.crash import sigkill_once_printed
-from tests.support.sessions_runs import items_of
+from tests.support.sessions_sql import items_of
 from trio_agents.models import ScriptedModel
 from trio_agents.sessions import PostgresSession, SQLiteSession
 

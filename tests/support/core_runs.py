@@ -195,3 +195,21 @@ def resume_agent(model: ta.Model, ran: list[str]) -> ta.Agent:
 def by_call(items: Any) -> dict[str, ta.ToolResult]:
     """The tool results among ``items``, by call id."""
     return {item.call_id: item for item in items if isinstance(item, ta.ToolResult)}
+
+
+def fast_and_slow(release: trio.Event) -> list[ta.Tool]:
+    """``fast`` answers "fast done" at once, ``slow`` answers "slow done" once
+    ``release`` is set: a turn's results finishing apart."""
+
+    @ta.function_tool
+    async def fast() -> str:
+        """Answers at once."""
+        return "fast done"
+
+    @ta.function_tool
+    async def slow() -> str:
+        """Answers when the test says so."""
+        await release.wait()
+        return "slow done"
+
+    return [fast, slow]

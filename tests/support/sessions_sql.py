@@ -306,3 +306,8 @@ def sqlite_sql(path: Path) -> SqlStore:
 
 def postgres_sql(dsn: str) -> SqlStore:
     return SqlStore("postgres", dsn)
+
+
+def items_of(dsn: str, session_id: str) -> list[Item]:
+    """The items stored for ``session_id`` in the PostgreSQL database ``dsn``, as stored."""
+    return [item for _, item in postgres_sql(dsn).stored(session_id)]
