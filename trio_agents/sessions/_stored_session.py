@@ -16,8 +16,9 @@ supplies what differs:
 - the locks: ``_write_lock`` (what keeps the session's writers apart) and
   ``_schema_lock`` (what keeps two connections from creating or migrating the schema
   at once);
-- the schema: its version, ``_inspect``, ``_create_schema``, the migration steps and
-  how a migrated version is recorded (the order of the steps is run here).
+- the schema: its version, ``_inspect``, ``_create_schema``, the migration steps
+  (run here, in order) and how a new version is recorded;
+- how its errors name the store (``_where``, ``_error``).
 
 What is the backend's own (SQLite's file lock, PostgreSQL's row lock, what a cancelled
 call waits for) is said in its class docstring.
@@ -164,6 +165,22 @@ class StoredSession(abc.ABC, Generic[C]):
             SessionStorageError: the database failed.
         """
 
+    @property
+    @abc.abstractmethod
+    def _where(self) -> str:
+        """Where the session is stored, as errors name it (``'x.db'``, ``database
+        host:port/dbname``)."""
+
+    @abc.abstractmethod
+    def _error(self, message: str, **data: Any) -> SessionStorageError:
+        """A :class:`SessionStorageError` about this store (its file or database)."""
+
+    def _failed(self, exc: Exception) -> SessionStorageError:
+        """The error of a call whose database statement failed with ``exc``."""
+        return self._error(
+            f"session {self._session_id!r} in {self._where}: {exc}", session_id=self._session_id
+        )
+
     @abc.abstractmethod
     def _read_sync(self, conn: C) -> list[Item]:
         """This session's items as stored, oldest first."""
@@ -254,8 +271,8 @@ class StoredSession(abc.ABC, Generic[C]):
 
     @abc.abstractmethod
     def _schema_version(self) -> int:
-        """The schema version this code reads and writes (the backend's
-        ``SCHEMA_VERSION``, read when used)."""
+        """The schema version this code reads and writes (the backend module's
+        ``SCHEMA_VERSION``)."""
 
     @abc.abstractmethod
     def _schema_lock(self, conn: C) -> AbstractContextManager[None]:
@@ -286,22 +303,6 @@ class StoredSession(abc.ABC, Generic[C]):
     @abc.abstractmethod
     def _record_version(self, conn: C, version: int) -> None:
         """Record ``version`` as the schema's, after the migrations."""
-
-    @property
-    @abc.abstractmethod
-    def _where(self) -> str:
-        """Where the session is stored, as errors name it (``'x.db'``, ``database
-        host:port/dbname``)."""
-
-    @abc.abstractmethod
-    def _error(self, message: str, **data: Any) -> SessionStorageError:
-        """A :class:`SessionStorageError` about this store (its file or database)."""
-
-    def _failed(self, exc: Exception) -> SessionStorageError:
-        """The error of a call whose database statement failed with ``exc``."""
-        return self._error(
-            f"session {self._session_id!r} in {self._where}: {exc}", session_id=self._session_id
-        )
 
 
 @attrs.frozen
