@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-ui screenshots test lint bench bench-peers fuzz docs clean interop postgres chromium cluster-demo
+.PHONY: demo demo-ui screenshots test lint bench bench-peers fuzz docs clean interop postgres chromium cluster-demo coverage
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ demo-ui: $(STAMP)  ## the web UI on the offline DemoModel: open the printed URL,
 
 test: $(STAMP) postgres chromium  ## the test suite (Hypothesis runs the seeded "ci" profile)
 	$(BIN)/python -m pytest
+
+coverage: $(STAMP) postgres chromium  ## the suite under coverage: the share of trio_agents/ it runs (report in the terminal)
+	$(BIN)/python -m coverage run -m pytest -p no:cacheprovider -q
+	$(BIN)/python -m coverage report --sort=cover | tail -40
 
 cluster-demo: $(STAMP) postgres  ## 3 cluster nodes on a throwaway PostgreSQL; the run's owner is killed, another finishes it
 	$(BIN)/python examples/cluster_demo.py

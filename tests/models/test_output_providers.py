@@ -116,9 +116,9 @@ async def test_chat_without_native_output_uses_the_final_answer_tool(server: SSE
 
 def test_native_output_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="native_output"):
-        OpenAIChatModel("m", native_output="yes")  # type: ignore[arg-type]
+        OpenAIChatModel("m", native_output="yes")
     with pytest.raises(TypeError, match="native_output"):
-        OpenAIResponsesModel("m", native_output=1)  # type: ignore[arg-type]
+        OpenAIResponsesModel("m", native_output=1)
 
 
 # ------------------------------------------------------------------- Responses API

@@ -7,21 +7,22 @@ retries, client ownership and stream closing.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
-import httpx
 
 from .._exceptions import ModelError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
+from .._model import Finish, TextDelta, ToolCallDone, ToolSpec, Usage
 from ._call_ids import CallIds
 from ._error_bodies import stream_error
-from ._http import HTTPStreamingModel, check_model_name
+from ._http import HTTPStreamingModel, check_count, reason_map
 from ._model_stream import HTTPRequestSpec
 from ._sse import SSEEvent, parse_json_event
+
+if TYPE_CHECKING:
+    from .._model import ModelEvent, ModelRequest
 
 __all__ = ["AnthropicModel", "anthropic_messages", "anthropic_tools", "normalize_base_url"]
 
@@ -29,14 +30,12 @@ DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
 API_VERSION: Final = "2023-06-01"
 _PROVIDER: Final = "anthropic"
 
-STOP_REASONS: Final[Mapping[str, str]] = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "tool_use": "tool_calls",
-    "max_tokens": "length",
-    "model_context_window_exceeded": "length",
-    "refusal": "content_filter",
-}
+STOP_REASONS: Final = reason_map(
+    stop=("end_turn", "stop_sequence"),
+    tool_calls=("tool_use",),
+    length=("max_tokens", "model_context_window_exceeded"),
+    content_filter=("refusal",),
+)
 """Anthropic ``stop_reason`` -> the :class:`~trio_agents.models.Finish` reason
 (others pass through unchanged)."""
 
@@ -310,53 +309,28 @@ class AnthropicModel(HTTPStreamingModel):
             a ``base_url`` ending in ``/v1`` or ``/v1/messages`` is accepted too).
         api_key: default ``$ANTHROPIC_API_KEY``, read at each call; sent as
             ``x-api-key`` (left out when there is none).
-        client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
-            Without one, ``async with model:`` keeps one pooled client for the block,
-            and outside such a block every stream opens and closes its own.
-        max_tokens: the response length limit the API requires.
-        max_retries: retries of connection failures, 408, 429, 5xx and overloaded
-            errors, before any output; never of an error whose body blames the request.
-        connect_timeout: seconds to connect (and per write). There is no read timeout:
-            deadlines are Trio cancel scopes.
-        retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
-            ``Retry-After`` header takes precedence.
+        client, max_retries, connect_timeout, retry_base_delay, retry_max_delay: as for
+            every HTTP provider (docs/models.md, "HTTP behaviour").
+        max_tokens: the response length limit the API requires (default 4096), sent
+            in every body unless ``request.settings`` overrides it.
         **settings: request body fields (``temperature``, ``stop_sequences``, ...);
             ``request.settings`` override them.
     """
 
     _provider = _PROVIDER
     _api_key_env = "ANTHROPIC_API_KEY"
+    _base_url_env = "ANTHROPIC_BASE_URL"
+    _default_base_url = DEFAULT_BASE_URL
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        client: httpx.AsyncClient | None = None,
-        max_tokens: int = 4096,
-        max_retries: int = 3,
-        connect_timeout: float = 10.0,
-        retry_base_delay: float = 0.5,
-        retry_max_delay: float = 20.0,
-        **settings: Any,
-    ) -> None:
-        check_model_name(model)
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
-        super().__init__(client, max_retries, connect_timeout, retry_base_delay, retry_max_delay)
-        base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
-        self._set_endpoint(model, normalize_base_url(base), api_key, settings)
-        self._max_tokens = max_tokens
+    def _configure(self, settings: dict[str, Any]) -> None:
+        check_count("max_tokens", settings.setdefault("max_tokens", 4096), 1)
 
-    @property
-    def settings(self) -> Mapping[str, Any]:
-        """The constructor's settings (a copy), ``max_tokens`` included."""
-        return {"max_tokens": self._max_tokens, **self._settings}
+    def _api_root(self, base_url: str) -> str:
+        return normalize_base_url(base_url)
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
-        body: dict[str, Any] = {"model": self._model, **self.settings, **request.settings}
+        body: dict[str, Any] = {"model": self._model, **self._settings, **request.settings}
         if request.instructions:
             body["system"] = request.instructions
         body["messages"] = anthropic_messages(request.items)

@@ -15,8 +15,8 @@ events (a :class:`~._model_stream.StreamParser`). What they share is one module 
 * :mod:`._call_ids` — tool-call ids kept unique within a conversation;
 * :mod:`._model_stream` — the async context manager and iterator ``stream()`` returns,
   and why it is a class that closes httpx's body with care;
-* here, :class:`HTTPStreamingModel` — the settings every provider takes (model name,
-  base URL, API key, body settings, client, retries) and ``stream()``.
+* here, :class:`HTTPStreamingModel` — the constructor every provider shares (model
+  name, base URL, API key, body settings, client, retries) and ``stream()``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import abc
 import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, Self
 
 import httpx
@@ -38,13 +38,37 @@ from ._clients import ClientOwnership, make_timeout
 from ._model_stream import HTTPRequestSpec, ModelStream, StreamParser
 from ._retry import RetryPolicy
 
-__all__ = ["HTTPStreamingModel", "bearer_headers", "check_model_name", "check_native_output"]
+__all__ = [
+    "HTTPStreamingModel",
+    "bearer_headers",
+    "check_count",
+    "check_model_name",
+    "reason_map",
+    "take_native_output",
+]
 
 
 def bearer_headers(api_key: str | None) -> dict[str, str]:
     """``Authorization: Bearer <key>`` (OpenAI's scheme), or no header without a key
     (fine for local servers)."""
     return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def check_count(name: str, value: object, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``.
+
+    Raises:
+        ValueError: it is not; the message names ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def reason_map(**ours: tuple[str, ...]) -> Mapping[str, str]:
+    """A provider's finish (stop) reasons -> the :class:`~trio_agents.models.Finish`
+    reason, written grouped by ours: ``reason_map(length=("length", "max_tokens"))``."""
+    return MappingProxyType({theirs: reason for reason, names in ours.items() for theirs in names})
 
 
 def check_model_name(model: object) -> None:
@@ -57,42 +81,85 @@ def check_model_name(model: object) -> None:
         raise ValueError(f"model must be a non-empty str, got {model!r}")
 
 
-def check_native_output(native_output: object) -> bool:
-    """The ``native_output`` setting of the OpenAI providers, checked.
+def take_native_output(settings: dict[str, Any]) -> bool:
+    """The ``native_output`` keyword of the OpenAI providers (default True), taken out
+    of the body ``settings`` and checked.
 
     Raises:
         TypeError: it is not a bool.
     """
+    native_output = settings.pop("native_output", True)
     if not isinstance(native_output, bool):
         raise TypeError(f"native_output must be a bool, not {type(native_output).__name__}")
     return native_output
 
 
 class HTTPStreamingModel(abc.ABC):
-    """Base class of the HTTP providers: client ownership, retries, ``stream()``.
+    """Base class of the HTTP providers: the constructor, client ownership, retries,
+    ``stream()``.
 
-    Subclasses describe the request (:meth:`_build_request`) and the response format
-    (:meth:`_new_parser`); they are used as ``async with model:`` to share one pooled
-    client (see :class:`~._clients.ClientOwnership`). A provider at a base URL also
-    calls :meth:`_set_endpoint` from its constructor.
+    The constructor is every provider's: one signature, checked in one place. A
+    provider names its environment variables and default API root in class attributes,
+    says where its API root is in a given base URL (:meth:`_api_root`), takes its own
+    keywords out of the settings (:meth:`_configure`), and describes the request
+    (:meth:`_build_request`) and the response format (:meth:`_new_parser`). Used as
+    ``async with model:`` it shares one pooled client (see
+    :class:`~._clients.ClientOwnership`).
+
+    Args:
+        model: the model name sent with every request.
+        base_url: the API root; default the provider's ``*_BASE_URL`` environment
+            variable, else its public endpoint.
+        api_key: default the provider's ``*_API_KEY`` environment variable, read at
+            each call (so an agent built before a .env is loaded still sends it); with
+            neither, no key is sent (fine for local servers).
+        client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
+            Without one, ``async with model:`` keeps one pooled client for the block,
+            and outside such a block every stream opens and closes its own.
+        max_retries: retries of connection failures, 408, 429 and 5xx (and the
+            provider's overloaded errors), before any output; never of an error whose
+            body blames the request (docs/models.md, "HTTP behaviour").
+        connect_timeout: seconds to connect (and per write). There is no read timeout:
+            deadlines are Trio cancel scopes.
+        retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
+            ``Retry-After`` header takes precedence.
+        **settings: request body fields (``temperature``, ...), which
+            ``request.settings`` override; and the provider's own keywords, which its
+            class documents.
+
+    Raises:
+        ValueError, TypeError: a keyword is out of range or of the wrong type (the
+            model name is checked first).
     """
 
     _provider: str = "model"
+    """The name errors and traces give the provider."""
     _api_key_env: str = ""
     """The environment variable the API key is read from, at each call, when none was given."""
+    _base_url_env: str = ""
+    """The environment variable the API root is read from when no ``base_url`` was given."""
+    _default_base_url: str = ""
+    """The API root used when neither ``base_url`` nor :attr:`_base_url_env` gives one."""
 
     def __init__(
         self,
-        client: httpx.AsyncClient | None,
-        max_retries: int,
-        connect_timeout: float,
-        retry_base_delay: float,
-        retry_max_delay: float,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        max_retries: int = 3,
+        connect_timeout: float = 10.0,
+        retry_base_delay: float = 0.5,
+        retry_max_delay: float = 20.0,
+        **settings: Any,
     ) -> None:
+        check_model_name(model)
+        body = dict(settings)
+        self._configure(body)
         if client is not None and not isinstance(client, httpx.AsyncClient):
             raise TypeError(f"client must be an httpx.AsyncClient, not {type(client).__name__}")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        check_count("max_retries", max_retries, 0)
         for name, value in (
             ("connect_timeout", connect_timeout),
             ("retry_base_delay", retry_base_delay),
@@ -103,24 +170,26 @@ class HTTPStreamingModel(abc.ABC):
         self._timeout = make_timeout(float(connect_timeout))
         self._clients = ClientOwnership(client, self._timeout)
         self._retry = RetryPolicy(max_retries, float(retry_base_delay), float(retry_max_delay))
-        self._model = ""
-        self._base_url = ""
-        self._api_key: str | None = None
-        self._settings: dict[str, Any] = {}
-
-    def _set_endpoint(
-        self, model: str, base_url: str, api_key: str | None, settings: Mapping[str, Any]
-    ) -> None:
-        """Keep the model name, the API root, an explicit API key and the body settings.
-
-        Only an explicit key is kept: :attr:`_api_key_env` is read at each call
-        (:meth:`_current_api_key`), so an agent built at import time, before a .env is
-        loaded, still sends it.
-        """
         self._model = model
-        self._base_url = base_url
+        base = base_url or os.environ.get(self._base_url_env) or self._default_base_url
+        self._base_url = self._api_root(base.rstrip("/"))
+        # Only an explicit key is kept: _api_key_env is read at each call.
         self._api_key = api_key
-        self._settings = dict(settings)
+        self._settings = body
+
+    def _configure(self, settings: dict[str, Any]) -> None:
+        """Take the provider's own keywords out of ``settings`` (checked), and check the
+        body settings it relies on; what is left is sent in every request body.
+
+        Raises:
+            ValueError, TypeError: one of them is out of range or of the wrong type.
+        """
+        del settings  # a provider without keywords of its own sends every setting
+
+    def _api_root(self, base_url: str) -> str:
+        """The API root in ``base_url`` (given without a trailing slash); a provider that
+        accepts a pasted endpoint URL strips the endpoint's path here."""
+        return base_url
 
     def _current_api_key(self) -> str | None:
         """The explicit API key, else the environment's (``None``: send no key)."""

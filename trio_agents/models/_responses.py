@@ -26,31 +26,23 @@ OpenAI drops reasoning from turns before the last user message anyway.
 from __future__ import annotations
 
 import json
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
-import httpx
 
 from .._exceptions import ModelError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from .._model import (
-    Finish,
-    ModelEvent,
-    ModelRequest,
-    OutputSpec,
-    TextDelta,
-    ToolCallDone,
-    ToolSpec,
-    Usage,
-)
+from .._model import Finish, TextDelta, ToolCallDone, ToolSpec, Usage
 from ._call_ids import CallIds
 from ._error_bodies import parse_error_body
-from ._http import HTTPStreamingModel, bearer_headers, check_model_name, check_native_output
+from ._http import HTTPStreamingModel, bearer_headers, check_count, take_native_output
 from ._model_stream import HTTPRequestSpec
 from ._sse import SSEEvent, parse_json_event
+
+if TYPE_CHECKING:
+    from .._model import ModelEvent, ModelRequest, OutputSpec
 
 __all__ = [
     "INCOMPLETE_REASONS",
@@ -386,19 +378,12 @@ class OpenAIResponsesModel(HTTPStreamingModel):
     Args:
         model: the model name (``"gpt-5-mini"``, ``"o4-mini"``, ...).
         base_url: the API root, default ``$OPENAI_BASE_URL`` or
-            ``https://api.openai.com/v1``.
-        api_key: default ``$OPENAI_API_KEY``, read at each call; with neither, no
-            ``Authorization`` header is sent (fine for local servers).
-        client: an ``httpx.AsyncClient`` to use; it is never closed by the model.
-            Without one, ``async with model:`` keeps one pooled client for the block,
-            and outside such a block every stream opens and closes its own.
-        max_retries: retries of connection failures, 408, 429 and 5xx, before any
-            output; never of an error whose body blames the request (docs/models.md,
-            "HTTP behaviour").
-        connect_timeout: seconds to connect (and per write). There is no read timeout:
-            deadlines are Trio cancel scopes.
-        retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
-            ``Retry-After`` header takes precedence.
+            ``https://api.openai.com/v1``; a pasted ``.../responses`` URL is accepted
+            too.
+        api_key: default ``$OPENAI_API_KEY``, read at each call; sent as a bearer
+            token (left out when there is none, fine for local servers).
+        client, max_retries, connect_timeout, retry_base_delay, retry_max_delay: as for
+            every HTTP provider (docs/models.md, "HTTP behaviour").
         native_output: ask for structured output natively (a JSON-schema ``text.format``);
             False makes a run with an ``output_type`` use the ``final_answer`` tool
             instead, for servers that do not support the format.
@@ -409,35 +394,17 @@ class OpenAIResponsesModel(HTTPStreamingModel):
 
     _provider = _PROVIDER
     _api_key_env = "OPENAI_API_KEY"
+    _base_url_env = "OPENAI_BASE_URL"
+    _default_base_url = DEFAULT_BASE_URL
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        client: httpx.AsyncClient | None = None,
-        max_retries: int = 3,
-        connect_timeout: float = 10.0,
-        retry_base_delay: float = 0.5,
-        retry_max_delay: float = 20.0,
-        native_output: bool = True,
-        reasoning_memory: int = 4096,
-        **settings: Any,
-    ) -> None:
-        check_model_name(model)
-        if (
-            isinstance(reasoning_memory, bool)
-            or not isinstance(reasoning_memory, int)
-            or reasoning_memory < 0
-        ):
-            raise ValueError(f"reasoning_memory must be an int >= 0, got {reasoning_memory!r}")
-        super().__init__(client, max_retries, connect_timeout, retry_base_delay, retry_max_delay)
-        base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        self._set_endpoint(model, base.rstrip("/").removesuffix("/responses"), api_key, settings)
+    def _configure(self, settings: dict[str, Any]) -> None:
+        memory = check_count("reasoning_memory", settings.pop("reasoning_memory", 4096), 0)
         # Read by the run (docs/output.md): True means request.output is honoured here.
-        self.native_output = check_native_output(native_output)
-        self._memory = _ReasoningMemory(reasoning_memory)
+        self.native_output = take_native_output(settings)
+        self._memory = _ReasoningMemory(memory)
+
+    def _api_root(self, base_url: str) -> str:
+        return base_url.removesuffix("/responses")
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""

@@ -654,6 +654,7 @@ async def test_a_parser_bug_reaches_the_caller_as_a_model_error() -> None:
     transport = httpx.MockTransport(lambda request: sse_response(b'data: {"x": 1}\n\n'))
     async with httpx.AsyncClient(transport=transport) as client:
         model = _CarelessModel(
+            "careless-model",
             client=client,
             max_retries=0,
             connect_timeout=1,
