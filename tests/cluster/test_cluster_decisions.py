@@ -10,7 +10,8 @@ test_cluster_processes.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
 import psycopg
@@ -18,13 +19,19 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.cluster.internals.test_cluster_crash_and_partition import (
-    agent,
+from tests.support.cluster_nodes import (
+    agents,
+    clients,
+    dies_answering,
     local_entry,
-    stored_items,
+    open_nodes,
+    request_as_owner_dies,
     two_nodes,
+    waiting_agents,
+    waiting_tool,
 )
-from tests.support.cluster_support import Client, client, node
+from tests.support.cluster_support import Client, Node
+from tests.support.process_cluster import stored_items
 from trio_agents.models import ScriptedModel, Turn
 
 DELETE = ta.ToolCall("d1", "delete", "{}")
@@ -46,6 +53,32 @@ def delete_tool(node: str, ran: list[str], started: trio.Event | None = None) ->
     return delete
 
 
+@asynccontextmanager
+async def approval_nodes(
+    dsn: str, *, a_model: ScriptedModel | None = None, started: trio.Event | None = None
+) -> AsyncIterator[tuple[list[str], ScriptedModel, list[Node], list[Client]]]:
+    """Nodes A and B (:func:`two_nodes`), a client on each: A serves ``a_model`` (by
+    default one whose first turn calls ``delete``) with ``delete_tool("A", ran,
+    started)``; B, which resumes what A started, a model answering ``done`` with
+    ``delete_tool("B", ran)``. Yields ``ran`` (the nodes the tool ran on), B's model,
+    the nodes and the clients."""
+    ran: list[str] = []
+    a_agents = agents(
+        a_model or ScriptedModel([Turn(tool_calls=[DELETE])]), [delete_tool("A", ran, started)]
+    )
+    b_model = ScriptedModel([], default="done")
+    b_agents = agents(b_model, [delete_tool("B", ran)])
+    async with two_nodes(dsn, a_agents, b_agents) as opened, clients(*opened) as connected:
+        yield ran, b_model, opened, connected
+
+
+async def awaiting_approval(c: Client) -> str:
+    """Start a run (subscribed to all) that must reach ``awaiting_approval``: its id."""
+    run_id = await c.start_run(agent="a", input="go", subscribe="all")
+    await c.wait_status(run_id, "awaiting_approval")
+    return run_id
+
+
 def blocked_barrier(reached: trio.Event) -> Callable[..., Any]:
     """A ``before_tool`` factory whose barrier never lets a tool start."""
 
@@ -57,15 +90,6 @@ def blocked_barrier(reached: trio.Event) -> Callable[..., Any]:
         return barrier
 
     return before_tool
-
-
-def reply_of(dsn: str, command_id: int) -> str | None:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT reply FROM trio_agents_commands WHERE command_id = %s", (command_id,)
-        ).fetchone()
-    assert row is not None
-    return None if row[0] is None else str(row[0])
 
 
 def results_of(model: ScriptedModel) -> list[ta.ToolResult]:
@@ -97,19 +121,10 @@ async def test_an_approval_acked_before_the_owner_dies_runs_the_tool_once_after_
     # The approval is acked (by A, or routed from B); A dies before the call's tool
     # could start. B resumes the run, which asks for the call's approval again: B
     # applies the recorded approval, so the tool runs once, on B, with no new approval.
-    ran: list[str] = []
     reached = trio.Event()
-    a_agents = agent(ScriptedModel([Turn(tool_calls=[DELETE])]), [delete_tool("A", ran)])
-    b_model = ScriptedModel([], default="done")
-    b_agents = agent(b_model, [delete_tool("B", ran)])
-    async with (
-        two_nodes(pg_dsn, a_agents, b_agents) as (a, b),
-        client(a.url) as ca,
-        client(b.url) as cb,
-    ):
+    async with approval_nodes(pg_dsn) as (ran, b_model, (a, _b), (ca, cb)):
         monkeypatch.setattr(a.cluster, "_before_tool", blocked_barrier(reached))
-        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
-        await ca.wait_status(run_id, "awaiting_approval")
+        run_id = await awaiting_approval(ca)
         await (ca if via == "A" else cb).ok("run.approve", run_id=run_id, call_id="d1")
         with trio.fail_after(30):
             await reached.wait()  # approved on A; its tool is about to start
@@ -132,17 +147,8 @@ async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_onc
     # A client on B rejects a call of A's run; A records the rejection (with its
     # answer) and dies before applying it. The client gets that answer; B resumes
     # the run and applies the recorded rejection to the call asked again.
-    ran: list[str] = []
-    a_agents = agent(ScriptedModel([Turn(tool_calls=[DELETE])]), [delete_tool("A", ran)])
-    b_model = ScriptedModel([], default="done")
-    b_agents = agent(b_model, [delete_tool("B", ran)])
-    async with (
-        two_nodes(pg_dsn, a_agents, b_agents) as (a, b),
-        client(a.url) as ca,
-        client(b.url) as cb,
-    ):
-        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
-        await ca.wait_status(run_id, "awaiting_approval")
+    async with approval_nodes(pg_dsn) as (ran, b_model, (a, _b), (ca, cb)):
+        run_id = await awaiting_approval(ca)
         recorded = trio.Event()
         real = a.cluster._record_decision
 
@@ -152,19 +158,10 @@ async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_onc
             await trio.sleep_forever()
 
         monkeypatch.setattr(a.cluster, "_record_decision", record_then_die)
-        answers: list[dict[str, Any]] = []
-        async with trio.open_nursery() as waiting:
-
-            async def send() -> None:
-                answers.append(
-                    await cb.request("run.reject", run_id=run_id, call_id="d1", message="no")
-                )
-
-            waiting.start_soon(send)
-            with trio.fail_after(30):
-                await recorded.wait()
-            a.crash()
-        assert answers[0]["type"] == "ack", answers
+        answer = await request_as_owner_dies(
+            a, cb, "run.reject", once=[recorded], run_id=run_id, call_id="d1", message="no"
+        )
+        assert answer["type"] == "ack", answer
         await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         done = await cb.wait_terminal(run_id)
         assert done["event"]["status"] == "completed", done
@@ -183,47 +180,23 @@ async def test_a_routed_decision_is_answered_once_when_its_owner_dies_answering_
     # it (the approved tool starts on A) and dies before it could answer. The client
     # gets A's answer, stored with the decision; B does not apply the command again
     # (it would answer not_found: the call is no longer waiting).
-    ran: list[str] = []
     started = trio.Event()
     # After a rejection, A's model blocks: the run does nothing more on A.
     a_model = ScriptedModel([Turn(tool_calls=[DELETE]), Turn(text="late", delay=3600)])
-    a_agents = agent(a_model, [delete_tool("A", ran, started)])
-    b_model = ScriptedModel([], default="done")
-    b_agents = agent(b_model, [delete_tool("B", ran)])
-    async with (
-        two_nodes(pg_dsn, a_agents, b_agents) as (a, b),
-        client(a.url) as ca,
-        client(b.url) as cb,
+    async with approval_nodes(pg_dsn, a_model=a_model, started=started) as (
+        ran,
+        b_model,
+        (a, _b),
+        (ca, cb),
     ):
-        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
-        await ca.wait_status(run_id, "awaiting_approval")
-        applied = trio.Event()
-        stored: list[str | None] = []
-        execute = a.cluster._router.execute
-        assert execute is not None
-
-        async def answered_by_a_dying_node(*args: Any) -> NoReturn:
-            await execute(*args)  # applied (and, with the fix, durable with its answer)
-            stored.append(await trio.to_thread.run_sync(reply_of, pg_dsn, args[2]))
-            applied.set()
-            await trio.sleep_forever()  # A dies before its answer is written
-
-        monkeypatch.setattr(a.cluster._router, "execute", answered_by_a_dying_node)
-        answers: list[dict[str, Any]] = []
-        async with trio.open_nursery() as waiting:
-
-            async def send() -> None:
-                answers.append(await cb.request(op, run_id=run_id, call_id="d1"))
-
-            waiting.start_soon(send)
-            with trio.fail_after(30):
-                await applied.wait()
-                if op == "run.approve":
-                    await started.wait()  # its tool started on A (recorded as started)
-            a.crash()
+        run_id = await awaiting_approval(ca)
+        applied, stored = dies_answering(a, pg_dsn, monkeypatch)
+        # Approved: A dies once its tool started too (recorded as started).
+        once = [applied, started] if op == "run.approve" else [applied]
+        answer = await request_as_owner_dies(a, cb, op, once=once, run_id=run_id, call_id="d1")
         assert stored[0] is not None
         assert json.loads(stored[0]) == {"ok": {}}
-        assert answers[0]["type"] == "ack", answers
+        assert answer["type"] == "ack", answer
         await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         done = await cb.wait_terminal(run_id)
         assert done["event"]["status"] == "completed", done
@@ -242,16 +215,14 @@ async def test_a_second_decision_for_a_call_answers_not_found_on_every_node(
     # The first decision recorded for a call is the one applied; a later one (from
     # any node) answers not_found, as in one process, and changes nothing.
     ran: list[str] = []
-    a_agents = agent(
+    a_agents = agents(
         ScriptedModel([Turn(tool_calls=[DELETE])], default="done"), [delete_tool("A", ran)]
     )
     async with (
         two_nodes(pg_dsn, a_agents, a_agents) as (a, b),
-        client(a.url) as ca,
-        client(b.url) as cb,
+        clients(a, b) as (ca, cb),
     ):
-        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
-        await ca.wait_status(run_id, "awaiting_approval")
+        run_id = await awaiting_approval(ca)
         await cb.ok("run.reject", run_id=run_id, call_id="d1")
         again = await ca.request("run.approve", run_id=run_id, call_id="d1")
         assert (again["type"], again.get("code")) in (
@@ -262,7 +233,7 @@ async def test_a_second_decision_for_a_call_answers_not_found_on_every_node(
     assert ran == []
     assert [
         i.output
-        for i in stored_items(pg_dsn, "alice", f"run:{run_id}")
+        for i in stored_items(pg_dsn, f"run:{run_id}", "alice")
         if isinstance(i, ta.ToolResult)
     ] == ["rejected: the user rejected this tool call"]
 
@@ -279,41 +250,32 @@ async def test_the_cancel_on_disconnect_runs_of_a_dead_nodes_clients_are_cancell
     # once B's lease has expired, cancels the placed run it owns, and cancels the run
     # it takes over from B at once: reason "client disconnected", as a disconnect.
     # The on_disconnect="continue" run goes on.
-
-    @ta.function_tool
-    async def wait() -> str:
-        """Wait (not idempotent)."""
-        await trio.sleep_forever()
-
-    model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
-    agents = agent(model, [wait])
-    async with trio.open_nursery() as nursery:
-        async with (
-            node(nursery, agents, pg_dsn, "A", lease_ttl=0.5, max_runs=3) as a,
-            node(nursery, agents, pg_dsn, "B", lease_ttl=0.5, max_runs=1) as b,
-            client(a.url) as ca,
-            client(b.url) as cb,
-        ):
-            starts = [("1", "cancel"), ("2", "cancel"), ("3", "continue")]
-            ids = []
-            for text, on_disconnect in starts:
-                ack = await cb.ok("run.start", agent="a", input=text, on_disconnect=on_disconnect)
-                ids.append(ack["run_id"])
-                await ca.ok("run.subscribe", run_id=ack["run_id"], from_seq=1)
-                await ca.wait_event(ack["run_id"], lambda e: e["type"] == "tool.started")
-            on_b, placed, kept = ids
-            assert local_entry(b, on_b) is not None
-            assert {placed, kept} <= set(a.server._registry.runs)
-            b.crash()
-            for run_id in (placed, on_b):
-                done = (await ca.wait_terminal(run_id))["event"]
-                assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
-            assert ca.events[kept][-1]["event"]["type"] == "tool.started"
-            assert kept in a.server._registry.runs  # taken over, or still A's: running
-            await ca.ok("run.cancel", run_id=kept, reason="by hand")
-            done = (await ca.wait_terminal(kept))["event"]
-            assert (done["status"], done["reason"]) == ("cancelled", "by hand")
-        nursery.cancel_scope.cancel()
+    _, served = waiting_agents(trio.Event(), every_turn=True)  # never set
+    async with (
+        open_nodes(
+            pg_dsn, dict.fromkeys("AB", served), lease_ttl=0.5, max_runs={"A": 3, "B": 1}
+        ) as (a, b),
+        clients(a, b) as (ca, cb),
+    ):
+        starts = [("1", "cancel"), ("2", "cancel"), ("3", "continue")]
+        ids = []
+        for text, on_disconnect in starts:
+            ack = await cb.ok("run.start", agent="a", input=text, on_disconnect=on_disconnect)
+            ids.append(ack["run_id"])
+            await ca.ok("run.subscribe", run_id=ack["run_id"], from_seq=1)
+            await ca.wait_event(ack["run_id"], lambda e: e["type"] == "tool.started")
+        on_b, placed, kept = ids
+        assert local_entry(b, on_b) is not None
+        assert {placed, kept} <= set(a.server._registry.runs)
+        b.crash()
+        for run_id in (placed, on_b):
+            done = (await ca.wait_terminal(run_id))["event"]
+            assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
+        assert ca.events[kept][-1]["event"]["type"] == "tool.started"
+        assert kept in a.server._registry.runs  # taken over, or still A's: running
+        await ca.ok("run.cancel", run_id=kept, reason="by hand")
+        done = (await ca.wait_terminal(kept))["event"]
+        assert (done["status"], done["reason"]) == ("cancelled", "by hand")
 
 
 async def test_a_run_no_live_node_can_resume_ends_failed_with_a_terminal_event(
@@ -322,25 +284,12 @@ async def test_a_run_no_live_node_can_resume_ends_failed_with_a_terminal_event(
     # (Leases.fail, the terminal write it shares with a cancelled queued run.) A dies;
     # B claims the run but does not serve its agent: the run ends failed, with one
     # terminal event a subscriber on B receives, and its session is released.
-    gate = trio.Event()
-
-    @ta.function_tool
-    async def wait() -> str:
-        """Wait."""
-        await gate.wait()
-        return "done"
-
-    a_agents = agent(ScriptedModel([Turn(tool_calls=[("wait", {})])]), [wait])
-    b_agents = {"other": agent(ScriptedModel([], default="x"), [])["a"]}
-    async with (
-        two_nodes(pg_dsn, a_agents, b_agents) as (a, _b),
-        client(a.url) as ca,
-        client(_b.url) as cb,
-    ):
-        run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s", subscribe="all"))[
-            "run_id"
-        ]
-        await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
+    a_agents = agents(
+        ScriptedModel([Turn(tool_calls=[("wait", {})])]), [waiting_tool(trio.Event())]
+    )
+    b_agents = {"other": agents(ScriptedModel([], default="x"))["a"]}
+    async with two_nodes(pg_dsn, a_agents, b_agents) as (a, b), clients(a, b) as (ca, cb):
+        run_id = await ca.start_until_tool(agent="a", input="go", session_id="s")
         a.crash()
         await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         with trio.fail_after(60):

@@ -11,109 +11,25 @@ event, a row), bounded by ``trio.fail_after`` as hang guards only.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, Final
+from typing import Any
 
 import psycopg
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_support import Client, client, node
+from tests.support.cluster_nodes import (
+    BOUND,
+    POLL,
+    GatedModel,
+    clients,
+    nodes,
+    poll_row,
+    query,
+    row_of,
+)
+from tests.support.cluster_support import Client, client
+from tests.support.process_cluster import stored_items
 from trio_agents.cluster import ClusterDown
-from trio_agents.models import Finish, ModelRequest, TextDelta
-
-BOUND: Final = 60.0  # a hang guard per test
-POLL: Final = 0.02  # seconds between looks at a row another process changes
-
-
-def last_user_text(request: ModelRequest) -> str:
-    for item in reversed(request.items):
-        if isinstance(item, ta.UserMessage):
-            content = item.content
-            return content if isinstance(content, str) else json.dumps(content)
-    return ""
-
-
-class GatedModel:
-    """Answers ``ok <input>`` at once, except: an input naming a gate in ``holds``
-    waits for that event first (its first call only: a resumed call answers at once),
-    and ``two deltas`` streams ``one``, waits for ``go``, streams ``two`` and stalls
-    (first call), answering at once when called again (a resumed attempt).
-    :meth:`wait_called` waits until a call for an input was made."""
-
-    def __init__(self) -> None:
-        self.holds: dict[str, trio.Event] = {}
-        self.go = trio.Event()
-        self.calls: list[str] = []
-        self._called: dict[str, trio.Event] = {}
-
-    def _called_event(self, text: str) -> trio.Event:
-        return self._called.setdefault(text, trio.Event())
-
-    async def wait_called(self, text: str) -> None:
-        """Wait until the model was called for ``text`` (the run reached its model: a
-        ``running`` status is persisted before that, so it does not tell)."""
-        await self._called_event(text).wait()
-
-    @asynccontextmanager
-    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
-        text = last_user_text(request)
-        first = text not in self.calls
-        self.calls.append(text)
-        self._called_event(text).set()
-
-        async def events() -> AsyncIterator[Any]:
-            if first and text in self.holds:
-                await self.holds[text].wait()
-            if first and text == "two deltas":
-                yield TextDelta("one")
-                await self.go.wait()
-                yield TextDelta("two")
-                await trio.sleep_forever()
-            yield TextDelta(f"ok {text}")
-            yield Finish("stop")
-
-        stream = events()
-        try:
-            yield stream
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-
-
-def agents(model: ta.Model) -> dict[str, ta.Agent]:
-    return {"a": ta.Agent(name="a", instructions="", model=model)}
-
-
-def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
-async def row_of(dsn: str, run_id: str) -> dict[str, Any]:
-    rows = await trio.to_thread.run_sync(
-        query,
-        dsn,
-        "SELECT status, owner, attempt, finished, active_key FROM trio_agents_runs"
-        " WHERE run_id = %s",
-        run_id,
-    )
-    status, owner, attempt, finished, active = rows[0]
-    return {
-        "status": status,
-        "owner": owner,
-        "attempt": attempt,
-        "finished": finished,
-        "active": active,
-    }
-
-
-async def poll_row(dsn: str, run_id: str, condition: Callable[[dict[str, Any]], bool]) -> None:
-    """Wait until the run's row (changed by other tasks' transactions) satisfies it."""
-    while True:
-        if condition(await row_of(dsn, run_id)):
-            return
-        await trio.sleep(POLL)
 
 
 async def logged(dsn: str, run_id: str) -> list[dict[str, Any]]:
@@ -145,22 +61,6 @@ def check_exact(c: Client, run_id: str, log: list[dict[str, Any]]) -> None:
         assert by_seq.get(frame["seq"]) == frame["event"], (frame, by_seq.get(frame["seq"]))
 
 
-@asynccontextmanager
-async def nodes(
-    model: ta.Model, dsn: str, *ids: str, lease_ttl: float = 2.0
-) -> AsyncIterator[list[Any]]:
-    """Nodes ``ids`` serving one agent on ``model`` for the block."""
-    async with trio.open_nursery() as nursery:
-        async with AsyncExitStack() as stack:
-            yield [
-                await stack.enter_async_context(
-                    node(nursery, agents(model), dsn, node_id, lease_ttl=lease_ttl)
-                )
-                for node_id in ids
-            ]
-        nursery.cancel_scope.cancel()
-
-
 # -- item 3: takeover and the session queue ------------------------------------------------
 
 
@@ -174,7 +74,7 @@ async def test_a_taken_over_session_holder_goes_before_a_run_queued_on_its_new_n
     model.holds["first"] = trio.Event()  # never set: R1's first attempt stalls
     with trio.fail_after(BOUND):
         async with nodes(model, pg_dsn, "A", "B") as (a, b):
-            async with client(a.url) as ca, client(b.url) as cb:
+            async with clients(a, b) as (ca, cb):
                 r1 = await ca.start_run(agent="a", input="first", session_id="s")
                 await poll_row(pg_dsn, r1, lambda row: row["status"] == "running")
                 # R1's first attempt is in its held model call (its first call, on A):
@@ -193,13 +93,7 @@ async def test_a_taken_over_session_holder_goes_before_a_run_queued_on_its_new_n
             # R2 ran only once R1 had ended.
             assert done2["seq"] > 0
             assert (await row_of(pg_dsn, r1))["attempt"] == 2
-    stored = await trio.to_thread.run_sync(
-        query,
-        pg_dsn,
-        "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
-        json.dumps(["alice", "s"]),
-    )
-    items = [ta.item_from_json(json.loads(row[0])) for row in stored]
+    items = await trio.to_thread.run_sync(stored_items, pg_dsn, "s", "alice")
     assert ta.conversation_problems(items) == []
     texts = [
         item.content for item in items if isinstance(item, ta.UserMessage | ta.AssistantMessage)
@@ -217,7 +111,7 @@ async def test_a_taken_over_queue_head_and_a_later_run_queued_on_its_new_node_do
     model.holds["zero"] = trio.Event()
     with trio.fail_after(BOUND):
         async with nodes(model, pg_dsn, "A", "B") as (a, b):
-            async with client(a.url) as ca, client(b.url) as cb:
+            async with clients(a, b) as (ca, cb):
                 r0 = await cb.start_run(agent="a", input="zero", session_id="s")
                 await poll_row(pg_dsn, r0, lambda row: row["status"] == "running")
                 r1 = await ca.start_run(agent="a", input="first", session_id="s", on_busy="enqueue")
@@ -240,13 +134,7 @@ async def test_a_taken_over_queue_head_and_a_later_run_queued_on_its_new_node_do
                 done2 = await cb.wait_terminal(r2)
             assert done1["event"]["status"] == "completed", done1
             assert done2["event"]["status"] == "completed", done2
-    stored = await trio.to_thread.run_sync(
-        query,
-        pg_dsn,
-        "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
-        json.dumps(["alice", "s"]),
-    )
-    items = [ta.item_from_json(json.loads(row[0])) for row in stored]
+    items = await trio.to_thread.run_sync(stored_items, pg_dsn, "s", "alice")
     assert ta.conversation_problems(items) == []
     texts = [
         item.content for item in items if isinstance(item, ta.UserMessage | ta.AssistantMessage)
@@ -264,7 +152,7 @@ async def test_a_run_started_while_its_session_is_free_for_a_moment_queues_behin
     model.holds["zero"] = trio.Event()
     with trio.fail_after(BOUND):
         async with nodes(model, pg_dsn, "A", "B", lease_ttl=4.0) as (a, b):
-            async with client(a.url) as ca, client(b.url) as cb:
+            async with clients(a, b) as (ca, cb):
                 r0 = await ca.start_run(agent="a", input="zero", session_id="s", subscribe="all")
                 await ca.wait_status(r0, "running")
                 r1 = await cb.start_run(agent="a", input="first", session_id="s", on_busy="enqueue")
@@ -281,13 +169,7 @@ async def test_a_run_started_while_its_session_is_free_for_a_moment_queues_behin
                 done2 = await ca.wait_terminal(r2)
             assert done1["event"]["status"] == "completed", done1
             assert done2["event"]["status"] == "completed", done2
-    stored = await trio.to_thread.run_sync(
-        query,
-        pg_dsn,
-        "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
-        json.dumps(["alice", "s"]),
-    )
-    items = [ta.item_from_json(json.loads(row[0])) for row in stored]
+    items = await trio.to_thread.run_sync(stored_items, pg_dsn, "s", "alice")
     texts = [item.content for item in items if isinstance(item, ta.UserMessage)]
     assert texts == ["zero", "first", "second"]
 
@@ -389,7 +271,7 @@ async def test_a_queued_run_whose_session_claim_committed_with_its_answer_lost_r
     lost: list[Any] = []
     with trio.fail_after(BOUND):
         async with nodes(model, pg_dsn, "A", "B", lease_ttl=10.0) as (a, b):
-            async with client(a.url) as ca, client(b.url) as cb:
+            async with clients(a, b) as (ca, cb):
                 await ca.start_run(agent="a", input="zero", session_id="s")
                 await model.wait_called("zero")
                 call = b.cluster._db.call
@@ -411,12 +293,6 @@ async def test_a_queued_run_whose_session_claim_committed_with_its_answer_lost_r
                 done1 = await cb.wait_terminal(r1)
             assert lost
             assert done1["event"]["status"] == "completed", done1
-    stored = await trio.to_thread.run_sync(
-        query,
-        pg_dsn,
-        "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
-        json.dumps(["alice", "s"]),
-    )
-    items = [ta.item_from_json(json.loads(row[0])) for row in stored]
+    items = await trio.to_thread.run_sync(stored_items, pg_dsn, "s", "alice")
     texts = [item.content for item in items if isinstance(item, ta.UserMessage)]
     assert texts == ["zero", "first"]

@@ -104,8 +104,7 @@ async def test_a_start_placed_on_another_node_keeps_its_limits_and_gets_that_nod
             node(nursery, agents(), pg_dsn, "B", max_runs=1, context=hook_of("B")),
             client(a.url) as ca,
         ):
-            held = await ca.start_run(agent="a", input="hold", subscribe="all")
-            await ca.wait_event(held, lambda e: e["type"] == "tool.started")
+            held = await ca.start_until_tool(agent="a", input="hold")
             # A is full: this start is placed on B, its limits with it.
             placed = await ca.start_run(
                 agent="a", input="go", subscribe="all", limits={"requests": 2}

@@ -20,11 +20,18 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import trio
 
 import trio_agents as ta
+from tests.support.cluster_nodes_processes import (
+    BOUND,
+    LEASE,
+    bounded_cluster,
+    follow,
+    start_on_first,
+)
 from tests.support.process_cluster import (
     Cluster,
     Follower,
@@ -44,9 +51,6 @@ from trio_agents.control import ControlConnectionError, ControlError
 if TYPE_CHECKING:
     from tests.support.pg_support import PostgresServer
 
-LEASE: Final = 1.0  # seconds: short, so that a takeover comes quickly
-BOUND: Final = 90.0  # a hang guard per test (a busy 2-core machine is slow, never this slow)
-
 
 def tool_results(items: list[ta.Item]) -> dict[str, ta.ToolResult]:
     return {item.call_id: item for item in items if isinstance(item, ta.ToolResult)}
@@ -55,14 +59,6 @@ def tool_results(items: list[ta.Item]) -> dict[str, ta.ToolResult]:
 def other_than(cluster: Cluster, *nodes: str) -> Node:
     """A live node that is none of ``nodes``."""
     return next(node for node in cluster.alive() if node.node_id not in nodes)
-
-
-async def follow(
-    nursery: trio.Nursery, cluster: Cluster, run_id: str, first: str | Node
-) -> Follower:
-    follower = Follower(cluster, run_id)
-    nursery.start_soon(follower.follow, first)
-    return follower
 
 
 async def check_session(cluster: Cluster, session_id: str, users: int) -> None:
@@ -86,26 +82,23 @@ async def check_session(cluster: Cluster, session_id: str, users: int) -> None:
 async def test_kill_9_of_the_owner_mid_tool(pg_dsn: str) -> None:
     """The non-idempotent call ran once and reads ``interrupted``; the idempotent one
     ran again on the node that took over; the run completes."""
-    async with open_cluster(pg_dsn, 3, lease_ttl=LEASE) as cluster, trio.open_nursery() as nursery:
-        with trio.fail_after(BOUND):
-            first = cluster.alive()[0]
-            async with cluster.client(first) as client:
-                run = await client.start("worker", "charge lookup #mt", session_id="mt")
-            (charged,) = await cluster.wait_executions(1, "charge", run.id)
-            await cluster.wait_executions(1, "lookup", run.id)
-            owner = str(charged["node"])
-            follower = await follow(nursery, cluster, run.id, owner)
-            await follower.wait_for(lambda e: isinstance(e, ta.ToolStarted) and e.name == "lookup")
-            await follower.wait_for(lambda e: isinstance(e, ta.ToolStarted) and e.name == "charge")
-            await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
-            await cluster.kill(owner)
-            cluster.open_gate("charge")  # a second execution would complete, and be seen
-            (_, rerun) = await cluster.wait_executions(2, "lookup", run.id)
-            assert rerun["node"] != owner
-            cluster.open_gate("lookup")
-            await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
-            log = await replay(cluster, cluster.alive()[0], run.id)
-            await check_session(cluster, "mt", users=1)
+    async with bounded_cluster(pg_dsn, 3, lease_ttl=LEASE) as (cluster, nursery):
+        run = await start_on_first(cluster, "charge lookup #mt", session_id="mt")
+        (charged,) = await cluster.wait_executions(1, "charge", run.id)
+        await cluster.wait_executions(1, "lookup", run.id)
+        owner = str(charged["node"])
+        follower = await follow(nursery, cluster, run.id, owner)
+        await follower.wait_for(lambda e: isinstance(e, ta.ToolStarted) and e.name == "lookup")
+        await follower.wait_for(lambda e: isinstance(e, ta.ToolStarted) and e.name == "charge")
+        await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
+        await cluster.kill(owner)
+        cluster.open_gate("charge")  # a second execution would complete, and be seen
+        (_, rerun) = await cluster.wait_executions(2, "lookup", run.id)
+        assert rerun["node"] != owner
+        cluster.open_gate("lookup")
+        await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
+        log = await replay(cluster, cluster.alive()[0], run.id)
+        await check_session(cluster, "mt", users=1)
 
     assert len(cluster.executions("charge", run.id)) == 1
     assert len(cluster.executions("lookup", run.id)) == 2
@@ -130,34 +123,29 @@ async def test_kill_9_of_the_owner_mid_stream_then_a_cancel_from_another_node(
 ) -> None:
     """The model turn being streamed starts again on the new owner (seqs continuing);
     a cancel sent to a third node after the takeover ends the run as asked."""
-    async with open_cluster(pg_dsn, 3, lease_ttl=LEASE) as cluster, trio.open_nursery() as nursery:
-        with trio.fail_after(BOUND):
-            first = cluster.alive()[0]
-            async with cluster.client(first) as client:
-                run = await client.start("worker", "stream #ms", session_id="ms")
-            await cluster.wait_executions(1, "model", "ms")
-            owner = cluster.owner_of_tag("ms")
-            follower = await follow(nursery, cluster, run.id, owner)
-            await follower.wait_for(
-                lambda e: isinstance(e, ta.ResponseTextDelta) and e.text == "beta "
+    async with bounded_cluster(pg_dsn, 3, lease_ttl=LEASE) as (cluster, nursery):
+        run = await start_on_first(cluster, "stream #ms", session_id="ms")
+        await cluster.wait_executions(1, "model", "ms")
+        owner = cluster.owner_of_tag("ms")
+        follower = await follow(nursery, cluster, run.id, owner)
+        await follower.wait_for(lambda e: isinstance(e, ta.ResponseTextDelta) and e.text == "beta ")
+        await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
+        await cluster.kill(owner)
+        await follower.wait_for(lambda e: is_resumed(e, 2))
+        new_owner = await owner_of(cluster, run.id)
+        assert new_owner != owner
+        await follower.wait_for(
+            lambda e: (
+                isinstance(e, ta.ResponseTextDelta)
+                and e.text == "beta "
+                and e.seq > next(x.seq for x in follower.events if is_resumed(x))
             )
-            await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
-            await cluster.kill(owner)
-            await follower.wait_for(lambda e: is_resumed(e, 2))
-            new_owner = await owner_of(cluster, run.id)
-            assert new_owner != owner
-            await follower.wait_for(
-                lambda e: (
-                    isinstance(e, ta.ResponseTextDelta)
-                    and e.text == "beta "
-                    and e.seq > next(x.seq for x in follower.events if is_resumed(x))
-                )
-            )
-            async with cluster.client(other_than(cluster, new_owner)) as client:
-                await client.attach(run.id).cancel("asked from elsewhere")
-            await follower.wait_for(has_status(ta.RunStatus.CANCELLED))
-            log = await replay(cluster, cluster.alive()[0], run.id)
-            await check_session(cluster, "ms", users=1)
+        )
+        async with cluster.client(other_than(cluster, new_owner)) as client:
+            await client.attach(run.id).cancel("asked from elsewhere")
+        await follower.wait_for(has_status(ta.RunStatus.CANCELLED))
+        log = await replay(cluster, cluster.alive()[0], run.id)
+        await check_session(cluster, "ms", users=1)
 
     follower.check()
     assert follower.terminal is not None
@@ -170,30 +158,27 @@ async def test_kill_9_of_the_owner_mid_stream_then_a_cancel_from_another_node(
 async def test_kill_9_of_the_owner_awaiting_approval(pg_dsn: str) -> None:
     """The call awaiting approval never started: the new owner waits for its approval
     again, an approval sent to another node lets it run, once."""
-    async with open_cluster(pg_dsn, 3, lease_ttl=LEASE) as cluster, trio.open_nursery() as nursery:
-        with trio.fail_after(BOUND):
-            first = cluster.alive()[0]
-            async with cluster.client(first) as client:
-                run = await client.start("worker", "delete #ap", session_id="ap")
-            await cluster.wait_executions(1, "model", "ap")
-            owner = await owner_of(cluster, run.id)
-            follower = await follow(nursery, cluster, run.id, owner)
-            await follower.wait_for(has_status(ta.RunStatus.AWAITING_APPROVAL))
-            await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
-            await cluster.kill(owner)
-            resumed = await follower.wait_for(lambda e: is_resumed(e, 2))
-            waiting = await follower.wait_for(
-                lambda e: has_status(ta.RunStatus.AWAITING_APPROVAL)(e) and e.seq > resumed.seq
-            )
-            assert isinstance(waiting, ta.RunUpdated)
-            assert list(waiting.detail.get("pending", [])) == ["call_delete_1"]
-            new_owner = await owner_of(cluster, run.id)
-            assert new_owner != owner
-            async with cluster.client(other_than(cluster, new_owner)) as client:
-                await client.attach(run.id).approve("call_delete_1")
-            await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
-            log = await replay(cluster, cluster.alive()[0], run.id)
-            await check_session(cluster, "ap", users=1)
+    async with bounded_cluster(pg_dsn, 3, lease_ttl=LEASE) as (cluster, nursery):
+        run = await start_on_first(cluster, "delete #ap", session_id="ap")
+        await cluster.wait_executions(1, "model", "ap")
+        owner = await owner_of(cluster, run.id)
+        follower = await follow(nursery, cluster, run.id, owner)
+        await follower.wait_for(has_status(ta.RunStatus.AWAITING_APPROVAL))
+        await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
+        await cluster.kill(owner)
+        resumed = await follower.wait_for(lambda e: is_resumed(e, 2))
+        waiting = await follower.wait_for(
+            lambda e: has_status(ta.RunStatus.AWAITING_APPROVAL)(e) and e.seq > resumed.seq
+        )
+        assert isinstance(waiting, ta.RunUpdated)
+        assert list(waiting.detail.get("pending", [])) == ["call_delete_1"]
+        new_owner = await owner_of(cluster, run.id)
+        assert new_owner != owner
+        async with cluster.client(other_than(cluster, new_owner)) as client:
+            await client.attach(run.id).approve("call_delete_1")
+        await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
+        log = await replay(cluster, cluster.alive()[0], run.id)
+        await check_session(cluster, "ap", users=1)
 
     (deleted,) = cluster.executions("delete", run.id)
     assert deleted["node"] == new_owner != owner
@@ -208,41 +193,35 @@ async def test_sigterm_hands_the_runs_over_without_waiting_for_the_lease(pg_dsn:
     """With a lease far longer than the test's bound, the runs of a node stopped with
     SIGTERM can only continue in time if the node handed them over itself."""
     long_lease = 3 * BOUND
-    async with (
-        open_cluster(pg_dsn, 3, lease_ttl=long_lease) as cluster,
-        trio.open_nursery() as nursery,
-    ):
-        with trio.fail_after(BOUND):
-            first, second, _third = cluster.alive()
-            async with cluster.client(first) as client:
-                waiting = await client.start("worker", "delete #s1", session_id="s1")
-                streaming = await client.start("worker", "stream #s2", session_id="s2")
-            await cluster.wait_executions(1, "model", "s1")
-            await cluster.wait_executions(1, "model", "s2")
-            owners = {await owner_of(cluster, run.id) for run in (waiting, streaming)}
-            assert owners == {first.node_id}, owners  # placed where they were started
-            followers = [
-                await follow(nursery, cluster, run.id, second) for run in (waiting, streaming)
-            ]
-            await followers[0].wait_for(has_status(ta.RunStatus.AWAITING_APPROVAL))
-            await followers[1].wait_for(lambda e: isinstance(e, ta.ResponseTextDelta))
-            assert await cluster.terminate(first) == 0
-            for follower in followers:
-                await follower.wait_for(lambda e: is_resumed(e))
-            for run in (waiting, streaming):
-                assert await owner_of(cluster, run.id) != first.node_id
-            await followers[0].wait_for(
-                lambda e: (
-                    has_status(ta.RunStatus.AWAITING_APPROVAL)(e)
-                    and e.seq > next(x.seq for x in followers[0].events if is_resumed(x))
-                )
+    async with bounded_cluster(pg_dsn, 3, lease_ttl=long_lease) as (cluster, nursery):
+        first, second, _third = cluster.alive()
+        async with cluster.client(first) as client:
+            waiting = await client.start("worker", "delete #s1", session_id="s1")
+            streaming = await client.start("worker", "stream #s2", session_id="s2")
+        await cluster.wait_executions(1, "model", "s1")
+        await cluster.wait_executions(1, "model", "s2")
+        owners = {await owner_of(cluster, run.id) for run in (waiting, streaming)}
+        assert owners == {first.node_id}, owners  # placed where they were started
+        followers = [await follow(nursery, cluster, run.id, second) for run in (waiting, streaming)]
+        await followers[0].wait_for(has_status(ta.RunStatus.AWAITING_APPROVAL))
+        await followers[1].wait_for(lambda e: isinstance(e, ta.ResponseTextDelta))
+        assert await cluster.terminate(first) == 0
+        for follower in followers:
+            await follower.wait_for(lambda e: is_resumed(e))
+        for run in (waiting, streaming):
+            assert await owner_of(cluster, run.id) != first.node_id
+        await followers[0].wait_for(
+            lambda e: (
+                has_status(ta.RunStatus.AWAITING_APPROVAL)(e)
+                and e.seq > next(x.seq for x in followers[0].events if is_resumed(x))
             )
-            async with cluster.client(second) as client:
-                await client.attach(waiting.id).approve("call_delete_1")
-            cluster.open_gate("stream")
-            for follower in followers:
-                await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
-            logs = [await replay(cluster, second, run.id) for run in (waiting, streaming)]
+        )
+        async with cluster.client(second) as client:
+            await client.attach(waiting.id).approve("call_delete_1")
+        cluster.open_gate("stream")
+        for follower in followers:
+            await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
+        logs = [await replay(cluster, second, run.id) for run in (waiting, streaming)]
 
     for follower, log in zip(followers, logs, strict=True):
         follower.check()
@@ -306,60 +285,59 @@ async def test_postgres_restarted_under_load_loses_and_duplicates_nothing(
 async def restarted_under_load(server: PostgresServer, dsn: str) -> None:
     acked: list[str] = []  # run ids whose start was acknowledged
     refused = 0
-    async with open_cluster(dsn, 2, lease_ttl=2.0) as cluster, trio.open_nursery() as nursery:
-        with trio.fail_after(BOUND):
-            nodes = cluster.alive()
-            followers: list[Follower] = []
-            for number in range(6):
-                scenario = "charge" if number % 2 else "stream"
-                node = nodes[number % 2]
-                async with cluster.client(node) as client:
-                    run = await client.start(
-                        "worker", f"{scenario} #p{number}", session_id=f"p{number}"
-                    )
-                acked.append(run.id)
-                followers.append(await follow(nursery, cluster, run.id, nodes[(number + 1) % 2]))
-            await cluster.wait_executions(3, "charge")
-            for number in range(0, 6, 2):
-                await cluster.wait_executions(1, "model", f"p{number}")
+    async with bounded_cluster(dsn, 2, lease_ttl=2.0) as (cluster, nursery):
+        nodes = cluster.alive()
+        followers: list[Follower] = []
+        for number in range(6):
+            scenario = "charge" if number % 2 else "stream"
+            node = nodes[number % 2]
+            async with cluster.client(node) as client:
+                run = await client.start(
+                    "worker", f"{scenario} #p{number}", session_id=f"p{number}"
+                )
+            acked.append(run.id)
+            followers.append(await follow(nursery, cluster, run.id, nodes[(number + 1) % 2]))
+        await cluster.wait_executions(3, "charge")
+        for number in range(0, 6, 2):
+            await cluster.wait_executions(1, "model", f"p{number}")
 
-            # More runs keep starting while the server goes down and comes back.
-            restarted = trio.Event()
+        # More runs keep starting while the server goes down and comes back.
+        restarted = trio.Event()
 
-            async def keep_starting(node: Node) -> None:
-                nonlocal refused
-                async with cluster.client(node) as client:
-                    while not restarted.is_set():
-                        try:
-                            run = await client.start("worker", "hello", subscribe=None)
-                        except ControlError:
-                            refused += 1  # refused while the database was away: allowed
-                        else:
-                            acked.append(run.id)
-                            followers.append(await follow(nursery, cluster, run.id, node))
-                        await trio.sleep(0.05)
+        async def keep_starting(node: Node) -> None:
+            nonlocal refused
+            async with cluster.client(node) as client:
+                while not restarted.is_set():
+                    try:
+                        run = await client.start("worker", "hello", subscribe=None)
+                    except ControlError:
+                        refused += 1  # refused while the database was away: allowed
+                    else:
+                        acked.append(run.id)
+                        followers.append(await follow(nursery, cluster, run.id, node))
+                    await trio.sleep(0.05)
 
-            async with trio.open_nursery() as load:
-                for node in nodes:
-                    load.start_soon(keep_starting, node)
-                await trio.to_thread.run_sync(server.restart, "immediate")
-                # Work that needs the database after the restart.
-                async with cluster.client(nodes[0]) as client:
-                    after = await client.start("worker", "hello", session_id="after")
-                    assert (await after.wait()).status is ta.RunStatus.COMPLETED
-                restarted.set()
-            cluster.open_gate("charge")
-            cluster.open_gate("stream")
-            for follower in followers:
-                await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
-            listed: Counter[str] = Counter()
+        async with trio.open_nursery() as load:
             for node in nodes:
-                async with cluster.client(node) as client:
-                    runs = await client.list_runs()
-                listed.update(info.run_id for info in runs)
-                assert all(info.status.is_terminal for info in runs), runs
-            logs = [await replay(cluster, nodes[0], run_id) for run_id in acked]
-            assert all(node.running for node in nodes), "a node died with the database"
+                load.start_soon(keep_starting, node)
+            await trio.to_thread.run_sync(server.restart, "immediate")
+            # Work that needs the database after the restart.
+            async with cluster.client(nodes[0]) as client:
+                after = await client.start("worker", "hello", session_id="after")
+                assert (await after.wait()).status is ta.RunStatus.COMPLETED
+            restarted.set()
+        cluster.open_gate("charge")
+        cluster.open_gate("stream")
+        for follower in followers:
+            await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
+        listed: Counter[str] = Counter()
+        for node in nodes:
+            async with cluster.client(node) as client:
+                runs = await client.list_runs()
+            listed.update(info.run_id for info in runs)
+            assert all(info.status.is_terminal for info in runs), runs
+        logs = [await replay(cluster, nodes[0], run_id) for run_id in acked]
+        assert all(node.running for node in nodes), "a node died with the database"
 
     assert set(listed) == {*acked, after.id}, (listed, acked)
     assert set(listed.values()) == {2}  # each run listed once by each node
@@ -382,30 +360,26 @@ async def test_a_subscriber_on_the_owner_never_sees_events_the_log_then_rewrites
     server = crashable_postgres
     try:
         dsn = server.create_database()
-        async with (
-            open_cluster(dsn, 2, lease_ttl=LEASE) as cluster,
-            trio.open_nursery() as nursery,
-        ):
-            with trio.fail_after(BOUND):
-                first, _ = cluster.alive()
-                async with cluster.client(first) as client:
-                    run = await client.start("worker", "hold stream #od", session_id="od")
-                await cluster.wait_executions(1, "model", "od")
-                owner = cluster.node(await owner_of(cluster, run.id))
-                follower = await follow(nursery, cluster, run.id, owner)
-                await follower.wait_for(has_status(ta.RunStatus.RUNNING))
-                other = other_than(cluster, owner.node_id)
-                await wait_persisted(cluster, other, run.id, follower.next_seq - 1)
-                await trio.to_thread.run_sync(server.stop_server, "immediate")
-                cluster.open_gate("hold", "od")
-                # The model streamed alpha and beta and waits at the next gate: those
-                # deltas are in the owner's run, not in the database.
-                await cluster.wait_executions(1, "gate-stream", "od")
-                await cluster.kill(owner)
-                await trio.to_thread.run_sync(server.start_server)
-                cluster.open_gate("stream", "od")
-                await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
-                log = await replay(cluster, other, run.id)
+        async with bounded_cluster(dsn, 2, lease_ttl=LEASE) as (cluster, nursery):
+            first, _ = cluster.alive()
+            async with cluster.client(first) as client:
+                run = await client.start("worker", "hold stream #od", session_id="od")
+            await cluster.wait_executions(1, "model", "od")
+            owner = cluster.node(await owner_of(cluster, run.id))
+            follower = await follow(nursery, cluster, run.id, owner)
+            await follower.wait_for(has_status(ta.RunStatus.RUNNING))
+            other = other_than(cluster, owner.node_id)
+            await wait_persisted(cluster, other, run.id, follower.next_seq - 1)
+            await trio.to_thread.run_sync(server.stop_server, "immediate")
+            cluster.open_gate("hold", "od")
+            # The model streamed alpha and beta and waits at the next gate: those
+            # deltas are in the owner's run, not in the database.
+            await cluster.wait_executions(1, "gate-stream", "od")
+            await cluster.kill(owner)
+            await trio.to_thread.run_sync(server.start_server)
+            cluster.open_gate("stream", "od")
+            await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
+            log = await replay(cluster, other, run.id)
         follower.check()
         assert [e for e in log if is_resumed(e, 2)], log
         assert_same_events(follower.events, log)

@@ -9,170 +9,124 @@ from typing import Any
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_support import client, node
+from tests.support.cluster_nodes import agents, approval_tool, clients, open_nodes, waiting_tool
+from tests.support.cluster_support import client
 from trio_agents.models import ScriptedModel, Turn
 
 
-def agents(model: ta.Model, tools: list[ta.Tool]) -> dict[str, ta.Agent]:
-    return {"a": ta.Agent(name="a", instructions="", model=model, tools=tools)}
-
-
-def strip_at(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return frames
-
-
 async def test_cancel_from_another_node(pg_dsn: str) -> None:
-    gate = trio.Event()
-
-    @ta.function_tool
-    async def wait() -> str:
-        """Wait."""
-        await gate.wait()
-        return "done"
-
+    wait = waiting_tool(trio.Event())  # never set: a run waits in its tool call
     model = ScriptedModel([Turn(tool_calls=[("wait", {})]), "finished"])
-    async with trio.open_nursery() as nursery:
-        async with (
-            node(nursery, agents(model, [wait]), pg_dsn, "A") as a,
-            node(nursery, agents(model, [wait]), pg_dsn, "B") as b,
-            client(a.url) as ca,
-            client(b.url) as cb,
-        ):
-            ack = await ca.ok("run.start", agent="a", input="hi", subscribe="all")
-            run_id = ack["run_id"]
-            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
-            got = await cb.ok("run.get", run_id=run_id)
-            assert got["run"]["run_id"] == run_id
-            assert got["run"]["agent"] == "a"
-            listed = await cb.ok("runs.list")
-            assert [r["run_id"] for r in listed["runs"]] == [run_id]
-            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
-            await cb.ok("run.cancel", run_id=run_id, reason="stop")
-            done = await ca.wait_terminal(run_id)
-            assert done["event"]["status"] == "cancelled"
-            assert done["event"]["reason"] == "stop"
-            assert await cb.wait_terminal(run_id) == done
-            # Every event, same seqs and contents, whichever node the subscriber is on.
-            assert cb.events[run_id] == ca.events[run_id]
-            assert cb.seqs(run_id) == list(range(1, len(cb.seqs(run_id)) + 1))
-            # Ops on the finished run answer as in one process, from either node.
-            for c in (ca, cb):
-                closed = await c.request("run.cancel", run_id=run_id)
-                assert (closed["type"], closed["code"]) == ("error", "run_closed")
-                closed = await c.request("run.inject", run_id=run_id, items="more")
-                assert closed["code"] == "run_closed"
-            got = await cb.ok("run.get", run_id=run_id)
-            assert (got["run"]["status"], got["run"]["reason"]) == ("cancelled", "stop")
-        nursery.cancel_scope.cancel()
+    async with (
+        open_nodes(pg_dsn, dict.fromkeys("AB", agents(model, [wait]))) as (a, b),
+        clients(a, b) as (ca, cb),
+    ):
+        run_id = await ca.start_until_tool(agent="a", input="hi")
+        got = await cb.ok("run.get", run_id=run_id)
+        assert got["run"]["run_id"] == run_id
+        assert got["run"]["agent"] == "a"
+        listed = await cb.ok("runs.list")
+        assert [r["run_id"] for r in listed["runs"]] == [run_id]
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        await cb.ok("run.cancel", run_id=run_id, reason="stop")
+        done = await ca.wait_terminal(run_id)
+        assert done["event"]["status"] == "cancelled"
+        assert done["event"]["reason"] == "stop"
+        assert await cb.wait_terminal(run_id) == done
+        # Every event, same seqs and contents, whichever node the subscriber is on.
+        assert cb.events[run_id] == ca.events[run_id]
+        assert cb.seqs(run_id) == list(range(1, len(cb.seqs(run_id)) + 1))
+        # Ops on the finished run answer as in one process, from either node.
+        for c in (ca, cb):
+            closed = await c.request("run.cancel", run_id=run_id)
+            assert (closed["type"], closed["code"]) == ("error", "run_closed")
+            closed = await c.request("run.inject", run_id=run_id, items="more")
+            assert closed["code"] == "run_closed"
+        got = await cb.ok("run.get", run_id=run_id)
+        assert (got["run"]["status"], got["run"]["reason"]) == ("cancelled", "stop")
 
 
 async def test_inject_approve_reject_and_withdraw_from_another_node(pg_dsn: str) -> None:
     ran: list[str] = []
-
-    @ta.function_tool(needs_approval=True)
-    async def delete(ctx: ta.ToolContext) -> str:
-        """Delete something, once approved."""
-        ran.append(ctx.call_id)
-        return "deleted"
-
+    delete = approval_tool(ran)
     model = ScriptedModel(
         [
             Turn(tool_calls=[ta.ToolCall("c1", "delete", "{}"), ta.ToolCall("c2", "delete", "{}")]),
             "all done",
         ]
     )
-    async with trio.open_nursery() as nursery:
-        async with (
-            node(nursery, agents(model, [delete]), pg_dsn, "A") as a,
-            node(nursery, agents(model, [delete]), pg_dsn, "B") as b,
-            client(a.url) as ca,
-            client(b.url) as cb,
-            client(b.url, token="tok-bob") as bob,
-        ):
-            run_id = await ca.start_run(agent="a", input="go", subscribe="all")
-            await ca.wait_status(run_id, "awaiting_approval")
-            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
-            # Another principal: not found, from any node, for every op.
-            for op, fields in [
-                ("run.get", {}),
-                ("run.cancel", {}),
-                ("run.approve", {"call_id": "c1"}),
-                ("run.inject", {"items": "x"}),
-                ("run.subscribe", {}),
-            ]:
-                answer = await bob.request(op, run_id=run_id, **fields)
-                assert (answer["type"], answer["code"]) == ("error", "not_found"), answer
-            assert (await bob.ok("runs.list"))["runs"] == []
-            # The owner's real answers come back.
-            unknown = await cb.request("run.approve", run_id=run_id, call_id="nope")
-            assert unknown["code"] == "not_found"
-            injected = await cb.ok("run.inject", run_id=run_id, items="first", when="next_turn")
-            injection_id = injected["injection_id"]
-            second = await cb.ok("run.inject", run_id=run_id, items="second")
-            withdrawn = await cb.ok(
-                "run.withdraw", run_id=run_id, injection_id=second["injection_id"]
-            )
-            assert withdrawn["withdrawn"] is True
-            got = await cb.ok("run.get", run_id=run_id)
-            assert got["run"]["status"] == "awaiting_approval"
-            await cb.ok("run.approve", run_id=run_id, call_id="c1")
-            await cb.ok("run.reject", run_id=run_id, call_id="c2", message="no")
-            done = await cb.wait_terminal(run_id)
-            assert done["event"]["status"] == "completed", done
-            await ca.wait_terminal(run_id)
-            assert cb.events[run_id] == ca.events[run_id]
-            kinds = {e["event"]["type"] for e in cb.events[run_id]}
-            assert {"inbox.injected", "inbox.delivered", "tool.finished"} <= kinds
-            delivered = [
-                e["event"]["injection_id"]
-                for e in cb.events[run_id]
-                if e["event"]["type"] == "inbox.delivered"
-            ]
-            assert delivered == [injection_id]
-            assert ran == ["c1"]
-            again = await cb.request("run.approve", run_id=run_id, call_id="c1")
-            assert again["code"] == "run_closed"
-        nursery.cancel_scope.cancel()
+    async with (
+        open_nodes(pg_dsn, dict.fromkeys("AB", agents(model, [delete]))) as (a, b),
+        clients(a, b) as (ca, cb),
+        client(b.url, token="tok-bob") as bob,
+    ):
+        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
+        await ca.wait_status(run_id, "awaiting_approval")
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        # Another principal: not found, from any node, for every op.
+        for op, fields in [
+            ("run.get", {}),
+            ("run.cancel", {}),
+            ("run.approve", {"call_id": "c1"}),
+            ("run.inject", {"items": "x"}),
+            ("run.subscribe", {}),
+        ]:
+            answer = await bob.request(op, run_id=run_id, **fields)
+            assert (answer["type"], answer["code"]) == ("error", "not_found"), answer
+        assert (await bob.ok("runs.list"))["runs"] == []
+        # The owner's real answers come back.
+        unknown = await cb.request("run.approve", run_id=run_id, call_id="nope")
+        assert unknown["code"] == "not_found"
+        injected = await cb.ok("run.inject", run_id=run_id, items="first", when="next_turn")
+        injection_id = injected["injection_id"]
+        second = await cb.ok("run.inject", run_id=run_id, items="second")
+        withdrawn = await cb.ok("run.withdraw", run_id=run_id, injection_id=second["injection_id"])
+        assert withdrawn["withdrawn"] is True
+        got = await cb.ok("run.get", run_id=run_id)
+        assert got["run"]["status"] == "awaiting_approval"
+        await cb.ok("run.approve", run_id=run_id, call_id="c1")
+        await cb.ok("run.reject", run_id=run_id, call_id="c2", message="no")
+        done = await cb.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+        await ca.wait_terminal(run_id)
+        assert cb.events[run_id] == ca.events[run_id]
+        kinds = {e["event"]["type"] for e in cb.events[run_id]}
+        assert {"inbox.injected", "inbox.delivered", "tool.finished"} <= kinds
+        delivered = [
+            e["event"]["injection_id"]
+            for e in cb.events[run_id]
+            if e["event"]["type"] == "inbox.delivered"
+        ]
+        assert delivered == [injection_id]
+        assert ran == ["c1"]
+        again = await cb.request("run.approve", run_id=run_id, call_id="c1")
+        assert again["code"] == "run_closed"
 
 
 async def test_session_cancel_and_subscribe_status_from_another_node(pg_dsn: str) -> None:
-    gate = trio.Event()
-
-    @ta.function_tool
-    async def wait() -> str:
-        """Wait."""
-        await gate.wait()
-        return "done"
-
+    wait = waiting_tool(trio.Event())  # never set: a run waits in its tool call
     model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="ok")
-    async with trio.open_nursery() as nursery:
-        async with (
-            node(nursery, agents(model, [wait]), pg_dsn, "A") as a,
-            node(nursery, agents(model, [wait]), pg_dsn, "B") as b,
-            client(a.url) as ca,
-            client(b.url) as cb,
-        ):
-            none = await cb.request("session.cancel", session_id="s1")
-            assert none["code"] == "no_active_run"
-            run_id = await ca.start_run(agent="a", input="hi", session_id="s1", subscribe="all")
-            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
-            await cb.ok("run.subscribe", run_id=run_id, from_seq=1, events="status")
-            answer = await cb.ok("session.cancel", session_id="s1", reason="bye")
-            assert answer["run_id"] == run_id
-            done = await cb.wait_terminal(run_id)
-            assert (done["event"]["status"], done["event"]["reason"]) == ("cancelled", "bye")
-            assert {e["event"]["type"] for e in cb.events[run_id]} == {"run.updated"}
-            none = await cb.request("session.cancel", session_id="s1")
-            assert none["code"] == "no_active_run"
-            # The session is the cluster's: the next run, on B, continues it.
-            second = await cb.start_run(agent="a", input="again", session_id="s1", subscribe="all")
-            assert (await cb.wait_terminal(second))["event"]["status"] == "completed"
-            request = model.requests[-1]
-            assert [type(i).__name__ for i in request.items][:1] == ["UserMessage"]
-            assert any(
-                isinstance(i, ta.ToolResult) and i.status == "cancelled" for i in request.items
-            )
-        nursery.cancel_scope.cancel()
+    async with (
+        open_nodes(pg_dsn, dict.fromkeys("AB", agents(model, [wait]))) as (a, b),
+        clients(a, b) as (ca, cb),
+    ):
+        none = await cb.request("session.cancel", session_id="s1")
+        assert none["code"] == "no_active_run"
+        run_id = await ca.start_until_tool(agent="a", input="hi", session_id="s1")
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1, events="status")
+        answer = await cb.ok("session.cancel", session_id="s1", reason="bye")
+        assert answer["run_id"] == run_id
+        done = await cb.wait_terminal(run_id)
+        assert (done["event"]["status"], done["event"]["reason"]) == ("cancelled", "bye")
+        assert {e["event"]["type"] for e in cb.events[run_id]} == {"run.updated"}
+        none = await cb.request("session.cancel", session_id="s1")
+        assert none["code"] == "no_active_run"
+        # The session is the cluster's: the next run, on B, continues it.
+        second = await cb.start_run(agent="a", input="again", session_id="s1", subscribe="all")
+        assert (await cb.wait_terminal(second))["event"]["status"] == "completed"
+        request = model.requests[-1]
+        assert [type(i).__name__ for i in request.items][:1] == ["UserMessage"]
+        assert any(isinstance(i, ta.ToolResult) and i.status == "cancelled" for i in request.items)
 
 
 async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn: str) -> None:
@@ -182,13 +136,7 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
 
     import psycopg
 
-    gate = trio.Event()
-
-    @ta.function_tool
-    async def wait() -> str:
-        """Wait."""
-        await gate.wait()
-        return "done"
+    wait = waiting_tool(trio.Event())  # never set: a run waits in its tool call
 
     def recorded(run_id: str) -> Any:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -209,70 +157,61 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
 
     # Two runs, each cancelled in its tool call.
     model = ScriptedModel([Turn(tool_calls=[("wait", {})]), Turn(tool_calls=[("wait", {})])])
-    async with trio.open_nursery() as nursery:
-        async with (
-            node(nursery, agents(model, [wait]), pg_dsn, "A") as a,
-            node(nursery, agents(model, [wait]), pg_dsn, "B") as b,
-            client(a.url) as ca,
-            client(b.url) as cb,
-        ):
-            ack = await ca.ok("run.start", agent="a", input="hi", subscribe="all")
-            run_id = ack["run_id"]
-            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
-            # The owner holds every routed op until the test has looked at the row.
-            execute = a.cluster._router.execute
+    async with (
+        open_nodes(pg_dsn, dict.fromkeys("AB", agents(model, [wait]))) as (a, b),
+        clients(a, b) as (ca, cb),
+    ):
+        run_id = await ca.start_until_tool(agent="a", input="hi")
+        # The owner holds every routed op until the test has looked at the row.
+        execute = a.cluster._router.execute
+        assert execute is not None
+        arrived, looked = trio.Event(), trio.Event()
+
+        async def held(principal: str, request: dict[str, Any], command_id: int) -> dict[str, Any]:
+            arrived.set()
+            await looked.wait()
             assert execute is not None
-            arrived, looked = trio.Event(), trio.Event()
+            return await execute(principal, request, command_id)
 
-            async def held(
-                principal: str, request: dict[str, Any], command_id: int
-            ) -> dict[str, Any]:
-                arrived.set()
-                await looked.wait()
-                assert execute is not None
-                return await execute(principal, request, command_id)
+        a.cluster._router.execute = held
+        writes: list[str] = []
+        call = a.cluster._db.call
 
-            a.cluster._router.execute = held
-            writes: list[str] = []
-            call = a.cluster._db.call
+        async def counting(fn: Any) -> Any:
+            writes.append(getattr(fn, "__qualname__", ""))
+            return await call(fn)
 
-            async def counting(fn: Any) -> Any:
-                writes.append(getattr(fn, "__qualname__", ""))
-                return await call(fn)
-
-            a.cluster._db.call = counting  # type: ignore[method-assign]
-            async with trio.open_nursery() as inner:
-                inner.start_soon(lambda: cb.ok("run.cancel", run_id=run_id, reason="stop"))
-                with trio.fail_after(30):
-                    await arrived.wait()
-                assert await trio.to_thread.run_sync(recorded, run_id) == {
-                    "reason": "stop",
-                    "mode": "immediate",
-                }
-                looked.set()
-            # The owner answered in the transaction that stored its answer (with the
-            # NOTIFY to the sender): no second transaction just to send it.
-            assert [w for w in writes if "record_cancel" in w], writes
-            assert not [w for w in writes if "answer_it" in w], writes
-            done = await ca.wait_terminal(run_id)
-            assert (done["event"]["status"], done["event"]["reason"]) == ("cancelled", "stop")
-            # The owner wrote only the command's reply (kept for a takeover), not the
-            # cancel again: that was the sender's, checked above before the owner acted.
-            writes.clear()
-            # A cancel on the owner itself is still recorded there, before its ack.
-            run_id = await ca.start_run(agent="a", input="hi", subscribe="all")
-            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
-            await ca.ok("run.cancel", run_id=run_id, reason="here")
-            assert [w for w in writes if "record_cancel" in w]
-            # Durable either way: recorded in the row, or (the run's terminal flush
-            # committed first, so the record found it finished) the row is terminal
-            # with that reason.
-            if (await trio.to_thread.run_sync(recorded, run_id)) is None:
-                assert await trio.to_thread.run_sync(ended, run_id) == (True, "cancelled", "here")
-            else:
-                assert (await trio.to_thread.run_sync(recorded, run_id))["reason"] == "here"
-            assert b.cluster._router.routed == 1
-        nursery.cancel_scope.cancel()
+        a.cluster._db.call = counting  # type: ignore[method-assign]
+        async with trio.open_nursery() as inner:
+            inner.start_soon(lambda: cb.ok("run.cancel", run_id=run_id, reason="stop"))
+            with trio.fail_after(30):
+                await arrived.wait()
+            assert await trio.to_thread.run_sync(recorded, run_id) == {
+                "reason": "stop",
+                "mode": "immediate",
+            }
+            looked.set()
+        # The owner answered in the transaction that stored its answer (with the
+        # NOTIFY to the sender): no second transaction just to send it.
+        assert [w for w in writes if "record_cancel" in w], writes
+        assert not [w for w in writes if "answer_it" in w], writes
+        done = await ca.wait_terminal(run_id)
+        assert (done["event"]["status"], done["event"]["reason"]) == ("cancelled", "stop")
+        # The owner wrote only the command's reply (kept for a takeover), not the
+        # cancel again: that was the sender's, checked above before the owner acted.
+        writes.clear()
+        # A cancel on the owner itself is still recorded there, before its ack.
+        run_id = await ca.start_until_tool(agent="a", input="hi")
+        await ca.ok("run.cancel", run_id=run_id, reason="here")
+        assert [w for w in writes if "record_cancel" in w]
+        # Durable either way: recorded in the row, or (the run's terminal flush
+        # committed first, so the record found it finished) the row is terminal
+        # with that reason.
+        if (await trio.to_thread.run_sync(recorded, run_id)) is None:
+            assert await trio.to_thread.run_sync(ended, run_id) == (True, "cancelled", "here")
+        else:
+            assert (await trio.to_thread.run_sync(recorded, run_id))["reason"] == "here"
+        assert b.cluster._router.routed == 1
 
 
 async def test_a_subscriber_on_a_node_whose_attempt_stopped_follows_the_run_elsewhere(
@@ -282,34 +221,22 @@ async def test_a_subscriber_on_a_node_whose_attempt_stopped_follows_the_run_else
     # lost") and the run goes on in a new attempt. A client subscribed on A stays
     # subscribed: it gets every later event, through the terminal one, each seq once.
     # (It used to get nothing more, silently: its subscription read A's stopped run.)
-    gate = trio.Event()
-
-    @ta.function_tool
-    async def wait() -> str:
-        """Wait."""
-        await gate.wait()
-        return "done"
-
+    wait = waiting_tool(trio.Event())  # never set: a run waits in its tool call
     model = ScriptedModel([Turn(tool_calls=[("wait", {})]), "finished elsewhere"])
-    async with trio.open_nursery() as nursery:
-        async with (
-            node(nursery, agents(model, [wait]), pg_dsn, "A") as a,
-            node(nursery, agents(model, [wait]), pg_dsn, "B"),
-            client(a.url) as ca,
-        ):
-            run_id = await ca.start_run(agent="a", input="hi", subscribe="all")
-            await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
-            assert a.cluster._lose_all("lease lost") == 1
-            with trio.fail_after(60):
-                done = await ca.wait_terminal(run_id)
-            assert done["event"]["status"] == "completed", done
-            seqs = ca.seqs(run_id)
-            assert seqs == sorted(set(seqs)), seqs  # each seq once, in order
-            resumed = [
-                f["event"]
-                for f in ca.events[run_id]
-                if f["event"]["type"] == "run.updated"
-                and f["event"].get("detail", {}).get("resumed")
-            ]
-            assert len(resumed) == 1, resumed
-        nursery.cancel_scope.cancel()
+    async with (
+        open_nodes(pg_dsn, dict.fromkeys("AB", agents(model, [wait]))) as (a, _b),
+        clients(a) as (ca,),
+    ):
+        run_id = await ca.start_until_tool(agent="a", input="hi")
+        assert a.cluster._lose_all("lease lost") == 1
+        with trio.fail_after(60):
+            done = await ca.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+        seqs = ca.seqs(run_id)
+        assert seqs == sorted(set(seqs)), seqs  # each seq once, in order
+        resumed = [
+            f["event"]
+            for f in ca.events[run_id]
+            if f["event"]["type"] == "run.updated" and f["event"].get("detail", {}).get("resumed")
+        ]
+        assert len(resumed) == 1, resumed

@@ -10,33 +10,23 @@ Real node processes on the suite's real PostgreSQL (tests/support/process_cluste
 
 from __future__ import annotations
 
-from typing import Final
-
-import trio
-
 import trio_agents as ta
-from tests.cluster.test_cluster_processes import follow
-from tests.support.process_cluster import has_status, items_of, open_cluster, replay
-
-LEASE: Final = 1.0
-BOUND: Final = 90.0
+from tests.support.cluster_nodes_processes import LEASE, bounded_cluster, follow, start_on_first
+from tests.support.process_cluster import has_status, items_of, replay
 
 
 async def test_kill_9_mid_child_tool_resumes_the_child_on_another_node(pg_dsn: str) -> None:
-    async with open_cluster(pg_dsn, 3, lease_ttl=LEASE) as cluster, trio.open_nursery() as nursery:
-        with trio.fail_after(BOUND):
-            first = cluster.alive()[0]
-            async with cluster.client(first) as client:
-                run = await client.start("worker", "delegate charge #dt", session_id="dt")
-            (charged,) = await cluster.wait_executions(1, "charge")
-            assert charged["run_id"] != run.id  # the child's call, not the root's
-            owner = str(charged["node"])
-            follower = await follow(nursery, cluster, run.id, owner)
-            await cluster.kill(owner)
-            cluster.open_gate("charge")  # a second execution would complete, and be seen
-            await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
-            survivor = cluster.alive()[0]
-            log = await replay(cluster, survivor, run.id)
+    async with bounded_cluster(pg_dsn, 3, lease_ttl=LEASE) as (cluster, nursery):
+        run = await start_on_first(cluster, "delegate charge #dt", session_id="dt")
+        (charged,) = await cluster.wait_executions(1, "charge")
+        assert charged["run_id"] != run.id  # the child's call, not the root's
+        owner = str(charged["node"])
+        follower = await follow(nursery, cluster, run.id, owner)
+        await cluster.kill(owner)
+        cluster.open_gate("charge")  # a second execution would complete, and be seen
+        await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
+        survivor = cluster.alive()[0]
+        log = await replay(cluster, survivor, run.id)
     assert len(cluster.executions("charge")) == 1  # never run twice
     items = items_of(log)
     assert ta.conversation_problems(items) == []

@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.cluster_nodes_processes import bounded_cluster
 from tests.support.pg_support import PostgresServer, PostgresUnavailable, find_bin_dir
 from tests.support.process_cluster import events_until_terminal, items_of, open_cluster
 from trio_agents.control import ControlConnectionError, connect
@@ -34,43 +35,41 @@ async def test_nodes_start_serve_a_gated_tool_and_die_by_sigkill() -> None:
 
 
 async def test_a_run_finishes_once_its_gates_open_and_sigterm_stops_a_node() -> None:
-    async with open_cluster(None, 1) as cluster:
+    async with bounded_cluster(None, 1, bound=30) as (cluster, _):
         (node,) = cluster.alive()
-        with trio.fail_after(30):
-            async with cluster.client(node) as client:
-                run = await client.start("worker", "charge lookup stream #t2")
-                await cluster.wait_executions(1, "lookup", run.id)
-                await cluster.wait_executions(1, "charge", run.id)
-                cluster.open_gate("lookup", run.id)
-                cluster.open_gate("charge")
-                events: list[ta.RunEvent] = []
-                terminal = await events_until_terminal(run, 1, events)
-            assert terminal.status is ta.RunStatus.COMPLETED
-            items = items_of(events)
-            assert ta.conversation_problems(items) == []
-            final = items[-1]
-            assert isinstance(final, ta.AssistantMessage)
-            assert final.content == "done charge=charged lookup=looked up users=1"
-            assert await cluster.terminate(node) == 0
-        assert any("SIGTERM" in line for line in node.stdout), node.stdout
+        async with cluster.client(node) as client:
+            run = await client.start("worker", "charge lookup stream #t2")
+            await cluster.wait_executions(1, "lookup", run.id)
+            await cluster.wait_executions(1, "charge", run.id)
+            cluster.open_gate("lookup", run.id)
+            cluster.open_gate("charge")
+            events: list[ta.RunEvent] = []
+            terminal = await events_until_terminal(run, 1, events)
+        assert terminal.status is ta.RunStatus.COMPLETED
+        items = items_of(events)
+        assert ta.conversation_problems(items) == []
+        final = items[-1]
+        assert isinstance(final, ta.AssistantMessage)
+        assert final.content == "done charge=charged lookup=looked up users=1"
+        assert await cluster.terminate(node) == 0
+    assert any("SIGTERM" in line for line in node.stdout), node.stdout
 
 
 async def test_the_stream_scenario_blocks_on_its_gate() -> None:
-    async with open_cluster(None, 1) as cluster:
+    async with bounded_cluster(None, 1, bound=30) as (cluster, _):
         (node,) = cluster.alive()
-        with trio.fail_after(30):
-            async with cluster.client(node) as client:
-                run = await client.start("worker", "stream #t3")
-                deltas: list[str] = []
-                async for event in run.events(1):
-                    if isinstance(event, ta.ResponseTextDelta):
-                        deltas.append(event.text)
-                        if len(deltas) == 2:
-                            break
-                assert deltas == ["alpha ", "beta "]
-                cluster.open_gate("stream", "t3")
-                terminal = await run.wait()
-                assert terminal.status is ta.RunStatus.COMPLETED
+        async with cluster.client(node) as client:
+            run = await client.start("worker", "stream #t3")
+            deltas: list[str] = []
+            async for event in run.events(1):
+                if isinstance(event, ta.ResponseTextDelta):
+                    deltas.append(event.text)
+                    if len(deltas) == 2:
+                        break
+            assert deltas == ["alpha ", "beta "]
+            cluster.open_gate("stream", "t3")
+            terminal = await run.wait()
+            assert terminal.status is ta.RunStatus.COMPLETED
 
 
 def test_a_postgres_server_restarts_on_its_port_with_its_data() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 
 import pytest
@@ -10,6 +12,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.core_runs import assert_ended
 from tests.support.helpers import collect
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.testing import check_events
@@ -32,16 +35,27 @@ async def wait_for(run: ta.Run, predicate: type[ta.RunEvent], text: str | None =
             return
 
 
+def gated(seconds: float, *then: str) -> ScriptedModel:
+    """A model whose first turn calls ``gate`` for ``seconds``, then answers ``then``."""
+    return ScriptedModel([Turn(tool_calls=[("gate", {"seconds": seconds})]), *then])
+
+
+@asynccontextmanager
+async def in_the_gate(model: ta.Model, input: str = "q") -> AsyncIterator[ta.Run]:
+    """A run of :func:`agent` on ``input``, entered once its first tool has started;
+    leaving waits for the run to end."""
+    async with ta.open_run(agent(model), input) as run:
+        await wait_for(run, ta.ToolStarted)
+        yield run
+
+
 async def test_next_turn_lands_after_the_tool_results_before_the_next_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    model = ScriptedModel([Turn(tool_calls=[("gate", {"seconds": 5})]), "answer"])
-    async with ta.open_run(agent(model), "start") as run:
-        await wait_for(run, ta.ToolStarted)
+    model = gated(5, "answer")
+    async with in_the_gate(model, "start") as run:
         injection = run.inject("steer: be brief")
-    result = run.result
-    assert result is not None
-    assert result.status == "completed"
+    result = assert_ended(run, "completed", None)
     second_call = model.requests[1].items
     kinds = [type(i).__name__ for i in second_call]
     assert kinds == ["UserMessage", "ToolCall", "ToolResult", "UserMessage"]
@@ -94,12 +108,10 @@ async def test_now_interrupts_the_stream_and_keeps_partial_text(
 async def test_now_during_tools_does_not_interrupt_them(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    model = ScriptedModel([Turn(tool_calls=[("gate", {"seconds": 3})]), "done"])
-    async with ta.open_run(agent(model), "q") as run:
-        await wait_for(run, ta.ToolStarted)
+    model = gated(3, "done")
+    async with in_the_gate(model) as run:
         run.inject("urgent", when="now")
-    result = run.result
-    assert result is not None
+    result = assert_ended(run, "completed", None)
     outputs = [i for i in result.conversation if isinstance(i, ta.ToolResult)]
     assert outputs[0].output == "gate open"
     assert model.requests[1].items[-1] == ta.UserMessage("urgent")
@@ -135,9 +147,7 @@ async def test_steering_goes_before_follow_ups(autojump_clock: trio.testing.Mock
 
 
 async def test_withdraw_before_and_after_delivery(autojump_clock: trio.testing.MockClock) -> None:
-    model = ScriptedModel([Turn(tool_calls=[("gate", {"seconds": 2})]), "done"])
-    async with ta.open_run(agent(model), "q") as run:
-        await wait_for(run, ta.ToolStarted)
+    async with in_the_gate(gated(2, "done")) as run:
         kept = run.inject("kept")
         dropped = run.inject("dropped")
         assert run.withdraw(dropped) is True
@@ -145,22 +155,18 @@ async def test_withdraw_before_and_after_delivery(autojump_clock: trio.testing.M
         await wait_for(run, ta.InboxDelivered)
         assert run.withdraw(kept) is False
         assert run.withdraw("inj_unknown") is False
-    result = run.result
-    assert result is not None
+    result = assert_ended(run, "completed", None)
     assert ta.UserMessage("dropped") not in result.conversation
     assert ta.UserMessage("kept") in result.conversation
     assert result.unconsumed == ()
 
 
 async def test_unconsumed_on_cancel_and_max_turns(autojump_clock: trio.testing.MockClock) -> None:
-    model = ScriptedModel([Turn(tool_calls=[("gate", {"seconds": 100})])])
-    async with ta.open_run(agent(model), "q") as run:
-        await wait_for(run, ta.ToolStarted)
+    async with in_the_gate(gated(100)) as run:
         run.inject(["x", "y"], when="when_idle")
         run.inject("z")
         run.cancel("stop")
-    result = run.result
-    assert result is not None
+    result = assert_ended(run, "cancelled", "stop")
     assert result.unconsumed == (ta.UserMessage("x"), ta.UserMessage("y"), ta.UserMessage("z"))
     events = await collect(run)
     assert len([e for e in events if isinstance(e, ta.InboxInjected)]) == 2
@@ -179,23 +185,15 @@ async def test_unconsumed_on_cancel_and_max_turns(autojump_clock: trio.testing.M
 async def test_after_turn_cancel_leaves_pending_injections_unconsumed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    model = ScriptedModel([Turn(tool_calls=[("gate", {"seconds": 2})]), "never"])
-    async with ta.open_run(agent(model), "q") as run:
-        await wait_for(run, ta.ToolStarted)
+    async with in_the_gate(gated(2, "never")) as run:
         run.cancel("wrap up", mode="after_turn")
         run.inject("pending")
-    assert run.result is not None
-    assert run.result.status == "cancelled"
-    assert run.result.unconsumed == (
-        ta.UserMessage(
-            "pending",
-        ),
-    )
+    result = assert_ended(run, "cancelled", "wrap up")
+    assert result.unconsumed == (ta.UserMessage("pending"),)
 
 
 async def test_inject_errors_queue_nothing(autojump_clock: trio.testing.MockClock) -> None:
-    model = ScriptedModel([Turn(tool_calls=[("gate", {"seconds": 2})]), "done"])
-    async with ta.open_run(agent(model), "q", inbox_capacity=3) as run:
+    async with ta.open_run(agent(gated(2, "done")), "q", inbox_capacity=3) as run:
         with pytest.raises(ValueError, match="item 1"):
             run.inject(["fine", {"role": "robot", "content": "x"}])
         with pytest.raises(TypeError):
@@ -261,7 +259,6 @@ async def test_inject_from_a_thread(autojump_clock: trio.testing.MockClock) -> N
 
 async def test_inject_racing_cancel_from_threads(autojump_clock: trio.testing.MockClock) -> None:
     """Whatever the interleaving, every accepted injection is consumed or unconsumed."""
-    model = ScriptedModel([Turn(tool_calls=[("gate", {"seconds": 1000})])])
     accepted: list[str] = []
     lock = threading.Lock()
 
@@ -273,12 +270,10 @@ async def test_inject_racing_cancel_from_threads(autojump_clock: trio.testing.Mo
         with lock:
             accepted.append(f"m{i}")
 
-    async with ta.open_run(agent(model), "q") as run:
-        await wait_for(run, ta.ToolStarted)
-        async with trio.open_nursery() as nursery:
-            for i in range(20):
-                nursery.start_soon(trio.to_thread.run_sync, injector, run, i)
-            nursery.start_soon(trio.to_thread.run_sync, partial(run.cancel, "race"))
+    async with in_the_gate(gated(1000)) as run, trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(trio.to_thread.run_sync, injector, run, i)
+        nursery.start_soon(trio.to_thread.run_sync, partial(run.cancel, "race"))
     result = run.result
     assert result is not None
     consumed = [i.content for i in result.new_items if isinstance(i, ta.UserMessage)][1:]

@@ -10,11 +10,8 @@ import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.core_trees import tool_turn
 from trio_agents.models import ScriptedModel, Turn
-
-
-def _calls(*calls: tuple[str, dict[str, Any]]) -> Turn:
-    return Turn(tool_calls=list(calls))
 
 
 @ta.function_tool
@@ -40,7 +37,7 @@ def _history(turns: int) -> list[ta.Item]:
 async def test_keep_last_turns_sends_whole_turns_and_stores_everything() -> None:
     session = ta.sessions.MemorySession("h")
     await session.add_items(_history(5))
-    model = ScriptedModel([_calls(("ping", {})), "fine"])
+    model = ScriptedModel([tool_turn(("ping", {})), "fine"])
     agent = ta.Agent(name="a", model=model, tools=[ping], history=ta.KeepLastTurns(2))
     result = await ta.run(agent, "question 5", session=session)
     assert result.status == "completed"
@@ -74,7 +71,7 @@ async def test_token_window_drops_oldest_turns_until_it_fits() -> None:
 
 async def test_summarize_replaces_what_it_drops_with_one_summary_cached() -> None:
     summarizer = ScriptedModel(["they asked ten questions, all pinged"], default="second summary")
-    model = ScriptedModel([_calls(("ping", {})), "done"])
+    model = ScriptedModel([tool_turn(("ping", {})), "done"])
     agent = ta.Agent(
         name="a", model=model, tools=[ping], history=ta.Summarize(summarizer, keep_last_turns=1)
     )

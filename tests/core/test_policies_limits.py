@@ -9,15 +9,13 @@ import trio
 
 import trio_agents as ta
 from tests.support.chat_wire import chunk
+from tests.support.core_runs import assert_ended, assert_failed_with
+from tests.support.core_trees import root_calling, run_events, tool_turn
 from tests.support.sse_server import SSE, Reply, SSEServer
 from trio_agents.models import OpenAIChatModel, ScriptedModel, Turn
 from trio_agents.testing import check_events
 
 pytestmark = pytest.mark.trio
-
-
-def _calls(*calls: tuple[str, dict[str, Any]]) -> Turn:
-    return Turn(tool_calls=list(calls))
 
 
 @ta.function_tool
@@ -26,23 +24,25 @@ async def ping() -> str:
     return "pong"
 
 
-async def _events(run: ta.Run) -> list[ta.RunEvent]:
-    return [e async for e in run.events()]
+def pinging_leaf() -> ta.Agent:
+    """An agent, ``leaf``, that calls ``ping`` turn after turn (100 turns at most)."""
+    return ta.Agent(
+        name="leaf",
+        model=ScriptedModel([], default=tool_turn(("ping", {}))),
+        tools=[ping],
+        max_turns=100,
+    )
 
 
 async def test_requests_limit_the_request_past_it_is_never_sent() -> None:
-    model = ScriptedModel([], default=_calls(("ping", {})))
+    model = ScriptedModel([], default=tool_turn(("ping", {})))
     agent = ta.Agent(name="a", model=model, tools=[ping], max_turns=50)
     async with ta.open_run(agent, "go", limits=ta.UsageLimits(requests=3)) as run:
         pass
-    result = run.result
-    assert result is not None
-    assert result.status == "failed"
-    assert result.reason == "usage limit: requests 4/3"
-    assert isinstance(result.error, ta.UsageLimitExceeded)
-    assert result.error.name == "requests"
+    result, error = assert_failed_with(run, "usage limit: requests 4/3", ta.UsageLimitExceeded)
+    assert error.name == "requests"
     assert model.calls == 3
-    events = await _events(run)
+    events = await run_events(run)
     assert check_events(result, events).ok
     terminal = events[-1]
     assert isinstance(terminal, ta.RunUpdated)
@@ -58,7 +58,9 @@ async def test_tool_calls_limit_the_call_past_it_never_runs() -> None:
         ran.append(n)
         return "ok"
 
-    model = ScriptedModel([_calls(("count", {"n": 1}), ("count", {"n": 2}), ("count", {"n": 3}))])
+    model = ScriptedModel(
+        [tool_turn(("count", {"n": 1}), ("count", {"n": 2}), ("count", {"n": 3}))]
+    )
     agent = ta.Agent(name="a", model=model, tools=[count])
     result = await ta.run(agent, "go", limits=ta.UsageLimits(tool_calls=2), max_concurrent_tools=1)
     assert result.status == "failed"
@@ -75,12 +77,8 @@ async def test_output_tokens_cut_a_stream_that_reports_no_usage(autojump_clock: 
     agent = ta.Agent(name="a", model=model)
     async with ta.open_run(agent, "go", limits=ta.UsageLimits(output_tokens=20)) as run:
         pass
-    result = run.result
-    assert result is not None
-    assert result.status == "failed"
-    assert result.reason is not None
-    assert result.reason == "usage limit: output_tokens 22/20"  # 85 chars: 22 tokens
-    deltas = [e for e in await _events(run) if isinstance(e, ta.ResponseTextDelta)]
+    result = assert_ended(run, "failed", "usage limit: output_tokens 22/20")  # 85 chars: 22 tokens
+    deltas = [e for e in await run_events(run) if isinstance(e, ta.ResponseTextDelta)]
     assert len(deltas) == 17  # cut as soon as the estimate passed the limit
     (kept,) = [i for i in result.new_items if isinstance(i, ta.AssistantMessage)]
     assert kept.status == "incomplete"
@@ -88,28 +86,20 @@ async def test_output_tokens_cut_a_stream_that_reports_no_usage(autojump_clock: 
 
 
 async def test_a_grandchild_passing_the_roots_limit_fails_the_root(autojump_clock: Any) -> None:
-    leaf = ta.Agent(
-        name="leaf",
-        model=ScriptedModel([], default=_calls(("ping", {}))),
-        tools=[ping],
-        max_turns=100,
-    )
+    leaf = pinging_leaf()
     mid = ta.Agent(
         name="mid",
-        model=ScriptedModel([_calls(("leaf", {"input": "x"}))], default="mid done"),
+        model=ScriptedModel([tool_turn(("leaf", {"input": "x"}))], default="mid done"),
         tools=[leaf.as_tool()],
     )
     root = ta.Agent(
         name="root",
-        model=ScriptedModel([_calls(("mid", {"input": "x"}))], default="root done"),
+        model=ScriptedModel([tool_turn(("mid", {"input": "x"}))], default="root done"),
         tools=[mid.as_tool()],
     )
     async with ta.open_run(root, "go", limits=ta.UsageLimits(requests=10)) as run:
         tree = [e async for e in run.events(tree=True)]
-    result = run.result
-    assert result is not None
-    assert result.status == "failed"
-    assert result.reason == "usage limit: requests 11/10"
+    result = assert_ended(run, "failed", "usage limit: requests 11/10")
     mid_run = run.children[0]
     leaf_run = mid_run.children[0]
     for node in (mid_run, leaf_run):
@@ -125,17 +115,8 @@ async def test_a_grandchild_passing_the_roots_limit_fails_the_root(autojump_cloc
 
 
 async def test_a_childs_own_limit_fails_only_the_child() -> None:
-    leaf = ta.Agent(
-        name="leaf",
-        model=ScriptedModel([], default=_calls(("ping", {}))),
-        tools=[ping],
-        max_turns=100,
-    )
-    root = ta.Agent(
-        name="root",
-        model=ScriptedModel([_calls(("leaf", {"input": "x"})), "root coped"]),
-        tools=[leaf.as_tool(limits=ta.UsageLimits(requests=2))],
-    )
+    leaf = pinging_leaf()
+    root = root_calling(leaf.as_tool(limits=ta.UsageLimits(requests=2)), then="root coped")
     result = await ta.run(root, "go", limits=ta.UsageLimits(requests=100))
     assert result.status == "completed"
     (tool_result,) = [i for i in result.conversation if isinstance(i, ta.ToolResult)]
@@ -151,7 +132,7 @@ async def test_deadline_ends_the_run_failed_timeout_and_wrap_up_asks_for_the_ans
         await trio.sleep(4)
         return "slow done"
 
-    model = ScriptedModel([], default=_calls(("slow", {})))
+    model = ScriptedModel([], default=tool_turn(("slow", {})))
     agent = ta.Agent(name="a", model=model, tools=[slow], max_turns=100)
     result = await ta.run(agent, "go", limits=ta.UsageLimits(deadline=10, wrap_up=3))
     assert result.status == "failed"
@@ -161,7 +142,7 @@ async def test_deadline_ends_the_run_failed_timeout_and_wrap_up_asks_for_the_ans
     assert ta.conversation_problems(result.conversation) == []
 
     # a model that answers once asked: the run completes before the deadline
-    model2 = ScriptedModel([_calls(("slow", {})), _calls(("slow", {})), "final, as asked"])
+    model2 = ScriptedModel([tool_turn(("slow", {})), tool_turn(("slow", {})), "final, as asked"])
     agent2 = ta.Agent(name="a", model=model2, tools=[slow])
     result2 = await ta.run(agent2, "go", limits=ta.UsageLimits(deadline=10, wrap_up=3))
     assert result2.status == "completed"
@@ -175,15 +156,13 @@ async def test_wrap_up_while_awaiting_approval(autojump_clock: Any) -> None:
         """Needs approval."""
         return "done"
 
-    model = ScriptedModel([_calls(("risky", {})), "answered"])
+    model = ScriptedModel([tool_turn(("risky", {})), "answered"])
     agent = ta.Agent(name="a", model=model, tools=[risky])
     async with ta.open_run(agent, "go", limits=ta.UsageLimits(deadline=10, wrap_up=5)) as run:
         await trio.sleep(6)  # past the wrap-up: the injection waits behind the approval
         assert run.status == "awaiting_approval"
         run.approve("call_1_0")
-    result = run.result
-    assert result is not None
-    assert result.status == "completed"
+    assert_ended(run, "completed", None)
     assert model.requests[1].items[-1] == ta.UserMessage(ta.WRAP_UP_MESSAGE)
 
 
@@ -215,10 +194,7 @@ async def test_a_limit_crossed_mid_stream_by_a_server_that_streams_no_usage(
     with trio.fail_after(30):
         async with ta.open_run(agent, "go", limits=ta.UsageLimits(output_tokens=50)) as run:
             pass
-    result = run.result
-    assert result is not None
-    assert result.status == "failed"
-    assert result.reason == "usage limit: output_tokens 51/50"
+    result = assert_ended(run, "failed", "usage limit: output_tokens 51/50")
     (kept,) = [i for i in result.new_items if isinstance(i, ta.AssistantMessage)]
     assert kept.content == "abcd" * 51
     assert kept.status == "incomplete"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -16,6 +16,12 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.core_runs import (
+    inject_now_during_model_start,
+    raising_tool,
+    run_to_the_end,
+    slow,
+)
 from tests.support.helpers import collect
 from trio_agents.models import Finish, ScriptedModel, TextDelta, ToolCallDone, Turn, Usage
 from trio_agents.sessions import MemorySession, SQLiteSession
@@ -53,6 +59,25 @@ def call(call_id: str, name: str = "slow", arguments: str = "{}") -> ta.ToolCall
     return ta.ToolCall(call_id, name, arguments)
 
 
+async def raise_a_stray_cancelled() -> None:
+    """Raise the ``trio.Cancelled`` of a scope of our own, outside that scope: a stray
+    one, which nothing around the caller cancelled."""
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled as exc:
+            stray = exc
+    raise stray
+
+
+async def session_with_answered_call(call_id: str) -> MemorySession:
+    """A session whose stored history already holds call ``call_id`` and its result."""
+    session = MemorySession()
+    await session.add_items([ta.UserMessage("a"), call(call_id), ta.ToolResult(call_id, "x")])
+    return session
+
+
 async def assert_session_free(session: Any) -> None:
     """A next run on the session starts (the first one released it) and sees valid rows."""
     result = await ta.run(make_agent(ScriptedModel(["ok"])), "again", session=session)
@@ -73,11 +98,7 @@ async def test_a_malformed_model_event_fails_the_run_and_keeps_the_text(
 ) -> None:
     session = MemorySession()
     model = EventsModel([TextDelta("seen "), TextDelta("text"), bad])
-    async with ta.open_run(make_agent(model), "hi", session=session) as run:
-        events = await collect(run)
-    result = run.result
-    assert result is not None
-    check_events(result, events).raise_for_violations()
+    result, _ = await run_to_the_end(make_agent(model), "hi", session=session)
     assert result.status == "failed"
     assert result.reason is not None
     assert result.reason.startswith("ModelError: model yielded")
@@ -159,12 +180,6 @@ class BlockingEndHooks(ta.RunHooks):
 async def test_a_blocking_end_hook_skips_no_repair_step(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    @ta.function_tool
-    async def slow() -> str:
-        """Sleep for an hour."""
-        await trio.sleep(3600)
-        return "never"
-
     hooks = BlockingEndHooks()
     session = MemorySession()
     model = ScriptedModel([Turn(tool_calls=[call("a"), call("b")])])
@@ -250,14 +265,18 @@ class FailingSession(WrappedSession):
         await super().add_items(items)
 
 
-class HangingSession(WrappedSession):
-    def __init__(self) -> None:
+class TrippedSession(WrappedSession):
+    """Writes normally until the test sets ``tripped``; from then on every write first
+    awaits ``trip`` (which hangs or raises)."""
+
+    def __init__(self, trip: Callable[[], Awaitable[None]]) -> None:
         super().__init__()
-        self.hang = False
+        self.trip = trip
+        self.tripped = False
 
     async def add_items(self, items: Sequence[ta.Item]) -> None:
-        if self.hang:
-            await trio.sleep_forever()
+        if self.tripped:
+            await self.trip()
         await super().add_items(items)
 
 
@@ -281,11 +300,11 @@ async def test_a_repair_that_cannot_be_written_fails_the_run(
 async def test_a_repair_that_times_out_fails_the_run(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    session = HangingSession()
+    session = TrippedSession(trio.sleep_forever)
     model = EventsModel([TextDelta("partial")], block=True)
     async with ta.open_run(make_agent(model), "go", session=session, cleanup_timeout=1) as run:
         await trio.testing.wait_all_tasks_blocked()
-        session.hang = True
+        session.tripped = True
         start = trio.current_time()
         run.cancel("stop")
     assert trio.current_time() - start == pytest.approx(1)
@@ -293,7 +312,7 @@ async def test_a_repair_that_times_out_fails_the_run(
     assert result is not None
     assert (result.status, result.reason) == ("failed", "cleanup timed out")
     assert result.conversation[-1] == ta.AssistantMessage("partial", status="incomplete")
-    session.hang = False
+    session.tripped = False
     await assert_session_free(session)
 
 
@@ -345,20 +364,11 @@ async def test_a_stray_cancelled_from_a_tool_is_an_error_result(
     @ta.function_tool
     async def slow() -> str:
         """Re-raise a Cancelled from a scope of its own, like a shared service nursery."""
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            try:
-                await trio.lowlevel.checkpoint()
-            except trio.Cancelled as exc:
-                stray = exc
-        raise stray
+        await raise_a_stray_cancelled()
+        return "never reached"
 
     model = ScriptedModel([Turn(tool_calls=[call("a")]), "final"])
-    async with ta.open_run(make_agent(model, [slow]), "go") as run:
-        events = await collect(run)
-    result = run.result
-    assert result is not None
-    check_events(result, events).raise_for_violations()
+    result, _ = await run_to_the_end(make_agent(model, [slow]), "go")
     assert result.status == "completed"
     assert result.final_output == "final"
     assert result.conversation[-1] == ta.AssistantMessage("final")
@@ -398,18 +408,14 @@ async def test_each_tool_result_is_persisted_as_its_tool_finishes(
 async def test_keyboard_interrupt_in_a_tool_is_named_and_propagates(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    @ta.function_tool
-    async def slow() -> str:
-        """Interrupt."""
-        raise KeyboardInterrupt
-
+    interrupting = raising_tool("slow", KeyboardInterrupt)
     handle: list[ta.Run] = []
     with pytest.raises(BaseExceptionGroup) as info:
         async with trio.open_nursery() as nursery:
             handle.append(
                 await nursery.start(
                     ta.serve_run,
-                    make_agent(ScriptedModel([Turn(tool_calls=[call("a")])]), [slow]),
+                    make_agent(ScriptedModel([Turn(tool_calls=[call("a")])]), [interrupting]),
                     "x",
                 )
             )
@@ -423,16 +429,8 @@ async def test_keyboard_interrupt_in_a_tool_is_named_and_propagates(
 async def test_two_failing_tools_give_one_readable_reason(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    @ta.function_tool
-    async def a() -> str:
-        """Fail."""
-        raise ValueError("first")
-
-    @ta.function_tool
-    async def b() -> str:
-        """Fail."""
-        raise LookupError("second")
-
+    a = raising_tool("a", ValueError, "first")
+    b = raising_tool("b", LookupError, "second")
     model = ScriptedModel([Turn(tool_calls=[call("1", "a"), call("2", "b")])])
     result = await ta.run(make_agent(model, [a, b]), "go", on_tool_error="fail")
     assert result.status == "failed"
@@ -494,12 +492,6 @@ async def test_injected_items_that_break_the_conversation_are_refused(
 async def test_an_injected_pair_may_not_reuse_a_call_id(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    @ta.function_tool
-    async def slow() -> str:
-        """Wait an hour."""
-        await trio.sleep(3600)
-        return ""
-
     model = ScriptedModel([Turn(tool_calls=[call("c1")])])
     async with ta.open_run(make_agent(model, [slow]), "go") as run:
         await trio.testing.wait_all_tasks_blocked()
@@ -523,8 +515,7 @@ async def test_open_run_input_with_an_open_call_is_refused() -> None:
 async def test_input_reusing_a_stored_call_id_fails_before_any_model_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    session = MemorySession()
-    await session.add_items([ta.UserMessage("a"), call("c1"), ta.ToolResult("c1", "x")])
+    session = await session_with_answered_call("c1")
     model = ScriptedModel(["x"])
     result = await ta.run(
         make_agent(model), [call("c1"), ta.ToolResult("c1", "again")], session=session
@@ -580,29 +571,11 @@ def test_cancel_right_after_serve_run_starts_comes_before_any_model_call() -> No
         assert model.calls == 0, f"seed {seed}: a model call was made"
 
 
-class HoldModelStart(ta.RunHooks):
-    def __init__(self) -> None:
-        self.entered = trio.Event()
-        self.release = trio.Event()
-
-    async def on_model_start(self, run: ta.Run, turn: int, request: ta.ModelRequest) -> None:
-        if turn == 1:
-            self.entered.set()
-            await self.release.wait()
-
-
 async def test_inject_now_during_model_start_interrupts_that_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    hooks = HoldModelStart()
     model = ScriptedModel(["the only answer"])
-    async with ta.open_run(make_agent(model), "go", hooks=hooks) as run:
-        await hooks.entered.wait()
-        run.inject("actually, this", when="now")
-        await trio.testing.wait_all_tasks_blocked()
-        hooks.release.set()
-    result = run.result
-    assert result is not None
+    result = await inject_now_during_model_start(make_agent(model), shield=False)
     assert result.final_output == "the only answer"
     # The interrupted call never reached the model; the one call made saw the injection.
     assert model.calls == 1
@@ -696,8 +669,7 @@ async def test_a_load_repair_is_written_back_atomically_or_not_at_all(
 async def test_an_injected_pair_clashing_with_the_stored_history_is_never_delivered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    session = MemorySession()
-    await session.add_items([ta.UserMessage("a"), call("c1"), ta.ToolResult("c1", "x")])
+    session = await session_with_answered_call("c1")
     model = ScriptedModel(["never"])
     async with ta.open_run(make_agent(model), "b", session=session) as run:
         run.inject([call("c1"), ta.ToolResult("c1", "again")])  # before the history loaded
@@ -725,12 +697,6 @@ class ToolStartFailsWhenCancelled(ta.RunHooks):
 async def test_an_outer_cancel_meeting_a_hook_error_still_propagates(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    @ta.function_tool
-    async def slow() -> str:
-        """Wait an hour."""
-        await trio.sleep(3600)
-        return ""
-
     model = ScriptedModel([Turn(tool_calls=[call("a"), call("b")])])
     reached = False
     with trio.move_on_after(1) as outer:
@@ -751,15 +717,7 @@ async def test_an_outer_cancel_meeting_a_hook_error_still_propagates(
 class StrayCancelledModel:
     @asynccontextmanager
     async def stream(self, request: ta.ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
-        stray: trio.Cancelled | None = None
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            try:
-                await trio.lowlevel.checkpoint()
-            except trio.Cancelled as exc:
-                stray = exc
-        if stray is not None:
-            raise stray
+        await raise_a_stray_cancelled()
         yield _empty()
 
 
@@ -788,15 +746,8 @@ async def test_a_stray_cancelled_from_a_model_or_hook_is_a_named_failure(
     )
 
 
-class InterruptingSession(WrappedSession):
-    def __init__(self) -> None:
-        super().__init__()
-        self.interrupt = False
-
-    async def add_items(self, items: Sequence[ta.Item]) -> None:
-        if self.interrupt:
-            raise KeyboardInterrupt
-        await super().add_items(items)
+async def interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 class CountingHooks(ta.RunHooks):
@@ -819,7 +770,7 @@ class CountingHooks(ta.RunHooks):
 async def test_a_keyboard_interrupt_in_the_repair_write_skips_no_step(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    session = InterruptingSession()
+    session = TrippedSession(interrupt)
     hooks = CountingHooks()
     model = EventsModel([TextDelta("partial")], block=True)
 
@@ -831,7 +782,7 @@ async def test_a_keyboard_interrupt_in_the_repair_write_skips_no_step(
             )
             handle.append(run)
             await trio.testing.wait_all_tasks_blocked()
-            session.interrupt = True
+            session.tripped = True
             run.cancel("stop")
 
     handle: list[ta.Run] = []

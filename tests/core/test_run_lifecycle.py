@@ -11,6 +11,13 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.core_runs import (
+    GateTool,
+    ThreadTool,
+    assert_ended,
+    raising_tool,
+    run_to_the_end,
+)
 from tests.support.helpers import collect, statuses
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import MemorySession
@@ -51,11 +58,7 @@ async def test_text_run_completes(autojump_clock: trio.testing.MockClock) -> Non
 
 async def test_tool_turn_then_answer(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel([Turn(tool_calls=[("add", {"a": 2, "b": 3})]), "It is 5."])
-    async with ta.open_run(make_agent(model, [add]), "2+3?") as run:
-        events = await collect(run)
-    result = run.result
-    assert result is not None
-    check_events(result, events).raise_for_violations()
+    result, events = await run_to_the_end(make_agent(model, [add]), "2+3?")
     assert result.final_output == "It is 5."
     assert statuses(events) == ["queued", "running", "completed"]
     kinds = [type(item).__name__ for item in result.conversation]
@@ -95,36 +98,26 @@ async def test_events_have_type_seq_run_id_and_json(autojump_clock: trio.testing
 async def test_unknown_tool_and_bad_arguments_become_error_results(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    model = ScriptedModel(
-        [
-            Turn(
-                tool_calls=[
-                    ta.ToolCall("c1", "nope", "{}"),
-                    ta.ToolCall("c2", "add", '{"a": "x", "b": 1}'),
-                    ta.ToolCall("c3", "add", "not json"),
-                ]
-            ),
-            "done",
-        ]
-    )
+    # call id: the tool, its arguments, what its error result says
+    bad_calls = {
+        "c1": ("nope", "{}", "unknown tool 'nope'"),
+        "c2": ("add", '{"a": "x", "b": 1}', "$.a"),
+        "c3": ("add", "not json", ""),
+    }
+    calls = [ta.ToolCall(call_id, name, args) for call_id, (name, args, _) in bad_calls.items()]
+    model = ScriptedModel([Turn(tool_calls=calls), "done"])
     result = await ta.run(make_agent(model, [add]), "go")
     assert result.status == "completed"
     outputs = {i.call_id: i for i in result.conversation if isinstance(i, ta.ToolResult)}
-    assert outputs["c1"].status == "error"
-    assert "unknown tool 'nope'" in outputs["c1"].output
-    assert outputs["c2"].status == "error"
-    assert "$.a" in outputs["c2"].output
-    assert outputs["c3"].status == "error"
+    for call_id, (_, _, says) in bad_calls.items():
+        assert outputs[call_id].status == "error"
+        assert says in outputs[call_id].output
 
 
 async def test_tool_exception_becomes_error_result_or_fails_run(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    @ta.function_tool
-    async def boom() -> str:
-        """Explode."""
-        raise RuntimeError("kaput")
-
+    boom = raising_tool("boom", RuntimeError, "kaput")
     model = ScriptedModel([Turn(tool_calls=[("boom", {})]), "recovered"])
     result = await ta.run(make_agent(model, [boom]), "go")
     assert result.status == "completed"
@@ -264,27 +257,15 @@ async def test_cancel_while_async_tool_runs(autojump_clock: trio.testing.MockClo
 async def test_cancel_while_sync_tool_runs_sets_ctx_cancelled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    entered = threading.Event()
-    release = threading.Event()
-    saw_cancel = threading.Event()
-
-    @ta.function_tool
-    def blocking(ctx: ta.ToolContext) -> str:
-        """Block in a thread until cancelled."""
-        entered.set()
-        if ctx.cancelled.wait(timeout=30):
-            saw_cancel.set()
-        release.wait(timeout=30)
-        return "late value, must be discarded"
-
+    thread = ThreadTool()
     model = ScriptedModel([Turn(tool_calls=[("blocking", {})])])
-    async with ta.open_run(make_agent(model, [blocking]), "go") as run:
-        await trio.to_thread.run_sync(entered.wait)
+    async with ta.open_run(make_agent(model, [thread.tool()]), "go") as run:
+        await trio.to_thread.run_sync(thread.entered.wait)
         run.cancel("stop the thread")
         result = await run.wait()
-    release.set()
-    await trio.to_thread.run_sync(saw_cancel.wait, 30)
-    assert saw_cancel.is_set()
+    thread.release.set()
+    await trio.to_thread.run_sync(thread.saw_cancel.wait, 30)
+    assert thread.saw_cancel.is_set()
     assert result.status == "cancelled"
     outputs = [i.output for i in result.conversation if isinstance(i, ta.ToolResult)]
     assert outputs == ["cancelled: stop the thread"]
@@ -293,23 +274,14 @@ async def test_cancel_while_sync_tool_runs_sets_ctx_cancelled(
 async def test_after_turn_finishes_the_turn_then_stops(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    entered = trio.Event()
-    finish = trio.Event()
-
-    @ta.function_tool
-    async def step() -> str:
-        """One step."""
-        entered.set()
-        await finish.wait()
-        return "step done"
-
+    step = GateTool("step", "step done")
     model = ScriptedModel([Turn(tool_calls=[("step", {})]), "never reached"])
-    async with ta.open_run(make_agent(model, [step]), "go") as run:
-        await entered.wait()
+    async with ta.open_run(make_agent(model, [step.tool]), "go") as run:
+        await step.entered.wait()
         run.cancel("wrap up", mode="after_turn")
         await trio.testing.wait_all_tasks_blocked()
         assert run.status == "running"
-        finish.set()
+        step.release.set()
     result = run.result
     assert result is not None
     assert result.status == "cancelled"
@@ -380,9 +352,7 @@ async def test_cancel_from_a_foreign_thread(autojump_clock: trio.testing.MockClo
     async with ta.open_run(make_agent(model, [forever]), "go") as run:
         await start_forever_run(run)
         await trio.to_thread.run_sync(run.cancel, "from a thread")
-    assert run.result is not None
-    assert run.result.status == "cancelled"
-    assert run.result.reason == "from a thread"
+    assert_ended(run, "cancelled", "from a thread")
 
 
 async def test_fifty_threads_cancelling_at_once_give_one_terminal_update(
@@ -423,11 +393,8 @@ async def test_outer_cancellation_is_recorded_and_propagates(
             handle.append(run)
             await trio.sleep_forever()
     assert scope.cancelled_caught
-    run = handle[0]
-    assert run.result is not None
-    assert run.result.status == "cancelled"
-    assert run.result.reason == "parent cancelled"
-    assert run.result.new_items[-1].status == "incomplete"  # type: ignore[union-attr]
+    result = assert_ended(handle[0], "cancelled", "parent cancelled")
+    assert result.new_items[-1].status == "incomplete"  # type: ignore[union-attr]
 
 
 async def test_outer_cancellation_of_a_waiting_block_propagates(
@@ -452,9 +419,7 @@ async def test_outer_cancel_never_swallowed_in_serve_run(
         async with trio.open_nursery() as nursery:
             run = await nursery.start(ta.serve_run, make_agent(model), "go")
     assert scope.cancelled_caught
-    assert run.result is not None
-    assert run.result.status == "cancelled"
-    assert run.result.reason == "parent cancelled"
+    assert_ended(run, "cancelled", "parent cancelled")
 
 
 async def test_exception_in_block_cancels_run_and_propagates_unwrapped(

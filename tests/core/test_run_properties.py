@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import trio_agents as ta
+from tests.support.core_schedules import ScheduleCase, schedule_agent, schedule_cases
 from tests.support.helpers import count_example, lifecycle_settings
 from trio_agents.testing import (
     HOSTILE_TEXTS,
@@ -33,7 +33,6 @@ from trio_agents.testing import (
     schedules,
     scripts,
     standard_tools,
-    tool_sets,
 )
 
 TOOLS = standard_tools()
@@ -67,20 +66,15 @@ class BalanceHooks(ta.RunHooks):
         self._add(f"tool:{call.call_id}", -1)
 
 
-def _agent(tools: FakeTools, max_turns: int) -> Any:
-    def factory(model: ta.Model) -> ta.Agent:
-        return ta.Agent(name="p", model=model, tools=list(tools.tools), max_turns=max_turns)
-
-    return factory
-
-
 @lifecycle_settings(weight=3)
 @given(script=scripts(TOOLS), schedule=schedules(), max_turns=st.integers(1, 5))
 def test_any_schedule_keeps_the_lifecycle_rules(
     script: list[Turn], schedule: tuple[Op, ...], max_turns: int
 ) -> None:
     count_example()
-    observation = run_schedule(_agent(TOOLS, max_turns), script, schedule, recorder=TOOLS.recorder)
+    observation = run_schedule(
+        schedule_agent(TOOLS, max_turns), script, schedule, recorder=TOOLS.recorder
+    )
     check_run(observation).raise_for_violations()
     # Beyond the generic invariants: what this tool set promises.
     result = observation.result
@@ -93,22 +87,10 @@ def test_any_schedule_keeps_the_lifecycle_rules(
 
 
 @lifecycle_settings(weight=1)
-@given(data=st.data(), tools=tool_sets(), max_turns=st.integers(1, 4))
-def test_hooks_stay_balanced_under_any_schedule(
-    data: st.DataObject, tools: FakeTools, max_turns: int
-) -> None:
-    count_example()
-    script = data.draw(scripts(tools), label="script")
-    schedule = data.draw(schedules(max_ops=6), label="schedule")
+@given(case=schedule_cases())
+def test_hooks_stay_balanced_under_any_schedule(case: ScheduleCase) -> None:
     hooks = BalanceHooks()
-    observation = run_schedule(
-        _agent(tools, max_turns),
-        script,
-        schedule,
-        recorder=tools.recorder,
-        run_options={"hooks": hooks, "cleanup_timeout": 1.0},
-    )
-    check_run(observation).raise_for_violations()
+    case.run(hooks)
     assert {k: v for k, v in hooks.open.items() if v} == {}
 
 
@@ -122,7 +104,7 @@ def test_process_tools_die_with_the_run(calls: Sequence[float], schedule: tuple[
     count_example()
     tools = standard_tools(threads=False, processes=True)
     script = [Turn(tool_calls=[("proc", {"seconds": s}) for s in calls])]
-    observation = run_schedule(_agent(tools, 3), script, schedule, recorder=tools.recorder)
+    observation = run_schedule(schedule_agent(tools, 3), script, schedule, recorder=tools.recorder)
     check_run(observation).raise_for_violations()
     assert all(c.state != "running" for c in observation.tool_calls)
 
@@ -153,7 +135,7 @@ def test_hostile_text_keeps_the_lifecycle_rules(
 ) -> None:
     count_example()
     observation = run_schedule(
-        _agent(HOSTILE_TOOLS, max_turns),
+        schedule_agent(HOSTILE_TOOLS, max_turns),
         script,
         schedule,
         recorder=HOSTILE_TOOLS.recorder,

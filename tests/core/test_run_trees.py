@@ -12,14 +12,12 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.core_runs import assert_ended
+from tests.support.core_trees import researcher, root_calling, run_events, tool_turn
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.testing import check_events
 
 pytestmark = pytest.mark.trio
-
-
-def _calls(*calls: tuple[str, dict[str, Any]]) -> Turn:
-    return Turn(tool_calls=list(calls))
 
 
 @ta.function_tool
@@ -32,25 +30,15 @@ async def sleep_hour() -> str:
 def sleeper(name: str) -> ta.Agent:
     """An agent whose every run calls a tool that sleeps for an hour."""
     return ta.Agent(
-        name=name, model=ScriptedModel([], default=_calls(("sleep_hour", {}))), tools=[sleep_hour]
+        name=name,
+        model=ScriptedModel([], default=tool_turn(("sleep_hour", {}))),
+        tools=[sleep_hour],
     )
-
-
-async def events(run: ta.Run) -> list[ta.RunEvent]:
-    return [e async for e in run.events()]
-
-
-def researcher(name: str, *turns: Turn | str, tools: list[ta.Tool] | None = None) -> ta.Agent:
-    return ta.Agent(name=name, model=ScriptedModel(list(turns)), tools=tools or [])
 
 
 async def test_as_tool_child_output_is_the_call_result() -> None:
     child = researcher("helper", "the answer is 42")
-    root = ta.Agent(
-        name="root",
-        model=ScriptedModel([_calls(("helper", {"input": "what is it?"})), "done"]),
-        tools=[child.as_tool()],
-    )
+    root = root_calling(child, then="done", input="what is it?")
     async with ta.open_run(root, "go") as run:
         pass
     result = run.result
@@ -68,7 +56,7 @@ async def test_as_tool_child_output_is_the_call_result() -> None:
     assert kid.result is not None
     assert kid.result.final_output == "the answer is 42"
     kinds = [
-        (e.type, getattr(e, "status", None)) for e in await events(run) if e.type == "run.child"
+        (e.type, getattr(e, "status", None)) for e in await run_events(run) if e.type == "run.child"
     ]
     assert kinds == [("run.child", "queued"), ("run.child", "completed")]
     # tree usage adds the child's
@@ -85,7 +73,7 @@ async def test_parallel_branches_and_tree_events_in_order(autojump_clock: Any) -
     root = ta.Agent(
         name="root",
         model=ScriptedModel(
-            [_calls(*[(f"r{i}", {"input": f"topic {i}"}) for i in range(3)]), "summary"]
+            [tool_turn(*[(f"r{i}", {"input": f"topic {i}"}) for i in range(3)]), "summary"]
         ),
         tools=[k.as_tool() for k in kids],
     )
@@ -114,11 +102,13 @@ async def test_cancel_root_cancels_every_descendant_bottom_up(autojump_clock: An
     leaf = sleeper("leaf")
     mid = ta.Agent(
         name="mid",
-        model=ScriptedModel([_calls(("leaf", {"input": "a"}), ("leaf", {"input": "b"}))]),
+        model=ScriptedModel([tool_turn(("leaf", {"input": "a"}), ("leaf", {"input": "b"}))]),
         tools=[leaf.as_tool()],
     )
     root = ta.Agent(
-        name="root", model=ScriptedModel([_calls(("mid", {"input": "x"}))]), tools=[mid.as_tool()]
+        name="root",
+        model=ScriptedModel([tool_turn(("mid", {"input": "x"}))]),
+        tools=[mid.as_tool()],
     )
     async with ta.open_run(root, "go") as run:
         await trio.sleep(10)
@@ -166,13 +156,7 @@ async def test_cancel_root_cancels_every_descendant_bottom_up(autojump_clock: An
 async def test_cancel_one_branch_the_parent_goes_on(autojump_clock: Any) -> None:
     slow = sleeper("slow")
     fast = researcher("fast", Turn("fast result", delay=100))
-    root = ta.Agent(
-        name="root",
-        model=ScriptedModel(
-            [_calls(("slow", {"input": "x"}), ("fast", {"input": "y"})), "combined"]
-        ),
-        tools=[slow.as_tool(), fast.as_tool()],
-    )
+    root = root_calling(slow, fast, then="combined")
     async with ta.open_run(root, "go") as run:
         await trio.sleep(10)
         branch = next(c for c in run.children if c.agent.name == "slow")
@@ -191,11 +175,7 @@ async def test_cancel_one_branch_the_parent_goes_on(autojump_clock: Any) -> None
 
 async def test_failing_child_gives_an_error_result_naming_it() -> None:
     broken = researcher("broken", Turn(fail="boom"))
-    root = ta.Agent(
-        name="root",
-        model=ScriptedModel([_calls(("broken", {"input": "x"})), "coped"]),
-        tools=[broken.as_tool()],
-    )
+    root = root_calling(broken, then="coped")
     result = await ta.run(root, "go")
     assert result.status == "completed"
     (tool_result,) = [i for i in result.conversation if isinstance(i, ta.ToolResult)]
@@ -203,11 +183,7 @@ async def test_failing_child_gives_an_error_result_naming_it() -> None:
     assert tool_result.output.startswith("sub-agent broken failed: ")
     assert "boom" in tool_result.output
     # on_tool_error="fail": the parent fails instead
-    root2 = ta.Agent(
-        name="root",
-        model=ScriptedModel([_calls(("broken", {"input": "x"})), "coped"]),
-        tools=[researcher("broken", Turn(fail="boom")).as_tool()],
-    )
+    root2 = root_calling(researcher("broken", Turn(fail="boom")), then="coped")
     failed = await ta.run(root2, "go", on_tool_error="fail")
     assert failed.status == "failed"
     assert failed.reason is not None
@@ -235,7 +211,7 @@ async def test_ctx_open_run_fan_out_and_ctx_run() -> None:
         return ", ".join(sorted(results)) + f"; {single.final_output}"
 
     root = ta.Agent(
-        name="root", model=ScriptedModel([_calls(("fan_out", {"n": 3})), "ok"]), tools=[fan_out]
+        name="root", model=ScriptedModel([tool_turn(("fan_out", {"n": 3})), "ok"]), tools=[fan_out]
     )
     async with ta.open_run(root, "go") as run:
         pass
@@ -251,7 +227,7 @@ async def test_ctx_open_run_fan_out_and_ctx_run() -> None:
 async def test_handoff_same_run_continues_with_the_other_agent() -> None:
     billing_model = ScriptedModel(["billing here: refunded"])
     billing = ta.Agent(name="billing", instructions="handle refunds", model=billing_model)
-    triage_model = ScriptedModel([_calls(("transfer_to_billing", {}))])
+    triage_model = ScriptedModel([tool_turn(("transfer_to_billing", {}))])
     triage = ta.Agent(name="triage", model=triage_model, handoffs=[billing])
     assert "transfer_to_billing" in [s.name for s in triage.tool_specs()]
     async with ta.open_run(triage, "refund please") as run:
@@ -261,7 +237,7 @@ async def test_handoff_same_run_continues_with_the_other_agent() -> None:
     assert result.status == "completed", result
     assert result.final_output == "billing here: refunded"
     assert run.agent is billing
-    handoffs = [e for e in await events(run) if isinstance(e, ta.RunHandoff)]
+    handoffs = [e for e in await run_events(run) if isinstance(e, ta.RunHandoff)]
     assert [(h.from_agent, h.to_agent) for h in handoffs] == [("triage", "billing")]
     # the target's request: its instructions, the same conversation with the transfer
     (request,) = billing_model.requests
@@ -277,17 +253,15 @@ async def test_approval_in_a_grandchild_shows_on_every_ancestor(autojump_clock: 
         """Delete a file."""
         return f"deleted {path}"
 
-    leaf = researcher("leaf", _calls(("delete", {"path": "/tmp/x"})), "deleted it", tools=[delete])
+    leaf = researcher(
+        "leaf", tool_turn(("delete", {"path": "/tmp/x"})), "deleted it", tools=[delete]
+    )
     mid = ta.Agent(
         name="mid",
-        model=ScriptedModel([_calls(("leaf", {"input": "a"})), "mid done"]),
+        model=ScriptedModel([tool_turn(("leaf", {"input": "a"})), "mid done"]),
         tools=[leaf.as_tool()],
     )
-    root = ta.Agent(
-        name="root",
-        model=ScriptedModel([_calls(("mid", {"input": "x"})), "root done"]),
-        tools=[mid.as_tool()],
-    )
+    root = root_calling(mid)
     async with ta.open_run(root, "go") as run:
         await trio.testing.wait_all_tasks_blocked()
         assert run.status == "awaiting_approval"
@@ -303,18 +277,14 @@ async def test_approval_in_a_grandchild_shows_on_every_ancestor(autojump_clock: 
         await trio.to_thread.run_sync(node.approve, "call_1_0")
     assert run.result is not None
     assert run.result.status == "completed"
-    statuses = [u.status for u in await events(run) if isinstance(u, ta.RunUpdated)]
+    statuses = [u.status for u in await run_events(run) if isinstance(u, ta.RunUpdated)]
     assert statuses == ["queued", "running", "awaiting_approval", "running", "completed"]
 
 
 async def test_inject_into_a_child(autojump_clock: Any) -> None:
     child_model = ScriptedModel([Turn("first", delay=5), "second"])
     child = ta.Agent(name="kid", model=child_model)
-    root = ta.Agent(
-        name="root",
-        model=ScriptedModel([_calls(("kid", {"input": "x"})), "ok"]),
-        tools=[child.as_tool()],
-    )
+    root = root_calling(child, then="ok")
     async with ta.open_run(root, "go") as run:
         await trio.sleep(1)
         (kid,) = run.children
@@ -328,12 +298,14 @@ async def test_fifty_threads_cancel_random_nodes(autojump_clock: Any) -> None:
     leaf = sleeper("leaf")
     mid = ta.Agent(
         name="mid",
-        model=ScriptedModel([], default=_calls(*[("leaf", {"input": str(i)}) for i in range(3)])),
+        model=ScriptedModel(
+            [], default=tool_turn(*[("leaf", {"input": str(i)}) for i in range(3)])
+        ),
         tools=[leaf.as_tool()],
     )
     root = ta.Agent(
         name="root",
-        model=ScriptedModel([_calls(*[("mid", {"input": str(i)}) for i in range(3)])]),
+        model=ScriptedModel([tool_turn(*[("mid", {"input": str(i)}) for i in range(3)])]),
         tools=[mid.as_tool()],
     )
     async with ta.open_run(root, "go") as run:
@@ -357,7 +329,7 @@ async def test_fifty_threads_cancel_random_nodes(autojump_clock: Any) -> None:
     for node in nodes:
         assert node.result is not None
         assert node.result.status == "cancelled"
-        report = check_events(node.result, await events(node))
+        report = check_events(node.result, await run_events(node))
         assert report.ok, str(report)
     assert run.result is not None
     conv = run.result.conversation
@@ -375,36 +347,27 @@ class _ChildHookFails(ta.RunHooks):
             raise RuntimeError("child hook broke")
 
 
-def _one_child_root(child: ta.Agent, *, after: str = "root coped") -> ta.Agent:
-    return ta.Agent(
-        name="root",
-        model=ScriptedModel([_calls((child.name, {"input": "x"})), after]),
-        tools=[child.as_tool()],
-    )
-
-
 async def _assert_tree_valid(run: ta.Run) -> None:
     """Every run of the tree: one terminal update, last; a valid conversation."""
     nodes = [run]
     while nodes:
         node = nodes.pop()
         nodes.extend(node.children)
-        report = check_events(node.result, await events(node))
+        report = check_events(node.result, await run_events(node))
         assert report.ok, f"{node.agent.name}: {report}"
 
 
 async def test_child_hook_raising_fails_only_the_child() -> None:
-    root = _one_child_root(researcher("kid", "never"))
+    root = root_calling(researcher("kid", "never"), then="root coped")
     async with ta.open_run(root, "go", hooks=_ChildHookFails()) as run:
         pass
-    assert run.result is not None
-    assert run.result.status == "completed"
+    result = assert_ended(run, "completed", None)
     (kid,) = run.children
     assert kid.result is not None
     assert kid.result.status == "failed"
     assert kid.result.reason is not None
     assert "on_run_start" in kid.result.reason
-    (tool_result,) = [i for i in run.result.conversation if isinstance(i, ta.ToolResult)]
+    (tool_result,) = [i for i in result.conversation if isinstance(i, ta.ToolResult)]
     assert tool_result.status == "error"
     assert tool_result.output.startswith("sub-agent kid failed: hook error")
     await _assert_tree_valid(run)
@@ -434,20 +397,17 @@ async def test_child_session_write_failing_fails_the_child_not_the_parent() -> N
             return Failing(session_id, fail=True)
 
     session = Failing("s", fail=False)
-    root = _one_child_root(researcher("kid", "child text"))
+    root = root_calling(researcher("kid", "child text"), then="root coped")
     async with ta.open_run(root, "go", session=session) as run:
         pass
-    assert run.result is not None
-    assert run.result.status == "completed"
+    result = assert_ended(run, "completed", None)
     (kid,) = run.children
     assert kid.session is not None
     assert kid.session.session_id == "s/call_1_0"
-    assert kid.result is not None
-    assert kid.result.status == "failed"
-    assert kid.result.reason == "session error: OSError: disk full"
+    assert_ended(kid, "failed", "session error: OSError: disk full")
     # the parent's own session got the whole parent conversation, valid
     assert ta.conversation_problems(session.items) == []
-    assert session.items == list(run.result.conversation)
+    assert session.items == list(result.conversation)
     await _assert_tree_valid(run)
 
 
@@ -461,8 +421,8 @@ async def test_child_tool_blocking_in_a_shield_delays_but_never_breaks_the_tree(
             await trio.sleep(30)
         return "late"
 
-    kid = ta.Agent(name="kid", model=ScriptedModel([_calls(("stubborn", {}))]), tools=[stubborn])
-    root = _one_child_root(kid)
+    kid = ta.Agent(name="kid", model=ScriptedModel([tool_turn(("stubborn", {}))]), tools=[stubborn])
+    root = root_calling(kid, then="root coped")
     async with ta.open_run(root, "go", cleanup_timeout=1) as run:
         await trio.sleep(5)
         run.cancel("stop")
@@ -481,7 +441,7 @@ async def test_child_sessions_persist_under_parent_id_slash_call_id(tmp_path: An
         root = ta.Agent(
             name="root",
             model=ScriptedModel(
-                [_calls(("k0", {"input": "a"}), ("k1", {"input": "b"})), "both done"]
+                [tool_turn(("k0", {"input": "a"}), ("k1", {"input": "b"})), "both done"]
             ),
             tools=[k.as_tool() for k in kids],
         )
@@ -500,7 +460,7 @@ async def test_child_sessions_persist_under_parent_id_slash_call_id(tmp_path: An
 
 async def test_memory_session_children_share_its_store() -> None:
     session = ta.sessions.MemorySession("m")
-    root = _one_child_root(researcher("kid", "stored"))
+    root = root_calling(researcher("kid", "stored"), then="root coped")
     result = await ta.run(root, "go", session=session)
     assert result.status == "completed"
     child_store = session.with_id("m/call_1_0")
@@ -514,11 +474,7 @@ async def test_memory_session_children_share_its_store() -> None:
 @pytest.mark.parametrize("cancel_at", [4.0, 5.0, 5.0001, 6.0])
 async def test_cancel_racing_a_childs_completion(autojump_clock: Any, cancel_at: float) -> None:
     kid = researcher("kid", Turn("kid done", delay=5))
-    root = ta.Agent(
-        name="root",
-        model=ScriptedModel([_calls(("kid", {"input": "x"})), Turn("root done", delay=5)]),
-        tools=[kid.as_tool()],
-    )
+    root = root_calling(kid, then=Turn("root done", delay=5))
     async with ta.open_run(root, "go") as run:
         await trio.sleep(cancel_at)
         run.cancel("race")
@@ -536,7 +492,7 @@ async def test_inject_into_a_child_racing_its_final_answer(
 ) -> None:
     kid_model = ScriptedModel([Turn("first", delay=5)], default=Turn("again"))
     kid = ta.Agent(name="kid", model=kid_model)
-    root = _one_child_root(kid)
+    root = root_calling(kid, then="root coped")
     outcome: str = ""
     async with ta.open_run(root, "go") as run:
         await trio.sleep(inject_at)
@@ -562,10 +518,10 @@ async def test_grandchild_approval_racing_a_root_cancel(autojump_clock: Any) -> 
         """Needs a yes."""
         return "done"
 
-    leaf = researcher("leaf", _calls(("risky", {})), "leaf done", tools=[risky])
-    mid = _one_child_root(leaf, after="mid done")
+    leaf = researcher("leaf", tool_turn(("risky", {})), "leaf done", tools=[risky])
+    mid = root_calling(leaf, then="mid done")
     mid = attrs_evolve_name(mid, "mid")
-    root = _one_child_root(mid)
+    root = root_calling(mid, then="root coped")
     errors: list[BaseException] = []
     async with ta.open_run(root, "go") as run:
         await trio.testing.wait_all_tasks_blocked()
@@ -613,7 +569,7 @@ async def test_handoff_while_a_now_injection_arrives(autojump_clock: Any) -> Non
     assert run.result.status == "completed"
     assert run.agent is expert
     assert ta.UserMessage("actually, urgent") in run.result.conversation
-    report = check_events(run.result, await events(run))
+    report = check_events(run.result, await run_events(run))
     assert report.ok, str(report)
 
 
@@ -629,7 +585,7 @@ async def test_ctx_outside_a_run_and_after_its_call() -> None:
         kept.append(ctx)
         return "kept"
 
-    root = ta.Agent(name="root", model=ScriptedModel([_calls(("keep", {})), "ok"]), tools=[keep])
+    root = ta.Agent(name="root", model=ScriptedModel([tool_turn(("keep", {})), "ok"]), tools=[keep])
     await ta.run(root, "go")
     with pytest.raises(RuntimeError, match="has ended"):
         await kept[0].run(researcher("x", "y"), "hi")

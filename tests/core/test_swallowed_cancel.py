@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.core_runs import inject_now_during_model_start
 from trio_agents.models import ScriptedModel, TextDelta, Turn
 from trio_agents.sessions import MemorySession
 
@@ -204,21 +205,6 @@ class InjectingModelStart(ta.RunHooks):
             run.inject("actually, this", when="now")
 
 
-class ShieldedModelStart(ta.RunHooks):
-    """``on_model_start`` of the first call does shielded work (a span exporter's
-    flush, say) during which another task injects ``when="now"``."""
-
-    def __init__(self) -> None:
-        self.entered = trio.Event()
-        self.release = trio.Event()
-
-    async def on_model_start(self, run: ta.Run, turn: int, request: ta.ModelRequest) -> None:
-        if turn == 1:
-            with trio.CancelScope(shield=True):
-                self.entered.set()
-                await self.release.wait()
-
-
 async def test_inject_now_from_on_model_start_interrupts_the_call_that_follows(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -237,17 +223,11 @@ async def test_inject_now_from_on_model_start_interrupts_the_call_that_follows(
 async def test_inject_now_during_a_shielded_on_model_start_interrupts_that_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    hooks = ShieldedModelStart()
+    # on_model_start of the first call does shielded work (a span exporter's flush, say)
+    # during which another task injects when="now".
     model = ScriptedModel(["the first answer", "the only answer"])
-    async with ta.open_run(
-        ta.Agent(name="t", instructions="", model=model), "go", hooks=hooks
-    ) as run:
-        await hooks.entered.wait()
-        run.inject("actually, this", when="now")
-        await trio.testing.wait_all_tasks_blocked()
-        hooks.release.set()
-    result = run.result
-    assert result is not None
+    agent = ta.Agent(name="t", instructions="", model=model)
+    result = await inject_now_during_model_start(agent, shield=True)
     assert (result.status, result.final_output) == ("completed", "the first answer")
     assert [r.items for r in model.requests] == [
         (ta.UserMessage("go"), ta.UserMessage("actually, this"))

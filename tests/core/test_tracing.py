@@ -15,7 +15,6 @@ import pytest
 import trio
 import trio.testing
 from hypothesis import given
-from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -25,17 +24,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import trio_agents as ta
-from tests.support.helpers import count_example, lifecycle_settings
+from tests.support.core_runs import GateTool
+from tests.support.core_schedules import ScheduleCase, schedule_cases
+from tests.support.helpers import lifecycle_settings
 from trio_agents.testing import (
-    FakeTools,
-    Op,
     ScriptedModel,
     Turn,
-    check_run,
-    run_schedule,
-    schedules,
-    scripts,
-    tool_sets,
 )
 from trio_agents.tracing import OpenTelemetryHooks
 
@@ -277,18 +271,10 @@ async def test_tool_timeout(traces: Traces, autojump_clock: trio.testing.MockClo
 
 
 async def test_cancelled_mid_tool(traces: Traces) -> None:
-    entered = trio.Event()
-
-    @ta.function_tool
-    async def block() -> str:
-        """Blocks."""
-        entered.set()
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
-
+    block = GateTool("block")  # never released
     model = ScriptedModel([Turn(tool_calls=[("block", {})])])
-    async with ta.open_run(make_agent(model, [block]), "go", hooks=traces.hooks) as run:
-        await entered.wait()
+    async with ta.open_run(make_agent(model, [block.tool]), "go", hooks=traces.hooks) as run:
+        await block.entered.wait()
         run.cancel("user pressed stop")
     assert run.result is not None
     assert run.result.status == "cancelled"
@@ -435,31 +421,12 @@ async def test_concurrent_runs_share_one_instance(
 # ---------------------------------------------------------------- harness schedules
 
 
-def _agent(tools: FakeTools, max_turns: int) -> Any:
-    def factory(model: ta.Model) -> ta.Agent:
-        return ta.Agent(name="p", model=model, tools=list(tools.tools), max_turns=max_turns)
-
-    return factory
-
-
 @lifecycle_settings(weight=0.5)
-@given(data=st.data(), tools=tool_sets(), max_turns=st.integers(1, 4))
-def test_spans_balanced_and_parented_under_any_schedule(
-    data: st.DataObject, tools: FakeTools, max_turns: int
-) -> None:
-    count_example()
-    script = data.draw(scripts(tools), label="script")
-    schedule: tuple[Op, ...] = data.draw(schedules(max_ops=6), label="schedule")
+@given(case=schedule_cases())
+def test_spans_balanced_and_parented_under_any_schedule(case: ScheduleCase) -> None:
     traces = Traces()
     try:
-        observation = run_schedule(
-            _agent(tools, max_turns),
-            script,
-            schedule,
-            recorder=tools.recorder,
-            run_options={"hooks": traces.hooks, "cleanup_timeout": 1.0},
-        )
-        check_run(observation).raise_for_violations()
+        observation = case.run(traces.hooks)
         result = observation.result
         if traces.named("invoke_agent "):
             root = traces.check_tree()
@@ -648,14 +615,7 @@ async def test_a_cancelled_run_leaves_the_callers_context(
 ) -> None:
     """A tool alone in its turn runs in the caller's task under run(); cancelled, its
     end hook runs in the repair's own task and cannot detach there."""
-    entered = trio.Event()
-
-    @ta.function_tool
-    async def block() -> str:
-        """Blocks."""
-        entered.set()
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
+    block = GateTool("block")  # never released
 
     @ta.function_tool
     def in_thread() -> str:
@@ -673,10 +633,9 @@ async def test_a_cancelled_run_leaves_the_callers_context(
     before = _current_span_id()
     with trio.CancelScope() as outer:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(entered.wait)
-            nursery.start_soon(
-                partial_run, make_agent(model, [block, in_thread]), traces.hooks, entered, outer
-            )
+            nursery.start_soon(block.entered.wait)
+            agent = make_agent(model, [block.tool, in_thread])
+            nursery.start_soon(partial_run, agent, traces.hooks, block.entered, outer)
     assert outer.cancelled_caught
     assert _current_span_id() == before
     root = traces.check_tree()

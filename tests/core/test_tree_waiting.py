@@ -10,21 +10,10 @@ import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.core_trees import researcher, root_calling, run_events, tool_turn
 from trio_agents.models import ScriptedModel, Turn
 
 pytestmark = pytest.mark.trio
-
-
-def _calls(*calls: tuple[str, dict[str, Any]]) -> Turn:
-    return Turn(tool_calls=list(calls))
-
-
-def researcher(name: str, *turns: Turn | str, tools: list[ta.Tool] | None = None) -> ta.Agent:
-    return ta.Agent(name=name, model=ScriptedModel(list(turns)), tools=tools or [])
-
-
-async def events(run: ta.Run) -> list[ta.RunEvent]:
-    return [e async for e in run.events()]
 
 
 @ta.function_tool(needs_approval=True)
@@ -38,15 +27,9 @@ async def test_a_child_ending_keeps_a_siblings_waiting_approval_on_the_parent(
 ) -> None:
     # A child ends while its sibling waits for approval: the parent still shows the
     # sibling's call (the ended child's end recomputes what waits below, B8's guard).
-    asker = researcher("asker", _calls(("erase", {"path": "/tmp/x"})), "erased", tools=[erase])
+    asker = researcher("asker", tool_turn(("erase", {"path": "/tmp/x"})), "erased", tools=[erase])
     quick = researcher("quick", Turn("quick done", delay=5))
-    root = ta.Agent(
-        name="root",
-        model=ScriptedModel(
-            [_calls(("asker", {"input": "a"}), ("quick", {"input": "b"})), "root done"]
-        ),
-        tools=[asker.as_tool(), quick.as_tool()],
-    )
+    root = root_calling(asker, quick)
     async with ta.open_run(root, "go") as run:
         await trio.sleep(100)
         done = next(c for c in run.children if c.agent.name == "quick")
@@ -62,7 +45,7 @@ async def test_a_child_ending_keeps_a_siblings_waiting_approval_on_the_parent(
         waiting.approve("call_1_0")
     assert run.result is not None
     assert run.result.status == "completed"
-    statuses = [u.status for u in await events(run) if isinstance(u, ta.RunUpdated)]
+    statuses = [u.status for u in await run_events(run) if isinstance(u, ta.RunUpdated)]
     assert statuses == ["queued", "running", "awaiting_approval", "running", "completed"]
 
 
@@ -75,7 +58,7 @@ async def test_a_child_ending_with_nothing_waiting_below_leaves_the_parent_alone
     root = ta.Agent(
         name="root",
         model=ScriptedModel(
-            [_calls(("erase", {"path": "/tmp/y"}), ("quick", {"input": "b"})), "root done"]
+            [tool_turn(("erase", {"path": "/tmp/y"}), ("quick", {"input": "b"})), "root done"]
         ),
         tools=[erase, quick.as_tool()],
     )
@@ -89,7 +72,7 @@ async def test_a_child_ending_with_nothing_waiting_below_leaves_the_parent_alone
         run.approve("call_1_0")
     assert run.result is not None
     assert run.result.status == "completed"
-    statuses = [u.status for u in await events(run) if isinstance(u, ta.RunUpdated)]
+    statuses = [u.status for u in await run_events(run) if isinstance(u, ta.RunUpdated)]
     assert statuses == ["queued", "running", "awaiting_approval", "running", "completed"]
-    kinds = [(e.type, getattr(e, "status", None)) for e in await events(run)]
+    kinds = [(e.type, getattr(e, "status", None)) for e in await run_events(run)]
     assert kinds.index(("run.child", "completed")) < kinds.index(("run.updated", "running"), 2)

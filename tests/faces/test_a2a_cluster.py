@@ -10,20 +10,13 @@ Waits are on observable facts, bounded by ``trio.fail_after`` as a hang guard on
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 import httpx
 import trio
 
 from tests.support.a2a_support import sse, text_message
-from tests.support.process_cluster import Cluster, Node, open_cluster
-
-BOUND: Final = 90.0  # a hang guard (a busy 2-core machine is slow, never this slow)
-
-
-async def _http_url(node: Node) -> str:
-    line = await node.wait_line(lambda line: line.startswith("http: http://"))
-    return line.split()[1].rstrip("/")
+from tests.support.faces_cluster import BOUND, FacesCluster, faces_cluster
 
 
 async def _rpc(url: str, token: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -44,14 +37,12 @@ def _seq(result: dict[str, Any]) -> int:
 
 
 async def test_start_on_one_node_cancel_on_another_resubscribe_on_a_third(pg_dsn: str) -> None:
-    with trio.fail_after(BOUND):
-        async with open_cluster(pg_dsn, 3) as cluster:
-            await _scenario(cluster)
+    async with faces_cluster(pg_dsn, 3) as nodes:
+        await _scenario(nodes)
 
 
-async def _scenario(cluster: Cluster) -> None:
-    one, two, three = [await _http_url(node) for node in cluster.nodes.values()]
-    auth = {"Authorization": f"Bearer {cluster.token}"}
+async def _scenario(nodes: FacesCluster) -> None:
+    cluster, (one, two, three), auth = nodes.cluster, nodes.urls, nodes.auth
     params = {"message": text_message("charge #a2a"), "metadata": {"agent": "worker"}}
     # Node 1: start the task with a stream, and leave once the tool runs.
     async with sse(one, "SendStreamingMessage", params, headers=auth) as stream:

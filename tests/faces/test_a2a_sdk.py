@@ -7,7 +7,6 @@ from typing import Any
 
 import httpx
 import trio
-from a2a.client import ClientConfig, ClientFactory
 from a2a.compat.v0_3.jsonrpc_transport import CompatJsonRpcTransport
 from a2a.helpers.proto_helpers import get_artifact_text, new_data_part, new_text_message
 from a2a.types.a2a_pb2 import (
@@ -20,7 +19,7 @@ from a2a.types.a2a_pb2 import (
 )
 
 import trio_agents as ta
-from tests.support.a2a_support import ALICE, in_asyncio, serving
+from tests.support.a2a_support import ALICE, approver, in_asyncio, sdk_client, send_all, serving
 from trio_agents.models import ScriptedModel, Turn
 
 
@@ -34,17 +33,8 @@ async def test_send_message_blocking_answers_the_completed_task() -> None:
     async with serving({"t": _talker()}) as (_host, url):
 
         async def main() -> Any:
-            async with httpx.AsyncClient(headers=ALICE, timeout=30) as http:
-                client = await ClientFactory(
-                    ClientConfig(httpx_client=http, streaming=False)
-                ).create_from_url(url)
-                events = [
-                    e
-                    async for e in client.send_message(
-                        SendMessageRequest(message=new_text_message("hi"))
-                    )
-                ]
-                task = events[-1].task
+            async with sdk_client(url, streaming=False) as client:
+                task = (await send_all(client, "hi"))[-1].task
                 got = await client.get_task(GetTaskRequest(id=task.id))
                 listed = await client.list_tasks(ListTasksRequest())
                 return task, got, listed
@@ -90,8 +80,7 @@ async def test_stream_then_resubscribe_mid_run_drops_nothing() -> None:
     async with serving({"s": _stepper(gate)}) as (_host, url):
 
         async def main() -> Any:
-            async with httpx.AsyncClient(headers=ALICE, timeout=30) as http:
-                client = await ClientFactory(ClientConfig(httpx_client=http)).create_from_url(url)
+            async with sdk_client(url) as client:
                 first: list[Any] = []
                 async for event in client.send_message(
                     SendMessageRequest(message=new_text_message("go"))
@@ -130,8 +119,7 @@ async def test_cancel_task_answers_the_canceled_task_with_its_reason() -> None:
     async with serving({"s": _stepper(gate)}) as (host, url):
 
         async def main() -> Any:
-            async with httpx.AsyncClient(headers=ALICE, timeout=30) as http:
-                client = await ClientFactory(ClientConfig(httpx_client=http)).create_from_url(url)
+            async with sdk_client(url) as client:
                 async for event in client.send_message(
                     SendMessageRequest(message=new_text_message("go"))
                 ):
@@ -152,36 +140,16 @@ async def test_cancel_task_answers_the_canceled_task_with_its_reason() -> None:
     assert info.reason == "user pressed stop"
 
 
-def _approver() -> ta.Agent:
-    @ta.function_tool(needs_approval=True)
-    async def launch() -> str:
-        """Launch, once approved."""
-        return "launched"
-
-    script = [Turn(tool_calls=[("launch", {})]), Turn(text="done")]
-    return ta.Agent(name="a", instructions="test", model=ScriptedModel(script), tools=[launch])
-
-
 async def test_approval_is_input_required_answered_by_a_message() -> None:
-    async with serving({"a": _approver()}) as (_host, url):
+    async with serving({"a": approver()}) as (_host, url):
 
         async def main() -> Any:
-            async with httpx.AsyncClient(headers=ALICE, timeout=30) as http:
-                client = await ClientFactory(
-                    ClientConfig(httpx_client=http, streaming=False)
-                ).create_from_url(url)
-                waiting = [
-                    e
-                    async for e in client.send_message(
-                        SendMessageRequest(message=new_text_message("launch it"))
-                    )
-                ][-1].task
+            async with sdk_client(url, streaming=False) as client:
+                waiting = (await send_all(client, "launch it"))[-1].task
                 answer = new_text_message("", task_id=waiting.id, context_id=waiting.context_id)
                 del answer.parts[:]
                 answer.parts.append(new_data_part({"decision": "approve"}))
-                done = [e async for e in client.send_message(SendMessageRequest(message=answer))][
-                    -1
-                ].task
+                done = (await send_all(client, answer))[-1].task
                 return waiting, done
 
         waiting, done = await in_asyncio(main)

@@ -15,7 +15,16 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.support.a2a_support import ALICE, BOB, raw_post, rpc, serving, sse, text_message
+from tests.support.a2a_support import (
+    ALICE,
+    BOB,
+    approver,
+    raw_post,
+    rpc,
+    serving,
+    sse,
+    text_message,
+)
 from trio_agents.hosting import LocalHost, RunHost
 from trio_agents.models import ScriptedModel, Turn
 
@@ -401,19 +410,9 @@ async def test_streaming_send_message_frames_json_rpc_in_sse() -> None:
 # -------------------------------------------------------------- approvals
 
 
-def _approver() -> ta.Agent:
-    @ta.function_tool(needs_approval=True)
-    async def launch() -> str:
-        """Launch, once approved."""
-        return "launched"
-
-    script = [Turn(tool_calls=[("launch", {})]), Turn(text="done")]
-    return ta.Agent(name="a", instructions="test", model=ScriptedModel(script), tools=[launch])
-
-
 @pytest.mark.parametrize("answer", ["reject-data", "reject-text", "approve-text"])
 async def test_input_required_answered_by_a_message(answer: str) -> None:
-    async with serving({"a": _approver()}) as (_host, url):
+    async with serving({"a": approver()}) as (_host, url):
         waiting = (await rpc(url, "SendMessage", {"message": text_message("launch")})).json()[
             "result"
         ]["task"]

@@ -11,7 +11,7 @@ from typing import Any
 import trio
 
 import trio_agents as ta
-from tests.support.agui_support import ALICE, agui_server, agui_stream, check_order, run_input
+from tests.support import agui_support as agui
 from trio_agents.models import ScriptedModel, Turn
 
 
@@ -21,12 +21,6 @@ async def add(a: int, b: int) -> str:
     return str(a + b)
 
 
-@ta.function_tool(needs_approval=True)
-async def launch() -> str:
-    """Launch, once approved."""
-    return "launched"
-
-
 @ta.function_tool
 async def sleep_hour() -> str:
     """Sleep for an hour."""
@@ -34,40 +28,20 @@ async def sleep_hour() -> str:
     return "woke"
 
 
-def _agent(name: str, turns: list[Any], *tools: ta.Tool, default: Any = None) -> ta.Agent:
-    return ta.Agent(
-        name=name,
-        instructions="test",
-        model=ScriptedModel(turns, default=default),
-        tools=list(tools),
-    )
-
-
 def _types(events: list[dict[str, Any]]) -> list[str]:
     return [e["type"] for e in events]
 
 
-def _ours(event: dict[str, Any]) -> dict[str, Any]:
-    meta: dict[str, Any] = event["metadata"]["trio-agents"]
-    return meta
-
-
 async def test_text_and_tool_calls_stream_as_agui_events() -> None:
-    agent = _agent(
+    agent = agui.scripted(
         "calc",
         [Turn(text="let me add", tool_calls=[("add", {"a": 2, "b": 3})]), "it is 5"],
         add,
     )
-    with trio.fail_after(30):
-        async with (
-            agui_server({"calc": agent}) as (host, _, client),
-            agui_stream(client, "calc", run_input()) as stream,
-        ):
-            events = await stream.rest()
-    check_order(events)
+    events, host = await agui.whole_run({"calc": agent}, "calc")
     started, finished = events[0], events[-1]
     assert (started["threadId"], started["runId"]) == ("t1", "ag-1")
-    run_id = _ours(started)["run_id"]
+    run_id = agui.ours(started)["run_id"]
     assert finished == {
         "type": "RUN_FINISHED",
         "threadId": "t1",
@@ -97,19 +71,19 @@ async def test_the_thread_is_the_session_and_only_new_user_messages_are_input() 
     model = ScriptedModel(["first answer", "second answer"])
     agent = ta.Agent(name="chat", instructions="test", model=model)
     with trio.fail_after(30):
-        async with agui_server({"chat": agent}) as (_, _, client):
-            async with agui_stream(client, "chat", run_input(text="hello")) as stream:
-                check_order(await stream.rest())
+        async with agui.agui_server({"chat": agent}) as (_, _, client):
+            async with agui.agui_stream(client, "chat", agui.run_input(text="hello")) as stream:
+                agui.check_order(await stream.rest())
             # The client sends the whole history, as AG-UI clients do: only the user
             # message after the last assistant message is new.
-            body = run_input(run="ag-2", text=None)
+            body = agui.run_input(run="ag-2", text=None)
             body["messages"] = [
                 {"id": "u1", "role": "user", "content": "hello"},
                 {"id": "a1", "role": "assistant", "content": "first answer"},
                 {"id": "u2", "role": "user", "content": [{"type": "text", "text": "again"}]},
             ]
-            async with agui_stream(client, "chat", body) as stream:
-                check_order(await stream.rest())
+            async with agui.agui_stream(client, "chat", body) as stream:
+                agui.check_order(await stream.rest())
     second = model.requests[1].items
     assert [(type(i).__name__, getattr(i, "content", None)) for i in second] == [
         ("UserMessage", "hello"),
@@ -119,29 +93,23 @@ async def test_the_thread_is_the_session_and_only_new_user_messages_are_input() 
 
 
 async def test_a_fan_out_of_children_streams_as_steps() -> None:
-    helper = _agent("helper", [], default=Turn(text="child says hi"))
-    root = _agent(
+    helper = agui.scripted("helper", [], default=Turn(text="child says hi"))
+    root = agui.scripted(
         "root",
         [Turn(tool_calls=[("helper", {"input": "x"}), ("helper", {"input": "y"})]), "both done"],
         helper.as_tool(),
     )
-    with trio.fail_after(30):
-        async with (
-            agui_server({"root": root}) as (_, _, client),
-            agui_stream(client, "root", run_input()) as stream,
-        ):
-            events = await stream.rest()
-    check_order(events)
+    events, _ = await agui.whole_run({"root": root}, "root")
     assert events[-1]["outcome"] == {"type": "success"}
     started = [e for e in events if e["type"] == "STEP_STARTED"]
     finished = [e for e in events if e["type"] == "STEP_FINISHED"]
     assert len(started) == len(finished) == 2
     assert {e["stepName"] for e in started} == {e["stepName"] for e in finished}
-    assert all(_ours(e)["status"] == "completed" for e in finished)
+    assert all(agui.ours(e)["status"] == "completed" for e in finished)
     # The children's own text streams inside their steps, as messages of their own.
-    child_ids = {_ours(e)["run_id"] for e in started}
+    child_ids = {agui.ours(e)["run_id"] for e in started}
     child_messages = {e["messageId"] for e in events if e["type"] == "TEXT_MESSAGE_START"} - {
-        f"{_ours(events[0])['run_id']}.2"
+        f"{agui.ours(events[0])['run_id']}.2"
     }
     assert {m.rsplit(".", 1)[0] for m in child_messages} == child_ids
     for step_start, step_end in zip(started, finished, strict=False):
@@ -149,37 +117,23 @@ async def test_a_fan_out_of_children_streams_as_steps() -> None:
 
 
 async def test_an_approval_interrupts_the_agui_run_and_resume_continues_it() -> None:
-    agent = _agent("ops", [Turn(tool_calls=[("launch", {})]), "launched it"], launch)
+    agent = agui.scripted("ops", [Turn(tool_calls=[("launch", {})]), "launched it"], agui.launch)
     with trio.fail_after(30):
-        async with agui_server({"ops": agent}) as (host, _, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
-            check_order(first)
-            outcome = first[-1]["outcome"]
-            assert outcome["type"] == "interrupt"
-            (interrupt,) = outcome["interrupts"]
+        async with agui.agui_server({"ops": agent}) as (host, _, client):
+            first, interrupt = await agui.until_interrupt(client, "ops")
             call = next(e for e in first if e["type"] == "TOOL_CALL_START")
             assert interrupt["toolCallId"] == call["toolCallId"]
             assert interrupt["reason"] == "tool_approval"
             assert "launch" in interrupt["message"]
             assert interrupt["responseSchema"]["required"] == ["approved"]
-            run_id = _ours(first[0])["run_id"]
+            run_id = agui.ours(first[0])["run_id"]
             # Our run is alive, waiting: the AG-UI run ended, ours did not.
             assert (await host.get("alice", run_id)).status == "awaiting_approval"
-
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
-            async with agui_stream(client, "ops", body) as stream:
+            async with agui.agui_stream(client, "ops", agui.approve(interrupt)) as stream:
                 second = await stream.rest()
-    check_order(second)
+    agui.check_order(second)
     assert second[0]["runId"] == "ag-2"
-    assert _ours(second[0])["run_id"] == run_id
+    assert agui.ours(second[0])["run_id"] == run_id
     result = next(e for e in second if e["type"] == "TOOL_CALL_RESULT")
     assert (result["toolCallId"], result["content"]) == (call["toolCallId"], "launched")
     text = "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT")
@@ -194,58 +148,52 @@ async def test_a_rejected_or_dismissed_approval_answers_the_call_with_an_error()
         ("resolved", {"approved": False, "message": "not today"}, "not today"),
         ("cancelled", None, "the user dismissed the approval"),
     ):
-        agent = _agent("ops", [Turn(tool_calls=[("launch", {})]), "fine"], launch)
+        agent = agui.scripted("ops", [Turn(tool_calls=[("launch", {})]), "fine"], agui.launch)
         with trio.fail_after(30):
-            async with agui_server({"ops": agent}) as (_, _, client):
-                async with agui_stream(client, "ops", run_input()) as stream:
-                    first = await stream.rest()
-                (interrupt,) = first[-1]["outcome"]["interrupts"]
-                body = run_input(run="ag-2")
+            async with agui.agui_server({"ops": agent}) as (_, _, client):
+                _, interrupt = await agui.until_interrupt(client, "ops")
+                body = agui.run_input(run="ag-2")
                 entry: dict[str, Any] = {"interruptId": interrupt["id"], "status": status}
                 if payload is not None:
                     entry["payload"] = payload
                 body["resume"] = [entry]
-                async with agui_stream(client, "ops", body) as stream:
+                async with agui.agui_stream(client, "ops", body) as stream:
                     second = await stream.rest()
-        check_order(second)
+        agui.check_order(second)
         result = next(e for e in second if e["type"] == "TOOL_CALL_RESULT")
         assert expected in result["content"]
-        assert _ours(result)["status"] == "error"
+        assert agui.ours(result)["status"] == "error"
         assert second[-1]["outcome"] == {"type": "success"}
 
 
 async def test_a_cancelled_run_finishes_cancelled_not_as_a_success() -> None:
-    agent = _agent("slow", [], sleep_hour, default=Turn(tool_calls=[("sleep_hour", {})]))
+    agent = agui.scripted("slow", [], sleep_hour, default=Turn(tool_calls=[("sleep_hour", {})]))
     with trio.fail_after(30):
         async with (
-            agui_server({"slow": agent}) as (_, _, client),
-            agui_stream(client, "slow", run_input()) as stream,
+            agui.agui_server({"slow": agent}) as (_, _, client),
+            agui.agui_stream(client, "slow", agui.run_input()) as stream,
         ):
             started = await stream.next()
             assert started is not None
             await stream.until("TOOL_CALL_END")
             # AG-UI has no cancel request: another face cancels by our run id.
             answer = await client.post(
-                f"/runs/{_ours(started)['run_id']}/cancel", json={"reason": "enough"}, headers=ALICE
+                f"/runs/{agui.ours(started)['run_id']}/cancel",
+                json={"reason": "enough"},
+                headers=agui.ALICE,
             )
             assert answer.status_code < 300, answer.text
             events = await stream.rest()
-    check_order(events)
+    agui.check_order(events)
     finished = events[-1]
     assert finished["type"] == "RUN_FINISHED"
     assert finished["outcome"] == {"type": "cancelled"}
-    assert _ours(finished)["reason"] == "enough"
+    assert agui.ours(finished)["reason"] == "enough"
 
 
 async def test_a_failed_run_ends_with_run_error() -> None:
-    agent = _agent("broken", [Turn(text="partial ", fail=ValueError("model exploded"))])
-    with trio.fail_after(30):
-        async with (
-            agui_server({"broken": agent}) as (_, _, client),
-            agui_stream(client, "broken", run_input()) as stream,
-        ):
-            events = await stream.rest()
-    check_order(events)
+    agent = agui.scripted("broken", [Turn(text="partial ", fail=ValueError("model exploded"))])
+    events, _ = await agui.whole_run({"broken": agent}, "broken")
     error = events[-1]
     assert error["type"] == "RUN_ERROR"
     assert error["code"] == "failed"
@@ -254,25 +202,16 @@ async def test_a_failed_run_ends_with_run_error() -> None:
 
 
 async def test_a_session_busy_thread_is_refused_before_the_stream() -> None:
-    agent = _agent("ops", [Turn(tool_calls=[("launch", {})]), "x"], launch)
+    agent = agui.scripted("ops", [Turn(tool_calls=[("launch", {})]), "x"], agui.launch)
     with trio.fail_after(30):
-        async with agui_server({"ops": agent}) as (_, _, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
+        async with agui.agui_server({"ops": agent}) as (_, _, client):
+            async with agui.agui_stream(client, "ops", agui.run_input()) as stream:
                 await stream.rest()  # ends on the interrupt; the run waits, busy
-            answer = await client.post("/ag-ui/ops", json=run_input(run="ag-2"), headers=ALICE)
+            answer = await client.post(
+                "/ag-ui/ops", json=agui.run_input(run="ag-2"), headers=agui.ALICE
+            )
     assert answer.status_code == 409
     assert answer.json()["error"]["code"] == "session_busy"
-
-
-GATE: trio.Event | None = None
-
-
-@ta.function_tool
-async def gated() -> str:
-    """Wait until the test opens the gate."""
-    assert GATE is not None
-    await GATE.wait()
-    return "through"
 
 
 async def test_a_childs_approval_interrupts_and_the_resume_loses_nothing_of_its_siblings() -> None:
@@ -280,48 +219,35 @@ async def test_a_childs_approval_interrupts_and_the_resume_loses_nothing_of_its_
     ends on the interrupt; the sibling finishes while no stream is open; the resumed
     AG-UI run carries the sibling's end and the approved call's result, and nothing
     the first AG-UI run already sent."""
-    global GATE
-    GATE = trio.Event()
-    asker = _agent("asker", [Turn(tool_calls=[("launch", {})]), "asker done"], launch)
-    worker = _agent("worker", [Turn(tool_calls=[("gated", {})]), "worker done"], gated)
-    root = _agent(
+    gate = agui.new_gate()
+    asker = agui.scripted("asker", [Turn(tool_calls=[("launch", {})]), "asker done"], agui.launch)
+    worker = agui.scripted("worker", [Turn(tool_calls=[("gated", {})]), "worker done"], agui.gated)
+    root = agui.scripted(
         "root",
         [Turn(tool_calls=[("asker", {"input": "a"}), ("worker", {"input": "w"})]), "all done"],
         asker.as_tool(),
         worker.as_tool(),
     )
     with trio.fail_after(30):
-        async with agui_server({"root": root}) as (host, _, client):
-            async with agui_stream(client, "root", run_input()) as stream:
-                first = await stream.rest()
-            check_order(first)
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
+        async with agui.agui_server({"root": root}) as (host, _, client):
+            first, interrupt = await agui.until_interrupt(client, "root")
             asker_run = interrupt["metadata"]["trio-agents"]["run_id"]
-            assert asker_run != _ours(first[0])["run_id"]
+            assert asker_run != agui.ours(first[0])["run_id"]
             assert (
                 interrupt["toolCallId"]
                 == f"{asker_run}.{interrupt['metadata']['trio-agents']['call_id']}"
             )
             # The worker goes on and finishes while no AG-UI stream is open.
-            GATE.set()
+            gate.set()
             worker_run = next(
-                _ours(e)["run_id"]
+                agui.ours(e)["run_id"]
                 for e in first
                 if e["type"] == "STEP_STARTED" and "worker" in e["stepName"]
             )
             assert (await host.wait_terminal("alice", worker_run)).status == "completed"
-
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
-            async with agui_stream(client, "root", body) as stream:
+            async with agui.agui_stream(client, "root", agui.approve(interrupt)) as stream:
                 second = await stream.rest()
-    check_order(second)
+    agui.check_order(second)
     assert second[-1]["outcome"] == {"type": "success"}
     results = {e["toolCallId"]: e["content"] for e in second if e["type"] == "TOOL_CALL_RESULT"}
     assert results[interrupt["toolCallId"]] == "launched"
@@ -338,7 +264,7 @@ async def test_a_childs_approval_interrupts_and_the_resume_loses_nothing_of_its_
 
 
 async def test_a_resume_after_a_handoff_continues_the_run() -> None:
-    billing = _agent("billing", [Turn(tool_calls=[("launch", {})]), "billed"], launch)
+    billing = agui.scripted("billing", [Turn(tool_calls=[("launch", {})]), "billed"], agui.launch)
     triage = ta.Agent(
         name="triage",
         instructions="test",
@@ -346,25 +272,14 @@ async def test_a_resume_after_a_handoff_continues_the_run() -> None:
         handoffs=[billing],
     )
     with trio.fail_after(30):
-        async with agui_server({"triage": triage}) as (_, _, client):
-            async with agui_stream(client, "triage", run_input()) as stream:
-                first = await stream.rest()
-            check_order(first)
+        async with agui.agui_server({"triage": triage}) as (_, _, client):
+            first, interrupt = await agui.until_interrupt(client, "triage")
             handoff = next(e for e in first if e["type"] == "CUSTOM")
             assert handoff["name"] == "trio-agents.run.handoff"
             assert handoff["value"]["to_agent"] == "billing"
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
             # The AG-UI client still talks to the agent it started with.
-            async with agui_stream(client, "triage", body) as stream:
+            async with agui.agui_stream(client, "triage", agui.approve(interrupt)) as stream:
                 second = await stream.rest()
-    check_order(second)
+    agui.check_order(second)
     assert second[-1]["outcome"] == {"type": "success"}
     assert "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT") == "billed"

@@ -11,34 +11,9 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.agui_support import (
-    ALICE,
-    BOB,
-    agui_server,
-    agui_stream,
-    check_order,
-    run_input,
-    wait_streams_closed,
-)
+from tests.support import agui_support as agui
 from trio_agents.faces import HttpLimits
 from trio_agents.models import ScriptedModel, Turn
-
-
-@ta.function_tool(needs_approval=True)
-async def launch() -> str:
-    """Launch, once approved."""
-    return "launched"
-
-
-GATE: trio.Event | None = None
-
-
-@ta.function_tool
-async def gated() -> str:
-    """Wait until the test opens the gate."""
-    assert GATE is not None
-    await GATE.wait()
-    return "through"
 
 
 def _launcher(model: ScriptedModel | None = None) -> ta.Agent:
@@ -46,16 +21,7 @@ def _launcher(model: ScriptedModel | None = None) -> ta.Agent:
         name="ops",
         instructions="test",
         model=model or ScriptedModel([Turn(tool_calls=[("launch", {})]), "done"]),
-        tools=[launch],
-    )
-
-
-def _gated() -> ta.Agent:
-    return ta.Agent(
-        name="gated",
-        instructions="test",
-        model=ScriptedModel([Turn(tool_calls=[("gated", {})]), "finished"]),
-        tools=[gated],
+        tools=[agui.launch],
     )
 
 
@@ -66,9 +32,9 @@ def _error(answer: Any) -> tuple[int, str, str]:
 
 async def test_no_token_is_401_and_nothing_starts() -> None:
     with trio.fail_after(30):
-        async with agui_server({"ops": _launcher()}) as (host, _, client):
+        async with agui.agui_server({"ops": _launcher()}) as (host, _, client):
             for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic x"}):
-                answer = await client.post("/ag-ui/ops", json=run_input(), headers=headers)
+                answer = await client.post("/ag-ui/ops", json=agui.run_input(), headers=headers)
                 assert answer.status_code == 401
                 assert answer.json()["error"]["code"] == "unauthorized"
             assert await host.list("alice") == []
@@ -77,38 +43,31 @@ async def test_no_token_is_401_and_nothing_starts() -> None:
 async def test_another_principals_thread_and_interrupts_are_not_theirs() -> None:
     model = ScriptedModel([Turn(tool_calls=[("launch", {})]), "bob's answer"])
     with trio.fail_after(30):
-        async with agui_server({"ops": _launcher(model)}) as (host, _, client):
-            async with agui_stream(client, "ops", run_input(thread="shared")) as stream:
-                first = await stream.rest()
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
-            resume = run_input(thread="shared", run="ag-2")
-            resume["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
+        async with agui.agui_server({"ops": _launcher(model)}) as (host, _, client):
+            first, interrupt = await agui.until_interrupt(
+                client, "ops", agui.run_input(thread="shared")
+            )
+            resume = agui.approve(interrupt, thread="shared")
             # Bob answering Alice's interrupt: not found, and nothing is approved.
-            status, code, _ = _error(await client.post("/ag-ui/ops", json=resume, headers=BOB))
+            status, code, _ = _error(await client.post("/ag-ui/ops", json=resume, headers=agui.BOB))
             assert (status, code) == (404, "not_found")
-            alice_run = first[0]["metadata"]["trio-agents"]["run_id"]
+            alice_run = agui.ours(first[0])["run_id"]
             assert (await host.get("alice", alice_run)).status == "awaiting_approval"
             # Bob's thread of the same name is his own session: Alice's busy run does
             # not make it busy, and his run does not see her conversation.
-            async with agui_stream(
-                client, "ops", run_input(thread="shared", run="bob-1"), headers=BOB
+            async with agui.agui_stream(
+                client, "ops", agui.run_input(thread="shared", run="bob-1"), headers=agui.BOB
             ) as stream:
                 bobs = await stream.rest()
-            check_order(bobs)
+            agui.check_order(bobs)
             assert bobs[-1]["outcome"]["type"] == "success"
             assert [type(i).__name__ for i in model.requests[-1].items] == ["UserMessage"]
-            assert [r.run_id for r in await host.list("bob")] == [
-                bobs[0]["metadata"]["trio-agents"]["run_id"]
-            ]
+            assert [r.run_id for r in await host.list("bob")] == [agui.ours(bobs[0])["run_id"]]
             # An interrupt id naming Alice's run but another thread: not found either.
             resume["threadId"] = "other"
-            status, code, _ = _error(await client.post("/ag-ui/ops", json=resume, headers=ALICE))
+            status, code, _ = _error(
+                await client.post("/ag-ui/ops", json=resume, headers=agui.ALICE)
+            )
             assert (status, code) == (404, "not_found")
 
 
@@ -184,11 +143,11 @@ async def test_another_principals_thread_and_interrupts_are_not_theirs() -> None
 )
 async def test_garbage_run_agent_input_is_a_clear_400(body: bytes, code: str, names: str) -> None:
     with trio.fail_after(30):
-        async with agui_server({"ops": _launcher()}) as (host, _, client):
+        async with agui.agui_server({"ops": _launcher()}) as (host, _, client):
             answer = await client.post(
                 "/ag-ui/ops",
                 content=body,
-                headers={**ALICE, "Content-Type": "application/json"},
+                headers={**agui.ALICE, "Content-Type": "application/json"},
             )
             status, got, message = _error(answer)
             assert (status, got) == (400, code), message
@@ -198,10 +157,8 @@ async def test_garbage_run_agent_input_is_a_clear_400(body: bytes, code: str, na
 
 async def test_a_resume_payload_that_is_not_an_approval_is_refused() -> None:
     with trio.fail_after(30):
-        async with agui_server({"ops": _launcher()}) as (host, _, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
+        async with agui.agui_server({"ops": _launcher()}) as (host, _, client):
+            first, interrupt = await agui.until_interrupt(client, "ops")
             forged = base64.urlsafe_b64encode(b'["run_x", 1, "run_x", ""]').decode()
             for entry in (
                 {"interruptId": interrupt["id"], "status": "resolved", "payload": "yes"},
@@ -214,34 +171,36 @@ async def test_a_resume_payload_that_is_not_an_approval_is_refused() -> None:
                     "payload": {"approved": False, "message": "x" * 5000},
                 },
             ):
-                body = run_input(run="ag-2")
+                body = agui.run_input(run="ag-2")
                 body["resume"] = [entry]
-                status, code, _ = _error(await client.post("/ag-ui/ops", json=body, headers=ALICE))
+                status, code, _ = _error(
+                    await client.post("/ag-ui/ops", json=body, headers=agui.ALICE)
+                )
                 assert (status, code) == (400, "invalid_request"), entry
-            run_id = first[0]["metadata"]["trio-agents"]["run_id"]
+            run_id = agui.ours(first[0])["run_id"]
             assert (await host.get("alice", run_id)).status == "awaiting_approval"
 
 
 async def test_an_unknown_agent_is_404() -> None:
     with trio.fail_after(30):
-        async with agui_server({"ops": _launcher()}) as (_, _, client):
-            answer = await client.post("/ag-ui/nobody", json=run_input(), headers=ALICE)
+        async with agui.agui_server({"ops": _launcher()}) as (_, _, client):
+            answer = await client.post("/ag-ui/nobody", json=agui.run_input(), headers=agui.ALICE)
     assert _error(answer)[:2] == (404, "not_found")
 
 
 async def test_an_oversized_body_is_413_and_nothing_starts() -> None:
     limits = HttpLimits(max_body_bytes=4096)
     with trio.fail_after(30):
-        async with agui_server({"ops": _launcher()}, limits=limits) as (host, _, client):
-            big = run_input(text="x" * 10_000)
-            answer = await client.post("/ag-ui/ops", json=big, headers=ALICE)
+        async with agui.agui_server({"ops": _launcher()}, limits=limits) as (host, _, client):
+            big = agui.run_input(text="x" * 10_000)
+            answer = await client.post("/ag-ui/ops", json=big, headers=agui.ALICE)
             assert _error(answer)[:2] == (413, "payload_too_large")
 
             async def chunks() -> Any:
                 for _ in range(10):  # no Content-Length: read until past the bound
                     yield b" " * 1024
 
-            answer = await client.post("/ag-ui/ops", content=chunks(), headers=ALICE)
+            answer = await client.post("/ag-ui/ops", content=chunks(), headers=agui.ALICE)
             assert _error(answer)[:2] == (413, "payload_too_large")
             assert await host.list("alice") == []
 
@@ -249,34 +208,34 @@ async def test_an_oversized_body_is_413_and_nothing_starts() -> None:
 async def _disconnect_mid_stream(params: dict[str, str] | None, body: dict[str, Any]) -> Any:
     """Start the gated agent, read until its tool call, drop the connection, wait until
     the server finished the stream, open the gate; the run's end."""
-    global GATE
-    GATE = trio.Event()
-    async with agui_server({"gated": _gated()}) as (host, app, client):
-        async with agui_stream(client, "gated", body, params=params) as stream:
+    gate = agui.new_gate()
+    agent = agui.scripted("gated", [Turn(tool_calls=[("gated", {})]), "finished"], agui.gated)
+    async with agui.agui_server({"gated": agent}) as (host, app, client):
+        async with agui.agui_stream(client, "gated", body, params=params) as stream:
             started = await stream.next()
             assert started is not None
             await stream.until("TOOL_CALL_END")
         # The client is gone (the response closed): the server decides on_disconnect.
-        await wait_streams_closed(app)
-        GATE.set()
-        return await host.wait_terminal("alice", started["metadata"]["trio-agents"]["run_id"])
+        await agui.wait_streams_closed(app)
+        gate.set()
+        return await host.wait_terminal("alice", agui.ours(started)["run_id"])
 
 
 async def test_a_client_that_disconnects_cancels_its_run_by_default() -> None:
     with trio.fail_after(30):
-        info = await _disconnect_mid_stream(None, run_input())
+        info = await _disconnect_mid_stream(None, agui.run_input())
     assert (info.status, info.reason) == ("cancelled", "client disconnected")
 
 
 async def test_a_client_that_disconnects_with_continue_lets_its_run_finish() -> None:
     with trio.fail_after(30):
-        by_query = await _disconnect_mid_stream({"on_disconnect": "continue"}, run_input())
+        by_query = await _disconnect_mid_stream({"on_disconnect": "continue"}, agui.run_input())
         by_props = await _disconnect_mid_stream(
-            None, run_input(forwardedProps={"onDisconnect": "continue"})
+            None, agui.run_input(forwardedProps={"onDisconnect": "continue"})
         )
         # forwardedProps overrides the route's default.
         overridden = await _disconnect_mid_stream(
-            {"on_disconnect": "continue"}, run_input(forwardedProps={"onDisconnect": "cancel"})
+            {"on_disconnect": "continue"}, agui.run_input(forwardedProps={"onDisconnect": "cancel"})
         )
     assert (by_query.status, by_props.status) == ("completed", "completed")
     assert (overridden.status, overridden.reason) == ("cancelled", "client disconnected")
@@ -285,71 +244,47 @@ async def test_a_client_that_disconnects_with_continue_lets_its_run_finish() -> 
 async def test_an_interrupted_agui_run_leaves_its_run_waiting_not_cancelled() -> None:
     # The stream ends on the interrupt (the client did nothing wrong): the run waits.
     with trio.fail_after(30):
-        async with agui_server({"ops": _launcher()}) as (host, app, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
-            await wait_streams_closed(app)
-            run_id = first[0]["metadata"]["trio-agents"]["run_id"]
+        async with agui.agui_server({"ops": _launcher()}) as (host, app, client):
+            first, _ = await agui.until_interrupt(client, "ops")
+            await agui.wait_streams_closed(app)
+            run_id = agui.ours(first[0])["run_id"]
             assert (await host.get("alice", run_id)).status == "awaiting_approval"
 
 
 async def test_bad_on_disconnect_query_is_400() -> None:
     with trio.fail_after(30):
-        async with agui_server({"ops": _launcher()}) as (_, _, client):
+        async with agui.agui_server({"ops": _launcher()}) as (_, _, client):
             answer = await client.post(
-                "/ag-ui/ops", json=run_input(), headers=ALICE, params={"on_disconnect": "x"}
+                "/ag-ui/ops",
+                json=agui.run_input(),
+                headers=agui.ALICE,
+                params={"on_disconnect": "x"},
             )
     assert _error(answer)[:2] == (400, "invalid_request")
 
 
 async def test_a_resume_answered_twice_is_refused_the_second_time() -> None:
     with trio.fail_after(30):
-        async with agui_server({"ops": _launcher()}) as (_, _, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
-            async with agui_stream(client, "ops", body) as stream:
-                check_order(await stream.rest())
+        async with agui.agui_server({"ops": _launcher()}) as (_, _, client):
+            _, interrupt = await agui.until_interrupt(client, "ops")
+            body = agui.approve(interrupt)
+            async with agui.agui_stream(client, "ops", body) as stream:
+                agui.check_order(await stream.rest())
             body["runId"] = "ag-3"
-            answer = await client.post("/ag-ui/ops", json=body, headers=ALICE)
+            answer = await client.post("/ag-ui/ops", json=body, headers=agui.ALICE)
     assert _error(answer)[:2] == (409, "run_closed")
 
 
 async def test_a_resumed_agui_run_owns_the_run_too() -> None:
-    global GATE
-    GATE = trio.Event()
-    agent = ta.Agent(
-        name="ops",
-        instructions="test",
-        model=ScriptedModel(
-            [Turn(tool_calls=[("launch", {})]), Turn(tool_calls=[("gated", {})]), "done"]
-        ),
-        tools=[launch, gated],
-    )
+    gate = agui.new_gate()
+    turns = [Turn(tool_calls=[("launch", {})]), Turn(tool_calls=[("gated", {})]), "done"]
+    agent = agui.scripted("ops", turns, agui.launch, agui.gated)
     with trio.fail_after(30):
-        async with agui_server({"ops": agent}) as (host, app, client):
-            async with agui_stream(client, "ops", run_input()) as stream:
-                first = await stream.rest()
-            (interrupt,) = first[-1]["outcome"]["interrupts"]
-            body = run_input(run="ag-2")
-            body["resume"] = [
-                {
-                    "interruptId": interrupt["id"],
-                    "status": "resolved",
-                    "payload": {"approved": True},
-                }
-            ]
-            async with agui_stream(client, "ops", body) as stream:
+        async with agui.agui_server({"ops": agent}) as (host, app, client):
+            first, interrupt = await agui.until_interrupt(client, "ops")
+            async with agui.agui_stream(client, "ops", agui.approve(interrupt)) as stream:
                 await stream.until("TOOL_CALL_START", toolCallName="gated")
-            await wait_streams_closed(app)
-            GATE.set()
-            info = await host.wait_terminal("alice", first[0]["metadata"]["trio-agents"]["run_id"])
+            await agui.wait_streams_closed(app)
+            gate.set()
+            info = await host.wait_terminal("alice", agui.ours(first[0])["run_id"])
     assert (info.status, info.reason) == ("cancelled", "client disconnected")

@@ -9,10 +9,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import trio
-
 import trio_agents as ta
-from tests.support.agui_support import agui_server, agui_stream, check_order, run_input
+from tests.support.agui_support import ours, whole_run
 from trio_agents.hosting import HostedEvent, HostError, LocalHost
 from trio_agents.models import ScriptedModel, Turn
 
@@ -76,45 +74,33 @@ def _tree() -> ta.Agent:
     )
 
 
-async def test_a_refused_tree_is_followed_on_the_roots_log() -> None:
+async def _follow_tree(**proxy: Any) -> tuple[list[dict[str, Any]], _Host]:
+    """Stream the tree's AG-UI run from a face given a ``_Host(host, **proxy)``: the
+    events (checked for AG-UI's ordering, by ``whole_run``) and the proxy."""
     wrapped: list[_Host] = []
 
     def wrap(host: LocalHost) -> Any:
-        wrapped.append(_Host(host, refuse=True))
+        wrapped.append(_Host(host, **proxy))
         return wrapped[-1]
 
-    with trio.fail_after(30):
-        async with (
-            agui_server({"root": _tree()}, wrap=wrap) as (_, _, client),
-            agui_stream(client, "root", run_input()) as stream,
-        ):
-            events = await stream.rest()
-    check_order(events)
+    events, _ = await whole_run({"root": _tree()}, "root", wrap=wrap)
+    return events, wrapped[0]
+
+
+async def test_a_refused_tree_is_followed_on_the_roots_log() -> None:
+    events, host = await _follow_tree(refuse=True)
     assert events[-1]["outcome"] == {"type": "success"}
-    assert wrapped[0].follows == [1]
+    assert host.follows == [1]
     assert [e["type"] for e in events].count("STEP_STARTED") == 1
     text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert text == "askingroot done"  # the child's own text stays on its node
 
 
 async def test_a_tree_stream_that_ends_early_is_followed_without_repeats() -> None:
-    wrapped: list[_Host] = []
     for cut in range(1, 12):
-        wrapped.clear()
-
-        def wrap(host: LocalHost, cut: int = cut) -> Any:
-            wrapped.append(_Host(host, cut=cut))
-            return wrapped[-1]
-
-        with trio.fail_after(30):
-            async with (
-                agui_server({"root": _tree()}, wrap=wrap) as (_, _, client),
-                agui_stream(client, "root", run_input()) as stream,
-            ):
-                events = await stream.rest()
-        check_order(events)
+        events, host = await _follow_tree(cut=cut)
         assert events[-1]["outcome"] == {"type": "success"}, cut
-        assert len(wrapped[0].follows) == 1, cut
+        assert len(host.follows) == 1, cut
         calls = [e["toolCallId"] for e in events if e["type"] == "TOOL_CALL_START"]
         assert calls == ["call_1_0"], (cut, calls)
         root_text = "".join(
@@ -122,6 +108,6 @@ async def test_a_tree_stream_that_ends_early_is_followed_without_repeats() -> No
             for e in events
             if e["type"] == "TEXT_MESSAGE_CONTENT"
             and e["messageId"].endswith((".1", ".2"))
-            and e["messageId"].startswith(events[0]["metadata"]["trio-agents"]["run_id"])
+            and e["messageId"].startswith(ours(events[0])["run_id"])
         )
         assert root_text == "askingroot done", (cut, root_text)

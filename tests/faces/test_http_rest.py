@@ -94,38 +94,43 @@ async def test_another_principals_run_is_not_found_on_every_route() -> None:
         assert info["status"] in ("queued", "running")
 
 
+# The bodies each route refuses, by the error code it answers.
+GARBAGE: dict[tuple[str, str], list[bytes]] = {
+    ("/runs", "invalid_json"): [
+        b"{",
+        b"",
+        b"\xff\xfe",
+        b'{"agent": NaN}',
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+    ("/runs", "invalid_request"): [
+        b"[]",
+        b'"text"',
+        b'{"agent": 1, "input": "x"}',
+        b'{"agent": "blocker"}',
+        b'{"agent": "blocker", "input": []}',
+        b'{"agent": "blocker", "input": "x", "extra": 1}',
+        b'{"agent": "blocker", "input": "x", "subscribe": "all"}',
+        b'{"agent": "blocker", "input": "x", "id": 1}',
+        b'{"agent": "blocker", "input": "a\\u0000b"}',
+        b'{"agent": "blocker", "input": "\\ud800"}',
+        b'{"agent": "blocker", "input": "x", "limits": {"requests": -1}}',
+    ],
+    ("/runs", "not_found"): [b'{"agent": "nobody", "input": "x"}'],
+    ("/runs/{id}/cancel", "invalid_request"): [
+        b'{"mode": "later"}',
+        b'{"reason": 5}',
+        b'{"run_id": "other"}',
+    ],
+    ("/runs/{id}/inject", "invalid_request"): [b"{}", b'{"items": 3}'],
+    ("/runs/{id}/withdraw", "invalid_request"): [b'{"injection_id": ""}'],
+    ("/runs/{id}/approve", "invalid_request"): [b'{"call_id": ["c"]}'],
+}
+
+
 @pytest.mark.parametrize(
     ("path", "body", "code"),
-    [
-        ("/runs", b"{", "invalid_json"),
-        ("/runs", b"", "invalid_json"),
-        ("/runs", b"\xff\xfe", "invalid_json"),
-        ("/runs", b'{"agent": NaN}', "invalid_json"),
-        ("/runs", b"[" * 100_000 + b"]" * 100_000, "invalid_json"),
-        ("/runs", b"[]", "invalid_request"),
-        ("/runs", b'"text"', "invalid_request"),
-        ("/runs", b'{"agent": 1, "input": "x"}', "invalid_request"),
-        ("/runs", b'{"agent": "blocker"}', "invalid_request"),
-        ("/runs", b'{"agent": "blocker", "input": []}', "invalid_request"),
-        ("/runs", b'{"agent": "blocker", "input": "x", "extra": 1}', "invalid_request"),
-        ("/runs", b'{"agent": "blocker", "input": "x", "subscribe": "all"}', "invalid_request"),
-        ("/runs", b'{"agent": "blocker", "input": "x", "id": 1}', "invalid_request"),
-        ("/runs", b'{"agent": "blocker", "input": "a\\u0000b"}', "invalid_request"),
-        ("/runs", b'{"agent": "blocker", "input": "\\ud800"}', "invalid_request"),
-        (
-            "/runs",
-            b'{"agent": "blocker", "input": "x", "limits": {"requests": -1}}',
-            "invalid_request",
-        ),
-        ("/runs", b'{"agent": "nobody", "input": "x"}', "not_found"),
-        ("/runs/{id}/cancel", b'{"mode": "later"}', "invalid_request"),
-        ("/runs/{id}/cancel", b'{"reason": 5}', "invalid_request"),
-        ("/runs/{id}/cancel", b'{"run_id": "other"}', "invalid_request"),
-        ("/runs/{id}/inject", b"{}", "invalid_request"),
-        ("/runs/{id}/inject", b'{"items": 3}', "invalid_request"),
-        ("/runs/{id}/withdraw", b'{"injection_id": ""}', "invalid_request"),
-        ("/runs/{id}/approve", b'{"call_id": ["c"]}', "invalid_request"),
-    ],
+    [(path, body, code) for (path, code), bodies in GARBAGE.items() for body in bodies],
 )
 async def test_garbage_bodies_are_refused_with_a_code(path: str, body: bytes, code: str) -> None:
     async with serving() as served, client(served.base) as alice:

@@ -15,26 +15,19 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any
 
 import httpx
 import pytest
 import trio
 
-from tests.support.process_cluster import Cluster, Node, open_cluster
-
-BOUND: Final = 90.0
+from tests.support.faces_cluster import FacesCluster, faces_cluster
 
 # Leaving an SSE stream mid-way abandons httpx's nested body generators (CONVENTIONS,
 # "httpx aiter_lines()"): exactly those warnings, nothing else.
 pytestmark = pytest.mark.filterwarnings(
     r"ignore:Async generator 'http(core|x)\._[^']*' was garbage collected:ResourceWarning"
 )
-
-
-async def _http_url(node: Node) -> str:
-    line = await node.wait_line(lambda line: line.startswith("http: http://"))
-    return line.split()[1].rstrip("/")
 
 
 class _Stream:
@@ -71,15 +64,13 @@ async def _events(
 
 
 async def test_rest_start_cancel_and_reattach_on_three_nodes(pg_dsn: str) -> None:
-    with trio.fail_after(BOUND):
-        async with open_cluster(pg_dsn, 3) as cluster:
-            await _scenario(cluster)
+    async with faces_cluster(pg_dsn, 3) as nodes:
+        await _scenario(nodes)
 
 
-async def _scenario(cluster: Cluster) -> None:
-    one, two, three = [await _http_url(node) for node in cluster.nodes.values()]
-    auth = {"Authorization": f"Bearer {cluster.token}"}
-    async with httpx.AsyncClient(headers=auth, timeout=httpx.Timeout(BOUND)) as http:
+async def _scenario(nodes: FacesCluster) -> None:
+    cluster, (one, two, three) = nodes.cluster, nodes.urls
+    async with nodes.client() as http:
         started = await http.post(
             f"{one}/runs", json={"agent": "worker", "input": "charge #rest", "session_id": "s1"}
         )
@@ -151,29 +142,25 @@ async def _scenario(cluster: Cluster) -> None:
 async def test_hostile_run_ids_are_not_found_on_every_node(pg_dsn: str) -> None:
     # Path ids reach the host unvalidated by the request frames' checks: a NUL (which
     # PostgreSQL text refuses), a lone surrogate's escape, a huge id.
-    with trio.fail_after(BOUND):
-        async with open_cluster(pg_dsn, 2) as cluster:
-            one, two = [await _http_url(node) for node in cluster.nodes.values()]
-            auth = {"Authorization": f"Bearer {cluster.token}"}
-            async with httpx.AsyncClient(headers=auth, timeout=httpx.Timeout(BOUND)) as http:
-                for url in (one, two):
-                    for run_id in ("a%00b", "%ED%A0%80", "x" * 5000, "..%2F..%2Fetc"):
-                        for method, path in [
-                            ("GET", "/runs/{id}"),
-                            ("GET", "/runs/{id}/events"),
-                            ("POST", "/runs/{id}/cancel"),
-                            ("POST", "/runs/{id}/approve"),
-                        ]:
-                            body = {"call_id": "c1"} if path.endswith("approve") else {}
-                            answer = await http.request(
-                                method, url + path.replace("{id}", run_id), json=body
-                            )
-                            assert answer.status_code in (400, 404), (
-                                method,
-                                path,
-                                run_id[:20],
-                                answer.status_code,
-                                answer.text[:300],
-                            )
-                    answer = await http.post(f"{url}/sessions/a%00b/cancel", json={})
-                    assert answer.status_code in (400, 409), answer.text[:300]
+    async with faces_cluster(pg_dsn, 2) as nodes, nodes.client() as http:
+        for url in nodes.urls:
+            for run_id in ("a%00b", "%ED%A0%80", "x" * 5000, "..%2F..%2Fetc"):
+                for method, path in [
+                    ("GET", "/runs/{id}"),
+                    ("GET", "/runs/{id}/events"),
+                    ("POST", "/runs/{id}/cancel"),
+                    ("POST", "/runs/{id}/approve"),
+                ]:
+                    body = {"call_id": "c1"} if path.endswith("approve") else {}
+                    answer = await http.request(
+                        method, url + path.replace("{id}", run_id), json=body
+                    )
+                    assert answer.status_code in (400, 404), (
+                        method,
+                        path,
+                        run_id[:20],
+                        answer.status_code,
+                        answer.text[:300],
+                    )
+            answer = await http.post(f"{url}/sessions/a%00b/cancel", json={})
+            assert answer.status_code in (400, 409), answer.text[:300]

@@ -14,10 +14,14 @@ import attrs
 import h11
 import httpx
 import trio
+from a2a.client import Client, ClientConfig, ClientFactory
+from a2a.helpers.proto_helpers import new_text_message
+from a2a.types.a2a_pb2 import Message, SendMessageRequest
 
 import trio_agents as ta
 from trio_agents.faces import http_app, serve_http
 from trio_agents.hosting import LocalHost, RunHost
+from trio_agents.models import ScriptedModel, Turn
 
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
 ALICE = {"Authorization": "Bearer tok-alice"}
@@ -192,3 +196,32 @@ async def raw_post(url: str, head: Mapping[str, str], chunks: list[bytes]) -> in
                 answer += data
             nursery.cancel_scope.cancel()
     return int(answer.split(b" ", 2)[1])
+
+
+@asynccontextmanager
+async def sdk_client(url: str, *, streaming: bool = True) -> AsyncIterator[Client]:
+    """The official SDK's client of the face at ``url``, as Alice (asyncio: run it in
+    :func:`in_asyncio`)."""
+    async with httpx.AsyncClient(headers=ALICE, timeout=30) as http:
+        config = ClientConfig(httpx_client=http, streaming=streaming)
+        yield await ClientFactory(config).create_from_url(url)
+
+
+async def send_all(client: Client, message: Message | str) -> list[Any]:
+    """Every event the SDK's client yields for one ``SendMessage`` (a str: one text
+    message)."""
+    if isinstance(message, str):
+        message = new_text_message(message)
+    return [e async for e in client.send_message(SendMessageRequest(message=message))]
+
+
+def approver() -> ta.Agent:
+    """Agent ``a``: calls ``launch`` (which needs approval), then says "done"."""
+
+    @ta.function_tool(needs_approval=True)
+    async def launch() -> str:
+        """Launch, once approved."""
+        return "launched"
+
+    script = [Turn(tool_calls=[("launch", {})]), Turn(text="done")]
+    return ta.Agent(name="a", instructions="test", model=ScriptedModel(script), tools=[launch])

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter
 import trio_agents as ta
 from trio_agents.faces import HttpApp, HttpLimits, http_app, serve_http
 from trio_agents.hosting import LocalHost, RunHost
+from trio_agents.models import ScriptedModel
 
 AUTH = {"tok-alice": "alice", "tok-bob": "bob"}
 ALICE = {"Authorization": "Bearer tok-alice"}
@@ -192,3 +193,90 @@ async def wait_streams_closed(app: HttpApp) -> None:
     its client goes away is decided by then)."""
     while app.statistics().streams:
         await trio.testing.wait_all_tasks_blocked()
+
+
+# ------------------------------------------------------- agents, tools and interrupts
+
+
+def scripted(name: str, turns: list[Any], *tools: ta.Tool, default: Any = None) -> ta.Agent:
+    """An agent of ``name`` playing ``turns`` (then ``default``) with ``tools``."""
+    return ta.Agent(
+        name=name,
+        instructions="test",
+        model=ScriptedModel(turns, default=default),
+        tools=list(tools),
+    )
+
+
+@ta.function_tool(needs_approval=True)
+async def launch() -> str:
+    """Launch, once approved."""
+    return "launched"
+
+
+_gate: trio.Event | None = None
+
+
+def new_gate() -> trio.Event:
+    """A fresh, closed gate for :func:`gated` (the test sets it to let the tool end)."""
+    global _gate
+    _gate = trio.Event()
+    return _gate
+
+
+@ta.function_tool
+async def gated() -> str:
+    """Wait until the test opens the gate."""
+    assert _gate is not None, "call new_gate() first"
+    await _gate.wait()
+    return "through"
+
+
+def ours(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``trio-agents`` metadata of an AG-UI event (our run id, status, ...)."""
+    meta: dict[str, Any] = event["metadata"]["trio-agents"]
+    return meta
+
+
+def approve(interrupt: Mapping[str, Any], thread: str = "t1", run: str = "ag-2") -> dict[str, Any]:
+    """A ``RunAgentInput`` resuming ``interrupt`` with the approval granted."""
+    body = run_input(thread=thread, run=run)
+    body["resume"] = [
+        {"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}
+    ]
+    return body
+
+
+async def until_interrupt(
+    client: httpx.AsyncClient,
+    agent: str,
+    body: Mapping[str, Any] | None = None,
+    *,
+    headers: Mapping[str, str] = ALICE,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run ``agent`` until its AG-UI run ends on one interrupt (checked for AG-UI's
+    ordering): the events and the interrupt."""
+    async with agui_stream(client, agent, body or run_input(), headers=headers) as stream:
+        events = await stream.rest()
+    check_order(events)
+    assert events[-1]["outcome"]["type"] == "interrupt", events[-1]
+    (interrupt,) = events[-1]["outcome"]["interrupts"]
+    return events, interrupt
+
+
+async def whole_run(
+    agents: Mapping[str, ta.Agent],
+    agent: str,
+    *,
+    wrap: Callable[[LocalHost], RunHost] | None = None,
+) -> tuple[list[dict[str, Any]], LocalHost]:
+    """Serve ``agents`` and stream one AG-UI run of ``agent`` to its end (checked for
+    AG-UI's ordering; a 30 s hang guard): the events, and the host."""
+    with trio.fail_after(30):
+        async with (
+            agui_server(agents, wrap=wrap) as (host, _, client),
+            agui_stream(client, agent, run_input()) as stream,
+        ):
+            events = await stream.rest()
+    check_order(events)
+    return events, host

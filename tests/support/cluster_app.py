@@ -52,12 +52,12 @@ import signal
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, final
 
 import trio
 
 import trio_agents as ta
+from tests.support.faces_streams import EventStream
 from trio_agents.models import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
 
 __all__ = [
@@ -197,24 +197,6 @@ class _Steps:
 
 
 @final
-class _Stream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
-    def __init__(self, steps: _Steps) -> None:
-        self._steps = steps
-
-    async def __aenter__(self) -> AsyncIterator[ModelEvent]:
-        await trio.lowlevel.checkpoint()
-        return self._steps
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await trio.lowlevel.checkpoint()
-
-
-@final
 class ClusterModel:
     """A model whose answer is a function of the conversation (see the module doc)."""
 
@@ -253,7 +235,7 @@ class ClusterModel:
             parts = [f"{c.name}={outputs[c.call_id]}" for c in calls if c.call_id in outputs]
             events += [TextDelta(" ".join(["done", *parts, f"users={users}"]))]
             events += [Usage(1, 1), Finish("stop")]
-        return _Stream(_Steps(tag, events))
+        return EventStream(_Steps(tag, events))
 
 
 def app() -> dict[str, ta.Agent]:

@@ -132,6 +132,18 @@ class Client:
         """A ``run.start`` that must be acked: the new run's id."""
         return str((await self.ok("run.start", **fields))["run_id"])
 
+    async def start_until_tool(self, **fields: Any) -> str:
+        """A ``run.start`` subscribed to all events that must be acked: the new run's
+        id, once its first tool call has started."""
+        run_id = await self.start_run(subscribe="all", **fields)
+        await self.wait_event(run_id, lambda e: e["type"] == "tool.started")
+        return run_id
+
+    async def end(self, run_id: str, **fields: Any) -> dict[str, Any]:
+        """A ``run.cancel`` that must be acked, then the run's terminal update."""
+        await self.ok("run.cancel", run_id=run_id, **fields)
+        return await self.wait_terminal(run_id)
+
     async def wait_event(self, run_id: str, predicate: Any) -> dict[str, Any]:
         """Wait (at most 60 s) for an event of ``run_id`` matching ``predicate(event_json)``."""
         with trio.fail_after(60):

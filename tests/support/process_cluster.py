@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 import trio
@@ -67,6 +67,29 @@ SERVING: Final = re.compile(r"^serving .* on (ws://\S+/)")
 _node_numbers = itertools.count(1)
 
 
+_T = TypeVar("_T")
+
+
+async def first_match(
+    items: list[_T],
+    predicate: Callable[[_T], bool],
+    changed: trio.lowlevel.ParkingLot,
+    ended: Callable[[], Exception | None],
+) -> _T:
+    """The first of ``items`` (read so far, or appended later: ``changed`` is unparked
+    then) that satisfies ``predicate``; once none will come, raises what ``ended()``
+    returns (it returns ``None`` while more may come)."""
+    seen = 0
+    while True:
+        for item in items[seen:]:
+            if predicate(item):
+                return item
+        seen = len(items)
+        if (error := ended()) is not None:
+            raise error
+        await changed.park()
+
+
 class NodeFailed(Exception):
     """A node process exited before it was serving (the message has its stderr)."""
 
@@ -94,15 +117,13 @@ class Node:
 
     async def wait_line(self, predicate: Callable[[str], bool]) -> str:
         """Wait for a line of the node's stdout (the ones read so far count too)."""
-        seen = 0
-        while True:
-            for line in self.stdout[seen:]:
-                if predicate(line):
-                    return line
-            seen = len(self.stdout)
-            if self._stdout_done:
-                raise NodeFailed(f"node {self.node_id} ended without the line\n{self.output()}")
-            await self._changed.park()
+
+        def ended() -> Exception | None:
+            if not self._stdout_done:
+                return None
+            return NodeFailed(f"node {self.node_id} ended without the line\n{self.output()}")
+
+        return await first_match(self.stdout, predicate, self._changed, ended)
 
     async def _pump(self, stream: trio.abc.ReceiveStream, lines: list[str], is_out: bool) -> None:
         buffer = b""
@@ -438,15 +459,13 @@ class Follower:
 
     async def wait_for(self, predicate: Callable[[ta.RunEvent], bool]) -> ta.RunEvent:
         """Wait until an event (seen already or to come) satisfies ``predicate``."""
-        seen = 0
-        while True:
-            for event in self.events[seen:]:
-                if predicate(event):
-                    return event
-            seen = len(self.events)
-            if self.terminal is not None:
-                raise AssertionError(f"{self.run_id} ended without the awaited event")
-            await self._lot.park()
+
+        def ended() -> Exception | None:
+            if self.terminal is None:
+                return None
+            return AssertionError(f"{self.run_id} ended without the awaited event")
+
+        return await first_match(self.events, predicate, self._lot, ended)
 
     async def wait_until(self, condition: Callable[[], bool]) -> None:
         """Wait until ``condition()`` holds, looking again at each event received."""

@@ -17,7 +17,6 @@ import shutil
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
-from types import TracebackType
 from typing import Any, Final, final
 
 import attrs
@@ -25,6 +24,7 @@ import httpx
 import trio
 
 import trio_agents as ta
+from tests.support.faces_streams import EventStream
 from trio_agents import Agent, ModelRequest, ToolCall, UserMessage
 from trio_agents.control import Limits
 from trio_agents.models import Finish, ModelEvent, TextDelta, ToolCallDone, Usage
@@ -112,7 +112,9 @@ class Gates:
 
 
 @final
-class _Stream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
+class _Steps:
+    """The events of one turn of a :class:`GatedModel`; an iterator class."""
+
     def __init__(self, model: GatedModel, request: ModelRequest, steps: Sequence[Step]) -> None:
         self._model = model
         self._request = request
@@ -121,19 +123,7 @@ class _Stream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         self._calls = 0
         self._tail = 0  # after the steps: Usage, then Finish, then the end
 
-    async def __aenter__(self) -> AsyncIterator[ModelEvent]:
-        await trio.lowlevel.checkpoint()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
-
-    def __aiter__(self) -> _Stream:
+    def __aiter__(self) -> _Steps:
         return self
 
     async def __anext__(self) -> ModelEvent:
@@ -183,7 +173,7 @@ class GatedModel:
         self.calls += 1
         self.requests.append(request)
         turn = self.turns[min(self.calls, len(self.turns)) - 1]
-        return _Stream(self, request, turn)
+        return EventStream(_Steps(self, request, turn))
 
 
 def last_user_text(request: ModelRequest) -> str:

@@ -18,57 +18,34 @@ that happen to real processes:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, NoReturn
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
+import attrs
 import psycopg
 import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_support import Node, client, node
-from trio_agents.cluster._db import ClusterDown
-from trio_agents.control import Limits
+from tests.support import process_cluster
+from tests.support.cluster_internals import short_lease_node, until
+from tests.support.cluster_nodes import (
+    agents,
+    dies_answering,
+    local_entry,
+    request_as_owner_dies,
+    two_nodes,
+)
+from tests.support.cluster_support import Client, Node, client
+from trio_agents.cluster._db import ClusterDown, Database
 from trio_agents.models import ScriptedModel, Turn
 
 # -- helpers --------------------------------------------------------------------------
 
 
-def review_node(
-    nursery: trio.Nursery,
-    agents: Mapping[str, ta.Agent],
-    dsn: str,
-    node_id: str,
-    *,
-    lease_ttl: float = 0.5,
-    limits: Limits | None = None,
-) -> AbstractAsyncContextManager[Node]:
-    """``cluster_support.node`` with a short lease."""
-    return node(nursery, agents, dsn, node_id, lease_ttl=lease_ttl, limits=limits)
-
-
-def agent(model: ta.Model, tools: list[ta.Tool]) -> dict[str, ta.Agent]:
-    return {"a": ta.Agent(name="a", instructions="", model=model, tools=tools)}
-
-
-@asynccontextmanager
-async def two_nodes(
-    dsn: str,
-    a_agents: Mapping[str, ta.Agent],
-    b_agents: Mapping[str, ta.Agent],
-    *,
-    limits: Limits | None = None,
-) -> AsyncIterator[tuple[Node, Node]]:
-    async with trio.open_nursery() as nursery:
-        async with (
-            review_node(nursery, a_agents, dsn, "A", limits=limits) as a,
-            review_node(nursery, b_agents, dsn, "B", limits=limits) as b,
-        ):
-            yield a, b
-        nursery.cancel_scope.cancel()
-
-
+# Imported from here by tests/cluster/test_cluster_decisions.py until it imports them
+# from tests/support (a test file must not import another): then these go.
 def partition_heartbeat(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     """Make the node's lease renewals fail until the returned ``heal()`` is called."""
     real = node.cluster._leases.heartbeat
@@ -101,67 +78,77 @@ def gate_flushes(node: Node, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
     return gate
 
 
-def local_entry(node: Node, run_id: str) -> Any:
-    return node.server._registry.runs[run_id]
-
-
-def stored_items(dsn: str, principal: str, session_id: str) -> list[ta.Item]:
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "SELECT data FROM trio_agents_session_items WHERE session_id = %s ORDER BY position",
-            (json.dumps([principal, session_id]),),
-        ).fetchall()
-    return [ta.item_from_json(json.loads(r[0])) for r in rows]
-
-
-async def until(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll a condition on state nothing signals (database rows, server internals),
-    bounded by ``limit`` seconds."""
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110 (no event to wait for)
-            await trio.sleep(0.05)
+async def start_when_started(c: Client, started: trio.Event, **fields: Any) -> str:
+    """Start a run of agent ``a`` on session ``s`` (input ``go``) and wait until its
+    tool started; return the run's id."""
+    run_id = await c.start_run(agent="a", input="go", session_id="s", **fields)
+    with trio.fail_after(30):
+        await started.wait()
+    return run_id
 
 
 # -- 1. the watchdog stops a node's runs, then the node keeps their leases forever ---
 
 
-def slow_tool(started: trio.Event, release: trio.Event, cancelled: trio.Event) -> ta.Tool:
-    @ta.function_tool
-    async def slow() -> str:
-        """Work for a long time (not idempotent)."""
-        started.set()
-        try:
-            await release.wait()
-        except trio.Cancelled:
-            cancelled.set()
-            raise
-        return "slow done"
+@attrs.define(eq=False)
+class Slow:
+    """A ``slow`` tool (not idempotent) and the events it sets and waits for: it sets
+    ``started``, ends once ``release`` is set, and when cancelled sets ``cancelled``,
+    then (with a ``hold``) takes until ``hold`` is set to stop."""
 
-    return slow
+    started: trio.Event = attrs.field(factory=trio.Event)
+    release: trio.Event = attrs.field(factory=trio.Event)
+    cancelled: trio.Event = attrs.field(factory=trio.Event)
+    hold: trio.Event | None = None
+
+    def tool(self) -> ta.Tool:
+        @ta.function_tool
+        async def slow() -> str:
+            """Work for a long time (not idempotent)."""
+            self.started.set()
+            try:
+                await self.release.wait()
+            except trio.Cancelled:
+                self.cancelled.set()
+                if self.hold is not None:  # a shielded cleanup, within cleanup_timeout
+                    with trio.CancelScope(shield=True):
+                        await self.hold.wait()
+                raise
+            return "slow done"
+
+        return slow
+
+    def model(self) -> ScriptedModel:
+        """A model that calls the tool once (call ``c1``), then answers ``ok``."""
+        return ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")
+
+
+@asynccontextmanager
+async def node_running_slow(dsn: str, slow: Slow) -> AsyncIterator[tuple[Node, Client, str]]:
+    """Node A and a client of it, with a run of ``slow`` started on session ``s`` and its
+    tool started: yields the node, the client and the run's id."""
+    async with trio.open_nursery() as nursery:
+        served = agents(slow.model(), [slow.tool()])
+        async with short_lease_node(nursery, served, dsn, "A") as a, client(a.url) as ca:
+            yield a, ca, await start_when_started(ca, slow.started)
+        nursery.cancel_scope.cancel()
 
 
 async def test_runs_stopped_by_the_watchdog_are_resumed_after_the_database_returns(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started, release, cancelled = trio.Event(), trio.Event(), trio.Event()
-    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")
-    async with trio.open_nursery() as nursery:
-        tools = [slow_tool(started, release, cancelled)]
-        async with review_node(nursery, agent(model, tools), pg_dsn, "A") as a, client(a.url) as ca:
-            run_id = await ca.start_run(agent="a", input="go", session_id="s")
-            with trio.fail_after(30):
-                await started.wait()
-            heal = partition_heartbeat(a, monkeypatch)  # a short outage, under lease_ttl
-            with trio.fail_after(30):
-                await cancelled.wait()  # the watchdog stopped the run ("lease lost")
-            heal()
-            # Once the database is back the run must go on (here, or on any node): its
-            # call c1 gets "interrupted" and the model answers.
-            await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
-            with trio.fail_after(20):
-                done = await ca.wait_terminal(run_id)
-            assert done["event"]["status"] == "completed", done
-        nursery.cancel_scope.cancel()
+    slow = Slow()
+    async with node_running_slow(pg_dsn, slow) as (a, ca, run_id):
+        heal = partition_heartbeat(a, monkeypatch)  # a short outage, under lease_ttl
+        with trio.fail_after(30):
+            await slow.cancelled.wait()  # the watchdog stopped the run ("lease lost")
+        heal()
+        # Once the database is back the run must go on (here, or on any node): its
+        # call c1 gets "interrupted" and the model answers.
+        await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
+        with trio.fail_after(20):
+            done = await ca.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
 
 
 async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end(
@@ -172,47 +159,25 @@ async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end
     # the session in this process when the node claims the run back. The resume waits
     # for it (hosting/_run_tasks.py, _OLD_ATTEMPT_BOUND) instead of finding the session
     # busy and failing the run.
-    started, cancelled, hold = trio.Event(), trio.Event(), trio.Event()
-
-    @ta.function_tool
-    async def slow() -> str:
-        """Work for a long time, and take a while to stop (not idempotent)."""
-        started.set()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            cancelled.set()
-            with trio.CancelScope(shield=True):
-                await hold.wait()
-            raise
-        raise AssertionError("unreachable")
-
-    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")
-    async with trio.open_nursery() as nursery:
-        async with (
-            review_node(nursery, agent(model, [slow]), pg_dsn, "A") as a,
-            client(a.url) as ca,
-        ):
-            run_id = await ca.start_run(agent="a", input="go", session_id="s")
-            with trio.fail_after(30):
-                await started.wait()
-            stopped = local_entry(a, run_id)
-            heal = partition_heartbeat(a, monkeypatch)
-            with trio.fail_after(30):
-                await cancelled.wait()  # the watchdog stopped the run ("lease lost")
-            heal()  # the next heartbeat releases the run; A's scan claims it back
-            await until(lambda: a.cluster._leases.takeovers == 1)
-            assert stopped.run.result is None  # that attempt is still stopping
-            hold.set()
-            await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
-            with trio.fail_after(20):
-                done = await ca.wait_terminal(run_id)
-            assert done["event"]["status"] == "completed", done
-            resumed = await ca.wait_event(
-                run_id, lambda e: e["type"] == "run.updated" and e.get("detail")
-            )
-            assert resumed["event"]["detail"] == {"resumed": True, "attempt": 2}
-        nursery.cancel_scope.cancel()
+    hold = trio.Event()
+    slow = Slow(hold=hold)  # never released: it runs until cancelled
+    async with node_running_slow(pg_dsn, slow) as (a, ca, run_id):
+        stopped = local_entry(a, run_id)
+        heal = partition_heartbeat(a, monkeypatch)
+        with trio.fail_after(30):
+            await slow.cancelled.wait()  # the watchdog stopped the run ("lease lost")
+        heal()  # the next heartbeat releases the run; A's scan claims it back
+        await until(lambda: a.cluster._leases.takeovers == 1)
+        assert stopped.run.result is None  # that attempt is still stopping
+        hold.set()
+        await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
+        with trio.fail_after(20):
+            done = await ca.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+        resumed = await ca.wait_event(
+            run_id, lambda e: e["type"] == "run.updated" and e.get("detail")
+        )
+        assert resumed["event"]["detail"] == {"resumed": True, "attempt": 2}
 
 
 async def test_a_run_that_moved_to_another_attempt_is_cancelled_when_its_client_leaves(
@@ -232,15 +197,11 @@ async def test_a_run_that_moved_to_another_attempt_is_cancelled_when_its_client_
 
     model = ScriptedModel([], default=Turn(tool_calls=[("work", {})]))
     async with (
-        two_nodes(pg_dsn, agent(model, [work]), agent(model, [work])) as (a, b),
+        two_nodes(pg_dsn, agents(model, [work]), agents(model, [work])) as (a, b),
         client(b.url) as cb,
     ):
         async with client(a.url) as ca:
-            run_id = await ca.start_run(
-                agent="a", input="go", session_id="s", on_disconnect="cancel"
-            )
-            with trio.fail_after(30):
-                await started.wait()
+            run_id = await start_when_started(ca, started, on_disconnect="cancel")
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             started = trio.Event()
             heal = partition_heartbeat(a, monkeypatch)
@@ -257,42 +218,32 @@ async def test_a_run_that_moved_to_another_attempt_is_cancelled_when_its_client_
 
 
 async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) -> None:
-    started, release, cancelled = trio.Event(), trio.Event(), trio.Event()
-    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")
-    async with trio.open_nursery() as nursery:
-        tools = [slow_tool(started, release, cancelled)]
-        async with review_node(nursery, agent(model, tools), pg_dsn, "A") as a, client(a.url) as ca:
-            await ca.ok("run.start", agent="a", input="go", session_id="s")
-            with trio.fail_after(30):
-                await started.wait()
+    slow = Slow()
+    async with node_running_slow(pg_dsn, slow) as (a, _ca, _run_id):
+        # A node row long dead, which the cleanup deletes; another transaction (say,
+        # an operator's, or a long scan elsewhere) holds its row lock for a while.
+        def connect() -> psycopg.Connection[Any]:
+            return psycopg.connect(pg_dsn)
 
-            # A node row long dead, which the cleanup deletes; another transaction (say,
-            # an operator's, or a long scan elsewhere) holds its row lock for a while.
-            def connect() -> psycopg.Connection[Any]:
-                return psycopg.connect(pg_dsn)
-
-            with await trio.to_thread.run_sync(connect) as conn:
-                await trio.to_thread.run_sync(
-                    conn.execute,
-                    "INSERT INTO trio_agents_nodes (node_id, lease_expires_at, max_runs)"
-                    " VALUES ('Z', now() - interval '1 day', 1)",
-                )
-                await trio.to_thread.run_sync(conn.commit)
-                await trio.to_thread.run_sync(
-                    conn.execute, "SELECT 1 FROM trio_agents_nodes WHERE node_id = 'Z' FOR UPDATE"
-                )
-                a.cluster._leases._next_cleanup = 0.0  # its next sweep is due (every 60 s)
-                a.cluster._leases.wake()
-                await trio.sleep(2 * a.cluster.lease_ttl)  # the lock is held this long
-                await trio.to_thread.run_sync(conn.rollback)
-            renewed = a.cluster._leases.renewed_at
-            with trio.fail_after(10):
-                while a.cluster._leases.renewed_at == renewed:  # noqa: ASYNC110 (no event)
-                    await trio.sleep(0.05)
-            assert a.cluster._leases.fenced == 0
-            assert not cancelled.is_set()
-            release.set()
-        nursery.cancel_scope.cancel()
+        with await trio.to_thread.run_sync(connect) as conn:
+            await trio.to_thread.run_sync(
+                conn.execute,
+                "INSERT INTO trio_agents_nodes (node_id, lease_expires_at, max_runs)"
+                " VALUES ('Z', now() - interval '1 day', 1)",
+            )
+            await trio.to_thread.run_sync(conn.commit)
+            await trio.to_thread.run_sync(
+                conn.execute, "SELECT 1 FROM trio_agents_nodes WHERE node_id = 'Z' FOR UPDATE"
+            )
+            a.cluster._leases._next_cleanup = 0.0  # its next sweep is due (every 60 s)
+            a.cluster._leases.wake()
+            await trio.sleep(2 * a.cluster.lease_ttl)  # the lock is held this long
+            await trio.to_thread.run_sync(conn.rollback)
+        renewed = a.cluster._leases.renewed_at
+        await until(lambda: a.cluster._leases.renewed_at != renewed)
+        assert a.cluster._leases.fenced == 0
+        assert not slow.cancelled.is_set()
+        slow.release.set()
 
 
 # -- 2. what a crashed owner had acked is not what its successor does ---------------
@@ -301,17 +252,14 @@ async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) ->
 async def test_an_acked_cancel_survives_the_owner_crash(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started, release, cancelled = trio.Event(), trio.Event(), trio.Event()
-    tools = [slow_tool(started, release, cancelled)]
-    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("c1", "slow", "{}")])], default="ok")
+    slow = Slow()
+    served = agents(slow.model(), [slow.tool()])
     async with (
-        two_nodes(pg_dsn, agent(model, tools), agent(model, tools)) as (a, b),
+        two_nodes(pg_dsn, served, served) as (a, b),
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = await ca.start_run(agent="a", input="go", session_id="s")
-        with trio.fail_after(30):
-            await started.wait()
+        run_id = await start_when_started(ca, slow.started)
         gate = gate_flushes(a, monkeypatch)
         await cb.ok("run.cancel", run_id=run_id, reason="stop it")  # routed to A
         with trio.fail_after(30):
@@ -372,13 +320,11 @@ async def test_an_injection_is_delivered_once_across_a_crash(
     )
     b_model = ScriptedModel([], default="done")
     async with (
-        two_nodes(pg_dsn, agent(a_model, [work]), agent(b_model, [work])) as (a, b),
+        two_nodes(pg_dsn, agents(a_model, [work]), agents(b_model, [work])) as (a, b),
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = await ca.start_run(agent="a", input="go", session_id="s")
-        with trio.fail_after(30):
-            await first.wait()
+        run_id = await start_when_started(ca, first)
         await ca.ok("run.inject", run_id=run_id, items="remember this")  # acked: durable
         lose_flushes_from_delivery(a, monkeypatch)
         release.set()  # w1 ends; the injection is delivered; its inbox.delivered is lost
@@ -386,7 +332,7 @@ async def test_an_injection_is_delivered_once_across_a_crash(
         def delivered() -> bool:
             return any(
                 isinstance(i, ta.UserMessage) and i.content == "remember this"
-                for i in stored_items(pg_dsn, "alice", "s")
+                for i in process_cluster.stored_items(pg_dsn, "s", "alice")
             )
 
         await until(delivered)  # in the session, as its run.item event was persisted
@@ -420,57 +366,27 @@ async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
     a_model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "work", "{}")])])
     b_model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w2", "work", "{}")])], default="done")
     async with (
-        two_nodes(pg_dsn, agent(a_model, [work]), agent(b_model, [work])) as (a, b),
+        two_nodes(pg_dsn, agents(a_model, [work]), agents(b_model, [work])) as (a, b),
         client(a.url) as ca,
         client(b.url) as cb,
     ):
-        run_id = await ca.start_run(agent="a", input="go", session_id="s")
-        with trio.fail_after(30):
-            await first.wait()
+        run_id = await start_when_started(ca, first)
         fields: dict[str, Any] = {"items": "remember"}
         if op == "run.withdraw":
             injected = await ca.ok("run.inject", run_id=run_id, items="withdrawn")
             fields = {"injection_id": injected["injection_id"]}
         elif op == "run.cancel":
             fields = {"reason": "stop"}
-        applied = trio.Event()
-        stored: list[str | None] = []
-        execute = a.cluster._router.execute
-        assert execute is not None
-
-        def reply_of(command_id: int) -> str | None:
-            with psycopg.connect(pg_dsn) as conn:
-                row = conn.execute(
-                    "SELECT reply FROM trio_agents_commands WHERE command_id = %s", (command_id,)
-                ).fetchone()
-            assert row is not None
-            return None if row[0] is None else str(row[0])
-
-        async def answered_by_a_dying_node(*args: Any) -> NoReturn:
-            await execute(*args)  # applied, and durable (acked only then)
-            stored.append(await trio.to_thread.run_sync(reply_of, args[2]))
-            applied.set()
-            await trio.sleep_forever()  # A dies before its answer is written
-
-        monkeypatch.setattr(a.cluster._router, "execute", answered_by_a_dying_node)
-        answers: list[dict[str, Any]] = []
-        async with trio.open_nursery() as waiting:
-
-            async def send() -> None:
-                answers.append(await cb.request(op, run_id=run_id, **fields))
-
-            waiting.start_soon(send)
-            with trio.fail_after(30):
-                await applied.wait()
-            a.crash()
+        applied, stored = dies_answering(a, pg_dsn, monkeypatch)
+        answer = await request_as_owner_dies(a, cb, op, once=[applied], run_id=run_id, **fields)
         # Answered with what A stored (B took the run over meanwhile).
         assert stored[0] is not None
-        assert answers[0]["type"] == "ack", answers
-        assert {k: v for k, v in answers[0].items() if k not in ("type", "id")} == json.loads(
+        assert answer["type"] == "ack", answer
+        assert {k: v for k, v in answer.items() if k not in ("type", "id")} == json.loads(
             stored[0]
         )["ok"]
         if op == "run.withdraw":
-            assert answers[0]["withdrawn"] is True
+            assert answer["withdrawn"] is True
         hold.set()
         await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         done = await cb.wait_terminal(run_id)
@@ -485,30 +401,32 @@ async def test_a_routed_op_is_applied_once_when_its_owner_dies_answering_it(
 # -- 3. subscriptions on a non-owner -------------------------------------------------
 
 
+@asynccontextmanager
+async def two_nodes_saying_hello(dsn: str) -> AsyncIterator[tuple[Node, Client, Client]]:
+    """``two_nodes`` whose agent answers ``hello``, and a client of each: yields B and
+    the clients of A and B."""
+    served = agents(ScriptedModel([], default="hello"))
+    async with two_nodes(dsn, served, served) as (a, b), client(a.url) as ca, client(b.url) as cb:
+        yield b, ca, cb
+
+
+def followed(node: Node, run_ids: list[str]) -> bool:
+    """Whether a connection to ``node`` still follows one of ``run_ids``."""
+    return any(
+        run_id in conn.subscriptions for conn in node.server._connections for run_id in run_ids
+    )
+
+
 async def test_subscribing_past_the_end_of_a_finished_run_ends(pg_dsn: str) -> None:
-    model = ScriptedModel([], default="hello")
-    async with (
-        two_nodes(pg_dsn, agent(model, []), agent(model, [])) as (a, b),
-        client(a.url) as ca,
-        client(b.url) as cb,
-    ):
+    async with two_nodes_saying_hello(pg_dsn) as (b, ca, cb):
         run_id = await ca.start_run(agent="a", input="hi", subscribe="all")
         last = (await ca.wait_terminal(run_id))["seq"]
         await cb.ok("run.subscribe", run_id=run_id, from_seq=last + 1)
-
-        def followed() -> bool:
-            return any(run_id in conn.subscriptions for conn in b.server._connections)
-
-        await until(lambda: not followed())
+        await until(lambda: not followed(b, [run_id]))
 
 
 async def test_remote_subscriptions_leave_no_waiters_behind(pg_dsn: str) -> None:
-    model = ScriptedModel([], default="hello")
-    async with (
-        two_nodes(pg_dsn, agent(model, []), agent(model, [])) as (a, b),
-        client(a.url) as ca,
-        client(b.url) as cb,
-    ):
+    async with two_nodes_saying_hello(pg_dsn) as (b, ca, cb):
         run_ids = []
         for _ in range(3):
             run_id = await ca.start_run(agent="a", input="hi", subscribe="all")
@@ -516,13 +434,7 @@ async def test_remote_subscriptions_leave_no_waiters_behind(pg_dsn: str) -> None
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             await cb.wait_terminal(run_id)
             run_ids.append(run_id)
-
-        def followed() -> bool:
-            return any(
-                run_id in conn.subscriptions for conn in b.server._connections for run_id in run_ids
-            )
-
-        await until(lambda: not followed())
+        await until(lambda: not followed(b, run_ids))
         waiters = b.cluster._listener._waiters
         assert [r for r in run_ids if waiters.get(("run", r))] == []
 
@@ -530,25 +442,30 @@ async def test_remote_subscriptions_leave_no_waiters_behind(pg_dsn: str) -> None
 # -- 4. database-side fencing ---------------------------------------------------------
 
 
+async def insert_run_owned_by_b(db: Database, run_id: str) -> None:
+    """Insert ``run_id``'s row: running on B at attempt 2 (A, stalled, lost it)."""
+
+    def insert(conn: Any) -> None:
+        conn.execute(
+            "INSERT INTO trio_agents_runs (run_id, principal, session_key, agent, status,"
+            " owner, attempt, lease_expires_at) VALUES (%s, 'alice', 'k', 'a',"
+            " 'running', 'B', 2, now() + interval '1 minute')",
+            (run_id,),
+        )
+
+    await db.call(insert)
+
+
 async def test_the_before_tool_barrier_refuses_a_node_that_no_longer_owns_the_attempt(
     pg_dsn: str,
 ) -> None:
-    from trio_agents.cluster._db import Database
     from trio_agents.cluster._eventlog import Fence
     from trio_agents.cluster._queries import tool_start_barrier
 
     db = Database(pg_dsn)
     try:
         await db.call(lambda conn: conn.execute("SELECT 1"))  # the tables exist
-
-        def insert(conn: Any) -> None:
-            conn.execute(
-                "INSERT INTO trio_agents_runs (run_id, principal, session_key, agent, status,"
-                " owner, attempt, lease_expires_at) VALUES ('r-fence', 'alice', 'k', 'a',"
-                " 'running', 'B', 2, now() + interval '1 minute')"
-            )
-
-        await db.call(insert)
+        await insert_run_owned_by_b(db, "r-fence")
         stale = tool_start_barrier(db, "r-fence", "A", 1, Fence())  # A stalled: B has it
         with pytest.raises(RuntimeError):
             await stale(ta.ToolCall("c1", "slow", "{}"))
@@ -567,21 +484,12 @@ async def test_the_before_tool_barrier_refuses_a_node_that_no_longer_owns_the_at
 
 
 async def test_a_stale_owner_does_not_write_into_the_session(pg_dsn: str) -> None:
-    from trio_agents.cluster._db import Database
     from trio_agents.cluster._eventlog import Fence
     from trio_agents.cluster._session import ClusterSession, session_key
 
     db = Database(pg_dsn)
     try:
-
-        def insert(conn: Any) -> None:
-            conn.execute(
-                "INSERT INTO trio_agents_runs (run_id, principal, session_key, agent, status,"
-                " owner, attempt, lease_expires_at) VALUES ('r-stale', 'alice', 'k', 'a',"
-                " 'running', 'B', 2, now() + interval '1 minute')"
-            )
-
-        await db.call(insert)
+        await insert_run_owned_by_b(db, "r-stale")
     finally:
         await db.aclose()
     key = session_key("alice", "stale", "r-stale")
@@ -596,5 +504,5 @@ async def test_a_stale_owner_does_not_write_into_the_session(pg_dsn: str) -> Non
     finally:
         await stale.aclose()
         await current.aclose()
-    items = stored_items(pg_dsn, "alice", "stale")
+    items = process_cluster.stored_items(pg_dsn, "stale", "alice")
     assert items == [ta.UserMessage("current")]

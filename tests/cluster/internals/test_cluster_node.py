@@ -3,17 +3,48 @@ database round trip per streamed delta)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import psycopg
 import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_support import client, node
+from tests.support.cluster_nodes import agents
+from tests.support.cluster_support import Client, Node, client, node
 from tests.support.control_support import TOKENS
 from trio_agents._util import leaves
 from trio_agents.cluster import PostgresCluster
 from trio_agents.control import ControlServer
 from trio_agents.models import ScriptedModel, Turn
+
+
+@asynccontextmanager
+async def node_after_a_run(dsn: str) -> AsyncIterator[tuple[Node, Client, str]]:
+    """Node A and a client of it, once a run (answered ``hello``) ended: yields the
+    node, the client and the run's id."""
+    async with trio.open_nursery() as nursery:
+        served = agents(ScriptedModel([], default="hello"))
+        async with node(nursery, served, dsn, "A") as a, client(a.url) as c:
+            run_id = await c.start_run(agent="a", input="hi", subscribe="all")
+            await c.wait_terminal(run_id)
+            yield a, c, run_id
+        nursery.cancel_scope.cancel()
+
+
+async def start_and_stop(dsn: str, node_id: str) -> None:
+    """Start a node (its schema checked, migrated or created) and stop it at once."""
+    served = agents(ScriptedModel([], default="hello"))
+    async with trio.open_nursery() as nursery, node(nursery, served, dsn, node_id):
+        nursery.cancel_scope.cancel()
+
+
+def execute(dsn: str, *statements: str) -> None:
+    """Run ``statements`` on the database, each committed at once."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
 
 
 def test_arguments_are_checked() -> None:
@@ -38,13 +69,8 @@ def test_arguments_are_checked() -> None:
 
 
 async def test_the_schema_is_created_and_versioned(pg_dsn: str) -> None:
-    model = ScriptedModel([], default="hello")
-    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
-    async with trio.open_nursery() as nursery:
-        async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as c:
-            run_id = await c.start_run(agent="a", input="hi", subscribe="all")
-            await c.wait_terminal(run_id)
-        nursery.cancel_scope.cancel()
+    async with node_after_a_run(pg_dsn):
+        pass  # one run, then a graceful stop
     with psycopg.connect(pg_dsn) as conn:
         versions: dict[str, int] = dict(
             conn.execute("SELECT component, version FROM trio_agents_schema").fetchall()
@@ -61,11 +87,11 @@ async def test_the_schema_is_created_and_versioned(pg_dsn: str) -> None:
 async def test_streamed_deltas_are_written_in_batches(pg_dsn: str) -> None:
     chunks = [f"w{i} " for i in range(300)]
     model = ScriptedModel([Turn(text=chunks)])
-    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
+    served = agents(model)
     async with trio.open_nursery() as nursery:
         async with (
-            node(nursery, agents, pg_dsn, "A") as a,
-            node(nursery, agents, pg_dsn, "B") as b,
+            node(nursery, served, pg_dsn, "A") as a,
+            node(nursery, served, pg_dsn, "B") as b,
             client(a.url) as ca,
             client(b.url) as cb,
         ):
@@ -83,18 +109,11 @@ async def test_streamed_deltas_are_written_in_batches(pg_dsn: str) -> None:
 
 
 async def test_finished_runs_are_forgotten_after_retention(pg_dsn: str) -> None:
-    model = ScriptedModel([], default="hello")
-    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
-    async with trio.open_nursery() as nursery:
-        async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as c:
-            run_id = await c.start_run(agent="a", input="hi", subscribe="all")
-            await c.wait_terminal(run_id)
-            with psycopg.connect(pg_dsn, autocommit=True) as conn:
-                conn.execute("UPDATE trio_agents_runs SET updated_at = now() - interval '1 day'")
-            await a.cluster._leases.cleanup()
-            gone = await c.request("run.get", run_id=run_id)
-            assert gone["type"] == "ack"  # still retained in the node's memory
-        nursery.cancel_scope.cancel()
+    async with node_after_a_run(pg_dsn) as (a, c, run_id):
+        execute(pg_dsn, "UPDATE trio_agents_runs SET updated_at = now() - interval '1 day'")
+        await a.cluster._leases.cleanup()
+        gone = await c.request("run.get", run_id=run_id)
+        assert gone["type"] == "ack"  # still retained in the node's memory
     with psycopg.connect(pg_dsn) as conn:
         for table in ("runs", "events"):
             count = conn.execute(f"SELECT count(*) FROM trio_agents_{table}").fetchone()
@@ -104,15 +123,10 @@ async def test_finished_runs_are_forgotten_after_retention(pg_dsn: str) -> None:
 async def test_a_node_refuses_tables_of_a_newer_version(pg_dsn: str) -> None:
     from trio_agents.cluster._db import ClusterSchemaError
 
-    model = ScriptedModel([], default="hello")
-    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
-    async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "A"):
-        nursery.cancel_scope.cancel()
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE trio_agents_schema SET version = 99 WHERE component = 'cluster'")
+    await start_and_stop(pg_dsn, "A")
+    execute(pg_dsn, "UPDATE trio_agents_schema SET version = 99 WHERE component = 'cluster'")
     with pytest.raises(BaseExceptionGroup) as caught:
-        async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "B"):
-            raise AssertionError("the node started")
+        await start_and_stop(pg_dsn, "B")
     matched, rest = caught.value.split(ClusterSchemaError)
     assert rest is None
     assert matched is not None
@@ -121,15 +135,13 @@ async def test_a_node_refuses_tables_of_a_newer_version(pg_dsn: str) -> None:
 
 async def test_version_1_tables_are_migrated(pg_dsn: str) -> None:
     # Version 2 adds the index of queued runs (their order for a session, cluster-wide).
-    model = ScriptedModel([], default="hello")
-    agents = {"a": ta.Agent(name="a", instructions="", model=model)}
-    async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "A"):
-        nursery.cancel_scope.cancel()
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("DROP INDEX trio_agents_runs_queued")
-        conn.execute("UPDATE trio_agents_schema SET version = 1 WHERE component = 'cluster'")
-    async with trio.open_nursery() as nursery, node(nursery, agents, pg_dsn, "B"):
-        nursery.cancel_scope.cancel()
+    await start_and_stop(pg_dsn, "A")
+    execute(
+        pg_dsn,
+        "DROP INDEX trio_agents_runs_queued",
+        "UPDATE trio_agents_schema SET version = 1 WHERE component = 'cluster'",
+    )
+    await start_and_stop(pg_dsn, "B")
     with psycopg.connect(pg_dsn) as conn:
         (version,) = conn.execute(
             "SELECT version FROM trio_agents_schema WHERE component = 'cluster'"

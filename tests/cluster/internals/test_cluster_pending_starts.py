@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.cluster.internals.test_cluster_crash_and_partition import agent
+from tests.support.cluster_nodes import agents
 from tests.support.cluster_support import client, node
 from trio_agents.hosting import _run_tasks
 from trio_agents.models import ScriptedModel, Turn
@@ -62,7 +62,7 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
     # first attempt was still being started.
     started = trio.Event()
     model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="done")
-    agents = agent(model, [blocking_tool(started)])
+    served = agents(model, [blocking_tool(started)])
     ttl = 1.0
     seen: list[tuple[Any, ...] | None] = []
     real = _run_tasks.supersede
@@ -79,8 +79,8 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
 
     async with trio.open_nursery() as nursery:
         async with (
-            node(nursery, agents, pg_dsn, "A", lease_ttl=ttl) as a,
-            node(nursery, agents, pg_dsn, "B", lease_ttl=ttl),
+            node(nursery, served, pg_dsn, "A", lease_ttl=ttl) as a,
+            node(nursery, served, pg_dsn, "B", lease_ttl=ttl),
             client(a.url) as ca,
         ):
             await ca.ok("run.start", agent="a", input="1", session_id="s")
@@ -107,11 +107,11 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
     # went on forever (B, alive, never knew of it; A's check only covers dead nodes).
     started = trio.Event()
     model = ScriptedModel([], default=Turn(tool_calls=[("wait", {})]))
-    agents = agent(model, [blocking_tool(started)])
+    served = agents(model, [blocking_tool(started)])
     async with trio.open_nursery() as nursery:
         async with (
-            node(nursery, agents, pg_dsn, "A", lease_ttl=1.0) as a,
-            node(nursery, agents, pg_dsn, "B", lease_ttl=1.0, max_runs=1) as b,
+            node(nursery, served, pg_dsn, "A", lease_ttl=1.0) as a,
+            node(nursery, served, pg_dsn, "B", lease_ttl=1.0, max_runs=1) as b,
             client(a.url) as ca,
         ):
             async with client(b.url) as cb:

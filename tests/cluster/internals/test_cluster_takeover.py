@@ -8,24 +8,22 @@ lose a live node its runs)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, TypeAlias
 
 import psycopg
 import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_support import Client, client, node
+from tests.support.cluster_internals import fetch_tool, until
+from tests.support.cluster_nodes import agents, approval_tool, waiting_tool
+from tests.support.cluster_support import Client, Node, client, node
 from trio_agents.cluster._queries import release_node
 from trio_agents.models import Finish as FinishEvent
 from trio_agents.models import ModelRequest, ScriptedModel, TextDelta, Turn
 from trio_agents.sessions import PostgresSession
-
-
-def agents(model: ta.Model, tools: list[ta.Tool]) -> dict[str, ta.Agent]:
-    return {"a": ta.Agent(name="a", instructions="", model=model, tools=tools)}
 
 
 def stored_session(dsn: str, principal: str, session_id: str) -> PostgresSession:
@@ -63,18 +61,44 @@ def check_stream(c: Client, run_id: str) -> list[dict[str, Any]]:
     return frames
 
 
+async def completed(c: Client, run_id: str) -> list[dict[str, Any]]:
+    """Wait for the run's terminal update: it completed, and ``check_stream`` holds."""
+    done = await c.wait_terminal(run_id)
+    assert done["event"]["status"] == "completed", done
+    return check_stream(c, run_id)
+
+
+Nodes: TypeAlias = tuple[Node, Node, Node]
+
+
 @asynccontextmanager
 async def three_nodes(
     model: ta.Model, tools: list[ta.Tool], dsn: str, lease_ttl: float = 2.0
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[tuple[Nodes, Client, Client]]:
+    """Nodes A, B and C, and a client of A and one of B."""
     async with trio.open_nursery() as nursery:
         async with (
             node(nursery, agents(model, tools), dsn, "A", lease_ttl=lease_ttl) as a,
             node(nursery, agents(model, tools), dsn, "B", lease_ttl=lease_ttl) as b,
             node(nursery, agents(model, tools), dsn, "C", lease_ttl=lease_ttl) as c,
+            client(a.url) as ca,
+            client(b.url) as cb,
         ):
-            yield a, b, c
+            yield (a, b, c), ca, cb
         nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def run_on_a(
+    model: ta.Model, tools: list[ta.Tool], dsn: str, lease_ttl: float = 2.0, **start: Any
+) -> AsyncIterator[tuple[Nodes, Client, Client, str]]:
+    """``three_nodes``, with a run of agent ``a`` (``start`` its other fields) started
+    by A's client, subscribed there, and followed from seq 1 by B's: yields the run's
+    id last."""
+    async with three_nodes(model, tools, dsn, lease_ttl) as (nodes, ca, cb):
+        run_id = await ca.start_run(agent="a", subscribe="all", **start)
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        yield nodes, ca, cb, run_id
 
 
 async def test_takeover_mid_tool(pg_dsn: str) -> None:
@@ -102,20 +126,20 @@ async def test_takeover_mid_tool(pg_dsn: str) -> None:
             "all done",
         ]
     )
-    async with three_nodes(model, [charge, lookup], pg_dsn) as (a, b, c):
-        async with client(a.url) as ca, client(b.url) as cb:
-            run_id = await ca.start_run(agent="a", input="pay", session_id="s", subscribe="all")
-            await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
-            # Both calls' starts are recorded before their tools run: wait until B has
-            # seen both tool.started events (persisted), then "kill" A.
-            await cb.wait_event(
-                run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c2"
-            )
-            await cb.wait_event(
-                run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c1"
-            )
-            a.crash()
-            last = cb.seqs(run_id)[-1]
+    tools = [charge, lookup]
+    async with run_on_a(model, tools, pg_dsn, input="pay", session_id="s") as (
+        nodes,
+        _,
+        cb,
+        run_id,
+    ):
+        a, _b, c = nodes
+        # Both calls' starts are recorded before their tools run: wait until B has
+        # seen both tool.started events (persisted), then "kill" A.
+        await cb.wait_event(run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c2")
+        await cb.wait_event(run_id, lambda e: e["type"] == "tool.started" and e["call_id"] == "c1")
+        a.crash()
+        last = cb.seqs(run_id)[-1]
         # The subscriber moves to node C, from the next seq.
         async with client(c.url) as cc:
             await cc.ok("run.subscribe", run_id=run_id, from_seq=last + 1)
@@ -164,13 +188,12 @@ class StallingModel:
         self.calls = 0
         self.requests: list[ModelRequest] = []
 
-    @asynccontextmanager
-    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
+    def stream(self, request: ModelRequest) -> aclosing[AsyncGenerator[Any]]:
         self.calls += 1
         self.requests.append(request)
         number = self.calls
 
-        async def events() -> AsyncIterator[Any]:
+        async def events() -> AsyncGenerator[Any]:
             if number == 1:
                 yield TextDelta("partial ")
                 yield TextDelta("text ")
@@ -178,30 +201,18 @@ class StallingModel:
             yield TextDelta("resumed answer")
             yield FinishEvent("stop")
 
-        stream = events()
-        try:
-            yield stream
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+        return aclosing(events())
 
 
 async def test_takeover_mid_stream(pg_dsn: str) -> None:
     model = StallingModel()
-    async with (
-        three_nodes(model, [], pg_dsn) as (a, b, _c),
-        client(a.url) as ca,
-        client(b.url) as cb,
-    ):
-        run_id = await ca.start_run(agent="a", input="talk", subscribe="all")
-        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+    async with run_on_a(model, [], pg_dsn, input="talk") as ((a, _b, _c), _ca, cb, run_id):
         # Deltas are flushed within 100 ms: B sees the second one, then A dies.
         await cb.wait_event(
             run_id, lambda e: e["type"] == "response.text.delta" and e["text"] == "text "
         )
         a.crash()
-        done = await cb.wait_terminal(run_id)
-        assert done["event"]["status"] == "completed", done
-        frames = check_stream(cb, run_id)
+        frames = await completed(cb, run_id)
         texts = [f["event"]["text"] for f in frames if f["event"]["type"] == "response.text.delta"]
         assert texts == ["partial ", "text ", "resumed answer"]
     assert model.calls == 2
@@ -212,23 +223,14 @@ async def test_takeover_mid_stream(pg_dsn: str) -> None:
 
 async def test_takeover_while_awaiting_approval(pg_dsn: str) -> None:
     ran: list[str] = []
-
-    @ta.function_tool(needs_approval=True)
-    async def delete(ctx: ta.ToolContext) -> str:
-        """Delete a file, once approved."""
-        ran.append(ctx.call_id)
-        return "deleted"
-
+    delete = approval_tool(ran)
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("d1", "delete", "{}")]), "done"])
-    async with (
-        three_nodes(model, [delete], pg_dsn) as (a, b, c),
-        client(a.url) as ca,
-        client(b.url) as cb,
+    async with run_on_a(model, [delete], pg_dsn, input="rm", session_id="s") as (
+        (a, _b, c),
+        _ca,
+        cb,
+        run_id,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="rm", session_id="s", subscribe="all"))[
-            "run_id"
-        ]
-        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         await cb.wait_status(run_id, "awaiting_approval")
         a.crash()
         # Re-asked by the new owner after the takeover.
@@ -246,9 +248,7 @@ async def test_takeover_while_awaiting_approval(pg_dsn: str) -> None:
         assert again["event"]["detail"]["pending"] == ["d1"]
         async with client(c.url) as cc:
             await cc.ok("run.approve", run_id=run_id, call_id="d1")
-        done = await cb.wait_terminal(run_id)
-        assert done["event"]["status"] == "completed", done
-        check_stream(cb, run_id)
+        await completed(cb, run_id)
     assert ran == ["d1"]
     async with stored_session(pg_dsn, "alice", "s") as session:
         items = await session.get_items()
@@ -256,28 +256,13 @@ async def test_takeover_while_awaiting_approval(pg_dsn: str) -> None:
 
 
 async def test_an_injection_acked_before_a_crash_is_delivered_after_takeover(pg_dsn: str) -> None:
-    forever = trio.Event()
-
-    @ta.function_tool
-    async def work() -> str:
-        """Work for a long time."""
-        await forever.wait()
-        return "worked"
-
-    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "work", "{}")])], default="done")
-    async with (
-        three_nodes(model, [work], pg_dsn) as (a, b, _c),
-        client(a.url) as ca,
-        client(b.url) as cb,
-    ):
-        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
+    wait = waiting_tool(trio.Event())  # works for a long time
+    model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("w1", "wait", "{}")])], default="done")
+    async with run_on_a(model, [wait], pg_dsn, input="go") as ((a, _b, _c), ca, cb, run_id):
         await ca.wait_event(run_id, lambda e: e["type"] == "tool.started")
-        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         await cb.ok("run.inject", run_id=run_id, items="remember this")
         a.crash()
-        done = await cb.wait_terminal(run_id)
-        assert done["event"]["status"] == "completed", done
-        check_stream(cb, run_id)
+        await completed(cb, run_id)
     texts = [i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)]
     assert texts == ["go", "remember this"]
 
@@ -286,27 +271,15 @@ async def test_graceful_shutdown_hands_runs_over_without_waiting_for_the_lease(
     pg_dsn: str,
 ) -> None:
     started: list[str] = []
-    forever = trio.Event()
-
-    @ta.function_tool(idempotent=True)
-    async def fetch(ctx: ta.ToolContext) -> str:
-        """Fetch (safe to repeat)."""
-        started.append(ctx.call_id)
-        if len(started) == 1:
-            await forever.wait()
-        return "fetched"
-
+    fetch = fetch_tool(started, trio.Event(), first_only=True)
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("f1", "fetch", "{}")]), "done"])
     # A lease of an hour: only the hand-over can move the run within the test's bound.
-    async with (
-        three_nodes(model, [fetch], pg_dsn, lease_ttl=3600.0) as (a, b, _c),
-        client(a.url) as ca,
-        client(b.url) as cb,
+    async with run_on_a(model, [fetch], pg_dsn, 3600.0, input="go", session_id="s") as (
+        (a, _b, _c),
+        ca,
+        cb,
+        run_id,
     ):
-        run_id = (await ca.ok("run.start", agent="a", input="go", session_id="s", subscribe="all"))[
-            "run_id"
-        ]
-        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
         await cb.wait_event(run_id, lambda e: e["type"] == "tool.started")
         with trio.fail_after(30):
             await a.stop()
@@ -316,9 +289,7 @@ async def test_graceful_shutdown_hands_runs_over_without_waiting_for_the_lease(
             and f["event"]["status"] in ("completed", "failed", "cancelled")
             for f in ca.events[run_id]
         )
-        done = await cb.wait_terminal(run_id)
-        assert done["event"]["status"] == "completed", done
-        check_stream(cb, run_id)
+        await completed(cb, run_id)
     assert started == ["f1", "f1"]
     _, row = run_rows(pg_dsn, run_id)
     assert row[1] in ("B", "C")
@@ -334,26 +305,13 @@ async def test_a_graceful_stop_cancels_the_runs_whose_client_it_disconnects(
     # node) is cancelled with reason "client disconnected", as that disconnect would.
     forever = trio.Event()
     started: list[str] = []
-
-    @ta.function_tool(idempotent=True)
-    async def fetch(ctx: ta.ToolContext) -> str:
-        """Fetch (safe to repeat)."""
-        started.append(ctx.call_id)
-        await forever.wait()
-        return "fetched"
-
+    fetch = fetch_tool(started, forever)
     model = ScriptedModel([], default=Turn(tool_calls=[("fetch", {})]))
-    async with (
-        three_nodes(model, [fetch], pg_dsn, lease_ttl=3600.0) as (a, b, _c),
-        client(a.url) as ca,
-        client(b.url) as cb,
-    ):
+    async with three_nodes(model, [fetch], pg_dsn, lease_ttl=3600.0) as ((a, _b, _c), ca, cb):
         a.cluster._max_runs = 1 if placed else 100
         if placed:  # A is full: its client's runs are placed on B or C
             await ca.ok("run.start", agent="a", input="filler")
-            with trio.fail_after(30):
-                while not started:  # noqa: ASYNC110 (no event)
-                    await trio.sleep(0.01)
+            await until(lambda: bool(started), limit=30)
         cancelled = await ca.start_run(
             agent="a", input="go", session_id="s", on_disconnect="cancel"
         )
@@ -379,14 +337,7 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
     # stop), which then never ended.
     forever = trio.Event()
     started: list[str] = []
-
-    @ta.function_tool(idempotent=True)
-    async def fetch(ctx: ta.ToolContext) -> str:
-        """Fetch (safe to repeat)."""
-        started.append(ctx.call_id)
-        await forever.wait()
-        return "fetched"
-
+    fetch = fetch_tool(started, forever)
     model = ScriptedModel([], default=Turn(tool_calls=[("fetch", {})]))
     async with trio.open_nursery() as nursery:
         async with (
@@ -411,9 +362,7 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
             async def release_once_resumed(*args: Any) -> None:
                 # The widest window: B releases its runs only once the resumed run has
                 # started its tool again, or was stopped first.
-                with trio.fail_after(30):
-                    while len(started) < 2 and not stopped_here():  # noqa: ASYNC110
-                        await trio.sleep(0.01)
+                await until(lambda: len(started) >= 2 or stopped_here(), limit=30)
                 await release_node(*args)
 
             monkeypatch.setattr(b.cluster._leases, "resume", slow_resume)
@@ -422,9 +371,7 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
                 await resuming.wait()
             monkeypatch.setattr("trio_agents.cluster._cluster.release_node", release_once_resumed)
             b.scope.cancel()  # B's shutdown begins while it resumes the run
-            with trio.fail_after(30):
-                while not b.cluster._leases.draining:  # noqa: ASYNC110 (no event)
-                    await trio.sleep(0.01)
+            await until(lambda: b.cluster._leases.draining, limit=30)
             proceed.set()
             try:
                 with trio.fail_after(30):
@@ -444,28 +391,14 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
 
 async def test_an_op_for_a_dead_owner_waits_for_the_takeover(pg_dsn: str) -> None:
     ran: list[str] = []
-
-    @ta.function_tool(needs_approval=True)
-    async def delete(ctx: ta.ToolContext) -> str:
-        """Delete a file, once approved."""
-        ran.append(ctx.call_id)
-        return "deleted"
-
+    delete = approval_tool(ran)
     model = ScriptedModel([Turn(tool_calls=[ta.ToolCall("d1", "delete", "{}")]), "done"])
-    async with (
-        three_nodes(model, [delete], pg_dsn) as (a, b, _c),
-        client(a.url) as ca,
-        client(b.url) as cb,
-    ):
-        run_id = await ca.start_run(agent="a", input="rm", subscribe="all")
-        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+    async with run_on_a(model, [delete], pg_dsn, input="rm") as ((a, _b, _c), _ca, cb, run_id):
         await cb.wait_status(run_id, "awaiting_approval")
         a.crash()
         # Sent at once: answered by the node that takes the run over, once it has.
         await cb.ok("run.approve", run_id=run_id, call_id="d1")
-        done = await cb.wait_terminal(run_id)
-        assert done["event"]["status"] == "completed", done
-        check_stream(cb, run_id)
+        await completed(cb, run_id)
     assert ran == ["d1"]
 
 

@@ -11,13 +11,14 @@ common case. In-process nodes on the suite's real PostgreSQL
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 import psycopg
+import pytest
 import trio
 
 import trio_agents as ta
-from tests.cluster.test_cluster_leases import BOUND, GatedModel, nodes, poll_row, query
+from tests.support.cluster_nodes import BOUND, GatedModel, nodes, poll_row, query
 from tests.support.cluster_support import Node, client
 from trio_agents.sessions import SessionStorageError
 from trio_agents.sessions._postgres import PostgresSession
@@ -75,6 +76,34 @@ async def first_run_then_crashing_second(dsn: str, a: Node) -> str:
     return ids[0]
 
 
+def lose_the_first_write_answer(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, the first of the sessions' own write transactions commits but its
+    answer is lost (the connection drops at the commit), so ``ClusterSession`` retries
+    it: the returned list gets that session's id."""
+    lost: list[str] = []
+    call = PostgresSession._call
+
+    async def answer_lost(self: PostgresSession, fn: Any, *args: Any) -> Any:
+        result = await call(self, fn, *args)
+        if not lost and getattr(fn, "__qualname__", "").endswith("_write.<locals>.fenced"):
+            lost.append(self.session_id)
+            error = SessionStorageError("lost", session_id=self.session_id)
+            raise error from psycopg.OperationalError("the connection dropped at the commit")
+        return result
+
+    monkeypatch.setattr(PostgresSession, "_call", answer_lost)
+    return lost
+
+
+# The conversation on s once R1 answered its own input, after R0's.
+BOTH_ANSWERED: Final = [
+    ("UserMessage", "zero"),
+    ("AssistantMessage", "ok zero"),
+    ("UserMessage", "first"),
+    ("AssistantMessage", "ok first"),
+]
+
+
 async def test_a_run_killed_before_its_input_reached_a_used_session_answers_its_own_input(
     pg_dsn: str,
 ) -> None:
@@ -86,12 +115,7 @@ async def test_a_run_killed_before_its_input_reached_a_used_session_answers_its_
         async with nodes(model, pg_dsn, "A", "B", lease_ttl=2.0) as (a, _b):
             r1 = await first_run_then_crashing_second(pg_dsn, a)
             await poll_row(pg_dsn, r1, lambda row: row["finished"])
-    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == [
-        ("UserMessage", "zero"),
-        ("AssistantMessage", "ok zero"),
-        ("UserMessage", "first"),
-        ("AssistantMessage", "ok first"),
-    ]
+    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == BOTH_ANSWERED
 
 
 async def test_an_input_a_takeover_wrote_is_not_written_again_by_the_next_takeover(
@@ -109,45 +133,24 @@ async def test_an_input_a_takeover_wrote_is_not_written_again_by_the_next_takeov
             async with nodes(model, pg_dsn, "C", lease_ttl=2.0):
                 await poll_row(pg_dsn, r1, lambda row: row["finished"])
     assert model.calls.count("first") == 2
-    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == [
-        ("UserMessage", "zero"),
-        ("AssistantMessage", "ok zero"),
-        ("UserMessage", "first"),
-        ("AssistantMessage", "ok first"),
-    ]
+    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == BOTH_ANSWERED
 
 
 async def test_a_takeovers_input_write_retried_after_its_commit_answer_was_lost_is_not_doubled(
-    pg_dsn: str, monkeypatch: Any
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The takeover's write of R1's input commits, but its answer is lost (the
     connection drops at the commit) and ``ClusterSession`` retries it: the input is
     stored once."""
     model = GatedModel()
-    lost: list[str] = []
-    call = PostgresSession._call
-
-    async def answer_lost(self: PostgresSession, fn: Any, *args: Any) -> Any:
-        result = await call(self, fn, *args)
-        # The first of the session's own write transactions: the takeover's input.
-        if not lost and getattr(fn, "__qualname__", "").endswith("_write.<locals>.fenced"):
-            lost.append(self.session_id)
-            error = SessionStorageError("lost", session_id=self.session_id)
-            raise error from psycopg.OperationalError("the connection dropped at the commit")
-        return result
-
     with trio.fail_after(BOUND):
         async with nodes(model, pg_dsn, "A", "B", lease_ttl=2.0) as (a, _b):
             r1 = await first_run_then_crashing_second(pg_dsn, a)
-            monkeypatch.setattr(PostgresSession, "_call", answer_lost)
+            # The first of the session's own write transactions: the takeover's input.
+            lost = lose_the_first_write_answer(monkeypatch)
             await poll_row(pg_dsn, r1, lambda row: row["finished"])
     assert lost
-    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == [
-        ("UserMessage", "zero"),
-        ("AssistantMessage", "ok zero"),
-        ("UserMessage", "first"),
-        ("AssistantMessage", "ok first"),
-    ]
+    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == BOTH_ANSWERED
 
 
 async def test_a_queued_run_killed_after_its_claim_before_its_input_answers_its_own_input(
@@ -182,16 +185,11 @@ async def test_a_queued_run_killed_after_its_claim_before_its_input_answers_its_
                 model.holds["zero"].set()
                 await crashed.wait()
             await poll_row(pg_dsn, r1, lambda row: row["finished"])
-    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == [
-        ("UserMessage", "zero"),
-        ("AssistantMessage", "ok zero"),
-        ("UserMessage", "first"),
-        ("AssistantMessage", "ok first"),
-    ]
+    assert texts(await trio.to_thread.run_sync(conversation, pg_dsn)) == BOTH_ANSWERED
 
 
 async def test_a_session_append_retried_after_its_commit_answer_was_lost_is_stored_once(
-    pg_dsn: str, monkeypatch: Any
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A cluster session's own append (a load's repair written back, a child run's
     items) commits, its answer is lost and ``ClusterSession`` retries it: stored once."""
@@ -200,18 +198,7 @@ async def test_a_session_append_retried_after_its_commit_answer_was_lost_is_stor
 
     session = ClusterSession(pg_dsn, json.dumps(["alice", "s"]), "A", Fence())
     await session.add_items([ta.UserMessage("zero")])
-    lost: list[str] = []
-    call = PostgresSession._call
-
-    async def answer_lost(self: PostgresSession, fn: Any, *args: Any) -> Any:
-        result = await call(self, fn, *args)
-        if not lost and getattr(fn, "__qualname__", "").endswith("_write.<locals>.fenced"):
-            lost.append(self.session_id)
-            error = SessionStorageError("lost", session_id=self.session_id)
-            raise error from psycopg.OperationalError("the connection dropped at the commit")
-        return result
-
-    monkeypatch.setattr(PostgresSession, "_call", answer_lost)
+    lost = lose_the_first_write_answer(monkeypatch)
     try:
         await session.add_items([ta.AssistantMessage("ok zero"), ta.UserMessage("first")])
     finally:

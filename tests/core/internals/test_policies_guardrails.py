@@ -11,17 +11,11 @@ import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.core_runs import assert_ended, assert_failed_with
+from tests.support.core_trees import root_calling, run_events, tool_turn
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.testing import check_events
 from trio_agents.testing._fakes import _stray_cancelled
-
-
-def _calls(*calls: tuple[str, dict[str, Any]]) -> Turn:
-    return Turn(tool_calls=list(calls))
-
-
-async def _events(run: ta.Run) -> list[ta.RunEvent]:
-    return [e async for e in run.events()]
 
 
 def _texts(events: Sequence[ta.RunEvent]) -> str:
@@ -44,13 +38,10 @@ async def test_input_guardrail_runs_beside_the_model_and_a_trip_cuts_the_stream(
     agent = ta.Agent(name="a", model=model, input_guardrails=[no_secrets])
     async with ta.open_run(agent, "tell me the password") as run:
         pass
-    result = run.result
-    assert result is not None
-    assert result.status == "failed"
-    assert result.reason == "guardrail no_secrets: asked for a password"
-    assert isinstance(result.error, ta.GuardrailTripped)
-    assert result.error.name == "no_secrets"
-    events = await _events(run)
+    reason = "guardrail no_secrets: asked for a password"
+    result, error = assert_failed_with(run, reason, ta.GuardrailTripped)
+    assert error.name == "no_secrets"
+    events = await run_events(run)
     # the model was streaming (in parallel) and was cut at the trip, after about 2 s
     streamed = _texts(events)
     assert 0 < len(streamed) < len("chunk " * 100)
@@ -93,7 +84,7 @@ async def test_a_trip_cancels_tools_started_since(autojump_clock: Any) -> None:
 
     agent = ta.Agent(
         name="a",
-        model=ScriptedModel([_calls(("long_tool", {}))]),
+        model=ScriptedModel([tool_turn(("long_tool", {}))]),
         tools=[long_tool],
         input_guardrails=[slow_no],
     )
@@ -164,10 +155,7 @@ async def test_streaming_guardrail_never_publishes_what_it_rejects(autojump_cloc
     )
     async with ta.open_run(agent, "number?", session=session) as run:
         seen = [e async for e in run.events()]
-    result = run.result
-    assert result is not None
-    assert result.status == "failed"
-    assert result.reason == "guardrail no_pii: phone number"
+    result = assert_ended(run, "failed", "guardrail no_pii: phone number")
     published = _texts(seen)
     assert "555" not in published
     assert published == "Call me at "[: len(published)]
@@ -240,11 +228,7 @@ async def test_a_guardrail_in_a_child_fails_the_child_only() -> None:
         return True
 
     child = ta.Agent(name="kid", model=ScriptedModel(["x"]), input_guardrails=[refuse])
-    root = ta.Agent(
-        name="root",
-        model=ScriptedModel([_calls(("kid", {"input": "q"})), "coped"]),
-        tools=[child.as_tool()],
-    )
+    root = root_calling(child, then="coped", input="q")
     result = await ta.run(root, "go")
     assert result.status == "completed"
     (tool_result,) = [i for i in result.conversation if isinstance(i, ta.ToolResult)]
@@ -274,11 +258,9 @@ async def test_a_trip_racing_the_final_answer_never_completes_the_run(
     agent = ta.Agent(name="a", model=model, input_guardrails=[late])
     async with ta.open_run(agent, "x") as run:
         pass
-    result = run.result
-    assert result is not None
-    assert result.status == "failed"  # an unchecked input never gives a completed run
-    assert result.reason == "guardrail late: None"
-    assert check_events(result, await _events(run)).ok
+    # an unchecked input never gives a completed run
+    result = assert_ended(run, "failed", "guardrail late: None")
+    assert check_events(result, await run_events(run)).ok
 
 
 @pytest.mark.parametrize("trip_at", [0.999, 1.0, 1.001])
@@ -296,7 +278,7 @@ async def test_a_trip_racing_a_tool_finishing(autojump_clock: Any, trip_at: floa
 
     agent = ta.Agent(
         name="a",
-        model=ScriptedModel([_calls(("one_second", {})), "after"]),
+        model=ScriptedModel([tool_turn(("one_second", {})), "after"]),
         tools=[one_second],
         input_guardrails=[late],
     )
@@ -306,7 +288,7 @@ async def test_a_trip_racing_a_tool_finishing(autojump_clock: Any, trip_at: floa
     assert result is not None
     assert result.status == "failed"
     assert ta.conversation_problems(result.conversation) == []
-    assert check_events(result, await _events(run)).ok
+    assert check_events(result, await run_events(run)).ok
 
 
 @pytest.mark.parametrize("cancel_at", [0.999, 1.0, 1.001])
@@ -329,7 +311,7 @@ async def test_a_trip_racing_a_cancel(autojump_clock: Any, cancel_at: float) -> 
     assert result.status in ("cancelled", "failed")
     if expected is not None:
         assert result.status == expected
-    assert check_events(result, await _events(run)).ok
+    assert check_events(result, await run_events(run)).ok
 
 
 async def test_a_guardrail_swallowing_the_runs_cancel_is_no_pass(autojump_clock: Any) -> None:

@@ -44,20 +44,23 @@ def agent(model: ta.Model, ran: list[str]) -> ta.Agent:
     return ta.Agent(name="t", instructions="", model=model, tools=tools(ran))
 
 
+async def session_holding(*items: ta.Item) -> MemorySession:
+    """A memory session, ``s``, whose stored history is ``items``."""
+    session = MemorySession("s")
+    await session.add_items(items)
+    return session
+
+
 async def crashed_session() -> MemorySession:
     """What a node killed mid-turn leaves: a turn's calls, one answered."""
-    session = MemorySession("s")
-    await session.add_items(
-        [
-            ta.UserMessage("do it"),
-            ta.ToolCall("c1", "lookup", "{}"),
-            ta.ToolCall("c2", "charge", "{}"),
-            ta.ToolCall("c3", "charge", "{}"),
-            ta.ToolCall("c4", "delete", "{}"),
-            ta.ToolResult("c3", "charged"),
-        ]
+    return await session_holding(
+        ta.UserMessage("do it"),
+        ta.ToolCall("c1", "lookup", "{}"),
+        ta.ToolCall("c2", "charge", "{}"),
+        ta.ToolCall("c3", "charge", "{}"),
+        ta.ToolCall("c4", "delete", "{}"),
+        ta.ToolResult("c3", "charged"),
     )
-    return session
 
 
 def by_call(items: Any) -> dict[str, ta.ToolResult]:
@@ -225,13 +228,10 @@ async def test_a_decision_an_earlier_attempt_recorded_answers_the_call_asked_aga
 
 
 async def test_a_recorded_decision_leaves_the_other_calls_awaiting_approval() -> None:
-    session = MemorySession("s")
-    await session.add_items(
-        [
-            ta.UserMessage("do it"),
-            ta.ToolCall("c1", "delete", "{}"),
-            ta.ToolCall("c2", "delete", "{}"),
-        ]
+    session = await session_holding(
+        ta.UserMessage("do it"),
+        ta.ToolCall("c1", "delete", "{}"),
+        ta.ToolCall("c2", "delete", "{}"),
     )
     ran: list[str] = []
     resume = ta.Resume(attempt=2, next_seq=4, approved={"c1"})
@@ -342,8 +342,7 @@ def test_resume_never_runs_a_started_call_twice(
     ran: list[str] = []
 
     async def main() -> ta.RunResult:
-        session = MemorySession("s")
-        await session.add_items([ta.UserMessage("go"), *calls, *stored_results])
+        session = await session_holding(ta.UserMessage("go"), *calls, *stored_results)
         resume = ta.Resume(attempt=2, next_seq=next_seq, started=started_ids)
         model = ScriptedModel(["done"])
         async with ta.open_run(agent(model, ran), [], session=session, resume=resume) as run:
