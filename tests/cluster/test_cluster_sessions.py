@@ -290,6 +290,7 @@ async def test_a_placed_start_whose_node_dies_before_answering_is_acked_with_its
     monkeypatch.setattr("trio_agents.cluster._routing.ROUTE_TIMEOUT", 3.0)
     async with behind_a_full_node(pg_dsn, "A", "B", lease_ttl=0.5) as ((a, b, c), cc, first):
         started: list[Any] = []
+        crashed = trio.Event()
 
         def dying(target: Any) -> Any:
             execute = target.cluster._router.execute
@@ -300,6 +301,7 @@ async def test_a_placed_start_whose_node_dies_before_answering_is_acked_with_its
                 await execute(*args)  # the run starts there
                 started.append(target)
                 target.crash()
+                crashed.set()
                 await trio.sleep_forever()
 
             return started_then_dies
@@ -308,6 +310,9 @@ async def test_a_placed_start_whose_node_dies_before_answering_is_acked_with_its
             monkeypatch.setattr(target.cluster._router, "execute", dying(target))
         async with client(c.url) as leaving:
             placed = await leaving.start_run(agent="a", input="2", on_disconnect="cancel")
+            # C may answer once the run's row is there, before execute() has returned
+            with trio.fail_after(30):
+                await crashed.wait()
             (dead,) = started
             alive = b if dead is a else a
             async with client(alive.url) as watcher:

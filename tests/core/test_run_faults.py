@@ -17,7 +17,10 @@ import trio.testing
 
 import trio_agents as ta
 from tests.support.core_runs import (
+    EventsModel,
+    fast_and_slow,
     inject_now_during_model_start,
+    make_agent,
     raising_tool,
     run_to_the_end,
     slow,
@@ -26,33 +29,6 @@ from tests.support.helpers import collect
 from trio_agents.models import Finish, ScriptedModel, TextDelta, ToolCallDone, Turn, Usage
 from trio_agents.sessions import MemorySession, SQLiteSession
 from trio_agents.testing import check_events
-
-
-def make_agent(model: ta.Model, tools: Sequence[ta.Tool] = (), **kw: Any) -> ta.Agent:
-    return ta.Agent(name="t", instructions="", model=model, tools=list(tools), **kw)
-
-
-class EventsModel:
-    """Yields the given events per call (the last list repeats); records requests."""
-
-    def __init__(self, *turns: Sequence[object], block: bool = False) -> None:
-        self.turns = list(turns)
-        self.requests: list[ta.ModelRequest] = []
-        self.block = block
-
-    @asynccontextmanager
-    async def stream(self, request: ta.ModelRequest) -> AsyncIterator[AsyncIterator[Any]]:
-        self.requests.append(request)
-        events = self.turns[min(len(self.requests), len(self.turns)) - 1]
-
-        async def gen() -> AsyncIterator[Any]:
-            for event in events:
-                await trio.lowlevel.checkpoint()
-                yield event
-            if self.block:
-                await trio.sleep_forever()
-
-        yield gen()
 
 
 def call(call_id: str, name: str = "slow", arguments: str = "{}") -> ta.ToolCall:
@@ -381,24 +357,13 @@ async def test_each_tool_result_is_persisted_as_its_tool_finishes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     release = trio.Event()
-
-    @ta.function_tool
-    async def fast() -> str:
-        """Return at once."""
-        return "quick"
-
-    @ta.function_tool
-    async def slow() -> str:
-        """Wait for the test."""
-        await release.wait()
-        return "late"
-
     session = MemorySession()
     model = ScriptedModel([Turn(tool_calls=[call("s", "slow"), call("f", "fast")]), "done"])
-    async with ta.open_run(make_agent(model, [fast, slow]), "go", session=session) as run:
+    agent = make_agent(model, fast_and_slow(release))
+    async with ta.open_run(agent, "go", session=session) as run:
         await trio.testing.wait_all_tasks_blocked()
         stored = await session.get_items()
-        assert ta.ToolResult("f", "quick") in stored  # before its sibling finished
+        assert ta.ToolResult("f", "fast done") in stored  # before its sibling finished
         assert not any(isinstance(i, ta.ToolResult) and i.call_id == "s" for i in stored)
         release.set()
     assert run.result is not None

@@ -76,3 +76,44 @@ def test_no_two_test_modules_share_a_name() -> None:
     would not: every test module's file name is unique in tests/."""
     names = Counter(p.name for p in python_files() if p.name.startswith("test_"))
     assert [name for name, count in names.items() if count > 1] == []
+
+
+def imported_test_modules(source: str) -> list[str]:
+    """The test modules (``test_*``) ``source`` imports, absolutely or relatively."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            modules = [base] if node.module else [base + alias.name for alias in node.names]
+        else:
+            continue
+        found += [m for m in modules if m.rpartition(".")[2].startswith("test_")]
+    return found
+
+
+def test_no_test_file_imports_another() -> None:
+    """Shared code lives in tests/support/ or a conftest: a test module importing another
+    runs the other's module code too, and ties together two files a reader expects to
+    stand alone."""
+    offenders = [
+        f"{path.relative_to(TESTS)}: {module}"
+        for path in python_files()
+        for module in imported_test_modules(path.read_text())
+    ]
+    assert offenders == [], "move what the test files share to tests/support/"
+
+
+def test_the_checker_sees_imports_of_test_files() -> None:
+    source = (
+        "from tests.core.test_run_faults import make_agent\n"
+        "import tests.cluster.test_cluster_leases\n"
+        "from . import test_inject\n"
+        "from tests.support.core_runs import make_agent\n"
+    )
+    assert imported_test_modules(source) == [
+        "tests.core.test_run_faults",
+        "tests.cluster.test_cluster_leases",
+        ".test_inject",
+    ]

@@ -94,6 +94,24 @@ def sent_texts(body: Any) -> list[str]:
     return []
 
 
+async def two_runs(
+    wire: Wire,
+    server: SSEServer,
+    directory: Path,
+    tools: list[ta.Tool],
+    inputs: tuple[Any, Any] = ("go", "again"),
+) -> tuple[ta.RunResult, ta.RunResult, list[ta.Item]]:
+    """Two runs on ``inputs`` of an agent with ``tools`` on one SQLite session in
+    ``directory``, both completed; and the items the session then holds."""
+    agent = ta.Agent("a", model=wire.model(server.base_url), tools=tools)
+    async with SQLiteSession(directory / "s.db", "s") as session:
+        first = await ta.run(agent, inputs[0], session=session)
+        assert first.status == "completed", first.reason
+        second = await ta.run(agent, inputs[1], session=session)
+        assert second.status == "completed", second.reason
+        return first, second, await session.get_items()
+
+
 def assert_encodable(server: SSEServer) -> None:
     """Every request body was valid UTF-8 JSON with no surrogate left in it."""
     for request in server.requests:
@@ -167,12 +185,7 @@ async def test_tool_arguments_with_lone_surrogates_are_sent_back_encodable(
     # A raw lone surrogate in the arguments' text (not a JSON escape of one).
     server.add(wire.call("call_1", "echo", '{"text": "x\udce9"}'), wire.text(["done"]))
     server.add(wire.text(["ok"]))
-    agent = ta.Agent("a", model=wire.model(server.base_url), tools=[echo])
-    async with SQLiteSession(tmp_path / "s.db", "s") as session:
-        first = await ta.run(agent, "go", session=session)
-        assert first.status == "completed", first.reason
-        second = await ta.run(agent, "again", session=session)
-        assert second.status == "completed", second.reason
+    first, _, _ = await two_runs(wire, server, tmp_path, [echo])
     assert_encodable(server)
     assert ta.ToolResult("call_1", "x\ufffd") in first.new_items
 
@@ -184,13 +197,8 @@ async def test_nul_is_kept_and_sent_escaped(wire: Wire, server: SSEServer, tmp_p
         return "a\x00b"
 
     server.add(wire.call("call_1", "read", "{}"), wire.text(["done"]), wire.text(["ok"]))
-    agent = ta.Agent("a", model=wire.model(server.base_url), tools=[read])
-    async with SQLiteSession(tmp_path / "s.db", "s") as session:
-        first = await ta.run(agent, "go", session=session)
-        assert first.status == "completed", first.reason
-        second = await ta.run(agent, "again", session=session)
-        assert second.status == "completed", second.reason
-        assert ta.ToolResult("call_1", "a\x00b") in await session.get_items()
+    _, _, stored = await two_runs(wire, server, tmp_path, [read])
+    assert ta.ToolResult("call_1", "a\x00b") in stored
     assert b"a\\u0000b" in server.requests[1].body
     assert "a\x00b" in sent_texts(server.requests[2].json)
 
@@ -199,12 +207,8 @@ async def test_input_items_with_lone_surrogates(
     wire: Wire, server: SSEServer, tmp_path: Path
 ) -> None:
     server.add(wire.text(["one"]), wire.text(["two"]))
-    agent = ta.Agent("a", model=wire.model(server.base_url))
-    async with SQLiteSession(tmp_path / "s.db", "s") as session:
-        first = await ta.run(agent, [{"role": "user", "content": FILE_NAME}], session=session)
-        assert first.status == "completed", first.reason
-        second = await ta.run(agent, ta.UserMessage(f"and {FILE_NAME}"), session=session)
-        assert second.status == "completed", second.reason
+    inputs = ([{"role": "user", "content": FILE_NAME}], ta.UserMessage(f"and {FILE_NAME}"))
+    await two_runs(wire, server, tmp_path, [], inputs)
     assert_encodable(server)
     assert f"and {SHOWN}" in sent_texts(server.requests[1].json)
 

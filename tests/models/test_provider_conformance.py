@@ -13,11 +13,11 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.support.model_streams import REQUEST, collect
+from tests.support.model_streams import REQUEST, collect, collect_into
 from tests.support.provider_wires import WIRES, Wire
 from tests.support.sse_server import Reply, SSEServer, unused_port
 from trio_agents import AssistantMessage, ModelError
-from trio_agents.models import Finish, ModelEvent, TextDelta
+from trio_agents.models import Finish, ModelEvent, TextDelta, ToolCallDone
 
 # A leak hangs the many-streams tests for ever; this only bounds that. Generous: under
 # coverage tracing on a loaded 2-core machine 250 streams took over 20 s.
@@ -35,13 +35,28 @@ async def test_text_is_streamed_in_order_and_ends_with_finish(
     server.add(wire.text("Hel", "lo", " wörld"))
     with trio.fail_after(10):
         events = await collect(wire.model(server))
-    assert [e for e in events if isinstance(e, TextDelta)] == [
+    assert events == [
         TextDelta("Hel"),
         TextDelta("lo"),
         TextDelta(" wörld"),
+        wire.text_usage,
+        Finish("stop"),
     ]
-    assert isinstance(events[-1], Finish)
-    assert len(server.requests) == 1
+    (request,) = server.requests
+    assert request.method == "POST"
+    assert request.path == wire.path
+    assert request.headers["accept"] == "text/event-stream"
+    assert "authorization" not in request.headers  # no key: fine for local servers
+
+
+async def test_a_call_id_reused_from_the_history_gets_a_fresh_one(
+    wire: Wire, server: SSEServer
+) -> None:
+    history = (ta.UserMessage("go"), ta.ToolCall("call_1", "f", "{}"), ta.ToolResult("call_1", "."))
+    server.add(wire.call("call_1", "f", "{}"))
+    with trio.fail_after(10):
+        events = await collect(wire.model(server), ta.ModelRequest("", history))
+    assert events[0] == ToolCallDone(ta.ToolCall("call_1_2", "f", "{}"))
 
 
 # --------------------------------------------------------------------- retries
@@ -86,6 +101,18 @@ async def test_connect_refused_gives_up_after_max_retries(wire: Wire) -> None:
     assert "ConnectError" in str(info.value)
     assert "gave up after 3 attempts" in str(info.value)
     assert info.value.status_code is None
+
+
+async def test_drop_after_output_is_not_retried(wire: Wire, server: SSEServer) -> None:
+    sent = wire.events_before_text + 2  # and then the connection drops
+    server.add(wire.text("Hel", "lo", "!", drop_after=sent), wire.text("again"))
+    got: list[ModelEvent] = []
+    with trio.fail_after(10), pytest.raises(ModelError) as info:
+        await collect_into(got, wire.model(server, retry_base_delay=0.01))
+    assert got == [TextDelta("Hel"), TextDelta("lo")]
+    assert f"stream ended early after {sent} events" in str(info.value)
+    assert "RemoteProtocolError" in str(info.value)
+    assert len(server.requests) == 1  # never silently re-asked
 
 
 async def test_drop_before_any_output_is_retried(wire: Wire, server: SSEServer) -> None:

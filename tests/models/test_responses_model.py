@@ -14,8 +14,10 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support import models_requests as shared
 from tests.support.model_streams import collect, collect_into
-from tests.support.responses_wire import ResponseScript, text_response, tool_response
+from tests.support.models_requests import responses_model as make_model
+from tests.support.responses_wire import ResponseScript, text_response
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer
 from trio_agents import (
     AssistantMessage,
@@ -23,7 +25,6 @@ from trio_agents import (
     ModelRequest,
     ToolCall,
     ToolResult,
-    ToolSpec,
     Usage,
     UserMessage,
 )
@@ -37,36 +38,25 @@ from trio_agents.models import (
 )
 
 
-def make_model(server: SSEServer, **kwargs: Any) -> OpenAIResponsesModel:
-    return OpenAIResponsesModel("gpt-test", base_url=f"{server.base_url}/v1", **kwargs)
-
-
-@ta.function_tool
-async def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
+def add_call(call_id: str, arguments: str) -> dict[str, Any]:
+    """A call of the add tool as a function_call input item."""
+    return {
+        "type": "function_call",
+        "call_id": call_id,
+        "name": "add",
+        "arguments": arguments,
+    }
 
 
 # ------------------------------------------------------------------- streaming
 
 
-async def test_text_stream_usage_and_completed(server: SSEServer) -> None:
+async def test_the_body_of_a_plain_request(server: SSEServer) -> None:
+    # The events, path and headers of a text stream: test_provider_conformance.py.
     server.add(text_response("Hel", "lo", " wörld"))
     with trio.fail_after(10):
-        events = await collect(make_model(server))
-    assert events == [
-        TextDelta("Hel"),
-        TextDelta("lo"),
-        TextDelta(" wörld"),
-        Usage(9, 3),
-        Finish("stop"),
-    ]
-    (request,) = server.requests
-    assert request.method == "POST"
-    assert request.path == "/v1/responses"
-    assert request.headers["accept"] == "text/event-stream"
-    assert "authorization" not in request.headers
-    assert request.json == {
+        await collect(make_model(server))
+    assert server.requests[0].json == {
         "model": "gpt-test",
         "instructions": "Be brief.",
         "input": [{"role": "user", "content": "hi"}],
@@ -75,26 +65,17 @@ async def test_text_stream_usage_and_completed(server: SSEServer) -> None:
 
 
 async def test_function_calls_with_streamed_arguments(server: SSEServer) -> None:
-    args_0 = json.dumps({"city": 'Zürich "centre"', "days": 3}, ensure_ascii=False)
-    args_1 = json.dumps({"q": "日本語 ✓"}, ensure_ascii=False)
     script = (
         ResponseScript()
         .start()
         .message("Let me check.")
-        .function_call("call_a", "weather", args_0[:3], args_0[3:9], args_0[9:15], args_0[15:])
-        .function_call("call_b", "search", args_1[:5], args_1[5:8], args_1[8:])
+        .function_call("call_a", "weather", *shared.WEATHER_PIECES)
+        .function_call("call_b", "search", *shared.SEARCH_PIECES)
         .completed(50, 20)
     )
     server.add(script.reply())
     with trio.fail_after(10):
-        got = await collect(make_model(server))
-    assert got == [
-        TextDelta("Let me check."),
-        ToolCallDone(ToolCall("call_a", "weather", args_0)),
-        ToolCallDone(ToolCall("call_b", "search", args_1)),
-        Usage(50, 20),
-        Finish("tool_calls"),
-    ]
+        assert await collect(make_model(server)) == shared.TWO_CALLS
 
 
 async def test_arguments_from_deltas_when_the_done_item_has_none(server: SSEServer) -> None:
@@ -131,73 +112,36 @@ async def test_unstreamed_message_text_and_done_marker(server: SSEServer) -> Non
 
 async def test_event_split_across_writes_and_crlf(server: SSEServer) -> None:
     delta = {"type": "response.output_text.delta", "item_id": "m", "output_index": 0}
-    payload = json.dumps({**delta, "delta": "¡hola!"}, ensure_ascii=False).encode()
-    cut = payload.index("¡".encode()) + 1  # inside the two-byte character
     completed = json.dumps({"type": "response.completed", "response": {"status": "completed"}})
-    server.add(
-        Reply(
-            events=[
-                Raw(b": keepalive\r\n\r\n"),
-                Raw(b"event: response.output_text.delta\r\ndata: " + payload[:cut]),
-                Raw(payload[cut:] + b"\r"),
-                Raw(b"\n\r\n"),
-                Raw(b"event: response.completed\r\ndata: " + completed.encode() + b"\r\n\r\n"),
-            ]
-        )
-    )
+    head = b"event: response.output_text.delta\r\ndata: "
+    events = shared.cut_inside_a_character(head, {**delta, "delta": "¡hola!"})
+    end = Raw(b"event: response.completed\r\ndata: " + completed.encode() + b"\r\n\r\n")
+    server.add(Reply(events=[*events, end]))
     with trio.fail_after(10):
         assert await collect(make_model(server)) == [TextDelta("¡hola!"), Finish("stop")]
 
 
 async def test_request_body_format(server: SSEServer) -> None:
     server.add(text_response("ok"))
-    tool = ToolSpec(
-        "add", "Add two integers.", {"type": "object", "properties": {"a": {"type": "integer"}}}
-    )
-    request = ModelRequest(
-        instructions="You are terse.",
-        items=(
-            UserMessage("what is 2+3 and 4+4?"),
-            AssistantMessage("Let me add."),
-            ToolCall("c1", "add", '{"a": 2, "b": 3}'),
-            ToolCall("c2", "add", '{"a": 4, "b": 4}'),
-            ToolResult("c1", "5"),
-            ToolResult("c2", "boom", status="error"),
-            AssistantMessage("", status="incomplete"),
-            AssistantMessage("The answers are 5 a", status="incomplete"),
-            UserMessage("go on"),
-        ),
-        tools=(tool,),
+    sent = await shared.sent_request(
+        server,
+        make_model(server, api_key="sk-test", temperature=0.1, max_output_tokens=99),
+        *shared.ADDING,
+        AssistantMessage("", status="incomplete"),
+        *shared.GO_ON,
         settings={"temperature": 0.5, "top_p": 0.9},
     )
-    model = make_model(server, api_key="sk-test", temperature=0.1, max_output_tokens=99)
-    with trio.fail_after(10):
-        await collect(model, request)
-    (sent,) = server.requests
     assert sent.headers["authorization"] == "Bearer sk-test"
     assert sent.json == {
-        "model": "gpt-test",
-        "temperature": 0.5,
-        "max_output_tokens": 99,
-        "top_p": 0.9,
+        **shared.openai_settings("max_output_tokens"),
         "instructions": "You are terse.",
         "input": [
             {"role": "user", "content": "what is 2+3 and 4+4?"},
             {"role": "assistant", "content": "Let me add."},
-            {
-                "type": "function_call",
-                "call_id": "c1",
-                "name": "add",
-                "arguments": '{"a": 2, "b": 3}',
-            },
-            {
-                "type": "function_call",
-                "call_id": "c2",
-                "name": "add",
-                "arguments": '{"a": 4, "b": 4}',
-            },
+            add_call("c1", '{"a": 2, "b": 3}'),
+            add_call("c2", "not json"),
             {"type": "function_call_output", "call_id": "c1", "output": "5"},
-            {"type": "function_call_output", "call_id": "c2", "output": "boom"},
+            {"type": "function_call_output", "call_id": "c2", "output": "bad arguments"},
             {"role": "assistant", "content": "The answers are 5 a"},
             {"role": "user", "content": "go on"},
         ],
@@ -217,14 +161,10 @@ async def test_request_body_format(server: SSEServer) -> None:
 async def test_env_defaults_and_a_pasted_endpoint(
     server: SSEServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-    monkeypatch.setenv("OPENAI_BASE_URL", f"{server.base_url}/v1/responses/")
     server.add(text_response("hi"))
-    model = OpenAIResponsesModel("gpt-test")
-    assert model.base_url == f"{server.base_url}/v1"
-    with trio.fail_after(10):
-        await collect(model)
-    assert server.requests[0].headers["authorization"] == "Bearer sk-env"
+    base_url = f"{server.base_url}/v1/responses/"  # the endpoint, pasted whole
+    request = await shared.sent_with_env(server, monkeypatch, OpenAIResponsesModel, base_url)
+    assert request.headers["authorization"] == "Bearer sk-env"
 
 
 def test_defaults_repr_and_validation() -> None:
@@ -263,7 +203,7 @@ async def test_reasoning_items_go_back_with_their_calls(server: SSEServer) -> No
     )
     final = ResponseScript().start().reasoning("rs_3", "Done.").message("5 and 8").completed()
     server.add(first.reply(), final.reply(), text_response("again"))
-    agent = ta.Agent(name="calc", model=make_model(server), tools=[add])
+    agent = ta.Agent(name="calc", model=make_model(server), tools=[shared.add])
     with trio.fail_after(10):
         result = await ta.run(agent, "2+3 and 4+4?")
         result.raise_for_status()
@@ -306,7 +246,7 @@ async def test_store_false_asks_for_encrypted_reasoning_and_skips_plain_ids(
     )
     server.add(first.reply(), text_response("2 and 3"))
     model = make_model(server, store=False, include=["message.output_text.logprobs"])
-    agent = ta.Agent(name="calc", model=model, tools=[add])
+    agent = ta.Agent(name="calc", model=model, tools=[shared.add])
     with trio.fail_after(10):
         result = await ta.run(agent, "go")
     result.raise_for_status()
@@ -350,16 +290,6 @@ async def test_reasoning_memory_is_bounded_and_unknown_calls_go_without(
     sent = server.requests[2].json["input"]
     assert [entry.get("id") for entry in sent if entry.get("type") == "reasoning"] == ["rs_2"]
     assert all("id" not in entry for entry in sent if entry.get("type") == "function_call")
-
-
-async def test_a_reused_call_id_gets_a_fresh_one(server: SSEServer) -> None:
-    request = ModelRequest(
-        "", (UserMessage("go"), ToolCall("call_1", "f", "{}"), ToolResult("call_1", "."))
-    )
-    server.add(tool_response("call_1", "f", "{}"))
-    with trio.fail_after(10):
-        events = await collect(make_model(server), request)
-    assert events[0] == ToolCallDone(ToolCall("call_1_2", "f", "{}"))
 
 
 # ------------------------------------------------------------ finish and errors
@@ -431,7 +361,7 @@ async def test_a_chat_style_error_object_in_the_stream_is_an_error(server: SSESe
 
 
 async def test_400_fails_at_once_with_the_providers_message(server: SSEServer) -> None:
-    error = {
+    body = {
         "error": {
             "message": "Unknown parameter: 'foo'.",
             "type": "invalid_request_error",
@@ -439,29 +369,27 @@ async def test_400_fails_at_once_with_the_providers_message(server: SSEServer) -
             "code": "unknown_parameter",
         }
     }
-    server.add(Reply.json(400, error), text_response("never"))
-    with trio.fail_after(10), pytest.raises(ModelError) as info:
-        await collect(make_model(server, retry_base_delay=0))
-    assert info.value.status_code == 400
-    assert not info.value.retryable
-    assert str(info.value) == (
+    model = make_model(server, retry_base_delay=0)
+    error = await shared.stream_error(server, model, Reply.json(400, body), text_response("never"))
+    assert (error.status_code, error.retryable) == (400, False)
+    assert str(error) == (
         f"openai-responses ({server.base_url}/v1/responses): HTTP 400 invalid_request_error:"
         " Unknown parameter: 'foo'."
     )
     assert len(server.requests) == 1
 
 
-async def test_malformed_json_names_the_line(server: SSEServer) -> None:
-    server.add(Reply(events=[SSE("{not json", "response.output_text.delta")]))
-    with trio.fail_after(10), pytest.raises(ModelError, match=r"malformed JSON.*\{not json"):
-        await collect(make_model(server))
-
-
-async def test_json_instead_of_an_event_stream(server: SSEServer) -> None:
-    # A server that ignored "stream": true and answered with the whole response.
-    server.add(Reply.json(200, {"id": "resp_1", "object": "response", "output": []}))
-    with trio.fail_after(10), pytest.raises(ModelError, match="expected an event stream"):
-        await collect(make_model(server))
+@pytest.mark.parametrize(
+    ("reply", "match"),
+    [
+        (Reply(events=[SSE("{not json", "response.output_text.delta")]), r"malformed JSON.*\{not"),
+        # A server that ignored "stream": true and answered with the whole response.
+        (Reply.json(200, {"id": "r", "object": "response"}), "expected an event stream"),
+    ],
+    ids=["malformed-json-names-the-line", "json-not-a-stream"],
+)
+async def test_a_bad_stream_is_an_error(server: SSEServer, reply: Reply, match: str) -> None:
+    await shared.stream_error(server, make_model(server), reply, match=match)
 
 
 async def test_arguments_for_an_unknown_call_are_an_error(server: SSEServer) -> None:
@@ -475,23 +403,14 @@ async def test_arguments_for_an_unknown_call_are_an_error(server: SSEServer) -> 
 
 
 # --------------------------------------------------------------------- retries
-
-
-async def test_drop_after_output_is_not_retried(server: SSEServer) -> None:
-    script = ResponseScript().start().message("Hel", "lo", "!")
-    server.add(script.reply(drop_after=6), text_response("again"))
-    got: list[ModelEvent] = []
-    with trio.fail_after(10), pytest.raises(ModelError) as info:
-        await collect_into(got, make_model(server, retry_base_delay=0.01))
-    assert got == [TextDelta("Hel"), TextDelta("lo")]
-    assert "stream ended early after 6 events" in str(info.value)
-    assert len(server.requests) == 1
+# (A drop after output is never retried: test_provider_conformance.py.)
 
 
 async def test_truncated_without_a_terminal_event_fails(server: SSEServer) -> None:
-    server.add(ResponseScript().start().message("Hel").reply(), text_response("again"))
-    with trio.fail_after(10), pytest.raises(ModelError, match="without the end-of-stream"):
-        await collect(make_model(server, retry_base_delay=0.01))
+    truncated = ResponseScript().start().message("Hel").reply()
+    model = make_model(server, retry_base_delay=0.01)
+    match = "without the end-of-stream"
+    await shared.stream_error(server, model, truncated, text_response("again"), match=match)
     assert len(server.requests) == 1
 
 
@@ -507,29 +426,15 @@ async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
         .reply(),
         text_response("The answer ", "is 5."),
     )
-    agent = ta.Agent(
-        name="calc",
-        instructions="Use tools.",
-        model=make_model(server),
-        tools=[add],
-        model_settings={"temperature": 0},
+    model, answer, usage = make_model(server), "The answer is 5.", Usage(30 + 9, 10 + 2)
+    first, second = await shared.run_adding(
+        server, model, answer, usage, model_settings={"temperature": 0}
     )
-    with trio.fail_after(10):
-        result = await ta.run(agent, "what is 2+3?")
-    result.raise_for_status()
-    assert result.final_output == "The answer is 5."
-    assert result.usage == Usage(30 + 9, 10 + 2)
-    first, second = (request.json for request in server.requests)
     assert first["temperature"] == 0
     assert first["tools"][0]["name"] == "add"
     assert second["instructions"] == "Use tools."
     assert second["input"] == [
         {"role": "user", "content": "what is 2+3?"},
-        {
-            "type": "function_call",
-            "call_id": "call_1",
-            "name": "add",
-            "arguments": '{"a": 2, "b": 3}',
-        },
+        add_call("call_1", '{"a": 2, "b": 3}'),
         {"type": "function_call_output", "call_id": "call_1", "output": "5"},
     ]

@@ -16,16 +16,12 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.core.test_run_faults import EventsModel, make_agent
-from tests.sessions.internals.test_postgres_session import SESSIONS, raw_connection, stored
+from tests.support.core_runs import EventsModel, fast_and_slow, make_agent
+from tests.support.sessions_sql import PG_SESSIONS, items_of, pg_connection
 from trio_agents.models import ScriptedModel, TextDelta, Turn
 from trio_agents.sessions import PostgresSession
 
 HANG_GUARD = 60  # seconds; never a timing claim
-
-
-def items_of(dsn: str, session_id: str) -> list[ta.Item]:
-    return [item for _, item in stored(dsn, session_id)]
 
 
 class Watched:
@@ -51,20 +47,8 @@ class Watched:
 
 async def test_each_tool_result_is_persisted_when_its_tool_finishes(pg_dsn: str) -> None:
     release = trio.Event()
-
-    @ta.function_tool
-    async def fast() -> str:
-        """Answers at once."""
-        return "fast done"
-
-    @ta.function_tool
-    async def slow() -> str:
-        """Answers when the test says so."""
-        await release.wait()
-        return "slow done"
-
     model = ScriptedModel([Turn(tool_calls=[("slow", {}), ("fast", {})]), "all done"])
-    agent = ta.Agent(name="p", model=model, tools=[fast, slow])
+    agent = ta.Agent(name="p", model=model, tools=fast_and_slow(release))
     with trio.fail_after(HANG_GUARD):
         async with PostgresSession(pg_dsn, "s") as inner:
             session = Watched(inner)
@@ -130,10 +114,10 @@ async def test_a_repair_blocked_by_a_lock_held_elsewhere_is_bounded(pg_dsn: str)
                 async for event in run.events():
                     if isinstance(event, ta.ResponseTextDelta):
                         break
-            with raw_connection(pg_dsn) as other:
+            with pg_connection(pg_dsn) as other:
                 other.autocommit = False
                 locked = other.execute(
-                    f"SELECT 1 FROM {SESSIONS} WHERE session_id = 's' FOR UPDATE"
+                    f"SELECT 1 FROM {PG_SESSIONS} WHERE session_id = 's' FOR UPDATE"
                 ).fetchall()
                 assert locked == [(1,)]  # the input was persisted: the row exists
                 run.cancel("stop")

@@ -10,8 +10,8 @@ from pathlib import Path
 import trio
 
 import trio_agents as ta
-from tests.sessions.test_postgres_session_runs import items_of
 from tests.support.crash import sigkill_once_printed
+from tests.support.sessions_sql import items_of
 from trio_agents.models import ScriptedModel
 from trio_agents.sessions import PostgresSession, SQLiteSession
 

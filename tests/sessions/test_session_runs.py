@@ -4,8 +4,11 @@ history and persistence, on real SQLite files and in memory."""
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -14,7 +17,7 @@ import trio.testing
 import trio_agents as ta
 from tests.support.helpers import collect
 from trio_agents.models import ScriptedModel, Turn
-from trio_agents.sessions import MemorySession, SQLiteSession
+from trio_agents.sessions import MemorySession, Session, SQLiteSession
 from trio_agents.testing import check_events
 
 
@@ -45,6 +48,31 @@ async def status_reached(run: ta.Run, status: ta.RunStatus) -> None:
     async for update in run.updated:
         if update.status == status:
             return
+
+
+@asynccontextmanager
+async def held_by_a_slow_run(session: Session) -> AsyncIterator[ta.Run]:
+    """``session`` held by a run on "one" whose tool takes 5 s, served in a nursery the
+    block runs inside (so leaving it waits for that run)."""
+    model = ScriptedModel([Turn(tool_calls=[("slow", {"seconds": 5})]), "first done"])
+    async with trio.open_nursery() as nursery:
+        yield await nursery.start(partial(ta.serve_run, session=session), agent(model), "one")
+
+
+def enqueued(model: ta.Model, text: str, session: Session) -> Any:
+    """``open_run`` of ``text`` on ``session``, waiting in its queue while it is busy."""
+    return ta.open_run(agent(model), text, session=session, on_busy="enqueue")
+
+
+@asynccontextmanager
+async def queued_behind_a_slow_run(
+    session: Session, model: ta.Model
+) -> AsyncIterator[tuple[ta.Run, ta.Run]]:
+    """A run of "two" on ``model``, waiting in the queue of ``session`` behind a run
+    holding it: the holder and the queued run. Leaving waits for both to end."""
+    async with held_by_a_slow_run(session) as first, enqueued(model, "two", session) as second:
+        await trio.testing.wait_all_tasks_blocked()
+        yield first, second
 
 
 @pytest.fixture
@@ -172,20 +200,12 @@ async def test_enqueue_waits_queued_then_runs_on_the_whole_history(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     session = MemorySession("s")
-    first_model = ScriptedModel([Turn(tool_calls=[("slow", {"seconds": 5})]), "first done"])
     second_model = ScriptedModel(["second done"])
-    async with trio.open_nursery() as nursery:
-        first = await nursery.start(
-            partial(ta.serve_run, session=session), agent(first_model), "one"
-        )
-        async with ta.open_run(
-            agent(second_model), "two", session=session, on_busy="enqueue"
-        ) as second:
-            await trio.testing.wait_all_tasks_blocked()
-            assert second.status == "queued"
-            assert second_model.calls == 0
-        assert first.result is not None
-        assert first.result.status == "completed"
+    async with queued_behind_a_slow_run(session, second_model) as (first, second):
+        assert second.status == "queued"
+        assert second_model.calls == 0
+    assert first.result is not None
+    assert first.result.status == "completed"
     assert second.result is not None
     assert second.result.status == "completed"
     (request,) = second_model.requests
@@ -198,7 +218,6 @@ async def test_enqueue_is_first_come_first_served(
 ) -> None:
     session = MemorySession("s")
     order: list[str] = []
-    first_model = ScriptedModel([Turn(tool_calls=[("slow", {"seconds": 5})]), "first"])
 
     async def queued(name: str) -> None:
         result = await ta.run(
@@ -206,8 +225,7 @@ async def test_enqueue_is_first_come_first_served(
         )
         order.append(result.final_output or "")
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(partial(ta.serve_run, session=session), agent(first_model), "one")
+    async with held_by_a_slow_run(session), trio.open_nursery() as nursery:
         for name in ("a", "b", "c"):
             nursery.start_soon(queued, name)
             await trio.testing.wait_all_tasks_blocked()
@@ -220,15 +238,9 @@ async def test_a_run_cancelled_while_queued_leaves_the_session_untouched(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     session = MemorySession("s")
-    first_model = ScriptedModel([Turn(tool_calls=[("slow", {"seconds": 5})]), "first done"])
     waiting_model = ScriptedModel(["never"])
-    async with trio.open_nursery() as nursery:
-        first = await nursery.start(
-            partial(ta.serve_run, session=session), agent(first_model), "one"
-        )
-        async with ta.open_run(
-            agent(waiting_model), "two", session=session, on_busy="enqueue"
-        ) as waiting:
+    async with held_by_a_slow_run(session) as first:
+        async with enqueued(waiting_model, "two", session) as waiting:
             await trio.testing.wait_all_tasks_blocked()
             waiting.cancel("gave up")
         # The place in the queue is given up: a later run gets the session after the first.
@@ -250,9 +262,7 @@ async def test_outer_cancel_while_queued_gives_the_place_up(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     session = MemorySession("s")
-    first_model = ScriptedModel([Turn(tool_calls=[("slow", {"seconds": 5})]), "first done"])
-    async with trio.open_nursery() as nursery:
-        await nursery.start(partial(ta.serve_run, session=session), agent(first_model), "one")
+    async with held_by_a_slow_run(session):
         with trio.move_on_after(1):
             await ta.run(agent(ScriptedModel(["x"])), "two", session=session, on_busy="enqueue")
         later = await ta.run(

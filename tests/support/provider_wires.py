@@ -9,8 +9,9 @@ from typing import Any, Final
 import attrs
 
 from tests.support import anthropic_wire, chat_wire
-from tests.support.responses_wire import ResponseScript, text_response
+from tests.support.responses_wire import ResponseScript, text_response, tool_response
 from tests.support.sse_server import SSE, Reply, SSEServer
+from trio_agents import Usage
 from trio_agents.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 
 
@@ -27,6 +28,13 @@ class Wire:
     dropped_before_output: Callable[[], Reply]
     # The provider's JSON error body carrying ``message``.
     error_body: Callable[[str], dict[str, Any]]
+    # The request path for the server's base URL, how many events ``text`` sends before
+    # the first part, and the usage it reports for three parts.
+    path: str
+    events_before_text: int
+    text_usage: Usage
+    # A whole answer of one tool call (call id, tool name, arguments).
+    call: Callable[[str, str, str], Reply]
     # How many runs the pool test cancels (each is a whole run: keep the suite fast).
     cancelled_runs: int = 200
 
@@ -46,6 +54,10 @@ WIRES: Final = {
         lambda *parts: Reply(events=[SSE(chat_wire.chunk(p)) for p in parts], end="hold"),
         lambda: Reply(events=[SSE(chat_wire.chunk("x"))], drop_after=0),
         _openai_error,
+        "/v1/chat/completions",
+        1,
+        Usage(9, 3),
+        lambda *call: chat_wire.tool_reply(call),
         cancelled_runs=1000,
     ),
     "responses": Wire(
@@ -55,6 +67,10 @@ WIRES: Final = {
         lambda *parts: ResponseScript().start().message(*parts).reply(end="hold"),
         lambda: ResponseScript().start().reply(drop_after=1),
         _openai_error,
+        "/v1/responses",
+        4,
+        Usage(9, 3),
+        tool_response,
     ),
     "anthropic": Wire(
         "anthropic",
@@ -67,5 +83,15 @@ WIRES: Final = {
         ),
         lambda: anthropic_wire.text_reply("x", drop_after=0),
         lambda message: {"type": "error", "error": {"type": "api_error", "message": message}},
+        "/v1/messages",
+        2,
+        Usage(25, 12),
+        lambda *call: Reply(
+            events=[
+                anthropic_wire.message_start(),
+                *anthropic_wire.tool_block(0, *call),
+                *anthropic_wire.message_end("tool_use"),
+            ]
+        ),
     ),
 }

@@ -4,7 +4,6 @@ objects on it, and a look at the rows a backend stored (where it stores rows).""
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -13,8 +12,9 @@ from typing import Any, Final
 import attrs
 import psycopg
 
+from tests.support.sessions_sql import postgres_sql, sqlite_sql
 from trio_agents import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from trio_agents.sessions import MemorySession, PostgresSession, Session, SQLiteSession
+from trio_agents.sessions import MemorySession, Session
 
 BACKENDS: Final = ("memory", "sqlite", "postgres")
 
@@ -35,8 +35,6 @@ EVERY_KIND: Final[list[Item]] = [
 
 # Session ids every backend must store and give back as they are.
 STORABLE: Final = ["😀 emoji", "'; DROP TABLE items; --", "\\u0000", "%s %(x)s ?", "a" * 2000, " "]
-
-PG_ITEMS: Final = "trio_agents_session_items"
 
 
 def assert_batches_whole(items: list[Item], batch_size: int) -> list[str]:
@@ -94,50 +92,17 @@ def memory_store() -> Store:
 
 
 def sqlite_store(path: Path) -> Store:
-    def rows(session_id: str) -> list[tuple[int, str]]:
-        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-            sql = "SELECT position, data FROM items WHERE session_id = ? ORDER BY position"
-            return conn.execute(sql, (session_id,)).fetchall()
-
-    def poison(marker: str) -> None:
-        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-            conn.execute(
-                "CREATE TRIGGER poison BEFORE INSERT ON items"
-                f" WHEN NEW.data LIKE '%{marker}%' BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
-            )
-
-    return Store(
-        "sqlite",
-        lambda sid, **options: SQLiteSession(path, sid, **options),
-        rows,
-        poison,
-        sqlite3.Error,
-    )
+    sql = sqlite_sql(path)
+    return Store("sqlite", sql.session, sql.rows, sql.poison, sqlite3.Error)
 
 
 def postgres_store(dsn: str) -> Store:
-    def rows(session_id: str) -> list[tuple[int, str]]:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            sql = f"SELECT position, data FROM {PG_ITEMS} WHERE session_id = %s ORDER BY position"
-            return conn.execute(sql, (session_id,)).fetchall()
-
-    def poison(marker: str) -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(
-                "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                f" IF NEW.data LIKE '%{marker}%' THEN RAISE EXCEPTION 'poisoned row'; END IF;"
-                " RETURN NEW; END $$"
-            )
-            conn.execute(
-                f"CREATE TRIGGER poison BEFORE INSERT ON {PG_ITEMS}"
-                " FOR EACH ROW EXECUTE FUNCTION poison()"
-            )
-
+    sql = postgres_sql(dsn)
     return Store(
         "postgres",
-        lambda sid, **options: PostgresSession(dsn, sid, **options),
-        rows,
-        poison,
+        sql.session,
+        sql.rows,
+        sql.poison,
         psycopg.Error,
         # Two pools: concurrent transactions on one session, kept apart by its row lock.
         pair=({"max_connections": 3}, {"max_connections": 4}),

@@ -40,3 +40,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(_postgres, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The lazy names too, so that dir() and the API docs (autodoc) list them.
+    return sorted({*globals(), *_POSTGRES})

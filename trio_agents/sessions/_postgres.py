@@ -40,8 +40,8 @@ import contextlib
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final, TypeAlias, TypeVar, final
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Final, TypeAlias, TypeVar, final
 
 import attrs
 import trio
@@ -56,17 +56,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .._items import Item
-from ._dangling_calls import repair_loaded
-from ._storage import (
-    MigrationTexts,
-    SessionStorageError,
-    check_session_id,
-    decode_rows,
-    encode_items,
-    refuse_or_checkpoint,
-    run_limiter,
-    run_migrations,
-)
+from . import _storage
+from ._storage import SessionStorageError
+from ._stored_session import MigrationTexts, StoredSession
 
 __all__ = [
     "COMPONENT",
@@ -146,7 +138,7 @@ _LIMITERS: trio.lowlevel.RunVar[dict[tuple[str, int], trio.CapacityLimiter]] = t
 
 def _pool_limiter(key: tuple[str, int]) -> trio.CapacityLimiter:
     """The limiter (of the pool's size) for calls on the pool ``key`` in this Trio run."""
-    return run_limiter(_LIMITERS, key, key[1])
+    return _storage.run_limiter(_LIMITERS, key, key[1])
 
 
 def _acquire_pool(key: tuple[str, int]) -> _Pool:
@@ -274,7 +266,7 @@ def _milliseconds(seconds: float) -> str:
 
 @final
 @attrs.define(eq=False)
-class PostgresSession:
+class PostgresSession(StoredSession[Connection]):
     """A :class:`~trio_agents.sessions.Session` stored in a PostgreSQL database.
 
     Args:
@@ -299,6 +291,13 @@ class PostgresSession:
     :class:`trio.ClosedResourceError`. Loaded conversations are repaired and the repair
     is written back (see :meth:`get_items`).
 
+    Each call is one transaction on a connection from the pool. Every write takes the
+    session's row lock first, so writers of one session, in any process, take turns,
+    and a repair written back by :meth:`get_items` re-reads the rows under it, in the
+    same transaction. Cancelled while waiting for a connection slot, a call writes
+    nothing; once it has started in its thread, it is not abandoned: the caller waits
+    for the (bounded) commit, returns, and sees the cancellation at its next checkpoint.
+
     Raises (from any call):
         SessionStorageError: the database has foreign tables of our names, was written
             by a newer trio_agents, holds an unreadable item, or PostgreSQL failed (a
@@ -306,7 +305,7 @@ class PostgresSession:
     """
 
     _dsn: str = attrs.field(validator=_check_dsn, repr=False)  # may hold a password
-    _session_id: str = attrs.field(default="default", validator=check_session_id)
+    _session_id: str = attrs.field(default="default", validator=_storage.check_session_id)
     _max_connections: int = attrs.field(default=4, kw_only=True, validator=_check_size)
     _lock_timeout: float = attrs.field(default=5.0, kw_only=True, validator=_check_timeout)
     _statement_timeout: float = attrs.field(default=30.0, kw_only=True, validator=_check_timeout)
@@ -319,17 +318,17 @@ class PostgresSession:
     # the connection once idle that long (see ``transaction``).
     _idle_timeout: float | None = attrs.field(init=False, default=None, repr=False)
     _closed: bool = attrs.field(init=False, default=False, repr=False)
+    _migration_texts: ClassVar[MigrationTexts] = MigrationTexts(
+        no_step="cannot use {where}: no migration of the session tables",
+        migrating="migrating the session tables in {where}",
+        must_not="commit or roll back",
+    )
 
     def __attrs_post_init__(self) -> None:
         params = psycopg.conninfo.conninfo_to_dict(self._dsn)
         host, port, dbname = (str(params.get(k) or "") for k in ("host", "port", "dbname"))
         self._database = f"{host or 'localhost'}:{port or '5432'}/{dbname or '(default)'}"
         self._lock_key = ("postgres", host, port, dbname, self._session_id)
-
-    @property
-    def session_id(self) -> str:
-        """The id of the conversation this session stores."""
-        return self._session_id
 
     @property
     def lock_key(self) -> tuple[str, ...]:
@@ -354,62 +353,6 @@ class PostgresSession:
             statement_timeout=self._statement_timeout,
         )
 
-    # -- the Session protocol ---------------------------------------------------------
-
-    async def get_items(self) -> list[Item]:
-        """Return the stored conversation, oldest first, repaired.
-
-        Dangling tool calls are answered with a ``cancelled`` result and orphan results
-        dropped (see :func:`~trio_agents.sessions.repair_loaded`), and the repair is
-        written back in the same transaction, under the session's row lock, so the
-        stored rows are valid again.
-
-        Raises:
-            SessionStorageError: a stored item cannot be read (names its position).
-        """
-        return await self._call(self._get_items_sync)
-
-    async def add_items(self, items: Sequence[Item]) -> None:
-        """Append ``items`` in one transaction: all of them or, on any error, none.
-
-        Cancelled while waiting for a connection slot, nothing is written; once the
-        write has started in its thread it is not abandoned: the caller waits for the
-        (bounded) commit, returns, and sees the cancellation at its next checkpoint.
-
-        Raises:
-            TypeError: an element of ``items`` is not an item (nothing is written).
-        """
-        encoded = encode_items(items)
-        if not encoded:
-            await refuse_or_checkpoint(self._closed, "PostgresSession")
-            return
-        await self._call(lambda conn: self._add_items_sync(conn, encoded))
-
-    async def replace_items(self, items: Sequence[Item]) -> None:
-        """Replace the stored conversation with ``items`` in one transaction.
-
-        Raises:
-            TypeError: an element of ``items`` is not an item (nothing is written).
-        """
-        encoded = encode_items(items)
-        await self._call(lambda conn: self._replace_sync(conn, encoded))
-
-    async def clear(self) -> None:
-        """Delete the stored conversation of this session (other sessions are untouched)."""
-        await self._call(self._clear_sync)
-
-    async def get_stored_items(self) -> list[Item]:
-        """Return the stored conversation as it is: not repaired, nothing written.
-
-        What a resumed run (the ``resume`` run option) loads: it decides the calls a
-        dead process left open itself (run again, ask for approval, or answer
-        ``interrupted``), where :meth:`get_items` would close them as ``cancelled``.
-
-        Raises:
-            SessionStorageError: a stored item cannot be read (names its position).
-        """
-        return await self._call(self._read_sync)
-
     # -- extras -----------------------------------------------------------------------
 
     async def statistics(self) -> PostgresSessionStatistics:
@@ -420,25 +363,9 @@ class PostgresSession:
         count = await self._call(self._count_sync)
         return PostgresSessionStatistics(self._database, self._session_id, count)
 
-    async def aclose(self) -> None:
-        """Give this session's share of the pool back (the last one closes the pool).
-        Idempotent.
-
-        Waits for this session's calls in flight to finish first. Shielded from
-        cancellation; a cancelled caller sees the cancellation after the close.
-        """
-        if self._closed:
-            await trio.lowlevel.checkpoint()
-            return
-        await self._close_shielded()
-        await trio.lowlevel.checkpoint_if_cancelled()
-
-    async def _close_shielded(self) -> None:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(self.close)
-
     def close(self) -> None:
-        """Close from synchronous code. Idempotent.
+        """Give this session's share of the pool back (the last one closes the pool),
+        from synchronous code. Idempotent.
 
         Blocks the calling thread while a call of this session is in flight in a worker
         thread, and while the last user's pool closes; in async code prefer
@@ -462,10 +389,6 @@ class PostgresSession:
             await self._close_shielded()  # no checkpoint: the error is what propagates
             raise
         return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        """Close (see :meth:`aclose`)."""
-        await self.aclose()
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -519,10 +442,7 @@ class PostgresSession:
                             shared.schema_ready = True
                 return self._transaction(conn, budget, fn)
         except psycopg.Error as exc:
-            raise self._error(
-                f"session {self._session_id!r} in database {self._database}: {exc}",
-                session_id=self._session_id,
-            ) from exc
+            raise self._failed(exc) from exc
 
     def _transaction(
         self, conn: Connection, budget: Callable[[float], float], fn: Callable[[Connection], T]
@@ -532,24 +452,23 @@ class PostgresSession:
         ):
             return fn(conn)
 
+    @property
+    def _where(self) -> str:
+        return f"database {self._database}"
+
     def _error(self, message: str, **data: Any) -> SessionStorageError:
         return SessionStorageError(message, database=self._database, **data)
 
     # -- the schema -------------------------------------------------------------------
 
-    def _prepare(self, conn: Connection) -> None:
-        """Check the tables are ours and current; create or migrate them if not."""
-        version = self._inspect(conn)
-        if version == SCHEMA_VERSION:
-            return
-        # Another process may be creating or migrating them right now: take turns,
-        # then look again.
+    def _schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    @contextlib.contextmanager
+    def _schema_lock(self, conn: Connection) -> Iterator[None]:
+        """The advisory lock, held to the end of the call's transaction."""
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-        version = self._inspect(conn)
-        if version is None:
-            _create_schema(conn)
-        elif version < SCHEMA_VERSION:
-            self._migrate(conn, version)
+        yield
 
     def _inspect(self, conn: Connection) -> int | None:
         """Return the schema version, or ``None`` when the tables do not exist yet."""
@@ -603,48 +522,64 @@ class PostgresSession:
             )
         return version
 
-    def _migrate(self, conn: Connection, version: int) -> None:
-        texts = MigrationTexts(
-            no_step=f"cannot use database {self._database}: no migration of the session tables",
-            migrating=f"migrating the session tables in database {self._database}",
-            must_not="commit or roll back",
-        )
-        run_migrations(
-            conn, version, SCHEMA_VERSION, MIGRATIONS, texts, _inside_transaction, self._error
+    def _create_schema(self, conn: Connection) -> None:
+        """Create the tables of schema version :data:`SCHEMA_VERSION` (in a transaction)."""
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE} ("
+            " component TEXT PRIMARY KEY,"
+            " version INTEGER NOT NULL,"
+            " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"
         )
         conn.execute(
+            f"CREATE TABLE {_SESSIONS} ("
+            " session_id TEXT PRIMARY KEY,"
+            " next_position BIGINT NOT NULL,"
+            " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        conn.execute(
+            f"CREATE TABLE {_ITEMS} ("
+            " session_id TEXT NOT NULL,"
+            " position BIGINT NOT NULL,"
+            " data TEXT NOT NULL,"
+            " created_at TIMESTAMPTZ NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (session_id, position))"
+        )
+        conn.execute(
+            f"INSERT INTO {_SCHEMA_TABLE} (component, version) VALUES (%s, %s)",
+            (COMPONENT, SCHEMA_VERSION),
+        )
+
+    def _migration_steps(self) -> dict[int, Migration]:
+        return MIGRATIONS
+
+    def _in_transaction(self, conn: Connection) -> bool:
+        return conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+
+    def _record_version(self, conn: Connection, version: int) -> None:
+        conn.execute(
             f"UPDATE {_SCHEMA_TABLE} SET version = %s, updated_at = now() WHERE component = %s",
-            (SCHEMA_VERSION, COMPONENT),
+            (version, COMPONENT),
         )
 
     # -- the statements (each inside the call's transaction) ----------------------------
-
-    def _get_items_sync(self, conn: Connection) -> list[Item]:
-        items = self._read_sync(conn)
-        repaired = repair_loaded(items)
-        if repaired == items:
-            return items
-        # Write the repair back: take the session's row lock (another writer may have
-        # appended or repaired meanwhile), read again, and replace the rows.
-        self._lock_row_sync(conn)
-        repaired = repair_loaded(self._read_sync(conn))
-        self._write_all_sync(conn, encode_items(repaired))
-        return repaired
 
     def _read_sync(self, conn: Connection) -> list[Item]:
         rows = conn.execute(
             f"SELECT position, data FROM {_ITEMS} WHERE session_id = %s ORDER BY position",
             (self._session_id,),
         ).fetchall()
-        return decode_rows(rows, f"database {self._database}", self._session_id, self._error)
+        return _storage.decode_rows(rows, self._where, self._session_id, self._error)
 
-    def _lock_row_sync(self, conn: Connection) -> None:
-        """Take the session's row lock (creating the row if missing)."""
+    @contextlib.contextmanager
+    def _write_lock(self, conn: Connection) -> Iterator[None]:
+        """The session's row lock (the row created if missing), held to the end of the
+        call's transaction."""
         conn.execute(
             f"INSERT INTO {_SESSIONS} AS s (session_id, next_position) VALUES (%s, 0)"
             " ON CONFLICT (session_id) DO UPDATE SET updated_at = now()",
             (self._session_id,),
         )
+        yield
 
     def _write_all_sync(self, conn: Connection, encoded: list[str]) -> None:
         """Replace this session's rows; the caller holds the row lock."""
@@ -659,10 +594,6 @@ class PostgresSession:
             f"UPDATE {_SESSIONS} SET next_position = %s, updated_at = now() WHERE session_id = %s",
             (len(encoded), self._session_id),
         )
-
-    def _replace_sync(self, conn: Connection, encoded: list[str]) -> None:
-        self._lock_row_sync(conn)
-        self._write_all_sync(conn, encoded)
 
     def _add_items_sync(self, conn: Connection, encoded: list[str]) -> None:
         # One statement: the upsert reserves positions [start, start + n) under the
@@ -693,34 +624,6 @@ class PostgresSession:
         return int(row[0])
 
 
-def _create_schema(conn: Connection) -> None:
-    """Create the tables of schema version :data:`SCHEMA_VERSION` (in a transaction)."""
-    conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE} ("
-        " component TEXT PRIMARY KEY,"
-        " version INTEGER NOT NULL,"
-        " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-    )
-    conn.execute(
-        f"CREATE TABLE {_SESSIONS} ("
-        " session_id TEXT PRIMARY KEY,"
-        " next_position BIGINT NOT NULL,"
-        " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-    )
-    conn.execute(
-        f"CREATE TABLE {_ITEMS} ("
-        " session_id TEXT NOT NULL,"
-        " position BIGINT NOT NULL,"
-        " data TEXT NOT NULL,"
-        " created_at TIMESTAMPTZ NOT NULL DEFAULT now(),"
-        " PRIMARY KEY (session_id, position))"
-    )
-    conn.execute(
-        f"INSERT INTO {_SCHEMA_TABLE} (component, version) VALUES (%s, %s)",
-        (COMPONENT, SCHEMA_VERSION),
-    )
-
-
 # -- TCP keepalives -----------------------------------------------------------------------
 
 KEEPALIVES: Final[dict[str, int]] = {
@@ -740,8 +643,3 @@ hours: a call waiting on such a connection fails and is retried on a new one."""
 def keepalives(params: dict[str, Any]) -> dict[str, Any]:
     """:data:`KEEPALIVES`, except those the DSN's ``params`` set itself."""
     return {key: value for key, value in KEEPALIVES.items() if key not in params}
-
-
-def _inside_transaction(conn: Connection) -> bool:
-    """Whether the migrations left the transaction open (they must)."""
-    return conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS

@@ -31,24 +31,16 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeAlias, TypeVar, final
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Final, TypeAlias, TypeVar, final
 
 import attrs
 import trio
 
 from .._items import Item
-from ._dangling_calls import repair_loaded
-from ._storage import (
-    MigrationTexts,
-    SessionStorageError,
-    check_session_id,
-    decode_rows,
-    encode_items,
-    refuse_or_checkpoint,
-    run_limiter,
-    run_migrations,
-)
+from . import _storage
+from ._storage import SessionStorageError
+from ._stored_session import MigrationTexts, StoredSession
 
 __all__ = [
     "APPLICATION_ID",
@@ -105,7 +97,7 @@ _LIMITERS: trio.lowlevel.RunVar[dict[str, trio.CapacityLimiter]] = trio.lowlevel
 
 def _file_limiter(path: str) -> trio.CapacityLimiter:
     """Return the limiter of 1 shared by every session on the database file ``path``."""
-    return run_limiter(_LIMITERS, path, 1)
+    return _storage.run_limiter(_LIMITERS, path, 1)
 
 
 def _resolve_path(path: str | os.PathLike[str]) -> str:
@@ -126,7 +118,7 @@ def _check_busy_timeout(_instance: object, _attribute: object, value: object) ->
 
 @final
 @attrs.define(eq=False)
-class SQLiteSession:
+class SQLiteSession(StoredSession[sqlite3.Connection]):
     """A :class:`~trio_agents.sessions.Session` stored in a SQLite database file.
 
     Args:
@@ -146,6 +138,14 @@ class SQLiteSession:
     (:func:`~trio_agents.sessions._dangling_calls.repair_loaded`): dangling tool calls from a
     crashed run are closed with a ``cancelled`` result.
 
+    Calls on one file take turns in the Trio run (one at a time, each in a worker
+    thread). A write takes the file's write lock (``BEGIN IMMEDIATE``) for its
+    transaction, so writers in other processes wait for it (up to ``busy_timeout``), and
+    a repair written back by :meth:`get_items` re-reads the rows under it. Cancelled
+    while waiting for the file, a call writes nothing; once its statement has started
+    in its thread, it is not abandoned: the caller waits for the (short) commit,
+    returns, and sees the cancellation at its next checkpoint.
+
     Raises (from any call):
         SessionStorageError: the file is not a session database (nothing is rewritten),
             was written by a newer trio_agents, holds an unreadable item, or SQLite
@@ -153,17 +153,17 @@ class SQLiteSession:
     """
 
     _path: str = attrs.field(converter=_resolve_path)
-    _session_id: str = attrs.field(default="default", validator=check_session_id)
+    _session_id: str = attrs.field(default="default", validator=_storage.check_session_id)
     _durable: bool = attrs.field(default=False, kw_only=True)
     _busy_timeout: float = attrs.field(default=5.0, kw_only=True, validator=_check_busy_timeout)
     _conn: sqlite3.Connection | None = attrs.field(init=False, default=None, repr=False)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock, repr=False)
     _closed: bool = attrs.field(init=False, default=False, repr=False)
-
-    @property
-    def session_id(self) -> str:
-        """The id of the conversation this session stores."""
-        return self._session_id
+    _migration_texts: ClassVar[MigrationTexts] = MigrationTexts(
+        no_step="cannot open session database {where}: no migration",
+        migrating="migrating session database {where}",
+        must_not="commit",
+    )
 
     @property
     def lock_key(self) -> tuple[str, str, str]:
@@ -174,63 +174,6 @@ class SQLiteSession:
     def path(self) -> str:
         """The resolved path of the database file."""
         return self._path
-
-    # -- the Session protocol ---------------------------------------------------------
-
-    async def get_items(self) -> list[Item]:
-        """Return the stored conversation, oldest first, repaired.
-
-        Dangling tool calls are answered with a ``cancelled`` result and orphan results
-        dropped (see :func:`~trio_agents.sessions._dangling_calls.repair_loaded`), and the repair
-        is written back in one transaction, so the stored rows are valid again.
-
-        Raises:
-            SessionStorageError: a stored item cannot be read (names its position).
-        """
-        return await self._call(self._get_items_sync)
-
-    async def add_items(self, items: Sequence[Item]) -> None:
-        """Append ``items`` in one transaction: all of them or, on any error, none.
-
-        Cancellation never leaves half a batch: cancelled while waiting for the file,
-        nothing is written; once the write has started in its thread, it is not
-        abandoned: the caller waits for the (short) commit, returns, and sees the
-        cancellation at its next checkpoint.
-
-        Raises:
-            TypeError: an element of ``items`` is not an item (nothing is written).
-        """
-        encoded = encode_items(items)
-        if not encoded:
-            await refuse_or_checkpoint(self._closed, "SQLiteSession")
-            return
-        await self._call(lambda conn: self._add_items_sync(conn, encoded))
-
-    async def clear(self) -> None:
-        """Delete the stored conversation of this session (other sessions are untouched)."""
-        await self._call(self._clear_sync)
-
-    async def replace_items(self, items: Sequence[Item]) -> None:
-        """Replace the stored conversation with ``items`` in one transaction (how a run
-        writes back a repair that is not just an append).
-
-        Raises:
-            TypeError: an element of ``items`` is not an item (nothing is written).
-        """
-        encoded = encode_items(items)
-        await self._call(lambda conn: self._in_transaction(conn, self._replace_sync, encoded))
-
-    async def get_stored_items(self) -> list[Item]:
-        """Return the stored conversation as it is: not repaired, nothing written.
-
-        What a resumed run (the ``resume`` run option) loads: it decides the calls a
-        dead process left open itself (run again, ask for approval, or answer
-        ``interrupted``), where :meth:`get_items` would close them as ``cancelled``.
-
-        Raises:
-            SessionStorageError: a stored item cannot be read (names its position).
-        """
-        return await self._call(self._read_sync)
 
     # -- extras -----------------------------------------------------------------------
 
@@ -251,20 +194,6 @@ class SQLiteSession:
         count = await self._call(self._count_sync)
         return SQLiteSessionStatistics(self._path, self._session_id, count)
 
-    async def aclose(self) -> None:
-        """Close the database connection. Idempotent.
-
-        Waits for a statement in flight on this session to finish first. The close is
-        shielded from cancellation (it is quick); a cancelled caller sees the
-        cancellation after the connection is closed.
-        """
-        if self._closed:
-            await trio.lowlevel.checkpoint()
-            return
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(self.close, limiter=_file_limiter(self._path))
-        await trio.lowlevel.checkpoint_if_cancelled()
-
     def close(self) -> None:
         """Close the database connection from synchronous code. Idempotent.
 
@@ -281,10 +210,6 @@ class SQLiteSession:
         """Open the connection (checking the file and migrating it) and return ``self``."""
         await self._call(lambda conn: None)
         return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        """Close the connection (see :meth:`aclose`)."""
-        await self.aclose()
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -318,13 +243,18 @@ class SQLiteSession:
                     conn.execute(f"PRAGMA busy_timeout = {int(budget * 1000)}")
                 return fn(conn)
             except sqlite3.Error as exc:
-                raise self._error(
-                    f"session {self._session_id!r} in {self._path!r}: {exc}",
-                    session_id=self._session_id,
-                ) from exc
+                raise self._failed(exc) from exc
             finally:
                 if capped:
                     conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+
+    def _close_limiter(self) -> trio.CapacityLimiter:
+        # The close takes its turn on the file: a statement in flight finishes first.
+        return _file_limiter(self._path)
+
+    @property
+    def _where(self) -> str:
+        return repr(self._path)
 
     def _error(self, message: str, **data: Any) -> SessionStorageError:
         return SessionStorageError(message, path=self._path, **data)
@@ -349,6 +279,7 @@ class SQLiteSession:
             while True:
                 try:
                     self._prepare(conn)
+                    self._configure(conn)
                     return conn
                 except sqlite3.OperationalError as exc:
                     if not _is_busy(exc) or time.monotonic() + pause > deadline:
@@ -362,31 +293,23 @@ class SQLiteSession:
             conn.close()
             raise
 
-    def _prepare(self, conn: sqlite3.Connection) -> None:
-        """Check the file is ours, create or migrate the schema, then configure."""
-        # Read-only checks first: a foreign or future file must not be touched, not
-        # even switched to WAL mode (which rewrites the header).
-        version = self._inspect(conn)
-        if version != SCHEMA_VERSION:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                # Another connection may have created or migrated it meanwhile.
-                version = self._inspect(conn)
-                if version is None:
-                    _create_schema(conn)
-                elif version < SCHEMA_VERSION:
-                    self._migrate(conn, version)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
+    def _configure(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL mode and set the durability, once the schema is
+        checked (:meth:`_prepare`): a foreign or future file must not be touched, not
+        even switched to WAL mode (which rewrites the header)."""
         # The journal mode is stored in the file: only the first opener changes it
         # (an exclusive lock), later ones just read it.
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
+
+    # -- the schema -------------------------------------------------------------------
+
+    def _schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    def _schema_lock(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
+        return _immediate(conn)
 
     def _inspect(self, conn: sqlite3.Connection) -> int | None:
         """Return the schema version, or ``None`` for an empty database."""
@@ -419,47 +342,47 @@ class SQLiteSession:
             raise self._error(f"session database {self._path!r} is corrupt: no items table")
         return version
 
-    def _migrate(self, conn: sqlite3.Connection, version: int) -> None:
-        texts = MigrationTexts(
-            no_step=f"cannot open session database {self._path!r}: no migration",
-            migrating=f"migrating session database {self._path!r}",
-            must_not="commit",
-        )
-        run_migrations(
-            conn, version, SCHEMA_VERSION, MIGRATIONS, texts, _inside_transaction, self._error
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
+        """Create schema version :data:`SCHEMA_VERSION` in an empty database (in a transaction)."""
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?)",
+            [("application", APPLICATION_ID), ("schema_version", str(SCHEMA_VERSION))],
         )
         conn.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
-            (str(SCHEMA_VERSION),),
+            "CREATE TABLE items ("
+            " session_id TEXT NOT NULL,"
+            " position INTEGER NOT NULL,"
+            " data TEXT NOT NULL,"
+            " created_at REAL NOT NULL,"
+            " PRIMARY KEY (session_id, position))"
         )
 
-    def _get_items_sync(self, conn: sqlite3.Connection) -> list[Item]:
-        items = self._read_sync(conn)
-        repaired = repair_loaded(items)
-        if repaired == items:
-            return items
-        # Write the repair back: re-read under the write lock (another process may have
-        # repaired it meanwhile) and replace the rows in the same transaction.
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            repaired = repair_loaded(self._read_sync(conn))
-            self._replace_sync(conn, encode_items(repaired))
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
-        return repaired
+    def _migration_steps(self) -> dict[int, Migration]:
+        return MIGRATIONS
+
+    def _in_transaction(self, conn: sqlite3.Connection) -> bool:
+        return conn.in_transaction
+
+    def _record_version(self, conn: sqlite3.Connection, version: int) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+            (str(version),),
+        )
+
+    # -- the statements -----------------------------------------------------------------
+
+    def _write_lock(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
+        return _immediate(conn)
 
     def _read_sync(self, conn: sqlite3.Connection) -> list[Item]:
         rows = conn.execute(
             "SELECT position, data FROM items WHERE session_id = ? ORDER BY position",
             (self._session_id,),
         ).fetchall()
-        return decode_rows(rows, repr(self._path), self._session_id, self._error)
+        return _storage.decode_rows(rows, self._where, self._session_id, self._error)
 
-    def _replace_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
+    def _write_all_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
         """Replace this session's rows (inside the caller's transaction)."""
         self._clear_sync(conn)
         now = time.time()
@@ -468,25 +391,8 @@ class SQLiteSession:
             [(self._session_id, i, data, now) for i, data in enumerate(encoded)],
         )
 
-    def _in_transaction(
-        self,
-        conn: sqlite3.Connection,
-        fn: Callable[[sqlite3.Connection, list[str]], None],
-        encoded: list[str],
-    ) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            fn(conn, encoded)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
-
     def _add_items_sync(self, conn: sqlite3.Connection, encoded: list[str]) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(conn):
             (start,) = conn.execute(
                 "SELECT COALESCE(MAX(position) + 1, 0) FROM items WHERE session_id = ?",
                 (self._session_id,),
@@ -496,12 +402,6 @@ class SQLiteSession:
                 "INSERT INTO items (session_id, position, data, created_at) VALUES (?, ?, ?, ?)",
                 [(self._session_id, start + i, data, now) for i, data in enumerate(encoded)],
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
 
     def _clear_sync(self, conn: sqlite3.Connection) -> None:
         conn.execute("DELETE FROM items WHERE session_id = ?", (self._session_id,))
@@ -513,23 +413,6 @@ class SQLiteSession:
         return int(count)
 
 
-def _create_schema(conn: sqlite3.Connection) -> None:
-    """Create schema version :data:`SCHEMA_VERSION` in an empty database (in a transaction)."""
-    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    conn.executemany(
-        "INSERT INTO meta (key, value) VALUES (?, ?)",
-        [("application", APPLICATION_ID), ("schema_version", str(SCHEMA_VERSION))],
-    )
-    conn.execute(
-        "CREATE TABLE items ("
-        " session_id TEXT NOT NULL,"
-        " position INTEGER NOT NULL,"
-        " data TEXT NOT NULL,"
-        " created_at REAL NOT NULL,"
-        " PRIMARY KEY (session_id, position))"
-    )
-
-
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     """Whether ``exc`` is SQLite's "database is locked/busy" (worth retrying)."""
     code = getattr(exc, "sqlite_errorcode", None)
@@ -539,6 +422,16 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in message or "busy" in message
 
 
-def _inside_transaction(conn: sqlite3.Connection) -> bool:
-    """Whether the migrations left the transaction open (they must)."""
-    return conn.in_transaction
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One transaction holding the file's write lock (``BEGIN IMMEDIATE``): ``COMMIT`` at
+    the end, ``ROLLBACK`` on any error (a failed commit included)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise

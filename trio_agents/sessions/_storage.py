@@ -1,32 +1,28 @@
-"""What the stored sessions (:class:`SQLiteSession`, :class:`PostgresSession`) share:
-their error, and how an item becomes a row and back."""
+"""What the stored sessions (:class:`SQLiteSession`, :class:`PostgresSession`) share
+below their common face (``_stored_session.py``): their error, how an item becomes a
+row and back, and their limiters."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TypeVar
 
-import attrs
 import trio
 
 from .._exceptions import TrioAgentsError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage, item_from_json
 
 __all__ = [
-    "MigrationTexts",
     "SessionStorageError",
     "check_session_id",
     "decode_item",
     "decode_rows",
     "encode_items",
-    "refuse_or_checkpoint",
     "run_limiter",
-    "run_migrations",
 ]
 
 K = TypeVar("K", bound=Hashable)
-C = TypeVar("C")
 
 _ITEM_TYPES = (UserMessage, AssistantMessage, ToolCall, ToolResult)
 
@@ -135,57 +131,6 @@ def decode_rows(
     return items
 
 
-@attrs.frozen
-class MigrationTexts:
-    """How a backend names what is migrated, in :func:`run_migrations`'s errors.
-
-    Attributes:
-        no_step: the start of "there is no migration" (``"cannot open session database
-            'x.db': no migration"``), followed by ``" from schema version N to N+1"``.
-        migrating: the start of "a migration failed" (``"migrating session database
-            'x.db'"``), followed by ``" from schema version N to N+1 failed: ..."``.
-        must_not: what a migration must not do to the transaction (``"commit"``).
-    """
-
-    no_step: str
-    migrating: str
-    must_not: str
-
-
-def run_migrations(
-    conn: C,
-    version: int,
-    target: int,
-    migrations: Mapping[int, Callable[[C], Any]],
-    texts: MigrationTexts,
-    in_transaction: Callable[[C], bool],
-    error: Callable[[str], SessionStorageError],
-) -> None:
-    """Run the migrations from ``version`` up to ``target``, one step at a time, all
-    inside the caller's transaction (so a failed step leaves the stored rows as they
-    were). The caller records the new version.
-
-    Raises:
-        SessionStorageError: a step is missing, fails, or ends the transaction.
-    """
-    for step_from in range(version, target):
-        step = migrations.get(step_from)
-        if step is None:
-            raise error(f"{texts.no_step} from schema version {step_from} to {step_from + 1}")
-        try:
-            step(conn)
-        except Exception as exc:
-            raise error(
-                f"{texts.migrating} from schema version {step_from} to {step_from + 1}"
-                f" failed: {exc}"
-            ) from exc
-        if not in_transaction(conn):
-            raise error(
-                f"the migration from schema version {step_from} ended the transaction;"
-                f" migrations must not {texts.must_not}"
-            )
-
-
 def run_limiter(
     var: trio.lowlevel.RunVar[dict[K, trio.CapacityLimiter]], key: K, size: int
 ) -> trio.CapacityLimiter:
@@ -200,11 +145,3 @@ def run_limiter(
     if limiter is None:
         limiter = limiters[key] = trio.CapacityLimiter(size)
     return limiter
-
-
-async def refuse_or_checkpoint(closed: bool, name: str) -> None:
-    """What an ``add_items`` of nothing does: nothing to write, but a closed session
-    (``name`` is its class) still refuses, and the call is still a checkpoint."""
-    if closed:
-        raise trio.ClosedResourceError(f"this {name} is closed")
-    await trio.lowlevel.checkpoint()

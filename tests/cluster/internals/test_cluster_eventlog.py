@@ -29,15 +29,19 @@ NODE = "n1"
 
 @attrs.define(eq=False)
 class CountingDatabase:
-    """A Database whose table reads by ``follow`` are counted."""
+    """A Database whose table reads by ``follow`` are counted: ``pages`` as they start,
+    ``pages_read`` once they returned."""
 
     db: Database
     pages: int = 0
+    pages_read: int = 0
 
     async def call(self, fn: Callable[[Conn], T]) -> T:
-        if getattr(fn, "func", None) is _eventlog._page:
-            self.pages += 1
-        return await self.db.call(fn)
+        page = getattr(fn, "func", None) is _eventlog._page
+        self.pages += page
+        result = await self.db.call(fn)
+        self.pages_read += page
+        return result
 
 
 def event(seq: int, status: str = "running", text: str = "") -> dict[str, Any]:
@@ -106,7 +110,8 @@ class Rig:
 @asynccontextmanager
 async def rig(pg_dsn: str, mode: str = "all") -> AsyncIterator[Rig]:
     """A run's row owned by NODE, a listener, and ``follow`` running (subscribed from
-    seq 1) once its first read of the table is done and it waits for NOTIFYs."""
+    seq 1) once its first read of the table returned and it waits for NOTIFYs (a read
+    still in its thread would see what a test writes next)."""
     db = Database(pg_dsn)
     the_rig: Rig | None = None
 
@@ -138,7 +143,7 @@ async def rig(pg_dsn: str, mode: str = "all") -> AsyncIterator[Rig]:
 
             nursery.start_soon(follow_it)
             with trio.fail_after(10):
-                while counting.pages < 1 or ("run", RUN) not in listener._waiters:  # noqa: ASYNC110
+                while counting.pages_read < 1 or ("run", RUN) not in listener._waiters:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             await trio.testing.wait_all_tasks_blocked()
             yield the_rig

@@ -13,35 +13,10 @@ import trio.testing
 from hypothesis import strategies as st
 
 import trio_agents as ta
+from tests.support.core_runs import by_call, resume_agent
 from tests.support.helpers import collect
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import MemorySession, SQLiteSession
-
-
-def tools(ran: list[str]) -> list[ta.Tool]:
-    @ta.function_tool(idempotent=True)
-    async def lookup(ctx: ta.ToolContext) -> str:
-        """Read something (safe to repeat)."""
-        ran.append(ctx.call_id)
-        return "looked up"
-
-    @ta.function_tool
-    async def charge(ctx: ta.ToolContext) -> str:
-        """Charge a card (never twice)."""
-        ran.append(ctx.call_id)
-        return "charged"
-
-    @ta.function_tool(needs_approval=True)
-    async def delete(ctx: ta.ToolContext) -> str:
-        """Delete a file, once approved."""
-        ran.append(ctx.call_id)
-        return "deleted"
-
-    return [lookup, charge, delete]
-
-
-def agent(model: ta.Model, ran: list[str]) -> ta.Agent:
-    return ta.Agent(name="t", instructions="", model=model, tools=tools(ran))
 
 
 async def session_holding(*items: ta.Item) -> MemorySession:
@@ -63,16 +38,12 @@ async def crashed_session() -> MemorySession:
     )
 
 
-def by_call(items: Any) -> dict[str, ta.ToolResult]:
-    return {item.call_id: item for item in items if isinstance(item, ta.ToolResult)}
-
-
 async def test_a_resumed_run_reruns_idempotent_calls_and_interrupts_started_ones() -> None:
     session = await crashed_session()
     ran: list[str] = []
     model = ScriptedModel(["all done"])
     resume = ta.Resume(attempt=2, next_seq=41, started={"c1", "c2", "c3"}, reason="node a died")
-    async with ta.open_run(agent(model, ran), [], session=session, resume=resume) as run:
+    async with ta.open_run(resume_agent(model, ran), [], session=session, resume=resume) as run:
         events_task: list[ta.RunEvent] = []
         async with trio.open_nursery() as nursery:
 
@@ -114,7 +85,7 @@ async def test_a_call_that_never_started_runs_once_on_resume() -> None:
     ran: list[str] = []
     resume = ta.Resume(attempt=3, next_seq=7)  # nothing had started
     async with ta.open_run(
-        agent(ScriptedModel(["ok"]), ran), [], session=session, resume=resume
+        resume_agent(ScriptedModel(["ok"]), ran), [], session=session, resume=resume
     ) as run:
         await trio.testing.wait_all_tasks_blocked()
         run.approve("c4")
@@ -128,7 +99,7 @@ async def test_cancelling_a_resumed_run_awaiting_approval_leaves_a_valid_session
     ran: list[str] = []
     resume = ta.Resume(attempt=2, next_seq=5, started={"c1", "c2"})
     async with ta.open_run(
-        agent(ScriptedModel(["ok"]), ran), [], session=session, resume=resume
+        resume_agent(ScriptedModel(["ok"]), ran), [], session=session, resume=resume
     ) as run:
         await trio.testing.wait_all_tasks_blocked()
         assert run.status is ta.RunStatus.AWAITING_APPROVAL
@@ -146,7 +117,7 @@ async def test_resume_on_a_session_with_nothing_open_just_continues(tmp_path: An
         await session.add_items([ta.UserMessage("hi"), ta.AssistantMessage("hello")])
         resume = ta.Resume(attempt=2, next_seq=3)
         result = await ta.run(
-            agent(ScriptedModel(["again"]), []), [], session=session, resume=resume
+            resume_agent(ScriptedModel(["again"]), []), [], session=session, resume=resume
         )
         assert result.status == "completed", result.reason
         assert [type(i).__name__ for i in await session.get_items()] == [
@@ -159,10 +130,10 @@ async def test_resume_on_a_session_with_nothing_open_just_continues(tmp_path: An
 async def test_resume_needs_a_session_and_no_input() -> None:
     resume = ta.Resume(attempt=2, next_seq=1)
     with pytest.raises(ValueError, match="resume"):
-        await ta.run(agent(ScriptedModel(["x"]), []), [], resume=resume)
+        await ta.run(resume_agent(ScriptedModel(["x"]), []), [], resume=resume)
     with pytest.raises(ValueError, match="resume"):
         await ta.run(
-            agent(ScriptedModel(["x"]), []), "hi", session=MemorySession("s"), resume=resume
+            resume_agent(ScriptedModel(["x"]), []), "hi", session=MemorySession("s"), resume=resume
         )
 
 
@@ -210,7 +181,7 @@ async def test_a_decision_an_earlier_attempt_recorded_answers_the_call_asked_aga
     )
     resume = ta.Resume(attempt=2, next_seq=5, started={"c2"}, **decided)
     model = ScriptedModel(["ok"])
-    async with ta.open_run(agent(model, ran), [], session=session, resume=resume) as run:
+    async with ta.open_run(resume_agent(model, ran), [], session=session, resume=resume) as run:
         statuses = [u.status.value async for u in run.updated]
         with pytest.raises(ta.RunClosedError):
             run.approve("c4")
@@ -236,7 +207,7 @@ async def test_a_recorded_decision_leaves_the_other_calls_awaiting_approval() ->
     ran: list[str] = []
     resume = ta.Resume(attempt=2, next_seq=4, approved={"c1"})
     async with ta.open_run(
-        agent(ScriptedModel(["ok"]), ran), [], session=session, resume=resume
+        resume_agent(ScriptedModel(["ok"]), ran), [], session=session, resume=resume
     ) as run:
         await trio.testing.wait_all_tasks_blocked()
         assert run.status is ta.RunStatus.AWAITING_APPROVAL
@@ -280,7 +251,7 @@ async def test_a_failing_before_tool_means_the_tool_never_runs() -> None:
         raise ConnectionError("database down")
 
     model = ScriptedModel([Turn(tool_calls=[("charge", {})]), "sorry"])
-    result = await ta.run(agent(model, ran), "go", before_tool=before_tool)
+    result = await ta.run(resume_agent(model, ran), "go", before_tool=before_tool)
     assert result.status == "completed"
     assert ran == []
     output = next(iter(by_call(result.conversation).values()))
@@ -345,7 +316,7 @@ def test_resume_never_runs_a_started_call_twice(
         session = await session_holding(ta.UserMessage("go"), *calls, *stored_results)
         resume = ta.Resume(attempt=2, next_seq=next_seq, started=started_ids)
         model = ScriptedModel(["done"])
-        async with ta.open_run(agent(model, ran), [], session=session, resume=resume) as run:
+        async with ta.open_run(resume_agent(model, ran), [], session=session, resume=resume) as run:
 
             async def decide() -> None:
                 async for update in run.updated:

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import trio
 
-import trio_agents as ta
 from tests.support.anthropic_wire import (
     event,
     message_end,
@@ -19,15 +18,14 @@ from tests.support.anthropic_wire import (
     tool_block,
 )
 from tests.support.model_streams import collect, collect_into
+from tests.support.models_requests import ADDING, run_adding, sent_request
+from tests.support.models_requests import anthropic_model as make_model
 from tests.support.sse_server import SSE, Raw, Reply, SSEServer
 from trio_agents import (
     AssistantMessage,
     Item,
     ModelError,
-    ModelRequest,
     ToolCall,
-    ToolResult,
-    ToolSpec,
     Usage,
     UserMessage,
 )
@@ -35,8 +33,14 @@ from trio_agents.models import AnthropicModel, Finish, ModelEvent, TextDelta, To
 from trio_agents.models._anthropic import anthropic_messages
 
 
-def make_model(server: SSEServer, **kwargs: Any) -> AnthropicModel:
-    return AnthropicModel("claude-test", base_url=server.base_url, **kwargs)
+def text_part(text: str) -> dict[str, Any]:
+    """A text content block of a message."""
+    return {"type": "text", "text": text}
+
+
+def add_use(call_id: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A call of the add tool as an assistant message's tool_use block holds it."""
+    return {"type": "tool_use", "id": call_id, "name": "add", "input": arguments}
 
 
 # ------------------------------------------------------------------- streaming
@@ -81,27 +85,15 @@ async def test_stop_reason_mapping(server: SSEServer, stop_reason: str, finish: 
 
 async def test_request_body_and_headers(server: SSEServer) -> None:
     server.add(text_reply("ok"))
-    tool = ToolSpec("add", "Add.", {"type": "object", "properties": {"a": {"type": "integer"}}})
-    request = ModelRequest(
-        instructions="You are terse.",
-        items=(
-            UserMessage("add please"),
-            AssistantMessage("Adding."),
-            ToolCall("t1", "add", '{"a": 1}'),
-            ToolCall("t2", "add", "not json"),
-            ToolResult("t1", "1"),
-            ToolResult("t2", "bad arguments", status="error"),
-            UserMessage("and then?"),
-            AssistantMessage("Then I was interrupted ", status="incomplete"),
-            UserMessage("carry on"),
-        ),
-        tools=(tool,),
+    sent = await sent_request(
+        server,
+        make_model(server, api_key="sk-ant", max_tokens=512, temperature=0.9, top_k=5),
+        *ADDING,
+        UserMessage("and then?"),
+        AssistantMessage("Then I was interrupted ", status="incomplete"),
+        UserMessage("carry on"),
         settings={"temperature": 0.2},
     )
-    model = make_model(server, api_key="sk-ant", max_tokens=512, temperature=0.9, top_k=5)
-    with trio.fail_after(10):
-        await collect(model, request)
-    (sent,) = server.requests
     assert sent.path == "/v1/messages"
     assert sent.headers["x-api-key"] == "sk-ant"
     assert sent.headers["anthropic-version"] == "2023-06-01"
@@ -113,43 +105,35 @@ async def test_request_body_and_headers(server: SSEServer) -> None:
         "top_k": 5,
         "system": "You are terse.",
         "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "add please"}]},
+            {"role": "user", "content": [text_part("what is 2+3 and 4+4?")]},
             {
                 "role": "assistant",
                 "content": [
-                    {"type": "text", "text": "Adding."},
-                    {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}},
-                    {
-                        "type": "tool_use",
-                        "id": "t2",
-                        "name": "add",
-                        "input": {"_raw_arguments": "not json"},
-                    },
+                    text_part("Let me add."),
+                    add_use("c1", {"a": 2, "b": 3}),
+                    add_use("c2", {"_raw_arguments": "not json"}),
                 ],
             },
             {
                 "role": "user",
                 "content": [
-                    {"type": "tool_result", "tool_use_id": "t1", "content": "1"},
+                    {"type": "tool_result", "tool_use_id": "c1", "content": "5"},
                     {
                         "type": "tool_result",
-                        "tool_use_id": "t2",
+                        "tool_use_id": "c2",
                         "content": "bad arguments",
                         "is_error": True,
                     },
-                    {"type": "text", "text": "and then?"},
+                    text_part("and then?"),
                 ],
             },
-            {
-                "role": "assistant",
-                "content": [{"type": "text", "text": "Then I was interrupted "}],
-            },
-            {"role": "user", "content": [{"type": "text", "text": "carry on"}]},
+            {"role": "assistant", "content": [text_part("Then I was interrupted ")]},
+            {"role": "user", "content": [text_part("carry on")]},
         ],
         "tools": [
             {
                 "name": "add",
-                "description": "Add.",
+                "description": "Add two integers.",
                 "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
             }
         ],
@@ -206,18 +190,6 @@ async def test_no_usage_reported_is_unknown_not_zero(server: SSEServer) -> None:
     server.add(Reply(events=[start, *text_block(0, "cut"), *stop]))
     with trio.fail_after(10):
         assert await collect(make_model(server)) == [TextDelta("cut"), Finish("length")]
-
-
-async def test_a_reused_tool_use_id_gets_a_fresh_one(server: SSEServer) -> None:
-    request = ModelRequest(
-        "", (UserMessage("go"), ToolCall("toolu_1", "add", "{}"), ToolResult("toolu_1", "0"))
-    )
-    server.add(
-        Reply(events=[message_start(), *tool_block(0, "toolu_1", "add", "{}"), *message_end()])
-    )
-    with trio.fail_after(10):
-        events = await collect(make_model(server), request)
-    assert events[0] == ToolCallDone(ToolCall("toolu_1_2", "add", "{}"))
 
 
 # ---------------------------------------------------------------------- errors
@@ -292,11 +264,6 @@ async def test_input_json_delta_for_a_text_block_is_an_error(server: SSEServer) 
 
 
 async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
-    @ta.function_tool
-    async def add(a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
     server.add(
         Reply(
             events=[
@@ -308,23 +275,14 @@ async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
         ),
         Reply(events=[message_start(50), *text_block(0, "It is ", "5."), *message_end()]),
     )
-    agent = ta.Agent(name="calc", instructions="Use tools.", model=make_model(server), tools=[add])
-    with trio.fail_after(10):
-        result = await ta.run(agent, "what is 2+3?")
-    result.raise_for_status()
-    assert result.final_output == "It is 5."
-    assert result.usage == Usage(80, 22)
-    first, second = (request.json for request in server.requests)
+    first, second = await run_adding(server, make_model(server), "It is 5.", Usage(80, 22))
     assert first["tools"][0]["name"] == "add"
     assert second["system"] == "Use tools."
     assert second["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "what is 2+3?"}]},
+        {"role": "user", "content": [text_part("what is 2+3?")]},
         {
             "role": "assistant",
-            "content": [
-                {"type": "text", "text": "Adding."},
-                {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 2, "b": 3}},
-            ],
+            "content": [text_part("Adding."), add_use("toolu_1", {"a": 2, "b": 3})],
         },
         {
             "role": "user",

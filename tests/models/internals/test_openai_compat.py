@@ -15,6 +15,8 @@ import trio
 import trio_agents as ta
 from tests.support.chat_wire import DONE, chunk, text_reply, tool_reply
 from tests.support.model_streams import collect
+from tests.support.models_requests import add
+from tests.support.models_requests import chat_model as make_model
 from tests.support.sse_server import SSE, Raw, RecordedRequest, Reply, SSEServer
 from tests.support.strict_servers import STRICT_SERVERS, llama_cpp_python
 from trio_agents import (
@@ -28,17 +30,6 @@ from trio_agents import (
 )
 from trio_agents.models import Finish, OpenAIChatModel, TextDelta, ToolCallDone
 from trio_agents.models._openai import chat_messages, object_arguments
-
-
-def make_model(server: SSEServer, **kwargs: Any) -> OpenAIChatModel:
-    return OpenAIChatModel("gpt-test", base_url=f"{server.base_url}/v1", **kwargs)
-
-
-@ta.function_tool
-async def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
 
 # ------------------------------------------------------- the request shape
 

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
-from tests.core.internals.test_resume import agent, by_call
+from tests.support.core_runs import by_call, resume_agent
 from tests.support.crash import sigkill_once_printed
 from trio_agents.models import ScriptedModel
 from trio_agents.sessions import PostgresSession, SQLiteSession
@@ -67,11 +67,18 @@ async def reopen(session: SQLiteSession | PostgresSession) -> list[ta.Item]:
         return await other.get_stored_items()
 
 
+async def resumed(session: Any, reply: str, ran: list[str], resume: ta.Resume) -> ta.RunResult:
+    """A whole run resuming ``session`` with ``resume``, its model answering ``reply``."""
+    return await ta.run(
+        resume_agent(ScriptedModel([reply]), ran), [], session=session, resume=resume
+    )
+
+
 async def test_a_stored_session_resumes_its_open_calls(stored: Any) -> None:
     ran: list[str] = []
     model = ScriptedModel(["all done"])
     resume = ta.Resume(attempt=2, next_seq=9, started={"c1", "c2"}, reason="node a died")
-    async with ta.open_run(agent(model, ran), [], session=stored, resume=resume) as run:
+    async with ta.open_run(resume_agent(model, ran), [], session=stored, resume=resume) as run:
         # c4 never started: the resumed run asks for its approval.
         assert await awaiting_approval(run)
         assert run.statistics().pending_approvals == ("c4",)
@@ -96,7 +103,7 @@ async def test_a_resumed_stored_session_never_writes_the_load_repair(stored: Any
     resume = ta.Resume(attempt=2, next_seq=9, started={"c1", "c2"})
     ran: list[str] = []
     async with ta.open_run(
-        agent(ScriptedModel(["ok"]), ran), [], session=stored, resume=resume
+        resume_agent(ScriptedModel(["ok"]), ran), [], session=stored, resume=resume
     ) as run:
         assert await awaiting_approval(run)
         # Loaded and waiting for c4's approval: nothing closed the open calls.
@@ -166,7 +173,7 @@ async def test_resume_after_a_real_sigkill_mid_tool(tmp_path: Path) -> None:
         ]
         # Both had started (a cluster records that before running a tool).
         resume = ta.Resume(attempt=2, next_seq=20, started=set(calls), reason="killed")
-        result = await ta.run(agent(model, ran), [], session=session, resume=resume)
+        result = await ta.run(resume_agent(model, ran), [], session=session, resume=resume)
     assert result.status == "completed", result.reason
     assert ran == [calls[0]]  # the idempotent lookup ran again; the charge did not
     results = by_call(result.conversation)
@@ -230,7 +237,7 @@ async def test_a_resumed_load_that_fails_fails_the_run_and_writes_nothing(
         resume = ta.Resume(attempt=2, next_seq=9, started={"c1"})
         with trio.fail_after(30):
             result = await ta.run(
-                agent(ScriptedModel(["x"]), ran), [], session=session, resume=resume
+                resume_agent(ScriptedModel(["x"]), ran), [], session=session, resume=resume
             )
         assert result.status == "failed"
         assert result.reason is not None
@@ -249,7 +256,7 @@ async def test_a_resumed_load_that_blocks_can_be_cancelled(
         resume = ta.Resume(attempt=2, next_seq=9)
         ran: list[str] = []
         async with ta.open_run(
-            agent(ScriptedModel(["x"]), ran), [], session=session, resume=resume
+            resume_agent(ScriptedModel(["x"]), ran), [], session=session, resume=resume
         ) as run:
             await trio.testing.wait_all_tasks_blocked()
             assert session.loads == 1
@@ -274,7 +281,7 @@ async def test_resume_fields_naming_no_open_call_are_ignored(stored: Any) -> Non
         reason="\x00\udce9 hostile \n reason",
     )
     async with ta.open_run(
-        agent(ScriptedModel(["ok"]), ran), [], session=stored, resume=resume
+        resume_agent(ScriptedModel(["ok"]), ran), [], session=stored, resume=resume
     ) as run:
         assert await awaiting_approval(run)
         assert run.statistics().pending_approvals == ("c4",)
@@ -291,13 +298,13 @@ async def test_resume_fields_naming_no_open_call_are_ignored(stored: Any) -> Non
 async def test_resuming_twice_runs_nothing_twice(stored: Any) -> None:
     ran: list[str] = []
     resume = ta.Resume(attempt=2, next_seq=9, started={"c1", "c2", "c4"}, reason="gone")
-    first = await ta.run(agent(ScriptedModel(["one"]), ran), [], session=stored, resume=resume)
+    first = await resumed(stored, "one", ran, resume)
     assert first.status == "completed", first.reason
     assert ran == ["c1"]  # c4 had started and is not idempotent: interrupted
     assert by_call(first.conversation)["c4"].output == "interrupted: gone"
     # The same Resume again (a second takeover of an attempt that in fact finished):
     # nothing is open any more, so nothing runs; the conversation just continues.
-    second = await ta.run(agent(ScriptedModel(["two"]), ran), [], session=stored, resume=resume)
+    second = await resumed(stored, "two", ran, resume)
     assert second.status == "completed", second.reason
     assert ran == ["c1"]
     rows = await reopen(stored)
@@ -316,7 +323,7 @@ async def test_a_resumed_load_writes_back_a_mid_conversation_repair(stored: Any)
     )
     resume = ta.Resume(attempt=2, next_seq=9, started={"c1", "c2", "c4"})
     ran: list[str] = []
-    result = await ta.run(agent(ScriptedModel(["ok"]), ran), [], session=stored, resume=resume)
+    result = await resumed(stored, "ok", ran, resume)
     assert result.status == "completed", result.reason
     assert ran == ["c1"]
     rows = await reopen(stored)
@@ -330,7 +337,7 @@ async def test_a_resumed_call_of_an_unknown_tool_gets_an_error_result(stored: An
     await stored.add_items([ta.ToolCall("c5", "gone", "{}")])
     ran: list[str] = []
     resume = ta.Resume(attempt=2, next_seq=9, started={"c1", "c2", "c4"})
-    result = await ta.run(agent(ScriptedModel(["ok"]), ran), [], session=stored, resume=resume)
+    result = await resumed(stored, "ok", ran, resume)
     assert result.status == "completed", result.reason
     assert ran == ["c1"]
     gone = by_call(result.conversation)["c5"]
@@ -344,7 +351,9 @@ async def test_resuming_on_a_closed_stored_session_fails_the_run(tmp_path: Path)
     async with session:
         await session.add_items(CRASHED)
     resume = ta.Resume(attempt=2, next_seq=9)
-    result = await ta.run(agent(ScriptedModel(["x"]), []), [], session=session, resume=resume)
+    result = await ta.run(
+        resume_agent(ScriptedModel(["x"]), []), [], session=session, resume=resume
+    )
     assert result.status == "failed"
     assert result.reason is not None
     assert result.reason.startswith("session error: ")
