@@ -30,7 +30,7 @@ DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
 API_VERSION: Final = "2023-06-01"
 _PROVIDER: Final = "anthropic"
 
-STOP_REASONS: Final = reason_map(
+STOP_REASONS: Final[Mapping[str, str]] = reason_map(
     stop=("end_turn", "stop_sequence"),
     tool_calls=("tool_use",),
     length=("max_tokens", "model_context_window_exceeded"),
@@ -323,7 +323,11 @@ class AnthropicModel(HTTPStreamingModel):
     _default_base_url = DEFAULT_BASE_URL
 
     def _configure(self, settings: dict[str, Any]) -> None:
-        check_count("max_tokens", settings.setdefault("max_tokens", 4096), 1)
+        max_tokens = check_count("max_tokens", settings.pop("max_tokens", 4096), 1)
+        # First in the body, right after the model, as the API's examples have it.
+        rest = dict(settings)
+        settings.clear()
+        settings.update(max_tokens=max_tokens, **rest)
 
     def _api_root(self, base_url: str) -> str:
         return normalize_base_url(base_url)

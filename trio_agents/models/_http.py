@@ -25,7 +25,7 @@ import abc
 import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import Any, Self
 
 import httpx
@@ -65,10 +65,10 @@ def check_count(name: str, value: object, minimum: int) -> int:
     return value
 
 
-def reason_map(**ours: tuple[str, ...]) -> Mapping[str, str]:
+def reason_map(**ours: tuple[str, ...]) -> dict[str, str]:
     """A provider's finish (stop) reasons -> the :class:`~trio_agents.models.Finish`
     reason, written grouped by ours: ``reason_map(length=("length", "max_tokens"))``."""
-    return MappingProxyType({theirs: reason for reason, names in ours.items() for theirs in names})
+    return {theirs: reason for reason, names in ours.items() for theirs in names}
 
 
 def check_model_name(model: object) -> None:
@@ -128,8 +128,8 @@ class HTTPStreamingModel(abc.ABC):
             class documents.
 
     Raises:
-        ValueError, TypeError: a keyword is out of range or of the wrong type (the
-            model name is checked first).
+        ValueError, TypeError: a keyword is out of range or of the wrong type (checked
+            in this order: the model name, the provider's own keywords, the rest).
     """
 
     _provider: str = "model"

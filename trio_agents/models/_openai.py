@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
@@ -39,7 +39,7 @@ DEFAULT_BASE_URL: Final = "https://api.openai.com/v1"
 _PROVIDER: Final = "openai"
 
 
-FINISH_REASONS: Final = reason_map(
+FINISH_REASONS: Final[Mapping[str, str]] = reason_map(
     stop=("stop", "eos", "eos_token", "stop_sequence", "end_turn"),
     length=("length", "max_tokens"),
     tool_calls=("tool_calls", "function_call", "tool_use"),

@@ -43,5 +43,11 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    # The lazy names too, so that dir() and the API docs (autodoc) list them.
+    # The lazy names too, so that dir() and the API docs (autodoc) list them; only when
+    # they can be imported, or every tool that getattr()s what dir() lists
+    # (inspect.getmembers, pydoc) would fail without the extra.
+    try:
+        from . import _postgres  # noqa: F401
+    except ImportError:
+        return sorted(globals())
     return sorted({*globals(), *_POSTGRES})

@@ -29,7 +29,14 @@ from trio_agents import (
     Usage,
     UserMessage,
 )
-from trio_agents.models import AnthropicModel, Finish, ModelEvent, TextDelta, ToolCallDone
+from trio_agents.models import (
+    AnthropicModel,
+    Finish,
+    ModelEvent,
+    ModelRequest,
+    TextDelta,
+    ToolCallDone,
+)
 from trio_agents.models._anthropic import anthropic_messages
 
 
@@ -289,3 +296,23 @@ async def test_full_run_with_a_tool_call(server: SSEServer) -> None:
             "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5"}],
         },
     ]
+
+
+def test_max_tokens_leads_the_settings_and_the_body_wherever_it_was_given() -> None:
+    request = ModelRequest(instructions="", items=(UserMessage("hi"),), tools=(), settings={})
+    defaulted = AnthropicModel("m", temperature=0.5)
+    assert list(defaulted.settings) == ["max_tokens", "temperature"]
+    assert list(defaulted.request_body(request))[:3] == ["model", "max_tokens", "temperature"]
+    given_last = AnthropicModel("m", top_k=5, max_tokens=7)
+    assert list(given_last.settings.items()) == [("max_tokens", 7), ("top_k", 5)]
+
+
+def test_the_stop_reason_tables_are_plain_dicts() -> None:
+    from trio_agents.models._anthropic import STOP_REASONS
+    from trio_agents.models._openai import FINISH_REASONS
+
+    for table in (STOP_REASONS, FINISH_REASONS):
+        assert type(table) is dict
+        assert json.loads(json.dumps(table)) == table
+    assert STOP_REASONS["model_context_window_exceeded"] == "length"
+    assert FINISH_REASONS["function_call"] == "tool_calls"
