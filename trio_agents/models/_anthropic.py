@@ -323,11 +323,11 @@ class AnthropicModel(HTTPStreamingModel):
     _default_base_url = DEFAULT_BASE_URL
 
     def _configure(self, settings: dict[str, Any]) -> None:
-        max_tokens = check_count("max_tokens", settings.pop("max_tokens", 4096), 1)
-        # First in the body, right after the model, as the API's examples have it.
-        rest = dict(settings)
+        # max_tokens first in the body, right after the model, as the API's examples have it
+        given = dict(settings)
         settings.clear()
-        settings.update(max_tokens=max_tokens, **rest)
+        settings["max_tokens"] = check_count("max_tokens", given.pop("max_tokens", 4096), 1)
+        settings.update(given)
 
     def _api_root(self, base_url: str) -> str:
         return normalize_base_url(base_url)
