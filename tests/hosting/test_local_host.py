@@ -340,3 +340,38 @@ async def test_a_control_server_shares_its_host_with_the_websocket() -> None:
             await host.cancel("alice", hosted, "done")
             with pytest.raises(RuntimeError):
                 await host.serve()
+
+
+async def test_an_error_in_the_running_block_comes_out_as_itself_after_the_runs_end(
+    autojump_clock: Any,
+) -> None:
+    host = LocalHost({"s": _sleeper()})
+    started: list[str] = []
+
+    async def buggy_caller() -> None:
+        async with host.running():
+            started.append(await host.start(ALICE, _start("s")))
+            await _until(host, started[0], "running")
+            assert (await host.get("alice", started[0])).status == "running"
+            raise KeyError("the caller's bug")
+
+    with pytest.raises(KeyError) as info:  # not an ExceptionGroup: the block's own error
+        await buggy_caller()
+    assert info.value.args == ("the caller's bug",)
+    # the run ended with the block, before the error came out
+    assert (await host.get("alice", started[0])).status == "cancelled"
+
+
+async def test_a_cancel_from_outside_leaves_the_running_block_quietly(
+    autojump_clock: Any,
+) -> None:
+    host = LocalHost({"s": _sleeper()})
+    with trio.CancelScope() as outside:
+        async with host.running():
+            run_id = await host.start(ALICE, _start("s"))
+            await _until(host, run_id, "running")
+            assert (await host.get("alice", run_id)).status == "running"
+            outside.cancel()
+            await trio.sleep_forever()
+    assert outside.cancelled_caught  # the block's Cancelled, not a group of them
+    assert (await host.get("alice", run_id)).status == "cancelled"

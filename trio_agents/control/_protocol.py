@@ -9,11 +9,8 @@ in ``hosting/_requests.py``. No I/O. See ``docs/protocol.md`` for every frame.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from typing import Any, Final
 
-from .._events import RunEvent
 from ..hosting._terms import (
     ERROR_CODES,
     MAX_ID_LENGTH,
@@ -36,21 +33,13 @@ __all__ = [
     "ProtocolError",
     "RunInfo",
     "ack_frame",
-    "dumps",
     "error_frame",
-    "event_frame",
-    "tree_event_frame",
 ]
 
 SUBPROTOCOL: Final = "trio-agents.v1"
 """The websocket subprotocol of wire format version 1."""
 
 # ---------------------------------------------------------------------- answers
-
-
-def dumps(frame: Mapping[str, Any]) -> str:
-    """Encode a frame as compact JSON (ASCII-only, so any str is sendable)."""
-    return json.dumps(frame, separators=(",", ":"), allow_nan=False)
 
 
 def ack_frame(request_id: str | int, **data: Any) -> dict[str, Any]:
@@ -61,16 +50,3 @@ def ack_frame(request_id: str | int, **data: Any) -> dict[str, Any]:
 def error_frame(code: str, message: str, request_id: str | int | None) -> dict[str, Any]:
     """An ``error`` frame (``id`` is None when the request's id could not be read)."""
     return {"type": "error", "id": request_id, "code": code, "message": message}
-
-
-def event_frame(event: RunEvent) -> dict[str, Any]:
-    """An ``event`` frame carrying ``event.to_json()``."""
-    return {"type": "event", "run_id": event.run_id, "seq": event.seq, "event": event.to_json()}
-
-
-def tree_event_frame(event: RunEvent, tree: str) -> dict[str, Any]:
-    """An ``event`` frame of a tree subscription (``run.subscribe`` with ``"tree":
-    true``) to run ``tree``: the event keeps its own ``run_id`` and ``seq``; ``tree``
-    names the subscription it belongs to (a connection may also be subscribed to the
-    same run on its own)."""
-    return {**event_frame(event), "tree": tree}
