@@ -7,7 +7,7 @@ holds several real errors; they only *describe* it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
@@ -18,6 +18,7 @@ _T = TypeVar("_T")
 __all__ = [
     "TextJoiner",
     "clean_text",
+    "closing_listeners",
     "describe_error",
     "error_message",
     "first_leaf",
@@ -183,6 +184,24 @@ async def serving(start: Callable[[trio.Nursery], Awaitable[_T]]) -> AsyncIterat
         if body_error is not None:
             raise body_error from None
         raise first_leaf(group) from None
+
+
+@asynccontextmanager
+async def closing_listeners(listeners: Sequence[trio.SocketListener]) -> AsyncIterator[None]:
+    """The body of a server on ``listeners``: a group of nothing but ``Cancelled`` leaves
+    it as its first ``Cancelled`` (the cancellation that stopped the server), anything
+    else as it is; the listeners are closed at the end, shielded, also when the server
+    failed before it served them. What ``ControlServer.serve`` and ``serve_http`` share."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if only_cancelled(group):
+            raise first_leaf(group) from None
+        raise
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in listeners:
+                await listener.aclose()
 
 
 async def send_within(

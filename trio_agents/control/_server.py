@@ -33,7 +33,7 @@ import trio
 from trio_websocket import WebSocketRequest, wrap_server_stream
 
 from .. import Agent
-from .._util import first_leaf, only_cancelled, serving
+from .._util import closing_listeners, serving
 from ..hosting import LocalHost
 from ..hosting._policies import ContextHook
 from ..hosting._registry import PrincipalStatistics
@@ -253,27 +253,18 @@ class ControlServer:
         self._serving = True
         listeners = await trio.open_tcp_listeners(port, host=host)
         self.port = listeners[0].socket.getsockname()[1]
-        try:
-            async with trio.open_nursery() as nursery:
-                # The host's runs (and, with a cluster, the node's tasks) and its reaper.
-                stop_host = await self._host._open(nursery)
-                nursery.start_soon(self._serve_connections, listeners)
-                task_status.started(self.port)
-                try:
-                    await trio.sleep_forever()
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await self._shutdown()
-                    stop_host()
-        except BaseExceptionGroup as group:
-            if only_cancelled(group):
-                raise first_leaf(group) from None
-            raise
-        finally:
-            # Closed here too: a cluster that failed to start never got to serve them.
-            with trio.CancelScope(shield=True):
-                for listener in listeners:
-                    await listener.aclose()
+        # The listeners are closed at the end even if the host (a cluster) failed to start.
+        async with closing_listeners(listeners), trio.open_nursery() as nursery:
+            # The host's runs (and, with a cluster, the node's tasks) and its reaper.
+            stop_host = await self._host._open(nursery)
+            nursery.start_soon(self._serve_connections, listeners)
+            task_status.started(self.port)
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._shutdown()
+                stop_host()
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _serve_connections(self, listeners: list[trio.SocketListener]) -> None:

@@ -26,7 +26,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from .._util import first_leaf, only_cancelled, send_within
+from .._util import closing_listeners, send_within
 from ._shared import HttpLimits
 
 __all__ = ["serve_http"]
@@ -134,32 +134,23 @@ async def serve_http(
     # accepting at once, but gives what is in flight its bound (connections.deadline).
     connections = trio.CancelScope(shield=True)
     stop = trio.Event()
-    try:
-        async with trio.open_nursery() as nursery:
-            handlers: trio.Nursery = await nursery.start(_hold, connections, stop)
-            accepting = trio.CancelScope()
-            handlers.start_soon(_accept, handle, listeners, handlers, accepting)
-            task_status.started(bound)
-            try:
-                await trio.sleep_forever()
-            finally:
-                accepting.cancel()
-                connections.deadline = trio.current_time() + limits.shutdown_timeout
-                told = getattr(app, "shutdown", None)
-                if on_shutdown is not None:
-                    on_shutdown()
-                elif callable(told):
-                    told()
-                await context.terminated.set()  # no checkpoint: sets a trio.Event
-                stop.set()
-    except BaseExceptionGroup as group:
-        if only_cancelled(group):
-            raise first_leaf(group) from None
-        raise
-    finally:
-        with trio.CancelScope(shield=True):
-            for listener in listeners:
-                await listener.aclose()
+    async with closing_listeners(listeners), trio.open_nursery() as nursery:
+        handlers: trio.Nursery = await nursery.start(_hold, connections, stop)
+        accepting = trio.CancelScope()
+        handlers.start_soon(_accept, handle, listeners, handlers, accepting)
+        task_status.started(bound)
+        try:
+            await trio.sleep_forever()
+        finally:
+            accepting.cancel()
+            connections.deadline = trio.current_time() + limits.shutdown_timeout
+            told = getattr(app, "shutdown", None)
+            if on_shutdown is not None:
+                on_shutdown()
+            elif callable(told):
+                told()
+            await context.terminated.set()  # no checkpoint: sets a trio.Event
+            stop.set()
     raise AssertionError("unreachable")  # pragma: no cover
 
 
