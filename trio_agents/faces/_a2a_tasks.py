@@ -241,47 +241,41 @@ class TaskView:
         return task
 
 
+def _answer_update(
+    ids: Mapping[str, Any], event: Mapping[str, Any], text: str, *, whole: bool
+) -> dict[str, Any]:
+    """The ``artifactUpdate`` of a turn's answer (artifact ``answer-<turn>``): a piece
+    appended (a text delta), or the whole answer replacing the pieces, its last chunk."""
+    return {
+        "artifactUpdate": {
+            **ids,
+            "artifact": {
+                "artifactId": f"answer-{int(event.get('turn', 0))}",
+                "name": "answer",
+                "parts": [{"text": text}],
+            },
+            "append": not whole,
+            "lastChunk": whole,
+            "metadata": {"seq": event.get("seq"), "type": event.get("type")},
+        }
+    }
+
+
 def stream_event(view: TaskView, event: Mapping[str, Any]) -> dict[str, Any] | None:
     """The A2A ``StreamResponse`` of one run event, after it was applied to ``view``
     (None for an event A2A has nothing for). ``metadata.seq`` is the run's seq."""
     seq = event.get("seq")
     kind = event.get("type")
     ids = {"taskId": view.task_id, "contextId": view.context_id}
-    if kind == "response.text.delta":
-        turn = int(event.get("turn", 0))
-        return {
-            "artifactUpdate": {
-                **ids,
-                "artifact": {
-                    "artifactId": f"answer-{turn}",
-                    "name": "answer",
-                    "parts": [{"text": str(event.get("text", ""))}],
-                },
-                "append": True,
-                "lastChunk": False,
-                "metadata": {"seq": seq, "type": kind},
-            }
-        }
+    if kind == "response.text.delta":  # a piece of the turn's answer
+        return _answer_update(ids, event, str(event.get("text", "")), whole=False)
     item = event.get("item") if kind == "run.item" else None
     if (
         isinstance(item, Mapping)
         and item.get("type") == "message"
         and item.get("role") == "assistant"
     ):
-        turn = int(event.get("turn", 0))
-        return {
-            "artifactUpdate": {
-                **ids,
-                "artifact": {
-                    "artifactId": f"answer-{turn}",
-                    "name": "answer",
-                    "parts": [{"text": str(item.get("content", ""))}],
-                },
-                "append": False,
-                "lastChunk": True,
-                "metadata": {"seq": seq, "type": kind},
-            }
-        }
+        return _answer_update(ids, event, str(item.get("content", "")), whole=True)
     metadata: dict[str, Any] = {"seq": seq, "type": kind}
     if kind != "run.updated":
         # Tools, injections, child runs, handoffs, user items, events.dropped: no A2A
