@@ -1,5 +1,7 @@
 # Every target creates .venv itself; nothing needs installing by hand.
 PYTHON ?= python3
+# `make test` runs the suite in this many worker processes (pytest-xdist; 0 = in this one)
+TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -18,11 +20,11 @@ demo: $(STAMP)  ## the lifecycle tour, offline, on the DemoModel
 demo-ui: $(STAMP)  ## the web UI on the offline DemoModel: open the printed URL, paste the token
 	$(BIN)/trio-agents serve
 
-test: $(STAMP) postgres chromium  ## the test suite (Hypothesis runs the seeded "ci" profile)
-	$(BIN)/python -m pytest
+test: $(STAMP) postgres chromium  ## the test suite (Hypothesis runs the seeded "ci" profile), in TEST_WORKERS processes
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 coverage: $(STAMP) postgres chromium  ## the suite under coverage: the share of trio_agents/ it runs (report in the terminal)
-	$(BIN)/python -m coverage run -m pytest -p no:cacheprovider -q
+	$(BIN)/python -m coverage run -m pytest -p no:cacheprovider -p no:xdist -q
 	$(BIN)/python -m coverage report --sort=cover | tail -40
 
 cluster-demo: $(STAMP) postgres  ## 3 cluster nodes on a throwaway PostgreSQL; the run's owner is killed, another finishes it
