@@ -568,7 +568,15 @@ class EventMapper:
         ]
         for entry in detail.get("waiting") or ():
             if isinstance(entry, Mapping):
-                waiting.append((str(entry.get("run_id")), str(entry.get("call_id"))))
+                run_id, call_id = str(entry.get("run_id")), str(entry.get("call_id"))
+                waiting.append((run_id, call_id))
+                if "name" in entry and (run_id, call_id) not in self._calls:
+                    # The run names each call waiting below it: known even where the
+                    # descendants' own events are not streamed (the root's log only).
+                    self._calls[(run_id, call_id)] = (
+                        str(entry["name"]),
+                        str(entry.get("arguments", "")),
+                    )
         interrupts: list[Interrupt] = []
         for run_id, call_id in waiting:
             if (run_id, call_id) in self._resolved:
