@@ -208,6 +208,14 @@ class Approvals:
                 return ()
             return tuple(c for c, a in self._pending.items() if not a.decided)
 
+    def pending_calls(self) -> tuple[ToolCall, ...]:
+        """The undecided calls themselves (what an ancestor shows of them: their
+        names and arguments, §17's ``detail["waiting"]``)."""
+        with self._lock:
+            if self._pending is None:
+                return ()
+            return tuple(a.call for a in self._pending.values() if not a.decided)
+
     def decide(self, call_id: str, *, approved: bool, message: str | None) -> trio.Event:
         """Record a decision; return the event to set on the run's thread.
 

@@ -425,7 +425,12 @@ class Run:
         for child in self._children or ():
             if child._log.closed:
                 continue
-            below.extend({"run_id": child.id, "call_id": c} for c in child._approvals.pending_ids())
+            # Each with the call's tool name and arguments: whoever approves from an
+            # ancestor (a face showing only the root) sees what it approves.
+            below.extend(
+                {"run_id": child.id, "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+                for c in child._approvals.pending_calls()
+            )
             below.extend(child._state.waiting_below)
         state.waiting_below = tuple(below)
         state.show_approvals(self._approvals.pending_ids())

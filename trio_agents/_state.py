@@ -284,9 +284,9 @@ class RunState:
         self.run_span_open = False
         # -- the run tree (§17) and the limits, set by _run.py: usage of the finished
         # descendants, the approvals waiting below this run (one {"run_id",
-        # "call_id"} per call), the parent's callback for when this run's own or its
-        # descendants' waiting calls change, and the usage limits this run charges:
-        # its own, then each ancestor's (_limits.py).
+        # "call_id", "name", "arguments"} per call), the parent's callback for when
+        # this run's own or its descendants' waiting calls change, and the usage
+        # limits this run charges: its own, then each ancestor's (_limits.py).
         self.usage_below: Usage | None = None
         self.waiting_below: tuple[Mapping[str, str], ...] = ()
         self.on_waiting: Callable[[], None] | None = None

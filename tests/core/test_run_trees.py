@@ -268,7 +268,15 @@ async def test_approval_in_a_grandchild_shows_on_every_ancestor(autojump_clock: 
         grandchild = run.children[0].children[0]
         assert grandchild.status == "awaiting_approval"
         current = run.updated.current
-        assert current.detail["waiting"] == [{"run_id": grandchild.id, "call_id": "call_1_0"}]
+        # each waiting call named, with its arguments: what an approver at the root sees
+        assert current.detail["waiting"] == [
+            {
+                "run_id": grandchild.id,
+                "call_id": "call_1_0",
+                "name": "delete",
+                "arguments": '{"path": "/tmp/x"}',
+            }
+        ]
         assert current.detail["pending"] == []
         assert run.children[0].status == "awaiting_approval"
         # approve from another thread, on the grandchild's handle found from the root

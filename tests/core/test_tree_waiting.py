@@ -40,7 +40,14 @@ async def test_a_child_ending_keeps_a_siblings_waiting_approval_on_the_parent(
         current = run.updated.current
         assert current.detail == {
             "pending": [],
-            "waiting": [{"run_id": waiting.id, "call_id": "call_1_0"}],
+            "waiting": [
+                {
+                    "run_id": waiting.id,
+                    "call_id": "call_1_0",
+                    "name": "erase",
+                    "arguments": '{"path": "/tmp/x"}',
+                }
+            ],
         }
         waiting.approve("call_1_0")
     assert run.result is not None

@@ -195,3 +195,48 @@ async def test_the_sdk_0_3_transport_sends_03_names_and_reads_03_shapes() -> Non
     assert got.status.state == TaskState.TASK_STATE_COMPLETED
     assert resubscribed.task.status.state == TaskState.TASK_STATE_WORKING
     assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+
+
+def _delegating_launcher() -> ta.Agent:
+    """``root`` delegates to ``child``, whose ``launch`` (target "moon") needs approval."""
+
+    @ta.function_tool(needs_approval=True)
+    async def launch(target: str) -> str:
+        """Launch towards ``target``, once approved."""
+        return f"launched to {target}"
+
+    child = ta.Agent(
+        name="child",
+        instructions="test",
+        model=ScriptedModel([Turn(tool_calls=[("launch", {"target": "moon"})]), Turn(text="ok")]),
+        tools=[launch],
+    )
+    return ta.Agent(
+        name="root",
+        instructions="test",
+        model=ScriptedModel([Turn(tool_calls=[("child", {"input": "go"})]), Turn(text="done")]),
+        tools=[child.as_tool()],
+    )
+
+
+async def test_a_sub_agents_waiting_call_is_named_and_listed_as_got() -> None:
+    """Through the SDK's client: the root task waiting on a sub-agent's call names the
+    call and its arguments, and ListTasks gives the task exactly as GetTask does."""
+    async with serving({"root": _delegating_launcher()}) as (_host, url):
+
+        async def main() -> Any:
+            async with sdk_client(url, streaming=False) as client:
+                waiting = (await send_all(client, "go"))[-1].task
+                got = await client.get_task(GetTaskRequest(id=waiting.id, history_length=0))
+                listed = await client.list_tasks(
+                    ListTasksRequest(include_artifacts=True, history_length=0)
+                )
+                return waiting, got, listed
+
+        waiting, got, listed = await in_asyncio(main)
+    assert waiting.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    (call,) = waiting.status.message.parts[1].data.struct_value["waiting"]
+    assert (call["name"], call["arguments"]) == ("launch", '{"target": "moon"}')
+    assert call["runId"] != waiting.id
+    assert list(listed.tasks) == [got]
+    assert got.status == waiting.status

@@ -236,6 +236,49 @@ async def test_garbage_json_rpc_answers_json_rpc_errors(body: bytes, code: int) 
         assert error["message"]
 
 
+@pytest.mark.parametrize("rpc_id", [7, "req-7"])
+@pytest.mark.parametrize(
+    ("method", "params", "code"),
+    [
+        ("DropTables", {}, -32601),
+        ("GetTask", None, -32602),
+        ("GetTask", [], -32602),
+        ("GetTask", {"id": "a\u0000b"}, -32602),
+        ("SendStreamingMessage", None, -32602),
+        ("CreateTaskPushNotificationConfig", {}, -32003),
+    ],
+)
+async def test_an_error_answer_echoes_the_id_the_request_had(
+    rpc_id: Any, method: str, params: Any, code: int
+) -> None:
+    """An unknown method, missing or invalid params, an unsupported method: the request
+    object had a valid id, so the error answers it (JSON-RPC 2.0 §5: null only when
+    the id could not be read)."""
+    async with serving({"t": _talker()}) as (_host, url):
+        answer = await rpc(url, method, params, rpc_id=rpc_id)
+    error = _error(answer)
+    assert error["code"] == code, error
+    assert answer.json()["id"] == rpc_id
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"[]",
+        b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "GetTask", "params": {}}',
+        b'{"jsonrpc": "2.0", "id": true, "method": "GetTask", "params": {}}',
+    ],
+)
+async def test_an_error_answers_a_null_id_when_the_id_could_not_be_read(body: bytes) -> None:
+    async with serving({"t": _talker()}) as (_host, url), httpx.AsyncClient() as client:
+        answer = await client.post(
+            f"{url}/a2a", content=body, headers={**ALICE, "Content-Type": "application/json"}
+        )
+    _error(answer)
+    assert answer.json()["id"] is None
+
+
 async def test_an_unsupported_version_header_is_version_not_supported() -> None:
     async with serving({"t": _talker()}) as (_host, url):
         for version, ok in (
@@ -544,6 +587,94 @@ async def test_a_call_waiting_in_a_child_run_is_answered_through_the_root_task()
         done = (await rpc(url, "SendMessage", {"message": message})).json()["result"]["task"]
     assert done["status"]["state"] == "TASK_STATE_COMPLETED"
     assert done["artifacts"][-1]["parts"][0]["text"] == "root done"
+
+
+def _nested_launcher() -> ta.Agent:
+    """``root`` delegates to ``mid``, which delegates to ``leaf``, whose ``launch``
+    (target "moon") needs approval: the call waits two runs below the root task."""
+
+    @ta.function_tool(needs_approval=True)
+    async def launch(target: str) -> str:
+        """Launch towards ``target``, once approved."""
+        return f"launched to {target}"
+
+    leaf = ta.Agent(
+        name="leaf",
+        instructions="test",
+        model=ScriptedModel(
+            [Turn(tool_calls=[("launch", {"target": "moon"})]), Turn(text="leaf done")]
+        ),
+        tools=[launch],
+    )
+    mid = ta.Agent(
+        name="mid",
+        instructions="test",
+        model=ScriptedModel([Turn(tool_calls=[("leaf", {"input": "go"})]), Turn(text="mid done")]),
+        tools=[leaf.as_tool()],
+    )
+    return ta.Agent(
+        name="root",
+        instructions="test",
+        model=ScriptedModel([Turn(tool_calls=[("mid", {"input": "go"})]), Turn(text="root done")]),
+        tools=[mid.as_tool()],
+    )
+
+
+def _waiting(task: dict[str, Any]) -> list[dict[str, Any]]:
+    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", task["status"]
+    calls: list[dict[str, Any]] = task["status"]["message"]["parts"][1]["data"]["waiting"]
+    return calls
+
+
+async def test_a_call_waiting_in_a_sub_agent_is_named_with_its_arguments() -> None:
+    """The approver of a root task waiting on a grandchild's call sees what it approves:
+    the call's tool name and arguments, in SendMessage's answer, GetTask, ListTasks and
+    a stream's first task alike — never a blind ``"?"``."""
+    async with serving({"root": _nested_launcher()}) as (host, url):
+        sent = (await rpc(url, "SendMessage", {"message": text_message("go")})).json()
+        task = sent["result"]["task"]
+        got = (await rpc(url, "GetTask", {"id": task["id"]})).json()["result"]
+        listed = (await rpc(url, "ListTasks", {})).json()["result"]["tasks"]
+        async with sse(url, "SubscribeToTask", {"id": task["id"]}) as stream:
+            first = await stream.next()
+        assert first is not None
+        (root,) = await host.list("alice")
+        (mid_id,) = root.children or ()
+        (leaf_id,) = (await host.get("alice", mid_id)).children or ()
+        for seen in (task, got, listed[0], first["result"]["task"]):
+            (call,) = _waiting(seen)
+            assert call["runId"] == leaf_id
+            assert call["name"] == "launch"
+            assert json.loads(call["arguments"]) == {"target": "moon"}
+            assert "launch (" in seen["status"]["message"]["parts"][0]["text"]
+        approve = {"decision": "approve", "callId": call["callId"], "runId": leaf_id}
+        message = {"messageId": "m2", "role": "ROLE_USER", "taskId": task["id"]}
+        done = await rpc(url, "SendMessage", {"message": {**message, "parts": [{"data": approve}]}})
+    assert done.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+@pytest.mark.parametrize("agents", ["own call", "sub-agent's call"])
+async def test_list_tasks_and_get_task_give_the_same_task(agents: str) -> None:
+    """ListTasks and GetTask build a task from the same record: the same status (the
+    calls waiting, named; the timestamp), the same seq, the same artifacts."""
+    agent = approver() if agents == "own call" else _nested_launcher()
+    async with serving({agent.name: agent}) as (_host, url):
+        task = (await rpc(url, "SendMessage", {"message": text_message("go")})).json()["result"][
+            "task"
+        ]
+        got = (await rpc(url, "GetTask", {"id": task["id"], "historyLength": 0})).json()["result"]
+        listed = (
+            await rpc(url, "ListTasks", {"includeArtifacts": True, "historyLength": 0})
+        ).json()["result"]
+        waiting = (await rpc(url, "ListTasks", {"status": "TASK_STATE_INPUT_REQUIRED"})).json()[
+            "result"
+        ]
+    assert listed["tasks"] == [got]
+    assert got["metadata"]["seq"] == task["metadata"]["seq"] > 0
+    assert got["status"] == task["status"]
+    assert all(call["name"] != "?" for call in _waiting(got))
+    (only,) = waiting["tasks"]
+    assert (only["status"], only["metadata"]) == (got["status"], got["metadata"])
 
 
 class _Watched:

@@ -283,3 +283,32 @@ async def test_a_resume_after_a_handoff_continues_the_run() -> None:
     agui.check_order(second)
     assert second[-1]["outcome"] == {"type": "success"}
     assert "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT") == "billed"
+
+
+async def test_steps_open_at_an_interrupt_close_innermost_first() -> None:
+    """A grandchild waits for an approval inside a child: the AG-UI run ends on the
+    interrupt with both steps open, and closes them as they nest — the grandchild's
+    STEP_FINISHED before the child's — then the resumed run reopens them outer-first."""
+    leaf = agui.scripted("leaf", [Turn(tool_calls=[("launch", {})]), "leaf done"], agui.launch)
+    mid = agui.scripted(
+        "mid", [Turn(tool_calls=[("leaf", {"input": "l"})]), "mid done"], leaf.as_tool()
+    )
+    root = agui.scripted(
+        "root", [Turn(tool_calls=[("mid", {"input": "m"})]), "root done"], mid.as_tool()
+    )
+    with trio.fail_after(30):
+        async with agui.agui_server({"root": root}) as (_, _, client):
+            first, interrupt = await agui.until_interrupt(client, "root")
+            async with agui.agui_stream(client, "root", agui.approve(interrupt)) as stream:
+                second = await stream.rest()
+    agui.check_order(second)
+    assert second[-1]["outcome"] == {"type": "success"}
+    started = [e["stepName"] for e in first if e["type"] == "STEP_STARTED"]
+    assert [name.split(" ")[0] for name in started] == ["mid", "leaf"]
+    closed = [e["stepName"] for e in first if e["type"] == "STEP_FINISHED"]
+    assert closed == started[::-1]  # the grandchild's step first, then the child's
+    assert first[-2]["type"] == "STEP_FINISHED"  # closed right before the RUN_FINISHED
+    reopened = [e["stepName"] for e in second if e["type"] == "STEP_STARTED"]
+    assert reopened == started  # outer first again
+    finished = [e["stepName"] for e in second if e["type"] == "STEP_FINISHED"]
+    assert finished == started[::-1]

@@ -5,6 +5,7 @@ client that disconnects mid-stream with each ``on_disconnect``."""
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import pytest
@@ -288,3 +289,50 @@ async def test_a_resumed_agui_run_owns_the_run_too() -> None:
             gate.set()
             info = await host.wait_terminal("alice", agui.ours(first[0])["run_id"])
     assert (info.status, info.reason) == ("cancelled", "client disconnected")
+
+
+def _interrupt_id(root: str, seq: int, run_id: str, call_id: str) -> str:
+    """An interrupt id as a client could forge one (its format is base64url JSON)."""
+    raw = json.dumps([root, seq, run_id, call_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decoded(value: str) -> list[Any]:
+    decoded: list[Any] = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+    return decoded
+
+
+@pytest.mark.parametrize("second", ["unknown call", "unknown run", "the same again"])
+async def test_a_refused_resume_applies_none_of_its_answers(second: str) -> None:
+    """A resume whose first entry answers the real interrupt but whose second is
+    refused (a call that waits nowhere, a run that is not there, or the first answered
+    twice) changes nothing: the real call still waits, and a correct resume then
+    continues the run as if the refused one had never come."""
+    with trio.fail_after(30):
+        async with agui.agui_server({"ops": _launcher()}) as (host, _, client):
+            first, interrupt = await agui.until_interrupt(client, "ops")
+            root, seq, run_id, call_id = _decoded(interrupt["id"])
+            other = {
+                "unknown call": _interrupt_id(root, seq, run_id, "call_nope"),
+                "unknown run": _interrupt_id(root, seq, "run_nope", call_id),
+                "the same again": interrupt["id"],
+            }[second]
+            body = agui.approve(interrupt)
+            body["resume"].append(
+                {"interruptId": other, "status": "resolved", "payload": {"approved": False}}
+            )
+            status, code, _ = _error(await client.post("/ag-ui/ops", json=body, headers=agui.ALICE))
+            expected = (
+                (400, "invalid_request") if second == "the same again" else (404, "not_found")
+            )
+            assert (status, code) == expected
+            info = await host.get("alice", run_id)
+            assert info.status == "awaiting_approval"
+            assert info.pending_approvals == (call_id,)
+            async with agui.agui_stream(client, "ops", agui.approve(interrupt)) as stream:
+                second_run = await stream.rest()
+    agui.check_order(second_run)
+    assert second_run[-1]["outcome"] == {"type": "success"}
+    result = next(e for e in second_run if e["type"] == "TOOL_CALL_RESULT")
+    assert result["content"] == "launched"
+    assert agui.ours(first[0])["run_id"] == run_id

@@ -111,3 +111,35 @@ async def test_a_tree_stream_that_ends_early_is_followed_without_repeats() -> No
             and e["messageId"].startswith(ours(events[0])["run_id"])
         )
         assert root_text == "askingroot done", (cut, root_text)
+
+
+async def test_a_call_waiting_below_is_named_where_only_the_roots_log_is_followed() -> None:
+    """The tree is refused (the root's own log only, as on a cluster node that does not
+    run it), and a child's call waits for approval: the interrupt still names the call
+    and its arguments, from the root's status, for the approver to see."""
+
+    @ta.function_tool(needs_approval=True)
+    async def launch(target: str) -> str:
+        """Launch towards ``target``, once approved."""
+        return f"launched to {target}"
+
+    child = ta.Agent(
+        name="child",
+        instructions="t",
+        model=ScriptedModel([Turn(tool_calls=[("launch", {"target": "moon"})]), "child done"]),
+        tools=[launch],
+    )
+    root = ta.Agent(
+        name="root",
+        instructions="t",
+        model=ScriptedModel([Turn(tool_calls=[("child", {"input": "x"})]), "root done"]),
+        tools=[child.as_tool()],
+    )
+
+    def wrap(host: LocalHost) -> Any:
+        return _Host(host, refuse=True)
+
+    events, _ = await whole_run({"root": root}, "root", wrap=wrap)
+    (interrupt,) = events[-1]["outcome"]["interrupts"]
+    assert interrupt["message"] == 'approve the call launch({"target": "moon"})?'
+    assert ours(interrupt)["tool"] == "launch"

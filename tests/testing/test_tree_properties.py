@@ -211,7 +211,14 @@ def test_inject_and_approve_reach_a_grandchild() -> None:
     assert waiting
     assert waiting[0] == {
         "pending": [],
-        "waiting": [{"run_id": leaf.run_id, "call_id": "call_1_0"}],
+        "waiting": [
+            {
+                "run_id": leaf.run_id,
+                "call_id": "call_1_0",
+                "name": "guarded",
+                "arguments": '{"seconds": 2.0}',
+            }
+        ],
     }
     assert "call_1_0" in observation.applied[1][1]
 

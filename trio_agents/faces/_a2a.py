@@ -46,7 +46,7 @@ from starlette.routing import Route
 from .. import __version__
 from .._items import UserMessage
 from ..hosting import HostedEvent, HostError, Origin, RunHost, StartRequest
-from ._a2a_tasks import TaskView, stream_event
+from ._a2a_tasks import STATE_OF, TaskView, stream_event
 from ._a2a_v03 import METHODS as V03_METHODS
 from ._a2a_v03 import params_from_v03, result_to_v03
 from ._app import Face, Routes
@@ -226,6 +226,29 @@ def _decision(message: Mapping[str, Any]) -> _Decision | None:
     return None
 
 
+def _request_object(body: bytes) -> dict[str, Any]:
+    """The body as one JSON-RPC request object, or the error it deserves (answered
+    with a null id: there is no object to read one from)."""
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise RpcError(PARSE_ERROR, "the body is not valid UTF-8 JSON") from None
+    if isinstance(data, list):
+        raise RpcError(INVALID_REQUEST, "batch requests are not supported: send one at a time")
+    if not isinstance(data, dict):
+        raise RpcError(INVALID_REQUEST, "a request must be a JSON object")
+    return data
+
+
+def _valid_id(data: Mapping[str, Any]) -> str | int | None:
+    """The request's id if it is one JSON-RPC allows here (a string or an integer; a
+    notification, without one, is not served), else None."""
+    rpc_id = data.get("id")
+    if isinstance(rpc_id, bool) or not isinstance(rpc_id, str | int):
+        return None
+    return rpc_id
+
+
 def _sse(result: Mapping[str, Any], rpc_id: Any, *, event_id: int | None = None) -> bytes:
     """One SSE event carrying one JSON-RPC response (A2A §9.4.2)."""
     body = json.dumps({"jsonrpc": "2.0", "id": rpc_id, "result": result}, ensure_ascii=False)
@@ -320,8 +343,11 @@ class A2AFace:
             return error_response(exc.code, exc.message, headers=exc.headers)
         rpc_id: Any = None
         try:
-            call = self._parse(body)
-            rpc_id = call["id"]
+            data = _request_object(body)
+            # Every later error answers the request's id, once it could be read
+            # (JSON-RPC 2.0 §5: null only when it could not).
+            rpc_id = _valid_id(data)
+            call = self._parse(data)
             version = request.headers.get("a2a-version", "").strip()
             if version and ".".join(version.split(".")[:2]) not in _VERSIONS:
                 raise RpcError(
@@ -342,20 +368,12 @@ class A2AFace:
         except RpcError as exc:
             return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "error": exc.to_json()})
 
-    def _parse(self, body: bytes) -> dict[str, Any]:
-        """The request object, or the JSON-RPC error it deserves."""
-        try:
-            data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise RpcError(PARSE_ERROR, "the body is not valid UTF-8 JSON") from None
-        if isinstance(data, list):
-            raise RpcError(INVALID_REQUEST, "batch requests are not supported: send one at a time")
-        if not isinstance(data, dict):
-            raise RpcError(INVALID_REQUEST, "a request must be a JSON object")
+    def _parse(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The call a request object asks for, or the JSON-RPC error it deserves."""
         if data.get("jsonrpc") != "2.0":
             raise RpcError(INVALID_REQUEST, 'jsonrpc must be "2.0"')
-        rpc_id = data.get("id")
-        if "id" not in data or isinstance(rpc_id, bool) or not isinstance(rpc_id, str | int):
+        rpc_id = _valid_id(data)
+        if rpc_id is None:
             raise RpcError(INVALID_REQUEST, "id must be a string or an integer (no notifications)")
         method = data.get("method")
         if not isinstance(method, str):
@@ -394,17 +412,16 @@ class A2AFace:
 
     # ------------------------------------------------------------- the host side
 
-    async def _snapshot(self, principal: str, run_id: str) -> TaskView:
-        """The task as of the run's latest seq, rebuilt from its log."""
+    async def _snapshot(self, principal: str, run_id: str, info: Any = None) -> TaskView:
+        """The task as of the seq of ``info``, the host's record of the run (None: its
+        record read now), rebuilt from its log. Every task this face answers with is
+        built here or by :func:`_rebuilt` (GetTask, ListTasks, SendMessage, CancelTask,
+        a stream's first task), so two methods never disagree about one task."""
         try:
             async with self.host.events(principal, run_id) as events:
-                info = await self.host.get(principal, run_id)
-                view = TaskView.from_info(info)
-                if info.seq > 0:
-                    async for hosted in events:
-                        view.apply(hosted.event)
-                        if hosted.seq >= info.seq:
-                            break
+                if info is None:
+                    info = await self.host.get(principal, run_id)
+                view, _ = await _rebuilt(info, events)
                 return view
         except HostError as exc:
             raise _host_error(exc, op="get") from None
@@ -602,35 +619,35 @@ class A2AFace:
             infos = await self.host.list(principal)
         except HostError as exc:
             raise _host_error(exc, op="list") from None
-        # Newest first: the host lists in start order.
-        views = [TaskView.from_info(info) for info in reversed(infos)]
-        views = [
-            v
-            for v in views
-            if (context_id is None or v.context_id == context_id)
-            and (state is None or v.state == state)
+        # Newest first: the host lists in start order. Filtered on the host's record,
+        # and each task of the page built from that same record (as of its seq), so a
+        # listed task is in the state it was filtered by, and is what GetTask gives.
+        infos = [
+            info
+            for info in reversed(infos)
+            if (context_id is None or (info.session_id or "") == context_id)
+            and (state is None or STATE_OF[str(info.status)] == state)
         ]
         start = 0
         if token is not None:
-            ids = [v.task_id for v in views]
+            ids = [info.run_id for info in infos]
             if token not in ids:
                 _fail(INVALID_PARAMS, "pageToken is not a token this server gave")
             start = ids.index(token) + 1
-        page = views[start : start + page_size]
+        page = infos[start : start + page_size]
         tasks = []
-        for view in page:
-            if with_artifacts or history:
-                try:
-                    view = await self._snapshot(principal, view.task_id)
-                except RpcError:
-                    continue  # gone between the list and now
+        for info in page:
+            try:
+                view = await self._snapshot(principal, info.run_id, info)
+            except RpcError:
+                continue  # gone between the list and now
             tasks.append(view.task(history_length=history or 0, artifacts=with_artifacts))
-        more = start + page_size < len(views)
+        more = start + page_size < len(infos)
         return {
             "tasks": tasks,
-            "nextPageToken": page[-1].task_id if more and page else "",
+            "nextPageToken": page[-1].run_id if more and page else "",
             "pageSize": page_size,
-            "totalSize": len(views),
+            "totalSize": len(infos),
         }
 
     # ---------------------------------------------------------------- streams
@@ -681,21 +698,32 @@ class A2AFace:
         async def source() -> AsyncIterator[AsyncIterator[bytes]]:
             async with host.events(principal, task_id) as events:
                 info = await host.get(principal, task_id)
-                view = TaskView.from_info(info)
-                backlog: list[bytes] = []
-                if info.seq > 0:
-                    async for hosted in events:
-                        view.apply(hosted.event)
-                        if after is not None and hosted.seq > after:
-                            frame = stream_event(view, hosted.event)
-                            if frame is not None:
-                                backlog.append(_sse(shaped(frame), rpc_id))
-                        if hosted.seq >= info.seq:
-                            break
+                view, frames = await _rebuilt(info, events, after=after)
+                backlog = [_sse(shaped(frame), rpc_id) for frame in frames]
                 first = _sse(shaped({"task": view.task()}), rpc_id, event_id=view.seq)
                 yield _frames(view, [first, *backlog], events, shaped, rpc_id)
 
         return EventStream(self.face, principal, source)
+
+
+async def _rebuilt(
+    info: Any, events: AsyncIterator[HostedEvent], *, after: int | None = None
+) -> tuple[TaskView, list[dict[str, Any]]]:
+    """The task as of ``info``'s seq: the view of the host's record, with the run's
+    log (``events``, a subscription from seq 1) applied up to that seq; and, with
+    ``after``, the stream events of the seqs after it (a ``Last-Event-ID`` backlog)."""
+    view = TaskView.from_info(info)
+    backlog: list[dict[str, Any]] = []
+    if info.seq > 0:
+        async for hosted in events:
+            view.apply(hosted.event)
+            if after is not None and hosted.seq > after:
+                frame = stream_event(view, hosted.event)
+                if frame is not None:
+                    backlog.append(frame)
+            if hosted.seq >= info.seq:
+                break
+    return view, backlog
 
 
 async def _frames(

@@ -104,7 +104,8 @@ class TaskView:
     # calls an input-required status waits for.
     calls: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     pending: list[str] = attrs.field(factory=list)
-    # calls waiting in descendant runs (a child's tool, §17): {"run_id", "call_id"}
+    # calls waiting in descendant runs (a child's tool, §17): {"run_id", "call_id",
+    # "name", "arguments"}, as the run's status detail lists them
     below: list[dict[str, str]] = attrs.field(factory=list)
     artifacts: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     history: list[dict[str, Any]] = attrs.field(factory=list)
@@ -138,7 +139,14 @@ class TaskView:
             self.pending = [str(c) for c in pending] if isinstance(pending, list) else []
             below = detail.get("waiting") if isinstance(detail, Mapping) else None
             self.below = [
-                {"run_id": str(w.get("run_id")), "call_id": str(w.get("call_id"))}
+                {
+                    "run_id": str(w.get("run_id")),
+                    "call_id": str(w.get("call_id")),
+                    # the run names each call waiting below it (§17); "?" only for
+                    # an event of a server from before it did
+                    "name": str(w.get("name", "?")),
+                    "arguments": str(w.get("arguments", "")),
+                }
                 for w in (below if isinstance(below, list) else ())
                 if isinstance(w, Mapping)
             ]
@@ -185,15 +193,23 @@ class TaskView:
     # ------------------------------------------------------------------ reading
 
     def waiting_calls(self) -> list[dict[str, Any]]:
-        """The calls waiting for approval — this run's, with their names and arguments,
-        then its descendants' (``runId`` names the child run; their names are in the
-        child's log, not this one's)."""
-        unknown = {"name": "?", "arguments": ""}
+        """The calls waiting for approval, each with its tool name and arguments:
+        this run's (named by its own log), then its descendants' (``runId`` names the
+        run below; the status detail names the call)."""
+        unknown = {"name": "?", "arguments": ""}  # a call whose item left the log
         own = [
             {"runId": self.task_id, **self.calls.get(c, {"callId": c, **unknown})}
             for c in self.pending
         ]
-        below = [{"runId": w["run_id"], "callId": w["call_id"], **unknown} for w in self.below]
+        below = [
+            {
+                "runId": w["run_id"],
+                "callId": w["call_id"],
+                "name": w["name"],
+                "arguments": w["arguments"],
+            }
+            for w in self.below
+        ]
         return own + below
 
     def status(self) -> dict[str, Any]:

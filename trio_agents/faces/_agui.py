@@ -148,12 +148,28 @@ async def _source(
 
 
 async def _answer(host: RunHost, principal: str, run_input: RunAgentInput, asked: Resume) -> str:
-    """Check the interrupted run is this thread's, then apply each resume entry's
-    answer; returns the run to stream. (Not checked against ``agent``: after a handoff
-    the run's current agent is another one, and the thread is what names the run.)"""
+    """Check the interrupted run is this thread's and that every resume entry answers
+    a call waiting in its tree, then apply each entry's answer; returns the run to
+    stream. (Not checked against ``agent``: after a handoff the run's current agent is
+    another one, and the thread is what names the run.)
+
+    Every entry is checked before any is applied, so a refused request changes nothing
+    (the client sends it again, corrected, as a whole). Only another face answering one
+    of the calls between the check and the apply can still refuse an entry after those
+    before it were applied: the host has no batch of approvals to make that atomic."""
     info = await host.get(principal, asked.root)  # not_found: unknown, or another's
     if info.session_id != run_input.thread_id or info.parent_id:
         raise HttpError("not_found", "no interrupted run in this thread")
+    for answer in asked.approvals:
+        # not_found: no such run, or another principal's
+        node = info if answer.run_id == asked.root else await host.get(principal, answer.run_id)
+        if node.root_id != asked.root:
+            raise HostError("not_found", f"no run {answer.run_id!r} in the interrupted run")
+        # The codes the host's approve would answer: a closed run, an unknown call.
+        if node.status.is_terminal:
+            raise HostError("run_closed", f"run {answer.run_id} is closed (status {node.status})")
+        if answer.call_id not in node.pending_approvals:
+            raise HostError("not_found", f"no tool call {answer.call_id!r} is waiting for approval")
     for answer in asked.approvals:
         if answer.approved:
             await host.approve(principal, answer.run_id, answer.call_id)

@@ -240,6 +240,7 @@ def _new_input(messages: Sequence[Any]) -> tuple[Item, ...]:
 def _resume(run_input: RunAgentInput, mode: Literal["cancel", "continue"]) -> Resume:
     assert run_input.resume is not None
     places: set[tuple[str, int]] = set()
+    answered: set[tuple[str, str]] = set()
     approvals: list[Approval] = []
     for index, entry in enumerate(run_input.resume):
         where = f"resume.{index}"
@@ -248,6 +249,11 @@ def _resume(run_input: RunAgentInput, mode: Literal["cancel", "continue"]) -> Re
         except ValueError:
             raise AguiInputError(f"{where}.interruptId: not an interrupt of this server") from None
         places.add((root, seq))
+        if (run_id, call_id) in answered:
+            # Refused here, before anything is applied: the second answer would fail
+            # once the first was applied, leaving a half-applied request.
+            raise AguiInputError(f"{where}.interruptId: that interrupt is answered twice")
+        answered.add((run_id, call_id))
         if entry.status == "cancelled":
             approvals.append(Approval(run_id, call_id, False, CANCELLED_APPROVAL))
             continue
@@ -494,9 +500,12 @@ class EventMapper:
         stays open past the run's end); a run that continues reopens them."""
         out: list[BaseEvent] = [TextMessageEndEvent(message_id=m) for m in sorted(self._open)]
         self._open.clear()
+        # Innermost first: a run's step opened after its parent's (``_steps`` keeps
+        # start order), so closing in reverse start order closes every grandchild's
+        # step before its child's, as steps nest (siblings' order is free).
         out.extend(
             StepFinishedEvent(step_name=name, metadata=_meta(run_id=child))
-            for child, name in self._steps.items()
+            for child, name in reversed(self._steps.items())
         )
         return out
 
@@ -559,7 +568,15 @@ class EventMapper:
         ]
         for entry in detail.get("waiting") or ():
             if isinstance(entry, Mapping):
-                waiting.append((str(entry.get("run_id")), str(entry.get("call_id"))))
+                run_id, call_id = str(entry.get("run_id")), str(entry.get("call_id"))
+                waiting.append((run_id, call_id))
+                if "name" in entry and (run_id, call_id) not in self._calls:
+                    # The run names each call waiting below it: known even where the
+                    # descendants' own events are not streamed (the root's log only).
+                    self._calls[(run_id, call_id)] = (
+                        str(entry["name"]),
+                        str(entry.get("arguments", "")),
+                    )
         interrupts: list[Interrupt] = []
         for run_id, call_id in waiting:
             if (run_id, call_id) in self._resolved:
