@@ -280,6 +280,8 @@ class Run:
         cancelled at once, then the bounded repair runs. ``mode="after_turn"`` lets the
         current turn (model and tools) finish and stops before the next model call. The
         first call's reason is kept; a later immediate cancel escalates an after_turn one.
+        The reason is cleaned as items are (a lone surrogate becomes U+FFFD): it goes
+        into the run's terminal update and result, which every face sends as UTF-8.
         """
         if mode not in _CANCEL_MODES:
             raise ValueError(f"mode must be 'immediate' or 'after_turn', not {mode!r}")
