@@ -15,7 +15,7 @@ import trio.testing
 
 from tests.support.control_support import ask, raw_client, wait_until
 from tests.support.http_support import Message, bearer, client, messages, serving, start, talker
-from trio_agents.faces import HttpLimits
+from trio_agents.faces import HTTP_STATUS, HttpLimits
 
 # A client that leaves an SSE stream mid-way (the point of several tests) abandons
 # httpx's nested body generators; they are finalized by the garbage collector and Trio
@@ -151,7 +151,7 @@ async def test_oversized_bodies_answer_413_declared_or_streamed() -> None:
         big = json.dumps({"agent": "blocker", "input": "x" * 5000}).encode()
         answer = await alice.post("/runs", content=big)
         assert answer.status_code == 413
-        assert answer.json()["error"]["code"] == "payload_too_large"
+        assert answer.json()["error"]["code"] == "limit_exceeded"  # §10's code
 
         # chunked, no length: refused once past the bound, without reading it all
         stream = await trio.open_tcp_stream("127.0.0.1", int(served.base.rsplit(":", 1)[1]))
@@ -168,6 +168,47 @@ async def test_oversized_bodies_answer_413_declared_or_streamed() -> None:
                 answer_head += await stream.receive_some()
             assert answer_head.startswith(b"HTTP/1.1 413")
         assert served.server.statistics().active_runs == 0
+
+
+# DESIGN §10's error codes: every HTTP face answers with them, plus ``unauthorized``.
+DESIGN_CODES = {
+    "invalid_json",
+    "invalid_request",
+    "unknown_op",
+    "not_found",
+    "run_closed",
+    "session_busy",
+    "no_active_run",
+    "inbox_full",
+    "limit_exceeded",
+    "internal",
+}
+
+
+async def test_errors_carry_design_codes_and_http_statuses() -> None:
+    assert set(HTTP_STATUS) == DESIGN_CODES | {"unauthorized"}
+    async with (
+        serving(limits=HttpLimits(max_body_bytes=1000)) as served,
+        client(served.base) as alice,
+    ):
+        run_id = await start(alice)
+        seen: list[tuple[int, str]] = []
+        for answer in (
+            await alice.post("/runs", content=b"[" + b" " * 2000 + b"]"),
+            await alice.delete(f"/runs/{run_id}"),
+            await alice.put("/runs"),
+        ):
+            seen.append((answer.status_code, answer.json()["error"]["code"]))
+        assert (await alice.delete(f"/runs/{run_id}")).headers["allow"]
+        served.app.shutdown()
+        answer = await alice.get(f"/runs/{run_id}/events")
+        seen.append((answer.status_code, answer.json()["error"]["code"]))
+        assert seen == [
+            (413, "limit_exceeded"),
+            (405, "unknown_op"),
+            (405, "unknown_op"),
+            (503, "internal"),
+        ]
 
 
 async def test_rest_ops_drive_a_run() -> None:

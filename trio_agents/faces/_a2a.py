@@ -52,6 +52,7 @@ from ._a2a_v03 import params_from_v03, result_to_v03
 from ._app import Face, Routes
 from ._event_stream import EventStream
 from ._shared import (
+    HOST_CODES,
     HttpError,
     _reject_constant,
     _unstorable,
@@ -122,19 +123,20 @@ class RpcError(Exception):
 
 def _host_error(exc: HostError, *, op: str) -> RpcError:
     """The JSON-RPC error of a host's refusal, for the A2A operation that met it."""
-    if exc.code == "not_found":
-        return RpcError(TASK_NOT_FOUND, exc.message, exc.code)
-    if exc.code == "run_closed":
+    code = HOST_CODES.get(exc.code, exc.code)  # a §10 code, as every face gives
+    if code == "not_found":
+        return RpcError(TASK_NOT_FOUND, exc.message, code)
+    if code == "run_closed":
         if op == "cancel":
-            return RpcError(TASK_NOT_CANCELABLE, exc.message, exc.code)
-        return RpcError(UNSUPPORTED_OPERATION, exc.message, exc.code)
-    if exc.code == "invalid_request":
-        return RpcError(INVALID_PARAMS, exc.message, exc.code)
-    if exc.code == "internal":
-        return RpcError(INTERNAL_ERROR, exc.message, exc.code)
-    # limit_exceeded, rate_limited, inbox_full, session_busy, no_active_run,
-    # unauthorized: A2A has no code for them; the §10 code travels in the data.
-    return RpcError(SERVER_ERROR, exc.message, exc.code)
+            return RpcError(TASK_NOT_CANCELABLE, exc.message, code)
+        return RpcError(UNSUPPORTED_OPERATION, exc.message, code)
+    if code == "invalid_request":
+        return RpcError(INVALID_PARAMS, exc.message, code)
+    if code == "internal":
+        return RpcError(INTERNAL_ERROR, exc.message, code)
+    # limit_exceeded, inbox_full, session_busy, no_active_run: A2A has no code for
+    # them; the §10 code travels in the data.
+    return RpcError(SERVER_ERROR, exc.message, code)
 
 
 def _fail(code: int, message: str) -> NoReturn:
@@ -317,7 +319,7 @@ class A2AFace:
         try:
             body = await read_body(request, self.face.limits.max_body_bytes)
         except HttpError as exc:
-            return error_response(exc.code, exc.message, headers=exc.headers)
+            return error_response(exc.code, exc.message, status=exc.status, headers=exc.headers)
         rpc_id: Any = None
         try:
             call = self._parse(body)
