@@ -13,9 +13,11 @@ import pytest
 import trio
 import trio.testing
 
-from tests.support.control_support import ask, raw_client, wait_until
+import trio_agents as ta
+from tests.support.control_support import ask, launch, raw_client, wait_until
 from tests.support.http_support import Message, bearer, client, messages, serving, start, talker
 from trio_agents.faces import HTTP_STATUS, HttpLimits
+from trio_agents.models import ScriptedModel, Turn
 
 # A client that leaves an SSE stream mid-way (the point of several tests) abandons
 # httpx's nested body generators; they are finalized by the garbage collector and Trio
@@ -420,3 +422,53 @@ async def test_a_client_that_stops_reading_is_cut_and_the_run_goes_on(
         ) as stream:
             first = await _read(stream, lambda m: True)
         assert first[0].data["seq"] == 2
+
+
+def _approval_tree() -> dict[str, ta.Agent]:
+    """A root whose tool runs a child that calls a tool needing approval."""
+    child = ta.Agent(
+        name="child",
+        model=ScriptedModel([Turn(tool_calls=[("launch", {})]), Turn(text="launched")]),
+        tools=[launch],
+    )
+    root = ta.Agent(
+        name="root",
+        model=ScriptedModel([Turn(tool_calls=[("child", {"input": "go"})]), Turn(text="ok")]),
+        tools=[child.as_tool(name="child")],
+    )
+    return {"root": root}
+
+
+async def test_a_run_record_carries_its_current_status_detail() -> None:
+    """GET /runs/{id} of an ancestor says what its status update says: the calls
+    waiting below it (detail.waiting), and a waiting run its own (detail.pending)."""
+    with trio.fail_after(30):
+        async with serving(_approval_tree()) as served, client(served.base) as alice:
+            run_id = await start(alice, "root")
+            statuses = f"/runs/{run_id}/events?events=status"
+            async with alice.stream("GET", statuses) as stream, aclosing(messages(stream)) as got:
+                async for message in got:
+                    if message.data["event"]["status"] == "awaiting_approval":
+                        update = message.data["event"]
+                        break
+            record = (await alice.get(f"/runs/{run_id}")).json()["run"]
+            assert record["status"] == "awaiting_approval"
+            assert record["detail"] == update["detail"]
+            ((child_id, call_id),) = [
+                (w["run_id"], w["call_id"]) for w in record["detail"]["waiting"]
+            ]
+            child = (await alice.get(f"/runs/{child_id}")).json()["run"]
+            assert child["detail"]["pending"] == [call_id]
+            listed = (await alice.get("/runs")).json()["runs"]
+            assert [r["detail"] for r in listed] == [record["detail"]]
+            # The websocket channel's run.get is the same record.
+            async with raw_client(served.ws_url) as ws:
+                got_ws = await ask(ws, {"id": "1", "op": "run.get", "run_id": run_id})
+            assert got_ws["run"]["detail"] == record["detail"]
+            answer = await alice.post(f"/runs/{child_id}/approve", json={"call_id": call_id})
+            assert answer.status_code == 200
+            async with alice.stream("GET", statuses) as stream:
+                last = [message async for message in messages(stream)][-1]
+            assert last.data["event"]["status"] == "completed"
+            record = (await alice.get(f"/runs/{run_id}")).json()["run"]
+            assert record["detail"] == last.data["event"]["detail"]

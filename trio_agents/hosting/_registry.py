@@ -132,6 +132,10 @@ class RunEntry:
             parent_id=run.parent_id,
             root_id=run.root_id,
             children=tuple(child.id for child in run.children),
+            # The current update's detail, as its run.updated event says it (an
+            # ancestor's "waiting" while a descendant awaits approval): the record
+            # and the stream never disagree.
+            detail=run.updated.current.detail,
         )
 
 
