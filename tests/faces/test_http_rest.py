@@ -112,7 +112,10 @@ GARBAGE: dict[tuple[str, str], list[bytes]] = {
         b'{"agent": "blocker"}',
         b'{"agent": "blocker", "input": []}',
         b'{"agent": "blocker", "input": "x", "extra": 1}',
-        b'{"agent": "blocker", "input": "x", "subscribe": "all"}',
+        b'{"agent": "blocker", "input": "x", "subscribe": "everything"}',
+        b'{"agent": "blocker", "input": "x", "on_disconnect": "sometimes"}',
+        # No stream answers it: no connection whose drop would cancel the run.
+        b'{"agent": "blocker", "input": "x", "on_disconnect": "cancel"}',
         b'{"agent": "blocker", "input": "x", "id": 1}',
         b'{"agent": "blocker", "input": "a\\u0000b"}',
         b'{"agent": "blocker", "input": "\\ud800"}',
@@ -472,3 +475,76 @@ async def test_a_run_record_carries_its_current_status_detail() -> None:
             assert last.data["event"]["status"] == "completed"
             record = (await alice.get(f"/runs/{run_id}")).json()["run"]
             assert record["detail"] == last.data["event"]["detail"]
+
+
+async def _until_tool(stream: httpx.Response) -> list[Message]:
+    got: list[Message] = []
+    async with aclosing(messages(stream)) as reader:
+        async for message in reader:
+            got.append(message)
+            if message.type == "tool.started":
+                break
+    return got
+
+
+async def _terminal(http: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    async with http.stream("GET", f"/runs/{run_id}/events?events=status") as stream:
+        got = [message async for message in messages(stream)]
+    assert got[-1].terminal
+    event: dict[str, Any] = got[-1].data["event"]
+    return event
+
+
+@pytest.mark.parametrize("on_disconnect", ["cancel", "continue", None])
+async def test_start_with_subscribe_streams_the_run_and_its_drop_is_a_disconnect(
+    on_disconnect: str | None,
+) -> None:
+    """POST /runs with "subscribe" answers with the run's event stream from seq 1 (as
+    the websocket's run.start with subscribe); that stream owns the run, so dropping
+    it applies on_disconnect ("continue", the default, lets the run go on)."""
+    body: dict[str, Any] = {"agent": "blocker", "input": "go", "subscribe": "all"}
+    if on_disconnect is not None:
+        body["on_disconnect"] = on_disconnect
+    with trio.fail_after(30):
+        async with serving() as served, client(served.base) as alice:
+            async with alice.stream("POST", "/runs", json=body) as stream:
+                assert stream.status_code == 200
+                assert stream.headers["content-type"].startswith("text/event-stream")
+                got = await _until_tool(stream)
+            assert [int(m.id or 0) for m in got] == list(range(1, len(got) + 1))
+            run_id = got[0].data["run_id"]
+            assert got[0].data["event"]["status"] == "queued"
+            if on_disconnect == "cancel":
+                last = await _terminal(alice, run_id)
+                assert (last["status"], last["reason"]) == ("cancelled", "client disconnected")
+            else:
+                # It went on: still running, until cancelled here.
+                record = (await alice.get(f"/runs/{run_id}")).json()["run"]
+                assert record["status"] == "running"
+                cancelled = await alice.post(f"/runs/{run_id}/cancel?wait=1", json={})
+                assert cancelled.json()["run"]["reason"] == "cancelled"
+                # Re-attach after the last event the dropped stream gave, as from any.
+                headers = {"Last-Event-ID": got[-1].id or ""}
+                path = f"/runs/{run_id}/events"
+                async with alice.stream("GET", path, headers=headers) as again:
+                    rest = [message async for message in messages(again)]
+                assert rest[0].id == str(len(got) + 1)
+                assert rest[-1].terminal
+
+
+async def test_start_with_subscribe_to_the_end_and_status_only() -> None:
+    async with serving() as served, client(served.base) as alice:
+        body = {"agent": "talker", "input": "go", "subscribe": "all", "on_disconnect": "cancel"}
+        async with alice.stream("POST", "/runs", json=body) as stream:
+            got = [message async for message in messages(stream)]
+        assert got[-1].terminal
+        assert got[-1].data["event"]["status"] == "completed"
+        assert [int(m.id or 0) for m in got] == list(range(1, len(got) + 1))
+        body["subscribe"] = "status"
+        async with alice.stream("POST", "/runs", json=body) as stream:
+            statuses = [message async for message in messages(stream)]
+        assert {m.type for m in statuses} == {"run.updated"}
+        assert statuses[-1].data["event"]["status"] == "completed"
+        # A start refused before any stream: an ordinary JSON error.
+        refused = await alice.post("/runs", json={**body, "agent": "nobody"})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (404, "not_found")
