@@ -548,3 +548,37 @@ async def test_start_with_subscribe_to_the_end_and_status_only() -> None:
         # A start refused before any stream: an ordinary JSON error.
         refused = await alice.post("/runs", json={**body, "agent": "nobody"})
         assert (refused.status_code, refused.json()["error"]["code"]) == (404, "not_found")
+
+
+async def test_agent_listings_show_the_description_never_the_instructions() -> None:
+    """GET /agents and the A2A card show what an agent's author chose to publish
+    (Agent.description), never its system prompt."""
+    model = ScriptedModel([], default=Turn(text="hi"))
+    agents = {
+        "adder": ta.Agent(
+            name="adder", instructions="SECRET: add.\nMore", model=model, description="Adds."
+        ),
+        "quiet": ta.Agent(name="quiet", instructions="SECRET too", model=model),
+        "odd": ta.Agent(name="odd", model=model, description="r\udce9sum\udce9"),
+    }
+    async with serving(agents) as served, client(served.base) as alice:
+        listed = await alice.get("/agents")
+        async with client(served.base, token=None) as anonymous:
+            card = await anonymous.get("/.well-known/agent-card.json")
+    assert listed.status_code == 200
+    assert listed.json()["agents"] == [
+        {"name": "adder", "description": "Adds."},
+        {"name": "odd", "description": "r\ufffdsum\ufffd"},
+        {"name": "quiet", "description": None},
+    ]
+    assert card.status_code == 200
+    skills = {skill["id"]: skill["description"] for skill in card.json()["skills"]}
+    assert skills == {
+        "adder": "Adds.",
+        "odd": "r\ufffdsum\ufffd",
+        "quiet": "runs the quiet agent",
+    }
+    assert "SECRET" not in listed.text
+    assert "SECRET" not in card.text
+    with pytest.raises(TypeError):
+        ta.Agent(name="x", model=model, description=5)  # type: ignore[arg-type]

@@ -59,6 +59,7 @@ from ._shared import (
     error_response,
     principal_of,
     read_body,
+    shown_description,
 )
 
 __all__ = ["A2AFace", "RpcError", "routes"]
@@ -293,14 +294,16 @@ class A2AFace:
             "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
             "defaultInputModes": ["text/plain", "application/json"],
             "defaultOutputModes": ["text/plain"],
+            # An agent's own description when its author gave one (the card is
+            # public: never anything from its instructions).
             "skills": [
                 {
                     "id": name,
                     "name": name,
-                    "description": f"runs the {name} agent",
+                    "description": shown_description(agent.description) or f"runs the {name} agent",
                     "tags": ["agent"],
                 }
-                for name in sorted(self.host.agents)
+                for name, agent in sorted(self.host.agents.items())
             ],
         }
 

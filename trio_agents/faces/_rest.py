@@ -49,6 +49,7 @@ from ._shared import _UNSTORABLE, HttpError, principal_of, read_json
 
 __all__ = ["routes"]
 
+
 @final
 class _StreamOwner:
     """The owner (:class:`~trio_agents.hosting.Origin`) of a run started by ``POST

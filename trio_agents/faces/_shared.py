@@ -23,6 +23,7 @@ import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from .._util import clean_text
 from ..hosting._requests import UNSTORABLE, reject_constant, unstorable
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "error_response",
     "principal_of",
     "read_json",
+    "shown_description",
 ]
 
 HTTP_STATUS: Final[Mapping[str, int]] = {
@@ -155,6 +157,13 @@ def error_response(
         status_code=HTTP_STATUS.get(code, 500) if status is None else status,
         headers={"Cache-Control": "no-store", **(headers or {})},
     )
+
+
+def shown_description(description: str | None) -> str | None:
+    """An agent's ``description`` as a listing shows it (``GET /agents``, the A2A agent
+    card): cleaned as every user string entering an answer is (a lone surrogate would
+    fail the whole answer's UTF-8 encoding)."""
+    return None if description is None else clean_text(description)
 
 
 def principal_of(request: Request) -> str:
