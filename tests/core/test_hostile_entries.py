@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 import trio_agents as ta
+from tests.support.core_runs import raising_tool
 from tests.support.helpers import collect
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.testing import check_events
@@ -110,3 +111,18 @@ async def test_a_run_id_utf8_cannot_encode_is_refused() -> None:
     agent = ta.Agent(name="a", model=ScriptedModel(["hi"]))
     with pytest.raises(ValueError, match="run_id must be encodable"):
         await ta.run(agent, "go", run_id=f"r{LONE}")
+
+
+async def test_a_failure_summarised_from_an_exception_message() -> None:
+    """A failed run's reason summarises its error (``"Type: message"``): the message
+    is the user's text, cleaned; ``result.error`` stays the exception raised."""
+    tool = raising_tool("boom", RuntimeError, f"broke {LONE}")
+    model = ScriptedModel([Turn(tool_calls=[("boom", {})])])
+    agent = ta.Agent(name="a", model=model, tools=[tool])
+    async with ta.open_run(agent, "go", on_tool_error="fail") as run:
+        pass
+    assert run.result is not None
+    assert run.result.status == "failed"
+    assert run.result.reason is not None
+    assert "broke \ufffd" in run.result.reason
+    _encodes(await collect(run))
