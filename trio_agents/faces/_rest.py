@@ -2,7 +2,11 @@
 run's events as Server-Sent Events.
 
 Bodies are validated by the very checks of the websocket channel's request frames
-(``hosting/_requests.py``): the same fields, types, bounds and messages on both faces.
+(``hosting/_requests.py``): the same fields, types, bounds and messages on both faces,
+with the same meaning. ``POST /runs`` with ``subscribe`` answers with the run's event
+stream, which is the connection that started the run: its end before the run's applies
+``on_disconnect`` through the host's owner record, as a websocket's close does. Without
+``subscribe`` no connection stays open, so ``on_disconnect: "cancel"`` is refused.
 
 Event streams: every message carries the event as the websocket channel's ``event``
 frame carries it (``{"run_id", "seq", "event"}``), with ``id: <seq>``. A client that
