@@ -247,6 +247,10 @@ class Agent:
         output_guardrails: checks of the final answer, made with
             :func:`~trio_agents.output_guardrail`; ``stream=True`` ones gate the text
             as it streams (see docs/policies.md).
+        description: what the agent does, for the people and programs that pick one
+            (keyword only): a server's ``GET /agents`` and the web UI's picker, the
+            skills of the A2A agent card. None (the default): nothing is shown. Never
+            taken from ``instructions``: the system prompt is not for every caller.
     """
 
     name: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -272,6 +276,11 @@ class Agent:
     )
     output_guardrails: tuple[OutputGuardrail, ...] = attrs.field(
         default=(), converter=_to_output_guardrails, eq=False
+    )
+    description: str | None = attrs.field(
+        default=None,
+        kw_only=True,
+        validator=attrs.validators.optional(attrs.validators.instance_of(str)),
     )
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
     # transfer_to_<name> -> target agent.

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Self, TypeAlias, Union, cast, get_args, get_or
 import attrs
 
 from ._items import Item, item_from_json
+from ._util import clean_text, clean_value
 
 __all__ = [
     "EventsDropped",
@@ -70,6 +71,22 @@ class RunStatus(enum.StrEnum):
 
 
 _TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+# The converters of the event fields that carry a user's text as given (a cancel
+# reason, a guardrail's info, ``ctx.progress`` payloads, agent names, a status's
+# detail): the one place that text enters an event, as ``_items._text`` is for items.
+# Fields filled from items (a call's name and arguments, a result's output) are clean
+# already. A lone surrogate let through would cut every face's stream of the run at
+# that event, and make every answer holding it fail, for as long as the run is kept.
+
+
+def _clean_str(value: Any) -> Any:
+    return clean_text(value) if isinstance(value, str) else value
+
+
+def _clean_mapping(value: Any) -> Any:
+    return clean_value(value) if value else value
 
 
 def _json_value(value: Any) -> Any:
@@ -214,10 +231,10 @@ class RunUpdated(_EventBase):
     run_id: str
     seq: int
     status: RunStatus
-    reason: str | None
+    reason: str | None = attrs.field(converter=_clean_str)
     turn: int
     at: float
-    detail: Mapping[str, Any] = attrs.field(factory=dict)
+    detail: Mapping[str, Any] = attrs.field(factory=dict, converter=_clean_mapping)
 
 
 @attrs.frozen
@@ -263,8 +280,8 @@ class ToolProgress(_EventBase):
     seq: int
     call_id: str
     name: str
-    message: str
-    data: Mapping[str, Any] = attrs.field(factory=dict)
+    message: str = attrs.field(converter=_clean_str)
+    data: Mapping[str, Any] = attrs.field(factory=dict, converter=_clean_mapping)
 
 
 @attrs.frozen
@@ -331,7 +348,7 @@ class RunChild(_EventBase):
     run_id: str
     seq: int
     child_id: str
-    agent: str
+    agent: str = attrs.field(converter=_clean_str)
     call_id: str
     status: RunStatus
 
@@ -344,8 +361,8 @@ class RunHandoff(_EventBase):
     type: ClassVar[str] = "run.handoff"
     run_id: str
     seq: int
-    from_agent: str
-    to_agent: str
+    from_agent: str = attrs.field(converter=_clean_str)
+    to_agent: str = attrs.field(converter=_clean_str)
 
 
 _new = object.__new__

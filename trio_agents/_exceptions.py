@@ -42,6 +42,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._util import clean_text
+
 if TYPE_CHECKING:
     from ._result import RunResult
 
@@ -234,7 +236,9 @@ class GuardrailTripped(TrioAgentsError):
             text = f"<{type(info).__name__}>"
         if len(text) > 400:
             text = text[:397] + "..."
-        super().__init__(f"guardrail {name}: {text}")
+        # The message is the run's failure reason: user text (the guardrail's name and
+        # info), cleaned as every reason is where it enters.
+        super().__init__(clean_text(f"guardrail {name}: {text}"))
         self.name = name
         self.info = info
 

@@ -33,7 +33,7 @@ import attrs
 from ._frozen import freeze_json
 from ._model import FINAL_ANSWER_TOOL, OutputSpec, ToolSpec
 from ._typeschema import ArgumentConversionError, compile_type, to_json_value
-from ._util import clean_text, describe_error
+from ._util import clean_value, describe_error
 from ._validator import loads_json, validate
 
 __all__ = [
@@ -227,17 +227,7 @@ def _decode(text: str) -> Any:
     """
     value = loads_json(text)
     if _SURROGATE_ESCAPE.search(text):
-        value = _clean_value(value)
-    return value
-
-
-def _clean_value(value: Any) -> Any:
-    if isinstance(value, str):
-        return clean_text(value)
-    if isinstance(value, list):
-        return [_clean_value(item) for item in value]
-    if isinstance(value, dict):
-        return {clean_text(key): _clean_value(item) for key, item in value.items()}
+        value = clean_value(value)
     return value
 
 

@@ -48,7 +48,7 @@ from ._result import RunResult, RunStatistics
 from ._session_lock import SessionClaim, session_lock_key
 from ._state import RunState
 from ._turns import Completed, Failed, Outcome, Stopped, announce, drive, failure
-from ._util import leaves, only_cancelled, summarize
+from ._util import clean_text, leaves, only_cancelled, summarize
 from .sessions._base import Session
 
 __all__ = [
@@ -102,6 +102,10 @@ class Run:
             raise TypeError(f"agent must be an Agent, not {type(agent).__name__}")
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ValueError(f"run_id must be a non-empty str, not {run_id!r}")
+        if run_id is not None and clean_text(run_id) is not run_id:
+            # An id is not repaired (the caller would look for one that is not there):
+            # with a lone surrogate, every event and record of the run could not be sent.
+            raise ValueError(f"run_id must be encodable as UTF-8 (no lone surrogate): {run_id!r}")
         if session is not None and not isinstance(session, Session):
             raise TypeError(
                 f"session must implement the Session protocol, not {type(session).__name__}"
@@ -276,6 +280,8 @@ class Run:
         cancelled at once, then the bounded repair runs. ``mode="after_turn"`` lets the
         current turn (model and tools) finish and stops before the next model call. The
         first call's reason is kept; a later immediate cancel escalates an after_turn one.
+        The reason is cleaned as items are (a lone surrogate becomes U+FFFD): it goes
+        into the run's terminal update and result, which every face sends as UTF-8.
         """
         if mode not in _CANCEL_MODES:
             raise ValueError(f"mode must be 'immediate' or 'after_turn', not {mode!r}")
@@ -285,7 +291,9 @@ class Run:
             current = self._cancel
             if current is not None and (current.mode == "immediate" or mode == "after_turn"):
                 return
-            kept = current.reason if current is not None else (reason or "cancelled")
+            # Cleaned here, where it enters (a lone surrogate would fail every answer
+            # that reports the run: its terminal update, GET /runs, A2A GetTask, ...).
+            kept = current.reason if current is not None else clean_text(reason or "cancelled")
             self._cancel = CancelRequest(kept, mode)
         if mode == "immediate":
             self._call_soon(self._apply_cancel)
@@ -448,6 +456,7 @@ class Run:
         if request is not None and request.mode == "immediate":
             return  # cancelled first: the cancel is what ends the run
         if self._failure is None and not self._done.is_set():
+            reason = clean_text(reason)  # a guardrail's name or info: user text
             self._failure = (reason, error)
             self._scope.cancel(reason=reason)
 

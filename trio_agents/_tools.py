@@ -244,7 +244,9 @@ class ToolContext(Generic[ContextT]):
         """Report progress: emits a ``tool.progress`` event with ``message`` and ``data``.
 
         Thread-safe (call it from a sync tool's thread) and non-blocking. ``data``
-        should be JSON-serialisable; it travels to event subscribers as is.
+        should be JSON-serialisable; it travels to event subscribers as is, except
+        that the message and every str in ``data`` (keys too, through nested dicts,
+        lists and tuples) are cleaned as items are: a lone surrogate becomes U+FFFD.
         """
         if not isinstance(message, str):
             raise TypeError(f"progress message must be a str, not {type(message).__name__}")

@@ -7,9 +7,9 @@ holds several real errors; they only *describe* it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -18,6 +18,7 @@ _T = TypeVar("_T")
 __all__ = [
     "TextJoiner",
     "clean_text",
+    "clean_value",
     "closing_listeners",
     "describe_error",
     "error_message",
@@ -123,6 +124,29 @@ def clean_text(text: str) -> str:
         # decoder then pairs what pairs and replaces what does not.
         return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     return text
+
+
+def clean_value(value: Any) -> Any:
+    """``value`` with :func:`clean_text` applied to every str in it, dict keys
+    included, through nested dicts, lists and tuples (a JSON-like value: what a tool's
+    ``ctx.progress(**data)`` or a status update's ``detail`` carries). Anything else
+    is left as it is. A user's str that enters an event or a run record is cleaned
+    where it enters, as items are: one lone surrogate in a published event would make
+    every face that encodes it as UTF-8 (an SSE stream, a JSON answer) fail on it, for
+    as long as the run is retained.
+    """
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, Mapping):
+        return {
+            clean_text(key) if isinstance(key, str) else key: clean_value(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [clean_value(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(clean_value(item) for item in value)
+    return value
 
 
 class TextJoiner:

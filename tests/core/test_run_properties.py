@@ -127,7 +127,8 @@ HOSTILE_TOOLS = FakeTools(
 @lifecycle_settings(weight=1)
 @given(
     script=scripts(HOSTILE_TOOLS, hostile_text=True),
-    schedule=schedules(injected=hostile_items()),
+    # Cancel reasons (and rejection messages) with lone surrogates too.
+    schedule=schedules(injected=hostile_items(), reasons=("stop", "r\udce9sum\udce9", "\ud800")),
     max_turns=st.integers(1, 5),
 )
 def test_hostile_text_keeps_the_lifecycle_rules(

@@ -195,14 +195,14 @@ async def test_an_oversized_body_is_413_and_nothing_starts() -> None:
         async with agui.agui_server({"ops": _launcher()}, limits=limits) as (host, _, client):
             big = agui.run_input(text="x" * 10_000)
             answer = await client.post("/ag-ui/ops", json=big, headers=agui.ALICE)
-            assert _error(answer)[:2] == (413, "payload_too_large")
+            assert _error(answer)[:2] == (413, "limit_exceeded")
 
             async def chunks() -> Any:
                 for _ in range(10):  # no Content-Length: read until past the bound
                     yield b" " * 1024
 
             answer = await client.post("/ag-ui/ops", content=chunks(), headers=agui.ALICE)
-            assert _error(answer)[:2] == (413, "payload_too_large")
+            assert _error(answer)[:2] == (413, "limit_exceeded")
             assert await host.list("alice") == []
 
 

@@ -13,9 +13,11 @@ import pytest
 import trio
 import trio.testing
 
-from tests.support.control_support import ask, raw_client, wait_until
+import trio_agents as ta
+from tests.support.control_support import ask, launch, raw_client, wait_until
 from tests.support.http_support import Message, bearer, client, messages, serving, start, talker
-from trio_agents.faces import HttpLimits
+from trio_agents.faces import HTTP_STATUS, HttpLimits
+from trio_agents.models import ScriptedModel, Turn
 
 # A client that leaves an SSE stream mid-way (the point of several tests) abandons
 # httpx's nested body generators; they are finalized by the garbage collector and Trio
@@ -110,7 +112,10 @@ GARBAGE: dict[tuple[str, str], list[bytes]] = {
         b'{"agent": "blocker"}',
         b'{"agent": "blocker", "input": []}',
         b'{"agent": "blocker", "input": "x", "extra": 1}',
-        b'{"agent": "blocker", "input": "x", "subscribe": "all"}',
+        b'{"agent": "blocker", "input": "x", "subscribe": "everything"}',
+        b'{"agent": "blocker", "input": "x", "on_disconnect": "sometimes"}',
+        # No stream answers it: no connection whose drop would cancel the run.
+        b'{"agent": "blocker", "input": "x", "on_disconnect": "cancel"}',
         b'{"agent": "blocker", "input": "x", "id": 1}',
         b'{"agent": "blocker", "input": "a\\u0000b"}',
         b'{"agent": "blocker", "input": "\\ud800"}',
@@ -151,7 +156,7 @@ async def test_oversized_bodies_answer_413_declared_or_streamed() -> None:
         big = json.dumps({"agent": "blocker", "input": "x" * 5000}).encode()
         answer = await alice.post("/runs", content=big)
         assert answer.status_code == 413
-        assert answer.json()["error"]["code"] == "payload_too_large"
+        assert answer.json()["error"]["code"] == "limit_exceeded"  # §10's code
 
         # chunked, no length: refused once past the bound, without reading it all
         stream = await trio.open_tcp_stream("127.0.0.1", int(served.base.rsplit(":", 1)[1]))
@@ -168,6 +173,47 @@ async def test_oversized_bodies_answer_413_declared_or_streamed() -> None:
                 answer_head += await stream.receive_some()
             assert answer_head.startswith(b"HTTP/1.1 413")
         assert served.server.statistics().active_runs == 0
+
+
+# DESIGN §10's error codes: every HTTP face answers with them, plus ``unauthorized``.
+DESIGN_CODES = {
+    "invalid_json",
+    "invalid_request",
+    "unknown_op",
+    "not_found",
+    "run_closed",
+    "session_busy",
+    "no_active_run",
+    "inbox_full",
+    "limit_exceeded",
+    "internal",
+}
+
+
+async def test_errors_carry_design_codes_and_http_statuses() -> None:
+    assert set(HTTP_STATUS) == DESIGN_CODES | {"unauthorized"}
+    async with (
+        serving(limits=HttpLimits(max_body_bytes=1000)) as served,
+        client(served.base) as alice,
+    ):
+        run_id = await start(alice)
+        seen: list[tuple[int, str]] = []
+        for answer in (
+            await alice.post("/runs", content=b"[" + b" " * 2000 + b"]"),
+            await alice.delete(f"/runs/{run_id}"),
+            await alice.put("/runs"),
+        ):
+            seen.append((answer.status_code, answer.json()["error"]["code"]))
+        assert (await alice.delete(f"/runs/{run_id}")).headers["allow"]
+        served.app.shutdown()
+        answer = await alice.get(f"/runs/{run_id}/events")
+        seen.append((answer.status_code, answer.json()["error"]["code"]))
+        assert seen == [
+            (413, "limit_exceeded"),
+            (405, "unknown_op"),
+            (405, "unknown_op"),
+            (503, "internal"),
+        ]
 
 
 async def test_rest_ops_drive_a_run() -> None:
@@ -379,3 +425,160 @@ async def test_a_client_that_stops_reading_is_cut_and_the_run_goes_on(
         ) as stream:
             first = await _read(stream, lambda m: True)
         assert first[0].data["seq"] == 2
+
+
+def _approval_tree() -> dict[str, ta.Agent]:
+    """A root whose tool runs a child that calls a tool needing approval."""
+    child = ta.Agent(
+        name="child",
+        model=ScriptedModel([Turn(tool_calls=[("launch", {})]), Turn(text="launched")]),
+        tools=[launch],
+    )
+    root = ta.Agent(
+        name="root",
+        model=ScriptedModel([Turn(tool_calls=[("child", {"input": "go"})]), Turn(text="ok")]),
+        tools=[child.as_tool(name="child")],
+    )
+    return {"root": root}
+
+
+async def test_a_run_record_carries_its_current_status_detail() -> None:
+    """GET /runs/{id} of an ancestor says what its status update says: the calls
+    waiting below it (detail.waiting), and a waiting run its own (detail.pending)."""
+    with trio.fail_after(30):
+        async with serving(_approval_tree()) as served, client(served.base) as alice:
+            run_id = await start(alice, "root")
+            statuses = f"/runs/{run_id}/events?events=status"
+            async with alice.stream("GET", statuses) as stream, aclosing(messages(stream)) as got:
+                async for message in got:
+                    if message.data["event"]["status"] == "awaiting_approval":
+                        update = message.data["event"]
+                        break
+            record = (await alice.get(f"/runs/{run_id}")).json()["run"]
+            assert record["status"] == "awaiting_approval"
+            assert record["detail"] == update["detail"]
+            ((child_id, call_id),) = [
+                (w["run_id"], w["call_id"]) for w in record["detail"]["waiting"]
+            ]
+            child = (await alice.get(f"/runs/{child_id}")).json()["run"]
+            assert child["detail"]["pending"] == [call_id]
+            listed = (await alice.get("/runs")).json()["runs"]
+            assert [r["detail"] for r in listed] == [record["detail"]]
+            # The websocket channel's run.get is the same record.
+            async with raw_client(served.ws_url) as ws:
+                got_ws = await ask(ws, {"id": "1", "op": "run.get", "run_id": run_id})
+            assert got_ws["run"]["detail"] == record["detail"]
+            answer = await alice.post(f"/runs/{child_id}/approve", json={"call_id": call_id})
+            assert answer.status_code == 200
+            async with alice.stream("GET", statuses) as stream:
+                last = [message async for message in messages(stream)][-1]
+            assert last.data["event"]["status"] == "completed"
+            record = (await alice.get(f"/runs/{run_id}")).json()["run"]
+            assert record["detail"] == last.data["event"]["detail"]
+
+
+async def _until_tool(stream: httpx.Response) -> list[Message]:
+    got: list[Message] = []
+    async with aclosing(messages(stream)) as reader:
+        async for message in reader:
+            got.append(message)
+            if message.type == "tool.started":
+                break
+    return got
+
+
+async def _terminal(http: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    async with http.stream("GET", f"/runs/{run_id}/events?events=status") as stream:
+        got = [message async for message in messages(stream)]
+    assert got[-1].terminal
+    event: dict[str, Any] = got[-1].data["event"]
+    return event
+
+
+@pytest.mark.parametrize("on_disconnect", ["cancel", "continue", None])
+async def test_start_with_subscribe_streams_the_run_and_its_drop_is_a_disconnect(
+    on_disconnect: str | None,
+) -> None:
+    """POST /runs with "subscribe" answers with the run's event stream from seq 1 (as
+    the websocket's run.start with subscribe); that stream owns the run, so dropping
+    it applies on_disconnect ("continue", the default, lets the run go on)."""
+    body: dict[str, Any] = {"agent": "blocker", "input": "go", "subscribe": "all"}
+    if on_disconnect is not None:
+        body["on_disconnect"] = on_disconnect
+    with trio.fail_after(30):
+        async with serving() as served, client(served.base) as alice:
+            async with alice.stream("POST", "/runs", json=body) as stream:
+                assert stream.status_code == 200
+                assert stream.headers["content-type"].startswith("text/event-stream")
+                got = await _until_tool(stream)
+            assert [int(m.id or 0) for m in got] == list(range(1, len(got) + 1))
+            run_id = got[0].data["run_id"]
+            assert got[0].data["event"]["status"] == "queued"
+            if on_disconnect == "cancel":
+                last = await _terminal(alice, run_id)
+                assert (last["status"], last["reason"]) == ("cancelled", "client disconnected")
+            else:
+                # It went on: still running, until cancelled here.
+                record = (await alice.get(f"/runs/{run_id}")).json()["run"]
+                assert record["status"] == "running"
+                cancelled = await alice.post(f"/runs/{run_id}/cancel?wait=1", json={})
+                assert cancelled.json()["run"]["reason"] == "cancelled"
+                # Re-attach after the last event the dropped stream gave, as from any.
+                headers = {"Last-Event-ID": got[-1].id or ""}
+                path = f"/runs/{run_id}/events"
+                async with alice.stream("GET", path, headers=headers) as again:
+                    rest = [message async for message in messages(again)]
+                assert rest[0].id == str(len(got) + 1)
+                assert rest[-1].terminal
+
+
+async def test_start_with_subscribe_to_the_end_and_status_only() -> None:
+    async with serving() as served, client(served.base) as alice:
+        body = {"agent": "talker", "input": "go", "subscribe": "all", "on_disconnect": "cancel"}
+        async with alice.stream("POST", "/runs", json=body) as stream:
+            got = [message async for message in messages(stream)]
+        assert got[-1].terminal
+        assert got[-1].data["event"]["status"] == "completed"
+        assert [int(m.id or 0) for m in got] == list(range(1, len(got) + 1))
+        body["subscribe"] = "status"
+        async with alice.stream("POST", "/runs", json=body) as stream:
+            statuses = [message async for message in messages(stream)]
+        assert {m.type for m in statuses} == {"run.updated"}
+        assert statuses[-1].data["event"]["status"] == "completed"
+        # A start refused before any stream: an ordinary JSON error.
+        refused = await alice.post("/runs", json={**body, "agent": "nobody"})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (404, "not_found")
+
+
+async def test_agent_listings_show_the_description_never_the_instructions() -> None:
+    """GET /agents and the A2A card show what an agent's author chose to publish
+    (Agent.description), never its system prompt."""
+    model = ScriptedModel([], default=Turn(text="hi"))
+    agents = {
+        "adder": ta.Agent(
+            name="adder", instructions="SECRET: add.\nMore", model=model, description="Adds."
+        ),
+        "quiet": ta.Agent(name="quiet", instructions="SECRET too", model=model),
+        "odd": ta.Agent(name="odd", model=model, description="r\udce9sum\udce9"),
+    }
+    async with serving(agents) as served, client(served.base) as alice:
+        listed = await alice.get("/agents")
+        async with client(served.base, token=None) as anonymous:
+            card = await anonymous.get("/.well-known/agent-card.json")
+    assert listed.status_code == 200
+    assert listed.json()["agents"] == [
+        {"name": "adder", "description": "Adds."},
+        {"name": "odd", "description": "r\ufffdsum\ufffd"},
+        {"name": "quiet", "description": None},
+    ]
+    assert card.status_code == 200
+    skills = {skill["id"]: skill["description"] for skill in card.json()["skills"]}
+    assert skills == {
+        "adder": "Adds.",
+        "odd": "r\ufffdsum\ufffd",
+        "quiet": "runs the quiet agent",
+    }
+    assert "SECRET" not in listed.text
+    assert "SECRET" not in card.text
+    with pytest.raises(TypeError):
+        ta.Agent(name="x", model=model, description=5)  # type: ignore[arg-type]

@@ -46,7 +46,7 @@ if not chromium_available():
         allow_module_level=True,
     )
 
-from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Request, expect, sync_playwright
 
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 TIMEOUT_MS = 15_000
@@ -75,10 +75,17 @@ class Watched:
     def __init__(self, page: Page) -> None:
         self.page = page
         self.requests: list[Request] = []
+        self.console_errors: list[str] = []
         page.on("request", self._seen)
+        page.on("console", self._logged)
+        page.on("pageerror", lambda error: self.console_errors.append(f"pageerror: {error}"))
 
     def _seen(self, request: Request) -> None:
         self.requests.append(request)
+
+    def _logged(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            self.console_errors.append(f"{message.text} ({message.location})")
 
 
 @pytest.fixture
@@ -143,6 +150,22 @@ def shot(page: Page, name: str) -> None:
         page.screenshot(path=str(IMAGES / name))
     else:
         page.screenshot()
+
+
+def test_the_page_loads_and_runs_without_a_console_error(
+    watched: Watched, server: UiServer
+) -> None:
+    """Loading the page, signing in and following a run logs no error in the console
+    (a browser asks for /favicon.ico unless the page names an icon: behind the auth
+    layer that was a 401, logged on every load)."""
+    page = watched.page
+    sign_in(page, server)
+    start_from_page(page, "quick", "hello?")
+    expect(head(node(page, "quick"), ".status")).to_have_text("completed")
+    page.reload()
+    expect(page.locator("#app")).to_be_visible()
+    assert watched.console_errors == []
+    assert not [r.url for r in watched.requests if r.url.endswith("/favicon.ico")]
 
 
 def test_start_a_run_from_the_page_and_see_its_text_stream_in(page: Page, server: UiServer) -> None:

@@ -52,12 +52,14 @@ from ._a2a_v03 import params_from_v03, result_to_v03
 from ._app import Face, Routes
 from ._event_stream import EventStream
 from ._shared import (
+    HOST_CODES,
     HttpError,
     _reject_constant,
     _unstorable,
     error_response,
     principal_of,
     read_body,
+    shown_description,
 )
 
 __all__ = ["A2AFace", "RpcError", "routes"]
@@ -122,19 +124,20 @@ class RpcError(Exception):
 
 def _host_error(exc: HostError, *, op: str) -> RpcError:
     """The JSON-RPC error of a host's refusal, for the A2A operation that met it."""
-    if exc.code == "not_found":
-        return RpcError(TASK_NOT_FOUND, exc.message, exc.code)
-    if exc.code == "run_closed":
+    code = HOST_CODES.get(exc.code, exc.code)  # a §10 code, as every face gives
+    if code == "not_found":
+        return RpcError(TASK_NOT_FOUND, exc.message, code)
+    if code == "run_closed":
         if op == "cancel":
-            return RpcError(TASK_NOT_CANCELABLE, exc.message, exc.code)
-        return RpcError(UNSUPPORTED_OPERATION, exc.message, exc.code)
-    if exc.code == "invalid_request":
-        return RpcError(INVALID_PARAMS, exc.message, exc.code)
-    if exc.code == "internal":
-        return RpcError(INTERNAL_ERROR, exc.message, exc.code)
-    # limit_exceeded, rate_limited, inbox_full, session_busy, no_active_run,
-    # unauthorized: A2A has no code for them; the §10 code travels in the data.
-    return RpcError(SERVER_ERROR, exc.message, exc.code)
+            return RpcError(TASK_NOT_CANCELABLE, exc.message, code)
+        return RpcError(UNSUPPORTED_OPERATION, exc.message, code)
+    if code == "invalid_request":
+        return RpcError(INVALID_PARAMS, exc.message, code)
+    if code == "internal":
+        return RpcError(INTERNAL_ERROR, exc.message, code)
+    # limit_exceeded, inbox_full, session_busy, no_active_run: A2A has no code for
+    # them; the §10 code travels in the data.
+    return RpcError(SERVER_ERROR, exc.message, code)
 
 
 def _fail(code: int, message: str) -> NoReturn:
@@ -314,14 +317,16 @@ class A2AFace:
             "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
             "defaultInputModes": ["text/plain", "application/json"],
             "defaultOutputModes": ["text/plain"],
+            # An agent's own description when its author gave one (the card is
+            # public: never anything from its instructions).
             "skills": [
                 {
                     "id": name,
                     "name": name,
-                    "description": f"runs the {name} agent",
+                    "description": shown_description(agent.description) or f"runs the {name} agent",
                     "tags": ["agent"],
                 }
-                for name in sorted(self.host.agents)
+                for name, agent in sorted(self.host.agents.items())
             ],
         }
 
@@ -340,7 +345,7 @@ class A2AFace:
         try:
             body = await read_body(request, self.face.limits.max_body_bytes)
         except HttpError as exc:
-            return error_response(exc.code, exc.message, headers=exc.headers)
+            return error_response(exc.code, exc.message, status=exc.status, headers=exc.headers)
         rpc_id: Any = None
         try:
             data = _request_object(body)

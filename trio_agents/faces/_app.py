@@ -32,7 +32,7 @@ from starlette.routing import BaseRoute, Mount, Router
 
 from ..hosting import HostError, RunHost
 from ..hosting._bearer import Auth, authenticate
-from ._shared import PRINCIPAL_KEY, HttpError, HttpLimits, error_response
+from ._shared import HOST_CODES, PRINCIPAL_KEY, HttpError, HttpLimits, error_response
 
 __all__ = ["FACES", "Face", "HttpApp", "HttpStatistics", "Routes", "http_app"]
 
@@ -110,10 +110,10 @@ class Face:
 
     def open_stream(self, principal: str) -> Callable[[], None]:
         """Count an event stream of ``principal`` (``limit_exceeded`` past
-        ``max_streams_per_principal``, ``unavailable`` once shutting down); returns
+        ``max_streams_per_principal``, 503 ``internal`` once shutting down); returns
         the function that un-counts it (call it exactly once)."""
         if self.closing:
-            raise HttpError("unavailable", "the server is shutting down")
+            raise HttpError("internal", "the server is shutting down", status=503)
         held = self._streams.get(principal, 0)
         if held >= self.limits.max_streams_per_principal:
             raise HttpError(
@@ -187,12 +187,12 @@ class _Authenticated:
 
 async def _on_http_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HttpError)
-    return error_response(exc.code, exc.message, headers=exc.headers)
+    return error_response(exc.code, exc.message, status=exc.status, headers=exc.headers)
 
 
 async def _on_host_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HostError)
-    return error_response(exc.code, exc.message)
+    return error_response(HOST_CODES.get(exc.code, exc.code), exc.message)
 
 
 async def _on_starlette(_request: Request, exc: Exception) -> Response:
@@ -200,8 +200,9 @@ async def _on_starlette(_request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         return error_response("not_found", "no such route")
     if exc.status_code == 405:
+        # No op of this face is this method on this path: §10's unknown_op, in a 405.
         return error_response(
-            "method_not_allowed", "this route does not take this method", headers=exc.headers
+            "unknown_op", "this route does not take this method", status=405, headers=exc.headers
         )
     code = "internal" if exc.status_code >= 500 else "invalid_request"
     response = error_response(code, str(exc.detail), headers=exc.headers)

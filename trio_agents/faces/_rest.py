@@ -2,7 +2,11 @@
 run's events as Server-Sent Events.
 
 Bodies are validated by the very checks of the websocket channel's request frames
-(``hosting/_requests.py``): the same fields, types, bounds and messages on both faces.
+(``hosting/_requests.py``): the same fields, types, bounds and messages on both faces,
+with the same meaning. ``POST /runs`` with ``subscribe`` answers with the run's event
+stream, which is the connection that started the run: its end before the run's applies
+``on_disconnect`` through the host's owner record, as a websocket's close does. Without
+``subscribe`` no connection stays open, so ``on_disconnect: "cancel"`` is refused.
 
 Event streams: every message carries the event as the websocket channel's ``event``
 frame carries it (``{"run_id", "seq", "event"}``), with ``id: <seq>``. A client that
@@ -25,7 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, final
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -49,11 +53,13 @@ from ._shared import _UNSTORABLE, HttpError, principal_of, read_json
 
 __all__ = ["routes"]
 
-# Fields of the websocket's request frames that HTTP does not take: no connection owns
-# a run started over HTTP (on_disconnect), and the events are a route of their own.
-_NOT_OVER_HTTP: Final[Mapping[str, frozenset[str]]] = {
-    "run.start": frozenset({"subscribe", "on_disconnect"}),
-}
+
+@final
+class _StreamOwner:
+    """The owner (:class:`~trio_agents.hosting.Origin`) of a run started by ``POST
+    /runs`` with ``subscribe``: the stream answering it. Compared by identity."""
+
+    __slots__ = ()
 
 
 def _answer(data: Mapping[str, Any], status: int = 200) -> JSONResponse:
@@ -64,7 +70,7 @@ def _validate(op: str, body: Any, **path: str) -> Any:
     """``body`` (plus the path's fields) checked as the websocket's ``op`` frame."""
     if not isinstance(body, dict):
         raise HttpError("invalid_request", "the body must be a JSON object")
-    refused = sorted(set(body) & ({"id", "op"} | set(path) | _NOT_OVER_HTTP.get(op, frozenset())))
+    refused = sorted(set(body) & ({"id", "op"} | set(path)))
     if refused:
         shown = ", ".join(repr(name[:64]) for name in refused[:5])
         raise HttpError("invalid_request", f"unknown field(s) for this route: {shown}")
@@ -99,23 +105,57 @@ class _Rest:
     async def start(self, request: Request) -> Response:
         principal = principal_of(request)
         start: RunStart = _validate("run.start", await self._body(request))
-        run_id = await self.host.start(
-            Origin(principal=principal),
-            StartRequest(
-                agent=start.agent,
-                input=start.input,
-                session_id=start.session_id,
-                on_disconnect="continue",
-                on_busy=start.on_busy,
-                # The wire mapping: the host merges it with its max_run_limits first.
-                limits=start.limits or None,
-            ),
-        )
+        if start.subscribe is not None:
+            # The answer is the run's event stream, and the stream is the connection
+            # that owns the run: EventStream enters the source (which starts the run)
+            # before it answers, so a refused start is an ordinary JSON error.
+            return EventStream(self.face, principal, lambda: self._subscribed(principal, start))
+        if start.on_disconnect == "cancel":
+            raise HttpError(
+                "invalid_request",
+                "on_disconnect 'cancel' needs 'subscribe' over HTTP: the run's event"
+                " stream answering this request is the connection whose drop cancels it",
+            )
+        run_id = await self._start_run(Origin(principal=principal), start)
         return JSONResponse(
             {"run_id": run_id},
             status_code=201,
             headers={"Location": f"/runs/{run_id}", "Cache-Control": "no-store"},
         )
+
+    async def _start_run(self, origin: Origin, start: RunStart) -> str:
+        return await self.host.start(
+            origin,
+            StartRequest(
+                agent=start.agent,
+                input=start.input,
+                session_id=start.session_id,
+                on_disconnect=start.on_disconnect,
+                on_busy=start.on_busy,
+                # The wire mapping: the host merges it with its max_run_limits first.
+                limits=start.limits or None,
+            ),
+        )
+
+    @asynccontextmanager
+    async def _subscribed(
+        self, principal: str, start: RunStart
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        """Start the run owned by this stream, and stream it from seq 1 (as the
+        websocket's ``run.start`` with ``subscribe``). When the stream ends — the run's
+        terminal update sent, or the client gone (or cut for not reading within
+        ``send_timeout``) — its owner is gone: the host applies ``on_disconnect``
+        (nothing left to do for a run that ended, nor for a refused start, whose owner
+        record the host may have made already)."""
+        owner = _StreamOwner()
+        try:
+            run_id = await self._start_run(Origin(principal=principal, owner=owner), start)
+            async with self.host.events(
+                principal, run_id, from_seq=1, status_only=start.subscribe == "status"
+            ) as events:
+                yield _messages(events, tree=False)
+        finally:
+            self.host.disconnected(owner)
 
     async def list(self, request: Request) -> Response:
         runs = await self.host.list(principal_of(request), all=_flag(request, "all"))

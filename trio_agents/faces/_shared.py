@@ -23,6 +23,7 @@ import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from .._util import clean_text
 from ..hosting._requests import UNSTORABLE, reject_constant, unstorable
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "error_response",
     "principal_of",
     "read_json",
+    "shown_description",
 ]
 
 HTTP_STATUS: Final[Mapping[str, int]] = {
@@ -40,20 +42,27 @@ HTTP_STATUS: Final[Mapping[str, int]] = {
     "invalid_request": 400,
     "unknown_op": 404,
     "not_found": 404,
-    "method_not_allowed": 405,
     "run_closed": 409,
     "session_busy": 409,
     "no_active_run": 409,
-    "payload_too_large": 413,
     "inbox_full": 429,
     "limit_exceeded": 429,
-    "rate_limited": 429,
     "unauthorized": 401,
     "internal": 500,
-    "unavailable": 503,
 }
-"""The HTTP status of each error code. The §10 codes, plus three that only HTTP has
-(``method_not_allowed``, ``payload_too_large``, ``unavailable``: shutting down)."""
+"""The HTTP status of each error code, where the situation does not say another: the
+codes are DESIGN §10's (the websocket channel's), plus ``unauthorized`` (401), since an
+HTTP request is authenticated on its own (the websocket channel refuses its handshake
+with a bare 401 instead). What only HTTP tells apart is in the status, never in a new
+code: a body too large is 413 ``limit_exceeded``, a method a route does not take 405
+``unknown_op``, a server shutting down 503 ``internal`` (as the channel answers
+``internal`` to a ``run.start`` then)."""
+
+# A host's codes that are not §10's, as the websocket channel maps them (control/_ops).
+HOST_CODES: Final[Mapping[str, str]] = {
+    "unauthorized": "not_found",  # a run the principal may not see is one it cannot find
+    "rate_limited": "limit_exceeded",
+}
 
 # The key of the ASGI scope under which the auth layer leaves the principal.
 PRINCIPAL_KEY: Final = "trio_agents.principal"
@@ -78,7 +87,7 @@ class HttpLimits:
 
     Attributes:
         max_body_bytes: the largest request body read; a bigger one answers 413
-            (``payload_too_large``) without being read past the bound. The websocket
+            (``limit_exceeded``) without being read past the bound. The websocket
             channel's ``max_message_size`` by default.
         send_timeout: an event stream whose write stays blocked longer than this (a
             client that stopped reading) is cut; its runs go on, and it may re-attach
@@ -103,23 +112,29 @@ class HttpLimits:
 
 
 class HttpError(Exception):
-    """An HTTP face refuses a request: answered with :data:`HTTP_STATUS` [``code``]
-    and the JSON error body.
+    """An HTTP face refuses a request: answered with ``status`` and the JSON error body.
 
     Attributes:
         code: the error code (a key of :data:`HTTP_STATUS`).
         message: a human-readable explanation, safe to show the client.
+        status: the HTTP status (default: :data:`HTTP_STATUS` [``code``]).
         headers: extra response headers (``WWW-Authenticate``, ``Allow``, ...).
     """
 
     def __init__(
-        self, code: str, message: str, *, headers: Mapping[str, str] | None = None
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         if code not in HTTP_STATUS:
             raise ValueError(f"unknown error code {code!r}")
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.status = HTTP_STATUS[code] if status is None else status
         self.headers = dict(headers or {})
 
 
@@ -129,14 +144,26 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 def error_response(
-    code: str, message: str, *, headers: Mapping[str, str] | None = None
+    code: str,
+    message: str,
+    *,
+    status: int | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    """The HTTP answer of an error: its status, the JSON error body."""
+    """The HTTP answer of an error: its status (default: the code's), the JSON error
+    body."""
     return JSONResponse(
         error_body(code, message),
-        status_code=HTTP_STATUS.get(code, 500),
+        status_code=HTTP_STATUS.get(code, 500) if status is None else status,
         headers={"Cache-Control": "no-store", **(headers or {})},
     )
+
+
+def shown_description(description: str | None) -> str | None:
+    """An agent's ``description`` as a listing shows it (``GET /agents``, the A2A agent
+    card): cleaned as every user string entering an answer is (a lone surrogate would
+    fail the whole answer's UTF-8 encoding)."""
+    return None if description is None else clean_text(description)
 
 
 def principal_of(request: Request) -> str:
@@ -158,7 +185,7 @@ _reject_constant = reject_constant
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request's body, read chunk by chunk and refused (413) once past
+    """The request's body, read chunk by chunk and refused (413 ``limit_exceeded``) once past
     ``max_bytes`` — a declared ``Content-Length`` past it is refused before reading."""
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -168,7 +195,9 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             raise HttpError("invalid_request", "Content-Length is not a number") from None
         if length > max_bytes:
             raise HttpError(
-                "payload_too_large", f"the body is {length} bytes; at most {max_bytes} are read"
+                "limit_exceeded",
+                f"the body is {length} bytes; at most {max_bytes} are read",
+                status=413,
             )
     chunks: list[bytes] = []
     size = 0
@@ -176,7 +205,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         async for chunk in stream:
             size += len(chunk)
             if size > max_bytes:
-                raise HttpError("payload_too_large", f"the body is over {max_bytes} bytes")
+                raise HttpError("limit_exceeded", f"the body is over {max_bytes} bytes", status=413)
             chunks.append(chunk)
     return b"".join(chunks)
 
@@ -186,7 +215,7 @@ async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> A
     given).
 
     Raises:
-        HttpError: ``payload_too_large``; ``invalid_json`` (not UTF-8 JSON, NaN or
+        HttpError: ``limit_exceeded`` (413); ``invalid_json`` (not UTF-8 JSON, NaN or
             Infinity, nested too deeply, or an empty body where one is needed);
             ``invalid_request`` (a string holding NUL or a lone surrogate).
     """

@@ -1,6 +1,10 @@
 """The web UI face: the page at ``/ui`` and the one call it needs beyond REST,
 ``GET /agents`` (DESIGN §19).
 
+``GET /agents`` lists each served agent's name and its ``Agent.description`` (null
+when none was given): what its author chose to publish, never its instructions (the
+system prompt is not for every token holder).
+
 The page is three static files shipped in the package (``faces/ui/``: HTML, CSS, plain
 JavaScript; no build step, nothing fetched from another host). They are *public*
 routes — they hold no run and no principal's data — and every call the page makes is an
@@ -25,7 +29,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ._app import Face, Routes
-from ._shared import principal_of
+from ._shared import principal_of, shown_description
 
 __all__ = ["UI_PATH", "routes"]
 
@@ -74,8 +78,10 @@ def routes(face: Face) -> Routes:
 
     async def agents(request: Request) -> Response:
         principal_of(request)  # behind the auth layer: a principal, or 401 before here
+        # What a listing shows of an agent: its served name and the description its
+        # author chose to publish (Agent.description), never its instructions.
         listed = [
-            {"name": name, "description": _first_line(agent.instructions)}
+            {"name": name, "description": shown_description(agent.description)}
             for name, agent in sorted(face.host.agents.items())
         ]
         return JSONResponse({"agents": listed}, headers={"Cache-Control": "no-store"})
@@ -88,11 +94,3 @@ def routes(face: Face) -> Routes:
         ],
         routes=[Route("/agents", agents, methods=["GET"])],
     )
-
-
-def _first_line(instructions: object) -> str:
-    """An agent's description for the picker: the first line of its instructions when
-    they are text (a callable's are computed per run: none then)."""
-    if not isinstance(instructions, str):
-        return ""
-    return instructions.strip().split("\n", 1)[0][:200]

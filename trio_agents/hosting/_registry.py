@@ -27,6 +27,7 @@ import attrs
 import trio
 
 from .. import Agent, Run
+from .._util import clean_text
 from ._sessions import MemorySessions, MeteredSession, SessionFactory
 from ._terms import Limits, ProtocolError, RunInfo
 
@@ -131,6 +132,10 @@ class RunEntry:
             parent_id=run.parent_id,
             root_id=run.root_id,
             children=tuple(child.id for child in run.children),
+            # The current update's detail, as its run.updated event says it (an
+            # ancestor's "waiting" while a descendant awaits approval): the record
+            # and the stream never disagree.
+            detail=run.updated.current.detail,
         )
 
 
@@ -269,7 +274,11 @@ class Registry:
     def agent_name(self, run: Run) -> str:
         """The name of ``run``'s current agent: the one it is served under here, else
         the agent's own name (a handoff target or a child's agent not served here)."""
-        return self._names.get(id(run.agent), run.agent.name)
+        # An agent's own name is the user's text as given (Agent(name=...)): cleaned as it
+        # enters the run record, as the events clean it (a lone surrogate in it would
+        # fail every answer listing the run).
+        served = self._names.get(id(run.agent))
+        return served if served is not None else clean_text(run.agent.name)
 
     def info(self, entry: RunEntry) -> RunInfo:
         """What ``run.get`` reports about ``entry``'s run."""

@@ -10,6 +10,7 @@ the faces. No I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Final, Literal, TypeAlias
 
 import attrs
@@ -184,6 +185,10 @@ class RunInfo:
         root_id: the root of its tree (its own id at the root).
         children: its child runs' ids, in start order, live and finished; None when
             not known here (a cluster node answering for a tree another node runs).
+        detail: the ``detail`` of the run's current status update, as its
+            ``run.updated`` event carries it (``waiting`` and ``pending`` while it
+            awaits approval; ``by`` and ``reason`` for a subtree's cancel); empty where
+            not known (a run another cluster node runs).
     """
 
     run_id: str
@@ -199,6 +204,7 @@ class RunInfo:
         default=attrs.Factory(lambda self: self.run_id, takes_self=True)  # a root's
     )
     children: tuple[str, ...] | None = ()
+    detail: Mapping[str, Any] = attrs.field(factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The ``run`` object of a ``run.get`` ack."""
@@ -214,6 +220,7 @@ class RunInfo:
             "parent_id": self.parent_id,
             "root_id": self.root_id,
             "children": None if self.children is None else list(self.children),
+            "detail": dict(self.detail),
         }
 
     @classmethod
@@ -229,10 +236,20 @@ class RunInfo:
                 seq=int(data["seq"]),
                 turn=int(data.get("turn", 0)),
                 pending_approvals=tuple(str(c) for c in data.get("pending_approvals", ())),
+                detail=_detail(data.get("detail")),
                 **_tree_fields(data),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed run info: {exc!r}") from None
+
+
+def _detail(value: Any) -> dict[str, Any]:
+    """A ``run`` object's ``detail`` (absent from an older server's: empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"detail must be an object, not {type(value).__name__}")
+    return dict(value)
 
 
 def _tree_fields(data: Any) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from .. import (
 
 # The output_type machinery has no public entry point (yet): the one private import.
 from .._output import compile_output, output_problems
+from .._util import clean_text
 from ..models import ModelRequest, OutputSpec
 from ._faults import MALFORMED, START_HOOKS, SWALLOWING, Faults, HookCall
 from ._runner import NodeRecord, Observation, TreeObservation
@@ -64,7 +65,8 @@ INVARIANTS: dict[str, str] = {
     "output": "a completed run with an output_type has a final_output that validates",
     "conversation": "result.conversation is valid model input and ends with new_items",
     "items-events": "the run.item events are exactly result.new_items, in order",
-    "clean-text": "every text streamed, committed or sent to the model encodes as UTF-8",
+    "clean-text": "every text streamed, committed, published in an event or sent to the model"
+    " encodes as UTF-8",
     "streamed-text": "text streamed in a turn is kept (as an incomplete message if the turn broke)",
     "tools-balanced": "each tool.started has one tool.finished matching the call's result",
     "tool-cancellation": "a tool running when the run is cancelled ends 'cancelled'",
@@ -542,6 +544,8 @@ def _check_cancels(obs: Observation, max_latency: float, out: Found) -> None:
     if result is not None and result.status is RunStatus.CANCELLED:
         allowed = {live[0].reason} if live else set()
         allowed |= {c.reason for c in obs.cancels if c.kind in ("outer", "horizon")}
+        # A reason is recorded as it enters the run: cleaned (a lone surrogate: U+FFFD).
+        allowed = {clean_text(reason) for reason in allowed}
         if result.reason not in allowed:
             out.append(
                 Violation(
@@ -954,6 +958,15 @@ def _unencodable(text: object) -> bool:
     return False
 
 
+def _holds_unencodable(value: object) -> bool:
+    """Whether a JSON-like value holds a str (a key included) UTF-8 cannot encode."""
+    if isinstance(value, dict):
+        return any(_unencodable(k) or _holds_unencodable(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_unencodable(v) for v in value)
+    return _unencodable(value)
+
+
 def _item_texts(item: Item) -> list[str]:
     return [value for value in item.to_json().values() if isinstance(value, str)]
 
@@ -976,6 +989,10 @@ def _check_clean_text(
             found.append(f"tool.started seq {event.seq}")
         elif isinstance(event, ToolFinished) and _unencodable(event.output):
             found.append(f"tool.finished seq {event.seq}")
+        elif not isinstance(event, ResponseTextDelta) and _holds_unencodable(event.to_json()):
+            # Any other field: a reason, a status's detail, a progress payload, an
+            # agent name (what every face encodes as UTF-8 to send the event).
+            found.append(f"{event.type} seq {event.seq}")
     if result is not None:
         for index, item in enumerate(result.conversation):
             if any(map(_unencodable, _item_texts(item))):

@@ -1,13 +1,15 @@
-"""The text cleaning every item goes through (``_util.clean_text``) and its streaming
-form (``_util.TextJoiner``), and the error descriptions that survive a broken
+"""The text cleaning every item goes through (``_util.clean_text``), its streaming
+form (``_util.TextJoiner``) and its form for JSON-like values (``_util.clean_value``), and the error descriptions that survive a broken
 ``__str__`` (``_util.describe_error``): unit tests of a private module's contract."""
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_agents._util import TextJoiner, clean_text, describe_error, summarize
+from trio_agents._util import TextJoiner, clean_text, clean_value, describe_error, summarize
 
 # Any code point, surrogates included (Hypothesis leaves them out by default).
 _ANY = st.characters(codec=None, categories=None)
@@ -75,3 +77,36 @@ def test_describing_an_error_never_raises() -> None:
     assert describe_error(KeyError()) == "KeyError"
     group = ExceptionGroup("g", [_Broken(), ValueError("v")])
     assert summarize(group) == "2 errors: _Broken: <str() raised RuntimeError>; ValueError: v"
+
+
+_JSONISH = st.recursive(
+    st.none() | st.integers() | _TEXT,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(_TEXT, inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def test_clean_value_examples() -> None:
+    value = {"k\ud800": ["v\udc00", ("\ud83d\ude00", 3)], 1: None, "ok": {"deep": "\udfff"}}
+    assert clean_value(value) == {
+        "k\ufffd": ["v\ufffd", ("\U0001f600", 3)],
+        1: None,
+        "ok": {"deep": "\ufffd"},
+    }
+    marker = object()  # not JSON: left as it is
+    assert clean_value([marker])[0] is marker
+
+
+@given(_JSONISH)
+def test_clean_value_leaves_no_surrogate_and_keeps_what_encodes(value: object) -> None:
+    cleaned = clean_value(value)
+    json.dumps(cleaned, ensure_ascii=False).encode("utf-8")  # no lone surrogate left
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return
+    assert cleaned == value  # nothing to repair: the same value
