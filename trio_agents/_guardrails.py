@@ -12,7 +12,15 @@
   called with the whole text streamed so far, again each time more arrives, and
   **gates** the stream (:class:`StreamGate`): a ``response.text.delta`` is published
   only once every streaming guardrail has passed the text holding it; a trip cuts the
-  stream, and only released text is kept (as an incomplete message).
+  stream, and only released text is kept (as an incomplete message). An answer that
+  never streamed — a ``final_answer`` call's arguments — is checked by them whole.
+
+What guardrails have not passed is *held* (``_state.Hold``): fresh user input with
+everything after it, until every input guardrail passed it; an accepted answer, until
+every output guardrail did. Whatever is still held when the run ends — tripped on,
+failed on, or never finished with — is marked ``rejected_by`` by the repair, and the
+request builder (``_turns._request``) never sends a marked item: not in this run, not in
+a later one on the session.
 
 Any trip ends the run ``failed`` with reason ``"guardrail <name>: <info>"`` and a
 :class:`~trio_agents.GuardrailTripped` as ``result.error``. A guardrail that raises (a

@@ -1,7 +1,9 @@
 """Conversation items: the four kinds of thing a conversation is made of.
 
 Items are frozen attrs classes that round-trip through JSON
-(``Item.from_json(item.to_json()) == item``). Where users hand items in (run input,
+(``Item.from_json(item.to_json()) == item``). Each has a keyword-only ``rejected_by``
+(None, or the name of the guardrail that kept it from the model, DESIGN §18): a marked
+item stays in the conversation and the session but is never sent to a model. Where users hand items in (run input,
 ``inject``), plain dicts are accepted too and converted by :func:`coerce_items`:
 ``{"role": "user", "content": "..."}`` and OpenAI-Responses-style ``function_call`` /
 ``function_call_output`` dicts.
@@ -89,7 +91,11 @@ def _choice_field(name: str, choices: tuple[str, ...]) -> Any:
 
 @attrs.frozen
 class UserMessage:
-    """A message from the user."""
+    """A message from the user.
+
+    ``rejected_by`` (keyword-only) names the guardrail that kept it from the model: it
+    stays in the conversation, never to be sent again (see the module docs).
+    """
 
     content: str = attrs.field(converter=_text, validator=_str_field("UserMessage.content"))
     rejected_by: str | None = _rejected_by_field()
@@ -115,6 +121,7 @@ class AssistantMessage:
 
     ``status="incomplete"`` marks text whose stream was interrupted (by a cancel, a
     failure or a ``when="now"`` injection): the words the user already saw are kept.
+    ``rejected_by`` (keyword-only) names the guardrail that kept it from the model.
     """
 
     content: str = attrs.field(converter=_text, validator=_str_field("AssistantMessage.content"))
@@ -150,6 +157,8 @@ class ToolCall:
 
     ``arguments`` is the raw JSON string the model produced; it is validated when the
     call runs, and invalid arguments become an error :class:`ToolResult`.
+    ``rejected_by`` (keyword-only): as for messages; a call and its result are marked,
+    and left out of model input, together.
     """
 
     call_id: str = attrs.field(converter=_text, validator=_nonempty_str_field("ToolCall.call_id"))
@@ -184,6 +193,7 @@ class ToolResult:
 
     ``status`` is ``"ok"``, ``"error"`` (the output says what went wrong, for the model
     to read) or ``"cancelled"`` (the run was cancelled while the call was open).
+    ``rejected_by`` (keyword-only): as for its call.
     """
 
     call_id: str = attrs.field(converter=_text, validator=_nonempty_str_field("ToolResult.call_id"))

@@ -426,7 +426,12 @@ class RunState:
     def passed(self, hold: Hold, name: str) -> None:
         """The guardrail ``name`` passed what ``hold`` holds."""
         hold.waiting.remove(name)
-        if not hold.waiting and hold in self.holds:
+        if not hold.waiting:
+            self.release(hold)
+
+    def release(self, hold: Hold) -> None:
+        """Nothing holds these items any more."""
+        if hold in self.holds:
             self.holds.remove(hold)
 
     def mark_held(self, tripped: str | None) -> None:

@@ -386,6 +386,8 @@ async def _check_fresh_input(state: RunState) -> None:
     if state.agent.input_guardrails:
         # Beside the model call (side tasks), or before it for blocking ones.
         await check_input(state, fresh, hold)
+    elif hold is not None:
+        state.release(hold)  # no guardrail of this agent's to pass it
 
 
 async def _request(state: RunState, agent: Agent) -> ModelRequest:
