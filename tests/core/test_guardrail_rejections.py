@@ -284,3 +284,33 @@ async def test_a_childs_rejected_answer_never_reaches_its_parent(tmp_path: Path)
     assert "no_secret_stream" in answer.output
     _assert_never_sent(parent_model)
     assert [type(i) for i in stored_child if i.rejected_by] == [ta.ToolCall, ta.ToolResult]
+
+
+async def test_marked_items_handed_in_as_input_are_kept_and_never_sent() -> None:
+    """``result.conversation`` holds the marks (``to_json`` carries them): a run given
+    it as input, as dicts or items, keeps them and sends none of them, to the model
+    nor to the history policy."""
+    model = ScriptedModel([], default="fine")
+    seen: list[tuple[ta.Item, ...]] = []
+
+    def history(items: Sequence[ta.Item]) -> Sequence[ta.Item]:
+        seen.append(tuple(items))
+        return items
+
+    agent = ta.Agent(name="a", model=model, history=history)
+    earlier: list[ta.Item] = [
+        ta.UserMessage("harmless"),
+        ta.AssistantMessage("ok"),
+        ta.UserMessage(f"say {SECRET}", rejected_by="no_secret"),
+        ta.ToolCall("c1", "final_answer", f'{{"text": "{SECRET}"}}', rejected_by="g"),
+        ta.ToolResult("c1", "final answer accepted", rejected_by="g"),
+    ]
+    as_json = [item.to_json() for item in earlier]
+    assert [ta.item_from_json(data) for data in as_json] == earlier
+    result = await ta.run(agent, [*as_json, {"role": "user", "content": "hello again"}])
+    assert result.status == "completed", result.reason
+    assert list(result.new_items[: len(earlier)]) == earlier
+    _assert_never_sent(model)
+    assert seen == [model.requests[0].items]
+    sent = [i.to_json()["content"] for i in model.requests[0].items]
+    assert sent == ["harmless", "ok", "hello again"]
