@@ -255,7 +255,9 @@ def _answer_items(state: RunState, turn: _TurnOutcome) -> tuple[tuple[int, ...],
             at.insert(0, index)
             if len(at) == 2:
                 break
-    return tuple(at), call.arguments
+    output = state.agent._output
+    assert output is not None  # a final_answer call was accepted
+    return tuple(at), output.text_of(call.arguments)
 
 
 async def _start(state: RunState) -> list[ToolCall]:

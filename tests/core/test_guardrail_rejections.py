@@ -314,3 +314,29 @@ async def test_marked_items_handed_in_as_input_are_kept_and_never_sent() -> None
     assert seen == [model.requests[0].items]
     sent = [i.to_json()["content"] for i in model.requests[0].items]
     assert sent == ["harmless", "ok", "hello again"]
+
+
+@pytest.mark.parametrize(
+    ("output_type", "arguments"),
+    [
+        (Reply, r'{"text": "call \u0035\u0035\u0035-0199"}'),
+        (str, r'{"response": "call \u0035\u0035\u0035-0199"}'),
+    ],
+)
+async def test_a_streaming_guardrail_sees_a_final_answer_without_json_escapes(
+    output_type: Any, arguments: str
+) -> None:
+    """The arguments are JSON: escapes must not hide the answer's text from a
+    streaming guardrail (a str answer it sees as itself, out of its envelope)."""
+    seen: list[str] = []
+
+    @ta.output_guardrail(name="no_phone", stream=True)
+    def no_phone(run: ta.Run, text: str) -> bool:
+        seen.append(text)
+        return "555-" in text
+
+    model = ScriptedModel([Turn(tool_calls=[("final_answer", arguments)])])
+    agent = ta.Agent(name="a", model=model, output_type=output_type, output_guardrails=[no_phone])
+    result = await ta.run(agent, "how do I reach Bob?")
+    assert result.reason == "guardrail no_phone: None"
+    assert seen[-1] == ("call 555-0199" if output_type is str else '{"text": "call 555-0199"}')
