@@ -521,14 +521,7 @@ class RunState:
                 await self._rewrite_marks()
             while self._unpersisted:
                 batch = list(self._unpersisted)
-                try:
-                    await self.session.add_items(batch)
-                except Exception as exc:
-                    raise SessionError(exc) from exc
-                except trio.Cancelled as exc:
-                    if trio.current_effective_deadline() != -math.inf:
-                        raise SessionError(exc) from exc  # a stray one: a session fault
-                    raise
+                await _write(self.session.add_items, batch)
                 del self._unpersisted[: len(batch)]
 
     async def _rewrite_marks(self) -> None:
@@ -536,26 +529,38 @@ class RunState:
         conversation, in one atomic ``replace_items`` — the stored rows are the loaded
         history and the items written since, so the conversation is what they must
         become. A session without ``replace_items`` cannot change a row it holds: its
-        written rows stay unmarked (logged), the rest are appended marked."""
+        written rows stay unmarked (logged); the unwritten ones are appended marked."""
         assert self.session is not None
-        self._rewrite = False
         replace = getattr(self.session, "replace_items", None)
         if replace is None:
+            self._rewrite = False
             logger.warning(
                 "session %r has no replace_items: items a guardrail rejected after they"
                 " were written stay unmarked in it",
                 self.session.session_id,
             )
             return
-        items = list(self.conversation)
-        try:
-            await replace(items)
-        except Exception as exc:
-            self._rewrite = True  # retried by the next write (the repair's)
+        # The unwritten items are in the snapshot; any committed while it is written
+        # are appended after it.
+        items, written = list(self.conversation), len(self._unpersisted)
+        await _write(replace, items)  # on error, _rewrite stays: the repair retries
+        self._rewrite = False
+        del self._unpersisted[:written]
+
+
+async def _write(write: Callable[[list[Item]], Awaitable[None]], items: list[Item]) -> None:
+    """Call a session write (called inside the ``try``: one that raises before it
+    returns an awaitable is the session's fault too).
+
+    Raises:
+        SessionError: the session raised (a stray ``trio.Cancelled`` too: one that
+            nothing cancelled is a fault of the session's).
+    """
+    try:
+        await write(items)
+    except Exception as exc:
+        raise SessionError(exc) from exc
+    except trio.Cancelled as exc:
+        if trio.current_effective_deadline() != -math.inf:
             raise SessionError(exc) from exc
-        except trio.Cancelled as exc:
-            self._rewrite = True
-            if trio.current_effective_deadline() != -math.inf:
-                raise SessionError(exc) from exc  # a stray one: a session fault
-            raise
-        self._unpersisted.clear()
+        raise

@@ -340,3 +340,39 @@ async def test_a_streaming_guardrail_sees_a_final_answer_without_json_escapes(
     result = await ta.run(agent, "how do I reach Bob?")
     assert result.reason == "guardrail no_phone: None"
     assert seen[-1] == ("call 555-0199" if output_type is str else '{"text": "call 555-0199"}')
+
+
+class _AppendOnly:
+    """A session of the protocol's required methods only: no ``replace_items``."""
+
+    session_id = "append-only"
+
+    def __init__(self) -> None:
+        self.items: list[ta.Item] = []
+
+    async def get_items(self) -> list[ta.Item]:
+        await trio.lowlevel.checkpoint()
+        return list(self.items)
+
+    async def add_items(self, items: Sequence[ta.Item]) -> None:
+        await trio.lowlevel.checkpoint()
+        self.items.extend(items)
+
+    async def clear(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self.items.clear()
+
+
+async def test_a_session_without_replace_items_keeps_written_rows_unmarked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The documented limit: a row written before the trip cannot be changed without
+    ``replace_items``; it is logged, and the run's own result is marked all the same."""
+    model = ScriptedModel([f"the answer is {SECRET}"])
+    agent = ta.Agent(name="a", model=model, output_guardrails=[no_secret_out])
+    session = _AppendOnly()
+    result = await ta.run(agent, "answer", session=session)
+    assert result.status == "failed"
+    assert [i.rejected_by for i in result.new_items] == [None, "no_secret_out"]
+    assert session.items == [attrs.evolve(i, rejected_by=None) for i in result.new_items]
+    assert "has no replace_items" in caplog.text
