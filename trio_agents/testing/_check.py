@@ -792,7 +792,7 @@ def _check_session(obs: Observation, out: Found) -> None:
                 )
             )
         elif _repairable(fresh.stored_before) and not _subsequence(
-            sendable(fresh.stored_before), fresh.request
+            _sendable(fresh.stored_before), fresh.request
         ):
             out.append(Violation("session-stored", "loading the session lost stored items"))
         _check_rejected_unsent(fresh.stored_before, fresh.request, out)
@@ -819,7 +819,7 @@ def _repairable(items: Sequence[Item]) -> bool:
     return not any(any(f in p for f in fatal) for p in conversation_problems(items))
 
 
-def sendable(items: Sequence[Item]) -> list[Item]:
+def _sendable(items: Sequence[Item]) -> list[Item]:
     """``items`` without those marked ``rejected_by`` (what a run sends of them)."""
     return [item for item in items if item.rejected_by is None]
 
@@ -834,7 +834,7 @@ def _sent_of(result: RunResult) -> tuple[Item, ...]:
     before it (never sent), then its new items as they were committed (the marks this
     run's end put on come after every request)."""
     history = result.conversation[: len(result.conversation) - len(result.new_items)]
-    return (*sendable(history), *map(_unmarked, result.new_items))
+    return (*_sendable(history), *map(_unmarked, result.new_items))
 
 
 def _check_rejected_unsent(stored: Sequence[Item], request: Sequence[Item], out: Found) -> None:
@@ -844,7 +844,7 @@ def _check_rejected_unsent(stored: Sequence[Item], request: Sequence[Item], out:
     rejected = {_unmarked(item) for item in stored if item.rejected_by is not None}
     if not rejected:
         return
-    allowed = collections.Counter([*sendable(stored), UserMessage(FRESH_INPUT)])
+    allowed = collections.Counter([*_sendable(stored), UserMessage(FRESH_INPUT)])
     for item in request:
         if item in rejected and not allowed[item]:
             out.append(Violation("rejected-unsent", f"the next run was sent {item!r}"))
