@@ -425,7 +425,8 @@ class RunState:
 
     def passed(self, hold: Hold, name: str) -> None:
         """The guardrail ``name`` passed what ``hold`` holds."""
-        hold.waiting.remove(name)
+        if name in hold.waiting:  # named when the hold was made, by the same agent
+            hold.waiting.remove(name)
         if not hold.waiting:
             self.release(hold)
 
