@@ -12,7 +12,15 @@
   called with the whole text streamed so far, again each time more arrives, and
   **gates** the stream (:class:`StreamGate`): a ``response.text.delta`` is published
   only once every streaming guardrail has passed the text holding it; a trip cuts the
-  stream, and only released text is kept (as an incomplete message).
+  stream, and only released text is kept (as an incomplete message). An answer that
+  never streamed — a ``final_answer`` call's arguments — is checked by them whole.
+
+What guardrails have not passed is *held* (``_state.Hold``): fresh user input with
+everything after it, until every input guardrail passed it; an accepted answer, until
+every output guardrail did. Whatever is still held when the run ends — tripped on,
+failed on, or never finished with — is marked ``rejected_by`` by the repair, and the
+request builder (``_turns._request``) never sends a marked item: not in this run, not in
+a later one on the session.
 
 Any trip ends the run ``failed`` with reason ``"guardrail <name>: <info>"`` and a
 :class:`~trio_agents.GuardrailTripped` as ``result.error``. A guardrail that raises (a
@@ -35,7 +43,7 @@ from ._exceptions import GuardrailTripped
 from ._util import summarize
 
 if TYPE_CHECKING:
-    from ._state import RunState
+    from ._state import Hold, RunState
 
 __all__ = [
     "GuardrailFault",
@@ -44,12 +52,12 @@ __all__ = [
     "OutputGuardrail",
     "StreamGate",
     "check",
+    "check_input",
     "check_output",
     "input_guardrail",
     "input_guardrails_done",
     "needs_side_tasks",
     "output_guardrail",
-    "start_input_guardrails",
     "stop_run",
 ]
 
@@ -295,12 +303,17 @@ def stop_run(state: RunState, error: GuardrailTripped | GuardrailFault) -> None:
         handle._fail_now(str(error), error)
 
 
-async def input_task(state: RunState, guardrail: InputGuardrail, items: Sequence[Any]) -> None:
+async def input_task(
+    state: RunState, guardrail: InputGuardrail, items: Sequence[Any], hold: Hold | None
+) -> None:
     """A non-blocking input guardrail, beside the model call (a task of the run)."""
     try:
         await check(guardrail.name, guardrail.fn, state.handle, items)
     except (GuardrailTripped, GuardrailFault) as exc:
         stop_run(state, exc)
+    else:
+        if hold is not None:
+            state.passed(hold, guardrail.name)
     finally:
         state.guardrails_running -= 1
         if not state.guardrails_running and state.guardrails_idle is not None:
@@ -315,9 +328,15 @@ async def gate_task(gate: StreamGate, state: RunState) -> None:
         stop_run(state, exc)
 
 
-def start_input_guardrails(state: RunState, items: Sequence[Any]) -> list[InputGuardrail]:
-    """Start the agent's non-blocking input guardrails on ``items`` as side tasks;
-    return its blocking ones (the caller awaits them before the model call)."""
+async def check_input(state: RunState, items: Sequence[Any], hold: Hold | None) -> None:
+    """The agent's input guardrails on the fresh input ``items``: its non-blocking ones
+    start as side tasks, beside the model call; its blocking ones are awaited here,
+    before it. Each that passes releases its part of ``hold`` (the items held from the
+    model until all of them passed).
+
+    Raises:
+        GuardrailTripped, GuardrailFault: a blocking one tripped or failed.
+    """
     blocking = []
     for guardrail in state.agent.input_guardrails:
         if guardrail.blocking or state.side is None:
@@ -326,8 +345,11 @@ def start_input_guardrails(state: RunState, items: Sequence[Any]) -> list[InputG
         if not state.guardrails_running:
             state.guardrails_idle = trio.Event()
         state.guardrails_running += 1
-        state.side.start_soon(input_task, state, guardrail, items)
-    return blocking
+        state.side.start_soon(input_task, state, guardrail, items, hold)
+    for guardrail in blocking:
+        await check(guardrail.name, guardrail.fn, state.handle, items)
+        if hold is not None:
+            state.passed(hold, guardrail.name)
 
 
 async def input_guardrails_done(state: RunState) -> None:
@@ -338,12 +360,25 @@ async def input_guardrails_done(state: RunState) -> None:
         await state.guardrails_idle.wait()
 
 
-async def check_output(state: RunState, answer: Any) -> None:
-    """The agent's (non-streaming) output guardrails on the final answer.
+async def check_output(
+    state: RunState, answer: Any, held: tuple[int, ...], text: str | None
+) -> None:
+    """The agent's output guardrails on the final answer, held from the model (the
+    conversation's items at ``held``) until every one passed it.
+
+    The non-streaming ones get ``answer`` (the text, or the parsed value). The
+    streaming ones saw a text answer as it streamed, through the gate; an answer that
+    never streamed — ``text``, the arguments of a ``final_answer`` call — they get here,
+    whole, as if it had.
 
     Raises:
         GuardrailTripped, GuardrailFault: as :func:`check`.
     """
-    for guardrail in state.agent.output_guardrails:
-        if not guardrail.stream:
-            await check(guardrail.name, guardrail.fn, state.handle, answer)
+    guardrails = [g for g in state.agent.output_guardrails if text is not None or not g.stream]
+    if not guardrails:
+        return
+    hold = state.hold(held[0], [g.name for g in guardrails], only=held)
+    for guardrail in guardrails:
+        value = text if guardrail.stream else answer
+        await check(guardrail.name, guardrail.fn, state.handle, value)
+        state.passed(hold, guardrail.name)

@@ -1,7 +1,9 @@
 """Conversation items: the four kinds of thing a conversation is made of.
 
 Items are frozen attrs classes that round-trip through JSON
-(``Item.from_json(item.to_json()) == item``). Where users hand items in (run input,
+(``Item.from_json(item.to_json()) == item``). Each has a keyword-only ``rejected_by``
+(None, or the name of the guardrail that kept it from the model, DESIGN §18): a marked
+item stays in the conversation and the session but is never sent to a model. Where users hand items in (run input,
 ``inject``), plain dicts are accepted too and converted by :func:`coerce_items`:
 ``{"role": "user", "content": "..."}`` and OpenAI-Responses-style ``function_call`` /
 ``function_call_output`` dicts.
@@ -26,6 +28,7 @@ __all__ = [
     "coerce_items",
     "conversation_problems",
     "item_from_json",
+    "sendable",
 ]
 
 MessageStatus: TypeAlias = Literal["completed", "incomplete"]
@@ -65,6 +68,19 @@ def _nonempty_str_field(name: str) -> Any:
     return check
 
 
+def _check_rejected_by(_instance: object, _attribute: object, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise TypeError(f"rejected_by must be None or a non-empty str, not {value!r}")
+
+
+def _rejected_by_field() -> Any:
+    """The ``rejected_by`` field every item has (keyword-only, so positional
+    construction is unchanged): the name of the guardrail that kept the item from the
+    model (DESIGN §18). Such an item stays in the conversation and the session (what
+    the user saw is never thrown away) but is never sent to a model again."""
+    return attrs.field(default=None, kw_only=True, converter=_text, validator=_check_rejected_by)
+
+
 def _choice_field(name: str, choices: tuple[str, ...]) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
         if value not in choices:
@@ -75,15 +91,20 @@ def _choice_field(name: str, choices: tuple[str, ...]) -> Any:
 
 @attrs.frozen
 class UserMessage:
-    """A message from the user."""
+    """A message from the user.
+
+    ``rejected_by`` (keyword-only) names the guardrail that kept it from the model: it
+    stays in the conversation, never to be sent again (see the module docs).
+    """
 
     content: str = attrs.field(converter=_text, validator=_str_field("UserMessage.content"))
+    rejected_by: str | None = _rejected_by_field()
 
     role: ClassVar[str] = "user"
 
     def to_json(self) -> dict[str, Any]:
         """Return the item as a JSON-compatible dict."""
-        return {"type": "message", "role": "user", "content": self.content}
+        return _marked({"type": "message", "role": "user", "content": self.content}, self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> UserMessage:
@@ -100,23 +121,26 @@ class AssistantMessage:
 
     ``status="incomplete"`` marks text whose stream was interrupted (by a cancel, a
     failure or a ``when="now"`` injection): the words the user already saw are kept.
+    ``rejected_by`` (keyword-only) names the guardrail that kept it from the model.
     """
 
     content: str = attrs.field(converter=_text, validator=_str_field("AssistantMessage.content"))
     status: MessageStatus = attrs.field(
         default="completed", validator=_choice_field("AssistantMessage.status", _MESSAGE_STATUSES)
     )
+    rejected_by: str | None = _rejected_by_field()
 
     role: ClassVar[str] = "assistant"
 
     def to_json(self) -> dict[str, Any]:
         """Return the item as a JSON-compatible dict."""
-        return {
+        data = {
             "type": "message",
             "role": "assistant",
             "content": self.content,
             "status": self.status,
         }
+        return _marked(data, self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AssistantMessage:
@@ -133,6 +157,8 @@ class ToolCall:
 
     ``arguments`` is the raw JSON string the model produced; it is validated when the
     call runs, and invalid arguments become an error :class:`ToolResult`.
+    ``rejected_by`` (keyword-only): as for messages; a call and its result are marked,
+    and left out of model input, together.
     """
 
     call_id: str = attrs.field(converter=_text, validator=_nonempty_str_field("ToolCall.call_id"))
@@ -140,15 +166,17 @@ class ToolCall:
     arguments: str = attrs.field(
         default="{}", converter=_text, validator=_str_field("ToolCall.arguments")
     )
+    rejected_by: str | None = _rejected_by_field()
 
     def to_json(self) -> dict[str, Any]:
         """Return the item as a JSON-compatible dict (OpenAI Responses ``function_call``)."""
-        return {
+        data = {
             "type": "function_call",
             "call_id": self.call_id,
             "name": self.name,
             "arguments": self.arguments,
         }
+        return _marked(data, self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ToolCall:
@@ -165,6 +193,7 @@ class ToolResult:
 
     ``status`` is ``"ok"``, ``"error"`` (the output says what went wrong, for the model
     to read) or ``"cancelled"`` (the run was cancelled while the call was open).
+    ``rejected_by`` (keyword-only): as for its call.
     """
 
     call_id: str = attrs.field(converter=_text, validator=_nonempty_str_field("ToolResult.call_id"))
@@ -172,15 +201,17 @@ class ToolResult:
     status: ToolResultStatus = attrs.field(
         default="ok", validator=_choice_field("ToolResult.status", _RESULT_STATUSES)
     )
+    rejected_by: str | None = _rejected_by_field()
 
     def to_json(self) -> dict[str, Any]:
         """Return the item as a JSON-compatible dict (``function_call_output``)."""
-        return {
+        data = {
             "type": "function_call_output",
             "call_id": self.call_id,
             "output": self.output,
             "status": self.status,
         }
+        return _marked(data, self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ToolResult:
@@ -195,6 +226,34 @@ Item: TypeAlias = UserMessage | AssistantMessage | ToolCall | ToolResult
 """Any conversation item."""
 
 _ITEM_TYPES = (UserMessage, AssistantMessage, ToolCall, ToolResult)
+
+
+def _marked(data: dict[str, Any], item: Item) -> dict[str, Any]:
+    """``data`` with the item's ``rejected_by``, when it has one: an unmarked item's
+    JSON is what it always was."""
+    if item.rejected_by is not None:
+        data["rejected_by"] = item.rejected_by
+    return data
+
+
+def sendable(items: Sequence[Item]) -> tuple[Item, ...]:
+    """``items`` without those a guardrail rejected (``rejected_by`` set): what a model
+    may be sent of a conversation (DESIGN §18).
+
+    A call and its result go together: marking one side (a load repair answers a marked
+    call it found open with an unmarked result) leaves out both, so what is left of a
+    valid conversation is valid."""
+    pairs = {
+        item.call_id
+        for item in items
+        if item.rejected_by is not None and isinstance(item, ToolCall | ToolResult)
+    }
+    return tuple(
+        item
+        for item in items
+        if item.rejected_by is None
+        and not (pairs and isinstance(item, ToolCall | ToolResult) and item.call_id in pairs)
+    )
 
 
 def _text_content(value: object, where: str) -> str:
@@ -234,13 +293,15 @@ def item_from_json(data: Mapping[str, Any]) -> Item:
     if not isinstance(data, Mapping):
         raise TypeError(f"an item must be a dict or an item object, not {type(data).__name__}")
     kind = data.get("type", "message" if "role" in data else None)
+    rejected_by = data.get("rejected_by")
     if kind == "message":
         role = _require(data, "role", "a message")
         content = _text_content(_require(data, "content", "a message"), "content")
         if role == "user":
-            return UserMessage(content)
+            return UserMessage(content, rejected_by=rejected_by)
         if role == "assistant":
-            return AssistantMessage(content, data.get("status", "completed"))
+            status = data.get("status", "completed")
+            return AssistantMessage(content, status, rejected_by=rejected_by)
         raise ValueError(f"message role must be 'user' or 'assistant', got {role!r}")
     if kind == "function_call":
         arguments = data.get("arguments", "{}")
@@ -250,12 +311,14 @@ def item_from_json(data: Mapping[str, Any]) -> Item:
             _require(data, "call_id", "a function_call"),
             _require(data, "name", "a function_call"),
             arguments,
+            rejected_by=rejected_by,
         )
     if kind == "function_call_output":
         return ToolResult(
             _require(data, "call_id", "a function_call_output"),
             _require(data, "output", "a function_call_output"),
             data.get("status", "ok"),
+            rejected_by=rejected_by,
         )
     if kind is None:
         raise ValueError("an item dict needs a 'type' or a 'role' field")

@@ -212,6 +212,22 @@ class OutputType:
             return Rejected(f"the arguments are not JSON ({exc})")
         return self.take(value)
 
+    def text_of(self, arguments: str) -> str:
+        """An accepted ``final_answer`` call's answer as text, for the streaming output
+        guardrails (which never saw it stream): the value inside the envelope, a str
+        as itself, anything else as JSON without escapes (``"\\u0035"`` would hide a
+        ``5`` from a guardrail looking for digits)."""
+        try:
+            value = _decode(arguments or "{}")
+        except (ValueError, RecursionError):  # pragma: no cover - it was accepted
+            return arguments
+        envelope = self.spec.envelope
+        if envelope is not None and isinstance(value, dict) and set(value) == {envelope}:
+            value = value[envelope]
+        if isinstance(value, str):
+            return value
+        return json.dumps(value, ensure_ascii=False)
+
 
 _TOO_DEEP = "the answer is nested too deeply"
 

@@ -9,11 +9,14 @@ steps, each guarded on its own so one that raises or blocks never skips the othe
 2. ``keep_partial_text`` — streamed text is kept as an incomplete assistant message.
 3. ``close_open_calls`` — every call without a result gets a ``cancelled`` one (and
    its ``tool.finished``); thread tools see ``ctx.cancelled``.
-4. ``return_leftovers`` — injections no turn consumed are announced and returned.
-5. ``write_session``    — the repaired conversation is persisted.
-6. ``end_hooks``        — open tool/model spans end (concurrently), then ``on_run_end``.
+4. ``mark_rejected``    — what guardrails have not passed (input or answer: tripped on,
+   or never finished with) is marked ``rejected_by``, never to reach a model.
+5. ``return_leftovers`` — injections no turn consumed are announced and returned.
+6. ``write_session``    — the repaired conversation is persisted (marks on items
+   already written rewrite it, atomically).
+7. ``end_hooks``        — open tool/model spans end (concurrently), then ``on_run_end``.
 
-If step 5 fails (the session raised, or the deadline passed first), the terminal status
+If step 6 fails (the session raised, or the deadline passed first), the terminal status
 is ``failed`` with reason ``"session error: …"`` or ``"cleanup timed out"``: a client
 must never read ``cancelled`` as "persisted" when it was not. ``result.conversation``
 is valid either way.
@@ -30,6 +33,7 @@ import attrs
 import trio
 
 from ._events import RunStatus
+from ._exceptions import GuardrailTripped
 from ._inbox import Injection
 from ._items import ToolResult
 from ._model import Usage
@@ -71,6 +75,8 @@ async def repair(
         await _step("record_input", verdict, _record_input(state), deadline)
     _sync_step("keep_partial_text", verdict, state.keep_partial_text)
     _sync_step("close_open_calls", verdict, lambda: _close_open_calls(state, verdict))
+    if state.holds:
+        _sync_step("mark_rejected", verdict, lambda: state.mark_held(_tripped(verdict)))
     _sync_step(
         "return_leftovers",
         verdict,
@@ -164,9 +170,15 @@ async def _record_input(state: RunState) -> None:
     if state.session is None:  # never held it (cancelled while queued): nothing to load
         state.input_committed = True
         for item in state.input:
-            state.commit(item)
+            state.take_input(item)  # never checked by a guardrail: held like any input
         return
     await load_session(state)
+
+
+def _tripped(verdict: Verdict) -> str | None:
+    """The guardrail that tripped, if that is what ended the run."""
+    error = verdict.error
+    return error.name if isinstance(error, GuardrailTripped) else None
 
 
 def _close_open_calls(state: RunState, verdict: Verdict) -> None:

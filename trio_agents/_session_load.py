@@ -5,7 +5,7 @@ conversation already holds."""
 from __future__ import annotations
 
 from ._exceptions import InvalidConversationError
-from ._items import Item, ToolCall, UserMessage
+from ._items import Item, ToolCall
 from ._state import OpenCall, RunState, SessionError
 from .sessions._base import Session
 from .sessions._dangling_calls import repair_keeping_tail
@@ -47,9 +47,7 @@ async def load_session(state: RunState) -> list[ToolCall]:
                 await _write_back(state, stored, repaired)
     state.input_committed = True
     for item in state.input:
-        state.commit(item)
-        if type(item) is UserMessage:
-            state.fresh_input.append(item)  # for the first turn's input guardrails
+        state.take_input(item)  # user messages: for the first turn's input guardrails
     if error is not None:
         raise error
     problems = state.conversation_problems(allow_open_calls=True)

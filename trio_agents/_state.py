@@ -18,6 +18,7 @@ The three operations every step needs:
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,7 +30,7 @@ import trio
 
 from ._agent import Agent
 from ._events import RunItemEvent, RunStatus, RunUpdated
-from ._items import AssistantMessage, ConversationChecker, Item, ToolCall
+from ._items import AssistantMessage, ConversationChecker, Item, ToolCall, UserMessage
 from ._limits import Budget, charge_all
 from ._log import EventLog
 from ._model import Usage
@@ -38,7 +39,18 @@ from ._tools import ToolContext
 from ._util import summarize
 from .sessions._base import Session
 
-__all__ = ["CallSoon", "HookError", "OpenCall", "RunState", "SessionError", "Spans", "call_hook"]
+__all__ = [
+    "CallSoon",
+    "Hold",
+    "HookError",
+    "OpenCall",
+    "RunState",
+    "SessionError",
+    "Spans",
+    "call_hook",
+]
+
+logger = logging.getLogger("trio_agents")
 
 # The detail of most status updates: one shared empty mapping, not a dict per event.
 _NO_DETAIL: Mapping[str, Any] = MappingProxyType({})
@@ -85,6 +97,25 @@ class OpenCall:
     call: ToolCall
     started: bool = False
     ctx: ToolContext | None = None
+
+
+@final
+@attrs.define(eq=False, slots=True)
+class Hold:
+    """Items of the conversation that guardrails have not passed yet (DESIGN §18).
+
+    ``start`` is the conversation index of the first; ``only`` the indices held, or
+    None for everything from ``start`` on — fresh user input holds the rest of the run
+    with it, since all of it answers that input. ``waiting`` names the guardrails still
+    to pass them (a multiset: two guardrails may share a name). A hold still in
+    :attr:`RunState.holds` when the run ends marks its items rejected
+    (:meth:`RunState.mark_held`): fail closed, whether the guardrail tripped, raised, or
+    never finished because the run ended first.
+    """
+
+    start: int
+    waiting: list[str]
+    only: tuple[int, ...] | None = None
 
 
 @final
@@ -174,6 +205,7 @@ class RunState:
     __slots__ = (
         "_checker",
         "_limiter",
+        "_rewrite",
         "_unpersisted",
         "_write_lock",
         "agent",
@@ -181,12 +213,14 @@ class RunState:
         "call_ids",
         "conversation",
         "finish_reason",
+        "fresh_hold",
         "fresh_input",
         "guardrails_idle",
         "guardrails_running",
         "handle",
         "handoff_to",
         "history_loaded",
+        "holds",
         "hooks",
         "input",
         "input_committed",
@@ -198,6 +232,7 @@ class RunState:
         "open_calls",
         "options",
         "partial_text",
+        "rejected",
         "run_id",
         "run_span_open",
         "session",
@@ -259,6 +294,11 @@ class RunState:
         self._unpersisted: list[Item] = []
         self._limiter: trio.CapacityLimiter | None = None
         self._write_lock: trio.Lock | None = None  # made at the first write to a session
+        # How many items of the conversation are marked rejected (the request is sent
+        # without them; zero, the common case, costs nothing), and whether marks were
+        # put on items already written, which the next write must rewrite.
+        self.rejected = 0
+        self._rewrite = False
         # -- the turn: written by _turns.py as a model call goes (the status by
         # emit_status, here; a summary's model call adds to the usage in _window.py).
         self.status = RunStatus.QUEUED
@@ -296,6 +336,10 @@ class RunState:
         # agents have guardrails that run beside the turn loop; _run.py), and the input
         # guardrails still running.
         self.fresh_input: list[Item] = []
+        # The hold on the fresh input (and all after it) until its guardrails pass it,
+        # and every hold not yet passed: input batches, and an answer being checked.
+        self.fresh_hold: Hold | None = None
+        self.holds: list[Hold] = []
         self.side: trio.Nursery | None = None
         self.guardrails_running = 0
         self.guardrails_idle: trio.Event | None = None
@@ -355,9 +399,69 @@ class RunState:
         self._unpersisted.append(item)
         if type(item) is ToolCall:
             self.call_ids.add(item.call_id)
+        if item.rejected_by is not None:
+            self.rejected += 1
         self.log.append(
             RunItemEvent(run_id=self.run_id, seq=self.log.next_seq, turn=self.turn, item=item)
         )
+
+    def take_input(self, item: Item) -> None:
+        """Commit an item of the run's input or of an injection; a user message is
+        fresh input, for the next turn's input guardrails, and is held from the model
+        (with everything after it) until they pass it."""
+        self.commit(item)
+        if type(item) is not UserMessage or item.rejected_by is not None:
+            return
+        self.fresh_input.append(item)
+        guardrails = self.agent.input_guardrails
+        if guardrails and self.fresh_hold is None:
+            self.fresh_hold = self.hold(len(self.conversation) - 1, [g.name for g in guardrails])
+
+    def hold(self, start: int, waiting: list[str], only: tuple[int, ...] | None = None) -> Hold:
+        """Hold items from the model until the ``waiting`` guardrails pass them."""
+        hold = Hold(start, waiting, only)
+        self.holds.append(hold)
+        return hold
+
+    def passed(self, hold: Hold, name: str) -> None:
+        """The guardrail ``name`` passed what ``hold`` holds."""
+        if name in hold.waiting:  # named when the hold was made, by the same agent
+            hold.waiting.remove(name)
+        if not hold.waiting:
+            self.release(hold)
+
+    def release(self, hold: Hold) -> None:
+        """Nothing holds these items any more."""
+        if hold in self.holds:
+            self.holds.remove(hold)
+
+    def mark_held(self, tripped: str | None) -> None:
+        """The run ended: mark every item still held as rejected — by ``tripped`` (the
+        guardrail that tripped) where it waited for it, else by the first guardrail it
+        waited for. Marks on items already written are rewritten by the next
+        :meth:`persist`."""
+        holds, self.holds = self.holds, []
+        self.fresh_hold = None
+        conversation, new_items = self.conversation, self.new_items
+        offset = len(conversation) - len(new_items)  # new_items ends the conversation
+        unpersisted = {id(item): i for i, item in enumerate(self._unpersisted)}
+        for hold in holds:
+            name = tripped if tripped in hold.waiting else hold.waiting[0]
+            indices = range(hold.start, len(conversation)) if hold.only is None else hold.only
+            for index in indices:
+                item = conversation[index]
+                if item.rejected_by is not None:
+                    continue
+                marked = attrs.evolve(item, rejected_by=name)
+                conversation[index] = marked
+                if index >= offset:
+                    new_items[index - offset] = marked
+                self.rejected += 1
+                at = unpersisted.get(id(item))
+                if at is None:
+                    self._rewrite = True  # already written: the write must replace it
+                else:
+                    self._unpersisted[at] = marked
 
     def keep_partial_text(self) -> None:
         """Commit text streamed in an unfinished turn as an incomplete message."""
@@ -394,6 +498,8 @@ class RunState:
         for item in items:
             if type(item) is ToolCall:
                 self.call_ids.add(item.call_id)
+            if item.rejected_by is not None:
+                self.rejected += 1
         self.history_loaded = True
 
     async def persist(self) -> None:
@@ -412,14 +518,50 @@ class RunState:
         if lock is None:
             lock = self._write_lock = trio.Lock()
         async with lock:
+            if self._rewrite:
+                await self._rewrite_marks()
             while self._unpersisted:
                 batch = list(self._unpersisted)
-                try:
-                    await self.session.add_items(batch)
-                except Exception as exc:
-                    raise SessionError(exc) from exc
-                except trio.Cancelled as exc:
-                    if trio.current_effective_deadline() != -math.inf:
-                        raise SessionError(exc) from exc  # a stray one: a session fault
-                    raise
+                await _write(self.session.add_items, batch)
                 del self._unpersisted[: len(batch)]
+
+    async def _rewrite_marks(self) -> None:
+        """Write marks put on items already stored (:meth:`mark_held`): the whole
+        conversation, in one atomic ``replace_items`` — the stored rows are the loaded
+        history and the items written since, so the conversation is what they must
+        become. A session without ``replace_items`` cannot change a row it holds: its
+        written rows stay unmarked (logged); the unwritten ones are appended marked."""
+        assert self.session is not None
+        replace = getattr(self.session, "replace_items", None)
+        if replace is None:
+            self._rewrite = False
+            logger.warning(
+                "session %r has no replace_items: items a guardrail rejected after they"
+                " were written stay unmarked in it",
+                self.session.session_id,
+            )
+            return
+        # The unwritten items are in the snapshot; any committed while it is written
+        # are appended after it.
+        items, written = list(self.conversation), len(self._unpersisted)
+        await _write(replace, items)  # on error, _rewrite stays: the repair retries
+        self._rewrite = False
+        del self._unpersisted[:written]
+
+
+async def _write(write: Callable[[list[Item]], Awaitable[None]], items: list[Item]) -> None:
+    """Call a session write (called inside the ``try``: one that raises before it
+    returns an awaitable is the session's fault too).
+
+    Raises:
+        SessionError: the session raised (a stray ``trio.Cancelled`` too: one that
+            nothing cancelled is a fault of the session's).
+    """
+    try:
+        await write(items)
+    except Exception as exc:
+        raise SessionError(exc) from exc
+    except trio.Cancelled as exc:
+        if trio.current_effective_deadline() != -math.inf:
+            raise SessionError(exc) from exc
+        raise

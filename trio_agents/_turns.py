@@ -41,17 +41,24 @@ from ._exceptions import GuardrailTripped, InvalidConversationError, ModelError
 from ._guardrails import (
     GuardrailFault,
     StreamGate,
-    check,
+    check_input,
     check_output,
     gate_task,
     input_guardrails_done,
-    start_input_guardrails,
 )
 from ._handoffs import switch_agent
 from ._inbox import Approvals, Inbox, Injection
-from ._items import AssistantMessage, Item, ToolCall, UserMessage
+from ._items import (
+    AssistantMessage,
+    Item,
+    ToolCall,
+    ToolResult,
+    conversation_problems,
+    sendable,
+)
 from ._limits import StreamMeter
 from ._model import (
+    FINAL_ANSWER_TOOL,
     Finish,
     Model,
     ModelRequest,
@@ -210,9 +217,11 @@ async def drive(
             agent = state.agent
             if state.guardrails_running or agent.output_guardrails:
                 # Never complete before every input guardrail passed, nor with an answer
-                # an output guardrail refuses (a trip raises: the run fails).
+                # an output guardrail refuses (a trip raises: the run fails, and the
+                # answer, still held, is marked rejected by the repair).
                 await input_guardrails_done(state)
-                await check_output(state, attempt.value)
+                if agent.output_guardrails:
+                    await check_output(state, attempt.value, *_answer_items(state, turn))
             # A hook (on_model_end, say) or session that swallowed the run's Cancelled
             # must not let the run complete: the cancel wins (DESIGN §5).
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -227,6 +236,28 @@ async def drive(
         if trio.current_effective_deadline() != -math.inf:
             return Failed(STRAY_CANCELLED_RUN, exc)
         raise
+
+
+def _answer_items(state: RunState, turn: _TurnOutcome) -> tuple[tuple[int, ...], str | None]:
+    """Where an accepted final answer is in the conversation, and its text if it never
+    streamed: a text answer is the last item (nothing is committed after an accepted
+    one) and streamed through the gate; a ``final_answer`` call's answer is the first
+    such call and its result, and its arguments are the answer's text."""
+    conversation = state.conversation
+    if type(turn) is not _Calls:
+        return (len(conversation) - 1,), None
+    call = next(c for c in turn.calls if c.name == FINAL_ANSWER_TOOL)
+    # The call and its result are among the turn's last items: search from the end.
+    at: list[int] = []
+    for index in range(len(conversation) - 1, -1, -1):
+        item = conversation[index]
+        if isinstance(item, ToolCall | ToolResult) and item.call_id == call.call_id:
+            at.insert(0, index)
+            if len(at) == 2:
+                break
+    output = state.agent._output
+    assert output is not None  # a final_answer call was accepted
+    return tuple(at), output.text_of(call.arguments)
 
 
 async def _start(state: RunState) -> list[ToolCall]:
@@ -289,9 +320,7 @@ def deliver(state: RunState, inbox: Inbox, *, idle: bool) -> None:
                 f"injected call id {clash[0]!r} is already in the conversation"
             )
         for item in injection.items:
-            state.commit(item)
-            if type(item) is UserMessage:
-                state.fresh_input.append(item)  # for the next turn's input guardrails
+            state.take_input(item)  # user messages: for the next turn's input guardrails
         state.log.append(
             InboxDelivered(
                 run_id=state.run_id,
@@ -352,12 +381,15 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
 
 
 async def _check_fresh_input(state: RunState) -> None:
-    """Run the input guardrails on the input that arrived since the last turn."""
+    """Run the input guardrails on the input that arrived since the last turn (it and
+    all after it are held from later models until they all passed it)."""
     fresh, state.fresh_input = state.fresh_input, []
+    hold, state.fresh_hold = state.fresh_hold, None
     if state.agent.input_guardrails:
         # Beside the model call (side tasks), or before it for blocking ones.
-        for guardrail in start_input_guardrails(state, fresh):
-            await check(guardrail.name, guardrail.fn, state.handle, fresh)
+        await check_input(state, fresh, hold)
+    elif hold is not None:
+        state.release(hold)  # no guardrail of this agent's to pass it
 
 
 async def _request(state: RunState, agent: Agent) -> ModelRequest:
@@ -367,7 +399,10 @@ async def _request(state: RunState, agent: Agent) -> ModelRequest:
     instructions = agent.instructions
     if not isinstance(instructions, str):
         instructions = await _instructions(state, instructions)
-    items = tuple(state.conversation)
+    # The one place model input is made of the conversation: what a guardrail
+    # rejected (marked ``rejected_by``, in this run or one before it on the session)
+    # never reaches a model, nor a history policy that could put it back.
+    items = tuple(state.conversation) if not state.rejected else _sendable(state)
     if agent.history is not None:
         items = await _history(state, agent.history, items)
     return ModelRequest(
@@ -377,6 +412,17 @@ async def _request(state: RunState, agent: Agent) -> ModelRequest:
         settings=agent.model_settings,
         output=output.spec if output is not None else None,
     )
+
+
+def _sendable(state: RunState) -> tuple[Item, ...]:
+    """The conversation without its rejected items, checked (DESIGN §4): a rejected
+    item's call and result are marked together, so this holds unless the stored marks
+    were tampered with — then the run fails rather than send it."""
+    items = sendable(state.conversation)
+    problems = conversation_problems(items)
+    if problems:
+        raise InvalidConversationError(f"without its rejected items: {problems[0]}")
+    return items
 
 
 async def _open_call(state: RunState, turn: int, request: ModelRequest) -> None:

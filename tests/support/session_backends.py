@@ -19,7 +19,7 @@ from trio_agents.sessions import MemorySession, Session
 BACKENDS: Final = ("memory", "sqlite", "postgres")
 
 # One of every kind of item, with text a database may mangle (NUL, quotes, JSON, a lone
-# surrogate) and every status.
+# surrogate), every status, and each kind marked rejected by a guardrail (DESIGN §18).
 EVERY_KIND: Final[list[Item]] = [
     UserMessage('hello ✓ \x00 "quoted" {json} \ud800 lone surrogate'),
     AssistantMessage("thinking…", status="incomplete"),
@@ -31,6 +31,10 @@ EVERY_KIND: Final[list[Item]] = [
     ToolCall("call-3", "sleep"),
     ToolResult("call-3", "cancelled by the user", status="cancelled"),
     AssistantMessage("done", status="completed"),
+    UserMessage("rejected \x00 input", rejected_by="no_secrets"),
+    AssistantMessage("its answer", status="incomplete", rejected_by="no_secrets"),
+    ToolCall("call-4", "final_answer", '{"x": 1}', rejected_by="g ✓"),
+    ToolResult("call-4", "final answer accepted", rejected_by="g ✓"),
 ]
 
 # Session ids every backend must store and give back as they are.

@@ -60,6 +60,7 @@ def _observe(
     *,
     max_turns: int = 4,
     tools: FakeTools = TOOLSET,
+    session: bool = False,
 ) -> Any:
     def factory(model: ta.Model) -> ta.Agent:
         return ta.Agent(name="p", model=model, tools=list(tools.tools), max_turns=max_turns)
@@ -72,6 +73,7 @@ def _observe(
         recorder=tools.recorder,
         run_options={"cleanup_timeout": CLEANUP},
         horizon=200.0,
+        session=session,
     )
 
 
@@ -80,9 +82,11 @@ def _check(
     schedule: Sequence[Op],
     policies: PolicyFaults,
     max_turns: int = 4,
+    *,
+    session: bool = False,
 ) -> Any:
     count_example()
-    observation = _observe(script, schedule, policies, max_turns=max_turns)
+    observation = _observe(script, schedule, policies, max_turns=max_turns, session=session)
     check_policies(observation).raise_for_violations()
     return observation
 
@@ -259,6 +263,40 @@ def test_input_and_output_guardrails_stop_the_run(
     """A trip or a faulty guardrail fails the run and stops it; a run never completes
     while an input guardrail runs."""
     _check(script, schedule, PolicyFaults(plans), max_turns)
+
+
+@pytest.mark.parametrize("kind", ["input", "output"])
+def test_the_checker_catches_a_later_run_sent_a_rejected_item(kind: str) -> None:
+    """The rejected-unsent invariant is not vacuous: the next run on the session is
+    sent what a guardrail rejected (as it was before marks existed), and it says so."""
+    observation = _observe(ANSWER, (), _one("g", kind, "trip"), session=True)
+    fresh = observation.observation.fresh_run
+    assert fresh is not None
+    marked = [i for i in fresh.stored_before if i.rejected_by is not None]
+    assert marked
+    assert check_policies(observation).ok
+    unmarked = tuple(attrs.evolve(i, rejected_by=None) for i in fresh.stored_before)
+    leaky = attrs.evolve(fresh, request=(*unmarked, ta.UserMessage("fresh run input")))
+    observation = attrs.evolve(
+        observation, observation=attrs.evolve(observation.observation, fresh_run=leaky)
+    )
+    found = {v.invariant for v in check_policies(observation).violations}
+    assert "rejected-unsent" in found
+
+
+@profile_settings(ci=0.4, fuzz=1.5)
+@given(
+    script=scripts(TOOLSET, failures=False),
+    schedule=schedules(max_ops=4),
+    plans=guardrail_plans(kinds=("input", "output")),
+    max_turns=st.integers(1, 4),
+)
+def test_what_guardrails_reject_never_reaches_the_next_run(
+    script: list[Turn], schedule: tuple[Op, ...], plans: tuple[GuardrailPlan, ...], max_turns: int
+) -> None:
+    """With a session: whatever a trip, a fault or a cancel left unpassed is marked,
+    stored valid, and never sent to the next run's model (``rejected-unsent``)."""
+    _check(script, schedule, PolicyFaults(plans), max_turns, session=True)
 
 
 @profile_settings(ci=0.4, fuzz=1.5)

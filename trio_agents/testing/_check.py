@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import final
@@ -24,6 +25,7 @@ from .. import (
     ToolFinished,
     ToolResult,
     ToolStarted,
+    UserMessage,
     conversation_problems,
 )
 
@@ -32,7 +34,7 @@ from .._output import compile_output, output_problems
 from .._util import clean_text
 from ..models import ModelRequest, OutputSpec
 from ._faults import MALFORMED, START_HOOKS, SWALLOWING, Faults, HookCall
-from ._runner import NodeRecord, Observation, TreeObservation
+from ._runner import FRESH_INPUT, NodeRecord, Observation, TreeObservation
 from ._tree import height, tree_events, walk
 
 __all__ = [
@@ -64,14 +66,16 @@ INVARIANTS: dict[str, str] = {
     "result": "the result is coherent (reason for failed/cancelled, output for completed, input kept)",
     "output": "a completed run with an output_type has a final_output that validates",
     "conversation": "result.conversation is valid model input and ends with new_items",
-    "items-events": "the run.item events are exactly result.new_items, in order",
+    "items-events": "the run.item events are exactly result.new_items, in order (but for"
+    " the rejected_by marks the run's end puts on what guardrails did not pass)",
     "clean-text": "every text streamed, committed, published in an event or sent to the model"
     " encodes as UTF-8",
     "streamed-text": "text streamed in a turn is kept (as an incomplete message if the turn broke)",
     "tools-balanced": "each tool.started has one tool.finished matching the call's result",
     "tool-cancellation": "a tool running when the run is cancelled ends 'cancelled'",
     "injection-accounting": "each accepted injection is delivered once or unconsumed, in order",
-    "model-input": "every model request is valid and a prefix of the final conversation",
+    "model-input": "every model request is valid and a prefix of the final conversation"
+    " (without the items rejected before the run: they are never sent)",
     "model-events": "a model stream that breaks fails the run (malformed: a ModelError reason)",
     "model-streams-closed": "no model stream is left open",
     "subscribers": "every subscriber sees the log in order and ends with the terminal update",
@@ -85,6 +89,7 @@ INVARIANTS: dict[str, str] = {
     "session-stored": "the session holds the final conversation (written before on_run_end) and loads valid",
     "session-error": "a run whose conversation could not be stored says so: failed, 'session error: …'",
     "session-released": "the next run on the session starts (no SessionBusyError) and completes",
+    "rejected-unsent": "no item a guardrail rejected (marked rejected_by) is in a later run's request",
     "task-leak": "no task started during the run is alive after it",
     "process-leak": "no process started by the run is alive after it",
     "thread-leak": "no worker thread of the run keeps running after it",
@@ -284,9 +289,12 @@ def _check_conversation(result: RunResult, events: Sequence[RunEvent], out: Foun
     if tuple(result.conversation[len(result.conversation) - n :]) != result.new_items:
         out.append(Violation("conversation", "result.conversation does not end with new_items"))
     committed = tuple(e.item for e in events if isinstance(e, RunItemEvent))
-    if committed != result.new_items:
-        for index, (a, b) in enumerate(itertools.zip_longest(committed, result.new_items)):
-            if a != b:
+    # An item goes out in its run.item event when it is committed; a guardrail's mark is
+    # put on at the run's end (the repair), so the result's copy may carry one more.
+    new_items = tuple(map(_unmarked, result.new_items))
+    if tuple(map(_unmarked, committed)) != new_items:
+        for index, (a, b) in enumerate(itertools.zip_longest(committed, new_items)):
+            if a is None or b is None or _unmarked(a) != b:
                 out.append(
                     Violation(
                         "items-events",
@@ -414,7 +422,7 @@ def _check_injections(obs: Observation, result: RunResult, out: Found) -> None:
                 " (every accepted injection is delivered once or unconsumed)",
             )
         )
-    new_items = list(result.new_items)
+    new_items = [_unmarked(item) for item in result.new_items]
     for injection_id in delivered:
         for item in by_id[injection_id].items if injection_id in by_id else ():
             if item not in new_items:
@@ -443,7 +451,7 @@ def _check_injections(obs: Observation, result: RunResult, out: Found) -> None:
 
 
 def _check_model(obs: Observation, out: Found) -> None:
-    final = obs.outcome.conversation if obs.outcome is not None else None
+    final = None if obs.outcome is None else _sent_of(obs.outcome)
     for number, request in enumerate(obs.requests, 1):
         problems = conversation_problems(request.items)
         if problems:
@@ -788,9 +796,10 @@ def _check_session(obs: Observation, out: Found) -> None:
                 )
             )
         elif _repairable(fresh.stored_before) and not _subsequence(
-            fresh.stored_before, fresh.request
+            _sendable(fresh.stored_before), fresh.request
         ):
             out.append(Violation("session-stored", "loading the session lost stored items"))
+        _check_rejected_unsent(fresh.stored_before, fresh.request, out)
     problems = conversation_problems(fresh.stored_after)
     if problems and (fresh.rewritable or not _repairable(fresh.stored_after)):
         # With replace_items the load repair must be written back; without, only calls
@@ -812,6 +821,39 @@ def _repairable(items: Sequence[Item]) -> bool:
     """Only results are missing (a crash): loading must keep every item."""
     fatal = ("duplicate", "unknown call", "second result")
     return not any(any(f in p for f in fatal) for p in conversation_problems(items))
+
+
+def _sendable(items: Sequence[Item]) -> list[Item]:
+    """``items`` without those marked ``rejected_by`` (what a run sends of them)."""
+    return [item for item in items if item.rejected_by is None]
+
+
+def _unmarked(item: Item) -> Item:
+    """``item`` without its guardrail mark (what its run.item event carried)."""
+    return item if item.rejected_by is None else attrs.evolve(item, rejected_by=None)
+
+
+def _sent_of(result: RunResult) -> tuple[Item, ...]:
+    """What the run's requests are prefixes of: its history without the items rejected
+    before it (never sent), then its new items as they were committed (the marks this
+    run's end put on come after every request)."""
+    history = result.conversation[: len(result.conversation) - len(result.new_items)]
+    return (*_sendable(history), *map(_unmarked, result.new_items))
+
+
+def _check_rejected_unsent(stored: Sequence[Item], request: Sequence[Item], out: Found) -> None:
+    """The next run on a session is sent no item it holds marked ``rejected_by``: a
+    request item equal to a rejected one (without its mark) is one only beyond the
+    copies of it the session holds unmarked, and the next run's own input."""
+    rejected = {_unmarked(item) for item in stored if item.rejected_by is not None}
+    if not rejected:
+        return
+    allowed = collections.Counter([*_sendable(stored), UserMessage(FRESH_INPUT)])
+    for item in request:
+        if item in rejected and not allowed[item]:
+            out.append(Violation("rejected-unsent", f"the next run was sent {item!r}"))
+            return
+        allowed[item] -= 1
 
 
 def _subsequence(part: Sequence[Item], whole: Sequence[Item]) -> bool:
@@ -922,7 +964,9 @@ def check_run(observation: Observation, *, max_cancel_latency: float | None = No
     spec = obs.requests[-1].output if obs.requests else None
     out = list(_check_events(obs.outcome, obs.events, spec).violations)
     result = obs.outcome
-    if result is not None and result.new_items[: len(obs.input_items)] != obs.input_items:
+    if result is not None and tuple(
+        map(_unmarked, result.new_items[: len(obs.input_items)])
+    ) != tuple(map(_unmarked, obs.input_items)):
         out.append(Violation("result", "result.new_items does not start with the run's input"))
     checks: list[Callable[[], None]] = [
         lambda: _check_clean_text(None, (), obs.requests, out),

@@ -60,6 +60,7 @@ from ._watch import (
 )
 
 __all__ = [
+    "FRESH_INPUT",
     "CancelRecord",
     "FreshRun",
     "InjectionRecord",
@@ -143,6 +144,10 @@ class SubscriberView:
     kind: Literal["events", "status"]
     events: tuple[RunEvent, ...]
     complete: bool
+
+
+FRESH_INPUT = "fresh run input"
+"""The input of the run started on the session after the example's (:class:`FreshRun`)."""
 
 
 @final
@@ -515,7 +520,7 @@ async def _fresh_run(session: WatchedSession, horizon: float) -> FreshRun:
 
 
 async def _run_to_end(agent: Agent, session: Session) -> RunResult:
-    async with open_run(agent, "fresh run input", session=session) as run:
+    async with open_run(agent, FRESH_INPUT, session=session) as run:
         pass
     return await run.wait()
 
