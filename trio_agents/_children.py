@@ -172,11 +172,13 @@ async def serve_child(child: Run) -> RunResult:
         await child._serve(direct=True)
     finally:
         await _close_session(child)
-    # A cancel of the calling run that came while the child's shielded repair ran (its
-    # own verdict already given, so it returns rather than raising) still ends this
-    # call 'cancelled', as it ends any call running at the cancel. The child's result
-    # stays on its handle.
-    await trio.lowlevel.checkpoint_if_cancelled()
+    # No checkpoint from here to the caller's return: once the child has its verdict
+    # (it returned rather than raising), its result is the call's result, even if the
+    # calling run was cancelled meanwhile — during the child's shielded repair or its
+    # session's close. A tool that finished keeps its result (the call commits it
+    # before its next checkpoint, and the repair persists it); answering the call
+    # 'cancelled' would contradict the child's own handle and session. A cancel that
+    # comes before the verdict makes the child raise it instead (an outer cancel).
     assert child.result is not None
     return child.result
 
