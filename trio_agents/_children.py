@@ -12,8 +12,10 @@ gets the child's ``cancelled`` result and the parent goes on.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("trio_agents")
 
 __all__ = [
+    "MaxDepthExceeded",
     "SubAgentFailed",
     "agent_tool",
     "child_session",
@@ -55,7 +58,12 @@ _INHERITED = (
     "hooks",
     "thread_limiter",
     "context",
+    "max_depth",
 )
+# Python frames a child must have left below the recursion limit when it starts: a
+# level of ctx.run / as_tool costs about six, a model stream over HTTP and a tool's own
+# code a few dozen more. Below this, another level is refused (check_depth).
+_STACK_HEADROOM = 250
 _INPUT_SCHEMA: Mapping[str, Any] = {
     "type": "object",
     "properties": {"input": {"type": "string", "description": "The task for the agent."}},
@@ -98,6 +106,7 @@ async def make_child(
             f"tool call {ctx.call_id!r} of run {parent.id} has ended: a child run can only"
             " start while the call that owns it runs"
         )
+    check_depth(parent, agent)
     base = parent._options
     merged = {name: getattr(base, name) for name in _INHERITED}
     merged.update(options)
@@ -127,6 +136,60 @@ async def make_child(
     child._claim_session()  # raises SessionBusyError for on_busy="reject": not adopted
     parent._adopt(child)
     return child
+
+
+def check_depth(parent: Run, agent: Agent) -> None:
+    """Refuse a child of ``parent`` (raise :class:`MaxDepthExceeded`) that would be more
+    levels below ``parent`` or one of its ancestors than that run's ``max_depth``, or
+    for which the Python stack has too little room left.
+
+    A child of ``ctx.run`` / ``as_tool`` runs in its parent's tool call, on that call's
+    stack: left alone, a tree that recurses without end fails deep down with a
+    ``RecursionError`` (wherever the limit happens to strike, in our code or a
+    library's). Refusing the call that would go too deep gives a reason instead.
+    """
+    levels = 1  # the child is one level below `parent`
+    node: Run | None = parent
+    while node is not None:
+        limit = node._options.max_depth
+        if levels > limit:
+            raise MaxDepthExceeded(
+                agent.name, _depth(parent) + 1, limit, f"max_depth {limit} reached"
+            )
+        levels += 1
+        node = node.parent
+    # max_depth set above what the stack holds (or a tool that recursed on its own):
+    # a RecursionError is still never the answer.
+    room = sys.getrecursionlimit() - _frames_in_use()
+    if room < _STACK_HEADROOM:
+        raise MaxDepthExceeded(
+            agent.name,
+            _depth(parent) + 1,
+            None,
+            f"the Python stack has room for {room} more frames, too few for another level"
+            " (lower max_depth, or raise sys.setrecursionlimit())",
+        )
+
+
+def _depth(run: Run) -> int:
+    """How many levels ``run`` is below its root (the root is 0)."""
+    depth = 0
+    node = run.parent
+    while node is not None:
+        depth += 1
+        node = node.parent
+    return depth
+
+
+def _frames_in_use() -> int:
+    """Python frames on this thread's stack (what ``sys.getrecursionlimit()`` bounds):
+    in a Trio task, its whole chain of awaits plus the scheduler's few."""
+    count = 0
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:
+        count += 1
+        frame = frame.f_back
+    return count
 
 
 async def _resume_for(parent: Run, call_id: str, session: Session | None) -> Resume | None:
@@ -239,7 +302,13 @@ def agent_tool(
     make_options(options)  # refuse unknown or invalid options now, not at the first call
 
     async def call_agent(ctx: ToolContext, arguments: dict[str, Any]) -> CallOutcome:
-        result = await ctx.run(agent, arguments["input"], **options)
+        try:
+            result = await ctx.run(agent, arguments["input"], **options)
+        except MaxDepthExceeded as exc:
+            if ctx.parent._options.on_tool_error == "fail":
+                raise
+            # The model reads why and can answer from what it has.
+            return CallOutcome(str(exc), "error")
         if result.status is RunStatus.CANCELLED:
             return CallOutcome(f"sub-agent {agent.name} cancelled: {result.reason}", "cancelled")
         if result.status is RunStatus.FAILED:
@@ -268,3 +337,26 @@ class SubAgentFailed(TrioAgentsError):
     def __init__(self, agent: str, result: RunResult) -> None:
         super().__init__(f"sub-agent {agent} failed: {result.reason}")
         self.result = result
+
+
+class MaxDepthExceeded(TrioAgentsError):
+    """A child run was not started: it would be deeper in the tree than a ``max_depth``
+    allows (the run option of its parent or of an ancestor: how many levels of child
+    runs may grow below that run), or than the Python stack has room for.
+
+    ``ctx.run`` and ``ctx.open_run`` raise it, before anything of the child exists (no
+    handle, no session, no event); an :meth:`Agent.as_tool` call gets it as its error
+    result, ``"sub-agent <name> not started: max_depth <n> reached"``, which the
+    calling model reads (with ``on_tool_error="fail"``, the calling run fails instead).
+
+    Attributes:
+        agent: the name of the child's agent.
+        depth: the depth the child would have had (the root is at depth 0).
+        max_depth: the ``max_depth`` it met; None when the stack was the bound.
+    """
+
+    def __init__(self, agent: str, depth: int, max_depth: int | None, why: str) -> None:
+        super().__init__(f"sub-agent {agent} not started: {why}")
+        self.agent = agent
+        self.depth = depth
+        self.max_depth = max_depth
