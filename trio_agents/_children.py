@@ -59,6 +59,7 @@ _INHERITED = (
     "thread_limiter",
     "context",
     "max_depth",
+    "max_handoffs",
 )
 # Python frames a child must have left below the recursion limit when it starts: a
 # level of ctx.run / as_tool costs about six, a model stream over HTTP and a tool's own

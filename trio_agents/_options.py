@@ -85,6 +85,10 @@ class RunOptions:
     # frames a level), so a tree that recurses without end would die of RecursionError
     # near 160 levels: past the bound a child is not started (_children.check_depth).
     max_depth: int = attrs.field(default=32, validator=_check_bound)
+    # How many times one run may switch agents (DESIGN §17): agents that hand off to
+    # each other could otherwise bounce a conversation forever; a transfer past it is
+    # answered with an error the model reads (_toolcalls.hand_off).
+    max_handoffs: int = attrs.field(default=10, validator=_check_bound)
 
 
 _DEFAULT: list[RunOptions] = []  # frozen: one shared instance for runs without options

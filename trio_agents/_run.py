@@ -100,6 +100,9 @@ class Run:
     ) -> None:
         if not isinstance(agent, Agent):
             raise TypeError(f"agent must be an Agent, not {type(agent).__name__}")
+        # Walks every agent the run can hand off to, resolving lazy targets: one that
+        # cannot be resolved raises here, to the caller, before anything starts.
+        self._side_tasks = needs_side_tasks(agent)
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ValueError(f"run_id must be a non-empty str, not {run_id!r}")
         if session is not None and not isinstance(session, Session):
@@ -568,7 +571,7 @@ class Run:
                 self._live = True
                 try:
                     self._on_injected()  # what was injected while the run was queued
-                    if wrap_up_at is None and not needs_side_tasks(self._state.agent):
+                    if wrap_up_at is None and not self._side_tasks:
                         outcome = await drive(
                             self._state,
                             self._inbox,
