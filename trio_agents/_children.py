@@ -24,6 +24,7 @@ import trio
 from ._entry import hold
 from ._events import RunStatus
 from ._exceptions import TrioAgentsError
+from ._handoffs import agent_after
 from ._items import ToolCall, ToolResult
 from ._options import make_options
 from ._result import RunResult
@@ -120,7 +121,7 @@ async def make_child(
         raise TypeError(
             f"session must be 'inherit', None or a Session, not {type(session).__name__}"
         )
-    resume = await _resume_for(parent, ctx.call_id, chosen) if made else None
+    resume = await _resume_for(parent, ctx.call_id, chosen, agent) if made else None
     if resume is not None:
         merged["resume"] = resume
         input = ()  # the child's session holds its input
@@ -193,7 +194,9 @@ def _frames_in_use() -> int:
     return count
 
 
-async def _resume_for(parent: Run, call_id: str, session: Session | None) -> Resume | None:
+async def _resume_for(
+    parent: Run, call_id: str, session: Session | None, agent: Agent
+) -> Resume | None:
     """How to resume the child a resumed parent's call had started, from the child's
     session; None for a fresh child (the parent is not resumed, the call had not
     started, or the child had stored nothing).
@@ -202,7 +205,8 @@ async def _resume_for(parent: Run, call_id: str, session: Session | None) -> Res
     it left open counts as started: it runs again only if its tool is idempotent, and
     is otherwise answered ``interrupted`` — a tool is never run twice unless declared
     idempotent (§12), at the price of asking a model again about a call that may never
-    have started.
+    have started. The child's session holds only its own items, so the agent it had
+    handed off to is found by following its transfers from ``agent``.
     """
     earlier = parent._options.resume
     if earlier is None or session is None or call_id not in earlier.started:
@@ -213,7 +217,13 @@ async def _resume_for(parent: Run, call_id: str, session: Session | None) -> Res
         return None
     answered = {i.call_id for i in stored if isinstance(i, ToolResult)}
     left_open = {i.call_id for i in stored if isinstance(i, ToolCall)} - answered
-    return Resume(attempt=earlier.attempt, next_seq=1, started=left_open, reason=earlier.reason)
+    return Resume(
+        attempt=earlier.attempt,
+        next_seq=1,
+        started=left_open,
+        reason=earlier.reason,
+        agent=agent_after(agent, stored).name,
+    )
 
 
 async def _close_session(child: Run) -> None:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ._events import RunHandoff
 from ._frozen import freeze_json
+from ._items import Item, ToolCall, ToolResult
 from ._model import ToolSpec
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Handoff",
+    "agent_after",
+    "agent_named",
     "check_handoff",
     "handoff_specs",
     "index_handoffs",
@@ -106,6 +109,32 @@ def reachable(agent: Agent) -> list[Agent]:
                 seen.add(id(target))
                 found.append(target)
     return found
+
+
+def agent_named(agent: Agent, name: str) -> Agent:
+    """The agent called ``name`` among ``agent`` and those it can reach by handoffs (a
+    resumed run's current agent, ``Resume.agent``)."""
+    for candidate in reachable(agent):
+        if candidate.name == name:
+            return candidate
+    raise ValueError(
+        f"resume=Resume(agent={name!r}): no agent of that name is {agent.name!r} or one it"
+        " can hand off to"
+    )
+
+
+def agent_after(agent: Agent, items: Sequence[Item]) -> Agent:
+    """The agent a run that started as ``agent`` works as after ``items`` (all of them
+    its own: a child run's session), following each transfer that succeeded: the one
+    ``ok`` result of a turn's ``transfer_to_<name>`` calls (the others are errors)."""
+    names = {item.call_id: item.name for item in items if isinstance(item, ToolCall)}
+    current = agent
+    for item in items:
+        if isinstance(item, ToolResult) and item.status == "ok":
+            target = current._handoff_index().get(names.get(item.call_id, ""))
+            if target is not None:
+                current = target
+    return current
 
 
 def index_handoffs(targets: Iterable[Agent]) -> Mapping[str, Agent]:

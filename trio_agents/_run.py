@@ -38,6 +38,7 @@ from ._events import RunChild, RunStatus
 from ._exceptions import InboxFullError, RunClosedError, UsageLimitExceeded
 from ._feed import TreeCursor, TreeFeed
 from ._guardrails import needs_side_tasks
+from ._handoffs import agent_named
 from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, check_injection
 from ._items import Item, coerce_items, conversation_problems
 from ._limits import WRAP_UP_MESSAGE, Budget
@@ -164,6 +165,10 @@ class Run:
             self._state.budgets = (Budget(options.limits, self), *inherited)
         else:
             self._state.budgets = inherited
+        if resume is not None and resume.agent is not None and resume.agent != agent.name:
+            # After a handoff the earlier attempt worked as another agent: continue as
+            # it (max_turns stays the starting agent's, as in an unbroken run).
+            self._state.agent = agent_named(agent, resume.agent)
         self._state.emit_status(RunStatus.QUEUED)
 
     # ------------------------------------------------------------------ public API

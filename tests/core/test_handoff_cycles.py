@@ -184,3 +184,103 @@ async def test_lazy_targets_are_checked_when_a_run_is_made() -> None:
         ta.Agent(name="t", handoffs=lambda: twin)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not an Agent"):
         ta.Agent(name="t", handoffs=[ta.Agent])  # type: ignore[list-item]
+
+
+# ------------------------------------------------------------------------ resume
+
+
+def _refund_tool(ran: list[str]) -> ta.Tool:
+    @ta.function_tool
+    async def refund() -> str:
+        """Refund the order (not idempotent)."""
+        ran.append("refund")
+        return "refunded"
+
+    return refund
+
+
+def _stopped_in_billing() -> list[ta.Item]:
+    """What a run that handed off to billing, then died in billing's refund call, left
+    in its session."""
+    return [
+        ta.UserMessage("refund order 7"),
+        ta.ToolCall("c1", "transfer_to_billing", "{}"),
+        ta.ToolResult("c1", "transferred to billing"),
+        ta.ToolCall("c2", "refund", "{}"),
+    ]
+
+
+def _desk(ran: list[str]) -> tuple[ta.Agent, ta.Agent]:
+    """triage ⇄ billing, billing with the refund tool; billing answers once resumed."""
+    agents: dict[str, ta.Agent] = {}
+    triage = ta.Agent(
+        name="triage",
+        model=ScriptedModel([], default="triage should not answer"),
+        handoffs=[lambda: agents["billing"]],
+    )
+    billing = agents["billing"] = ta.Agent(
+        name="billing",
+        model=ScriptedModel([], default="billing: the refund was interrupted, retrying"),
+        tools=[_refund_tool(ran)],
+        handoffs=[triage],
+    )
+    return triage, billing
+
+
+async def test_a_resumed_run_continues_as_the_agent_it_had_handed_off_to(tmp_path: Any) -> None:
+    ran: list[str] = []
+    triage, billing = _desk(ran)
+    async with ta.sessions.SQLiteSession(tmp_path / "desk.db", "s") as session:
+        await session.add_items(_stopped_in_billing())
+        resume = ta.Resume(
+            attempt=2, next_seq=9, started={"c2"}, reason="node died", agent="billing"
+        )
+        async with ta.open_run(triage, [], session=session, resume=resume) as run:
+            pass
+        result = run.result
+        assert result is not None
+        assert result.status == "completed", result
+        assert run.agent is billing
+        # billing's own tool call was settled by billing's rule (started, not
+        # idempotent: interrupted), and billing's model answered
+        assert ran == []
+        assert tool_results(result)[-1] == ("error", "interrupted: node died")
+        assert result.final_output == "billing: the refund was interrupted, retrying"
+        assert isinstance(triage.model, ScriptedModel)
+        assert triage.model.requests == []
+        assert await session.get_items() == list(result.conversation)
+        # a name the starting agent cannot reach: refused before anything starts
+        unknown = ta.Resume(attempt=3, next_seq=20, agent="accounts")
+        with pytest.raises(ValueError, match="no agent of that name"):
+            async with ta.open_run(triage, [], session=session, resume=unknown):
+                pass  # pragma: no cover - never entered
+
+
+async def test_a_resumed_child_continues_as_the_agent_it_had_handed_off_to(
+    tmp_path: Any,
+) -> None:
+    """A resumed parent resumes its agent-tool child from the child's session; the
+    child had handed off to billing before its process died: it goes on as billing (its
+    session holds only its own items, so its transfers say where it was)."""
+    ran: list[str] = []
+    triage, billing = _desk(ran)
+    root = ta.Agent(name="root", model=ScriptedModel(["root: done"]), tools=[triage.as_tool()])
+    path = tmp_path / "tree.db"
+    async with ta.sessions.SQLiteSession(path, "conv") as session:
+        await session.add_items(
+            [ta.UserMessage("go"), ta.ToolCall("call_1_0", "triage", '{"input": "refund"}')]
+        )
+        async with ta.sessions.SQLiteSession(path, "conv/call_1_0") as child_session:
+            await child_session.add_items(_stopped_in_billing())
+        resume = ta.Resume(attempt=2, next_seq=5, started={"call_1_0"}, reason="node died")
+        async with ta.open_run(root, [], session=session, resume=resume) as run:
+            pass
+    assert run.result is not None
+    assert run.result.status == "completed", run.result
+    (child,) = run.children
+    assert child.agent is billing
+    assert child.result is not None
+    assert tool_results(child.result)[-1] == ("error", "interrupted: node died")
+    assert tool_results(run.result) == [("ok", "billing: the refund was interrupted, retrying")]
+    assert isinstance(triage.model, ScriptedModel)
+    assert triage.model.requests == []
