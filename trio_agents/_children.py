@@ -12,6 +12,7 @@ gets the child's ``cancelled`` result and the parent goes on.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -242,17 +243,25 @@ async def _close_session(child: Run) -> None:
 
 async def serve_child(child: Run) -> RunResult:
     """Run ``child`` in the calling task (the parent's tool call) to its end."""
+    ended_first = False
     try:
         await child._serve(direct=True)
+        # Right after the child's terminal update (no checkpoint since): was the calling
+        # run cancelled already? -inf: some scope around this call was cancelled.
+        ended_first = trio.current_effective_deadline() != -math.inf
     finally:
         await _close_session(child)
-    # No checkpoint from here to the caller's return: once the child has its verdict
-    # (it returned rather than raising), its result is the call's result, even if the
-    # calling run was cancelled meanwhile — during the child's shielded repair or its
-    # session's close. A tool that finished keeps its result (the call commits it
-    # before its next checkpoint, and the repair persists it); answering the call
-    # 'cancelled' would contradict the child's own handle and session. A cancel that
-    # comes before the verdict makes the child raise it instead (an outer cancel).
+    if not ended_first:
+        # The cancel came while the child's shielded repair ran (its own verdict
+        # already given, so it returned rather than raising): the call still ends
+        # 'cancelled', as any call running at the cancel. The child's result stays on
+        # its handle.
+        await trio.lowlevel.checkpoint_if_cancelled()
+    # The child ended before any cancel: its result is the call's, even if the calling
+    # run is cancelled while the child's session closes (a thread hop for SQLite). A
+    # tool that finished keeps its result; answering the call 'cancelled' would
+    # contradict the child's own handle and session. No checkpoint from here to the
+    # call's commit (_toolcalls._invoke), and the repair persists what was committed.
     assert child.result is not None
     return child.result
 
