@@ -290,9 +290,10 @@ class Agent:
 
     @_handoffs.default
     def _index_handoffs(self) -> Mapping[str, Agent] | None:
-        if not all(isinstance(target, Agent) for target in self.handoffs):
+        agents = tuple(target for target in self.handoffs if isinstance(target, Agent))
+        if len(agents) < len(self.handoffs):
             return None  # a lazy target: resolved when a run first needs it
-        return self._index(self.handoffs)  # type: ignore[arg-type]
+        return self._index(agents)
 
     def _index(self, targets: tuple[Agent, ...]) -> Mapping[str, Agent]:
         handoffs = index_handoffs(targets)
