@@ -6,6 +6,7 @@ steers it, and ``run.updated`` / ``run.events()`` say what it is doing. See
 """
 
 from ._agent import Agent as Agent
+from ._children import MaxDepthExceeded as MaxDepthExceeded
 from ._children import SubAgentFailed as SubAgentFailed
 from ._entry import open_run as open_run
 from ._entry import run as run
@@ -97,6 +98,7 @@ __all__ = [
     "Item",
     "JSONSchema",
     "KeepLastTurns",
+    "MaxDepthExceeded",
     "Model",
     "ModelError",
     "ModelRequest",

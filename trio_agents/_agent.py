@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._guardrails import InputGuardrail, OutputGuardrail
-from ._handoffs import handoff_specs, index_handoffs
+from ._handoffs import Handoff, check_handoff, handoff_specs, index_handoffs, resolve_targets
 from ._model import FINAL_ANSWER_TOOL, Model, ToolSpec
 from ._output import OutputType, compile_output
 from ._tools import Tool, function_tool
@@ -175,16 +175,13 @@ def _check_output_retries(_instance: object, _attribute: object, value: object) 
         raise ValueError("output_retries must be at least 0")
 
 
-def _to_handoffs(value: Iterable[Agent]) -> tuple[Agent, ...]:
-    if isinstance(value, Agent | str) or not isinstance(value, Iterable):
+def _to_handoffs(value: Iterable[Handoff]) -> tuple[Handoff, ...]:
+    if isinstance(value, Agent | str) or callable(value) or not isinstance(value, Iterable):
         raise TypeError("Agent(handoffs=...) takes a list of agents, e.g. handoffs=[billing]")
-    agents = tuple(value)
-    for index, element in enumerate(agents):
-        if not isinstance(element, Agent):
-            raise TypeError(
-                f"Agent(handoffs=...): element {index} is {type(element).__name__}, not an Agent"
-            )
-    return agents
+    targets = tuple(value)
+    for index, element in enumerate(targets):
+        check_handoff(index, element)
+    return targets
 
 
 def _default_model() -> Model:
@@ -234,7 +231,11 @@ class Agent:
             is offered a ``transfer_to_<name>`` tool per target, and calling one makes
             the *same* run continue as that agent (its instructions, tools, model and
             output type) on the same conversation; ``run.agent`` is the current agent
-            and a ``run.handoff`` event marks the switch. See docs/multi-agent.md.
+            and a ``run.handoff`` event marks the switch. A target may also be a
+            callable of no arguments returning the agent (``lambda: triage``), called
+            once, when a run first needs it: so two agents can hand off to each other.
+            The ``max_handoffs`` run option bounds the switches of one run. See
+            docs/multi-agent.md.
         history: what each model request is sent (never what is stored; DESIGN §18):
             a callable ``(items) -> items`` (sync or async), or
             :class:`~trio_agents.KeepLastTurns`, :class:`~trio_agents.TokenWindow` or
@@ -268,8 +269,8 @@ class Agent:
     output_type: Any = attrs.field(default=None, hash=False)
     output_retries: int = attrs.field(default=2, validator=_check_output_retries)
     # Left out of equality and the hash: agents that hand off to each other would make
-    # both recurse through the graph.
-    handoffs: tuple[Agent, ...] = attrs.field(default=(), converter=_to_handoffs, eq=False)
+    # both recurse through the graph. Agents, or callables returning one (lazy targets).
+    handoffs: tuple[Handoff, ...] = attrs.field(default=(), converter=_to_handoffs, eq=False)
     history: HistoryPolicy | None = attrs.field(default=None, validator=_check_history, eq=False)
     input_guardrails: tuple[InputGuardrail, ...] = attrs.field(
         default=(), converter=_to_input_guardrails, eq=False
@@ -283,11 +284,12 @@ class Agent:
         validator=attrs.validators.optional(attrs.validators.instance_of(str)),
     )
     _by_name: Mapping[str, Tool] = attrs.field(init=False, repr=False, eq=False)
-    # transfer_to_<name> -> target agent.
-    _handoffs: Mapping[str, Agent] = attrs.field(init=False, repr=False, eq=False)
+    # transfer_to_<name> -> target agent. None until resolved when a target is lazy
+    # (_handoff_index); made at construction otherwise.
+    _handoffs: Mapping[str, Agent] | None = attrs.field(init=False, repr=False, eq=False)
     # What every request is told about the tools: one tuple of the tools' own (read-only)
-    # specs, shared by every run of the agent.
-    _tool_specs: tuple[ToolSpec, ...] = attrs.field(init=False, repr=False, eq=False)
+    # specs, shared by every run of the agent. None while _handoffs is.
+    _tool_specs: tuple[ToolSpec, ...] | None = attrs.field(init=False, repr=False, eq=False)
     # The compiled output_type (None: plain text), read by the turn engine.
     _output: OutputType | None = attrs.field(init=False, repr=False, eq=False)
 
@@ -296,8 +298,14 @@ class Agent:
         return MappingProxyType({tool.name: tool for tool in self.tools})
 
     @_handoffs.default
-    def _index_handoffs(self) -> Mapping[str, Agent]:
-        handoffs = index_handoffs(self.handoffs)
+    def _index_handoffs(self) -> Mapping[str, Agent] | None:
+        agents = tuple(target for target in self.handoffs if isinstance(target, Agent))
+        if len(agents) < len(self.handoffs):
+            return None  # a lazy target: resolved when a run first needs it
+        return self._index(agents)
+
+    def _index(self, targets: tuple[Agent, ...]) -> Mapping[str, Agent]:
+        handoffs = index_handoffs(targets)
         clash = sorted(set(handoffs) & set(self._by_name))
         if clash:
             raise ValueError(
@@ -307,8 +315,23 @@ class Agent:
         return handoffs
 
     @_tool_specs.default
-    def _collect_specs(self) -> tuple[ToolSpec, ...]:
+    def _collect_specs(self) -> tuple[ToolSpec, ...] | None:
+        if self._handoffs is None:
+            return None
         return (*(tool.spec() for tool in self.tools), *handoff_specs(self._handoffs))
+
+    def _handoff_index(self) -> Mapping[str, Agent]:
+        """``transfer_to_<name>`` → target, lazy targets resolved (once: cached on the
+        frozen agent; two threads resolving at once both build the same thing)."""
+        handoffs = self._handoffs
+        if handoffs is None:
+            handoffs = self._index(resolve_targets(self.name, self.handoffs))
+            specs = (*(tool.spec() for tool in self.tools), *handoff_specs(handoffs))
+            # A cache, not a change of what the agent is: the targets were fixed when it
+            # was made, only named lazily.
+            object.__setattr__(self, "_tool_specs", specs)
+            object.__setattr__(self, "_handoffs", handoffs)
+        return handoffs
 
     @_output.default
     def _compile_output(self) -> OutputType | None:
@@ -357,5 +380,10 @@ class Agent:
 
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         """Return what the model is told about the tools (shared and read-only: see
-        :meth:`Tool.spec`)."""
-        return self._tool_specs
+        :meth:`Tool.spec`), the handoff tools included (lazy targets resolved)."""
+        specs = self._tool_specs
+        if specs is None:
+            self._handoff_index()
+            specs = self._tool_specs
+            assert specs is not None
+        return specs

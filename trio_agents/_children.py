@@ -12,8 +12,11 @@ gets the child's ``cancelled`` result and the parent goes on.
 from __future__ import annotations
 
 import logging
+import math
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -22,6 +25,7 @@ import trio
 from ._entry import hold
 from ._events import RunStatus
 from ._exceptions import TrioAgentsError
+from ._handoffs import agent_after
 from ._items import ToolCall, ToolResult
 from ._options import make_options
 from ._result import RunResult
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("trio_agents")
 
 __all__ = [
+    "MaxDepthExceeded",
     "SubAgentFailed",
     "agent_tool",
     "child_session",
@@ -55,7 +60,13 @@ _INHERITED = (
     "hooks",
     "thread_limiter",
     "context",
+    "max_depth",
+    "max_handoffs",
 )
+# Python frames a child must have left below the recursion limit when it starts: a
+# level of ctx.run / as_tool costs about six, a model stream over HTTP and a tool's own
+# code a few dozen more. Below this, another level is refused (check_depth).
+_STACK_HEADROOM = 250
 _INPUT_SCHEMA: Mapping[str, Any] = {
     "type": "object",
     "properties": {"input": {"type": "string", "description": "The task for the agent."}},
@@ -98,6 +109,7 @@ async def make_child(
             f"tool call {ctx.call_id!r} of run {parent.id} has ended: a child run can only"
             " start while the call that owns it runs"
         )
+    check_depth(parent, agent)
     base = parent._options
     merged = {name: getattr(base, name) for name in _INHERITED}
     merged.update(options)
@@ -110,7 +122,7 @@ async def make_child(
         raise TypeError(
             f"session must be 'inherit', None or a Session, not {type(session).__name__}"
         )
-    resume = await _resume_for(parent, ctx.call_id, chosen) if made else None
+    resume = await _resume_for(parent, ctx.call_id, chosen, agent) if made else None
     if resume is not None:
         merged["resume"] = resume
         input = ()  # the child's session holds its input
@@ -129,7 +141,63 @@ async def make_child(
     return child
 
 
-async def _resume_for(parent: Run, call_id: str, session: Session | None) -> Resume | None:
+def check_depth(parent: Run, agent: Agent) -> None:
+    """Refuse a child of ``parent`` (raise :class:`MaxDepthExceeded`) that would be more
+    levels below ``parent`` or one of its ancestors than that run's ``max_depth``, or
+    for which the Python stack has too little room left.
+
+    A child of ``ctx.run`` / ``as_tool`` runs in its parent's tool call, on that call's
+    stack: left alone, a tree that recurses without end fails deep down with a
+    ``RecursionError`` (wherever the limit happens to strike, in our code or a
+    library's). Refusing the call that would go too deep gives a reason instead.
+    """
+    levels = 1  # the child is one level below `parent`
+    node: Run | None = parent
+    while node is not None:
+        limit = node._options.max_depth
+        if levels > limit:
+            raise MaxDepthExceeded(
+                agent.name, _depth(parent) + 1, limit, f"max_depth {limit} reached"
+            )
+        levels += 1
+        node = node.parent
+    # max_depth set above what the stack holds (or a tool that recursed on its own):
+    # a RecursionError is still never the answer.
+    room = sys.getrecursionlimit() - _frames_in_use()
+    if room < _STACK_HEADROOM:
+        raise MaxDepthExceeded(
+            agent.name,
+            _depth(parent) + 1,
+            None,
+            f"the Python stack has room for {room} more frames, too few for another level"
+            " (lower max_depth, or raise sys.setrecursionlimit())",
+        )
+
+
+def _depth(run: Run) -> int:
+    """How many levels ``run`` is below its root (the root is 0)."""
+    depth = 0
+    node = run.parent
+    while node is not None:
+        depth += 1
+        node = node.parent
+    return depth
+
+
+def _frames_in_use() -> int:
+    """Python frames on this thread's stack (what ``sys.getrecursionlimit()`` bounds):
+    in a Trio task, its whole chain of awaits plus the scheduler's few."""
+    count = 0
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:
+        count += 1
+        frame = frame.f_back
+    return count
+
+
+async def _resume_for(
+    parent: Run, call_id: str, session: Session | None, agent: Agent
+) -> Resume | None:
     """How to resume the child a resumed parent's call had started, from the child's
     session; None for a fresh child (the parent is not resumed, the call had not
     started, or the child had stored nothing).
@@ -138,7 +206,8 @@ async def _resume_for(parent: Run, call_id: str, session: Session | None) -> Res
     it left open counts as started: it runs again only if its tool is idempotent, and
     is otherwise answered ``interrupted`` — a tool is never run twice unless declared
     idempotent (§12), at the price of asking a model again about a call that may never
-    have started.
+    have started. The child's session holds only its own items, so the agent it had
+    handed off to is found by following its transfers from ``agent``.
     """
     earlier = parent._options.resume
     if earlier is None or session is None or call_id not in earlier.started:
@@ -149,7 +218,13 @@ async def _resume_for(parent: Run, call_id: str, session: Session | None) -> Res
         return None
     answered = {i.call_id for i in stored if isinstance(i, ToolResult)}
     left_open = {i.call_id for i in stored if isinstance(i, ToolCall)} - answered
-    return Resume(attempt=earlier.attempt, next_seq=1, started=left_open, reason=earlier.reason)
+    return Resume(
+        attempt=earlier.attempt,
+        next_seq=1,
+        started=left_open,
+        reason=earlier.reason,
+        agent=agent_after(agent, stored).name,
+    )
 
 
 async def _close_session(child: Run) -> None:
@@ -168,15 +243,25 @@ async def _close_session(child: Run) -> None:
 
 async def serve_child(child: Run) -> RunResult:
     """Run ``child`` in the calling task (the parent's tool call) to its end."""
+    ended_first = False
     try:
         await child._serve(direct=True)
+        # Right after the child's terminal update (no checkpoint since): was the calling
+        # run cancelled already? -inf: some scope around this call was cancelled.
+        ended_first = trio.current_effective_deadline() != -math.inf
     finally:
         await _close_session(child)
-    # A cancel of the calling run that came while the child's shielded repair ran (its
-    # own verdict already given, so it returns rather than raising) still ends this
-    # call 'cancelled', as it ends any call running at the cancel. The child's result
-    # stays on its handle.
-    await trio.lowlevel.checkpoint_if_cancelled()
+    if not ended_first:
+        # The cancel came while the child's shielded repair ran (its own verdict
+        # already given, so it returned rather than raising): the call still ends
+        # 'cancelled', as any call running at the cancel. The child's result stays on
+        # its handle.
+        await trio.lowlevel.checkpoint_if_cancelled()
+    # The child ended before any cancel: its result is the call's, even if the calling
+    # run is cancelled while the child's session closes (a thread hop for SQLite). A
+    # tool that finished keeps its result; answering the call 'cancelled' would
+    # contradict the child's own handle and session. No checkpoint from here to the
+    # call's commit (_toolcalls._invoke), and the repair persists what was committed.
     assert child.result is not None
     return child.result
 
@@ -237,7 +322,13 @@ def agent_tool(
     make_options(options)  # refuse unknown or invalid options now, not at the first call
 
     async def call_agent(ctx: ToolContext, arguments: dict[str, Any]) -> CallOutcome:
-        result = await ctx.run(agent, arguments["input"], **options)
+        try:
+            result = await ctx.run(agent, arguments["input"], **options)
+        except MaxDepthExceeded as exc:
+            if ctx.parent._options.on_tool_error == "fail":
+                raise
+            # The model reads why and can answer from what it has.
+            return CallOutcome(str(exc), "error")
         if result.status is RunStatus.CANCELLED:
             return CallOutcome(f"sub-agent {agent.name} cancelled: {result.reason}", "cancelled")
         if result.status is RunStatus.FAILED:
@@ -266,3 +357,26 @@ class SubAgentFailed(TrioAgentsError):
     def __init__(self, agent: str, result: RunResult) -> None:
         super().__init__(f"sub-agent {agent} failed: {result.reason}")
         self.result = result
+
+
+class MaxDepthExceeded(TrioAgentsError):
+    """A child run was not started: it would be deeper in the tree than a ``max_depth``
+    allows (the run option of its parent or of an ancestor: how many levels of child
+    runs may grow below that run), or than the Python stack has room for.
+
+    ``ctx.run`` and ``ctx.open_run`` raise it, before anything of the child exists (no
+    handle, no session, no event); an :meth:`Agent.as_tool` call gets it as its error
+    result, ``"sub-agent <name> not started: max_depth <n> reached"``, which the
+    calling model reads (with ``on_tool_error="fail"``, the calling run fails instead).
+
+    Attributes:
+        agent: the name of the child's agent.
+        depth: the depth the child would have had (the root is at depth 0).
+        max_depth: the ``max_depth`` it met; None when the stack was the bound.
+    """
+
+    def __init__(self, agent: str, depth: int, max_depth: int | None, why: str) -> None:
+        super().__init__(f"sub-agent {agent} not started: {why}")
+        self.agent = agent
+        self.depth = depth
+        self.max_depth = max_depth

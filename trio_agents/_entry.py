@@ -64,6 +64,9 @@ async def open_run(
     ``inbox_capacity`` (1024 items), ``event_retention`` (65536 events),
     ``on_tool_error`` (``"return"`` or ``"fail"``), ``hooks`` (:class:`RunHooks`),
     ``thread_limiter`` (for sync tools), ``max_turns`` (overrides the agent's),
+    ``max_depth`` (32: how many levels of child runs may grow below the run; a deeper
+    one is not started, docs/multi-agent.md), ``max_handoffs`` (10: how many times the
+    run may switch agents; a transfer past it is answered with an error),
     ``on_busy`` (when ``session`` already has an active run in this process:
     ``"reject"`` raises :class:`SessionBusyError` at once, ``"interrupt"`` cancels that
     run with reason ``"superseded"`` and starts once its repair is persisted,

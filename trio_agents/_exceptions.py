@@ -14,6 +14,7 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     ├── ToolArgumentsError        a call's arguments do not fit the tool (also a ValueError)
     ├── MCPToolError              an MCP tool call gave no result (error, protocol, lost link)
     ├── SubAgentFailed            an as_tool child failed (on_tool_error="fail"): result.error
+    ├── MaxDepthExceeded          ctx.run/ctx.open_run: a child past a max_depth (not started)
     ├── InvalidConversationError  the conversation broke the invariant: result.error
     ├── UsageLimitExceeded        a run (or its subtree) spent past a UsageLimits limit
     ├── GuardrailTripped          a guardrail stopped the run (result.error of that run)

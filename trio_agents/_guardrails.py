@@ -277,19 +277,13 @@ class StreamGate:
 def needs_side_tasks(agent: Any) -> bool:
     """Whether ``agent`` or any agent it can hand off to has guardrails that run as
     tasks beside the turn loop (non-blocking input ones, streaming output ones)."""
-    seen: set[int] = set()
-    pending = [agent]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if any(not g.blocking for g in current.input_guardrails) or any(
-            g.stream for g in current.output_guardrails
-        ):
-            return True
-        pending.extend(current.handoffs)
-    return False
+    from ._handoffs import reachable
+
+    return any(
+        any(not g.blocking for g in current.input_guardrails)
+        or any(g.stream for g in current.output_guardrails)
+        for current in reachable(agent)
+    )
 
 
 def stop_run(state: RunState, error: GuardrailTripped | GuardrailFault) -> None:

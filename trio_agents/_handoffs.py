@@ -6,24 +6,49 @@ call of that turn has its result, the turn loop switches the run's agent
 (:func:`switch_agent`): the next model request has the target's instructions, tools,
 model and output type, on the same conversation; ``max_turns`` and the run's limits
 count over the whole run.
+
+Agents are frozen, so two that hand off to each other (triage ⇄ billing) cannot both
+hold the other when made: a target may be given *lazily*, as a callable of no
+arguments returning the agent, called once, when the agent's handoff tools are first
+needed (:func:`resolve_targets`; a run resolves every agent it can reach when it is
+made). A cycle lets a run bounce between agents forever: the ``max_handoffs`` run
+option bounds the switches of one run, and a transfer past it is answered with an error
+the model reads (``_toolcalls.hand_off``).
 """
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ._events import RunHandoff
 from ._frozen import freeze_json
+from ._items import Item, ToolCall, ToolResult
 from ._model import ToolSpec
 
 if TYPE_CHECKING:
     from ._agent import Agent
     from ._state import RunState
 
-__all__ = ["handoff_specs", "index_handoffs", "switch_agent", "tool_name_for"]
+__all__ = [
+    "Handoff",
+    "agent_after",
+    "agent_named",
+    "check_handoff",
+    "handoff_specs",
+    "index_handoffs",
+    "reachable",
+    "resolve_targets",
+    "switch_agent",
+    "tool_name_for",
+]
+
+# An element of Agent(handoffs=[...]): an agent, or a callable of no arguments returning
+# one (for agents that hand off to each other).
+Handoff: TypeAlias = "Agent | Callable[[], Agent]"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _NO_PARAMETERS: Mapping[str, Any] = freeze_json(
@@ -36,6 +61,80 @@ def tool_name_for(agent_name: str, prefix: str = "") -> str:
     name, other characters replaced by ``_``."""
     name = prefix + _UNSAFE.sub("_", agent_name)
     return name[:64] or "agent"
+
+
+def check_handoff(index: int, element: object) -> None:
+    """An element of ``Agent(handoffs=...)`` as given: an agent or a callable."""
+    from ._agent import Agent
+
+    if isinstance(element, Agent):
+        return
+    if not callable(element) or inspect.isclass(element):
+        raise TypeError(
+            f"Agent(handoffs=...): element {index} is {type(element).__name__}, not an Agent"
+            " (nor a callable of no arguments returning one, e.g. lambda: billing)"
+        )
+
+
+def resolve_targets(owner: str, handoffs: Iterable[Handoff]) -> tuple[Agent, ...]:
+    """The agents ``handoffs`` name: an agent as is, a callable called (once per agent:
+    the caller caches the result). A callable that raises or returns anything but an
+    Agent raises a ``TypeError`` naming ``owner`` and the element."""
+    from ._agent import Agent
+
+    found = []
+    for index, element in enumerate(handoffs):
+        if isinstance(element, Agent):
+            found.append(element)
+            continue
+        what = f"Agent {owner!r}, handoffs element {index} ({element!r:.60})"
+        try:
+            target = element()
+        except Exception as exc:
+            raise TypeError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(target, Agent):
+            raise TypeError(f"{what} returned {type(target).__name__}, not an Agent")
+        found.append(target)
+    return tuple(found)
+
+
+def reachable(agent: Agent) -> list[Agent]:
+    """``agent`` and every agent it can hand off to, directly or not, each once (a cycle
+    ends where it meets an agent already seen), resolving lazy targets on the way."""
+    seen: set[int] = {id(agent)}
+    found = [agent]
+    for current in found:  # grows as targets are found: a breadth-first walk
+        for target in current._handoff_index().values():
+            if id(target) not in seen:
+                seen.add(id(target))
+                found.append(target)
+    return found
+
+
+def agent_named(agent: Agent, name: str) -> Agent:
+    """The agent called ``name`` among ``agent`` and those it can reach by handoffs (a
+    resumed run's current agent, ``Resume.agent``)."""
+    for candidate in reachable(agent):
+        if candidate.name == name:
+            return candidate
+    raise ValueError(
+        f"resume=Resume(agent={name!r}): no agent of that name is {agent.name!r} or one it"
+        " can hand off to"
+    )
+
+
+def agent_after(agent: Agent, items: Sequence[Item]) -> Agent:
+    """The agent a run that started as ``agent`` works as after ``items`` (all of them
+    its own: a child run's session), following each transfer that succeeded: the one
+    ``ok`` result of a turn's ``transfer_to_<name>`` calls (the others are errors)."""
+    names = {item.call_id: item.name for item in items if isinstance(item, ToolCall)}
+    current = agent
+    for item in items:
+        if isinstance(item, ToolResult) and item.status == "ok":
+            target = current._handoff_index().get(names.get(item.call_id, ""))
+            if target is not None:
+                current = target
+    return current
 
 
 def index_handoffs(targets: Iterable[Agent]) -> Mapping[str, Agent]:
@@ -71,6 +170,7 @@ def switch_agent(state: RunState) -> None:
     state.handoff_to = None
     source = state.agent
     state.agent = target
+    state.handoffs_made += 1  # bounded by the max_handoffs run option (hand_off)
     state.log.append(
         RunHandoff(
             run_id=state.run_id,

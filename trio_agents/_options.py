@@ -36,6 +36,14 @@ def _check_count(_instance: object, attribute: attrs.Attribute[Any], value: obje
         raise ValueError(f"{attribute.name} must be >= 1, got {value!r}")
 
 
+def _check_bound(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """A count that may be 0 (``max_depth=0``: no child runs at all)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{attribute.name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0, got {value!r}")
+
+
 def _check_hooks(_instance: object, _attribute: object, value: Any) -> None:
     if value is not None and not isinstance(value, RunHooks):
         raise TypeError(f"hooks must be a RunHooks instance, not {type(value).__name__}")
@@ -72,6 +80,15 @@ class RunOptions:
     limits: UsageLimits | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(UsageLimits))
     )
+    # How many levels of child runs may grow below this run (DESIGN §17). A child started
+    # with ctx.run or as_tool runs on its parent's tool-call stack (about six Python
+    # frames a level), so a tree that recurses without end would die of RecursionError
+    # near 160 levels: past the bound a child is not started (_children.check_depth).
+    max_depth: int = attrs.field(default=32, validator=_check_bound)
+    # How many times one run may switch agents (DESIGN §17): agents that hand off to
+    # each other could otherwise bounce a conversation forever; a transfer past it is
+    # answered with an error the model reads (_toolcalls.hand_off).
+    max_handoffs: int = attrs.field(default=10, validator=_check_bound)
 
 
 _DEFAULT: list[RunOptions] = []  # frozen: one shared instance for runs without options

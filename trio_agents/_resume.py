@@ -78,6 +78,11 @@ class Resume:
             it raises :class:`UnknownCallError`, as for any answered call.
         rejected: the same for rejections: call id -> the rejection's message (or
             ``None``).
+        agent: the name of the agent the run worked as when the earlier attempt
+            stopped (the ``to_agent`` of its last ``run.handoff``; a cluster reads it
+            from the events it persisted). The resumed run continues as the agent of
+            that name among those the given agent can reach by handoffs (a name none
+            of them has raises ``ValueError``). None: the agent it is given.
     """
 
     attempt: int = attrs.field(validator=_check_at_least(2))
@@ -90,6 +95,9 @@ class Resume:
     # Left out of the hash (a read-only mapping is not hashable); equality compares it.
     rejected: Mapping[str, str | None] = attrs.field(
         factory=dict, converter=_to_rejections, validator=_check_decisions, hash=False
+    )
+    agent: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
     )
 
     @property

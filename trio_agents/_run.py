@@ -38,6 +38,7 @@ from ._events import RunChild, RunStatus
 from ._exceptions import InboxFullError, RunClosedError, UsageLimitExceeded
 from ._feed import TreeCursor, TreeFeed
 from ._guardrails import needs_side_tasks
+from ._handoffs import agent_named
 from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, check_injection
 from ._items import Item, coerce_items, conversation_problems
 from ._limits import WRAP_UP_MESSAGE, Budget
@@ -100,6 +101,9 @@ class Run:
     ) -> None:
         if not isinstance(agent, Agent):
             raise TypeError(f"agent must be an Agent, not {type(agent).__name__}")
+        # Walks every agent the run can hand off to, resolving lazy targets: one that
+        # cannot be resolved raises here, to the caller, before anything starts.
+        self._side_tasks = needs_side_tasks(agent)
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ValueError(f"run_id must be a non-empty str, not {run_id!r}")
         if run_id is not None and clean_text(run_id) is not run_id:
@@ -165,6 +169,10 @@ class Run:
             self._state.budgets = (Budget(options.limits, self), *inherited)
         else:
             self._state.budgets = inherited
+        if resume is not None and resume.agent is not None and resume.agent != agent.name:
+            # After a handoff the earlier attempt worked as another agent: continue as
+            # it (max_turns stays the starting agent's, as in an unbroken run).
+            self._state.agent = agent_named(agent, resume.agent)
         self._state.emit_status(RunStatus.QUEUED)
 
     # ------------------------------------------------------------------ public API
@@ -582,7 +590,7 @@ class Run:
                 self._live = True
                 try:
                     self._on_injected()  # what was injected while the run was queued
-                    if wrap_up_at is None and not needs_side_tasks(self._state.agent):
+                    if wrap_up_at is None and not self._side_tasks:
                         outcome = await drive(
                             self._state,
                             self._inbox,

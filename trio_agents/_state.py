@@ -219,6 +219,7 @@ class RunState:
         "guardrails_running",
         "handle",
         "handoff_to",
+        "handoffs_made",
         "history_loaded",
         "holds",
         "hooks",
@@ -314,6 +315,7 @@ class RunState:
         # The agent a transfer_to_<name> call of the current turn hands the run to
         # (_toolcalls.py, _handoffs.py).
         self.handoff_to: Agent | None = None
+        self.handoffs_made = 0  # switches so far, bounded by options.max_handoffs
         # -- the open calls: _turns.py opens one per tool call of a response (and
         # _session_load.py those a resumed run finds), _toolcalls.py closes it with its
         # result; the repair answers the rest.

@@ -271,10 +271,11 @@ async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> Tool
     agent = state.agent
     tool = agent.get_tool(call.name)
     if tool is None:
-        target = agent._handoffs.get(call.name)
+        handoffs = agent._handoff_index()
+        target = handoffs.get(call.name)
         if target is not None:
             return hand_off(state, call, target)
-        names = ", ".join([*(t.name for t in agent.tools), *agent._handoffs]) or "none"
+        names = ", ".join([*(t.name for t in agent.tools), *handoffs]) or "none"
         output = f"unknown tool {call.name!r}; available tools: {names}"
         return ToolResult(call.call_id, output, status="error")
     ctx = ToolContext(
@@ -370,9 +371,21 @@ async def end_tool(state: RunState, call: ToolCall, result: ToolResult) -> None:
 def hand_off(state: RunState, call: ToolCall, target: Agent) -> ToolResult:
     """A ``transfer_to_<name>`` call: answer it, and hand the run to ``target`` once the
     turn's calls are done (the turn loop does: ``_turns.switch_agent``). The first
-    handoff of a turn wins; another in the same turn is an error the model reads."""
+    handoff of a turn wins; another in the same turn is an error the model reads.
+
+    Past ``max_handoffs`` switches (agents that keep handing the conversation back and
+    forth), the call is refused with an error the model reads, rather than failing the
+    run: the current agent still holds the whole conversation and can answer it
+    itself, and a model that insists is still stopped by ``max_turns``."""
     if state.handoff_to is not None and state.handoff_to is not target:
         output = f"not transferred: this turn already transferred to {state.handoff_to.name}"
+        return ToolResult(call.call_id, output, status="error")
+    limit = state.options.max_handoffs
+    if state.handoff_to is None and state.handoffs_made >= limit:
+        output = (
+            f"not transferred to {target.name}: max_handoffs {limit} reached;"
+            f" answer as {state.agent.name}"
+        )
         return ToolResult(call.call_id, output, status="error")
     state.handoff_to = target
     return ToolResult(call.call_id, f"transferred to {target.name}")

@@ -193,10 +193,15 @@ class ToolContext(Generic[ContextT]):
         ends only its subtree, and this returns its ``cancelled`` result. Options are
         those of :func:`~trio_agents.open_run`; ``cleanup_timeout``,
         ``max_concurrent_tools``, ``inbox_capacity``, ``event_retention``,
-        ``on_tool_error``, ``hooks`` and ``thread_limiter`` default to the parent's.
+        ``on_tool_error``, ``hooks``, ``thread_limiter``, ``context`` and ``max_depth``
+        default to the parent's.
         ``session="inherit"`` (the default) stores the child's conversation in the
         parent's session store under ``"<parent session id>/<call id>"`` (see
         docs/multi-agent.md); ``None`` for none, or any :class:`Session`.
+
+        Raises:
+            MaxDepthExceeded: the child would be more levels below this run (or an
+                ancestor) than its ``max_depth`` allows; nothing of it was started.
         """
         from ._children import make_child, serve_child
 

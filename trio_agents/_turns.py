@@ -282,7 +282,7 @@ def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
     agent = state.agent
     # Shared by every run of the agent, never copied: the schemas are read-only
     # (_frozen.py), so no request can change what another run's model is told.
-    tools = agent._tool_specs
+    tools = agent.tool_specs()
     if final_answer_offered(state):
         assert agent._output is not None
         tools = (*tools, agent._output.tool_spec())

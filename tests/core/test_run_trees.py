@@ -491,6 +491,12 @@ async def test_cancel_racing_a_childs_completion(autojump_clock: Any, cancel_at:
     (child,) = run.children
     assert child.result is not None
     assert child.result.status in ("completed", "cancelled")
+    # A child that completed answered the call, whenever the cancel came.
+    (call_result,) = [i for i in run.result.conversation if isinstance(i, ta.ToolResult)]
+    if child.result.status == "completed":
+        assert (call_result.status, call_result.output) == ("ok", "kid done")
+    else:
+        assert call_result.status == "cancelled"
     await _assert_tree_valid(run)
 
 
@@ -680,3 +686,40 @@ async def test_resumed_parent_resumes_its_child_from_the_childs_session(
         assert ta.conversation_problems(stored_child) == []
         assert stored_child[-1] == ta.AssistantMessage("kid finished")
         assert await session.get_items() == list(result.conversation)
+
+
+@pytest.mark.parametrize(
+    ("kid_turn", "expected"),
+    [
+        ("the kid's answer", ("ok", "the kid's answer")),
+        (Turn(fail="boom"), ("error", "sub-agent kid failed: ModelError: boom")),
+    ],
+    ids=["completed", "failed"],
+)
+async def test_a_finished_childs_answer_survives_a_cancel_during_its_session_close(
+    tmp_path: Any, kid_turn: Turn | str, expected: tuple[str, str]
+) -> None:
+    """The child has its verdict and its terminal update; the root is cancelled while
+    the child's SQLite session (made for it under "<id>/<call id>") is closing. The
+    call keeps the child's answer (or its error result), in the root's result and in
+    its session, like any tool that finished before a cancel."""
+    path = tmp_path / "tree.db"
+    kid = researcher("kid", kid_turn)
+    root = root_calling(kid, then=Turn("root never answers", delay=3600))
+    async with ta.sessions.SQLiteSession(path, "conv") as session:
+        async with ta.open_run(root, "go", session=session) as run:
+            async for event in run.events():
+                if isinstance(event, ta.RunChild):
+                    break
+            (child,) = run.children
+            await child.wait()
+            # The child's task is now closing its session (a thread hop): cancel here.
+            run.cancel("user pressed stop")
+        assert run.result is not None
+        assert (run.result.status, run.result.reason) == ("cancelled", "user pressed stop")
+        assert child.result is not None
+        assert child.result.status == ("completed" if expected[0] == "ok" else "failed")
+        (call_result,) = [i for i in run.result.conversation if isinstance(i, ta.ToolResult)]
+        assert (call_result.status, call_result.output[: len(expected[1])]) == expected
+        assert await session.get_items() == list(run.result.conversation)
+    await _assert_tree_valid(run)

@@ -19,7 +19,9 @@ one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 their items are already in the session after their acceptance (an ``inbox.delivered``
 lost with its node: see :func:`_undelivered`). Approvals and rejections recorded in the
 run's row are given to the resumed run (``Resume.approved``/``rejected``), which answers
-the calls it asks for again with them, without an ``awaiting_approval`` status; a run whose client's node (``on_disconnect="cancel"``) is
+the calls it asks for again with them, without an ``awaiting_approval`` status. A run
+that had handed off continues as the agent its last persisted ``run.handoff`` names
+(``Resume.agent``), not the one it was started with. A run whose client's node (``on_disconnect="cancel"``) is
 dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
 node's runs whose client's node has died since (``PostgresCluster._check_clients``). A
 NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
@@ -44,6 +46,7 @@ import trio
 from .._events import (
     InboxDelivered,
     InboxInjected,
+    RunHandoff,
     RunItemEvent,
     RunStatus,
     event_from_json,
@@ -96,6 +99,8 @@ class Claimed:
     client_node: str | None = None
     client_gone: bool = False
     limits: UsageLimits | None = None  # what it was started with (options["limits"])
+    # The agent its last persisted run.handoff switched to (None: it never handed off).
+    current_agent: str | None = None
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -457,6 +462,7 @@ class Leases:
                 next_seq=claimed.last_seq + 1,
                 started=claimed.started,
                 reason=f"node {claimed.previous_owner} stopped",
+                agent=claimed.current_agent,
                 approved={call_id for call_id, approved, _ in claimed.decisions if approved},
                 rejected={
                     call_id: message
@@ -530,13 +536,17 @@ class Leases:
         injected: dict[str, dict[str, InboxInjected]] = {}
         delivered: set[tuple[str, str]] = set()
         items: dict[str, list[tuple[int, dict[str, object]]]] = {}
+        handed_to: dict[str, str] = {}
         for run_id, data in conn.execute(
-            "SELECT run_id, data FROM trio_agents_events WHERE run_id = ANY(%s)"
-            " AND type IN ('inbox.injected', 'inbox.delivered', 'run.item') ORDER BY run_id, seq",
+            "SELECT run_id, data FROM trio_agents_events WHERE run_id = ANY(%s) AND type IN"
+            " ('inbox.injected', 'inbox.delivered', 'run.item', 'run.handoff')"
+            " ORDER BY run_id, seq",
             (ids,),
         ).fetchall():
             event = event_from_json(json.loads(data))
-            if isinstance(event, InboxInjected):
+            if isinstance(event, RunHandoff):
+                handed_to[str(run_id)] = event.to_agent  # in seq order: the last one wins
+            elif isinstance(event, InboxInjected):
                 injected.setdefault(str(run_id), {})[event.injection_id] = event
             elif isinstance(event, InboxDelivered):
                 delivered.add((str(run_id), event.injection_id))
@@ -581,6 +591,7 @@ class Leases:
                     client_node=clients[run_id],
                     client_gone=clients[run_id] is not None and clients[run_id] not in alive,
                     limits=_limits(options),
+                    current_agent=handed_to.get(run_id),
                 )
             )
         return claimed

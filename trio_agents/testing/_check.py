@@ -366,19 +366,27 @@ def _check_tools(result: RunResult, events: Sequence[RunEvent], out: Found) -> N
 
 
 def _check_tool_cancellation(obs: Observation, out: Found) -> None:
-    """A call in flight when the run's scope was cancelled must end ``cancelled``."""
+    """A call in flight when the run's scope was cancelled must end ``cancelled`` —
+    except a sub-agent call whose child run had already ended (its terminal
+    ``run.child`` came before the cancel): it keeps the child's answer, like a tool
+    that returned before the cancel, however long the child's session takes to close."""
     hard = [c for c in obs.cancels if c.kind != "after_turn" and c.live]
     if not hard:
         return
     cut = hard[0].seq
-    faulty = {c.call_id for c in obs.tool_calls if c.fault is not None}
+    exempt = {c.call_id for c in obs.tool_calls if c.fault is not None}
+    exempt.update(
+        e.call_id
+        for e in obs.events
+        if isinstance(e, RunChild) and e.status.is_terminal and e.seq <= cut
+    )
     started = {e.call_id: e for e in obs.events if isinstance(e, ToolStarted) and e.seq <= cut}
     for event in obs.events:
         if (
             isinstance(event, ToolFinished)
             and event.seq > cut
             and event.call_id in started
-            and event.call_id not in faulty
+            and event.call_id not in exempt
             and event.status != "cancelled"
         ):
             out.append(
