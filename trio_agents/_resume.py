@@ -47,6 +47,26 @@ def _to_rejections(value: Mapping[str, str | None]) -> Mapping[str, str | None]:
     return MappingProxyType(rejections)
 
 
+def _to_spent(value: Mapping[str, int]) -> Mapping[str, int]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"spent must be a mapping of limit name -> count, not {value!r}")
+    spent = dict(value)
+    for name, count in spent.items():
+        if not isinstance(name, str) or isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError("spent maps str limit names to int counts")
+        if count < 0:
+            raise ValueError(f"spent[{name!r}] must be >= 0, got {count!r}")
+    return MappingProxyType(spent)
+
+
+def _to_elapsed(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"elapsed must be a number of seconds, not {type(value).__name__}")
+    if not value >= 0:  # NaN too
+        raise ValueError(f"elapsed must be >= 0, got {value!r}")
+    return float(value)
+
+
 def _check_decisions(instance: Resume, _attribute: object, _value: object) -> None:
     both = instance.approved & instance.rejected.keys()
     if both:
@@ -78,6 +98,12 @@ class Resume:
             it raises :class:`UnknownCallError`, as for any answered call.
         rejected: the same for rejections: call id -> the rejection's message (or
             ``None``).
+        spent: what the earlier attempts spent against the run's ``limits`` (name ->
+            count: ``requests``, ``tool_calls``, ``input_tokens``, ``output_tokens``,
+            ``total_tokens``): the resumed run's budget starts from it, so a limit
+            passed before the takeover stays passed.
+        elapsed: seconds since the run's original start: its ``limits.deadline``
+            counts from then, not from this attempt's start.
     """
 
     attempt: int = attrs.field(validator=_check_at_least(2))
@@ -91,6 +117,8 @@ class Resume:
     rejected: Mapping[str, str | None] = attrs.field(
         factory=dict, converter=_to_rejections, validator=_check_decisions, hash=False
     )
+    spent: Mapping[str, int] = attrs.field(factory=dict, converter=_to_spent, hash=False)
+    elapsed: float = attrs.field(default=0.0, converter=_to_elapsed)
 
     @property
     def detail(self) -> dict[str, Any]:

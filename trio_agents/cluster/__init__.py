@@ -27,7 +27,8 @@ under the session id ``json.dumps([principal, session_id])`` — or
                                      of a queued interrupt run), status, reason, turn,
                      pending (JSON list of call ids),
                      finished, owner (node_id), released, lease_expires_at, attempt,
-                     last_seq, created_at, updated_at)
+                     last_seq, usage (JSON: what its limits counted so far, kept
+                     across a takeover), created_at, updated_at)
     trio_agents_events(run_id, seq, type, data (the event's to_json(), JSON text),
                        PRIMARY KEY (run_id, seq))
     trio_agents_tool_starts(run_id, call_id, attempt, started_at, PK (run_id, call_id))

@@ -3,7 +3,8 @@
 Writing: one reader task per owned run copies ``run.events()`` into the node's buffer
 (nothing in the run's own loop waits for the database); one flusher task writes the
 buffer in one transaction — events, then each run's row (last seq, status, reason,
-turn, pending approvals, and the session released at its terminal status), then one
+turn, pending approvals, what its limits counted so far, and the session released at
+its terminal status), then one
 NOTIFY ``{"k": "run", "r": run_id, "s": last_seq}`` per run, followed (after a newline)
 by the batch's events of that run as ``[[seq, event], ...]``, as many as fit in the
 payload (:data:`INLINE_BYTES`) — at least every
@@ -272,7 +273,9 @@ class EventWriter:
         lost: list[str] = []
         for log, event, item in batch:
             logs[log.run_id] = log
-            row = rows.setdefault(log.run_id, {"attempt": log.attempt, "seq": 0})
+            row = rows.setdefault(
+                log.run_id, {"attempt": log.attempt, "seq": 0, "usage": _spent(log.run)}
+            )
             if event is None:
                 ended.append(log)
                 continue
@@ -416,7 +419,7 @@ class EventWriter:
                 " status = COALESCE(%(status)s, status), reason = CASE WHEN %(status)s IS NULL"
                 " THEN reason ELSE %(reason)s END, turn = COALESCE(%(turn)s, turn),"
                 " pending = COALESCE(%(pending)s, pending),"
-                " finished = finished OR %(finished)s,"
+                " finished = finished OR %(finished)s, usage = COALESCE(%(usage)s, usage),"
                 " active_key = CASE WHEN %(finished)s THEN NULL ELSE active_key END,"
                 # The row lock is ours: renew the run's lease with it (the heartbeat
                 # skips rows locked when it beats).
@@ -432,6 +435,7 @@ class EventWriter:
                     "turn": row.get("turn"),
                     "pending": row.get("pending"),
                     "finished": bool(row.get("finished")),
+                    "usage": row["usage"],
                     "run_id": run_id,
                     "node": self._node_id,
                     "attempt": row["attempt"],
@@ -470,6 +474,17 @@ class EventWriter:
                 "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (CHANNEL, payloads)
             )
         return lost
+
+
+def _spent(run: Run) -> str | None:
+    """What the run's own limits counted so far, as its row keeps it (None: it has no
+    limits). Taken when its events are flushed, so what the persisted events show was
+    spent (a request, a tool call, streamed tokens) is in it: a takeover's attempt
+    starts its budget from it."""
+    budgets = run._state.budgets
+    if not budgets or budgets[0].owner is not run:
+        return None
+    return json.dumps(budgets[0].spent())
 
 
 def _encoded(item: Item) -> str | None:

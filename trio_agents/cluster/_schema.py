@@ -4,7 +4,8 @@ Created or migrated like the session tables (see
 :mod:`trio_agents.sessions._postgres`): in one transaction, under the same advisory
 lock, with the version in the shared ``trio_agents_schema`` table. Migrations:
 ``MIGRATIONS[v]`` upgrades version ``v`` to ``v + 1``: 1 to 2 adds the index of queued
-runs (``_QUEUED``). The tables are described in the docstring of
+runs (``_QUEUED``); 2 to 3 adds the runs' ``usage`` (what their limits counted so far,
+kept across a takeover). The tables are described in the docstring of
 :mod:`trio_agents.cluster`.
 """
 
@@ -18,7 +19,7 @@ from ..sessions._postgres import _SCHEMA_LOCK, _SCHEMA_TABLE, Migration
 
 __all__ = ["CHANNEL", "COMPONENT", "MIGRATIONS", "SCHEMA_VERSION", "prepare_cluster_schema"]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 COMPONENT: Final = "cluster"
 CHANNEL: Final = "trio_agents_cluster"
 """The one LISTEN/NOTIFY channel of the cluster (payloads are small JSON objects)."""
@@ -35,7 +36,16 @@ def _add_queued_index(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_QUEUED)
 
 
-MIGRATIONS: dict[int, Migration] = {1: _add_queued_index}
+_USAGE: Final = "ALTER TABLE trio_agents_runs ADD COLUMN usage TEXT"
+"""What a run's limits counted so far (JSON ``{name: used}``; NULL: no limits, or
+nothing flushed yet): a takeover's attempt starts its budget from it."""
+
+
+def _add_usage(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_USAGE)
+
+
+MIGRATIONS: dict[int, Migration] = {1: _add_queued_index, 2: _add_usage}
 
 _DDL: Final = (
     """CREATE TABLE trio_agents_nodes (
@@ -63,6 +73,7 @@ _DDL: Final = (
         lease_expires_at TIMESTAMPTZ NOT NULL,
         attempt INTEGER NOT NULL DEFAULT 1,
         last_seq BIGINT NOT NULL DEFAULT 0,
+        usage TEXT,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     "CREATE UNIQUE INDEX trio_agents_runs_active_session ON trio_agents_runs (active_key)"

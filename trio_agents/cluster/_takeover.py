@@ -19,7 +19,9 @@ one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 their items are already in the session after their acceptance (an ``inbox.delivered``
 lost with its node: see :func:`_undelivered`). Approvals and rejections recorded in the
 run's row are given to the resumed run (``Resume.approved``/``rejected``), which answers
-the calls it asks for again with them, without an ``awaiting_approval`` status; a run whose client's node (``on_disconnect="cancel"``) is
+the calls it asks for again with them, without an ``awaiting_approval`` status; so is what
+its limits counted so far (its row's ``usage``, ``Resume.spent``) and the time since it
+was accepted (``Resume.elapsed``: its deadline counts from then); a run whose client's node (``on_disconnect="cancel"``) is
 dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
 node's runs whose client's node has died since (``PostgresCluster._check_clients``). A
 NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
@@ -96,6 +98,10 @@ class Claimed:
     client_node: str | None = None
     client_gone: bool = False
     limits: UsageLimits | None = None  # what it was started with (options["limits"])
+    # What its limits counted so far (its row's usage) and the seconds since it was
+    # accepted (its row's created_at): the resumed attempt's budget and deadline.
+    spent: dict[str, int] = attrs.field(factory=dict)
+    elapsed: float = 0.0
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -192,6 +198,21 @@ def _limits(options: str) -> UsageLimits | None:
         return effective_limits(limits_from_wire("limits", stored), None)
     except (TypeError, ValueError, AttributeError, ProtocolError):
         return None
+
+
+def _spent(usage: str | None) -> dict[str, int]:
+    """A run's persisted ``usage`` (``{}`` if none, or unreadable)."""
+    try:
+        stored = json.loads(usage) if usage else {}
+    except (TypeError, ValueError):
+        return {}
+    if not isinstance(stored, dict):
+        return {}
+    return {
+        str(name): count
+        for name, count in stored.items()
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0
+    }
 
 
 def _input(options: str, logged: bool) -> tuple[Item, ...]:
@@ -457,6 +478,8 @@ class Leases:
                 next_seq=claimed.last_seq + 1,
                 started=claimed.started,
                 reason=f"node {claimed.previous_owner} stopped",
+                spent=claimed.spent,
+                elapsed=claimed.elapsed,
                 approved={call_id for call_id, approved, _ in claimed.decisions if approved},
                 rejected={
                     call_id: message
@@ -498,7 +521,9 @@ class Leases:
         cluster = self._cluster
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
-            " session_key, session_id IS NOT NULL AND active_key IS NULL FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
+            " session_key, session_id IS NOT NULL AND active_key IS NULL, usage,"
+            " GREATEST(EXTRACT(EPOCH FROM now() - created_at), 0)::float8"
+            " FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
             " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at, created_at LIMIT %s"
             " FOR UPDATE SKIP LOCKED",
             # Not the runs this node stopped and has yet to release (its heartbeat, in
@@ -547,9 +572,8 @@ class Leases:
         alive = live_nodes(conn, wanted) if wanted else set()
         claimed = []
         for row in rows:
-            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key, queued = (
-                row
-            )
+            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key = row[:9]
+            queued, usage, elapsed = row[9:]
             accepted = [
                 event
                 for injection_id, event in injected.get(run_id, {}).items()
@@ -581,6 +605,8 @@ class Leases:
                     client_node=clients[run_id],
                     client_gone=clients[run_id] is not None and clients[run_id] not in alive,
                     limits=_limits(options),
+                    spent=_spent(usage),
+                    elapsed=float(elapsed),
                 )
             )
         return claimed
