@@ -463,9 +463,36 @@ class PostgresCluster:
         from_seq: int | None,
         mode: str,
         send: Callable[[dict[str, Any]], Awaitable[None]],
+        *,
+        absent_ends: bool = True,
     ) -> None:
         """Send a run's persisted events from ``from_seq`` on (``_eventlog.follow``)."""
-        await follow(self._db, self._listener, run_id, from_seq, mode, send)
+        await follow(
+            self._db, self._listener, run_id, from_seq, mode, send, absent_ends=absent_ends
+        )
+
+    async def _child_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
+        """A child run's row (its tree's root, parent, call, agent, last seq, whether it
+        finished, and its root's owner), if ``run_id`` is a persisted child run of
+        ``principal``'s (its root's)."""
+
+        def read(conn: Any) -> dict[str, Any] | None:
+            row = conn.execute(
+                "SELECT c.root_id, c.parent_id, c.call_id, c.agent, c.last_seq, c.finished,"
+                " r.owner FROM trio_agents_children AS c JOIN trio_agents_runs AS r"
+                " ON r.run_id = c.root_id WHERE c.run_id = %s AND r.principal = %s",
+                (run_id, principal),
+            ).fetchone()
+            if row is None:
+                return None
+            keys = ("root_id", "parent_id", "call_id", "agent", "seq", "finished", "owner")
+            return {"run_id": run_id, **dict(zip(keys, row, strict=True))}
+
+        try:
+            found: dict[str, Any] | None = await self._db.call(read)
+        except ClusterDown as exc:
+            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        return found
 
     async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
         """Send an op to the owner of ``run_id``; its ack fields come back (errors:
@@ -633,7 +660,10 @@ class PostgresCluster:
         may have expired: another node may take them over); returns how many."""
         count = 0
         for log in list(self._writer.logs.values()):
-            if not log.fence.closed:
+            if log.root is not None:  # a child run: stopped with its root
+                log.fence.closed = True
+                log.fence.fence_seq = None
+            elif not log.fence.closed:
                 log.fence.closed = True
                 log.fence.fence_seq = None
                 log.run.cancel(reason)

@@ -19,11 +19,12 @@ runs) and adds what makes N nodes act as one server:
   persisted log; a subscription to a run of this node whose attempt here stops
   (lease lost, hand-over) continues from that log where it was.
 
-A tree lives on its root's node and only the root has a row in the cluster's tables:
-another node resolves a child's id by asking the nodes that run the principal's runs
+A tree lives on its root's node. Its child runs' events are persisted under their own
+ids (``trio_agents_children`` keeps each child's root, parent and last seq), so any
+node follows a child, or a whole tree, from the cluster's log. Another node resolves a
+child's id for an op by asking the nodes that run the principal's runs
 (:meth:`ClusterHost._tree_node`) and routes the op there; the ops on a child are
-applied there without being recorded (a takeover does not replay them), and its events
-(not in the cluster's log) are served by that node only.
+applied there without being recorded (a takeover does not replay them).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ __all__ = ["ClusterHost"]
 logger = logging.getLogger("trio_agents.cluster")
 
 _CONTROL_OPS = ("run.cancel", "run.inject", "run.withdraw", "run.approve", "run.reject")
+_TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _info(row: Mapping[str, Any]) -> RunInfo:
@@ -86,6 +88,9 @@ class _ClusterEvents:
         status_only: bool,
         local: Any,
         follow_from: int | None,
+        *,
+        tree: bool = False,
+        absent_ends: bool = True,
     ) -> None:
         self._host = host
         self._nursery = nursery
@@ -94,7 +99,9 @@ class _ClusterEvents:
         self._local = local
         self._receive: trio.MemoryReceiveChannel[HostedEvent] | None = None
         if local is None:
-            self._receive = host._follow(nursery, run_id, follow_from, status_only)
+            self._receive = host._follow(
+                nursery, run_id, follow_from, status_only, tree=tree, absent_ends=absent_ends
+            )
 
     def __aiter__(self) -> _ClusterEvents:
         return self
@@ -238,16 +245,6 @@ class ClusterHost(LocalHost):
                 raise
             return node, answer["run"]
         raise ProtocolError("not_found", f"no run {run_id!r}")
-
-    async def _elsewhere(self, principal: str, run_id: str, what: str) -> None:
-        """Refuse to serve the events of another node's child run (``invalid_request``);
-        ``not_found`` if there is no such run of the principal."""
-        node, _ = await self._tree_node(principal, run_id)
-        raise ProtocolError(
-            "invalid_request",
-            f"run {run_id} is a child run of a tree that node {node} of the cluster runs:"
-            f" {what} on that node (a child's events are not in the cluster's log)",
-        )
 
     async def _known(self, principal: str, run_id: str) -> RunInfo:
         """A run of the cluster this node does not run (a root's row, or a child's on
@@ -426,56 +423,124 @@ class ClusterHost(LocalHost):
     ) -> AsyncIterator[AsyncIterator[HostedEvent]]:
         """As :meth:`LocalHost.events`, for any run of the cluster: this node's runs as
         they happen (each event once persisted), another node's from the cluster's
-        log. A tree (not in the log) is served by the node running it only
-        (``invalid_request`` elsewhere)."""
+        log — a child run's too (its events are persisted under its own id), and a
+        tree's (its root's log and each descendant's, merged as they come)."""
         with host_errors():
             check_from_seq(from_seq, tree)
             entry = self._here(principal, run_id)
             start = max(from_seq or 1, 1)
             local = None
+            absent_ends = True
             if entry is not None and (tree or start >= entry.first_seq):
                 local = self._events_here(entry, from_seq, tree=tree, status_only=status_only)
-            elif tree:
-                await self._no_tree_here(principal, run_id)
             else:
-                try:
-                    await self._row(principal, run_id)
-                except ProtocolError as exc:
-                    if exc.code != "not_found":
-                        raise
-                    await self._elsewhere(principal, run_id, "subscribe to it")
+                absent_ends = await self._persisted(principal, run_id)
         async with trio.open_nursery() as nursery:
-            events = _ClusterEvents(self, nursery, run_id, status_only, local, from_seq)
+            events = _ClusterEvents(
+                self,
+                nursery,
+                run_id,
+                status_only,
+                local,
+                from_seq,
+                tree=tree,
+                absent_ends=absent_ends,
+            )
             try:
                 yield events
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _no_tree_here(self, principal: str, run_id: str) -> None:
+    async def _persisted(self, principal: str, run_id: str) -> bool:
+        """Whether a run of the principal another node runs has a row (a root's, or a
+        persisted child run's); False for a child run the node running its tree has
+        not persisted anything of yet (its first flush is on its way).
+
+        Raises:
+            ProtocolError: ``not_found`` (no such run of the principal), ``internal``.
+        """
         try:
             await self._row(principal, run_id)
+            return True
         except ProtocolError as exc:
             if exc.code != "not_found":
                 raise
-            await self._elsewhere(principal, run_id, "subscribe to its tree")
-        raise ProtocolError(
-            "invalid_request",
-            f"run {run_id} runs on another node of the cluster: subscribe to its"
-            " tree on that node (tree events are not in the cluster's log)",
-        )
+        if await self._cluster._child_of(principal, run_id) is not None:
+            return True
+        await self._tree_node(principal, run_id)  # not_found if it is nowhere
+        return False
 
     def _follow(
-        self, nursery: trio.Nursery, run_id: str, from_seq: int | None, status_only: bool
+        self,
+        nursery: trio.Nursery,
+        run_id: str,
+        from_seq: int | None,
+        status_only: bool,
+        *,
+        tree: bool = False,
+        absent_ends: bool = True,
     ) -> trio.MemoryReceiveChannel[HostedEvent]:
-        """Follow a run's persisted log in ``nursery``; its events come out of the
-        returned channel, which ends with the run (or when this node stops)."""
+        """Follow a run's persisted log (``tree``: its tree's logs) in ``nursery``; its
+        events come out of the returned channel, which ends with the run (or when
+        this node stops)."""
         send, receive = trio.open_memory_channel[HostedEvent](0)
         scope = trio.CancelScope()
         if self._stopping:
             scope.cancel()
         self._follows.add(scope)
-        nursery.start_soon(self._follow_task, run_id, from_seq, status_only, send, scope)
+        if tree:
+            nursery.start_soon(self._follow_tree, run_id, status_only, send, scope, absent_ends)
+        else:
+            nursery.start_soon(
+                self._follow_task, run_id, from_seq, status_only, send, scope, absent_ends
+            )
         return receive
+
+    async def _follow_tree(
+        self,
+        root_id: str,
+        status_only: bool,
+        channel: trio.MemorySendChannel[HostedEvent],
+        scope: trio.CancelScope,
+        absent_ends: bool,
+    ) -> None:
+        """Follow a tree's persisted logs: ``root_id``'s, and each descendant's from the
+        ``run.child`` event that announces it, merged in the order they are persisted;
+        ``root_id``'s terminal update comes last, after every descendant's log ended
+        (as :meth:`Run.events` with ``tree=True`` ends)."""
+        held: list[HostedEvent] = []
+
+        async def follow_run(run_id: str, nursery: trio.Nursery, absent: bool) -> None:
+            async def send(frame: dict[str, Any]) -> None:
+                event = frame["event"]
+                hosted = HostedEvent(frame["run_id"], frame["seq"], event)
+                if event.get("type") == "run.child" and event.get("status") == "queued":
+                    # Its row may not be written yet: wait for it.
+                    nursery.start_soon(follow_run, str(event["child_id"]), nursery, False)
+                if status_only and event.get("type") not in ("run.updated", "events.dropped"):
+                    return
+                if (
+                    run_id == root_id
+                    and event.get("type") == "run.updated"
+                    and event.get("status") in _TERMINAL
+                ):
+                    held.append(hosted)  # once every descendant's log ended
+                    return
+                await channel.send(hosted)
+
+            await self._cluster._follow(run_id, 1, "all", send, absent_ends=absent)
+
+        try:
+            async with channel:
+                with scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(follow_run, root_id, nursery, absent_ends)
+                    for hosted in held:
+                        await channel.send(hosted)
+        except Exception:
+            logger.exception("following the tree of %s failed", root_id)
+        finally:
+            self._follows.discard(scope)
 
     async def _follow_task(
         self,
@@ -484,6 +549,7 @@ class ClusterHost(LocalHost):
         status_only: bool,
         channel: trio.MemorySendChannel[HostedEvent],
         scope: trio.CancelScope,
+        absent_ends: bool = True,
     ) -> None:
         async def send(frame: dict[str, Any]) -> None:
             await channel.send(HostedEvent(frame["run_id"], frame["seq"], frame["event"]))
@@ -492,7 +558,9 @@ class ClusterHost(LocalHost):
         try:
             async with channel:
                 with scope:
-                    await self._cluster._follow(run_id, from_seq, mode, send)
+                    await self._cluster._follow(
+                        run_id, from_seq, mode, send, absent_ends=absent_ends
+                    )
         except Exception:
             logger.exception("following the events of %s failed", run_id)
         finally:

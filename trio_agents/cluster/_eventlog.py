@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 import trio
 
-from .. import InboxInjected, Run, RunItemEvent, RunStatus, RunUpdated
+from .. import InboxInjected, Run, RunChild, RunItemEvent, RunStatus, RunUpdated
 from .._items import Item
 from ..sessions._storage import encode_items
 from ._capacity import end_run_in
@@ -124,6 +124,9 @@ class RunLog:
     # The error of the last flush of this run's events, if it failed (None once one
     # succeeds): a session write waiting for that flush reports it.
     error: BaseException | None = None
+    # A child run's log: its tree's root's (None for a root). A child has no row of its
+    # own in trio_agents_runs: its events are fenced by its root's row.
+    root: RunLog | None = None
 
     def _changed(self) -> None:
         self.changed.set()
@@ -189,23 +192,45 @@ class EventWriter:
 
     def track(self, nursery: trio.Nursery, log: RunLog, session: ClusterSession | None) -> None:
         """Start persisting ``log.run``'s events (from ``log.start_seq``), and the items
-        the run writes to ``session`` with their ``run.item`` events."""
+        the run writes to ``session`` with their ``run.item`` events; and those of each
+        child run it starts (:meth:`_track_child`)."""
         self.logs[log.run_id] = log
         log.hurry = self._urgent_now
         if session is not None:
             log.session = session
             session.log = log
-        nursery.start_soon(self._read, log)
+        nursery.start_soon(self._read, log, nursery)
+
+    def _track_child(self, nursery: trio.Nursery, parent: RunLog, child_id: str) -> None:
+        """Persist the events of a child run ``parent``'s run just started, under its
+        own id (its grandchildren's too, as its reader finds them): in the same
+        transactions as its root's, fenced by its root's row, so any node follows it.
+        Its conversation is written by its own session, as in one process."""
+        child = parent.run.find(child_id)
+        if child is None or child_id in self.logs:
+            return
+        root = parent.root or parent
+        # Its own fence (seqs are per run), closed with its root's (hand-over, lease
+        # lost, crash: they close every log of the node; a root fenced off by a flush
+        # closes its children's, _flush).
+        log = RunLog(
+            child_id, parent.attempt, child, 1, Fence(closed=root.fence.closed), root=root
+        )
+        self.logs[child_id] = log
+        log.hurry = self._urgent_now
+        nursery.start_soon(self._read, log, nursery)
 
     def _urgent_now(self) -> None:
         self._urgent.set()
 
-    async def _read(self, log: RunLog) -> None:
+    async def _read(self, log: RunLog, nursery: trio.Nursery) -> None:
         try:
             async for event in log.run.events(log.start_seq):
                 if log.fenced(event.seq):
                     break
                 item: str | None = None
+                if isinstance(event, RunChild) and event.status is RunStatus.QUEUED:
+                    self._track_child(nursery, log, event.child_id)
                 if isinstance(event, RunItemEvent):
                     self._urgent.set()
                     if log.writes_item():
@@ -274,7 +299,8 @@ class EventWriter:
         for log, event, item in batch:
             logs[log.run_id] = log
             row = rows.setdefault(
-                log.run_id, {"attempt": log.attempt, "seq": 0, "usage": _spent(log.run)}
+                log.run_id,
+                {"attempt": log.attempt, "seq": 0, "usage": _spent(log.run), "tree": _tree(log)},
             )
             if event is None:
                 ended.append(log)
@@ -307,11 +333,14 @@ class EventWriter:
                 logs[run_id].replies.pop(injection_id, None)
             self.flushes += 1
             for run_id in lost:
-                log = logs[run_id]
+                log = logs[run_id].root or logs[run_id]  # a child's tree is its root's
                 if not log.fence.closed:
                     logger.warning("run %s was taken over by another node; stopping it", run_id)
                     log.fence.closed = True
                     log.run.cancel("lease lost")
+                for other in self.logs.values():
+                    if other.root is log or other is logs[run_id]:
+                        other.fence.closed = True  # nothing more of its tree is written
         for run_id, row in rows.items():
             log = logs[run_id]
             log.error = None
@@ -410,6 +439,10 @@ class EventWriter:
         lost: list[str] = []
         written: dict[str, int] = {}
         for run_id, row in rows.items():
+            if row["tree"] is not None:
+                if _write_child(conn, run_id, row, self._node_id) is None:
+                    lost.append(run_id)
+                continue
             # The run's row lock, held until the commit, fences everything below: a
             # node that no longer owns this attempt writes no event and no item. It
             # returns the last seq persisted before (a flush retried after its commit
@@ -476,6 +509,44 @@ class EventWriter:
         return lost
 
 
+def _tree(log: RunLog) -> tuple[str, str, str, str] | None:
+    """A child run's place in its tree, as its row keeps it: its root's id, its
+    parent's, its call id in its parent and its agent (None for a root)."""
+    if log.root is None:
+        return None
+    run = log.run
+    return (log.root.run_id, run.parent_id or "", run.call_id or "", run.agent.name)
+
+
+def _write_child(conn: Conn, run_id: str, row: dict[str, Any], node_id: str) -> str | None:
+    """Upsert a child run's row (its last seq, whether it finished), under its root's
+    row lock and only while this node owns the root's attempt: None when it does not
+    (fenced: nothing of the child is written either)."""
+    root_id, parent_id, call_id, agent = row["tree"]
+    found = conn.execute(
+        "WITH root AS (SELECT run_id FROM trio_agents_runs WHERE run_id = %(root)s"
+        " AND owner = %(node)s AND attempt = %(attempt)s FOR UPDATE)"
+        " INSERT INTO trio_agents_children AS c"
+        " (run_id, root_id, parent_id, call_id, agent, last_seq, finished)"
+        " SELECT %(run_id)s, root.run_id, %(parent)s, %(call)s, %(agent)s, %(seq)s,"
+        " %(finished)s FROM root ON CONFLICT (run_id) DO UPDATE SET"
+        " last_seq = GREATEST(c.last_seq, EXCLUDED.last_seq),"
+        " finished = c.finished OR EXCLUDED.finished RETURNING c.run_id",
+        {
+            "root": root_id,
+            "node": node_id,
+            "attempt": row["attempt"],
+            "run_id": run_id,
+            "parent": parent_id,
+            "call": call_id,
+            "agent": agent,
+            "seq": row["seq"],
+            "finished": bool(row.get("finished")),
+        },
+    ).fetchone()
+    return None if found is None else str(found[0])
+
+
 def _spent(run: Run) -> str | None:
     """What the run's own limits counted so far, as its row keeps it (None: it has no
     limits). Taken when its events are flushed, so what the persisted events show was
@@ -513,9 +584,12 @@ def _payload(run_id: str, last_seq: int, events: list[tuple[int, str]]) -> str:
     return head + "\n[" + ",".join(parts) + "]"
 
 
-def _page(conn: Conn, *, run_id: str, start: int) -> tuple[list[tuple[Any, ...]], bool]:
+def _page(
+    conn: Conn, *, run_id: str, start: int, absent_ends: bool = True
+) -> tuple[list[tuple[Any, ...]], bool]:
     """The run's events from ``start`` (a page), and, when there are none, whether the
-    run has ended before ``start`` (finished and its last seq below it, or gone): then
+    run has ended before ``start`` (finished and its last seq below it, or gone — unless
+    ``absent_ends``: a child run whose first events are not flushed yet): then
     nothing more will ever come."""
     rows = conn.execute(
         "SELECT seq, data FROM trio_agents_events WHERE run_id = %s AND seq >= %s"
@@ -525,9 +599,13 @@ def _page(conn: Conn, *, run_id: str, start: int) -> tuple[list[tuple[Any, ...]]
     if rows:
         return rows, False
     row = conn.execute(
-        "SELECT finished, last_seq FROM trio_agents_runs WHERE run_id = %s", (run_id,)
+        "SELECT finished, last_seq FROM trio_agents_runs WHERE run_id = %(r)s UNION ALL"
+        " SELECT finished, last_seq FROM trio_agents_children WHERE run_id = %(r)s",
+        {"r": run_id},
     ).fetchone()
-    return rows, row is None or (bool(row[0]) and int(row[1]) < start)
+    if row is None:
+        return rows, absent_ends
+    return rows, bool(row[0]) and int(row[1]) < start
 
 
 def _is_terminal(event: dict[str, Any]) -> bool:
@@ -541,9 +619,13 @@ async def follow(
     from_seq: int | None,
     mode: str,
     send: Callable[[dict[str, Any]], Awaitable[None]],
+    *,
+    absent_ends: bool = True,
 ) -> None:
     """Send the run's persisted events from ``from_seq`` on, then the live ones as they
-    are persisted, until the terminal ``run.updated`` (see the module docstring)."""
+    are persisted, until the terminal ``run.updated`` (see the module docstring).
+    ``absent_ends=False``: a run without a row yet (a child run just started) is
+    waited for instead of ended."""
     next_seq = max(from_seq or 1, 1)
     backoff = 0.05
 
@@ -558,7 +640,11 @@ async def follow(
     while True:
         with listener.watch(("run", run_id), keep=True) as wake:
             try:
-                rows, ended = await db.call(functools.partial(_page, run_id=run_id, start=next_seq))
+                rows, ended = await db.call(
+                    functools.partial(
+                        _page, run_id=run_id, start=next_seq, absent_ends=absent_ends
+                    )
+                )
                 backoff = 0.05
             except ClusterDown:
                 await trio.sleep(backoff)

@@ -28,7 +28,7 @@ NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
 Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
 longer than ``retain_finished`` ago (and their events, tool starts, withdrawals and
-commands), answered commands as old, and node rows whose lease expired as long ago.
+commands, their child runs' rows and events), answered commands as old, and node rows whose lease expired as long ago.
 
 A run whose agent this node does not serve, or that cannot be resumed, is marked
 ``failed`` with a terminal event, so it never stays orphaned.
@@ -269,7 +269,11 @@ class Leases:
         # restarted under the same id must not keep alive the leases of its previous
         # process's runs, which then expire and are taken over (by any node, itself
         # included).
-        owned = [run_id for run_id, log in cluster._writer.logs.items() if not log.fence.closed]
+        owned = [
+            run_id
+            for run_id, log in cluster._writer.logs.items()
+            if not log.fence.closed and log.root is None  # a child has no row
+        ]
         owned += self._resuming
         owned += cluster._starting
         params = {
@@ -421,6 +425,11 @@ class Leases:
             ).fetchall()
             ids = [str(r[0]) for r in old]
             if ids:
+                children = conn.execute(
+                    "DELETE FROM trio_agents_children WHERE root_id = ANY(%s) RETURNING run_id",
+                    (ids,),
+                ).fetchall()
+                ids += [str(r[0]) for r in children]  # their events go with their root's
                 for table in ("events", "tool_starts", "withdrawals", "commands"):
                     conn.execute(f"DELETE FROM trio_agents_{table} WHERE run_id = ANY(%s)", (ids,))
             conn.execute(

@@ -1,0 +1,137 @@
+"""Run trees in a cluster (DESIGN §12, §17): a tree runs on its root's node, and is as
+reachable from any node as a single run — a client of another node subscribes to a
+child run (from any seq, no gap, no duplicate) and to the whole tree, from the
+cluster's persisted log.
+
+In-process nodes on the suite's real PostgreSQL (``tests/support/cluster_nodes.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+import trio_agents as ta
+from tests.support.cluster_nodes import clients, open_nodes
+from tests.support.cluster_support import Client, Node
+from trio_agents.models import ScriptedModel, Turn
+
+_TERMINAL = ("completed", "failed", "cancelled")
+
+
+def tree_agents(gate: trio.Event) -> dict[str, ta.Agent]:
+    """``root`` asks ``helper`` (an agent tool) once, then answers ``root done``;
+    ``helper`` calls its tool ``wait`` (which waits for ``gate``), then answers
+    ``helper done``. Fresh models per call: each node serves its own."""
+
+    @ta.function_tool
+    async def wait() -> str:
+        """Wait for the gate."""
+        await gate.wait()
+        return "waited"
+
+    helper = ta.Agent(
+        name="helper",
+        model=ScriptedModel([Turn(tool_calls=[("wait", {})]), "helper done"]),
+        tools=[wait],
+    )
+    root = ta.Agent(
+        name="root",
+        model=ScriptedModel([Turn(tool_calls=[("helper", {"input": "dig"})]), "root done"]),
+        tools=[helper.as_tool()],
+    )
+    return {"root": root, "helper": helper}
+
+
+@asynccontextmanager
+async def a_tree_on_a(
+    dsn: str,
+) -> AsyncIterator[tuple[trio.Event, tuple[Node, Node], Client, Client, str, str]]:
+    """Nodes A and B, a client of each, and a tree started on A whose child is in its
+    tool (held by the gate the block gets first), A's client subscribed to the tree:
+    yields the gate, the nodes, the clients, the root's id and the child's."""
+    gate = trio.Event()
+    async with (
+        open_nodes(dsn, {"A": tree_agents(gate), "B": tree_agents(gate)}) as (a, b),
+        clients(a, b) as (ca, cb),
+    ):
+        root_id = await ca.start_run(agent="root", input="go")
+        await ca.ok("run.subscribe", run_id=root_id, tree=True)
+        announced = await ca.wait_event(
+            root_id, lambda e: e["type"] == "run.child" and e["status"] == "queued"
+        )
+        child_id = str(announced["event"]["child_id"])
+        await ca.wait_event(child_id, lambda e: e["type"] == "tool.started")
+        yield gate, (a, b), ca, cb, root_id, child_id
+
+
+def frames_of(c: Client, run_id: str) -> list[tuple[int, str]]:
+    return [(f["seq"], f["event"]["type"]) for f in c.events.get(run_id, [])]
+
+
+def check_log(c: Client, run_id: str) -> list[dict[str, Any]]:
+    """Every seq once, in order, from 1, ending with the one terminal update."""
+    events = [f["event"] for f in c.events[run_id]]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), frames_of(c, run_id)
+    ends = [e for e in events if e["type"] == "run.updated" and e["status"] in _TERMINAL]
+    assert ends == [events[-1]], frames_of(c, run_id)
+    return events
+
+
+async def test_a_client_of_another_node_subscribes_to_a_child_run(pg_dsn: str) -> None:
+    # Before: invalid_request ("a child's events are not in the cluster's log").
+    async with a_tree_on_a(pg_dsn) as (gate, _nodes, ca, cb, root_id, child_id):
+        await cb.ok("run.subscribe", run_id=child_id, from_seq=1)
+        await cb.wait_event(child_id, lambda e: e["type"] == "tool.started")
+        gate.set()
+        await cb.wait_terminal(child_id)
+        await ca.wait_terminal(root_id)
+        seen_on_b = check_log(cb, child_id)
+        assert seen_on_b[-1]["status"] == "completed"
+        # The same log the node running the tree gave its own subscriber.
+        assert seen_on_b == [f["event"] for f in ca.events[child_id]]
+        # From a later seq: the rest of it, once each.
+        start = len(seen_on_b) // 2
+        async with clients(_nodes[1]) as (again,):
+            await again.ok("run.subscribe", run_id=child_id, from_seq=start)
+            await again.wait_terminal(child_id)
+        assert [f["event"] for f in again.events[child_id]] == seen_on_b[start - 1 :]
+
+
+async def test_a_client_of_another_node_subscribes_to_a_child_from_a_later_seq_live(
+    pg_dsn: str,
+) -> None:
+    async with a_tree_on_a(pg_dsn) as (gate, _nodes, ca, cb, _root_id, child_id):
+        on_a = frames_of(ca, child_id)
+        await cb.ok("run.subscribe", run_id=child_id, from_seq=2)
+        await cb.wait_event(child_id, lambda e: e["type"] == "tool.started")
+        gate.set()
+        await cb.wait_terminal(child_id)
+        await ca.wait_terminal(child_id)
+        seqs = [f["seq"] for f in cb.events[child_id]]
+        assert seqs == list(range(2, seqs[-1] + 1))
+        assert seqs[-1] == ca.events[child_id][-1]["seq"]
+        assert frames_of(cb, child_id)[: len(on_a) - 1] == on_a[1:]
+
+
+async def test_a_tree_subscription_on_another_node_sees_the_childrens_events(
+    pg_dsn: str,
+) -> None:
+    # Before: invalid_request ("tree events are not in the cluster's log").
+    async with a_tree_on_a(pg_dsn) as (gate, _nodes, ca, cb, root_id, child_id):
+        await cb.ok("run.subscribe", run_id=root_id, tree=True)
+        await cb.wait_event(child_id, lambda e: e["type"] == "tool.started")
+        gate.set()
+        await cb.wait_terminal(root_id)
+        await ca.wait_terminal(root_id)
+        for run_id in (root_id, child_id):
+            events = check_log(cb, run_id)
+            assert events == [f["event"] for f in ca.events[run_id]]
+            assert events[-1]["status"] == "completed"
+        # The root's terminal update ends the merged stream, after the child's.
+        order = cb.order
+        assert order[-1] == (root_id, cb.events[root_id][-1]["seq"])
+        assert order.index((child_id, cb.events[child_id][-1]["seq"])) < len(order) - 1
