@@ -67,6 +67,31 @@ def _to_elapsed(value: float) -> float:
     return float(value)
 
 
+def _to_children(
+    value: Mapping[tuple[str, str], tuple[str, int]],
+) -> Mapping[tuple[str, str], tuple[str, int]]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"children must be a mapping, not {value!r}")
+    children: dict[tuple[str, str], tuple[str, int]] = {}
+    for key, found in value.items():
+        if not (
+            isinstance(key, tuple)
+            and len(key) == 2
+            and all(isinstance(part, str) for part in key)
+            and isinstance(found, tuple)
+            and len(found) == 2
+            and isinstance(found[0], str)
+            and found[0]
+            and isinstance(found[1], int)
+            and not isinstance(found[1], bool)
+        ):
+            raise TypeError("children maps (parent run id, call id) to (child run id, next seq)")
+        if found[1] < 1:
+            raise ValueError(f"a child's next seq must be >= 1, got {found[1]!r}")
+        children[key] = found
+    return MappingProxyType(children)
+
+
 def _check_decisions(instance: Resume, _attribute: object, _value: object) -> None:
     both = instance.approved & instance.rejected.keys()
     if both:
@@ -104,6 +129,12 @@ class Resume:
             passed before the takeover stays passed.
         elapsed: seconds since the run's original start: its ``limits.deadline``
             counts from then, not from this attempt's start.
+        children: the child runs the earlier attempts started in the tree, by
+            ``(parent run id, call id)``: ``(child run id, its next seq)``. A child the
+            resumed tree resumes (§17: an agent-tool call whose child session holds
+            items) keeps its id and continues its seqs from there, so its log, its
+            subscribers and the ops sent to it by id go on; the mapping is handed down
+            the tree.
     """
 
     attempt: int = attrs.field(validator=_check_at_least(2))
@@ -119,6 +150,9 @@ class Resume:
     )
     spent: Mapping[str, int] = attrs.field(factory=dict, converter=_to_spent, hash=False)
     elapsed: float = attrs.field(default=0.0, converter=_to_elapsed)
+    children: Mapping[tuple[str, str], tuple[str, int]] = attrs.field(
+        factory=dict, converter=_to_children, hash=False
+    )
 
     @property
     def detail(self) -> dict[str, Any]:

@@ -15,17 +15,19 @@ from typing import Any
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_nodes import clients, open_nodes
+from tests.support.cluster_nodes import clients, open_nodes, row_of
 from tests.support.cluster_support import Client, Node
 from trio_agents.models import ScriptedModel, Turn
 
 _TERMINAL = ("completed", "failed", "cancelled")
 
 
-def tree_agents(gate: trio.Event) -> dict[str, ta.Agent]:
+def tree_agents(gate: trio.Event, *, resumed: bool = False) -> dict[str, ta.Agent]:
     """``root`` asks ``helper`` (an agent tool) once, then answers ``root done``;
     ``helper`` calls its tool ``wait`` (which waits for ``gate``), then answers
-    ``helper done``. Fresh models per call: each node serves its own."""
+    ``helper done``. Fresh models per call: each node serves its own. ``resumed``:
+    the agents of a node that takes the tree over mid-call (the root's next request
+    comes after the helper's answer)."""
 
     @ta.function_tool
     async def wait() -> str:
@@ -40,7 +42,10 @@ def tree_agents(gate: trio.Event) -> dict[str, ta.Agent]:
     )
     root = ta.Agent(
         name="root",
-        model=ScriptedModel([Turn(tool_calls=[("helper", {"input": "dig"})]), "root done"]),
+        model=ScriptedModel(
+            ["root done"] if resumed else [Turn(tool_calls=[("helper", {"input": "dig"})])],
+            default="root done",
+        ),
         tools=[helper.as_tool()],
     )
     return {"root": root, "helper": helper}
@@ -58,14 +63,21 @@ async def a_tree_on_a(
         open_nodes(dsn, {"A": tree_agents(gate), "B": tree_agents(gate)}) as (a, b),
         clients(a, b) as (ca, cb),
     ):
-        root_id = await ca.start_run(agent="root", input="go")
-        await ca.ok("run.subscribe", run_id=root_id, tree=True)
-        announced = await ca.wait_event(
-            root_id, lambda e: e["type"] == "run.child" and e["status"] == "queued"
-        )
-        child_id = str(announced["event"]["child_id"])
-        await ca.wait_event(child_id, lambda e: e["type"] == "tool.started")
+        root_id, child_id = await start_tree(ca)
         yield gate, (a, b), ca, cb, root_id, child_id
+
+
+async def start_tree(ca: Client) -> tuple[str, str]:
+    """Start ``root`` (session ``t``) through ``ca``, subscribed to its tree, until its
+    child's tool has started: the root's id and the child's."""
+    root_id = await ca.start_run(agent="root", input="go", session_id="t")
+    await ca.ok("run.subscribe", run_id=root_id, tree=True)
+    announced = await ca.wait_event(
+        root_id, lambda e: e["type"] == "run.child" and e["status"] == "queued"
+    )
+    child_id = str(announced["event"]["child_id"])
+    await ca.wait_event(child_id, lambda e: e["type"] == "tool.started")
+    return root_id, child_id
 
 
 def frames_of(c: Client, run_id: str) -> list[tuple[int, str]]:
@@ -135,3 +147,83 @@ async def test_a_tree_subscription_on_another_node_sees_the_childrens_events(
         order = cb.order
         assert order[-1] == (root_id, cb.events[root_id][-1]["seq"])
         assert order.index((child_id, cb.events[child_id][-1]["seq"])) < len(order) - 1
+
+
+@asynccontextmanager
+async def a_tree_taken_over(
+    dsn: str,
+) -> AsyncIterator[tuple[dict[str, Client], Client, str, str]]:
+    """Nodes A, B and C (a short lease), a client of each; a tree started on A, its
+    child mid-tool, followed from seq 1 by a watcher (another client of B); A then
+    "crashes" and B or C takes the tree over. Yields the clients of B and C by node id,
+    the watcher, the root's id and the child's, once the child has been resumed (its
+    next tool started)."""
+    gate = trio.Event()  # never set: every child's tool waits until the test cancels
+    serving = {
+        "A": tree_agents(gate),
+        "B": tree_agents(gate, resumed=True),
+        "C": tree_agents(gate, resumed=True),
+    }
+    async with (
+        open_nodes(dsn, serving, lease_ttl=1.0) as (a, b, c),
+        clients(a, b, c, b) as (ca, cb, cc, watcher),
+    ):
+        root_id, child_id = await start_tree(ca)
+        await watcher.ok("run.subscribe", run_id=child_id, from_seq=1)
+        first = await watcher.wait_event(child_id, lambda e: e["type"] == "tool.started")
+        a.crash()
+        await watcher.wait_event(
+            child_id, lambda e: e["type"] == "tool.started" and e["seq"] > first["event"]["seq"]
+        )
+        yield {"B": cb, "C": cc}, watcher, root_id, child_id
+
+
+async def test_a_childs_log_continues_under_its_id_after_a_takeover(pg_dsn: str) -> None:
+    # Before: the resumed tree ran the child under a new id; the old id's log stopped
+    # where the dead node left it, and a subscriber of it never saw the child end.
+    async with a_tree_taken_over(pg_dsn) as (on, watcher, root_id, child_id):
+        cb, cc = on["B"], on["C"]
+        await cc.ok("run.subscribe", run_id=root_id, tree=True)  # from its start
+        await cb.ok("run.cancel", run_id=child_id, reason="enough")
+        await cc.wait_terminal(root_id)
+        await watcher.wait_terminal(child_id)
+        events = check_log(watcher, child_id)  # one subscription across the takeover
+        assert check_log(cc, child_id) == events  # the tree's, replayed and live
+        resumed = [e for e in events if (e.get("detail") or {}).get("resumed")]
+        assert [e["status"] for e in resumed] == ["running"], events
+        assert (events[-1]["status"], events[-1]["reason"]) == ("cancelled", "enough")
+        results = [
+            e["item"]
+            for e in events
+            if e["type"] == "run.item" and e["item"]["type"] == "function_call_output"
+        ]
+        assert results[0]["output"].startswith("interrupted"), results  # never ran twice
+        root_events = [f for f in cc.events[root_id] if f["event"]["type"] == "run.child"]
+        assert {f["event"]["child_id"] for f in root_events} == {child_id}
+        assert root_events[-1]["event"]["status"] == "cancelled"
+        assert check_log(cc, root_id)[-1]["status"] == "completed"
+        assert cc.order[-1] == (root_id, cc.events[root_id][-1]["seq"])
+
+
+async def test_an_op_on_a_child_by_its_id_is_routed_to_the_node_that_took_its_tree_over(
+    pg_dsn: str,
+) -> None:
+    # A client holding the child's id sends ops to it after its node died: they reach
+    # the node running the tree now (whichever of B and C took it over), answered for
+    # real. Before: not_found (the resumed child had another id).
+    async with a_tree_taken_over(pg_dsn) as (on, _watcher, root_id, child_id):
+        owner = (await row_of(pg_dsn, root_id))["owner"]
+        other = on["C" if owner == "B" else "B"]
+        got = await other.ok("run.get", run_id=child_id)
+        assert (got["run"]["status"], got["run"]["parent_id"]) == ("running", root_id)
+        injected = await other.ok("run.inject", run_id=child_id, items="hurry")
+        assert injected["injection_id"]
+        await other.ok("run.subscribe", run_id=child_id, from_seq=1)
+        await other.ok("run.cancel", run_id=child_id, reason="enough")
+        end = (await other.wait_terminal(child_id))["event"]
+        assert (end["status"], end["reason"]) == ("cancelled", "enough")
+        check_log(other, child_id)
+        injections = [
+            e for e in (f["event"] for f in other.events[child_id]) if e["type"] == "inbox.injected"
+        ]
+        assert [e["injection_id"] for e in injections] == [injected["injection_id"]]

@@ -431,10 +431,14 @@ class ClusterHost(LocalHost):
             start = max(from_seq or 1, 1)
             local = None
             absent_ends = True
-            if entry is not None and (tree or start >= entry.first_seq):
+            if entry is None:
+                absent_ends = await self._persisted(principal, run_id)
+            elif start >= _first_seq(entry) and not (tree and entry.tree.first_seq > 1):
+                # All of it is this node's (a tree taken over here holds only this
+                # attempt's events: its earlier ones come from the cluster's log).
                 local = self._events_here(entry, from_seq, tree=tree, status_only=status_only)
             else:
-                absent_ends = await self._persisted(principal, run_id)
+                absent_ends = entry.root is None  # a child's row may be on its way
         async with trio.open_nursery() as nursery:
             events = _ClusterEvents(
                 self,
@@ -509,14 +513,18 @@ class ClusterHost(LocalHost):
         ``root_id``'s terminal update comes last, after every descendant's log ended
         (as :meth:`Run.events` with ``tree=True`` ends)."""
         held: list[HostedEvent] = []
+        followed = {root_id}
 
         async def follow_run(run_id: str, nursery: trio.Nursery, absent: bool) -> None:
             async def send(frame: dict[str, Any]) -> None:
                 event = frame["event"]
                 hosted = HostedEvent(frame["run_id"], frame["seq"], event)
-                if event.get("type") == "run.child" and event.get("status") == "queued":
-                    # Its row may not be written yet: wait for it.
-                    nursery.start_soon(follow_run, str(event["child_id"]), nursery, False)
+                child = event.get("child_id")
+                if event.get("type") == "run.child" and child not in followed:
+                    # Announced again when a takeover resumes it (same id, its log
+                    # continuing): followed once. Its row may not be written yet.
+                    followed.add(str(child))
+                    nursery.start_soon(follow_run, str(child), nursery, False)
                 if status_only and event.get("type") not in ("run.updated", "events.dropped"):
                     return
                 if (
@@ -689,6 +697,15 @@ class ClusterHost(LocalHost):
                 raise ProtocolError("not_found", f"no child run {request['run_id']!r} here")
             return {"run": registry.info(entry).to_json()}
         raise ProtocolError("invalid_request", f"{op} is not routed")
+
+
+def _first_seq(entry: RunEntry) -> int:
+    """The first seq of the run's events this node has: a run resumed here (a root, or
+    a child its resumed tree resumed) continues its earlier attempts' log."""
+    if entry.root is None:
+        return entry.first_seq
+    resume = None if entry.run is None else entry.run._options.resume
+    return 1 if resume is None else resume.next_seq
 
 
 def _start_request(request: StartRequest) -> dict[str, Any]:

@@ -210,11 +210,13 @@ class EventWriter:
         if child is None or child_id in self.logs:
             return
         root = parent.root or parent
+        resume = child._options.resume  # a child a takeover resumed continues its log
+        start = 1 if resume is None else resume.next_seq
         # Its own fence (seqs are per run), closed with its root's (hand-over, lease
         # lost, crash: they close every log of the node; a root fenced off by a flush
         # closes its children's, _flush).
         log = RunLog(
-            child_id, parent.attempt, child, 1, Fence(closed=root.fence.closed), root=root
+            child_id, parent.attempt, child, start, Fence(closed=root.fence.closed), root=root
         )
         self.logs[child_id] = log
         log.hurry = self._urgent_now
@@ -477,8 +479,17 @@ class EventWriter:
             ).fetchone()
             if found is None:
                 lost.append(run_id)
-            else:
-                written[run_id] = int(found[0])
+                continue
+            written[run_id] = int(found[0])
+            if row.get("finished"):
+                # Its tree is over: a child run an earlier attempt started and this one
+                # did not resume (its log ended with its node) ends too, so no follower
+                # of it waits for ever (it reads its table: nothing more will come).
+                conn.execute(
+                    "UPDATE trio_agents_children SET finished = true"
+                    " WHERE root_id = %s AND NOT finished",
+                    (run_id,),
+                )
         # The items of the batch's run.item events, in the same transaction as the
         # events: after a crash the session and the event log hold both or neither.
         for run_id, session, pairs in items:
@@ -641,9 +652,7 @@ async def follow(
         with listener.watch(("run", run_id), keep=True) as wake:
             try:
                 rows, ended = await db.call(
-                    functools.partial(
-                        _page, run_id=run_id, start=next_seq, absent_ends=absent_ends
-                    )
+                    functools.partial(_page, run_id=run_id, start=next_seq, absent_ends=absent_ends)
                 )
                 backoff = 0.05
             except ClusterDown:

@@ -21,7 +21,9 @@ lost with its node: see :func:`_undelivered`). Approvals and rejections recorded
 run's row are given to the resumed run (``Resume.approved``/``rejected``), which answers
 the calls it asks for again with them, without an ``awaiting_approval`` status; so is what
 its limits counted so far (its row's ``usage``, ``Resume.spent``) and the time since it
-was accepted (``Resume.elapsed``: its deadline counts from then); a run whose client's node (``on_disconnect="cancel"``) is
+was accepted (``Resume.elapsed``: its deadline counts from then), and its tree's
+unfinished child runs (``Resume.children``: a child the tree resumes keeps its id and
+continues its log); a run whose client's node (``on_disconnect="cancel"``) is
 dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
 node's runs whose client's node has died since (``PostgresCluster._check_clients``). A
 NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
@@ -102,6 +104,8 @@ class Claimed:
     # accepted (its row's created_at): the resumed attempt's budget and deadline.
     spent: dict[str, int] = attrs.field(factory=dict)
     elapsed: float = 0.0
+    # Its tree's unfinished child runs, by (parent id, call id): (child id, last seq).
+    children: dict[tuple[str, str], tuple[str, int]] = attrs.field(factory=dict)
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -489,6 +493,10 @@ class Leases:
                 reason=f"node {claimed.previous_owner} stopped",
                 spent=claimed.spent,
                 elapsed=claimed.elapsed,
+                children={
+                    key: (child_id, last_seq + 1)
+                    for key, (child_id, last_seq) in claimed.children.items()
+                },
                 approved={call_id for call_id, approved, _ in claimed.decisions if approved},
                 rejected={
                     call_id: message
@@ -576,6 +584,14 @@ class Leases:
                 delivered.add((str(run_id), event.injection_id))
             elif isinstance(event, RunItemEvent):
                 items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
+        children: dict[str, dict[tuple[str, str], tuple[str, int]]] = {}
+        for root_id, parent_id, call_id, child_id, child_seq in conn.execute(
+            "SELECT root_id, parent_id, call_id, run_id, last_seq FROM trio_agents_children"
+            " WHERE root_id = ANY(%s) AND NOT finished",
+            (ids,),
+        ).fetchall():
+            key = (str(parent_id), str(call_id))
+            children.setdefault(str(root_id), {})[key] = (str(child_id), int(child_seq))
         clients = {str(r[0]): _client(str(r[7])) for r in rows}
         wanted = sorted({node for node in clients.values() if node is not None})
         alive = live_nodes(conn, wanted) if wanted else set()
@@ -616,6 +632,7 @@ class Leases:
                     limits=_limits(options),
                     spent=_spent(usage),
                     elapsed=float(elapsed),
+                    children=children.get(run_id, {}),
                 )
             )
         return claimed

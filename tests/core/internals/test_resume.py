@@ -198,6 +198,9 @@ def test_resume_is_a_hashable_value_with_its_decisions() -> None:
         ({"attempt": 2, "next_seq": 1, "elapsed": "1"}, TypeError),
         ({"attempt": 2, "next_seq": 1, "elapsed": -1.0}, ValueError),
         ({"attempt": 2, "next_seq": 1, "elapsed": float("nan")}, ValueError),
+        ({"attempt": 2, "next_seq": 1, "children": {"p/c": ("run_1", 3)}}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "children": {("p", "c"): ("", 3)}}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "children": {("p", "c"): ("run_1", 0)}}, ValueError),
     ],
 )
 def test_resume_validates_its_fields(kwargs: dict[str, Any], error: type[Exception]) -> None:
