@@ -702,7 +702,8 @@ async def test_a_resumed_child_keeps_the_id_and_seqs_its_earlier_attempt_had(
         )
         async with ta.open_run(root, [], session=session, run_id="run_root", resume=resume) as run:
             events = [event async for event in run.events(tree=True)]
-    assert run.result is not None and run.result.status == "completed"
+    assert run.result is not None
+    assert run.result.status == "completed"
     (child,) = run.children
     assert child.id == "run_kid"
     kid_seqs = [event.seq for event in events if event.run_id == "run_kid"]
