@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
+import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_nodes import clients, open_nodes, row_of
+from tests.support.cluster_nodes import clients, open_nodes, request_as_owner_dies, row_of
 from tests.support.cluster_support import Client, Node
 from trio_agents.models import ScriptedModel, Turn
 
@@ -227,3 +228,42 @@ async def test_an_op_on_a_child_by_its_id_is_routed_to_the_node_that_took_its_tr
             e for e in (f["event"] for f in other.events[child_id]) if e["type"] == "inbox.injected"
         ]
         assert [e["injection_id"] for e in injections] == [injected["injection_id"]]
+
+
+async def test_a_cancel_of_a_child_acked_before_its_node_died_holds_after_the_takeover(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client of B cancels the child A runs; A records the cancel (with its answer)
+    # and dies before applying it. The client has its ack; B resumes the tree and the
+    # child ends cancelled, with that reason, before its model is asked anything.
+    # Before: nothing was recorded, and the resumed child ran on (its tool again).
+    gate = trio.Event()
+    b_agents = tree_agents(gate, resumed=True)
+    serving = {"A": tree_agents(gate), "B": b_agents}
+    async with (
+        open_nodes(pg_dsn, serving, lease_ttl=1.0) as (a, _b),
+        clients(a, _b) as (ca, cb),
+    ):
+        root_id, child_id = await start_tree(ca)
+        await cb.ok("run.subscribe", run_id=child_id, from_seq=1)
+        recorded = trio.Event()
+        real = a.cluster._record_child_cancel
+
+        async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
+            await real(*args, **kwargs)
+            recorded.set()
+            await trio.sleep_forever()
+
+        monkeypatch.setattr(a.cluster, "_record_child_cancel", record_then_die)
+        answer = await request_as_owner_dies(
+            a, cb, "run.cancel", once=[recorded], run_id=child_id, reason="enough"
+        )
+        assert answer["type"] == "ack", answer
+        end = (await cb.wait_terminal(child_id))["event"]
+        assert (end["status"], end["reason"]) == ("cancelled", "enough")
+        check_log(cb, child_id)
+        await cb.ok("run.subscribe", run_id=root_id, from_seq=1)
+        assert (await cb.wait_terminal(root_id))["event"]["status"] == "completed"
+    helper_model = b_agents["helper"].model
+    assert isinstance(helper_model, ScriptedModel)
+    assert helper_model.requests == []  # the resumed child never asked its model

@@ -23,8 +23,9 @@ A tree lives on its root's node. Its child runs' events are persisted under thei
 ids (``trio_agents_children`` keeps each child's root, parent and last seq), so any
 node follows a child, or a whole tree, from the cluster's log. Another node resolves a
 child's id for an op by asking the nodes that run the principal's runs
-(:meth:`ClusterHost._tree_node`) and routes the op there; the ops on a child are
-applied there without being recorded (a takeover does not replay them).
+(:meth:`ClusterHost._tree_node`) and routes the op there. A cancel of a child is
+recorded in its row before it is applied (a takeover that resumes the child cancels
+it); its other ops are applied there without being recorded.
 """
 
 from __future__ import annotations
@@ -585,8 +586,9 @@ class ClusterHost(LocalHost):
         entry = self._registry.lookup(principal, request["run_id"])
         run = live(entry)
         if entry.root is not None:
-            # A child run has no row in the cluster's tables: applied here only.
-            return await self._apply_to_child(entry, request)
+            # A child run: its cancel is recorded in its row; its other ops are
+            # applied here only.
+            return await self._apply_to_child(entry, request, origin)
         cluster = self._cluster
         op = request["op"]
         if op == "run.cancel":
@@ -631,12 +633,18 @@ class ClusterHost(LocalHost):
         with contextlib.suppress(ProtocolError):
             decide_here(entry, call_id, approved=approved, message=message)
 
-    async def _apply_to_child(self, entry: RunEntry, request: dict[str, Any]) -> dict[str, Any]:
+    async def _apply_to_child(
+        self, entry: RunEntry, request: dict[str, Any], origin: Origin | None
+    ) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()
         run = live(entry)
         op = request["op"]
         if op == "run.cancel":
-            run.cancel(request.get("reason"), mode=request.get("mode", "immediate"))
+            reason, mode = request.get("reason"), request.get("mode", "immediate")
+            # Durable (with a routed cancel's answer) before it is applied: if this
+            # node dies now, the takeover that resumes the child cancels it at once.
+            await self._cluster._record_child_cancel(run, reason, mode, origin)
+            run.cancel(reason, mode=mode)
             return {}
         if op == "run.withdraw":
             return {"withdrawn": run.withdraw(request["injection_id"])}

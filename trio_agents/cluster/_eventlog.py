@@ -187,6 +187,9 @@ class EventWriter:
         self._pending = trio.Event()
         self._urgent = trio.Event()
         self.logs: dict[str, RunLog] = {}
+        # Cancels of child runs acked before their node died, by child id (a takeover
+        # sets them): the resumed tree's child is cancelled as soon as it is made.
+        self.child_cancels: dict[str, tuple[str | None, str]] = {}
         self.flushes = 0
         self.lease_ttl = 10.0  # the node's (PostgresCluster sets it)
 
@@ -220,6 +223,12 @@ class EventWriter:
         )
         self.logs[child_id] = log
         log.hurry = self._urgent_now
+        cancel = self.child_cancels.pop(child_id, None)
+        if cancel is not None:
+            # Read here, right after the child's announcement: the child is still
+            # loading its session (a database read), before any model call or tool.
+            reason, mode = cancel
+            child.cancel(reason, mode=mode)  # type: ignore[arg-type]
         nursery.start_soon(self._read, log, nursery)
 
     def _urgent_now(self) -> None:

@@ -49,12 +49,15 @@ _CHILDREN: Final = (
         agent TEXT NOT NULL,
         last_seq BIGINT NOT NULL DEFAULT 0,
         finished BOOLEAN NOT NULL DEFAULT false,
+        cancel TEXT,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     "CREATE INDEX trio_agents_children_root ON trio_agents_children (root_id)",
 )
 """A child run of a tree (DESIGN §17): its events are in ``trio_agents_events`` under
 its own id, written by the node running its tree (fenced by its root's row), so any
-node follows it; its principal and owner are its root's."""
+node follows it; its principal and owner are its root's. ``cancel`` (JSON ``{"reason",
+"mode"}``) is a cancel of it acked before its node died: the takeover that resumes it
+cancels it at once."""
 
 
 def _add_usage_and_children(conn: psycopg.Connection[Any]) -> None:

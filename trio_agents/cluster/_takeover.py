@@ -104,8 +104,10 @@ class Claimed:
     # accepted (its row's created_at): the resumed attempt's budget and deadline.
     spent: dict[str, int] = attrs.field(factory=dict)
     elapsed: float = 0.0
-    # Its tree's unfinished child runs, by (parent id, call id): (child id, last seq).
+    # Its tree's unfinished child runs, by (parent id, call id): (child id, last seq);
+    # and the cancels acked for them, by child id: (reason, mode).
     children: dict[tuple[str, str], tuple[str, int]] = attrs.field(factory=dict)
+    child_cancels: dict[str, tuple[str | None, str]] = attrs.field(factory=dict)
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -522,6 +524,8 @@ class Leases:
                     except Exception:
                         logger.exception("re-injecting into run %s failed", claimed.run_id)
 
+            # Cancels acked for its children: applied as the resumed tree makes them.
+            cluster._writer.child_cancels.update(claimed.child_cancels)
             try:
                 await resume_run(registry, claimed, resume, then)
             except Exception as exc:
@@ -585,13 +589,17 @@ class Leases:
             elif isinstance(event, RunItemEvent):
                 items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
         children: dict[str, dict[tuple[str, str], tuple[str, int]]] = {}
-        for root_id, parent_id, call_id, child_id, child_seq in conn.execute(
-            "SELECT root_id, parent_id, call_id, run_id, last_seq FROM trio_agents_children"
-            " WHERE root_id = ANY(%s) AND NOT finished",
+        child_cancels: dict[str, dict[str, tuple[str | None, str]]] = {}
+        for root_id, parent_id, call_id, child_id, child_seq, cancel in conn.execute(
+            "SELECT root_id, parent_id, call_id, run_id, last_seq, cancel"
+            " FROM trio_agents_children WHERE root_id = ANY(%s) AND NOT finished",
             (ids,),
         ).fetchall():
             key = (str(parent_id), str(call_id))
             children.setdefault(str(root_id), {})[key] = (str(child_id), int(child_seq))
+            acked = _cancel(f'{{"cancel": {cancel}}}') if cancel else None  # as a run's
+            if acked is not None:
+                child_cancels.setdefault(str(root_id), {})[str(child_id)] = acked
         clients = {str(r[0]): _client(str(r[7])) for r in rows}
         wanted = sorted({node for node in clients.values() if node is not None})
         alive = live_nodes(conn, wanted) if wanted else set()
@@ -633,6 +641,7 @@ class Leases:
                     spent=_spent(usage),
                     elapsed=float(elapsed),
                     children=children.get(run_id, {}),
+                    child_cancels=child_cancels.get(run_id, {}),
                 )
             )
         return claimed
