@@ -450,7 +450,7 @@ class EventWriter:
         lost: list[str] = []
         written: dict[str, int] = {}
         for run_id, row in rows.items():
-            if row["tree"] is not None:
+            if row.get("tree") is not None:
                 if _write_child(conn, run_id, row, self._node_id) is None:
                     lost.append(run_id)
                 continue
@@ -479,7 +479,7 @@ class EventWriter:
                     "turn": row.get("turn"),
                     "pending": row.get("pending"),
                     "finished": bool(row.get("finished")),
-                    "usage": row["usage"],
+                    "usage": row.get("usage"),
                     "run_id": run_id,
                     "node": self._node_id,
                     "attempt": row["attempt"],
