@@ -3,7 +3,7 @@
 and its child's, from the cluster's log — and ends with the root's terminal update.
 
 Real ``trio-agents serve --cluster`` processes (tests/support/process_cluster.py) on the
-suite's PostgreSQL; the agent is tests/support/cluster_app.py's ``delegate``, whose
+suite's PostgreSQL; the agent is tests/support/cluster_app.py's ``worker``, delegating: its
 ``helper`` child calls ``charge``, which blocks on a gate until the test opens it.
 ``trio.fail_after`` (in ``faces_cluster``) is a hang guard only.
 """
@@ -35,7 +35,7 @@ async def test_sse_tree_stream_on_another_node(pg_dsn: str) -> None:
         cluster, (one, two) = nodes.cluster, nodes.urls
         async with nodes.client() as http:
             started = await http.post(
-                f"{one}/runs", json={"agent": "delegate", "input": "delegate charge #sse"}
+                f"{one}/runs", json={"agent": "worker", "input": "delegate charge #sse"}
             )
             assert started.status_code == 201, started.text
             root_id = started.json()["run_id"]

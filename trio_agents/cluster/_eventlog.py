@@ -331,6 +331,11 @@ class EventWriter:
                 pending = (event.detail or {}).get("pending", [])
                 row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
                 row["finished"] = event.status.value in _TERMINAL
+        for run_id, row in rows.items():
+            if row.get("finished") and row["tree"] is None:
+                row["writing"] = [
+                    other.run_id for other in self.logs.values() if other.root is logs[run_id]
+                ]
         if rows:
             writes = [
                 (run_id, session, encoded)
@@ -494,10 +499,12 @@ class EventWriter:
                 # Its tree is over: a child run an earlier attempt started and this one
                 # did not resume (its log ended with its node) ends too, so no follower
                 # of it waits for ever (it reads its table: nothing more will come).
+                # Not the children this attempt still writes (their last events may
+                # follow in a later flush).
                 conn.execute(
                     "UPDATE trio_agents_children SET finished = true"
-                    " WHERE root_id = %s AND NOT finished",
-                    (run_id,),
+                    " WHERE root_id = %s AND NOT finished AND NOT (run_id = ANY(%s))",
+                    (run_id, row.get("writing", [])),
                 )
         # The items of the batch's run.item events, in the same transaction as the
         # events: after a crash the session and the event log hold both or neither.
