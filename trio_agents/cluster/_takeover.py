@@ -235,6 +235,29 @@ def _input(options: str, logged: bool) -> tuple[Item, ...]:
         return ()
 
 
+def _children(
+    conn: Conn, ids: list[str]
+) -> tuple[
+    dict[str, dict[tuple[str, str], tuple[str, int]]],
+    dict[str, dict[str, tuple[str | None, str]]],
+]:
+    """The unfinished child runs of the trees of ``ids`` (roots), by root: by (parent
+    id, call id), (child id, last seq); and the cancels acked for them, by child id."""
+    children: dict[str, dict[tuple[str, str], tuple[str, int]]] = {}
+    cancels: dict[str, dict[str, tuple[str | None, str]]] = {}
+    for root_id, parent_id, call_id, child_id, child_seq, cancel in conn.execute(
+        "SELECT root_id, parent_id, call_id, run_id, last_seq, cancel"
+        " FROM trio_agents_children WHERE root_id = ANY(%s) AND NOT finished",
+        (ids,),
+    ).fetchall():
+        key = (str(parent_id), str(call_id))
+        children.setdefault(str(root_id), {})[key] = (str(child_id), int(child_seq))
+        acked = _cancel(f'{{"cancel": {cancel}}}') if cancel else None  # as a run's
+        if acked is not None:
+            cancels.setdefault(str(root_id), {})[str(child_id)] = acked
+    return children, cancels
+
+
 class Leases:
     """The heartbeat and the takeover scan of one node."""
 
@@ -588,18 +611,7 @@ class Leases:
                 delivered.add((str(run_id), event.injection_id))
             elif isinstance(event, RunItemEvent):
                 items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
-        children: dict[str, dict[tuple[str, str], tuple[str, int]]] = {}
-        child_cancels: dict[str, dict[str, tuple[str | None, str]]] = {}
-        for root_id, parent_id, call_id, child_id, child_seq, cancel in conn.execute(
-            "SELECT root_id, parent_id, call_id, run_id, last_seq, cancel"
-            " FROM trio_agents_children WHERE root_id = ANY(%s) AND NOT finished",
-            (ids,),
-        ).fetchall():
-            key = (str(parent_id), str(call_id))
-            children.setdefault(str(root_id), {})[key] = (str(child_id), int(child_seq))
-            acked = _cancel(f'{{"cancel": {cancel}}}') if cancel else None  # as a run's
-            if acked is not None:
-                child_cancels.setdefault(str(root_id), {})[str(child_id)] = acked
+        children, child_cancels = _children(conn, ids)
         clients = {str(r[0]): _client(str(r[7])) for r in rows}
         wanted = sorted({node for node in clients.values() if node is not None})
         alive = live_nodes(conn, wanted) if wanted else set()
