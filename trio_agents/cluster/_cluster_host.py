@@ -456,6 +456,12 @@ class ClusterHost(LocalHost):
             finally:
                 nursery.cancel_scope.cancel()
 
+    def _event_logs(self) -> Callable[[str], Any]:
+        """Each event of a tree this node runs (a child run's too) is given once
+        persisted: a client never sees an event a crash of this node could lose, whose
+        seq the next attempt would reuse."""
+        return self._cluster._writer.logs.get
+
     async def _persisted(self, principal: str, run_id: str) -> bool:
         """Whether a run of the principal another node runs has a row (a root's, or a
         persisted child run's); False for a child run the node running its tree has
