@@ -126,6 +126,11 @@ async def make_child(
     if resume is not None:
         merged["resume"] = resume
         input = ()  # the child's session holds its input
+        # The id an earlier attempt gave it, if known: its log and the ops sent to it
+        # by id go on (Resume.children).
+        known = resume.children.get((parent.id, ctx.call_id))
+        if run_id is None and known is not None:
+            run_id = known[0]
     child = Run(
         agent,
         input,
@@ -218,12 +223,14 @@ async def _resume_for(
         return None
     answered = {i.call_id for i in stored if isinstance(i, ToolResult)}
     left_open = {i.call_id for i in stored if isinstance(i, ToolCall)} - answered
+    known = earlier.children.get((parent.id, call_id))
     return Resume(
         attempt=earlier.attempt,
-        next_seq=1,
+        next_seq=1 if known is None else known[1],
         started=left_open,
         reason=earlier.reason,
         agent=agent_after(agent, stored).name,
+        children=earlier.children,
     )
 
 

@@ -16,6 +16,10 @@ What is counted, and when:
   response that passes a limit is cut at once.
 - ``deadline``: seconds from the run's start; the run's cancel scope has it as its
   deadline, so it reaches every await of the subtree (reason ``"timeout"``).
+
+A resumed run (:class:`~trio_agents.Resume`, a cluster takeover) starts its budget from
+what its earlier attempts spent (``Resume.spent``) and its deadline from its original
+start (``Resume.elapsed`` seconds ago): a budget spent before a takeover stays spent.
   ``wrap_up`` seconds before it, a ``when="now"`` injection asks the model for its
   final answer.
 
@@ -120,6 +124,19 @@ class Budget:
         self.used: dict[str, int] = dict.fromkeys(_COUNTS, 0)
         # Output tokens estimated for responses still streaming without usage.
         self._estimate = 0
+
+    def spent(self) -> dict[str, int]:
+        """Every count used so far, an estimate of the responses still streaming
+        included (what a cluster persists with the run, :attr:`Resume.spent`)."""
+        spent = dict(self.used)
+        spent["output_tokens"] += self._estimate
+        spent["total_tokens"] += self._estimate
+        return spent
+
+    def restore(self, spent: Mapping[str, int]) -> None:
+        """Start from what earlier attempts of the run spent (a resumed run)."""
+        for name in _COUNTS:
+            self.used[name] = max(self.used[name], int(spent.get(name, 0)))
 
     def report(self) -> Mapping[str, Mapping[str, float]]:
         """``{name: {"used": n, "limit": m}}`` for every limit set (for a budget bar)."""

@@ -47,6 +47,51 @@ def _to_rejections(value: Mapping[str, str | None]) -> Mapping[str, str | None]:
     return MappingProxyType(rejections)
 
 
+def _to_spent(value: Mapping[str, int]) -> Mapping[str, int]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"spent must be a mapping of limit name -> count, not {value!r}")
+    spent = dict(value)
+    for name, count in spent.items():
+        if not isinstance(name, str) or isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError("spent maps str limit names to int counts")
+        if count < 0:
+            raise ValueError(f"spent[{name!r}] must be >= 0, got {count!r}")
+    return MappingProxyType(spent)
+
+
+def _to_elapsed(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"elapsed must be a number of seconds, not {type(value).__name__}")
+    if not value >= 0:  # NaN too
+        raise ValueError(f"elapsed must be >= 0, got {value!r}")
+    return float(value)
+
+
+def _to_children(
+    value: Mapping[tuple[str, str], tuple[str, int]],
+) -> Mapping[tuple[str, str], tuple[str, int]]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"children must be a mapping, not {value!r}")
+    children: dict[tuple[str, str], tuple[str, int]] = {}
+    for key, found in value.items():
+        if not (
+            isinstance(key, tuple)
+            and len(key) == 2
+            and all(isinstance(part, str) for part in key)
+            and isinstance(found, tuple)
+            and len(found) == 2
+            and isinstance(found[0], str)
+            and found[0]
+            and isinstance(found[1], int)
+            and not isinstance(found[1], bool)
+        ):
+            raise TypeError("children maps (parent run id, call id) to (child run id, next seq)")
+        if found[1] < 1:
+            raise ValueError(f"a child's next seq must be >= 1, got {found[1]!r}")
+        children[key] = found
+    return MappingProxyType(children)
+
+
 def _check_decisions(instance: Resume, _attribute: object, _value: object) -> None:
     both = instance.approved & instance.rejected.keys()
     if both:
@@ -83,6 +128,18 @@ class Resume:
             from the events it persisted). The resumed run continues as the agent of
             that name among those the given agent can reach by handoffs (a name none
             of them has raises ``ValueError``). None: the agent it is given.
+        spent: what the earlier attempts spent against the run's ``limits`` (name ->
+            count: ``requests``, ``tool_calls``, ``input_tokens``, ``output_tokens``,
+            ``total_tokens``): the resumed run's budget starts from it, so a limit
+            passed before the takeover stays passed.
+        elapsed: seconds since the run's original start: its ``limits.deadline``
+            counts from then, not from this attempt's start.
+        children: the child runs the earlier attempts started in the tree, by
+            ``(parent run id, call id)``: ``(child run id, its next seq)``. A child the
+            resumed tree resumes (§17: an agent-tool call whose child session holds
+            items) keeps its id and continues its seqs from there, so its log, its
+            subscribers and the ops sent to it by id go on; the mapping is handed down
+            the tree.
     """
 
     attempt: int = attrs.field(validator=_check_at_least(2))
@@ -98,6 +155,11 @@ class Resume:
     )
     agent: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
+    spent: Mapping[str, int] = attrs.field(factory=dict, converter=_to_spent, hash=False)
+    elapsed: float = attrs.field(default=0.0, converter=_to_elapsed)
+    children: Mapping[tuple[str, str], tuple[str, int]] = attrs.field(
+        factory=dict, converter=_to_children, hash=False
     )
 
     @property

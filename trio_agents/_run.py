@@ -166,7 +166,10 @@ class Run:
         self._failure: tuple[str, BaseException] | None = None
         inherited = () if _parent is None else _parent._state.budgets
         if options.limits is not None:
-            self._state.budgets = (Budget(options.limits, self), *inherited)
+            budget = Budget(options.limits, self)
+            if resume is not None:  # what the earlier attempts spent stays spent
+                budget.restore(resume.spent)
+            self._state.budgets = (budget, *inherited)
         else:
             self._state.budgets = inherited
         if resume is not None and resume.agent is not None and resume.agent != agent.name:
@@ -571,7 +574,9 @@ class Run:
         limits = self._options.limits
         wrap_up_at: float | None = None
         if limits is not None and limits.deadline is not None:
-            self._scope.deadline = trio.current_time() + limits.deadline
+            # A resumed run's deadline counts from its original start.
+            elapsed = 0.0 if self._options.resume is None else self._options.resume.elapsed
+            self._scope.deadline = trio.current_time() + limits.deadline - elapsed
             if limits.wrap_up is not None:
                 wrap_up_at = self._scope.deadline - limits.wrap_up
         try:

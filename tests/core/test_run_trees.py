@@ -723,3 +723,41 @@ async def test_a_finished_childs_answer_survives_a_cancel_during_its_session_clo
         assert (call_result.status, call_result.output[: len(expected[1])]) == expected
         assert await session.get_items() == list(run.result.conversation)
     await _assert_tree_valid(run)
+
+
+async def test_a_resumed_child_keeps_the_id_and_seqs_its_earlier_attempt_had(
+    tmp_path: Any,
+) -> None:
+    # Resume.children: the child an earlier attempt ran in call_1_0 was "run_kid" up to
+    # seq 6; resumed, it is run_kid again, its events from seq 7 (and the parent's
+    # run.child events name it).
+    path = tmp_path / "tree.db"
+    parent_rows, child_rows = _crashed_tree_rows()
+    async with ta.sessions.SQLiteSession(path, "conv") as session:
+        await session.add_items(parent_rows)
+        async with ta.sessions.SQLiteSession(path, "conv/call_1_0") as child_session:
+            await child_session.add_items(child_rows)
+
+        @ta.function_tool
+        async def work() -> str:
+            """Do the work."""
+            return "worked"
+
+        kid = ta.Agent(name="kid", model=ScriptedModel(["kid finished"]), tools=[work])
+        root = ta.Agent(name="root", model=ScriptedModel(["root finished"]), tools=[kid.as_tool()])
+        resume = ta.Resume(
+            attempt=2,
+            next_seq=10,
+            started={"call_1_0"},
+            children={("run_root", "call_1_0"): ("run_kid", 7)},
+        )
+        async with ta.open_run(root, [], session=session, run_id="run_root", resume=resume) as run:
+            events = [event async for event in run.events(tree=True)]
+    assert run.result is not None
+    assert run.result.status == "completed"
+    (child,) = run.children
+    assert child.id == "run_kid"
+    kid_seqs = [event.seq for event in events if event.run_id == "run_kid"]
+    assert kid_seqs == list(range(7, 7 + len(kid_seqs)))
+    announced = {event.child_id for event in events if isinstance(event, ta.RunChild)}
+    assert announced == {"run_kid"}

@@ -89,6 +89,7 @@ class Client:
     ws: Any
     answers: dict[Any, dict[str, Any]] = attrs.field(factory=dict)
     events: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
+    order: list[tuple[str, int]] = attrs.field(factory=list)  # (run id, seq) as received
     changed: trio.Event = attrs.field(factory=trio.Event)
     closed: bool = False
     _next: int = 0
@@ -108,6 +109,7 @@ class Client:
             frame = json.loads(message)
             if frame["type"] == "event":
                 self.events.setdefault(frame["run_id"], []).append(frame)
+                self.order.append((frame["run_id"], frame["seq"]))
             else:
                 self.answers[frame["id"]] = frame
             self._wake()

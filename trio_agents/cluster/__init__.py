@@ -27,18 +27,23 @@ under the session id ``json.dumps([principal, session_id])`` — or
                                      of a queued interrupt run), status, reason, turn,
                      pending (JSON list of call ids),
                      finished, owner (node_id), released, lease_expires_at, attempt,
-                     last_seq, created_at, updated_at)
+                     last_seq, usage (JSON: what its limits counted so far, kept
+                     across a takeover), created_at, updated_at)
     trio_agents_events(run_id, seq, type, data (the event's to_json(), JSON text),
                        PRIMARY KEY (run_id, seq))
     trio_agents_tool_starts(run_id, call_id, attempt, started_at, PK (run_id, call_id))
         written by the before_tool barrier before a tool executes
+    trio_agents_children(run_id PK, root_id, parent_id, call_id, agent, last_seq,
+                         finished, cancel (JSON: a cancel acked for it), created_at)
+        a child run of a tree: its events are in trio_agents_events under its id,
+        written (fenced by its root's row) by the node running the tree
     trio_agents_withdrawals(run_id, injection_id, PK (run_id, injection_id))
     trio_agents_commands(command_id BIGSERIAL PK, run_id, target_node, origin_node,
                          principal, op, args (the request's wire JSON), reply (JSON), created_at)
 
 Rows of runs finished more than ``Limits.retain_finished`` ago (and their events, tool
-starts, withdrawals and commands) are deleted by whichever node sweeps first (each
-sweeps every minute).
+starts, withdrawals and commands, their child runs' rows and events) are deleted by
+whichever node sweeps first (each sweeps every minute).
 
 Channel: one, ``trio_agents_cluster``; payloads are JSON objects with a kind ``k``:
 ``{"k": "run", "r": run_id, "s": last_seq}`` (a run's events up to ``s`` are persisted;

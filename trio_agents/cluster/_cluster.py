@@ -13,6 +13,7 @@ few it needs through a Protocol (``hosting/_node.py``'s ``ClusterNode``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -45,8 +46,9 @@ from ._queries import (
     release_node,
     tool_start_barrier,
 )
-from ._routing import Executor, Reply, Router, ok_reply, routed_reply
+from ._routing import Executor, Reply, Router, ok_reply, routed_reply, store_reply
 from ._session import ClusterSession, session_key
+from ._storable import storable_json
 from ._takeover import Leases
 
 if TYPE_CHECKING:
@@ -463,9 +465,36 @@ class PostgresCluster:
         from_seq: int | None,
         mode: str,
         send: Callable[[dict[str, Any]], Awaitable[None]],
+        *,
+        absent_ends: bool = True,
     ) -> None:
         """Send a run's persisted events from ``from_seq`` on (``_eventlog.follow``)."""
-        await follow(self._db, self._listener, run_id, from_seq, mode, send)
+        await follow(
+            self._db, self._listener, run_id, from_seq, mode, send, absent_ends=absent_ends
+        )
+
+    async def _child_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
+        """A child run's row (its tree's root, parent, call, agent, last seq, whether it
+        finished, and its root's owner), if ``run_id`` is a persisted child run of
+        ``principal``'s (its root's)."""
+
+        def read(conn: Any) -> dict[str, Any] | None:
+            row = conn.execute(
+                "SELECT c.root_id, c.parent_id, c.call_id, c.agent, c.last_seq, c.finished,"
+                " r.owner FROM trio_agents_children AS c JOIN trio_agents_runs AS r"
+                " ON r.run_id = c.root_id WHERE c.run_id = %s AND r.principal = %s",
+                (run_id, principal),
+            ).fetchone()
+            if row is None:
+                return None
+            keys = ("root_id", "parent_id", "call_id", "agent", "seq", "finished", "owner")
+            return {"run_id": run_id, **dict(zip(keys, row, strict=True))}
+
+        try:
+            found: dict[str, Any] | None = await self._db.call(read)
+        except ClusterDown as exc:
+            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        return found
 
     async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
         """Send an op to the owner of ``run_id``; its ack fields come back (errors:
@@ -525,6 +554,57 @@ class PostgresCluster:
             await record_cancel(self._db, run_id, reason, mode, reply, recorded=recorded)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        return self._sent(reply)
+
+    async def _record_child_cancel(
+        self, child: Any, reason: str | None, mode: str, origin: Origin | None = None
+    ) -> bool:
+        """Make a cancel of a child run durable before it is applied (its row's
+        ``cancel``; the first one's reason and mode stay): the takeover that resumes the
+        child cancels it at once. Only while this node runs the tree's attempt (its
+        root's row); a routed cancel's answer is stored in the same transaction.
+        Returns whether that answer was stored and sent.
+
+        Raises:
+            ProtocolError: ``internal`` when the database cannot be reached, or this
+                node's attempt of the tree has ended (retry: its next owner answers).
+        """
+        log = self._writer.logs.get(child.root_id)
+        if log is None or log.fence.closed:
+            raise ProtocolError("internal", f"run {child.id} is moving to another node; retry")
+        reply = routed_reply(origin, {})
+        params = {
+            "root": child.root_id,
+            "node": self._node_id,
+            "attempt": log.attempt,
+            "run_id": child.id,
+            "parent": child.parent_id,
+            "call": child.call_id,
+            "agent": child.agent.name,
+            "cancel": json.dumps(storable_json({"reason": reason, "mode": mode})),
+        }
+
+        def record(conn: Any) -> bool:
+            found = conn.execute(
+                "WITH root AS (SELECT run_id FROM trio_agents_runs WHERE run_id = %(root)s"
+                " AND owner = %(node)s AND attempt = %(attempt)s FOR UPDATE)"
+                " INSERT INTO trio_agents_children AS c"
+                " (run_id, root_id, parent_id, call_id, agent, cancel)"
+                " SELECT %(run_id)s, root.run_id, %(parent)s, %(call)s, %(agent)s, %(cancel)s"
+                " FROM root ON CONFLICT (run_id) DO UPDATE SET"
+                " cancel = COALESCE(c.cancel, EXCLUDED.cancel) RETURNING c.run_id",
+                params,
+            ).fetchone()
+            if found is not None and reply is not None:
+                store_reply(conn, *reply)
+            return found is not None
+
+        try:
+            recorded = await self._db.call(record)
+        except ClusterDown as exc:
+            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        if not recorded:
+            raise ProtocolError("internal", f"run {child.id} is moving to another node; retry")
         return self._sent(reply)
 
     async def _record_decision(
@@ -633,7 +713,10 @@ class PostgresCluster:
         may have expired: another node may take them over); returns how many."""
         count = 0
         for log in list(self._writer.logs.values()):
-            if not log.fence.closed:
+            if log.root is not None:  # a child run: stopped with its root
+                log.fence.closed = True
+                log.fence.fence_seq = None
+            elif not log.fence.closed:
                 log.fence.closed = True
                 log.fence.fence_seq = None
                 log.run.cancel(reason)

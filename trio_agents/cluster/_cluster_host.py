@@ -19,11 +19,13 @@ runs) and adds what makes N nodes act as one server:
   persisted log; a subscription to a run of this node whose attempt here stops
   (lease lost, hand-over) continues from that log where it was.
 
-A tree lives on its root's node and only the root has a row in the cluster's tables:
-another node resolves a child's id by asking the nodes that run the principal's runs
-(:meth:`ClusterHost._tree_node`) and routes the op there; the ops on a child are
-applied there without being recorded (a takeover does not replay them), and its events
-(not in the cluster's log) are served by that node only.
+A tree lives on its root's node. Its child runs' events are persisted under their own
+ids (``trio_agents_children`` keeps each child's root, parent and last seq), so any
+node follows a child, or a whole tree, from the cluster's log. Another node resolves a
+child's id for an op by asking the nodes that run the principal's runs
+(:meth:`ClusterHost._tree_node`) and routes the op there. A cancel of a child is
+recorded in its row before it is applied (a takeover that resumes the child cancels
+it); its other ops are applied there without being recorded.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ __all__ = ["ClusterHost"]
 logger = logging.getLogger("trio_agents.cluster")
 
 _CONTROL_OPS = ("run.cancel", "run.inject", "run.withdraw", "run.approve", "run.reject")
+_TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _info(row: Mapping[str, Any]) -> RunInfo:
@@ -86,6 +89,9 @@ class _ClusterEvents:
         status_only: bool,
         local: Any,
         follow_from: int | None,
+        *,
+        tree: bool = False,
+        absent_ends: bool = True,
     ) -> None:
         self._host = host
         self._nursery = nursery
@@ -94,7 +100,9 @@ class _ClusterEvents:
         self._local = local
         self._receive: trio.MemoryReceiveChannel[HostedEvent] | None = None
         if local is None:
-            self._receive = host._follow(nursery, run_id, follow_from, status_only)
+            self._receive = host._follow(
+                nursery, run_id, follow_from, status_only, tree=tree, absent_ends=absent_ends
+            )
 
     def __aiter__(self) -> _ClusterEvents:
         return self
@@ -238,16 +246,6 @@ class ClusterHost(LocalHost):
                 raise
             return node, answer["run"]
         raise ProtocolError("not_found", f"no run {run_id!r}")
-
-    async def _elsewhere(self, principal: str, run_id: str, what: str) -> None:
-        """Refuse to serve the events of another node's child run (``invalid_request``);
-        ``not_found`` if there is no such run of the principal."""
-        node, _ = await self._tree_node(principal, run_id)
-        raise ProtocolError(
-            "invalid_request",
-            f"run {run_id} is a child run of a tree that node {node} of the cluster runs:"
-            f" {what} on that node (a child's events are not in the cluster's log)",
-        )
 
     async def _known(self, principal: str, run_id: str) -> RunInfo:
         """A run of the cluster this node does not run (a root's row, or a child's on
@@ -426,56 +424,138 @@ class ClusterHost(LocalHost):
     ) -> AsyncIterator[AsyncIterator[HostedEvent]]:
         """As :meth:`LocalHost.events`, for any run of the cluster: this node's runs as
         they happen (each event once persisted), another node's from the cluster's
-        log. A tree (not in the log) is served by the node running it only
-        (``invalid_request`` elsewhere)."""
+        log — a child run's too (its events are persisted under its own id), and a
+        tree's (its root's log and each descendant's, merged as they come)."""
         with host_errors():
             check_from_seq(from_seq, tree)
             entry = self._here(principal, run_id)
             start = max(from_seq or 1, 1)
             local = None
-            if entry is not None and (tree or start >= entry.first_seq):
+            absent_ends = True
+            if entry is None:
+                absent_ends = await self._persisted(principal, run_id)
+            elif start >= _first_seq(entry) and not (tree and entry.tree.first_seq > 1):
+                # All of it is this node's (a tree taken over here holds only this
+                # attempt's events: its earlier ones come from the cluster's log).
                 local = self._events_here(entry, from_seq, tree=tree, status_only=status_only)
-            elif tree:
-                await self._no_tree_here(principal, run_id)
             else:
-                try:
-                    await self._row(principal, run_id)
-                except ProtocolError as exc:
-                    if exc.code != "not_found":
-                        raise
-                    await self._elsewhere(principal, run_id, "subscribe to it")
+                absent_ends = entry.root is None  # a child's row may be on its way
         async with trio.open_nursery() as nursery:
-            events = _ClusterEvents(self, nursery, run_id, status_only, local, from_seq)
+            events = _ClusterEvents(
+                self,
+                nursery,
+                run_id,
+                status_only,
+                local,
+                from_seq,
+                tree=tree,
+                absent_ends=absent_ends,
+            )
             try:
                 yield events
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _no_tree_here(self, principal: str, run_id: str) -> None:
+    def _event_logs(self) -> Callable[[str], Any]:
+        """Each event of a tree this node runs (a child run's too) is given once
+        persisted: a client never sees an event a crash of this node could lose, whose
+        seq the next attempt would reuse."""
+        return self._cluster._writer.logs.get
+
+    async def _persisted(self, principal: str, run_id: str) -> bool:
+        """Whether a run of the principal another node runs has a row (a root's, or a
+        persisted child run's); False for a child run the node running its tree has
+        not persisted anything of yet (its first flush is on its way).
+
+        Raises:
+            ProtocolError: ``not_found`` (no such run of the principal), ``internal``.
+        """
         try:
             await self._row(principal, run_id)
+            return True
         except ProtocolError as exc:
             if exc.code != "not_found":
                 raise
-            await self._elsewhere(principal, run_id, "subscribe to its tree")
-        raise ProtocolError(
-            "invalid_request",
-            f"run {run_id} runs on another node of the cluster: subscribe to its"
-            " tree on that node (tree events are not in the cluster's log)",
-        )
+        if await self._cluster._child_of(principal, run_id) is not None:
+            return True
+        await self._tree_node(principal, run_id)  # not_found if it is nowhere
+        return False
 
     def _follow(
-        self, nursery: trio.Nursery, run_id: str, from_seq: int | None, status_only: bool
+        self,
+        nursery: trio.Nursery,
+        run_id: str,
+        from_seq: int | None,
+        status_only: bool,
+        *,
+        tree: bool = False,
+        absent_ends: bool = True,
     ) -> trio.MemoryReceiveChannel[HostedEvent]:
-        """Follow a run's persisted log in ``nursery``; its events come out of the
-        returned channel, which ends with the run (or when this node stops)."""
+        """Follow a run's persisted log (``tree``: its tree's logs) in ``nursery``; its
+        events come out of the returned channel, which ends with the run (or when
+        this node stops)."""
         send, receive = trio.open_memory_channel[HostedEvent](0)
         scope = trio.CancelScope()
         if self._stopping:
             scope.cancel()
         self._follows.add(scope)
-        nursery.start_soon(self._follow_task, run_id, from_seq, status_only, send, scope)
+        if tree:
+            nursery.start_soon(self._follow_tree, run_id, status_only, send, scope, absent_ends)
+        else:
+            nursery.start_soon(
+                self._follow_task, run_id, from_seq, status_only, send, scope, absent_ends
+            )
         return receive
+
+    async def _follow_tree(
+        self,
+        root_id: str,
+        status_only: bool,
+        channel: trio.MemorySendChannel[HostedEvent],
+        scope: trio.CancelScope,
+        absent_ends: bool,
+    ) -> None:
+        """Follow a tree's persisted logs: ``root_id``'s, and each descendant's from the
+        ``run.child`` event that announces it, merged in the order they are persisted;
+        ``root_id``'s terminal update comes last, after every descendant's log ended
+        (as :meth:`Run.events` with ``tree=True`` ends)."""
+        held: list[HostedEvent] = []
+        followed = {root_id}
+
+        async def follow_run(run_id: str, nursery: trio.Nursery, absent: bool) -> None:
+            async def send(frame: dict[str, Any]) -> None:
+                event = frame["event"]
+                hosted = HostedEvent(frame["run_id"], frame["seq"], event)
+                child = event.get("child_id")
+                if event.get("type") == "run.child" and child not in followed:
+                    # Announced again when a takeover resumes it (same id, its log
+                    # continuing): followed once. Its row may not be written yet.
+                    followed.add(str(child))
+                    nursery.start_soon(follow_run, str(child), nursery, False)
+                if status_only and event.get("type") not in ("run.updated", "events.dropped"):
+                    return
+                if (
+                    run_id == root_id
+                    and event.get("type") == "run.updated"
+                    and event.get("status") in _TERMINAL
+                ):
+                    held.append(hosted)  # once every descendant's log ended
+                    return
+                await channel.send(hosted)
+
+            await self._cluster._follow(run_id, 1, "all", send, absent_ends=absent)
+
+        try:
+            async with channel:
+                with scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(follow_run, root_id, nursery, absent_ends)
+                    for hosted in held:
+                        await channel.send(hosted)
+        except Exception:
+            logger.exception("following the tree of %s failed", root_id)
+        finally:
+            self._follows.discard(scope)
 
     async def _follow_task(
         self,
@@ -484,6 +564,7 @@ class ClusterHost(LocalHost):
         status_only: bool,
         channel: trio.MemorySendChannel[HostedEvent],
         scope: trio.CancelScope,
+        absent_ends: bool = True,
     ) -> None:
         async def send(frame: dict[str, Any]) -> None:
             await channel.send(HostedEvent(frame["run_id"], frame["seq"], frame["event"]))
@@ -492,7 +573,9 @@ class ClusterHost(LocalHost):
         try:
             async with channel:
                 with scope:
-                    await self._cluster._follow(run_id, from_seq, mode, send)
+                    await self._cluster._follow(
+                        run_id, from_seq, mode, send, absent_ends=absent_ends
+                    )
         except Exception:
             logger.exception("following the events of %s failed", run_id)
         finally:
@@ -509,8 +592,9 @@ class ClusterHost(LocalHost):
         entry = self._registry.lookup(principal, request["run_id"])
         run = live(entry)
         if entry.root is not None:
-            # A child run has no row in the cluster's tables: applied here only.
-            return await self._apply_to_child(entry, request)
+            # A child run: its cancel is recorded in its row; its other ops are
+            # applied here only.
+            return await self._apply_to_child(entry, request, origin)
         cluster = self._cluster
         op = request["op"]
         if op == "run.cancel":
@@ -555,12 +639,18 @@ class ClusterHost(LocalHost):
         with contextlib.suppress(ProtocolError):
             decide_here(entry, call_id, approved=approved, message=message)
 
-    async def _apply_to_child(self, entry: RunEntry, request: dict[str, Any]) -> dict[str, Any]:
+    async def _apply_to_child(
+        self, entry: RunEntry, request: dict[str, Any], origin: Origin | None
+    ) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()
         run = live(entry)
         op = request["op"]
         if op == "run.cancel":
-            run.cancel(request.get("reason"), mode=request.get("mode", "immediate"))
+            reason, mode = request.get("reason"), request.get("mode", "immediate")
+            # Durable (with a routed cancel's answer) before it is applied: if this
+            # node dies now, the takeover that resumes the child cancels it at once.
+            await self._cluster._record_child_cancel(run, reason, mode, origin)
+            run.cancel(reason, mode=mode)
             return {}
         if op == "run.withdraw":
             return {"withdrawn": run.withdraw(request["injection_id"])}
@@ -621,6 +711,15 @@ class ClusterHost(LocalHost):
                 raise ProtocolError("not_found", f"no child run {request['run_id']!r} here")
             return {"run": registry.info(entry).to_json()}
         raise ProtocolError("invalid_request", f"{op} is not routed")
+
+
+def _first_seq(entry: RunEntry) -> int:
+    """The first seq of the run's events this node has: a run resumed here (a root, or
+    a child its resumed tree resumed) continues its earlier attempts' log."""
+    if entry.root is None:
+        return entry.first_seq
+    resume = None if entry.run is None else entry.run._options.resume
+    return 1 if resume is None else resume.next_seq
 
 
 def _start_request(request: StartRequest) -> dict[str, Any]:

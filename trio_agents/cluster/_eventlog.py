@@ -3,7 +3,8 @@
 Writing: one reader task per owned run copies ``run.events()`` into the node's buffer
 (nothing in the run's own loop waits for the database); one flusher task writes the
 buffer in one transaction — events, then each run's row (last seq, status, reason,
-turn, pending approvals, and the session released at its terminal status), then one
+turn, pending approvals, what its limits counted so far, and the session released at
+its terminal status), then one
 NOTIFY ``{"k": "run", "r": run_id, "s": last_seq}`` per run, followed (after a newline)
 by the batch's events of that run as ``[[seq, event], ...]``, as many as fit in the
 payload (:data:`INLINE_BYTES`) — at least every
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 import trio
 
-from .. import InboxInjected, Run, RunItemEvent, RunStatus, RunUpdated
+from .. import InboxInjected, Run, RunChild, RunItemEvent, RunStatus, RunUpdated
 from .._items import Item
 from ..sessions._storage import encode_items
 from ._capacity import end_run_in
@@ -123,6 +124,9 @@ class RunLog:
     # The error of the last flush of this run's events, if it failed (None once one
     # succeeds): a session write waiting for that flush reports it.
     error: BaseException | None = None
+    # A child run's log: its tree's root's (None for a root). A child has no row of its
+    # own in trio_agents_runs: its events are fenced by its root's row.
+    root: RunLog | None = None
 
     def _changed(self) -> None:
         self.changed.set()
@@ -183,28 +187,61 @@ class EventWriter:
         self._pending = trio.Event()
         self._urgent = trio.Event()
         self.logs: dict[str, RunLog] = {}
+        # Cancels of child runs acked before their node died, by child id (a takeover
+        # sets them): the resumed tree's child is cancelled as soon as it is made.
+        self.child_cancels: dict[str, tuple[str | None, str]] = {}
         self.flushes = 0
         self.lease_ttl = 10.0  # the node's (PostgresCluster sets it)
 
     def track(self, nursery: trio.Nursery, log: RunLog, session: ClusterSession | None) -> None:
         """Start persisting ``log.run``'s events (from ``log.start_seq``), and the items
-        the run writes to ``session`` with their ``run.item`` events."""
+        the run writes to ``session`` with their ``run.item`` events; and those of each
+        child run it starts (:meth:`_track_child`)."""
         self.logs[log.run_id] = log
         log.hurry = self._urgent_now
         if session is not None:
             log.session = session
             session.log = log
-        nursery.start_soon(self._read, log)
+        nursery.start_soon(self._read, log, nursery)
+
+    def _track_child(self, nursery: trio.Nursery, parent: RunLog, child_id: str) -> None:
+        """Persist the events of a child run ``parent``'s run just started, under its
+        own id (its grandchildren's too, as its reader finds them): in the same
+        transactions as its root's, fenced by its root's row, so any node follows it.
+        Its conversation is written by its own session, as in one process."""
+        child = parent.run.find(child_id)
+        if child is None or child_id in self.logs:
+            return
+        root = parent.root or parent
+        resume = child._options.resume  # a child a takeover resumed continues its log
+        start = 1 if resume is None else resume.next_seq
+        # Its own fence (seqs are per run), closed with its root's (hand-over, lease
+        # lost, crash: they close every log of the node; a root fenced off by a flush
+        # closes its children's, _flush).
+        log = RunLog(
+            child_id, parent.attempt, child, start, Fence(closed=root.fence.closed), root=root
+        )
+        self.logs[child_id] = log
+        log.hurry = self._urgent_now
+        cancel = self.child_cancels.pop(child_id, None)
+        if cancel is not None:
+            # Read here, right after the child's announcement: the child is still
+            # loading its session (a database read), before any model call or tool.
+            reason, mode = cancel
+            child.cancel(reason, mode=mode)  # type: ignore[arg-type]
+        nursery.start_soon(self._read, log, nursery)
 
     def _urgent_now(self) -> None:
         self._urgent.set()
 
-    async def _read(self, log: RunLog) -> None:
+    async def _read(self, log: RunLog, nursery: trio.Nursery) -> None:
         try:
             async for event in log.run.events(log.start_seq):
                 if log.fenced(event.seq):
                     break
                 item: str | None = None
+                if isinstance(event, RunChild) and event.status is RunStatus.QUEUED:
+                    self._track_child(nursery, log, event.child_id)
                 if isinstance(event, RunItemEvent):
                     self._urgent.set()
                     if log.writes_item():
@@ -272,7 +309,10 @@ class EventWriter:
         lost: list[str] = []
         for log, event, item in batch:
             logs[log.run_id] = log
-            row = rows.setdefault(log.run_id, {"attempt": log.attempt, "seq": 0})
+            row = rows.setdefault(
+                log.run_id,
+                {"attempt": log.attempt, "seq": 0, "usage": _spent(log.run), "tree": _tree(log)},
+            )
             if event is None:
                 ended.append(log)
                 continue
@@ -291,6 +331,11 @@ class EventWriter:
                 pending = (event.detail or {}).get("pending", [])
                 row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
                 row["finished"] = event.status.value in _TERMINAL
+        for run_id, row in rows.items():
+            if row.get("finished") and row["tree"] is None:
+                row["writing"] = [
+                    other.run_id for other in self.logs.values() if other.root is logs[run_id]
+                ]
         if rows:
             writes = [
                 (run_id, session, encoded)
@@ -304,11 +349,14 @@ class EventWriter:
                 logs[run_id].replies.pop(injection_id, None)
             self.flushes += 1
             for run_id in lost:
-                log = logs[run_id]
+                log = logs[run_id].root or logs[run_id]  # a child's tree is its root's
                 if not log.fence.closed:
                     logger.warning("run %s was taken over by another node; stopping it", run_id)
                     log.fence.closed = True
                     log.run.cancel("lease lost")
+                for other in self.logs.values():
+                    if other.root is log or other is logs[run_id]:
+                        other.fence.closed = True  # nothing more of its tree is written
         for run_id, row in rows.items():
             log = logs[run_id]
             log.error = None
@@ -407,6 +455,10 @@ class EventWriter:
         lost: list[str] = []
         written: dict[str, int] = {}
         for run_id, row in rows.items():
+            if row.get("tree") is not None:
+                if _write_child(conn, run_id, row, self._node_id) is None:
+                    lost.append(run_id)
+                continue
             # The run's row lock, held until the commit, fences everything below: a
             # node that no longer owns this attempt writes no event and no item. It
             # returns the last seq persisted before (a flush retried after its commit
@@ -416,7 +468,7 @@ class EventWriter:
                 " status = COALESCE(%(status)s, status), reason = CASE WHEN %(status)s IS NULL"
                 " THEN reason ELSE %(reason)s END, turn = COALESCE(%(turn)s, turn),"
                 " pending = COALESCE(%(pending)s, pending),"
-                " finished = finished OR %(finished)s,"
+                " finished = finished OR %(finished)s, usage = COALESCE(%(usage)s, usage),"
                 " active_key = CASE WHEN %(finished)s THEN NULL ELSE active_key END,"
                 # The row lock is ours: renew the run's lease with it (the heartbeat
                 # skips rows locked when it beats).
@@ -432,6 +484,7 @@ class EventWriter:
                     "turn": row.get("turn"),
                     "pending": row.get("pending"),
                     "finished": bool(row.get("finished")),
+                    "usage": row.get("usage"),
                     "run_id": run_id,
                     "node": self._node_id,
                     "attempt": row["attempt"],
@@ -440,8 +493,19 @@ class EventWriter:
             ).fetchone()
             if found is None:
                 lost.append(run_id)
-            else:
-                written[run_id] = int(found[0])
+                continue
+            written[run_id] = int(found[0])
+            if row.get("finished"):
+                # Its tree is over: a child run an earlier attempt started and this one
+                # did not resume (its log ended with its node) ends too, so no follower
+                # of it waits for ever (it reads its table: nothing more will come).
+                # Not the children this attempt still writes (their last events may
+                # follow in a later flush).
+                conn.execute(
+                    "UPDATE trio_agents_children SET finished = true"
+                    " WHERE root_id = %s AND NOT finished AND NOT (run_id = ANY(%s))",
+                    (run_id, row.get("writing", [])),
+                )
         # The items of the batch's run.item events, in the same transaction as the
         # events: after a crash the session and the event log hold both or neither.
         for run_id, session, pairs in items:
@@ -472,6 +536,55 @@ class EventWriter:
         return lost
 
 
+def _tree(log: RunLog) -> tuple[str, str, str, str] | None:
+    """A child run's place in its tree, as its row keeps it: its root's id, its
+    parent's, its call id in its parent and its agent (None for a root)."""
+    if log.root is None:
+        return None
+    run = log.run
+    return (log.root.run_id, run.parent_id or "", run.call_id or "", run.agent.name)
+
+
+def _write_child(conn: Conn, run_id: str, row: dict[str, Any], node_id: str) -> str | None:
+    """Upsert a child run's row (its last seq, whether it finished), under its root's
+    row lock and only while this node owns the root's attempt: None when it does not
+    (fenced: nothing of the child is written either)."""
+    root_id, parent_id, call_id, agent = row["tree"]
+    found = conn.execute(
+        "WITH root AS (SELECT run_id FROM trio_agents_runs WHERE run_id = %(root)s"
+        " AND owner = %(node)s AND attempt = %(attempt)s FOR UPDATE)"
+        " INSERT INTO trio_agents_children AS c"
+        " (run_id, root_id, parent_id, call_id, agent, last_seq, finished)"
+        " SELECT %(run_id)s, root.run_id, %(parent)s, %(call)s, %(agent)s, %(seq)s,"
+        " %(finished)s FROM root ON CONFLICT (run_id) DO UPDATE SET"
+        " last_seq = GREATEST(c.last_seq, EXCLUDED.last_seq),"
+        " finished = c.finished OR EXCLUDED.finished RETURNING c.run_id",
+        {
+            "root": root_id,
+            "node": node_id,
+            "attempt": row["attempt"],
+            "run_id": run_id,
+            "parent": parent_id,
+            "call": call_id,
+            "agent": agent,
+            "seq": row["seq"],
+            "finished": bool(row.get("finished")),
+        },
+    ).fetchone()
+    return None if found is None else str(found[0])
+
+
+def _spent(run: Run) -> str | None:
+    """What the run's own limits counted so far, as its row keeps it (None: it has no
+    limits). Taken when its events are flushed, so what the persisted events show was
+    spent (a request, a tool call, streamed tokens) is in it: a takeover's attempt
+    starts its budget from it."""
+    budgets = run._state.budgets
+    if not budgets or budgets[0].owner is not run:
+        return None
+    return json.dumps(budgets[0].spent())
+
+
 def _encoded(item: Item) -> str | None:
     """The item as its session row holds it (None: not storable; the run's own session
     write then fails with the error, as in one process)."""
@@ -498,9 +611,12 @@ def _payload(run_id: str, last_seq: int, events: list[tuple[int, str]]) -> str:
     return head + "\n[" + ",".join(parts) + "]"
 
 
-def _page(conn: Conn, *, run_id: str, start: int) -> tuple[list[tuple[Any, ...]], bool]:
+def _page(
+    conn: Conn, *, run_id: str, start: int, absent_ends: bool = True
+) -> tuple[list[tuple[Any, ...]], bool]:
     """The run's events from ``start`` (a page), and, when there are none, whether the
-    run has ended before ``start`` (finished and its last seq below it, or gone): then
+    run has ended before ``start`` (finished and its last seq below it, or gone — unless
+    ``absent_ends``: a child run whose first events are not flushed yet): then
     nothing more will ever come."""
     rows = conn.execute(
         "SELECT seq, data FROM trio_agents_events WHERE run_id = %s AND seq >= %s"
@@ -510,9 +626,13 @@ def _page(conn: Conn, *, run_id: str, start: int) -> tuple[list[tuple[Any, ...]]
     if rows:
         return rows, False
     row = conn.execute(
-        "SELECT finished, last_seq FROM trio_agents_runs WHERE run_id = %s", (run_id,)
+        "SELECT finished, last_seq FROM trio_agents_runs WHERE run_id = %(r)s UNION ALL"
+        " SELECT finished, last_seq FROM trio_agents_children WHERE run_id = %(r)s",
+        {"r": run_id},
     ).fetchone()
-    return rows, row is None or (bool(row[0]) and int(row[1]) < start)
+    if row is None:
+        return rows, absent_ends
+    return rows, bool(row[0]) and int(row[1]) < start
 
 
 def _is_terminal(event: dict[str, Any]) -> bool:
@@ -526,9 +646,13 @@ async def follow(
     from_seq: int | None,
     mode: str,
     send: Callable[[dict[str, Any]], Awaitable[None]],
+    *,
+    absent_ends: bool = True,
 ) -> None:
     """Send the run's persisted events from ``from_seq`` on, then the live ones as they
-    are persisted, until the terminal ``run.updated`` (see the module docstring)."""
+    are persisted, until the terminal ``run.updated`` (see the module docstring).
+    ``absent_ends=False``: a run without a row yet (a child run just started) is
+    waited for instead of ended."""
     next_seq = max(from_seq or 1, 1)
     backoff = 0.05
 
@@ -543,7 +667,9 @@ async def follow(
     while True:
         with listener.watch(("run", run_id), keep=True) as wake:
             try:
-                rows, ended = await db.call(functools.partial(_page, run_id=run_id, start=next_seq))
+                rows, ended = await db.call(
+                    functools.partial(_page, run_id=run_id, start=next_seq, absent_ends=absent_ends)
+                )
                 backoff = 0.05
             except ClusterDown:
                 await trio.sleep(backoff)

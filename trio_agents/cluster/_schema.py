@@ -4,7 +4,8 @@ Created or migrated like the session tables (see
 :mod:`trio_agents.sessions._postgres`): in one transaction, under the same advisory
 lock, with the version in the shared ``trio_agents_schema`` table. Migrations:
 ``MIGRATIONS[v]`` upgrades version ``v`` to ``v + 1``: 1 to 2 adds the index of queued
-runs (``_QUEUED``). The tables are described in the docstring of
+runs (``_QUEUED``); 2 to 3 adds the runs' ``usage`` (what their limits counted so far,
+kept across a takeover) and the table of child runs (``_CHILDREN``). The tables are described in the docstring of
 :mod:`trio_agents.cluster`.
 """
 
@@ -18,7 +19,7 @@ from ..sessions._postgres import _SCHEMA_LOCK, _SCHEMA_TABLE, Migration
 
 __all__ = ["CHANNEL", "COMPONENT", "MIGRATIONS", "SCHEMA_VERSION", "prepare_cluster_schema"]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 COMPONENT: Final = "cluster"
 CHANNEL: Final = "trio_agents_cluster"
 """The one LISTEN/NOTIFY channel of the cluster (payloads are small JSON objects)."""
@@ -35,7 +36,37 @@ def _add_queued_index(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_QUEUED)
 
 
-MIGRATIONS: dict[int, Migration] = {1: _add_queued_index}
+_USAGE: Final = "ALTER TABLE trio_agents_runs ADD COLUMN usage TEXT"
+"""What a run's limits counted so far (JSON ``{name: used}``; NULL: no limits, or
+nothing flushed yet): a takeover's attempt starts its budget from it."""
+
+_CHILDREN: Final = (
+    """CREATE TABLE trio_agents_children (
+        run_id TEXT PRIMARY KEY,
+        root_id TEXT NOT NULL,
+        parent_id TEXT NOT NULL,
+        call_id TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        last_seq BIGINT NOT NULL DEFAULT 0,
+        finished BOOLEAN NOT NULL DEFAULT false,
+        cancel TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    "CREATE INDEX trio_agents_children_root ON trio_agents_children (root_id)",
+)
+"""A child run of a tree (DESIGN §17): its events are in ``trio_agents_events`` under
+its own id, written by the node running its tree (fenced by its root's row), so any
+node follows it; its principal and owner are its root's. ``cancel`` (JSON ``{"reason",
+"mode"}``) is a cancel of it acked before its node died: the takeover that resumes it
+cancels it at once."""
+
+
+def _add_usage_and_children(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_USAGE)
+    for statement in _CHILDREN:
+        conn.execute(statement)
+
+
+MIGRATIONS: dict[int, Migration] = {1: _add_queued_index, 2: _add_usage_and_children}
 
 _DDL: Final = (
     """CREATE TABLE trio_agents_nodes (
@@ -63,6 +94,7 @@ _DDL: Final = (
         lease_expires_at TIMESTAMPTZ NOT NULL,
         attempt INTEGER NOT NULL DEFAULT 1,
         last_seq BIGINT NOT NULL DEFAULT 0,
+        usage TEXT,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     "CREATE UNIQUE INDEX trio_agents_runs_active_session ON trio_agents_runs (active_key)"
@@ -97,6 +129,7 @@ _DDL: Final = (
         reply TEXT,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     "CREATE INDEX trio_agents_commands_open ON trio_agents_commands (run_id) WHERE reply IS NULL",
+    *_CHILDREN,
 )
 
 

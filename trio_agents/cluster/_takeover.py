@@ -19,16 +19,20 @@ one, calls recorded in ``trio_agents_tool_starts`` count as started (they get
 their items are already in the session after their acceptance (an ``inbox.delivered``
 lost with its node: see :func:`_undelivered`). Approvals and rejections recorded in the
 run's row are given to the resumed run (``Resume.approved``/``rejected``), which answers
-the calls it asks for again with them, without an ``awaiting_approval`` status. A run
-that had handed off continues as the agent its last persisted ``run.handoff`` names
-(``Resume.agent``), not the one it was started with. A run whose client's node (``on_disconnect="cancel"``) is
+the calls it asks for again with them, without an ``awaiting_approval`` status; so is what
+its limits counted so far (its row's ``usage``, ``Resume.spent``) and the time since it
+was accepted (``Resume.elapsed``: its deadline counts from then), and its tree's
+unfinished child runs (``Resume.children``: a child the tree resumes keeps its id and
+continues its log). A run that had handed off continues as the agent its last persisted
+``run.handoff`` names (``Resume.agent``), not the one it was started with. A run whose
+client's node (``on_disconnect="cancel"``) is
 dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
 node's runs whose client's node has died since (``PostgresCluster._check_clients``). A
 NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
 Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
 longer than ``retain_finished`` ago (and their events, tool starts, withdrawals and
-commands), answered commands as old, and node rows whose lease expired as long ago.
+commands, their child runs' rows and events), answered commands as old, and node rows whose lease expired as long ago.
 
 A run whose agent this node does not serve, or that cannot be resumed, is marked
 ``failed`` with a terminal event, so it never stays orphaned.
@@ -101,6 +105,14 @@ class Claimed:
     limits: UsageLimits | None = None  # what it was started with (options["limits"])
     # The agent its last persisted run.handoff switched to (None: it never handed off).
     current_agent: str | None = None
+    # What its limits counted so far (its row's usage) and the seconds since it was
+    # accepted (its row's created_at): the resumed attempt's budget and deadline.
+    spent: dict[str, int] = attrs.field(factory=dict)
+    elapsed: float = 0.0
+    # Its tree's unfinished child runs, by (parent id, call id): (child id, last seq);
+    # and the cancels acked for them, by child id: (reason, mode).
+    children: dict[tuple[str, str], tuple[str, int]] = attrs.field(factory=dict)
+    child_cancels: dict[str, tuple[str | None, str]] = attrs.field(factory=dict)
 
 
 def _cancel(options: str) -> tuple[str | None, str] | None:
@@ -199,6 +211,21 @@ def _limits(options: str) -> UsageLimits | None:
         return None
 
 
+def _spent(usage: str | None) -> dict[str, int]:
+    """A run's persisted ``usage`` (``{}`` if none, or unreadable)."""
+    try:
+        stored = json.loads(usage) if usage else {}
+    except (TypeError, ValueError):
+        return {}
+    if not isinstance(stored, dict):
+        return {}
+    return {
+        str(name): count
+        for name, count in stored.items()
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0
+    }
+
+
 def _input(options: str, logged: bool) -> tuple[Item, ...]:
     """The run's input, if it has yet to reach the session: not once the run logged a
     ``run.item`` (an attempt's input is its first, written to the session with it) or
@@ -211,6 +238,29 @@ def _input(options: str, logged: bool) -> tuple[Item, ...]:
         return tuple(item_from_json(item) for item in parsed.get("input", ()))
     except (TypeError, ValueError, AttributeError):
         return ()
+
+
+def _children(
+    conn: Conn, ids: list[str]
+) -> tuple[
+    dict[str, dict[tuple[str, str], tuple[str, int]]],
+    dict[str, dict[str, tuple[str | None, str]]],
+]:
+    """The unfinished child runs of the trees of ``ids`` (roots), by root: by (parent
+    id, call id), (child id, last seq); and the cancels acked for them, by child id."""
+    children: dict[str, dict[tuple[str, str], tuple[str, int]]] = {}
+    cancels: dict[str, dict[str, tuple[str | None, str]]] = {}
+    for root_id, parent_id, call_id, child_id, child_seq, cancel in conn.execute(
+        "SELECT root_id, parent_id, call_id, run_id, last_seq, cancel"
+        " FROM trio_agents_children WHERE root_id = ANY(%s) AND NOT finished",
+        (ids,),
+    ).fetchall():
+        key = (str(parent_id), str(call_id))
+        children.setdefault(str(root_id), {})[key] = (str(child_id), int(child_seq))
+        acked = _cancel(f'{{"cancel": {cancel}}}') if cancel else None  # as a run's
+        if acked is not None:
+            cancels.setdefault(str(root_id), {})[str(child_id)] = acked
+    return children, cancels
 
 
 class Leases:
@@ -253,7 +303,11 @@ class Leases:
         # restarted under the same id must not keep alive the leases of its previous
         # process's runs, which then expire and are taken over (by any node, itself
         # included).
-        owned = [run_id for run_id, log in cluster._writer.logs.items() if not log.fence.closed]
+        owned = [
+            run_id
+            for run_id, log in cluster._writer.logs.items()
+            if not log.fence.closed and log.root is None  # a child has no row
+        ]
         owned += self._resuming
         owned += cluster._starting
         params = {
@@ -405,6 +459,11 @@ class Leases:
             ).fetchall()
             ids = [str(r[0]) for r in old]
             if ids:
+                children = conn.execute(
+                    "DELETE FROM trio_agents_children WHERE root_id = ANY(%s) RETURNING run_id",
+                    (ids,),
+                ).fetchall()
+                ids += [str(r[0]) for r in children]  # their events go with their root's
                 for table in ("events", "tool_starts", "withdrawals", "commands"):
                     conn.execute(f"DELETE FROM trio_agents_{table} WHERE run_id = ANY(%s)", (ids,))
             conn.execute(
@@ -463,6 +522,12 @@ class Leases:
                 started=claimed.started,
                 reason=f"node {claimed.previous_owner} stopped",
                 agent=claimed.current_agent,
+                spent=claimed.spent,
+                elapsed=claimed.elapsed,
+                children={
+                    key: (child_id, last_seq + 1)
+                    for key, (child_id, last_seq) in claimed.children.items()
+                },
                 approved={call_id for call_id, approved, _ in claimed.decisions if approved},
                 rejected={
                     call_id: message
@@ -488,6 +553,8 @@ class Leases:
                     except Exception:
                         logger.exception("re-injecting into run %s failed", claimed.run_id)
 
+            # Cancels acked for its children: applied as the resumed tree makes them.
+            cluster._writer.child_cancels.update(claimed.child_cancels)
             try:
                 await resume_run(registry, claimed, resume, then)
             except Exception as exc:
@@ -504,7 +571,9 @@ class Leases:
         cluster = self._cluster
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
-            " session_key, session_id IS NOT NULL AND active_key IS NULL FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
+            " session_key, session_id IS NOT NULL AND active_key IS NULL, usage,"
+            " GREATEST(EXTRACT(EPOCH FROM now() - created_at), 0)::float8"
+            " FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
             " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at, created_at LIMIT %s"
             " FOR UPDATE SKIP LOCKED",
             # Not the runs this node stopped and has yet to release (its heartbeat, in
@@ -552,14 +621,14 @@ class Leases:
                 delivered.add((str(run_id), event.injection_id))
             elif isinstance(event, RunItemEvent):
                 items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
+        children, child_cancels = _children(conn, ids)
         clients = {str(r[0]): _client(str(r[7])) for r in rows}
         wanted = sorted({node for node in clients.values() if node is not None})
         alive = live_nodes(conn, wanted) if wanted else set()
         claimed = []
         for row in rows:
-            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key, queued = (
-                row
-            )
+            run_id, principal, session_id, agent, owner, attempt, last_seq, options, key = row[:9]
+            queued, usage, elapsed = row[9:]
             accepted = [
                 event
                 for injection_id, event in injected.get(run_id, {}).items()
@@ -592,6 +661,10 @@ class Leases:
                     client_gone=clients[run_id] is not None and clients[run_id] not in alive,
                     limits=_limits(options),
                     current_agent=handed_to.get(run_id),
+                    spent=_spent(usage),
+                    elapsed=float(elapsed),
+                    children=children.get(run_id, {}),
+                    child_cancels=child_cancels.get(run_id, {}),
                 )
             )
         return claimed

@@ -124,7 +124,13 @@ class _Events:
     """
 
     def __init__(
-        self, entry: RunEntry, *, from_seq: int | None, tree: bool, status_only: bool
+        self,
+        entry: RunEntry,
+        *,
+        from_seq: int | None,
+        tree: bool,
+        status_only: bool,
+        logs: Callable[[str], Any] | None = None,
     ) -> None:
         run = entry.run
         assert run is not None
@@ -139,6 +145,9 @@ class _Events:
         self._ready: deque[RunEvent] = deque()
         self._fence = entry.tree.fence
         self._log = entry.log  # None for a child run, and without a cluster
+        # A cluster's RunLog of any run of the tree, by id (a child run's too: its
+        # events are persisted under its own id), while its writer tracks it.
+        self._logs = logs
         self._ended = False
         self.moved = False
         self.next_seq = from_seq  # after the last event given of the run itself
@@ -184,8 +193,10 @@ class _Events:
             and (not own or fence.fence_seq is None or event.seq > fence.fence_seq)
         ):
             return False  # not this node's: the run goes on elsewhere
-        log = self._log
-        if own and log is not None and log.persisted_seq < event.seq:
+        log = self._log if own else None
+        if log is None and self._logs is not None:
+            log = self._logs(event.run_id)
+        if log is not None and log.persisted_seq < event.seq:
             await log.wait_persisted(event.seq)
             if log.persisted_seq < event.seq:
                 return False  # this attempt stopped writing: the run goes on elsewhere
@@ -559,7 +570,13 @@ class LocalHost:
             from_seq=None if tree else from_seq,
             tree=tree,
             status_only=status_only,
+            logs=self._event_logs(),
         )
+
+    def _event_logs(self) -> Callable[[str], Any] | None:
+        """Where a cluster's node finds what of a run's events is persisted (its
+        RunLog, by run id); None in one process."""
+        return None
 
     def disconnected(self, owner: object) -> None:
         """The owner went away: apply the ``on_disconnect`` of the runs it started

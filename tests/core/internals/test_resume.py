@@ -127,6 +127,38 @@ async def test_resume_on_a_session_with_nothing_open_just_continues(tmp_path: An
         ]
 
 
+async def test_a_resumed_run_starts_its_budget_from_what_was_spent() -> None:
+    # Two requests spent by earlier attempts, three allowed: one more request is sent;
+    # the next would be the fourth.
+    session = await session_holding(ta.UserMessage("go"))
+    model = ScriptedModel([Turn(tool_calls=[("lookup", {})])], default="again")
+    result = await ta.run(
+        resume_agent(model, []),
+        [],
+        session=session,
+        resume=ta.Resume(attempt=2, next_seq=1, spent={"requests": 2, "tool_calls": 0}),
+        limits=ta.UsageLimits(requests=3),
+    )
+    assert (result.status, result.reason) == ("failed", "usage limit: requests 4/3")
+    assert len(model.requests) == 1
+
+
+async def test_a_resumed_runs_deadline_counts_from_its_original_start(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    session = await session_holding(ta.UserMessage("go"))
+    model = ScriptedModel([], default="never asked")
+    result = await ta.run(
+        resume_agent(model, []),
+        [],
+        session=session,
+        resume=ta.Resume(attempt=2, next_seq=1, elapsed=60.0),
+        limits=ta.UsageLimits(deadline=30.0),
+    )
+    assert (result.status, result.reason) == ("failed", "timeout")
+    assert model.requests == []
+
+
 async def test_resume_needs_a_session_and_no_input() -> None:
     resume = ta.Resume(attempt=2, next_seq=1)
     with pytest.raises(ValueError, match="resume"):
@@ -160,6 +192,15 @@ def test_resume_is_a_hashable_value_with_its_decisions() -> None:
         ({"attempt": 2, "next_seq": 1, "rejected": ["c1"]}, TypeError),
         ({"attempt": 2, "next_seq": 1, "rejected": {"c1": 3}}, TypeError),
         ({"attempt": 2, "next_seq": 1, "approved": {"c1"}, "rejected": {"c1": None}}, ValueError),
+        ({"attempt": 2, "next_seq": 1, "spent": [("requests", 1)]}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "spent": {"requests": 1.5}}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "spent": {"requests": -1}}, ValueError),
+        ({"attempt": 2, "next_seq": 1, "elapsed": "1"}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "elapsed": -1.0}, ValueError),
+        ({"attempt": 2, "next_seq": 1, "elapsed": float("nan")}, ValueError),
+        ({"attempt": 2, "next_seq": 1, "children": {"p/c": ("run_1", 3)}}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "children": {("p", "c"): ("", 3)}}, TypeError),
+        ({"attempt": 2, "next_seq": 1, "children": {("p", "c"): ("run_1", 0)}}, ValueError),
     ],
 )
 def test_resume_validates_its_fields(kwargs: dict[str, Any], error: type[Exception]) -> None:

@@ -1,0 +1,92 @@
+"""Usage limits across a takeover (DESIGN §12, §18): what a run's limits counted before
+its node died stays counted by the attempt that takes it over, and its deadline counts
+from its original start, not from the takeover.
+
+In-process nodes on the suite's real PostgreSQL (``tests/support/cluster_nodes.py``):
+node A runs the run into a tool that never returns and "crashes" (nothing more of it
+reaches the database); B takes the run over once its lease expires.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import trio
+
+from tests.support.cluster_nodes import agents, clients, open_nodes, query, row_of, waiting_tool
+from tests.support.cluster_support import Client, Node
+from trio_agents.models import ScriptedModel, Turn
+
+
+def _nodes(dsn: str, model: ScriptedModel) -> AbstractAsyncContextManager[list[Node]]:
+    # A's tool waits for ever (the run is mid-tool when A dies); B's answers at once.
+    done = trio.Event()
+    done.set()
+    return open_nodes(
+        dsn,
+        {
+            "A": agents(model, [waiting_tool(trio.Event())]),
+            "B": agents(model, [waiting_tool(done)]),
+        },
+        lease_ttl=0.5,
+    )
+
+
+async def _taken_over(cb: Client, dsn: str, run_id: str) -> dict[str, Any]:
+    await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+    with trio.fail_after(60):
+        done = await cb.wait_terminal(run_id)
+    row = await row_of(dsn, run_id)
+    assert (row["owner"], row["attempt"]) == ("B", 2), row  # B's attempt ended it
+    event: dict[str, Any] = done["event"]
+    return event
+
+
+async def test_requests_spent_before_a_takeover_still_count_after_it(pg_dsn: str) -> None:
+    # requests=2: A's attempt sends request 1 (a tool call) and dies in the tool. B's
+    # attempt may send one more request (the call, answered "interrupted", calls the
+    # tool again), not two: its third would pass the limit. Before, B counted from 0
+    # and the run completed with 3 requests.
+    wait = Turn(tool_calls=[("wait", {})])
+    model = ScriptedModel([wait, wait], default="ok")
+    async with _nodes(pg_dsn, model) as (a, b), clients(a, b) as (ca, cb):
+        run_id = await ca.start_until_tool(agent="a", input="go", limits={"requests": 2})
+        a.crash()
+        done = await _taken_over(cb, pg_dsn, run_id)
+    assert done["status"] == "failed", done
+    assert done["reason"] == "usage limit: requests 3/2", done
+    assert len(model.requests) == 2  # the third was never sent
+    assert done["detail"]["limits"]["requests"] == {"used": 3, "limit": 2}
+
+
+async def test_tool_calls_spent_before_a_takeover_still_count_after_it(pg_dsn: str) -> None:
+    wait = Turn(tool_calls=[("wait", {})])
+    model = ScriptedModel([wait, wait], default="ok")
+    async with _nodes(pg_dsn, model) as (a, b), clients(a, b) as (ca, cb):
+        run_id = await ca.start_until_tool(agent="a", input="go", limits={"tool_calls": 1})
+        a.crash()
+        done = await _taken_over(cb, pg_dsn, run_id)
+    assert (done["status"], done["reason"]) == ("failed", "usage limit: tool_calls 2/1"), done
+
+
+async def test_a_deadline_counts_from_the_runs_original_start_across_a_takeover(
+    pg_dsn: str,
+) -> None:
+    # A 10-minute deadline, and the run accepted an hour ago (its row's created_at set
+    # back while A runs it): the attempt that takes it over is past its deadline at
+    # once. Before, the deadline restarted with the attempt and the run completed.
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default="ok")
+    async with _nodes(pg_dsn, model) as (a, b), clients(a, b) as (ca, cb):
+        run_id = await ca.start_until_tool(agent="a", input="go", limits={"deadline": 600})
+        await trio.to_thread.run_sync(
+            query,
+            pg_dsn,
+            "UPDATE trio_agents_runs SET created_at = now() - interval '1 hour'"
+            " WHERE run_id = %s RETURNING run_id",
+            run_id,
+        )
+        a.crash()
+        done = await _taken_over(cb, pg_dsn, run_id)
+    assert (done["status"], done["reason"]) == ("failed", "timeout"), done
+    assert len(model.requests) == 1  # B never called the model
