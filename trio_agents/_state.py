@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 import attrs
 import trio
@@ -38,7 +38,18 @@ from ._tools import ToolContext
 from ._util import summarize
 from .sessions._base import Session
 
-__all__ = ["CallSoon", "HookError", "OpenCall", "RunState", "SessionError", "Spans", "call_hook"]
+__all__ = [
+    "CallSoon",
+    "HookError",
+    "OpenCall",
+    "RunState",
+    "SessionError",
+    "Spans",
+    "call_hook",
+    "stored_rows",
+]
+
+T = TypeVar("T")
 
 # The detail of most status updates: one shared empty mapping, not a dict per event.
 _NO_DETAIL: Mapping[str, Any] = MappingProxyType({})
@@ -257,6 +268,11 @@ class RunState:
         self.summaries: dict[int, tuple[int, Item]] = {}
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
+        # How many items the session holds, as this run knows it (the rows it loaded,
+        # plus every write it saw return; None until the load), and how many items at
+        # the head of _unpersisted were in a write that raised (0: none): see persist().
+        self._stored: int | None = None
+        self._in_doubt = 0
         self._limiter: trio.CapacityLimiter | None = None
         self._write_lock: trio.Lock | None = None  # made at the first write to a session
         # -- the turn: written by _turns.py as a model call goes (the status by
@@ -396,14 +412,27 @@ class RunState:
                 self.call_ids.add(item.call_id)
         self.history_loaded = True
 
+    def session_holds(self, count: int) -> None:
+        """The load's word on how many items the session holds (the rows it read, or
+        the repair it wrote back): where :meth:`persist`'s count starts."""
+        self._stored = count
+
     async def persist(self) -> None:
         """Write every committed item not written yet, in commit order.
 
-        Writers are serialised (tools finish concurrently); an item leaves the queue
-        only once its write returned, so a write cut short is retried by the repair.
+        Writers are serialised (tools finish concurrently). A write that raised — an
+        error, a stray ``trio.Cancelled``, or the run's own cancellation — may still
+        have stored its batch: a session may commit and then raise (at a checkpoint
+        after the commit, or because the commit's answer was lost). So the batch is not
+        simply written again (it would be stored twice: a result twice, a call after its
+        own result): the next persist first asks the session what it holds
+        (:meth:`_settle_doubt`), and writes again only what is not there. This never
+        trusts a session's promise about when it raises, so it holds for users'
+        sessions as for ours.
 
         Raises:
-            SessionError: the session raised.
+            SessionError: the session raised, or holds something else than before or
+                after the doubtful write (it is then used no more).
         """
         if self.session is None:
             self._unpersisted.clear()
@@ -412,14 +441,78 @@ class RunState:
         if lock is None:
             lock = self._write_lock = trio.Lock()
         async with lock:
+            session = self.session  # read again: a writer before us may have dropped it
+            if session is None:
+                self._unpersisted.clear()
+                return
+            if self._in_doubt:
+                await self._settle_doubt(session)
             while self._unpersisted:
                 batch = list(self._unpersisted)
-                try:
-                    await self.session.add_items(batch)
-                except Exception as exc:
-                    raise SessionError(exc) from exc
-                except trio.Cancelled as exc:
-                    if trio.current_effective_deadline() != -math.inf:
-                        raise SessionError(exc) from exc  # a stray one: a session fault
-                    raise
+                # In doubt from here until the write returns, whatever interrupts it.
+                self._in_doubt = len(batch)
+                await _guard_session(session.add_items(batch))
+                self._in_doubt = 0
+                if self._stored is not None:
+                    self._stored += len(batch)
                 del self._unpersisted[: len(batch)]
+
+    async def _settle_doubt(self, session: Session) -> None:
+        """Find out whether the write that raised stored its batch, from the rows.
+
+        One run holds the session at a time and ``add_items`` is all or nothing, so the
+        rows are either those this run knew of (nothing was stored: the batch is
+        written again) or those followed by the batch (stored: it is not). Anything
+        else — a session whose ``get_items`` gives something other than its rows, or
+        that another writer changed — cannot tell: the batch is not written again (a
+        duplicate would make the stored conversation invalid for good, where a missing
+        tail is what a crash leaves and every load repairs), the session is dropped and
+        the run fails with a session error.
+        """
+        count = self._in_doubt
+        rows = await _guard_session(stored_rows(session))
+        known = self._stored
+        batch = self._unpersisted[:count]
+        if known is not None and rows[known:] == batch:
+            del self._unpersisted[:count]  # stored: never write it twice
+            self._stored = known + count
+        elif known is None or len(rows) != known:
+            self.drop_session()
+            raise SessionError(
+                RuntimeError(
+                    f"cannot tell whether an interrupted write of {count} item(s) was stored:"
+                    f" the session holds {len(rows)} item(s), where the run knew of"
+                    f" {known}; nothing more is written to it"
+                )
+            )
+        self._in_doubt = 0
+
+
+async def stored_rows(session: Session) -> list[Item]:
+    """The session's items as stored: ``get_stored_items()`` where the session has it
+    (the shipped stored sessions repair in ``get_items``, and write the repair back),
+    else ``get_items()``.
+
+    Raises:
+        TypeError: ``get_stored_items`` returned something other than a list.
+    """
+    raw = getattr(session, "get_stored_items", None)
+    if raw is None:
+        return await session.get_items()
+    items = await raw()
+    if not isinstance(items, list):
+        raise TypeError(f"get_stored_items returned {type(items).__name__}, not a list")
+    return items
+
+
+async def _guard_session(call: Awaitable[T]) -> T:
+    """Await a session call. An exception — a stray ``trio.Cancelled`` (one that
+    nothing around it asked for) included — becomes a :class:`SessionError`."""
+    try:
+        return await call
+    except Exception as exc:
+        raise SessionError(exc) from exc
+    except trio.Cancelled as exc:
+        if trio.current_effective_deadline() != -math.inf:
+            raise SessionError(exc) from exc  # a stray one: a session fault
+        raise
