@@ -184,7 +184,9 @@ class RunState:
     # Sorted here (ruff RUF023); __init__ sets them group by group.
     __slots__ = (
         "_checker",
+        "_in_doubt",
         "_limiter",
+        "_stored",
         "_unpersisted",
         "_write_lock",
         "agent",
