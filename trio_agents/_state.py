@@ -460,33 +460,38 @@ class RunState:
                 del self._unpersisted[: len(batch)]
 
     async def _settle_doubt(self, session: Session) -> None:
-        """Find out whether the write that raised stored its batch, from the rows.
+        """Find out, from the rows, how much of what the run has yet to write is stored.
 
-        One run holds the session at a time and ``add_items`` is all or nothing, so the
-        rows are either those this run knew of (nothing was stored: the batch is
-        written again) or those followed by the batch (stored: it is not). Anything
-        else — a session whose ``get_items`` gives something other than its rows, or
-        that another writer changed — cannot tell: the batch is not written again (a
+        One run holds the session at a time, so the rows are those this run knew of,
+        followed by a first part of what it has yet to write: nothing (the write that
+        raised stored nothing: it is written again), the batch of that write, or more
+        (a session that writes committed items by itself, as the cluster's writes them
+        with their events). That part is taken as written, never written twice.
+        Anything else — a session whose ``get_items`` gives something other than its
+        rows, or that another writer changed — cannot tell: nothing more is written (a
         duplicate would make the stored conversation invalid for good, where a missing
         tail is what a crash leaves and every load repairs), the session is dropped and
         the run fails with a session error.
         """
-        count = self._in_doubt
         rows = await _guard_session(stored_rows(session))
         known = self._stored
-        batch = self._unpersisted[:count]
-        if known is not None and rows[known:] == batch:
-            del self._unpersisted[:count]  # stored: never write it twice
-            self._stored = known + count
-        elif known is None or len(rows) != known:
+        extra = len(rows) - known if known is not None else -1
+        if (
+            known is None
+            or not 0 <= extra <= len(self._unpersisted)
+            or (rows[known:] != self._unpersisted[:extra])
+        ):
             self.drop_session()
             raise SessionError(
                 RuntimeError(
-                    f"cannot tell whether an interrupted write of {count} item(s) was stored:"
-                    f" the session holds {len(rows)} item(s), where the run knew of"
-                    f" {known}; nothing more is written to it"
+                    f"cannot tell what an interrupted write of {self._in_doubt} item(s)"
+                    f" stored: the session holds {len(rows)} item(s), where the run knew"
+                    f" of {known} and has {len(self._unpersisted)} to write; nothing more"
+                    " is written to it"
                 )
             )
+        del self._unpersisted[:extra]  # stored: never write them twice
+        self._stored = len(rows)
         self._in_doubt = 0
 
 
