@@ -13,7 +13,8 @@ The three operations every step needs:
 - :meth:`RunState.emit_status` — a ``run.updated`` event.
 - :meth:`RunState.persist` — write what was committed so far to the session (each tool
   result is persisted as its tool finishes, so a crash loses at most the item in
-  flight).
+  flight). A write that raised may have stored its items: the next one first reads
+  what the session holds, so nothing is ever written twice.
 """
 
 from __future__ import annotations
@@ -443,21 +444,25 @@ class RunState:
         if lock is None:
             lock = self._write_lock = trio.Lock()
         async with lock:
-            session = self.session  # read again: a writer before us may have dropped it
-            if session is None:
-                self._unpersisted.clear()
-                return
-            if self._in_doubt:
-                await self._settle_doubt(session)
-            while self._unpersisted:
-                batch = list(self._unpersisted)
-                # In doubt from here until the write returns, whatever interrupts it.
-                self._in_doubt = len(batch)
-                await _guard_session(session.add_items(batch))
-                self._in_doubt = 0
-                if self._stored is not None:
-                    self._stored += len(batch)
-                del self._unpersisted[: len(batch)]
+            await self._write_unpersisted()
+
+    async def _write_unpersisted(self) -> None:
+        """:meth:`persist`'s work, under its lock."""
+        session = self.session  # read again: a writer before us may have dropped it
+        if session is None:
+            self._unpersisted.clear()
+            return
+        if self._in_doubt:
+            await self._settle_doubt(session)
+        while self._unpersisted:
+            batch = list(self._unpersisted)
+            # In doubt from here until the write returns, whatever interrupts it.
+            self._in_doubt = len(batch)
+            await _guard_session(session.add_items(batch))
+            self._in_doubt = 0
+            if self._stored is not None:
+                self._stored += len(batch)
+            del self._unpersisted[: len(batch)]
 
     async def _settle_doubt(self, session: Session) -> None:
         """Find out, from the rows, how much of what the run has yet to write is stored.
