@@ -434,8 +434,8 @@ class RunState:
         sessions as for ours.
 
         Raises:
-            SessionError: the session raised, or holds something else than before or
-                after the doubtful write (it is then used no more).
+            SessionError: the session raised, or its rows cannot say what a write that
+                raised stored (it is then used no more).
         """
         if self.session is None:
             self._unpersisted.clear()
