@@ -627,7 +627,7 @@ class WatchedSession:
             if faulty == "block":
                 await trio.sleep_forever()
             value = await inner()
-            record.stored = method != "get_items"
+            record.stored = method in ("add_items", "replace_items")
             if faulty == "raise_after":
                 raise InjectedFault(f"{method} stored its items, then failed on purpose")
             if faulty == "block_after":
