@@ -245,7 +245,10 @@ async def echo(text: str) -> str:
 
 
 # Its writes: 1 the input, 2 the text and the call, 3 the call's result, 4 the answer.
-CALL_THEN_ANSWER: list[Turn | str] = [Turn("let me look", tool_calls=[("echo", {"text": "x"})]), "done"]
+CALL_THEN_ANSWER: list[Turn | str] = [
+    Turn("let me look", tool_calls=[("echo", {"text": "x"})]),
+    "done",
+]
 
 
 @pytest.mark.parametrize("hang_on", [1, 2, 3, 4], ids=["input", "call", "result", "answer"])
