@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from ._exceptions import InvalidConversationError
 from ._items import Item, ToolCall
-from ._state import OpenCall, RunState, SessionError
-from .sessions._base import Session
+from ._state import OpenCall, RunState, SessionError, stored_rows
 from .sessions._dangling_calls import repair_keeping_tail
 
 __all__ = ["load_session"]
@@ -31,8 +30,13 @@ async def load_session(state: RunState) -> list[ToolCall]:
     if state.session is not None and not state.history_loaded:
         resuming = state.options.resume is not None
         try:
-            stored = await _stored_items(state.session) if resuming else None
-            if stored is None:
+            # A resumed run reads the rows as they are (stored_rows): the shipped stored
+            # sessions close the calls a dead process left open as ``cancelled`` in
+            # get_items, and it must see them open. A session without
+            # ``get_stored_items`` is expected to return its rows unrepaired.
+            if resuming:
+                stored = await stored_rows(state.session)
+            else:
                 stored = await state.session.get_items()
             # Raises TypeError for garbage.
             repaired, tail = repair_keeping_tail(stored, close_tail=not resuming)
@@ -41,6 +45,7 @@ async def load_session(state: RunState) -> list[ToolCall]:
             state.drop_session()  # never write to a session we could not read
         else:
             state.load_history(repaired)
+            state.session_holds(len(stored))
             for call in tail:
                 state.open_calls[call.call_id] = OpenCall(call)
             if repaired != stored:
@@ -60,21 +65,6 @@ async def load_session(state: RunState) -> list[ToolCall]:
     return tail
 
 
-async def _stored_items(session: Session) -> list[Item] | None:
-    """The stored rows as they are, from a session that repairs in ``get_items`` (the
-    shipped stored sessions close the calls a dead process left open as ``cancelled``
-    there): a resumed run must see those calls open. ``None`` for a session without
-    ``get_stored_items``, whose ``get_items`` is then expected to return its rows
-    unrepaired."""
-    raw = getattr(session, "get_stored_items", None)
-    if raw is None:
-        return None
-    items = await raw()
-    if not isinstance(items, list):
-        raise TypeError(f"get_stored_items returned {type(items).__name__}, not a list")
-    return items
-
-
 async def _write_back(state: RunState, stored: list[Item], repaired: list[Item]) -> None:
     """Write a load repair back, so the stored rows are valid again — atomically only: a
     repair that just appends (results for calls left open at the end, the usual crash)
@@ -86,10 +76,12 @@ async def _write_back(state: RunState, stored: list[Item], repaired: list[Item])
     try:
         if repaired[: len(stored)] == stored:
             await session.add_items(repaired[len(stored) :])
+            state.session_holds(len(repaired))
             return
         replace = getattr(session, "replace_items", None)
         if replace is not None:
             await replace(repaired)
+            state.session_holds(len(repaired))
     except Exception as exc:
         state.drop_session()
         raise SessionError(exc) from exc

@@ -13,7 +13,8 @@ The three operations every step needs:
 - :meth:`RunState.emit_status` — a ``run.updated`` event.
 - :meth:`RunState.persist` — write what was committed so far to the session (each tool
   result is persisted as its tool finishes, so a crash loses at most the item in
-  flight).
+  flight). A write that raised may have stored its items: the next one first reads
+  what the session holds, so nothing is ever written twice.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from types import MappingProxyType
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 import attrs
 import trio
@@ -48,9 +50,12 @@ __all__ = [
     "SessionError",
     "Spans",
     "call_hook",
+    "stored_rows",
 ]
 
 logger = logging.getLogger("trio_agents")
+
+T = TypeVar("T")
 
 # The detail of most status updates: one shared empty mapping, not a dict per event.
 _NO_DETAIL: Mapping[str, Any] = MappingProxyType({})
@@ -204,8 +209,10 @@ class RunState:
     # Sorted here (ruff RUF023); __init__ sets them group by group.
     __slots__ = (
         "_checker",
+        "_in_doubt",
         "_limiter",
         "_rewrite",
+        "_stored",
         "_unpersisted",
         "_write_lock",
         "agent",
@@ -293,6 +300,11 @@ class RunState:
         self.summaries: dict[int, tuple[int, Item]] = {}
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
+        # How many items the session holds, as this run knows it (the rows it loaded,
+        # plus every write it saw return; None until the load), and how many items at
+        # the head of _unpersisted were in a write that raised (0: none): see persist().
+        self._stored: int | None = None
+        self._in_doubt = 0
         self._limiter: trio.CapacityLimiter | None = None
         self._write_lock: trio.Lock | None = None  # made at the first write to a session
         # How many items of the conversation are marked rejected (the request is sent
@@ -504,14 +516,27 @@ class RunState:
                 self.rejected += 1
         self.history_loaded = True
 
+    def session_holds(self, count: int) -> None:
+        """The load's word on how many items the session holds (the rows it read, or
+        the repair it wrote back): where :meth:`persist`'s count starts."""
+        self._stored = count
+
     async def persist(self) -> None:
         """Write every committed item not written yet, in commit order.
 
-        Writers are serialised (tools finish concurrently); an item leaves the queue
-        only once its write returned, so a write cut short is retried by the repair.
+        Writers are serialised (tools finish concurrently). A write that raised — an
+        error, a stray ``trio.Cancelled``, or the run's own cancellation — may still
+        have stored its batch: a session may commit and then raise (at a checkpoint
+        after the commit, or because the commit's answer was lost). So the batch is not
+        simply written again (it would be stored twice: a result twice, a call after its
+        own result): the next persist first asks the session what it holds
+        (:meth:`_settle_doubt`), and writes again only what is not there. This never
+        trusts a session's promise about when it raises, so it holds for users'
+        sessions as for ours.
 
         Raises:
-            SessionError: the session raised.
+            SessionError: the session raised, or its rows cannot say what a write that
+                raised stored (it is then used no more).
         """
         if self.session is None:
             self._unpersisted.clear()
@@ -520,50 +545,119 @@ class RunState:
         if lock is None:
             lock = self._write_lock = trio.Lock()
         async with lock:
-            if self._rewrite:
-                await self._rewrite_marks()
-            while self._unpersisted:
-                batch = list(self._unpersisted)
-                await _write(self.session.add_items, batch)
-                del self._unpersisted[: len(batch)]
+            await self._write_unpersisted()
 
-    async def _rewrite_marks(self) -> None:
+    async def _write_unpersisted(self) -> None:
+        """:meth:`persist`'s work, under its lock."""
+        session = self.session  # read again: a writer before us may have dropped it
+        if session is None:
+            self._unpersisted.clear()
+            return
+        if self._rewrite:
+            # The rewrite replaces every row: it settles a write in doubt too.
+            await self._rewrite_marks(session)
+        elif self._in_doubt:
+            await self._settle_doubt(session)
+        while self._unpersisted:
+            batch = list(self._unpersisted)
+            # In doubt from here until the write returns, whatever interrupts it.
+            self._in_doubt = len(batch)
+            await _guard_session(partial(session.add_items, batch))
+            self._in_doubt = 0
+            if self._stored is not None:
+                self._stored += len(batch)
+            del self._unpersisted[: len(batch)]
+
+    async def _rewrite_marks(self, session: Session) -> None:
         """Write marks put on items already stored (:meth:`mark_held`): the whole
         conversation, in one atomic ``replace_items`` — the stored rows are the loaded
         history and the items written since, so the conversation is what they must
-        become. A session without ``replace_items`` cannot change a row it holds: its
+        become. A replace is idempotent, so one that raised (whether or not it stored)
+        is simply done again by the next write, and it settles any earlier write in
+        doubt. A session without ``replace_items`` cannot change a row it holds: its
         written rows stay unmarked (logged); the unwritten ones are appended marked."""
-        assert self.session is not None
-        replace = getattr(self.session, "replace_items", None)
+        replace = getattr(session, "replace_items", None)
         if replace is None:
             self._rewrite = False
             logger.warning(
                 "session %r has no replace_items: items a guardrail rejected after they"
                 " were written stay unmarked in it",
-                self.session.session_id,
+                session.session_id,
             )
+            if self._in_doubt:
+                await self._settle_doubt(session)
             return
         # The unwritten items are in the snapshot; any committed while it is written
         # are appended after it.
         items, written = list(self.conversation), len(self._unpersisted)
-        await _write(replace, items)  # on error, _rewrite stays: the repair retries
+        await _guard_session(partial(replace, items))  # on error, _rewrite stays: retried
         self._rewrite = False
+        self._in_doubt = 0
+        self._stored = len(items)
         del self._unpersisted[:written]
 
+    async def _settle_doubt(self, session: Session) -> None:
+        """Find out, from the rows, how much of what the run has yet to write is stored.
 
-async def _write(write: Callable[[list[Item]], Awaitable[None]], items: list[Item]) -> None:
-    """Call a session write (called inside the ``try``: one that raises before it
-    returns an awaitable is the session's fault too).
+        One run holds the session at a time, so the rows are those this run knew of,
+        followed by a first part of what it has yet to write: nothing (the write that
+        raised stored nothing: it is written again), the batch of that write, or more
+        (a session that writes committed items by itself, as the cluster's writes them
+        with their events). That part is taken as written, never written twice.
+        Anything else — a session whose ``get_items`` gives something other than its
+        rows, or that another writer changed — cannot tell: nothing more is written (a
+        duplicate would make the stored conversation invalid for good, where a missing
+        tail is what a crash leaves and every load repairs), the session is dropped and
+        the run fails with a session error.
+        """
+        rows = await _guard_session(partial(stored_rows, session))
+        known = self._stored
+        extra = len(rows) - known if known is not None else -1
+        if (
+            known is None
+            or not 0 <= extra <= len(self._unpersisted)
+            or (rows[known:] != self._unpersisted[:extra])
+        ):
+            self.drop_session()
+            raise SessionError(
+                RuntimeError(
+                    f"cannot tell what an interrupted write of {self._in_doubt} item(s)"
+                    f" stored: the session holds {len(rows)} item(s), where the run knew"
+                    f" of {known} and has {len(self._unpersisted)} to write; nothing more"
+                    " is written to it"
+                )
+            )
+        del self._unpersisted[:extra]  # stored: never write them twice
+        self._stored = len(rows)
+        self._in_doubt = 0
+
+
+async def stored_rows(session: Session) -> list[Item]:
+    """The session's items as stored: ``get_stored_items()`` where the session has it
+    (the shipped stored sessions repair in ``get_items``, and write the repair back),
+    else ``get_items()``.
 
     Raises:
-        SessionError: the session raised (a stray ``trio.Cancelled`` too: one that
-            nothing cancelled is a fault of the session's).
+        TypeError: ``get_stored_items`` returned something other than a list.
     """
+    raw = getattr(session, "get_stored_items", None)
+    if raw is None:
+        return await session.get_items()
+    items = await raw()
+    if not isinstance(items, list):
+        raise TypeError(f"get_stored_items returned {type(items).__name__}, not a list")
+    return items
+
+
+async def _guard_session(call: Callable[[], Awaitable[T]]) -> T:
+    """Await a session call, made inside the ``try`` (one that raises before it returns
+    an awaitable is the session's fault too). An exception — a stray ``trio.Cancelled``
+    (one that nothing around it asked for) included — becomes a :class:`SessionError`."""
     try:
-        await write(items)
+        return await call()
     except Exception as exc:
         raise SessionError(exc) from exc
     except trio.Cancelled as exc:
         if trio.current_effective_deadline() != -math.inf:
-            raise SessionError(exc) from exc
+            raise SessionError(exc) from exc  # a stray one: a session fault
         raise

@@ -1,7 +1,7 @@
 """The Session contract, once, run against every backend (Memory, a real SQLite file,
 the suite's PostgreSQL): round trips, sessions kept apart, ``with_id``, session ids,
 concurrent appends, all-or-nothing batches under cancellation and failure, closing with
-a write in flight. What only one backend promises (SQLite's WAL and file sharing,
+a write in flight, and a run's write that is cancelled after it stored its items. What only one backend promises (SQLite's WAL and file sharing,
 PostgreSQL's write-back repair and pool) is in sessions/internals/."""
 
 from __future__ import annotations
@@ -13,8 +13,17 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from tests.support.session_backends import EVERY_KIND, STORABLE, Store, assert_batches_whole
+import trio_agents as ta
+from tests.support.session_backends import (
+    EVERY_KIND,
+    STORABLE,
+    Store,
+    StoredThenCancelled,
+    assert_batches_whole,
+    stored_rows,
+)
 from trio_agents import UserMessage, conversation_problems
+from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import Session, SessionStorageError
 
 
@@ -227,3 +236,42 @@ async def test_aclose_waits_for_a_write_in_flight(store: Store) -> None:
         await trio.testing.wait_all_tasks_blocked()
         await session.aclose()
     assert await store.session("main").get_items() == batch
+
+
+@ta.function_tool
+async def echo(text: str) -> str:
+    """Answer at once."""
+    return text
+
+
+# Its writes: 1 the input, 2 the text and the call, 3 the call's result, 4 the answer.
+CALL_THEN_ANSWER: list[Turn | str] = [
+    Turn("let me look", tool_calls=[("echo", {"text": "x"})]),
+    "done",
+]
+
+
+@pytest.mark.parametrize("hang_on", [1, 2, 3, 4], ids=["input", "call", "result", "answer"])
+async def test_a_cancel_after_the_write_stored_its_items_never_stores_them_twice(
+    store: Store, hang_on: int
+) -> None:
+    # The write of a run stores its items, then a cancel lands at its last checkpoint
+    # (the session raises Cancelled after its commit): the repair must not write them
+    # again, whatever the backend, through a session the user wrote around it.
+    session = StoredThenCancelled(store.session("main"), hang_on)
+    agent = ta.Agent(name="w", model=ScriptedModel(CALL_THEN_ANSWER), tools=[echo])
+    async with ta.open_run(agent, "hi", session=session) as run:
+        await session.stored.wait()
+        run.cancel("stop")
+    result = run.result
+    assert result is not None
+    assert (result.status, result.reason) == ("cancelled", "stop")
+    rows = await stored_rows(store.session("main"))
+    assert conversation_problems(rows) == []
+    assert rows == list(result.conversation)  # each item once, the repair's included
+    # The next run loads it as it is and goes on.
+    again = await ta.run(
+        ta.Agent(name="w", model=ScriptedModel(["again"])), "more", session=store.session("main")
+    )
+    assert again.status == "completed"
+    assert list(again.conversation) == [*rows, ta.UserMessage("more"), ta.AssistantMessage("again")]

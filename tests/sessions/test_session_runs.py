@@ -4,7 +4,7 @@ history and persistence, on real SQLite files and in memory."""
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -392,3 +392,51 @@ async def test_a_generic_session_with_a_dangling_call_is_repaired_on_load(
     (request,) = model.requests
     assert request.items[2] == ta.ToolResult("c1", "cancelled: interrupted", status="cancelled")
     assert ta.conversation_problems(request.items) == []
+
+
+class ChangedUnderTheRun:
+    """A session whose second write stores its items, then someone else appends one
+    and the write raises: its rows no longer say what the write stored."""
+
+    def __init__(self) -> None:
+        self.inner = MemorySession("changed")
+        self.session_id = "changed"
+        self.adds = 0
+
+    async def get_items(self) -> list[ta.Item]:
+        return await self.inner.get_items()
+
+    async def add_items(self, items: Sequence[ta.Item]) -> None:
+        await self.inner.add_items(items)
+        self.adds += 1
+        if self.adds == 2:
+            await self.inner.add_items([ta.UserMessage("from elsewhere")])
+            raise OSError("connection lost after the commit")
+
+    async def clear(self) -> None:
+        await self.inner.clear()
+
+
+async def test_a_write_that_raised_is_never_guessed_at(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # After a write that raised, the run reads the rows to find what it stored; rows
+    # that are neither what it knew of nor that followed by what it has to write cannot
+    # tell it: it writes nothing more (never a duplicate) and fails with a session error.
+    session = ChangedUnderTheRun()
+    model = ScriptedModel([Turn(tool_calls=[("slow", {"seconds": 1})]), "done"])
+    result = await ta.run(agent(model), "hi", session=session)
+    assert result.status == "failed"
+    assert result.reason is not None
+    assert result.reason.startswith("session error: RuntimeError: cannot tell what an")
+    # The write of the call raised: the run failed, the repair answered the call.
+    user, call, answer = result.conversation
+    assert isinstance(call, ta.ToolCall)
+    assert answer == ta.ToolResult(
+        call.call_id,
+        "cancelled: session error: OSError: connection lost after the commit",
+        status="cancelled",
+    )
+    assert ta.conversation_problems(list(result.conversation)) == []
+    # Written once each, then nothing: the rows stay as the other writer left them.
+    assert await session.get_items() == [user, call, ta.UserMessage("from elsewhere")]

@@ -5,12 +5,13 @@ objects on it, and a look at the rows a backend stored (where it stores rows).""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 import psycopg
+import trio
 
 from tests.support.sessions_sql import postgres_sql, sqlite_sql
 from trio_agents import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
@@ -112,3 +113,51 @@ def postgres_store(dsn: str) -> Store:
         pair=({"max_connections": 3}, {"max_connections": 4}),
         big_batch=500,
     )
+
+
+@attrs.define(eq=False)
+class StoredThenCancelled:
+    """A user-written session around a backend's whose ``hang_on``-th ``add_items``
+    stores its items (the real append returns) and then waits at one more checkpoint
+    until cancelled: where a cancel lands on a write that has already happened (a
+    session that checks for cancellation after its commit, or whose commit's answer
+    was lost). ``stored`` is set once those items are in. Every other capability is
+    the wrapped session's, as a typical wrapper passes them through."""
+
+    inner: Session
+    hang_on: int
+    stored: trio.Event = attrs.field(factory=trio.Event)
+    adds: int = 0
+
+    @property
+    def session_id(self) -> str:
+        return self.inner.session_id
+
+    @property
+    def lock_key(self) -> object:
+        return self
+
+    async def get_items(self) -> list[Item]:
+        return await self.inner.get_items()
+
+    async def add_items(self, items: Sequence[Item]) -> None:
+        await self.inner.add_items(items)
+        self.adds += 1
+        if self.adds == self.hang_on:
+            self.stored.set()
+            await trio.sleep_forever()  # the write's last checkpoint: cancelled here
+
+    async def clear(self) -> None:
+        await self.inner.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        # get_stored_items, replace_items, aclose, ... when the inner session has them
+        return getattr(self.inner, name)
+
+
+async def stored_rows(session: Any) -> list[Item]:
+    """The items a session stores, as they are (a stored session's ``get_items``
+    repairs what it reads)."""
+    raw = getattr(session, "get_stored_items", None)
+    items: list[Item] = await (raw() if raw is not None else session.get_items())
+    return items

@@ -111,6 +111,8 @@ def _session(kind: Any, call: int = 1) -> Faults:
 
 
 CANCEL_AT_1 = (Op(1.0, "cancel", reason="user stop"),)
+CANCEL_AT_1_5 = (Op(1.5, "cancel", reason="user stop"),)
+CANCEL_AT_2 = (Op(2.0, "cancel", reason="user stop"),)
 CANCEL_IN_TOOL = (Op(0.0, "cancel_in_tool", reason="user stop"),)
 # The hooks called before the run's end (a fault in on_run_end has cases of its own).
 HOOKS_IN_A_TURN = ("on_run_start", "on_model_start", "on_model_end", "on_tool_start", "on_tool_end")
@@ -182,6 +184,26 @@ CASES: list[Any] = [
         CANCEL_AT_1,
         _session("block_on_add", 3),
         id="session-third-add-blocks",
+    ),
+    # -- sessions whose write stores its items, then raises or is cancelled (a commit
+    #    whose answer was lost, a checkpoint after the commit): never written twice
+    pytest.param(
+        TWO_TURNS, (), _session("raise_after_add", 1), id="session-first-add-stored-raises"
+    ),
+    pytest.param(
+        TWO_TURNS, (), _session("raise_after_add", 3), id="session-third-add-stored-raises"
+    ),
+    pytest.param(
+        TWO_TURNS,
+        CANCEL_AT_1_5,
+        _session("block_after_add", 2),
+        id="session-call-stored-then-cancelled",
+    ),
+    pytest.param(
+        TWO_TURNS,
+        CANCEL_AT_2,
+        _session("block_after_add", 3),
+        id="session-result-stored-then-cancelled",
     ),
     # -- two at once: the repair's one deadline covers on_run_end
     pytest.param(

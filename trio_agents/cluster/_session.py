@@ -35,6 +35,7 @@ fenced and patient.
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Final, TypeVar, final
@@ -141,7 +142,9 @@ class ClusterSession:
             return
         rest = await self._written_with_events(items)
         if not rest:
-            await trio.lowlevel.checkpoint()
+            # Written: a cancel arriving now must not make it look unwritten (the run
+            # core would settle it from the rows, but need not).
+            await trio.lowlevel.cancel_shielded_checkpoint()
             return
         await self._write(self._append(encode_items(rest)))
 
@@ -232,17 +235,22 @@ class ClusterSession:
         # Every item committed so far has its run.item event in the run's log: once the
         # writer's reader took them all, it knows which items it writes.
         await log.wait_read(log.run.statistics().last_seq)
-        # The run's session writes come in commit order, so its items are the first
-        # ones the writer wrote with their events (compared by identity: an item
-        # committed twice is written twice).
+        # The run's session writes come in commit order, and so does the queue; its
+        # items are found in it in order (by identity: an item committed twice is
+        # written twice). Not only at its head: a write cancelled while it waited for
+        # its flush leaves its items queued, and when the flush got through, the run
+        # core finds them stored (it reads the rows after a write that raised) and
+        # never asks for them again — skipped here, they are not mistaken for items
+        # this session must write itself (which the writer writes too: twice).
         queue = log.items
-        matched = 0
+        matched = 0  # the queue entries before this one are settled by this write
         rest: list[Item] = []
         for item in items:
-            if matched < len(queue) and queue[matched][0] is item:
-                matched += 1
-            else:
+            at = _find(queue, item, matched)
+            if at is None:
                 rest.append(item)
+            else:
+                matched = at + 1
         # Every item written with its event so far comes before the others.
         seq = queue[matched - 1][1] if rest == [] and matched else log.items_seq
         if seq:
@@ -285,3 +293,11 @@ class ClusterSession:
         child = ClusterSession(self._dsn, session_id, self.node_id, self.fence, self.run_id)
         child.attempt = self.attempt
         return child
+
+
+def _find(queue: collections.deque[tuple[Item, int]], item: Item, start: int) -> int | None:
+    """The index of ``item`` (this very object) in ``queue`` from ``start``, or None."""
+    for index in range(start, len(queue)):
+        if queue[index][0] is item:
+            return index
+    return None

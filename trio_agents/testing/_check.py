@@ -761,7 +761,9 @@ def _check_session(obs: Observation, out: Found) -> None:
             problem = "loading the session raised"
         elif not persisted:
             problem = "the session does not hold result.conversation"
-        elif adds and adds[-1].outcome != "ok":
+        elif adds and adds[-1].outcome != "ok" and not adds[-1].stored:
+            # (A write that stored its items and was interrupted after is not a loss:
+            # the session holds result.conversation, as checked just above.)
             problem = f"the last add_items {adds[-1].outcome}"
         if problem is not None:
             first = failed_writes[0].at if failed_writes else (gets[0].at if gets else 0.0)

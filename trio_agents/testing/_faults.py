@@ -90,8 +90,16 @@ HOOK_NAMES: tuple[HookName, ...] = (
 )
 START_HOOKS: frozenset[HookName] = frozenset({"on_run_start", "on_model_start", "on_tool_start"})
 
-SessionFaultKind: TypeAlias = Literal["raise_on_get", "raise_on_add", "block_on_add"]
-SESSION_FAULT_KINDS: tuple[SessionFaultKind, ...] = ("raise_on_get", "raise_on_add", "block_on_add")
+SessionFaultKind: TypeAlias = Literal[
+    "raise_on_get", "raise_on_add", "block_on_add", "raise_after_add", "block_after_add"
+]
+SESSION_FAULT_KINDS: tuple[SessionFaultKind, ...] = (
+    "raise_on_get",
+    "raise_on_add",
+    "block_on_add",
+    "raise_after_add",
+    "block_after_add",
+)
 
 
 class InjectedFault(Exception):
@@ -153,9 +161,13 @@ class SessionFault:
     """The session misbehaves from its ``call``-th call (from 1) of the method on.
 
     ``kind``: ``"raise_on_get"`` (``get_items`` raises), ``"raise_on_add"``
-    (``add_items`` raises, storing nothing) or ``"block_on_add"`` (``add_items``
-    waits until cancelled, storing nothing). The add faults apply to the optional
-    ``replace_items`` too (the other write; its calls are counted on their own).
+    (``add_items`` raises, storing nothing), ``"block_on_add"`` (``add_items``
+    waits until cancelled, storing nothing), ``"raise_after_add"`` (``add_items``
+    stores the items, then raises: a commit whose answer was lost) or
+    ``"block_after_add"`` (``add_items`` stores the items, then waits until cancelled:
+    a cancel that lands on a write that has happened). The add faults apply to the
+    optional ``replace_items`` too (the other write; its calls are counted on their
+    own).
     """
 
     kind: SessionFaultKind
@@ -532,6 +544,8 @@ class SessionCall:
         at: Trio time of the call.
         items: how many items ``add_items`` was given.
         fault: True if it misbehaved on purpose.
+        stored: True if the write stored its items (it may still have raised or been
+            interrupted, after: the ``*_after_add`` faults).
         outcome: ``"ok"``, ``"raised"`` or ``"interrupted"`` (cancelled) — None while
             running.
         ended_at: Trio time it ended.
@@ -541,8 +555,19 @@ class SessionCall:
     at: float
     items: int = 0
     fault: bool = False
+    stored: bool = False
     outcome: Literal["ok", "raised", "interrupted"] | None = None
     ended_at: float | None = None
+
+
+_Misbehaviour: TypeAlias = Literal["raise", "block", "raise_after", "block_after"] | None
+# What a write (add_items, replace_items) does under each session fault kind.
+_WRITE_FAULTS: dict[SessionFaultKind, _Misbehaviour] = {
+    "raise_on_add": "raise",
+    "block_on_add": "block",
+    "raise_after_add": "raise_after",
+    "block_after_add": "block_after",
+}
 
 
 @final
@@ -592,9 +617,7 @@ class WatchedSession:
 
         return replace_items
 
-    async def _call(
-        self, method: str, items: int, faulty: Literal["raise", "block"] | None, inner: Any
-    ) -> Any:
+    async def _call(self, method: str, items: int, faulty: _Misbehaviour, inner: Any) -> Any:
         record = SessionCall(method, trio.current_time(), items, fault=faulty is not None)
         self.calls.append(record)
         try:
@@ -604,6 +627,11 @@ class WatchedSession:
             if faulty == "block":
                 await trio.sleep_forever()
             value = await inner()
+            record.stored = method in ("add_items", "replace_items")
+            if faulty == "raise_after":
+                raise InjectedFault(f"{method} stored its items, then failed on purpose")
+            if faulty == "block_after":
+                await trio.sleep_forever()
         except BaseException as exc:
             record.outcome = "interrupted" if isinstance(exc, trio.Cancelled) else "raised"
             record.ended_at = trio.current_time()
@@ -612,19 +640,14 @@ class WatchedSession:
         record.ended_at = trio.current_time()
         return value
 
-    def _faulty(self, method: str) -> Literal["raise", "block"] | None:
+    def _faulty(self, method: str) -> _Misbehaviour:
         number = self._counts[method] = self._counts.get(method, 0) + 1
         fault = self.fault
         if fault is None or number < fault.call:
             return None
-        if method == "get_items" and fault.kind == "raise_on_get":
-            return "raise"
-        writes = ("add_items", "replace_items")
-        if method in writes and fault.kind == "raise_on_add":
-            return "raise"
-        if method in writes and fault.kind == "block_on_add":
-            return "block"
-        return None
+        if method == "get_items":
+            return "raise" if fault.kind == "raise_on_get" else None
+        return _WRITE_FAULTS.get(fault.kind)
 
     async def get_items(self) -> list[Item]:
         """The wrapped session's items (or the fault)."""
