@@ -15,7 +15,7 @@ import trio.testing
 import trio_agents as ta
 from tests.support import anthropic_wire, chat_wire
 from tests.support.model_streams import collect
-from tests.support.sse_server import Reply, SSEServer, unused_port
+from tests.support.sse_server import SSE, Reply, SSEServer, unused_port
 from trio_agents import AssistantMessage, ModelError
 from trio_agents.models import (
     AnthropicModel,
@@ -40,7 +40,8 @@ async def start_server(nursery: trio.Nursery) -> Callable[..., Any]:
     """Start one more loopback server (the ``server`` fixture is the first)."""
 
     async def start(*replies: Reply) -> SSEServer:
-        server = SSEServer(list(replies))
+        server = SSEServer()
+        server.add(*replies)
         await nursery.start(server.serve)
         return server
 
@@ -91,7 +92,8 @@ async def test_a_503_goes_to_a_fallback_given_as_a_spec_string(
     assert result.final_output == "ok"
     assert [len(server.requests), len(backup.requests)] == [1, 1]
     assert backup.requests[0].json["model"] == "gpt-backup"
-    assert result.usage is not None and result.usage.model == spec
+    assert result.usage is not None
+    assert result.usage.model == spec
 
 
 async def test_output_begun_then_a_dropped_connection_does_not_fall_back(
@@ -104,7 +106,8 @@ async def test_output_begun_then_a_dropped_connection_does_not_fall_back(
     with trio.fail_after(10):
         result = await ta.run(ta.Agent(name="a", model=model), "hi")
     assert result.status == "failed"
-    assert result.reason is not None and "stream ended early" in result.reason
+    assert result.reason is not None
+    assert "stream ended early" in result.reason
     assert not isinstance(result.error, FallbackError)
     assert result.new_items[-1] == AssistantMessage("Hello", status="incomplete")
     assert backup.requests == []
@@ -119,8 +122,10 @@ async def test_a_400_does_not_fall_back(
     with trio.fail_after(10):
         result = await ta.run(ta.Agent(name="a", model=model), "hi")
     assert result.status == "failed"
-    assert result.reason is not None and "bad role" in result.reason
-    assert isinstance(result.error, ModelError) and result.error.status_code == 400
+    assert result.reason is not None
+    assert "bad role" in result.reason
+    assert isinstance(result.error, ModelError)
+    assert result.error.status_code == 400
     assert not isinstance(result.error, FallbackError)
     assert backup.requests == []
 
@@ -189,9 +194,7 @@ async def test_cancel_while_the_fallback_streams_closes_it_and_starts_no_third(
     server: SSEServer, start_server: Callable[..., Any]
 ) -> None:
     server.add(Reply.json(503, _chat_error("primary is down")))
-    backup = await start_server(
-        Reply(events=[chat_wire.SSE(chat_wire.chunk("Part"))], end="hold")
-    )
+    backup = await start_server(Reply(events=[SSE(chat_wire.chunk("Part"))], end="hold"))
     third = await start_server(chat_wire.text_reply("never"))
     model = FallbackModel(
         _chat(server, "gpt-primary", max_retries=0),
@@ -271,7 +274,8 @@ async def test_usage_names_each_model_and_a_mixed_sum_names_none(
     single = await ta.run(
         ta.Agent(name="b", model=FallbackModel(ScriptedModel(["hi"]), "demo")), "x"
     )
-    assert single.usage is not None and single.usage.model == "ScriptedModel"
+    assert single.usage is not None
+    assert single.usage.model == "ScriptedModel"
 
 
 def look() -> str:

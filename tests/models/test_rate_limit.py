@@ -32,7 +32,9 @@ class Arrivals:
 
 
 def _model(server: SSEServer, limit: RateLimit, **options: Any) -> OpenAIChatModel:
-    return OpenAIChatModel("gpt-test", base_url=f"{server.base_url}/v1", rate_limit=limit, **options)
+    return OpenAIChatModel(
+        "gpt-test", base_url=f"{server.base_url}/v1", rate_limit=limit, **options
+    )
 
 
 async def test_200_concurrent_runs_never_exceed_the_limit_go_fifo_and_a_waiter_cancels_at_once(
@@ -55,21 +57,20 @@ async def test_200_concurrent_runs_never_exceed_the_limit_go_fifo_and_a_waiter_c
             task_status.started()
             results[index] = await run.wait()
 
-    async with model:
-        async with trio.open_nursery() as nursery:
-            for index in range(runs):
-                await nursery.start(one, index)
-                # Each run reaches the limit's queue before the next starts: the order
-                # they queue in is their index.
-                await trio.testing.wait_all_tasks_blocked()
-            assert limit.in_use == 5
-            assert limit.waiting == runs - 5
-            before = trio.current_time()
-            handles[150].cancel("not needed")
+    async with model, trio.open_nursery() as nursery:
+        for index in range(runs):
+            await nursery.start(one, index)
+            # Each run reaches the limit's queue before the next starts: the order
+            # they queue in is their index.
             await trio.testing.wait_all_tasks_blocked()
-            # The waiting run ended at once (no virtual time passed), before its turn.
-            assert 150 in results
-            assert trio.current_time() == before
+        assert limit.in_use == 5
+        assert limit.waiting == runs - 5
+        before = trio.current_time()
+        handles[150].cancel("not needed")
+        await trio.testing.wait_all_tasks_blocked()
+        # The waiting run ended at once (no virtual time passed), before its turn.
+        assert 150 in results
+        assert trio.current_time() == before
     cancelled = results.pop(150)
     assert cancelled.status == "cancelled"
     assert cancelled.reason == "not needed"
@@ -159,10 +160,10 @@ async def test_a_request_waiting_out_a_pause_cancels_at_once(
 
 def test_limits_are_checked() -> None:
     for bad in ({"requests_per_minute": 0}, {"tokens_per_minute": -1}, {"concurrency": 0}):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=next(iter(bad))):
             RateLimit(**bad)
-    with pytest.raises(ValueError):
-        RateLimit(concurrency=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="concurrency"):
+        RateLimit(concurrency=True)
     with pytest.raises(TypeError, match="rate_limit"):
         OpenAIChatModel("m", rate_limit=5)  # type: ignore[arg-type]
     limit = RateLimit(requests_per_minute=60, concurrency=2)

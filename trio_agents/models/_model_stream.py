@@ -42,8 +42,8 @@ from .._exceptions import ModelError
 from .._model import ModelEvent, Usage
 from ._call_ids import CallIds
 from ._clients import CLEANUP_BOUND, ClientOwnership
-from ._ratelimit import RateLimit, estimate_tokens
 from ._error_bodies import describe_exception, http_error, not_streamed_detail, one_line
+from ._ratelimit import RateLimit, estimate_tokens
 from ._retry import MAX_RETRY_AFTER, Failure, RetryPolicy, parse_retry_after
 from ._sse import SSEDecoder, SSEEvent
 
