@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -304,3 +305,29 @@ def test_members_and_on_are_checked() -> None:
     model = FallbackModel(ScriptedModel([], native_output=True), "demo", on=(ModelError,))
     assert not model.native_output
     assert FallbackModel(ScriptedModel([], native_output=True)).native_output
+
+
+async def test_structured_output_over_native_and_tool_members(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The primary answers natively (JSON text), the backup with the final_answer tool:
+    # the run offers the tool, so the native primary is asked to use it too.
+    primary = ScriptedModel(
+        [Turn(tool_calls=[("final_answer", {"x": 1, "y": 2})])], native_output=True
+    )
+    backup = ScriptedModel([])
+    agent = ta.Agent(name="a", model=FallbackModel(primary, backup), output_type=Point)
+    result = await ta.run(agent, "where?")
+    assert result.status == "completed", result.reason
+    assert result.final_output == Point(1, 2)
+    (request,) = primary.requests
+    assert request.output is None
+    assert "final_answer" in [tool.name for tool in request.tools]
+
+
+@attrs.frozen
+class Point:
+    """A point."""
+
+    x: int
+    y: int

@@ -68,6 +68,14 @@ class FallbackError(ModelError):
         )
 
 
+def _named(usage: Usage, name: str) -> Usage:
+    """``usage`` naming the model that served it (built directly: ``attrs.evolve`` costs
+    several times as much, on every request)."""
+    if type(usage) is Usage:
+        return Usage(usage.input_tokens, usage.output_tokens, name)
+    return attrs.evolve(usage, model=name)
+
+
 def _name_of(member: Model | str, model: Model) -> str:
     if isinstance(member, str):
         return member
@@ -160,8 +168,9 @@ class FallbackModel:
 
     @property
     def native_output(self) -> bool:
-        """Whether every member has native structured output (else the run offers the
-        ``final_answer`` tool, which every model can use)."""
+        """Whether every member has native structured output. Else the run offers the
+        ``final_answer`` tool, which every model can use, and the members that have
+        native output are sent the request without its ``output`` so they use it too."""
         return all(getattr(model, "native_output", False) is True for _, model in self._members)
 
     def __repr__(self) -> str:
@@ -257,6 +266,14 @@ class _FallbackStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         return self
 
     async def __anext__(self) -> ModelEvent:
+        current = self._current
+        if self._output_began and not self._held and current is not None:
+            # The hot path, once output began: nothing falls back any more, so the
+            # member's events and errors (its end included) pass straight through.
+            event = await current.events.__anext__()
+            if type(event) is Usage and event.model is None:
+                event = _named(event, current.name)
+            return event
         if self._state != "open":
             raise RuntimeError("the model stream was read outside its `async with` block")
         while True:
@@ -277,7 +294,7 @@ class _FallbackStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
                 await self._fail_current(error)
                 continue
             if isinstance(event, Usage) and event.model is None:
-                event = attrs.evolve(event, model=current.name)
+                event = _named(event, current.name)
             self._held.append(event)
             if isinstance(event, TextDelta | ToolCallDone):
                 self._output_began = True
@@ -292,7 +309,7 @@ class _FallbackStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             await trio.lowlevel.checkpoint_if_cancelled()
             name, model = self._members[self._next]
             self._next += 1
-            manager = model.stream(self._request)
+            manager = model.stream(self._request_for(model))
             try:
                 events = await manager.__aenter__()
             except Exception as error:
@@ -300,6 +317,18 @@ class _FallbackStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
                 continue
             self._current = _Current(name, manager, events)
             return
+
+    def _request_for(self, model: Model) -> ModelRequest:
+        """The request as ``model`` gets it. When not every member has native structured
+        output, the run offers the ``final_answer`` tool (``native_output`` is False):
+        a member that has it gets no ``output``, so it answers with that tool as the
+        others do instead of with JSON text the run would not take as the answer."""
+        request = self._request
+        if request.output is None or getattr(model, "native_output", False) is not True:
+            return request
+        if all(getattr(m, "native_output", False) is True for _, m in self._members):
+            return request
+        return attrs.evolve(request, output=None)
 
     async def _fail_current(self, error: Exception) -> None:
         """The current member failed before its first output: close it, try the next."""
