@@ -271,7 +271,7 @@ class _FallbackStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             # The hot path, once output began: nothing falls back any more, so the
             # member's events and errors (its end included) pass straight through.
             event = await current.events.__anext__()
-            if type(event) is Usage and event.model is None:
+            if isinstance(event, Usage) and event.model is None:
                 event = _named(event, current.name)
             return event
         if self._state != "open":
@@ -309,8 +309,8 @@ class _FallbackStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             await trio.lowlevel.checkpoint_if_cancelled()
             name, model = self._members[self._next]
             self._next += 1
-            manager = model.stream(self._request_for(model))
             try:
+                manager = model.stream(self._request_for(model))
                 events = await manager.__aenter__()
             except Exception as error:
                 self._record(name, error)
