@@ -14,8 +14,8 @@ import trio.testing
 import trio_agents as ta
 from tests.support import chat_wire
 from tests.support.model_streams import collect
-from tests.support.sse_server import RecordedRequest, Reply, SSEServer
-from trio_agents.models import OpenAIChatModel, RateLimit, ScriptedModel, Turn, Usage
+from tests.support.sse_server import SSE, RecordedRequest, Reply, SSEServer
+from trio_agents.models import OpenAIChatModel, RateLimit, ScriptedModel, TextDelta, Turn, Usage
 
 
 class Arrivals:
@@ -169,3 +169,64 @@ def test_limits_are_checked() -> None:
     limit = RateLimit(requests_per_minute=60, concurrency=2)
     assert OpenAIChatModel("m", rate_limit=limit).rate_limit is limit
     assert "concurrency=2" in repr(limit)
+
+
+def _answer(prompt_tokens: int, completion_tokens: int) -> Reply:
+    return Reply(
+        events=[
+            SSE(chat_wire.chunk("", role="assistant")),
+            SSE(chat_wire.chunk("ok")),
+            SSE(chat_wire.chunk(finish="stop")),
+            SSE(chat_wire.usage_chunk(prompt_tokens, completion_tokens)),
+            chat_wire.DONE,
+        ]
+    )
+
+
+async def test_tokens_per_minute_over_http_takes_the_reported_usage(
+    autojump_clock: trio.testing.MockClock, server: SSEServer
+) -> None:
+    arrivals = Arrivals()
+    server.validate = arrivals
+    server.add(_answer(250, 50), _answer(1, 1))
+    model = _model(server, RateLimit(tokens_per_minute=600))  # 10 tokens a second
+    async with model:
+        await collect(model)
+        await collect(model)
+    # The bucket holds 10 tokens (a second's worth). The first request took its
+    # estimate (its body's size, more than 10) before it was sent; the 300 tokens it
+    # reported replaced the estimate after: 290 in debt, and the second waits until
+    # the bucket holds 10 again, 30 s. (Without the usage: under 4 s; with the usage
+    # added to the estimate instead of replacing it: about 34 s.)
+    assert len(server.requests[0].body) // 4 > 10
+    assert arrivals.times[1] - arrivals.times[0] == pytest.approx(30)
+
+
+async def test_each_retry_is_a_request_the_limit_counts(
+    autojump_clock: trio.testing.MockClock, server: SSEServer
+) -> None:
+    arrivals = Arrivals()
+    server.validate = arrivals
+    server.add(Reply.json(503, {"error": {"message": "busy"}}), chat_wire.text_reply("ok"))
+    model = _model(server, RateLimit(requests_per_minute=6), retry_base_delay=0.001)
+    assert (await collect(model))[0] == TextDelta("ok")
+    assert arrivals.times[1] - arrivals.times[0] == pytest.approx(10)
+
+
+def test_a_limit_kept_across_trio_runs_forgets_the_last_runs_clock() -> None:
+    limit = RateLimit(requests_per_minute=60)
+    model = ScriptedModel([], default=Turn("ok"), rate_limit=limit)
+
+    async def paused_far_ahead() -> None:
+        await trio.sleep(10_000)
+        limit.pause(600)
+
+    async def one_request() -> float:
+        start = trio.current_time()
+        await collect(model)
+        return trio.current_time() - start
+
+    trio.run(paused_far_ahead, clock=trio.testing.MockClock(autojump_threshold=0))
+    # A new run's clock starts again at 0: the old pause (at 10,600) is not waited for.
+    waited = trio.run(one_request, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert waited == 0

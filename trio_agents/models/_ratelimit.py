@@ -110,6 +110,7 @@ class RateLimit:
         self._slots = trio.CapacityLimiter(concurrency) if concurrency is not None else None
         self._gate = trio.Lock()
         self._paused_until = -math.inf
+        self._run: object = None  # the Trio run whose clock the times above are on
 
     @staticmethod
     def _bucket(per_minute: float | None) -> _Bucket | None:
@@ -149,10 +150,23 @@ class RateLimit:
             f" concurrency={self._concurrency!r})"
         )
 
+    def _now(self) -> float:
+        """``trio.current_time()``; in a new Trio run (a model kept across ``trio.run``
+        calls) the times kept from the last run are forgotten first: each run's clock
+        has its own origin, so they would mean nothing (a pause of days, say)."""
+        run = trio.lowlevel.current_trio_token()
+        if run is not self._run:
+            self._run = run
+            self._paused_until = -math.inf
+            for bucket in (self._requests, self._tokens):
+                if bucket is not None:
+                    bucket.at = None
+        return trio.current_time()
+
     def pause(self, seconds: float) -> None:
         """Hold every request sharing this limit for ``seconds`` from now (what a 429's
         ``Retry-After`` asks; a shorter pause never shortens a longer one)."""
-        until = trio.current_time() + max(0.0, seconds)
+        until = self._now() + max(0.0, seconds)
         self._paused_until = max(self._paused_until, until)
 
     async def acquire_slot(self, owner: object) -> None:
@@ -172,7 +186,7 @@ class RateLimit:
         and no pause is on, then take its cost. FIFO, cancellable at once."""
         async with self._gate:
             while True:
-                now = trio.current_time()
+                now = self._now()
                 ready = self._paused_until
                 for bucket, cost in ((self._requests, 1), (self._tokens, tokens)):
                     if bucket is not None:
@@ -190,7 +204,7 @@ class RateLimit:
     def correct(self, estimated: int, usage: Usage) -> None:
         """Replace a request's token estimate by the tokens its ``Usage`` reports."""
         if self._tokens is not None:
-            self._tokens.refill(trio.current_time())
+            self._tokens.refill(self._now())
             self._tokens.level -= usage.input_tokens + usage.output_tokens - estimated
 
 
