@@ -180,7 +180,9 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
                 self._yielded += 1
                 event = self._pending.popleft()
                 if self._limit is not None and type(event) is Usage:
+                    # The estimate is replaced once; a later usage event only adds.
                     self._limit.correct(self._estimate, event)
+                    self._estimate = 0
                 return event
             if self._finished:
                 raise StopAsyncIteration
@@ -415,14 +417,17 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
     async def _cleanup(self) -> None:
         """Close the response and a per-call client; shielded, bounded."""
         self._state = "closed"
-        if self._limit is not None:
-            self._limit.release_slot(self)
         client = self._client if self._owns_client else None
         self._client = None
-        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_BOUND):
-            await self._close_response()
-            if client is not None:
-                await client.aclose()
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_BOUND):
+                await self._close_response()
+                if client is not None:
+                    await client.aclose()
+        finally:
+            if self._limit is not None:
+                # Once the connection is closed (or back in the pool), not before.
+                self._limit.release_slot(self)
 
 
 @final

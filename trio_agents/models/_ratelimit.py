@@ -256,5 +256,7 @@ class RateLimitedStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             raise RuntimeError("the model stream was read outside its `async with` block")
         event = await self._events.__anext__()
         if isinstance(event, Usage):
+            # The estimate is replaced once; a later usage event only adds.
             self._limit.correct(self._estimate, event)
+            self._estimate = 0
         return event
