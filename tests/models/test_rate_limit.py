@@ -230,3 +230,20 @@ def test_a_limit_kept_across_trio_runs_forgets_the_last_runs_clock() -> None:
     # A new run's clock starts again at 0: the old pause (at 10,600) is not waited for.
     waited = trio.run(one_request, clock=trio.testing.MockClock(autojump_threshold=0))
     assert waited == 0
+
+
+async def test_a_retry_after_too_long_to_wait_pauses_sharers_no_longer_than_60_s(
+    autojump_clock: trio.testing.MockClock, server: SSEServer
+) -> None:
+    arrivals = Arrivals()
+    server.validate = arrivals
+    hour = Reply.json(429, {"error": {"message": "quota"}}, headers=[("retry-after", "3600")])
+    server.add(hour, chat_wire.text_reply("b"))
+    limit = RateLimit(concurrency=10)
+    first, second = _model(server, limit), _model(server, limit)
+    # The first request gives up (a provider waits at most 60 s); the limit's other
+    # request waits as long as a retry would have, not the hour.
+    with pytest.raises(ta.ModelError, match="not waiting longer than 60 s"):
+        await collect(first)
+    assert (await collect(second))[0] == TextDelta("b")
+    assert arrivals.times[1] - arrivals.times[0] == pytest.approx(60)
