@@ -21,7 +21,10 @@ from .concurrency import bench_b3
 from .report import write_markdown
 
 HERE = Path(__file__).resolve().parent
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1", "B8", "B9", "F1", "B10", "P1", "P2", "B11")
+ALL = (
+    *("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1", "B8", "B9", "F1", "B10", "P1", "P2"),
+    *("B11", "M1", "M2"),
+)
 # "I", "PI": instruction counts under valgrind (minutes; not in the smoke test's ALL).
 DEFAULT = (*ALL, "I", "PI")
 
@@ -165,6 +168,22 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
         )
     if "P2" in only:
         emit(await policies.bench_p2(base, trips=3 if quick else 500))
+    if "M1" in only:
+        from .models import bench_m1
+
+        emit(await bench_m1(base, requests=20 if quick else 5000, repeats=1 if quick else 5))
+    if "M2" in only:
+        from .models import bench_m2
+
+        emit(
+            await bench_m2(
+                base,
+                runs=20 if quick else 1000,
+                hold=0.01 if quick else 0.05,
+                cancels=3 if quick else 200,
+                concurrency=5 if quick else 50,
+            )
+        )
     if "PI" in only:
         emit(await trio.to_thread.run_sync(lambda: policies.bench_pi(quick=quick)))
     if "I" in only:

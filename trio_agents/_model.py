@@ -113,14 +113,22 @@ class ToolCallDone:
 
 @attrs.frozen
 class Usage:
-    """Token usage; also the run-level sum in ``RunResult.usage``."""
+    """Token usage; also the run-level sum in ``RunResult.usage``.
+
+    ``model`` names the model that served the request when something recorded it
+    (:class:`~trio_agents.models.FallbackModel` does); a sum keeps it only when every
+    part names the same model, else it is ``None``.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    model: str | None = None
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.model if self.model == other.model else None,
         )
 
     @property
@@ -128,9 +136,15 @@ class Usage:
         """Input plus output tokens."""
         return self.input_tokens + self.output_tokens
 
-    def to_json(self) -> dict[str, int]:
-        """Return the usage as a JSON-compatible dict."""
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+    def to_json(self) -> dict[str, int | str]:
+        """Return the usage as a JSON-compatible dict (``model`` only when known)."""
+        data: dict[str, int | str] = {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+        }
+        if self.model is not None:
+            data["model"] = self.model
+        return data
 
 
 @attrs.frozen

@@ -3,7 +3,9 @@
 ``OpenAIChatModel`` (OpenAI and every Chat Completions-compatible server),
 ``OpenAIResponsesModel`` (the Responses API) and ``AnthropicModel`` stream over httpx;
 ``from_string`` builds one from a spec such as ``"openai:gpt-4o-mini"`` (raising
-``ModelSpecError`` for one it will not guess at). ``ScriptedModel`` is a deterministic
+``ModelSpecError`` for one it will not guess at). ``FallbackModel`` tries the next
+model when one fails before its first output; ``RateLimit`` throttles a model's requests
+(requests and tokens per minute, concurrency). ``ScriptedModel`` is a deterministic
 model for tests; ``DemoModel`` is the offline default that powers ``make demo``
 (clearly labelled, not an LLM).
 """
@@ -20,9 +22,12 @@ from .._model import ToolSpec as ToolSpec
 from .._model import Usage as Usage
 from ._anthropic import AnthropicModel as AnthropicModel
 from ._demo import DemoModel as DemoModel
+from ._fallback import FallbackError as FallbackError
+from ._fallback import FallbackModel as FallbackModel
 from ._model_string import ModelSpecError as ModelSpecError
 from ._model_string import from_string as from_string
 from ._openai import OpenAIChatModel as OpenAIChatModel
+from ._ratelimit import RateLimit as RateLimit
 from ._responses import OpenAIResponsesModel as OpenAIResponsesModel
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import Turn as Turn
@@ -31,6 +36,8 @@ __all__ = [
     "FINAL_ANSWER_TOOL",
     "AnthropicModel",
     "DemoModel",
+    "FallbackError",
+    "FallbackModel",
     "Finish",
     "Model",
     "ModelEvent",
@@ -39,6 +46,7 @@ __all__ = [
     "OpenAIChatModel",
     "OpenAIResponsesModel",
     "OutputSpec",
+    "RateLimit",
     "ScriptedModel",
     "TextDelta",
     "ToolCallDone",

@@ -309,8 +309,8 @@ class AnthropicModel(HTTPStreamingModel):
             a ``base_url`` ending in ``/v1`` or ``/v1/messages`` is accepted too).
         api_key: default ``$ANTHROPIC_API_KEY``, read at each call; sent as
             ``x-api-key`` (left out when there is none).
-        client, max_retries, connect_timeout, retry_base_delay, retry_max_delay: as for
-            every HTTP provider (docs/models.md, "HTTP behaviour").
+        client, max_retries, connect_timeout, retry_base_delay, retry_max_delay, rate_limit:
+            as for every HTTP provider (docs/models.md, "HTTP behaviour").
         max_tokens: the response length limit the API requires (default 4096), sent
             in every body unless ``request.settings`` overrides it.
         **settings: request body fields (``temperature``, ``stop_sequences``, ...);

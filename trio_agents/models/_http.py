@@ -36,6 +36,7 @@ from .._model import ModelEvent, ModelRequest
 from ._call_ids import CallIds
 from ._clients import ClientOwnership, make_timeout
 from ._model_stream import HTTPRequestSpec, ModelStream, StreamParser
+from ._ratelimit import RateLimit
 from ._retry import RetryPolicy
 
 __all__ = [
@@ -123,6 +124,10 @@ class HTTPStreamingModel(abc.ABC):
             deadlines are Trio cancel scopes.
         retry_base_delay, retry_max_delay: the exponential backoff (seconds); a
             ``Retry-After`` header takes precedence.
+        rate_limit: a :class:`~trio_agents.models.RateLimit` every request of this
+            model (each attempt, retries included) waits for; shared by every run using
+            the model, and by other models given the same object. A 429 with
+            ``Retry-After`` pauses every request sharing it.
         **settings: request body fields (``temperature``, ...), which
             ``request.settings`` override; and the provider's own keywords, which its
             class documents.
@@ -152,6 +157,7 @@ class HTTPStreamingModel(abc.ABC):
         connect_timeout: float = 10.0,
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 20.0,
+        rate_limit: RateLimit | None = None,
         **settings: Any,
     ) -> None:
         check_model_name(model)
@@ -167,6 +173,11 @@ class HTTPStreamingModel(abc.ABC):
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise TypeError(
+                f"rate_limit must be a RateLimit or None, not {type(rate_limit).__name__}"
+            )
+        self._rate_limit = rate_limit
         self._timeout = make_timeout(float(connect_timeout))
         self._clients = ClientOwnership(client, self._timeout)
         self._retry = RetryPolicy(max_retries, float(retry_base_delay), float(retry_max_delay))
@@ -214,6 +225,11 @@ class HTTPStreamingModel(abc.ABC):
         return f"{type(self).__name__}({self._model!r}, base_url={self._base_url!r})"
 
     @property
+    def rate_limit(self) -> RateLimit | None:
+        """The :class:`~trio_agents.models.RateLimit` this model's requests wait for."""
+        return self._rate_limit
+
+    @property
     def max_retries(self) -> int:
         """How many times a request is retried before any output (so attempts - 1)."""
         return self._retry.max_retries
@@ -252,6 +268,7 @@ class HTTPStreamingModel(abc.ABC):
             clients=self._clients,
             timeout=self._timeout,
             retry=self._retry,
+            rate_limit=self._rate_limit,
         )
 
     @abc.abstractmethod

@@ -39,11 +39,12 @@ import httpx
 import trio
 
 from .._exceptions import ModelError
-from .._model import ModelEvent
+from .._model import ModelEvent, Usage
 from ._call_ids import CallIds
 from ._clients import CLEANUP_BOUND, ClientOwnership
 from ._error_bodies import describe_exception, http_error, not_streamed_detail, one_line
-from ._retry import Failure, RetryPolicy, parse_retry_after
+from ._ratelimit import RateLimit, estimate_tokens
+from ._retry import MAX_RETRY_AFTER, Failure, RetryPolicy, parse_retry_after
 from ._sse import SSEDecoder, SSEEvent
 
 __all__ = ["DRAIN_BOUND", "HTTPRequestSpec", "ModelStream", "StreamParser"]
@@ -114,6 +115,7 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         timeout: httpx.Timeout,
         retry: RetryPolicy,
         taken_call_ids: Iterable[str] = (),
+        rate_limit: RateLimit | None = None,
     ) -> None:
         self._provider = provider
         self._spec = spec
@@ -122,6 +124,8 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         self._clients = clients
         self._timeout = timeout
         self._retry = retry
+        self._limit = rate_limit
+        self._estimate = 0  # the request's tokens, estimated from its body (rate limit)
         self._state = "new"  # new -> open -> closed
         self._client: httpx.AsyncClient | None = None
         self._owns_client = False
@@ -144,6 +148,9 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         if self._state != "new":
             raise RuntimeError("a model stream can only be entered once")
         self._state = "open"
+        if self._limit is not None:
+            # Before anything that needs cleaning up: a wait cancelled here leaves nothing.
+            await self._limit.acquire_slot(self)
         self._client, self._owns_client = self._clients.borrow()
         try:
             await self._open_with_retries()
@@ -171,7 +178,12 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         while True:
             if self._pending:
                 self._yielded += 1
-                return self._pending.popleft()
+                event = self._pending.popleft()
+                if self._limit is not None and type(event) is Usage:
+                    # The estimate is replaced once; a later usage event only adds.
+                    self._limit.correct(self._estimate, event)
+                    self._estimate = 0
+                return event
             if self._finished:
                 raise StopAsyncIteration
             await self._read_more()
@@ -215,6 +227,10 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             raise ModelError(
                 f"{self._label()}: the request cannot be built: {describe_exception(exc)}"
             ) from exc
+        if self._limit is not None:
+            # Every attempt, retries included, is a request the provider counts.
+            self._estimate = estimate_tokens(len(request.content))
+            await self._limit.before_request(self._estimate)
         try:
             request.stream = _RequestBody(request.content)
             # What `client.stream()` does, minus its generator-based request body; the
@@ -231,6 +247,9 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             body = await self._read_error_body()
             error = http_error(self._label(), status, body)
             retry_after = parse_retry_after(response.headers.get("retry-after"))
+            if status == 429 and retry_after is not None and self._limit is not None:
+                # Every request sharing the limit waits; not longer than this one would.
+                self._limit.pause(min(retry_after, MAX_RETRY_AFTER))
             await self._close_response()
             return Failure(error, retry_after)
         if "text/event-stream" not in content_type and "json" in content_type:
@@ -400,10 +419,15 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         self._state = "closed"
         client = self._client if self._owns_client else None
         self._client = None
-        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_BOUND):
-            await self._close_response()
-            if client is not None:
-                await client.aclose()
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_BOUND):
+                await self._close_response()
+                if client is not None:
+                    await client.aclose()
+        finally:
+            if self._limit is not None:
+                # Once the connection is closed (or back in the pool), not before.
+                self._limit.release_slot(self)
 
 
 @final

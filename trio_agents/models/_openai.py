@@ -292,8 +292,8 @@ class OpenAIChatModel(HTTPStreamingModel):
             accepted too.
         api_key: default ``$OPENAI_API_KEY``, read at each call; sent as a bearer
             token (left out when there is none, fine for local servers).
-        client, max_retries, connect_timeout, retry_base_delay, retry_max_delay: as for
-            every HTTP provider (docs/models.md, "HTTP behaviour").
+        client, max_retries, connect_timeout, retry_base_delay, retry_max_delay, rate_limit:
+            as for every HTTP provider (docs/models.md, "HTTP behaviour").
         native_output: ask for structured output natively (a JSON-schema ``response_format``);
             False makes a run with an ``output_type`` use the ``final_answer`` tool
             instead, for servers that do not support the format.

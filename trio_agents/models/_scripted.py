@@ -26,6 +26,7 @@ import trio
 from .._exceptions import ModelError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from .._model import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, ToolSpec, Usage
+from ._ratelimit import RateLimit, RateLimitedStream
 
 __all__ = ["ScriptedModel", "Turn"]
 
@@ -360,6 +361,9 @@ class ScriptedModel:
     answers with ``Turn(tool_calls=[("final_answer", {...})])``; with
     ``native_output=True`` the run expects the JSON as text, ``Turn('{"x": 1}')``.
 
+    ``rate_limit=`` (a :class:`~trio_agents.models.RateLimit`) makes every stream wait
+    for it as a provider's request would, to try throttling offline.
+
     Example::
 
         model = ScriptedModel([Turn(tool_calls=[("add", {"a": 2, "b": 3})]), "It is 5."])
@@ -372,6 +376,11 @@ class ScriptedModel:
     _default: Turn | None = attrs.field(default=None, kw_only=True, converter=_to_default)
     native_output: bool = attrs.field(
         default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
+    )
+    rate_limit: RateLimit | None = attrs.field(
+        default=None,
+        kw_only=True,
+        validator=attrs.validators.optional(attrs.validators.instance_of(RateLimit)),
     )
     _requests: list[ModelRequest] = attrs.field(init=False, factory=list)
     _open_streams: int = attrs.field(init=False, default=0)
@@ -424,14 +433,19 @@ class ScriptedModel:
             turn: Turn | None = self._turns[number - 1]
         else:
             turn = self._default
+        stream: AbstractAsyncContextManager[AsyncIterator[ModelEvent]]
         if turn is None:
             error = ModelError(f"ScriptedModel script exhausted after {len(self._turns)} turns")
-            return _EventStream((), error=error)
-        return _EventStream(
-            turn._steps(request, number, self._tools_chars),
-            on_open=self._opened,
-            on_close=self._closed,
-        )
+            stream = _EventStream((), error=error)
+        else:
+            stream = _EventStream(
+                turn._steps(request, number, self._tools_chars),
+                on_open=self._opened,
+                on_close=self._closed,
+            )
+        if self.rate_limit is not None:
+            return RateLimitedStream(self.rate_limit, request, stream)
+        return stream
 
     def _tools_chars(self, tools: Sequence[ToolSpec]) -> int:
         last = self._last_tools

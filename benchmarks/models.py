@@ -1,0 +1,253 @@
+"""M1 and M2, the benchmarks of issue 39 (models in production, DESIGN §21).
+
+- **M1, FallbackModel on the happy path.** What a request costs through
+  ``FallbackModel(primary, backup)`` when the primary answers, minus the same request on
+  the primary alone: an in-process model streaming ``DELTAS`` text deltas, usage and a
+  finish (no I/O, so the figure is the wrapper's own cost), best of ``repeats``
+  interleaved rounds, per request in microseconds and in units of one bare checkpoint.
+- **M2, a concurrency limit under load.** ``runs`` runs start at once on one
+  ``ScriptedModel`` whose every answer takes ``hold`` seconds, behind
+  ``RateLimit(concurrency=50)``: the wall time against the ideal
+  ``ceil(runs / 50) * hold`` (the ratio is the limiter's and the runs' overhead), and
+  the latency of cancelling a run that waits for its slot, from ``cancel()`` to its
+  terminal result, p50/p99 over ``cancels`` waiting runs (real clock).
+
+``python -m benchmarks.models`` prints the figures (``--quick``: tiny sizes).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Final, final
+
+import trio
+import trio.testing
+
+import trio_agents as ta
+from trio_agents.models import (
+    FallbackModel,
+    Finish,
+    ModelEvent,
+    ModelRequest,
+    RateLimit,
+    ScriptedModel,
+    TextDelta,
+    Turn,
+    Usage,
+)
+
+from ._common import Baselines, Figure, measure_baselines, percentile
+
+__all__ = ["bench_m1", "bench_m2"]
+
+DELTAS: Final = 10
+CONCURRENCY: Final = 50
+REQUEST: Final = ModelRequest("", (ta.UserMessage("hi"),))
+
+
+@final
+class _Stream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
+    """``DELTAS`` text deltas, a usage and a finish; a checkpoint per event, as a
+    provider reading a socket would have."""
+
+    def __init__(self) -> None:
+        self._left = DELTAS
+
+    async def __aenter__(self) -> AsyncIterator[ModelEvent]:
+        await trio.lowlevel.checkpoint()
+        self._left = DELTAS + 2
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> ModelEvent:
+        await trio.lowlevel.checkpoint()
+        self._left -= 1
+        if self._left > 1:
+            return TextDelta("x")
+        if self._left == 1:
+            return Usage(10, DELTAS)
+        if self._left == 0:
+            return Finish("stop")
+        raise StopAsyncIteration
+
+
+@final
+class _Answering:
+    """A stateless in-process model (every request gets the same answer)."""
+
+    model = "in-process"
+
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        del request
+        return _Stream()
+
+
+async def _requests(model: object, n: int) -> float:
+    """Seconds per request of ``n`` sequential requests, each read to the end."""
+    stream = model.stream  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    for _ in range(n):
+        async with stream(REQUEST) as events:
+            async for _event in events:
+                pass
+    return (time.perf_counter() - started) / n
+
+
+async def bench_m1(base: Baselines, *, requests: int, repeats: int) -> list[Figure]:
+    """M1: FallbackModel's cost per request when the primary answers."""
+    plain = _Answering()
+    wrapped = FallbackModel(plain, _Answering())
+    bare: list[float] = []
+    through: list[float] = []
+    for _ in range(repeats):  # interleaved, best of each: the machine's noise is shared
+        bare.append(await _requests(plain, requests))
+        through.append(await _requests(wrapped, requests))
+    overhead = min(through) - min(bare)
+    return [
+        Figure(
+            "M1.fallback_overhead_per_request",
+            overhead * 1e6,
+            "us",
+            note=(
+                f"FallbackModel(primary, backup), primary answers: {DELTAS} deltas + usage +"
+                f" finish, in-process model; minus the primary alone (best of {repeats},"
+                f" {requests} requests each)"
+            ),
+            extra={
+                **base.ratios(overhead),
+                "bare_us": round(min(bare) * 1e6, 3),
+                "through_us": round(min(through) * 1e6, 3),
+                "x_bare_request": round(overhead / min(bare), 4),
+            },
+        )
+    ]
+
+
+async def bench_m2(
+    base: Baselines, *, runs: int, hold: float, cancels: int, concurrency: int = CONCURRENCY
+) -> list[Figure]:
+    """M2: ``runs`` runs through a ``concurrency`` limit; cancels of waiting runs."""
+    limit = RateLimit(concurrency=concurrency)
+    model = ScriptedModel([], default=Turn("ok", delay=hold), rate_limit=limit)
+    agent = ta.Agent(name="m2", model=model)
+    results: list[ta.RunResult] = []
+
+    async def one() -> None:
+        results.append(await ta.run(agent, "hi"))
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(runs):
+            nursery.start_soon(one)
+    wall = time.perf_counter() - started
+    completed = sum(result.status == "completed" for result in results)
+    if completed != runs:
+        raise RuntimeError(f"M2: {completed} of {runs} runs completed")
+    # The same runs answering at once, without a limit: their own cost, which is what
+    # the wall time adds to the ideal on a machine this busy.
+    free = ta.Agent(name="m2-free", model=ScriptedModel([], default=Turn("ok")))
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(runs):
+            nursery.start_soon(ta.run, free, "hi")
+    unlimited = time.perf_counter() - started
+    latencies = await _cancel_waiting(cancels, concurrency)
+    ideal = math.ceil(runs / concurrency) * hold
+    p99 = percentile(latencies, 99)
+    return [
+        Figure(
+            "M2.wall_vs_ideal",
+            wall / ideal,
+            "x ideal",
+            note=(
+                f"{runs} runs at once through RateLimit(concurrency={concurrency}), each"
+                f" model call holding {hold * 1e3:g} ms (ScriptedModel); ideal"
+                f" ceil(runs/{concurrency}) * hold = {ideal:g} s"
+            ),
+            extra={
+                "wall_s": round(wall, 4),
+                "ideal_s": ideal,
+                "runs_alone_s": round(unlimited, 4),
+                "x_ideal_plus_runs": round(wall / (ideal + unlimited), 4),
+            },
+        ),
+        Figure(
+            "M2.cancel_waiting_run",
+            p99 * 1e3,
+            "ms p99",
+            note=(
+                f"cancel() of a run waiting for its slot -> its terminal result; {cancels}"
+                f" runs queued behind {concurrency} that hold their slots, cancelled one by one"
+            ),
+            extra={
+                "p50_ms": round(percentile(latencies, 50) * 1e3, 4),
+                **base.cancel_ratio(p99),
+            },
+        ),
+    ]
+
+
+async def _cancel_waiting(cancels: int, concurrency: int) -> list[float]:
+    """Seconds from ``cancel()`` to the terminal result, for ``cancels`` runs that wait
+    for a slot behind ``concurrency`` runs holding theirs (their answer never ends)."""
+    limit = RateLimit(concurrency=concurrency)
+    model = ScriptedModel([], default=Turn(["x", "y"], delay=3600), rate_limit=limit)
+    agent = ta.Agent(name="m2-waiting", model=model)
+    latencies: list[float] = []
+
+    async def one(task_status: trio.TaskStatus[ta.Run]) -> None:
+        async with ta.open_run(agent, "hi") as run:
+            task_status.started(run)
+            await run.wait()
+
+    async with trio.open_nursery() as nursery:
+        holders = [await nursery.start(one) for _ in range(concurrency)]
+        waiting = [await nursery.start(one) for _ in range(cancels)]
+        await trio.testing.wait_all_tasks_blocked()
+        if limit.waiting != cancels:
+            raise RuntimeError(f"M2: {limit.waiting} runs wait for a slot, not {cancels}")
+        for run in waiting:
+            at = time.perf_counter()
+            run.cancel("bench")
+            result = await run.wait()
+            latencies.append(time.perf_counter() - at)
+            if result.status != "cancelled":
+                raise RuntimeError(f"M2: a waiting run ended {result.status}")
+        for run in holders:
+            run.cancel("bench done")
+    return latencies
+
+
+async def _main(quick: bool) -> None:
+    base = await measure_baselines(n=500 if quick else 20_000, repeats=1 if quick else 5)
+    figures = await bench_m1(base, requests=20 if quick else 5000, repeats=1 if quick else 5)
+    figures += await bench_m2(
+        base,
+        runs=20 if quick else 1000,
+        hold=0.01 if quick else 0.05,
+        cancels=3 if quick else 200,
+        concurrency=5 if quick else CONCURRENCY,
+    )
+    for figure in figures:
+        print(figure.to_json(), flush=True)
+
+
+if __name__ == "__main__":
+    trio.run(_main, "--quick" in sys.argv[1:])
