@@ -89,7 +89,7 @@ def _config(limits: HttpLimits) -> Config:
     config.errorlog = logging.getLogger("trio_agents.faces.hypercorn")
     # A client that sends a head slowly, or nothing at all, is let go after this.
     config.read_timeout = None
-    config.keep_alive_timeout = 30.0
+    config.keep_alive_timeout = limits.keep_alive_timeout
     return config
 
 

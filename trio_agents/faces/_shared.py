@@ -92,6 +92,9 @@ class HttpLimits:
             saying ``events.dropped``).
         shutdown_timeout: how long open streams and requests are given once the
             server shuts down (streams end at once: they are told nothing more comes).
+        keep_alive_timeout: a keep-alive connection of an authenticated client that
+            sends no new request for this long is closed (after any response, event
+            streams included).
     """
 
     max_body_bytes: int = attrs.field(default=1 << 20, validator=_positive_int)
@@ -100,6 +103,7 @@ class HttpLimits:
     max_streams_per_principal: int = attrs.field(default=1024, validator=_positive_int)
     max_tree_resume_events: int = attrs.field(default=10_000, validator=_positive_int)
     shutdown_timeout: float = attrs.field(default=10.0, validator=_seconds)
+    keep_alive_timeout: float = attrs.field(default=30.0, validator=_seconds)
 
 
 class HttpError(Exception):
