@@ -32,7 +32,7 @@ from starlette.routing import BaseRoute, Mount, Router
 
 from ..hosting import HostError, RunHost
 from ..hosting._bearer import Auth, authenticate
-from ._shared import PRINCIPAL_KEY, HttpError, HttpLimits, error_response
+from ._shared import AUTHENTICATED_KEY, PRINCIPAL_KEY, HttpError, HttpLimits, error_response
 
 __all__ = ["FACES", "Face", "HttpApp", "HttpStatistics", "Routes", "http_app"]
 
@@ -182,6 +182,9 @@ class _Authenticated:
             await response(scope, receive, send)
             return
         scope[PRINCIPAL_KEY] = principal
+        trusted = scope.get(AUTHENTICATED_KEY)
+        if callable(trusted):
+            trusted()
         await self.app(scope, receive, send)
 
 
