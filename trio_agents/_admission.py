@@ -195,6 +195,12 @@ class Gate:
                 return True
         return False
 
+    def close_idle(self) -> None:
+        """Shed every connection that has not made an authenticated request and waits
+        for a request head (a server shutting down: none of them is owed an answer)."""
+        for admitted in [a for a in self._pending if a.idle]:
+            admitted.shed()
+
     def _shed_one(self, among: dict[Admitted, None]) -> None:
         victim = next((a for a in among if a.idle), None) or next(iter(among))
         self._shed += 1

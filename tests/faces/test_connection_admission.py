@@ -131,3 +131,18 @@ async def test_past_the_total_cap_the_oldest_pending_connections_are_shed() -> N
         finally:
             for stream in opened:
                 await stream.aclose()
+
+
+async def test_a_connection_that_never_sent_a_byte_does_not_hold_up_a_shutdown(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    limits = HttpLimits(header_timeout=1000.0, shutdown_timeout=100.0)
+    async with serving(limits=limits) as served:
+        idle = await trio.open_tcp_stream("127.0.0.1", _port(served.base))
+        await trio.testing.wait_all_tasks_blocked()
+        stopping = trio.current_time()
+    # (Leaving the block shut the server down.)
+    assert trio.current_time() - stopping < limits.shutdown_timeout
+    with trio.fail_after(1):
+        assert await _closed(idle)
+    await idle.aclose()

@@ -173,6 +173,9 @@ async def serve_http(
             elif callable(told):
                 told()
             await context.terminated.set()  # no checkpoint: sets a trio.Event
+            # Hypercorn closes its idle keep-alive connections on `terminated`; those
+            # that never sent a byte never reached it.
+            gate.close_idle()
             stop.set()
     raise AssertionError("unreachable")  # pragma: no cover
 
