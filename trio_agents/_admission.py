@@ -74,7 +74,7 @@ class GateStatistics:
 class Admitted:
     """One admitted connection: its state in the :class:`Gate`, and its timer."""
 
-    __slots__ = ("_busy", "_gate", "_timer", "closed", "ip", "stream", "trusted")
+    __slots__ = ("_busy", "_gate", "_scope", "_timer", "closed", "ip", "stream", "trusted")
 
     def __init__(self, gate: Gate, stream: trio.SocketStream, ip: str) -> None:
         self._gate = gate
@@ -84,6 +84,9 @@ class Admitted:
         self.closed = False
         self._busy = 0
         self._timer = trio.CancelScope(deadline=trio.current_time() + gate.header_timeout)
+        # Around the connection's handler: a shed connection's handler ends with it
+        # (one waiting in a websocket handshake would otherwise sit out its timeout).
+        self._scope = trio.CancelScope()
 
     @property
     def idle(self) -> bool:
@@ -102,6 +105,12 @@ class Admitted:
             timeout = self._gate.idle_timeout if self.trusted else self._gate.header_timeout
             self._timer.deadline = trio.current_time() + timeout
 
+    def accepted(self) -> None:
+        """A long-lived exchange was authenticated (a websocket handshake): the
+        connection is trusted, with no deadline for as long as it lasts."""
+        self.authenticated()
+        self.request_started()
+
     def authenticated(self) -> None:
         """A request on this connection carried a valid token: it is no longer pending
         (no cap counts it, and it is shed for descriptors only when idle and nothing
@@ -117,8 +126,9 @@ class Admitted:
         self._gate._forget(self)
         self.closed = True
         self._timer.cancel()
-        # trio's socket close wakes the connection's task blocked on it (it sees
-        # ClosedResourceError, as after its own close) and frees the descriptor now.
+        self._scope.cancel()
+        # trio's socket close frees the descriptor now, and wakes a task blocked on the
+        # socket (it sees ClosedResourceError, as after its own close).
         self.stream.socket.close()
 
     async def watch(self) -> None:
@@ -290,7 +300,8 @@ async def _run(handler: Callable[[Admitted], Awaitable[None]], admitted: Admitte
         async with trio.open_nursery() as nursery:
             nursery.start_soon(admitted.watch)
             try:
-                await handler(admitted)
+                with admitted._scope:
+                    await handler(admitted)
             finally:
                 admitted.done()  # also ends the watch
     except Exception as exc:
