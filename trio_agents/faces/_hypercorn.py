@@ -121,6 +121,12 @@ async def serve_http(
     in flight finish within ``limits.shutdown_timeout`` (streams end with their run's
     terminal update, which a host shutting down emits), then close the rest and
     re-raise the cancellation.
+
+    Connections that have made no authenticated request are bounded by ``limits``
+    (``header_timeout``, ``max_unauthenticated_connections``,
+    ``max_unauthenticated_per_ip``); an :func:`~trio_agents.faces.http_app` says which
+    requests were authenticated (another ASGI app says none: all its connections are
+    bounded so).
     """
     limits = limits if limits is not None else getattr(app, "limits", None) or HttpLimits()
     listeners = await trio.open_tcp_listeners(port, host=host)
