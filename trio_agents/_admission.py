@@ -74,7 +74,7 @@ class GateStatistics:
 class Admitted:
     """One admitted connection: its state in the :class:`Gate`, and its timer."""
 
-    __slots__ = ("_busy", "_gate", "_scope", "_timer", "closed", "ip", "stream", "trusted")
+    __slots__ = ("_busy", "_gate", "_scope", "closed", "ip", "stream", "trusted")
 
     def __init__(self, gate: Gate, stream: trio.SocketStream, ip: str) -> None:
         self._gate = gate
@@ -83,10 +83,11 @@ class Admitted:
         self.trusted = False
         self.closed = False
         self._busy = 0
-        self._timer = trio.CancelScope(deadline=trio.current_time() + gate.header_timeout)
-        # Around the connection's handler: a shed connection's handler ends with it
-        # (one waiting in a websocket handshake would otherwise sit out its timeout).
-        self._scope = trio.CancelScope()
+        # Around the connection's handler, its deadline the connection's: one that waits
+        # too long for a request head is ended by it, and a shed one ends with it (one
+        # waiting in a websocket handshake would otherwise sit out its timeout). No
+        # task per connection for the timer: a flood costs what it must, no more.
+        self._scope = trio.CancelScope(deadline=trio.current_time() + gate.header_timeout)
 
     @property
     def idle(self) -> bool:
@@ -96,14 +97,14 @@ class Admitted:
     def request_started(self) -> None:
         """A request head arrived: no deadline until it is answered."""
         self._busy += 1
-        self._timer.deadline = math.inf
+        self._scope.deadline = math.inf
 
     def request_ended(self) -> None:
         """A request was answered: the connection waits for the next head."""
         self._busy -= 1
         if self._busy == 0 and not self.closed:
             timeout = self._gate.idle_timeout if self.trusted else self._gate.header_timeout
-            self._timer.deadline = trio.current_time() + timeout
+            self._scope.deadline = trio.current_time() + timeout
 
     def accepted(self) -> None:
         """A long-lived exchange was authenticated (a websocket handshake): the
@@ -125,27 +126,16 @@ class Admitted:
             return
         self._gate._forget(self)
         self.closed = True
-        self._timer.cancel()
         self._scope.cancel()
         # trio's socket close frees the descriptor now, and wakes a task blocked on the
         # socket (it sees ClosedResourceError, as after its own close).
         self.stream.socket.close()
-
-    async def watch(self) -> None:
-        """Shed the connection when its deadline passes (run beside its handler;
-        cancelled by :meth:`done`)."""
-        with self._timer:
-            await trio.sleep_forever()
-        if not self.closed and self._timer.cancelled_caught:
-            self._gate._timed_out += 1
-            self.shed()
 
     def done(self) -> None:
         """The connection ended (its handler returned): forget it."""
         if not self.closed:
             self._gate._forget(self)
             self.closed = True
-        self._timer.cancel()
 
 
 @final
@@ -250,7 +240,7 @@ async def serve_admitted(
     handlers: trio.Nursery,
 ) -> None:
     """Accept connections on ``listeners`` until cancelled, admit each through ``gate``
-    and run ``handler(admitted)`` for it in ``handlers`` (with its deadline watched).
+    and run ``handler(admitted)`` for it in ``handlers`` (within its deadline).
     ``trio.serve_listeners`` with admission: a failing ``accept`` for want of
     descriptors sheds a connection and retries (see the module docstring)."""
     async with trio.open_nursery() as nursery:
@@ -297,13 +287,10 @@ async def _accept_loop(
 
 async def _run(handler: Callable[[Admitted], Awaitable[None]], admitted: Admitted) -> None:
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(admitted.watch)
-            try:
-                with admitted._scope:
-                    await handler(admitted)
-            finally:
-                admitted.done()  # also ends the watch
+        with admitted._scope:
+            await handler(admitted)
+        if admitted._scope.cancelled_caught and not admitted.closed:
+            admitted._gate._timed_out += 1  # its deadline passed (a shed one is closed)
     except Exception as exc:
         # One bad connection must never take the server down (the handlers' nursery is
         # the server's).
