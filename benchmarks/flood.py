@@ -7,7 +7,8 @@ with ``RLIMIT_NOFILE`` lowered to ``NOFILE`` (256 here): the HTTP faces of a
 :class:`~trio_agents.faces.HttpLimits` given as JSON. The flood, from this process:
 ``idle`` connections that send nothing and ``half_sent`` ones that send the start of a
 request head and stop, each reopened as soon as the server closes it (a flood that
-keeps up). While it goes on, an authenticated client sends requests (``GET /runs``),
+keeps up). While it goes on, an authenticated client (from another loopback address)
+sends requests (``GET /runs``),
 each on a new connection (``Connection: close``, what the flood competes with for the
 accept queue and the descriptors), and as many on one keep-alive connection. The
 figures: how many were answered and their latency (p50/p99), and how many flood
@@ -25,6 +26,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -42,11 +44,21 @@ from trio_agents.models import ScriptedModel, Turn
 
 from ._common import Figure, percentile
 
-__all__ = ["FloodStats", "authenticated_requests", "bench_b12", "flood_server", "flooding"]
+__all__ = [
+    "FloodServer",
+    "FloodStats",
+    "authenticated_requests",
+    "bench_b12",
+    "flood_server",
+    "flooding",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "flood-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+# The authenticated client's address; the flood comes from 127.0.0.1 (an attacker has
+# an address of its own: the per-address cap is what keeps it from crowding out others).
+CLIENT_ADDRESS = "127.0.0.2"
 # What a half-sent connection sends: a request head that never ends.
 HALF_HEAD = b"GET /runs HTTP/1.1\r\nHost: flood\r\nAuthorization: Bear"
 
@@ -71,32 +83,50 @@ def serve_main(nofile: int, limits: Mapping[str, Any]) -> None:
     trio.run(_serve, HttpLimits(**limits))
 
 
+@attrs.define
+class FloodServer:
+    """The server process: its port, and (once the block ended) what it wrote to
+    stderr (its log)."""
+
+    port: int
+    log: str = ""
+
+
 @asynccontextmanager
-async def flood_server(nofile: int, limits: Mapping[str, Any]) -> AsyncIterator[int]:
-    """Start the server process; yields its port; killed when the block ends."""
+async def flood_server(nofile: int, limits: Mapping[str, Any]) -> AsyncIterator[FloodServer]:
+    """Start the server process; killed when the block ends."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "benchmarks.flood", "serve", str(nofile), json.dumps(dict(limits))],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    try:
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = await process.stdout.receive_some(64)
-            if not chunk:
-                raise RuntimeError("the flood server exited before it served")
-            line += chunk
-        yield int(line)
-    finally:
-        process.kill()
-        with trio.CancelScope(shield=True):
-            await process.wait()
-            await process.stdout.aclose()
+    with tempfile.TemporaryDirectory() as tmp:
+        stderr = Path(tmp) / "stderr"
+        with stderr.open("wb") as errors:
+            process = await trio.lowlevel.open_process(
+                [
+                    *(sys.executable, "-m", "benchmarks.flood", "serve"),
+                    *(str(nofile), json.dumps(dict(limits))),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+            )
+        assert process.stdout is not None
+        try:
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await process.stdout.receive_some(64)
+                if not chunk:
+                    raise RuntimeError("the flood server exited before it served")
+                line += chunk
+            server = FloodServer(int(line))
+            yield server
+        finally:
+            process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+                await process.stdout.aclose()
+        server.log = stderr.read_text(errors="replace")
 
 
 # ---------------------------------------------------------------------- the flood
@@ -165,7 +195,7 @@ async def flooding(
 
 async def _fresh_request(port: int) -> int:
     """``GET /runs`` on a new connection (``Connection: close``); the status."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=CLIENT_ADDRESS)
     async with stream:
         await stream.send_all(
             b"GET /runs HTTP/1.1\r\nHost: flood\r\nConnection: close\r\n"
@@ -183,7 +213,10 @@ async def authenticated_requests(port: int, n: int, *, bound: float, fresh: bool
     keep-alive connection; the latency of each (seconds)."""
     latencies: list[float] = []
     async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", headers=HEADERS, timeout=None
+        base_url=f"http://127.0.0.1:{port}",
+        headers=HEADERS,
+        timeout=None,
+        transport=httpx.AsyncHTTPTransport(local_address=CLIENT_ADDRESS),
     ) as http:
         for _ in range(n):
             began = time.perf_counter()
@@ -213,9 +246,10 @@ async def bench_b12(
     figures: list[Figure] = []
     for name, limits in CONFIGS.items():
         async with (
-            flood_server(nofile, limits) as port,
-            flooding(port, idle=idle, half_sent=half_sent) as stats,
+            flood_server(nofile, limits) as server,
+            flooding(server.port, idle=idle, half_sent=half_sent) as stats,
         ):
+            port = server.port
             await stats.all_open.wait()
             began = time.perf_counter()
             fresh = await authenticated_requests(port, requests, bound=60.0, fresh=True)

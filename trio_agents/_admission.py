@@ -12,8 +12,8 @@ those connections time out. So a :class:`Gate` keeps, per server:
   pending connection (of that address, or of all) instead of refusing the new one: the
   newest connection is the one most likely to be a real client about to send its
   request, and the oldest the one that had the longest time to send it. A pending
-  connection waiting for a request head (idle) is shed before one that is being
-  answered.
+  connection that has sent nothing is shed first, then one waiting for a request head,
+  then one being answered.
 - **a deadline per connection while it waits for a request head**: ``header_timeout``
   from its accept (or from the end of its last response) while it is pending,
   ``idle_timeout`` (the keep-alive timeout) once it has made an authenticated request.
@@ -23,8 +23,8 @@ those connections time out. So a :class:`Gate` keeps, per server:
   tries again at once; with nothing to shed it waits a little (never a busy loop).
 
 Shedding closes the socket synchronously (its descriptor is free before the next
-``accept``); the connection's task sees its stream closed and ends as after any peer
-close. The server tells the gate when a request starts and ends
+``accept``) and cancels the connection's handler; the deadline is that same cancel scope's
+(no timer task per connection). The server tells the gate when a request starts and ends
 (:meth:`Admitted.request_started`, :meth:`Admitted.request_ended`) and when one was
 authenticated (:meth:`Admitted.authenticated`).
 """
@@ -74,7 +74,7 @@ class GateStatistics:
 class Admitted:
     """One admitted connection: its state in the :class:`Gate`, and its timer."""
 
-    __slots__ = ("_busy", "_gate", "_scope", "closed", "ip", "stream", "trusted")
+    __slots__ = ("_busy", "_gate", "_scope", "closed", "ip", "spoke", "stream", "trusted")
 
     def __init__(self, gate: Gate, stream: trio.SocketStream, ip: str) -> None:
         self._gate = gate
@@ -82,6 +82,7 @@ class Admitted:
         self.ip = ip
         self.trusted = False
         self.closed = False
+        self.spoke = False  # the client has sent something
         self._busy = 0
         # Around the connection's handler, its deadline the connection's: one that waits
         # too long for a request head is ended by it, and a shed one ends with it (one
@@ -202,7 +203,18 @@ class Gate:
             admitted.shed()
 
     def _shed_one(self, among: dict[Admitted, None]) -> None:
-        victim = next((a for a in among if a.idle), None) or next(iter(among))
+        # The oldest that has sent nothing yet; else the oldest waiting for a request
+        # head; else the oldest. (A real client sends its request as soon as it is
+        # connected: under a flood of idle connections it is never the one shed.)
+        victim: Admitted | None = None
+        for admitted in among:
+            if not admitted.spoke:
+                victim = admitted
+                break
+            if victim is None and admitted.idle:
+                victim = admitted
+        if victim is None:
+            victim = next(iter(among))
         self._shed += 1
         victim.shed()
 
@@ -288,7 +300,20 @@ async def _accept_loop(
 async def _run(handler: Callable[[Admitted], Awaitable[None]], admitted: Admitted) -> None:
     try:
         with admitted._scope:
-            await handler(admitted)
+            # The handler (Hypercorn's machinery, a websocket handshake) starts once the
+            # client has sent something: an idle connection of a flood costs a socket
+            # and no more. Shed or timed out meanwhile, the wait ends closed. (Shed before
+            # this task ran, the socket is closed already: waiting on its descriptor, -1
+            # or by now another connection's, would be a bug.)
+            try:
+                if not admitted.closed:
+                    await trio.lowlevel.wait_readable(admitted.stream.socket)
+            except trio.ClosedResourceError:
+                pass
+            else:
+                if not admitted.closed:
+                    admitted.spoke = True
+                    await handler(admitted)
         if admitted._scope.cancelled_caught and not admitted.closed:
             admitted._gate._timed_out += 1  # its deadline passed (a shed one is closed)
     except Exception as exc:

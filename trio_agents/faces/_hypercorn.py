@@ -141,13 +141,7 @@ async def serve_http(
     )
 
     async def handle(admitted: Admitted) -> None:
-        # Hypercorn's machinery for a connection (its tasks, its parser) is built once
-        # the client has sent something: an idle connection of a flood costs a socket
-        # and its timer only. Shed or timed out meanwhile, the wait ends closed.
-        try:
-            await trio.lowlevel.wait_readable(admitted.stream.socket)
-        except trio.ClosedResourceError:
-            return
+        # (Called once the client has sent something: see serve_admitted.)
         stream = _BoundedStream(admitted.stream, limits.send_timeout)
         server = TCPServer(
             ASGIWrapper(_Tracked(app, admitted)),

@@ -4,12 +4,17 @@ is shed, and when. Through the servers: ``tests/faces/test_connection_admission.
 
 from __future__ import annotations
 
+import logging
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import trio
+import trio.testing
 
-from trio_agents._admission import Admitted, Gate
+from trio_agents._admission import Admitted, Gate, serve_admitted
+from trio_agents._util import closing_listeners
 
 
 @contextmanager
@@ -34,16 +39,20 @@ def _gate(**overrides: int) -> Gate:
     return Gate(header_timeout=10.0, idle_timeout=30.0, **options)
 
 
-async def test_past_the_cap_an_idle_pending_connection_is_shed_before_a_busy_one() -> None:
+async def test_past_the_cap_the_oldest_silent_then_idle_pending_connection_is_shed() -> None:
     gate = _gate(max_pending=3)
-    with _streams(4) as streams:
-        first, second, third = (gate.admit(s) for s in streams[:3])
-        first.request_started()  # being answered (a public route)
+    with _streams(5) as streams:
+        busy, waiting, silent = (gate.admit(s) for s in streams[:3])
+        busy.spoke = waiting.spoke = True
+        busy.request_started()  # being answered (a public route)
+        # waiting: sent part of a request head; silent: sent nothing yet.
         fourth = gate.admit(streams[3])
-        # The oldest idle one went, not the oldest.
-        assert [a.closed for a in (first, second, third, fourth)] == [False, True, False, False]
+        assert [a.closed for a in (busy, waiting, silent, fourth)] == [False, False, True, False]
+        fourth.spoke = True
+        fifth = gate.admit(streams[4])  # no silent one left: the oldest waiting one goes
+        assert [a.closed for a in (busy, waiting, fourth, fifth)] == [False, True, False, False]
         assert gate.statistics().pending == 3
-        assert gate.statistics().shed == 1
+        assert gate.statistics().shed == 2
 
 
 async def test_an_authenticated_connection_is_not_counted_and_shed_last() -> None:
@@ -79,3 +88,38 @@ async def test_a_shed_connection_frees_its_descriptor_at_once() -> None:
         gate.admit(streams[1])  # same address (a socket pair's): the first is shed
         assert first.closed
         assert streams[0].socket.fileno() == -1
+
+
+async def test_a_connection_shed_before_its_handler_ran_is_let_go_cleanly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A cap of one: each connection sheds the one before it, often before that one's
+    # task ran (the scheduler runs a batch in random order). Its socket is closed then:
+    # the task must not wait on its descriptor (-1, or by then another connection's).
+    gate = _gate(max_pending_per_ip=1)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    handled: list[Admitted] = []
+
+    async def handler(admitted: Admitted) -> None:
+        handled.append(admitted)
+        await trio.sleep_forever()
+
+    clients: list[socket.socket] = []
+    try:
+        async with closing_listeners(listeners), trio.open_nursery() as nursery:
+            nursery.start_soon(serve_admitted, handler, listeners, gate, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            # Blocking connects, no checkpoint between them: all 100 wait in the accept
+            # queue, and the server accepts them back to back.
+            for _ in range(100):
+                client = socket.create_connection(("127.0.0.1", port))
+                client.sendall(b"x")
+                clients.append(client)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    finally:
+        for client in clients:
+            client.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert gate.statistics().shed == 99
