@@ -104,8 +104,9 @@ class HttpLimits:
             end of its last response; then it is closed.
         max_unauthenticated_connections: connections that have not made an
             authenticated request yet, in all; one more sheds the oldest of them (one
-            waiting for a request head first), so a flood of idle or half-sent
-            connections never holds every file descriptor of the process.
+            that has sent nothing first, then one waiting for a request head), so a
+            flood of idle or half-sent connections never holds every file descriptor of
+            the process. An ``accept`` that fails with ``EMFILE`` sheds one too.
         max_unauthenticated_per_ip: the same, per client address.
     """
 
