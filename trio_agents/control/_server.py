@@ -23,8 +23,9 @@ wires them together.
 from __future__ import annotations
 
 import logging
+import math
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, final
 
@@ -33,6 +34,7 @@ import trio
 from trio_websocket import WebSocketRequest, wrap_server_stream
 
 from .. import Agent
+from ..hosting._admission import Admitted, Gate, serve_admitted
 from .._util import closing_listeners, serving
 from ..hosting import LocalHost
 from ..hosting._policies import ContextHook
@@ -190,6 +192,15 @@ class ControlServer:
         self._accept_scope = trio.CancelScope()
         self._connections_scope = trio.CancelScope(shield=True)
         self._connections_done = trio.Event()
+        # Admission (trio_agents/_admission.py): connections whose handshake is not yet
+        # accepted are capped and shed oldest first, an accept failing with EMFILE sheds
+        # one; handle_stream bounds the handshake itself (handshake_timeout).
+        self._gate = Gate(
+            max_pending=limits.max_unauthenticated_connections,
+            max_pending_per_ip=limits.max_unauthenticated_per_ip,
+            header_timeout=limits.handshake_timeout,
+            idle_timeout=math.inf,
+        )
         self.shutdown_deadline = float("inf")
 
     @property
@@ -272,19 +283,21 @@ class ControlServer:
             with self._connections_scope:
                 async with trio.open_nursery() as connections:
                     with self._accept_scope:
-                        await trio.serve_listeners(
-                            self.handle_stream,
-                            listeners,
-                            handler_nursery=connections,
+                        await serve_admitted(
+                            self._handle_admitted, listeners, self._gate, connections
                         )
         finally:
             self._connections_done.set()
+
+    async def _handle_admitted(self, admitted: Admitted) -> None:
+        await self.handle_stream(admitted.stream, on_accepted=admitted.accepted)
 
     async def _shutdown(self) -> None:
         """The bounded, shielded shutdown (see :meth:`serve`)."""
         host = self._host
         self.shutdown_deadline = host._begin_shutdown()
         self._accept_scope.cancel()
+        self._gate.close_idle()  # handshakes not yet accepted are owed nothing
         # Every run is stopped (a cluster's node: the connections' on_disconnect="cancel"
         # runs cancelled, the rest handed over to the other nodes)...
         await host._stop_runs(self.shutdown_deadline)
@@ -300,10 +313,13 @@ class ControlServer:
 
     # -------------------------------------------------------------- connections
 
-    async def handle_stream(self, stream: trio.abc.Stream) -> None:
+    async def handle_stream(
+        self, stream: trio.abc.Stream, *, on_accepted: Callable[[], None] | None = None
+    ) -> None:
         """Serve one client over ``stream`` (a TCP connection, or any byte stream:
         tests use ``trio.testing.memory_stream_pair``). Never raises but for
-        cancellation: one bad client must not take the server down."""
+        cancellation: one bad client must not take the server down. ``on_accepted``
+        is called once the handshake is accepted (an authenticated client)."""
         limits = self._host.limits
         guarded = GuardedStream(stream, limits.send_timeout)
         connection: Connection | None = None
@@ -320,6 +336,8 @@ class ControlServer:
                 if request is not None:
                     principal = await check_handshake(request, self._auth, self._allowed_origins)
                     if principal is not None and not self._host._closing:
+                        if on_accepted is not None:
+                            on_accepted()
                         ws = await request.accept(subprotocol=SUBPROTOCOL)
                         connection = Connection(self, self._host, ws, guarded, principal)
                         self._connections.add(connection)

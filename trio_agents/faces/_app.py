@@ -32,7 +32,14 @@ from starlette.routing import BaseRoute, Mount, Router
 
 from ..hosting import HostError, RunHost
 from ..hosting._bearer import Auth, authenticate
-from ._shared import HOST_CODES, PRINCIPAL_KEY, HttpError, HttpLimits, error_response
+from ._shared import (
+    AUTHENTICATED_KEY,
+    HOST_CODES,
+    PRINCIPAL_KEY,
+    HttpError,
+    HttpLimits,
+    error_response,
+)
 
 __all__ = ["FACES", "Face", "HttpApp", "HttpStatistics", "Routes", "http_app"]
 
@@ -182,6 +189,9 @@ class _Authenticated:
             await response(scope, receive, send)
             return
         scope[PRINCIPAL_KEY] = principal
+        trusted = scope.get(AUTHENTICATED_KEY)
+        if callable(trusted):
+            trusted()
         await self.app(scope, receive, send)
 
 

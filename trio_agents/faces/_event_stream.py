@@ -101,6 +101,7 @@ class EventStream(Response):
     async def _stream(self, messages: AsyncIterator[bytes], receive: Receive, send: Send) -> None:
         limits = self.face.limits
         batch = _Batch(_BATCH_BYTES)
+        ended = False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch, receive, nursery.cancel_scope)
             nursery.start_soon(_pump, messages, batch)
@@ -113,11 +114,20 @@ class EventStream(Response):
                 with trio.move_on_after(limits.keepalive_interval):
                     body = await batch.take()
                 if body is None:
-                    await _write(send, b"", limits.send_timeout, more=False)
+                    ended = True
                     break
                 if not await _write(send, body, limits.send_timeout):
                     break
             nursery.cancel_scope.cancel()
+        if ended:
+            # The body's end is written out here, after the watcher is gone and shielded
+            # (bounded by _write): inside this one send the server finishes the exchange
+            # — it tells the app ``http.disconnect`` (which the watcher answered by
+            # cancelling the nursery around this very send), then closes the connection
+            # (HTTP/1.0, ``Connection: close``) or arms its keep-alive timer. Cut at its
+            # first checkpoint, that work never happened: the socket stayed open for good.
+            with trio.CancelScope(shield=True):
+                await _write(send, b"", limits.send_timeout, more=False)
 
 
 @final

@@ -10,13 +10,19 @@ a listener of ours whose streams bound each write by ``send_timeout``: a write s
 blocked then closes the socket, Hypercorn sees the connection closed, and the app's
 ``receive()`` answers ``http.disconnect``. The shutdown is Hypercorn's too (stop
 accepting, tell idle keep-alive connections to close, give the rest a bound).
+
+The accept loop is ours as well (``trio_agents/_admission.py``): connections that have
+not made an authenticated request yet are capped (in all and per client address; the
+oldest shed first) and have ``header_timeout`` to send a request head, an ``accept``
+that fails with ``EMFILE`` sheds one and tries again, and a connection's Hypercorn
+machinery is built only once it has sent something. The auth layer tells the gate when
+a request was authenticated, through the scope (:data:`AUTHENTICATED_KEY`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any, NoReturn, cast, final
 
 import trio
@@ -26,8 +32,9 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
+from ..hosting._admission import Admitted, Gate, serve_admitted
 from .._util import closing_listeners, send_within
-from ._shared import HttpLimits
+from ._shared import AUTHENTICATED_KEY, HttpLimits
 
 __all__ = ["serve_http"]
 
@@ -87,9 +94,11 @@ def _config(limits: HttpLimits) -> Config:
     config.h11_max_incomplete_size = 16 * 1024
     config.accesslog = None
     config.errorlog = logging.getLogger("trio_agents.faces.hypercorn")
-    # A client that sends a head slowly, or nothing at all, is let go after this.
+    # No read timeout: an event stream's request reads nothing for hours. A client that
+    # sends a head slowly, or nothing at all, is the gate's (header_timeout), and an
+    # authenticated connection waiting for its next request Hypercorn's (keep-alive).
     config.read_timeout = None
-    config.keep_alive_timeout = 30.0
+    config.keep_alive_timeout = limits.keep_alive_timeout
     return config
 
 
@@ -112,23 +121,37 @@ async def serve_http(
     in flight finish within ``limits.shutdown_timeout`` (streams end with their run's
     terminal update, which a host shutting down emits), then close the rest and
     re-raise the cancellation.
+
+    Connections that have made no authenticated request are bounded by ``limits``
+    (``header_timeout``, ``max_unauthenticated_connections``,
+    ``max_unauthenticated_per_ip``); an :func:`~trio_agents.faces.http_app` says which
+    requests were authenticated (another ASGI app says none: all its connections are
+    bounded so).
     """
     limits = limits if limits is not None else getattr(app, "limits", None) or HttpLimits()
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound: int = listeners[0].socket.getsockname()[1]
     config = _config(limits)
     context = WorkerContext(None)
-    serve_connection = partial(
-        TCPServer,
-        ASGIWrapper(app),
-        config,
-        context,
-        ConnectionState({}),
+    gate = Gate(
+        max_pending=limits.max_unauthenticated_connections,
+        max_pending_per_ip=limits.max_unauthenticated_per_ip,
+        header_timeout=limits.header_timeout,
+        idle_timeout=limits.keep_alive_timeout,
     )
 
-    async def handle(stream: trio.SocketStream) -> None:
-        # Typed for its TLS stream; it uses the socket (for addresses) and the Stream calls.
-        await serve_connection(cast(Any, _BoundedStream(stream, limits.send_timeout)))
+    async def handle(admitted: Admitted) -> None:
+        # (Called once the client has sent something: see serve_admitted.)
+        stream = _BoundedStream(admitted.stream, limits.send_timeout)
+        server = TCPServer(
+            ASGIWrapper(_Tracked(app, admitted)),
+            config,
+            context,
+            ConnectionState({}),
+            # Typed for its TLS stream; it uses the socket (for addresses) and the Stream calls.
+            cast(Any, stream),
+        )
+        await server.run()
 
     # The connections live in a shielded nursery: a cancelled serve_http stops
     # accepting at once, but gives what is in flight its bound (connections.deadline).
@@ -137,7 +160,7 @@ async def serve_http(
     async with closing_listeners(listeners), trio.open_nursery() as nursery:
         handlers: trio.Nursery = await nursery.start(_hold, connections, stop)
         accepting = trio.CancelScope()
-        handlers.start_soon(_accept, handle, listeners, handlers, accepting)
+        handlers.start_soon(_accept, handle, listeners, gate, handlers, accepting)
         task_status.started(bound)
         try:
             await trio.sleep_forever()
@@ -150,8 +173,30 @@ async def serve_http(
             elif callable(told):
                 told()
             await context.terminated.set()  # no checkpoint: sets a trio.Event
+            # Hypercorn closes its idle keep-alive connections on `terminated`; those
+            # that never sent a byte never reached it.
+            gate.close_idle()
             stop.set()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+@final
+class _Tracked:
+    """The app as one connection's requests reach it: tells the connection's
+    :class:`~trio_agents._admission.Admitted` when a request starts and ends, and leaves
+    it under :data:`AUTHENTICATED_KEY` for the auth layer to call."""
+
+    def __init__(self, app: Callable[[Any, Any, Any], Awaitable[None]], admitted: Admitted):
+        self.app = app
+        self.admitted = admitted
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.admitted.request_started()
+        scope[AUTHENTICATED_KEY] = self.admitted.authenticated
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.admitted.request_ended()
 
 
 async def _hold(
@@ -164,10 +209,11 @@ async def _hold(
 
 
 async def _accept(
-    handle: Callable[[trio.SocketStream], Awaitable[None]],
+    handle: Callable[[Admitted], Awaitable[None]],
     listeners: list[trio.SocketListener],
+    gate: Gate,
     handlers: trio.Nursery,
     scope: trio.CancelScope,
 ) -> None:
     with scope:
-        await trio.serve_listeners(handle, listeners, handler_nursery=handlers)
+        await serve_admitted(handle, listeners, gate, handlers)

@@ -66,6 +66,10 @@ HOST_CODES: Final[Mapping[str, str]] = {
 
 # The key of the ASGI scope under which the auth layer leaves the principal.
 PRINCIPAL_KEY: Final = "trio_agents.principal"
+# The key of the ASGI scope under which serve_http leaves a function that the auth layer
+# calls when the request's token is valid: the connection is no longer counted, nor
+# timed, as an unauthenticated one (another ASGI server leaves none).
+AUTHENTICATED_KEY: Final = "trio_agents.authenticated"
 
 
 def _positive_int(_i: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -101,6 +105,18 @@ class HttpLimits:
             saying ``events.dropped``).
         shutdown_timeout: how long open streams and requests are given once the
             server shuts down (streams end at once: they are told nothing more comes).
+        keep_alive_timeout: a keep-alive connection of an authenticated client that
+            sends no new request for this long is closed (after any response, event
+            streams included).
+        header_timeout: a connection that has not made an authenticated request yet
+            has this long to send a complete request head, from its accept or from the
+            end of its last response; then it is closed.
+        max_unauthenticated_connections: connections that have not made an
+            authenticated request yet, in all; one more sheds the oldest of them (one
+            that has sent nothing first, then one waiting for a request head), so a
+            flood of idle or half-sent connections never holds every file descriptor of
+            the process. An ``accept`` that fails with ``EMFILE`` sheds one too.
+        max_unauthenticated_per_ip: the same, per client address.
     """
 
     max_body_bytes: int = attrs.field(default=1 << 20, validator=_positive_int)
@@ -109,6 +125,10 @@ class HttpLimits:
     max_streams_per_principal: int = attrs.field(default=1024, validator=_positive_int)
     max_tree_resume_events: int = attrs.field(default=10_000, validator=_positive_int)
     shutdown_timeout: float = attrs.field(default=10.0, validator=_seconds)
+    keep_alive_timeout: float = attrs.field(default=30.0, validator=_seconds)
+    header_timeout: float = attrs.field(default=10.0, validator=_seconds)
+    max_unauthenticated_connections: int = attrs.field(default=512, validator=_positive_int)
+    max_unauthenticated_per_ip: int = attrs.field(default=64, validator=_positive_int)
 
 
 class HttpError(Exception):

@@ -102,6 +102,11 @@ class Limits:
         ping_timeout: a ping not answered within this many seconds marks the peer
             dead; the connection is aborted.
         handshake_timeout: seconds a new TCP connection has to finish its handshake.
+        max_unauthenticated_connections: connections whose handshake has not been
+            accepted yet, in all; one more sheds the oldest of them, so a flood of idle
+            or half-sent connections never holds every file descriptor (an ``accept``
+            that fails with ``EMFILE`` sheds one too, and retries).
+        max_unauthenticated_per_ip: the same, per client address.
         retain_finished: seconds a finished run stays visible (``run.get``,
             ``runs.list``, ``run.subscribe`` replays) after its terminal event.
         shutdown_timeout: the bound on a graceful shutdown (cancel runs, persist
@@ -137,6 +142,8 @@ class Limits:
     ping_interval: float | None = attrs.field(default=20.0, validator=_check_optional_seconds)
     ping_timeout: float = attrs.field(default=20.0, validator=_check_seconds)
     handshake_timeout: float = attrs.field(default=10.0, validator=_check_seconds)
+    max_unauthenticated_connections: int = attrs.field(default=512, validator=_check_positive_int)
+    max_unauthenticated_per_ip: int = attrs.field(default=64, validator=_check_positive_int)
     retain_finished: float = attrs.field(default=600.0, validator=_check_seconds)
     shutdown_timeout: float = attrs.field(default=10.0, validator=_check_seconds)
     max_inject_bytes_per_run: int = attrs.field(default=16 << 20, validator=_check_positive_int)
