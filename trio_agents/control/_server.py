@@ -34,9 +34,9 @@ import trio
 from trio_websocket import WebSocketRequest, wrap_server_stream
 
 from .. import Agent
-from ..hosting._admission import Admitted, Gate, serve_admitted
 from .._util import closing_listeners, serving
 from ..hosting import LocalHost
+from ..hosting._admission import Admitted, Gate, serve_admitted
 from ..hosting._policies import ContextHook
 from ..hosting._registry import PrincipalStatistics
 from ..hosting._sessions import SessionFactory, sqlite_sessions

@@ -32,8 +32,8 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from ..hosting._admission import Admitted, Gate, serve_admitted
 from .._util import closing_listeners, send_within
+from ..hosting._admission import Admitted, Gate, serve_admitted
 from ._shared import AUTHENTICATED_KEY, HttpLimits
 
 __all__ = ["serve_http"]
