@@ -51,6 +51,11 @@ async def refuse(_run: ta.Run, _items: Any) -> ta.GuardrailResult:
     return ta.GuardrailResult(tripped=True, info=f"bad {LONE} input")
 
 
+@ta.output_guardrail(name=f"judge{LONE}")
+async def judge(_run: ta.Run, _answer: Any) -> ta.GuardrailResult:
+    raise RuntimeError("judge down")
+
+
 def _agents() -> dict[str, ta.Agent]:
     sub = ta.Agent(name=f"sub{LONE}", model=ScriptedModel([], default=Turn(text="sub done")))
     return {
@@ -65,6 +70,13 @@ def _agents() -> dict[str, ta.Agent]:
             input_guardrails=[refuse],
         ),
         "cancel": blocker(),
+        # A guardrail whose own name holds one, and that raises: the failure reason is
+        # made of its name (GuardrailFault), not of a GuardrailTripped's cleaned info.
+        "fault": ta.Agent(
+            name="fault",
+            model=ScriptedModel([], default=Turn(text="answer")),
+            output_guardrails=[judge],
+        ),
         # A sub-agent whose own name holds one (run.child events, the child's record).
         "parent": ta.Agent(
             name="parent",
@@ -74,12 +86,13 @@ def _agents() -> dict[str, ta.Agent]:
     }
 
 
-SCENARIOS = ["progress", "guardrail", "cancel"]
+SCENARIOS = ["progress", "guardrail", "cancel", "fault"]
 # What each scenario's hostile text must read as, somewhere in what a client gets.
 SHOWN = {
     "progress": f"half {CLEAN} way",
     "guardrail": f"guardrail refuse: bad {CLEAN} input",
     "cancel": f"stop {CLEAN} now",
+    "fault": f"guardrail judge{CLEAN} raised RuntimeError: judge down",
     "parent": f"sub{CLEAN}",
 }
 CANCEL_REASON = f"stop {LONE} now"
@@ -154,7 +167,7 @@ async def test_rest_streams_and_records_follow_the_run_to_its_end(scenario: str)
             assert answered.status_code == 200, (path, answered.text)
             _no_surrogate(answered.json())
         record = (await http.get(f"/runs/{run_id}")).json()["run"]
-        if scenario in ("guardrail", "cancel"):
+        if scenario in ("guardrail", "cancel", "fault"):
             assert record["reason"] == SHOWN[scenario]
         if scenario == "parent":
             (child,) = record["children"]
@@ -223,7 +236,12 @@ async def test_a2a_stream_and_tasks_follow_the_run_to_its_end(scenario: str) -> 
         got = await _a2a_stream(served, scenario, cancel if scenario == "cancel" else None)
         _no_surrogate(got)
         last = got[-1]["result"]["statusUpdate"]["status"]
-        expected = {"progress": "COMPLETED", "guardrail": "FAILED", "cancel": "CANCELED"}
+        expected = {
+            "progress": "COMPLETED",
+            "guardrail": "FAILED",
+            "cancel": "CANCELED",
+            "fault": "FAILED",
+        }
         assert last["state"] == f"TASK_STATE_{expected[scenario]}", last
         task_id = got[0]["result"]["task"]["id"]
         for method, params in (("GetTask", {"id": task_id}), ("ListTasks", {})):
@@ -267,7 +285,12 @@ async def test_agui_follows_the_run_to_its_end(scenario: str) -> None:
             _shows(events[-1], scenario)
         # Not cancelled by its own broken stream (AG-UI's default on_disconnect="cancel").
         (info,) = await served.server.host.list("alice")
-        expected = {"progress": "completed", "guardrail": "failed", "cancel": "cancelled"}
+        expected = {
+            "progress": "completed",
+            "guardrail": "failed",
+            "cancel": "cancelled",
+            "fault": "failed",
+        }
         assert info.status == expected[scenario]
         if scenario == "progress":
             assert info.reason is None
