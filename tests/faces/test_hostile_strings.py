@@ -25,6 +25,7 @@ import trio
 import trio_agents as ta
 from tests.support.a2a_support import SseReader, sse, text_message
 from tests.support.control_support import answer, raw_client
+from tests.support.core_trees import tool_turn
 from tests.support.http_support import Served, blocker, client, messages, serving
 from trio_agents.models import ScriptedModel, Turn
 
@@ -294,3 +295,25 @@ async def test_agui_follows_the_run_to_its_end(scenario: str) -> None:
         assert info.status == expected[scenario]
         if scenario == "progress":
             assert info.reason is None
+
+
+async def test_a_handoff_to_an_agent_served_under_a_hostile_name_is_listed_clean() -> None:
+    """The name an agent is served under is server-side text too: a handoff reaches
+    that agent through no face's check, and the run's record names it."""
+    helper = ta.Agent(name="helper", model=ScriptedModel([], default="from the helper"))
+    switching = ScriptedModel([tool_turn(("transfer_to_helper", {}))])
+    front = ta.Agent(name="front", model=switching, handoffs=[helper])
+    with trio.fail_after(60):
+        async with (
+            serving({"front": front, f"helper{LONE}": helper}) as served,
+            client(served.base) as http,
+        ):
+            run_id = await _start(served, http, "front")
+            got = await _sse(http, f"/runs/{run_id}/events")
+            assert got[-1]["event"]["status"] == "completed"
+            for path in (f"/runs/{run_id}", "/runs", "/runs?all=1"):
+                answered = await http.get(path)
+                assert answered.status_code == 200, (path, answered.text)
+                _no_surrogate(answered.json())
+            record = (await http.get(f"/runs/{run_id}")).json()["run"]
+            assert record["agent"] == f"helper{CLEAN}"
