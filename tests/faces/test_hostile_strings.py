@@ -317,3 +317,20 @@ async def test_a_handoff_to_an_agent_served_under_a_hostile_name_is_listed_clean
                 _no_surrogate(answered.json())
             record = (await http.get(f"/runs/{run_id}")).json()["run"]
             assert record["agent"] == f"helper{CLEAN}"
+
+
+async def test_a_json_rpc_id_with_a_lone_surrogate_is_refused_not_a_server_error() -> None:
+    """The one string a face must echo as given: A2A's JSON-RPC ``id`` (``"\\ud800"`` is
+    valid JSON). It cannot be encoded in the answer, so the request is refused as
+    invalid, answered with a null id (JSON-RPC 2.0 §5)."""
+    async with _served() as (_served_, http):
+        for method in ("GetTask", "SendStreamingMessage"):
+            body = '{"jsonrpc":"2.0","id":"r\\ud800","method":"%s","params":{"id":"x"}}' % method
+            answered = await http.post(
+                "/a2a", content=body.encode(), headers={"content-type": "application/json"}
+            )
+            assert answered.status_code == 200, answered.text
+            got = answered.json()
+            assert got["id"] is None
+            assert got["error"]["code"] == -32600
+            assert "lone surrogate" in got["error"]["message"]
