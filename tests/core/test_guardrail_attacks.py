@@ -92,8 +92,7 @@ async def test_a_superseded_runs_unchecked_input_never_reaches_the_next_run(
     @ta.input_guardrail(name="slow", blocking=True)
     async def slow(run: ta.Run, items: Sequence[ta.Item]) -> bool:
         checking.set()
-        await trio.sleep_forever()
-        return False
+        await trio.sleep_forever()  # never passes: the run is superseded first
 
     session = MemorySession("s")
     model = ScriptedModel([], default=Turn("fine"))

@@ -323,9 +323,11 @@ async def test_a_json_rpc_id_with_a_lone_surrogate_is_refused_not_a_server_error
     """The one string a face must echo as given: A2A's JSON-RPC ``id`` (``"\\ud800"`` is
     valid JSON). It cannot be encoded in the answer, so the request is refused as
     invalid, answered with a null id (JSON-RPC 2.0 §5)."""
-    async with _served() as (_served_, http):
+    async with _served() as (_, http):
         for method in ("GetTask", "SendStreamingMessage"):
-            body = '{"jsonrpc":"2.0","id":"r\\ud800","method":"%s","params":{"id":"x"}}' % method
+            # Raw bytes: the id's escape is what a client sends (JSON allows it).
+            request = {"jsonrpc": "2.0", "id": "r-id", "method": method, "params": {"id": "x"}}
+            body = json.dumps(request).replace("r-id", "r\\ud800")
             answered = await http.post(
                 "/a2a", content=body.encode(), headers={"content-type": "application/json"}
             )
