@@ -43,7 +43,7 @@ from ._state import RunState
 from ._toolcalls import finish_call
 from ._tools import mark_cancelled
 from ._turns import announce
-from ._util import summarize
+from ._util import clean_text, summarize
 
 __all__ = ["Verdict", "repair"]
 
@@ -94,10 +94,14 @@ async def repair(
 def build_result(state: RunState, verdict: Verdict, leftovers: list[Injection]) -> RunResult:
     """The result of a run that ends with ``verdict``, from its state."""
     unconsumed = [*state.undelivered, *leftovers]
+    # The one place a reason enters the run's record (GET /runs, A2A GetTask, ...):
+    # cleaned here too, not only where each known kind of user text enters it — a
+    # failure made of a guardrail's own name (GuardrailFault), say, holds it as given.
+    reason = verdict.reason if verdict.reason is None else clean_text(verdict.reason)
     return RunResult(
         run_id=state.run_id,
         status=verdict.status,
-        reason=verdict.reason,
+        reason=reason,
         final_output=verdict.final_output if verdict.status is RunStatus.COMPLETED else None,
         new_items=tuple(state.new_items),
         conversation=tuple(state.conversation),

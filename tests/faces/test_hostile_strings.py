@@ -25,6 +25,7 @@ import trio
 import trio_agents as ta
 from tests.support.a2a_support import SseReader, sse, text_message
 from tests.support.control_support import answer, raw_client
+from tests.support.core_trees import tool_turn
 from tests.support.http_support import Served, blocker, client, messages, serving
 from trio_agents.models import ScriptedModel, Turn
 
@@ -51,6 +52,11 @@ async def refuse(_run: ta.Run, _items: Any) -> ta.GuardrailResult:
     return ta.GuardrailResult(tripped=True, info=f"bad {LONE} input")
 
 
+@ta.output_guardrail(name=f"judge{LONE}")
+async def judge(_run: ta.Run, _answer: Any) -> ta.GuardrailResult:
+    raise RuntimeError("judge down")
+
+
 def _agents() -> dict[str, ta.Agent]:
     sub = ta.Agent(name=f"sub{LONE}", model=ScriptedModel([], default=Turn(text="sub done")))
     return {
@@ -65,6 +71,13 @@ def _agents() -> dict[str, ta.Agent]:
             input_guardrails=[refuse],
         ),
         "cancel": blocker(),
+        # A guardrail whose own name holds one, and that raises: the failure reason is
+        # made of its name (GuardrailFault), not of a GuardrailTripped's cleaned info.
+        "fault": ta.Agent(
+            name="fault",
+            model=ScriptedModel([], default=Turn(text="answer")),
+            output_guardrails=[judge],
+        ),
         # A sub-agent whose own name holds one (run.child events, the child's record).
         "parent": ta.Agent(
             name="parent",
@@ -74,12 +87,13 @@ def _agents() -> dict[str, ta.Agent]:
     }
 
 
-SCENARIOS = ["progress", "guardrail", "cancel"]
+SCENARIOS = ["progress", "guardrail", "cancel", "fault"]
 # What each scenario's hostile text must read as, somewhere in what a client gets.
 SHOWN = {
     "progress": f"half {CLEAN} way",
     "guardrail": f"guardrail refuse: bad {CLEAN} input",
     "cancel": f"stop {CLEAN} now",
+    "fault": f"guardrail judge{CLEAN} raised RuntimeError: judge down",
     "parent": f"sub{CLEAN}",
 }
 CANCEL_REASON = f"stop {LONE} now"
@@ -154,7 +168,7 @@ async def test_rest_streams_and_records_follow_the_run_to_its_end(scenario: str)
             assert answered.status_code == 200, (path, answered.text)
             _no_surrogate(answered.json())
         record = (await http.get(f"/runs/{run_id}")).json()["run"]
-        if scenario in ("guardrail", "cancel"):
+        if scenario in ("guardrail", "cancel", "fault"):
             assert record["reason"] == SHOWN[scenario]
         if scenario == "parent":
             (child,) = record["children"]
@@ -223,7 +237,12 @@ async def test_a2a_stream_and_tasks_follow_the_run_to_its_end(scenario: str) -> 
         got = await _a2a_stream(served, scenario, cancel if scenario == "cancel" else None)
         _no_surrogate(got)
         last = got[-1]["result"]["statusUpdate"]["status"]
-        expected = {"progress": "COMPLETED", "guardrail": "FAILED", "cancel": "CANCELED"}
+        expected = {
+            "progress": "COMPLETED",
+            "guardrail": "FAILED",
+            "cancel": "CANCELED",
+            "fault": "FAILED",
+        }
         assert last["state"] == f"TASK_STATE_{expected[scenario]}", last
         task_id = got[0]["result"]["task"]["id"]
         for method, params in (("GetTask", {"id": task_id}), ("ListTasks", {})):
@@ -267,7 +286,53 @@ async def test_agui_follows_the_run_to_its_end(scenario: str) -> None:
             _shows(events[-1], scenario)
         # Not cancelled by its own broken stream (AG-UI's default on_disconnect="cancel").
         (info,) = await served.server.host.list("alice")
-        expected = {"progress": "completed", "guardrail": "failed", "cancel": "cancelled"}
+        expected = {
+            "progress": "completed",
+            "guardrail": "failed",
+            "cancel": "cancelled",
+            "fault": "failed",
+        }
         assert info.status == expected[scenario]
         if scenario == "progress":
             assert info.reason is None
+
+
+async def test_a_handoff_to_an_agent_served_under_a_hostile_name_is_listed_clean() -> None:
+    """The name an agent is served under is server-side text too: a handoff reaches
+    that agent through no face's check, and the run's record names it."""
+    helper = ta.Agent(name="helper", model=ScriptedModel([], default="from the helper"))
+    switching = ScriptedModel([tool_turn(("transfer_to_helper", {}))])
+    front = ta.Agent(name="front", model=switching, handoffs=[helper])
+    with trio.fail_after(60):
+        async with (
+            serving({"front": front, f"helper{LONE}": helper}) as served,
+            client(served.base) as http,
+        ):
+            run_id = await _start(served, http, "front")
+            got = await _sse(http, f"/runs/{run_id}/events")
+            assert got[-1]["event"]["status"] == "completed"
+            for path in (f"/runs/{run_id}", "/runs", "/runs?all=1"):
+                answered = await http.get(path)
+                assert answered.status_code == 200, (path, answered.text)
+                _no_surrogate(answered.json())
+            record = (await http.get(f"/runs/{run_id}")).json()["run"]
+            assert record["agent"] == f"helper{CLEAN}"
+
+
+async def test_a_json_rpc_id_with_a_lone_surrogate_is_refused_not_a_server_error() -> None:
+    """The one string a face must echo as given: A2A's JSON-RPC ``id`` (``"\\ud800"`` is
+    valid JSON). It cannot be encoded in the answer, so the request is refused as
+    invalid, answered with a null id (JSON-RPC 2.0 §5)."""
+    async with _served() as (_, http):
+        for method in ("GetTask", "SendStreamingMessage"):
+            # Raw bytes: the id's escape is what a client sends (JSON allows it).
+            request = {"jsonrpc": "2.0", "id": "r-id", "method": method, "params": {"id": "x"}}
+            body = json.dumps(request).replace("r-id", "r\\ud800")
+            answered = await http.post(
+                "/a2a", content=body.encode(), headers={"content-type": "application/json"}
+            )
+            assert answered.status_code == 200, answered.text
+            got = answered.json()
+            assert got["id"] is None
+            assert got["error"]["code"] == -32600
+            assert "lone surrogate" in got["error"]["message"]

@@ -45,6 +45,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from .._items import UserMessage
+from .._util import clean_text
 from ..hosting import HostedEvent, HostError, Origin, RunHost, StartRequest
 from ._a2a_tasks import STATE_OF, TaskView, stream_event
 from ._a2a_v03 import METHODS as V03_METHODS
@@ -249,6 +250,10 @@ def _valid_id(data: Mapping[str, Any]) -> str | int | None:
     rpc_id = data.get("id")
     if isinstance(rpc_id, bool) or not isinstance(rpc_id, str | int):
         return None
+    if isinstance(rpc_id, str) and clean_text(rpc_id) is not rpc_id:
+        # A lone surrogate ("\ud800" is valid JSON): the answer, which must echo the
+        # id, could not be encoded (a 500). Not repaired: the client would not know it.
+        return None
     return rpc_id
 
 
@@ -379,7 +384,11 @@ class A2AFace:
             raise RpcError(INVALID_REQUEST, 'jsonrpc must be "2.0"')
         rpc_id = _valid_id(data)
         if rpc_id is None:
-            raise RpcError(INVALID_REQUEST, "id must be a string or an integer (no notifications)")
+            raise RpcError(
+                INVALID_REQUEST,
+                "id must be a string (Unicode text, no lone surrogate) or an integer"
+                " (no notifications)",
+            )
         method = data.get("method")
         if not isinstance(method, str):
             raise RpcError(INVALID_REQUEST, "method must be a string")

@@ -274,11 +274,12 @@ class Registry:
     def agent_name(self, run: Run) -> str:
         """The name of ``run``'s current agent: the one it is served under here, else
         the agent's own name (a handoff target or a child's agent not served here)."""
-        # An agent's own name is the user's text as given (Agent(name=...)): cleaned as it
-        # enters the run record, as the events clean it (a lone surrogate in it would
-        # fail every answer listing the run).
+        # Either name is the user's text as given (Agent(name=...), the key it is served
+        # under: a handoff to it goes through no face's check): cleaned as it enters the
+        # run record, as the events clean it (a lone surrogate in it would fail every
+        # answer listing the run).
         served = self._names.get(id(run.agent))
-        return served if served is not None else clean_text(run.agent.name)
+        return clean_text(served if served is not None else run.agent.name)
 
     def info(self, entry: RunEntry) -> RunInfo:
         """What ``run.get`` reports about ``entry``'s run."""
