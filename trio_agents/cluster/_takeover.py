@@ -602,25 +602,7 @@ class Leases:
                 (ids,),
             ).fetchall()
         }
-        injected: dict[str, dict[str, InboxInjected]] = {}
-        delivered: set[tuple[str, str]] = set()
-        items: dict[str, list[tuple[int, dict[str, object]]]] = {}
-        handed_to: dict[str, str] = {}
-        for run_id, data in conn.execute(
-            "SELECT run_id, data FROM trio_agents_events WHERE run_id = ANY(%s) AND type IN"
-            " ('inbox.injected', 'inbox.delivered', 'run.item', 'run.handoff')"
-            " ORDER BY run_id, seq",
-            (ids,),
-        ).fetchall():
-            event = event_from_json(json.loads(data))
-            if isinstance(event, RunHandoff):
-                handed_to[str(run_id)] = event.to_agent  # in seq order: the last one wins
-            elif isinstance(event, InboxInjected):
-                injected.setdefault(str(run_id), {})[event.injection_id] = event
-            elif isinstance(event, InboxDelivered):
-                delivered.add((str(run_id), event.injection_id))
-            elif isinstance(event, RunItemEvent):
-                items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
+        injected, delivered, items, handed_to = _persisted(conn, ids)
         children, child_cancels = _children(conn, ids)
         clients = {str(r[0]): _client(str(r[7])) for r in rows}
         wanted = sorted({node for node in clients.values() if node is not None})
@@ -677,3 +659,36 @@ class Leases:
             end_run_in(conn, run.run_id, run.last_seq + 1, RunStatus.FAILED, reason, if_absent=True)
 
         await cluster._db.call(write)
+
+
+def _persisted(
+    conn: Conn, ids: list[str]
+) -> tuple[
+    dict[str, dict[str, InboxInjected]],
+    set[tuple[str, str]],
+    dict[str, list[tuple[int, dict[str, object]]]],
+    dict[str, str],
+]:
+    """What the claimed runs' persisted events say, in one query: their injections (by
+    run, then injection id), the deliveries, their items (seq, JSON), and the agent each
+    last handed off to."""
+    injected: dict[str, dict[str, InboxInjected]] = {}
+    delivered: set[tuple[str, str]] = set()
+    items: dict[str, list[tuple[int, dict[str, object]]]] = {}
+    handed_to: dict[str, str] = {}
+    for run_id, data in conn.execute(
+        "SELECT run_id, data FROM trio_agents_events WHERE run_id = ANY(%s) AND type IN"
+        " ('inbox.injected', 'inbox.delivered', 'run.item', 'run.handoff')"
+        " ORDER BY run_id, seq",
+        (ids,),
+    ).fetchall():
+        event = event_from_json(json.loads(data))
+        if isinstance(event, RunHandoff):
+            handed_to[str(run_id)] = event.to_agent  # in seq order: the last one wins
+        elif isinstance(event, InboxInjected):
+            injected.setdefault(str(run_id), {})[event.injection_id] = event
+        elif isinstance(event, InboxDelivered):
+            delivered.add((str(run_id), event.injection_id))
+        elif isinstance(event, RunItemEvent):
+            items.setdefault(str(run_id), []).append((event.seq, event.item.to_json()))
+    return injected, delivered, items, handed_to
