@@ -10,6 +10,7 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     ├── SessionStorageError       a session database could not be opened, read or written
     ├── UnknownCallError          approve()/reject(): no such pending call (also a LookupError)
     ├── ModelError                a model provider failed (HTTP status, protocol error, ...)
+    │   └── FallbackError         every model of a FallbackModel failed (.failures)
     ├── ModelSpecError            a model string's base URL is ambiguous (also a ValueError)
     ├── ToolArgumentsError        a call's arguments do not fit the tool (also a ValueError)
     ├── MCPToolError              an MCP tool call gave no result (error, protocol, lost link)
@@ -24,8 +25,8 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     └── ControlError              the control server answered with an error (.code)
         └── ControlConnectionError  the control connection was refused or lost
 
-Where each lives: the core's in ``trio_agents``; :class:`ModelSpecError` in
-``trio_agents.models``; :class:`MCPToolError` in ``trio_agents.mcp``;
+Where each lives: the core's in ``trio_agents``; :class:`ModelSpecError` and
+:class:`FallbackError` in ``trio_agents.models``; :class:`MCPToolError` in ``trio_agents.mcp``;
 :class:`HostError` in ``trio_agents.hosting``; :class:`ClusterDown` and
 :class:`ClusterSchemaError` in ``trio_agents.cluster``; the two control errors in
 ``trio_agents.control``. ``tests/core/test_error_tree.py`` keeps this drawing complete.

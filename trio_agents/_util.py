@@ -134,18 +134,30 @@ def clean_value(value: Any) -> Any:
     where it enters, as items are: one lone surrogate in a published event would make
     every face that encodes it as UTF-8 (an SSE stream, a JSON answer) fail on it, for
     as long as the run is retained.
+
+    A value nested too deeply to walk (``RecursionError``) is given back as it is: no
+    JSON encoder can encode it either, so it meets the same refusal wherever it would
+    be encoded (a cluster stores such an event as "could not be stored" and fails only
+    its run), rather than a ``RecursionError`` out of the user's ``ctx.progress``.
     """
+    try:
+        return _clean_value(value)
+    except RecursionError:
+        return value
+
+
+def _clean_value(value: Any) -> Any:
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, Mapping):
         return {
-            clean_text(key) if isinstance(key, str) else key: clean_value(item)
+            clean_text(key) if isinstance(key, str) else key: _clean_value(item)
             for key, item in value.items()
         }
     if isinstance(value, list):
-        return [clean_value(item) for item in value]
+        return [_clean_value(item) for item in value]
     if isinstance(value, tuple):
-        return tuple(clean_value(item) for item in value)
+        return tuple(_clean_value(item) for item in value)
     return value
 
 

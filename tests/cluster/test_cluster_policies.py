@@ -66,7 +66,10 @@ async def test_a_takeover_resumes_with_the_same_limits_and_a_fresh_context(pg_ds
     assert event["status"] == "failed", done
     assert event["reason"].startswith("usage limit: tool_calls ")
     assert event["detail"]["limits"]["tool_calls"]["limit"] == 1
-    assert started[:2] == ["f1@A", "f1@B"]  # the resumed attempt had B's context
+    # The budget spent on A stays spent (DESIGN §12, issue 36 item 14): the idempotent
+    # f1, run again on B, would be a second tool call of one allowed, so B never starts
+    # it; that the resumed attempt had B's context shows in `contexts` below.
+    assert started == ["f1@A"]
     [(first, principal, info), (second, _, resumed)] = contexts
     assert (first, principal, info.resumed, info.run_id) == ("A", "alice", False, run_id)
     assert (second, resumed.resumed, resumed.run_id, resumed.input) == ("B", True, run_id, ())
