@@ -154,13 +154,9 @@ class _Block:
     json_parts: list[str] = attrs.field(factory=list)
 
 
-def _input_tokens(usage: Mapping[str, Any]) -> int | None:
-    """Input tokens, counting cache reads and writes (all of it was model input)."""
-    keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    values = [usage.get(key) for key in keys]
-    if all(not isinstance(v, int) for v in values):
-        return None
-    return sum(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+def _count(usage: Mapping[str, Any], key: str) -> int | None:
+    value = usage.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @final
@@ -176,7 +172,11 @@ class _MessagesStreamParser:
         self._call_ids = call_ids
         self._blocks: dict[int, _Block] = {}
         self._usage_seen = False
+        # Anthropic's input_tokens counts only the uncached input: ours counts every
+        # input token (DESIGN §21), so the three are kept apart and summed at the end.
         self._input_tokens = 0
+        self._cache_read: int | None = None
+        self._cache_write: int | None = None
         self._output_tokens = 0
         self._stop_reason: str | None = None
         self._done = False
@@ -216,7 +216,15 @@ class _MessagesStreamParser:
             reason = self._stop_reason or "end_turn"
             out: list[ModelEvent] = []
             if self._usage_seen:  # a proxy that reports none: unknown, not zero
-                out.append(Usage(self._input_tokens, self._output_tokens))
+                read, write = self._cache_read, self._cache_write
+                out.append(
+                    Usage(
+                        self._input_tokens + (read or 0) + (write or 0),
+                        self._output_tokens,
+                        cache_read_tokens=read,
+                        cache_write_tokens=write,
+                    )
+                )
             out.append(Finish(STOP_REASONS.get(reason, reason)))
             return out
         if kind == "error":
@@ -226,9 +234,19 @@ class _MessagesStreamParser:
         return []  # "ping" and event types added later
 
     def _set_usage(self, usage: Mapping[str, Any]) -> None:
-        input_tokens = _input_tokens(usage)
+        # message_start carries the input figures; a later message_delta may repeat
+        # them (cumulative), so each figure it does carry replaces the earlier one.
+        input_tokens = _count(usage, "input_tokens")
         if input_tokens is not None:
             self._input_tokens = input_tokens
+            self._usage_seen = True
+        read = _count(usage, "cache_read_input_tokens")
+        if read is not None:
+            self._cache_read = read
+            self._usage_seen = True
+        write = _count(usage, "cache_creation_input_tokens")
+        if write is not None:
+            self._cache_write = write
             self._usage_seen = True
         output = usage.get("output_tokens")
         if isinstance(output, int) and not isinstance(output, bool):
@@ -321,6 +339,7 @@ class AnthropicModel(HTTPStreamingModel):
     _api_key_env = "ANTHROPIC_API_KEY"
     _base_url_env = "ANTHROPIC_BASE_URL"
     _default_base_url = DEFAULT_BASE_URL
+    _prices_provider = "anthropic"
 
     def _configure(self, settings: dict[str, Any]) -> None:
         # max_tokens first in the body, right after the model, as the API's examples have it

@@ -36,12 +36,14 @@ from .._model import ModelEvent, ModelRequest
 from ._call_ids import CallIds
 from ._clients import ClientOwnership, make_timeout
 from ._model_stream import HTTPRequestSpec, ModelStream, StreamParser
+from ._prices import Prices, make_pricer
 from ._ratelimit import RateLimit
 from ._retry import RetryPolicy
 
 __all__ = [
     "HTTPStreamingModel",
     "bearer_headers",
+    "cached_tokens",
     "check_count",
     "check_model_name",
     "reason_map",
@@ -53,6 +55,15 @@ def bearer_headers(api_key: str | None) -> dict[str, str]:
     """``Authorization: Bearer <key>`` (OpenAI's scheme), or no header without a key
     (fine for local servers)."""
     return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def cached_tokens(usage: Mapping[str, Any], details: str) -> int | None:
+    """OpenAI's ``usage[details].cached_tokens`` (Chat: ``prompt_tokens_details``,
+    Responses: ``input_tokens_details``): how many input tokens were read from the
+    prompt cache; ``None`` when the server does not say."""
+    found = usage.get(details)
+    value = found.get("cached_tokens") if isinstance(found, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def check_count(name: str, value: object, minimum: int) -> int:
@@ -128,6 +139,13 @@ class HTTPStreamingModel(abc.ABC):
             model (each attempt, retries included) waits for; shared by every run using
             the model, and by other models given the same object. A 429 with
             ``Retry-After`` pauses every request sharing it.
+        prices: whose prices give each request's ``Usage.cost`` (USD): ``None``
+            (default) the provider's, from the ``genai-prices`` package, and only at
+            the provider's own default API root (any other base URL gives
+            ``cost=None``); a genai-prices provider id (``"openai"``, ...) whose prices
+            apply whatever the base URL; ``True``: the provider's own, whatever the base
+            URL; a :class:`~trio_agents.models.TokenPrices` of your own; ``False``:
+            never priced. Pricing never touches the network.
         **settings: request body fields (``temperature``, ...), which
             ``request.settings`` override; and the provider's own keywords, which its
             class documents.
@@ -145,6 +163,8 @@ class HTTPStreamingModel(abc.ABC):
     """The environment variable the API root is read from when no ``base_url`` was given."""
     _default_base_url: str = ""
     """The API root used when neither ``base_url`` nor :attr:`_base_url_env` gives one."""
+    _prices_provider: str = ""
+    """genai-prices' id of the provider whose prices apply at :attr:`_default_base_url`."""
 
     def __init__(
         self,
@@ -158,6 +178,7 @@ class HTTPStreamingModel(abc.ABC):
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 20.0,
         rate_limit: RateLimit | None = None,
+        prices: Prices = None,
         **settings: Any,
     ) -> None:
         check_model_name(model)
@@ -187,6 +208,14 @@ class HTTPStreamingModel(abc.ABC):
         # Only an explicit key is kept: _api_key_env is read at each call.
         self._api_key = api_key
         self._settings = body
+        # Priced only at the provider's own API root unless the user says whose
+        # prices apply (a local server or a proxy is never guessed at).
+        self._pricer = make_pricer(
+            prices,
+            provider_id=self._prices_provider,
+            model=model,
+            default_url=self._base_url == self._api_root(self._default_base_url.rstrip("/")),
+        )
 
     def _configure(self, settings: dict[str, Any]) -> None:
         """Take the provider's own keywords out of ``settings`` (checked), and check the
@@ -269,6 +298,7 @@ class HTTPStreamingModel(abc.ABC):
             timeout=self._timeout,
             retry=self._retry,
             rate_limit=self._rate_limit,
+            price=self._pricer,
         )
 
     @abc.abstractmethod
