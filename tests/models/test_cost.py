@@ -14,8 +14,10 @@ import trio
 
 import trio_agents as ta
 from tests.support import chat_wire
+from tests.support.core_runs import assert_failed_with
+from tests.support.core_trees import root_calling
 from tests.support.provider_wires import WIRES, RoutedTransport
-from tests.support.sse_server import SSEServer
+from tests.support.sse_server import SSE, Reply, SSEServer
 from trio_agents.models import (
     AnthropicModel,
     FallbackModel,
@@ -200,3 +202,64 @@ async def test_an_invalid_cost_or_cache_figure_fails_the_run(usage: ta.Usage) ->
     assert result.status == "failed"
     assert result.reason is not None
     assert "invalid usage" in result.reason
+
+
+async def test_a_cost_limit_passed_in_a_child_fails_the_root_and_stops_the_siblings(
+    nursery: trio.Nursery,
+) -> None:
+    spender_server, waiter_server = SSEServer(), SSEServer()
+    for one in (spender_server, waiter_server):
+        await nursery.start(one.serve)
+
+    @ta.function_tool
+    async def wait_for_the_sibling() -> str:
+        """Returns once the sibling's request is streaming."""
+        await waiter_server.wait_for_requests(1)
+        return "it streams"
+
+    # 1 USD / 2 USD per million: (20 in, 5 out) is 30 millionths, (9, 1) 11 more.
+    prices = TokenPrices(input_mtok=1, output_mtok=2)
+    spender_server.add(
+        chat_wire.tool_reply(("w1", "wait_for_the_sibling", "{}")),
+        chat_wire.text_reply("spent"),
+    )
+    spender = ta.Agent(
+        name="spender",
+        model=OpenAIChatModel("m", base_url=f"{spender_server.base_url}/v1", prices=prices),
+        tools=[wait_for_the_sibling],
+    )
+    waiter_server.add(Reply(events=[SSE(chat_wire.chunk("partial"))], end="hold"))
+    waiter = ta.Agent(
+        name="waiter", model=OpenAIChatModel("m", base_url=f"{waiter_server.base_url}/v1")
+    )
+    root = root_calling(spender, waiter)
+    limits = ta.UsageLimits(cost=Decimal("0.00004"))
+    with trio.fail_after(20):
+        async with ta.open_run(root, "go", limits=limits) as run:
+            tree = [e async for e in run.events(tree=True)]
+        await waiter_server.connections[0].closed.wait()  # the sibling's stream was cut
+    reason = "usage limit: cost 0.000041/0.00004"
+    _, error = assert_failed_with(run, reason, ta.UsageLimitExceeded)
+    assert (error.name, error.used, error.limit) == ("cost", Decimal("0.000041"), limits.cost)
+    for child in run.children:
+        assert child.result is not None
+        assert child.result.status == "cancelled"
+        terminal = [e for e in tree if e.run_id == child.id and isinstance(e, ta.RunUpdated)][-1]
+        assert terminal.detail["by"] == run.id
+        assert terminal.detail["reason"] == reason
+
+
+async def test_an_unpriced_model_spends_nothing_of_a_cost_limit(server: SSEServer) -> None:
+    server.add(WIRES["chat"].cached())
+    agent = ta.Agent(name="a", model=OpenAIChatModel("m", base_url=f"{server.base_url}/v1"))
+    result = await ta.run(agent, "hi", limits=ta.UsageLimits(cost=0))
+    assert result.status == "completed"
+
+
+def test_cost_limit_validation() -> None:
+    assert ta.UsageLimits(cost=0.1).cost == Decimal("0.1")  # exactly, not the float
+    assert ta.UsageLimits(cost="2.50").cost == Decimal("2.50")
+    with pytest.raises(ValueError, match="cost must be a finite number"):
+        ta.UsageLimits(cost=-1)
+    with pytest.raises(TypeError, match="cost must be"):
+        ta.UsageLimits(cost=True)
