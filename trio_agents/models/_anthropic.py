@@ -17,14 +17,21 @@ from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from .._model import Finish, TextDelta, ToolCallDone, ToolSpec, Usage
 from ._call_ids import CallIds
 from ._error_bodies import stream_error
-from ._http import HTTPStreamingModel, check_count, reason_map
+from ._http import HTTPStreamingModel, check_count, reason_map, take_cache
 from ._model_stream import HTTPRequestSpec
 from ._sse import SSEEvent, parse_json_event
 
 if TYPE_CHECKING:
     from .._model import ModelEvent, ModelRequest
 
-__all__ = ["AnthropicModel", "anthropic_messages", "anthropic_tools", "normalize_base_url"]
+__all__ = [
+    "MAX_CACHE_BREAKPOINTS",
+    "AnthropicModel",
+    "anthropic_messages",
+    "anthropic_tools",
+    "normalize_base_url",
+    "place_cache_breakpoints",
+]
 
 DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
 API_VERSION: Final = "2023-06-01"
@@ -143,6 +150,44 @@ def anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
         }
         for spec in tools
     ]
+
+
+_EPHEMERAL: Final = {"type": "ephemeral"}
+MAX_CACHE_BREAKPOINTS: Final = 4
+"""The most ``cache_control`` breakpoints the Messages API accepts in one request."""
+
+
+def place_cache_breakpoints(body: dict[str, Any]) -> None:
+    """Mark ``body``'s prompt-cache breakpoints (``model_settings={"cache": True}``):
+    the last tool definition, the instructions (``system``) and the last block of the
+    last user message — the prefix in the API's order (tools, system, messages), each
+    breakpoint caching all before it. They sit at the same places every turn, so a
+    turn reads what the turn before wrote. Never more than the API's four, counting
+    any ``cache_control`` the body already has (a caller's own ``system`` blocks)."""
+
+    def count(blocks: object) -> int:
+        if not isinstance(blocks, list):
+            return 0
+        return sum(1 for b in blocks if isinstance(b, dict) and "cache_control" in b)
+
+    messages = body.get("messages") or []
+    used = count(body.get("tools")) + count(body.get("system"))
+    used += sum(count(m.get("content")) for m in messages if isinstance(m, dict))
+    places: list[tuple[list[Any], int]] = []
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools:
+        places.append((tools, len(tools) - 1))
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        body["system"] = [{"type": "text", "text": system}]
+        places.append((body["system"], 0))
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    content = users[-1].get("content") if users else None
+    if isinstance(content, list) and content:
+        places.append((content, len(content) - 1))
+    for blocks, index in places[: max(MAX_CACHE_BREAKPOINTS - used, 0)]:
+        if isinstance(blocks[index], dict) and "cache_control" not in blocks[index]:
+            blocks[index] = {**blocks[index], "cache_control": dict(_EPHEMERAL)}
 
 
 @attrs.define
@@ -354,11 +399,14 @@ class AnthropicModel(HTTPStreamingModel):
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
         body: dict[str, Any] = {"model": self._model, **self._settings, **request.settings}
+        cache = take_cache(body)
         if request.instructions:
             body["system"] = request.instructions
         body["messages"] = anthropic_messages(request.items)
         if request.tools:
             body["tools"] = anthropic_tools(request.tools)
+        if cache:
+            place_cache_breakpoints(body)
         body["stream"] = True
         return body
 

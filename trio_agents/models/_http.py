@@ -22,6 +22,8 @@ events (a :class:`~._model_stream.StreamParser`). What they share is one module 
 from __future__ import annotations
 
 import abc
+import hashlib
+import json
 import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -46,7 +48,9 @@ __all__ = [
     "cached_tokens",
     "check_count",
     "check_model_name",
+    "prompt_cache_key",
     "reason_map",
+    "take_cache",
     "take_native_output",
 ]
 
@@ -64,6 +68,43 @@ def cached_tokens(usage: Mapping[str, Any], details: str) -> int | None:
     found = usage.get(details)
     value = found.get("cached_tokens") if isinstance(found, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def take_cache(settings: dict[str, Any]) -> bool | str:
+    """The ``cache`` setting (DESIGN §21: prompt caching), taken out of the body
+    ``settings`` (it is ours, never a body field) and checked: ``False`` (absent),
+    ``True``, or a non-empty str (OpenAI's ``prompt_cache_key``).
+
+    Raises:
+        TypeError: it is none of those.
+    """
+    cache = settings.pop("cache", False)
+    if cache is None:
+        return False
+    if isinstance(cache, bool) or (isinstance(cache, str) and cache):
+        return cache
+    raise TypeError(f"the cache setting must be a bool or a non-empty str, not {cache!r}")
+
+
+def prompt_cache_key(cache: bool | str, model: str, request: ModelRequest) -> str | None:
+    """OpenAI's ``prompt_cache_key`` for ``cache``: the given str, or for ``True`` one
+    derived from what stays the same across an agent's turns (the model, the
+    instructions, the tools), so every request of an agent shares it and requests of
+    other agents do not; ``None`` without caching."""
+    if not cache:
+        return None
+    if isinstance(cache, str):
+        return cache
+    stable = json.dumps(
+        [
+            model,
+            request.instructions,
+            [[t.name, t.description, t.parameters] for t in request.tools],
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    return "trio-agents-" + hashlib.sha256(stable.encode()).hexdigest()[:32]
 
 
 def check_count(name: str, value: object, minimum: int) -> int:
@@ -183,6 +224,7 @@ class HTTPStreamingModel(abc.ABC):
     ) -> None:
         check_model_name(model)
         body = dict(settings)
+        take_cache(dict(body))  # checked now; taken out of each request's body
         self._configure(body)
         if client is not None and not isinstance(client, httpx.AsyncClient):
             raise TypeError(f"client must be an httpx.AsyncClient, not {type(client).__name__}")

@@ -23,7 +23,9 @@ from ._http import (
     HTTPStreamingModel,
     bearer_headers,
     cached_tokens,
+    prompt_cache_key,
     reason_map,
+    take_cache,
     take_native_output,
 )
 from ._model_stream import HTTPRequestSpec
@@ -330,7 +332,10 @@ class OpenAIChatModel(HTTPStreamingModel):
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
         settings = {**self._settings, **request.settings}
         stream_options = settings.pop("stream_options", {})
+        key = prompt_cache_key(take_cache(settings), self._model, request)
         body: dict[str, Any] = {"model": self._model, **settings}
+        if key is not None:
+            body.setdefault("prompt_cache_key", key)  # an explicit one wins
         body["messages"] = chat_messages(request.instructions, request.items)
         if request.tools:
             body["tools"] = chat_tools(request.tools)

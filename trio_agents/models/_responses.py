@@ -42,6 +42,8 @@ from ._http import (
     bearer_headers,
     cached_tokens,
     check_count,
+    prompt_cache_key,
+    take_cache,
     take_native_output,
 )
 from ._model_stream import HTTPRequestSpec
@@ -417,6 +419,9 @@ class OpenAIResponsesModel(HTTPStreamingModel):
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
         settings = {**self._settings, **request.settings}
+        key = prompt_cache_key(take_cache(settings), self._model, request)
+        if key is not None:
+            settings.setdefault("prompt_cache_key", key)  # an explicit one wins
         stored = settings.get("store", True) is not False
         if not stored:
             # Without storage, reasoning can only be sent back in its encrypted form.
