@@ -263,3 +263,20 @@ def test_cost_limit_validation() -> None:
         ta.UsageLimits(cost=-1)
     with pytest.raises(TypeError, match="cost must be"):
         ta.UsageLimits(cost=True)
+
+
+async def test_a_fault_in_the_price_data_never_fails_the_run(
+    server: SSEServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_args: object, **_kwargs: object) -> object:
+        raise RuntimeError("corrupt price data")
+
+    server.add(WIRES["chat"].cached())
+    monkeypatch.setattr(genai_prices, "calc_price", broken)
+    async with httpx.AsyncClient(transport=RoutedTransport(server)) as client:
+        agent = ta.Agent(name="a", model=OpenAIChatModel("gpt-4o", client=client))
+        with trio.fail_after(10):
+            result = await ta.run(agent, "hi")
+    assert result.status == "completed"
+    assert result.usage == WIRES["chat"].cached_usage  # cost None: unknown
+    assert "genai-prices failed to price 'gpt-4o'" in caplog.text

@@ -22,6 +22,7 @@ first request of a run does not stall the event loop on it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Final, TypeAlias, final
@@ -33,6 +34,7 @@ from .._model import Usage
 __all__ = ["Pricer", "Prices", "TokenPrices", "make_pricer"]
 
 _MILLION: Final = Decimal(1_000_000)
+logger = logging.getLogger("trio_agents.models")
 
 
 def _to_decimal(value: object) -> Decimal:
@@ -132,9 +134,17 @@ def _genai_pricer(module: Any, provider_id: str, model: str) -> Pricer | None:
             counts["cache_write_tokens"] = usage.cache_write_tokens
         try:
             found = calc_price(usage_type(**counts), model, provider_id=provider_id)
+            cost = Decimal(found.total_price)
         except (LookupError, ValueError):
             return usage  # e.g. a model whose price ended: unknown, never a guess
-        return attrs.evolve(usage, cost=Decimal(found.total_price))
+        except Exception:
+            # A price is a figure beside the answer: a fault in the price data must
+            # never fail the run that was answered. Unknown, and said once in the log.
+            logger.warning(
+                "genai-prices failed to price %r at %r", model, provider_id, exc_info=True
+            )
+            return usage
+        return attrs.evolve(usage, cost=cost)
 
     return price
 
