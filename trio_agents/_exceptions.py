@@ -47,6 +47,8 @@ from typing import TYPE_CHECKING
 from ._util import clean_text
 
 if TYPE_CHECKING:
+    from decimal import Decimal
+
     from ._result import RunResult
 
 __all__ = [
@@ -206,14 +208,17 @@ class UsageLimitExceeded(TrioAgentsError):
 
     Attributes:
         name: the limit (``"requests"``, ``"tool_calls"``, ``"input_tokens"``,
-            ``"output_tokens"``, ``"total_tokens"`` or ``"deadline"``).
+            ``"output_tokens"``, ``"total_tokens"``, ``"cost"`` or ``"deadline"``).
         used: what was used, counting the step that crossed the limit (an estimate from
-            the streamed text while a response streams without usage).
+            the streamed text while a response streams without usage); for ``"cost"``
+            a :class:`~decimal.Decimal` of USD, as is ``limit``.
         limit: the limit.
         run_id: the id of the run whose limit it was.
     """
 
-    def __init__(self, name: str, used: float, limit: float, run_id: str) -> None:
+    def __init__(
+        self, name: str, used: float | Decimal, limit: float | Decimal, run_id: str
+    ) -> None:
         message = "timeout" if name == "deadline" else f"usage limit: {name} {used:g}/{limit:g}"
         super().__init__(message)
         self.name = name

@@ -14,6 +14,11 @@ What is counted, and when:
   from the streamed text (about four characters per token) until the provider reports
   usage, which then replaces the estimate; ``input_tokens`` when usage is reported. A
   response that passes a limit is cut at once.
+- ``cost`` (USD): when a response's usage is reported, with the cost its model priced
+  (``Usage.cost``; a response whose model knows no price adds nothing). There is no
+  check before a request: what a request will cost is only known once the provider
+  reports its usage, so the request that passes the budget is the last one (its
+  response is cut when its usage arrives, and nothing more is sent).
 - ``deadline``: seconds from the run's start; the run's cancel scope has it as its
   deadline, so it reaches every await of the subtree (reason ``"timeout"``).
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from decimal import ROUND_CEILING, Decimal
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
@@ -48,6 +54,7 @@ __all__ = [
     "UsageLimits",
     "charge_all",
     "estimate_tokens",
+    "to_cost",
 ]
 
 WRAP_UP_MESSAGE: Final = (
@@ -76,6 +83,25 @@ def _check_seconds(_instance: object, attribute: attrs.Attribute[Any], value: ob
         raise ValueError(f"{attribute.name} must be a finite number of seconds > 0, got {value!r}")
 
 
+def to_cost(value: object) -> Decimal | None:
+    """A cost limit as an exact Decimal (a float through its shortest repr: ``0.1`` is
+    0.1 USD, not its binary neighbour)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Decimal | int | float | str):
+        raise TypeError(f"cost must be a Decimal, int, float or None, not {type(value).__name__}")
+    cost = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    if not cost.is_finite() or cost < 0:
+        raise ValueError(f"cost must be a finite number of USD >= 0, got {value!r}")
+    return cost
+
+
+# A cost crosses a takeover (Resume.spent holds ints) in billionths of a USD, rounded
+# up: a restored budget never has less spent than the earlier attempts did.
+_COST_SPENT: Final = "cost_nano_usd"
+_NANO: Final = Decimal(1_000_000_000)
+
+
 def _check_wrap_up(instance: UsageLimits, _attribute: object, value: float | None) -> None:
     if value is None:
         return
@@ -97,6 +123,10 @@ class UsageLimits:
         output_tokens: output tokens (estimated from the streamed text while a response
             streams without usage).
         total_tokens: input plus output tokens.
+        cost: USD (a :class:`~decimal.Decimal`; an int, float or decimal string is
+            converted exactly), the sum of the ``Usage.cost`` of every response, as
+            each response's usage is reported (a model that knows no price adds
+            nothing; docs/models.md, "Cost").
         deadline: seconds from the run's start; the run then ends ``failed`` /
             ``"timeout"``.
         wrap_up: seconds before ``deadline`` at which a ``when="now"`` injection asks
@@ -108,6 +138,7 @@ class UsageLimits:
     input_tokens: int | None = attrs.field(default=None, validator=_check_count)
     output_tokens: int | None = attrs.field(default=None, validator=_check_count)
     total_tokens: int | None = attrs.field(default=None, validator=_check_count)
+    cost: Decimal | None = attrs.field(default=None, converter=to_cost)
     deadline: float | None = attrs.field(default=None, validator=_check_seconds)
     wrap_up: float | None = attrs.field(default=None, validator=[_check_seconds, _check_wrap_up])
 
@@ -116,12 +147,13 @@ class UsageLimits:
 class Budget:
     """What one run with limits (and its subtree) has used so far."""
 
-    __slots__ = ("_estimate", "limits", "owner", "used")
+    __slots__ = ("_estimate", "cost", "limits", "owner", "used")
 
     def __init__(self, limits: UsageLimits, owner: Run) -> None:
         self.limits = limits
         self.owner = owner
         self.used: dict[str, int] = dict.fromkeys(_COUNTS, 0)
+        self.cost = Decimal(0)  # USD, exact: the sum of the reported Usage.cost
         # Output tokens estimated for responses still streaming without usage.
         self._estimate = 0
 
@@ -131,12 +163,15 @@ class Budget:
         spent = dict(self.used)
         spent["output_tokens"] += self._estimate
         spent["total_tokens"] += self._estimate
+        if self.cost:
+            spent[_COST_SPENT] = int((self.cost * _NANO).to_integral_value(ROUND_CEILING))
         return spent
 
     def restore(self, spent: Mapping[str, int]) -> None:
         """Start from what earlier attempts of the run spent (a resumed run)."""
         for name in _COUNTS:
             self.used[name] = max(self.used[name], int(spent.get(name, 0)))
+        self.cost = max(self.cost, Decimal(int(spent.get(_COST_SPENT, 0))) / _NANO)
 
     def report(self) -> Mapping[str, Mapping[str, float]]:
         """``{name: {"used": n, "limit": m}}`` for every limit set (for a budget bar)."""
@@ -148,9 +183,11 @@ class Budget:
                 if name in ("output_tokens", "total_tokens"):
                     used += self._estimate
                 found[name] = {"used": used, "limit": limit}
+        if self.limits.cost is not None:
+            found["cost"] = {"used": float(self.cost), "limit": float(self.limits.cost)}
         return found
 
-    def _over(self, name: str, used: int) -> UsageLimitExceeded | None:
+    def _over(self, name: str, used: int | Decimal) -> UsageLimitExceeded | None:
         limit = getattr(self.limits, name)
         if limit is not None and used > limit:
             return UsageLimitExceeded(name, used, limit, self.owner.id)
@@ -179,10 +216,13 @@ class Budget:
         used["input_tokens"] += usage.input_tokens
         used["output_tokens"] += usage.output_tokens
         used["total_tokens"] += usage.input_tokens + usage.output_tokens
+        if usage.cost is not None:
+            self.cost += usage.cost
         return (
             self._over("input_tokens", used["input_tokens"])
             or self._over("output_tokens", used["output_tokens"])
             or self._over("total_tokens", used["total_tokens"])
+            or self._over("cost", self.cost)
         )
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from decimal import Decimal
+from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import attrs
 
@@ -113,22 +114,38 @@ class ToolCallDone:
 
 @attrs.frozen
 class Usage:
-    """Token usage; also the run-level sum in ``RunResult.usage``.
+    """Token usage and cost of a model request; also the run-level sum in
+    ``RunResult.usage``.
+
+    ``input_tokens`` counts every input token, cached or not (OpenAI's convention; for
+    Anthropic it is ``input_tokens + cache_read_input_tokens +
+    cache_creation_input_tokens``); ``cache_read_tokens`` / ``cache_write_tokens`` say
+    how many of them were read from or written to the provider's prompt cache
+    (``None``: the provider did not say). ``cost`` is the request's price in USD as a
+    :class:`~decimal.Decimal` (``None``: no price is known; see docs/models.md, "Cost").
 
     ``model`` names the model that served the request when something recorded it
     (:class:`~trio_agents.models.FallbackModel` does); a sum keeps it only when every
-    part names the same model, else it is ``None``.
+    part names the same model, else it is ``None``. A sum adds exactly: its cost is the
+    sum of the known costs (``None`` only when no part was priced), and likewise for
+    the cache figures.
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     model: str | None = None
+    cache_read_tokens: int | None = attrs.field(default=None, kw_only=True)
+    cache_write_tokens: int | None = attrs.field(default=None, kw_only=True)
+    cost: Decimal | None = attrs.field(default=None, kw_only=True)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
             self.model if self.model == other.model else None,
+            cache_read_tokens=_add_known(self.cache_read_tokens, other.cache_read_tokens),
+            cache_write_tokens=_add_known(self.cache_write_tokens, other.cache_write_tokens),
+            cost=_add_known(self.cost, other.cost),
         )
 
     @property
@@ -137,14 +154,34 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def to_json(self) -> dict[str, int | str]:
-        """Return the usage as a JSON-compatible dict (``model`` only when known)."""
+        """Return the usage as a JSON-compatible dict: the token counts, and ``model``,
+        the cache figures and ``cost`` (a decimal string, so it stays exact) only when
+        known."""
         data: dict[str, int | str] = {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
         }
         if self.model is not None:
             data["model"] = self.model
+        if self.cache_read_tokens is not None:
+            data["cache_read_tokens"] = self.cache_read_tokens
+        if self.cache_write_tokens is not None:
+            data["cache_write_tokens"] = self.cache_write_tokens
+        if self.cost is not None:
+            data["cost"] = str(self.cost)
         return data
+
+
+_Known = TypeVar("_Known", int, Decimal)
+
+
+def _add_known(a: _Known | None, b: _Known | None) -> _Known | None:
+    """The sum of what is known (``None`` only when neither is)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
 
 
 @attrs.frozen

@@ -32,7 +32,9 @@ class RunResult:
         new_items: the items this run added to the conversation (input included).
         conversation: history + new items: valid model input, whatever the status.
         usage: token usage summed over the model calls that reported it; None when no
-            model call reported any (a server that sends no usage is not a zero).
+            model call reported any (a server that sends no usage is not a zero). Its
+            ``cost`` (USD) is the exact sum of the priced calls' costs, None when none
+            was priced.
         turns: the number of model calls started.
         unconsumed: injected items that no turn consumed, in injection order.
         error: the exception behind a failure, if there was one.

@@ -130,8 +130,9 @@ class Resume:
             of them has raises ``ValueError``). None: the agent it is given.
         spent: what the earlier attempts spent against the run's ``limits`` (name ->
             count: ``requests``, ``tool_calls``, ``input_tokens``, ``output_tokens``,
-            ``total_tokens``): the resumed run's budget starts from it, so a limit
-            passed before the takeover stays passed.
+            ``total_tokens``, and ``cost_nano_usd``: the cost in billionths of a USD,
+            rounded up): the resumed run's budget starts from it, so a limit passed
+            before the takeover stays passed.
         elapsed: seconds since the run's original start: its ``limits.deadline``
             counts from then, not from this attempt's start.
         children: the child runs the earlier attempts started in the tree, by

@@ -29,6 +29,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, TypeAlias, final
 
 import attrs
@@ -606,6 +607,11 @@ async def _end_model_span(state: RunState, turn: int, outcome: str) -> None:
         await call_hook("on_model_end", state.hooks.on_model_end(state.handle, turn, outcome))
 
 
+def _valid_cost(cost: object) -> bool:
+    """A cost is a finite, non-negative :class:`~decimal.Decimal` (exact sums)."""
+    return isinstance(cost, Decimal) and cost.is_finite() and cost >= 0
+
+
 def _accept(
     state: RunState, event: object, calls: list[ToolCall], joiner: TextJoiner
 ) -> str | None:
@@ -629,7 +635,12 @@ def _accept(
     elif kind is Usage:
         assert isinstance(event, Usage)
         counts = (event.input_tokens, event.output_tokens)
-        if any(type(n) is not int or n < 0 for n in counts):
+        cached = (event.cache_read_tokens, event.cache_write_tokens)
+        if (
+            any(type(n) is not int or n < 0 for n in counts)
+            or any(n is not None and (type(n) is not int or n < 0) for n in cached)
+            or (event.cost is not None and not _valid_cost(event.cost))
+        ):
             raise ModelError(f"model yielded an invalid usage: {event!r}")
         state.usage = event if state.usage is None else state.usage + event
     elif kind is Finish:

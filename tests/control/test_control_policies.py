@@ -5,6 +5,7 @@ websockets: ``run.start``'s ``limits`` within the server's maximum, the server's
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any
 
 import attrs
@@ -69,11 +70,36 @@ async def test_the_servers_maximum_refuses_more_and_is_the_default() -> None:
             assert (terminal.status, terminal.reason) == ("failed", "usage limit: requests 2/1")
 
 
+async def test_a_cost_limit_travels_exactly_and_within_the_servers_maximum() -> None:
+    # Each request costs 0.1 USD (as the script says): the third passes 0.25.
+    priced = Turn(tool_calls=[("ping", {})], usage=ta.Usage(1, 1, cost=Decimal("0.1")))
+    model = ScriptedModel([priced] * 3 + ["done"])
+    maximum = ta.UsageLimits(cost="1")
+    with trio.fail_after(20):
+        async with (
+            serving({"a": looping_agent(model)}, limits=Limits(max_run_limits=maximum)) as (
+                _,
+                url,
+            ),
+            connect(url, token="tok-alice") as client,
+        ):
+            with pytest.raises(ControlError) as refused:
+                await client.start("a", "go", limits=ta.UsageLimits(cost="1.5"))
+            assert "limits.cost 1.5 is above the server's maximum 1" in str(refused.value)
+            run = await client.start("a", "go", limits=ta.UsageLimits(cost=Decimal("0.25")))
+            terminal = await run.wait()
+    assert (terminal.status, terminal.reason) == ("failed", "usage limit: cost 0.3/0.25")
+    assert terminal.detail["limits"] == {"cost": {"used": 0.3, "limit": 0.25}}
+
+
 @pytest.mark.parametrize(
     ("limits", "message"),
     [
         ([1], "limits must be an object"),
-        ({"requests": 1, "cost": 2}, "unknown field(s) in limits: 'cost'"),
+        ({"requests": 1, "budget": 2}, "unknown field(s) in limits: 'budget'"),
+        ({"cost": -1}, "limits.cost must be a number of USD >= 0"),
+        ({"cost": "lots"}, "limits.cost must be a number of USD >= 0"),
+        ({"cost": True}, "limits.cost must be a number of USD >= 0"),
         ({"requests": -1}, "limits.requests must be an integer >= 0 or null"),
         ({"tool_calls": 1.5}, "limits.tool_calls must be an integer >= 0 or null"),
         ({"total_tokens": True}, "limits.total_tokens must be an integer >= 0 or null"),

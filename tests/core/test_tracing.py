@@ -127,6 +127,8 @@ async def test_completed_run(traces: Traces, autojump_clock: trio.testing.MockCl
     assert attributes["gen_ai.agent.name"] == "tracer"
     assert attributes["gen_ai.usage.input_tokens"] == 12
     assert attributes["gen_ai.usage.output_tokens"] == 3
+    assert "trio_agents.usage.cost" not in attributes  # not priced
+    assert "gen_ai.usage.cache_read.input_tokens" not in attributes
     assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
     assert attributes["trio_agents.run.id"] == result.run_id
     assert "error.type" not in attributes
@@ -136,6 +138,22 @@ async def test_completed_run(traces: Traces, autojump_clock: trio.testing.MockCl
     assert attrs_of(chat)["trio_agents.model.outcome"] == "completed"
     assert chat.status.status_code is StatusCode.UNSET
     assert repr(traces.hooks) == "<OpenTelemetryHooks open_runs=0>"
+
+
+async def test_the_run_span_carries_the_cost_and_cache_figures(
+    traces: Traces, autojump_clock: trio.testing.MockClock
+) -> None:
+    from decimal import Decimal
+
+    from trio_agents.models import Usage
+
+    usage = Usage(12, 3, cache_read_tokens=10, cache_write_tokens=2, cost=Decimal("0.0000123"))
+    model = ScriptedModel([Turn("Hello there.", usage=usage)])
+    await ta.run(make_agent(model), "hi", hooks=traces.hooks)
+    attributes = attrs_of(traces.check_tree())
+    assert attributes["trio_agents.usage.cost"] == "0.0000123"
+    assert attributes["gen_ai.usage.cache_read.input_tokens"] == 10
+    assert attributes["gen_ai.usage.cache_creation.input_tokens"] == 2
 
 
 async def test_no_usage_means_no_usage_attributes(

@@ -256,6 +256,20 @@ async def test_many_cancelled_streams_do_not_exhaust_a_small_pool(
 # ------------------------------------------------------------------ full runs
 
 
+async def test_cache_figures_reach_the_run_usage(wire: Wire, server: SSEServer) -> None:
+    # Each provider's own cache fields, byte for byte as its API sends them, come out as
+    # Usage.cache_read_tokens / cache_write_tokens, input_tokens counting every input
+    # token.
+    server.add(wire.cached())
+    agent = ta.Agent(name="a", model=wire.model(server))
+    with trio.fail_after(10):
+        result = await ta.run(agent, "hi")
+    assert result.final_output == "cached"
+    assert result.usage == wire.cached_usage
+    assert result.usage is not None
+    assert result.usage.cost is None  # a loopback server: no price is known
+
+
 async def test_cancelled_run_closes_the_model_socket(wire: Wire, server: SSEServer) -> None:
     server.add(wire.held("Partial ", "answer"))
     agent = ta.Agent(name="a", model=wire.model(server))

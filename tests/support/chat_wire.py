@@ -6,7 +6,7 @@ from typing import Any
 
 from tests.support.sse_server import SSE, Raw, Reply
 
-__all__ = ["DONE", "chunk", "text_reply", "tool_reply", "usage_chunk"]
+__all__ = ["DONE", "cached_reply", "chunk", "text_reply", "tool_reply", "usage_chunk"]
 
 DONE = SSE("[DONE]")
 
@@ -36,19 +36,24 @@ def chunk(
     }
 
 
-def usage_chunk(prompt: int, completion: int) -> dict[str, Any]:
-    """The final chunk ``stream_options.include_usage`` asks for."""
+def usage_chunk(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
+    """The final chunk ``stream_options.include_usage`` asks for (with OpenAI's
+    ``prompt_tokens_details.cached_tokens`` when ``cached`` is given)."""
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
+        usage["completion_tokens_details"] = {"reasoning_tokens": 0, "audio_tokens": 0}
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion.chunk",
         "created": 1700000000,
         "model": "gpt-test",
         "choices": [],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
+        "usage": usage,
     }
 
 
@@ -57,6 +62,14 @@ def text_reply(*parts: str, **kwargs: Any) -> Reply:
     events += [SSE(chunk(part)) for part in parts]
     events += [SSE(chunk(finish="stop")), SSE(usage_chunk(9, len(parts))), DONE]
     return Reply(events=events, **kwargs)
+
+
+def cached_reply(text: str, prompt: int, completion: int, cached: int) -> Reply:
+    """A text answer whose usage says ``cached`` of its ``prompt`` tokens were read
+    from the prompt cache."""
+    events: list[SSE | Raw] = [SSE(chunk("", role="assistant")), SSE(chunk(text))]
+    events += [SSE(chunk(finish="stop")), SSE(usage_chunk(prompt, completion, cached)), DONE]
+    return Reply(events=events)
 
 
 def tool_reply(*calls: tuple[str, str, str], finish: str = "tool_calls") -> Reply:

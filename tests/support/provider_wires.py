@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
+import httpx
 
 from tests.support import anthropic_wire, chat_wire
 from tests.support.responses_wire import ResponseScript, text_response, tool_response
@@ -35,6 +36,10 @@ class Wire:
     text_usage: Usage
     # A whole answer of one tool call (call id, tool name, arguments).
     call: Callable[[str, str, str], Reply]
+    # A text answer ("cached") whose usage reports prompt-cache figures in the
+    # provider's own fields, and the Usage they come to.
+    cached: Callable[[], Reply]
+    cached_usage: Usage
     # How many runs the pool test cancels (each is a whole run: keep the suite fast).
     cancelled_runs: int = 200
 
@@ -58,6 +63,9 @@ WIRES: Final = {
         1,
         Usage(9, 3),
         lambda *call: chat_wire.tool_reply(call),
+        # usage.prompt_tokens_details.cached_tokens: prompt_tokens counts them already.
+        lambda: chat_wire.cached_reply("cached", 2006, 300, 1920),
+        Usage(2006, 300, cache_read_tokens=1920),
         cancelled_runs=1000,
     ),
     "responses": Wire(
@@ -69,8 +77,11 @@ WIRES: Final = {
         _openai_error,
         "/v1/responses",
         4,
-        Usage(9, 3),
+        Usage(9, 3, cache_read_tokens=0),  # the API always sends cached_tokens
         tool_response,
+        # usage.input_tokens_details.cached_tokens: input_tokens counts them already.
+        lambda: ResponseScript().start().message("cached").completed(2006, 300, 1920).reply(),
+        Usage(2006, 300, cache_read_tokens=1920),
     ),
     "anthropic": Wire(
         "anthropic",
@@ -93,5 +104,36 @@ WIRES: Final = {
                 *anthropic_wire.message_end("tool_use"),
             ]
         ),
+        # Anthropic's input_tokens leaves the cache reads and writes out: ours counts
+        # all three (50 + 1800 + 156).
+        lambda: Reply(
+            events=[
+                anthropic_wire.message_start(
+                    50, cache_read_input_tokens=1800, cache_creation_input_tokens=156
+                ),
+                *anthropic_wire.text_block(0, "cached"),
+                *anthropic_wire.message_end(output_tokens=300),
+            ]
+        ),
+        Usage(2006, 300, cache_read_tokens=1800, cache_write_tokens=156),
     ),
 }
+
+
+class RoutedTransport(httpx.AsyncBaseTransport):
+    """Sends every request to ``server`` whatever its host (like a DNS override), over
+    a real loopback socket: a model keeps the provider's default base URL, so it is
+    priced as the provider's, while a test script answers it."""
+
+    def __init__(self, server: SSEServer) -> None:
+        self._server = httpx.URL(server.base_url)
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.url = request.url.copy_with(
+            scheme=self._server.scheme, host=self._server.host, port=self._server.port
+        )
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()

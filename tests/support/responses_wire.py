@@ -134,12 +134,14 @@ class ResponseScript:
         self.output.append(done)
         return self.event("response.output_item.done", output_index=index, item=done)
 
-    def completed(self, input_tokens: int | None = 12, output_tokens: int = 5) -> ResponseScript:
+    def completed(
+        self, input_tokens: int | None = 12, output_tokens: int = 5, cached: int = 0
+    ) -> ResponseScript:
         usage = None
         if input_tokens is not None:
             usage = {
                 "input_tokens": input_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": cached},
                 "output_tokens": output_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": input_tokens + output_tokens,

@@ -3,7 +3,8 @@ capped by the server's ``Limits.max_run_limits``, and the server's ``context`` h
 
 - **Limits** travel as a JSON object of the :class:`~trio_agents.UsageLimits` fields
   (``requests``, ``tool_calls``, ``input_tokens``, ``output_tokens``, ``total_tokens``,
-  ``deadline``, ``wrap_up``), each a number or ``null`` (not asked). The server's
+  ``cost``, ``deadline``, ``wrap_up``), each a number or ``null`` (not asked); ``cost``
+  (USD) may also be a decimal string, which is how it is sent (exact). The server's
   maximum is a cap *and* a default: a limit it sets applies to every run, at the
   client's value when that is not above it. A value above it is refused
   (``invalid_request`` naming the field) rather than clamped: a client that asked for
@@ -23,12 +24,13 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
+from decimal import Decimal
 from typing import Any, Final, TypeAlias
 
 import attrs
 
 from .._items import Item
-from .._limits import UsageLimits
+from .._limits import UsageLimits, to_cost
 from ._terms import ProtocolError
 
 __all__ = [
@@ -45,7 +47,7 @@ logger = logging.getLogger("trio_agents.control")
 
 _COUNTS: Final = ("requests", "tool_calls", "input_tokens", "output_tokens", "total_tokens")
 _SECONDS: Final = ("deadline", "wrap_up")
-LIMIT_FIELDS: Final[tuple[str, ...]] = (*_COUNTS, *_SECONDS)
+LIMIT_FIELDS: Final[tuple[str, ...]] = (*_COUNTS, "cost", *_SECONDS)
 """The fields of ``run.start``'s ``"limits"`` object."""
 
 
@@ -77,7 +79,7 @@ ContextHook: TypeAlias = Callable[[str, RunStartInfo], Any | Awaitable[Any]]
 """``hook(principal, info) -> context`` (sync or async): a run's ``context``."""
 
 
-def limits_from_wire(name: str, value: Any) -> Mapping[str, int | float]:
+def limits_from_wire(name: str, value: Any) -> Mapping[str, int | float | Decimal]:
     """Validate ``run.start``'s ``"limits"`` object: the limits asked (``null`` ones
     left out). Each field is checked on its own here; how they combine (``wrap_up``
     against the deadline) only once the server's maximum is applied
@@ -92,10 +94,18 @@ def limits_from_wire(name: str, value: Any) -> Mapping[str, int | float]:
     if unknown:
         shown = ", ".join(repr(str(key)[:64]) for key in unknown[:5])
         raise ValueError(f"unknown field(s) in {name}: {shown}")
-    asked: dict[str, int | float] = {}
+    asked: dict[str, int | float | Decimal] = {}
     for field in LIMIT_FIELDS:
         given = value.get(field)
         if given is None:
+            continue
+        if field == "cost":
+            try:
+                asked[field] = _wire_cost(given)
+            except (TypeError, ValueError, ArithmeticError):
+                raise ValueError(
+                    f"{name}.cost must be a number of USD >= 0 (or its decimal string) or null"
+                ) from None
             continue
         if field in _COUNTS:
             if isinstance(given, bool) or not isinstance(given, int) or given < 0:
@@ -110,19 +120,29 @@ def limits_from_wire(name: str, value: Any) -> Mapping[str, int | float]:
     return asked
 
 
+def _wire_cost(value: object) -> Decimal:
+    cost = to_cost(value)
+    if cost is None:
+        raise ValueError("cost is null")
+    return cost
+
+
 def limits_to_wire(limits: UsageLimits | Mapping[str, Any]) -> dict[str, Any]:
-    """``limits`` as ``run.start``'s ``"limits"`` object (the limits that are set)."""
+    """``limits`` as ``run.start``'s ``"limits"`` object (the limits that are set; a
+    cost as its decimal string, so it stays exact and JSON)."""
     if isinstance(limits, UsageLimits):
-        return {
-            field: getattr(limits, field)
-            for field in LIMIT_FIELDS
-            if getattr(limits, field) is not None
-        }
-    return {field: value for field, value in limits.items() if value is not None}
+        found = {field: getattr(limits, field) for field in LIMIT_FIELDS}
+    else:
+        found = dict(limits)
+    return {
+        field: str(value) if isinstance(value, Decimal) else value
+        for field, value in found.items()
+        if value is not None
+    }
 
 
 def effective_limits(
-    asked: Mapping[str, int | float] | None, maximum: UsageLimits | None
+    asked: Mapping[str, Any] | None, maximum: UsageLimits | None
 ) -> UsageLimits | None:
     """The run's limits: what the client ``asked``, within the server's ``maximum``,
     which also supplies every limit the client left out (see the module docstring).
@@ -133,9 +153,14 @@ def effective_limits(
     """
     asked = asked or {}
     values: dict[str, Any] = {}
-    for field in (*_COUNTS, "deadline"):
+    for field in (*_COUNTS, "cost", "deadline"):
         cap = None if maximum is None else getattr(maximum, field)
         wanted = asked.get(field)
+        if field == "cost" and wanted is not None:
+            try:  # a decimal string (limits_to_wire's) or a number
+                wanted = _wire_cost(wanted)
+            except (TypeError, ValueError, ArithmeticError) as exc:
+                raise ProtocolError("invalid_request", f"limits.cost: {exc}") from None
         if wanted is not None and cap is not None and wanted > cap:
             raise ProtocolError(
                 "invalid_request",

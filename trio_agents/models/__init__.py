@@ -5,7 +5,8 @@
 ``from_string`` builds one from a spec such as ``"openai:gpt-4o-mini"`` (raising
 ``ModelSpecError`` for one it will not guess at). ``FallbackModel`` tries the next
 model when one fails before its first output; ``RateLimit`` throttles a model's requests
-(requests and tokens per minute, concurrency). ``ScriptedModel`` is a deterministic
+(requests and tokens per minute, concurrency); ``TokenPrices`` prices a model
+genai-prices does not know. ``ScriptedModel`` is a deterministic
 model for tests; ``DemoModel`` is the offline default that powers ``make demo``
 (clearly labelled, not an LLM).
 """
@@ -27,6 +28,7 @@ from ._fallback import FallbackModel as FallbackModel
 from ._model_string import ModelSpecError as ModelSpecError
 from ._model_string import from_string as from_string
 from ._openai import OpenAIChatModel as OpenAIChatModel
+from ._prices import TokenPrices as TokenPrices
 from ._ratelimit import RateLimit as RateLimit
 from ._responses import OpenAIResponsesModel as OpenAIResponsesModel
 from ._scripted import ScriptedModel as ScriptedModel
@@ -49,6 +51,7 @@ __all__ = [
     "RateLimit",
     "ScriptedModel",
     "TextDelta",
+    "TokenPrices",
     "ToolCallDone",
     "ToolSpec",
     "Turn",

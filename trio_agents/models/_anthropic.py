@@ -17,14 +17,21 @@ from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from .._model import Finish, TextDelta, ToolCallDone, ToolSpec, Usage
 from ._call_ids import CallIds
 from ._error_bodies import stream_error
-from ._http import HTTPStreamingModel, check_count, reason_map
+from ._http import HTTPStreamingModel, check_count, reason_map, take_cache
 from ._model_stream import HTTPRequestSpec
 from ._sse import SSEEvent, parse_json_event
 
 if TYPE_CHECKING:
     from .._model import ModelEvent, ModelRequest
 
-__all__ = ["AnthropicModel", "anthropic_messages", "anthropic_tools", "normalize_base_url"]
+__all__ = [
+    "MAX_CACHE_BREAKPOINTS",
+    "AnthropicModel",
+    "anthropic_messages",
+    "anthropic_tools",
+    "normalize_base_url",
+    "place_cache_breakpoints",
+]
 
 DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
 API_VERSION: Final = "2023-06-01"
@@ -145,6 +152,44 @@ def anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
+_EPHEMERAL: Final = {"type": "ephemeral"}
+MAX_CACHE_BREAKPOINTS: Final = 4
+"""The most ``cache_control`` breakpoints the Messages API accepts in one request."""
+
+
+def place_cache_breakpoints(body: dict[str, Any]) -> None:
+    """Mark ``body``'s prompt-cache breakpoints (``model_settings={"cache": True}``):
+    the last tool definition, the instructions (``system``) and the last block of the
+    last user message — the prefix in the API's order (tools, system, messages), each
+    breakpoint caching all before it. They sit at the same places every turn, so a
+    turn reads what the turn before wrote. Never more than the API's four, counting
+    any ``cache_control`` the body already has (a caller's own ``system`` blocks)."""
+
+    def count(blocks: object) -> int:
+        if not isinstance(blocks, list):
+            return 0
+        return sum(1 for b in blocks if isinstance(b, dict) and "cache_control" in b)
+
+    messages = body.get("messages") or []
+    used = count(body.get("tools")) + count(body.get("system"))
+    used += sum(count(m.get("content")) for m in messages if isinstance(m, dict))
+    places: list[tuple[list[Any], int]] = []
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools:
+        places.append((tools, len(tools) - 1))
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        body["system"] = [{"type": "text", "text": system}]
+        places.append((body["system"], 0))
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    content = users[-1].get("content") if users else None
+    if isinstance(content, list) and content:
+        places.append((content, len(content) - 1))
+    for blocks, index in places[: max(MAX_CACHE_BREAKPOINTS - used, 0)]:
+        if isinstance(blocks[index], dict) and "cache_control" not in blocks[index]:
+            blocks[index] = {**blocks[index], "cache_control": dict(_EPHEMERAL)}
+
+
 @attrs.define
 class _Block:
     kind: str
@@ -154,13 +199,9 @@ class _Block:
     json_parts: list[str] = attrs.field(factory=list)
 
 
-def _input_tokens(usage: Mapping[str, Any]) -> int | None:
-    """Input tokens, counting cache reads and writes (all of it was model input)."""
-    keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    values = [usage.get(key) for key in keys]
-    if all(not isinstance(v, int) for v in values):
-        return None
-    return sum(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+def _count(usage: Mapping[str, Any], key: str) -> int | None:
+    value = usage.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @final
@@ -176,7 +217,11 @@ class _MessagesStreamParser:
         self._call_ids = call_ids
         self._blocks: dict[int, _Block] = {}
         self._usage_seen = False
+        # Anthropic's input_tokens counts only the uncached input: ours counts every
+        # input token (DESIGN §21), so the three are kept apart and summed at the end.
         self._input_tokens = 0
+        self._cache_read: int | None = None
+        self._cache_write: int | None = None
         self._output_tokens = 0
         self._stop_reason: str | None = None
         self._done = False
@@ -216,7 +261,15 @@ class _MessagesStreamParser:
             reason = self._stop_reason or "end_turn"
             out: list[ModelEvent] = []
             if self._usage_seen:  # a proxy that reports none: unknown, not zero
-                out.append(Usage(self._input_tokens, self._output_tokens))
+                read, write = self._cache_read, self._cache_write
+                out.append(
+                    Usage(
+                        self._input_tokens + (read or 0) + (write or 0),
+                        self._output_tokens,
+                        cache_read_tokens=read,
+                        cache_write_tokens=write,
+                    )
+                )
             out.append(Finish(STOP_REASONS.get(reason, reason)))
             return out
         if kind == "error":
@@ -226,9 +279,19 @@ class _MessagesStreamParser:
         return []  # "ping" and event types added later
 
     def _set_usage(self, usage: Mapping[str, Any]) -> None:
-        input_tokens = _input_tokens(usage)
+        # message_start carries the input figures; a later message_delta may repeat
+        # them (cumulative), so each figure it does carry replaces the earlier one.
+        input_tokens = _count(usage, "input_tokens")
         if input_tokens is not None:
             self._input_tokens = input_tokens
+            self._usage_seen = True
+        read = _count(usage, "cache_read_input_tokens")
+        if read is not None:
+            self._cache_read = read
+            self._usage_seen = True
+        write = _count(usage, "cache_creation_input_tokens")
+        if write is not None:
+            self._cache_write = write
             self._usage_seen = True
         output = usage.get("output_tokens")
         if isinstance(output, int) and not isinstance(output, bool):
@@ -321,6 +384,7 @@ class AnthropicModel(HTTPStreamingModel):
     _api_key_env = "ANTHROPIC_API_KEY"
     _base_url_env = "ANTHROPIC_BASE_URL"
     _default_base_url = DEFAULT_BASE_URL
+    _prices_provider = "anthropic"
 
     def _configure(self, settings: dict[str, Any]) -> None:
         # max_tokens first in the body, right after the model, as the API's examples have it
@@ -335,11 +399,14 @@ class AnthropicModel(HTTPStreamingModel):
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
         body: dict[str, Any] = {"model": self._model, **self._settings, **request.settings}
+        cache = take_cache(body)
         if request.instructions:
             body["system"] = request.instructions
         body["messages"] = anthropic_messages(request.items)
         if request.tools:
             body["tools"] = anthropic_tools(request.tools)
+        if cache:
+            place_cache_breakpoints(body)
         body["stream"] = True
         return body
 

@@ -72,7 +72,14 @@ def _named(usage: Usage, name: str) -> Usage:
     """``usage`` naming the model that served it (built directly: ``attrs.evolve`` costs
     several times as much, on every request)."""
     if type(usage) is Usage:
-        return Usage(usage.input_tokens, usage.output_tokens, name)
+        return Usage(
+            usage.input_tokens,
+            usage.output_tokens,
+            name,
+            cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            cost=usage.cost,
+        )
     return attrs.evolve(usage, model=name)
 
 

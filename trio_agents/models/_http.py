@@ -22,6 +22,8 @@ events (a :class:`~._model_stream.StreamParser`). What they share is one module 
 from __future__ import annotations
 
 import abc
+import hashlib
+import json
 import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -36,15 +38,19 @@ from .._model import ModelEvent, ModelRequest
 from ._call_ids import CallIds
 from ._clients import ClientOwnership, make_timeout
 from ._model_stream import HTTPRequestSpec, ModelStream, StreamParser
+from ._prices import Prices, make_pricer
 from ._ratelimit import RateLimit
 from ._retry import RetryPolicy
 
 __all__ = [
     "HTTPStreamingModel",
     "bearer_headers",
+    "cached_tokens",
     "check_count",
     "check_model_name",
+    "prompt_cache_key",
     "reason_map",
+    "take_cache",
     "take_native_output",
 ]
 
@@ -53,6 +59,52 @@ def bearer_headers(api_key: str | None) -> dict[str, str]:
     """``Authorization: Bearer <key>`` (OpenAI's scheme), or no header without a key
     (fine for local servers)."""
     return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def cached_tokens(usage: Mapping[str, Any], details: str) -> int | None:
+    """OpenAI's ``usage[details].cached_tokens`` (Chat: ``prompt_tokens_details``,
+    Responses: ``input_tokens_details``): how many input tokens were read from the
+    prompt cache; ``None`` when the server does not say."""
+    found = usage.get(details)
+    value = found.get("cached_tokens") if isinstance(found, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def take_cache(settings: dict[str, Any]) -> bool | str:
+    """The ``cache`` setting (DESIGN §21: prompt caching), taken out of the body
+    ``settings`` (it is ours, never a body field) and checked: ``False`` (absent),
+    ``True``, or a non-empty str (OpenAI's ``prompt_cache_key``).
+
+    Raises:
+        TypeError: it is none of those.
+    """
+    cache = settings.pop("cache", False)
+    if cache is None:
+        return False
+    if isinstance(cache, bool) or (isinstance(cache, str) and cache):
+        return cache
+    raise TypeError(f"the cache setting must be a bool or a non-empty str, not {cache!r}")
+
+
+def prompt_cache_key(cache: bool | str, model: str, request: ModelRequest) -> str | None:
+    """OpenAI's ``prompt_cache_key`` for ``cache``: the given str, or for ``True`` one
+    derived from what stays the same across an agent's turns (the model, the
+    instructions, the tools), so every request of an agent shares it and requests of
+    other agents do not; ``None`` without caching."""
+    if not cache:
+        return None
+    if isinstance(cache, str):
+        return cache
+    stable = json.dumps(
+        [
+            model,
+            request.instructions,
+            [[t.name, t.description, t.parameters] for t in request.tools],
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    return "trio-agents-" + hashlib.sha256(stable.encode()).hexdigest()[:32]
 
 
 def check_count(name: str, value: object, minimum: int) -> int:
@@ -128,6 +180,13 @@ class HTTPStreamingModel(abc.ABC):
             model (each attempt, retries included) waits for; shared by every run using
             the model, and by other models given the same object. A 429 with
             ``Retry-After`` pauses every request sharing it.
+        prices: whose prices give each request's ``Usage.cost`` (USD): ``None``
+            (default) the provider's, from the ``genai-prices`` package, and only at
+            the provider's own default API root (any other base URL gives
+            ``cost=None``); a genai-prices provider id (``"openai"``, ...) whose prices
+            apply whatever the base URL; ``True``: the provider's own, whatever the base
+            URL; a :class:`~trio_agents.models.TokenPrices` of your own; ``False``:
+            never priced. Pricing never touches the network.
         **settings: request body fields (``temperature``, ...), which
             ``request.settings`` override; and the provider's own keywords, which its
             class documents.
@@ -145,6 +204,8 @@ class HTTPStreamingModel(abc.ABC):
     """The environment variable the API root is read from when no ``base_url`` was given."""
     _default_base_url: str = ""
     """The API root used when neither ``base_url`` nor :attr:`_base_url_env` gives one."""
+    _prices_provider: str = ""
+    """genai-prices' id of the provider whose prices apply at :attr:`_default_base_url`."""
 
     def __init__(
         self,
@@ -158,10 +219,12 @@ class HTTPStreamingModel(abc.ABC):
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 20.0,
         rate_limit: RateLimit | None = None,
+        prices: Prices = None,
         **settings: Any,
     ) -> None:
         check_model_name(model)
         body = dict(settings)
+        take_cache(dict(body))  # checked now; taken out of each request's body
         self._configure(body)
         if client is not None and not isinstance(client, httpx.AsyncClient):
             raise TypeError(f"client must be an httpx.AsyncClient, not {type(client).__name__}")
@@ -187,6 +250,14 @@ class HTTPStreamingModel(abc.ABC):
         # Only an explicit key is kept: _api_key_env is read at each call.
         self._api_key = api_key
         self._settings = body
+        # Priced only at the provider's own API root unless the user says whose
+        # prices apply (a local server or a proxy is never guessed at).
+        self._pricer = make_pricer(
+            prices,
+            provider_id=self._prices_provider,
+            model=model,
+            default_url=self._base_url == self._api_root(self._default_base_url.rstrip("/")),
+        )
 
     def _configure(self, settings: dict[str, Any]) -> None:
         """Take the provider's own keywords out of ``settings`` (checked), and check the
@@ -269,6 +340,7 @@ class HTTPStreamingModel(abc.ABC):
             timeout=self._timeout,
             retry=self._retry,
             rate_limit=self._rate_limit,
+            price=self._pricer,
         )
 
     @abc.abstractmethod

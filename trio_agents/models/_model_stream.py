@@ -116,8 +116,10 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         retry: RetryPolicy,
         taken_call_ids: Iterable[str] = (),
         rate_limit: RateLimit | None = None,
+        price: Callable[[Usage], Usage] | None = None,
     ) -> None:
         self._provider = provider
+        self._price = price
         self._spec = spec
         self._new_parser = new_parser
         self._taken_call_ids = frozenset(taken_call_ids)
@@ -179,10 +181,13 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             if self._pending:
                 self._yielded += 1
                 event = self._pending.popleft()
-                if self._limit is not None and type(event) is Usage:
-                    # The estimate is replaced once; a later usage event only adds.
-                    self._limit.correct(self._estimate, event)
-                    self._estimate = 0
+                if type(event) is Usage:
+                    if self._limit is not None:
+                        # The estimate is replaced once; a later usage event only adds.
+                        self._limit.correct(self._estimate, event)
+                        self._estimate = 0
+                    if self._price is not None:
+                        event = self._price(event)  # the model prices its own usage
                 return event
             if self._finished:
                 raise StopAsyncIteration

@@ -19,7 +19,15 @@ from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from .._model import Finish, TextDelta, ToolCallDone, ToolSpec, Usage
 from ._call_ids import CallIds
 from ._error_bodies import stream_error
-from ._http import HTTPStreamingModel, bearer_headers, reason_map, take_native_output
+from ._http import (
+    HTTPStreamingModel,
+    bearer_headers,
+    cached_tokens,
+    prompt_cache_key,
+    reason_map,
+    take_cache,
+    take_native_output,
+)
 from ._model_stream import HTTPRequestSpec
 from ._sse import SSEEvent, parse_json_event
 
@@ -188,7 +196,11 @@ class _ChatStreamParser:
                 _int(usage.get("completion_tokens")),
             )
             if prompt is not None or completion is not None:
-                self._usage = Usage(input_tokens=prompt or 0, output_tokens=completion or 0)
+                self._usage = Usage(
+                    input_tokens=prompt or 0,
+                    output_tokens=completion or 0,
+                    cache_read_tokens=cached_tokens(usage, "prompt_tokens_details"),
+                )
         out: list[ModelEvent] = []
         choices = chunk.get("choices")
         if not isinstance(choices, list):
@@ -306,6 +318,7 @@ class OpenAIChatModel(HTTPStreamingModel):
     _api_key_env = "OPENAI_API_KEY"
     _base_url_env = "OPENAI_BASE_URL"
     _default_base_url = DEFAULT_BASE_URL
+    _prices_provider = "openai"
 
     def _configure(self, settings: dict[str, Any]) -> None:
         # Read by the run (docs/output.md): True means request.output is honoured here.
@@ -319,7 +332,10 @@ class OpenAIChatModel(HTTPStreamingModel):
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
         settings = {**self._settings, **request.settings}
         stream_options = settings.pop("stream_options", {})
+        key = prompt_cache_key(take_cache(settings), self._model, request)
         body: dict[str, Any] = {"model": self._model, **settings}
+        if key is not None:
+            body.setdefault("prompt_cache_key", key)  # an explicit one wins
         body["messages"] = chat_messages(request.instructions, request.items)
         if request.tools:
             body["tools"] = chat_tools(request.tools)

@@ -37,7 +37,15 @@ from .._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from .._model import Finish, TextDelta, ToolCallDone, ToolSpec, Usage
 from ._call_ids import CallIds
 from ._error_bodies import parse_error_body
-from ._http import HTTPStreamingModel, bearer_headers, check_count, take_native_output
+from ._http import (
+    HTTPStreamingModel,
+    bearer_headers,
+    cached_tokens,
+    check_count,
+    prompt_cache_key,
+    take_cache,
+    take_native_output,
+)
 from ._model_stream import HTTPRequestSpec
 from ._sse import SSEEvent, parse_json_event
 
@@ -345,7 +353,8 @@ class _ResponsesStreamParser:
             input_tokens = _int(usage.get("input_tokens"))
             output_tokens = _int(usage.get("output_tokens"))
             if input_tokens is not None or output_tokens is not None:
-                out.append(Usage(input_tokens or 0, output_tokens or 0))
+                cached = cached_tokens(usage, "input_tokens_details")
+                out.append(Usage(input_tokens or 0, output_tokens or 0, cache_read_tokens=cached))
         if kind == "response.incomplete":
             details = response.get("incomplete_details") if response is not None else None
             reason = _str(details.get("reason")) if isinstance(details, dict) else None
@@ -396,6 +405,7 @@ class OpenAIResponsesModel(HTTPStreamingModel):
     _api_key_env = "OPENAI_API_KEY"
     _base_url_env = "OPENAI_BASE_URL"
     _default_base_url = DEFAULT_BASE_URL
+    _prices_provider = "openai"
 
     def _configure(self, settings: dict[str, Any]) -> None:
         memory = check_count("reasoning_memory", settings.pop("reasoning_memory", 4096), 0)
@@ -409,6 +419,9 @@ class OpenAIResponsesModel(HTTPStreamingModel):
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (settings merged: constructor, then request)."""
         settings = {**self._settings, **request.settings}
+        key = prompt_cache_key(take_cache(settings), self._model, request)
+        if key is not None:
+            settings.setdefault("prompt_cache_key", key)  # an explicit one wins
         stored = settings.get("store", True) is not False
         if not stored:
             # Without storage, reasoning can only be sent back in its encrypted form.

@@ -60,6 +60,8 @@ REQUEST_MODEL: Final = "gen_ai.request.model"
 FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+CACHE_READ_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+CACHE_WRITE_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
 TOOL_NAME: Final = "gen_ai.tool.name"
 TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 TOOL_TYPE: Final = "gen_ai.tool.type"
@@ -73,6 +75,7 @@ RUN_TURNS: Final = "trio_agents.run.turns"
 TURN: Final = "trio_agents.turn"
 MODEL_OUTCOME: Final = "trio_agents.model.outcome"
 TOOL_STATUS: Final = "trio_agents.tool.status"
+COST: Final = "trio_agents.usage.cost"
 
 # Model settings copied to gen_ai.request.* attributes when they are plain numbers.
 _SETTINGS: Final = ("temperature", "top_p", "max_tokens", "seed", "frequency_penalty")
@@ -154,7 +157,9 @@ class OpenTelemetryHooks(RunHooks):
     - ``invoke_agent <agent name>`` per run — ``gen_ai.agent.name``,
       ``gen_ai.conversation.id`` (the session id), ``gen_ai.request.model`` where the
       model names one, ``gen_ai.usage.input_tokens`` / ``output_tokens`` (when the
-      model reported usage), ``gen_ai.response.finish_reasons``; its parent is the
+      model reported usage; ``gen_ai.usage.cache_read.input_tokens`` /
+      ``cache_creation.input_tokens`` and ``trio_agents.usage.cost``, USD as a decimal
+      string, when known), ``gen_ai.response.finish_reasons``; its parent is the
       caller's current span when the run started.
     - ``chat <model>`` per model call, a child of the run's span.
     - ``execute_tool <tool name>`` per tool call, a child of the run's span —
@@ -235,9 +240,17 @@ class OpenTelemetryHooks(RunHooks):
         span = record.span
         span.set_attribute(RUN_STATUS, str(result.status))
         span.set_attribute(RUN_TURNS, result.turns)
-        if result.usage is not None:
-            span.set_attribute(INPUT_TOKENS, result.usage.input_tokens)
-            span.set_attribute(OUTPUT_TOKENS, result.usage.output_tokens)
+        usage = result.usage
+        if usage is not None:
+            span.set_attribute(INPUT_TOKENS, usage.input_tokens)
+            span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
+            if usage.cache_read_tokens is not None:
+                span.set_attribute(CACHE_READ_TOKENS, usage.cache_read_tokens)
+            if usage.cache_write_tokens is not None:
+                span.set_attribute(CACHE_WRITE_TOKENS, usage.cache_write_tokens)
+            if usage.cost is not None:
+                # A decimal string: exact (a float attribute would round the Decimal).
+                span.set_attribute(COST, str(usage.cost))
         if result.finish_reason is not None:
             span.set_attribute(FINISH_REASONS, (result.finish_reason,))
         if result.status != "completed":

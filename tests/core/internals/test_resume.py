@@ -4,6 +4,7 @@ core of a cluster takeover, DESIGN §12): which open calls run again, which are 
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import hypothesis
@@ -141,6 +142,22 @@ async def test_a_resumed_run_starts_its_budget_from_what_was_spent() -> None:
     )
     assert (result.status, result.reason) == ("failed", "usage limit: requests 4/3")
     assert len(model.requests) == 1
+
+
+async def test_a_resumed_run_starts_its_cost_budget_from_what_was_spent() -> None:
+    # 40 millionths of a USD spent before (in billionths, Resume.spent holds ints); the
+    # one request now costs 2 more: past a budget of 40.
+    session = await session_holding(ta.UserMessage("go"))
+    usage = ta.Usage(1, 1, cost=Decimal("0.000002"))
+    model = ScriptedModel([Turn("done", usage=usage)])
+    result = await ta.run(
+        resume_agent(model, []),
+        [],
+        session=session,
+        resume=ta.Resume(attempt=2, next_seq=1, spent={"cost_nano_usd": 40_000}),
+        limits=ta.UsageLimits(cost=Decimal("0.00004")),
+    )
+    assert (result.status, result.reason) == ("failed", "usage limit: cost 0.000042/0.00004")
 
 
 async def test_a_resumed_runs_deadline_counts_from_its_original_start(

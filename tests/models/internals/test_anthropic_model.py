@@ -74,7 +74,7 @@ async def test_event_sequence_with_ping_and_input_json_delta(server: SSEServer) 
         TextDelta("ünïcode."),
         ToolCallDone(ToolCall("toolu_1", "weather", arguments)),
         ToolCallDone(ToolCall("toolu_2", "noargs", "{}")),
-        Usage(25, 42),
+        Usage(25, 42, cache_read_tokens=5),
         Finish("tool_calls"),
     ]
 
