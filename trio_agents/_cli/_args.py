@@ -197,7 +197,7 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         default=None,
         help="the most a client may ask for in run.start's limits, and the limits of a"
         " run that asks none: requests, tool_calls, input_tokens, output_tokens,"
-        " total_tokens, deadline, wrap_up (say requests=50,deadline=300)",
+        " total_tokens, cost (USD), deadline, wrap_up (say requests=50,deadline=300)",
     )
     cluster = serve.add_argument_group(
         "cluster",

@@ -495,10 +495,13 @@ def test_serve_max_run_limits() -> None:
     args = parse(["serve", "--max-run-limits", "requests=50,deadline=300,wrap_up=2.5"])
     assert args.max_run_limits == ta.UsageLimits(requests=50, deadline=300, wrap_up=2.5)
     assert parse(["serve"]).max_run_limits is None
+    assert parse(["serve", "--max-run-limits", "cost=1.5"]).max_run_limits == ta.UsageLimits(
+        cost="1.5"
+    )
     for bad, expected in [
         ("requests", "expected NAME=NUMBER, not 'requests'"),
         ("requests=x", "expected NAME=NUMBER, not 'requests=x'"),
-        ("cost=1", "unknown field(s) in --max-run-limits: 'cost'"),
+        ("budget=1", "unknown field(s) in --max-run-limits: 'budget'"),
         ("tool_calls=-1", "--max-run-limits.tool_calls must be an integer >= 0"),
         ("wrap_up=5", "wrap_up needs a deadline"),
     ]:
