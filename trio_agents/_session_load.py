@@ -4,12 +4,35 @@ conversation already holds."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 from ._exceptions import InvalidConversationError
-from ._items import Item, ToolCall
+from ._items import Item, ToolCall, UserMessage
 from ._state import OpenCall, RunState, SessionError, stored_rows
 from .sessions._dangling_calls import repair_keeping_tail
 
-__all__ = ["load_session"]
+__all__ = ["load_session", "skip_stored"]
+
+
+def skip_stored(history: Sequence[Item], input: Sequence[Item]) -> tuple[Item, ...]:
+    """``input`` without its first user messages when they equal (by content) the run
+    of user messages that ends ``history`` — the ``input_overlap="skip"`` option:
+    a client that re-sends its whole message list sends again the messages a run that
+    failed before answering stored. They are in the session already (a rejected one
+    marked, so never sent again), so they are not new input."""
+    start = len(history)
+    while start > 0 and type(history[start - 1]) is UserMessage:
+        start -= 1
+    stored = [cast(UserMessage, item).content for item in history[start:]]
+    head = input[: len(stored)]
+    if (
+        stored
+        and all(type(item) is UserMessage for item in head)
+        and [cast(UserMessage, item).content for item in head] == stored
+    ):
+        return tuple(input[len(stored) :])
+    return tuple(input)
 
 
 async def load_session(state: RunState) -> list[ToolCall]:
@@ -51,7 +74,16 @@ async def load_session(state: RunState) -> list[ToolCall]:
             if repaired != stored:
                 await _write_back(state, stored, repaired)
     state.input_committed = True
-    for item in state.input:
+    items = state.input
+    if state.options.input_overlap == "skip" and error is None:
+        items = skip_stored(state.conversation, items)
+        if not items:
+            state.drop_session()  # nothing of this run belongs in the session
+            raise InvalidConversationError(
+                "nothing new to run: the input's messages are already the last ones"
+                " of the stored conversation"
+            )
+    for item in items:
         state.take_input(item)  # user messages: for the first turn's input guardrails
     if error is not None:
         raise error
