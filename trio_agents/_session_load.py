@@ -12,7 +12,7 @@ from ._items import Item, ToolCall, UserMessage
 from ._state import OpenCall, RunState, SessionError, stored_rows
 from .sessions._dangling_calls import repair_keeping_tail
 
-__all__ = ["load_session", "skip_stored"]
+__all__ = ["load_session", "recheck_stored_input", "skip_stored"]
 
 
 def skip_stored(history: Sequence[Item], input: Sequence[Item]) -> tuple[Item, ...]:
@@ -33,6 +33,28 @@ def skip_stored(history: Sequence[Item], input: Sequence[Item]) -> tuple[Item, .
     ):
         return tuple(input[len(stored) :])
     return tuple(input)
+
+
+def recheck_stored_input(state: RunState) -> None:
+    """A resumed run (a takeover) re-checks the unmarked user messages that end the
+    stored conversation, with every input guardrail as a blocking one, before its first
+    model request: they are the input an earlier attempt stored (or the takeover wrote)
+    and may have died checking — given as ``input=()``, they would otherwise reach the
+    model unchecked. Fail closed: a trip marks them like any rejected input; input that
+    had passed before the crash is merely checked again."""
+    guardrails = state.agent.input_guardrails
+    if not guardrails:
+        return
+    conversation = state.conversation
+    start = len(conversation)
+    while start > 0 and type(conversation[start - 1]) is UserMessage:
+        start -= 1
+    unmarked = [item for item in conversation[start:] if item.rejected_by is None]
+    if not unmarked:
+        return
+    state.fresh_input.extend(unmarked)
+    state.fresh_hold = hold = state.hold(start, [g.name for g in guardrails])
+    hold.blocking = True
 
 
 async def load_session(state: RunState) -> list[ToolCall]:
@@ -69,6 +91,8 @@ async def load_session(state: RunState) -> list[ToolCall]:
         else:
             state.load_history(repaired)
             state.session_holds(len(stored))
+            if resuming:
+                recheck_stored_input(state)
             for call in tail:
                 state.open_calls[call.call_id] = OpenCall(call)
             if repaired != stored:

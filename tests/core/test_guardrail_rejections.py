@@ -412,3 +412,32 @@ async def test_input_overlap_skip_takes_stored_user_messages_once(tmp_path: Path
     assert isinstance(nothing.error, ta.InvalidConversationError)
     assert "nothing new to run" in str(nothing.error)
     assert len(await session.get_items()) == before > stored
+
+
+@pytest.mark.parametrize("guardrail", [no_secret_in, no_secret_in_blocking])
+async def test_a_resumed_run_rechecks_its_stored_input(
+    tmp_path: Path, guardrail: ta.InputGuardrail
+) -> None:
+    """A takeover resumes with ``input=()``: the input the dead attempt stored (it died
+    inside the guardrail) is checked again, as a blocking check, before any model
+    request: a trip marks it and the model is never sent it."""
+    session = SQLiteSession(tmp_path / "s.db", "s1")
+    await session.add_items(
+        [ta.UserMessage("harmless"), ta.AssistantMessage("fine"), ta.UserMessage(SECRET)]
+    )
+    model = ScriptedModel([], default="fine")
+    agent = ta.Agent(name="a", model=model, input_guardrails=[guardrail])
+    resume = ta.Resume(attempt=2, next_seq=5, reason="node a died")
+    result = await ta.run(agent, [], session=session, resume=resume)
+    assert result.status == "failed"
+    assert isinstance(result.error, ta.GuardrailTripped)
+    assert model.calls == 0
+    stored = await session.get_items()
+    assert [i.rejected_by for i in stored] == [None, None, "no_secret"]
+    # Input that passes is only checked again: the resumed run answers it.
+    await session.add_items([ta.UserMessage("hello")])
+    again = ta.Resume(attempt=2, next_seq=5, reason="node a died")
+    assert (await ta.run(agent, [], session=session, resume=again)).status == "completed"
+    _assert_never_sent(model)
+    sent = [i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)]
+    assert sent == ["harmless", "hello"]
