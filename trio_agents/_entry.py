@@ -79,7 +79,8 @@ async def open_run(
     ``input_overlap`` (``"keep"``; ``"skip"``: the input's first user messages are
     dropped when they equal, by content, the user messages that end the stored
     conversation, for a client that re-sends its whole message list; an input left
-    empty fails the run with :class:`InvalidConversationError`).
+    empty is a retry of those, checked again by the input guardrails, or fails the run
+    with :class:`InvalidConversationError` when all of them were rejected).
 
     Raises:
         SessionBusyError: ``on_busy="reject"`` and the session is busy.

@@ -94,7 +94,7 @@ class RunOptions:
     # session already holds at its tail (_session_load.skip_stored): "keep" stores them
     # again; "skip" drops them, for a client that re-sends its whole message list (AG-UI)
     # so a message a failed run stored (a rejected one: marked, never sent) is not new
-    # input again.
+    # input again; nothing left is a retry of the stored ones (checked again).
     input_overlap: InputOverlap = attrs.field(
         default="keep", validator=attrs.validators.in_(("keep", "skip"))
     )

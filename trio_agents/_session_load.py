@@ -35,6 +35,14 @@ def skip_stored(history: Sequence[Item], input: Sequence[Item]) -> tuple[Item, .
     return tuple(input)
 
 
+def _stored_input(conversation: list[Item]) -> tuple[int, list[Item]]:
+    """Where the user messages that end ``conversation`` start, and the unmarked ones."""
+    start = len(conversation)
+    while start > 0 and type(conversation[start - 1]) is UserMessage:
+        start -= 1
+    return start, [item for item in conversation[start:] if item.rejected_by is None]
+
+
 def recheck_stored_input(state: RunState) -> None:
     """A resumed run (a takeover) re-checks the unmarked user messages that end the
     stored conversation, with every input guardrail as a blocking one, before its first
@@ -45,16 +53,11 @@ def recheck_stored_input(state: RunState) -> None:
     guardrails = state.agent.input_guardrails
     if not guardrails:
         return
-    conversation = state.conversation
-    start = len(conversation)
-    while start > 0 and type(conversation[start - 1]) is UserMessage:
-        start -= 1
-    unmarked = [item for item in conversation[start:] if item.rejected_by is None]
-    if not unmarked:
-        return
-    state.fresh_input.extend(unmarked)
-    state.fresh_hold = hold = state.hold(start, [g.name for g in guardrails])
-    hold.blocking = True
+    start, unmarked = _stored_input(state.conversation)
+    if unmarked:
+        state.fresh_input.extend(unmarked)
+        state.fresh_hold = hold = state.hold(start, [g.name for g in guardrails])
+        hold.blocking = True
 
 
 async def load_session(state: RunState) -> list[ToolCall]:
@@ -99,14 +102,20 @@ async def load_session(state: RunState) -> list[ToolCall]:
                 await _write_back(state, stored, repaired)
     state.input_committed = True
     items = state.input
-    if state.options.input_overlap == "skip" and error is None:
+    if state.options.input_overlap == "skip" and error is None and items:
         items = skip_stored(state.conversation, items)
         if not items:
-            state.drop_session()  # nothing of this run belongs in the session
-            raise InvalidConversationError(
-                "nothing new to run: the input's messages are already the last ones"
-                " of the stored conversation"
-            )
+            # Nothing new: a retry of the stored messages — checked again, as a resumed
+            # run's are (a process may have died checking them) — unless every one
+            # was rejected: then there is nothing to run.
+            if not _stored_input(state.conversation)[1]:
+                state.drop_session()  # nothing of this run belongs in the session
+                raise InvalidConversationError(
+                    "nothing new to run: the input's messages are already the last ones"
+                    " of the stored conversation, rejected by a guardrail"
+                )
+            if state.options.resume is None:
+                recheck_stored_input(state)
     for item in items:
         state.take_input(item)  # user messages: for the first turn's input guardrails
     if error is not None:

@@ -381,9 +381,11 @@ async def test_a_session_without_replace_items_keeps_written_rows_unmarked(
 async def test_input_overlap_skip_takes_stored_user_messages_once(tmp_path: Path) -> None:
     """``input_overlap="skip"``: the input's first user messages, equal to the ones that
     end the stored conversation (a rejected one among them), are not new input again;
-    an input that is nothing but those fails the run ("nothing new to run")."""
-    # The blocking guardrail's run makes no request: run 2 and 3 answer, run 4 fails.
-    model = ScriptedModel(["fine", "fine", Turn(fail="down")])
+    an input that is nothing but those is a retry of them (checked again), or, when
+    all were rejected, fails the run ("nothing new to run")."""
+    # The blocking guardrail's run makes no request: run 2 and 3 answer, run 4 fails,
+    # its retry answers.
+    model = ScriptedModel(["fine", "fine", Turn(fail="down"), "retried"])
     agent = ta.Agent(name="a", model=model, input_guardrails=[no_secret_in_blocking])
     session = SQLiteSession(tmp_path / "s.db", "s1")
     rejected = ta.UserMessage(f"tell me {SECRET}")
@@ -406,12 +408,20 @@ async def test_input_overlap_skip_takes_stored_user_messages_once(tmp_path: Path
     assert third.status == "completed"
     failed = ta.UserMessage("boom")
     assert (await ta.run(agent, [failed], session=session, input_overlap="skip")).status == "failed"
+    retry = await ta.run(agent, [failed], session=session, input_overlap="skip")
+    assert retry.status == "completed", retry.reason
+    assert retry.final_output == "retried"
+    sent = [i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)]
+    assert sent == ["hello", "hello", "boom"]  # stored once: not taken again
+    # Only the rejected message again: nothing to run, nothing stored.
+    await ta.run(agent, [ta.UserMessage(SECRET)], session=session, input_overlap="skip")
     before = len(await session.get_items())
-    nothing = await ta.run(agent, [failed], session=session, input_overlap="skip")
+    nothing = await ta.run(agent, [ta.UserMessage(SECRET)], session=session, input_overlap="skip")
     assert nothing.status == "failed"
     assert isinstance(nothing.error, ta.InvalidConversationError)
     assert "nothing new to run" in str(nothing.error)
     assert len(await session.get_items()) == before > stored
+    _assert_never_sent(model)
 
 
 @pytest.mark.parametrize("guardrail", [no_secret_in, no_secret_in_blocking])

@@ -148,3 +148,22 @@ async def test_agui_resent_after_a_model_error_is_stored_once(tmp_path: Path) ->
         assert await _all_ended(host) == ["failed", "completed"]
     sent = [i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)]
     assert sent == ["hello", "again"]
+
+
+async def test_agui_retry_after_a_model_error_runs_the_stored_message(tmp_path: Path) -> None:
+    """The same message list again after a failed run (a client's retry): nothing new,
+    so the run answers the stored message (stored once); a retry of a message a
+    guardrail rejected has nothing to run and ends in RUN_ERROR."""
+    model = ScriptedModel([Turn(fail="the model server went away")], default="fine")
+    guarded, _ = _agent(blocking=True)
+    agent = ta.Agent(name="guarded", model=model, input_guardrails=guarded.input_guardrails)
+    async with serving({"guarded": agent}, sessions=tmp_path / "s.db") as (host, url):
+        await _agui_runs(url, [_resent("t1", "ag-1", ["hello"]), _resent("t1", "ag-2", ["hello"])])
+        rejected = f"tell me {SECRET}"
+        bodies = [_resent("t2", "ag-3", [rejected]), _resent("t2", "ag-4", [rejected])]
+        await _agui_runs(url, bodies)
+        statuses = await _all_ended(host)
+    assert statuses == ["failed", "completed", "failed", "failed"]
+    sent = [i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)]
+    assert sent == ["hello"]
+    assert model.calls == 2
