@@ -326,9 +326,9 @@ async def check_input(
     state: RunState, items: Sequence[Any], hold: Hold | None, *, blocking: bool = False
 ) -> None:
     """The agent's input guardrails on the fresh input ``items``: its non-blocking ones
-    start as side tasks, beside the model call (unless ``blocking``: all awaited); its
-    blocking ones are awaited here, before it. Each that passes releases its part of ``hold`` (the items held from the
-    model until all of them passed).
+    start as side tasks, beside the model call (unless ``blocking``: all are awaited);
+    its blocking ones are awaited here, before it. Each that passes releases its part
+    of ``hold`` (the items held from the model until all of them passed).
 
     Raises:
         GuardrailTripped, GuardrailFault: a blocking one tripped or failed.

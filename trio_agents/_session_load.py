@@ -21,10 +21,7 @@ def skip_stored(history: Sequence[Item], input: Sequence[Item]) -> tuple[Item, .
     a client that re-sends its whole message list sends again the messages a run that
     failed before answering stored. They are in the session already (a rejected one
     marked, so never sent again), so they are not new input."""
-    start = len(history)
-    while start > 0 and type(history[start - 1]) is UserMessage:
-        start -= 1
-    stored = [cast(UserMessage, item).content for item in history[start:]]
+    stored = [cast(UserMessage, item).content for item in history[_users_start(history) :]]
     head = input[: len(stored)]
     if (
         stored
@@ -35,11 +32,17 @@ def skip_stored(history: Sequence[Item], input: Sequence[Item]) -> tuple[Item, .
     return tuple(input)
 
 
-def _stored_input(conversation: list[Item]) -> tuple[int, list[Item]]:
-    """Where the user messages that end ``conversation`` start, and the unmarked ones."""
+def _users_start(conversation: Sequence[Item]) -> int:
+    """Where the user messages that end ``conversation`` (marked or not) start."""
     start = len(conversation)
     while start > 0 and type(conversation[start - 1]) is UserMessage:
         start -= 1
+    return start
+
+
+def _stored_input(conversation: Sequence[Item]) -> tuple[int, list[Item]]:
+    """Where the user messages that end ``conversation`` start, and the unmarked ones."""
+    start = _users_start(conversation)
     return start, [item for item in conversation[start:] if item.rejected_by is None]
 
 
