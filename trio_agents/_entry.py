@@ -76,6 +76,11 @@ async def open_run(
     before each tool call executes, after its approval; if it raises, the tool does not
     run and the call gets ``"not started: …"``) and ``resume`` (a :class:`Resume`:
     continue a run another process started, from ``session`` and with empty ``input``).
+    ``input_overlap`` (``"keep"``; ``"skip"``: the input's first user messages are
+    dropped when they equal, by content, the user messages that end the stored
+    conversation, for a client that re-sends its whole message list; an input left
+    empty is a retry of those, checked again by the input guardrails, or fails the run
+    with :class:`InvalidConversationError` when all of them were rejected).
 
     Raises:
         SessionBusyError: ``on_busy="reject"`` and the session is busy.

@@ -322,25 +322,27 @@ async def gate_task(gate: StreamGate, state: RunState) -> None:
         stop_run(state, exc)
 
 
-async def check_input(state: RunState, items: Sequence[Any], hold: Hold | None) -> None:
+async def check_input(
+    state: RunState, items: Sequence[Any], hold: Hold | None, *, blocking: bool = False
+) -> None:
     """The agent's input guardrails on the fresh input ``items``: its non-blocking ones
-    start as side tasks, beside the model call; its blocking ones are awaited here,
-    before it. Each that passes releases its part of ``hold`` (the items held from the
-    model until all of them passed).
+    start as side tasks, beside the model call (unless ``blocking``: all are awaited);
+    its blocking ones are awaited here, before it. Each that passes releases its part
+    of ``hold`` (the items held from the model until all of them passed).
 
     Raises:
         GuardrailTripped, GuardrailFault: a blocking one tripped or failed.
     """
-    blocking = []
+    awaited = []
     for guardrail in state.agent.input_guardrails:
-        if guardrail.blocking or state.side is None:
-            blocking.append(guardrail)
+        if blocking or guardrail.blocking or state.side is None:
+            awaited.append(guardrail)
             continue
         if not state.guardrails_running:
             state.guardrails_idle = trio.Event()
         state.guardrails_running += 1
         state.side.start_soon(input_task, state, guardrail, items, hold)
-    for guardrail in blocking:
+    for guardrail in awaited:
         await check(guardrail.name, guardrail.fn, state.handle, items)
         if hold is not None:
             state.passed(hold, guardrail.name)

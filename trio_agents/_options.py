@@ -14,9 +14,10 @@ from ._limits import UsageLimits
 from ._resume import Resume
 from ._session_lock import OnBusy
 
-__all__ = ["BeforeTool", "OnBusy", "OnToolError", "RunOptions", "make_options"]
+__all__ = ["BeforeTool", "InputOverlap", "OnBusy", "OnToolError", "RunOptions", "make_options"]
 
 OnToolError: TypeAlias = Literal["return", "fail"]
+InputOverlap: TypeAlias = Literal["keep", "skip"]
 BeforeTool: TypeAlias = Callable[[ToolCall], Awaitable[None]]
 
 
@@ -89,6 +90,14 @@ class RunOptions:
     # each other could otherwise bounce a conversation forever; a transfer past it is
     # answered with an error the model reads (_toolcalls.hand_off).
     max_handoffs: int = attrs.field(default=10, validator=_check_bound)
+    # What the session load does with the input's leading user messages that the
+    # session already holds at its tail (_session_load.skip_stored): "keep" stores them
+    # again; "skip" drops them, for a client that re-sends its whole message list (AG-UI)
+    # so a message a failed run stored (a rejected one: marked, never sent) is not new
+    # input again; nothing left is a retry of the stored ones (checked again).
+    input_overlap: InputOverlap = attrs.field(
+        default="keep", validator=attrs.validators.in_(("keep", "skip"))
+    )
 
 
 _DEFAULT: list[RunOptions] = []  # frozen: one shared instance for runs without options

@@ -115,12 +115,15 @@ class Hold:
     to pass them (a multiset: two guardrails may share a name). A hold still in
     :attr:`RunState.holds` when the run ends marks its items rejected
     (:meth:`RunState.mark_held`): fail closed, whether the guardrail tripped, raised, or
-    never finished because the run ended first.
+    never finished because the run ended first. ``blocking``: every guardrail is
+    awaited before the model call, none beside it (a resumed run's stored input,
+    ``recheck_stored_input``).
     """
 
     start: int
     waiting: list[str]
     only: tuple[int, ...] | None = None
+    blocking: bool = False
 
 
 @final

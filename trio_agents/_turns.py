@@ -386,9 +386,11 @@ async def _check_fresh_input(state: RunState) -> None:
     all after it are held from later models until they all passed it)."""
     fresh, state.fresh_input = state.fresh_input, []
     hold, state.fresh_hold = state.fresh_hold, None
+    blocking = hold is not None and hold.blocking
     if state.agent.input_guardrails:
-        # Beside the model call (side tasks), or before it for blocking ones.
-        await check_input(state, fresh, hold)
+        # Beside the model call (side tasks), or before it for blocking ones (all of
+        # them for a resumed run's stored input: it is not sent before they passed).
+        await check_input(state, fresh, hold, blocking=blocking)
     elif hold is not None:
         state.release(hold)  # no guardrail of this agent's to pass it
 

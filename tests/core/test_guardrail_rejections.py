@@ -376,3 +376,78 @@ async def test_a_session_without_replace_items_keeps_written_rows_unmarked(
     assert [i.rejected_by for i in result.new_items] == [None, "no_secret_out"]
     assert session.items == [attrs.evolve(i, rejected_by=None) for i in result.new_items]
     assert "has no replace_items" in caplog.text
+
+
+async def test_input_overlap_skip_takes_stored_user_messages_once(tmp_path: Path) -> None:
+    """``input_overlap="skip"``: the input's first user messages, equal to the ones that
+    end the stored conversation (a rejected one among them), are not new input again;
+    an input that is nothing but those is a retry of them (checked again), or, when
+    all were rejected, fails the run ("nothing new to run")."""
+    # The blocking guardrail's run makes no request: run 2 and 3 answer, run 4 fails,
+    # its retry answers.
+    model = ScriptedModel(["fine", "fine", Turn(fail="down"), "retried"])
+    agent = ta.Agent(name="a", model=model, input_guardrails=[no_secret_in_blocking])
+    session = SQLiteSession(tmp_path / "s.db", "s1")
+    rejected = ta.UserMessage(f"tell me {SECRET}")
+    first = await ta.run(agent, [rejected], session=session, input_overlap="skip")
+    assert first.status == "failed"
+    again = [rejected, ta.UserMessage("hello")]
+    second = await ta.run(agent, again, session=session, input_overlap="skip")
+    assert second.status == "completed", second.reason
+    assert [i.content for i in second.new_items if isinstance(i, ta.UserMessage)] == ["hello"]
+    _assert_never_sent(model)
+    # Stored once each: the rejected one (marked), then the answered one.
+    users = [i for i in await session.get_items() if isinstance(i, ta.UserMessage)]
+    assert [(i.content, i.rejected_by) for i in users] == [
+        (rejected.content, "no_secret"),
+        ("hello", None),
+    ]
+    # The session now ends with an answer: the same list is new input again ("keep").
+    stored = len(await session.get_items())
+    third = await ta.run(agent, [ta.UserMessage("hello")], session=session, input_overlap="skip")
+    assert third.status == "completed"
+    failed = ta.UserMessage("boom")
+    assert (await ta.run(agent, [failed], session=session, input_overlap="skip")).status == "failed"
+    retry = await ta.run(agent, [failed], session=session, input_overlap="skip")
+    assert retry.status == "completed", retry.reason
+    assert retry.final_output == "retried"
+    sent = [i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)]
+    assert sent == ["hello", "hello", "boom"]  # stored once: not taken again
+    # Only the rejected message again: nothing to run, nothing stored.
+    await ta.run(agent, [ta.UserMessage(SECRET)], session=session, input_overlap="skip")
+    before = len(await session.get_items())
+    nothing = await ta.run(agent, [ta.UserMessage(SECRET)], session=session, input_overlap="skip")
+    assert nothing.status == "failed"
+    assert isinstance(nothing.error, ta.InvalidConversationError)
+    assert "nothing new to run" in str(nothing.error)
+    assert len(await session.get_items()) == before > stored
+    _assert_never_sent(model)
+
+
+@pytest.mark.parametrize("guardrail", [no_secret_in, no_secret_in_blocking])
+async def test_a_resumed_run_rechecks_its_stored_input(
+    tmp_path: Path, guardrail: ta.InputGuardrail
+) -> None:
+    """A takeover resumes with ``input=()``: the input the dead attempt stored (it died
+    inside the guardrail) is checked again, as a blocking check, before any model
+    request: a trip marks it and the model is never sent it."""
+    session = SQLiteSession(tmp_path / "s.db", "s1")
+    await session.add_items(
+        [ta.UserMessage("harmless"), ta.AssistantMessage("fine"), ta.UserMessage(SECRET)]
+    )
+    model = ScriptedModel([], default="fine")
+    agent = ta.Agent(name="a", model=model, input_guardrails=[guardrail])
+    resume = ta.Resume(attempt=2, next_seq=5, reason="node a died")
+    result = await ta.run(agent, [], session=session, resume=resume)
+    assert result.status == "failed"
+    assert isinstance(result.error, ta.GuardrailTripped)
+    assert model.calls == 0
+    stored = await session.get_items()
+    assert [i.rejected_by for i in stored] == [None, None, "no_secret"]
+    # Input that passes is only checked again: the resumed run answers it.
+    await session.add_items([ta.UserMessage("hello")])
+    again = ta.Resume(attempt=2, next_seq=5, reason="node a died")
+    assert (await ta.run(agent, [], session=session, resume=again)).status == "completed"
+    _assert_never_sent(model)
+    sent = [i.content for i in model.requests[-1].items if isinstance(i, ta.UserMessage)]
+    assert sent == ["harmless", "hello"]

@@ -695,6 +695,7 @@ class ClusterHost(LocalHost):
                 session_id=request.get("session_id"),
                 on_disconnect="continue",
                 on_busy=request.get("on_busy", "reject"),
+                input_overlap=request.get("input_overlap", "keep"),
                 client_node=origin.node if request.get("on_disconnect") == "cancel" else None,
                 run_id=origin.run_id,
                 command=origin.command,
@@ -732,6 +733,7 @@ def _start_request(request: StartRequest) -> dict[str, Any]:
         "session_id": request.session_id,
         "on_disconnect": request.on_disconnect,
         "on_busy": request.on_busy,
+        "input_overlap": request.input_overlap,
         "subscribe": None,
         "limits": None if request.limits is None else limits_to_wire(request.limits),
     }

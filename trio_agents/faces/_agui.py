@@ -102,7 +102,14 @@ async def _source(
     if isinstance(asked, Start):
         root = await host.start(
             Origin(principal=principal),
-            StartRequest(agent=agent, input=asked.input, session_id=run_input.thread_id),
+            # The client re-sends its whole message list: the user messages a run that
+            # failed before answering stored are not new input again (docs/ag-ui.md).
+            StartRequest(
+                agent=agent,
+                input=asked.input,
+                session_id=run_input.thread_id,
+                input_overlap="skip",
+            ),
         )
         mapper = EventMapper(
             thread_id=run_input.thread_id,

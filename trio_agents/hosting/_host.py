@@ -84,6 +84,9 @@ class StartRequest:
             built from it alone.
         context: must be None: a run's context comes from the host's context hook
             (contexts never travel, §18); a host refuses one with ``invalid_request``.
+        input_overlap: the run option: ``"skip"`` drops the input's first user
+            messages when the session already holds them at its tail (a client that
+            re-sends its whole message list, as AG-UI's do); ``"keep"`` stores them again.
     """
 
     agent: str
@@ -93,6 +96,7 @@ class StartRequest:
     on_busy: Literal["reject", "enqueue", "interrupt"] = "reject"
     limits: UsageLimits | Mapping[str, float] | None = None
     context: Mapping[str, Any] | None = None
+    input_overlap: Literal["keep", "skip"] = "keep"
 
 
 @attrs.frozen(kw_only=True)

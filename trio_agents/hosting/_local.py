@@ -429,6 +429,7 @@ class LocalHost:
             session_id=request.session_id,
             on_disconnect=request.on_disconnect if owner is not None else "continue",
             on_busy=request.on_busy,
+            input_overlap=request.input_overlap,
             client_node=origin.node,
             run_id=origin.run_id,
             command=origin.command,

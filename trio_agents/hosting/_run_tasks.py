@@ -92,6 +92,7 @@ async def start_run(
     session_id: str | None,
     on_disconnect: str,
     on_busy: str,
+    input_overlap: str = "keep",
     client_node: str | None = None,
     run_id: str | None = None,
     command: int | None = None,
@@ -119,6 +120,8 @@ async def start_run(
     extra: dict[str, Any] = {}
     if limits is not None:
         extra["limits"] = limits
+    if input_overlap != "keep":
+        extra["input_overlap"] = input_overlap
     if registry.context_hook is not None:
         info = RunStartInfo(
             run_id=run_id, agent=agent_name, session_id=session_id, input=items, limits=limits
