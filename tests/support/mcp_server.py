@@ -6,7 +6,12 @@ serves Streamable HTTP at ``/mcp``.
 
 With ``TRIO_AGENTS_MCP_RECORD=<file>`` in its environment, the server appends every
 ``notifications/cancelled`` it receives to that file (one JSON line each), so a test
-can tell a cancel notice from a closed input after the process is gone.
+can tell a cancel notice from a closed input after the process is gone. Over HTTP it is
+recorded as its POST arrives, before the SDK answers it: the SDK answers a notification's
+POST with 202 *before* it hands the notice to the session, so a client that then ends
+the session (``DELETE``) can have it terminated first, and the notice, received, is
+dropped (``ClosedResourceError`` in ``_handle_post_request``) — the SDK's race, not the
+client's, and one a loaded machine hits.
 """
 
 from __future__ import annotations
@@ -143,6 +148,37 @@ def _record_cancel_notices(path: str) -> None:
     JSONRPCDispatcher._dispatch_notification = recording  # type: ignore[method-assign]
 
 
+def _record_posted_cancel_notices(app: Any, path: str) -> Any:
+    """``app`` (the Streamable HTTP ASGI app), appending each ``notifications/cancelled``
+    POSTed to it to ``path`` as the body arrives (then replaying the body to ``app``)."""
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        read: list[Any] = []
+        while True:
+            message = await receive()
+            read.append(message)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        try:
+            body = json.loads(b"".join(m.get("body", b"") for m in read))
+        except ValueError:
+            body = None
+        for item in body if isinstance(body, list) else [body]:
+            if isinstance(item, dict) and item.get("method") == "notifications/cancelled":
+                with open(path, "a", encoding="utf-8") as file:
+                    file.write(json.dumps(item.get("params")) + "\n")
+
+        async def replayed() -> Any:
+            return read.pop(0) if read else await receive()
+
+        await app(scope, replayed, send)
+
+    return recording
+
+
 def serve_http() -> None:
     import uvicorn
 
@@ -150,12 +186,16 @@ def serve_http() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen()  # connections wait in the backlog until uvicorn accepts them
     print(sock.getsockname()[1], flush=True)
-    config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
+    app: Any = server.streamable_http_app()
+    record = os.environ.get("TRIO_AGENTS_MCP_RECORD")
+    if record:
+        app = _record_posted_cancel_notices(app, record)
+    config = uvicorn.Config(app, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRIO_AGENTS_MCP_RECORD"):
+    if sys.argv[1] != "http" and os.environ.get("TRIO_AGENTS_MCP_RECORD"):
         _record_cancel_notices(os.environ["TRIO_AGENTS_MCP_RECORD"])
     if sys.argv[1] == "http":
         serve_http()

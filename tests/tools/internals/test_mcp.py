@@ -250,10 +250,12 @@ async def test_one_scope_over_run_and_http_server_still_sends_the_cancel_notice(
     with trio.fail_after(HANG_GUARD):
         async with http_server_process() as url:
             await cancel_run_and_server_in_one_scope(lambda: MCPServerHTTP(url))
-            # The server records each notice it reads (a file, not a second MCP session:
-            # after a session is torn down mid-call, the SDK's HTTP server can leave a
-            # new session's first request unanswered under load). It dispatches a
-            # notification after it has answered its POST, so poll for it, bounded.
+            # The server records each notice as its POST arrives (a file, not a second
+            # MCP session: after a session is torn down mid-call, the SDK's HTTP server
+            # can leave a new session's first request unanswered under load). Not at its
+            # dispatch: the SDK answers the POST first and a DELETE can end the session
+            # before the notice is handed over, dropping it (this poll then waited for
+            # good). Our client may not wait for the 202, so poll for the line, bounded.
             # Another process writes the file: there is no Event to wait on.
             while not cancel_notices(record):  # noqa: ASYNC110
                 await trio.sleep(0.05)
