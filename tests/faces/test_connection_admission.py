@@ -146,3 +146,54 @@ async def test_a_connection_that_never_sent_a_byte_does_not_hold_up_a_shutdown(
     with trio.fail_after(1):
         assert await _closed(idle)
     await idle.aclose()
+
+
+# A request with a body the app answers without reading (a GET carrying a JSON body, as
+# httpx sends for ``request("GET", url, json=...)``, answered 404 from the path alone).
+EARLY = (
+    b"GET /runs/no-such-run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-alice\r\n"
+    b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+)
+
+
+async def test_a_request_answered_before_its_body_arrived_keeps_its_connection_usable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Hypercorn closes the connection after a response that ended before the request's
+    # body was in (h11 cannot start the next cycle), yet without `Connection: close`:
+    # a client reusing it — httpx writes a request's body after its head, and on a
+    # loaded machine the answer can come between the two — had its next request
+    # dropped ("Server disconnected without sending a response"). The server now reads
+    # the rest of the body first, and it arrives: the connection serves the next request.
+    async with serving() as served:
+        stream = await trio.open_tcp_stream("127.0.0.1", _port(served.base))
+        async with stream:
+            heads: list[bytes] = []
+
+            async def ask() -> None:
+                heads.append(await _answer(stream, EARLY))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask)
+                # The head is in and answered as far as it goes; only then the body.
+                await trio.testing.wait_all_tasks_blocked()
+                await stream.send_all(b"{}")
+            assert heads[0].startswith(b"HTTP/1.1 404"), heads[0]
+            assert b"connection: close" not in heads[0].lower(), heads[0]
+            assert (await _answer(stream)).startswith(b"HTTP/1.1 200")
+
+
+async def test_a_request_whose_body_never_comes_is_answered_with_connection_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The body still missing after header_timeout: the answer says the connection
+    # closes, so no client sends another request on it.
+    limits = HttpLimits(header_timeout=5.0, keep_alive_timeout=1000.0)
+    async with serving(limits=limits) as served:
+        stream = await trio.open_tcp_stream("127.0.0.1", _port(served.base))
+        async with stream:
+            head = await _answer(stream, EARLY)
+            assert head.startswith(b"HTTP/1.1 404"), head
+            assert b"connection: close" in head.lower(), head
+            with trio.fail_after(1):
+                assert await _closed(stream)

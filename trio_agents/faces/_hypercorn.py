@@ -17,6 +17,10 @@ oldest shed first) and have ``header_timeout`` to send a request head, an ``acce
 that fails with ``EMFILE`` sheds one and tries again, and a connection's Hypercorn
 machinery is built only once it has sent something. The auth layer tells the gate when
 a request was authenticated, through the scope (:data:`AUTHENTICATED_KEY`).
+
+A response started before its request's body was read first reads the rest of it
+(:class:`_Exchange`): Hypercorn closes a connection whose request was incomplete when
+its response ended, without saying so to the client, which would reuse it.
 """
 
 from __future__ import annotations
@@ -144,7 +148,7 @@ async def serve_http(
         # (Called once the client has sent something: see serve_admitted.)
         stream = _BoundedStream(admitted.stream, limits.send_timeout)
         server = TCPServer(
-            ASGIWrapper(_Tracked(app, admitted)),
+            ASGIWrapper(_Tracked(app, admitted, limits)),
             config,
             context,
             ConnectionState({}),
@@ -184,19 +188,88 @@ async def serve_http(
 class _Tracked:
     """The app as one connection's requests reach it: tells the connection's
     :class:`~trio_agents._admission.Admitted` when a request starts and ends, and leaves
-    it under :data:`AUTHENTICATED_KEY` for the auth layer to call."""
+    it under :data:`AUTHENTICATED_KEY` for the auth layer to call. An HTTP request goes
+    through an :class:`_Exchange` (a response started before its body was read)."""
 
-    def __init__(self, app: Callable[[Any, Any, Any], Awaitable[None]], admitted: Admitted):
+    def __init__(
+        self,
+        app: Callable[[Any, Any, Any], Awaitable[None]],
+        admitted: Admitted,
+        limits: HttpLimits,
+    ):
         self.app = app
         self.admitted = admitted
+        self.limits = limits
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.admitted.request_started()
         scope[AUTHENTICATED_KEY] = self.admitted.authenticated
         try:
-            await self.app(scope, receive, send)
+            if scope["type"] == "http":
+                exchange = _Exchange(receive, send, self.limits)
+                await self.app(scope, exchange.receive, exchange.send)
+            else:
+                await self.app(scope, receive, send)
         finally:
             self.admitted.request_ended()
+
+
+@final
+class _Exchange:
+    """One HTTP request's ``receive``/``send``: a response that starts before the app
+    read the whole request body (an error answered from the head alone: 401, 404, 413)
+    first reads the rest of it, replayed to the app if it asks.
+
+    Why: Hypercorn keeps a connection alive only if the request was complete when the
+    response ended; otherwise it closes it — after a response that did not say
+    ``Connection: close``. A client writes a body after its head (httpx does, in a
+    second write), so on a loaded machine the answer can end between the two: the
+    client, told nothing, sends its next request on a connection the server is closing
+    ("Server disconnected without sending a response"). So the body is read first, at
+    most ``max_body_bytes`` of it within ``header_timeout``; past either, the response
+    says ``Connection: close`` (the client opens a new connection), as it does if the
+    client went away."""
+
+    def __init__(self, receive: Any, send: Any, limits: HttpLimits) -> None:
+        self._receive = receive
+        self._send = send
+        self._limits = limits
+        self._complete = False  # the request's last message was read
+        self._read_ahead: list[Any] = []
+
+    async def receive(self) -> Any:
+        if self._read_ahead:
+            return self._read_ahead.pop(0)
+        message = await self._receive()
+        self._complete = self._complete or _last(message)
+        return message
+
+    async def send(self, message: Any) -> None:
+        starts_early = message["type"] == "http.response.start" and not self._complete
+        if starts_early and not await self._read_rest():
+            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            message = {**message, "headers": headers}
+        await self._send(message)
+
+    async def _read_rest(self) -> bool:
+        """Read the rest of the request body (kept for :meth:`receive`): True once it
+        is all in, False if the client went away or was too slow or too big."""
+        size = 0
+        with trio.move_on_after(self._limits.header_timeout):
+            while size <= self._limits.max_body_bytes:
+                message = await self._receive()
+                self._read_ahead.append(message)
+                if _last(message):
+                    self._complete = True
+                    return bool(message["type"] == "http.request")
+                size += len(message.get("body", b""))
+        return False
+
+
+def _last(message: Any) -> bool:
+    """Whether ``message`` (from ``receive()``) is a request's last: the end of its
+    body, or the client's disconnect."""
+    return message["type"] != "http.request" or not message.get("more_body", False)
 
 
 async def _hold(
