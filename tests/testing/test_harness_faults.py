@@ -462,3 +462,22 @@ def test_a_model_error_whose_str_raises() -> None:
     check_run(observation).raise_for_violations()
     assert observation.result.reason == "_BrokenStr: <str() raised RuntimeError>"
     assert observation.streams[0].error == "_BrokenStr: <str() raised RuntimeError>"
+
+
+def test_an_assistant_message_injected_into_a_swallowing_call_is_not_the_models() -> None:
+    """Found by `make fuzz`: a `when="now"` assistant message interrupts a model call
+    that swallows its cancellation, and max_turns ends the run. The delivered message
+    (turn 1, completed) is the caller's, so the checker must not take it for the
+    swallowing call's cut-off text kept as complete."""
+    schedule = (
+        Op(
+            at=0.125,
+            kind="inject",
+            when="now",
+            items=(ta.AssistantMessage(content="a ", status="completed"),),
+        ),
+    )
+    fault = Faults(model=(ModelFault(turn=1, kind="swallow_cancel", after=0),))
+    observation = _observe([Turn(text=())], schedule, fault, tools=HOSTILE, max_turns=1)
+    assert any(isinstance(e, ta.InboxDelivered) for e in observation.events)
+    check_run(observation).raise_for_violations()

@@ -13,6 +13,7 @@ from .. import (
     AssistantMessage,
     EventsDropped,
     InboxDelivered,
+    InboxInjected,
     Item,
     ResponseTextDelta,
     Run,
@@ -484,6 +485,9 @@ def _check_model(obs: Observation, out: Found) -> None:
             # It ends only by a cancel (the run's, or an interruption), which it hides
             # as a normal end: its text was cut, so it is never kept as complete (and
             # a cancelled run never completes: cancel-wins).
+            # An assistant message delivered from the inbox (a `when="now"` injection
+            # that interrupted this very call) is the caller's, not the model's.
+            injected = _delivered_item_seqs(obs.events)
             complete = [
                 e.seq
                 for e in obs.events
@@ -491,6 +495,7 @@ def _check_model(obs: Observation, out: Found) -> None:
                 and e.turn == stream.number
                 and isinstance(e.item, AssistantMessage)
                 and e.item.status == "completed"
+                and e.seq not in injected
             ]
             if complete:
                 out.append(
@@ -1473,3 +1478,16 @@ def _check_approval_repeats(events: Sequence[RunEvent], out: Found) -> None:
                     f"awaiting_approval repeated unchanged (seq {before.seq} → {after.seq})",
                 )
             )
+
+
+def _delivered_item_seqs(events: Sequence[RunEvent]) -> set[int]:
+    """The seqs of the ``run.item`` events of injected items: each ``inbox.delivered``
+    follows the ``run.item`` events of its injection's items, in order."""
+    sizes = {e.injection_id: len(e.items) for e in events if isinstance(e, InboxInjected)}
+    items = [e.seq for e in events if isinstance(e, RunItemEvent)]
+    found: set[int] = set()
+    for event in events:
+        if isinstance(event, InboxDelivered):
+            before = [seq for seq in items if seq < event.seq]
+            found.update(before[len(before) - sizes.get(event.injection_id, 0) :])
+    return found
