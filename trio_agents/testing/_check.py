@@ -366,16 +366,31 @@ def _check_tools(result: RunResult, events: Sequence[RunEvent], out: Found) -> N
         out.append(Violation("tools-balanced", f"call {call_id!r} started and never finished"))
 
 
-def _check_tool_cancellation(obs: Observation, out: Found) -> None:
+def _check_tool_cancellation(
+    obs: Observation, out: Found, applied: Sequence[tuple[float, str]] | None = None
+) -> None:
     """A call in flight when the run's scope was cancelled must end ``cancelled`` —
     except a sub-agent call whose child run had already ended (its terminal
     ``run.child`` came before the cancel): it keeps the child's answer, like a tool
-    that returned before the cancel, however long the child's session takes to close."""
+    that returned before the cancel, however long the child's session takes to close;
+    and a blocking tool released no later than the cancel (``applied``: the example's
+    operations, the root's by default): Trio hands the release to its waiting task
+    before the cancel, so it returns ``"released"`` at once, a completed tool."""
     hard = [c for c in obs.cancels if c.kind != "after_turn" and c.live]
     if not hard:
         return
     cut = hard[0].seq
+    released = any(
+        text.startswith("release") and at <= hard[0].at
+        for at, text in (obs.applied if applied is None else applied)
+    )
     exempt = {c.call_id for c in obs.tool_calls if c.fault is not None}
+    if released:
+        exempt.update(
+            e.call_id
+            for e in obs.events
+            if isinstance(e, ToolFinished) and (e.status, e.output) == ("ok", "released")
+        )
     exempt.update(
         e.call_id
         for e in obs.events
@@ -1455,7 +1470,7 @@ def _check_tree_nodes(obs: Observation, tree: TreeObservation, bound: float, out
         node_bound = bound * (1 + node.height)
         if node.outcome is not None:
             _check_injections(view, node.outcome, found)
-        _check_tool_cancellation(view, found)
+        _check_tool_cancellation(view, found, obs.applied)
         _check_hooks(view, found)
         if len(node.event_times) == len(node.events):
             _check_cancels(view, node_bound, found)
