@@ -14,11 +14,14 @@ import trio
 from trio_agents import ToolCall, ToolResult
 from trio_agents.models import Finish, ModelEvent, ModelRequest, TextDelta, ToolCallDone, Usage
 
-__all__ = ["CallsThenAnswer", "ToolThenAnswer"]
+__all__ = ["CallsThenAnswer", "EventStream", "ToolThenAnswer"]
 
 
 @final
-class _Stream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
+class EventStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
+    """Gives ``events`` in order, a checkpoint per event (and one on entering), as a
+    provider reading a socket would have."""
+
     def __init__(self, events: Sequence[ModelEvent]) -> None:
         self._events = list(events)
         self._position = 0
@@ -35,7 +38,7 @@ class _Stream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
     ) -> None:
         return None
 
-    def __aiter__(self) -> _Stream:
+    def __aiter__(self) -> EventStream:
         return self
 
     async def __anext__(self) -> ModelEvent:
@@ -62,9 +65,9 @@ class ToolThenAnswer:
         last = request.items[-1] if request.items else None
         usage = Usage(input_tokens=10, output_tokens=2)
         if isinstance(last, ToolResult):
-            return _Stream([TextDelta(last.output), usage, Finish("stop")])
+            return EventStream([TextDelta(last.output), usage, Finish("stop")])
         call = ToolCall(f"call_{len(request.items)}", self._tool, self._arguments)
-        return _Stream([ToolCallDone(call), usage, Finish("tool_calls")])
+        return EventStream([ToolCallDone(call), usage, Finish("tool_calls")])
 
 
 @final
@@ -84,10 +87,10 @@ class CallsThenAnswer:
         last = request.items[-1] if request.items else None
         usage = Usage(input_tokens=10, output_tokens=2)
         if isinstance(last, ToolResult):
-            return _Stream([TextDelta(self._answer), usage, Finish("stop")])
+            return EventStream([TextDelta(self._answer), usage, Finish("stop")])
         turn = len(request.items)
         events: list[ModelEvent] = [
             ToolCallDone(ToolCall(f"call_{turn}_{i}", tool, arguments))
             for i, (tool, arguments) in enumerate(self._calls)
         ]
-        return _Stream([*events, usage, Finish("tool_calls")])
+        return EventStream([*events, usage, Finish("tool_calls")])

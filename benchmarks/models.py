@@ -22,7 +22,6 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
 from typing import Final, final
 
 import trio
@@ -42,6 +41,7 @@ from trio_agents.models import (
 )
 
 from ._common import Baselines, Figure, measure_baselines, percentile
+from ._models import EventStream
 
 __all__ = ["bench_m1", "bench_m2"]
 
@@ -50,40 +50,12 @@ CONCURRENCY: Final = 50
 REQUEST: Final = ModelRequest("", (ta.UserMessage("hi"),))
 
 
-@final
-class _Stream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
-    """``DELTAS`` text deltas, a usage and a finish; a checkpoint per event, as a
-    provider reading a socket would have."""
-
-    def __init__(self) -> None:
-        self._left = DELTAS
-
-    async def __aenter__(self) -> AsyncIterator[ModelEvent]:
-        await trio.lowlevel.checkpoint()
-        self._left = DELTAS + 2
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        return None
-
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> ModelEvent:
-        await trio.lowlevel.checkpoint()
-        self._left -= 1
-        if self._left > 1:
-            return TextDelta("x")
-        if self._left == 1:
-            return Usage(10, DELTAS)
-        if self._left == 0:
-            return Finish("stop")
-        raise StopAsyncIteration
+# What each in-process request streams: DELTAS text deltas, a usage and a finish.
+_EVENTS: Final[tuple[ModelEvent, ...]] = (
+    *(TextDelta("x") for _ in range(DELTAS)),
+    Usage(10, DELTAS),
+    Finish("stop"),
+)
 
 
 @final
@@ -96,7 +68,7 @@ class _Answering:
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
         del request
-        return _Stream()
+        return EventStream(_EVENTS)
 
 
 async def _requests(model: object, n: int) -> float:

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from tests.support.control_support import serving
-from tests.support.http_support import AGENTS
+from tests.support.http_support import AGENTS, read_until_closed
 from trio_agents.control import Limits, connect
 
 HANDSHAKE = (
@@ -18,15 +18,6 @@ HANDSHAKE = (
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
     b"Sec-WebSocket-Protocol: trio-agents.v1\r\nAuthorization: Bearer tok-alice\r\n\r\n"
 )
-
-
-async def _closed(stream: trio.SocketStream) -> bool:
-    try:
-        while await stream.receive_some():
-            pass
-    except trio.BrokenResourceError:
-        pass
-    return True
 
 
 async def _upgraded(stream: trio.SocketStream) -> bool:
@@ -52,7 +43,7 @@ async def test_past_the_per_address_cap_the_oldest_pending_connections_are_shed(
         try:
             with trio.fail_after(30):
                 for stream in flood[:6]:  # shed, the oldest first
-                    assert await _closed(stream)
+                    assert await read_until_closed(stream)
                 for stream in flood[6:]:
                     assert await _upgraded(stream)
                 assert await client.list_runs() == []
@@ -71,5 +62,5 @@ async def test_a_pending_handshake_does_not_hold_up_a_shutdown(
         stopping = trio.current_time()
     assert trio.current_time() - stopping < limits.shutdown_timeout
     with trio.fail_after(1):
-        assert await _closed(idle)
+        assert await read_until_closed(idle)
     await idle.aclose()

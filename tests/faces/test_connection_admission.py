@@ -10,7 +10,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from tests.support.http_support import serving
+from tests.support.http_support import read_until_closed, serving
 from trio_agents.faces import HttpLimits
 
 REQUEST = b"GET /runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-alice\r\n\r\n"
@@ -19,16 +19,6 @@ ANONYMOUS = b"GET /runs HTTP/1.1\r\nHost: x\r\n\r\n"
 
 def _port(base: str) -> int:
     return int(base.rsplit(":", 1)[1])
-
-
-async def _closed(stream: trio.SocketStream) -> bool:
-    """Read until the server closes the connection (True), or fail at the caller's bound."""
-    try:
-        while await stream.receive_some():
-            pass
-    except trio.BrokenResourceError:  # a reset is a close too
-        pass
-    return True
 
 
 async def _answer(stream: trio.SocketStream, request: bytes = REQUEST) -> bytes:
@@ -66,7 +56,7 @@ async def test_a_connection_has_header_timeout_to_send_a_request_head(
             assert (await _answer(anonymous, ANONYMOUS)).startswith(b"HTTP/1.1 401")
             with trio.fail_after(100 * limits.header_timeout):
                 for stream in (idle, half, anonymous):
-                    assert await _closed(stream)
+                    assert await read_until_closed(stream)
             # Virtual time: closed by the header timeout, long before the keep-alive one
             # (the only bound there was before).
             assert limits.header_timeout <= trio.current_time() - opened < 30.0
@@ -84,7 +74,7 @@ async def test_an_authenticated_connection_is_kept_for_the_keep_alive_timeout(
             assert (await _answer(stream)).startswith(b"HTTP/1.1 200")
             answered = trio.current_time()
             with trio.fail_after(10 * limits.keep_alive_timeout):
-                assert await _closed(stream)
+                assert await read_until_closed(stream)
             assert trio.current_time() - answered >= limits.keep_alive_timeout
 
 
@@ -102,7 +92,7 @@ async def test_past_the_per_address_cap_the_oldest_pending_connections_are_shed(
         try:
             with trio.fail_after(30):
                 for stream in flood[:6]:  # shed, the oldest first
-                    assert await _closed(stream)
+                    assert await read_until_closed(stream)
                 for stream in [*flood[6:], trusted]:  # still served
                     assert (await _answer(stream)).startswith(b"HTTP/1.1 200")
         finally:
@@ -125,7 +115,7 @@ async def test_past_the_total_cap_the_oldest_pending_connections_are_shed() -> N
         try:
             with trio.fail_after(30):
                 for stream in opened[:2]:
-                    assert await _closed(stream)
+                    assert await read_until_closed(stream)
                 for stream in opened[2:]:
                     assert (await _answer(stream)).startswith(b"HTTP/1.1 200")
         finally:
@@ -144,7 +134,7 @@ async def test_a_connection_that_never_sent_a_byte_does_not_hold_up_a_shutdown(
     # (Leaving the block shut the server down.)
     assert trio.current_time() - stopping < limits.shutdown_timeout
     with trio.fail_after(1):
-        assert await _closed(idle)
+        assert await read_until_closed(idle)
     await idle.aclose()
 
 
@@ -196,4 +186,4 @@ async def test_a_request_whose_body_never_comes_is_answered_with_connection_clos
             assert head.startswith(b"HTTP/1.1 404"), head
             assert b"connection: close" in head.lower(), head
             with trio.fail_after(1):
-                assert await _closed(stream)
+                assert await read_until_closed(stream)

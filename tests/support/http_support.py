@@ -124,3 +124,13 @@ async def start(http: httpx.AsyncClient, agent: str = "blocker", **body: Any) ->
     run_id = answer.json()["run_id"]
     assert isinstance(run_id, str)
     return run_id
+
+
+async def read_until_closed(stream: trio.SocketStream) -> bool:
+    """Read until the server closes the connection (True), or fail at the caller's bound."""
+    try:
+        while await stream.receive_some():
+            pass
+    except trio.BrokenResourceError:  # a reset is a close too
+        pass
+    return True
