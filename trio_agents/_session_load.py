@@ -12,7 +12,7 @@ from ._items import Item, ToolCall, UserMessage
 from ._state import OpenCall, RunState, SessionError, stored_rows
 from .sessions._dangling_calls import repair_keeping_tail
 
-__all__ = ["load_session", "recheck_stored_input", "skip_stored"]
+__all__ = ["load_session"]
 
 
 def skip_stored(history: Sequence[Item], input: Sequence[Item]) -> tuple[Item, ...]:
