@@ -26,7 +26,7 @@ import trio
 from .._agent import Agent
 from .._items import Item, ToolCall
 from .._limits import UsageLimits
-from ..hosting._host import Origin
+from ..hosting._host import Origin, StartRequest
 from ..hosting._node import ClusterStatistics
 from ..hosting._policies import limits_to_wire
 from ..hosting._terms import ProtocolError
@@ -46,7 +46,16 @@ from ._queries import (
     release_node,
     tool_start_barrier,
 )
-from ._routing import Executor, Reply, Router, ok_reply, routed_reply, store_reply
+from ._routing import (
+    Executor,
+    Reply,
+    RoutedOp,
+    Router,
+    ok_reply,
+    routed_reply,
+    store_reply,
+    to_wire,
+)
 from ._session import ClusterSession, session_key
 from ._storable import storable_json
 from ._takeover import Leases
@@ -496,16 +505,16 @@ class PostgresCluster:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         return found
 
-    async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
+    async def _route(self, principal: str, request: RoutedOp, run_id: str) -> Any:
         """Send an op to the owner of ``run_id``; its ack fields come back (errors:
         ``not_found``, ``run_closed``, the owner's own). A cancel of a run queued for
         capacity that no node has claimed ends it at once (``Router.send``)."""
         return await self._router.send(principal, request, run_id=run_id)
 
     async def _place(
-        self, principal: str, request: dict[str, Any], run_id: str
+        self, principal: str, request: StartRequest, run_id: str
     ) -> dict[str, Any] | None:
-        """A ``run.start`` on a full node: start it, as ``run_id``, on a node with room
+        """A start on a full node: start it, as ``run_id``, on a node with room
         (its ack fields), or, when every node is full, queue it for capacity (``_capacity.py``)
         and return its ``run_id``; None when this node has room.
 
@@ -533,8 +542,10 @@ class PostgresCluster:
         # first node with room, in the order of the starts.
         registry = self._registry
         bound = 100 if registry is None else registry.limits.max_runs_per_principal
-        client = self._node_id if request.get("on_disconnect") == "cancel" else None
-        await enqueue_start(self._db, principal, request, run_id, client_node=client, bound=bound)
+        client = self._node_id if request.on_disconnect == "cancel" else None
+        await enqueue_start(
+            self._db, principal, to_wire(request), run_id, client_node=client, bound=bound
+        )
         return {"run_id": run_id}
 
     async def _record_cancel(
@@ -770,7 +781,7 @@ class PostgresCluster:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
 
     async def _route_to(
-        self, principal: str, request: dict[str, Any], run_id: str, node: str
+        self, principal: str, request: RoutedOp, run_id: str, node: str
     ) -> dict[str, Any]:
         """Send an op on ``run_id`` (a child run, which has no row) to ``node``, the
         node running its tree; its ack fields come back (errors: the node's own, e.g.
