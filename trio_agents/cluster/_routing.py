@@ -160,7 +160,7 @@ def from_wire(data: Any) -> RoutedOp:
             continue
         value = data.get(name)
         if name == "items":
-            fields[name] = _items(cls.op, value)
+            fields[name] = _items(cls.op, name, value)
         elif name in _CHOICES:
             fields[name] = _choice(cls.op, name, value, field.default)
         elif name in ("reason", "message"):
@@ -198,7 +198,7 @@ def _start_from_wire(data: dict[str, Any]) -> StartRequest:
     )
     return StartRequest(
         agent=_text(_START, "agent", data.get("agent")),
-        input=_items(_START, data.get("input")),
+        input=_items(_START, "input", data.get("input")),
         session_id=_text(_START, "session_id", data.get("session_id"), optional=True),
         on_disconnect=on_disconnect,
         on_busy=on_busy,
@@ -211,13 +211,13 @@ def _items_json(items: tuple[Item, ...]) -> list[dict[str, Any]]:
     return [item.to_json() for item in items]
 
 
-def _items(op: str, value: Any) -> tuple[Item, ...]:
+def _items(op: str, name: str, value: Any) -> tuple[Item, ...]:
     if not isinstance(value, list):
-        raise _garbled(f"{op}: items must be a list")
+        raise _garbled(f"{op}: {name} must be a list of items")
     try:
         return tuple(coerce_items(value))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise _garbled(f"{op}: bad items: {str(exc)[:200]}") from None
+        raise _garbled(f"{op}: bad {name}: {str(exc)[:200]}") from None
 
 
 def _text(op: str, name: str, value: Any, *, optional: bool = False) -> Any:
