@@ -167,7 +167,7 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
         assert execute is not None
         arrived, looked = trio.Event(), trio.Event()
 
-        async def held(request: Any, origin: Any) -> dict[str, Any]:
+        async def held(request: Any, origin: Any) -> Any:
             arrived.set()
             await looked.wait()
             assert execute is not None

@@ -137,7 +137,6 @@ class PostgresCluster:
         self._router = Router(self._db, self._listener, self._node_id)
         self._leases = Leases(self)
         self._registry: Registry | None = None
-        self._execute: Executor | None = None
         self._dead = False
         self._nursery: trio.Nursery | None = None
         self._in_use = False
@@ -184,14 +183,6 @@ class PostgresCluster:
             reconnects=self._listener.reconnects,
         )
 
-    def _sent(self, reply: Reply | None) -> bool:
-        """Whether the op's transaction stored its routed command's answer and notified
-        the sender: then the router sends nothing more."""
-        if reply is None or reply[2] is None:
-            return False
-        self._router.answered(reply[0])
-        return True
-
     def _host_for(
         self,
         agents: Mapping[str, Agent],
@@ -226,9 +217,7 @@ class PostgresCluster:
             raise RuntimeError("a PostgresCluster serves one ControlServer, once")
         self._in_use = True
         self._registry = registry
-        self._execute = execute
-        self._router.execute = execute
-        self._router.serves_inline = self._serves
+        self._router.attach(execute, registry.runs, self._leases.wait_resumed)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -246,19 +235,6 @@ class PostgresCluster:
                 task_status.started()
         finally:
             await self._db.aclose()
-
-    def _serves(self, run_id: Any, principal: Any) -> bool:
-        """Whether a routed op for ``run_id`` may be answered here at once (a run of
-        this node; or no run: a start placed here)."""
-        if run_id is None:
-            return True
-        registry = self._registry
-        entry = None if registry is None else registry.runs.get(run_id)
-        return (
-            entry is not None
-            and entry.principal == principal
-            and not (entry.fence is not None and entry.fence.closed)
-        )
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message.get("k")
@@ -435,10 +411,6 @@ class PostgresCluster:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""
         return tool_start_barrier(self._db, run_id, self._node_id, attempt, fence)
 
-    async def _wait_resumed(self, run_id: str) -> None:
-        """Wait while ``run_id`` is being resumed here (a command may come first)."""
-        await self._leases.wait_resumed(run_id)
-
     async def _owner_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
         """The run's row (None: no such run of ``principal``)."""
         rows = await self._rows("run_id = %s AND principal = %s", (run_id, principal))
@@ -565,7 +537,7 @@ class PostgresCluster:
             await record_cancel(self._db, run_id, reason, mode, reply, recorded=recorded)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
-        return self._sent(reply)
+        return _sent(reply)
 
     async def _record_child_cancel(
         self, child: Any, reason: str | None, mode: str, origin: Origin | None = None
@@ -616,7 +588,7 @@ class PostgresCluster:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         if not recorded:
             raise ProtocolError("internal", f"run {child.id} is moving to another node; retry")
-        return self._sent(reply)
+        return _sent(reply)
 
     async def _record_decision(
         self,
@@ -659,7 +631,7 @@ class PostgresCluster:
             raise ProtocolError(
                 "internal", "this node no longer runs the run (it is being taken over); retry"
             )
-        return self._sent(reply)
+        return _sent(reply)
 
     async def _record_withdrawal(
         self, run_id: str, injection_id: str, origin: Origin | None = None
@@ -669,7 +641,7 @@ class PostgresCluster:
         Returns whether that answer was stored and sent."""
         reply = routed_reply(origin, {"withdrawn": True})
         await record_withdrawal(self._db, run_id, injection_id, reply)
-        return self._sent(reply)
+        return _sent(reply)
 
     async def _injection_persisted(
         self, run_id: str, injection_id: str, origin: Origin | None = None
@@ -787,6 +759,13 @@ class PostgresCluster:
         node running its tree; its ack fields come back (errors: the node's own, e.g.
         ``not_found`` when the tree is not there)."""
         return await self._router.send(principal, request, run_id=run_id, target_node=node)
+
+
+def _sent(reply: Reply | None) -> bool:
+    """Whether the op's transaction stored its routed command's answer and notified
+    the sender (:class:`~._routing.Answer`'s ``stored``): then the router sends nothing
+    more."""
+    return reply is not None and reply[2] is not None
 
 
 def idle_timeout(lease_ttl: float) -> float:

@@ -66,7 +66,7 @@ from ..hosting._requests import (
 from ..hosting._run_tasks import closing, own_placed, start_run
 from ..hosting._sessions import items_bytes
 from ..hosting._terms import Limits, ProtocolError, RunInfo
-from ._routing import Control, RoutedOp
+from ._routing import Answer, Control, RoutedOp
 
 if TYPE_CHECKING:
     from ._cluster import PostgresCluster
@@ -333,7 +333,7 @@ class ClusterHost(LocalHost):
         run_id = request.run_id
         with host_errors():
             if self._here(principal, run_id) is not None:
-                return await self._apply_here(principal, request, None)
+                return dict((await self._apply_here(principal, request, None)).fields)
             return await self._route(principal, request, run_id)
 
     async def cancel(
@@ -570,12 +570,10 @@ class ClusterHost(LocalHost):
 
     # ------------------------------------------------------------ applied here
 
-    async def _apply_here(
-        self, principal: str, request: Control, origin: Origin | None
-    ) -> dict[str, Any]:
+    async def _apply_here(self, principal: str, request: Control, origin: Origin | None) -> Answer:
         """Apply a cancel, inject, withdraw, approve or reject to a run of this node and
-        make it durable; returns the answer's fields (a routed op's, ``origin``, is
-        stored with its durable effect). The one place an op is told apart by its type.
+        make it durable; returns its answer (a routed op's, ``origin``, stored with its
+        durable effect when it has one). The one place an op is told apart by its type.
 
         A child run's cancel is recorded in its row before it is applied (a takeover
         that resumes the child cancels it); its other ops are applied here only."""
@@ -591,32 +589,33 @@ class ClusterHost(LocalHost):
                 if child:
                     # Durable (with a routed cancel's answer) before it is applied: if
                     # this node dies now, the takeover that resumes the child cancels it.
-                    await cluster._record_child_cancel(run, reason, mode, origin)
+                    stored = await cluster._record_child_cancel(run, reason, mode, origin)
                     run.cancel(reason, mode=mode)
                 else:
                     run.cancel(reason, mode=mode)
                     # Acked once durable: a takeover ends it cancelled.
-                    await cluster._record_cancel(entry.run_id, reason, mode, origin)
-                return {}
+                    stored = await cluster._record_cancel(entry.run_id, reason, mode, origin)
+                return Answer({}, stored)
             case RunWithdraw(injection_id=injection_id):
                 withdrawn = run.withdraw(injection_id)
+                stored = False
                 if withdrawn and not child:
-                    await cluster._record_withdrawal(entry.run_id, injection_id, origin)
-                return {"withdrawn": withdrawn}
+                    stored = await cluster._record_withdrawal(entry.run_id, injection_id, origin)
+                return Answer({"withdrawn": withdrawn}, stored)
             case RunInject(items=items, when=when):
                 injection_id = inject_here(self._registry, entry, items, when)
                 if not child:
                     # Acked once durable: a takeover injects it again.
                     await cluster._injection_persisted(entry.run_id, str(injection_id), origin)
-                return {"injection_id": injection_id}
+                return Answer({"injection_id": injection_id})
             case RunApprove(call_id=call_id) | RunReject(call_id=call_id):
                 message = request.message if isinstance(request, RunReject) else None
                 approved = isinstance(request, RunApprove)
                 if child:
                     decide_here(entry, call_id, approved=approved, message=message)
-                else:
-                    await self._decide_here(entry, run, call_id, approved, message, origin)
-                return {}
+                    return Answer({})
+                stored = await self._decide_here(entry, run, call_id, approved, message, origin)
+                return Answer({}, stored)
 
     async def _decide_here(
         self,
@@ -626,42 +625,43 @@ class ClusterHost(LocalHost):
         approved: bool,
         message: str | None,
         origin: Origin | None,
-    ) -> None:
+    ) -> bool:
         """An approval or rejection: durable before it is applied (its answer too, when
         routed): a takeover applies it to the call asked again, and never serves the
-        command twice."""
+        command twice. Returns whether a routed one's answer was stored and sent."""
         if entry.first_seq > 1:
             await _settled(run)
         live(entry)
         if call_id not in run.statistics().pending_approvals:
             raise ProtocolError("not_found", str(UnknownCallError(call_id)))
-        await self._cluster._record_decision(
+        stored = await self._cluster._record_decision(
             entry.run_id, call_id, approved=approved, message=message, origin=origin
         )
         # Recorded and answered already: the run may have ended (or moved) since.
         with contextlib.suppress(ProtocolError):
             decide_here(entry, call_id, approved=approved, message=message)
+        return stored
 
     # ------------------------------------------------------------ routed ops
 
-    async def execute(self, request: RoutedOp, origin: Origin) -> dict[str, Any]:
+    async def execute(self, request: RoutedOp, origin: Origin) -> Answer:
         """Answer an op another node routed here (the router read it from the cluster's
-        wire, ``_routing.from_wire``); ``origin`` is where it comes from: the principal,
-        the node that sent it, the run id of a placed start, and the command's id, under
-        which a durable op stores its answer.
+        wire, ``_routing.from_wire``, and waited while its run is being resumed here);
+        ``origin`` is where it comes from: the principal, the node that sent it, the run
+        id of a placed start, and the command's id, under which a durable op stores its
+        answer.
 
         A start was placed here by a full node: it starts here, with no owner on this
         node (its ``on_disconnect`` applies on the node that placed it, which holds its
         client's connection, and here once that node is dead)."""
         if isinstance(request, StartRequest):
-            return await self._start_placed(request, origin)
+            return Answer(await self._start_placed(request, origin))
         if isinstance(request, RunGet):  # is a child run in a tree of this node? (_tree_node)
             entry = self._registry.lookup(origin.principal, request.run_id)
             fence = entry.tree.fence
             if entry.root is None or (fence is not None and fence.closed):
                 raise ProtocolError("not_found", f"no child run {request.run_id!r} here")
-            return {"run": self._registry.info(entry).to_json()}
-        await self._cluster._wait_resumed(request.run_id)
+            return Answer({"run": self._registry.info(entry).to_json()})
         return await self._apply_here(origin.principal, request, origin)
 
     async def _start_placed(self, request: StartRequest, origin: Origin) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from ._storable import storable_json
 __all__ = [
     "ROUTE_TIMEOUT",
     "WIRE_VERSION",
+    "Answer",
     "Control",
     "Reply",
     "RoutedOp",
@@ -85,8 +86,20 @@ RoutedOp: TypeAlias = StartRequest | Control | RunGet
 as they are through the host and turned into the cluster's wire (a command row, its
 NOTIFY) here only, by :func:`to_wire` and :func:`from_wire`."""
 
-Executor = Callable[[RoutedOp, Origin], Awaitable[dict[str, Any]]]
-"""``execute(op, origin) -> ack fields``: the node's local op. ``origin`` is where the
+
+@attrs.frozen
+class Answer:
+    """What an op answers: its ack ``fields``, and whether the op already ``stored``
+    a routed command's answer, and notified its sender, in the transaction that made
+    its effect durable (:func:`routed_reply`): then the router sends nothing more (one
+    transaction fewer on the path of a routed cancel, withdrawal or decision)."""
+
+    fields: Mapping[str, Any]
+    stored: bool = False
+
+
+Executor = Callable[[RoutedOp, Origin], Awaitable[Answer]]
+"""``execute(op, origin) -> answer``: the node's local op. ``origin`` is where the
 command comes from, as values: its principal, the node that routed it, the run id it
 names (a placed start's chosen id) and the command's id, under which the op stores its
 answer with its durable effect."""
@@ -314,14 +327,28 @@ class Router:
         self.execute: Executor | None = None
         self._wakeup = trio.Event()
         self._inflight: set[int] = set()
-        # The commands being answered whose op stored and sent its answer itself.
-        self._answered: set[int] = set()
         self._replies: dict[Any, str] = {}
         self._nursery: trio.Nursery | None = None
-        # Whether a run is this node's (set by the cluster): inline commands only then.
-        self.serves_inline: Callable[[Any, Any], bool] = lambda run_id, principal: False
+        # This node's runs by id (its registry's), and the wait while a run taken over
+        # is being resumed here: set by :meth:`attach`.
+        self._runs: Mapping[str, Any] = {}
+        self._resumed: Callable[[str], Awaitable[None]] | None = None
         self.routed = 0
         self.served = 0
+
+    def attach(
+        self,
+        execute: Executor,
+        runs: Mapping[str, Any],
+        resumed: Callable[[str], Awaitable[None]],
+    ) -> None:
+        """Serve commands with ``execute``: this node's local ops. ``runs`` are the
+        node's runs by id (an inline command is served at once only for one of them),
+        ``resumed(run_id)`` waits while a run taken over is being resumed here (a
+        command may come first)."""
+        self.execute = execute
+        self._runs = runs
+        self._resumed = resumed
 
     # -- the client's side ------------------------------------------------------------
 
@@ -486,12 +513,24 @@ class Router:
             or not isinstance(origin, str)
             or not (run_id is None or isinstance(run_id, str))
             or command_id in self._inflight
-            or not (message.get("t") or self.serves_inline(run_id, principal))
+            or not (message.get("t") or self._serves(run_id, principal))
         ):
             self.wake()
             return
         self._inflight.add(command_id)
         nursery.start_soon(self._serve, command_id, principal, request, origin, run_id)
+
+    def _serves(self, run_id: str | None, principal: str) -> bool:
+        """Whether a routed op for ``run_id`` may be answered here at once (a run of
+        this node; or no run: a start placed here)."""
+        if run_id is None:
+            return True
+        entry = self._runs.get(run_id)
+        return (
+            entry is not None
+            and entry.principal == principal
+            and not (entry.fence is not None and entry.fence.closed)
+        )
 
     # -- the owner's side -------------------------------------------------------------
 
@@ -565,22 +604,25 @@ class Router:
                 except ProtocolError as exc:  # refused like any op: the node goes on
                     logger.warning("routed command %s refused: %s", command_id, exc.message)
                     raise
+                if self._resumed is not None and not isinstance(request, StartRequest | RunGet):
+                    await self._resumed(request.run_id)
                 # Where it comes from, as values: the op stores its answer under the
                 # command's id and notifies the node that sent it (a routed cancel was
                 # recorded by its sender already, Router.send).
-                fields = await self.execute(
+                done = await self.execute(
                     request,
                     Origin(principal=principal, node=origin, run_id=run_id, command=command_id),
                 )
-                answer: dict[str, Any] = {"ok": fields}
+                if done.stored:
+                    self.served += 1
+                    return  # stored and sent with the op's own durable effect
+                answer: dict[str, Any] = {"ok": dict(done.fields)}
             except ProtocolError as exc:
                 answer = {"error": [exc.code, exc.message]}
             except Exception:
                 logger.exception("routed command %s failed", command_id)
                 answer = {"error": ["internal", "internal error"]}
             self.served += 1
-            if command_id in self._answered:
-                return  # stored and sent with the op's own durable effect
             text = json.dumps(answer)
             note = reply_note(origin, command_id, text)
 
@@ -599,14 +641,6 @@ class Router:
                     backoff = min(backoff * 2, 2.0)
         finally:
             self._inflight.discard(command_id)
-            self._answered.discard(command_id)
-
-    def answered(self, command_id: int) -> None:
-        """The op answering ``command_id`` stored its answer and notified its sender in
-        its own transaction: the router sends nothing more (one transaction fewer on
-        the path of a routed cancel, withdrawal or decision)."""
-        if command_id in self._inflight:
-            self._answered.add(command_id)
 
 
 def _loaded(args: str | dict[str, Any]) -> Any:

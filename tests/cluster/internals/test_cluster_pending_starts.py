@@ -126,7 +126,7 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
                 async def slow_answer(request: Any, origin: Any) -> Any:
                     assert execute is not None
                     fields = await execute(request, origin)
-                    placed.append(fields["run_id"])
+                    placed.append(fields.fields["run_id"])
                     await answered.wait()
                     return fields
 

@@ -54,7 +54,7 @@ def every_op(text: str) -> list[RoutedOp]:
             session_id=text[:MAX_NAME_LENGTH],
             on_disconnect="continue",
             on_busy="interrupt",
-            limits={"max_turns": 3, "deadline": 1.5, "cost": "0.25"},
+            limits={"max_turns": 3, "deadline": 1.5, "cost": 0.25},
             input_overlap="skip",
         ),
         RunCancel(run_id=LONG_ID, reason=text, mode="after_turn"),
