@@ -727,7 +727,7 @@ class PostgresCluster:
         """The other nodes where a tree of ``principal`` may hold a child run: the
         live owners of its unfinished runs and of those finished less than ``retain``
         s ago. Child runs have no rows (a tree lives on its root's node), so a child's
-        id is resolved by asking these nodes (:meth:`_route_to`); a principal with no
+        id is resolved by asking these nodes (``ClusterHost._tree_node``); a principal with no
         runs on other nodes costs this one query.
 
         Raises:
@@ -751,14 +751,6 @@ class PostgresCluster:
             return await self._db.call(read)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
-
-    async def _route_to(
-        self, principal: str, request: RoutedOp, run_id: str, node: str
-    ) -> dict[str, Any]:
-        """Send an op on ``run_id`` (a child run, which has no row) to ``node``, the
-        node running its tree; its ack fields come back (errors: the node's own, e.g.
-        ``not_found`` when the tree is not there)."""
-        return await self._router.send(principal, request, run_id=run_id, target_node=node)
 
 
 def _sent(reply: Reply | None) -> bool:

@@ -157,6 +157,9 @@ class ClusterHost(LocalHost):
     ) -> None:
         super().__init__(agents, limits=limits, run_options=run_options, context=context)
         self._cluster = cluster
+        # The node's router: this host hands it the ops of runs other nodes run, as
+        # typed values (it turns them into the cluster's wire, _routing.to_wire).
+        self._router = cluster._router
         self._registry.cluster = cluster
         self._stopping = False
         self._follows: set[trio.CancelScope] = set()
@@ -222,17 +225,15 @@ class ClusterHost(LocalHost):
     async def _route(self, principal: str, request: Control, run_id: str) -> dict[str, Any]:
         """Route an op to the node running ``run_id``: a root's owner (its row), or, for a
         child run (no row), the node running its tree."""
-        cluster = self._cluster
         try:
-            data: dict[str, Any] = await cluster._route(principal, request, run_id)
-            return data
+            return await self._router.send(principal, request, run_id=run_id)
         except ProtocolError as exc:
             # The owner's own not_found (an unknown call id, ...) stands; a run without a
             # row may be a child run.
-            if exc.code != "not_found" or await cluster._owner_of(principal, run_id):
+            if exc.code != "not_found" or await self._cluster._owner_of(principal, run_id):
                 raise
         node, _ = await self._tree_node(principal, run_id)
-        return await cluster._route_to(principal, request, run_id, node)
+        return await self._router.send(principal, request, run_id=run_id, target_node=node)
 
     async def _tree_node(self, principal: str, run_id: str) -> tuple[str, dict[str, Any]]:
         """A child run of a tree another node runs: that node, and the run's ``run.get``
@@ -247,7 +248,8 @@ class ClusterHost(LocalHost):
         get = RunGet(run_id=run_id)
         for node in await cluster._tree_nodes(principal, self._registry.limits.retain_finished):
             try:
-                answer = await cluster._route_to(principal, get, run_id, node)
+                # Addressed to that node (a child run has no row to find its owner by).
+                answer = await self._router.send(principal, get, run_id=run_id, target_node=node)
             except ProtocolError as exc:
                 if exc.code in ("not_found", "invalid_request"):  # not there (or an older node)
                     continue
@@ -384,7 +386,7 @@ class ClusterHost(LocalHost):
                 if self._here(principal, run_id) is not None:
                     await self._apply_here(principal, cancel, None)
                 else:
-                    await self._cluster._route(principal, cancel, run_id)
+                    await self._router.send(principal, cancel, run_id=run_id)
             except ProtocolError as exc:
                 if exc.code != "run_closed":
                     raise
