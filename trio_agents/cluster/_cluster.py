@@ -478,9 +478,12 @@ class PostgresCluster:
         return found
 
     async def _route(self, principal: str, request: RoutedOp, run_id: str) -> Any:
-        """Send an op to the owner of ``run_id``; its ack fields come back (errors:
-        ``not_found``, ``run_closed``, the owner's own). A cancel of a run queued for
-        capacity that no node has claimed ends it at once (``Router.send``)."""
+        """Send an op (a typed value, :data:`~._routing.RoutedOp`) to the owner of
+        ``run_id``; its ack fields come back (errors: ``not_found``, ``run_closed``, the
+        owner's own). A cancel of a run queued for capacity that no node has claimed
+        ends it at once (``Router.send``). The run tasks' routed cancels (a placed
+        run's client gone, a session's holder superseded) come this way; the node's
+        host hands its ops to the router itself."""
         return await self._router.send(principal, request, run_id=run_id)
 
     async def _place(

@@ -1,9 +1,14 @@
 """Control ops for runs owned by another node: the ``trio_agents_commands`` table.
 
-The client's node inserts the request (op and its fields as JSON, the principal, the
-run — or, for a placed ``run.start``, the target node), in the statement that checks the
-run is the principal's and unfinished (``not_found``/``run_closed`` otherwise), and
-NOTIFYs ``{"k": "cmd", "n": owner, ...}`` carrying the command itself when it is short.
+An op travels as a typed value (:data:`RoutedOp`: the request classes the faces parse
+into, a placed start's :class:`~trio_agents.hosting.StartRequest`) up to here, and is
+turned into the cluster's wire and back by one codec, :func:`to_wire` /
+:func:`from_wire` (a versioned JSON object; an op a node cannot read is answered
+``invalid_request``, never a crash). The client's node inserts the op (its wire JSON,
+the principal, the run — or, for a placed start, the target node), in the statement
+that checks the run is the principal's and unfinished (``not_found``/``run_closed``
+otherwise), and NOTIFYs ``{"k": "cmd", "n": owner, ...}`` carrying the command itself
+when it is short.
 The owner answers an inline command of one of its runs at once; otherwise (or on a poll
 every few seconds, or after a reconnection) it reads every unanswered command for its
 runs or addressed to it. It answers each with its own local op — the same code as a
