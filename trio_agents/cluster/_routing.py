@@ -45,6 +45,7 @@ import trio
 from .._items import Item, coerce_items
 from ..hosting._host import Origin, StartRequest
 from ..hosting._policies import limits_to_wire
+from ..hosting._registry import RunEntry
 from ..hosting._requests import RunApprove, RunCancel, RunGet, RunInject, RunReject, RunWithdraw
 from ..hosting._terms import ProtocolError
 from ._capacity import cancel_unstarted_in
@@ -336,7 +337,7 @@ class Router:
         self._nursery: trio.Nursery | None = None
         # This node's runs by id (its registry's), and the wait while a run taken over
         # is being resumed here: set by :meth:`attach`.
-        self._runs: Mapping[str, Any] = {}
+        self._runs: Mapping[str, RunEntry] = {}
         self._resumed: Callable[[str], Awaitable[None]] | None = None
         self.routed = 0
         self.served = 0
@@ -344,7 +345,7 @@ class Router:
     def attach(
         self,
         execute: Executor,
-        runs: Mapping[str, Any],
+        runs: Mapping[str, RunEntry],
         resumed: Callable[[str], Awaitable[None]],
     ) -> None:
         """Serve commands with ``execute``: this node's local ops. ``runs`` are the
