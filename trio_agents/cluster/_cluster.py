@@ -26,7 +26,7 @@ import trio
 from .._agent import Agent
 from .._items import Item, ToolCall
 from .._limits import UsageLimits
-from ..hosting._host import Origin
+from ..hosting._host import Origin, StartRequest
 from ..hosting._node import ClusterStatistics
 from ..hosting._policies import limits_to_wire
 from ..hosting._terms import ProtocolError
@@ -46,7 +46,16 @@ from ._queries import (
     release_node,
     tool_start_barrier,
 )
-from ._routing import Executor, Reply, Router, ok_reply, routed_reply, store_reply
+from ._routing import (
+    Executor,
+    Reply,
+    RoutedOp,
+    Router,
+    ok_reply,
+    routed_reply,
+    store_reply,
+    to_wire,
+)
 from ._session import ClusterSession, session_key
 from ._storable import storable_json
 from ._takeover import Leases
@@ -128,7 +137,6 @@ class PostgresCluster:
         self._router = Router(self._db, self._listener, self._node_id)
         self._leases = Leases(self)
         self._registry: Registry | None = None
-        self._execute: Executor | None = None
         self._dead = False
         self._nursery: trio.Nursery | None = None
         self._in_use = False
@@ -175,14 +183,6 @@ class PostgresCluster:
             reconnects=self._listener.reconnects,
         )
 
-    def _sent(self, reply: Reply | None) -> bool:
-        """Whether the op's transaction stored its routed command's answer and notified
-        the sender: then the router sends nothing more."""
-        if reply is None or reply[2] is None:
-            return False
-        self._router.answered(reply[0])
-        return True
-
     def _host_for(
         self,
         agents: Mapping[str, Agent],
@@ -217,9 +217,7 @@ class PostgresCluster:
             raise RuntimeError("a PostgresCluster serves one ControlServer, once")
         self._in_use = True
         self._registry = registry
-        self._execute = execute
-        self._router.execute = execute
-        self._router.serves_inline = self._serves
+        self._router.attach(execute, registry.runs, self._leases.wait_resumed)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -237,19 +235,6 @@ class PostgresCluster:
                 task_status.started()
         finally:
             await self._db.aclose()
-
-    def _serves(self, run_id: Any, principal: Any) -> bool:
-        """Whether a routed op for ``run_id`` may be answered here at once (a run of
-        this node; or no run: a start placed here)."""
-        if run_id is None:
-            return True
-        registry = self._registry
-        entry = None if registry is None else registry.runs.get(run_id)
-        return (
-            entry is not None
-            and entry.principal == principal
-            and not (entry.fence is not None and entry.fence.closed)
-        )
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message.get("k")
@@ -426,10 +411,6 @@ class PostgresCluster:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""
         return tool_start_barrier(self._db, run_id, self._node_id, attempt, fence)
 
-    async def _wait_resumed(self, run_id: str) -> None:
-        """Wait while ``run_id`` is being resumed here (a command may come first)."""
-        await self._leases.wait_resumed(run_id)
-
     async def _owner_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
         """The run's row (None: no such run of ``principal``)."""
         rows = await self._rows("run_id = %s AND principal = %s", (run_id, principal))
@@ -496,16 +477,19 @@ class PostgresCluster:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         return found
 
-    async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
-        """Send an op to the owner of ``run_id``; its ack fields come back (errors:
-        ``not_found``, ``run_closed``, the owner's own). A cancel of a run queued for
-        capacity that no node has claimed ends it at once (``Router.send``)."""
+    async def _route(self, principal: str, request: RoutedOp, run_id: str) -> Any:
+        """Send an op (a typed value, :data:`~._routing.RoutedOp`) to the owner of
+        ``run_id``; its ack fields come back (errors: ``not_found``, ``run_closed``, the
+        owner's own). A cancel of a run queued for capacity that no node has claimed
+        ends it at once (``Router.send``). The run tasks' routed cancels (a placed
+        run's client gone, a session's holder superseded) come this way; the node's
+        host hands its ops to the router itself."""
         return await self._router.send(principal, request, run_id=run_id)
 
     async def _place(
-        self, principal: str, request: dict[str, Any], run_id: str
+        self, principal: str, request: StartRequest, run_id: str
     ) -> dict[str, Any] | None:
-        """A ``run.start`` on a full node: start it, as ``run_id``, on a node with room
+        """A start on a full node: start it, as ``run_id``, on a node with room
         (its ack fields), or, when every node is full, queue it for capacity (``_capacity.py``)
         and return its ``run_id``; None when this node has room.
 
@@ -533,8 +517,10 @@ class PostgresCluster:
         # first node with room, in the order of the starts.
         registry = self._registry
         bound = 100 if registry is None else registry.limits.max_runs_per_principal
-        client = self._node_id if request.get("on_disconnect") == "cancel" else None
-        await enqueue_start(self._db, principal, request, run_id, client_node=client, bound=bound)
+        client = self._node_id if request.on_disconnect == "cancel" else None
+        await enqueue_start(
+            self._db, principal, to_wire(request), run_id, client_node=client, bound=bound
+        )
         return {"run_id": run_id}
 
     async def _record_cancel(
@@ -554,7 +540,7 @@ class PostgresCluster:
             await record_cancel(self._db, run_id, reason, mode, reply, recorded=recorded)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
-        return self._sent(reply)
+        return _sent(reply)
 
     async def _record_child_cancel(
         self, child: Any, reason: str | None, mode: str, origin: Origin | None = None
@@ -605,7 +591,7 @@ class PostgresCluster:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         if not recorded:
             raise ProtocolError("internal", f"run {child.id} is moving to another node; retry")
-        return self._sent(reply)
+        return _sent(reply)
 
     async def _record_decision(
         self,
@@ -648,7 +634,7 @@ class PostgresCluster:
             raise ProtocolError(
                 "internal", "this node no longer runs the run (it is being taken over); retry"
             )
-        return self._sent(reply)
+        return _sent(reply)
 
     async def _record_withdrawal(
         self, run_id: str, injection_id: str, origin: Origin | None = None
@@ -658,7 +644,7 @@ class PostgresCluster:
         Returns whether that answer was stored and sent."""
         reply = routed_reply(origin, {"withdrawn": True})
         await record_withdrawal(self._db, run_id, injection_id, reply)
-        return self._sent(reply)
+        return _sent(reply)
 
     async def _injection_persisted(
         self, run_id: str, injection_id: str, origin: Origin | None = None
@@ -744,7 +730,7 @@ class PostgresCluster:
         """The other nodes where a tree of ``principal`` may hold a child run: the
         live owners of its unfinished runs and of those finished less than ``retain``
         s ago. Child runs have no rows (a tree lives on its root's node), so a child's
-        id is resolved by asking these nodes (:meth:`_route_to`); a principal with no
+        id is resolved by asking these nodes (``ClusterHost._tree_node``); a principal with no
         runs on other nodes costs this one query.
 
         Raises:
@@ -769,13 +755,12 @@ class PostgresCluster:
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
 
-    async def _route_to(
-        self, principal: str, request: dict[str, Any], run_id: str, node: str
-    ) -> dict[str, Any]:
-        """Send an op on ``run_id`` (a child run, which has no row) to ``node``, the
-        node running its tree; its ack fields come back (errors: the node's own, e.g.
-        ``not_found`` when the tree is not there)."""
-        return await self._router.send(principal, request, run_id=run_id, target_node=node)
+
+def _sent(reply: Reply | None) -> bool:
+    """Whether the op's transaction stored its routed command's answer and notified
+    the sender (:class:`~._routing.Answer`'s ``stored``): then the router sends nothing
+    more."""
+    return reply is not None and reply[2] is not None
 
 
 def idle_timeout(lease_ttl: float) -> float:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._host import Origin
     from ._local import LocalHost
     from ._policies import ContextHook
+    from ._requests import RunCancel
     from ._terms import Limits
 
 __all__ = ["ClusterNode", "ClusterStatistics", "NodeOfCluster", "TakenOver"]
@@ -137,7 +138,7 @@ class ClusterNode(Protocol):
 
     async def _unfinished(self, principal: str, run_ids: Iterable[str]) -> set[str]: ...
 
-    async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> Any: ...
+    async def _route(self, principal: str, request: RunCancel, run_id: str) -> Any: ...
 
     async def _record_cancel(
         self, run_id: str, reason: str | None, mode: str, origin: Origin | None = None

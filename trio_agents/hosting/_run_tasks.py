@@ -28,6 +28,7 @@ from .._session_lock import SessionClaim
 from ..sessions import Session
 from ._policies import RunStartInfo, call_context_hook
 from ._registry import Owner, Registry, RunEntry
+from ._requests import RunCancel
 from ._sessions import MeteredSession, ScopedSession
 from ._terms import ProtocolError
 
@@ -430,9 +431,10 @@ async def supersede(registry: Registry, principal: str, run_id: str, node: str |
         entry.run.cancel("superseded")
         return
     assert registry.cluster is not None
-    request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
     with contextlib.suppress(ProtocolError):
-        await registry.cluster._route(principal, request, run_id)
+        await registry.cluster._route(
+            principal, RunCancel(run_id=run_id, reason="superseded"), run_id
+        )
 
 
 async def _run_task(
@@ -533,13 +535,7 @@ async def _cancel_placed(registry: Registry, principal: str, run_ids: Iterable[s
     that has finished meanwhile answers ``run_closed``: ignored)."""
     assert registry.cluster is not None
     for run_id in run_ids:
-        request = {
-            "id": 0,
-            "op": "run.cancel",
-            "run_id": run_id,
-            "reason": _DISCONNECTED,
-            "mode": "immediate",
-        }
+        request = RunCancel(run_id=run_id, reason=_DISCONNECTED)
         try:
             await registry.cluster._route(principal, request, run_id)
         except ProtocolError as exc:
