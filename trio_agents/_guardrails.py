@@ -40,6 +40,7 @@ import trio
 
 from ._events import text_delta
 from ._exceptions import GuardrailTripped
+from ._handoffs import reachable
 from ._util import summarize
 
 if TYPE_CHECKING:
@@ -277,8 +278,6 @@ class StreamGate:
 def needs_side_tasks(agent: Any) -> bool:
     """Whether ``agent`` or any agent it can hand off to has guardrails that run as
     tasks beside the turn loop (non-blocking input ones, streaming output ones)."""
-    from ._handoffs import reachable
-
     return any(
         any(not g.blocking for g in current.input_guardrails)
         or any(g.stream for g in current.output_guardrails)

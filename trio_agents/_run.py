@@ -48,6 +48,7 @@ from ._repair import Verdict, build_result, repair
 from ._result import RunResult, RunStatistics
 from ._session_lock import SessionClaim, session_lock_key
 from ._state import RunState
+from ._tools import ChildStarter
 from ._turns import Completed, Failed, Outcome, Stopped, announce, drive, failure
 from ._util import clean_text, leaves, only_cancelled, summarize
 from .sessions._base import Session
@@ -98,6 +99,7 @@ class Run:
         options: RunOptions,
         _parent: Run | None = None,
         _call_id: str | None = None,
+        _children: ChildStarter | None = None,
     ) -> None:
         if not isinstance(agent, Agent):
             raise TypeError(f"agent must be an Agent, not {type(agent).__name__}")
@@ -142,6 +144,9 @@ class Run:
             log=self._log,
             session=None,  # attached once the run holds it: see _attach_session
             handle=self,
+            # What starts the children of its calls: given by the layer above
+            # (_children.py), which the run's modules below it never import.
+            child_starter=_children,
             input=items,
         )
         self._inbox = Inbox(self.id, options.inbox_capacity)

@@ -37,7 +37,7 @@ from ._limits import Budget, charge_all
 from ._log import EventLog
 from ._model import Usage
 from ._options import RunOptions
-from ._tools import ToolContext
+from ._tools import ChildStarter, ToolContext
 from ._util import summarize
 from .sessions._base import Session
 
@@ -175,8 +175,8 @@ class RunState:
     ============== ========================================= ==========================
     the run        ``run_id``, ``options``, ``hooks``,       ``_run.py`` before the run
                    ``max_turns``, ``input``, ``handle``,     starts; ``agent`` by a
-                   ``interruptible``, ``agent``, ``log``     handoff (``_handoffs.py``);
-                                                             ``log`` appended by every
+                   ``child_starter``, ``interruptible``,     handoff (``_handoffs.py``);
+                   ``agent``, ``log``                        ``log`` appended by every
                                                              step
     conversation   ``conversation``, ``new_items``,          :meth:`commit` (here);
     and session    ``call_ids``, ``history_loaded``,         ``_session_load.py`` and
@@ -221,6 +221,7 @@ class RunState:
         "agent",
         "budgets",
         "call_ids",
+        "child_starter",
         "conversation",
         "finish_reason",
         "fresh_hold",
@@ -269,6 +270,7 @@ class RunState:
         log: EventLog,
         session: Session | None,
         handle: Any,
+        child_starter: ChildStarter | None,
         input: tuple[Item, ...],
     ) -> None:
         # -- the run: set before it starts, read by every step. A handoff switches
@@ -280,6 +282,8 @@ class RunState:
         self.max_turns = options.max_turns or agent.max_turns
         self.log = log
         self.handle = handle  # the public Run, handed to hooks
+        # How the run's tool calls start child runs: handed to each call's ToolContext.
+        self.child_starter = child_starter
         self.input = input
         # Whether a when="now" injection can reach the run (it needs a cancel scope per
         # model call): False only for a run that nobody holds the handle of (see

@@ -285,6 +285,7 @@ async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> Tool
         # A partial, not nested lambdas: fewer objects held while the call runs.
         on_progress=functools.partial(_progress_soon, call_soon, state, open_call),
         handle=state.handle,
+        children=state.child_starter,
     )
     open_call.ctx = ctx
     try:
