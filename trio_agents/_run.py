@@ -137,6 +137,8 @@ class Run:
         self._options = options
         start = resume.next_seq if resume is not None else 1
         self._log = EventLog(self.id, options.event_retention, start)
+        # The tree's merged stream once this run is part of a tree (its log feeds it).
+        self._feed: TreeFeed | None = None
         self._state = RunState(
             run_id=self.id,
             agent=agent,
@@ -384,14 +386,14 @@ class Run:
     def _tree_feed(self) -> TreeFeed:
         """The tree's merged stream, made (at the root) on first use, seeded with what
         the root's log retains."""
-        feed = self._log.feed
+        feed = self._feed
         if feed is None:
             assert self._parent is None  # a child joins its parent's feed when made
             feed = TreeFeed(self._options.event_retention)
             feed.join(self.id, None)
             for event in self._log.retained():
                 feed.add(event)
-            self._log.feed = feed
+            self._feed = self._log.feed = feed
         return feed
 
     def _adopt(self, child: Run) -> None:
@@ -407,7 +409,7 @@ class Run:
         feed.join(child.id, self.id)
         for event in child._log.retained():
             feed.add(event)
-        child._log.feed = feed
+        child._feed = child._log.feed = feed
 
     def _child_ended(self, child: Run, result: RunResult) -> None:
         """A child run reached its terminal update (inside this run's tool call)."""
