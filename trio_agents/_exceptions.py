@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._util import clean_text
+from ._text_cleaning import clean_text
 
 if TYPE_CHECKING:
     from decimal import Decimal

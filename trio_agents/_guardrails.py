@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any, overload
 import attrs
 import trio
 
+from ._error_text import summarize
 from ._events import text_delta
 from ._exceptions import GuardrailTripped
 from ._handoffs import reachable
-from ._util import summarize
 
 if TYPE_CHECKING:
     from ._state import Hold, RunState

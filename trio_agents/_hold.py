@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from ._exception_groups import first_leaf, only_cancelled
 from ._run import Run
-from ._util import first_leaf, only_cancelled
 
 __all__ = ["hold"]
 

@@ -34,7 +34,9 @@ import attrs
 import trio
 
 from ._agent import Agent
+from ._error_text import summarize
 from ._events import RunChild, RunStatus
+from ._exception_groups import leaves, only_cancelled
 from ._exceptions import InboxFullError, RunClosedError, UsageLimitExceeded
 from ._feed import TreeCursor, TreeFeed
 from ._guardrails import needs_side_tasks
@@ -48,9 +50,9 @@ from ._repair import Verdict, build_result, repair
 from ._result import RunResult, RunStatistics
 from ._session_lock import SessionClaim, session_lock_key
 from ._state import RunState
+from ._text_cleaning import clean_text
 from ._tools import ChildStarter
 from ._turns import Completed, Failed, Outcome, Stopped, announce, drive, failure
-from ._util import clean_text, leaves, only_cancelled, summarize
 from .sessions._base import Session
 
 __all__ = [
@@ -146,9 +148,6 @@ class Run:
             log=self._log,
             session=None,  # attached once the run holds it: see _attach_session
             handle=self,
-            # What starts the children of its calls: given by the layer above
-            # (_children.py), which the run's modules below it never import.
-            child_starter=_children,
             input=items,
         )
         self._inbox = Inbox(self.id, options.inbox_capacity)
@@ -166,6 +165,9 @@ class Run:
         self._claim: SessionClaim | None = None
         if session is not None:
             self._claim = SessionClaim(session_lock_key(session), session.session_id, self)
+        # What starts the children of its calls: given by the layer above
+        # (_children.py, which the run's own modules never import).
+        self._state.child_starter = _children
         if _parent is not None:
             self._state.on_waiting = _parent._waiting_changed
         # Usage limits (_limits.py): this run's own budget, then every ancestor's.

@@ -31,6 +31,7 @@ import attrs
 import trio
 
 from ._agent import Agent
+from ._error_text import summarize
 from ._events import RunItemEvent, RunStatus, RunUpdated
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall, UserMessage
 from ._limits import Budget, charge_all
@@ -38,7 +39,6 @@ from ._log import EventLog
 from ._model import Usage
 from ._options import RunOptions
 from ._tools import ChildStarter, ToolContext
-from ._util import summarize
 from .sessions._base import Session
 
 __all__ = [
@@ -175,8 +175,8 @@ class RunState:
     ============== ========================================= ==========================
     the run        ``run_id``, ``options``, ``hooks``,       ``_run.py`` before the run
                    ``max_turns``, ``input``, ``handle``,     starts; ``agent`` by a
-                   ``child_starter``, ``interruptible``,     handoff (``_handoffs.py``);
-                   ``agent``, ``log``                        ``log`` appended by every
+                   ``interruptible``, ``agent``, ``log``     handoff (``_handoffs.py``);
+                                                             ``log`` appended by every
                                                              step
     conversation   ``conversation``, ``new_items``,          :meth:`commit` (here);
     and session    ``call_ids``, ``history_loaded``,         ``_session_load.py`` and
@@ -195,8 +195,9 @@ class RunState:
     what the       ``run_span_open``, ``spans``              ``_turns.py`` and
     repair needs                                             ``_toolcalls.py`` open,
                                                              ``_repair.py`` ends
-    the run tree   ``usage_below``, ``waiting_below``,       ``_run.py``
-    and limits     ``on_waiting``, ``budgets``
+    the run tree   ``child_starter``, ``usage_below``,       ``_run.py``
+    and limits     ``waiting_below``, ``on_waiting``,
+                   ``budgets``
     guardrails     ``fresh_input``, ``side``,                ``_session_load.py`` and
                    ``guardrails_running``,                   ``_turns.py``
                    ``guardrails_idle``                       (``fresh_input``),
@@ -270,7 +271,6 @@ class RunState:
         log: EventLog,
         session: Session | None,
         handle: Any,
-        child_starter: ChildStarter | None,
         input: tuple[Item, ...],
     ) -> None:
         # -- the run: set before it starts, read by every step. A handoff switches
@@ -282,8 +282,6 @@ class RunState:
         self.max_turns = options.max_turns or agent.max_turns
         self.log = log
         self.handle = handle  # the public Run, handed to hooks
-        # How the run's tool calls start child runs: handed to each call's ToolContext.
-        self.child_starter = child_starter
         self.input = input
         # Whether a when="now" injection can reach the run (it needs a cancel scope per
         # model call): False only for a run that nobody holds the handle of (see
@@ -302,8 +300,7 @@ class RunState:
         self.call_ids: set[str] = set()
         self.session = session
         self.session_dropped = False
-        # Summarize's summaries (per policy: (cut index, the summary message)), cached by
-        # _window.py.
+        # Summarize's summaries (per policy: (cut index, summary message)); _window.py's.
         self.summaries: dict[int, tuple[int, Item]] = {}
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
@@ -343,11 +340,12 @@ class RunState:
         # opened, and whether the run's span is (_repair.py ends them).
         self.spans = Spans()
         self.run_span_open = False
-        # -- the run tree (§17) and the limits, set by _run.py: usage of the finished
-        # descendants, the approvals waiting below this run (one {"run_id",
-        # "call_id", "name", "arguments"} per call), the parent's callback for when
-        # this run's own or its descendants' waiting calls change, and the usage
-        # limits this run charges: its own, then each ancestor's (_limits.py).
+        # -- the run tree (§17) and the limits, set by _run.py: what its calls start
+        # child runs with, usage of the finished descendants, the approvals waiting
+        # below it ({"run_id", "call_id", "name", "arguments"} each), the parent's
+        # callback for when its own or its descendants' waiting calls change, and the
+        # usage limits it charges: its own, then each ancestor's (_limits.py).
+        self.child_starter: ChildStarter | None = None
         self.usage_below: Usage | None = None
         self.waiting_below: tuple[Mapping[str, str], ...] = ()
         self.on_waiting: Callable[[], None] | None = None

@@ -33,12 +33,12 @@ import trio
 # mypy --strict); typing has it from Python 3.13 only.
 from typing_extensions import TypeVar
 
+from ._error_text import describe_error
 from ._exceptions import TrioAgentsError
 from ._frozen import freeze_json
 from ._model import ToolSpec
 from ._signatures import FunctionSchema, function_schema
 from ._typeschema import ArgumentConversionError
-from ._util import describe_error
 from ._validator import loads_json, validate
 
 if TYPE_CHECKING:

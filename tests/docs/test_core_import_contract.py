@@ -59,7 +59,7 @@ def test_the_tree_keeps_the_contract(tmp_path: Path) -> None:
         ("_tools", "trio_agents.hosting"),
         ("_run", "trio_agents.control"),
         ("_agent", "trio_agents.models"),
-        ("_util", "trio_agents.cluster"),
+        ("_serving", "trio_agents.cluster"),
     ],
 )
 def test_the_contract_catches_a_forbidden_import(
