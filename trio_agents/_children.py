@@ -132,7 +132,7 @@ async def make_child(
         options=make_options(merged),
         _parent=parent,
         _call_id=ctx.call_id,
-        _children=CHILDREN,
+        _child_starter=CHILDREN,
     )
     child._session_made = made and chosen is not None
     child._claim_session()  # raises SessionBusyError for on_busy="reject": not adopted

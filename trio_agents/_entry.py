@@ -134,5 +134,5 @@ def _root(
         session=session,
         run_id=run_id,
         options=make_options(options),
-        _children=CHILDREN,
+        _child_starter=CHILDREN,
     )

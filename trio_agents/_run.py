@@ -101,7 +101,7 @@ class Run:
         options: RunOptions,
         _parent: Run | None = None,
         _call_id: str | None = None,
-        _children: ChildStarter | None = None,
+        _child_starter: ChildStarter | None = None,
     ) -> None:
         if not isinstance(agent, Agent):
             raise TypeError(f"agent must be an Agent, not {type(agent).__name__}")
@@ -167,7 +167,7 @@ class Run:
             self._claim = SessionClaim(session_lock_key(session), session.session_id, self)
         # What starts the children of its calls: given by the layer above
         # (_children.py, which the run's own modules never import).
-        self._state.child_starter = _children
+        self._state.child_starter = _child_starter
         if _parent is not None:
             self._state.on_waiting = _parent._waiting_changed
         # Usage limits (_limits.py): this run's own budget, then every ancestor's.
