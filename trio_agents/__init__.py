@@ -5,9 +5,11 @@ steers it, and ``run.updated`` / ``run.events()`` say what it is doing. See
 ``docs/`` and the README.
 """
 
+# Model strings ("openai:gpt-4o-mini") resolve through what the models package registers
+# on import (_model.ModelStrings): imported here, so they work wherever trio_agents does,
+# while the run core below never imports a provider.
+from . import models as models
 from ._agent import Agent as Agent
-from ._children import MaxDepthExceeded as MaxDepthExceeded
-from ._children import SubAgentFailed as SubAgentFailed
 from ._entry import open_run as open_run
 from ._entry import run as run
 from ._entry import serve_run as serve_run
@@ -27,9 +29,9 @@ from ._events import ToolStarted as ToolStarted
 from ._exceptions import GuardrailTripped as GuardrailTripped
 from ._exceptions import InboxFullError as InboxFullError
 from ._exceptions import InvalidConversationError as InvalidConversationError
+from ._exceptions import MaxDepthExceeded as MaxDepthExceeded
 from ._exceptions import ModelError as ModelError
 from ._exceptions import RunClosedError as RunClosedError
-from ._exceptions import RunFailedError as RunFailedError
 from ._exceptions import SessionBusyError as SessionBusyError
 from ._exceptions import TrioAgentsError as TrioAgentsError
 from ._exceptions import UnknownCallError as UnknownCallError
@@ -56,8 +58,10 @@ from ._model import ModelRequest as ModelRequest
 from ._model import ToolSpec as ToolSpec
 from ._model import Usage as Usage
 from ._output import JSONSchema as JSONSchema
+from ._result import RunFailedError as RunFailedError
 from ._result import RunResult as RunResult
 from ._result import RunStatistics as RunStatistics
+from ._result import SubAgentFailed as SubAgentFailed
 from ._resume import Resume as Resume
 from ._run import CancelMode as CancelMode
 from ._run import InjectionId as InjectionId

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._agent_tool import agent_tool
 from ._guardrails import InputGuardrail, OutputGuardrail
-from ._handoffs import Handoff, check_handoff, handoff_specs, index_handoffs, resolve_targets
-from ._model import FINAL_ANSWER_TOOL, Model, ToolSpec
+from ._handoffs import Handoff, handoff_specs, index_handoffs
+from ._model import FINAL_ANSWER_TOOL, Model, ToolSpec, model_strings
 from ._output import OutputType, compile_output
 from ._tools import Tool, function_tool
 from ._window import HistoryPolicy, Summarize
@@ -67,51 +68,13 @@ def _to_settings(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
 
-def _spec_problem(spec: str) -> tuple[str, str]:
-    """What is wrong with a model string ``from_string`` refused, and a likely fix."""
-    from .models._model_string import redact
-
-    name = spec.strip()
-    spec = redact(spec)
-    provider, colon, _rest = name.partition(":")
-    if not colon:
-        guess = "anthropic" if name.startswith("claude") else "openai"
-        hint = f" Did you mean '{guess}:{name}'?" if name else ""
-        return f"model string {spec!r} has no provider prefix", hint
-    from .models._model_string import PROVIDERS
-
-    if provider not in PROVIDERS:
-        return f"model string {spec!r} names an unknown provider {provider!r}", ""
-    return f"model string {spec!r} names no model after {provider + ':'!r}", ""
-
-
-def model_from_string(spec: str) -> Model:
-    """Build the model a model string names (``models.from_string``), or raise a
-    ``ValueError`` naming the string, what is wrong, and the known prefixes."""
-    from .models._model_string import PROVIDERS, ModelSpecError, from_string
-
-    try:
-        return from_string(spec)
-    except ModelSpecError:
-        raise  # says exactly what is ambiguous in the string, credentials masked
-    except ValueError:
-        problem, hint = _spec_problem(spec)
-        prefixes = ", ".join(f"{provider}:" for provider in PROVIDERS)
-        raise ValueError(
-            f'{problem}; known prefixes: {prefixes} (or "demo"),'
-            ' e.g. "openai:gpt-4o-mini", "anthropic:claude-3-5-haiku-latest",'
-            f' "openai:llama3.1:8b@http://127.0.0.1:11434/v1".{hint}'
-        ) from None
-
-
 def _to_model(value: Model | str) -> Model:
     if isinstance(value, str):
+        strings = model_strings()
         try:
-            return model_from_string(value)
+            return strings.resolve(value)
         except ValueError as exc:
-            from .models._model_string import redact
-
-            raise ValueError(f"Agent(model={redact(value)!r}): {exc}") from None
+            raise ValueError(f"Agent(model={strings.redact(value)!r}): {exc}") from None
     return value
 
 
@@ -180,14 +143,43 @@ def _to_handoffs(value: Iterable[Handoff]) -> tuple[Handoff, ...]:
         raise TypeError("Agent(handoffs=...) takes a list of agents, e.g. handoffs=[billing]")
     targets = tuple(value)
     for index, element in enumerate(targets):
-        check_handoff(index, element)
+        _check_handoff(index, element)
     return targets
 
 
-def _default_model() -> Model:
-    from .models._demo import DemoModel
+def _check_handoff(index: int, element: object) -> None:
+    """An element of ``Agent(handoffs=...)`` as given: an agent or a callable."""
+    if isinstance(element, Agent):
+        return
+    if not callable(element) or inspect.isclass(element):
+        raise TypeError(
+            f"Agent(handoffs=...): element {index} is {type(element).__name__}, not an Agent"
+            " (nor a callable of no arguments returning one, e.g. lambda: billing)"
+        )
 
-    return DemoModel()
+
+def _resolve_targets(owner: str, handoffs: Iterable[Handoff]) -> tuple[Agent, ...]:
+    """The agents ``handoffs`` name: an agent as is, a callable called (once per agent:
+    the caller caches the result). A callable that raises or returns anything but an
+    Agent raises a ``TypeError`` naming ``owner`` and the element."""
+    found = []
+    for index, element in enumerate(handoffs):
+        if isinstance(element, Agent):
+            found.append(element)
+            continue
+        what = f"Agent {owner!r}, handoffs element {index} ({element!r:.60})"
+        try:
+            target = element()
+        except Exception as exc:
+            raise TypeError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(target, Agent):
+            raise TypeError(f"{what} returned {type(target).__name__}, not an Agent")
+        found.append(target)
+    return tuple(found)
+
+
+def _default_model() -> Model:
+    return model_strings().default()
 
 
 @attrs.frozen
@@ -325,7 +317,7 @@ class Agent:
         frozen agent; two threads resolving at once both build the same thing)."""
         handoffs = self._handoffs
         if handoffs is None:
-            handoffs = self._index(resolve_targets(self.name, self.handoffs))
+            handoffs = self._index(_resolve_targets(self.name, self.handoffs))
             specs = (*(tool.spec() for tool in self.tools), *handoff_specs(handoffs))
             # A cache, not a change of what the agent is: the targets were fixed when it
             # was made, only named lazily.
@@ -370,8 +362,6 @@ class Agent:
             options: run options for every child (those of :func:`open_run`);
                 ``cleanup_timeout``, ``hooks`` and the like default to the parent's.
         """
-        from ._children import agent_tool
-
         return agent_tool(self, name, description, output, options)
 
     def get_tool(self, name: str) -> Tool | None:

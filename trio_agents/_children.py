@@ -1,4 +1,6 @@
-"""Child runs (DESIGN §17): ``ctx.run`` / ``ctx.open_run`` and ``Agent.as_tool``.
+"""Child runs (DESIGN §17): what ``ctx.run`` / ``ctx.open_run`` (and so ``Agent.as_tool``)
+start, as :data:`CHILDREN`, the :class:`~trio_agents._tools.ChildStarter` every run hands
+its tool calls.
 
 A child run is an ordinary :class:`~trio_agents.Run` whose task lives inside one of its
 parent's tool calls: in the call's own task (``ctx.run``, ``as_tool``) or in a nursery
@@ -14,24 +16,22 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, final
 
-import attrs
 import trio
 
-from ._entry import hold
-from ._events import RunStatus
-from ._exceptions import TrioAgentsError
+from ._exceptions import MaxDepthExceeded
 from ._handoffs import agent_after
+from ._hold import hold
 from ._items import ToolCall, ToolResult
 from ._options import make_options
 from ._result import RunResult
 from ._resume import Resume
 from ._run import Run
-from ._tools import CallOutcome, Tool, ToolContext
+from ._tools import ToolContext
 from .sessions._base import Session
 
 if TYPE_CHECKING:
@@ -40,9 +40,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("trio_agents")
 
 __all__ = [
-    "MaxDepthExceeded",
-    "SubAgentFailed",
-    "agent_tool",
+    "CHILDREN",
+    "ChildRuns",
     "child_session",
     "make_child",
     "open_child",
@@ -67,12 +66,6 @@ _INHERITED = (
 # level of ctx.run / as_tool costs about six, a model stream over HTTP and a tool's own
 # code a few dozen more. Below this, another level is refused (check_depth).
 _STACK_HEADROOM = 250
-_INPUT_SCHEMA: Mapping[str, Any] = {
-    "type": "object",
-    "properties": {"input": {"type": "string", "description": "The task for the agent."}},
-    "required": ["input"],
-    "additionalProperties": False,
-}
 
 
 def child_session(parent: Run, call_id: str) -> Session | None:
@@ -139,6 +132,7 @@ async def make_child(
         options=make_options(merged),
         _parent=parent,
         _call_id=ctx.call_id,
+        _child_starter=CHILDREN,
     )
     child._session_made = made and chosen is not None
     child._claim_session()  # raises SessionBusyError for on_busy="reject": not adopted
@@ -292,98 +286,38 @@ async def open_child(
         await _close_session(child)
 
 
-# ----------------------------------------------------------------- Agent.as_tool
+@final
+class ChildRuns:
+    """The :class:`~trio_agents._tools.ChildStarter` of every run: ``ctx.run`` and
+    ``ctx.open_run`` come here (a run hands it to each of its calls' contexts)."""
+
+    __slots__ = ()
+
+    async def run(
+        self,
+        ctx: ToolContext[Any],
+        agent: Agent,
+        input: Any,
+        *,
+        session: Any,
+        run_id: str | None,
+        options: Mapping[str, Any],
+    ) -> RunResult:
+        child = await make_child(ctx, agent, input, session=session, run_id=run_id, options=options)
+        return await serve_child(child)
+
+    def open_run(
+        self,
+        ctx: ToolContext[Any],
+        agent: Agent,
+        input: Any,
+        *,
+        session: Any,
+        run_id: str | None,
+        options: Mapping[str, Any],
+    ) -> AbstractAsyncContextManager[Run]:
+        return open_child(ctx, agent, input, session=session, run_id=run_id, options=options)
 
 
-def _default_text(result: RunResult) -> str:
-    """A completed child's output as the parent's model reads it: its text, or JSON
-    for a parsed ``output_type`` value."""
-    value = result.final_output
-    if isinstance(value, str):
-        return value
-    from ._tools import to_output
-
-    return to_output(value)
-
-
-def agent_tool(
-    agent: Agent,
-    name: str | None,
-    description: str | None,
-    output: Callable[[RunResult], str] | None,
-    options: Mapping[str, Any],
-) -> Tool:
-    """What :meth:`Agent.as_tool` returns: a tool whose every call runs ``agent`` as a
-    child run (its input: the call's ``input`` argument)."""
-    from ._handoffs import tool_name_for
-
-    tool_name = name if name is not None else tool_name_for(agent.name)
-    if description is None:
-        description = f"Ask the {agent.name} agent to do a task; it answers with its result."
-        if isinstance(agent.instructions, str) and agent.instructions:
-            description += f" Its instructions: {agent.instructions[:500]}"
-    if output is not None and not callable(output):
-        raise TypeError(
-            f"output must be a callable taking a RunResult, not {type(output).__name__}"
-        )
-    make_options(options)  # refuse unknown or invalid options now, not at the first call
-
-    async def call_agent(ctx: ToolContext, arguments: dict[str, Any]) -> CallOutcome:
-        try:
-            result = await ctx.run(agent, arguments["input"], **options)
-        except MaxDepthExceeded as exc:
-            if ctx.parent._options.on_tool_error == "fail":
-                raise
-            # The model reads why and can answer from what it has.
-            return CallOutcome(str(exc), "error")
-        if result.status is RunStatus.CANCELLED:
-            return CallOutcome(f"sub-agent {agent.name} cancelled: {result.reason}", "cancelled")
-        if result.status is RunStatus.FAILED:
-            if ctx.parent._options.on_tool_error == "fail":
-                raise SubAgentFailed(agent.name, result)
-            return CallOutcome(f"sub-agent {agent.name} failed: {result.reason}", "error")
-        if output is None:
-            return CallOutcome(_default_text(result))
-        text = output(result)
-        if not isinstance(text, str):
-            raise TypeError(f"as_tool(output=...) returned {type(text).__name__}, not str")
-        return CallOutcome(text)
-
-    tool = Tool.from_schema(tool_name, description, _INPUT_SCHEMA, call_agent)
-    return attrs.evolve(tool, child_agent=agent)
-
-
-class SubAgentFailed(TrioAgentsError):
-    """A child run of ``Agent.as_tool`` failed and the parent runs with
-    ``on_tool_error="fail"``: the parent fails with this as ``result.error``.
-
-    Attributes:
-        result: the child's :class:`~trio_agents.RunResult`.
-    """
-
-    def __init__(self, agent: str, result: RunResult) -> None:
-        super().__init__(f"sub-agent {agent} failed: {result.reason}")
-        self.result = result
-
-
-class MaxDepthExceeded(TrioAgentsError):
-    """A child run was not started: it would be deeper in the tree than a ``max_depth``
-    allows (the run option of its parent or of an ancestor: how many levels of child
-    runs may grow below that run), or than the Python stack has room for.
-
-    ``ctx.run`` and ``ctx.open_run`` raise it, before anything of the child exists (no
-    handle, no session, no event); an :meth:`Agent.as_tool` call gets it as its error
-    result, ``"sub-agent <name> not started: max_depth <n> reached"``, which the
-    calling model reads (with ``on_tool_error="fail"``, the calling run fails instead).
-
-    Attributes:
-        agent: the name of the child's agent.
-        depth: the depth the child would have had (the root is at depth 0).
-        max_depth: the ``max_depth`` it met; None when the stack was the bound.
-    """
-
-    def __init__(self, agent: str, depth: int, max_depth: int | None, why: str) -> None:
-        super().__init__(f"sub-agent {agent} not started: {why}")
-        self.agent = agent
-        self.depth = depth
-        self.max_depth = max_depth
+CHILDREN: Final = ChildRuns()
+"""What every run (root or child) starts its calls' child runs with."""

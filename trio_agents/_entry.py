@@ -1,6 +1,11 @@
 """The entry points: ``open_run`` (a context manager), ``serve_run`` (the nursery-passing
 form) and ``run`` (one-shot). Each builds a :class:`~trio_agents.Run`, claims its
-session, and runs :meth:`Run._serve` in a nursery of the caller's."""
+session, and runs :meth:`Run._serve` in a nursery of the caller's.
+
+The top of the run core's chain (docs/architecture.md): a root run is made here, and
+handed :data:`~trio_agents._children.CHILDREN`, what its tool calls start child runs
+with.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,11 @@ from typing import Any
 import trio
 
 from ._agent import Agent
+from ._children import CHILDREN
+from ._hold import hold
 from ._options import make_options
 from ._result import RunResult
 from ._run import Run, RunInput
-from ._util import first_leaf, only_cancelled
 from .sessions._base import Session
 
 __all__ = ["open_run", "run", "serve_run"]
@@ -36,7 +42,7 @@ async def serve_run(
     nursery's scope is cancelled, the run records ``cancelled`` / ``"parent
     cancelled"`` after its bounded repair and ``trio.Cancelled`` propagates.
     """
-    handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
+    handle = _root(agent, input, session, run_id, options)
     handle._claim_session()
     await handle._serve(task_status=task_status)
     assert handle.result is not None
@@ -86,42 +92,10 @@ async def open_run(
         SessionBusyError: ``on_busy="reject"`` and the session is busy.
         ValueError: ``resume`` without a session, or with input.
     """
-    handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
+    handle = _root(agent, input, session, run_id, options)
     handle._claim_session()
     async with hold(handle) as held:
         yield held
-
-
-@asynccontextmanager
-async def hold(handle: Run) -> AsyncIterator[Run]:
-    """Serve ``handle`` (its session claimed) in a nursery of the caller's while the
-    ``async with`` body holds it: :func:`open_run`'s semantics, shared with
-    ``ctx.open_run`` (``_children.py``)."""
-    body_error: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            go = trio.Event()
-            await nursery.start(handle._serve, go)
-            # The run starts at the body's first checkpoint: a cancel() on the body's
-            # first line is guaranteed to come before any model call.
-            go.set()
-            try:
-                yield handle
-            except BaseException as exc:
-                body_error = exc
-                if not isinstance(exc, trio.Cancelled):
-                    handle.cancel("caller exited")
-    except BaseExceptionGroup as group:
-        # Our run task raises only Cancelled (an outer cancellation) or a
-        # BaseException like KeyboardInterrupt; never unwrap several real errors.
-        if body_error is None:
-            if only_cancelled(group):
-                raise first_leaf(group) from None
-            raise
-        if not only_cancelled(group):
-            raise
-    if body_error is not None:
-        raise body_error
 
 
 async def run(
@@ -139,8 +113,26 @@ async def run(
     # open_run's nursery, task and start-up handshake exist for a body that holds the
     # handle; here there is none, so this task runs the run (same cancel semantics: an
     # outer cancellation is recorded as "parent cancelled", then propagates).
-    handle = Run(agent, input, session=session, run_id=run_id, options=make_options(options))
+    handle = _root(agent, input, session, run_id, options)
     handle._claim_session()
     await handle._serve(direct=True)
     assert handle.result is not None
     return handle.result
+
+
+def _root(
+    agent: Agent,
+    input: RunInput,
+    session: Session | None,
+    run_id: str | None,
+    options: dict[str, Any],
+) -> Run:
+    """A root run (no parent), its calls able to start child runs."""
+    return Run(
+        agent,
+        input,
+        session=session,
+        run_id=run_id,
+        options=make_options(options),
+        _child_starter=CHILDREN,
+    )

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Self, TypeAlias, Union, cast, get_args, get_or
 import attrs
 
 from ._items import Item, item_from_json
-from ._util import clean_text, clean_value
+from ._text_cleaning import clean_text, clean_value
 
 __all__ = [
     "EventsDropped",

@@ -25,7 +25,9 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     └── ControlError              the control server answered with an error (.code)
         └── ControlConnectionError  the control connection was refused or lost
 
-Where each lives: the core's in ``trio_agents``; :class:`ModelSpecError` and
+Where each lives: the core's in ``trio_agents`` (here, but for the two that carry a
+:class:`~trio_agents.RunResult`, :class:`RunFailedError` and :class:`SubAgentFailed`,
+which live beside it in ``_result.py``: this module is below every other); :class:`ModelSpecError` and
 :class:`FallbackError` in ``trio_agents.models``; :class:`MCPToolError` in ``trio_agents.mcp``;
 :class:`HostError` in ``trio_agents.hosting``; :class:`ClusterDown` and
 :class:`ClusterSchemaError` in ``trio_agents.cluster``; the two control errors in
@@ -44,12 +46,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._util import clean_text
+from ._text_cleaning import clean_text
 
 if TYPE_CHECKING:
     from decimal import Decimal
-
-    from ._result import RunResult
 
 __all__ = [
     "ControlConnectionError",
@@ -57,9 +57,9 @@ __all__ = [
     "GuardrailTripped",
     "InboxFullError",
     "InvalidConversationError",
+    "MaxDepthExceeded",
     "ModelError",
     "RunClosedError",
-    "RunFailedError",
     "SessionBusyError",
     "TrioAgentsError",
     "UnknownCallError",
@@ -83,20 +83,6 @@ class RunClosedError(TrioAgentsError):
         super().__init__(f"run {run_id} is closed (status {status})")
         self.run_id = run_id
         self.status = status
-
-
-class RunFailedError(TrioAgentsError):
-    """Raised by :meth:`RunResult.raise_for_status` for a run whose status is ``failed``.
-
-    Attributes:
-        result: the :class:`~trio_agents.RunResult` of the failed run.
-        reason: the failure reason (``"max_turns"``, an error summary, ...).
-    """
-
-    def __init__(self, result: RunResult) -> None:
-        super().__init__(f"run {result.run_id} failed: {result.reason}")
-        self.result = result
-        self.reason = result.reason
 
 
 class InboxFullError(TrioAgentsError):
@@ -259,3 +245,26 @@ class InvalidConversationError(TrioAgentsError):
     Raised for an input that does not fit the stored conversation, an injection whose
     call id is already in it, or a history policy's invalid result.
     """
+
+
+class MaxDepthExceeded(TrioAgentsError):
+    """A child run was not started: it would be deeper in the tree than a ``max_depth``
+    allows (the run option of its parent or of an ancestor: how many levels of child
+    runs may grow below that run), or than the Python stack has room for.
+
+    ``ctx.run`` and ``ctx.open_run`` raise it, before anything of the child exists (no
+    handle, no session, no event); an :meth:`Agent.as_tool` call gets it as its error
+    result, ``"sub-agent <name> not started: max_depth <n> reached"``, which the
+    calling model reads (with ``on_tool_error="fail"``, the calling run fails instead).
+
+    Attributes:
+        agent: the name of the child's agent.
+        depth: the depth the child would have had (the root is at depth 0).
+        max_depth: the ``max_depth`` it met; None when the stack was the bound.
+    """
+
+    def __init__(self, agent: str, depth: int, max_depth: int | None, why: str) -> None:
+        super().__init__(f"sub-agent {agent} not started: {why}")
+        self.agent = agent
+        self.depth = depth
+        self.max_depth = max_depth

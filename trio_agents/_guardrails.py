@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any, overload
 import attrs
 import trio
 
+from ._error_text import summarize
 from ._events import text_delta
 from ._exceptions import GuardrailTripped
-from ._util import summarize
+from ._handoffs import reachable
 
 if TYPE_CHECKING:
     from ._state import Hold, RunState
@@ -277,8 +278,6 @@ class StreamGate:
 def needs_side_tasks(agent: Any) -> bool:
     """Whether ``agent`` or any agent it can hand off to has guardrails that run as
     tasks beside the turn loop (non-blocking input ones, streaming output ones)."""
-    from ._handoffs import reachable
-
     return any(
         any(not g.blocking for g in current.input_guardrails)
         or any(g.stream for g in current.output_guardrails)

@@ -10,7 +10,7 @@ count over the whole run.
 Agents are frozen, so two that hand off to each other (triage ⇄ billing) cannot both
 hold the other when made: a target may be given *lazily*, as a callable of no
 arguments returning the agent, called once, when the agent's handoff tools are first
-needed (:func:`resolve_targets`; a run resolves every agent it can reach when it is
+needed (``_agent.resolve_targets``; a run resolves every agent it can reach when it is
 made). A cycle lets a run bounce between agents forever: the ``max_handoffs`` run
 option bounds the switches of one run, and a transfer past it is answered with an error
 the model reads (``_toolcalls.hand_off``).
@@ -18,7 +18,6 @@ the model reads (``_toolcalls.hand_off``).
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -37,11 +36,9 @@ __all__ = [
     "Handoff",
     "agent_after",
     "agent_named",
-    "check_handoff",
     "handoff_specs",
     "index_handoffs",
     "reachable",
-    "resolve_targets",
     "switch_agent",
     "tool_name_for",
 ]
@@ -61,41 +58,6 @@ def tool_name_for(agent_name: str, prefix: str = "") -> str:
     name, other characters replaced by ``_``."""
     name = prefix + _UNSAFE.sub("_", agent_name)
     return name[:64] or "agent"
-
-
-def check_handoff(index: int, element: object) -> None:
-    """An element of ``Agent(handoffs=...)`` as given: an agent or a callable."""
-    from ._agent import Agent
-
-    if isinstance(element, Agent):
-        return
-    if not callable(element) or inspect.isclass(element):
-        raise TypeError(
-            f"Agent(handoffs=...): element {index} is {type(element).__name__}, not an Agent"
-            " (nor a callable of no arguments returning one, e.g. lambda: billing)"
-        )
-
-
-def resolve_targets(owner: str, handoffs: Iterable[Handoff]) -> tuple[Agent, ...]:
-    """The agents ``handoffs`` name: an agent as is, a callable called (once per agent:
-    the caller caches the result). A callable that raises or returns anything but an
-    Agent raises a ``TypeError`` naming ``owner`` and the element."""
-    from ._agent import Agent
-
-    found = []
-    for index, element in enumerate(handoffs):
-        if isinstance(element, Agent):
-            found.append(element)
-            continue
-        what = f"Agent {owner!r}, handoffs element {index} ({element!r:.60})"
-        try:
-            target = element()
-        except Exception as exc:
-            raise TypeError(f"{what} raised {type(exc).__name__}: {exc}") from exc
-        if not isinstance(target, Agent):
-            raise TypeError(f"{what} returned {type(target).__name__}, not an Agent")
-        found.append(target)
-    return tuple(found)
 
 
 def reachable(agent: Agent) -> list[Agent]:

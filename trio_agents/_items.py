@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 
 import attrs
 
-from ._util import clean_text
+from ._text_cleaning import clean_text
 
 __all__ = [
     "AssistantMessage",
@@ -43,7 +43,7 @@ def _text(value: str) -> str:
 
     Whatever made the item (a model's stream, a tool's output, the run's input, an
     injection, an approval's message, a session's stored row), its text leaves here in
-    a form every model API and session accepts (:func:`~trio_agents._util.clean_text`):
+    a form every model API and session accepts (:func:`~trio_agents._text_cleaning.clean_text`):
     a lone surrogate would make every later request of the conversation fail to encode.
     A value that is not a str is left for the field's validator to refuse.
     """

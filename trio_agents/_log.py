@@ -9,16 +9,26 @@ readers park on one :class:`trio.lowlevel.ParkingLot` that every append wakes.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, final
+from typing import Protocol, final
 
 import trio
 
 from ._events import EventsDropped, RunEvent, RunUpdated
 
-if TYPE_CHECKING:
-    from ._feed import TreeFeed
+__all__ = ["EventCursor", "EventLog", "LogFeed", "StatusCursor", "UpdatedStream"]
 
-__all__ = ["EventCursor", "EventLog", "StatusCursor", "UpdatedStream"]
+
+class LogFeed(Protocol):
+    """Where the log of a run in a tree also sends its events: the tree's merged
+    stream (``_feed.TreeFeed``, which reads these logs, so it is the module above)."""
+
+    def add(self, event: RunEvent) -> None:
+        """Take ``event``, just appended to one of the tree's logs."""
+        ...
+
+    def wake(self) -> None:
+        """A log of the tree closed: wake the readers waiting for more."""
+        ...
 
 
 @final
@@ -57,7 +67,7 @@ class EventLog:
         self._parked = 0  # readers in wait(): append() skips the lot when there are none
         self._statuses: list[RunUpdated] = []
         # The tree's merged stream (_feed.py), once this run is part of a tree.
-        self.feed: TreeFeed | None = None
+        self.feed: LogFeed | None = None
 
     @property
     def first_seq(self) -> int:

@@ -14,7 +14,7 @@ nothing about structured output.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from decimal import Decimal
 from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
@@ -29,11 +29,14 @@ __all__ = [
     "Model",
     "ModelEvent",
     "ModelRequest",
+    "ModelStrings",
     "OutputSpec",
     "TextDelta",
     "ToolCallDone",
     "ToolSpec",
     "Usage",
+    "model_strings",
+    "register_model_strings",
 ]
 
 
@@ -208,3 +211,45 @@ class Model(Protocol):
         it (normally or by cancellation) must close the underlying response.
         """
         ...
+
+
+# ----------------------------------------------------------------- model strings
+
+
+@attrs.frozen
+class ModelStrings:
+    """What turns ``Agent(model="openai:gpt-4o-mini")`` into a model, and an agent with
+    no model into the default one.
+
+    ``trio_agents.models`` registers it when imported (and ``trio_agents`` imports that
+    package), so model strings work wherever the package does, while the run core
+    names no provider: the models sit above the core, which never imports them.
+
+    Attributes:
+        resolve: the model a string names; a ``ValueError`` saying what is wrong with
+            it (credentials masked) and the known prefixes otherwise.
+        redact: the string with the credentials of any URL in it masked, for messages.
+        default: a new default model (the offline demo).
+    """
+
+    resolve: Callable[[str], Model]
+    redact: Callable[[str], str]
+    default: Callable[[], Model]
+
+
+_registered: list[ModelStrings] = []
+
+
+def register_model_strings(strings: ModelStrings) -> None:
+    """Make ``strings`` what resolves model strings (``trio_agents.models`` does, once,
+    on import; a later registration replaces an earlier one)."""
+    _registered[:] = [strings]
+
+
+def model_strings() -> ModelStrings:
+    """What resolves model strings: what ``trio_agents.models`` registered."""
+    if not _registered:
+        # Not reachable through the package (importing trio_agents imports the models);
+        # a clear message all the same rather than an IndexError.
+        raise RuntimeError("no model strings registered: import trio_agents.models")
+    return _registered[0]

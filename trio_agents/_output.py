@@ -30,10 +30,11 @@ from typing import Any, TypeAlias, final
 
 import attrs
 
+from ._error_text import describe_error
 from ._frozen import freeze_json
 from ._model import FINAL_ANSWER_TOOL, OutputSpec, ToolSpec
+from ._text_cleaning import clean_value
 from ._typeschema import ArgumentConversionError, compile_type, to_json_value
-from ._util import clean_value, describe_error
 from ._validator import loads_json, validate
 
 __all__ = [

@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 import trio
 
+from ._error_text import summarize
 from ._events import RunStatus
 from ._exceptions import GuardrailTripped
 from ._inbox import Injection
@@ -40,10 +41,10 @@ from ._model import Usage
 from ._result import RunResult
 from ._session_load import load_session
 from ._state import RunState
+from ._text_cleaning import clean_text
 from ._toolcalls import finish_call
 from ._tools import mark_cancelled
 from ._turns import announce
-from ._util import clean_text, summarize
 
 __all__ = ["Verdict", "repair"]
 

@@ -1,4 +1,6 @@
-"""What a run ends with: :class:`RunResult`, and the :class:`RunStatistics` snapshot."""
+"""What a run ends with: :class:`RunResult`, and the :class:`RunStatistics` snapshot;
+the two errors that carry a result (:class:`RunFailedError`, :class:`SubAgentFailed`:
+drawn in ``_exceptions.py``'s tree, kept here so that module needs no result)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,11 @@ from typing import Any
 import attrs
 
 from ._events import RunStatus
-from ._exceptions import RunFailedError
+from ._exceptions import TrioAgentsError
 from ._items import Item
 from ._model import Usage
 
-__all__ = ["RunResult", "RunStatistics"]
+__all__ = ["RunFailedError", "RunResult", "RunStatistics", "SubAgentFailed"]
 
 
 @attrs.frozen
@@ -85,3 +87,30 @@ class RunStatistics:
     open_tool_calls: int
     inbox_items: int
     pending_approvals: tuple[str, ...]
+
+
+class RunFailedError(TrioAgentsError):
+    """Raised by :meth:`RunResult.raise_for_status` for a run whose status is ``failed``.
+
+    Attributes:
+        result: the :class:`~trio_agents.RunResult` of the failed run.
+        reason: the failure reason (``"max_turns"``, an error summary, ...).
+    """
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(f"run {result.run_id} failed: {result.reason}")
+        self.result = result
+        self.reason = result.reason
+
+
+class SubAgentFailed(TrioAgentsError):
+    """A child run of ``Agent.as_tool`` failed and the parent runs with
+    ``on_tool_error="fail"``: the parent fails with this as ``result.error``.
+
+    Attributes:
+        result: the child's :class:`~trio_agents.RunResult`.
+    """
+
+    def __init__(self, agent: str, result: RunResult) -> None:
+        super().__init__(f"sub-agent {agent} failed: {result.reason}")
+        self.result = result

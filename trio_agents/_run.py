@@ -34,7 +34,9 @@ import attrs
 import trio
 
 from ._agent import Agent
+from ._error_text import summarize
 from ._events import RunChild, RunStatus
+from ._exception_groups import leaves, only_cancelled
 from ._exceptions import InboxFullError, RunClosedError, UsageLimitExceeded
 from ._feed import TreeCursor, TreeFeed
 from ._guardrails import needs_side_tasks
@@ -48,8 +50,9 @@ from ._repair import Verdict, build_result, repair
 from ._result import RunResult, RunStatistics
 from ._session_lock import SessionClaim, session_lock_key
 from ._state import RunState
+from ._text_cleaning import clean_text
+from ._tools import ChildStarter
 from ._turns import Completed, Failed, Outcome, Stopped, announce, drive, failure
-from ._util import clean_text, leaves, only_cancelled, summarize
 from .sessions._base import Session
 
 __all__ = [
@@ -98,6 +101,7 @@ class Run:
         options: RunOptions,
         _parent: Run | None = None,
         _call_id: str | None = None,
+        _child_starter: ChildStarter | None = None,
     ) -> None:
         if not isinstance(agent, Agent):
             raise TypeError(f"agent must be an Agent, not {type(agent).__name__}")
@@ -135,6 +139,8 @@ class Run:
         self._options = options
         start = resume.next_seq if resume is not None else 1
         self._log = EventLog(self.id, options.event_retention, start)
+        # The tree's merged stream once this run is part of a tree (its log feeds it).
+        self._feed: TreeFeed | None = None
         self._state = RunState(
             run_id=self.id,
             agent=agent,
@@ -159,6 +165,9 @@ class Run:
         self._claim: SessionClaim | None = None
         if session is not None:
             self._claim = SessionClaim(session_lock_key(session), session.session_id, self)
+        # What starts the children of its calls: given by the layer above
+        # (_children.py, which the run's own modules never import).
+        self._state.child_starter = _child_starter
         if _parent is not None:
             self._state.on_waiting = _parent._waiting_changed
         # Usage limits (_limits.py): this run's own budget, then every ancestor's.
@@ -379,14 +388,14 @@ class Run:
     def _tree_feed(self) -> TreeFeed:
         """The tree's merged stream, made (at the root) on first use, seeded with what
         the root's log retains."""
-        feed = self._log.feed
+        feed = self._feed
         if feed is None:
             assert self._parent is None  # a child joins its parent's feed when made
             feed = TreeFeed(self._options.event_retention)
             feed.join(self.id, None)
             for event in self._log.retained():
                 feed.add(event)
-            self._log.feed = feed
+            self._feed = self._log.feed = feed
         return feed
 
     def _adopt(self, child: Run) -> None:
@@ -402,7 +411,7 @@ class Run:
         feed.join(child.id, self.id)
         for event in child._log.retained():
             feed.add(event)
-        child._log.feed = feed
+        child._feed = child._log.feed = feed
 
     def _child_ended(self, child: Run, result: RunResult) -> None:
         """A child run reached its terminal update (inside this run's tool call)."""

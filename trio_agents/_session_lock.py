@@ -165,10 +165,3 @@ class SessionClaim:
                 slot.holder = nxt.run
                 return
             del _slots[self.key]
-
-
-def active_run_id(session: Session) -> str | None:
-    """The id of the run that holds ``session``, if any (for diagnostics)."""
-    with _lock:
-        slot = _slots.get(session_lock_key(session))
-        return None if slot is None else slot.holder.id

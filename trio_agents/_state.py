@@ -31,14 +31,14 @@ import attrs
 import trio
 
 from ._agent import Agent
+from ._error_text import summarize
 from ._events import RunItemEvent, RunStatus, RunUpdated
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall, UserMessage
 from ._limits import Budget, charge_all
 from ._log import EventLog
 from ._model import Usage
 from ._options import RunOptions
-from ._tools import ToolContext
-from ._util import summarize
+from ._tools import ChildStarter, ToolContext
 from .sessions._base import Session
 
 __all__ = [
@@ -195,8 +195,9 @@ class RunState:
     what the       ``run_span_open``, ``spans``              ``_turns.py`` and
     repair needs                                             ``_toolcalls.py`` open,
                                                              ``_repair.py`` ends
-    the run tree   ``usage_below``, ``waiting_below``,       ``_run.py``
-    and limits     ``on_waiting``, ``budgets``
+    the run tree   ``child_starter``, ``usage_below``,       ``_run.py``
+    and limits     ``waiting_below``, ``on_waiting``,
+                   ``budgets``
     guardrails     ``fresh_input``, ``side``,                ``_session_load.py`` and
                    ``guardrails_running``,                   ``_turns.py``
                    ``guardrails_idle``                       (``fresh_input``),
@@ -221,6 +222,7 @@ class RunState:
         "agent",
         "budgets",
         "call_ids",
+        "child_starter",
         "conversation",
         "finish_reason",
         "fresh_hold",
@@ -298,8 +300,7 @@ class RunState:
         self.call_ids: set[str] = set()
         self.session = session
         self.session_dropped = False
-        # Summarize's summaries (per policy: (cut index, the summary message)), cached by
-        # _window.py.
+        # Summarize's summaries (per policy: (cut index, summary message)); _window.py's.
         self.summaries: dict[int, tuple[int, Item]] = {}
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
@@ -339,11 +340,12 @@ class RunState:
         # opened, and whether the run's span is (_repair.py ends them).
         self.spans = Spans()
         self.run_span_open = False
-        # -- the run tree (§17) and the limits, set by _run.py: usage of the finished
-        # descendants, the approvals waiting below this run (one {"run_id",
-        # "call_id", "name", "arguments"} per call), the parent's callback for when
-        # this run's own or its descendants' waiting calls change, and the usage
-        # limits this run charges: its own, then each ancestor's (_limits.py).
+        # -- the run tree (§17) and the limits, set by _run.py: what its calls start
+        # child runs with, usage of the finished descendants, the approvals waiting
+        # below it ({"run_id", "call_id", "name", "arguments"} each), the parent's
+        # callback for when its own or its descendants' waiting calls change, and the
+        # usage limits it charges: its own, then each ancestor's (_limits.py).
+        self.child_starter: ChildStarter | None = None
         self.usage_below: Usage | None = None
         self.waiting_below: tuple[Mapping[str, str], ...] = ()
         self.on_waiting: Callable[[], None] | None = None

@@ -23,13 +23,13 @@ from typing import Any, TypeAlias
 import trio
 
 from ._agent import Agent
+from ._error_text import summarize
 from ._events import RunStatus, ToolFinished, ToolProgress, ToolStarted
 from ._inbox import Approvals
 from ._items import ToolCall, ToolResult
 from ._resume import Resume
 from ._state import CallSoon, OpenCall, RunState, call_hook
 from ._tools import CallOutcome, Tool, ToolArgumentsError, ToolContext, mark_cancelled, to_output
-from ._util import summarize
 
 __all__ = ["ToolFailure", "hand_off", "run_tools", "settle_resumed_calls"]
 
@@ -285,6 +285,7 @@ async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> Tool
         # A partial, not nested lambdas: fewer objects held while the call runs.
         on_progress=functools.partial(_progress_soon, call_soon, state, open_call),
         handle=state.handle,
+        children=state.child_starter,
     )
     open_call.ctx = ctx
     try:

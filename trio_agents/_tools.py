@@ -24,7 +24,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Generic, Literal, final, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, final, overload
 
 import attrs
 import trio
@@ -33,12 +33,12 @@ import trio
 # mypy --strict); typing has it from Python 3.13 only.
 from typing_extensions import TypeVar
 
+from ._error_text import describe_error
 from ._exceptions import TrioAgentsError
 from ._frozen import freeze_json
 from ._model import ToolSpec
 from ._signatures import FunctionSchema, function_schema
 from ._typeschema import ArgumentConversionError
-from ._util import describe_error
 from ._validator import loads_json, validate
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CallOutcome",
+    "ChildStarter",
     "Tool",
     "ToolArgumentsError",
     "ToolContext",
@@ -101,6 +102,44 @@ ContextT = TypeVar("ContextT", default=Any)
 """The type of a run's ``context=`` object, as ``ctx: ToolContext[MyDeps]`` declares it."""
 
 
+class ChildStarter(Protocol):
+    """How the calls of a run start child runs (``ctx.run``, ``ctx.open_run``; DESIGN §17).
+
+    The run hands it to each call's :class:`ToolContext`, as Trio hands a task its
+    nursery: tools sit below the runs in the core's chain (docs/architecture.md), so
+    a call cannot import what starts runs; it is given it. ``_children.CHILDREN``
+    is the one implementation.
+    """
+
+    async def run(
+        self,
+        ctx: ToolContext[Any],
+        agent: Agent,
+        input: Any,
+        *,
+        session: Any,
+        run_id: str | None,
+        options: Mapping[str, Any],
+    ) -> RunResult:
+        """Run ``agent`` as a child of the run making ``ctx``'s call, in the calling
+        task, to its end."""
+        ...
+
+    def open_run(
+        self,
+        ctx: ToolContext[Any],
+        agent: Agent,
+        input: Any,
+        *,
+        session: Any,
+        run_id: str | None,
+        options: Mapping[str, Any],
+    ) -> AbstractAsyncContextManager[Run]:
+        """Start a child run in a nursery of the calling tool; hold it while the block
+        runs."""
+        ...
+
+
 @final
 @attrs.frozen(eq=False)
 class ToolContext(Generic[ContextT]):
@@ -146,6 +185,11 @@ class ToolContext(Generic[ContextT]):
     # The run making the call (None for a context built by hand): what ctx.run() and
     # ctx.open_run() start their child runs under.
     _handle: Run | None = attrs.field(default=None, kw_only=True, repr=False, alias="handle")
+    # What starts those child runs: the run's, handed down with the handle (None for a
+    # context built by hand).
+    _children: ChildStarter | None = attrs.field(
+        default=None, kw_only=True, repr=False, alias="children"
+    )
     # The context of a ToolContext built by hand (a run's calls read the run's).
     _context: Any = attrs.field(default=None, kw_only=True, repr=False, alias="context")
     # Set by mark_cancelled() before any event exists; the event copies it when made.
@@ -170,10 +214,7 @@ class ToolContext(Generic[ContextT]):
             RuntimeError: the context was built by hand, not by a run.
         """
         if self._handle is None:
-            raise RuntimeError(
-                f"this ToolContext (call {self.call_id!r}) was not made by a run:"
-                " ctx.parent, ctx.run() and ctx.open_run() need the run making the call"
-            )
+            raise self._not_made_by_a_run()
         return self._handle
 
     async def run(
@@ -203,12 +244,9 @@ class ToolContext(Generic[ContextT]):
             MaxDepthExceeded: the child would be more levels below this run (or an
                 ancestor) than its ``max_depth`` allows; nothing of it was started.
         """
-        from ._children import make_child, serve_child
-
-        child = await make_child(
+        return await self._starter().run(
             self, agent, input, session=session, run_id=run_id, options=options
         )
-        return await serve_child(child)
 
     def open_run(
         self,
@@ -223,9 +261,22 @@ class ToolContext(Generic[ContextT]):
         hold its handle, as :func:`~trio_agents.open_run` does; several may be open at
         once (fan-out). Leaving the block waits for the child to end. Same options and
         session rule as :meth:`run`."""
-        from ._children import open_child
+        return self._starter().open_run(
+            self, agent, input, session=session, run_id=run_id, options=options
+        )
 
-        return open_child(self, agent, input, session=session, run_id=run_id, options=options)
+    def _starter(self) -> ChildStarter:
+        # A run hands its starter to every call it makes: only a context built by hand
+        # has none.
+        if self._children is None:
+            raise self._not_made_by_a_run()
+        return self._children
+
+    def _not_made_by_a_run(self) -> RuntimeError:
+        return RuntimeError(
+            f"this ToolContext (call {self.call_id!r}) was not made by a run:"
+            " ctx.parent, ctx.run() and ctx.open_run() need the run making the call"
+        )
 
     @property
     def cancelled(self) -> threading.Event:

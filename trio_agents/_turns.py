@@ -37,6 +37,7 @@ import trio
 
 from ._agent import Agent
 from ._answer import Answers, final_answer_offered
+from ._error_text import summarize
 from ._events import InboxDelivered, InboxInjected, RunStatus, text_delta
 from ._exceptions import GuardrailTripped, InvalidConversationError, ModelError
 from ._guardrails import (
@@ -78,8 +79,8 @@ from ._state import (
     SessionError,
     call_hook,
 )
+from ._text_cleaning import TextJoiner
 from ._toolcalls import ToolFailure, run_tools, settle_resumed_calls
-from ._util import TextJoiner, summarize
 from ._window import HistoryError, apply_history
 
 __all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]

@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from ._docstrings import parse_docstring
-from ._util import describe_error, error_message
+from ._error_text import describe_error, error_message
 from ._validator import child_path, json_equal, json_type, validate
 
 __all__ = [

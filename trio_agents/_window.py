@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from ._items import AssistantMessage, Item, ToolCall, ToolResult, UserMessage, conversation_problems
-from ._limits import estimate_tokens
+from ._limits import StreamMeter, estimate_tokens
 from ._model import Finish, Model, ModelRequest, TextDelta, Usage
 
 if TYPE_CHECKING:
@@ -148,8 +148,6 @@ def _transcript(items: Sequence[Item]) -> str:
 
 async def _summarize(state: RunState, policy: Summarize, dropped: Sequence[Item]) -> str:
     """One model call writing the summary of ``dropped``, counted like the run's own."""
-    from ._limits import StreamMeter
-
     if state.budgets and state.spend("requests"):
         await trio.lowlevel.checkpoint_if_cancelled()
     request = ModelRequest(

@@ -16,13 +16,13 @@ from typing import Final
 
 import trio
 
+from .._exception_groups import leaves
 from .._exceptions import (
     ControlConnectionError,
     ControlError,
     RunClosedError,
     UnknownCallError,
 )
-from .._util import leaves
 
 __all__ = [
     "EXIT_BROKEN_PIPE",

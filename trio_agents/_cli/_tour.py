@@ -30,10 +30,10 @@ from .. import (
     function_tool,
     open_run,
 )
-from .._agent import model_from_string
 from ..models import AnthropicModel, DemoModel, OpenAIChatModel
 from ..models._anthropic import API_VERSION as ANTHROPIC_API_VERSION
 from ..models._anthropic import DEFAULT_BASE_URL as ANTHROPIC_BASE_URL
+from ..models._model_string import model_from_string
 from ..models._openai import DEFAULT_BASE_URL as OPENAI_BASE_URL
 from ..sessions import Session, SessionStorageError
 from ._errors import EXIT_USAGE, CLIError

@@ -23,10 +23,10 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnec
 from trio_websocket import wrap_client_stream as _wrap_client_stream
 
 from .._events import EventsDropped, RunEvent, RunStatus, RunUpdated, event_from_json
+from .._exception_groups import leaves as _leaves
 from .._exceptions import ControlConnectionError, ControlError, RunClosedError
 from .._items import Item, coerce_items
 from .._limits import UsageLimits
-from .._util import leaves as _leaves
 from ..hosting._policies import limits_to_wire
 from ._protocol import SUBPROTOCOL, RunInfo
 from ._stream import GuardedStream

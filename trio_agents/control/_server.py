@@ -34,7 +34,7 @@ import trio
 from trio_websocket import WebSocketRequest, wrap_server_stream
 
 from .. import Agent
-from .._util import closing_listeners, serving
+from .._serving import closing_listeners, serving
 from ..hosting import LocalHost
 from ..hosting._admission import Admitted, Gate, serve_admitted
 from ..hosting._policies import ContextHook

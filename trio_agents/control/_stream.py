@@ -22,7 +22,7 @@ from typing import final
 
 import trio
 
-from .._util import send_within
+from .._serving import send_within
 
 __all__ = ["GuardedStream"]
 

@@ -45,7 +45,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from .._items import UserMessage
-from .._util import clean_text
+from .._text_cleaning import clean_text
 from ..hosting import HostedEvent, HostError, Origin, RunHost, StartRequest
 from ._a2a_tasks import STATE_OF, TaskView, stream_event
 from ._a2a_v03 import METHODS as V03_METHODS

@@ -36,7 +36,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from .._util import closing_listeners, send_within
+from .._serving import closing_listeners, send_within
 from ..hosting._admission import Admitted, Gate, serve_admitted
 from ._shared import AUTHENTICATED_KEY, HttpLimits
 

@@ -23,7 +23,7 @@ import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from .._util import clean_text
+from .._text_cleaning import clean_text
 from ..hosting._requests import UNSTORABLE, reject_constant, unstorable
 
 __all__ = [

@@ -50,12 +50,13 @@ import trio
 
 from .._agent import Agent
 from .._events import EventsDropped, RunEvent, RunUpdated
+from .._exception_groups import first_leaf, only_cancelled
 from .._exceptions import InboxFullError, RunClosedError, UnknownCallError
 from .._inbox import InjectionId
 from .._items import Item
 from .._limits import UsageLimits
 from .._run import Run
-from .._util import first_leaf, only_cancelled, serving
+from .._serving import serving
 from ._host import HostedEvent, HostError, Origin, StartRequest
 from ._policies import ContextHook, effective_limits, limits_to_wire
 from ._registry import Owner, PrincipalStatistics, Registry, RunEntry

@@ -27,7 +27,7 @@ import attrs
 import trio
 
 from .. import Agent, Run
-from .._util import clean_text
+from .._text_cleaning import clean_text
 from ._sessions import MemorySessions, MeteredSession, SessionFactory
 from ._terms import Limits, ProtocolError, RunInfo
 

@@ -41,9 +41,9 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
+from .._error_text import summarize
 from .._exceptions import TrioAgentsError
 from .._tools import Tool, ToolContext
-from .._util import summarize
 
 __all__ = ["MCPServerHTTP", "MCPServerStdio", "MCPToolError"]
 

@@ -16,6 +16,7 @@ from .._model import Finish as Finish
 from .._model import Model as Model
 from .._model import ModelEvent as ModelEvent
 from .._model import ModelRequest as ModelRequest
+from .._model import ModelStrings, register_model_strings
 from .._model import OutputSpec as OutputSpec
 from .._model import TextDelta as TextDelta
 from .._model import ToolCallDone as ToolCallDone
@@ -27,12 +28,17 @@ from ._fallback import FallbackError as FallbackError
 from ._fallback import FallbackModel as FallbackModel
 from ._model_string import ModelSpecError as ModelSpecError
 from ._model_string import from_string as from_string
+from ._model_string import model_from_string, redact
 from ._openai import OpenAIChatModel as OpenAIChatModel
 from ._prices import TokenPrices as TokenPrices
 from ._ratelimit import RateLimit as RateLimit
 from ._responses import OpenAIResponsesModel as OpenAIResponsesModel
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import Turn as Turn
+
+# What makes Agent(model="openai:...") work: the run core resolves model strings through
+# this registration, never by importing this package (it sits below the models).
+register_model_strings(ModelStrings(resolve=model_from_string, redact=redact, default=DemoModel))
 
 __all__ = [
     "FINAL_ANSWER_TOOL",

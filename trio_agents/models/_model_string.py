@@ -9,7 +9,7 @@ from typing import Any, Final
 from .._exceptions import TrioAgentsError
 from .._model import Model
 
-__all__ = ["ModelSpecError", "from_string"]
+__all__ = ["ModelSpecError", "from_string", "model_from_string"]
 
 ACCEPTED_FORMS: Final = (
     '"demo", "openai:<model>", "openai-responses:<model>", "anthropic:<model>",'
@@ -178,3 +178,37 @@ def from_string(spec: str, **options: Any) -> Model:
     from ._anthropic import AnthropicModel
 
     return AnthropicModel(model, **options)
+
+
+def _spec_problem(spec: str) -> tuple[str, str]:
+    """What is wrong with a model string ``from_string`` refused, and a likely fix."""
+    name = spec.strip()
+    spec = redact(spec)
+    provider, colon, _rest = name.partition(":")
+    if not colon:
+        guess = "anthropic" if name.startswith("claude") else "openai"
+        hint = f" Did you mean '{guess}:{name}'?" if name else ""
+        return f"model string {spec!r} has no provider prefix", hint
+    if provider not in PROVIDERS:
+        return f"model string {spec!r} names an unknown provider {provider!r}", ""
+    return f"model string {spec!r} names no model after {provider + ':'!r}", ""
+
+
+def model_from_string(spec: str) -> Model:
+    """Build the model a model string names (:func:`from_string`), or raise a
+    ``ValueError`` naming the string, what is wrong, and the known prefixes: what
+    ``Agent(model="...")`` resolves a string with (registered as
+    :class:`~trio_agents._model.ModelStrings` by this package) and the CLI's
+    ``--model``."""
+    try:
+        return from_string(spec)
+    except ModelSpecError:
+        raise  # says exactly what is ambiguous in the string, credentials masked
+    except ValueError:
+        problem, hint = _spec_problem(spec)
+        prefixes = ", ".join(f"{provider}:" for provider in PROVIDERS)
+        raise ValueError(
+            f'{problem}; known prefixes: {prefixes} (or "demo"),'
+            ' e.g. "openai:gpt-4o-mini", "anthropic:claude-3-5-haiku-latest",'
+            f' "openai:llama3.1:8b@http://127.0.0.1:11434/v1".{hint}'
+        ) from None

@@ -32,7 +32,7 @@ from .. import (
 
 # The output_type machinery has no public entry point (yet): the one private import.
 from .._output import compile_output, output_problems
-from .._util import clean_text
+from .._text_cleaning import clean_text
 from ..models import ModelRequest, OutputSpec
 from ._faults import MALFORMED, START_HOOKS, SWALLOWING, Faults, HookCall
 from ._runner import FRESH_INPUT, NodeRecord, Observation, TreeObservation

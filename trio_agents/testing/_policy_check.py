@@ -13,7 +13,6 @@ never published), and the turn keeps exactly what it published (``gate-kept``).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 import attrs
 
@@ -390,12 +389,3 @@ def check_policies(
     order = list(INVARIANTS)
     out.sort(key=lambda v: order.index(v.invariant))
     return Report(tuple(out), observation.describe())
-
-
-def policy_violations(observation: PolicyObservation) -> Sequence[Violation]:
-    """Only the policy invariants' violations (for tests of the checker itself)."""
-    out: list[Violation] = []
-    _check_gate(observation, out)
-    _check_guardrails(observation, out)
-    _check_limits(observation, out)
-    return out

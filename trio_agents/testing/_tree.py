@@ -80,7 +80,7 @@ class TreeHooks(RunHooks):
 def tree_events(root: Run) -> list[RunEvent]:
     """What ``root.events(tree=True)`` would replay now: the tree's events in the
     order they happened (the root's own log when it never started a child)."""
-    feed = root._log.feed
+    feed = root._feed
     if feed is None:
         return root._log.retained()
     return [

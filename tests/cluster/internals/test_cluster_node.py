@@ -14,7 +14,7 @@ import trio_agents as ta
 from tests.support.cluster_nodes import agents
 from tests.support.cluster_support import Client, Node, client, node
 from tests.support.control_support import TOKENS
-from trio_agents._util import leaves
+from trio_agents._exception_groups import leaves
 from trio_agents.cluster import PostgresCluster
 from trio_agents.control import ControlServer
 from trio_agents.models import ScriptedModel, Turn

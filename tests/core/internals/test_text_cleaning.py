@@ -1,6 +1,6 @@
-"""The text cleaning every item goes through (``_util.clean_text``), its streaming
-form (``_util.TextJoiner``) and its form for JSON-like values (``_util.clean_value``), and the error descriptions that survive a broken
-``__str__`` (``_util.describe_error``): unit tests of a private module's contract."""
+"""The text cleaning every item goes through (``_text_cleaning.clean_text``), its
+streaming form (``TextJoiner``) and its form for JSON-like values (``clean_value``):
+unit tests of a private module's contract."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_agents._util import TextJoiner, clean_text, clean_value, describe_error, summarize
+from trio_agents._text_cleaning import TextJoiner, clean_text, clean_value
 
 # Any code point, surrogates included (Hypothesis leaves them out by default).
 _ANY = st.characters(codec=None, categories=None)
@@ -58,25 +58,6 @@ def test_the_joiner_joins_a_pair_split_across_deltas() -> None:
     assert joiner.feed("\ud83d") == ""
     assert joiner.flush() == "\ufffd"
     assert joiner.flush() == ""
-
-
-class _Broken(Exception):
-    def __str__(self) -> str:
-        raise RuntimeError("no")
-
-
-class _NotText(Exception):
-    def __str__(self) -> str:
-        return 42  # type: ignore[return-value]
-
-
-def test_describing_an_error_never_raises() -> None:
-    assert describe_error(_Broken()) == "_Broken: <str() raised RuntimeError>"
-    assert describe_error(_NotText()) == "_NotText: <str() raised TypeError>"
-    assert describe_error(ValueError("r\udce9sum\n x")) == "ValueError: r\ufffdsum x"
-    assert describe_error(KeyError()) == "KeyError"
-    group = ExceptionGroup("g", [_Broken(), ValueError("v")])
-    assert summarize(group) == "2 errors: _Broken: <str() raised RuntimeError>; ValueError: v"
 
 
 _JSONISH = st.recursive(

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_agents._util import closing_listeners
+from trio_agents._serving import closing_listeners
 from trio_agents.hosting._admission import Admitted, Gate, serve_admitted
 
 
