@@ -183,6 +183,20 @@ class PostgresCluster:
         self._router.answered(reply[0])
         return True
 
+    def host(
+        self,
+        agents: Mapping[str, Agent],
+        *,
+        limits: Limits | None = None,
+        run_options: Mapping[str, Any] | None = None,
+        context: ContextHook | None = None,
+    ) -> ClusterHost:
+        """This node as a :class:`~trio_agents.hosting.RunHost`: its runs, and every
+        other node's through the cluster's tables, for any face
+        (:func:`trio_agents.hosting.serve`). Sessions are the cluster's (PostgreSQL).
+        Serve it once; its shutdown hands this node's runs over to the other nodes."""
+        return self._host_for(agents, limits=limits, run_options=run_options, context=context)
+
     def _host_for(
         self,
         agents: Mapping[str, Agent],

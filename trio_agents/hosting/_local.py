@@ -377,6 +377,34 @@ class LocalHost:
         for entry in self._entries():
             entry.host_scope.cancel()
 
+    # The public lifecycle (RunHost's: what hosting.serve calls). Over the private steps
+    # above, which a cluster's host overrides (_open, _stop_runs).
+
+    async def open(self, nursery: trio.Nursery) -> Callable[[], None]:
+        """Host runs in ``nursery`` (see :meth:`RunHost.open`)."""
+        return await self._open(nursery)
+
+    @property
+    def closing(self) -> bool:
+        """Whether the shutdown began (see :meth:`RunHost.closing`)."""
+        return self._closing
+
+    def begin_shutdown(self) -> float:
+        """No new run starts from now; returns the shutdown's deadline."""
+        return self._begin_shutdown()
+
+    async def stop_runs(self, deadline: float) -> None:
+        """Stop every run (see :meth:`RunHost.stop_runs`)."""
+        await self._stop_runs(deadline)
+
+    async def wait_runs(self, deadline: float) -> None:
+        """Wait until ``deadline`` at most for the stopped runs to finish."""
+        await self._wait_runs(deadline)
+
+    def force_stop(self) -> None:
+        """Past the deadline: cancel whatever run is left."""
+        self._force()
+
     # ---------------------------------------------------------------------- ops
 
     async def start(self, origin: Origin, request: StartRequest) -> str:

@@ -69,13 +69,13 @@ class NodeOfCluster(Protocol):
 
     def statistics(self) -> ClusterStatistics: ...
 
-    def _host_for(
+    def host(
         self,
         agents: Mapping[str, Agent],
         *,
-        limits: Limits | None,
-        run_options: Mapping[str, Any] | None,
-        context: ContextHook | None,
+        limits: Limits | None = None,
+        run_options: Mapping[str, Any] | None = None,
+        context: ContextHook | None = None,
     ) -> LocalHost: ...
 
 
