@@ -9,6 +9,7 @@ listen stops the server with its own error. Real loopback sockets, a real Postgr
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 
@@ -22,7 +23,7 @@ from tests.support.http_support import AGENTS, TOKENS, bearer
 from trio_agents.cluster import PostgresCluster
 from trio_agents.control import WebsocketFace, connect
 from trio_agents.faces import HttpFaces
-from trio_agents.hosting import Limits, LocalHost, open_server, serve
+from trio_agents.hosting import Limits, LocalHost, ServedFace, open_server, serve
 
 HANG_GUARD = 60
 
@@ -40,7 +41,7 @@ async def _wait_status(http: httpx.AsyncClient, run_id: str, status: str) -> dic
 
 async def test_serve_composes_every_face_over_a_local_host() -> None:
     host = LocalHost(AGENTS, limits=Limits(ping_interval=None))
-    faces = [WebsocketFace(auth=TOKENS), HttpFaces(auth=TOKENS)]
+    faces: list[ServedFace] = [WebsocketFace(auth=TOKENS), HttpFaces(auth=TOKENS)]
     with trio.fail_after(HANG_GUARD):
         async with open_server(host, faces) as (ws_port, http_port):
             base = f"http://127.0.0.1:{http_port}"
@@ -145,8 +146,9 @@ async def test_a_face_that_cannot_listen_stops_the_server_with_its_own_error() -
                 # The websocket face opens (first); the HTTP face's port is in use: the
                 # error is the OSError itself, not a group, and the opened face and the
                 # host are shut down on the way out.
-                with pytest.raises(OSError):
+                with pytest.raises(OSError, match="in use") as caught:
                     await nursery.start(serve, host, [ws, HttpFaces(auth=TOKENS, port=port)])
+        assert caught.value.errno == errno.EADDRINUSE
         assert host.closing
         assert ws.connections == 0
     finally:
