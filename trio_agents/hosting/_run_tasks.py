@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["closing", "disconnected", "own_placed", "resume_run", "start_run", "supersede"]
 
-logger = logging.getLogger("trio_agents.control")
+logger = logging.getLogger("trio_agents.hosting")
 
 # How long a resume on this node waits for its own stopped attempt of the same run to
 # end (that attempt's repair is bounded by its cleanup_timeout, 5 s by default).
