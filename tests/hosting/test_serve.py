@@ -113,13 +113,14 @@ async def test_a_clustered_server_with_no_websocket_face_answers_over_rest(
                 run_id = started.json()["run_id"]
                 run = await _wait_status(http, run_id, "completed")
                 assert run["agent"] == "talker"
-                # The run is the cluster's: its row is in the cluster's database.
+                # The run is the cluster's: its row is in the cluster's database (its
+                # status there follows at the event writer's next flush).
                 with psycopg.connect(pg_dsn) as conn:
                     row = conn.execute(
-                        "SELECT principal, status FROM trio_agents_runs WHERE run_id = %s",
+                        "SELECT principal, agent FROM trio_agents_runs WHERE run_id = %s",
                         (run_id,),
                     ).fetchone()
-                assert row == ("alice", "completed")
+                assert row == ("alice", "talker")
                 # Only the REST face is served: no A2A route on this server.
                 assert (await http.post("/a2a", json={})).status_code == 404
                 # The events of the run replay over SSE from the persisted log.

@@ -26,10 +26,10 @@ import trio
 from .._agent import Agent
 from .._items import Item, ToolCall
 from .._limits import UsageLimits
+from ..hosting._error_codes import ProtocolError
 from ..hosting._host import Origin
 from ..hosting._node import ClusterStatistics
 from ..hosting._policies import limits_to_wire
-from ..hosting._terms import ProtocolError
 from ._capacity import enqueue_start
 from ._claims import claim_queued, claim_run
 from ._db import ClusterDown, Database
@@ -52,9 +52,9 @@ from ._storable import storable_json
 from ._takeover import Leases
 
 if TYPE_CHECKING:
+    from ..hosting._limits import Limits
     from ..hosting._policies import ContextHook
     from ..hosting._registry import Registry
-    from ..hosting._terms import Limits
     from ._cluster_host import ClusterHost
 
 __all__ = ["ClusterStatistics", "PostgresCluster"]

@@ -36,8 +36,8 @@ from typing import Any, Final, final
 
 import trio
 
+from ..hosting._error_codes import ProtocolError
 from ..hosting._host import Origin
-from ..hosting._terms import ProtocolError
 from ._capacity import cancel_unstarted_in
 from ._db import ClusterDown, Conn, Database
 from ._listener import Listener

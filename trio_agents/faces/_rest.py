@@ -36,6 +36,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..hosting import HostedEvent, HostError, Origin, StartRequest
+from ..hosting._error_codes import ProtocolError
+from ..hosting._limits import MAX_NAME_LENGTH
 from ..hosting._requests import UNSTORABLE as _UNSTORABLE
 from ..hosting._requests import (
     RunApprove,
@@ -47,7 +49,6 @@ from ..hosting._requests import (
     SessionCancel,
     parse_request,
 )
-from ..hosting._terms import MAX_NAME_LENGTH, ProtocolError
 from ._event_stream import EventStream, sse_message
 from ._face import Face, Routes
 from ._http_errors import HttpError

@@ -14,25 +14,25 @@ the ops, the serving) → the hosts and faces over it (``cluster``, ``control``,
 """
 
 from ._bearer import Auth as Auth
+from ._error_codes import ERROR_CODES as ERROR_CODES
+from ._error_codes import ErrorCode as ErrorCode
 from ._host import HostedEvent as HostedEvent
 from ._host import HostError as HostError
 from ._host import Origin as Origin
 from ._host import RunHost as RunHost
 from ._host import StartRequest as StartRequest
+from ._limits import Limits as Limits
 from ._local import HostStatistics as HostStatistics
 from ._local import LocalHost as LocalHost
 from ._policies import ContextHook as ContextHook
 from ._policies import RunStartInfo as RunStartInfo
 from ._registry import PrincipalStatistics as PrincipalStatistics
+from ._run_info import RunInfo as RunInfo
 from ._serve import ServedFace as ServedFace
 from ._serve import open_server as open_server
 from ._serve import serve as serve
 from ._sessions import SessionFactory as SessionFactory
 from ._sessions import sqlite_sessions as sqlite_sessions
-from ._terms import ERROR_CODES as ERROR_CODES
-from ._terms import ErrorCode as ErrorCode
-from ._terms import Limits as Limits
-from ._terms import RunInfo as RunInfo
 
 __all__ = [
     "ERROR_CODES",

@@ -37,7 +37,8 @@ from .._agent import Agent
 from .._exceptions import TrioAgentsError
 from .._items import Item
 from .._limits import UsageLimits
-from ._terms import Limits, RunInfo
+from ._limits import Limits
+from ._run_info import RunInfo
 
 __all__ = ["HostError", "HostedEvent", "Origin", "RunHost", "StartRequest"]
 

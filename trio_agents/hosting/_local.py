@@ -56,13 +56,15 @@ from .._items import Item
 from .._limits import UsageLimits
 from .._run import Run
 from .._util import first_leaf, only_cancelled, serving
+from ._error_codes import ProtocolError
 from ._host import HostedEvent, HostError, Origin, StartRequest
+from ._limits import Limits
 from ._policies import ContextHook, effective_limits, limits_to_wire
 from ._registry import Owner, PrincipalStatistics, Registry, RunEntry
+from ._run_info import RunInfo
 from ._run_tasks import disconnected as _disconnected
 from ._run_tasks import start_run
 from ._sessions import SessionFactory, items_bytes, sqlite_sessions
-from ._terms import Limits, ProtocolError, RunInfo
 
 __all__ = ["HostStatistics", "LocalHost", "host_errors"]
 

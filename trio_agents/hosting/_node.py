@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from .._items import Item, ToolCall
     from .._limits import UsageLimits
     from ._host import Origin
+    from ._limits import Limits
     from ._local import LocalHost
     from ._policies import ContextHook
-    from ._terms import Limits
 
 __all__ = ["ClusterNode", "ClusterStatistics", "NodeOfCluster", "TakenOver"]
 

@@ -31,7 +31,7 @@ import attrs
 
 from .._items import Item
 from .._limits import UsageLimits, to_cost
-from ._terms import ProtocolError
+from ._error_codes import ProtocolError
 
 __all__ = [
     "LIMIT_FIELDS",

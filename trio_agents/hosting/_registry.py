@@ -28,8 +28,10 @@ import trio
 
 from .. import Agent, Run
 from .._util import clean_text
+from ._error_codes import ProtocolError
+from ._limits import Limits
+from ._run_info import RunInfo
 from ._sessions import MemorySessions, MeteredSession, SessionFactory
-from ._terms import Limits, ProtocolError, RunInfo
 
 if TYPE_CHECKING:
     from ._node import ClusterNode

@@ -26,10 +26,10 @@ from .. import Agent, Item, Run, SessionBusyError, serve_run
 from .._limits import UsageLimits
 from .._session_lock import SessionClaim
 from ..sessions import Session
+from ._error_codes import ProtocolError
 from ._policies import RunStartInfo, call_context_hook
 from ._registry import Owner, Registry, RunEntry
 from ._sessions import MeteredSession, ScopedSession
-from ._terms import ProtocolError
 
 if TYPE_CHECKING:
     from .._resume import Resume
