@@ -3,7 +3,7 @@
 Every face is a module ``trio_agents/faces/_<name>.py`` with a function
 ``routes(face: Face) -> Routes`` (``_face.py``), listed in the static table
 :data:`FACE_ROUTES` — adding a face is one import and one line there, and the import
-tools see every face (no face is loaded by name). No face imports another (an
+tools see every face (none is imported from a string). No face imports another (an
 import-linter contract of ``make lint``); what they share is in ``_face.py``,
 ``_http_errors.py``, ``_http_limits.py``, ``_http_requests.py`` and
 ``_event_stream.py``, below them.
