@@ -14,8 +14,8 @@ returns a :class:`RemoteRun` with the verbs of a local :class:`~trio_agents.Run`
 from .._events import event_from_json as event_from_json
 from .._exceptions import ControlConnectionError as ControlConnectionError
 from .._exceptions import ControlError as ControlError
-from ..hosting._policies import ContextHook as ContextHook
-from ..hosting._policies import RunStartInfo as RunStartInfo
+from ..hosting import ContextHook as ContextHook
+from ..hosting import RunStartInfo as RunStartInfo
 from ._client import ControlClient as ControlClient
 from ._client import RemoteRun as RemoteRun
 from ._client import connect as connect

@@ -37,12 +37,16 @@ from trio_websocket import WebSocketRequest, wrap_server_stream
 
 from .. import Agent
 from .._util import closing_listeners, serving
-from ..hosting import LocalHost, RunHost
+from ..hosting import (
+    ContextHook,
+    LocalHost,
+    PrincipalStatistics,
+    RunHost,
+    SessionFactory,
+    sqlite_sessions,
+)
 from ..hosting import serve as serve_faces
 from ..hosting._admission import Admitted, Gate, serve_admitted
-from ..hosting._policies import ContextHook
-from ..hosting._registry import PrincipalStatistics
-from ..hosting._sessions import SessionFactory, sqlite_sessions
 from ._auth import Auth, check_handshake
 from ._connection import Connection
 from ._protocol import SUBPROTOCOL, Limits
