@@ -86,3 +86,21 @@ def test_public_modules_are_typed() -> None:
     import importlib.resources
 
     assert importlib.resources.files("trio_agents").joinpath("py.typed").is_file()
+
+
+def test_what_every_face_shares_is_hostings_and_control_re_exports_it() -> None:
+    shared = (
+        "ERROR_CODES",
+        "Auth",
+        "ContextHook",
+        "Limits",
+        "PrincipalStatistics",
+        "RunInfo",
+        "RunStartInfo",
+        "SessionFactory",
+        "sqlite_sessions",
+    )
+    for name in shared:
+        assert name in trio_agents.hosting.__all__
+        # the old import path still works, and is the same object
+        assert getattr(trio_agents.control, name) is getattr(trio_agents.hosting, name)
