@@ -39,7 +39,7 @@ screenshots: $(STAMP) chromium  ## docs/images/ from the web UI's browser tests 
 chromium:  ## Chromium for the web UI's browser tests: apt-get install, as root, only if missing
 	@.ci/chromium.sh
 
-lint: $(STAMP)  ## ruff (with the ASYNC rules), mypy --strict and the import contract (the layers)
+lint: $(STAMP)  ## ruff (with the ASYNC rules), mypy --strict and the import contracts (pyproject [tool.importlinter])
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

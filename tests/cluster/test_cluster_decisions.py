@@ -23,6 +23,7 @@ from tests.support.cluster_nodes import (
     agents,
     clients,
     dies_answering,
+    host_registry,
     local_entry,
     open_nodes,
     request_as_owner_dies,
@@ -266,13 +267,13 @@ async def test_the_cancel_on_disconnect_runs_of_a_dead_nodes_clients_are_cancell
             await ca.wait_event(ack["run_id"], lambda e: e["type"] == "tool.started")
         on_b, placed, kept = ids
         assert local_entry(b, on_b) is not None
-        assert {placed, kept} <= set(a.server._registry.runs)
+        assert {placed, kept} <= set(host_registry(a).runs)
         b.crash()
         for run_id in (placed, on_b):
             done = (await ca.wait_terminal(run_id))["event"]
             assert (done["status"], done["reason"]) == ("cancelled", "client disconnected")
         assert ca.events[kept][-1]["event"]["type"] == "tool.started"
-        assert kept in a.server._registry.runs  # taken over, or still A's: running
+        assert kept in host_registry(a).runs  # taken over, or still A's: running
         await ca.ok("run.cancel", run_id=kept, reason="by hand")
         done = (await ca.wait_terminal(kept))["event"]
         assert (done["status"], done["reason"]) == ("cancelled", "by hand")

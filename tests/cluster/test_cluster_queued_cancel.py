@@ -17,6 +17,7 @@ import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.cluster_nodes import host_registry
 from tests.support.cluster_support import client, node
 from tests.support.process_cluster import open_cluster, poll_until, wait_status
 from trio_agents.models import ScriptedModel, Turn
@@ -67,7 +68,7 @@ async def test_a_taken_over_queued_run_cancelled_as_its_session_frees(
                 await cb.ok("run.subscribe", run_id=queued)
                 await cb.wait_status(queued, "queued")
 
-                registry = b.server._registry
+                registry = host_registry(b)
                 real_claim = b.cluster._claim_queued
 
                 async def claim_queued(**kwargs: Any) -> bool:

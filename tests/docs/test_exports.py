@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
 import trio_agents
 import trio_agents.cluster
 import trio_agents.control
+import trio_agents.faces
+import trio_agents.hosting
 import trio_agents.mcp
 import trio_agents.models
 import trio_agents.sessions
@@ -20,13 +24,24 @@ MODULES = [
     trio_agents,
     trio_agents.models,
     trio_agents.sessions,
+    trio_agents.hosting,
     trio_agents.control,
+    trio_agents.faces,
     trio_agents.cluster,
     trio_agents.mcp,
     trio_agents.testing,
     trio_agents.testing.plugin,
     trio_agents.tracing,
 ]
+
+
+def test_every_public_module_is_in_the_api_reference() -> None:
+    """docs/api.md documents every module whose names this file pins (the pytest plugin
+    is the testing kit's, documented with it)."""
+    api = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    documented = set(re.findall(r"^\.\. automodule:: ([\w.]+)$", api, re.M))
+    pinned = {m.__name__ for m in MODULES} - {"trio_agents.testing.plugin"}
+    assert pinned - documented == set()
 
 
 def _isort_key(name: str) -> tuple[int, str]:
@@ -71,3 +86,21 @@ def test_public_modules_are_typed() -> None:
     import importlib.resources
 
     assert importlib.resources.files("trio_agents").joinpath("py.typed").is_file()
+
+
+def test_what_every_face_shares_is_hostings_and_control_re_exports_it() -> None:
+    shared = (
+        "ERROR_CODES",
+        "Auth",
+        "ContextHook",
+        "Limits",
+        "PrincipalStatistics",
+        "RunInfo",
+        "RunStartInfo",
+        "SessionFactory",
+        "sqlite_sessions",
+    )
+    for name in shared:
+        assert name in trio_agents.hosting.__all__
+        # the old import path still works, and is the same object
+        assert getattr(trio_agents.control, name) is getattr(trio_agents.hosting, name)

@@ -6,7 +6,7 @@ The graph is read from the source with :mod:`ast`, nothing imported: an edge for
 runs as surely as one at the top, only later), leaving out only those under
 ``if TYPE_CHECKING:``, which never run. The core's own contract (``pyproject.toml``,
 "the run core imports no server layer and no models") is probed in
-``test_core_import_contract.py``.
+``test_import_contracts.py``.
 """
 
 from __future__ import annotations

@@ -155,7 +155,32 @@ def two_nodes(
 
 def local_entry(on: Node, run_id: str) -> Any:
     """The node's own registry entry of a run it runs (``KeyError`` if none)."""
-    return on.server._registry.runs[run_id]
+    return host_registry(on).runs[run_id]
+
+
+# What tests of a node's internals look into, named once here: the run registry of the
+# node's host, the websocket connections of its server, the runs a connection placed on
+# other nodes. Private state of the host and the channel, never public API.
+
+
+def host_registry(on: Node) -> Any:
+    """The run registry of the node's host (``hosting/_registry.py``'s ``Registry``)."""
+    return on.server.host._registry
+
+
+def server_connections(on: Node) -> set[Any]:
+    """The node's open websocket connections (``control/_connection.py``)."""
+    connections: set[Any] = on.server._face._connections
+    return connections
+
+
+def placed_runs(on: Node, principal: str) -> set[str]:
+    """The ids of the runs with ``on_disconnect="cancel"`` that ``principal``'s one
+    connection to ``on`` started on other nodes (kept by the host: the connection's
+    disconnect cancels them there)."""
+    (connection,) = [c for c in server_connections(on) if c.principal == principal]
+    record = on.server.host._owned_by(connection)
+    return set() if record is None else set(record.placed)
 
 
 def last_user_text(request: ModelRequest) -> str:

@@ -106,8 +106,8 @@ def _add_demo(commands: argparse._SubParsersAction[_Parser]) -> None:
 
 def _run_limits(text: str) -> Any:
     """``NAME=VALUE[,NAME=VALUE...]``: a ``UsageLimits`` (the server's maximum)."""
+    from ..hosting._error_codes import ProtocolError
     from ..hosting._policies import effective_limits, limits_from_wire
-    from ..hosting._terms import ProtocolError
 
     asked: dict[str, Any] = {}
     for part in text.split(","):

@@ -1,15 +1,21 @@
-"""``trio-agents serve``: a control server until Ctrl-C or SIGTERM.
+"""``trio-agents serve``: a server until Ctrl-C or SIGTERM.
+
+A server is faces over a host (DESIGN §20): the command builds the host first — a
+:class:`~trio_agents.hosting.LocalHost` (sessions in ``--db``), or with ``--cluster DSN``
+this node's host of a :class:`~trio_agents.cluster.PostgresCluster` — then its faces,
+and serves them with :func:`trio_agents.hosting.serve`.
 
 Two ports: the websocket channel's (``--port``, trio-websocket owns its listener and
-handshake) and the HTTP faces' (``--http-port``, Hypercorn's; REST + SSE and the faces
-built on the same plumbing). One port would mean terminating the websocket handshake in
-Hypercorn and re-implementing the channel over ASGI websockets: its slow-client and
-half-frame guards (``control/_stream.py``) live on the raw byte stream trio-websocket
-reads. Both faces are clients of the same host (``ControlServer.host``): a run started
-on one is seen, and steered, on the other.
+handshake: :class:`~trio_agents.control.WebsocketFace`) and the HTTP faces'
+(``--http-port``, Hypercorn's: :class:`~trio_agents.faces.HttpFaces`, REST + SSE and the
+faces built on the same plumbing). One port would mean terminating the websocket
+handshake in Hypercorn and re-implementing the channel over ASGI websockets: its
+slow-client and half-frame guards (``control/_stream.py``) live on the raw byte stream
+trio-websocket reads. Both faces are clients of the same host: a run started on one is
+seen, and steered, on the other.
 
 Both signals mean the same graceful shutdown (DESIGN §10): the scope around
-:meth:`ControlServer.serve` is cancelled, so every run is cancelled with reason
+:func:`~trio_agents.hosting.serve` is cancelled, so every run is cancelled with reason
 ``"server shutdown"``, its session is written, every socket is closed with 1001, all
 within ``--shutdown-timeout``; then the command prints one line and exits 0. With
 ``--cluster DSN`` the server is one node of a :class:`~trio_agents.cluster.PostgresCluster`
@@ -188,10 +194,14 @@ async def _serve(
     args: argparse.Namespace, agents: Mapping[str, Agent], auth: dict[str, str], out: TextIO
 ) -> tuple[str, int]:
     """Serve until SIGINT or SIGTERM, shut down; return the signal's name and how many
-    runs the shutdown cancelled."""
-    from ..control import ControlServer, Limits
+    runs the shutdown cancelled (or handed over)."""
+    from ..control import WebsocketFace
+    from ..hosting import Limits, LocalHost, ServedFace
+    from ..hosting import serve as serve_faces
 
-    cluster = None
+    # First the host (where the runs live), then its faces (how clients reach them).
+    limits = Limits(shutdown_timeout=args.shutdown_timeout, max_run_limits=args.max_run_limits)
+    host: LocalHost
     if args.cluster is not None:
         from ..cluster import PostgresCluster
 
@@ -201,23 +211,19 @@ async def _serve(
             lease_ttl=args.lease_ttl,
             max_runs=args.max_runs,
         )
-    server = ControlServer(
-        agents,
-        auth=auth,
-        sessions=args.db if cluster is None else None,
-        limits=Limits(shutdown_timeout=args.shutdown_timeout, max_run_limits=args.max_run_limits),
-        cluster=cluster,
-    )
-    where = (
-        f"sessions in {args.db}"
-        if cluster is None
-        else f"cluster node {cluster.node_id}, sessions in PostgreSQL"
-    )
-    faces: Any = None
+        host = cluster.host(agents, limits=limits)
+        where = f"cluster node {cluster.node_id}, sessions in PostgreSQL"
+    else:
+        host = LocalHost(agents, sessions=args.db, limits=limits)
+        where = f"sessions in {args.db}"
+    websocket = WebsocketFace(auth=auth, host=args.host, port=args.port)
+    faces: list[ServedFace] = [websocket]
+    http: Any = None
+    ui_path = ""
     http_off = "--no-http"
     if not args.no_http:
         try:
-            from .. import faces
+            from ..faces import HttpFaces, HttpLimits
             from ..faces._ui import UI_PATH
         except ImportError:
             if args.http_port is not None:
@@ -225,43 +231,47 @@ async def _serve(
                     "--http-port needs the serve extra: pip install 'trio-agents[serve]'"
                 ) from None
             http_off = "the serve extra is not installed: pip install 'trio-agents[serve]'"
+        else:
+            http_port = args.http_port
+            if http_port is None:
+                http_port = 0 if args.port == 0 else min(args.port + 1, 65535)
+            http = HttpFaces(
+                auth=auth,
+                host=args.host,
+                port=http_port,
+                limits=HttpLimits(shutdown_timeout=args.shutdown_timeout),
+            )
+            faces.append(http)
+            ui_path = UI_PATH
     received, active = "?", 0
     # Both signals go to this receiver from here on; before it, Ctrl-C is a plain
     # KeyboardInterrupt (nothing is served yet) and SIGTERM the default exit.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             try:
-                port = await nursery.start(server.serve, args.host, args.port)
+                ports = await nursery.start(serve_faces, host, faces)
             except OSError as exc:
+                # The faces open in order: an HTTP face that built its app got as far
+                # as its own listener.
+                if http is not None and http.app is not None:
+                    raise _listen_error(exc, args.host, http.port, "--http-port") from None
                 raise _listen_error(exc, args.host, args.port) from None
             # The "serving" line comes last: it says everything is listening.
-            if faces is not None:
-                http_port = args.http_port
-                if http_port is None:
-                    http_port = 0 if args.port == 0 else min(port + 1, 65535)
-                app = faces.http_app(
-                    server.host,
-                    auth=auth,
-                    limits=faces.HttpLimits(shutdown_timeout=args.shutdown_timeout),
-                )
-                try:
-                    http_port = await nursery.start(faces.serve_http, app, args.host, http_port)
-                except OSError as exc:
-                    raise _listen_error(exc, args.host, http_port, "--http-port") from None
-                base = _http_url(args.host, http_port)
+            if http is not None:
+                base = _http_url(args.host, ports[1])
                 out.write(f"http: {base} (REST + SSE)\n")
                 # the page asks for the token: it never goes in this URL
-                out.write(f"web UI: {base}{UI_PATH.lstrip('/')} (sign in with the token)\n")
+                out.write(f"web UI: {base}{ui_path.lstrip('/')} (sign in with the token)\n")
             else:
                 out.write(f"http: off ({http_off})\n")
             out.write(
-                f"serving {', '.join(agents)} on {_url(args.host, port)}"
+                f"serving {', '.join(agents)} on {_url(args.host, ports[0])}"
                 f" ({where}; Ctrl-C or SIGTERM to stop)\n"
             )
             out.flush()
             async for signum in signals:
                 received = signal.Signals(signum).name
-                active = server.statistics().active_runs
+                active = host.statistics().active_runs
                 nursery.cancel_scope.cancel()
                 break
     return received, active

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from .._events import RunStatus, RunUpdated
-from ..hosting._terms import ProtocolError
+from ..hosting._error_codes import ProtocolError
 from ._db import ClusterDown, Conn, Database
 from ._schema import CHANNEL
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 import trio
 
-from ..hosting._terms import ProtocolError
+from ..hosting._error_codes import ProtocolError
 from ._db import ClusterDown, Conn
 from ._session import session_key
 

@@ -26,10 +26,10 @@ import trio
 from .._agent import Agent
 from .._items import Item, ToolCall
 from .._limits import UsageLimits
+from ..hosting._error_codes import ProtocolError
 from ..hosting._host import Origin, StartRequest
 from ..hosting._node import ClusterStatistics
 from ..hosting._policies import limits_to_wire
-from ..hosting._terms import ProtocolError
 from ._capacity import enqueue_start
 from ._claims import claim_queued, claim_run
 from ._db import ClusterDown, Database
@@ -61,9 +61,9 @@ from ._storable import storable_json
 from ._takeover import Leases
 
 if TYPE_CHECKING:
+    from ..hosting._limits import Limits
     from ..hosting._policies import ContextHook
     from ..hosting._registry import Registry
-    from ..hosting._terms import Limits
     from ._cluster_host import ClusterHost
 
 __all__ = ["ClusterStatistics", "PostgresCluster"]
@@ -182,6 +182,20 @@ class PostgresCluster:
             flushes=self._writer.flushes,
             reconnects=self._listener.reconnects,
         )
+
+    def host(
+        self,
+        agents: Mapping[str, Agent],
+        *,
+        limits: Limits | None = None,
+        run_options: Mapping[str, Any] | None = None,
+        context: ContextHook | None = None,
+    ) -> ClusterHost:
+        """This node as a :class:`~trio_agents.hosting.RunHost`: its runs, and every
+        other node's through the cluster's tables, for any face
+        (:func:`trio_agents.hosting.serve`). Sessions are the cluster's (PostgreSQL).
+        Serve it once; its shutdown hands this node's runs over to the other nodes."""
+        return self._host_for(agents, limits=limits, run_options=run_options, context=context)
 
     def _host_for(
         self,

@@ -44,7 +44,9 @@ from .._events import RunStatus
 from .._exceptions import UnknownCallError
 from .._items import Item
 from .._run import Run
+from ..hosting._error_codes import ProtocolError
 from ..hosting._host import HostedEvent, Origin, StartRequest
+from ..hosting._limits import Limits
 from ..hosting._local import (
     LocalHost,
     check_from_seq,
@@ -63,9 +65,9 @@ from ..hosting._requests import (
     RunReject,
     RunWithdraw,
 )
+from ..hosting._run_info import RunInfo
 from ..hosting._run_tasks import closing, own_placed, start_run
 from ..hosting._sessions import items_bytes
-from ..hosting._terms import Limits, ProtocolError, RunInfo
 from ._routing import Answer, Control, RoutedOp
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from .._items import ToolCall
-from ..hosting._terms import ProtocolError
+from ..hosting._error_codes import ProtocolError
 from ._db import ClusterDown, Conn, Database
 from ._eventlog import Fence
 from ._routing import Reply, record_cancel_in, store_reply

@@ -43,11 +43,11 @@ import attrs
 import trio
 
 from .._items import Item, coerce_items
+from ..hosting._error_codes import ProtocolError
 from ..hosting._host import Origin, StartRequest
 from ..hosting._policies import limits_to_wire
 from ..hosting._registry import RunEntry
 from ..hosting._requests import RunApprove, RunCancel, RunGet, RunInject, RunReject, RunWithdraw
-from ..hosting._terms import ProtocolError
 from ._capacity import cancel_unstarted_in
 from ._db import ClusterDown, Conn, Database
 from ._listener import Listener

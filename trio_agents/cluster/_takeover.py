@@ -59,9 +59,9 @@ from .._items import Item, item_from_json
 from .._limits import UsageLimits
 from .._resume import Resume
 from .._run import Run
+from ..hosting._error_codes import ProtocolError
 from ..hosting._policies import effective_limits, limits_from_wire
 from ..hosting._run_tasks import resume_run
-from ..hosting._terms import ProtocolError
 from ._capacity import end_run_in
 from ._db import ClusterDown, Conn, Dedicated
 from ._queries import CLIENT_GONE, decisions_of, live_nodes

@@ -24,8 +24,8 @@ from ._protocol import ProtocolError, error_frame
 from ._stream import GuardedStream
 
 if TYPE_CHECKING:
-    from ..hosting import LocalHost
-    from ._server import ControlServer
+    from ..hosting import RunHost
+    from ._server import WebsocketFace
 
 __all__ = ["Connection"]
 
@@ -34,17 +34,18 @@ logger = logging.getLogger("trio_agents.control")
 
 @final
 class Connection:
-    """One authenticated client connection (see the module docstring)."""
+    """One authenticated client connection (see the module docstring); ``face`` is the
+    websocket face that accepted it (its shutdown deadline bounds the last flush)."""
 
     def __init__(
         self,
-        server: ControlServer,
-        host: LocalHost,
+        face: WebsocketFace,
+        host: RunHost,
         ws: WebSocketConnection,
         stream: GuardedStream,
         principal: str,
     ) -> None:
-        self.server = server
+        self.face = face
         self.host = host
         self.ws = ws
         self.stream = stream
@@ -79,7 +80,7 @@ class Connection:
                     self._reader_scope.cancel()
                 await self._reader()
             if self._shutting_down:
-                with trio.move_on_at(self.server.shutdown_deadline):
+                with trio.move_on_at(self.face.shutdown_deadline):
                     await self._close_gracefully()
             nursery.cancel_scope.cancel()
 
@@ -182,13 +183,6 @@ class Connection:
                 f"at most {self.limits.max_subscriptions_per_connection} subscriptions"
                 " per connection",
             )
-
-    @property
-    def placed(self) -> set[str]:
-        """The ids of the runs with ``on_disconnect="cancel"`` it started on other nodes
-        of a cluster (kept by the host: its disconnect cancels them there)."""
-        record = self.host._owned_by(self)
-        return set() if record is None else record.placed
 
     async def subscribe(
         self, run_id: str, from_seq: int | None, mode: str, *, tree: bool = False

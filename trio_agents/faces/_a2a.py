@@ -47,21 +47,14 @@ from .. import __version__
 from .._items import UserMessage
 from .._text_cleaning import clean_text
 from ..hosting import HostedEvent, HostError, Origin, RunHost, StartRequest
+from ..hosting._requests import reject_constant, unstorable
 from ._a2a_tasks import STATE_OF, TaskView, stream_event
 from ._a2a_v03 import METHODS as V03_METHODS
 from ._a2a_v03 import params_from_v03, result_to_v03
-from ._app import Face, Routes
 from ._event_stream import EventStream
-from ._shared import (
-    HOST_CODES,
-    HttpError,
-    _reject_constant,
-    _unstorable,
-    error_response,
-    principal_of,
-    read_body,
-    shown_description,
-)
+from ._face import Face, Routes
+from ._http_errors import HOST_CODES, HttpError, error_response
+from ._http_requests import principal_of, read_body, shown_description
 
 __all__ = ["A2AFace", "RpcError", "routes"]
 
@@ -234,7 +227,7 @@ def _request_object(body: bytes) -> dict[str, Any]:
     """The body as one JSON-RPC request object, or the error it deserves (answered
     with a null id: there is no object to read one from)."""
     try:
-        data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+        data = json.loads(body.decode("utf-8"), parse_constant=reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise RpcError(PARSE_ERROR, "the body is not valid UTF-8 JSON") from None
     if isinstance(data, list):
@@ -399,7 +392,7 @@ class A2AFace:
         params = data.get("params")
         if not isinstance(params, dict):
             raise RpcError(INVALID_PARAMS, "params must be an object")
-        if _unstorable(params):
+        if unstorable(params):
             # Valid JSON, but no session store keeps it; every face refuses it alike.
             raise RpcError(
                 INVALID_PARAMS,

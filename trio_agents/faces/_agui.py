@@ -41,9 +41,10 @@ from starlette.routing import Route
 
 from ..hosting import HostedEvent, HostError, Origin, RunHost, StartRequest
 from ._agui_map import AguiInputError, EventMapper, Resume, Start, parse_input, plan
-from ._app import Face, Routes
 from ._event_stream import EventStream
-from ._shared import HttpError, principal_of, read_json
+from ._face import Face, Routes
+from ._http_errors import HttpError
+from ._http_requests import principal_of, read_json
 
 __all__ = ["DISCONNECT_REASON", "routes"]
 

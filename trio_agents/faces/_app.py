@@ -1,28 +1,31 @@
 """The ASGI app of the HTTP faces: one Starlette app composed of every face's routes.
 
 Every face is a module ``trio_agents/faces/_<name>.py`` with a function
-``routes(face: Face) -> Routes``, listed by name in :data:`FACES` — adding a face is
-one line there. The app puts each face's :attr:`Routes.routes` behind the bearer-token
-layer (the websocket channel's :data:`~trio_agents.control.Auth`, compared in constant
-time; tokens are read from the ``Authorization`` header only, never from a URL) and its
+``routes(face: Face) -> Routes`` (``_face.py``), listed in the static table
+:data:`FACE_ROUTES` — adding a face is one import and one line there, and the import
+tools see every face (none is imported from a string). No face imports another (an
+import-linter contract of ``make lint``); what they share is in ``_face.py``,
+``_http_errors.py``, ``_http_limits.py``, ``_http_requests.py`` and
+``_event_stream.py``, below them.
+
+The app puts each face's :attr:`Routes.routes` behind the bearer-token layer (the
+websocket channel's :data:`~trio_agents.hosting.Auth`, compared in constant time;
+tokens are read from the ``Authorization`` header only, never from a URL) and its
 :attr:`Routes.public` (static files, an agent card) in front of it. So a route is
 authenticated unless its face says otherwise, and a path no face serves answers 401
 without a token and 404 with one: nothing tells an anonymous client what exists.
 
 Errors: :class:`~trio_agents.hosting.HostError` and :class:`HttpError` raised by a
-route become the JSON error answer (``_http.py``); so do Starlette's own 404 and 405;
-anything else is logged and answers 500 ``internal``.
+route become the JSON error answer (``_http_errors.py``); so do Starlette's own 404
+and 405; anything else is logged and answers 500 ``internal``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
-from typing import Any, Final, Protocol, final
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from typing import Any, Final, final
 
-import attrs
-import trio
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -32,140 +35,39 @@ from starlette.routing import BaseRoute, Mount, Router
 
 from ..hosting import HostError, RunHost
 from ..hosting._bearer import Auth, authenticate
-from ._shared import (
-    AUTHENTICATED_KEY,
-    HOST_CODES,
-    PRINCIPAL_KEY,
-    HttpError,
-    HttpLimits,
-    error_response,
-)
+from . import _a2a, _agui, _rest, _ui
+from ._face import Face, FaceRoutes, HttpStatistics
+from ._http_errors import HOST_CODES, HttpError, error_response
+from ._http_limits import HttpLimits
+from ._http_requests import AUTHENTICATED_KEY, PRINCIPAL_KEY
 
-__all__ = ["FACES", "Face", "HttpApp", "HttpStatistics", "Routes", "http_app"]
+__all__ = ["FACES", "FACE_ROUTES", "HttpApp", "http_app"]
 
 logger = logging.getLogger("trio_agents.faces")
 
-FACES: Final[tuple[str, ...]] = (
-    # One line per face: the module trio_agents/faces/_<name>.py, with routes(face).
-    "rest",
-    "a2a",
-    "agui",
-    "ui",
-)
-"""The faces :func:`http_app` serves by default, by module name."""
+FACE_ROUTES: Final[Mapping[str, FaceRoutes]] = {
+    # One line per face: its name and its module's routes function.
+    "rest": _rest.routes,
+    "a2a": _a2a.routes,
+    "agui": _agui.routes,
+    "ui": _ui.routes,
+}
+"""Every face :func:`http_app` can serve, by name."""
+
+FACES: Final[tuple[str, ...]] = tuple(FACE_ROUTES)
+"""The faces :func:`http_app` serves by default, by name."""
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
-@attrs.frozen(kw_only=True)
-class Routes:
-    """What one face serves.
-
-    Attributes:
-        routes: served to authenticated requests only (the request's principal:
-            :func:`~trio_agents.faces.principal_of`).
-        public: served without a token — only what holds no run and no principal's
-            data (the web UI's static files, an agent card).
-    """
-
-    routes: Sequence[BaseRoute] = ()
-    public: Sequence[BaseRoute] = ()
-
-
-@attrs.frozen
-class HttpStatistics:
-    """A snapshot of an :class:`HttpApp`.
-
-    Attributes:
-        streams: open event streams (every face's).
-        closing: whether the server is shutting down.
-    """
-
-    streams: int
-    closing: bool
-
-
-@final
-@attrs.define(eq=False)
-class Face:
-    """What a face's ``routes`` function is given: the host, the limits, and the
-    bookkeeping of event streams every face shares.
-
-    Attributes:
-        host: the run host every face is a client of.
-        limits: the :class:`HttpLimits`.
-    """
-
-    host: RunHost
-    limits: HttpLimits
-    _streams: dict[str, int] = attrs.field(init=False, factory=dict)
-    _closing: trio.Event = attrs.field(init=False, factory=trio.Event)
-
-    @property
-    def closing(self) -> bool:
-        """Whether the server is shutting down (new streams are refused)."""
-        return self._closing.is_set()
-
-    async def wait_closing(self) -> None:
-        """Wait until the server begins to shut down."""
-        await self._closing.wait()
-
-    def begin_shutdown(self) -> None:
-        self._closing.set()
-
-    def open_stream(self, principal: str) -> Callable[[], None]:
-        """Count an event stream of ``principal`` (``limit_exceeded`` past
-        ``max_streams_per_principal``, 503 ``internal`` once shutting down); returns
-        the function that un-counts it (call it exactly once)."""
-        if self.closing:
-            raise HttpError("internal", "the server is shutting down", status=503)
-        held = self._streams.get(principal, 0)
-        if held >= self.limits.max_streams_per_principal:
-            raise HttpError(
-                "limit_exceeded",
-                f"{held} event streams are open; at most"
-                f" {self.limits.max_streams_per_principal} per principal",
-            )
-        self._streams[principal] = held + 1
-        done = False
-
-        def close() -> None:
-            nonlocal done
-            if done:
-                return
-            done = True
-            left = self._streams[principal] - 1
-            if left:
-                self._streams[principal] = left
-            else:
-                del self._streams[principal]
-
-        return close
-
-    def statistics(self) -> HttpStatistics:
-        return HttpStatistics(streams=sum(self._streams.values()), closing=self.closing)
-
-
-class FaceRoutes(Protocol):
-    """The ``routes`` function of a face module."""
-
-    def __call__(self, face: Face) -> Routes: ...
-
-
 def face_routes(name: str) -> FaceRoutes:
-    """The ``routes`` function of the face module ``trio_agents.faces._<name>``."""
-    if not name.isidentifier():
-        raise ValueError(f"not a face name: {name!r}")
+    """The ``routes`` function of the face ``name`` (``ValueError`` for no such face)."""
     try:
-        module = importlib.import_module(f"{__package__}._{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"{__package__}._{name}":
-            raise ValueError(f"no face {name!r} (known: {', '.join(FACES)})") from None
-        raise
-    routes: FaceRoutes = module.routes
-    return routes
+        return FACE_ROUTES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"no face {name!r} (known: {', '.join(FACES)})") from None
 
 
 @final
@@ -264,7 +166,7 @@ def http_app(
     limits: HttpLimits | None = None,
     faces: Iterable[str] = FACES,
 ) -> HttpApp:
-    """The ASGI app serving ``faces`` (default: every face in :data:`FACES`) of
+    """The ASGI app serving ``faces`` (by name, default: every face in :data:`FACES`) of
     ``host``, authenticated with ``auth`` (token → principal, the same as the
     websocket channel's)."""
     if not (isinstance(auth, dict) or hasattr(auth, "items") or callable(auth)):

@@ -31,7 +31,7 @@ import trio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ._app import Face
+from ._face import Face
 
 __all__ = ["EventStream", "sse_message"]
 

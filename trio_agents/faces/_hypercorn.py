@@ -38,7 +38,8 @@ from hypercorn.typing import ConnectionState
 
 from .._serving import closing_listeners, send_within
 from ..hosting._admission import Admitted, Gate, serve_admitted
-from ._shared import AUTHENTICATED_KEY, HttpLimits
+from ._http_limits import HttpLimits
+from ._http_requests import AUTHENTICATED_KEY
 
 __all__ = ["serve_http"]
 

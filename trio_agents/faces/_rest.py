@@ -35,6 +35,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..hosting import HostedEvent, HostError, Origin, StartRequest
+from ..hosting._error_codes import ProtocolError
+from ..hosting._limits import MAX_NAME_LENGTH
+from ..hosting._requests import UNSTORABLE as _UNSTORABLE
 from ..hosting._requests import (
     RunApprove,
     RunCancel,
@@ -45,10 +48,10 @@ from ..hosting._requests import (
     SessionCancel,
     validate_request,
 )
-from ..hosting._terms import MAX_NAME_LENGTH, ProtocolError
-from ._app import Face, Routes
 from ._event_stream import EventStream, sse_message
-from ._shared import _UNSTORABLE, HttpError, principal_of, read_json
+from ._face import Face, Routes
+from ._http_errors import HttpError
+from ._http_requests import principal_of, read_json
 
 __all__ = ["routes"]
 

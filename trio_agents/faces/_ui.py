@@ -28,8 +28,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from ._app import Face, Routes
-from ._shared import principal_of, shown_description
+from ._face import Face, Routes
+from ._http_requests import principal_of, shown_description
 
 __all__ = ["UI_PATH", "routes"]
 

@@ -11,7 +11,7 @@ from typing import TypeAlias
 
 __all__ = ["Auth", "authenticate"]
 
-logger = logging.getLogger("trio_agents.control")
+logger = logging.getLogger("trio_agents.hosting")
 
 Auth: TypeAlias = Mapping[str, str] | Callable[[str], str | None]
 """Bearer token → principal: a mapping, or a callable returning None for a bad token."""

@@ -17,20 +17,28 @@ no mode of ``Run.cancel``), and ``inject``'s ``when`` is typed as the core's. A
 host's context hook only (§18: contexts never travel). ``events``' ``from_seq`` may be
 None: from the oldest event retained, without an ``events.dropped`` marker (what the
 websocket's ``run.subscribe`` without ``from_seq`` does).
+
+A host also has a lifecycle (:meth:`RunHost.open`, :meth:`~RunHost.begin_shutdown`,
+:meth:`~RunHost.stop_runs`, :meth:`~RunHost.wait_runs`, :meth:`~RunHost.force_stop`):
+what :func:`~trio_agents.hosting.serve` calls to start a host and to shut it down in step
+with its faces. A face never calls them.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol
 
 import attrs
+import trio
 
 from .._agent import Agent
 from .._exceptions import TrioAgentsError
 from .._items import Item
 from .._limits import UsageLimits
+from ._limits import Limits
+from ._run_info import RunInfo
 
 __all__ = ["HostError", "HostedEvent", "Origin", "RunHost", "StartRequest"]
 
@@ -142,11 +150,17 @@ class RunHost(Protocol):
         """Start a run; returns its id once it exists (it may still be queued)."""
         ...
 
-    async def get(self, principal: str, run_id: str) -> Any:
-        """The run's :class:`~trio_agents.control.RunInfo` (any node of a tree)."""
+    @property
+    def limits(self) -> Limits:
+        """The host's :class:`~trio_agents.hosting.Limits` (the websocket channel reads
+        its frame, ping and send bounds there)."""
         ...
 
-    async def list(self, principal: str, *, all: bool = False) -> list[Any]:
+    async def get(self, principal: str, run_id: str) -> RunInfo:
+        """The run's :class:`~trio_agents.hosting.RunInfo` (any node of a tree)."""
+        ...
+
+    async def list(self, principal: str, *, all: bool = False) -> list[RunInfo]:
         """The principal's runs (roots; every node of every tree with ``all``)."""
         ...
 
@@ -160,7 +174,7 @@ class RunHost(Protocol):
         """Cancel a run; returns once the cancel is applied (durable in a cluster)."""
         ...
 
-    async def wait_terminal(self, principal: str, run_id: str) -> Any:
+    async def wait_terminal(self, principal: str, run_id: str) -> RunInfo:
         """Wait until the run's terminal update was emitted; returns its RunInfo."""
         ...
 
@@ -215,4 +229,38 @@ class RunHost(Protocol):
 
     def disconnected(self, owner: object) -> None:
         """The owner went away: apply its runs' ``on_disconnect``."""
+        ...
+
+    # ------------------------------------------------------------------ lifecycle
+    # What hosting.serve calls, in this order; a face never does.
+
+    async def open(self, nursery: trio.Nursery) -> Callable[[], None]:
+        """Host runs in ``nursery`` (a host's own tasks too: a cluster node's event
+        writer, router and leases) and start forgetting finished runs; returns what
+        stops the host's own tasks once the shutdown is over. A host opens once."""
+        ...
+
+    @property
+    def closing(self) -> bool:
+        """Whether the shutdown began (no new run starts; a face refuses new clients)."""
+        ...
+
+    def begin_shutdown(self) -> float:
+        """From now on no new run starts; returns the shutdown's deadline
+        (``trio.current_time()`` plus ``limits.shutdown_timeout``)."""
+        ...
+
+    async def stop_runs(self, deadline: float) -> None:
+        """Stop every run: cancelled with reason ``"server shutdown"`` on one process;
+        a cluster node hands its runs over to the other nodes instead (the owners'
+        ``on_disconnect="cancel"`` runs are cancelled first)."""
+        ...
+
+    async def wait_runs(self, deadline: float) -> None:
+        """Wait, until ``deadline`` at most, for every stopped run to finish (its
+        repair persisted, its terminal update emitted)."""
+        ...
+
+    def force_stop(self) -> None:
+        """Past the deadline: cancel whatever run is left, without waiting."""
         ...

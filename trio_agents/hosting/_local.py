@@ -57,13 +57,15 @@ from .._items import Item
 from .._limits import UsageLimits
 from .._run import Run
 from .._serving import serving
+from ._error_codes import ProtocolError
 from ._host import HostedEvent, HostError, Origin, StartRequest
+from ._limits import Limits
 from ._policies import ContextHook, effective_limits, limits_to_wire
 from ._registry import Owner, PrincipalStatistics, Registry, RunEntry
+from ._run_info import RunInfo
 from ._run_tasks import disconnected as _disconnected
 from ._run_tasks import start_run
 from ._sessions import SessionFactory, items_bytes, sqlite_sessions
-from ._terms import Limits, ProtocolError, RunInfo
 
 __all__ = ["HostStatistics", "LocalHost", "host_errors"]
 
@@ -377,6 +379,34 @@ class LocalHost:
         """Past the bound: force whatever is left."""
         for entry in self._entries():
             entry.host_scope.cancel()
+
+    # The public lifecycle (RunHost's: what hosting.serve calls). Over the private steps
+    # above, which a cluster's host overrides (_open, _stop_runs).
+
+    async def open(self, nursery: trio.Nursery) -> Callable[[], None]:
+        """Host runs in ``nursery`` (see :meth:`RunHost.open`)."""
+        return await self._open(nursery)
+
+    @property
+    def closing(self) -> bool:
+        """Whether the shutdown began (see :meth:`RunHost.closing`)."""
+        return self._closing
+
+    def begin_shutdown(self) -> float:
+        """No new run starts from now; returns the shutdown's deadline."""
+        return self._begin_shutdown()
+
+    async def stop_runs(self, deadline: float) -> None:
+        """Stop every run (see :meth:`RunHost.stop_runs`)."""
+        await self._stop_runs(deadline)
+
+    async def wait_runs(self, deadline: float) -> None:
+        """Wait until ``deadline`` at most for the stopped runs to finish."""
+        await self._wait_runs(deadline)
+
+    def force_stop(self) -> None:
+        """Past the deadline: cancel whatever run is left."""
+        self._force()
 
     # ---------------------------------------------------------------------- ops
 

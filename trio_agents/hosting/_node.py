@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from .._items import Item, ToolCall
     from .._limits import UsageLimits
     from ._host import Origin
+    from ._limits import Limits
     from ._local import LocalHost
     from ._policies import ContextHook
     from ._requests import RunCancel
-    from ._terms import Limits
 
 __all__ = ["ClusterNode", "ClusterStatistics", "NodeOfCluster", "TakenOver"]
 
@@ -70,13 +70,13 @@ class NodeOfCluster(Protocol):
 
     def statistics(self) -> ClusterStatistics: ...
 
-    def _host_for(
+    def host(
         self,
         agents: Mapping[str, Agent],
         *,
-        limits: Limits | None,
-        run_options: Mapping[str, Any] | None,
-        context: ContextHook | None,
+        limits: Limits | None = None,
+        run_options: Mapping[str, Any] | None = None,
+        context: ContextHook | None = None,
     ) -> LocalHost: ...
 
 

@@ -31,7 +31,7 @@ import attrs
 
 from .._items import Item
 from .._limits import UsageLimits, to_cost
-from ._terms import ProtocolError
+from ._error_codes import ProtocolError
 
 __all__ = [
     "LIMIT_FIELDS",
@@ -43,7 +43,7 @@ __all__ = [
     "limits_to_wire",
 ]
 
-logger = logging.getLogger("trio_agents.control")
+logger = logging.getLogger("trio_agents.hosting")
 
 _COUNTS: Final = ("requests", "tool_calls", "input_tokens", "output_tokens", "total_tokens")
 _SECONDS: Final = ("deadline", "wrap_up")

@@ -28,8 +28,10 @@ import trio
 
 from .. import Agent, Run
 from .._text_cleaning import clean_text
+from ._error_codes import ProtocolError
+from ._limits import Limits
+from ._run_info import RunInfo
 from ._sessions import MemorySessions, MeteredSession, SessionFactory
-from ._terms import Limits, ProtocolError, RunInfo
 
 if TYPE_CHECKING:
     from ._node import ClusterNode
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry", "descendants"]
 
-logger = logging.getLogger("trio_agents.control")
+logger = logging.getLogger("trio_agents.hosting")
 
 RUN_OVERHEAD = 1024
 """Bytes counted per retained run on top of its input and injected items."""

@@ -15,8 +15,9 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias, cast, final, get_ar
 import attrs
 
 from .._items import Item, coerce_items
+from ._error_codes import ProtocolError
+from ._limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH
 from ._policies import limits_from_wire
-from ._terms import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH, ProtocolError
 
 __all__ = [
     "OPS",

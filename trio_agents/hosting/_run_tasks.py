@@ -26,11 +26,11 @@ from .. import Agent, Item, Run, SessionBusyError, serve_run
 from .._limits import UsageLimits
 from .._session_lock import SessionClaim
 from ..sessions import Session
+from ._error_codes import ProtocolError
 from ._policies import RunStartInfo, call_context_hook
 from ._registry import Owner, Registry, RunEntry
 from ._requests import RunCancel
 from ._sessions import MeteredSession, ScopedSession
-from ._terms import ProtocolError
 
 if TYPE_CHECKING:
     from .._resume import Resume
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["closing", "disconnected", "own_placed", "resume_run", "start_run", "supersede"]
 
-logger = logging.getLogger("trio_agents.control")
+logger = logging.getLogger("trio_agents.hosting")
 
 # How long a resume on this node waits for its own stopped attempt of the same run to
 # end (that attempt's repair is bounded by its cleanup_timeout, 5 s by default).

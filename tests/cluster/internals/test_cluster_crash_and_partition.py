@@ -35,6 +35,7 @@ from tests.support.cluster_nodes import (
     dies_answering,
     local_entry,
     request_as_owner_dies,
+    server_connections,
     two_nodes,
 )
 from tests.support.cluster_support import Client, Node, client
@@ -413,7 +414,7 @@ async def two_nodes_saying_hello(dsn: str) -> AsyncIterator[tuple[Node, Client, 
 def followed(node: Node, run_ids: list[str]) -> bool:
     """Whether a connection to ``node`` still follows one of ``run_ids``."""
     return any(
-        run_id in conn.subscriptions for conn in node.server._connections for run_id in run_ids
+        run_id in conn.subscriptions for conn in server_connections(node) for run_id in run_ids
     )
 
 

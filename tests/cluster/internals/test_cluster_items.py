@@ -19,6 +19,7 @@ import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.cluster_nodes import host_registry
 from tests.support.cluster_support import client, node
 from trio_agents.cluster._db import Conn, Database
 from trio_agents.cluster._eventlog import EventWriter, Fence
@@ -76,7 +77,7 @@ async def test_an_item_and_its_run_item_event_are_written_together(
             await ca.wait_terminal(first["run_id"])  # the tables exist, the node works
             refuse_inserts(pg_dsn, _TABLES[refused])
             run_id = await ca.start_run(agent="a", input="go", session_id="s")
-            run = a.server._registry.runs[run_id].run
+            run = host_registry(a).runs[run_id].run
             assert run is not None
             with trio.fail_after(30):
                 result = await run.wait()
@@ -169,7 +170,7 @@ async def test_a_cancel_after_a_write_stored_its_items_stores_them_once(
     async with trio.open_nursery() as nursery:
         async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as ca:
             run_id = await ca.start_run(agent="a", input="hi", session_id="s")
-            run = a.server._registry.runs[run_id].run
+            run = host_registry(a).runs[run_id].run
             assert run is not None
             with trio.fail_after(30):
                 await stored.wait()

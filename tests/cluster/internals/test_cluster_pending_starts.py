@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_nodes import agents
+from tests.support.cluster_nodes import agents, server_connections
 from tests.support.cluster_support import client, node
 from trio_agents.hosting import _run_tasks
 from trio_agents.models import ScriptedModel, Turn
@@ -138,7 +138,7 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
                 with trio.fail_after(30):
                     while not placed:  # noqa: ASYNC110 (started on A, not answered yet)
                         await trio.sleep(0.01)
-                (connection,) = b.server._connections
+                (connection,) = server_connections(b)
                 connection._stop()  # B cuts the client off mid-request
                 answered.set()
             (run_id,) = placed

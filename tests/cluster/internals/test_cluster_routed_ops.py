@@ -16,6 +16,8 @@ from tests.support.cluster_nodes import agents, clients, open_nodes, reply_of, w
 from trio_agents.cluster._routing import WIRE_VERSION, RoutedOp, from_wire, to_wire
 from trio_agents.cluster._schema import CHANNEL
 from trio_agents.hosting import StartRequest
+from trio_agents.hosting._error_codes import ProtocolError
+from trio_agents.hosting._limits import MAX_NAME_LENGTH, MAX_REASON_LENGTH
 from trio_agents.hosting._requests import (
     RunApprove,
     RunCancel,
@@ -24,7 +26,6 @@ from trio_agents.hosting._requests import (
     RunReject,
     RunWithdraw,
 )
-from trio_agents.hosting._terms import MAX_NAME_LENGTH, MAX_REASON_LENGTH, ProtocolError
 from trio_agents.models import ScriptedModel, Turn
 
 # Strings a client may send (a lone surrogate or NUL is refused at a wire face, but

@@ -18,7 +18,7 @@ import trio
 
 import trio_agents as ta
 from tests.support.cluster_internals import fetch_tool, until
-from tests.support.cluster_nodes import agents, approval_tool, waiting_tool
+from tests.support.cluster_nodes import agents, approval_tool, host_registry, waiting_tool
 from tests.support.cluster_support import Client, Node, client, node
 from trio_agents.cluster._queries import release_node
 from trio_agents.models import Finish as FinishEvent
@@ -356,7 +356,7 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
                 await resume(claimed)
 
             def stopped_here() -> bool:
-                entry = b.server._registry.runs.get(run_id)
+                entry = host_registry(b).runs.get(run_id)
                 return entry is not None and entry.fence.closed
 
             async def release_once_resumed(*args: Any) -> None:

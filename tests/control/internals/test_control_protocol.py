@@ -11,8 +11,8 @@ import trio
 import trio_agents as ta
 from tests.support.control_support import ask, raw_client, serving, serving_alice, wait_until
 from trio_agents.control import ERROR_CODES, ControlError, Limits, RunInfo, connect, event_from_json
+from trio_agents.hosting._error_codes import ProtocolError
 from trio_agents.hosting._requests import RunCancel, RunStart, parse_request
-from trio_agents.hosting._terms import ProtocolError
 from trio_agents.models import ScriptedModel, Turn
 
 

@@ -11,8 +11,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from trio_agents.faces import EventStream, HttpLimits, sse_message
-from trio_agents.faces._app import Face
+from trio_agents.faces import EventStream, Face, HttpLimits, sse_message
 from trio_agents.faces._event_stream import _BATCH_BYTES
 
 

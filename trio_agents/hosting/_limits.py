@@ -1,60 +1,18 @@
-"""The terms every host and face shares: the error codes of DESIGN §10 and the
-:class:`ProtocolError` that carries one, the server's :class:`Limits`, and
-:class:`RunInfo`, what a host reports about a run.
-
-They began as the websocket channel's wire format (``control/_protocol.py``, which
-re-exports them); the hosts, the cluster and every face use them, so they live below
-the faces. No I/O.
+"""The bounds of a server: :class:`Limits`, the resources a host and its faces allow
+(runs per principal, rates, sizes, timeouts, retention), and the lengths of a request's
+ids, names and reasons, checked alike by every face. No I/O.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final
 
 import attrs
 
-from .._events import RunStatus
 from .._limits import UsageLimits
 
-__all__ = [
-    "ERROR_CODES",
-    "MAX_ID_LENGTH",
-    "MAX_NAME_LENGTH",
-    "MAX_REASON_LENGTH",
-    "ErrorCode",
-    "Limits",
-    "ProtocolError",
-    "RunInfo",
-]
-
-ErrorCode: TypeAlias = Literal[
-    "invalid_json",
-    "invalid_request",
-    "unknown_op",
-    "not_found",
-    "run_closed",
-    "session_busy",
-    "no_active_run",
-    "inbox_full",
-    "limit_exceeded",
-    "internal",
-]
-
-ERROR_CODES: Final[tuple[str, ...]] = (
-    "invalid_json",
-    "invalid_request",
-    "unknown_op",
-    "not_found",
-    "run_closed",
-    "session_busy",
-    "no_active_run",
-    "inbox_full",
-    "limit_exceeded",
-    "internal",
-)
-"""Every ``code`` an ``error`` frame can carry."""
+__all__ = ["MAX_ID_LENGTH", "MAX_NAME_LENGTH", "MAX_REASON_LENGTH", "Limits"]
 
 MAX_ID_LENGTH: Final = 256
 MAX_NAME_LENGTH: Final = 256
@@ -82,7 +40,9 @@ def _check_optional_seconds(i: object, attribute: attrs.Attribute[Any], value: o
 
 @attrs.frozen(kw_only=True)
 class Limits:
-    """Resource limits of a :class:`~trio_agents.control.ControlServer`.
+    """Resource limits of a server: its host and its faces (the websocket channel reads its
+    frame, ping and handshake bounds here; the HTTP faces have their own
+    :class:`~trio_agents.faces.HttpLimits` beside them).
 
     Attributes:
         max_message_size: the largest request frame accepted, in characters (bytes
@@ -157,114 +117,3 @@ class Limits:
         default=None,
         validator=attrs.validators.optional(attrs.validators.instance_of(UsageLimits)),
     )
-
-
-class ProtocolError(Exception):
-    """A request frame could not be served; becomes an ``error`` frame.
-
-    Attributes:
-        code: one of :data:`ERROR_CODES`.
-        message: a human-readable explanation.
-        request_id: the request's ``id`` when it could be read, else None.
-    """
-
-    def __init__(self, code: ErrorCode, message: str, request_id: str | int | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code: ErrorCode = code
-        self.message = message
-        self.request_id = request_id
-
-
-@attrs.frozen
-class RunInfo:
-    """What ``run.get`` and ``runs.list`` report about a run.
-
-    Attributes:
-        run_id: the run's id.
-        agent: the name the agent is registered under on the server.
-        session_id: the session the run uses (None: no session).
-        status: its current status.
-        reason: why it failed or was cancelled (None otherwise).
-        seq: the seq of its latest event.
-        turn: the number of model calls started.
-        pending_approvals: ids of tool calls waiting for approval.
-        parent_id: the run this one is a child of (None at the root of a tree).
-        root_id: the root of its tree (its own id at the root).
-        children: its child runs' ids, in start order, live and finished; None when
-            not known here (a cluster node answering for a tree another node runs).
-        detail: the ``detail`` of the run's current status update, as its
-            ``run.updated`` event carries it (``waiting`` and ``pending`` while it
-            awaits approval; ``by`` and ``reason`` for a subtree's cancel); empty where
-            not known (a run another cluster node runs).
-    """
-
-    run_id: str
-    agent: str
-    session_id: str | None
-    status: RunStatus
-    reason: str | None
-    seq: int
-    turn: int = 0
-    pending_approvals: tuple[str, ...] = ()
-    parent_id: str | None = None
-    root_id: str = attrs.field(
-        default=attrs.Factory(lambda self: self.run_id, takes_self=True)  # a root's
-    )
-    children: tuple[str, ...] | None = ()
-    detail: Mapping[str, Any] = attrs.field(factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``run`` object of a ``run.get`` ack."""
-        return {
-            "run_id": self.run_id,
-            "agent": self.agent,
-            "session_id": self.session_id,
-            "status": self.status.value,
-            "reason": self.reason,
-            "seq": self.seq,
-            "turn": self.turn,
-            "pending_approvals": list(self.pending_approvals),
-            "parent_id": self.parent_id,
-            "root_id": self.root_id,
-            "children": None if self.children is None else list(self.children),
-            "detail": dict(self.detail),
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> RunInfo:
-        """Read the ``run`` object of a ``run.get`` ack (raises ``ValueError`` if bad)."""
-        try:
-            return cls(
-                run_id=str(data["run_id"]),
-                agent=str(data["agent"]),
-                session_id=data.get("session_id"),
-                status=RunStatus(data["status"]),
-                reason=data.get("reason"),
-                seq=int(data["seq"]),
-                turn=int(data.get("turn", 0)),
-                pending_approvals=tuple(str(c) for c in data.get("pending_approvals", ())),
-                detail=_detail(data.get("detail")),
-                **_tree_fields(data),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"malformed run info: {exc!r}") from None
-
-
-def _detail(value: Any) -> dict[str, Any]:
-    """A ``run`` object's ``detail`` (absent from an older server's: empty)."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise TypeError(f"detail must be an object, not {type(value).__name__}")
-    return dict(value)
-
-
-def _tree_fields(data: Any) -> dict[str, Any]:
-    """The run-tree fields of a ``run`` object (absent from an older server's)."""
-    parent_id = data.get("parent_id")
-    children = data.get("children", ())
-    return {
-        "parent_id": None if parent_id is None else str(parent_id),
-        "root_id": str(data.get("root_id") or data["run_id"]),
-        "children": None if children is None else tuple(str(c) for c in children),
-    }
