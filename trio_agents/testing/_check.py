@@ -35,7 +35,7 @@ from .._output import compile_output, output_problems
 from .._util import clean_text
 from ..models import ModelRequest, OutputSpec
 from ._faults import MALFORMED, START_HOOKS, SWALLOWING, Faults, HookCall
-from ._runner import FRESH_INPUT, NodeRecord, Observation, TreeObservation
+from ._observation import FRESH_INPUT, NodeRecord, Observation, TreeObservation
 from ._tree import height, tree_events, walk
 
 __all__ = [

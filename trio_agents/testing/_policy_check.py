@@ -32,9 +32,9 @@ from .. import (
 )
 from ..models import Turn, Usage
 from ._check import INVARIANTS, Report, Violation, check_run
+from ._observation import InjectionRecord, Observation
 from ._policy_faults import GuardrailCall
 from ._policy_runner import PolicyObservation
-from ._runner import InjectionRecord, Observation
 
 __all__ = ["check_policies"]
 
