@@ -31,7 +31,8 @@ from .. import (
     UserMessage,
 )
 from ..models import Turn, Usage
-from ._check import INVARIANTS, Report, Violation, check_run
+from ._checker import check_run
+from ._invariants import INVARIANTS, Report, Violation
 from ._observation import InjectionRecord, Observation
 from ._policy_faults import GuardrailCall
 from ._policy_runner import PolicyObservation
