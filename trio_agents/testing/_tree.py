@@ -93,9 +93,11 @@ class TreeHooks(RunHooks):
 def tree_events(root: Run) -> list[RunEvent]:
     """What ``root.events(tree=True)`` would replay now: the tree's events in the
     order they happened (the root's own log when it never started a child)."""
-    feed = root._log.feed
+    # The root's own log: a run has no public way to replay the tree synchronously.
+    log = root._log
+    feed = log.feed
     if feed is None:
-        return root._log.retained()
+        return log.retained()
     return [
         event
         for event in (feed.get(position) for position in range(feed.first, feed.end))
