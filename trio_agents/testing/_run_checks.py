@@ -150,6 +150,16 @@ def check_injections(obs: Observation, result: RunResult, out: Found) -> None:
 
 
 def check_model(obs: Observation, out: Found) -> None:
+    """What the run sent its model, what it made of the model's faults, and that no
+    stream is left open."""
+    _check_requests(obs, out)
+    _check_stream_faults(obs, out)
+    if obs.open_streams:
+        out.append(Violation("model-streams-closed", f"{obs.open_streams} stream(s) left open"))
+
+
+def _check_requests(obs: Observation, out: Found) -> None:
+    """Every request is valid model input and a prefix of what the run sent in the end."""
     final = None if obs.outcome is None else _sent_of(obs.outcome)
     for number, request in enumerate(obs.requests, 1):
         problems = conversation_problems(request.items)
@@ -166,6 +176,12 @@ def check_model(obs: Observation, out: Found) -> None:
                 )
             )
             break
+
+
+def _check_stream_faults(obs: Observation, out: Found) -> None:
+    """The first model fault that fired decides the run: a broken stream fails it (a
+    malformed one with a ModelError reason); a stream that swallowed its cancellation
+    never has its cut-off text kept as a complete answer."""
     result = obs.outcome
     for stream in obs.streams:
         fault = stream.fault
@@ -209,8 +225,6 @@ def check_model(obs: Observation, out: Found) -> None:
                 )
             )
         break  # the first fault that fired decides the run
-    if obs.open_streams:
-        out.append(Violation("model-streams-closed", f"{obs.open_streams} stream(s) left open"))
 
 
 def _delivered_item_seqs(events: Sequence[RunEvent]) -> set[int]:

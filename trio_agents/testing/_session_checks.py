@@ -7,10 +7,10 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from .. import Item, RunStatus, UserMessage, conversation_problems
+from .. import Item, RunResult, RunStatus, UserMessage, conversation_problems
 from ._event_checks import sendable, unmarked
 from ._invariants import Found, Violation
-from ._observation import FRESH_INPUT, Observation
+from ._observation import FRESH_INPUT, FreshRun, Observation
 from ._run_checks import failure_before
 
 __all__ = ["check_session"]
@@ -26,64 +26,87 @@ def _is_session_reason(reason: str | None) -> bool:
 
 
 def check_session(obs: Observation, out: Found) -> None:
-    stored, result, fresh = obs.stored, obs.outcome, obs.fresh_run
+    """What the session holds after the run, what its failures did to the run, and the
+    next run on it."""
+    stored, result = obs.stored, obs.outcome
     if stored is None:
         return
-    gets = [c for c in obs.session_calls if c.method == "get_items"]
-    adds = [c for c in obs.session_calls if c.method == "add_items"]
     if result is not None:
-        persisted = stored == tuple(result.conversation)
-        if not persisted and stored != tuple(result.conversation[: len(stored)]):
+        persisted = _check_stored(obs, stored, result, out)
+        _check_session_error(obs, result, persisted, out)
+    if obs.fresh_run is not None:
+        _check_next_run(obs.fresh_run, out)
+
+
+def _check_stored(
+    obs: Observation, stored: tuple[Item, ...], result: RunResult, out: Found
+) -> bool:
+    """The session holds a prefix of the conversation, all of it before ``on_run_end``;
+    returns whether it holds all of it."""
+    persisted = stored == tuple(result.conversation)
+    if not persisted and stored != tuple(result.conversation[: len(stored)]):
+        out.append(
+            Violation(
+                "session-stored",
+                f"the session holds {len(stored)} item(s) that are not a prefix of"
+                " result.conversation",
+            )
+        )
+    for call in obs.hook_calls:
+        if call.hook == "on_run_end" and call.stored is False and persisted:
             out.append(
                 Violation(
                     "session-stored",
-                    f"the session holds {len(stored)} item(s) that are not a prefix of"
-                    " result.conversation",
+                    "on_run_end was called before the conversation was written",
                 )
             )
-        for call in obs.hook_calls:
-            if call.hook == "on_run_end" and call.stored is False and persisted:
-                out.append(
-                    Violation(
-                        "session-stored",
-                        "on_run_end was called before the conversation was written",
-                    )
-                )
-        failed_writes = [c for c in adds if c.outcome != "ok"]
-        load_failed = any(c.outcome == "raised" for c in gets)
-        problem = None
-        if load_failed:
-            problem = "loading the session raised"
-        elif not persisted:
-            problem = "the session does not hold result.conversation"
-        elif adds and adds[-1].outcome != "ok" and not adds[-1].stored:
-            # (A write that stored its items and was interrupted after is not a loss:
-            # the session holds result.conversation, as checked just above.)
-            problem = f"the last add_items {adds[-1].outcome}"
-        if problem is not None:
-            first = failed_writes[0].at if failed_writes else (gets[0].at if gets else 0.0)
-            if result.status is not RunStatus.FAILED:
-                out.append(
-                    Violation(
-                        "session-error",
-                        f"{problem}, yet the run ended {result.status.value}"
-                        f" ({result.reason}): a client would trust it as saved",
-                    )
-                )
-            elif (
-                not _is_session_reason(result.reason)
-                and not load_failed
-                and not (failure_before(obs, first))
-            ):
-                out.append(
-                    Violation(
-                        "session-error",
-                        f"{problem}; the run failed with {result.reason!r}, not"
-                        " 'session error: …' or 'cleanup timed out'",
-                    )
-                )
-    if fresh is None:
+    return persisted
+
+
+def _check_session_error(obs: Observation, result: RunResult, persisted: bool, out: Found) -> None:
+    """A run whose conversation could not be loaded or stored says so: it failed, with
+    a session reason (unless something else failed it first)."""
+    gets = [c for c in obs.session_calls if c.method == "get_items"]
+    adds = [c for c in obs.session_calls if c.method == "add_items"]
+    failed_writes = [c for c in adds if c.outcome != "ok"]
+    load_failed = any(c.outcome == "raised" for c in gets)
+    problem = None
+    if load_failed:
+        problem = "loading the session raised"
+    elif not persisted:
+        problem = "the session does not hold result.conversation"
+    elif adds and adds[-1].outcome != "ok" and not adds[-1].stored:
+        # (A write that stored its items and was interrupted after is not a loss:
+        # the session holds result.conversation, as checked just above.)
+        problem = f"the last add_items {adds[-1].outcome}"
+    if problem is None:
         return
+    first = failed_writes[0].at if failed_writes else (gets[0].at if gets else 0.0)
+    if result.status is not RunStatus.FAILED:
+        out.append(
+            Violation(
+                "session-error",
+                f"{problem}, yet the run ended {result.status.value}"
+                f" ({result.reason}): a client would trust it as saved",
+            )
+        )
+    elif (
+        not _is_session_reason(result.reason)
+        and not load_failed
+        and not (failure_before(obs, first))
+    ):
+        out.append(
+            Violation(
+                "session-error",
+                f"{problem}; the run failed with {result.reason!r}, not"
+                " 'session error: …' or 'cleanup timed out'",
+            )
+        )
+
+
+def _check_next_run(fresh: FreshRun, out: Found) -> None:
+    """The next run on the session starts and completes, loads what the session holds
+    (repaired, without what a guardrail rejected), and leaves it valid."""
     if fresh.outcome == "busy":
         out.append(
             Violation("session-released", "the next run on the session raised SessionBusyError")

@@ -218,13 +218,6 @@ def _check_child_order(
         ),
         None,
     )
-    ended = [
-        e
-        for e in parent.events
-        if isinstance(e, RunChild)
-        and e.child_id == node.run_id
-        and e.status is not RunStatus.QUEUED
-    ]
     if not any(
         isinstance(e, RunChild) and e.child_id == node.run_id and e.status is RunStatus.QUEUED
         for e in parent.events
@@ -236,6 +229,38 @@ def _check_child_order(
         if parent.outcome is not None:
             out.append(Violation("tree-bottom-up", f"{what} has no terminal update"))
         return None
+    _check_child_ended(node, parent, terminal, position, what, out)
+    if result_event is None:
+        return None
+    result_at = position.get(id(result_event))
+    terminal_at = position.get(id(terminal))
+    if result_at is not None and terminal_at is not None and terminal_at > result_at:
+        out.append(
+            Violation(
+                "tree-bottom-up",
+                f"{what}: the parent recorded the call's result before the child's terminal update",
+            )
+        )
+    return result_at
+
+
+def _check_child_ended(
+    node: NodeRecord,
+    parent: NodeRecord,
+    terminal: RunUpdated,
+    position: Mapping[int, int],
+    what: str,
+    out: Found,
+) -> None:
+    """The parent's log says, once, how the child ended, after the child's terminal
+    update."""
+    ended = [
+        e
+        for e in parent.events
+        if isinstance(e, RunChild)
+        and e.child_id == node.run_id
+        and e.status is not RunStatus.QUEUED
+    ]
     if len(ended) != 1 or ended[0].status is not terminal.status:
         said = [e.status.value for e in ended]
         out.append(
@@ -250,18 +275,6 @@ def _check_child_order(
                 "tree-bottom-up", f"{what}: run.child came before the child's terminal update"
             )
         )
-    if result_event is None:
-        return None
-    result_at = position.get(id(result_event))
-    terminal_at = position.get(id(terminal))
-    if result_at is not None and terminal_at is not None and terminal_at > result_at:
-        out.append(
-            Violation(
-                "tree-bottom-up",
-                f"{what}: the parent recorded the call's result before the child's terminal update",
-            )
-        )
-    return result_at
 
 
 def _check_child_calls(
