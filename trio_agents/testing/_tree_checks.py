@@ -334,9 +334,17 @@ def _check_child_cancel(
             )
         )
         return
-    # Its own cancel ended it: the parent goes on, unless something cancelled it too.
+    _check_parent_goes_on(node, parent, what, out, cancels_known)
+
+
+def _check_parent_goes_on(
+    node: NodeRecord, parent: NodeRecord, what: str, out: Found, cancels_known: bool
+) -> None:
+    """A child's own cancel ended it: the parent goes on (unless something cancelled it
+    too), and the parent's call of the child ends ``cancelled``."""
+    result = node.outcome
     parent_result = parent.outcome
-    if parent_result is None:
+    if result is None or parent_result is None:
         return
     if (
         cancels_known
