@@ -43,13 +43,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..models import ScriptedModel as ScriptedModel
 from ..models import Turn as Turn
-from ._check import INVARIANTS as INVARIANTS
-from ._check import LifecycleViolation as LifecycleViolation
-from ._check import Report as Report
-from ._check import Violation as Violation
-from ._check import check_events as check_events
-from ._check import check_run as check_run
-from ._check import check_tree as check_tree
+from ._checker import check_run as check_run
+from ._event_checks import check_events as check_events
 from ._fakes import GARBAGE as GARBAGE
 from ._fakes import HOSTILE_TEXTS as HOSTILE_TEXTS
 from ._fakes import BrokenStrError as BrokenStrError
@@ -77,20 +72,23 @@ from ._faults import ModelFault as ModelFault
 from ._faults import SessionCall as SessionCall
 from ._faults import SessionFault as SessionFault
 from ._faults import StreamRecord as StreamRecord
+from ._invariants import INVARIANTS as INVARIANTS
+from ._invariants import LifecycleViolation as LifecycleViolation
+from ._invariants import Report as Report
+from ._invariants import Violation as Violation
+from ._observation import CancelRecord as CancelRecord
+from ._observation import FreshRun as FreshRun
+from ._observation import InjectionRecord as InjectionRecord
+from ._observation import ModelView as ModelView
+from ._observation import NodeRecord as NodeRecord
+from ._observation import Observation as Observation
+from ._observation import SubscriberView as SubscriberView
+from ._observation import TreeObservation as TreeObservation
 from ._property import Failure as Failure
 from ._property import LifecycleProperty as LifecycleProperty
 from ._property import harness_settings as harness_settings
 from ._property import lifecycle_test as lifecycle_test
-from ._runner import CancelRecord as CancelRecord
-from ._runner import FreshRun as FreshRun
-from ._runner import InjectionRecord as InjectionRecord
-from ._runner import ModelView as ModelView
-from ._runner import NodeRecord as NodeRecord
-from ._runner import Observation as Observation
-from ._runner import SubscriberView as SubscriberView
-from ._runner import TreeObservation as TreeObservation
 from ._runner import run_schedule as run_schedule
-from ._runner import run_tree_schedule as run_tree_schedule
 from ._strategies import OP_KINDS as OP_KINDS
 from ._strategies import AgentTree as AgentTree
 from ._strategies import FakeTools as FakeTools
@@ -105,6 +103,8 @@ from ._strategies import schedules as schedules
 from ._strategies import scripts as scripts
 from ._strategies import standard_tools as standard_tools
 from ._strategies import tool_sets as tool_sets
+from ._tree_checks import check_tree as check_tree
+from ._tree_runner import run_tree_schedule as run_tree_schedule
 
 __all__ = [
     "GARBAGE",

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
-import sys
 import threading
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import final
@@ -32,7 +31,17 @@ import trio.testing
 
 from .. import ToolContext
 
-__all__ = ["ClockHoldingLimiter", "hold_again", "hold_clock", "let_go_of_thread"]
+__all__ = [
+    "THREAD_PREFIX",
+    "Borrow",
+    "ClockHoldingLimiter",
+    "acquire_hold",
+    "current_thread_task_name",
+    "hold_again",
+    "hold_clock",
+    "let_go_of_thread",
+    "release_hold",
+]
 
 THREAD_PREFIX = "trio_agents.testing"
 """Names of the harness's own helper threads start with this (leak checks skip them)."""
@@ -65,7 +74,9 @@ def _holds() -> _Holds | None:
         return holds
 
 
-def _acquire() -> None:
+def acquire_hold() -> None:
+    """On the Trio thread: hold a ``MockClock`` still until the matching
+    :func:`release_hold` (holds nest; nothing without a ``MockClock``)."""
     clock, holds = _mock_clock(), _holds()
     if clock is None or holds is None:
         return
@@ -75,7 +86,8 @@ def _acquire() -> None:
     clock.autojump_threshold = math.inf
 
 
-def _release() -> None:
+def release_hold() -> None:
+    """Give back one :func:`acquire_hold`: the clock jumps again once none is left."""
     clock, holds = _mock_clock(), _holds()
     if clock is None or holds is None or holds.count == 0:
         return
@@ -87,15 +99,17 @@ def _release() -> None:
 @contextmanager
 def hold_clock() -> Iterator[None]:
     """Inside the block (on the Trio thread), a ``MockClock`` does not autojump."""
-    _acquire()
+    acquire_hold()
     try:
         yield
     finally:
-        _release()
+        release_hold()
 
 
 @attrs.define(eq=False)
-class _Borrow:
+class Borrow:
+    """The clock hold of one worker thread of a :class:`ClockHoldingLimiter`."""
+
     task_name: str
     call_id: str | None = None
     holding: bool = True
@@ -107,14 +121,7 @@ class _Borrow:
     expired: bool = False  # it ran past its hold: virtual time went on meanwhile
 
 
-def _calling_tool_call_id() -> str | None:
-    """The call id of the tool call whose thread is being started, if it can be seen
-    (see :func:`_calling_tool_context`)."""
-    ctx = _calling_tool_context(2)
-    return None if ctx is None else ctx.call_id
-
-
-def _calling_tool_context(skip: int = 1) -> ToolContext | None:
+def _calling_tool_context() -> ToolContext | None:
     """The ``ToolContext`` of the tool call whose thread is being started, if it can be
     seen.
 
@@ -124,7 +131,8 @@ def _calling_tool_context(skip: int = 1) -> ToolContext | None:
     ``ctx`` (when it does not). This looks at Trio's and the run's frames (an
     implementation detail); without them, threads are matched by task name only.
     """
-    frame: types.FrameType | None = sys._getframe(skip)
+    frame = inspect.currentframe()  # this function's; the search starts above its caller
+    frame = frame.f_back if frame is not None else None
     for _ in range(8):  # acquire_on_behalf_of, trio's to_thread.run_sync, the run's call
         frame = frame.f_back if frame is not None else None
         if frame is None:
@@ -162,7 +170,7 @@ class ClockHoldingLimiter:
     def __init__(self, inner: trio.CapacityLimiter, *, hold_limit: float | None = None) -> None:
         self._inner = inner
         self._hold_limit = hold_limit
-        self._borrows: dict[object, _Borrow] = {}
+        self._borrows: dict[object, Borrow] = {}
         self._idle = threading.Event()
         self._idle.set()
         self._registered = False
@@ -178,12 +186,12 @@ class ClockHoldingLimiter:
                 holds.limiters.append(self)
             self._registered = True
         ctx = _calling_tool_context()
-        borrow = _Borrow(
+        borrow = Borrow(
             trio.lowlevel.current_task().name, None if ctx is None else ctx.call_id, ctx=ctx
         )
         self._borrows[borrower] = borrow
         self._idle.clear()
-        _acquire()
+        acquire_hold()
         if self._hold_limit is not None and _mock_clock() is not None:
             token = trio.lowlevel.current_trio_token()
             timer = threading.Timer(self._hold_limit, _call_soon, (token, self._expire, borrower))
@@ -211,7 +219,7 @@ class ClockHoldingLimiter:
             borrow.expired = True
             self._let_go(borrow)
 
-    def _check_cancel_read(self, borrow: _Borrow) -> None:
+    def _check_cancel_read(self, borrow: Borrow) -> None:
         """A thread that ran past its hold, whose call was cancelled meanwhile, and
         that returned without ever reading ``ctx.cancelled`` (its event is made on the
         first read) ignored the cancellation: recorded whatever the grace, so a tool
@@ -230,17 +238,17 @@ class ClockHoldingLimiter:
             )
         )
 
-    def _let_go(self, borrow: _Borrow) -> None:
+    def _let_go(self, borrow: Borrow) -> None:
         if borrow.holding:
             borrow.holding = False
-            _release()
+            release_hold()
 
     def let_go(self) -> None:
         """Stop holding the clock for every thread (the run abandoned them)."""
         for borrow in self._borrows.values():
             self._let_go(borrow)
 
-    def let_go_of_one(self, call_id: str | None, task_name: str | None) -> _Borrow | None:
+    def let_go_of_one(self, call_id: str | None, task_name: str | None) -> Borrow | None:
         """Stop holding the clock for the thread of tool call ``call_id`` (if it is
         known), else for one of a task named ``task_name`` (the latest such), else for
         the latest one; return its borrow."""
@@ -267,17 +275,17 @@ class ClockHoldingLimiter:
         return self._idle.wait(timeout)
 
 
-def hold_again(borrow: _Borrow) -> None:
+def hold_again(borrow: Borrow) -> None:
     """Hold the clock for a thread again (on the Trio thread): it stopped waiting for
     the harness and works until it returns."""
     if not borrow.holding and not borrow.finished:
         # (A thread that already returned would never give the hold back: the clock
         # would stand still for the rest of the run.)
         borrow.holding = True
-        _acquire()
+        acquire_hold()
 
 
-def let_go_of_thread(call_id: str | None, task_name: str | None) -> _Borrow | None:
+def let_go_of_thread(call_id: str | None, task_name: str | None) -> Borrow | None:
     """On the Trio thread: stop holding the clock for the worker thread of tool call
     ``call_id`` (see :meth:`ClockHoldingLimiter.let_go_of_one`)."""
     holds = _holds()

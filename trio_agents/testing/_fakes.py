@@ -19,18 +19,26 @@ import attrs
 import trio
 
 from .. import Tool, ToolContext, function_tool
-from ._clock import _acquire as _acquire_hold
-from ._clock import _Borrow, current_thread_task_name, hold_again, hold_clock, let_go_of_thread
-from ._clock import _release as _release_hold
+from ._clock import (
+    Borrow,
+    acquire_hold,
+    current_thread_task_name,
+    hold_again,
+    hold_clock,
+    let_go_of_thread,
+    release_hold,
+)
 
 __all__ = [
     "GARBAGE",
     "HOSTILE_TEXTS",
     "BrokenStrError",
+    "CallBook",
     "CallRecord",
     "FakeToolError",
     "ToolRecorder",
     "blocking_tool",
+    "book_of",
     "broken_str_tool",
     "failing_tool",
     "garbage_tool",
@@ -39,6 +47,7 @@ __all__ = [
     "shielding_tool",
     "sleeping_tool",
     "stray_cancel_tool",
+    "stray_cancelled",
     "stubborn_thread_tool",
     "swallowing_tool",
     "thread_tool",
@@ -88,6 +97,63 @@ class CallRecord:
 
 @final
 @attrs.define(eq=False)
+class CallBook:
+    """The fake tools' side of a :class:`ToolRecorder` (package-internal): the records
+    they write, and the release they wait for. Thread tools write from their thread,
+    under :attr:`lock`."""
+
+    calls: list[CallRecord] = attrs.field(init=False, factory=list)
+    lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    released: bool = attrs.field(init=False, default=False)
+    release_event: trio.Event | None = attrs.field(init=False, default=None)
+    # What thread tools wait on (a new one per example: a thread left from the last
+    # example waits on its own).
+    thread_release: threading.Event = attrs.field(init=False, factory=threading.Event)
+    waiting_threads: list[Borrow] = attrs.field(init=False, factory=list)
+    thread_done: threading.Condition = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.thread_done = threading.Condition(self.lock)
+
+    def start(
+        self, tool: str, ctx: ToolContext, kind: str, fault: ToolFault | None = None
+    ) -> CallRecord:
+        """Record that a call started (a thread tool's, with no Trio time)."""
+        at = trio.current_time() if kind != "thread" else None
+        record = CallRecord(tool, ctx.call_id, ctx.run_id, kind, at, fault=fault)
+        with self.lock:
+            self.calls.append(record)
+        return record
+
+    def end(self, record: CallRecord, state: CallState) -> None:
+        """Record how a call ended."""
+        at = trio.current_time() if record.kind != "thread" else None
+        with self.thread_done:
+            record.state = state
+            record.ended_at = at
+            self.thread_done.notify_all()
+
+    def thread_waits(self, call_id: str, task_name: str | None) -> None:
+        """On the Trio thread, for a thread tool about to wait for the release:
+        let the clock move while it waits (unless it is released already)."""
+        if self.released:
+            return
+        borrow = let_go_of_thread(call_id, task_name)
+        if borrow is not None:
+            self.waiting_threads.append(borrow)
+
+    async def wait_released(self) -> None:
+        """Wait (an async tool) until the release."""
+        if self.released:
+            await trio.lowlevel.checkpoint()
+            return
+        if self.release_event is None:
+            self.release_event = trio.Event()
+        await self.release_event.wait()
+
+
+@final
+@attrs.define(eq=False)
 class ToolRecorder:
     """The shared record of every call of the fake tools built with it.
 
@@ -97,22 +163,14 @@ class ToolRecorder:
     (under a lock).
     """
 
-    _calls: list[CallRecord] = attrs.field(init=False, factory=list)
-    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
-    _released: bool = attrs.field(init=False, default=False)
-    _release_event: trio.Event | None = attrs.field(init=False, default=None)
-    _thread_release: threading.Event = attrs.field(init=False, factory=threading.Event)
-    _waiting_threads: list[_Borrow] = attrs.field(init=False, factory=list)
-    _thread_done: threading.Condition = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._thread_done = threading.Condition(self._lock)
+    # What the fake tools built with this recorder write into (see book_of).
+    _book: CallBook = attrs.field(init=False, factory=CallBook)
 
     @property
     def calls(self) -> tuple[CallRecord, ...]:
         """Every call so far, in start order."""
-        with self._lock:
-            return tuple(self._calls)
+        with self._book.lock:
+            return tuple(self._book.calls)
 
     def running(self) -> tuple[CallRecord, ...]:
         """The calls that have not ended."""
@@ -128,29 +186,31 @@ class ToolRecorder:
     @property
     def released(self) -> bool:
         """Whether :meth:`release` was called since the last :meth:`reset`."""
-        return self._released
+        return self._book.released
 
     def release(self) -> None:
         """Let every waiting (and every future) :func:`blocking_tool` and
         :func:`stubborn_thread_tool` call finish."""
-        self._released = True
+        book = self._book
+        book.released = True
         # The threads waiting for this work again until they return: hold the clock
         # for them in this very tick, before it can jump.
-        for borrow in self._waiting_threads:
+        for borrow in book.waiting_threads:
             hold_again(borrow)
-        self._waiting_threads.clear()
-        self._thread_release.set()
-        if self._release_event is not None:
-            self._release_event.set()
+        book.waiting_threads.clear()
+        book.thread_release.set()
+        if book.release_event is not None:
+            book.release_event.set()
 
     def reset(self) -> None:
         """Forget all calls and un-release the blocking tools (between examples)."""
-        with self._lock:
-            self._calls.clear()
-        self._released = False
-        self._release_event = None
-        self._thread_release = threading.Event()
-        self._waiting_threads = []
+        book = self._book
+        with book.lock:
+            book.calls.clear()
+        book.released = False
+        book.release_event = None
+        book.thread_release = threading.Event()
+        book.waiting_threads = []
 
     def wait_for_threads(self, timeout: float) -> bool:
         """Block (in real time, up to ``timeout`` s) until no thread-tool call runs.
@@ -158,46 +218,18 @@ class ToolRecorder:
         Returns True if none is left running. Call it from a worker thread
         (``trio.to_thread.run_sync``), never from the Trio thread.
         """
-        with self._thread_done:
-            return self._thread_done.wait_for(
-                lambda: all(c.state != "running" for c in self._calls if c.kind == "thread"),
+        book = self._book
+        with book.thread_done:
+            return book.thread_done.wait_for(
+                lambda: all(c.state != "running" for c in book.calls if c.kind == "thread"),
                 timeout,
             )
 
-    # ------------------------------------------------------------ used by the tools
 
-    def _start(
-        self, tool: str, ctx: ToolContext, kind: str, fault: ToolFault | None = None
-    ) -> CallRecord:
-        at = trio.current_time() if kind != "thread" else None
-        record = CallRecord(tool, ctx.call_id, ctx.run_id, kind, at, fault=fault)
-        with self._lock:
-            self._calls.append(record)
-        return record
-
-    def _end(self, record: CallRecord, state: CallState) -> None:
-        at = trio.current_time() if record.kind != "thread" else None
-        with self._thread_done:
-            record.state = state
-            record.ended_at = at
-            self._thread_done.notify_all()
-
-    def _thread_waits(self, call_id: str, task_name: str | None) -> None:
-        """On the Trio thread, for a thread tool about to wait for :meth:`release`:
-        let the clock move while it waits (unless it is released already)."""
-        if self._released:
-            return
-        borrow = let_go_of_thread(call_id, task_name)
-        if borrow is not None:
-            self._waiting_threads.append(borrow)
-
-    async def _wait_released(self) -> None:
-        if self._released:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._release_event is None:
-            self._release_event = trio.Event()
-        await self._release_event.wait()
+def book_of(recorder: ToolRecorder) -> CallBook:
+    """What the fake tools built with ``recorder`` record into: the one way in to the
+    recorder's private side, for this module's tools."""
+    return recorder._book
 
 
 def _only_cancelled(exc: object) -> bool:
@@ -213,14 +245,14 @@ class _Recording:
 
     def __init__(
         self,
-        recorder: ToolRecorder,
+        book: CallBook,
         name: str,
         ctx: ToolContext,
         kind: str,
         fault: ToolFault | None = None,
     ) -> None:
-        self._recorder = recorder
-        self._record = recorder._start(name, ctx, kind, fault)
+        self._book = book
+        self._record = book.start(name, ctx, kind, fault)
 
     def __enter__(self) -> CallRecord:
         return self._record
@@ -232,7 +264,7 @@ class _Recording:
             state = "cancelled"
         else:
             state = "failed"
-        self._recorder._end(self._record, state)
+        self._book.end(self._record, state)
 
 
 def blocking_tool(
@@ -249,10 +281,12 @@ def blocking_tool(
     ``release`` and once the schedule is over.
     """
 
+    book = book_of(recorder)
+
     async def block(ctx: ToolContext) -> str:
         """Wait until released."""
-        with _Recording(recorder, name, ctx, "async"):
-            await recorder._wait_released()
+        with _Recording(book, name, ctx, "async"):
+            await book.wait_released()
             return "released"
 
     return function_tool(block, name=name, timeout=timeout, needs_approval=needs_approval)
@@ -267,13 +301,15 @@ def sleeping_tool(
 ) -> Tool:
     """An async tool ``sleep(seconds: float)`` that sleeps in Trio time, then returns."""
 
+    book = book_of(recorder)
+
     async def sleep(ctx: ToolContext, seconds: float) -> str:
         """Sleep for a while.
 
         Args:
             seconds: how long to sleep.
         """
-        with _Recording(recorder, name, ctx, "async"):
+        with _Recording(book, name, ctx, "async"):
             await trio.sleep(seconds)
             return f"slept {seconds:g} s"
 
@@ -292,13 +328,15 @@ def failing_tool(
     It sleeps ``after`` seconds first (Trio time).
     """
 
+    book = book_of(recorder)
+
     async def fail(ctx: ToolContext, after: float = 0.0) -> str:
         """Fail after a while.
 
         Args:
             after: seconds to wait before failing.
         """
-        with _Recording(recorder, name, ctx, "async"):
+        with _Recording(book, name, ctx, "async"):
             await trio.sleep(after)
             raise FakeToolError(f"{name} failed on purpose")
 
@@ -320,13 +358,15 @@ def thread_tool(
     times (a worker thread cannot read the Trio clock).
     """
 
+    book = book_of(recorder)
+
     def crunch(ctx: ToolContext, steps: int) -> str:
         """Crunch numbers in a thread.
 
         Args:
             steps: how many steps to take.
         """
-        record = recorder._start(name, ctx, "thread")
+        record = book.start(name, ctx, "thread")
         state: CallState = "failed"
         try:
             for _ in range(steps):
@@ -336,7 +376,7 @@ def thread_tool(
             state = "finished"
             return f"crunched {steps} steps"
         finally:
-            recorder._end(record, state)
+            book.end(record, state)
 
     return function_tool(crunch, name=name, timeout=timeout, needs_approval=needs_approval)
 
@@ -354,12 +394,12 @@ class _Teardown:
         finally:
             if not self.done:
                 self.held = True
-                _acquire_hold()
+                acquire_hold()
 
     def release(self) -> None:
         if self.held:
             self.held = False
-            _release_hold()
+            release_hold()
 
 
 def process_tool(
@@ -379,13 +419,15 @@ def process_tool(
     clock is held until the child is dead, so the kill costs no virtual time.
     """
 
+    book = book_of(recorder)
+
     async def proc(ctx: ToolContext, seconds: float) -> str:
         """Run a child process.
 
         Args:
             seconds: how long the child sleeps (real time).
         """
-        with _Recording(recorder, name, ctx, "process"):
+        with _Recording(book, name, ctx, "process"):
             code = f"import time; time.sleep({float(seconds)!r})"
             teardown = _Teardown()
             try:
@@ -412,7 +454,7 @@ def process_tool(
 # (a swallowed cancellation), only what the run makes of it.
 
 
-async def _stray_cancelled() -> trio.Cancelled:
+async def stray_cancelled() -> trio.Cancelled:
     """A ``trio.Cancelled`` that belongs to no scope of the caller (as when one is
     re-raised from a shared service nursery): raising it later makes it stray."""
     with trio.CancelScope() as scope:
@@ -429,19 +471,21 @@ def swallowing_tool(recorder: ToolRecorder, *, name: str = "swallow") -> Tool:
     """An async tool ``swallow(seconds: float)`` that sleeps and, if cancelled,
     swallows ``trio.Cancelled`` and returns ``"swallowed"`` (fault ``"swallow"``)."""
 
+    book = book_of(recorder)
+
     async def swallow(ctx: ToolContext, seconds: float) -> str:
         """Sleep; never admit a cancellation.
 
         Args:
             seconds: how long to sleep.
         """
-        record = recorder._start(name, ctx, "async", "swallow")
+        record = book.start(name, ctx, "async", "swallow")
         try:
             await trio.sleep(seconds)
         except trio.Cancelled:
-            recorder._end(record, "cancelled")
+            book.end(record, "cancelled")
             return "swallowed"  # the bug, on purpose
-        recorder._end(record, "finished")
+        book.end(record, "finished")
         return f"slept {seconds:g} s"
 
     return function_tool(swallow, name=name)
@@ -452,15 +496,17 @@ def stray_cancel_tool(recorder: ToolRecorder, *, name: str = "stray") -> Tool:
     a stray ``trio.Cancelled`` that no scope of the run cancelled (fault
     ``"stray_cancel"``)."""
 
+    book = book_of(recorder)
+
     async def stray(ctx: ToolContext, after: float = 0.0) -> str:
         """Raise a cancellation that belongs to nobody.
 
         Args:
             after: seconds to wait first.
         """
-        with _Recording(recorder, name, ctx, "async", "stray_cancel"):
+        with _Recording(book, name, ctx, "async", "stray_cancel"):
             await trio.sleep(after)
-            raise await _stray_cancelled()
+            raise await stray_cancelled()
 
     return function_tool(stray, name=name)
 
@@ -474,13 +520,15 @@ def shielding_tool(recorder: ToolRecorder, *, name: str = "shield") -> Tool:
     before, so the checker measures the cleanup bound from then.
     """
 
+    book = book_of(recorder)
+
     async def shield(ctx: ToolContext, seconds: float) -> str:
         """Work in a shield that a cancel cannot interrupt.
 
         Args:
             seconds: how long the shielded work takes.
         """
-        with _Recording(recorder, name, ctx, "async", "shield"):
+        with _Recording(book, name, ctx, "async", "shield"):
             with trio.CancelScope(shield=True):
                 await trio.sleep(seconds)
             await trio.lowlevel.checkpoint()
@@ -513,13 +561,15 @@ def garbage_tool(recorder: ToolRecorder, *, name: str = "garbage") -> Tool:
     JSON-serialisable (``GARBAGE[kind % len(GARBAGE)]``, one of them not even
     printable) instead of text (fault ``"garbage"``)."""
 
+    book = book_of(recorder)
+
     async def garbage(ctx: ToolContext, kind: int) -> Any:
         """Return something that is not text.
 
         Args:
             kind: which kind of garbage.
         """
-        with _Recording(recorder, name, ctx, "async", "garbage"):
+        with _Recording(book, name, ctx, "async", "garbage"):
             await trio.lowlevel.checkpoint()
             return GARBAGE[kind % len(GARBAGE)]()
 
@@ -537,18 +587,20 @@ def stubborn_thread_tool(
     virtual time), so cancels reach the run while the thread still runs.
     """
 
+    book = book_of(recorder)
+
     def stubborn(ctx: ToolContext) -> str:
         """Work in a thread that does not listen to cancellation."""
-        record = recorder._start(name, ctx, "thread", "stubborn")
-        release = recorder._thread_release
+        record = book.start(name, ctx, "thread", "stubborn")
+        release = book.thread_release
         try:
             with contextlib.suppress(RuntimeError, trio.Cancelled, trio.RunFinishedError):
                 trio.from_thread.run_sync(
-                    recorder._thread_waits, ctx.call_id, current_thread_task_name()
+                    book.thread_waits, ctx.call_id, current_thread_task_name()
                 )
             release.wait(patience)  # never looks at ctx.cancelled: the fault
         finally:
-            recorder._end(record, "finished")
+            book.end(record, "finished")
         return "done"
 
     return function_tool(stubborn, name=name)
@@ -575,6 +627,8 @@ def hostile_text_tool(recorder: ToolRecorder, *, name: str = "hostile") -> Tool:
     NUL, 100,000 characters. The run must hand it to the model and the session in a
     form they accept (the tool itself behaves: it is no fault tool)."""
 
+    book = book_of(recorder)
+
     async def hostile(ctx: ToolContext, kind: int, echo: str = "") -> str:
         """Return text that is hard to encode.
 
@@ -582,7 +636,7 @@ def hostile_text_tool(recorder: ToolRecorder, *, name: str = "hostile") -> Tool:
             kind: which text.
             echo: appended as given (a model may send JSON-escaped surrogates).
         """
-        with _Recording(recorder, name, ctx, "async"):
+        with _Recording(book, name, ctx, "async"):
             await trio.lowlevel.checkpoint()
             return HOSTILE_TEXTS[kind % len(HOSTILE_TEXTS)] + echo
 
@@ -603,18 +657,20 @@ def broken_str_tool(
     (``thread``) a sync one, run in a worker thread. The run must still turn it into an
     error result (or, with ``on_tool_error="fail"``, a failure with a readable reason)."""
 
+    book = book_of(recorder)
+
     async def brokenstr(ctx: ToolContext) -> str:
         """Fail with an error that cannot be described."""
-        with _Recording(recorder, name, ctx, "async"):
+        with _Recording(book, name, ctx, "async"):
             await trio.lowlevel.checkpoint()
             raise BrokenStrError
 
     def brokenstr_thread(ctx: ToolContext) -> str:
         """Fail, in a thread, with an error that cannot be described."""
-        record = recorder._start(name, ctx, "thread")
+        record = book.start(name, ctx, "thread")
         try:
             raise BrokenStrError
         finally:
-            recorder._end(record, "failed")
+            book.end(record, "failed")
 
     return function_tool(brokenstr_thread if thread else brokenstr, name=name)

@@ -25,7 +25,7 @@ import trio
 from .. import Item, RunHooks, ToolCall, ToolResult
 from ..models import ModelEvent, ModelRequest, ScriptedModel, TextDelta, ToolCallDone
 from ..sessions import Session
-from ._fakes import _stray_cancelled
+from ._fakes import stray_cancelled
 
 if TYPE_CHECKING:
     from .. import Run, RunResult
@@ -301,7 +301,7 @@ class _WatchedIterator:
             self._fired()
             raise InjectedFault(f"model call {self._record.number} fell over (fault)")
         if kind == "stray_cancel":
-            stray = await _stray_cancelled()
+            stray = await stray_cancelled()
             self._fired()
             self._error(stray)
             raise stray

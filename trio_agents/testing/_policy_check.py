@@ -13,6 +13,7 @@ never published), and the turn keeps exactly what it published (``gate-kept``).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import attrs
 
@@ -23,21 +24,22 @@ from .. import (
     InboxDelivered,
     ResponseTextDelta,
     RunItemEvent,
+    RunResult,
     RunStatus,
     RunUpdated,
     ToolStarted,
     UsageLimitExceeded,
+    UsageLimits,
     UserMessage,
 )
 from ..models import Turn, Usage
-from ._check import INVARIANTS, Report, Violation, check_run
+from ._checker import check_run
+from ._invariants import EPSILON, INVARIANTS, Report, Violation
+from ._observation import InjectionRecord, Observation
 from ._policy_faults import GuardrailCall
 from ._policy_runner import PolicyObservation
-from ._runner import InjectionRecord, Observation
 
 __all__ = ["check_policies"]
-
-EPSILON = 1e-6
 
 _FAULTS = frozenset({"tripped", "raised", "garbage", "stray_cancel"})
 """Guardrail outcomes that must stop the run (a trip, or a guardrail fault)."""
@@ -134,6 +136,8 @@ def _stoppers(pobs: PolicyObservation) -> list[GuardrailCall]:
 
 
 def _check_guardrails(pobs: PolicyObservation, out: list[Violation]) -> None:
+    """A trip or a guardrail's fault fails the run, the reason names it, and nothing
+    starts after it; a run never completes with an input guardrail pending."""
     obs = pobs.observation
     result = obs.outcome
     stoppers = _stoppers(pobs)
@@ -149,75 +153,112 @@ def _check_guardrails(pobs: PolicyObservation, out: list[Violation]) -> None:
                 f" at t={first.ended_at:g}",
             )
         )
-    reason = result.reason or ""
-    if result.status is RunStatus.FAILED and reason.startswith("guardrail "):
-        named = reason[len("guardrail ") :]
-        fault = re.match(r"(\S+) raised ", named)
-        if fault is None and ": " in named:
-            name, info = named.split(": ", 1)
-            plan = next((p for p in pobs.policies.guardrails if p.name == name), None)
-            tripped = any(c.name == name and c.outcome == "tripped" for c in stoppers)
-            if plan is None or not tripped or info != plan.info:
-                out.append(
-                    Violation("guardrail-trip", f"reason {reason!r} names no trip that happened")
-                )
-            error = result.error
-            if not (isinstance(error, GuardrailTripped) and error.name == name):
-                out.append(
-                    Violation(
-                        "guardrail-trip",
-                        f"reason {reason!r}, but result.error is {error!r}, not a"
-                        f" GuardrailTripped of {name}",
-                    )
-                )
-        else:
-            name = fault.group(1) if fault is not None else named
-            if not any(c.name == name and c.outcome != "tripped" for c in stoppers):
-                out.append(
-                    Violation("guardrail-fault", f"reason {reason!r} names no guardrail fault")
-                )
+    _check_guardrail_reason(pobs, result, stoppers, out)
     if stoppers and result.status is RunStatus.FAILED and not obs.cancels:
-        # Nothing else was asked to stop the run: a trip or fault is what ended it.
-        first = min(stoppers, key=lambda c: c.ended_at or 0.0)
-        earlier = first.ended_at is not None and terminal is not None and terminal < first.ended_at
-        if not reason.startswith("guardrail ") and not earlier and _only_guardrails_stop(pobs):
+        _check_stopped_by_guardrail(pobs, result, stoppers, terminal, out)
+    if result.status is RunStatus.COMPLETED:
+        _check_input_pending(pobs, terminal, out)
+    if stoppers:
+        _check_nothing_after(pobs, stoppers, out)
+
+
+def _check_guardrail_reason(
+    pobs: PolicyObservation,
+    result: RunResult,
+    stoppers: Sequence[GuardrailCall],
+    out: list[Violation],
+) -> None:
+    """A ``guardrail ...`` failure reason names a trip (with its info, and a
+    ``GuardrailTripped`` error) or a fault that happened."""
+    reason = result.reason or ""
+    if result.status is not RunStatus.FAILED or not reason.startswith("guardrail "):
+        return
+    named = reason[len("guardrail ") :]
+    fault = re.match(r"(\S+) raised ", named)
+    if fault is None and ": " in named:
+        name, info = named.split(": ", 1)
+        plan = next((p for p in pobs.policies.guardrails if p.name == name), None)
+        tripped = any(c.name == name and c.outcome == "tripped" for c in stoppers)
+        if plan is None or not tripped or info != plan.info:
+            out.append(
+                Violation("guardrail-trip", f"reason {reason!r} names no trip that happened")
+            )
+        error = result.error
+        if not (isinstance(error, GuardrailTripped) and error.name == name):
             out.append(
                 Violation(
                     "guardrail-trip",
-                    f"guardrail {first.name} {first.outcome} at t={first.ended_at:g},"
-                    f" but the run failed with {reason!r}",
+                    f"reason {reason!r}, but result.error is {error!r}, not a"
+                    f" GuardrailTripped of {name}",
                 )
             )
-    if result.status is RunStatus.COMPLETED:
-        for call in pobs.guardrail_calls:
-            if call.kind != "input":
-                continue
-            if call.outcome != "passed" or (
-                terminal is not None and (call.ended_at or 0.0) > terminal + EPSILON
-            ):
-                out.append(
-                    Violation(
-                        "guardrail-input-pending",
-                        f"the run completed at t={terminal}, but input guardrail {call.name}"
-                        f" #{call.number} was {call.outcome or 'still running'}",
-                    )
-                )
-    if stoppers:
-        at = min(c.ended_at or 0.0 for c in stoppers)
-        opened = [s.number for s in obs.streams if (s.opened_at or -1.0) > at + EPSILON]
-        started = [
-            event.call_id
-            for event, when in zip(obs.events, obs.event_times, strict=True)
-            if isinstance(event, ToolStarted) and when > at + EPSILON
-        ]
-        if opened or started:
+    else:
+        name = fault.group(1) if fault is not None else named
+        if not any(c.name == name and c.outcome != "tripped" for c in stoppers):
+            out.append(Violation("guardrail-fault", f"reason {reason!r} names no guardrail fault"))
+
+
+def _check_stopped_by_guardrail(
+    pobs: PolicyObservation,
+    result: RunResult,
+    stoppers: Sequence[GuardrailCall],
+    terminal: float | None,
+    out: list[Violation],
+) -> None:
+    """Nothing else was asked to stop the failed run: a trip or fault is what ended it,
+    and its reason says so."""
+    reason = result.reason or ""
+    first = min(stoppers, key=lambda c: c.ended_at or 0.0)
+    earlier = first.ended_at is not None and terminal is not None and terminal < first.ended_at
+    if not reason.startswith("guardrail ") and not earlier and _only_guardrails_stop(pobs):
+        out.append(
+            Violation(
+                "guardrail-trip",
+                f"guardrail {first.name} {first.outcome} at t={first.ended_at:g},"
+                f" but the run failed with {reason!r}",
+            )
+        )
+
+
+def _check_input_pending(
+    pobs: PolicyObservation, terminal: float | None, out: list[Violation]
+) -> None:
+    """A completed run saw every input guardrail pass before its end."""
+    for call in pobs.guardrail_calls:
+        if call.kind != "input":
+            continue
+        if call.outcome != "passed" or (
+            terminal is not None and (call.ended_at or 0.0) > terminal + EPSILON
+        ):
             out.append(
                 Violation(
-                    "guardrail-stops",
-                    f"a guardrail stopped the run at t={at:g}, but then model call(s) {opened}"
-                    f" opened and tool call(s) {started} started",
+                    "guardrail-input-pending",
+                    f"the run completed at t={terminal}, but input guardrail {call.name}"
+                    f" #{call.number} was {call.outcome or 'still running'}",
                 )
             )
+
+
+def _check_nothing_after(
+    pobs: PolicyObservation, stoppers: Sequence[GuardrailCall], out: list[Violation]
+) -> None:
+    """Once a guardrail stopped the run, no model call opens and no tool starts."""
+    obs = pobs.observation
+    at = min(c.ended_at or 0.0 for c in stoppers)
+    opened = [s.number for s in obs.streams if (s.opened_at or -1.0) > at + EPSILON]
+    started = [
+        event.call_id
+        for event, when in zip(obs.events, obs.event_times, strict=True)
+        if isinstance(event, ToolStarted) and when > at + EPSILON
+    ]
+    if opened or started:
+        out.append(
+            Violation(
+                "guardrail-stops",
+                f"a guardrail stopped the run at t={at:g}, but then model call(s) {opened}"
+                f" opened and tool call(s) {started} started",
+            )
+        )
 
 
 def _only_guardrails_stop(pobs: PolicyObservation) -> bool:
@@ -232,6 +273,8 @@ def _only_guardrails_stop(pobs: PolicyObservation) -> bool:
 
 
 def _check_limits(pobs: PolicyObservation, out: list[Violation]) -> None:
+    """The run's usage limits held: counts, the reason of a run they failed, tokens and
+    the deadline of a completed run, the deadline's bound, the wrap-up."""
     limits = pobs.policies.limits
     obs = pobs.observation
     result = obs.outcome
@@ -254,50 +297,10 @@ def _check_limits(pobs: PolicyObservation, out: list[Violation]) -> None:
                 f"{started} tool calls started ({ran} ran), past the limit of {limits.tool_calls}",
             )
         )
-    reason = result.reason or ""
-    error = result.error
-    if result.status is RunStatus.FAILED and (
-        reason.startswith("usage limit:") or isinstance(error, UsageLimitExceeded)
-    ):
-        if not isinstance(error, UsageLimitExceeded) or str(error) != reason:
-            out.append(Violation("limit-reason", f"reason {reason!r} with result.error {error!r}"))
-        else:
-            limit = getattr(limits, error.name, None)
-            # A deadline is "used" up to its end; a count is used past its limit.
-            past = (
-                error.used >= error.limit if error.name == "deadline" else error.used > error.limit
-            )
-            if limit is None or error.limit != limit or not past:
-                out.append(
-                    Violation(
-                        "limit-reason",
-                        f"{reason!r}: limit {error.name} is {limit!r}, used {error.used!r}",
-                    )
-                )
-            if error.name == "requests" and requests != limits.requests:
-                out.append(
-                    Violation(
-                        "limit-requests",
-                        f"{reason!r}, but {requests} requests were sent (the limit is"
-                        f" {limits.requests})",
-                    )
-                )
+    _check_limit_reason(limits, result, requests, out)
     terminal = _terminal_time(pobs)
     if result.status is RunStatus.COMPLETED:
-        usage = result.usage or Usage()
-        over = [
-            f"{name} {used}/{limit}"
-            for name, used, limit in (
-                ("output_tokens", usage.output_tokens, limits.output_tokens),
-                ("total_tokens", usage.total_tokens, limits.total_tokens),
-            )
-            if limit is not None and used > limit
-        ]
-        deadline = limits.deadline
-        if deadline is not None and terminal is not None and terminal > deadline + EPSILON:
-            over.append(f"deadline: completed at t={terminal:g} > {limits.deadline:g}")
-        if over:
-            out.append(Violation("limit-completed", f"the run completed past {', '.join(over)}"))
+        _check_completed_within(limits, result, terminal, out)
     if limits.deadline is not None and terminal is not None:
         bound = limits.deadline + obs.cleanup_timeout + EPSILON
         if terminal > bound and not obs.cancels:
@@ -309,6 +312,59 @@ def _check_limits(pobs: PolicyObservation, out: list[Violation]) -> None:
                 )
             )
     _check_wrap_up(pobs, out)
+
+
+def _check_limit_reason(
+    limits: UsageLimits, result: RunResult, requests: int, out: list[Violation]
+) -> None:
+    """A run failed by a limit carries a ``UsageLimitExceeded`` matching its reason and
+    the limit it was given (used past it), and sent no request past a requests limit."""
+    reason = result.reason or ""
+    error = result.error
+    if result.status is not RunStatus.FAILED or not (
+        reason.startswith("usage limit:") or isinstance(error, UsageLimitExceeded)
+    ):
+        return
+    if not isinstance(error, UsageLimitExceeded) or str(error) != reason:
+        out.append(Violation("limit-reason", f"reason {reason!r} with result.error {error!r}"))
+        return
+    limit = getattr(limits, error.name, None)
+    # A deadline is "used" up to its end; a count is used past its limit.
+    past = error.used >= error.limit if error.name == "deadline" else error.used > error.limit
+    if limit is None or error.limit != limit or not past:
+        out.append(
+            Violation(
+                "limit-reason",
+                f"{reason!r}: limit {error.name} is {limit!r}, used {error.used!r}",
+            )
+        )
+    if error.name == "requests" and requests != limits.requests:
+        out.append(
+            Violation(
+                "limit-requests",
+                f"{reason!r}, but {requests} requests were sent (the limit is {limits.requests})",
+            )
+        )
+
+
+def _check_completed_within(
+    limits: UsageLimits, result: RunResult, terminal: float | None, out: list[Violation]
+) -> None:
+    """A completed run stayed within its token limits and its deadline."""
+    usage = result.usage or Usage()
+    over = [
+        f"{name} {used}/{limit}"
+        for name, used, limit in (
+            ("output_tokens", usage.output_tokens, limits.output_tokens),
+            ("total_tokens", usage.total_tokens, limits.total_tokens),
+        )
+        if limit is not None and used > limit
+    ]
+    deadline = limits.deadline
+    if deadline is not None and terminal is not None and terminal > deadline + EPSILON:
+        over.append(f"deadline: completed at t={terminal:g} > {limits.deadline:g}")
+    if over:
+        out.append(Violation("limit-completed", f"the run completed past {', '.join(over)}"))
 
 
 def _check_wrap_up(pobs: PolicyObservation, out: list[Violation]) -> None:

@@ -25,7 +25,7 @@ import trio
 from .. import GuardrailResult, InputGuardrail, OutputGuardrail, UsageLimits
 from .. import input_guardrail as make_input_guardrail
 from .. import output_guardrail as make_output_guardrail
-from ._fakes import _stray_cancelled
+from ._fakes import stray_cancelled
 from ._faults import InjectedFault
 
 __all__ = [
@@ -250,7 +250,7 @@ class WatchedGuardrails:
             if behaviour == "hang":
                 await trio.sleep_forever()
             if behaviour == "stray_cancel":
-                stray = await _stray_cancelled()
+                stray = await stray_cancelled()
                 ended("stray_cancel")
                 raise stray
         except trio.Cancelled:

@@ -9,8 +9,9 @@ import attrs
 
 from .. import Agent, Model
 from ..models import Turn
+from ._observation import Observation
 from ._policy_faults import GuardrailCall, PolicyFaults, WatchedGuardrails
-from ._runner import Observation, run_schedule
+from ._runner import run_schedule
 from ._strategies import Op
 
 __all__ = ["PolicyObservation", "run_policy_schedule"]

@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 from .. import Agent, Model, Tool
 from ..models import ScriptedModel, Turn
 from ..sessions import Session
-from ._check import Report, check_run
+from ._checker import check_run
 from ._fakes import ToolRecorder
 from ._faults import Faults
-from ._runner import Observation, run_schedule
+from ._invariants import Report
+from ._observation import Observation
+from ._runner import run_schedule
 from ._strategies import FakeTools, Op, schedules, scripts
 
 __all__ = ["Failure", "LifecycleProperty", "harness_settings", "lifecycle_test"]

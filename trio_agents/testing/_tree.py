@@ -1,9 +1,10 @@
 """Run trees in the harness (DESIGN §17 "Harness"): hooks per run, the tree's nodes.
 
 A tree example gives every agent its own watched :class:`ScriptedModel` and the root
-run one hooks object, which every child run inherits. :class:`TreeHooks` splits the
-hook calls by run, so each run's hooks are checked as its own (a hook fault applies
-to the runs of the agents it is given for, each counting its own calls).
+run one hooks object, which every child run inherits (:class:`TreeSetup`).
+:class:`TreeHooks` splits the hook calls by run, so each run's hooks are checked as
+its own (a hook fault applies to the runs of the agents it is given for, each counting
+its own calls).
 """
 
 from __future__ import annotations
@@ -11,14 +12,26 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, final
 
+import attrs
+
 from .. import Item, RunEvent, RunHooks, ToolCall, ToolResult
 from ..models import ModelRequest
-from ._faults import HookFault, WatchedHooks
+from ._faults import HookFault, WatchedHooks, WatchedModel
 
 if TYPE_CHECKING:
     from .. import Run, RunResult
 
-__all__ = ["TreeHooks", "first_live", "height", "tree_events", "walk"]
+__all__ = ["TreeHooks", "TreeSetup", "first_live", "height", "tree_events", "walk"]
+
+
+@final
+@attrs.frozen
+class TreeSetup:
+    """What a tree example is given beyond a single run's: each agent's watched model
+    (agent name → model) and each agent's hook faults (only agents that have some)."""
+
+    models: Mapping[str, WatchedModel]
+    hook_faults: Mapping[str, tuple[HookFault, ...]]
 
 
 def walk(root: Run) -> Iterator[tuple[Run, int]]:
@@ -80,6 +93,8 @@ class TreeHooks(RunHooks):
 def tree_events(root: Run) -> list[RunEvent]:
     """What ``root.events(tree=True)`` would replay now: the tree's events in the
     order they happened (the root's own log when it never started a child)."""
+    # The run's own feed and log: a run has no public way to replay the tree
+    # synchronously.
     feed = root._feed
     if feed is None:
         return root._log.retained()

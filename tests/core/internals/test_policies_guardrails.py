@@ -15,7 +15,7 @@ from tests.support.core_runs import assert_ended, assert_failed_with
 from tests.support.core_trees import root_calling, run_events, tool_turn
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.testing import check_events
-from trio_agents.testing._fakes import _stray_cancelled
+from trio_agents.testing._fakes import stray_cancelled
 
 
 def _texts(events: Sequence[ta.RunEvent]) -> str:
@@ -199,7 +199,7 @@ async def test_a_guardrail_that_fails_fails_the_run_never_a_pass(kind: str) -> N
             raise RuntimeError("guard down")
         if kind == "garbage":
             return "yes"
-        raise await _stray_cancelled()
+        raise await stray_cancelled()
 
     model = ScriptedModel([Turn("answer")])
     result = await ta.run(ta.Agent(name="a", model=model, input_guardrails=[broken]), "x")

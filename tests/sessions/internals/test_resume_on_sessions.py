@@ -21,7 +21,7 @@ from tests.support.core_runs import by_call, resume_agent
 from tests.support.crash import sigkill_once_printed
 from trio_agents.models import ScriptedModel
 from trio_agents.sessions import PostgresSession, SQLiteSession
-from trio_agents.testing._fakes import _stray_cancelled
+from trio_agents.testing._fakes import stray_cancelled
 
 CRASHED: list[ta.Item] = [
     ta.UserMessage("do it"),
@@ -206,7 +206,7 @@ class LoadFault:
         if self.kind == "raise":
             raise OSError("disk gone")
         if self.kind == "stray_cancel":
-            raise await _stray_cancelled()
+            raise await stray_cancelled()
         if self.kind == "block":
             await trio.sleep_forever()
         if self.kind == "garbage":
