@@ -35,7 +35,7 @@ from starlette.routing import BaseRoute, Mount, Router
 
 from ..hosting import HostError, RunHost
 from ..hosting._bearer import Auth, authenticate
-from . import _a2a, _agui, _rest, _ui
+from . import _a2a, _agui, _mcp, _rest, _ui
 from ._face import Face, FaceRoutes, HttpStatistics
 from ._http_errors import HOST_CODES, HttpError, error_response
 from ._http_limits import HttpLimits
@@ -51,6 +51,7 @@ FACE_ROUTES: Final[Mapping[str, FaceRoutes]] = {
     "a2a": _a2a.routes,
     "agui": _agui.routes,
     "ui": _ui.routes,
+    "mcp": _mcp.routes,
 }
 """Every face :func:`http_app` can serve, by name."""
 
