@@ -1,7 +1,8 @@
 """The ``trio-agents`` command line.
 
 ``trio-agents demo`` tours the run lifecycle; ``trio-agents serve`` runs a control
-server (websocket, loopback by default); ``trio-agents ctl URL VERB`` drives one.
+server (websocket, loopback by default); ``trio-agents mcp --app MOD:ATTR`` serves
+agents as MCP tools over stdio; ``trio-agents ctl URL VERB`` drives a server.
 ``python -m trio_agents`` is the same command. See ``docs/cli.md``.
 
 A user's mistake or a signal never shows a traceback: one line on stderr
@@ -31,6 +32,10 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         from ._serve import serve_command
 
         return serve_command(args, out)
+    if args.command == "mcp":
+        from ._mcp import mcp_command
+
+        return mcp_command(args, out)
     from ._ctl import ctl_command
 
     return ctl_command(args, out)

@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 from ._errors import EXIT_USAGE
+from ._mcp import add_mcp
 
 __all__ = ["build_parser", "parse"]
 
@@ -366,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_demo(commands)
     _add_serve(commands)
+    add_mcp(commands, _seconds)
     _add_ctl(commands)
     return parser
 
