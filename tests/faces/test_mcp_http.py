@@ -25,8 +25,10 @@ from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.support.http_support import Served, client, serving
+from tests.support.http_support import TOKENS, Served, client, serving
 from tests.support.mcp_face_app import agents
+from trio_agents.control import Limits, open_control_server
+from trio_agents.faces import http_app, serve_http
 from trio_agents.faces._mcp import CANCEL_REASON
 
 MODES = ["auto", "legacy"]
@@ -114,16 +116,50 @@ async def test_a_failed_run_is_a_tool_error_with_the_reason(mode: str) -> None:
 
 
 async def test_a_refused_start_is_a_tool_error_with_its_code() -> None:
+    limits = Limits(max_runs_per_principal=1)
+    async with open_control_server(agents(), auth=TOKENS, limits=limits) as server:
+        app = http_app(server.host, auth=TOKENS)
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_http, app, "127.0.0.1", 0)
+            served = Served(server, app, f"http://127.0.0.1:{port}", "")
+            async with mcp_client(served) as mcp, client(served.base) as rest:
+                answer = await rest.post("/runs", json={"agent": "blocker", "input": "go"})
+                assert answer.status_code == 201
+                result = await mcp.call_tool("echo", {"input": "hi"})
+            nursery.cancel_scope.cancel()
+    assert result.is_error
+    assert text_of(result).startswith("limit_exceeded: ")
+
+
+async def test_a_call_on_a_busy_session_waits_for_its_run() -> None:
     async with serving(agents()) as served, mcp_client(served) as mcp:
-        # The session is busy with a run started on another face.
         async with client(served.base) as rest:
             answer = await rest.post(
                 "/runs", json={"agent": "blocker", "input": "go", "session_id": "s1"}
             )
-            assert answer.status_code == 201
-        result = await mcp.call_tool("echo", {"input": "hi", "session_id": "s1"})
-    assert result.is_error
-    assert text_of(result).startswith("session_busy: ")
+            busy = answer.json()["run_id"]
+            async with trio.open_nursery() as nursery:
+                results: list[types.CallToolResult] = []
+                queued = trio.Event()
+
+                async def progress(_v: float, _t: float | None, message: str | None) -> None:
+                    if message == "queued":
+                        queued.set()
+
+                async def call() -> None:
+                    results.append(
+                        await mcp.call_tool(
+                            "history",
+                            {"input": "after", "session_id": "s1"},
+                            progress_callback=progress,
+                        )
+                    )
+
+                nursery.start_soon(call)
+                await queued.wait()
+                await rest.post(f"/runs/{busy}/cancel", json={"reason": "make room"})
+    words = json.loads(text_of(results[0]))
+    assert words[3:] == ["result:cancelled:cancelled: make room", "user:after"]
 
 
 async def test_hostile_arguments_are_json_rpc_errors_and_start_nothing() -> None:

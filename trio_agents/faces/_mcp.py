@@ -15,8 +15,11 @@ Nothing of the protocol is written by hand: this module maps tool calls to the
   ``structuredContent`` beside the text.
 - **A call is a run**, owned by the call. Its result is the final answer; a run that
   ends ``failed`` or ``cancelled`` is a tool error (``isError``) holding the reason.
-  A refused start (unknown session, busy session, a limit) is an ``isError`` result too,
-  with the §10 code; malformed arguments are a JSON-RPC error (``-32602``).
+  A call on a session busy with another run waits for it (``on_busy="enqueue"``): a
+  client cancelling a call, then calling again on the session, is answered after the
+  cancelled run's repair, never ``session_busy``. A refused start (a limit) is an
+  ``isError`` result with the §10 code; malformed arguments are a JSON-RPC error
+  (``-32602``).
 - **Cancel.** ``notifications/cancelled`` for the call — or, on the 2026-07-28 protocol
   over HTTP, the call's response stream closed by the client — is
   ``run.cancel("mcp client cancelled")``. The SDK never answers a cancelled request;
@@ -320,6 +323,10 @@ class McpTools:
                     input=(UserMessage(text),),
                     session_id=session_id,
                     on_disconnect=self.on_disconnect,
+                    # A call waits for the session's active run (MCP has no busy
+                    # answer a client would retry): so a call made right after
+                    # cancelling another on the session runs once its repair is in.
+                    on_busy="enqueue",
                 ),
             )
         except HostError as exc:
