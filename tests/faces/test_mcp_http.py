@@ -25,11 +25,13 @@ from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+import trio_agents as ta
 from tests.support.http_support import TOKENS, Served, client, serving
 from tests.support.mcp_face_app import agents
 from trio_agents.control import Limits, open_control_server
 from trio_agents.faces import http_app, serve_http
-from trio_agents.faces._mcp import CANCEL_REASON
+from trio_agents.faces._mcp import CANCEL_REASON, PROGRESS_TEXT
+from trio_agents.models import ScriptedModel, Turn
 
 MODES = ["auto", "legacy"]
 
@@ -48,7 +50,7 @@ async def mcp_client(
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=None)) as http:
         transport = streamable_http_client(served.base + "/mcp", http_client=http)
-        async with Client(transport, mode=mode, **options) as mcp:  # type: ignore[arg-type]
+        async with Client(transport, mode=mode, **options) as mcp:
             yield mcp
 
 
@@ -132,32 +134,31 @@ async def test_a_refused_start_is_a_tool_error_with_its_code() -> None:
 
 
 async def test_a_call_on_a_busy_session_waits_for_its_run() -> None:
-    async with serving(agents()) as served, mcp_client(served) as mcp:
-        async with client(served.base) as rest:
-            answer = await rest.post(
-                "/runs", json={"agent": "blocker", "input": "go", "session_id": "s1"}
-            )
-            busy = answer.json()["run_id"]
-            async with trio.open_nursery() as nursery:
-                results: list[types.CallToolResult] = []
-                queued = trio.Event()
+    async with serving(agents()) as served, mcp_client(served) as mcp, client(served.base) as rest:
+        answer = await rest.post(
+            "/runs", json={"agent": "blocker", "input": "go", "session_id": "s1"}
+        )
+        busy = answer.json()["run_id"]
+        async with trio.open_nursery() as nursery:
+            results: list[types.CallToolResult] = []
+            queued = trio.Event()
 
-                async def progress(_v: float, _t: float | None, message: str | None) -> None:
-                    if message == "queued":
-                        queued.set()
+            async def progress(progress: float, total: float | None, message: str | None) -> None:
+                if message == "queued":
+                    queued.set()
 
-                async def call() -> None:
-                    results.append(
-                        await mcp.call_tool(
-                            "history",
-                            {"input": "after", "session_id": "s1"},
-                            progress_callback=progress,
-                        )
+            async def call() -> None:
+                results.append(
+                    await mcp.call_tool(
+                        "history",
+                        {"input": "after", "session_id": "s1"},
+                        progress_callback=progress,
                     )
+                )
 
-                nursery.start_soon(call)
-                await queued.wait()
-                await rest.post(f"/runs/{busy}/cancel", json={"reason": "make room"})
+            nursery.start_soon(call)
+            await queued.wait()
+            await rest.post(f"/runs/{busy}/cancel", json={"reason": "make room"})
     words = json.loads(text_of(results[0]))
     assert words[3:] == ["result:cancelled:cancelled: make room", "user:after"]
 
@@ -187,7 +188,7 @@ async def cancel_once_blocked(
     """Call the blocker; cancel the call once its tool is running (progress says so)."""
     with trio.CancelScope() as scope:
 
-        async def progress(_progress: float, _total: float | None, message: str | None) -> None:
+        async def progress(progress: float, total: float | None, message: str | None) -> None:
             if progressed is not None:
                 progressed(message or "")
             if message == "tool wait_forever started":
@@ -223,9 +224,9 @@ async def test_cancel_mid_run_ends_the_run_cancelled_with_its_repair_in_the_sess
 async def test_progress_notifications_follow_the_run_in_order(mode: str) -> None:
     seen: list[tuple[float, str | None]] = []
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
         assert total is None
-        seen.append((value, message))
+        seen.append((progress, message))
 
     async with serving(agents()) as served, mcp_client(served, mode=mode) as mcp:
         await mcp.call_tool("echo", {"input": "hi"}, progress_callback=progress)
@@ -242,15 +243,10 @@ async def test_progress_notifications_follow_the_run_in_order(mode: str) -> None
 
 
 async def test_progress_text_is_bounded_to_its_tail() -> None:
-    from trio_agents.faces._mcp import PROGRESS_TEXT
-    from trio_agents.models import ScriptedModel, Turn
-
-    import trio_agents as ta
-
     long = ta.Agent(name="long", model=ScriptedModel([Turn(text=["x" * 1000, "y" * 10])]))
     messages: list[str] = []
 
-    async def progress(_value: float, _total: float | None, message: str | None) -> None:
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
         messages.append(message or "")
 
     async with serving({"long": long}) as served, mcp_client(served) as mcp:
@@ -286,13 +282,15 @@ async def tool_result(served: Served, run_id: str) -> dict[str, Any]:
 
 async def test_an_approval_is_elicited_and_accept_approves() -> None:
     elicitation, asked = answering("accept")
-    async with serving(agents()) as served, mcp_client(
-        served, mode="legacy", elicitation_callback=elicitation
-    ) as mcp:
+    async with (
+        serving(agents()) as served,
+        mcp_client(served, mode="legacy", elicitation_callback=elicitation) as mcp,
+    ):
         result = await mcp.call_tool("deployer", {"input": "ship it"})
         run_id = (await only_run(served)).run_id
         output = await tool_result(served, run_id)
-    assert not result.is_error and text_of(result) == "done"
+    assert not result.is_error
+    assert text_of(result) == "done"
     (message,) = asked
     assert message.startswith('The agent wants to call deploy {"target": "prod"}')
     assert (output["status"], output["output"]) == ("ok", "deployed to prod")
@@ -301,9 +299,10 @@ async def test_an_approval_is_elicited_and_accept_approves() -> None:
 @pytest.mark.parametrize("action", ["decline", "cancel"])
 async def test_decline_or_cancel_of_the_elicitation_rejects(action: str) -> None:
     elicitation, asked = answering(action)
-    async with serving(agents()) as served, mcp_client(
-        served, mode="legacy", elicitation_callback=elicitation
-    ) as mcp:
+    async with (
+        serving(agents()) as served,
+        mcp_client(served, mode="legacy", elicitation_callback=elicitation) as mcp,
+    ):
         result = await mcp.call_tool("deployer", {"input": "ship it"})
         output = await tool_result(served, (await only_run(served)).run_id)
     assert len(asked) == 1
@@ -314,9 +313,10 @@ async def test_decline_or_cancel_of_the_elicitation_rejects(action: str) -> None
 
 async def test_an_accepted_elicitation_with_a_note_still_approves() -> None:
     elicitation, _ = answering("accept", {"message": "go ahead"})
-    async with serving(agents()) as served, mcp_client(
-        served, mode="legacy", elicitation_callback=elicitation
-    ) as mcp:
+    async with (
+        serving(agents()) as served,
+        mcp_client(served, mode="legacy", elicitation_callback=elicitation) as mcp,
+    ):
         await mcp.call_tool("deployer", {"input": "ship it"})
         output = await tool_result(served, (await only_run(served)).run_id)
     assert output["status"] == "ok"
@@ -324,28 +324,30 @@ async def test_an_accepted_elicitation_with_a_note_still_approves() -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_without_elicitation_the_approval_waits_for_another_face(mode: str) -> None:
-    async with serving(agents()) as served, mcp_client(served, mode=mode) as mcp:
-        async with trio.open_nursery() as nursery, client(served.base) as rest:
-            results: list[types.CallToolResult] = []
-            waiting = trio.Event()
+    async with (
+        serving(agents()) as served,
+        mcp_client(served, mode=mode) as mcp,
+        trio.open_nursery() as nursery,
+        client(served.base) as rest,
+    ):
+        results: list[types.CallToolResult] = []
+        waiting = trio.Event()
 
-            async def progress(_v: float, _t: float | None, message: str | None) -> None:
-                if (message or "").startswith("awaiting approval: deploy"):
-                    waiting.set()
+        async def progress(progress: float, total: float | None, message: str | None) -> None:
+            if (message or "").startswith("awaiting approval: deploy"):
+                waiting.set()
 
-            async def call() -> None:
-                results.append(
-                    await mcp.call_tool(
-                        "deployer", {"input": "ship it"}, progress_callback=progress
-                    )
-                )
+        async def call() -> None:
+            results.append(
+                await mcp.call_tool("deployer", {"input": "ship it"}, progress_callback=progress)
+            )
 
-            nursery.start_soon(call)
-            await waiting.wait()
-            info = await only_run(served)
-            (call_id,) = info.pending_approvals
-            answer = await rest.post(f"/runs/{info.run_id}/approve", json={"call_id": call_id})
-            assert answer.status_code == 200
+        nursery.start_soon(call)
+        await waiting.wait()
+        info = await only_run(served)
+        (call_id,) = info.pending_approvals
+        answer = await rest.post(f"/runs/{info.run_id}/approve", json={"call_id": call_id})
+        assert answer.status_code == 200
     assert text_of(results[0]) == "done"
     assert (await tool_result(served, info.run_id))["status"] == "ok"
 
@@ -355,7 +357,7 @@ async def test_a_cancel_racing_the_answer_leaves_one_consistent_end(mode: str) -
     async with serving(agents()) as served, mcp_client(served, mode=mode) as mcp:
         with trio.CancelScope() as scope:
 
-            async def progress(_v: float, _t: float | None, message: str | None) -> None:
+            async def progress(progress: float, total: float | None, message: str | None) -> None:
                 if message == "completed":
                     scope.cancel()  # the answer is on its way: the cancel comes too late
 
@@ -380,7 +382,9 @@ async def test_a_client_that_goes_away_mid_call_cancels_the_run(mode: str) -> No
             async with mcp_client(served, mode=mode) as mcp, trio.open_nursery() as nursery:
                 blocked = trio.Event()
 
-                async def progress(_v: float, _t: float | None, message: str | None) -> None:
+                async def progress(
+                    progress: float, total: float | None, message: str | None
+                ) -> None:
                     if message == "tool wait_forever started":
                         blocked.set()
 
@@ -399,28 +403,33 @@ async def test_a_client_that_goes_away_mid_call_cancels_the_run(mode: str) -> No
 
 async def test_another_principal_neither_sees_nor_cancels_the_run() -> None:
     async with serving(agents()) as served:
-        async with mcp_client(served) as alice, mcp_client(served, token="tok-bob") as bob:
-            async with trio.open_nursery() as nursery:
-                blocked = trio.Event()
+        async with (
+            mcp_client(served) as alice,
+            mcp_client(served, token="tok-bob") as bob,
+            trio.open_nursery() as nursery,
+        ):
+            blocked = trio.Event()
 
-                async def progress(_v: float, _t: float | None, message: str | None) -> None:
-                    if message == "tool wait_forever started":
-                        blocked.set()
+            async def progress(progress: float, total: float | None, message: str | None) -> None:
+                if message == "tool wait_forever started":
+                    blocked.set()
 
-                async def call() -> None:
-                    await alice.call_tool("blocker", {"input": "go"}, progress_callback=progress)
+            async def call() -> None:
+                await alice.call_tool("blocker", {"input": "go"}, progress_callback=progress)
 
-                nursery.start_soon(call)
-                await blocked.wait()
-                run_id = (await only_run(served)).run_id
-                assert await served.server.host.list("bob") == []
-                # Bob's own call of the same agent is his run, not hers.
-                async with client(served.base, token="tok-bob") as rest:
-                    answer = await rest.post(f"/runs/{run_id}/cancel", json={})
-                    assert answer.status_code == 404
-                assert (await served.server.host.get("alice", run_id)).status.value == "running"
-                nursery.cancel_scope.cancel()
-        del bob
+            nursery.start_soon(call)
+            await blocked.wait()
+            run_id = (await only_run(served)).run_id
+            assert await served.server.host.list("bob") == []
+            # Bob's call is his own run; hers he can neither see nor cancel.
+            assert text_of(await bob.call_tool("echo", {"input": "hi"})) == "hello from echo"
+            (his,) = await served.server.host.list("bob")
+            assert his.agent == "echo"
+            async with client(served.base, token="tok-bob") as rest:
+                answer = await rest.post(f"/runs/{run_id}/cancel", json={})
+                assert answer.status_code == 404
+            assert (await served.server.host.get("alice", run_id)).status.value == "running"
+            nursery.cancel_scope.cancel()
 
 
 async def test_mcp_needs_a_token() -> None:

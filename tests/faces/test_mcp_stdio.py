@@ -29,10 +29,12 @@ APP = "tests.support.mcp_face_app:AGENTS"
 
 
 @asynccontextmanager
-async def stdio_mcp(db: Path, *extra: str, mode: str = "auto", **options: Any) -> AsyncIterator[Client]:
+async def stdio_mcp(
+    db: Path, *extra: str, mode: str = "auto", **options: Any
+) -> AsyncIterator[Client]:
     command, *args = cli_argv("mcp", "--app", APP, "--db", db, *extra)
     params = StdioServerParameters(command=command, args=args, env=cli_env(), cwd=str(ROOT))
-    async with Client(params, mode=mode, **options) as mcp:  # type: ignore[arg-type]
+    async with Client(params, mode=mode, **options) as mcp:
         yield mcp
 
 
@@ -59,7 +61,8 @@ async def test_tools_answers_structured_output_and_errors(tmp_path: Path) -> Non
     assert tools["point"].output_schema is not None
     assert (text_of(echo), echo.is_error) == ("hello from echo", False)
     assert point.structured_content == {"x": 1, "y": 2}
-    assert broken.is_error and "the model is down" in text_of(broken)
+    assert broken.is_error
+    assert "the model is down" in text_of(broken)
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -71,7 +74,7 @@ async def test_cancel_stops_the_run_and_the_session_holds_the_repair(
     async with stdio_mcp(db, mode=mode) as mcp:
         with trio.CancelScope() as scope:
 
-            async def progress(_v: float, _t: float | None, message: str | None) -> None:
+            async def progress(progress: float, total: float | None, message: str | None) -> None:
                 seen.append(message or "")
                 if message == "tool wait_forever started":
                     scope.cancel()
@@ -82,7 +85,8 @@ async def test_cancel_stops_the_run_and_the_session_holds_the_repair(
         # The same process goes on serving; the session is free again once the
         # cancelled run's repair is written (a busy session would refuse this call).
         after = await mcp.call_tool("history", {"input": "and now?", "session_id": "s1"})
-    assert seen[:2] == ["queued", "running"] and "thinking it over" in seen
+    assert seen[:2] == ["queued", "running"]
+    assert "thinking it over" in seen
     assert json.loads(text_of(after)) == [
         "user:go",
         "assistant:completed",
@@ -120,12 +124,13 @@ async def test_the_pipe_closed_mid_call_follows_on_disconnect(
         pass
 
     with pytest.RaisesGroup(ClientGone, flatten_subgroups=True):
-        async with stdio_mcp(
-            db, "--on-disconnect", on_disconnect, mode="legacy"
-        ) as mcp, trio.open_nursery() as nursery:
+        async with (
+            stdio_mcp(db, "--on-disconnect", on_disconnect, mode="legacy") as mcp,
+            trio.open_nursery() as nursery,
+        ):
             blocked = trio.Event()
 
-            async def progress(_v: float, _t: float | None, message: str | None) -> None:
+            async def progress(progress: float, total: float | None, message: str | None) -> None:
                 if message == "tool wait_forever started":
                     blocked.set()
 
@@ -138,7 +143,10 @@ async def test_the_pipe_closed_mid_call_follows_on_disconnect(
             await blocked.wait()
             raise ClientGone
     words = await history(db, "s1")
-    assert words[3] in (f"result:cancelled:cancelled: {reason}", f"result:cancelled:cancelled: {CANCEL_REASON}")
+    assert words[3] in (
+        f"result:cancelled:cancelled: {reason}",
+        f"result:cancelled:cancelled: {CANCEL_REASON}",
+    )
 
 
 def test_mcp_needs_an_app() -> None:

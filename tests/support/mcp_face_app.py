@@ -42,9 +42,8 @@ def describe(item: ta.Item) -> str:
         return f"assistant:{item.status}"
     if isinstance(item, ta.ToolCall):
         return f"call:{item.name}"
-    if isinstance(item, ta.ToolResult):
-        return f"result:{item.status}:{item.output}"
-    return type(item).__name__  # pragma: no cover
+    assert isinstance(item, ta.ToolResult)
+    return f"result:{item.status}:{item.output}"
 
 
 @attrs.define
@@ -65,7 +64,9 @@ class HistoryModel:
 
 def agents() -> dict[str, ta.Agent]:
     """A fresh set of the test agents."""
-    blocker = ScriptedModel([], default=Turn(text="thinking it over", tool_calls=[("wait_forever", {})]))
+    blocker = ScriptedModel(
+        [], default=Turn(text="thinking it over", tool_calls=[("wait_forever", {})])
+    )
     deployer = ScriptedModel(
         [Turn(tool_calls=[("deploy", {"target": "prod"})])], default=Turn(text="done")
     )
@@ -81,7 +82,9 @@ def agents() -> dict[str, ta.Agent]:
             output_type=Point,
         ),
         "count": ta.Agent(
-            name="count", model=ScriptedModel([], default=Turn(text='{"response": 5}')), output_type=int
+            name="count",
+            model=ScriptedModel([], default=Turn(text='{"response": 5}')),
+            output_type=int,
         ),
         "broken": ta.Agent(
             name="broken", model=ScriptedModel([], default=Turn(fail="the model is down"))

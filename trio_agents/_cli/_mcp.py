@@ -77,7 +77,9 @@ async def _serve(args: argparse.Namespace, agents: Mapping[str, Agent]) -> None:
     from ..hosting import LocalHost
     from ..hosting._terms import Limits
 
-    host = LocalHost(agents, sessions=args.db, limits=Limits(shutdown_timeout=args.shutdown_timeout))
+    host = LocalHost(
+        agents, sessions=args.db, limits=Limits(shutdown_timeout=args.shutdown_timeout)
+    )
     async with host.running():
         tools = McpTools(
             host,
@@ -98,7 +100,9 @@ def mcp_command(args: argparse.Namespace, _out: TextIO) -> int:
         # The MCP face lives with the HTTP faces (the serve extra, which holds mcp).
         from ..faces import _mcp  # noqa: F401
     except ImportError:
-        raise CLIError("trio-agents mcp needs the serve extra: pip install 'trio-agents[serve]'") from None
+        raise CLIError(
+            "trio-agents mcp needs the serve extra: pip install 'trio-agents[serve]'"
+        ) from None
     agents = load_app(args.app)
     _check_db(args.db)
     trio.run(_serve, args, agents)
