@@ -30,10 +30,13 @@ from tests.support.http_support import TOKENS, Served, client, serving
 from tests.support.mcp_face_app import agents
 from trio_agents.control import Limits, open_control_server
 from trio_agents.faces import http_app, serve_http
-from trio_agents.faces._mcp import CANCEL_REASON, PROGRESS_TEXT
 from trio_agents.models import ScriptedModel, Turn
 
 MODES = ["auto", "legacy"]
+# What docs/mcp.md says: the reason of a run whose call the client cancelled, and
+# the most characters of streamed text one progress message carries.
+CANCEL_REASON = "mcp client cancelled"
+PROGRESS_TEXT = 400
 
 # The SDK's HTTP transport (httpx2 over httpcore2) leaves response-body async generators
 # to the garbage collector when a stream ends, and Trio's finalizer warns about each one
@@ -402,34 +405,34 @@ async def test_a_client_that_goes_away_mid_call_cancels_the_run(mode: str) -> No
 
 
 async def test_another_principal_neither_sees_nor_cancels_the_run() -> None:
-    async with serving(agents()) as served:
-        async with (
-            mcp_client(served) as alice,
-            mcp_client(served, token="tok-bob") as bob,
-            trio.open_nursery() as nursery,
-        ):
-            blocked = trio.Event()
+    async with (
+        serving(agents()) as served,
+        mcp_client(served) as alice,
+        mcp_client(served, token="tok-bob") as bob,
+        trio.open_nursery() as nursery,
+    ):
+        blocked = trio.Event()
 
-            async def progress(progress: float, total: float | None, message: str | None) -> None:
-                if message == "tool wait_forever started":
-                    blocked.set()
+        async def progress(progress: float, total: float | None, message: str | None) -> None:
+            if message == "tool wait_forever started":
+                blocked.set()
 
-            async def call() -> None:
-                await alice.call_tool("blocker", {"input": "go"}, progress_callback=progress)
+        async def call() -> None:
+            await alice.call_tool("blocker", {"input": "go"}, progress_callback=progress)
 
-            nursery.start_soon(call)
-            await blocked.wait()
-            run_id = (await only_run(served)).run_id
-            assert await served.server.host.list("bob") == []
-            # Bob's call is his own run; hers he can neither see nor cancel.
-            assert text_of(await bob.call_tool("echo", {"input": "hi"})) == "hello from echo"
-            (his,) = await served.server.host.list("bob")
-            assert his.agent == "echo"
-            async with client(served.base, token="tok-bob") as rest:
-                answer = await rest.post(f"/runs/{run_id}/cancel", json={})
-                assert answer.status_code == 404
-            assert (await served.server.host.get("alice", run_id)).status.value == "running"
-            nursery.cancel_scope.cancel()
+        nursery.start_soon(call)
+        await blocked.wait()
+        run_id = (await only_run(served)).run_id
+        assert await served.server.host.list("bob") == []
+        # Bob's call is his own run; hers he can neither see nor cancel.
+        assert text_of(await bob.call_tool("echo", {"input": "hi"})) == "hello from echo"
+        (his,) = await served.server.host.list("bob")
+        assert his.agent == "echo"
+        async with client(served.base, token="tok-bob") as rest:
+            answer = await rest.post(f"/runs/{run_id}/cancel", json={})
+            assert answer.status_code == 404
+        assert (await served.server.host.get("alice", run_id)).status.value == "running"
+        nursery.cancel_scope.cancel()
 
 
 async def test_mcp_needs_a_token() -> None:

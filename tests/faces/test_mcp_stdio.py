@@ -23,9 +23,9 @@ from mcp import Client, StdioServerParameters
 
 from tests.support.cli_support import ROOT, cli, cli_argv, cli_env
 from tests.support.mcp_face_app import agents
-from trio_agents.faces._mcp import CANCEL_REASON
 
 APP = "tests.support.mcp_face_app:AGENTS"
+CANCEL_REASON = "mcp client cancelled"  # docs/mcp.md
 
 
 @asynccontextmanager
