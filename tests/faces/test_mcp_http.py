@@ -283,11 +283,15 @@ async def tool_result(served: Served, run_id: str) -> dict[str, Any]:
     return dict(output)
 
 
-async def test_an_approval_is_elicited_and_accept_approves() -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_approval_is_elicited_and_accept_approves(mode: str) -> None:
+    """Handshake era: an ``elicitation/create`` request on the call's stream;
+    2026-07-28: an ``InputRequiredResult``, the call retried with the answer (the
+    client's ``call_tool`` drives both)."""
     elicitation, asked = answering("accept")
     async with (
         serving(agents()) as served,
-        mcp_client(served, mode="legacy", elicitation_callback=elicitation) as mcp,
+        mcp_client(served, mode=mode, elicitation_callback=elicitation) as mcp,
     ):
         result = await mcp.call_tool("deployer", {"input": "ship it"})
         run_id = (await only_run(served)).run_id
@@ -299,12 +303,13 @@ async def test_an_approval_is_elicited_and_accept_approves() -> None:
     assert (output["status"], output["output"]) == ("ok", "deployed to prod")
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("action", ["decline", "cancel"])
-async def test_decline_or_cancel_of_the_elicitation_rejects(action: str) -> None:
+async def test_decline_or_cancel_of_the_elicitation_rejects(action: str, mode: str) -> None:
     elicitation, asked = answering(action)
     async with (
         serving(agents()) as served,
-        mcp_client(served, mode="legacy", elicitation_callback=elicitation) as mcp,
+        mcp_client(served, mode=mode, elicitation_callback=elicitation) as mcp,
     ):
         result = await mcp.call_tool("deployer", {"input": "ship it"})
         output = await tool_result(served, (await only_run(served)).run_id)
@@ -314,15 +319,48 @@ async def test_decline_or_cancel_of_the_elicitation_rejects(action: str) -> None
     assert f"{action}d by the user" in output["output"]
 
 
-async def test_an_accepted_elicitation_with_a_note_still_approves() -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_accepted_elicitation_with_a_note_still_approves(mode: str) -> None:
     elicitation, _ = answering("accept", {"message": "go ahead"})
     async with (
         serving(agents()) as served,
-        mcp_client(served, mode="legacy", elicitation_callback=elicitation) as mcp,
+        mcp_client(served, mode=mode, elicitation_callback=elicitation) as mcp,
     ):
         await mcp.call_tool("deployer", {"input": "ship it"})
         output = await tool_result(served, (await only_run(served)).run_id)
     assert output["status"] == "ok"
+
+
+async def test_an_input_required_state_names_only_the_callers_own_run() -> None:
+    """2026-07-28's retry carries a ``requestState`` the client could forge: it names
+    a run, which must be the caller's (as any run id on any face)."""
+    elicitation, _ = answering("accept")
+    async with (
+        serving(agents()) as served,
+        mcp_client(served, elicitation_callback=elicitation) as alice,
+        mcp_client(served, token="tok-bob", elicitation_callback=elicitation) as bob,
+    ):
+        first = await alice.session.call_tool(
+            "deployer", {"input": "ship it"}, allow_input_required=True
+        )
+        assert isinstance(first, types.InputRequiredResult)
+        assert first.input_requests is not None
+        (call_id,) = first.input_requests
+        info = await only_run(served)
+        assert (info.status.value, info.pending_approvals) == ("awaiting_approval", (call_id,))
+        yes = {call_id: types.ElicitResult(action="accept")}
+        for who, state in ((bob, first.request_state), (alice, "garbage"), (alice, "run_x:1")):
+            with pytest.raises(MCPError) as caught:
+                await who.session.call_tool(
+                    "deployer", {"input": "x"}, request_state=state, input_responses=yes
+                )
+            assert caught.value.code == -32602
+        assert (await only_run(served)).status.value == "awaiting_approval"
+        done = await alice.session.call_tool(
+            "deployer", {"input": "ship it"}, request_state=first.request_state, input_responses=yes
+        )
+    assert text_of(done) == "done"
+    assert (await tool_result(served, info.run_id))["status"] == "ok"
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -37,10 +37,13 @@ Nothing of the protocol is written by hand: this module maps tool calls to the
   while the model writes — the last :data:`PROGRESS_TEXT` characters of the turn's text
   so far (bounded: a long answer never makes quadratic traffic).
 - **Approvals** become ``elicitation/create`` (form mode) to a client that declared
-  the ``elicitation`` capability on a connection that can carry a server request (the
-  handshake era, stdio or Streamable HTTP with SSE): accept approves the call, decline
-  or cancel rejects it (with the form's ``message``, if any). Otherwise the run waits
-  for the decision from another face (REST, A2A, AG-UI, the web UI), as usual.
+  the ``elicitation`` capability: on a connection that carries server requests (the
+  handshake era: stdio, or Streamable HTTP with SSE) as a request while the call goes
+  on; on 2026-07-28 (no server-initiated requests) as an ``InputRequiredResult``
+  whose ``requestState`` is ``<run id>:<last seq told>``, the call retried with the
+  answers. Accept approves the call, decline or cancel rejects it (with the form's
+  ``message``, if any). Otherwise the run waits for the decision from another face
+  (REST, A2A, AG-UI, the web UI), as usual.
 
 HTTP: :func:`routes` serves ``/mcp`` behind the faces' bearer-token layer; the MCP
 session is bound to the principal that opened it (another principal's request for it
@@ -142,6 +145,8 @@ class _View:
     text: str = ""  # the current turn's streamed text
     calls: dict[str, tuple[str, str]] = attrs.field(factory=dict)  # call id -> name, args
     pending: tuple[str, ...] = ()
+    seq: int = 0  # the last event's
+    asking: tuple[str, ...] = ()  # approvals to ask in an InputRequiredResult
 
     def apply(self, event: Mapping[str, Any]) -> str | None:
         """Fold one event in; returns the progress message it is worth, if any."""
@@ -269,6 +274,8 @@ class McpTools:
         self.on_disconnect: Literal["cancel", "continue"] = on_disconnect
         self.cleanup_timeout = cleanup_timeout
         self._outputs: dict[str, OutputType | None] = {}
+        # Owners of runs whose call answered InputRequiredResult, until it is retried.
+        self._parked: dict[str, object] = {}
 
     def _output(self, name: str) -> OutputType | None:
         if name not in self._outputs:
@@ -308,13 +315,15 @@ class McpTools:
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         """Run the agent ``params.name`` on the call's input (the module docstring)."""
         name = params.name
         if name not in self.host.agents:
             raise MCPError(_INVALID_PARAMS, f"unknown tool: {clean_text(name[:128])!r}")
-        text, session_id = _arguments(params.arguments)
         principal = self._principal(ctx)
+        if params.request_state is not None:
+            return await self._resume(ctx, principal, params)
+        text, session_id = _arguments(params.arguments)
         owner = _CallOwner()
         try:
             run_id = await self.host.start(
@@ -335,8 +344,57 @@ class McpTools:
             if exc.code == "invalid_request":
                 raise MCPError(_INVALID_PARAMS, exc.message) from None
             return _tool_error(f"{exc.code}: {exc.message}")
+        return await self._follow(ctx, principal, name, run_id, owner, 0)
+
+    async def _resume(
+        self, ctx: ServerRequestContext[Any], principal: str, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """A call retried with the answers to the approvals it asked (2026-07-28's
+        multi-round-trip requests): decide them, then follow the run on.
+
+        The ``requestState`` is ``<run id>:<seq>`` (the last event the first leg
+        told); the client may forge it, so it names only a run the host finds for this
+        principal — one the principal could decide on any face anyway."""
+        run_id, _, told = (params.request_state or "").rpartition(":")
         try:
-            view = await self._watch(ctx, principal, run_id)
+            info = await self.host.get(principal, run_id)
+            after = int(told)
+        except (HostError, ValueError):
+            raise MCPError(_INVALID_PARAMS, "unknown or malformed requestState") from None
+        if info.agent != params.name:
+            raise MCPError(_INVALID_PARAMS, "the requestState is another tool's")
+        owner = self._parked.pop(run_id, None) or _CallOwner()
+        for call_id, answer in (params.input_responses or {}).items():
+            if isinstance(answer, types.ElicitResult):
+                await self._decide(principal, run_id, call_id, answer)
+        return await self._follow(ctx, principal, params.name, run_id, owner, after)
+
+    async def _follow(
+        self,
+        ctx: ServerRequestContext[Any],
+        principal: str,
+        name: str,
+        run_id: str,
+        owner: object,
+        after: int,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """Follow the run (telling events past ``after``) to its end, or to approvals
+        the client is asked in an ``InputRequiredResult``."""
+        parked = False
+        try:
+            view = await self._watch(ctx, principal, run_id, after)
+            if view.asking:
+                # The client answers in a retry of this call: the run waits, owned
+                # still by this call (the retry takes the owner over).
+                parked = True
+                self._parked[run_id] = owner
+                return types.InputRequiredResult(
+                    input_requests={
+                        call_id: _approval_request(run_id, call_id, view.describe(call_id))
+                        for call_id in view.asking
+                    },
+                    request_state=f"{run_id}:{view.seq}",
+                )
         except BaseException:
             # Cancelled: by the client (its notice, or its stream closed) or because
             # the connection went away. Either way nothing more is sent for this
@@ -346,7 +404,8 @@ class McpTools:
                 await self._abandoned(ctx, principal, run_id, owner)
             raise
         finally:
-            self.host.disconnected(owner)
+            if not parked:
+                self.host.disconnected(owner)
         return self._result(name, run_id, view)
 
     def _result(self, name: str, run_id: str, view: _View) -> types.CallToolResult:
@@ -363,31 +422,35 @@ class McpTools:
             structured_content=structured,
         )
 
-    async def _watch(self, ctx: ServerRequestContext[Any], principal: str, run_id: str) -> _View:
-        """Follow the run to its terminal update: progress out, approvals asked."""
+    async def _watch(
+        self, ctx: ServerRequestContext[Any], principal: str, run_id: str, after: int
+    ) -> _View:
+        """Follow the run to its terminal update: progress out (for events past
+        ``after``), approvals asked. Stops early, with ``view.asking`` set, when
+        approvals are to be asked in an ``InputRequiredResult``."""
         view = _View()
         asked: set[str] = set()
-        can_elicit = _can_elicit(ctx)
+        how = _elicitation(ctx)
         async with trio.open_nursery() as nursery:
             async with self.host.events(principal, run_id, from_seq=1) as events:
                 async for hosted in events:
+                    view.seq = hosted.seq
                     message = view.apply(hosted.event)
+                    if hosted.seq <= after:
+                        continue  # told by an earlier leg of this call
                     if message is not None:
                         await ctx.session.report_progress(hosted.seq, None, message)
-                    if can_elicit:
-                        for call_id in view.pending:
-                            if call_id not in asked:
-                                asked.add(call_id)
-                                nursery.start_soon(
-                                    self._elicit,
-                                    ctx,
-                                    principal,
-                                    run_id,
-                                    call_id,
-                                    view.describe(call_id),
-                                )
-            # The run is over: an approval still asked is moot (the SDK tells the
-            # client its request is cancelled).
+                    new = [c for c in view.pending if c not in asked]
+                    asked.update(new)
+                    if new and how == "input_required":
+                        view.asking = tuple(view.pending)
+                        break
+                    for call_id in new if how == "request" else ():
+                        nursery.start_soon(
+                            self._elicit, ctx, principal, run_id, call_id, view.describe(call_id)
+                        )
+            # The run is over (or waits for this call's client): an approval still
+            # asked is moot (the SDK tells the client its request is cancelled).
             nursery.cancel_scope.cancel()
         return view
 
@@ -403,7 +466,7 @@ class McpTools:
         face decided first, or the run ended)."""
         try:
             answer = await ctx.session.elicit_form(
-                f"The agent wants to call {call} (run {run_id}, call {call_id}). Approve?",
+                _approval_message(run_id, call_id, call),
                 _APPROVAL_FORM,
                 related_request_id=ctx.request_id,
             )
@@ -412,6 +475,13 @@ class McpTools:
             # connection gone): the run keeps waiting, answerable from every face.
             logger.info("elicitation for call %s of run %s got no answer", call_id, run_id)
             return
+        await self._decide(principal, run_id, call_id, answer)
+
+    async def _decide(
+        self, principal: str, run_id: str, call_id: str, answer: types.ElicitResult
+    ) -> None:
+        """An elicitation's answer as the call's decision: accept approves; decline or
+        cancel rejects, with the form's note (else what the user did)."""
         note = (answer.content or {}).get("message")
         try:
             if answer.action == "accept":
@@ -441,10 +511,32 @@ class McpTools:
                 await self.host.wait_terminal(principal, run_id)
 
 
-def _can_elicit(ctx: ServerRequestContext[Any]) -> bool:
+def _elicitation(ctx: ServerRequestContext[Any]) -> Literal["request", "input_required"] | None:
+    """How approvals are asked of this call's client: an ``elicitation/create``
+    request (a connection that carries server requests), an ``InputRequiredResult``
+    (2026-07-28, whose requests never start from the server), or not at all (a
+    client without the ``elicitation`` capability)."""
     session = ctx.session
-    return session.can_send_request and session.check_client_capability(
+    capable = session.check_client_capability(
         types.ClientCapabilities(elicitation=types.ElicitationCapability())
+    )
+    if not capable:
+        return None
+    if session.can_send_request:
+        return "request"
+    return "input_required" if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else None
+
+
+def _approval_message(run_id: str, call_id: str, call: str) -> str:
+    return f"The agent wants to call {call} (run {run_id}, call {call_id}). Approve?"
+
+
+def _approval_request(run_id: str, call_id: str, call: str) -> types.ElicitRequest:
+    return types.ElicitRequest(
+        params=types.ElicitRequestFormParams(
+            message=_approval_message(run_id, call_id, call),
+            requested_schema=_APPROVAL_FORM,
+        )
     )
 
 
