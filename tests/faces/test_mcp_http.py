@@ -348,7 +348,7 @@ async def test_an_input_required_state_names_only_the_callers_own_run() -> None:
         (call_id,) = first.input_requests
         info = await only_run(served)
         assert (info.status.value, info.pending_approvals) == ("awaiting_approval", (call_id,))
-        yes = {call_id: types.ElicitResult(action="accept")}
+        yes: types.InputResponses = {call_id: types.ElicitResult(action="accept")}
         for who, state in ((bob, first.request_state), (alice, "garbage"), (alice, "run_x:1")):
             with pytest.raises(MCPError) as caught:
                 await who.session.call_tool(
