@@ -477,3 +477,38 @@ async def test_mcp_needs_a_token() -> None:
     async with serving(agents()) as served, client(served.base, token=None) as anonymous:
         answer = await anonymous.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert answer.status_code == 401
+
+
+async def test_an_mcp_session_is_its_principals_alone() -> None:
+    """A handshake-era session id is no capability: another principal's request for
+    it answers 404, as an unknown session."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    accept = {"Accept": "application/json, text/event-stream"}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    async with (
+        serving(agents()) as served,
+        client(served.base) as alice,
+        client(served.base, token="tok-bob") as bob,
+    ):
+        opened = await alice.post("/mcp", json=initialize, headers=accept)
+        assert opened.status_code == 200
+        session = {
+            **accept,
+            "Mcp-Session-Id": opened.headers["mcp-session-id"],
+            "MCP-Protocol-Version": "2025-11-25",
+        }
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert (await alice.post("/mcp", json=initialized, headers=session)).status_code == 202
+        assert (await bob.post("/mcp", json=listing, headers=session)).status_code == 404
+        theirs = await alice.post("/mcp", json=listing, headers=session)
+    assert theirs.status_code == 200
+    assert '"name":"echo"' in theirs.text.replace(" ", "")
