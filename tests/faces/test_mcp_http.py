@@ -166,8 +166,13 @@ async def test_a_call_on_a_busy_session_waits_for_its_run() -> None:
     assert words[3:] == ["result:cancelled:cancelled: make room", "user:after"]
 
 
-async def test_hostile_arguments_are_json_rpc_errors_and_start_nothing() -> None:
-    async with serving(agents()) as served, mcp_client(served) as mcp:
+@pytest.mark.parametrize("mode", MODES)
+async def test_hostile_arguments_are_json_rpc_errors_and_start_nothing(mode: str) -> None:
+    async with serving(agents()) as served, mcp_client(served, mode=mode) as mcp:
+        # Past the body bound (HttpLimits.max_body_bytes, 1 MiB): refused unread (413),
+        # which the client reports as a JSON-RPC error.
+        with pytest.raises(MCPError):
+            await mcp.call_tool("echo", {"input": "x" * (2 << 20)})
         for arguments in (
             {"input": "a\x00b"},
             {"input": 5},
