@@ -361,8 +361,19 @@ async def test_an_input_required_state_names_only_the_callers_own_run() -> None:
                 )
             assert caught.value.code == -32602
         assert (await only_run(served)).status.value == "awaiting_approval"
+        # A retry that answers nothing is asked again, from where it stopped.
+        again = await alice.session.call_tool(
+            "deployer",
+            {"input": "ship it"},
+            request_state=first.request_state,
+            allow_input_required=True,
+        )
+        assert isinstance(again, types.InputRequiredResult)
+        assert again.input_requests is not None
+        assert list(again.input_requests) == [call_id]
+        assert again.request_state == first.request_state
         done = await alice.session.call_tool(
-            "deployer", {"input": "ship it"}, request_state=first.request_state, input_responses=yes
+            "deployer", {"input": "ship it"}, request_state=again.request_state, input_responses=yes
         )
     assert text_of(done) == "done"
     assert (await tool_result(served, info.run_id))["status"] == "ok"

@@ -100,6 +100,7 @@ PROGRESS_TEXT: Final = 400
 """The most characters of the turn's text one progress message carries (its tail)."""
 
 _INVALID_PARAMS: Final = -32602
+_TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
 _CALL_SCHEMA: Final[Mapping[str, Any]] = {
     "type": "object",
     "properties": {
@@ -275,7 +276,7 @@ class McpTools:
         self.cleanup_timeout = cleanup_timeout
         self._outputs: dict[str, OutputType | None] = {}
         # Owners of runs whose call answered InputRequiredResult, until it is retried.
-        self._parked: dict[str, object] = {}
+        self._parked: dict[str, tuple[str, object]] = {}  # run id -> principal, owner
 
     def _output(self, name: str) -> OutputType | None:
         if name not in self._outputs:
@@ -363,11 +364,14 @@ class McpTools:
             raise MCPError(_INVALID_PARAMS, "unknown or malformed requestState") from None
         if info.agent != params.name:
             raise MCPError(_INVALID_PARAMS, "the requestState is another tool's")
-        owner = self._parked.pop(run_id, None) or _CallOwner()
+        parked = self._parked.pop(run_id, None)
+        owner = parked[1] if parked is not None else _CallOwner()
+        answered: set[str] = set()
         for call_id, answer in (params.input_responses or {}).items():
             if isinstance(answer, types.ElicitResult):
+                answered.add(call_id)
                 await self._decide(principal, run_id, call_id, answer)
-        return await self._follow(ctx, principal, params.name, run_id, owner, after)
+        return await self._follow(ctx, principal, params.name, run_id, owner, after, answered)
 
     async def _follow(
         self,
@@ -377,17 +381,18 @@ class McpTools:
         run_id: str,
         owner: object,
         after: int,
+        answered: set[str] | None = None,
     ) -> types.CallToolResult | types.InputRequiredResult:
         """Follow the run (telling events past ``after``) to its end, or to approvals
         the client is asked in an ``InputRequiredResult``."""
         parked = False
         try:
-            view = await self._watch(ctx, principal, run_id, after)
+            view = await self._watch(ctx, principal, run_id, after, set(answered or ()))
             if view.asking:
                 # The client answers in a retry of this call: the run waits, owned
                 # still by this call (the retry takes the owner over).
                 parked = True
-                self._parked[run_id] = owner
+                await self._park(principal, run_id, owner)
                 return types.InputRequiredResult(
                     input_requests={
                         call_id: _approval_request(run_id, call_id, view.describe(call_id))
@@ -422,28 +427,49 @@ class McpTools:
             structured_content=structured,
         )
 
+    async def _park(self, principal: str, run_id: str, owner: object) -> None:
+        """Keep the owner of a run whose call answered ``InputRequiredResult`` for its
+        retry; forget those of parked runs that ended meanwhile (decided and finished
+        on another face: no retry will come), so what is kept is bounded by the live
+        runs a principal may have."""
+        for other, (who, kept) in list(self._parked.items()):
+            try:
+                info = await self.host.get(who, other)
+            except HostError:
+                info = None
+            if (info is None or info.status.value in _TERMINAL) and other in self._parked:
+                del self._parked[other]
+                self.host.disconnected(kept)
+        self._parked[run_id] = (principal, owner)
+
     async def _watch(
-        self, ctx: ServerRequestContext[Any], principal: str, run_id: str, after: int
+        self,
+        ctx: ServerRequestContext[Any],
+        principal: str,
+        run_id: str,
+        after: int,
+        asked: set[str],
     ) -> _View:
         """Follow the run to its terminal update: progress out (for events past
-        ``after``), approvals asked. Stops early, with ``view.asking`` set, when
+        ``after``, which an earlier leg of the call told), approvals asked (those not
+        in ``asked``, from the status at ``after`` on: a retry that left one
+        unanswered asks it again). Stops early, with ``view.asking`` set, when
         approvals are to be asked in an ``InputRequiredResult``."""
         view = _View()
-        asked: set[str] = set()
         how = _elicitation(ctx)
         async with trio.open_nursery() as nursery:
             async with self.host.events(principal, run_id, from_seq=1) as events:
                 async for hosted in events:
                     view.seq = hosted.seq
                     message = view.apply(hosted.event)
-                    if hosted.seq <= after:
-                        continue  # told by an earlier leg of this call
-                    if message is not None:
+                    if hosted.seq < after:
+                        continue  # told and asked by an earlier leg of this call
+                    if message is not None and hosted.seq > after:
                         await ctx.session.report_progress(hosted.seq, None, message)
                     new = [c for c in view.pending if c not in asked]
                     asked.update(new)
                     if new and how == "input_required":
-                        view.asking = tuple(view.pending)
+                        view.asking = tuple(new)
                         break
                     for call_id in new if how == "request" else ():
                         nursery.start_soon(
