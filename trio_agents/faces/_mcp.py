@@ -78,8 +78,8 @@ from starlette.routing import Route
 
 from .._items import UserMessage
 from .._output import Accepted, OutputType, compile_output
+from .._text_cleaning import clean_text
 from .._typeschema import to_json_value
-from .._util import clean_text
 from ..hosting import HostError, Origin, RunHost, StartRequest
 from ..hosting._requests import unstorable
 from ._face import Face, Routes
