@@ -16,12 +16,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import mcp.types as types
 import pytest
 import trio
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
-from tests.support.cli_support import ROOT, cli, cli_argv, cli_env
+from tests.support.cli_support import ROOT, cli, cli_argv, cli_env, cli_process
 from tests.support.mcp_face_app import agents
 
 APP = "tests.support.mcp_face_app:AGENTS"
@@ -153,3 +155,25 @@ def test_mcp_needs_an_app() -> None:
     done = cli("mcp")
     assert done.returncode == 2
     assert "--app" in done.stderr
+
+
+# The SDK's HTTP transport leaves httpx2's body generators to the garbage collector,
+# which Trio warns about (as in test_mcp_http.py): only those warnings.
+@pytest.mark.filterwarnings(
+    r"ignore:Async generator 'http(core|x)2\.[^']*' was garbage collected:ResourceWarning"
+)
+async def test_trio_agents_serve_answers_mcp_on_its_http_port(tmp_path: Path) -> None:
+    """The face is registered: ``trio-agents serve`` answers MCP at ``/mcp``."""
+    args = ["serve", "--port", "0", "--token", "tok", "--app", APP, "--db", tmp_path / "s.db"]
+    async with cli_process(*args) as running:
+        line = await running.stdout.until(lambda text: text.startswith("http: http://"))
+        base = line.split()[1].rstrip("/")
+        headers = {"Authorization": "Bearer tok"}
+        async with httpx2.AsyncClient(
+            headers=headers, timeout=httpx2.Timeout(30, read=None)
+        ) as http:
+            transport = streamable_http_client(f"{base}/mcp", http_client=http)
+            async with Client(transport) as mcp:
+                result = await mcp.call_tool("echo", {"input": "hi"})
+        running.process.terminate()
+    assert text_of(result) == "hello from echo"
