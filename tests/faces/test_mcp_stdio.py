@@ -11,6 +11,7 @@ here; its SQLite file is, through a second call or a second process)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -164,7 +165,8 @@ def test_mcp_needs_an_app() -> None:
 )
 async def test_trio_agents_serve_answers_mcp_on_its_http_port(tmp_path: Path) -> None:
     """The face is registered: ``trio-agents serve`` answers MCP at ``/mcp``."""
-    args = ["serve", "--port", "0", "--token", "tok", "--app", APP, "--db", tmp_path / "s.db"]
+    args: list[str | os.PathLike[str]] = ["serve", "--port", "0", "--token", "tok"]
+    args += ["--app", APP, "--db", tmp_path / "s.db"]
     async with cli_process(*args) as running:
         line = await running.stdout.until(lambda text: text.startswith("http: http://"))
         base = line.split()[1].rstrip("/")
