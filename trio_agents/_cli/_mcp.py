@@ -74,8 +74,7 @@ async def _serve(args: argparse.Namespace, agents: Mapping[str, Agent]) -> None:
     from mcp.server.stdio import stdio_server
 
     from ..faces._mcp import McpTools, mcp_server
-    from ..hosting import LocalHost
-    from ..hosting._terms import Limits
+    from ..hosting import Limits, LocalHost
 
     host = LocalHost(
         agents, sessions=args.db, limits=Limits(shutdown_timeout=args.shutdown_timeout)

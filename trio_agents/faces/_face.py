@@ -70,6 +70,11 @@ class Face:
         """Whether the server is shutting down (new streams are refused)."""
         return self._closing.is_set()
 
+    async def wait_closing(self) -> None:
+        """Wait until the server begins to shut down (what a face with a task of its
+        own, the MCP face's session manager, stops on)."""
+        await self._closing.wait()
+
     def begin_shutdown(self) -> None:
         """The server is shutting down: new event streams are refused from now on."""
         self._closing.set()
