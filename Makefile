@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-ui screenshots test lint bench bench-peers fuzz docs clean interop postgres chromium cluster-demo coverage
+.PHONY: demo demo-ui screenshots test lint bench bench-peers fuzz docs clean interop postgres chromium inspector cluster-demo coverage
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ demo: $(STAMP)  ## the lifecycle tour, offline, on the DemoModel
 demo-ui: $(STAMP)  ## the web UI on the offline DemoModel: open the printed URL, paste the token
 	$(BIN)/trio-agents serve
 
-test: $(STAMP) postgres chromium  ## the test suite (Hypothesis runs the seeded "ci" profile), in TEST_WORKERS processes
+test: $(STAMP) postgres chromium inspector  ## the test suite (Hypothesis runs the seeded "ci" profile), in TEST_WORKERS processes
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 coverage: $(STAMP) postgres chromium  ## the suite under coverage: the share of trio_agents/ it runs (report in the terminal)
@@ -35,6 +35,9 @@ postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, 
 
 screenshots: $(STAMP) chromium  ## docs/images/ from the web UI's browser tests (CI writes them too)
 	UPDATE_SCREENSHOTS=1 $(BIN)/python -m pytest tests/faces/test_ui.py -q
+
+inspector:  ## the MCP Inspector (npm) for the MCP face's interop tests, into node_modules/, only if missing
+	@.ci/inspector.sh
 
 chromium:  ## Chromium for the web UI's browser tests: apt-get install, as root, only if missing
 	@.ci/chromium.sh
@@ -63,7 +66,7 @@ docs: $(STAMP)  ## the Sphinx site in docs/_build/html (warnings are errors)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 clean:
-	rm -rf $(VENV) .venv-interop .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) node_modules .venv-interop .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 PEERS := openai-agents strands pydantic-ai adk
 
