@@ -44,7 +44,7 @@ import trio
 
 from ..hosting._terms import ProtocolError
 from ._db import ClusterDown, Conn
-from ._session import session_key
+from ._schema import session_key
 
 if TYPE_CHECKING:
     from ._cluster import PostgresCluster
