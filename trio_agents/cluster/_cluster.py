@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from ..hosting._registry import Registry
     from ..hosting._terms import Limits
     from ._cluster_host import ClusterHost
+    from ._placement import ClusterPlacement
 
 __all__ = ["ClusterStatistics", "PostgresCluster"]
 
@@ -128,7 +129,7 @@ class PostgresCluster:
         self._router = Router(self._db, self._listener, self._node_id)
         self._leases = Leases(self)
         self._registry: Registry | None = None
-        self._execute: Executor | None = None
+        self._placement: ClusterPlacement | None = None
         self._dead = False
         self._nursery: trio.Nursery | None = None
         self._in_use = False
@@ -183,19 +184,24 @@ class PostgresCluster:
         self._router.answered(reply[0])
         return True
 
-    def _host_for(
+    def host(
         self,
         agents: Mapping[str, Agent],
         *,
-        limits: Limits | None,
-        run_options: Mapping[str, Any] | None,
-        context: ContextHook | None,
+        limits: Limits | None = None,
+        run_options: Mapping[str, Any] | None = None,
+        context: ContextHook | None = None,
     ) -> ClusterHost:
-        """This node as the run host a server's faces talk to (its runs, and every
-        other node's through the cluster's tables)."""
+        """This node as the run host (a :class:`~trio_agents.hosting.RunHost`) that a
+        server's faces talk to: its runs, and every other node's through the cluster's
+        tables. ``agents``, ``limits``, ``run_options`` and ``context`` are as for
+        :class:`~trio_agents.hosting.LocalHost`; sessions are the cluster's. One host
+        per cluster object, served once."""
         from ._cluster_host import ClusterHost
 
         return ClusterHost(self, agents, limits=limits, run_options=run_options, context=context)
+
+    _host_for = host  # the name servers used before host() (until they all call host)
 
     def _running(self) -> int:
         """Unfinished runs of this node."""
@@ -209,15 +215,19 @@ class PostgresCluster:
     # -- the node's tasks -------------------------------------------------------------
 
     async def _serve_node(
-        self, registry: Registry, execute: Executor, *, task_status: trio.TaskStatus[None]
+        self,
+        placement: ClusterPlacement,
+        execute: Executor,
+        *,
+        task_status: trio.TaskStatus[None],
     ) -> None:
         """Run the node (listener, writer, router, leases) until cancelled; started once
         it listens and its node row exists."""
         if self._in_use:
             raise RuntimeError("a PostgresCluster serves one ControlServer, once")
         self._in_use = True
-        self._registry = registry
-        self._execute = execute
+        self._registry = placement.registry
+        self._placement = placement
         self._router.execute = execute
         self._router.serves_inline = self._serves
         try:

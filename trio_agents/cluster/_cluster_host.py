@@ -55,9 +55,10 @@ from ..hosting._local import (
 )
 from ..hosting._policies import ContextHook, effective_limits, limits_to_wire
 from ..hosting._registry import RunEntry
-from ..hosting._run_tasks import closing, own_placed, start_run
+from ..hosting._run_tasks import start_run
 from ..hosting._sessions import items_bytes
 from ..hosting._terms import Limits, ProtocolError, RunInfo
+from ._placement import ClusterPlacement
 
 if TYPE_CHECKING:
     from ._cluster import PostgresCluster
@@ -149,7 +150,8 @@ class ClusterHost(LocalHost):
     ) -> None:
         super().__init__(agents, limits=limits, run_options=run_options, context=context)
         self._cluster = cluster
-        self._registry.cluster = cluster
+        self._placement = ClusterPlacement(cluster, self._registry)
+        self._registry.placement = self._placement
         self._stopping = False
         self._follows: set[trio.CancelScope] = set()
 
@@ -172,7 +174,7 @@ class ClusterHost(LocalHost):
         self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
     ) -> None:
         with scope:
-            await self._cluster._serve_node(self._registry, self.execute, task_status=task_status)
+            await self._cluster._serve_node(self._placement, self.execute, task_status=task_status)
 
     async def _stop_runs(self, deadline: float) -> None:
         """Hand the runs over to other nodes instead of cancelling them for good: the
@@ -181,7 +183,7 @@ class ClusterHost(LocalHost):
         cluster = self._cluster
         if not cluster._dead:
             with trio.move_on_at(deadline):
-                await closing(self._registry, list(self._owners.values()))
+                await self._placement.closing(list(self._owners.values()))
                 await cluster._hand_over(self._cancel_runs)
         await self._cancel_runs()
         # Subscriptions end where this node's part of them does (the client
@@ -294,7 +296,7 @@ class ClusterHost(LocalHost):
             return None
         run_id = str(placed["run_id"])
         if cut:  # a disconnect from here cancels it there
-            await own_placed(self._registry, owner, run_id)
+            await self._placement.own_placed(owner, run_id)
         return run_id
 
     async def get(self, principal: str, run_id: str) -> RunInfo:

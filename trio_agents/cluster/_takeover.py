@@ -60,7 +60,6 @@ from .._limits import UsageLimits
 from .._resume import Resume
 from .._run import Run
 from ..hosting._policies import effective_limits, limits_from_wire
-from ..hosting._run_tasks import resume_run
 from ..hosting._terms import ProtocolError
 from ._capacity import end_run_in
 from ._db import ClusterDown, Conn, Dedicated
@@ -508,10 +507,10 @@ class Leases:
     async def resume(self, claimed: Claimed) -> None:
         """Continue a run this node just claimed (see the module docstring)."""
         cluster = self._cluster
-        registry = cluster._registry
-        assert registry is not None
+        placement = cluster._placement
+        assert placement is not None
         try:
-            if claimed.agent not in registry.agents:
+            if claimed.agent not in placement.registry.agents:
                 await self.fail(
                     claimed, f"agent {claimed.agent!r} is not served by node {cluster.node_id}"
                 )
@@ -556,7 +555,7 @@ class Leases:
             # Cancels acked for its children: applied as the resumed tree makes them.
             cluster._writer.child_cancels.update(claimed.child_cancels)
             try:
-                await resume_run(registry, claimed, resume, then)
+                await placement.resume(claimed, resume, then)
             except Exception as exc:
                 logger.exception("resuming run %s failed", claimed.run_id)
                 await self.fail(claimed, f"could not resume: {exc!r}")

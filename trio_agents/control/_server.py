@@ -142,7 +142,7 @@ class ControlServer:
         if cluster is not None:
             # Any cluster object that makes a host of its node (a PostgresCluster): this
             # face never imports the cluster layer.
-            if not callable(getattr(cluster, "_host_for", None)):
+            if not callable(getattr(cluster, "host", None)):
                 raise TypeError("cluster must be a PostgresCluster")
             if sessions is not None:
                 raise ValueError(
@@ -173,7 +173,7 @@ class ControlServer:
         # cluster, this node's of the cluster.
         self._host: LocalHost
         if cluster is not None:
-            self._host = cluster._host_for(
+            self._host = cluster.host(
                 agents, limits=limits, run_options=run_options, context=context
             )
         else:
