@@ -150,7 +150,7 @@ async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_onc
     async with approval_nodes(pg_dsn) as (ran, b_model, (a, _b), (ca, cb)):
         run_id = await awaiting_approval(ca)
         recorded = trio.Event()
-        real = a.cluster._record_decision
+        real = a.cluster._node.record_decision
 
         async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
             await real(*args, **kwargs)

@@ -5,7 +5,7 @@ It wraps the host of one process (:class:`~trio_agents.hosting.LocalHost`: this 
 runs) and adds what makes N nodes act as one server:
 
 - **Placement.** A start on a full node is placed on a node with room, or queued for
-  capacity (``PostgresCluster._place``); the owner's disconnect still cancels a run it
+  capacity (``ClusterNode.place``); the owner's disconnect still cancels a run it
   placed elsewhere (its record's ``placed``, a routed cancel).
 - **Routing.** An op on a run another node runs goes to that node as a command
   (``_routing.py``); the node that answers it gets the command's origin as explicit
@@ -61,7 +61,7 @@ from ..hosting._terms import Limits, ProtocolError, RunInfo
 from ._placement import ClusterPlacement
 
 if TYPE_CHECKING:
-    from ._cluster import PostgresCluster
+    from ._node import ClusterNode
 
 __all__ = ["ClusterHost"]
 
@@ -141,7 +141,7 @@ class ClusterHost(LocalHost):
 
     def __init__(
         self,
-        cluster: PostgresCluster,
+        cluster: ClusterNode,
         agents: Mapping[str, Agent],
         *,
         limits: Limits | None = None,
@@ -149,7 +149,7 @@ class ClusterHost(LocalHost):
         context: ContextHook | None = None,
     ) -> None:
         super().__init__(agents, limits=limits, run_options=run_options, context=context)
-        self._cluster = cluster
+        self._node = cluster
         self._placement = ClusterPlacement(cluster, self._registry)
         self._registry.placement = self._placement
         self._stopping = False
@@ -174,17 +174,17 @@ class ClusterHost(LocalHost):
         self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
     ) -> None:
         with scope:
-            await self._cluster._serve_node(self._placement, self.execute, task_status=task_status)
+            await self._node.serve_node(self._placement, self.execute, task_status=task_status)
 
     async def _stop_runs(self, deadline: float) -> None:
         """Hand the runs over to other nodes instead of cancelling them for good: the
         owners' ``on_disconnect="cancel"`` runs are cancelled first (the connections
         close), then every run is fenced, stopped here and released at once."""
-        cluster = self._cluster
-        if not cluster._dead:
+        cluster = self._node
+        if not cluster.dead:
             with trio.move_on_at(deadline):
                 await self._placement.closing(list(self._owners.values()))
-                await cluster._hand_over(self._cancel_runs)
+                await cluster.hand_over(self._cancel_runs)
         await self._cancel_runs()
         # Subscriptions end where this node's part of them does (the client
         # re-subscribes elsewhere from the next seq).
@@ -208,7 +208,7 @@ class ClusterHost(LocalHost):
         return entry
 
     async def _row(self, principal: str, run_id: str) -> dict[str, Any]:
-        row = await self._cluster._owner_of(principal, run_id)
+        row = await self._node.owner_of(principal, run_id)
         if row is None:
             raise ProtocolError("not_found", f"no run {run_id!r}")
         return row
@@ -216,17 +216,17 @@ class ClusterHost(LocalHost):
     async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> dict[str, Any]:
         """Route an op to the node running ``run_id``: a root's owner (its row), or, for a
         child run (no row), the node running its tree."""
-        cluster = self._cluster
+        cluster = self._node
         try:
-            data: dict[str, Any] = await cluster._route(principal, request, run_id)
+            data: dict[str, Any] = await cluster.route(principal, request, run_id)
             return data
         except ProtocolError as exc:
             # The owner's own not_found (an unknown call id, ...) stands; a run without a
             # row may be a child run.
-            if exc.code != "not_found" or await cluster._owner_of(principal, run_id):
+            if exc.code != "not_found" or await cluster.owner_of(principal, run_id):
                 raise
         node, _ = await self._tree_node(principal, run_id)
-        return await cluster._route_to(principal, request, run_id, node)
+        return await cluster.route_to(principal, request, run_id, node)
 
     async def _tree_node(self, principal: str, run_id: str) -> tuple[str, dict[str, Any]]:
         """A child run of a tree another node runs: that node, and the run's ``run.get``
@@ -237,11 +237,11 @@ class ClusterHost(LocalHost):
         Raises:
             ProtocolError: ``not_found`` (no such run of the principal), ``internal``.
         """
-        cluster = self._cluster
+        cluster = self._node
         get = {"id": 0, "op": "run.get", "run_id": run_id}
-        for node in await cluster._tree_nodes(principal, self._registry.limits.retain_finished):
+        for node in await cluster.tree_nodes(principal, self._registry.limits.retain_finished):
             try:
-                answer = await cluster._route_to(principal, get, run_id, node)
+                answer = await cluster.route_to(principal, get, run_id, node)
             except ProtocolError as exc:
                 if exc.code in ("not_found", "invalid_request"):  # not there (or an older node)
                     continue
@@ -285,7 +285,7 @@ class ClusterHost(LocalHost):
         if cut:
             owner.placed.add(run_id)
         try:
-            placed = await self._cluster._place(principal, _start_request(request), run_id)
+            placed = await self._node.place(principal, _start_request(request), run_id)
         except ProtocolError:
             if cut:
                 owner.placed.discard(run_id)
@@ -310,7 +310,7 @@ class ClusterHost(LocalHost):
     async def list(self, principal: str, *, all: bool = False) -> list[RunInfo]:
         registry = self._registry
         with host_errors():
-            rows = await self._cluster._list_runs(principal, registry.limits.retain_finished)
+            rows = await self._node.list_runs(principal, registry.limits.retain_finished)
         runs: list[RunInfo] = []
         for row in rows:
             entry = self._here(principal, row["run_id"], nodes=False)
@@ -384,7 +384,7 @@ class ClusterHost(LocalHost):
         mode: Literal["immediate", "after_turn"] = "immediate",
     ) -> str:
         with host_errors():
-            row = await self._cluster._session_holder(principal, session_id)
+            row = await self._node.session_holder(principal, session_id)
             if row is None:
                 raise ProtocolError("no_active_run", f"session {session_id!r} has no active run")
             run_id = row["run_id"]
@@ -399,7 +399,7 @@ class ClusterHost(LocalHost):
                 if self._here(principal, run_id) is not None:
                     await self._apply_here(principal, cancel, None)
                 else:
-                    await self._cluster._route(principal, cancel, run_id)
+                    await self._node.route(principal, cancel, run_id)
             except ProtocolError as exc:
                 if exc.code != "run_closed":
                     raise
@@ -462,7 +462,7 @@ class ClusterHost(LocalHost):
         """Each event of a tree this node runs (a child run's too) is given once
         persisted: a client never sees an event a crash of this node could lose, whose
         seq the next attempt would reuse."""
-        return self._cluster._writer.logs.get
+        return self._node.writer.logs.get
 
     async def _persisted(self, principal: str, run_id: str) -> bool:
         """Whether a run of the principal another node runs has a row (a root's, or a
@@ -478,7 +478,7 @@ class ClusterHost(LocalHost):
         except ProtocolError as exc:
             if exc.code != "not_found":
                 raise
-        if await self._cluster._child_of(principal, run_id) is not None:
+        if await self._node.child_of(principal, run_id) is not None:
             return True
         await self._tree_node(principal, run_id)  # not_found if it is nowhere
         return False
@@ -545,7 +545,7 @@ class ClusterHost(LocalHost):
                     return
                 await channel.send(hosted)
 
-            await self._cluster._follow(run_id, 1, "all", send, absent_ends=absent)
+            await self._node.follow(run_id, 1, "all", send, absent_ends=absent)
 
         try:
             async with channel:
@@ -575,9 +575,7 @@ class ClusterHost(LocalHost):
         try:
             async with channel:
                 with scope:
-                    await self._cluster._follow(
-                        run_id, from_seq, mode, send, absent_ends=absent_ends
-                    )
+                    await self._node.follow(run_id, from_seq, mode, send, absent_ends=absent_ends)
         except Exception:
             logger.exception("following the events of %s failed", run_id)
         finally:
@@ -597,25 +595,25 @@ class ClusterHost(LocalHost):
             # A child run: its cancel is recorded in its row; its other ops are
             # applied here only.
             return await self._apply_to_child(entry, request, origin)
-        cluster = self._cluster
+        cluster = self._node
         op = request["op"]
         if op == "run.cancel":
             reason, mode = request.get("reason"), request.get("mode", "immediate")
             run.cancel(reason, mode=mode)
             # Acked once durable: a takeover ends it cancelled.
-            await cluster._record_cancel(entry.run_id, reason, mode, origin)
+            await cluster.record_cancel(entry.run_id, reason, mode, origin)
             return {}
         if op == "run.withdraw":
             withdrawn = run.withdraw(request["injection_id"])
             if withdrawn:
-                await cluster._record_withdrawal(entry.run_id, request["injection_id"], origin)
+                await cluster.record_withdrawal(entry.run_id, request["injection_id"], origin)
             return {"withdrawn": withdrawn}
         if op == "run.inject":
             items = tuple(coerce_items(request["items"]))
             when = request.get("when", "next_turn")
             injection_id = inject_here(self._registry, entry, items, when)
             # Acked once durable: a takeover injects it again.
-            await cluster._injection_persisted(entry.run_id, str(injection_id), origin)
+            await cluster.injection_persisted(entry.run_id, str(injection_id), origin)
             return {"injection_id": injection_id}
         await self._decide_here(entry, run, request, origin)
         return {}
@@ -634,7 +632,7 @@ class ClusterHost(LocalHost):
         call_id = request["call_id"]
         if call_id not in run.statistics().pending_approvals:
             raise ProtocolError("not_found", str(UnknownCallError(call_id)))
-        await self._cluster._record_decision(
+        await self._node.record_decision(
             entry.run_id, call_id, approved=approved, message=message, origin=origin
         )
         # Recorded and answered already: the run may have ended (or moved) since.
@@ -651,7 +649,7 @@ class ClusterHost(LocalHost):
             reason, mode = request.get("reason"), request.get("mode", "immediate")
             # Durable (with a routed cancel's answer) before it is applied: if this
             # node dies now, the takeover that resumes the child cancels it at once.
-            await self._cluster._record_child_cancel(run, reason, mode, origin)
+            await self._node.record_child_cancel(run, reason, mode, origin)
             run.cancel(reason, mode=mode)
             return {}
         if op == "run.withdraw":
@@ -678,13 +676,13 @@ class ClusterHost(LocalHost):
         on this node (its ``on_disconnect`` applies on the node that placed it, which
         holds its client's connection, and here once that node is dead)."""
         registry = self._registry
-        cluster = self._cluster
-        origin = cluster._router.origin(command)
+        cluster = self._node
+        origin = cluster.router.origin(command)
         op = request.get("op")
         if op == "run.start":
             limits = effective_limits(request.get("limits"), registry.limits.max_run_limits)
             registry.check_room(principal)
-            if cluster._running() >= cluster.max_runs:
+            if cluster.running() >= cluster.max_runs:
                 raise ProtocolError("limit_exceeded", f"node {cluster.node_id} is full")
             items = tuple(coerce_items(request["input"]))
             entry = await start_run(
@@ -705,7 +703,7 @@ class ClusterHost(LocalHost):
             )
             return {"run_id": entry.run_id}
         if op in _CONTROL_OPS:
-            await cluster._wait_resumed(request["run_id"])
+            await cluster.wait_resumed(request["run_id"])
             return await self._apply_here(principal, request, origin)
         if op == "run.get":  # is a child run in a tree of this node? (_tree_node)
             entry = registry.lookup(principal, request["run_id"])

@@ -191,7 +191,7 @@ class EventWriter:
         # sets them): the resumed tree's child is cancelled as soon as it is made.
         self.child_cancels: dict[str, tuple[str | None, str]] = {}
         self.flushes = 0
-        self.lease_ttl = 10.0  # the node's (PostgresCluster sets it)
+        self.lease_ttl = 10.0  # the node's (ClusterNode sets it)
 
     def track(self, nursery: trio.Nursery, log: RunLog, session: ClusterSession | None) -> None:
         """Start persisting ``log.run``'s events (from ``log.start_seq``), and the items

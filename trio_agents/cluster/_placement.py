@@ -39,7 +39,7 @@ from ._eventlog import Fence
 from ._session import ClusterSession
 
 if TYPE_CHECKING:
-    from ._cluster import PostgresCluster
+    from ._node import ClusterNode
     from ._takeover import Claimed
 
 __all__ = ["ClusterPlacement"]
@@ -94,8 +94,8 @@ def _gate(registry: Registry, run_id: str, session: ClusterSession) -> SessionCl
 class ClusterPlacement(RunPlacement):
     """The runs of one node of a cluster (see the module docstring)."""
 
-    def __init__(self, cluster: PostgresCluster, registry: Registry) -> None:
-        self._cluster = cluster
+    def __init__(self, cluster: ClusterNode, registry: Registry) -> None:
+        self._node = cluster
         self.registry = registry
         self._queued: dict[str, _Queued] = {}
         self._clients: dict[str, str | None] = {}
@@ -108,12 +108,12 @@ class ClusterPlacement(RunPlacement):
         ``on_disconnect="cancel"`` records the node that holds its client's connection
         (this one; ``client_node`` for a run another node placed here), so that the
         run is cancelled once that node is dead."""
-        cluster = self._cluster
+        cluster = self._node
         client_node = start.client_node
         if client_node is None and start.owned and start.on_disconnect == "cancel":
             client_node = cluster.node_id
         registry = self.registry
-        behind = await cluster._claim(
+        behind = await cluster.claim(
             run_id=start.run_id,
             principal=start.principal,
             session_id=start.session_id,
@@ -125,7 +125,7 @@ class ClusterPlacement(RunPlacement):
             command=start.command,
             limits=start.limits,
         )
-        session = cluster._session(start.principal, start.session_id, start.run_id)
+        session = cluster.session(start.principal, start.session_id, start.run_id)
         self._clients[start.run_id] = client_node
         # The core's claim is per node: claimed cluster-wide already, or queued
         # behind a gate that lets go once the session is claimed cluster-wide.
@@ -134,7 +134,7 @@ class ClusterPlacement(RunPlacement):
             gate = _gate(registry, start.run_id, session)
             self._queued[start.run_id] = _Queued(gate, start.on_busy, client_node)
             on_busy = "enqueue"
-        before_tool = cluster._before_tool(start.run_id, 1, session.fence)
+        before_tool = cluster.before_tool(start.run_id, 1, session.fence)
         return PlacedRun(
             session,
             on_busy,
@@ -145,7 +145,7 @@ class ClusterPlacement(RunPlacement):
 
     def started(self, start: RunStart, placed: PlacedRun, run: Run) -> EventLog:
         client_node = self._clients.pop(start.run_id, None)
-        log = self._cluster._track(run, start.run_id, 1, 1, _fence(placed), client_node)
+        log = self._node.track(run, start.run_id, 1, 1, _fence(placed), client_node)
         queued = self._queued.pop(start.run_id, None)
         if queued is not None:
             entry = self.registry.runs[start.run_id]
@@ -157,10 +157,10 @@ class ClusterPlacement(RunPlacement):
         queued = self._queued.pop(start.run_id, None)
         if queued is not None:
             queued.gate.release()
-        await self._cluster._forget(start.run_id)
+        await self._node.forget(start.run_id)
 
     def ended(self, run_id: str) -> None:
-        self._cluster._room_freed()
+        self._node.room_freed()
 
     async def cancel_elsewhere(self, principal: str, run_ids: Iterable[str], reason: str) -> None:
         """Route ``reason`` cancels to the owners of ``run_ids`` (a run that has
@@ -174,7 +174,7 @@ class ClusterPlacement(RunPlacement):
                 "mode": "immediate",
             }
             try:
-                await self._cluster._route(principal, request, run_id)
+                await self._node.route(principal, request, run_id)
             except ProtocolError as exc:
                 if exc.code not in ("run_closed", "not_found"):
                     logger.warning("could not cancel placed run %s: %s", run_id, exc.message)
@@ -195,7 +195,7 @@ class ClusterPlacement(RunPlacement):
             return
         request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
         with contextlib.suppress(ProtocolError):
-            await self._cluster._route(principal, request, run_id)
+            await self._node.route(principal, request, run_id)
 
     async def own_placed(self, owner: Owner, run_id: str) -> None:
         """``owner`` started ``run_id`` with ``on_disconnect="cancel"`` on another node
@@ -208,7 +208,7 @@ class ClusterPlacement(RunPlacement):
         owner.placed.add(run_id)
         if len(owner.placed) > 2 * self.registry.limits.max_runs_per_principal:
             with contextlib.suppress(ProtocolError):  # the database is down: next time
-                unfinished = await self._cluster._unfinished(owner.principal, owner.placed)
+                unfinished = await self._node.unfinished(owner.principal, owner.placed)
                 owner.placed.intersection_update(unfinished | {run_id})
 
     async def closing(self, owners: Iterable[Owner]) -> None:
@@ -217,13 +217,13 @@ class ClusterPlacement(RunPlacement):
         ``"client disconnected"``) as their disconnect would — durably for this node's
         runs (the node that takes one over ends it cancelled), routed for the runs
         placed on other nodes. Call it before the hand-over; bound it."""
-        cluster = self._cluster
+        cluster = self._node
 
         async def cancel_durably(entry: RunEntry) -> None:
             assert entry.run is not None
             entry.run.cancel(DISCONNECTED)
             with contextlib.suppress(ProtocolError):
-                await cluster._record_cancel(entry.run_id, DISCONNECTED, "immediate")
+                await cluster.record_cancel(entry.run_id, DISCONNECTED, "immediate")
 
         async with trio.open_nursery() as nursery:
             for owner in owners:
@@ -250,7 +250,7 @@ class ClusterPlacement(RunPlacement):
         assert fence is not None
         try:
             await gate.wait()
-            claimed = await self._cluster._claim_queued(
+            claimed = await self._node.claim_queued(
                 run_id=entry.run_id,
                 principal=entry.principal,
                 session_id=entry.session_id,
@@ -273,7 +273,7 @@ class ClusterPlacement(RunPlacement):
         run exists, before it can call its model or end (its re-injections, an acked
         cancel)."""
         registry = self.registry
-        cluster = self._cluster
+        cluster = self._node
         # The limits it was started with (persisted with its row), counted afresh by this
         # attempt; its context from the hook again (a context never leaves its process),
         # first of all: a hook that raises leaves nothing behind (the takeover fails it).
@@ -292,7 +292,7 @@ class ClusterPlacement(RunPlacement):
             policies["context"] = await call_context_hook(
                 registry.context_hook, claimed.principal, info
             )
-        session = cluster._session(claimed.principal, claimed.session_id, claimed.run_id)
+        session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
         session.attempt = resume.attempt  # its writes are fenced on this attempt
         entry = RunEntry(
             run_id=claimed.run_id,
@@ -329,7 +329,7 @@ class ClusterPlacement(RunPlacement):
             fence=session.fence,
             run_options={
                 "resume": resume,
-                "before_tool": cluster._before_tool(entry.run_id, resume.attempt, session.fence),
+                "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
             },
             close_session=True,
         )
@@ -339,7 +339,7 @@ class ClusterPlacement(RunPlacement):
             if gate is not None:
                 gate.release()
             raise
-        entry.log = cluster._track(
+        entry.log = cluster.track(
             run,
             entry.run_id,
             resume.attempt,

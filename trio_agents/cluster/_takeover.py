@@ -27,7 +27,7 @@ continues its log). A run that had handed off continues as the agent its last pe
 ``run.handoff`` names (``Resume.agent``), not the one it was started with. A run whose
 client's node (``on_disconnect="cancel"``) is
 dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
-node's runs whose client's node has died since (``PostgresCluster._check_clients``). A
+node's runs whose client's node has died since (``ClusterNode.check_clients``). A
 NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
 Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
@@ -67,7 +67,7 @@ from ._queries import CLIENT_GONE, decisions_of, live_nodes
 from ._schema import CHANNEL
 
 if TYPE_CHECKING:
-    from ._cluster import PostgresCluster
+    from ._node import ClusterNode
 
 __all__ = ["Claimed", "Leases"]
 
@@ -265,8 +265,8 @@ def _children(
 class Leases:
     """The heartbeat and the takeover scan of one node."""
 
-    def __init__(self, cluster: PostgresCluster) -> None:
-        self._cluster = cluster
+    def __init__(self, cluster: ClusterNode) -> None:
+        self._node = cluster
         self._wakeup = trio.Event()
         self.draining = False
         self.takeovers = 0
@@ -285,9 +285,9 @@ class Leases:
         self.scanning = trio.Lock()
         self.stopped = False
         # Runs queued for capacity may wait (a NOTIFY said so, or the last scan filled
-        # this node's room): a run ending here wakes the scan (PostgresCluster._room_freed).
+        # this node's room): a run ending here wakes the scan (ClusterNode.room_freed).
         self.queued = True
-        self._connection = Dedicated(cluster._db)  # the heartbeat's own
+        self._connection = Dedicated(cluster.db)  # the heartbeat's own
 
     def wake(self) -> None:
         """Scan now (a node released runs, or we reconnected)."""
@@ -295,7 +295,7 @@ class Leases:
 
     async def heartbeat(self) -> None:
         """Renew the node's and its runs' leases (one statement)."""
-        cluster = self._cluster
+        cluster = self._node
         sent = trio.current_time()
         releasing = list(self.to_release)
         # Only the runs this process runs (or is resuming, or starting): a node
@@ -304,16 +304,16 @@ class Leases:
         # included).
         owned = [
             run_id
-            for run_id, log in cluster._writer.logs.items()
+            for run_id, log in cluster.writer.logs.items()
             if not log.fence.closed and log.root is None  # a child has no row
         ]
         owned += self._resuming
-        owned += cluster._starting
+        owned += cluster.starting
         params = {
             "node": cluster.node_id,
             "ttl": cluster.lease_ttl,
             "max": cluster.max_runs,
-            "running": cluster._running(),
+            "running": cluster.running(),
             "draining": self.draining,
             "releasing": releasing,
             "owned": owned,
@@ -371,16 +371,16 @@ class Leases:
         """Stop this node's runs once its leases may expire unrenewed (the database
         unreachable for most of ``lease_ttl``): before another node can take them over,
         never at the same time. Runs until cancelled."""
-        cluster = self._cluster
+        cluster = self._node
         margin = 0.8 * cluster.lease_ttl
         while True:
             renewed = self._renewed
             with trio.move_on_at(self.renewed_at + margin):
                 await renewed.wait()
                 continue
-            if cluster._db.dead:
+            if cluster.db.dead:
                 return
-            self.fenced += cluster._lose_all("lease lost")
+            self.fenced += cluster.lose_all("lease lost")
             await renewed.wait()
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
@@ -396,7 +396,7 @@ class Leases:
             await self._connection.aclose()
 
     async def _beat(self, task_status: trio.TaskStatus[None]) -> None:
-        cluster = self._cluster
+        cluster = self._node
         interval = cluster.lease_ttl / 3
         started = False
         while True:
@@ -412,27 +412,27 @@ class Leases:
                     started = True
                     task_status.started()
             except ClusterDown:
-                if cluster._db.dead:
+                if cluster.db.dead:
                     return
                 logger.warning("cluster heartbeat failed; retrying", exc_info=True)
             await trio.sleep(interval)  # a period, not a synchronisation
 
     async def _scans(self) -> None:
-        cluster = self._cluster
+        cluster = self._node
         while not self.stopped:
             try:
                 if not self.draining:
                     async with self.scanning:
                         if not self.draining:
                             await self.scan()
-                            await cluster._check_clients()
+                            await cluster.check_clients()
                     if trio.current_time() >= self._next_cleanup:
                         self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
                         # Well under the watchdog's margin: its lock waits fail first.
                         with trio.move_on_after(cluster.lease_ttl / 4):
                             await self.cleanup()
             except ClusterDown:
-                if cluster._db.dead:
+                if cluster.db.dead:
                     return
                 logger.warning("cluster scan failed; retrying", exc_info=True)
             with trio.move_on_after(cluster.lease_ttl / 3):
@@ -445,8 +445,8 @@ class Leases:
         whichever node does it first (every :data:`CLEANUP_INTERVAL` s per node). Rows
         another transaction holds are skipped (``SKIP LOCKED``): the next sweep gets
         them."""
-        cluster = self._cluster
-        registry = cluster._registry
+        cluster = self._node
+        registry = cluster.registry
         retain = 600.0 if registry is None else registry.limits.retain_finished
 
         def delete(conn: Conn) -> None:
@@ -478,20 +478,20 @@ class Leases:
                 (retain,),
             )
 
-        await cluster._db.call(delete)
+        await cluster.db.call(delete)
 
     async def scan(self) -> None:
         """Claim and resume runs whose lease expired or that were released."""
-        cluster = self._cluster
-        room = cluster.max_runs - cluster._running()
+        cluster = self._node
+        room = cluster.max_runs - cluster.running()
         if room <= 0:
             return
         # Never the runs this node runs (or starts, resumes, or has yet to release):
         # a lease of one of them that lapsed (its row locked at every beat) is renewed
         # by the next beat, not taken over from itself.
-        mine = set(self.to_release) | self._resuming | cluster._starting
-        mine.update(run_id for run_id, log in cluster._writer.logs.items() if not log.fence.closed)
-        claimed = await cluster._db.call(lambda conn: self._claim(conn, room, mine))
+        mine = set(self.to_release) | self._resuming | cluster.starting
+        mine.update(run_id for run_id, log in cluster.writer.logs.items() if not log.fence.closed)
+        claimed = await cluster.db.call(lambda conn: self._claim(conn, room, mine))
         self.queued = len(claimed) >= room  # fewer: none was left to claim
         # Ours from the commit on: a command for any of them waits for its resumption.
         self._resuming.update(run.run_id for run in claimed)
@@ -506,8 +506,8 @@ class Leases:
 
     async def resume(self, claimed: Claimed) -> None:
         """Continue a run this node just claimed (see the module docstring)."""
-        cluster = self._cluster
-        placement = cluster._placement
+        cluster = self._node
+        placement = cluster.placement
         assert placement is not None
         try:
             if claimed.agent not in placement.registry.agents:
@@ -553,7 +553,7 @@ class Leases:
                         logger.exception("re-injecting into run %s failed", claimed.run_id)
 
             # Cancels acked for its children: applied as the resumed tree makes them.
-            cluster._writer.child_cancels.update(claimed.child_cancels)
+            cluster.writer.child_cancels.update(claimed.child_cancels)
             try:
                 await placement.resume(claimed, resume, then)
             except Exception as exc:
@@ -564,10 +564,10 @@ class Leases:
             self._resuming.discard(claimed.run_id)
             self._resumed.set()
             self._resumed = trio.Event()
-            cluster._router.wake()  # commands that waited for the run's new owner
+            cluster.router.wake()  # commands that waited for the run's new owner
 
     def _claim(self, conn: Conn, room: int, mine: set[str]) -> list[Claimed]:
-        cluster = self._cluster
+        cluster = self._node
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
             " session_key, session_id IS NOT NULL AND active_key IS NULL, usage,"
@@ -652,12 +652,12 @@ class Leases:
 
     async def fail(self, run: Claimed, reason: str) -> None:
         """End a claimed run that cannot be resumed: ``failed`` with a terminal event."""
-        cluster = self._cluster
+        cluster = self._node
 
         def write(conn: Conn) -> None:
             end_run_in(conn, run.run_id, run.last_seq + 1, RunStatus.FAILED, reason, if_absent=True)
 
-        await cluster._db.call(write)
+        await cluster.db.call(write)
 
 
 def _persisted(

@@ -72,7 +72,7 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
     ) -> None:
         # The holder's cancel takes well over lease_ttl to be answered.
         (new,) = await trio.to_thread.run_sync(queued_rows, pg_dsn, run_id)
-        leases = a.cluster._leases
+        leases = a.cluster._node.leases
         until = trio.current_time() + 2 * ttl
         while leases.renewed_at <= until:  # noqa: ASYNC110 (a heartbeat sent after it)
             await trio.sleep(ttl / 6)
@@ -120,7 +120,7 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
                 await cb.ok("run.start", agent="a", input="1")  # B is full now
                 with trio.fail_after(30):
                     await started.wait()
-                execute = a.cluster._router.execute
+                execute = a.cluster._node.router.execute
                 assert execute is not None
                 answered = trio.Event()
                 placed: list[str] = []
@@ -132,7 +132,7 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
                     await answered.wait()
                     return fields
 
-                monkeypatch.setattr(a.cluster._router, "execute", slow_answer)
+                monkeypatch.setattr(a.cluster._node.router, "execute", slow_answer)
                 await cb.ws.send_message(
                     '{"id": "p", "op": "run.start", "agent": "a", "input": "2",'
                     ' "on_disconnect": "cancel"}'
