@@ -84,7 +84,8 @@ class _ClusterEvents:
 
     def __init__(
         self,
-        host: ClusterHost,
+        follow: Callable[..., trio.MemoryReceiveChannel[HostedEvent]],
+        stopping: Callable[[], bool],
         nursery: trio.Nursery,
         run_id: str,
         status_only: bool,
@@ -94,14 +95,16 @@ class _ClusterEvents:
         tree: bool = False,
         absent_ends: bool = True,
     ) -> None:
-        self._host = host
+        # The host's ClusterHost._follow, and whether the host is stopping.
+        self._follow = follow
+        self._stopping = stopping
         self._nursery = nursery
         self._run_id = run_id
         self._status_only = status_only
         self._local = local
         self._receive: trio.MemoryReceiveChannel[HostedEvent] | None = None
         if local is None:
-            self._receive = host._follow(
+            self._receive = follow(
                 nursery, run_id, follow_from, status_only, tree=tree, absent_ends=absent_ends
             )
 
@@ -118,9 +121,9 @@ class _ClusterEvents:
                 # This node's attempt stopped and the run goes on elsewhere: follow its
                 # persisted log from the first seq not given. Not while this node
                 # stops: its clients re-subscribe elsewhere.
-                if not local.moved or self._host._stopping:
+                if not local.moved or self._stopping():
                     raise
-                self._receive = self._host._follow(
+                self._receive = self._follow(
                     self._nursery, self._run_id, local.next_seq, self._status_only
                 )
         if self._receive is None:
@@ -141,7 +144,7 @@ class ClusterHost(LocalHost):
 
     def __init__(
         self,
-        cluster: ClusterNode,
+        node: ClusterNode,
         agents: Mapping[str, Agent],
         *,
         limits: Limits | None = None,
@@ -149,8 +152,8 @@ class ClusterHost(LocalHost):
         context: ContextHook | None = None,
     ) -> None:
         super().__init__(agents, limits=limits, run_options=run_options, context=context)
-        self._node = cluster
-        self._placement = ClusterPlacement(cluster, self._registry)
+        self._node = node
+        self._placement = ClusterPlacement(node, self._registry)
         self._registry.placement = self._placement
         self._stopping = False
         self._follows: set[trio.CancelScope] = set()
@@ -180,11 +183,11 @@ class ClusterHost(LocalHost):
         """Hand the runs over to other nodes instead of cancelling them for good: the
         owners' ``on_disconnect="cancel"`` runs are cancelled first (the connections
         close), then every run is fenced, stopped here and released at once."""
-        cluster = self._node
-        if not cluster.dead:
+        node = self._node
+        if not node.dead:
             with trio.move_on_at(deadline):
                 await self._placement.closing(list(self._owners.values()))
-                await cluster.hand_over(self._cancel_runs)
+                await node.hand_over(self._cancel_runs)
         await self._cancel_runs()
         # Subscriptions end where this node's part of them does (the client
         # re-subscribes elsewhere from the next seq).
@@ -216,17 +219,16 @@ class ClusterHost(LocalHost):
     async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> dict[str, Any]:
         """Route an op to the node running ``run_id``: a root's owner (its row), or, for a
         child run (no row), the node running its tree."""
-        cluster = self._node
         try:
-            data: dict[str, Any] = await cluster.route(principal, request, run_id)
+            data: dict[str, Any] = await self._node.route(principal, request, run_id)
             return data
         except ProtocolError as exc:
             # The owner's own not_found (an unknown call id, ...) stands; a run without a
             # row may be a child run.
-            if exc.code != "not_found" or await cluster.owner_of(principal, run_id):
+            if exc.code != "not_found" or await self._node.owner_of(principal, run_id):
                 raise
         node, _ = await self._tree_node(principal, run_id)
-        return await cluster.route_to(principal, request, run_id, node)
+        return await self._node.route_to(principal, request, run_id, node)
 
     async def _tree_node(self, principal: str, run_id: str) -> tuple[str, dict[str, Any]]:
         """A child run of a tree another node runs: that node, and the run's ``run.get``
@@ -237,11 +239,11 @@ class ClusterHost(LocalHost):
         Raises:
             ProtocolError: ``not_found`` (no such run of the principal), ``internal``.
         """
-        cluster = self._node
         get = {"id": 0, "op": "run.get", "run_id": run_id}
-        for node in await cluster.tree_nodes(principal, self._registry.limits.retain_finished):
+        retain = self._registry.limits.retain_finished
+        for node in await self._node.tree_nodes(principal, retain):
             try:
-                answer = await cluster.route_to(principal, get, run_id, node)
+                answer = await self._node.route_to(principal, get, run_id, node)
             except ProtocolError as exc:
                 if exc.code in ("not_found", "invalid_request"):  # not there (or an older node)
                     continue
@@ -444,7 +446,8 @@ class ClusterHost(LocalHost):
                 absent_ends = entry.root is None  # a child's row may be on its way
         async with trio.open_nursery() as nursery:
             events = _ClusterEvents(
-                self,
+                self._follow,
+                lambda: self._stopping,
                 nursery,
                 run_id,
                 status_only,
@@ -595,25 +598,25 @@ class ClusterHost(LocalHost):
             # A child run: its cancel is recorded in its row; its other ops are
             # applied here only.
             return await self._apply_to_child(entry, request, origin)
-        cluster = self._node
+        node = self._node
         op = request["op"]
         if op == "run.cancel":
             reason, mode = request.get("reason"), request.get("mode", "immediate")
             run.cancel(reason, mode=mode)
             # Acked once durable: a takeover ends it cancelled.
-            await cluster.record_cancel(entry.run_id, reason, mode, origin)
+            await node.record_cancel(entry.run_id, reason, mode, origin)
             return {}
         if op == "run.withdraw":
             withdrawn = run.withdraw(request["injection_id"])
             if withdrawn:
-                await cluster.record_withdrawal(entry.run_id, request["injection_id"], origin)
+                await node.record_withdrawal(entry.run_id, request["injection_id"], origin)
             return {"withdrawn": withdrawn}
         if op == "run.inject":
             items = tuple(coerce_items(request["items"]))
             when = request.get("when", "next_turn")
             injection_id = inject_here(self._registry, entry, items, when)
             # Acked once durable: a takeover injects it again.
-            await cluster.injection_persisted(entry.run_id, str(injection_id), origin)
+            await node.injection_persisted(entry.run_id, str(injection_id), origin)
             return {"injection_id": injection_id}
         await self._decide_here(entry, run, request, origin)
         return {}
@@ -676,14 +679,14 @@ class ClusterHost(LocalHost):
         on this node (its ``on_disconnect`` applies on the node that placed it, which
         holds its client's connection, and here once that node is dead)."""
         registry = self._registry
-        cluster = self._node
-        origin = cluster.router.origin(command)
+        node = self._node
+        origin = node.router.origin(command)
         op = request.get("op")
         if op == "run.start":
             limits = effective_limits(request.get("limits"), registry.limits.max_run_limits)
             registry.check_room(principal)
-            if cluster.running() >= cluster.max_runs:
-                raise ProtocolError("limit_exceeded", f"node {cluster.node_id} is full")
+            if node.running() >= node.max_runs:
+                raise ProtocolError("limit_exceeded", f"node {node.node_id} is full")
             items = tuple(coerce_items(request["input"]))
             entry = await start_run(
                 registry,
@@ -703,7 +706,7 @@ class ClusterHost(LocalHost):
             )
             return {"run_id": entry.run_id}
         if op in _CONTROL_OPS:
-            await cluster.wait_resumed(request["run_id"])
+            await node.wait_resumed(request["run_id"])
             return await self._apply_here(principal, request, origin)
         if op == "run.get":  # is a child run in a tree of this node? (_tree_node)
             entry = registry.lookup(principal, request["run_id"])

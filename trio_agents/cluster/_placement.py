@@ -94,8 +94,8 @@ def _gate(registry: Registry, run_id: str, session: ClusterSession) -> SessionCl
 class ClusterPlacement(RunPlacement):
     """The runs of one node of a cluster (see the module docstring)."""
 
-    def __init__(self, cluster: ClusterNode, registry: Registry) -> None:
-        self._node = cluster
+    def __init__(self, node: ClusterNode, registry: Registry) -> None:
+        self._node = node
         self.registry = registry
         self._queued: dict[str, _Queued] = {}
         self._clients: dict[str, str | None] = {}
@@ -108,12 +108,12 @@ class ClusterPlacement(RunPlacement):
         ``on_disconnect="cancel"`` records the node that holds its client's connection
         (this one; ``client_node`` for a run another node placed here), so that the
         run is cancelled once that node is dead."""
-        cluster = self._node
+        node = self._node
         client_node = start.client_node
         if client_node is None and start.owned and start.on_disconnect == "cancel":
-            client_node = cluster.node_id
+            client_node = node.node_id
         registry = self.registry
-        behind = await cluster.claim(
+        behind = await node.claim(
             run_id=start.run_id,
             principal=start.principal,
             session_id=start.session_id,
@@ -125,7 +125,7 @@ class ClusterPlacement(RunPlacement):
             command=start.command,
             limits=start.limits,
         )
-        session = cluster.session(start.principal, start.session_id, start.run_id)
+        session = node.session(start.principal, start.session_id, start.run_id)
         self._clients[start.run_id] = client_node
         # The core's claim is per node: claimed cluster-wide already, or queued
         # behind a gate that lets go once the session is claimed cluster-wide.
@@ -134,7 +134,7 @@ class ClusterPlacement(RunPlacement):
             gate = _gate(registry, start.run_id, session)
             self._queued[start.run_id] = _Queued(gate, start.on_busy, client_node)
             on_busy = "enqueue"
-        before_tool = cluster.before_tool(start.run_id, 1, session.fence)
+        before_tool = node.before_tool(start.run_id, 1, session.fence)
         return PlacedRun(
             session,
             on_busy,
@@ -217,13 +217,13 @@ class ClusterPlacement(RunPlacement):
         ``"client disconnected"``) as their disconnect would — durably for this node's
         runs (the node that takes one over ends it cancelled), routed for the runs
         placed on other nodes. Call it before the hand-over; bound it."""
-        cluster = self._node
+        node = self._node
 
         async def cancel_durably(entry: RunEntry) -> None:
             assert entry.run is not None
             entry.run.cancel(DISCONNECTED)
             with contextlib.suppress(ProtocolError):
-                await cluster.record_cancel(entry.run_id, DISCONNECTED, "immediate")
+                await node.record_cancel(entry.run_id, DISCONNECTED, "immediate")
 
         async with trio.open_nursery() as nursery:
             for owner in owners:
@@ -273,7 +273,7 @@ class ClusterPlacement(RunPlacement):
         run exists, before it can call its model or end (its re-injections, an acked
         cancel)."""
         registry = self.registry
-        cluster = self._node
+        node = self._node
         # The limits it was started with (persisted with its row), counted afresh by this
         # attempt; its context from the hook again (a context never leaves its process),
         # first of all: a hook that raises leaves nothing behind (the takeover fails it).
@@ -292,7 +292,7 @@ class ClusterPlacement(RunPlacement):
             policies["context"] = await call_context_hook(
                 registry.context_hook, claimed.principal, info
             )
-        session = cluster.session(claimed.principal, claimed.session_id, claimed.run_id)
+        session = node.session(claimed.principal, claimed.session_id, claimed.run_id)
         session.attempt = resume.attempt  # its writes are fenced on this attempt
         entry = RunEntry(
             run_id=claimed.run_id,
@@ -329,7 +329,7 @@ class ClusterPlacement(RunPlacement):
             fence=session.fence,
             run_options={
                 "resume": resume,
-                "before_tool": cluster.before_tool(entry.run_id, resume.attempt, session.fence),
+                "before_tool": node.before_tool(entry.run_id, resume.attempt, session.fence),
             },
             close_session=True,
         )
@@ -339,7 +339,7 @@ class ClusterPlacement(RunPlacement):
             if gate is not None:
                 gate.release()
             raise
-        entry.log = cluster.track(
+        entry.log = node.track(
             run,
             entry.run_id,
             resume.attempt,
