@@ -8,5 +8,18 @@ faces). A face imports ``hosting`` only, never ``cluster``; ``cluster`` imports 
 
 from ._host import HostedEvent, HostError, Origin, RunHost, StartRequest
 from ._local import LocalHost
+from ._placement import EventLog, Fence, PlacedRun, RunPlacement, RunStart
 
-__all__ = ["HostError", "HostedEvent", "LocalHost", "Origin", "RunHost", "StartRequest"]
+__all__ = [
+    "EventLog",
+    "Fence",
+    "HostError",
+    "HostedEvent",
+    "LocalHost",
+    "Origin",
+    "PlacedRun",
+    "RunHost",
+    "RunPlacement",
+    "RunStart",
+    "StartRequest",
+]
