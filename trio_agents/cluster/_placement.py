@@ -274,24 +274,7 @@ class ClusterPlacement(RunPlacement):
         cancel)."""
         registry = self.registry
         node = self._node
-        # The limits it was started with (persisted with its row), counted afresh by this
-        # attempt; its context from the hook again (a context never leaves its process),
-        # first of all: a hook that raises leaves nothing behind (the takeover fails it).
-        policies: dict[str, Any] = {}
-        if claimed.limits is not None:
-            policies["limits"] = claimed.limits
-        if registry.context_hook is not None:
-            info = RunStartInfo(
-                run_id=claimed.run_id,
-                agent=claimed.agent,
-                session_id=claimed.session_id,
-                input=(),
-                limits=claimed.limits,
-                resumed=True,
-            )
-            policies["context"] = await call_context_hook(
-                registry.context_hook, claimed.principal, info
-            )
+        policies = await _policies(registry, claimed)  # first of all: see there
         session = node.session(claimed.principal, claimed.session_id, claimed.run_id)
         session.attempt = resume.attempt  # its writes are fenced on this attempt
         entry = RunEntry(
@@ -350,6 +333,29 @@ class ClusterPlacement(RunPlacement):
         if gate is not None:
             self._start_soon(self._claim_later, entry, gate, "enqueue", None, then_claimed)
         return entry
+
+
+async def _policies(registry: Registry, claimed: Claimed) -> dict[str, Any]:
+    """A resumed run's limits and context: the limits it was started with (persisted
+    with its row), counted afresh by this attempt; its context from the hook again (a
+    context never leaves its process), first of all: a hook that raises leaves nothing
+    behind (the takeover fails the run)."""
+    policies: dict[str, Any] = {}
+    if claimed.limits is not None:
+        policies["limits"] = claimed.limits
+    if registry.context_hook is not None:
+        info = RunStartInfo(
+            run_id=claimed.run_id,
+            agent=claimed.agent,
+            session_id=claimed.session_id,
+            input=(),
+            limits=claimed.limits,
+            resumed=True,
+        )
+        policies["context"] = await call_context_hook(
+            registry.context_hook, claimed.principal, info
+        )
+    return policies
 
 
 def _fence(placed: PlacedRun) -> Fence:

@@ -92,11 +92,6 @@ async def start_run(
         extra["limits"] = limits
     if input_overlap != "keep":
         extra["input_overlap"] = input_overlap
-    if registry.context_hook is not None:
-        info = RunStartInfo(
-            run_id=run_id, agent=agent_name, session_id=session_id, input=items, limits=limits
-        )
-        extra["context"] = await call_context_hook(registry.context_hook, principal, info)
     start = RunStart(
         run_id=run_id,
         principal=principal,
@@ -110,6 +105,8 @@ async def start_run(
         command=command,
         limits=limits,
     )
+    if registry.context_hook is not None:
+        extra["context"] = await _context(registry, start)
     placement = registry.placement
     placed = await placement.place(start)
     entry = RunEntry(
@@ -135,6 +132,19 @@ async def start_run(
     assert entry.run is not None
     entry.log = placement.started(start, placed, entry.run)
     return entry
+
+
+async def _context(registry: Registry, start: RunStart) -> Any:
+    """The run's context from the host's hook (which raises ``internal`` on error)."""
+    assert registry.context_hook is not None
+    info = RunStartInfo(
+        run_id=start.run_id,
+        agent=start.agent,
+        session_id=start.session_id,
+        input=start.input,
+        limits=start.limits,
+    )
+    return await call_context_hook(registry.context_hook, start.principal, info)
 
 
 async def launch(
