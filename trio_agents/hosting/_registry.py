@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry", "descendants"]
 
-logger = logging.getLogger("trio_agents.control")
+logger = logging.getLogger("trio_agents.hosting")
 
 RUN_OVERHEAD = 1024
 """Bytes counted per retained run on top of its input and injected items."""
