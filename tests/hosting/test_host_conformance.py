@@ -1,7 +1,9 @@
 """The host conformance suite: what every :class:`~trio_agents.hosting.RunHost` does, run
 against each host — :class:`~trio_agents.hosting.LocalHost` (one process, SQLite
-sessions) and the PostgreSQL cluster's host (``PostgresCluster(dsn).host(...)``, a node
-served on its own, no face) — through the interface only.
+sessions) and the PostgreSQL cluster's host (``PostgresCluster(dsn).host(...)``, served
+on its own, no face): a node that runs the runs itself, and a node whose runs all run
+on another node (placed starts, routed ops, events from the persisted log) — through
+the interface only.
 
 A new host (Temporal, issue 38) passes by adding a fixture to :data:`HOSTS`: an async
 context manager that serves a host of ``agents`` with sessions that survive a run.
@@ -53,7 +55,41 @@ def _cluster(dsn: str) -> OpenHost:
     return open_host
 
 
-HOSTS = ["local", "cluster"]
+def _routed(dsn: str) -> OpenHost:
+    """The host of node B of a cluster whose runs all run on node A: B is full (a run
+    of another principal fills it), so every start is placed on A and every op on a
+    run is routed there; events come from the cluster's persisted log."""
+    from trio_agents.cluster import PostgresCluster
+
+    @asynccontextmanager
+    async def open_host(agents: Mapping[str, ta.Agent]) -> AsyncIterator[RunHost]:
+        served = {**agents, "filler": _filler()}
+        a = PostgresCluster(dsn, node_id="A", lease_ttl=5.0).host(served, limits=_LIMITS)
+        b = PostgresCluster(dsn, node_id="B", lease_ttl=5.0, max_runs=1)
+        host = b.host(served, limits=_LIMITS)
+        async with a.running(), host.running():
+            filler = await host.start(Origin(principal="carol"), _start(agent="filler"))
+            await _until(host, filler, "running", principal="carol")
+            yield host
+            # Every test starts a run: placed on A, its ops routed there.
+            assert b.statistics().routed > 0
+            assert b.statistics().owned_runs == 1  # the filler only
+
+    return open_host
+
+
+def _filler() -> ta.Agent:
+    @ta.function_tool
+    async def hold() -> str:
+        """Hold the node's room."""
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    model = ScriptedModel([], default=Turn(tool_calls=[("hold", {})]))
+    return ta.Agent(name="filler", instructions="test", model=model, tools=[hold])
+
+
+HOSTS = ["local", "cluster", "cluster-routed"]
 
 
 @pytest.fixture(params=HOSTS)
@@ -61,7 +97,9 @@ def open_host(request: pytest.FixtureRequest, tmp_path: Path) -> OpenHost:
     """Serves a host of the given agents for the block (each host's own fixture)."""
     if request.param == "local":
         return _local(tmp_path)
-    return _cluster(request.getfixturevalue("pg_dsn"))
+    if request.param == "cluster":
+        return _cluster(request.getfixturevalue("pg_dsn"))
+    return _routed(request.getfixturevalue("pg_dsn"))
 
 
 def _start(agent: str = "a", text: str = "go", **kwargs: Any) -> StartRequest:
@@ -92,8 +130,8 @@ async def _collect(host: RunHost, run_id: str, **kwargs: Any) -> list[HostedEven
         return [event async for event in events]
 
 
-async def _until(host: RunHost, run_id: str, status: str) -> None:
-    async with host.events("alice", run_id, status_only=True) as updates:
+async def _until(host: RunHost, run_id: str, status: str, principal: str = "alice") -> None:
+    async with host.events(principal, run_id, status_only=True) as updates:
         async for hosted in updates:
             if hosted.event.get("status") == status:
                 return
