@@ -167,11 +167,11 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
         assert execute is not None
         arrived, looked = trio.Event(), trio.Event()
 
-        async def held(principal: str, request: dict[str, Any], command_id: int) -> dict[str, Any]:
+        async def held(request: Any, origin: Any) -> Any:
             arrived.set()
             await looked.wait()
             assert execute is not None
-            return await execute(principal, request, command_id)
+            return await execute(request, origin)
 
         a.cluster._node.router.execute = held
         writes: list[str] = []

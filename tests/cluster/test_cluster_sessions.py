@@ -16,6 +16,7 @@ from tests.support.cluster_nodes import clients, open_nodes, waiting_agents
 from tests.support.cluster_support import Client, Node, client
 from tests.support.pg_support import PostgresServer
 from trio_agents.control import Limits
+from trio_agents.hosting import StartRequest
 from trio_agents.models import ScriptedModel
 
 
@@ -296,7 +297,7 @@ async def test_a_placed_start_whose_node_dies_before_answering_is_acked_with_its
             execute = target.cluster._node.router.execute
 
             async def started_then_dies(*args: Any) -> Any:
-                if args[1]["op"] != "run.start":
+                if not isinstance(args[0], StartRequest):
                     return await execute(*args)
                 await execute(*args)  # the run starts there
                 started.append(target)

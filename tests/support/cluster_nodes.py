@@ -263,7 +263,7 @@ def dies_answering(
 
     async def answered_by_a_dying_node(*args: Any) -> NoReturn:
         await execute(*args)  # applied (and durable with its answer)
-        stored.append(await trio.to_thread.run_sync(reply_of, dsn, args[2]))
+        stored.append(await trio.to_thread.run_sync(reply_of, dsn, args[1].command))
         applied.set()
         await trio.sleep_forever()  # the owner dies before its answer is written
 

@@ -39,7 +39,8 @@ under the session id ``json.dumps([principal, session_id])`` — or
         written (fenced by its root's row) by the node running the tree
     trio_agents_withdrawals(run_id, injection_id, PK (run_id, injection_id))
     trio_agents_commands(command_id BIGSERIAL PK, run_id, target_node, origin_node,
-                         principal, op, args (the request's wire JSON), reply (JSON), created_at)
+                         principal, op, args (the op's wire JSON, _routing.to_wire),
+                         reply (JSON), created_at)
 
 Rows of runs finished more than ``Limits.retain_finished`` ago (and their events, tool
 starts, withdrawals and commands, their child runs' rows and events) are deleted by

@@ -42,7 +42,7 @@ import trio
 from .._agent import Agent
 from .._events import RunStatus
 from .._exceptions import UnknownCallError
-from .._items import Item, coerce_items
+from .._items import Item
 from .._run import Run
 from ..hosting._host import HostedEvent, Origin, StartRequest
 from ..hosting._local import (
@@ -55,10 +55,19 @@ from ..hosting._local import (
 )
 from ..hosting._policies import ContextHook, effective_limits, limits_to_wire
 from ..hosting._registry import RunEntry
+from ..hosting._requests import (
+    RunApprove,
+    RunCancel,
+    RunGet,
+    RunInject,
+    RunReject,
+    RunWithdraw,
+)
 from ..hosting._run_tasks import start_run
 from ..hosting._sessions import items_bytes
 from ..hosting._terms import Limits, ProtocolError, RunInfo
 from ._placement import ClusterPlacement
+from ._routing import Answer, Control, RoutedOp
 
 if TYPE_CHECKING:
     from ._node import ClusterNode
@@ -67,7 +76,6 @@ __all__ = ["ClusterHost"]
 
 logger = logging.getLogger("trio_agents.cluster")
 
-_CONTROL_OPS = ("run.cancel", "run.inject", "run.withdraw", "run.approve", "run.reject")
 _TERMINAL = ("completed", "failed", "cancelled")
 
 
@@ -153,6 +161,9 @@ class ClusterHost(LocalHost):
     ) -> None:
         super().__init__(agents, limits=limits, run_options=run_options, context=context)
         self._node = node
+        # The node's router: this host hands it the ops of runs other nodes run, as
+        # typed values (it turns them into the cluster's wire, _routing.to_wire).
+        self._router = node.router
         self._placement = ClusterPlacement(node, self._registry)
         self._registry.placement = self._placement
         self._stopping = False
@@ -216,19 +227,18 @@ class ClusterHost(LocalHost):
             raise ProtocolError("not_found", f"no run {run_id!r}")
         return row
 
-    async def _route(self, principal: str, request: dict[str, Any], run_id: str) -> dict[str, Any]:
+    async def _route(self, principal: str, request: Control, run_id: str) -> dict[str, Any]:
         """Route an op to the node running ``run_id``: a root's owner (its row), or, for a
         child run (no row), the node running its tree."""
         try:
-            data: dict[str, Any] = await self._node.route(principal, request, run_id)
-            return data
+            return await self._router.send(principal, request, run_id=run_id)
         except ProtocolError as exc:
             # The owner's own not_found (an unknown call id, ...) stands; a run without a
             # row may be a child run.
             if exc.code != "not_found" or await self._node.owner_of(principal, run_id):
                 raise
         node, _ = await self._tree_node(principal, run_id)
-        return await self._node.route_to(principal, request, run_id, node)
+        return await self._router.send(principal, request, run_id=run_id, target_node=node)
 
     async def _tree_node(self, principal: str, run_id: str) -> tuple[str, dict[str, Any]]:
         """A child run of a tree another node runs: that node, and the run's ``run.get``
@@ -239,11 +249,12 @@ class ClusterHost(LocalHost):
         Raises:
             ProtocolError: ``not_found`` (no such run of the principal), ``internal``.
         """
-        get = {"id": 0, "op": "run.get", "run_id": run_id}
+        get = RunGet(run_id=run_id)
         retain = self._registry.limits.retain_finished
         for node in await self._node.tree_nodes(principal, retain):
             try:
-                answer = await self._node.route_to(principal, get, run_id, node)
+                # Addressed to that node (a child run has no row to find its owner by).
+                answer = await self._router.send(principal, get, run_id=run_id, target_node=node)
             except ProtocolError as exc:
                 if exc.code in ("not_found", "invalid_request"):  # not there (or an older node)
                     continue
@@ -287,7 +298,7 @@ class ClusterHost(LocalHost):
         if cut:
             owner.placed.add(run_id)
         try:
-            placed = await self._node.place(principal, _start_request(request), run_id)
+            placed = await self._node.place(principal, request, run_id)
         except ProtocolError:
             if cut:
                 owner.placed.discard(run_id)
@@ -323,13 +334,13 @@ class ClusterHost(LocalHost):
             runs.extend(registry.info(node) for node in nodes)
         return runs
 
-    async def _control(self, principal: str, request: dict[str, Any]) -> dict[str, Any]:
+    async def _control(self, principal: str, request: Control) -> dict[str, Any]:
         """A cancel, inject, withdraw, approve or reject: applied here (and recorded),
-        or routed to the node running the run."""
-        run_id = request["run_id"]
+        or routed, as the typed value it is, to the node running the run."""
+        run_id = request.run_id
         with host_errors():
             if self._here(principal, run_id) is not None:
-                return await self._apply_here(principal, request, None)
+                return dict((await self._apply_here(principal, request, None)).fields)
             return await self._route(principal, request, run_id)
 
     async def cancel(
@@ -339,8 +350,7 @@ class ClusterHost(LocalHost):
         reason: str | None = None,
         mode: Literal["immediate", "after_turn"] = "immediate",
     ) -> None:
-        request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": reason, "mode": mode}
-        await self._control(principal, request)
+        await self._control(principal, RunCancel(run_id=run_id, reason=reason, mode=mode))
 
     async def inject(
         self,
@@ -349,34 +359,20 @@ class ClusterHost(LocalHost):
         items: tuple[Item, ...],
         when: Literal["next_turn", "now", "when_idle"] = "next_turn",
     ) -> str:
-        request = {
-            "id": 0,
-            "op": "run.inject",
-            "run_id": run_id,
-            "items": [item.to_json() for item in items],
-            "when": when,
-        }
+        request = RunInject(run_id=run_id, items=items, when=when)
         return str((await self._control(principal, request))["injection_id"])
 
     async def withdraw(self, principal: str, run_id: str, injection_id: str) -> bool:
-        request = {"id": 0, "op": "run.withdraw", "run_id": run_id, "injection_id": injection_id}
+        request = RunWithdraw(run_id=run_id, injection_id=injection_id)
         return bool((await self._control(principal, request))["withdrawn"])
 
     async def approve(self, principal: str, run_id: str, call_id: str) -> None:
-        request = {"id": 0, "op": "run.approve", "run_id": run_id, "call_id": call_id}
-        await self._control(principal, request)
+        await self._control(principal, RunApprove(run_id=run_id, call_id=call_id))
 
     async def reject(
         self, principal: str, run_id: str, call_id: str, message: str | None = None
     ) -> None:
-        request = {
-            "id": 0,
-            "op": "run.reject",
-            "run_id": run_id,
-            "call_id": call_id,
-            "message": message,
-        }
-        await self._control(principal, request)
+        await self._control(principal, RunReject(run_id=run_id, call_id=call_id, message=message))
 
     async def cancel_session(
         self,
@@ -390,18 +386,12 @@ class ClusterHost(LocalHost):
             if row is None:
                 raise ProtocolError("no_active_run", f"session {session_id!r} has no active run")
             run_id = row["run_id"]
-            cancel = {
-                "id": 0,
-                "op": "run.cancel",
-                "run_id": run_id,
-                "reason": reason,
-                "mode": mode,
-            }
+            cancel = RunCancel(run_id=run_id, reason=reason, mode=mode)
             try:
                 if self._here(principal, run_id) is not None:
                     await self._apply_here(principal, cancel, None)
                 else:
-                    await self._node.route(principal, cancel, run_id)
+                    await self._router.send(principal, cancel, run_id=run_id)
             except ProtocolError as exc:
                 if exc.code != "run_closed":
                     raise
@@ -578,7 +568,9 @@ class ClusterHost(LocalHost):
         try:
             async with channel:
                 with scope:
-                    await self._node.follow(run_id, from_seq, mode, send, absent_ends=absent_ends)
+                    await self._node.follow(
+                        run_id, from_seq, mode, send, absent_ends=absent_ends
+                    )
         except Exception:
             logger.exception("following the events of %s failed", run_id)
         finally:
@@ -586,135 +578,127 @@ class ClusterHost(LocalHost):
 
     # ------------------------------------------------------------ applied here
 
-    async def _apply_here(
-        self, principal: str, request: dict[str, Any], origin: Origin | None
-    ) -> dict[str, Any]:
+    async def _apply_here(self, principal: str, request: Control, origin: Origin | None) -> Answer:
         """Apply a cancel, inject, withdraw, approve or reject to a run of this node and
-        make it durable; returns the answer's fields (a routed op's, ``origin``, is
-        stored with its durable effect)."""
-        entry = self._registry.lookup(principal, request["run_id"])
+        make it durable; returns its answer (a routed op's, ``origin``, stored with its
+        durable effect when it has one). The one place an op is told apart by its type.
+
+        A child run's cancel is recorded in its row before it is applied (a takeover
+        that resumes the child cancels it); its other ops are applied here only."""
+        entry = self._registry.lookup(principal, request.run_id)
         run = live(entry)
-        if entry.root is not None:
-            # A child run: its cancel is recorded in its row; its other ops are
-            # applied here only.
-            return await self._apply_to_child(entry, request, origin)
+        child = entry.root is not None
+        if child:
+            await trio.lowlevel.checkpoint()
+            run = live(entry)
         node = self._node
-        op = request["op"]
-        if op == "run.cancel":
-            reason, mode = request.get("reason"), request.get("mode", "immediate")
-            run.cancel(reason, mode=mode)
-            # Acked once durable: a takeover ends it cancelled.
-            await node.record_cancel(entry.run_id, reason, mode, origin)
-            return {}
-        if op == "run.withdraw":
-            withdrawn = run.withdraw(request["injection_id"])
-            if withdrawn:
-                await node.record_withdrawal(entry.run_id, request["injection_id"], origin)
-            return {"withdrawn": withdrawn}
-        if op == "run.inject":
-            items = tuple(coerce_items(request["items"]))
-            when = request.get("when", "next_turn")
-            injection_id = inject_here(self._registry, entry, items, when)
-            # Acked once durable: a takeover injects it again.
-            await node.injection_persisted(entry.run_id, str(injection_id), origin)
-            return {"injection_id": injection_id}
-        await self._decide_here(entry, run, request, origin)
-        return {}
+        match request:
+            case RunCancel(reason=reason, mode=mode):
+                if child:
+                    # Durable (with a routed cancel's answer) before it is applied: if
+                    # this node dies now, the takeover that resumes the child cancels it.
+                    stored = await node.record_child_cancel(run, reason, mode, origin)
+                    run.cancel(reason, mode=mode)
+                else:
+                    run.cancel(reason, mode=mode)
+                    # Acked once durable: a takeover ends it cancelled.
+                    stored = await node.record_cancel(entry.run_id, reason, mode, origin)
+                return Answer({}, stored)
+            case RunWithdraw(injection_id=injection_id):
+                withdrawn = run.withdraw(injection_id)
+                stored = False
+                if withdrawn and not child:
+                    stored = await node.record_withdrawal(entry.run_id, injection_id, origin)
+                return Answer({"withdrawn": withdrawn}, stored)
+            case RunInject(items=items, when=when):
+                injection_id = inject_here(self._registry, entry, items, when)
+                if not child:
+                    # Acked once durable: a takeover injects it again.
+                    await node.injection_persisted(entry.run_id, str(injection_id), origin)
+                return Answer({"injection_id": injection_id})
+            case RunApprove(call_id=call_id) | RunReject(call_id=call_id):
+                message = request.message if isinstance(request, RunReject) else None
+                approved = isinstance(request, RunApprove)
+                if child:
+                    decide_here(entry, call_id, approved=approved, message=message)
+                    return Answer({})
+                stored = await self._decide_here(entry, run, call_id, approved, message, origin)
+                return Answer({}, stored)
 
     async def _decide_here(
-        self, entry: RunEntry, run: Run, request: dict[str, Any], origin: Origin | None
-    ) -> None:
+        self,
+        entry: RunEntry,
+        run: Run,
+        call_id: str,
+        approved: bool,
+        message: str | None,
+        origin: Origin | None,
+    ) -> bool:
         """An approval or rejection: durable before it is applied (its answer too, when
         routed): a takeover applies it to the call asked again, and never serves the
-        command twice."""
+        command twice. Returns whether a routed one's answer was stored and sent."""
         if entry.first_seq > 1:
             await _settled(run)
-        approved = request["op"] == "run.approve"
-        message = None if approved else request.get("message")
         live(entry)
-        call_id = request["call_id"]
         if call_id not in run.statistics().pending_approvals:
             raise ProtocolError("not_found", str(UnknownCallError(call_id)))
-        await self._node.record_decision(
+        stored = await self._node.record_decision(
             entry.run_id, call_id, approved=approved, message=message, origin=origin
         )
         # Recorded and answered already: the run may have ended (or moved) since.
         with contextlib.suppress(ProtocolError):
             decide_here(entry, call_id, approved=approved, message=message)
-
-    async def _apply_to_child(
-        self, entry: RunEntry, request: dict[str, Any], origin: Origin | None
-    ) -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        run = live(entry)
-        op = request["op"]
-        if op == "run.cancel":
-            reason, mode = request.get("reason"), request.get("mode", "immediate")
-            # Durable (with a routed cancel's answer) before it is applied: if this
-            # node dies now, the takeover that resumes the child cancels it at once.
-            await self._node.record_child_cancel(run, reason, mode, origin)
-            run.cancel(reason, mode=mode)
-            return {}
-        if op == "run.withdraw":
-            return {"withdrawn": run.withdraw(request["injection_id"])}
-        if op == "run.inject":
-            items = tuple(coerce_items(request["items"]))
-            when = request.get("when", "next_turn")
-            return {"injection_id": inject_here(self._registry, entry, items, when)}
-        approved = op == "run.approve"
-        message = None if approved else request.get("message")
-        decide_here(entry, request["call_id"], approved=approved, message=message)
-        return {}
+        return stored
 
     # ------------------------------------------------------------ routed ops
 
-    async def execute(
-        self, principal: str, request: dict[str, Any], command: int
-    ) -> dict[str, Any]:
-        """Answer an op another node routed here (its wire JSON), command ``command``:
-        its origin (the node it came from, the run id of a placed start, the command's
-        id, under which a durable op stores its answer) is the router's, as values.
+    async def execute(self, request: RoutedOp, origin: Origin) -> Answer:
+        """Answer an op another node routed here (the router read it from the cluster's
+        wire, ``_routing.from_wire``, and waited while its run is being resumed here);
+        ``origin`` is where it comes from: the principal, the node that sent it, the run
+        id of a placed start, and the command's id, under which a durable op stores its
+        answer.
 
-        A ``run.start`` was placed here by a full node: it starts here, with no owner
-        on this node (its ``on_disconnect`` applies on the node that placed it, which
-        holds its client's connection, and here once that node is dead)."""
-        registry = self._registry
-        node = self._node
-        origin = node.router.origin(command)
-        op = request.get("op")
-        if op == "run.start":
-            limits = effective_limits(request.get("limits"), registry.limits.max_run_limits)
-            registry.check_room(principal)
-            if node.running() >= node.max_runs:
-                raise ProtocolError("limit_exceeded", f"node {node.node_id} is full")
-            items = tuple(coerce_items(request["input"]))
-            entry = await start_run(
-                registry,
-                principal,
-                None,
-                request["agent"],
-                items,
-                input_bytes=items_bytes(items),
-                session_id=request.get("session_id"),
-                on_disconnect="continue",
-                on_busy=request.get("on_busy", "reject"),
-                input_overlap=request.get("input_overlap", "keep"),
-                client_node=origin.node if request.get("on_disconnect") == "cancel" else None,
-                run_id=origin.run_id,
-                command=origin.command,
-                limits=limits,
-            )
-            return {"run_id": entry.run_id}
-        if op in _CONTROL_OPS:
-            await node.wait_resumed(request["run_id"])
-            return await self._apply_here(principal, request, origin)
-        if op == "run.get":  # is a child run in a tree of this node? (_tree_node)
-            entry = registry.lookup(principal, request["run_id"])
+        A start was placed here by a full node: it starts here, with no owner on this
+        node (its ``on_disconnect`` applies on the node that placed it, which holds its
+        client's connection, and here once that node is dead)."""
+        if isinstance(request, StartRequest):
+            return Answer(await self._start_placed(request, origin))
+        if isinstance(request, RunGet):  # is a child run in a tree of this node? (_tree_node)
+            entry = self._registry.lookup(origin.principal, request.run_id)
             fence = entry.tree.fence
             if entry.root is None or (fence is not None and fence.closed):
-                raise ProtocolError("not_found", f"no child run {request['run_id']!r} here")
-            return {"run": registry.info(entry).to_json()}
-        raise ProtocolError("invalid_request", f"{op} is not routed")
+                raise ProtocolError("not_found", f"no child run {request.run_id!r} here")
+            return Answer({"run": self._registry.info(entry).to_json()})
+        return await self._apply_here(origin.principal, request, origin)
+
+    async def _start_placed(self, request: StartRequest, origin: Origin) -> dict[str, Any]:
+        registry = self._registry
+        node = self._node
+        principal = origin.principal
+        asked = None if request.limits is None else limits_to_wire(request.limits)
+        limits = effective_limits(asked, registry.limits.max_run_limits)
+        registry.check_room(principal)
+        if node.running() >= node.max_runs:
+            raise ProtocolError("limit_exceeded", f"node {node.node_id} is full")
+        items = request.input
+        entry = await start_run(
+            registry,
+            principal,
+            None,
+            request.agent,
+            items,
+            input_bytes=items_bytes(items),
+            session_id=request.session_id,
+            on_disconnect="continue",
+            on_busy=request.on_busy,
+            input_overlap=request.input_overlap,
+            client_node=origin.node if request.on_disconnect == "cancel" else None,
+            run_id=origin.run_id,
+            command=origin.command,
+            limits=limits,
+        )
+        return {"run_id": entry.run_id}
 
 
 def _first_seq(entry: RunEntry) -> int:
@@ -724,22 +708,6 @@ def _first_seq(entry: RunEntry) -> int:
         return entry.first_seq
     resume = None if entry.run is None else entry.run._options.resume
     return 1 if resume is None else resume.next_seq
-
-
-def _start_request(request: StartRequest) -> dict[str, Any]:
-    """A start as the wire JSON a placed ``run.start`` carries to its node."""
-    return {
-        "id": 0,
-        "op": "run.start",
-        "agent": request.agent,
-        "input": [item.to_json() for item in request.input],
-        "session_id": request.session_id,
-        "on_disconnect": request.on_disconnect,
-        "on_busy": request.on_busy,
-        "input_overlap": request.input_overlap,
-        "subscribe": None,
-        "limits": None if request.limits is None else limits_to_wire(request.limits),
-    }
 
 
 async def _settled(run: Run) -> None:

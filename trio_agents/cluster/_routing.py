@@ -1,9 +1,14 @@
 """Control ops for runs owned by another node: the ``trio_agents_commands`` table.
 
-The client's node inserts the request (op and its fields as JSON, the principal, the
-run — or, for a placed ``run.start``, the target node), in the statement that checks the
-run is the principal's and unfinished (``not_found``/``run_closed`` otherwise), and
-NOTIFYs ``{"k": "cmd", "n": owner, ...}`` carrying the command itself when it is short.
+An op travels as a typed value (:data:`RoutedOp`: the request classes the faces parse
+into, a placed start's :class:`~trio_agents.hosting.StartRequest`) up to here, and is
+turned into the cluster's wire and back by one codec, :func:`to_wire` /
+:func:`from_wire` (a versioned JSON object; an op a node cannot read is answered
+``invalid_request``, never a crash). The client's node inserts the op (its wire JSON,
+the principal, the run — or, for a placed start, the target node), in the statement
+that checks the run is the principal's and unfinished (``not_found``/``run_closed``
+otherwise), and NOTIFYs ``{"k": "cmd", "n": owner, ...}`` carrying the command itself
+when it is short.
 The owner answers an inline command of one of its runs at once; otherwise (or on a poll
 every few seconds, or after a reconnection) it reads every unanswered command for its
 runs or addressed to it. It answers each with its own local op — the same code as a
@@ -31,12 +36,17 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Literal, TypeAlias, final
 
+import attrs
 import trio
 
-from ..hosting._host import Origin
+from .._items import Item, coerce_items
+from ..hosting._host import Origin, StartRequest
+from ..hosting._policies import limits_to_wire
+from ..hosting._registry import RunEntry
+from ..hosting._requests import RunApprove, RunCancel, RunGet, RunInject, RunReject, RunWithdraw
 from ..hosting._terms import ProtocolError
 from ._capacity import cancel_unstarted_in
 from ._db import ClusterDown, Conn, Database
@@ -46,13 +56,19 @@ from ._storable import storable_json
 
 __all__ = [
     "ROUTE_TIMEOUT",
+    "WIRE_VERSION",
+    "Answer",
+    "Control",
     "Reply",
+    "RoutedOp",
     "Router",
+    "from_wire",
     "ok_reply",
     "record_cancel_in",
     "reply_note",
     "routed_reply",
     "store_reply",
+    "to_wire",
 ]
 
 logger = logging.getLogger("trio_agents.cluster")
@@ -67,11 +83,185 @@ _INLINE: Final = 6000
 limit is 8000 bytes), saving the reader a round trip; longer ones are read from the
 table."""
 
-Executor = Callable[[str, dict[str, Any], int], Awaitable[dict[str, Any]]]
-"""``execute(principal, request_json, command_id) -> ack fields``: the node's local op.
-The command's origin, as values, is :meth:`Router.origin` of its id: the node that
-routed it, the run id it names (a placed start's chosen id) and the id under which
-the op stores its answer with its durable effect."""
+Control: TypeAlias = RunCancel | RunInject | RunWithdraw | RunApprove | RunReject
+"""An op that steers a run: applied on the node that runs it."""
+
+RoutedOp: TypeAlias = StartRequest | Control | RunGet
+"""An op one node sends another: the typed values the faces parse into
+(``hosting/_requests.py``; a placed start is the host's :class:`StartRequest`), carried
+as they are through the host and turned into the cluster's wire (a command row, its
+NOTIFY) here only, by :func:`to_wire` and :func:`from_wire`."""
+
+
+@attrs.frozen
+class Answer:
+    """What an op answers: its ack ``fields``, and whether the op already ``stored``
+    a routed command's answer, and notified its sender, in the transaction that made
+    its effect durable (:func:`routed_reply`): then the router sends nothing more (one
+    transaction fewer on the path of a routed cancel, withdrawal or decision)."""
+
+    fields: Mapping[str, Any]
+    stored: bool = False
+
+
+Executor = Callable[[RoutedOp, Origin], Awaitable[Answer]]
+"""``execute(op, origin) -> answer``: the node's local op. ``origin`` is where the
+command comes from, as values: its principal, the node that routed it, the run id it
+names (a placed start's chosen id) and the command's id, under which the op stores its
+answer with its durable effect."""
+
+
+# ------------------------------------------------------------------------ the wire
+
+WIRE_VERSION: Final = 1
+"""The version of a routed op's wire shape. A reader takes its own version and older
+ones (a row written before the ``"v"`` key existed is version 1), ignores keys it does
+not know (a newer node's optional additions) and refuses a newer version by name, so
+the nodes of a cluster being upgraded one by one keep understanding each other."""
+
+_CONTROLS: Final[Mapping[str, type[Control] | type[RunGet]]] = {
+    cls.op: cls for cls in (RunCancel, RunInject, RunWithdraw, RunApprove, RunReject, RunGet)
+}
+_START: Final = "run.start"
+
+
+def to_wire(op: RoutedOp) -> dict[str, Any]:
+    """``op`` as the JSON object of its command (the keys a version-1 node reads: the
+    op's name and its fields; items as their JSON). A start's ``context`` never
+    travels (contexts come from the host's hook, DESIGN §18)."""
+    if isinstance(op, StartRequest):
+        return {
+            "v": WIRE_VERSION,
+            "op": _START,
+            "agent": op.agent,
+            "input": [item.to_json() for item in op.input],
+            "session_id": op.session_id,
+            "on_disconnect": op.on_disconnect,
+            "on_busy": op.on_busy,
+            "input_overlap": op.input_overlap,
+            "limits": None if op.limits is None else limits_to_wire(op.limits),
+        }
+    wire: dict[str, Any] = {"v": WIRE_VERSION, "op": op.op}
+    for field in attrs.fields(type(op)):
+        if field.name != "id":  # the client's request id stays with its face
+            value = getattr(op, field.name)
+            wire[field.name] = _items_json(value) if field.name == "items" else value
+    return wire
+
+
+def from_wire(data: Any) -> RoutedOp:
+    """The op a command's JSON object carries (:func:`to_wire`'s), checked field by
+    field (types and choices: the bounds were the edge's, on the node that took it).
+
+    Raises:
+        ProtocolError: ``invalid_request`` naming what is wrong: not an object, a newer
+            wire version, an op that is not routed, a missing or mistyped field.
+    """
+    if not isinstance(data, dict):
+        raise _garbled(f"a routed op must be a JSON object, not {type(data).__name__}")
+    version = data.get("v", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise _garbled(f"bad wire version {_shown(version)}")
+    if version > WIRE_VERSION:
+        raise _garbled(
+            f"wire version {version} is newer than this node's ({WIRE_VERSION}): upgrade it"
+        )
+    op = data.get("op")
+    if op == _START:
+        return _start_from_wire(data)
+    cls = _CONTROLS.get(op) if isinstance(op, str) else None
+    if cls is None:
+        raise _garbled(f"{_shown(op)} is not a routed op")
+    fields: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        name = field.name
+        if name == "id":
+            continue
+        value = data.get(name)
+        if name == "items":
+            fields[name] = _items(cls.op, name, value)
+        elif name in _CHOICES:
+            fields[name] = _choice(cls.op, name, value, field.default)
+        elif name in ("reason", "message"):
+            fields[name] = _text(cls.op, name, value, optional=True)
+        else:
+            fields[name] = _text(cls.op, name, value)
+    return cls(**fields)
+
+
+# The fields with a fixed set of values, and those values (their defaults are the
+# request classes').
+_CHOICES: Final[Mapping[str, tuple[str, ...]]] = {
+    "mode": ("immediate", "after_turn"),
+    "when": ("next_turn", "now", "when_idle"),
+    "on_disconnect": ("continue", "cancel"),
+    "on_busy": ("reject", "interrupt", "enqueue"),
+    "input_overlap": ("keep", "skip"),
+}
+
+
+def _start_from_wire(data: dict[str, Any]) -> StartRequest:
+    limits = data.get("limits")
+    if limits is not None and not isinstance(limits, dict):
+        raise _garbled(f"{_START}: limits must be an object or null")
+    # Defaults as a version-1 reader had them: a start without on_disconnect does not
+    # cancel on its client's disconnect.
+    on_disconnect: Literal["continue", "cancel"] = _choice(
+        _START, "on_disconnect", data.get("on_disconnect"), "continue"
+    )
+    on_busy: Literal["reject", "interrupt", "enqueue"] = _choice(
+        _START, "on_busy", data.get("on_busy"), "reject"
+    )
+    input_overlap: Literal["keep", "skip"] = _choice(
+        _START, "input_overlap", data.get("input_overlap"), "keep"
+    )
+    return StartRequest(
+        agent=_text(_START, "agent", data.get("agent")),
+        input=_items(_START, "input", data.get("input")),
+        session_id=_text(_START, "session_id", data.get("session_id"), optional=True),
+        on_disconnect=on_disconnect,
+        on_busy=on_busy,
+        limits=limits,
+        input_overlap=input_overlap,
+    )
+
+
+def _items_json(items: tuple[Item, ...]) -> list[dict[str, Any]]:
+    return [item.to_json() for item in items]
+
+
+def _items(op: str, name: str, value: Any) -> tuple[Item, ...]:
+    if not isinstance(value, list):
+        raise _garbled(f"{op}: {name} must be a list of items")
+    try:
+        return tuple(coerce_items(value))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise _garbled(f"{op}: bad {name}: {str(exc)[:200]}") from None
+
+
+def _text(op: str, name: str, value: Any, *, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise _garbled(f"{op}: {name} must be a string{' or null' if optional else ''}")
+    return value
+
+
+def _choice(op: str, name: str, value: Any, default: Any) -> Any:
+    if value is None:
+        return default
+    if value not in _CHOICES[name] or not isinstance(value, str):
+        raise _garbled(f"{op}: {name} must be one of {', '.join(_CHOICES[name])}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 64 else text[:61] + "..."
+
+
+def _garbled(message: str) -> ProtocolError:
+    return ProtocolError("invalid_request", f"unreadable routed op: {message}")
 
 
 def ok_reply(fields: dict[str, Any]) -> str:
@@ -143,30 +333,43 @@ class Router:
         self.execute: Executor | None = None
         self._wakeup = trio.Event()
         self._inflight: set[int] = set()
-        # The origin of each command being answered, and those whose op stored and sent
-        # its answer itself, by command id.
-        self._origins: dict[int, Origin] = {}
-        self._answered: set[int] = set()
         self._replies: dict[Any, str] = {}
         self._nursery: trio.Nursery | None = None
-        # Whether a run is this node's (set by the cluster): inline commands only then.
-        self.serves_inline: Callable[[Any, Any], bool] = lambda run_id, principal: False
+        # This node's runs by id (its registry's), and the wait while a run taken over
+        # is being resumed here: set by :meth:`attach`.
+        self._runs: Mapping[str, RunEntry] = {}
+        self._resumed: Callable[[str], Awaitable[None]] | None = None
         self.routed = 0
         self.served = 0
+
+    def attach(
+        self,
+        execute: Executor,
+        runs: Mapping[str, RunEntry],
+        resumed: Callable[[str], Awaitable[None]],
+    ) -> None:
+        """Serve commands with ``execute``: this node's local ops. ``runs`` are the
+        node's runs by id (an inline command is served at once only for one of them),
+        ``resumed(run_id)`` waits while a run taken over is being resumed here (a
+        command may come first)."""
+        self.execute = execute
+        self._runs = runs
+        self._resumed = resumed
 
     # -- the client's side ------------------------------------------------------------
 
     async def send(
         self,
         principal: str,
-        request: dict[str, Any],
+        request: RoutedOp,
         *,
         run_id: str | None,
         target_node: str | None = None,
     ) -> dict[str, Any]:
-        """Route ``request`` (its wire JSON) to the owner of ``run_id`` (or, for a placed
-        ``run.start``, to ``target_node``, ``run_id`` being the new run's id) and return
-        its ack fields.
+        """Route ``request`` to the owner of ``run_id`` (or, for a placed start, to
+        ``target_node``, ``run_id`` being the new run's id) and return its ack fields.
+        ``request`` is turned into its wire JSON here (:func:`to_wire`), and a cancel
+        recorded in the transaction that routes it.
 
         A placed start that gets no answer in time (its node died after starting it,
         or is slow) is settled here: the command is withdrawn, which the target's start
@@ -200,7 +403,7 @@ class Router:
         command_id = inserted[0]
         # A start placed on target_node (an op addressed to a node for a run without a
         # row, a child run of a tree there, is not one).
-        placed = run_id if target_node is not None and request["op"] == "run.start" else None
+        placed = run_id if target_node is not None and isinstance(request, StartRequest) else None
         reply = await self._wait_reply(principal, command_id, placed)
         if reply is None:
             raise ProtocolError(
@@ -303,26 +506,36 @@ class Router:
 
     def command(self, message: dict[str, Any]) -> None:
         """A command NOTIFY for this node: served at once when it is inline and its run
-        is this node's (or it is a placed start); else the table is read."""
+        is this node's (or it is a placed start); else (or when the note is not one this
+        node can read) the table is read."""
         command_id, request, run_id = message.get("c"), message.get("a"), message.get("r")
+        principal, origin = message.get("p"), message.get("o")
         nursery = self._nursery
         if (
             nursery is None
             or not isinstance(command_id, int)
             or not isinstance(request, dict)
+            or not isinstance(principal, str)
+            or not isinstance(origin, str)
+            or not (run_id is None or isinstance(run_id, str))
             or command_id in self._inflight
-            or not (message.get("t") or self.serves_inline(run_id, message.get("p")))
+            or not (message.get("t") or self._serves(run_id, principal))
         ):
             self.wake()
             return
         self._inflight.add(command_id)
-        nursery.start_soon(
-            self._serve,
-            command_id,
-            str(message.get("p")),
-            json.dumps(request),
-            str(message["o"]),
-            run_id if isinstance(run_id, str) else None,
+        nursery.start_soon(self._serve, command_id, principal, request, origin, run_id)
+
+    def _serves(self, run_id: str | None, principal: str) -> bool:
+        """Whether a routed op for ``run_id`` may be answered here at once (a run of
+        this node; or no run: a start placed here)."""
+        if run_id is None:
+            return True
+        entry = self._runs.get(run_id)
+        return (
+            entry is not None
+            and entry.principal == principal
+            and not (entry.fence is not None and entry.fence.closed)
         )
 
     # -- the owner's side -------------------------------------------------------------
@@ -377,30 +590,45 @@ class Router:
         return await self._db.call(take)
 
     async def _serve(
-        self, command_id: int, principal: str, args: str, origin: str, run_id: str | None
+        self,
+        command_id: int,
+        principal: str,
+        args: str | dict[str, Any],
+        origin: str,
+        run_id: str | None,
     ) -> None:
+        """Answer one command (``args``: its wire JSON, as text from its row or as the
+        object its NOTIFY carried). An op this node cannot read is answered
+        ``invalid_request``, as any refusal: the node goes on."""
         # A command answered twice (two nodes racing right after a takeover) keeps the
         # first reply (the UPDATE only fills an empty one).
         try:
             assert self.execute is not None
-            request = json.loads(args)
-            # The command's origin, as values the op reads by the command's id: it
-            # stores its answer under that id and notifies the node that sent it (a
-            # routed cancel was recorded by its sender already, Router.send).
-            self._origins[command_id] = Origin(
-                principal=principal, node=origin, run_id=run_id, command=command_id
-            )
             try:
-                fields = await self.execute(principal, request, command_id)
-                answer: dict[str, Any] = {"ok": fields}
+                try:
+                    request = from_wire(_loaded(args))
+                except ProtocolError as exc:  # refused like any op: the node goes on
+                    logger.warning("routed command %s refused: %s", command_id, exc.message)
+                    raise
+                if self._resumed is not None and not isinstance(request, StartRequest | RunGet):
+                    await self._resumed(request.run_id)
+                # Where it comes from, as values: the op stores its answer under the
+                # command's id and notifies the node that sent it (a routed cancel was
+                # recorded by its sender already, Router.send).
+                done = await self.execute(
+                    request,
+                    Origin(principal=principal, node=origin, run_id=run_id, command=command_id),
+                )
+                if done.stored:
+                    self.served += 1
+                    return  # stored and sent with the op's own durable effect
+                answer: dict[str, Any] = {"ok": dict(done.fields)}
             except ProtocolError as exc:
                 answer = {"error": [exc.code, exc.message]}
             except Exception:
                 logger.exception("routed command %s failed", command_id)
                 answer = {"error": ["internal", "internal error"]}
             self.served += 1
-            if command_id in self._answered:
-                return  # stored and sent with the op's own durable effect
             text = json.dumps(answer)
             note = reply_note(origin, command_id, text)
 
@@ -419,26 +647,23 @@ class Router:
                     backoff = min(backoff * 2, 2.0)
         finally:
             self._inflight.discard(command_id)
-            self._origins.pop(command_id, None)
-            self._answered.discard(command_id)
 
-    def origin(self, command_id: int) -> Origin:
-        """Where the command this node is answering comes from (see :data:`Executor`)."""
-        return self._origins[command_id]
 
-    def answered(self, command_id: int) -> None:
-        """The op answering ``command_id`` stored its answer and notified its sender in
-        its own transaction: the router sends nothing more (one transaction fewer on
-        the path of a routed cancel, withdrawal or decision)."""
-        if command_id in self._origins:
-            self._answered.add(command_id)
+def _loaded(args: str | dict[str, Any]) -> Any:
+    """A command's wire JSON as an object (its row holds it as text)."""
+    if not isinstance(args, str):
+        return args
+    try:
+        return json.loads(args)
+    except (ValueError, RecursionError):
+        raise _garbled("its JSON does not parse") from None
 
 
 def _insert_command(
     conn: Conn,
     *,
     principal: str,
-    request: dict[str, Any],
+    request: RoutedOp,
     run_id: str | None,
     target_node: str | None,
     origin: str,
@@ -447,7 +672,8 @@ def _insert_command(
     returns its id and the run's owner, :data:`UNSTARTED` for a cancel that ended a
     run queued for capacity at once, None when the run is not the principal's
     unfinished run."""
-    args = json.dumps(request)
+    wire = to_wire(request)
+    args = json.dumps(wire)
     # One statement: the run must be the principal's and unfinished; its owner
     # is read with it.
     row = conn.execute(
@@ -464,27 +690,23 @@ def _insert_command(
             "p": principal,
             "target": target_node,
             "origin": origin,
-            "op": request["op"],
+            "op": wire["op"],
             "args": args,
         },
     ).fetchone()
     if row is None:
         return None
     command_id, owner = int(row[0]), row[1]
-    if (
-        request["op"] == "run.cancel"
-        and run_id is not None
-        and owner is None
-        and cancel_unstarted_in(conn, principal, run_id, request.get("reason"))
-    ):  # queued for capacity, claimed by no node: ended here, answered at once
-        conn.execute("DELETE FROM trio_agents_commands WHERE command_id = %s", (command_id,))
-        return UNSTARTED
-    if request["op"] == "run.cancel" and run_id is not None:
+    if isinstance(request, RunCancel) and run_id is not None:
+        if owner is None and cancel_unstarted_in(conn, principal, run_id, request.reason):
+            # Queued for capacity, claimed by no node: ended here, answered at once.
+            conn.execute("DELETE FROM trio_agents_commands WHERE command_id = %s", (command_id,))
+            return UNSTARTED
         # Durable before the owner sees it: the owner acks without writing it.
-        record_cancel_in(conn, run_id, request.get("reason"), request.get("mode", "immediate"))
+        record_cancel_in(conn, run_id, request.reason, request.mode)
     note: dict[str, Any] = {"k": "cmd", "n": target_node or owner}
     if len(args) < _INLINE:  # the owner can serve it without reading the row
-        note.update(c=command_id, r=run_id, p=principal, a=request, o=origin)
+        note.update(c=command_id, r=run_id, p=principal, a=wire, o=origin)
         if target_node is not None:
             note["t"] = 1  # addressed to that node: served there in any case
     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(note)))

@@ -98,18 +98,17 @@ async def _control(
 ) -> None:
     host, principal = conn.host, conn.principal
     fields: dict[str, Any] = {}
-    if isinstance(request, RunCancel):
-        await host.cancel(principal, request.run_id, request.reason, request.mode)
-    elif isinstance(request, RunInject):
-        injection_id = await host.inject(principal, request.run_id, request.items, request.when)
-        fields["injection_id"] = injection_id
-    elif isinstance(request, RunWithdraw):
-        withdrawn = await host.withdraw(principal, request.run_id, request.injection_id)
-        fields["withdrawn"] = withdrawn
-    elif isinstance(request, RunApprove):
-        await host.approve(principal, request.run_id, request.call_id)
-    else:
-        await host.reject(principal, request.run_id, request.call_id, request.message)
+    match request:
+        case RunCancel(run_id=run_id, reason=reason, mode=mode):
+            await host.cancel(principal, run_id, reason, mode)
+        case RunInject(run_id=run_id, items=items, when=when):
+            fields["injection_id"] = await host.inject(principal, run_id, items, when)
+        case RunWithdraw(run_id=run_id, injection_id=injection_id):
+            fields["withdrawn"] = await host.withdraw(principal, run_id, injection_id)
+        case RunApprove(run_id=run_id, call_id=call_id):
+            await host.approve(principal, run_id, call_id)
+        case RunReject(run_id=run_id, call_id=call_id, message=message):
+            await host.reject(principal, run_id, call_id, message)
     await conn.send(ack_frame(request.id, **fields))
 
 

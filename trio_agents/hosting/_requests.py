@@ -34,6 +34,7 @@ __all__ = [
     "RunsList",
     "SessionCancel",
     "parse_request",
+    "validate_request",
 ]
 
 
@@ -122,7 +123,9 @@ RequestId: TypeAlias = str | int
 
 # One typed request class per op. Each field's wire validator is in its metadata; a
 # field without a default is required; ``null`` is accepted only where the field is
-# optional (its validator says so).
+# optional (its validator says so). ``id`` is the client's request id, which only its
+# face's answer echoes: 0 for an op a host builds itself (a cluster routes these very
+# values between its nodes, ``cluster/_routing.py``).
 
 
 @final
@@ -131,7 +134,7 @@ class RunStart:
     """``run.start``: start ``agent`` on ``input``."""
 
     op: ClassVar[str] = "run.start"
-    id: RequestId
+    id: RequestId = 0
     agent: str = attrs.field(metadata=_NAME)
     input: tuple[Item, ...] = attrs.field(metadata=_spec(_items))
     session_id: str | None = attrs.field(
@@ -158,7 +161,7 @@ class RunCancel:
     """``run.cancel``."""
 
     op: ClassVar[str] = "run.cancel"
-    id: RequestId
+    id: RequestId = 0
     run_id: str = attrs.field(metadata=_NAME)
     reason: str | None = attrs.field(default=None, metadata=_OPTIONAL_TEXT)
     mode: Literal["immediate", "after_turn"] = attrs.field(
@@ -172,7 +175,7 @@ class RunInject:
     """``run.inject``."""
 
     op: ClassVar[str] = "run.inject"
-    id: RequestId
+    id: RequestId = 0
     run_id: str = attrs.field(metadata=_NAME)
     items: tuple[Item, ...] = attrs.field(metadata=_spec(_items))
     when: Literal["next_turn", "now", "when_idle"] = attrs.field(
@@ -186,7 +189,7 @@ class RunWithdraw:
     """``run.withdraw``."""
 
     op: ClassVar[str] = "run.withdraw"
-    id: RequestId
+    id: RequestId = 0
     run_id: str = attrs.field(metadata=_NAME)
     injection_id: str = attrs.field(metadata=_NAME)
 
@@ -197,7 +200,7 @@ class RunApprove:
     """``run.approve`` (``message`` is accepted and ignored)."""
 
     op: ClassVar[str] = "run.approve"
-    id: RequestId
+    id: RequestId = 0
     run_id: str = attrs.field(metadata=_NAME)
     call_id: str = attrs.field(metadata=_NAME)
     message: str | None = attrs.field(default=None, metadata=_OPTIONAL_TEXT)
@@ -209,7 +212,7 @@ class RunReject:
     """``run.reject``: the model reads ``message``."""
 
     op: ClassVar[str] = "run.reject"
-    id: RequestId
+    id: RequestId = 0
     run_id: str = attrs.field(metadata=_NAME)
     call_id: str = attrs.field(metadata=_NAME)
     message: str | None = attrs.field(default=None, metadata=_OPTIONAL_TEXT)
@@ -221,7 +224,7 @@ class RunSubscribe:
     """``run.subscribe``."""
 
     op: ClassVar[str] = "run.subscribe"
-    id: RequestId
+    id: RequestId = 0
     run_id: str = attrs.field(metadata=_NAME)
     from_seq: int | None = attrs.field(default=None, metadata=_spec(_seq))
     events: Literal["all", "status"] = attrs.field(
@@ -237,7 +240,7 @@ class RunUnsubscribe:
     """``run.unsubscribe`` (``tree``: the tree subscription to the run)."""
 
     op: ClassVar[str] = "run.unsubscribe"
-    id: RequestId
+    id: RequestId = 0
     run_id: str = attrs.field(metadata=_NAME)
     tree: bool = attrs.field(default=False, metadata=_spec(_flag))
 
@@ -248,7 +251,7 @@ class RunGet:
     """``run.get``."""
 
     op: ClassVar[str] = "run.get"
-    id: RequestId
+    id: RequestId = 0
     run_id: str = attrs.field(metadata=_NAME)
 
 
@@ -258,7 +261,7 @@ class RunsList:
     """``runs.list``: the roots of the principal's trees, or every node (``all``)."""
 
     op: ClassVar[str] = "runs.list"
-    id: RequestId
+    id: RequestId = 0
     all: bool = attrs.field(default=False, metadata=_spec(_flag))
 
 
@@ -268,7 +271,7 @@ class SessionCancel:
     """``session.cancel``: cancel the run that holds the session."""
 
     op: ClassVar[str] = "session.cancel"
-    id: RequestId
+    id: RequestId = 0
     session_id: str = attrs.field(metadata=_NAME)
     reason: str | None = attrs.field(default=None, metadata=_OPTIONAL_TEXT)
     mode: Literal["immediate", "after_turn"] = attrs.field(
@@ -343,6 +346,17 @@ def parse_request(text: str | bytes) -> Request:
         raise ProtocolError("invalid_json", "JSON nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError is a ValueError
         raise ProtocolError("invalid_json", f"not valid JSON: {exc}") from None
+    return validate_request(data)
+
+
+def validate_request(data: Any) -> Request:
+    """Validate one request already parsed from JSON (a frame's object, or a REST body
+    with its route's ``op`` and ``id``) into its typed request class: the one check of
+    every wire face, run once, at the edge.
+
+    Raises:
+        ProtocolError: as :func:`parse_request`, ``invalid_json`` aside.
+    """
     if not isinstance(data, dict):
         raise ProtocolError("invalid_request", "a request must be a JSON object")
     request_id = data.get("id")

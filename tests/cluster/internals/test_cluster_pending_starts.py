@@ -125,10 +125,10 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
                 answered = trio.Event()
                 placed: list[str] = []
 
-                async def slow_answer(principal: str, data: dict[str, Any], command: int) -> Any:
+                async def slow_answer(request: Any, origin: Any) -> Any:
                     assert execute is not None
-                    fields = await execute(principal, data, command)
-                    placed.append(fields["run_id"])
+                    fields = await execute(request, origin)
+                    placed.append(fields.fields["run_id"])
                     await answered.wait()
                     return fields
 
