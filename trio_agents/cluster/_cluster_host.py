@@ -146,8 +146,10 @@ class _ClusterEvents:
 class ClusterHost(LocalHost):
     """The run host of one node of a cluster (see the module docstring).
 
-    Made by :class:`~trio_agents.control.ControlServer` for ``cluster=...``; sessions
-    are the cluster's (PostgreSQL).
+    Made by :meth:`PostgresCluster.host <trio_agents.cluster.PostgresCluster.host>`
+    (which ``ControlServer(cluster=...)`` calls) over the cluster's internal node, whose
+    public methods are all it calls; its runs are placed by the node's
+    :class:`~._placement.ClusterPlacement`. Sessions are the cluster's (PostgreSQL).
     """
 
     def __init__(
@@ -568,9 +570,7 @@ class ClusterHost(LocalHost):
         try:
             async with channel:
                 with scope:
-                    await self._node.follow(
-                        run_id, from_seq, mode, send, absent_ends=absent_ends
-                    )
+                    await self._node.follow(run_id, from_seq, mode, send, absent_ends=absent_ends)
         except Exception:
             logger.exception("following the events of %s failed", run_id)
         finally:

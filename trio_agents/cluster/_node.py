@@ -25,7 +25,7 @@ import trio
 
 from .._items import Item, ToolCall
 from .._limits import UsageLimits
-from ..hosting._host import Origin
+from ..hosting._host import Origin, StartRequest
 from ..hosting._node import ClusterStatistics
 from ..hosting._policies import limits_to_wire
 from ..hosting._terms import ProtocolError
@@ -45,7 +45,16 @@ from ._queries import (
     release_node,
     tool_start_barrier,
 )
-from ._routing import Executor, Reply, Router, ok_reply, routed_reply, store_reply
+from ._routing import (
+    Executor,
+    Reply,
+    RoutedOp,
+    Router,
+    ok_reply,
+    routed_reply,
+    store_reply,
+    to_wire,
+)
 from ._session import ClusterSession, session_key
 from ._storable import storable_json
 from ._takeover import Leases
@@ -108,14 +117,6 @@ class ClusterNode:
             reconnects=self.listener.reconnects,
         )
 
-    def _sent(self, reply: Reply | None) -> bool:
-        """Whether the op's transaction stored its routed command's answer and notified
-        the sender: then the router sends nothing more."""
-        if reply is None or reply[2] is None:
-            return False
-        self.router.answered(reply[0])
-        return True
-
     def running(self) -> int:
         """Unfinished runs of this node."""
         return 0 if self.registry is None else self.registry.active_count
@@ -141,8 +142,7 @@ class ClusterNode:
         self._in_use = True
         self.registry = placement.registry
         self.placement = placement
-        self.router.execute = execute
-        self.router.serves_inline = self._serves
+        self.router.attach(execute, placement.registry.runs, self.leases.wait_resumed)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -160,19 +160,6 @@ class ClusterNode:
                 task_status.started()
         finally:
             await self.db.aclose()
-
-    def _serves(self, run_id: Any, principal: Any) -> bool:
-        """Whether a routed op for ``run_id`` may be answered here at once (a run of
-        this node; or no run: a start placed here)."""
-        if run_id is None:
-            return True
-        registry = self.registry
-        entry = None if registry is None else registry.runs.get(run_id)
-        return (
-            entry is not None
-            and entry.principal == principal
-            and not (entry.fence is not None and entry.fence.closed)
-        )
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message.get("k")
@@ -349,10 +336,6 @@ class ClusterNode:
         """The ``before_tool`` barrier: record that a call starts before its tool runs."""
         return tool_start_barrier(self.db, run_id, self.node_id, attempt, fence)
 
-    async def wait_resumed(self, run_id: str) -> None:
-        """Wait while ``run_id`` is being resumed here (a command may come first)."""
-        await self.leases.wait_resumed(run_id)
-
     async def owner_of(self, principal: str, run_id: str) -> dict[str, Any] | None:
         """The run's row (None: no such run of ``principal``)."""
         rows = await self._rows("run_id = %s AND principal = %s", (run_id, principal))
@@ -417,16 +400,19 @@ class ClusterNode:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         return found
 
-    async def route(self, principal: str, request: dict[str, Any], run_id: str) -> Any:
-        """Send an op to the owner of ``run_id``; its ack fields come back (errors:
-        ``not_found``, ``run_closed``, the owner's own). A cancel of a run queued for
-        capacity that no node has claimed ends it at once (``Router.send``)."""
+    async def route(self, principal: str, request: RoutedOp, run_id: str) -> Any:
+        """Send an op (a typed value, :data:`~._routing.RoutedOp`) to the owner of
+        ``run_id``; its ack fields come back (errors: ``not_found``, ``run_closed``, the
+        owner's own). A cancel of a run queued for capacity that no node has claimed
+        ends it at once (``Router.send``). The placement's routed cancels (a placed
+        run's client gone, a session's holder superseded) come this way; the node's
+        host hands its ops to the router itself."""
         return await self.router.send(principal, request, run_id=run_id)
 
     async def place(
-        self, principal: str, request: dict[str, Any], run_id: str
+        self, principal: str, request: StartRequest, run_id: str
     ) -> dict[str, Any] | None:
-        """A ``run.start`` on a full node: start it, as ``run_id``, on a node with room
+        """A start on a full node: start it, as ``run_id``, on a node with room
         (its ack fields), or, when every node is full, queue it for capacity (``_capacity.py``)
         and return its ``run_id``; None when this node has room.
 
@@ -454,8 +440,10 @@ class ClusterNode:
         # first node with room, in the order of the starts.
         registry = self.registry
         bound = 100 if registry is None else registry.limits.max_runs_per_principal
-        client = self.node_id if request.get("on_disconnect") == "cancel" else None
-        await enqueue_start(self.db, principal, request, run_id, client_node=client, bound=bound)
+        client = self.node_id if request.on_disconnect == "cancel" else None
+        await enqueue_start(
+            self.db, principal, to_wire(request), run_id, client_node=client, bound=bound
+        )
         return {"run_id": run_id}
 
     async def record_cancel(
@@ -475,7 +463,7 @@ class ClusterNode:
             await record_cancel(self.db, run_id, reason, mode, reply, recorded=recorded)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
-        return self._sent(reply)
+        return _sent(reply)
 
     async def record_child_cancel(
         self, child: Any, reason: str | None, mode: str, origin: Origin | None = None
@@ -526,7 +514,7 @@ class ClusterNode:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         if not recorded:
             raise ProtocolError("internal", f"run {child.id} is moving to another node; retry")
-        return self._sent(reply)
+        return _sent(reply)
 
     async def record_decision(
         self,
@@ -569,7 +557,7 @@ class ClusterNode:
             raise ProtocolError(
                 "internal", "this node no longer runs the run (it is being taken over); retry"
             )
-        return self._sent(reply)
+        return _sent(reply)
 
     async def record_withdrawal(
         self, run_id: str, injection_id: str, origin: Origin | None = None
@@ -579,7 +567,7 @@ class ClusterNode:
         Returns whether that answer was stored and sent."""
         reply = routed_reply(origin, {"withdrawn": True})
         await record_withdrawal(self.db, run_id, injection_id, reply)
-        return self._sent(reply)
+        return _sent(reply)
 
     async def injection_persisted(
         self, run_id: str, injection_id: str, origin: Origin | None = None
@@ -665,7 +653,7 @@ class ClusterNode:
         """The other nodes where a tree of ``principal`` may hold a child run: the
         live owners of its unfinished runs and of those finished less than ``retain``
         s ago. Child runs have no rows (a tree lives on its root's node), so a child's
-        id is resolved by asking these nodes (:meth:`_route_to`); a principal with no
+        id is resolved by asking these nodes (``ClusterHost._tree_node``); a principal with no
         runs on other nodes costs this one query.
 
         Raises:
@@ -690,13 +678,12 @@ class ClusterNode:
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
 
-    async def route_to(
-        self, principal: str, request: dict[str, Any], run_id: str, node: str
-    ) -> dict[str, Any]:
-        """Send an op on ``run_id`` (a child run, which has no row) to ``node``, the
-        node running its tree; its ack fields come back (errors: the node's own, e.g.
-        ``not_found`` when the tree is not there)."""
-        return await self.router.send(principal, request, run_id=run_id, target_node=node)
+
+def _sent(reply: Reply | None) -> bool:
+    """Whether the op's transaction stored its routed command's answer and notified
+    the sender (:class:`~._routing.Answer`'s ``stored``): then the router sends nothing
+    more."""
+    return reply is not None and reply[2] is not None
 
 
 def idle_timeout(lease_ttl: float) -> float:

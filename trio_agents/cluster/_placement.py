@@ -33,6 +33,7 @@ from .._session_lock import SessionClaim
 from ..hosting._placement import EventLog, PlacedRun, RunPlacement, RunStart
 from ..hosting._policies import RunStartInfo, call_context_hook
 from ..hosting._registry import Owner, Registry, RunEntry
+from ..hosting._requests import RunCancel
 from ..hosting._run_tasks import DISCONNECTED, launch
 from ..hosting._terms import ProtocolError
 from ._eventlog import Fence
@@ -166,15 +167,8 @@ class ClusterPlacement(RunPlacement):
         """Route ``reason`` cancels to the owners of ``run_ids`` (a run that has
         finished meanwhile answers ``run_closed``: ignored)."""
         for run_id in run_ids:
-            request = {
-                "id": 0,
-                "op": "run.cancel",
-                "run_id": run_id,
-                "reason": reason,
-                "mode": "immediate",
-            }
             try:
-                await self._node.route(principal, request, run_id)
+                await self._node.route(principal, RunCancel(run_id=run_id, reason=reason), run_id)
             except ProtocolError as exc:
                 if exc.code not in ("run_closed", "not_found"):
                     logger.warning("could not cancel placed run %s: %s", run_id, exc.message)
@@ -193,9 +187,8 @@ class ClusterPlacement(RunPlacement):
         if entry is not None and entry.run is not None:
             entry.run.cancel("superseded")
             return
-        request = {"id": 0, "op": "run.cancel", "run_id": run_id, "reason": "superseded"}
         with contextlib.suppress(ProtocolError):
-            await self._node.route(principal, request, run_id)
+            await self._node.route(principal, RunCancel(run_id=run_id, reason="superseded"), run_id)
 
     async def own_placed(self, owner: Owner, run_id: str) -> None:
         """``owner`` started ``run_id`` with ``on_disconnect="cancel"`` on another node
