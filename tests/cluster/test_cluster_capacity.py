@@ -53,7 +53,7 @@ async def full_cluster(
 
 
 def runs_on(n: Node, run_id: str) -> bool:
-    registry = n.cluster._registry
+    registry = n.cluster._node.registry
     assert registry is not None
     entry = registry.runs.get(run_id)
     return entry is not None and not entry.done.is_set()
@@ -118,7 +118,7 @@ async def test_a_queued_run_cancelled_from_another_node_never_starts(pg_dsn: str
         calls = len(model.requests)
         await cb.end(held_b)  # room frees: nothing is left to claim
         await ca.end(held_a)
-        await b.cluster._leases.scan()
+        await b.cluster._node.leases.scan()
         assert not runs_on(a, queued)
         assert not runs_on(b, queued)
         assert len(model.requests) == calls

@@ -124,7 +124,7 @@ async def test_an_approval_acked_before_the_owner_dies_runs_the_tool_once_after_
     # applies the recorded approval, so the tool runs once, on B, with no new approval.
     reached = trio.Event()
     async with approval_nodes(pg_dsn) as (ran, b_model, (a, _b), (ca, cb)):
-        monkeypatch.setattr(a.cluster, "_before_tool", blocked_barrier(reached))
+        monkeypatch.setattr(a.cluster._node, "before_tool", blocked_barrier(reached))
         run_id = await awaiting_approval(ca)
         await (ca if via == "A" else cb).ok("run.approve", run_id=run_id, call_id="d1")
         with trio.fail_after(30):
@@ -151,14 +151,14 @@ async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_onc
     async with approval_nodes(pg_dsn) as (ran, b_model, (a, _b), (ca, cb)):
         run_id = await awaiting_approval(ca)
         recorded = trio.Event()
-        real = a.cluster._record_decision
+        real = a.cluster._node.record_decision
 
         async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
             await real(*args, **kwargs)
             recorded.set()
             await trio.sleep_forever()
 
-        monkeypatch.setattr(a.cluster, "_record_decision", record_then_die)
+        monkeypatch.setattr(a.cluster._node, "record_decision", record_then_die)
         answer = await request_as_owner_dies(
             a, cb, "run.reject", once=[recorded], run_id=run_id, call_id="d1", message="no"
         )

@@ -209,7 +209,7 @@ async def test_a_subscriber_on_an_owner_whose_flush_is_fenced_off_sees_exactly_t
             check_exact(ca, run_id, log)
     assert log[-1]["event"]["status"] == "completed"
     assert (await row_of(pg_dsn, run_id))["attempt"] == 3  # taken over by A or B
-    assert a.cluster._leases.fenced == 0  # A stopped it as taken over, not for its lease
+    assert a.cluster._node.leases.fenced == 0  # A stopped it as taken over, not for its lease
 
 
 # -- item 6: the heartbeat never waits for the locks the work holds -----------------------
@@ -229,7 +229,7 @@ async def test_a_run_row_locked_longer_than_the_lease_does_not_cost_its_node_the
         async with nodes(model, pg_dsn, "A", lease_ttl=lease) as (a,), client(a.url) as ca:
             run_id = await ca.start_run(agent="a", input="held", subscribe="all")
             await ca.wait_status(run_id, "running")
-            leases = a.cluster._leases
+            leases = a.cluster._node.leases
             conn = await trio.to_thread.run_sync(lambda: psycopg.connect(pg_dsn, autocommit=False))
             try:
                 await trio.to_thread.run_sync(
@@ -274,7 +274,7 @@ async def test_a_queued_run_whose_session_claim_committed_with_its_answer_lost_r
             async with clients(a, b) as (ca, cb):
                 await ca.start_run(agent="a", input="zero", session_id="s")
                 await model.wait_called("zero")
-                call = b.cluster._db.call
+                call = b.cluster._node.db.call
 
                 async def answer_lost(fn: Any) -> Any:
                     result = await call(fn)
@@ -284,7 +284,7 @@ async def test_a_queued_run_whose_session_claim_committed_with_its_answer_lost_r
                         raise ClusterDown("the connection dropped at the commit")
                     return result
 
-                b.cluster._db.call = answer_lost
+                b.cluster._node.db.call = answer_lost
                 r1 = await cb.start_run(
                     agent="a", input="first", session_id="s", on_busy="enqueue", subscribe="all"
                 )

@@ -69,7 +69,7 @@ async def test_a_taken_over_queued_run_cancelled_as_its_session_frees(
                 await cb.wait_status(queued, "queued")
 
                 registry = host_registry(b)
-                real_claim = b.cluster._claim_queued
+                real_claim = b.cluster._node.claim_queued
 
                 async def claim_queued(**kwargs: Any) -> bool:
                     claimed = await real_claim(**kwargs)
@@ -83,7 +83,7 @@ async def test_a_taken_over_queued_run_cancelled_as_its_session_frees(
                         await _until(lambda: entry.log.session.inner._closed)
                     return claimed
 
-                monkeypatch.setattr(b.cluster, "_claim_queued", claim_queued)
+                monkeypatch.setattr(b.cluster._node, "claim_queued", claim_queued)
                 a.crash()  # B takes the queued run over once A's lease expires
                 await _until(lambda: queued in registry.runs)  # queued again, on B
                 await cb.ok("run.cancel", run_id=holder, reason="free the session")

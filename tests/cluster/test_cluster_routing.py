@@ -163,7 +163,7 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
     ):
         run_id = await ca.start_until_tool(agent="a", input="hi")
         # The owner holds every routed op until the test has looked at the row.
-        execute = a.cluster._router.execute
+        execute = a.cluster._node.router.execute
         assert execute is not None
         arrived, looked = trio.Event(), trio.Event()
 
@@ -173,15 +173,15 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
             assert execute is not None
             return await execute(request, origin)
 
-        a.cluster._router.execute = held
+        a.cluster._node.router.execute = held
         writes: list[str] = []
-        call = a.cluster._db.call
+        call = a.cluster._node.db.call
 
         async def counting(fn: Any) -> Any:
             writes.append(getattr(fn, "__qualname__", ""))
             return await call(fn)
 
-        a.cluster._db.call = counting  # type: ignore[method-assign]
+        a.cluster._node.db.call = counting  # type: ignore[method-assign]
         async with trio.open_nursery() as inner:
             inner.start_soon(lambda: cb.ok("run.cancel", run_id=run_id, reason="stop"))
             with trio.fail_after(30):
@@ -211,7 +211,7 @@ async def test_a_routed_cancel_is_made_durable_by_the_node_that_sends_it(pg_dsn:
             assert await trio.to_thread.run_sync(ended, run_id) == (True, "cancelled", "here")
         else:
             assert (await trio.to_thread.run_sync(recorded, run_id))["reason"] == "here"
-        assert b.cluster._router.routed == 1
+        assert b.cluster._node.router.routed == 1
 
 
 async def test_a_subscriber_on_a_node_whose_attempt_stopped_follows_the_run_elsewhere(
@@ -228,7 +228,7 @@ async def test_a_subscriber_on_a_node_whose_attempt_stopped_follows_the_run_else
         clients(a) as (ca,),
     ):
         run_id = await ca.start_until_tool(agent="a", input="hi")
-        assert a.cluster._lose_all("lease lost") == 1
+        assert a.cluster._node.lose_all("lease lost") == 1
         with trio.fail_after(60):
             done = await ca.wait_terminal(run_id)
         assert done["event"]["status"] == "completed", done

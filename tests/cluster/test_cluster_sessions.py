@@ -165,7 +165,7 @@ async def test_a_queued_run_whose_node_dies_is_queued_again_by_the_takeover(
         await cb.wait_status(second, "queued")  # persisted (sent only then)
         b.crash()
         with trio.fail_after(30):
-            while a.cluster._leases.takeovers == 0:  # noqa: ASYNC110 (no event)
+            while a.cluster._node.leases.takeovers == 0:  # noqa: ASYNC110 (no event)
                 await trio.sleep(0.05)
         info = (await ca.ok("run.get", run_id=second))["run"]
         assert info["status"] == "queued", info
@@ -193,7 +193,7 @@ async def test_runs_queued_on_different_nodes_get_the_session_in_order(pg_dsn: s
         holder = await ca.start_until_tool(agent="a", input="0", session_id="s")
         armed = trio.Event()  # both runs are queued
         c_tried = trio.Event()  # C tried to claim with the session free
-        b_call, c_call = b.cluster._db.call, c.cluster._db.call
+        b_call, c_call = b.cluster._node.db.call, c.cluster._node.db.call
 
         def claims(fn: Any) -> bool:
             return "claim_queued" in getattr(fn, "__qualname__", "")
@@ -211,8 +211,8 @@ async def test_runs_queued_on_different_nodes_get_the_session_in_order(pg_dsn: s
                     c_tried.set()
             return result
 
-        b.cluster._db.call = b_slow  # type: ignore[method-assign]
-        c.cluster._db.call = c_watched  # type: ignore[method-assign]
+        b.cluster._node.db.call = b_slow  # type: ignore[method-assign]
+        c.cluster._node.db.call = c_watched  # type: ignore[method-assign]
         queued = []
         for peer, text in ((cb, "1"), (cc, "2")):
             run_id = await peer.start_run(
@@ -294,7 +294,7 @@ async def test_a_placed_start_whose_node_dies_before_answering_is_acked_with_its
         crashed = trio.Event()
 
         def dying(target: Any) -> Any:
-            execute = target.cluster._router.execute
+            execute = target.cluster._node.router.execute
 
             async def started_then_dies(*args: Any) -> Any:
                 if not isinstance(args[0], StartRequest):
@@ -308,7 +308,7 @@ async def test_a_placed_start_whose_node_dies_before_answering_is_acked_with_its
             return started_then_dies
 
         for target in (a, b):
-            monkeypatch.setattr(target.cluster._router, "execute", dying(target))
+            monkeypatch.setattr(target.cluster._node.router, "execute", dying(target))
         async with client(c.url) as leaving:
             placed = await leaving.start_run(agent="a", input="2", on_disconnect="cancel")
             # C may answer once the run's row is there, before execute() has returned
@@ -338,7 +338,7 @@ async def test_a_placed_start_its_node_gave_up_on_never_starts(
     async with behind_a_full_node(pg_dsn, "A") as ((a, _c), cc, first):
         gave_up = trio.Event()
         late: list[Any] = []
-        execute = a.cluster._router.execute
+        execute = a.cluster._node.router.execute
         assert execute is not None
 
         async def slow(*args: Any) -> Any:
@@ -351,7 +351,7 @@ async def test_a_placed_start_its_node_gave_up_on_never_starts(
             finally:
                 late.append("done")
 
-        monkeypatch.setattr(a.cluster._router, "execute", slow)
+        monkeypatch.setattr(a.cluster._node.router, "execute", slow)
         answer = await cc.request("run.start", agent="a", input="2")
         assert (answer["type"], answer["code"]) == ("error", "internal"), answer
         gave_up.set()

@@ -247,14 +247,14 @@ async def test_a_cancel_of_a_child_acked_before_its_node_died_holds_after_the_ta
         root_id, child_id = await start_tree(ca)
         await cb.ok("run.subscribe", run_id=child_id, from_seq=1)
         recorded = trio.Event()
-        real = a.cluster._record_child_cancel
+        real = a.cluster._node.record_child_cancel
 
         async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
             await real(*args, **kwargs)
             recorded.set()
             await trio.sleep_forever()
 
-        monkeypatch.setattr(a.cluster, "_record_child_cancel", record_then_die)
+        monkeypatch.setattr(a.cluster._node, "record_child_cancel", record_then_die)
         answer = await request_as_owner_dies(
             a, cb, "run.cancel", once=[recorded], run_id=child_id, reason="enough"
         )

@@ -283,7 +283,7 @@ def dies_answering(
     the commands by then (what a node taking over finds)."""
     applied = trio.Event()
     stored: list[str | None] = []
-    execute = owner.cluster._router.execute
+    execute = owner.cluster._node.router.execute
     assert execute is not None
 
     async def answered_by_a_dying_node(*args: Any) -> NoReturn:
@@ -292,7 +292,7 @@ def dies_answering(
         applied.set()
         await trio.sleep_forever()  # the owner dies before its answer is written
 
-    monkeypatch.setattr(owner.cluster._router, "execute", answered_by_a_dying_node)
+    monkeypatch.setattr(owner.cluster._node.router, "execute", answered_by_a_dying_node)
     return applied, stored
 
 

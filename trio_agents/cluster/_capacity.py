@@ -27,7 +27,7 @@ from typing import Any
 from .._events import RunStatus, RunUpdated
 from ..hosting._error_codes import ProtocolError
 from ._db import ClusterDown, Conn, Database
-from ._schema import CHANNEL
+from ._schema import CHANNEL, session_key
 
 __all__ = ["cancel_unstarted_in", "end_run_in", "enqueue_start"]
 
@@ -48,8 +48,6 @@ async def enqueue_start(
             for capacity already, ``session_busy`` for an ``on_busy="reject"`` start
             whose session is held, ``internal`` when the database cannot be reached.
     """
-    from ._session import session_key  # here: _session -> _eventlog -> _routing -> us
-
     session_id = request.get("session_id")
     on_busy = request.get("on_busy") or "reject"
     key = session_key(principal, session_id, run_id)

@@ -44,10 +44,10 @@ import trio
 
 from ..hosting._error_codes import ProtocolError
 from ._db import ClusterDown, Conn
-from ._session import session_key
+from ._schema import session_key
 
 if TYPE_CHECKING:
-    from ._cluster import PostgresCluster
+    from ._node import ClusterNode
 
 __all__ = ["POLL", "claim_queued", "claim_run"]
 
@@ -55,7 +55,7 @@ POLL: Final = 1.0
 
 
 async def claim_run(
-    cluster: PostgresCluster,
+    cluster: ClusterNode,
     *,
     run_id: str,
     principal: str,
@@ -97,7 +97,7 @@ async def claim_run(
     queue = on_busy != "reject"
     while True:
         try:
-            holder = await cluster._db.call(insert)
+            holder = await cluster.db.call(insert)
         except ClusterDown as exc:
             raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
         if holder is None:
@@ -111,7 +111,7 @@ async def claim_run(
             if on_busy == "interrupt":
                 await cancel_holder(holder_id, owner)
             return holder_id
-        local = cluster._writer.logs.get(holder_id)
+        local = cluster.writer.logs.get(holder_id)
         if local is not None and local.run.status.is_terminal:
             await local.done.wait()  # its release is being written: then it is free
             continue
@@ -190,7 +190,7 @@ _AHEAD = (
 
 
 async def claim_queued(
-    cluster: PostgresCluster,
+    cluster: ClusterNode,
     *,
     run_id: str,
     key: str,
@@ -254,9 +254,9 @@ async def claim_queued(
     backoff = 0.05
     while waiting():
         try:
-            claimed, holder = await cluster._db.call(claim)
+            claimed, holder = await cluster.db.call(claim)
         except ClusterDown:
-            if cluster._db.dead:
+            if cluster.db.dead:
                 return False
             await trio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
@@ -269,7 +269,7 @@ async def claim_queued(
         holder_id, owner = holder
         if not holder_id:
             continue  # it ended between our update and our look
-        with cluster._listener.watch(("run", holder_id)) as wake:
+        with cluster.listener.watch(("run", holder_id)) as wake:
             if on_busy == "interrupt" and holder_id not in cancelled:
                 cancelled.add(holder_id)
                 await cancel_holder(holder_id, owner)

@@ -5,7 +5,7 @@ It wraps the host of one process (:class:`~trio_agents.hosting.LocalHost`: this 
 runs) and adds what makes N nodes act as one server:
 
 - **Placement.** A start on a full node is placed on a node with room, or queued for
-  capacity (``PostgresCluster._place``); the owner's disconnect still cancels a run it
+  capacity (``ClusterNode.place``); the owner's disconnect still cancels a run it
   placed elsewhere (its record's ``placed``, a routed cancel).
 - **Routing.** An op on a run another node runs goes to that node as a command
   (``_routing.py``); the node that answers it gets the command's origin as explicit
@@ -66,12 +66,13 @@ from ..hosting._requests import (
     RunWithdraw,
 )
 from ..hosting._run_info import RunInfo
-from ..hosting._run_tasks import closing, own_placed, start_run
+from ..hosting._run_tasks import start_run
 from ..hosting._sessions import items_bytes
+from ._placement import ClusterPlacement
 from ._routing import Answer, Control, RoutedOp
 
 if TYPE_CHECKING:
-    from ._cluster import PostgresCluster
+    from ._node import ClusterNode
 
 __all__ = ["ClusterHost"]
 
@@ -93,7 +94,8 @@ class _ClusterEvents:
 
     def __init__(
         self,
-        host: ClusterHost,
+        follow: Callable[..., trio.MemoryReceiveChannel[HostedEvent]],
+        stopping: Callable[[], bool],
         nursery: trio.Nursery,
         run_id: str,
         status_only: bool,
@@ -103,14 +105,16 @@ class _ClusterEvents:
         tree: bool = False,
         absent_ends: bool = True,
     ) -> None:
-        self._host = host
+        # The host's ClusterHost._follow, and whether the host is stopping.
+        self._follow = follow
+        self._stopping = stopping
         self._nursery = nursery
         self._run_id = run_id
         self._status_only = status_only
         self._local = local
         self._receive: trio.MemoryReceiveChannel[HostedEvent] | None = None
         if local is None:
-            self._receive = host._follow(
+            self._receive = follow(
                 nursery, run_id, follow_from, status_only, tree=tree, absent_ends=absent_ends
             )
 
@@ -127,9 +131,9 @@ class _ClusterEvents:
                 # This node's attempt stopped and the run goes on elsewhere: follow its
                 # persisted log from the first seq not given. Not while this node
                 # stops: its clients re-subscribe elsewhere.
-                if not local.moved or self._host._stopping:
+                if not local.moved or self._stopping():
                     raise
-                self._receive = self._host._follow(
+                self._receive = self._follow(
                     self._nursery, self._run_id, local.next_seq, self._status_only
                 )
         if self._receive is None:
@@ -144,13 +148,15 @@ class _ClusterEvents:
 class ClusterHost(LocalHost):
     """The run host of one node of a cluster (see the module docstring).
 
-    Made by :class:`~trio_agents.control.ControlServer` for ``cluster=...``; sessions
-    are the cluster's (PostgreSQL).
+    Made by :meth:`PostgresCluster.host <trio_agents.cluster.PostgresCluster.host>`
+    (which ``ControlServer(cluster=...)`` calls) over the cluster's internal node, whose
+    public methods are all it calls; its runs are placed by the node's
+    :class:`~._placement.ClusterPlacement`. Sessions are the cluster's (PostgreSQL).
     """
 
     def __init__(
         self,
-        cluster: PostgresCluster,
+        node: ClusterNode,
         agents: Mapping[str, Agent],
         *,
         limits: Limits | None = None,
@@ -158,11 +164,12 @@ class ClusterHost(LocalHost):
         context: ContextHook | None = None,
     ) -> None:
         super().__init__(agents, limits=limits, run_options=run_options, context=context)
-        self._cluster = cluster
+        self._node = node
         # The node's router: this host hands it the ops of runs other nodes run, as
         # typed values (it turns them into the cluster's wire, _routing.to_wire).
-        self._router = cluster._router
-        self._registry.cluster = cluster
+        self._router = node.router
+        self._placement = ClusterPlacement(node, self._registry)
+        self._registry.placement = self._placement
         self._stopping = False
         self._follows: set[trio.CancelScope] = set()
 
@@ -185,17 +192,17 @@ class ClusterHost(LocalHost):
         self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
     ) -> None:
         with scope:
-            await self._cluster._serve_node(self._registry, self.execute, task_status=task_status)
+            await self._node.serve_node(self._placement, self.execute, task_status=task_status)
 
     async def _stop_runs(self, deadline: float) -> None:
         """Hand the runs over to other nodes instead of cancelling them for good: the
         owners' ``on_disconnect="cancel"`` runs are cancelled first (the connections
         close), then every run is fenced, stopped here and released at once."""
-        cluster = self._cluster
-        if not cluster._dead:
+        node = self._node
+        if not node.dead:
             with trio.move_on_at(deadline):
-                await closing(self._registry, list(self._owners.values()))
-                await cluster._hand_over(self._cancel_runs)
+                await self._placement.closing(list(self._owners.values()))
+                await node.hand_over(self._cancel_runs)
         await self._cancel_runs()
         # Subscriptions end where this node's part of them does (the client
         # re-subscribes elsewhere from the next seq).
@@ -219,7 +226,7 @@ class ClusterHost(LocalHost):
         return entry
 
     async def _row(self, principal: str, run_id: str) -> dict[str, Any]:
-        row = await self._cluster._owner_of(principal, run_id)
+        row = await self._node.owner_of(principal, run_id)
         if row is None:
             raise ProtocolError("not_found", f"no run {run_id!r}")
         return row
@@ -232,7 +239,7 @@ class ClusterHost(LocalHost):
         except ProtocolError as exc:
             # The owner's own not_found (an unknown call id, ...) stands; a run without a
             # row may be a child run.
-            if exc.code != "not_found" or await self._cluster._owner_of(principal, run_id):
+            if exc.code != "not_found" or await self._node.owner_of(principal, run_id):
                 raise
         node, _ = await self._tree_node(principal, run_id)
         return await self._router.send(principal, request, run_id=run_id, target_node=node)
@@ -246,9 +253,9 @@ class ClusterHost(LocalHost):
         Raises:
             ProtocolError: ``not_found`` (no such run of the principal), ``internal``.
         """
-        cluster = self._cluster
         get = RunGet(run_id=run_id)
-        for node in await cluster._tree_nodes(principal, self._registry.limits.retain_finished):
+        retain = self._registry.limits.retain_finished
+        for node in await self._node.tree_nodes(principal, retain):
             try:
                 # Addressed to that node (a child run has no row to find its owner by).
                 answer = await self._router.send(principal, get, run_id=run_id, target_node=node)
@@ -295,7 +302,7 @@ class ClusterHost(LocalHost):
         if cut:
             owner.placed.add(run_id)
         try:
-            placed = await self._cluster._place(principal, request, run_id)
+            placed = await self._node.place(principal, request, run_id)
         except ProtocolError:
             if cut:
                 owner.placed.discard(run_id)
@@ -306,7 +313,7 @@ class ClusterHost(LocalHost):
             return None
         run_id = str(placed["run_id"])
         if cut:  # a disconnect from here cancels it there
-            await own_placed(self._registry, owner, run_id)
+            await self._placement.own_placed(owner, run_id)
         return run_id
 
     async def get(self, principal: str, run_id: str) -> RunInfo:
@@ -320,7 +327,7 @@ class ClusterHost(LocalHost):
     async def list(self, principal: str, *, all: bool = False) -> list[RunInfo]:
         registry = self._registry
         with host_errors():
-            rows = await self._cluster._list_runs(principal, registry.limits.retain_finished)
+            rows = await self._node.list_runs(principal, registry.limits.retain_finished)
         runs: list[RunInfo] = []
         for row in rows:
             entry = self._here(principal, row["run_id"], nodes=False)
@@ -379,7 +386,7 @@ class ClusterHost(LocalHost):
         mode: Literal["immediate", "after_turn"] = "immediate",
     ) -> str:
         with host_errors():
-            row = await self._cluster._session_holder(principal, session_id)
+            row = await self._node.session_holder(principal, session_id)
             if row is None:
                 raise ProtocolError("no_active_run", f"session {session_id!r} has no active run")
             run_id = row["run_id"]
@@ -433,7 +440,8 @@ class ClusterHost(LocalHost):
                 absent_ends = entry.root is None  # a child's row may be on its way
         async with trio.open_nursery() as nursery:
             events = _ClusterEvents(
-                self,
+                self._follow,
+                lambda: self._stopping,
                 nursery,
                 run_id,
                 status_only,
@@ -451,7 +459,7 @@ class ClusterHost(LocalHost):
         """Each event of a tree this node runs (a child run's too) is given once
         persisted: a client never sees an event a crash of this node could lose, whose
         seq the next attempt would reuse."""
-        return self._cluster._writer.logs.get
+        return self._node.writer.logs.get
 
     async def _persisted(self, principal: str, run_id: str) -> bool:
         """Whether a run of the principal another node runs has a row (a root's, or a
@@ -467,7 +475,7 @@ class ClusterHost(LocalHost):
         except ProtocolError as exc:
             if exc.code != "not_found":
                 raise
-        if await self._cluster._child_of(principal, run_id) is not None:
+        if await self._node.child_of(principal, run_id) is not None:
             return True
         await self._tree_node(principal, run_id)  # not_found if it is nowhere
         return False
@@ -534,7 +542,7 @@ class ClusterHost(LocalHost):
                     return
                 await channel.send(hosted)
 
-            await self._cluster._follow(run_id, 1, "all", send, absent_ends=absent)
+            await self._node.follow(run_id, 1, "all", send, absent_ends=absent)
 
         try:
             async with channel:
@@ -564,9 +572,7 @@ class ClusterHost(LocalHost):
         try:
             async with channel:
                 with scope:
-                    await self._cluster._follow(
-                        run_id, from_seq, mode, send, absent_ends=absent_ends
-                    )
+                    await self._node.follow(run_id, from_seq, mode, send, absent_ends=absent_ends)
         except Exception:
             logger.exception("following the events of %s failed", run_id)
         finally:
@@ -587,30 +593,30 @@ class ClusterHost(LocalHost):
         if child:
             await trio.lowlevel.checkpoint()
             run = live(entry)
-        cluster = self._cluster
+        node = self._node
         match request:
             case RunCancel(reason=reason, mode=mode):
                 if child:
                     # Durable (with a routed cancel's answer) before it is applied: if
                     # this node dies now, the takeover that resumes the child cancels it.
-                    stored = await cluster._record_child_cancel(run, reason, mode, origin)
+                    stored = await node.record_child_cancel(run, reason, mode, origin)
                     run.cancel(reason, mode=mode)
                 else:
                     run.cancel(reason, mode=mode)
                     # Acked once durable: a takeover ends it cancelled.
-                    stored = await cluster._record_cancel(entry.run_id, reason, mode, origin)
+                    stored = await node.record_cancel(entry.run_id, reason, mode, origin)
                 return Answer({}, stored)
             case RunWithdraw(injection_id=injection_id):
                 withdrawn = run.withdraw(injection_id)
                 stored = False
                 if withdrawn and not child:
-                    stored = await cluster._record_withdrawal(entry.run_id, injection_id, origin)
+                    stored = await node.record_withdrawal(entry.run_id, injection_id, origin)
                 return Answer({"withdrawn": withdrawn}, stored)
             case RunInject(items=items, when=when):
                 injection_id = inject_here(self._registry, entry, items, when)
                 if not child:
                     # Acked once durable: a takeover injects it again.
-                    await cluster._injection_persisted(entry.run_id, str(injection_id), origin)
+                    await node.injection_persisted(entry.run_id, str(injection_id), origin)
                 return Answer({"injection_id": injection_id})
             case RunApprove(call_id=call_id) | RunReject(call_id=call_id):
                 message = request.message if isinstance(request, RunReject) else None
@@ -638,7 +644,7 @@ class ClusterHost(LocalHost):
         live(entry)
         if call_id not in run.statistics().pending_approvals:
             raise ProtocolError("not_found", str(UnknownCallError(call_id)))
-        stored = await self._cluster._record_decision(
+        stored = await self._node.record_decision(
             entry.run_id, call_id, approved=approved, message=message, origin=origin
         )
         # Recorded and answered already: the run may have ended (or moved) since.
@@ -670,13 +676,13 @@ class ClusterHost(LocalHost):
 
     async def _start_placed(self, request: StartRequest, origin: Origin) -> dict[str, Any]:
         registry = self._registry
-        cluster = self._cluster
+        node = self._node
         principal = origin.principal
         asked = None if request.limits is None else limits_to_wire(request.limits)
         limits = effective_limits(asked, registry.limits.max_run_limits)
         registry.check_room(principal)
-        if cluster._running() >= cluster.max_runs:
-            raise ProtocolError("limit_exceeded", f"node {cluster.node_id} is full")
+        if node.running() >= node.max_runs:
+            raise ProtocolError("limit_exceeded", f"node {node.node_id} is full")
         items = request.input
         entry = await start_run(
             registry,

@@ -61,7 +61,7 @@ class Database:
         self._key = (dsn, size)
         self._shared: _Pool | None = None
         self._lock = threading.Lock()
-        self._schema_ready = False
+        self.schema_ready = False
         self.statement_timeout = 10.0
         self.lock_timeout = 5.0
         # A transaction idle that long between its statements (its node frozen: a
@@ -108,14 +108,14 @@ class Database:
         shared = self._pool()
         try:
             with shared.pool.connection(timeout=max(budget(self.statement_timeout), 0.001)) as conn:
-                if not self._schema_ready:
+                if not self.schema_ready:
                     try:
                         with conn.transaction():
                             PostgresSession(self.dsn)._prepare(conn)
                             prepare_cluster_schema(conn)
                     except (psycopg.DataError, SessionStorageError) as exc:
                         raise ClusterSchemaError(str(exc)) from exc
-                    self._schema_ready = True
+                    self.schema_ready = True
                 with transaction(
                     conn,
                     budget(self.lock_timeout),
@@ -145,7 +145,7 @@ class Dedicated:
         """Run ``fn(conn)`` in one transaction on this connection, in a worker thread.
         Raises :class:`ClusterDown` on any database error."""
         db = self._db
-        if not db._schema_ready:  # the tables exist once a pooled call checked them
+        if not db.schema_ready:  # the tables exist once a pooled call checked them
             await db.call(lambda conn: None)
         if db.dead:
             await trio.lowlevel.checkpoint()

@@ -128,11 +128,13 @@ class RunLog:
     # own in trio_agents_runs: its events are fenced by its root's row.
     root: RunLog | None = None
 
-    def _changed(self) -> None:
+    def signal_changed(self) -> None:
+        """Wake whoever waits for a change of this log (persisted, done, an error)."""
         self.changed.set()
         self.changed = trio.Event()
 
-    def _read_up_to(self, seq: int) -> None:
+    def read_up_to(self, seq: int) -> None:
+        """The reader took every event up to ``seq``: wake whoever waits for it."""
         self.read_seq = seq
         self.read.set()
         self.read = trio.Event()
@@ -191,7 +193,7 @@ class EventWriter:
         # sets them): the resumed tree's child is cancelled as soon as it is made.
         self.child_cancels: dict[str, tuple[str | None, str]] = {}
         self.flushes = 0
-        self.lease_ttl = 10.0  # the node's (PostgresCluster sets it)
+        self.lease_ttl = 10.0  # the node's (ClusterNode sets it)
 
     def track(self, nursery: trio.Nursery, log: RunLog, session: ClusterSession | None) -> None:
         """Start persisting ``log.run``'s events (from ``log.start_seq``), and the items
@@ -255,13 +257,13 @@ class EventWriter:
                         log.injections[event.injection_id] = event.seq
                 self._buffer.append((log, event, item))
                 self._pending.set()
-                log._read_up_to(event.seq)
+                log.read_up_to(event.seq)
         finally:
             self._buffer.append((log, None, None))  # "no more events": done once flushed
             self._pending.set()
             self._urgent.set()
             log.reader_ended = True
-            log._read_up_to(log.read_seq)
+            log.read_up_to(log.read_seq)
 
     async def run(self) -> None:
         """The flusher: runs until cancelled."""
@@ -287,7 +289,7 @@ class EventWriter:
                 logger.warning("flushing run events failed; retrying", exc_info=True)
                 for log in {entry[0] for entry in batch}:
                     log.error = exc  # a session write waiting for this flush sees it
-                    log._changed()
+                    log.signal_changed()
                 self._buffer[:0] = batch
                 self._pending.set()
                 await trio.sleep(backoff)
@@ -365,12 +367,12 @@ class EventWriter:
                 # fenced off (taken over) were dropped, and the next attempt reuses
                 # their seqs, so a subscriber here must never be sent them.
                 log.persisted_seq = max(log.persisted_seq, row["seq"])
-            log._changed()
+            log.signal_changed()
             if row.get("finished"):
                 self._listener.notify(("run", run_id))
         for log in ended:
             log.done.set()
-            log._changed()
+            log.signal_changed()
             if self.logs.get(log.run_id) is log:
                 del self.logs[log.run_id]
 
@@ -438,7 +440,7 @@ class EventWriter:
                 except ClusterDown:
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
-        log._changed()
+        log.signal_changed()
         if any(event is None for _, event, _ in entries):
             log.done.set()
             if self.logs.get(log.run_id) is log:

@@ -11,13 +11,21 @@ kept across a takeover) and the table of child runs (``_CHILDREN``). The tables 
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 
 import psycopg
 
 from ..sessions._postgres import _SCHEMA_LOCK, _SCHEMA_TABLE, Migration
 
-__all__ = ["CHANNEL", "COMPONENT", "MIGRATIONS", "SCHEMA_VERSION", "prepare_cluster_schema"]
+__all__ = [
+    "CHANNEL",
+    "COMPONENT",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "prepare_cluster_schema",
+    "session_key",
+]
 
 SCHEMA_VERSION: Final = 3
 COMPONENT: Final = "cluster"
@@ -169,3 +177,9 @@ def prepare_cluster_schema(conn: psycopg.Connection[Any]) -> None:
         f"UPDATE {_SCHEMA_TABLE} SET version = %s, updated_at = now() WHERE component = %s",
         (SCHEMA_VERSION, COMPONENT),
     )
+
+
+def session_key(principal: str, session_id: str | None, run_id: str) -> str:
+    """The stored session id of a run's session (and the runs table's ``session_key``):
+    the principal's session, or, without a session id, one of the run's own."""
+    return json.dumps([principal, session_id if session_id is not None else f"run:{run_id}"])

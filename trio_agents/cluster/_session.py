@@ -36,7 +36,6 @@ fenced and patient.
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Final, TypeVar, final
 
@@ -47,17 +46,13 @@ from .._items import Item
 from ..sessions._postgres import PostgresSession
 from ..sessions._storage import SessionStorageError, encode_items
 from ._eventlog import Fence, RunLog
+from ._schema import session_key
 
 __all__ = ["RETRY_FOR", "ClusterSession", "session_key"]
 
 T = TypeVar("T")
 
 RETRY_FOR: Final = 30.0
-
-
-def session_key(principal: str, session_id: str | None, run_id: str) -> str:
-    """The stored session id (and the runs table's ``session_key``)."""
-    return json.dumps([principal, session_id if session_id is not None else f"run:{run_id}"])
 
 
 def _transient(exc: SessionStorageError) -> bool:

@@ -27,7 +27,7 @@ continues its log). A run that had handed off continues as the agent its last pe
 ``run.handoff`` names (``Resume.agent``), not the one it was started with. A run whose
 client's node (``on_disconnect="cancel"``) is
 dead is cancelled at once (``"client disconnected"``), and each scan also cancels this
-node's runs whose client's node has died since (``PostgresCluster._check_clients``). A
+node's runs whose client's node has died since (``ClusterNode.check_clients``). A
 NOTIFY ``{"k": "scan"}`` (a node handing its runs over) triggers a scan at once.
 
 Every :data:`CLEANUP_INTERVAL` seconds a node also deletes the rows of runs finished
@@ -61,14 +61,13 @@ from .._resume import Resume
 from .._run import Run
 from ..hosting._error_codes import ProtocolError
 from ..hosting._policies import effective_limits, limits_from_wire
-from ..hosting._run_tasks import resume_run
 from ._capacity import end_run_in
 from ._db import ClusterDown, Conn, Dedicated
 from ._queries import CLIENT_GONE, decisions_of, live_nodes
 from ._schema import CHANNEL
 
 if TYPE_CHECKING:
-    from ._cluster import PostgresCluster
+    from ._node import ClusterNode
 
 __all__ = ["Claimed", "Leases"]
 
@@ -266,8 +265,8 @@ def _children(
 class Leases:
     """The heartbeat and the takeover scan of one node."""
 
-    def __init__(self, cluster: PostgresCluster) -> None:
-        self._cluster = cluster
+    def __init__(self, node: ClusterNode) -> None:
+        self._node = node
         self._wakeup = trio.Event()
         self.draining = False
         self.takeovers = 0
@@ -286,9 +285,9 @@ class Leases:
         self.scanning = trio.Lock()
         self.stopped = False
         # Runs queued for capacity may wait (a NOTIFY said so, or the last scan filled
-        # this node's room): a run ending here wakes the scan (PostgresCluster._room_freed).
+        # this node's room): a run ending here wakes the scan (ClusterNode.room_freed).
         self.queued = True
-        self._connection = Dedicated(cluster._db)  # the heartbeat's own
+        self._connection = Dedicated(node.db)  # the heartbeat's own
 
     def wake(self) -> None:
         """Scan now (a node released runs, or we reconnected)."""
@@ -296,7 +295,7 @@ class Leases:
 
     async def heartbeat(self) -> None:
         """Renew the node's and its runs' leases (one statement)."""
-        cluster = self._cluster
+        node = self._node
         sent = trio.current_time()
         releasing = list(self.to_release)
         # Only the runs this process runs (or is resuming, or starting): a node
@@ -305,16 +304,16 @@ class Leases:
         # included).
         owned = [
             run_id
-            for run_id, log in cluster._writer.logs.items()
+            for run_id, log in node.writer.logs.items()
             if not log.fence.closed and log.root is None  # a child has no row
         ]
         owned += self._resuming
-        owned += cluster._starting
+        owned += node.starting
         params = {
-            "node": cluster.node_id,
-            "ttl": cluster.lease_ttl,
-            "max": cluster.max_runs,
-            "running": cluster._running(),
+            "node": node.node_id,
+            "ttl": node.lease_ttl,
+            "max": node.max_runs,
+            "running": node.running(),
             "draining": self.draining,
             "releasing": releasing,
             "owned": owned,
@@ -372,16 +371,16 @@ class Leases:
         """Stop this node's runs once its leases may expire unrenewed (the database
         unreachable for most of ``lease_ttl``): before another node can take them over,
         never at the same time. Runs until cancelled."""
-        cluster = self._cluster
-        margin = 0.8 * cluster.lease_ttl
+        node = self._node
+        margin = 0.8 * node.lease_ttl
         while True:
             renewed = self._renewed
             with trio.move_on_at(self.renewed_at + margin):
                 await renewed.wait()
                 continue
-            if cluster._db.dead:
+            if node.db.dead:
                 return
-            self.fenced += cluster._lose_all("lease lost")
+            self.fenced += node.lose_all("lease lost")
             await renewed.wait()
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
@@ -397,8 +396,8 @@ class Leases:
             await self._connection.aclose()
 
     async def _beat(self, task_status: trio.TaskStatus[None]) -> None:
-        cluster = self._cluster
-        interval = cluster.lease_ttl / 3
+        node = self._node
+        interval = node.lease_ttl / 3
         started = False
         while True:
             try:
@@ -413,30 +412,30 @@ class Leases:
                     started = True
                     task_status.started()
             except ClusterDown:
-                if cluster._db.dead:
+                if node.db.dead:
                     return
                 logger.warning("cluster heartbeat failed; retrying", exc_info=True)
             await trio.sleep(interval)  # a period, not a synchronisation
 
     async def _scans(self) -> None:
-        cluster = self._cluster
+        node = self._node
         while not self.stopped:
             try:
                 if not self.draining:
                     async with self.scanning:
                         if not self.draining:
                             await self.scan()
-                            await cluster._check_clients()
+                            await node.check_clients()
                     if trio.current_time() >= self._next_cleanup:
                         self._next_cleanup = trio.current_time() + CLEANUP_INTERVAL
                         # Well under the watchdog's margin: its lock waits fail first.
-                        with trio.move_on_after(cluster.lease_ttl / 4):
+                        with trio.move_on_after(node.lease_ttl / 4):
                             await self.cleanup()
             except ClusterDown:
-                if cluster._db.dead:
+                if node.db.dead:
                     return
                 logger.warning("cluster scan failed; retrying", exc_info=True)
-            with trio.move_on_after(cluster.lease_ttl / 3):
+            with trio.move_on_after(node.lease_ttl / 3):
                 await self._wakeup.wait()
             self._wakeup = trio.Event()
 
@@ -446,8 +445,8 @@ class Leases:
         whichever node does it first (every :data:`CLEANUP_INTERVAL` s per node). Rows
         another transaction holds are skipped (``SKIP LOCKED``): the next sweep gets
         them."""
-        cluster = self._cluster
-        registry = cluster._registry
+        node = self._node
+        registry = node.registry
         retain = 600.0 if registry is None else registry.limits.retain_finished
 
         def delete(conn: Conn) -> None:
@@ -479,20 +478,20 @@ class Leases:
                 (retain,),
             )
 
-        await cluster._db.call(delete)
+        await node.db.call(delete)
 
     async def scan(self) -> None:
         """Claim and resume runs whose lease expired or that were released."""
-        cluster = self._cluster
-        room = cluster.max_runs - cluster._running()
+        node = self._node
+        room = node.max_runs - node.running()
         if room <= 0:
             return
         # Never the runs this node runs (or starts, resumes, or has yet to release):
         # a lease of one of them that lapsed (its row locked at every beat) is renewed
         # by the next beat, not taken over from itself.
-        mine = set(self.to_release) | self._resuming | cluster._starting
-        mine.update(run_id for run_id, log in cluster._writer.logs.items() if not log.fence.closed)
-        claimed = await cluster._db.call(lambda conn: self._claim(conn, room, mine))
+        mine = set(self.to_release) | self._resuming | node.starting
+        mine.update(run_id for run_id, log in node.writer.logs.items() if not log.fence.closed)
+        claimed = await node.db.call(lambda conn: self._claim(conn, room, mine))
         self.queued = len(claimed) >= room  # fewer: none was left to claim
         # Ours from the commit on: a command for any of them waits for its resumption.
         self._resuming.update(run.run_id for run in claimed)
@@ -507,13 +506,13 @@ class Leases:
 
     async def resume(self, claimed: Claimed) -> None:
         """Continue a run this node just claimed (see the module docstring)."""
-        cluster = self._cluster
-        registry = cluster._registry
-        assert registry is not None
+        node = self._node
+        placement = node.placement
+        assert placement is not None
         try:
-            if claimed.agent not in registry.agents:
+            if claimed.agent not in placement.registry.agents:
                 await self.fail(
-                    claimed, f"agent {claimed.agent!r} is not served by node {cluster.node_id}"
+                    claimed, f"agent {claimed.agent!r} is not served by node {node.node_id}"
                 )
                 return
             resume = Resume(
@@ -554,9 +553,9 @@ class Leases:
                         logger.exception("re-injecting into run %s failed", claimed.run_id)
 
             # Cancels acked for its children: applied as the resumed tree makes them.
-            cluster._writer.child_cancels.update(claimed.child_cancels)
+            node.writer.child_cancels.update(claimed.child_cancels)
             try:
-                await resume_run(registry, claimed, resume, then)
+                await placement.resume(claimed, resume, then)
             except Exception as exc:
                 logger.exception("resuming run %s failed", claimed.run_id)
                 await self.fail(claimed, f"could not resume: {exc!r}")
@@ -565,10 +564,10 @@ class Leases:
             self._resuming.discard(claimed.run_id)
             self._resumed.set()
             self._resumed = trio.Event()
-            cluster._router.wake()  # commands that waited for the run's new owner
+            node.router.wake()  # commands that waited for the run's new owner
 
     def _claim(self, conn: Conn, room: int, mine: set[str]) -> list[Claimed]:
-        cluster = self._cluster
+        node = self._node
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
             " session_key, session_id IS NOT NULL AND active_key IS NULL, usage,"
@@ -588,7 +587,7 @@ class Leases:
             "UPDATE trio_agents_runs SET owner = %(node)s, attempt = attempt + 1, released ="
             f" false, lease_expires_at = {_TIME}, updated_at = now()"
             " WHERE run_id = ANY(%(ids)s)",
-            {"node": cluster.node_id, "ttl": cluster.lease_ttl, "ids": ids},
+            {"node": node.node_id, "ttl": node.lease_ttl, "ids": ids},
         )
         starts: dict[str, set[str]] = {}
         for run_id, call_id in conn.execute(
@@ -653,12 +652,12 @@ class Leases:
 
     async def fail(self, run: Claimed, reason: str) -> None:
         """End a claimed run that cannot be resumed: ``failed`` with a terminal event."""
-        cluster = self._cluster
+        node = self._node
 
         def write(conn: Conn) -> None:
             end_run_in(conn, run.run_id, run.last_seq + 1, RunStatus.FAILED, reason, if_absent=True)
 
-        await cluster._db.call(write)
+        await node.db.call(write)
 
 
 def _persisted(

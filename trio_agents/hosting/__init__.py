@@ -24,6 +24,11 @@ from ._host import StartRequest as StartRequest
 from ._limits import Limits as Limits
 from ._local import HostStatistics as HostStatistics
 from ._local import LocalHost as LocalHost
+from ._placement import EventLog as EventLog
+from ._placement import Fence as Fence
+from ._placement import PlacedRun as PlacedRun
+from ._placement import RunPlacement as RunPlacement
+from ._placement import RunStart as RunStart
 from ._policies import ContextHook as ContextHook
 from ._policies import RunStartInfo as RunStartInfo
 from ._registry import PrincipalStatistics as PrincipalStatistics
@@ -39,15 +44,20 @@ __all__ = [
     "Auth",
     "ContextHook",
     "ErrorCode",
+    "EventLog",
+    "Fence",
     "HostError",
     "HostStatistics",
     "HostedEvent",
     "Limits",
     "LocalHost",
     "Origin",
+    "PlacedRun",
     "PrincipalStatistics",
     "RunHost",
     "RunInfo",
+    "RunPlacement",
+    "RunStart",
     "RunStartInfo",
     "ServedFace",
     "SessionFactory",

@@ -60,6 +60,7 @@ from .._serving import serving
 from ._error_codes import ProtocolError
 from ._host import HostedEvent, HostError, Origin, StartRequest
 from ._limits import Limits
+from ._placement import EventLog
 from ._policies import ContextHook, effective_limits, limits_to_wire
 from ._registry import Owner, PrincipalStatistics, Registry, RunEntry
 from ._run_info import RunInfo
@@ -133,7 +134,7 @@ class _Events:
         from_seq: int | None,
         tree: bool,
         status_only: bool,
-        logs: Callable[[str], Any] | None = None,
+        logs: Callable[[str], EventLog | None] | None = None,
     ) -> None:
         run = entry.run
         assert run is not None
@@ -147,9 +148,9 @@ class _Events:
             self._batches = run.events(from_seq).batches()
         self._ready: deque[RunEvent] = deque()
         self._fence = entry.tree.fence
-        self._log = entry.log  # None for a child run, and without a cluster
-        # A cluster's RunLog of any run of the tree, by id (a child run's too: its
-        # events are persisted under its own id), while its writer tracks it.
+        self._log = entry.log  # None for a child run, and in one process
+        # The durable log of any run of the tree, by id (a child run's too: its
+        # events are persisted under its own id), while it is written.
         self._logs = logs
         self._ended = False
         self.moved = False
@@ -605,9 +606,9 @@ class LocalHost:
             logs=self._event_logs(),
         )
 
-    def _event_logs(self) -> Callable[[str], Any] | None:
-        """Where a cluster's node finds what of a run's events is persisted (its
-        RunLog, by run id); None in one process."""
+    def _event_logs(self) -> Callable[[str], EventLog | None] | None:
+        """Where a distributed host finds what of a run's events is persisted (its
+        durable log, by run id); None in one process."""
         return None
 
     def disconnected(self, owner: object) -> None:

@@ -30,11 +30,12 @@ from .. import Agent, Run
 from .._text_cleaning import clean_text
 from ._error_codes import ProtocolError
 from ._limits import Limits
+from ._placement import LocalPlacement
 from ._run_info import RunInfo
-from ._sessions import MemorySessions, MeteredSession, SessionFactory
+from ._sessions import MemorySessions, SessionFactory
 
 if TYPE_CHECKING:
-    from ._node import ClusterNode
+    from ._placement import EventLog, Fence, RunPlacement
     from ._policies import ContextHook
 
 __all__ = ["Owner", "PrincipalStatistics", "Registry", "RunEntry", "descendants"]
@@ -72,9 +73,9 @@ class Owner(Protocol):
 
     principal: str
     owned: set[RunEntry]
-    # Runs with on_disconnect="cancel" it started that run on other nodes of a cluster
-    # (placed there: this node was full; or taken over after their attempt here
-    # stopped), by id: its disconnect routes their cancel.
+    # Runs with on_disconnect="cancel" it started that run in another process now
+    # (placed there: this one was full; or taken over after their attempt here
+    # stopped), by id: its disconnect cancels them there (RunPlacement.cancel_elsewhere).
     placed: set[str]
 
 
@@ -94,10 +95,11 @@ class RunEntry:
     run: Run | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
     host_scope: trio.CancelScope = attrs.field(factory=lambda: trio.CancelScope(shield=True))
-    memory: MeteredSession | None = None
-    fence: Any = None  # a cluster's Fence: events past it are not this node's to send
-    first_seq: int = 1  # a resumed run's first event here (earlier ones: the cluster's log)
-    log: Any = None  # a cluster's RunLog: what of the run's events is persisted
+    # What ends this process's attempt of the run (its placement's): events past it
+    # are not this process's to give. None: nothing does (one process).
+    fence: Fence | None = None
+    first_seq: int = 1  # a resumed run's first event here (earlier ones: a durable log's)
+    log: EventLog | None = None  # what of the run's events is durable (its placement's)
     # A child run of a tree started here (§17): the entry of its root, which holds the
     # tree's counters (retention, inject bytes), fence and owner; None for a root.
     root: RunEntry | None = None
@@ -180,7 +182,9 @@ class Registry:
         self.limits = limits
         self.session_factory = session_factory
         self.run_options = run_options
-        self.cluster: ClusterNode | None = None
+        # Where the runs hold their sessions and what of them is durable: one
+        # process's by default; a distributed host installs its own.
+        self.placement: RunPlacement = LocalPlacement(self)
         # ControlServer(context=...): each run's context (_policies.py).
         self.context_hook: ContextHook | None = None
         self.runs: dict[str, RunEntry] = {}
@@ -393,8 +397,7 @@ class Registry:
         state = self.state_of(entry.principal)
         state.active.discard(entry)
         self.active_count -= 1
-        if self.cluster is not None:
-            self.cluster._room_freed()
+        self.placement.ended(entry.run_id)
         if entry.owner is not None:
             entry.owner.owned.discard(entry)
             fence = entry.fence
@@ -402,8 +405,6 @@ class Registry:
                 # Only this node's attempt ended (lease lost, hand-over): the run goes
                 # on elsewhere, and the client's disconnect must still cancel it there.
                 entry.owner.placed.add(entry.run_id)
-        if entry.memory is not None:
-            state.sessions.release(entry.memory)
         if not retain:
             self._unindex(entry)
             self.runs.pop(entry.run_id, None)

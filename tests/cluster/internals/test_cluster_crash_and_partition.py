@@ -49,7 +49,7 @@ from trio_agents.models import ScriptedModel, Turn
 # from tests/support (a test file must not import another): then these go.
 def partition_heartbeat(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     """Make the node's lease renewals fail until the returned ``heal()`` is called."""
-    real = node.cluster._leases.heartbeat
+    real = node.cluster._node.leases.heartbeat
     cut = [True]
 
     async def heartbeat() -> None:
@@ -58,7 +58,7 @@ def partition_heartbeat(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable
             raise ClusterDown("partitioned from PostgreSQL (test)")
         await real()
 
-    monkeypatch.setattr(node.cluster._leases, "heartbeat", heartbeat)
+    monkeypatch.setattr(node.cluster._node.leases, "heartbeat", heartbeat)
 
     def heal() -> None:
         cut[0] = False
@@ -69,13 +69,13 @@ def partition_heartbeat(node: Node, monkeypatch: pytest.MonkeyPatch) -> Callable
 def gate_flushes(node: Node, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
     """Hold the node's event-log flushes until the returned event is set."""
     gate = trio.Event()
-    real = node.cluster._writer._flush
+    real = node.cluster._node.writer._flush
 
     async def flush(batch: list[Any]) -> None:
         await gate.wait()
         await real(batch)
 
-    monkeypatch.setattr(node.cluster._writer, "_flush", flush)
+    monkeypatch.setattr(node.cluster._node.writer, "_flush", flush)
     return gate
 
 
@@ -168,7 +168,7 @@ async def test_a_node_resuming_its_own_stopped_run_waits_for_that_attempt_to_end
         with trio.fail_after(30):
             await slow.cancelled.wait()  # the watchdog stopped the run ("lease lost")
         heal()  # the next heartbeat releases the run; A's scan claims it back
-        await until(lambda: a.cluster._leases.takeovers == 1)
+        await until(lambda: a.cluster._node.leases.takeovers == 1)
         assert stopped.run.result is None  # that attempt is still stopping
         hold.set()
         await ca.ok("run.subscribe", run_id=run_id, from_seq=1)
@@ -206,7 +206,7 @@ async def test_a_run_that_moved_to_another_attempt_is_cancelled_when_its_client_
             await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
             started = trio.Event()
             heal = partition_heartbeat(a, monkeypatch)
-            await until(lambda: a.cluster._leases.fenced == 1)  # A stopped its attempt
+            await until(lambda: a.cluster._node.leases.fenced == 1)  # A stopped its attempt
             heal()
             await cb.wait_event(
                 run_id,
@@ -236,13 +236,13 @@ async def test_a_slow_cleanup_does_not_stop_a_healthy_nodes_runs(pg_dsn: str) ->
             await trio.to_thread.run_sync(
                 conn.execute, "SELECT 1 FROM trio_agents_nodes WHERE node_id = 'Z' FOR UPDATE"
             )
-            a.cluster._leases._next_cleanup = 0.0  # its next sweep is due (every 60 s)
-            a.cluster._leases.wake()
+            a.cluster._node.leases._next_cleanup = 0.0  # its next sweep is due (every 60 s)
+            a.cluster._node.leases.wake()
             await trio.sleep(2 * a.cluster.lease_ttl)  # the lock is held this long
             await trio.to_thread.run_sync(conn.rollback)
-        renewed = a.cluster._leases.renewed_at
-        await until(lambda: a.cluster._leases.renewed_at != renewed)
-        assert a.cluster._leases.fenced == 0
+        renewed = a.cluster._node.leases.renewed_at
+        await until(lambda: a.cluster._node.leases.renewed_at != renewed)
+        assert a.cluster._node.leases.fenced == 0
         assert not slow.cancelled.is_set()
         slow.release.set()
 
@@ -276,7 +276,7 @@ def lose_flushes_from_delivery(node: Node, monkeypatch: pytest.MonkeyPatch) -> N
     """From the first ``inbox.delivered`` event on, the node's writer persists nothing
     more (it stalls there, as one cut off from PostgreSQL): what came before it is
     persisted (the delivered items with their ``run.item`` events), it is not."""
-    real = node.cluster._writer._flush
+    real = node.cluster._node.writer._flush
     stalled = [False]
 
     async def flush(batch: list[Any]) -> None:
@@ -294,7 +294,7 @@ def lose_flushes_from_delivery(node: Node, monkeypatch: pytest.MonkeyPatch) -> N
             await real(batch[:cut])
         await trio.sleep_forever()
 
-    monkeypatch.setattr(node.cluster._writer, "_flush", flush)
+    monkeypatch.setattr(node.cluster._node.writer, "_flush", flush)
 
 
 async def test_an_injection_is_delivered_once_across_a_crash(
@@ -436,7 +436,7 @@ async def test_remote_subscriptions_leave_no_waiters_behind(pg_dsn: str) -> None
             await cb.wait_terminal(run_id)
             run_ids.append(run_id)
         await until(lambda: not followed(b, run_ids))
-        waiters = b.cluster._listener._waiters
+        waiters = b.cluster._node.listener._waiters
         assert [r for r in run_ids if waiters.get(("run", r))] == []
 
 

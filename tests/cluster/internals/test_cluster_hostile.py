@@ -272,7 +272,7 @@ async def test_a_call_id_the_database_refuses_is_not_retried(
     async with trio.open_nursery() as nursery:
         async with node(nursery, agents, pg_dsn, "A") as a, client(a.url) as ca:
             refusals: list[ClusterDown] = []
-            real_call = a.cluster._db.call
+            real_call = a.cluster._node.db.call
 
             async def call(fn: Any) -> Any:
                 try:
@@ -282,7 +282,7 @@ async def test_a_call_id_the_database_refuses_is_not_retried(
                         refusals.append(exc)
                     raise
 
-            monkeypatch.setattr(a.cluster._db, "call", call)
+            monkeypatch.setattr(a.cluster._node.db, "call", call)
             with trio.fail_after(BOUND):
                 run_id = str(await ca.start_run(agent="a", input="hi"))
                 await ca.ok("run.subscribe", run_id=run_id, from_seq=1)

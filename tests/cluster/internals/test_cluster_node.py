@@ -111,7 +111,7 @@ async def test_streamed_deltas_are_written_in_batches(pg_dsn: str) -> None:
 async def test_finished_runs_are_forgotten_after_retention(pg_dsn: str) -> None:
     async with node_after_a_run(pg_dsn) as (a, c, run_id):
         execute(pg_dsn, "UPDATE trio_agents_runs SET updated_at = now() - interval '1 day'")
-        await a.cluster._leases.cleanup()
+        await a.cluster._node.leases.cleanup()
         gone = await c.request("run.get", run_id=run_id)
         assert gone["type"] == "ack"  # still retained in the node's memory
     with psycopg.connect(pg_dsn) as conn:

@@ -16,7 +16,7 @@ import trio
 import trio_agents as ta
 from tests.support.cluster_nodes import agents, server_connections
 from tests.support.cluster_support import client, node
-from trio_agents.hosting import _run_tasks
+from trio_agents.cluster._placement import ClusterPlacement
 from trio_agents.models import ScriptedModel, Turn
 
 
@@ -65,17 +65,19 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
     served = agents(model, [blocking_tool(started)])
     ttl = 1.0
     seen: list[tuple[Any, ...] | None] = []
-    real = _run_tasks.supersede
+    real = ClusterPlacement.supersede
 
-    async def slow_supersede(registry: Any, principal: str, run_id: str, node: Any) -> None:
+    async def slow_supersede(
+        placement: ClusterPlacement, principal: str, run_id: str, node: Any
+    ) -> None:
         # The holder's cancel takes well over lease_ttl to be answered.
         (new,) = await trio.to_thread.run_sync(queued_rows, pg_dsn, run_id)
-        leases = registry.cluster._leases
+        leases = a.cluster._node.leases
         until = trio.current_time() + 2 * ttl
         while leases.renewed_at <= until:  # noqa: ASYNC110 (a heartbeat sent after it)
             await trio.sleep(ttl / 6)
         seen.append(await trio.to_thread.run_sync(row_of, pg_dsn, new))
-        await real(registry, principal, run_id, node)
+        await real(placement, principal, run_id, node)
 
     async with trio.open_nursery() as nursery:
         async with (
@@ -86,7 +88,7 @@ async def test_a_run_whose_start_waits_for_its_holders_cancel_keeps_its_lease(
             await ca.ok("run.start", agent="a", input="1", session_id="s")
             with trio.fail_after(30):
                 await started.wait()
-            monkeypatch.setattr(_run_tasks, "supersede", slow_supersede)
+            monkeypatch.setattr(ClusterPlacement, "supersede", slow_supersede)
             second = await ca.start_run(
                 agent="a", input="2", session_id="s", on_busy="interrupt", subscribe="all"
             )
@@ -118,7 +120,7 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
                 await cb.ok("run.start", agent="a", input="1")  # B is full now
                 with trio.fail_after(30):
                     await started.wait()
-                execute = a.cluster._router.execute
+                execute = a.cluster._node.router.execute
                 assert execute is not None
                 answered = trio.Event()
                 placed: list[str] = []
@@ -130,7 +132,7 @@ async def test_a_placed_start_cut_on_its_clients_node_is_still_cancelled_with_it
                     await answered.wait()
                     return fields
 
-                monkeypatch.setattr(a.cluster._router, "execute", slow_answer)
+                monkeypatch.setattr(a.cluster._node.router, "execute", slow_answer)
                 await cb.ws.send_message(
                     '{"id": "p", "op": "run.start", "agent": "a", "input": "2",'
                     ' "on_disconnect": "cancel"}'

@@ -308,7 +308,7 @@ async def test_a_graceful_stop_cancels_the_runs_whose_client_it_disconnects(
     fetch = fetch_tool(started, forever)
     model = ScriptedModel([], default=Turn(tool_calls=[("fetch", {})]))
     async with three_nodes(model, [fetch], pg_dsn, lease_ttl=3600.0) as ((a, _b, _c), ca, cb):
-        a.cluster._max_runs = 1 if placed else 100
+        a.cluster._node.max_runs = 1 if placed else 100
         if placed:  # A is full: its client's runs are placed on B or C
             await ca.ok("run.start", agent="a", input="filler")
             await until(lambda: bool(started), limit=30)
@@ -348,7 +348,7 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
             run_id = await cc.start_run(agent="a", input="go", subscribe="all")
             await cc.wait_event(run_id, lambda e: e["type"] == "tool.started")
             proceed, resuming = trio.Event(), trio.Event()
-            resume = b.cluster._leases.resume
+            resume = b.cluster._node.leases.resume
 
             async def slow_resume(claimed: Any) -> None:
                 resuming.set()
@@ -365,13 +365,13 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
                 await until(lambda: len(started) >= 2 or stopped_here(), limit=30)
                 await release_node(*args)
 
-            monkeypatch.setattr(b.cluster._leases, "resume", slow_resume)
+            monkeypatch.setattr(b.cluster._node.leases, "resume", slow_resume)
             with trio.fail_after(30):
                 await c.stop()  # hands the run over: B claims it
                 await resuming.wait()
-            monkeypatch.setattr("trio_agents.cluster._cluster.release_node", release_once_resumed)
+            monkeypatch.setattr("trio_agents.cluster._node.release_node", release_once_resumed)
             b.scope.cancel()  # B's shutdown begins while it resumes the run
-            await until(lambda: b.cluster._leases.draining, limit=30)
+            await until(lambda: b.cluster._node.leases.draining, limit=30)
             proceed.set()
             try:
                 with trio.fail_after(30):

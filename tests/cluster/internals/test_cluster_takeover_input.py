@@ -45,7 +45,7 @@ def texts(items: list[ta.Item]) -> list[tuple[str, str]]:
 def crash_after_row_inserted(a: Node, crashed: trio.Event, ids: list[str]) -> None:
     """Crash ``a`` the moment a run's row (and session claim) committed, before the
     run's task exists: its input never reaches the session."""
-    claim = a.cluster._claim
+    claim = a.cluster._node.claim
 
     async def then_crash(**kwargs: Any) -> Any:
         await claim(**kwargs)
@@ -54,7 +54,7 @@ def crash_after_row_inserted(a: Node, crashed: trio.Event, ids: list[str]) -> No
         crashed.set()
         await trio.sleep_forever()  # the node's scope is cancelled: nothing more runs
 
-    a.cluster._claim = then_crash  # type: ignore[method-assign]
+    a.cluster._node.claim = then_crash  # type: ignore[method-assign]
 
 
 async def first_run_then_crashing_second(dsn: str, a: Node) -> str:
@@ -167,7 +167,7 @@ async def test_a_queued_run_killed_after_its_claim_before_its_input_answers_its_
             async with client(a.url) as ca:
                 await ca.start_run(agent="a", input="zero", session_id="s")
                 await model.wait_called("zero")
-                claim_queued = a.cluster._claim_queued
+                claim_queued = a.cluster._node.claim_queued
 
                 async def then_crash(**kwargs: Any) -> Any:
                     claimed = await claim_queued(**kwargs)
@@ -177,7 +177,7 @@ async def test_a_queued_run_killed_after_its_claim_before_its_input_answers_its_
                         await trio.sleep_forever()
                     return claimed
 
-                a.cluster._claim_queued = then_crash
+                a.cluster._node.claim_queued = then_crash
                 r1 = await ca.start_run(
                     agent="a", input="first", session_id="s", on_busy="enqueue", subscribe="all"
                 )
