@@ -20,7 +20,7 @@ from ._window import HistoryPolicy, Summarize
 if TYPE_CHECKING:
     from ._result import RunResult
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "compiled_output"]
 
 
 def _to_tools(value: Iterable[Tool | Callable[..., Any]]) -> tuple[Tool, ...]:
@@ -377,3 +377,9 @@ class Agent:
             specs = self._tool_specs
             assert specs is not None
         return specs
+
+
+def compiled_output(agent: Agent) -> OutputType | None:
+    """The agent's compiled ``output_type`` (None: plain text): what the turn engine
+    and the answer step read, through this one accessor of the module that owns it."""
+    return agent._output

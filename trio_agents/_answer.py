@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import final
 
+from ._agent import compiled_output
 from ._items import ToolCall, ToolResult, UserMessage
 from ._model import FINAL_ANSWER_TOOL
 from ._output import Accepted, Attempt, OutputType, Rejected
@@ -25,7 +26,10 @@ def final_answer_offered(state: RunState) -> bool:
     """Whether the model is offered the ``final_answer`` tool: the agent has an output
     type and the model has no native structured output (``native_output``)."""
     agent = state.agent
-    return agent._output is not None and getattr(agent.model, "native_output", False) is not True
+    return (
+        compiled_output(agent) is not None
+        and getattr(agent.model, "native_output", False) is not True
+    )
 
 
 @final
@@ -47,7 +51,7 @@ class Answers:
         """A turn of tool calls: run them; the awaitable gives None unless one was a
         final answer. Without a final answer it is ``run_tools``' own awaitable (one
         coroutine frame less while the tools run)."""
-        output = self._state.agent._output
+        output = compiled_output(self._state.agent)
         if output is None or all(c.name != FINAL_ANSWER_TOOL for c in calls):
             return run_tools(calls)
         return self._take_answer_calls(calls, run_tools, output)
@@ -68,7 +72,7 @@ class Answers:
 
     async def take_text(self, text: str) -> Attempt:
         """A turn that ended with text: the answer, checked if there is an output type."""
-        output = self._state.agent._output
+        output = compiled_output(self._state.agent)
         if output is None:
             return Accepted(text)
         attempt = self._count(output.take_text(text))

@@ -35,7 +35,7 @@ from typing import Any, TypeAlias, final
 import attrs
 import trio
 
-from ._agent import Agent
+from ._agent import Agent, compiled_output
 from ._answer import Answers, final_answer_offered
 from ._error_text import summarize
 from ._events import InboxDelivered, InboxInjected, RunStatus, text_delta
@@ -257,7 +257,7 @@ def _answer_items(state: RunState, turn: _TurnOutcome) -> tuple[tuple[int, ...],
             at.insert(0, index)
             if len(at) == 2:
                 break
-    output = state.agent._output
+    output = compiled_output(state.agent)
     assert output is not None  # a final_answer call was accepted
     return tuple(at), output.text_of(call.arguments)
 
@@ -286,8 +286,9 @@ def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
     # (_frozen.py), so no request can change what another run's model is told.
     tools = agent.tool_specs()
     if final_answer_offered(state):
-        assert agent._output is not None
-        tools = (*tools, agent._output.tool_spec())
+        output = compiled_output(agent)
+        assert output is not None
+        tools = (*tools, output.tool_spec())
     return tools
 
 
@@ -399,7 +400,7 @@ async def _check_fresh_input(state: RunState) -> None:
 async def _request(state: RunState, agent: Agent) -> ModelRequest:
     """The turn's request: the instructions and history (either may be computed by the
     agent's callables), the tools, the settings and the output spec."""
-    output = agent._output
+    output = compiled_output(agent)
     instructions = agent.instructions
     if not isinstance(instructions, str):
         instructions = await _instructions(state, instructions)
