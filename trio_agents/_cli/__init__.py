@@ -33,7 +33,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
 
         return serve_command(args, out)
     if args.command == "mcp":
-        from ._mcp import mcp_command
+        from ._mcp_stdio import mcp_command
 
         return mcp_command(args, out)
     from ._ctl import ctl_command

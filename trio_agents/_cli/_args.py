@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 from ._errors import EXIT_USAGE
-from ._mcp import add_mcp
+from ._mcp_stdio import add_mcp
 
 __all__ = ["build_parser", "parse"]
 

@@ -47,7 +47,7 @@ from ._db import ClusterDown, Conn
 from ._schema import session_key
 
 if TYPE_CHECKING:
-    from ._node import ClusterNode
+    from ._cluster_node import ClusterNode
 
 __all__ = ["POLL", "claim_queued", "claim_run"]
 

@@ -15,14 +15,14 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, final
 
-from ..hosting._node import ClusterStatistics
+from ..hosting._node_of_cluster import ClusterStatistics
 from ._cluster_host import ClusterHost
-from ._node import ClusterNode
+from ._cluster_node import ClusterNode
 
 if TYPE_CHECKING:
     from .._agent import Agent
-    from ..hosting._limits import Limits
     from ..hosting._policies import ContextHook
+    from ..hosting._server_limits import Limits
 
 __all__ = ["ClusterStatistics", "PostgresCluster"]
 

@@ -46,7 +46,6 @@ from .._items import Item
 from .._run import Run
 from ..hosting._error_codes import ProtocolError
 from ..hosting._host import HostedEvent, Origin, StartRequest
-from ..hosting._limits import Limits
 from ..hosting._local import (
     LocalHost,
     check_from_seq,
@@ -67,12 +66,13 @@ from ..hosting._requests import (
 )
 from ..hosting._run_info import RunInfo
 from ..hosting._run_tasks import start_run
+from ..hosting._server_limits import Limits
 from ..hosting._sessions import items_bytes
-from ._placement import ClusterPlacement
+from ._cluster_placement import ClusterPlacement
 from ._routing import Answer, Control, RoutedOp
 
 if TYPE_CHECKING:
-    from ._node import ClusterNode
+    from ._cluster_node import ClusterNode
 
 __all__ = ["ClusterHost"]
 

@@ -67,7 +67,7 @@ from ._queries import CLIENT_GONE, decisions_of, live_nodes
 from ._schema import CHANNEL
 
 if TYPE_CHECKING:
-    from ._node import ClusterNode
+    from ._cluster_node import ClusterNode
 
 __all__ = ["Claimed", "Leases"]
 

@@ -3,7 +3,7 @@
 One JSON object per websocket text frame. Requests carry a client-chosen ``id`` that
 the answer (an ``ack`` or an ``error`` frame) echoes; ``event`` frames carry one run
 event. This module builds answer frames; the codes, :class:`Limits` and
-:class:`RunInfo` are the hosting layer's (``hosting/_error_codes.py``, ``_limits.py``,
+:class:`RunInfo` are the hosting layer's (``hosting/_error_codes.py``, ``_server_limits.py``,
 ``_run_info.py``; re-exported here), request frames are parsed in
 ``hosting/_requests.py``. No I/O. See ``docs/protocol.md`` for every frame.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from ..hosting._error_codes import ERROR_CODES, ErrorCode, ProtocolError
-from ..hosting._limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH, Limits
 from ..hosting._run_info import RunInfo
+from ..hosting._server_limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH, Limits
 
 __all__ = [
     "ERROR_CODES",

@@ -53,7 +53,7 @@ from ._protocol import SUBPROTOCOL, Limits
 from ._stream import GuardedStream
 
 if TYPE_CHECKING:
-    from ..hosting._node import NodeOfCluster
+    from ..hosting._node_of_cluster import NodeOfCluster
 
 __all__ = [
     "Auth",

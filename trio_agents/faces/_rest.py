@@ -36,7 +36,6 @@ from starlette.routing import Route
 
 from ..hosting import HostedEvent, HostError, Origin, StartRequest
 from ..hosting._error_codes import ProtocolError
-from ..hosting._limits import MAX_NAME_LENGTH
 from ..hosting._requests import UNSTORABLE as _UNSTORABLE
 from ..hosting._requests import (
     RunApprove,
@@ -48,6 +47,7 @@ from ..hosting._requests import (
     SessionCancel,
     validate_request,
 )
+from ..hosting._server_limits import MAX_NAME_LENGTH
 from ._event_stream import EventStream, sse_message
 from ._face import Face, Routes
 from ._http_errors import HttpError

@@ -14,6 +14,9 @@ the ops, the serving) → the hosts and faces over it (``cluster``, ``control``,
 """
 
 from ._bearer import Auth as Auth
+from ._compose import ServedFace as ServedFace
+from ._compose import open_server as open_server
+from ._compose import serve as serve
 from ._error_codes import ERROR_CODES as ERROR_CODES
 from ._error_codes import ErrorCode as ErrorCode
 from ._host import HostedEvent as HostedEvent
@@ -21,7 +24,6 @@ from ._host import HostError as HostError
 from ._host import Origin as Origin
 from ._host import RunHost as RunHost
 from ._host import StartRequest as StartRequest
-from ._limits import Limits as Limits
 from ._local import HostStatistics as HostStatistics
 from ._local import LocalHost as LocalHost
 from ._placement import EventLog as EventLog
@@ -33,9 +35,7 @@ from ._policies import ContextHook as ContextHook
 from ._policies import RunStartInfo as RunStartInfo
 from ._registry import PrincipalStatistics as PrincipalStatistics
 from ._run_info import RunInfo as RunInfo
-from ._serve import ServedFace as ServedFace
-from ._serve import open_server as open_server
-from ._serve import serve as serve
+from ._server_limits import Limits as Limits
 from ._sessions import SessionFactory as SessionFactory
 from ._sessions import sqlite_sessions as sqlite_sessions
 

@@ -37,8 +37,8 @@ from .._agent import Agent
 from .._exceptions import TrioAgentsError
 from .._items import Item
 from .._limits import UsageLimits
-from ._limits import Limits
 from ._run_info import RunInfo
+from ._server_limits import Limits
 
 __all__ = ["HostError", "HostedEvent", "Origin", "RunHost", "StartRequest"]
 

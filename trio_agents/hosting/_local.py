@@ -59,13 +59,13 @@ from .._run import Run
 from .._serving import serving
 from ._error_codes import ProtocolError
 from ._host import HostedEvent, HostError, Origin, StartRequest
-from ._limits import Limits
 from ._placement import EventLog
 from ._policies import ContextHook, effective_limits, limits_to_wire
 from ._registry import Owner, PrincipalStatistics, Registry, RunEntry
 from ._run_info import RunInfo
 from ._run_tasks import disconnected as _disconnected
 from ._run_tasks import start_run
+from ._server_limits import Limits
 from ._sessions import SessionFactory, items_bytes, sqlite_sessions
 
 __all__ = ["HostStatistics", "LocalHost", "host_errors"]

@@ -29,9 +29,9 @@ import trio
 from .. import Agent, Run
 from .._text_cleaning import clean_text
 from ._error_codes import ProtocolError
-from ._limits import Limits
 from ._placement import LocalPlacement
 from ._run_info import RunInfo
+from ._server_limits import Limits
 from ._sessions import MemorySessions, SessionFactory
 
 if TYPE_CHECKING:

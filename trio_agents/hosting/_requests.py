@@ -16,8 +16,8 @@ import attrs
 
 from .._items import Item, coerce_items
 from ._error_codes import ProtocolError
-from ._limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH
 from ._policies import limits_from_wire
+from ._server_limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_REASON_LENGTH
 
 __all__ = [
     "OPS",

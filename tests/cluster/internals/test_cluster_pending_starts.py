@@ -16,7 +16,7 @@ import trio
 import trio_agents as ta
 from tests.support.cluster_nodes import agents, server_connections
 from tests.support.cluster_support import client, node
-from trio_agents.cluster._placement import ClusterPlacement
+from trio_agents.cluster._cluster_placement import ClusterPlacement
 from trio_agents.models import ScriptedModel, Turn
 
 

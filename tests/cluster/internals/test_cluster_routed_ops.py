@@ -17,7 +17,6 @@ from trio_agents.cluster._routing import WIRE_VERSION, RoutedOp, from_wire, to_w
 from trio_agents.cluster._schema import CHANNEL
 from trio_agents.hosting import StartRequest
 from trio_agents.hosting._error_codes import ProtocolError
-from trio_agents.hosting._limits import MAX_NAME_LENGTH, MAX_REASON_LENGTH
 from trio_agents.hosting._requests import (
     RunApprove,
     RunCancel,
@@ -26,6 +25,7 @@ from trio_agents.hosting._requests import (
     RunReject,
     RunWithdraw,
 )
+from trio_agents.hosting._server_limits import MAX_NAME_LENGTH, MAX_REASON_LENGTH
 from trio_agents.models import ScriptedModel, Turn
 
 # Strings a client may send (a lone surrogate or NUL is refused at a wire face, but

@@ -369,7 +369,9 @@ async def test_a_run_resumed_while_its_node_stops_is_stopped_and_handed_over_too
             with trio.fail_after(30):
                 await c.stop()  # hands the run over: B claims it
                 await resuming.wait()
-            monkeypatch.setattr("trio_agents.cluster._node.release_node", release_once_resumed)
+            monkeypatch.setattr(
+                "trio_agents.cluster._cluster_node.release_node", release_once_resumed
+            )
             b.scope.cancel()  # B's shutdown begins while it resumes the run
             await until(lambda: b.cluster._node.leases.draining, limit=30)
             proceed.set()

@@ -40,7 +40,7 @@ from ._eventlog import Fence
 from ._session import ClusterSession
 
 if TYPE_CHECKING:
-    from ._node import ClusterNode
+    from ._cluster_node import ClusterNode
     from ._takeover import Claimed
 
 __all__ = ["ClusterPlacement"]

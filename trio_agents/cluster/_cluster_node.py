@@ -5,7 +5,7 @@ The parts, one job per module: ``_db.py`` (calls on the database), ``_schema.py`
 tables), ``_listener.py`` (LISTEN/NOTIFY), ``_eventlog.py`` (persisting and following
 events), ``_routing.py`` (ops for runs of other nodes), ``_claims.py`` (one active run
 per session), ``_takeover.py`` (leases, takeover), ``_session.py`` (the runs' sessions),
-``_capacity.py`` (starts queued for capacity), ``_placement.py`` (where this node's runs
+``_capacity.py`` (starts queued for capacity), ``_cluster_placement.py`` (where this node's runs
 hold their sessions: the host's ``RunPlacement``).
 
 A node is internal: made by :class:`~trio_agents.cluster.PostgresCluster` (the public
@@ -27,7 +27,7 @@ from .._items import Item, ToolCall
 from .._limits import UsageLimits
 from ..hosting._error_codes import ProtocolError
 from ..hosting._host import Origin, StartRequest
-from ..hosting._node import ClusterStatistics
+from ..hosting._node_of_cluster import ClusterStatistics
 from ..hosting._policies import limits_to_wire
 from ._capacity import enqueue_start
 from ._claims import claim_queued, claim_run
@@ -61,7 +61,7 @@ from ._takeover import Leases
 
 if TYPE_CHECKING:
     from ..hosting._registry import Registry
-    from ._placement import ClusterPlacement
+    from ._cluster_placement import ClusterPlacement
 
 __all__ = ["CONNECT_TIMEOUT", "ClusterNode", "idle_timeout"]
 

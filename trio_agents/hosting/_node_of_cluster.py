@@ -15,9 +15,9 @@ import attrs
 
 if TYPE_CHECKING:
     from .._agent import Agent
-    from ._limits import Limits
     from ._local import LocalHost
     from ._policies import ContextHook
+    from ._server_limits import Limits
 
 __all__ = ["ClusterStatistics", "NodeOfCluster"]
 
