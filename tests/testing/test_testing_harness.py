@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -578,9 +577,13 @@ def test_harness_settings_drop_what_depends_on_machine_speed() -> None:
 
 
 @ta.function_tool
-def report(rows: int) -> str:
+def report(ctx: ta.ToolContext, rows: int) -> str:
     """Build a report in a worker thread (a user's sync tool; takes 0.3 s)."""
-    time.sleep(0.3)  # longer than Hypothesis' default 200 ms deadline
+    # Longer than Hypothesis' default 200 ms deadline. It waits on ctx.cancelled, as a
+    # sync tool should: one that slept through a cancel would be a thread-leak whenever
+    # a loaded machine let its real 0.3 s outlast the harness's clock hold.
+    if ctx.cancelled.wait(0.3):
+        return "cancelled"
     return f"{rows} rows"
 
 
