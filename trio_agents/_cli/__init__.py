@@ -31,6 +31,10 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         from ._serve import serve_command
 
         return serve_command(args, out)
+    if args.command == "worker":
+        from ._worker import worker_command
+
+        return worker_command(args, out)
     from ._ctl import ctl_command
 
     return ctl_command(args, out)

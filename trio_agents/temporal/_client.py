@@ -1,0 +1,139 @@
+"""A small client API (asyncio): start a run as a workflow, steer it, wait for it.
+
+Enough for tests and scripts until the ``TemporalHost`` (a ``RunHost`` over every face)
+is built. Items are given as ``Item`` objects or their JSON dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError, CancelledError
+
+from .._items import Item, coerce_items
+from ._types import (
+    UPDATE_CANCEL,
+    UPDATE_INJECT,
+    WORKFLOW_NAME,
+    OpAnswer,
+    RunOutcome,
+    RunRequest,
+)
+from ._worker import DEFAULT_TASK_QUEUE
+
+__all__ = ["TemporalHost", "cancel_run", "inject_run", "run_result", "start_run"]
+
+
+async def start_run(
+    client: Client,
+    agent: str,
+    input: str | Sequence[Item | dict[str, Any]],
+    *,
+    run_id: str | None = None,
+    session_id: str | None = None,
+    principal: str = "temporal",
+    task_queue: str = DEFAULT_TASK_QUEUE,
+    heartbeat_timeout: float = 2.0,
+    options: dict[str, Any] | None = None,
+) -> WorkflowHandle[Any, RunOutcome]:
+    """Start a run of ``agent`` as a workflow (id = the run id); returns its handle.
+
+    ``options`` are JSON-able ``open_run`` options (``max_turns``, ``cleanup_timeout``,
+    ...). The input is validated here, so a malformed item is a ``TypeError`` /
+    ``ValueError`` before anything is started.
+    """
+    items = [item.to_json() for item in coerce_items(input)]
+    request = RunRequest(
+        run_id=run_id or f"r{uuid.uuid4().hex}",
+        agent=agent,
+        input=items,
+        session_id=session_id,
+        principal=principal,
+        options=dict(options or {}),
+        heartbeat_timeout=heartbeat_timeout,
+    )
+    return await client.start_workflow(
+        WORKFLOW_NAME,
+        request,
+        id=request.run_id,
+        task_queue=task_queue,
+        result_type=RunOutcome,
+    )
+
+
+async def cancel_run(client: Client, run_id: str, reason: str | None = None) -> OpAnswer:
+    """Cancel a run with ``reason``; the workflow then ends CANCELED.
+
+    The ``cancel`` update records the reason in the history and pushes it to the
+    attempt (the run's real answer comes back: ``run_closed`` when it had ended); then
+    a Temporal cancel (with the same reason) makes Temporal record the workflow as
+    CANCELED once the attempt has returned its repaired result.
+    """
+    handle = client.get_workflow_handle(run_id)
+    answer: OpAnswer = await handle.execute_update(UPDATE_CANCEL, reason, result_type=OpAnswer)
+    if answer.ok:
+        await handle.cancel(reason=reason or "")
+    return answer
+
+
+async def inject_run(
+    client: Client,
+    run_id: str,
+    items: str | Sequence[Item | dict[str, Any]],
+    *,
+    when: str = "next_turn",
+) -> OpAnswer:
+    """Inject ``items`` into a run (recorded, then pushed); the run's answer."""
+    payload = [item.to_json() for item in coerce_items(items)]
+    handle = client.get_workflow_handle(run_id)
+    answer: OpAnswer = await handle.execute_update(
+        UPDATE_INJECT, args=[payload, when], result_type=OpAnswer
+    )
+    return answer
+
+
+async def run_result(client: Client, run_id: str) -> RunOutcome:
+    """Wait for the run's workflow to close; the run's terminal outcome, whatever the
+    workflow's Temporal status (COMPLETED, FAILED for a failed run, CANCELED)."""
+    handle = client.get_workflow_handle(run_id, result_type=RunOutcome)
+    try:
+        return await handle.result()
+    except WorkflowFailureError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == "RunFailed" and cause.details:
+            return _outcome(cause.details[0])
+        if isinstance(cause, CancelledError):
+            return await _recorded_outcome(client, handle)
+        raise
+
+
+def _outcome(value: Any) -> RunOutcome:
+    if isinstance(value, RunOutcome):
+        return value
+    fields = {field.name for field in dataclasses.fields(RunOutcome)}
+    return RunOutcome(**{key: val for key, val in dict(value).items() if key in fields})
+
+
+async def _recorded_outcome(client: Client, handle: WorkflowHandle[Any, Any]) -> RunOutcome:
+    """A CANCELED workflow's outcome: the attempt's completion in the history."""
+    async for event in handle.fetch_history_events():
+        if event.HasField("activity_task_completed_event_attributes"):
+            payloads = event.activity_task_completed_event_attributes.result.payloads
+            values = await client.data_converter.decode(payloads, [RunOutcome])
+            return _outcome(values[0])
+    raise LookupError(f"run {handle.id}: the workflow was cancelled before any attempt ended")
+
+
+class TemporalHost:
+    """The ``RunHost`` over Temporal (DESIGN §20): not built yet."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "TemporalHost (a RunHost over Temporal, behind every face) is not built yet;"
+            " use start_run / cancel_run / inject_run / run_result and `trio-agents worker`"
+            " (docs/temporal.md)"
+        )
