@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sqlite3
 import subprocess
 import time
 import uuid
@@ -20,9 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import trio
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.temporal.conftest import Workers, temporal_cli
+from trio_agents.sessions import SQLiteSession
 from trio_agents.temporal import (
     CANCELLED_BY_TEMPORAL,
     RunOutcome,
@@ -35,17 +36,14 @@ BOUND = 90.0  # hang guard per wait: a loaded 2-core box is slow, never this slo
 
 
 def _stored(db: Path, session_id: str, principal: str = "temporal") -> list[dict[str, Any]]:
-    """The items the session holds, read straight from the shared SQLite file."""
-    key = json.dumps([principal, session_id])
-    with sqlite3.connect(db) as conn:
-        tables = [row[0] for row in conn.execute("select name from sqlite_master")]
-        table = next(name for name in tables if "item" in name)
-        columns = [row[1] for row in conn.execute(f"pragma table_info({table})")]
-        data_column = next(name for name in columns if name in ("item", "data", "json", "body"))
-        rows = conn.execute(
-            f"select {data_column} from {table} where session_id = ? order by rowid", (key,)
-        ).fetchall()
-    return [json.loads(row[0]) for row in rows]
+    """The items the session holds (as JSON), read back through a new ``SQLiteSession``
+    on the file every worker shares, as the next run on the session would see them."""
+
+    async def read() -> list[dict[str, Any]]:
+        async with SQLiteSession(db, json.dumps([principal, session_id])) as session:
+            return [item.to_json() for item in await session.get_items()]
+
+    return trio.run(read)
 
 
 def _wait_for(path: Path, what: str, group: Workers) -> str:
@@ -82,3 +80,136 @@ def test_run_completes_on_a_worker(workers: Callable[[int], Workers]) -> None:
     assert status == WorkflowExecutionStatus.COMPLETED
     stored = _stored(group.db, "s1")
     assert [item.get("content") for item in stored] == ["hello", "echo: hello"]
+
+
+def _cli_cancel(target: str, run_id: str) -> None:
+    subprocess.run(
+        [temporal_cli(), "workflow", "cancel", "--address", target, "-w", run_id],
+        check=True,
+        capture_output=True,
+        timeout=BOUND,
+    )
+
+
+def test_cancel_from_the_temporal_cli_ends_canceled_after_the_repair(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(1)
+    run_id = f"r{uuid.uuid4().hex}"
+
+    async def start() -> None:
+        client = await Client.connect(group.target)
+        await start_run(
+            client,
+            "rules",
+            "block",
+            run_id=run_id,
+            session_id="s-cli",
+            task_queue=group.task_queue,
+            heartbeat_timeout=1.0,
+        )
+
+    asyncio.run(start())
+    _wait_for(group.marks / f"{run_id}.started", "the tool's start", group)
+    _cli_cancel(group.target, run_id)
+
+    async def finish() -> tuple[RunOutcome, WorkflowExecutionStatus | None]:
+        client = await Client.connect(group.target)
+        outcome = await _outcome(client, run_id)
+        return outcome, await _status(client, run_id)
+
+    outcome, status = asyncio.run(finish())
+    assert status == WorkflowExecutionStatus.CANCELED
+    assert (outcome.status, outcome.reason) == ("cancelled", CANCELLED_BY_TEMPORAL)
+    # The workflow closed CANCELED only after the attempt returned: by then the session
+    # holds the repaired conversation (the blocked call closed as cancelled).
+    stored = _stored(group.db, "s-cli")
+    assert [item["type"] for item in stored[1:]] == ["function_call", "function_call_output"]
+    assert stored[-1]["status"] == "cancelled"
+    assert stored[-1]["output"] == f"cancelled: {CANCELLED_BY_TEMPORAL}"
+
+
+def test_cancel_through_the_update_keeps_its_reason(workers: Callable[[int], Workers]) -> None:
+    group = workers(1)
+    run_id = f"r{uuid.uuid4().hex}"
+
+    async def start() -> None:
+        client = await Client.connect(group.target)
+        await start_run(
+            client, "rules", "block", run_id=run_id, session_id="s-upd", task_queue=group.task_queue
+        )
+
+    asyncio.run(start())
+    _wait_for(group.marks / f"{run_id}.started", "the tool's start", group)
+
+    async def cancel() -> tuple[Any, RunOutcome, WorkflowExecutionStatus | None]:
+        client = await Client.connect(group.target)
+        answer = await cancel_run(client, run_id, "user pressed stop")
+        outcome = await _outcome(client, run_id)
+        return answer, outcome, await _status(client, run_id)
+
+    answer, outcome, status = asyncio.run(cancel())
+    assert answer.ok
+    assert status == WorkflowExecutionStatus.CANCELED
+    assert (outcome.status, outcome.reason) == ("cancelled", "user pressed stop")
+    stored = _stored(group.db, "s-upd")
+    assert stored[-1]["output"] == "cancelled: user pressed stop"
+
+
+def test_a_lost_worker_s_attempt_is_retried_on_another(workers: Callable[[int], Workers]) -> None:
+    group = workers(2)
+    run_id = f"r{uuid.uuid4().hex}"
+
+    async def start() -> None:
+        client = await Client.connect(group.target)
+        await start_run(
+            client,
+            "rules",
+            "block",
+            run_id=run_id,
+            session_id="s-kill",
+            task_queue=group.task_queue,
+            heartbeat_timeout=1.0,
+        )
+
+    asyncio.run(start())
+    pid = int(_wait_for(group.marks / f"{run_id}.started", "the tool's start", group))
+    group.by_pid(pid).send_signal(signal.SIGKILL)
+    outcome = asyncio.run(_finish(group.target, run_id))
+    assert (outcome.status, outcome.attempt) == ("completed", 2), group.logs()
+    # The second attempt resumed from the session: the call the lost attempt had started
+    # (recorded in the workflow's history before the tool ran) is not run again (the
+    # tool is not idempotent): it gets an "interrupted" error result for the model.
+    stored = _stored(group.db, "s-kill")
+    assert [item.get("content") for item in stored if item.get("role") == "user"] == ["block"]
+    results = [item for item in stored if item["type"] == "function_call_output"]
+    assert len(results) == 1
+    assert results[0]["status"] == "error"
+    assert results[0]["output"].startswith("interrupted:")
+    assert outcome.final_output == f"done: {results[0]['output']}"
+    assert outcome.first_seq > 1  # seqs continue after what the lost attempt recorded
+
+
+async def _finish(target: str, run_id: str) -> RunOutcome:
+    client = await Client.connect(target)
+    return await _outcome(client, run_id)
+
+
+def test_a_run_that_fails_on_its_own_is_not_retried(workers: Callable[[int], Workers]) -> None:
+    group = workers(1)
+
+    async def main() -> tuple[RunOutcome, WorkflowExecutionStatus | None, int]:
+        client = await Client.connect(group.target)
+        handle = await start_run(client, "rules", "fail", task_queue=group.task_queue)
+        outcome = await _outcome(client, handle.id)
+        attempts = [
+            event.activity_task_started_event_attributes.attempt
+            async for event in handle.fetch_history_events()
+            if event.HasField("activity_task_started_event_attributes")
+        ]
+        return outcome, await _status(client, handle.id), max(attempts)
+
+    outcome, status, attempts = asyncio.run(main())
+    assert (outcome.status, outcome.attempt, attempts) == ("failed", 1, 1)
+    assert outcome.reason is not None and "the rule model fails" in outcome.reason
+    assert status == WorkflowExecutionStatus.FAILED

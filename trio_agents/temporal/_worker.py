@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from functools import partial
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
 from typing import Any, Final, TypeVar, final
 
 import trio
 from temporalio import activity
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
@@ -61,6 +62,7 @@ _T = TypeVar("_T")
 _RUNNER: Final = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules("trio_agents", "trio")
 )
+_STICKY_TIMEOUT: Final = timedelta(seconds=1)
 # How long a cancelled attempt waits for its workflow to say the cancel's reason.
 _REASON_QUERY_TIMEOUT = timedelta(seconds=2)
 
@@ -126,15 +128,23 @@ class _TrioThread:
             except RuntimeError:  # the asyncio loop closed: nobody waits any more
                 pass
 
+        def fail(exc: BaseException) -> None:
+            if not future.done():
+                future.set_exception(_plain(exc))
+
+        def succeed(value: _T) -> None:
+            if not future.done():
+                future.set_result(value)
+
         async def task() -> None:
             try:
                 value = await fn()
             except BaseException as exc:
-                settle(lambda: future.done() or future.set_exception(_plain(exc)))
+                settle(partial(fail, exc))
                 if not isinstance(exc, Exception):
                     raise
             else:
-                settle(lambda: future.done() or future.set_result(value))
+                settle(partial(succeed, value))
 
         assert self._token is not None and self._nursery is not None
         nursery = self._nursery
@@ -196,19 +206,22 @@ class _Activities:
         workflow = activity.client().get_workflow_handle(info.workflow_id)
         attempt = Attempt(request.run_id)
         self._trio.attempts[request.run_id] = attempt
+        # Heartbeats start at once: announcing the attempt may wait for a workflow task
+        # (a dead worker's sticky queue times out first), and an attempt that did not
+        # beat meanwhile would be deemed lost.
+        beat = asyncio.ensure_future(_heartbeat(request.heartbeat_timeout / 3))
         try:
-            catchup = await workflow.execute_update(
-                UPDATE_ATTEMPT_STARTED,
-                AttemptStarted(attempt=info.attempt, address=self._trio.address),
-                result_type=Catchup,
+            catchup = await _announce(
+                workflow, AttemptStarted(attempt=info.attempt, address=self._trio.address)
             )
             for op in catchup.ops:
                 if op.op == "cancel":
                     reason = op.reason or "cancelled"
-                    self._trio.call_soon(lambda reason=reason: attempt.cancel(reason))
+                    self._trio.call_soon(partial(attempt.cancel, reason))
             future = self._start(request, attempt, info.attempt, catchup, workflow)
-            return await self._wait(future, attempt, workflow, request.heartbeat_timeout)
+            return await self._wait(future, attempt, workflow)
         finally:
+            beat.cancel()
             if self._trio.attempts.get(request.run_id) is attempt:
                 del self._trio.attempts[request.run_id]
 
@@ -249,23 +262,20 @@ class _Activities:
         future: asyncio.Future[RunOutcome],
         attempt: Attempt,
         workflow: WorkflowHandle[Any, Any],
-        heartbeat_timeout: float,
     ) -> RunOutcome:
-        beat = asyncio.ensure_future(_heartbeat(heartbeat_timeout / 3))
-        try:
-            cancelled = False
-            while not future.done():
-                try:
-                    await asyncio.shield(future)
-                except asyncio.CancelledError:
-                    if future.done() or cancelled:
-                        continue
-                    cancelled = True
-                    reason = await _cancel_reason(workflow)
-                    self._trio.call_soon(lambda: attempt.cancel(reason))
-            return _result(future, self._trio.stopping)
-        finally:
-            beat.cancel()
+        """Wait for the attempt's outcome; a cancel from Temporal (delivered through the
+        heartbeat, once) cancels the run with its reason and waits for the repair."""
+        cancelled = False
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                if future.done() or cancelled:
+                    continue
+                cancelled = True
+                reason = await _cancel_reason(workflow)
+                self._trio.call_soon(partial(attempt.cancel, reason))
+        return _result(future, self._trio.stopping)
 
 
 def _result(future: asyncio.Future[RunOutcome], stopping: bool) -> RunOutcome:
@@ -280,6 +290,19 @@ def _result(future: asyncio.Future[RunOutcome], stopping: bool) -> RunOutcome:
     raise ApplicationError(
         f"{type(exc).__name__}: {exc}", type="AttemptCrashed", non_retryable=True
     ) from exc
+
+
+async def _announce(workflow: WorkflowHandle[Any, Any], started: AttemptStarted) -> Catchup:
+    """The ``attempt_started`` update, again while its RPC times out (a workflow task
+    stuck on a dead worker's sticky queue): the heartbeat keeps the attempt alive."""
+    while True:
+        try:
+            catchup: Catchup = await workflow.execute_update(
+                UPDATE_ATTEMPT_STARTED, started, result_type=Catchup
+            )
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            continue
+        return catchup
 
 
 async def _heartbeat(every: float) -> None:
@@ -348,6 +371,9 @@ class TemporalWorker:
                 activities=[self._activities.attempt, self._activities.push],
                 max_concurrent_activities=self._max,
                 workflow_runner=_RUNNER,
+                # A run's next workflow task (an update, the attempt's result) waits this
+                # long for a dead worker's sticky queue before any worker takes it.
+                sticky_queue_schedule_to_start_timeout=_STICKY_TIMEOUT,
             )
             await worker.run()
         finally:
@@ -366,6 +392,4 @@ async def run_worker(
     """Connect to the Temporal frontend at ``target`` (``"HOST:PORT"``) and run a
     :class:`TemporalWorker` until cancelled (asyncio)."""
     client = await Client.connect(target, namespace=namespace)
-    await TemporalWorker(
-        client, agents, sessions=sessions, task_queue=task_queue, host=host
-    ).run()
+    await TemporalWorker(client, agents, sessions=sessions, task_queue=task_queue, host=host).run()

@@ -164,4 +164,3 @@ class RunWorkflow:
             # when the cancel reaches it through its heartbeat ("" or None: no reason).
             "cancel_reason": workflow.cancellation_reason(),
         }
-
