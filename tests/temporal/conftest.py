@@ -23,10 +23,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-
-pytest.importorskip("temporalio")
-
-from temporalio.client import Client  # noqa: E402
+from temporalio.client import Client
 
 REPO = Path(__file__).resolve().parents[2]
 READY_BOUND = 60.0  # seconds for a dev server or a worker to come up on a loaded machine
@@ -69,7 +66,7 @@ async def _connect_until(target: str, process: subprocess.Popen[bytes], log: Pat
     deadline = time.monotonic() + READY_BOUND
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"the dev server exited: {log.read_text()[-2000:]}")
+            raise RuntimeError(f"the dev server exited; its log: {log}")
         try:
             await Client.connect(target)  # not lazy: it asks the frontend for its info
             return

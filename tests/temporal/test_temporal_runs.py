@@ -26,8 +26,10 @@ from tests.temporal.conftest import Workers, temporal_cli
 from trio_agents.sessions import SQLiteSession
 from trio_agents.temporal import (
     CANCELLED_BY_TEMPORAL,
+    OpAnswer,
     RunOutcome,
     cancel_run,
+    inject_run,
     run_result,
     start_run,
 )
@@ -72,6 +74,8 @@ def test_run_completes_on_a_worker(workers: Callable[[int], Workers]) -> None:
             client, "rules", "hello", session_id="s1", task_queue=group.task_queue
         )
         outcome = await _outcome(client, handle.id)
+        late = await cancel_run(client, handle.id, "too late")
+        assert (late.ok, late.code) == (False, "run_closed")
         return outcome, await _status(client, handle.id)
 
     outcome, status = asyncio.run(main())
@@ -211,5 +215,38 @@ def test_a_run_that_fails_on_its_own_is_not_retried(workers: Callable[[int], Wor
 
     outcome, status, attempts = asyncio.run(main())
     assert (outcome.status, outcome.attempt, attempts) == ("failed", 1, 1)
-    assert outcome.reason is not None and "the rule model fails" in outcome.reason
+    assert outcome.reason is not None
+    assert "the rule model fails" in outcome.reason
     assert status == WorkflowExecutionStatus.FAILED
+
+
+def test_steering_ops_are_pushed_to_the_running_attempt(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(1)
+    run_id = f"r{uuid.uuid4().hex}"
+
+    async def start() -> None:
+        client = await Client.connect(group.target)
+        await start_run(client, "rules", "block", run_id=run_id, task_queue=group.task_queue)
+
+    asyncio.run(start())
+    _wait_for(group.marks / f"{run_id}.started", "the tool's start", group)
+
+    async def steer() -> tuple[OpAnswer, OpAnswer, RunOutcome, WorkflowExecutionStatus | None]:
+        client = await Client.connect(group.target)
+        injected = await inject_run(client, run_id, "also this")
+        # The cancel update alone (no Temporal cancel): recorded, pushed, and its reason
+        # is the run's; the workflow completes with the cancelled outcome.
+        handle = client.get_workflow_handle(run_id)
+        cancelled = await handle.execute_update("cancel", "stop now", result_type=OpAnswer)
+        outcome = await _outcome(client, run_id)
+        return injected, cancelled, outcome, await _status(client, run_id)
+
+    injected, cancelled, outcome, status = asyncio.run(steer())
+    # The attempt's real answers: an injection id from run.inject, then the cancel.
+    assert injected.ok
+    assert injected.injection_id
+    assert (cancelled.ok, cancelled.pending) == (True, False)
+    assert (outcome.status, outcome.reason) == ("cancelled", "stop now")
+    assert status == WorkflowExecutionStatus.COMPLETED

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 from typing import TextIO
 
@@ -54,9 +55,7 @@ def worker_command(args: argparse.Namespace, out: TextIO) -> int:
         except RuntimeError as exc:
             raise CLIError(f"cannot reach Temporal at {args.temporal}: {exc}") from None
 
-    try:
+    with contextlib.suppress(asyncio.CancelledError):  # Ctrl-C or SIGTERM: it stopped
         asyncio.run(main())
-    except asyncio.CancelledError:
-        pass  # Ctrl-C or SIGTERM: the worker stopped
     print("trio-agents worker: stopped", file=out, flush=True)
     return 0

@@ -11,8 +11,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.service import RPCError, RPCStatusCode
 
 from .._items import Item, coerce_items
 from ._types import (
@@ -68,15 +74,31 @@ async def start_run(
 async def cancel_run(client: Client, run_id: str, reason: str | None = None) -> OpAnswer:
     """Cancel a run with ``reason``; the workflow then ends CANCELED.
 
-    The ``cancel`` update records the reason in the history and pushes it to the
-    attempt (the run's real answer comes back: ``run_closed`` when it had ended); then
-    a Temporal cancel (with the same reason) makes Temporal record the workflow as
-    CANCELED once the attempt has returned its repaired result.
+    First a Temporal cancel carrying the reason (only a workflow Temporal was asked to
+    cancel can end CANCELED, and an attempt that learns of it through its heartbeat
+    reads the reason from the workflow), then the ``cancel`` update, which records the
+    reason in the history and pushes it to the attempt at once, answering with the
+    run's real answer. The other order would race: a run the push ends quickly would
+    complete its workflow before Temporal's cancel arrived.
     """
     handle = client.get_workflow_handle(run_id)
-    answer: OpAnswer = await handle.execute_update(UPDATE_CANCEL, reason, result_type=OpAnswer)
-    if answer.ok:
+    try:
         await handle.cancel(reason=reason or "")
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        # No such workflow, or it has closed: the run has ended (or never existed).
+        try:
+            await handle.describe()
+        except RPCError:
+            return OpAnswer(ok=False, code="not_found", message=f"no run {run_id!r}")
+        return OpAnswer(ok=False, code="run_closed", message="the run has ended")
+    try:
+        answer: OpAnswer = await handle.execute_update(UPDATE_CANCEL, reason, result_type=OpAnswer)
+    except (RPCError, WorkflowUpdateFailedError):
+        # The workflow closed between the two (its run ended, as cancelled if Temporal's
+        # cancel reached it first): the cancel was requested all the same.
+        return OpAnswer(ok=True, message="the run ended meanwhile")
     return answer
 
 
@@ -101,7 +123,8 @@ async def run_result(client: Client, run_id: str) -> RunOutcome:
     workflow's Temporal status (COMPLETED, FAILED for a failed run, CANCELED)."""
     handle = client.get_workflow_handle(run_id, result_type=RunOutcome)
     try:
-        return await handle.result()
+        outcome: RunOutcome = await handle.result()
+        return outcome
     except WorkflowFailureError as exc:
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == "RunFailed" and cause.details:

@@ -56,7 +56,7 @@ class RunRequest:
             ``cleanup_timeout``, ...).
         heartbeat_timeout: seconds without a heartbeat after which Temporal deems the
             attempt lost and retries it (it also bounds how fast a cancel from Temporal
-            itself reaches the attempt: the SDK heartbeats at 0.8 × this).
+            itself reaches the attempt: the SDK heartbeats at 0.8 x this).
         retry_interval: seconds before a lost attempt is retried.
     """
 
@@ -123,12 +123,16 @@ class OpAnswer:
             ``"inbox_full"``, ``"not_found"``).
         message: a human-readable message for the error.
         injection_id: an applied inject's id.
+        pending: the op is recorded in the history but no attempt has applied it yet
+            (none is running, or its worker is unreachable): the next attempt applies
+            it when it starts.
     """
 
     ok: bool
     code: str | None = None
     message: str | None = None
     injection_id: str | None = None
+    pending: bool = False
 
 
 @dataclasses.dataclass

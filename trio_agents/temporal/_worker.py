@@ -2,7 +2,7 @@
 
 The SDK's worker is asyncio. Its activities here are async and hand each attempt to a
 single Trio loop in a dedicated thread of the worker process (``token.run_sync_soon``
-to start it, ``loop.call_soon_threadsafe`` to hand the outcome back): measured 3.5-6×
+to start it, ``loop.call_soon_threadsafe`` to hand the outcome back): measured 3.5-6x
 better than a ``trio.run`` per attempt in the thread pool, and it avoids the SDK's
 cancel of a thread activity, which raises ``CancelledError`` asynchronously *inside*
 the thread (in Trio's internals). The attempts share that loop with the worker's own
@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
-from functools import partial
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
+from functools import partial
 from typing import Any, Final, TypeVar, final
 
 import trio
@@ -111,10 +112,8 @@ class _TrioThread:
         """Cancel every attempt still running (reason ``"parent cancelled"``) and join."""
         self.stopping = True
         if self._token is not None and self._stop is not None:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):  # it ended on its own
                 self._token.run_sync_soon(self._stop.cancel)
-            except trio.RunFinishedError:
-                pass
         self._thread.join()
 
     def spawn(self, fn: Callable[[], Awaitable[_T]]) -> asyncio.Future[_T]:
@@ -123,10 +122,9 @@ class _TrioThread:
         future: asyncio.Future[_T] = loop.create_future()
 
         def settle(outcome: Callable[[], None]) -> None:
-            try:
+            # A closed asyncio loop raises RuntimeError: nobody waits any more.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(outcome)
-            except RuntimeError:  # the asyncio loop closed: nobody waits any more
-                pass
 
         def fail(exc: BaseException) -> None:
             if not future.done():
@@ -146,7 +144,8 @@ class _TrioThread:
             else:
                 settle(partial(succeed, value))
 
-        assert self._token is not None and self._nursery is not None
+        assert self._token is not None
+        assert self._nursery is not None
         nursery = self._nursery
         self._token.run_sync_soon(nursery.start_soon, task)
         return future
@@ -196,14 +195,16 @@ class _Activities:
         except OSError as exc:
             # The attempt's worker is gone: the op stays recorded, and the next attempt
             # applies it from its catch-up.
-            return OpAnswer(ok=True, message=f"recorded; the attempt is unreachable ({exc})")
+            return OpAnswer(
+                ok=True, pending=True, message=f"recorded; the attempt is unreachable ({exc})"
+            )
 
     @activity.defn(name=ACTIVITY_ATTEMPT)
     async def attempt(self, request: RunRequest) -> RunOutcome:
         """One attempt of the run: announce it, run it in the Trio thread, return its
         terminal outcome (also when cancelled: the repaired result)."""
         info = activity.info()
-        workflow = activity.client().get_workflow_handle(info.workflow_id)
+        workflow = activity.client().get_workflow_handle(request.run_id)
         attempt = Attempt(request.run_id)
         self._trio.attempts[request.run_id] = attempt
         # Heartbeats start at once: announcing the attempt may wait for a workflow task

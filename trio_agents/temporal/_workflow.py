@@ -85,7 +85,7 @@ class RunWorkflow:
             # that raised on cancel would leave the canceled event without it.
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
-        outcome = await handle
+        outcome: RunOutcome = await handle
         self._outcome = outcome
         workflow.upsert_memo({"status": outcome.status, "reason": outcome.reason})
         if outcome.status == "cancelled" and workflow.cancellation_reason() is not None:
@@ -115,21 +115,28 @@ class RunWorkflow:
         self._ops.append(op)
         if self._outcome is not None:
             return OpAnswer(ok=False, code="run_closed", message="the run has ended")
-        await workflow.wait_condition(
-            lambda: self._address is not None or self._outcome is not None,
-            timeout=_ANNOUNCE_WAIT,
-        )
-        if self._address is None:
-            if self._outcome is not None:
-                return OpAnswer(ok=False, code="run_closed", message="the run has ended")
-            return OpAnswer(ok=True, message="recorded; no attempt running yet")
-        answer = await workflow.execute_local_activity(
+        try:
+            await workflow.wait_condition(
+                lambda: self._address is not None or self._outcome is not None,
+                timeout=_ANNOUNCE_WAIT,
+            )
+        except TimeoutError:
+            return OpAnswer(ok=True, pending=True, message="recorded; no attempt running yet")
+        address = self._address
+        if address is None:
+            return OpAnswer(ok=False, code="run_closed", message="the run has ended")
+        answer: OpAnswer = await workflow.execute_local_activity(
             ACTIVITY_PUSH,
-            args=[self._address, workflow.info().workflow_id, op],
+            args=[address, workflow.info().workflow_id, op],
             result_type=OpAnswer,
             start_to_close_timeout=_PUSH_TIMEOUT,
+            # The push answers even when the attempt's worker is gone (pending): a retry
+            # would only push to the same dead address again.
+            retry_policy=RetryPolicy(maximum_attempts=1),
         )
-        self._answers[op.index] = answer
+        if not answer.pending:
+            # Applied (or refused) by an attempt: a later attempt does not apply it again.
+            self._answers[op.index] = answer
         return answer
 
     @workflow.update(name=UPDATE_ATTEMPT_STARTED)
