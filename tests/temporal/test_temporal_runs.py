@@ -22,7 +22,7 @@ from typing import Any
 import trio
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from tests.temporal.conftest import Workers, temporal_cli
+from tests.support.temporal_support import Workers, temporal_cli
 from trio_agents.sessions import SQLiteSession
 from trio_agents.temporal import (
     CANCELLED_BY_TEMPORAL,

@@ -13,6 +13,7 @@ from typing import Any
 
 from temporalio.client import (
     Client,
+    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
@@ -82,24 +83,33 @@ async def cancel_run(client: Client, run_id: str, reason: str | None = None) -> 
     complete its workflow before Temporal's cancel arrived.
     """
     handle = client.get_workflow_handle(run_id)
-    try:
-        await handle.cancel(reason=reason or "")
-    except RPCError as exc:
-        if exc.status != RPCStatusCode.NOT_FOUND:
-            raise
-        # No such workflow, or it has closed: the run has ended (or never existed).
-        try:
-            await handle.describe()
-        except RPCError:
-            return OpAnswer(ok=False, code="not_found", message=f"no run {run_id!r}")
-        return OpAnswer(ok=False, code="run_closed", message="the run has ended")
+    closed = await _closed_as(handle)
+    if closed is not None:
+        return closed
+    await handle.cancel(reason=reason or "")
     try:
         answer: OpAnswer = await handle.execute_update(UPDATE_CANCEL, reason, result_type=OpAnswer)
     except (RPCError, WorkflowUpdateFailedError):
-        # The workflow closed between the two (its run ended, as cancelled if Temporal's
-        # cancel reached it first): the cancel was requested all the same.
-        return OpAnswer(ok=True, message="the run ended meanwhile")
+        # The workflow closed between the two: CANCELED if Temporal's cancel reached the
+        # run first, else the run had ended on its own.
+        return await _closed_as(handle) or OpAnswer(ok=True)
     return answer
+
+
+async def _closed_as(handle: WorkflowHandle[Any, Any]) -> OpAnswer | None:
+    """None while the run's workflow runs; else the answer an op on it gets (Temporal
+    accepts a cancel of a closed workflow silently, so this asks first)."""
+    try:
+        status = (await handle.describe()).status
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return OpAnswer(ok=False, code="not_found", message=f"no run {handle.id!r}")
+    if status == WorkflowExecutionStatus.RUNNING:
+        return None
+    if status == WorkflowExecutionStatus.CANCELED:
+        return OpAnswer(ok=True, message="the run was cancelled")
+    return OpAnswer(ok=False, code="run_closed", message="the run has ended")
 
 
 async def inject_run(

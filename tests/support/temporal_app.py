@@ -1,4 +1,5 @@
-"""The agents the Temporal tests' worker processes serve (``--app tests.temporal.app:AGENTS``).
+"""The agents the Temporal tests' worker processes serve
+(``--app tests.support.temporal_app:AGENTS``).
 
 The model decides from the conversation alone (no script state), so any attempt on any
 worker process answers the same conversation the same way:
