@@ -250,3 +250,30 @@ def test_steering_ops_are_pushed_to_the_running_attempt(
     assert (cancelled.ok, cancelled.pending) == (True, False)
     assert (outcome.status, outcome.reason) == ("cancelled", "stop now")
     assert status == WorkflowExecutionStatus.COMPLETED
+
+
+def test_a_worker_that_stops_hands_its_run_over(workers: Callable[[int], Workers]) -> None:
+    group = workers(2)
+    run_id = f"r{uuid.uuid4().hex}"
+
+    async def start() -> None:
+        client = await Client.connect(group.target)
+        await start_run(
+            client,
+            "rules",
+            "block",
+            run_id=run_id,
+            session_id="s-term",
+            task_queue=group.task_queue,
+        )
+
+    asyncio.run(start())
+    pid = int(_wait_for(group.marks / f"{run_id}.started", "the tool's start", group))
+    group.by_pid(pid).send_signal(signal.SIGTERM)
+    outcome = asyncio.run(_finish(group.target, run_id))
+    # Not cancelled: the stopping worker repaired and persisted the run ("worker
+    # shutdown" closes the running call), and the next attempt, on the other worker,
+    # went on from the session.
+    assert (outcome.status, outcome.attempt) == ("completed", 2), group.logs()
+    assert outcome.final_output == "done: cancelled: worker shutdown"
+    assert group.by_pid(pid).wait(BOUND) == 0

@@ -158,6 +158,12 @@ async def _recorded_outcome(client: Client, handle: WorkflowHandle[Any, Any]) ->
             payloads = event.activity_task_completed_event_attributes.result.payloads
             values = await client.data_converter.decode(payloads, [RunOutcome])
             return _outcome(values[0])
+        if event.HasField("workflow_execution_canceled_event_attributes"):
+            break
+    # Cancelled before any attempt ran: the workflow's memo holds the outcome's status.
+    memo = await (await handle.describe()).memo()
+    if memo.get("status") == "cancelled":
+        return RunOutcome(handle.id, "cancelled", memo.get("reason"), None, attempt=0)
     raise LookupError(f"run {handle.id}: the workflow was cancelled before any attempt ended")
 
 

@@ -215,16 +215,22 @@ class _Activities:
             catchup = await _announce(
                 workflow, AttemptStarted(attempt=info.attempt, address=self._trio.address)
             )
-            for op in catchup.ops:
-                if op.op == "cancel":
-                    reason = op.reason or "cancelled"
-                    self._trio.call_soon(partial(attempt.cancel, reason))
             future = self._start(request, attempt, info.attempt, catchup, workflow)
+            self._catch_up(attempt, catchup)
             return await self._wait(future, attempt, workflow)
         finally:
             beat.cancel()
             if self._trio.attempts.get(request.run_id) is attempt:
                 del self._trio.attempts[request.run_id]
+
+    def _catch_up(self, attempt: Attempt, catchup: Catchup) -> None:
+        """Apply the ops the history holds that no attempt applied, in order: a cancel
+        at once (before the run's first model call), an inject once the run exists."""
+        for op in catchup.ops:
+            if op.op == "cancel":
+                self._trio.call_soon(partial(attempt.cancel, op.reason or "cancelled"))
+            else:
+                self._trio.spawn(partial(attempt.apply, op))
 
     def _start(
         self,
@@ -276,11 +282,24 @@ class _Activities:
                 cancelled = True
                 reason = await _cancel_reason(workflow)
                 self._trio.call_soon(partial(attempt.cancel, reason))
-        return _result(future, self._trio.stopping)
+        return _result(future, self._trio.stopping or _shutting_down())
+
+
+def _shutting_down() -> bool:
+    """Whether the SDK cancelled this activity because its worker shuts down."""
+    details = activity.cancellation_details()
+    return details is not None and details.worker_shutdown
 
 
 def _result(future: asyncio.Future[RunOutcome], stopping: bool) -> RunOutcome:
     exc = future.exception()
+    if exc is None and stopping:
+        # The worker shuts down (SIGTERM): the run was stopped with reason "worker
+        # shutdown" and its repair persisted; the attempt fails retryably, so the run
+        # goes on at once on another worker, resumed from its session.
+        raise ApplicationError(
+            "the worker shut down; the run goes on on another worker", type="WorkerShutdown"
+        )
     if exc is None:
         return future.result()
     if isinstance(exc, AttemptError):
@@ -315,8 +334,7 @@ async def _heartbeat(every: float) -> None:
 async def _cancel_reason(workflow: WorkflowHandle[Any, Any]) -> str:
     """The reason a cancel from Temporal carries (``handle.cancel(reason=...)``), read
     from the workflow; ``"workflow cancelled"`` when it has none (the CLI, the UI)."""
-    details = activity.cancellation_details()
-    if details is not None and details.worker_shutdown:
+    if _shutting_down():
         return "worker shutdown"
     try:
         status = await workflow.query("status", rpc_timeout=_REASON_QUERY_TIMEOUT)

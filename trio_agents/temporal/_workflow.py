@@ -23,12 +23,13 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from ._types import (
         ACTIVITY_ATTEMPT,
         ACTIVITY_PUSH,
+        CANCELLED_BY_TEMPORAL,
         UPDATE_ATTEMPT_STARTED,
         UPDATE_CALL_STARTED,
         UPDATE_CANCEL,
@@ -85,7 +86,22 @@ class RunWorkflow:
             # that raised on cancel would leave the canceled event without it.
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
-        outcome: RunOutcome = await handle
+        try:
+            outcome: RunOutcome = await handle
+        except ActivityError as exc:
+            if not (
+                isinstance(exc.cause, CancelledError) and workflow.cancellation_reason() is not None
+            ):
+                raise
+            # Cancelled before any attempt ran the run (none had started, or it was still
+            # announcing itself): nothing to repair, the session is untouched.
+            outcome = RunOutcome(
+                run_id=request.run_id,
+                status="cancelled",
+                reason=workflow.cancellation_reason() or CANCELLED_BY_TEMPORAL,
+                final_output=None,
+                attempt=0,
+            )
         self._outcome = outcome
         workflow.upsert_memo({"status": outcome.status, "reason": outcome.reason})
         if outcome.status == "cancelled" and workflow.cancellation_reason() is not None:
