@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 
 from tests.support.temporal_support import Workers, temporal_cli
 from trio_agents.sessions import SQLiteSession
@@ -277,3 +277,48 @@ def test_a_worker_that_stops_hands_its_run_over(workers: Callable[[int], Workers
     assert (outcome.status, outcome.attempt) == ("completed", 2), group.logs()
     assert outcome.final_output == "done: cancelled: worker shutdown"
     assert group.by_pid(pid).wait(BOUND) == 0
+
+
+def test_a_run_without_a_session_is_not_run_twice_after_a_loss(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(2)
+    run_id = f"r{uuid.uuid4().hex}"
+
+    async def start() -> None:
+        client = await Client.connect(group.target)
+        await start_run(
+            client,
+            "rules",
+            "block",
+            run_id=run_id,
+            task_queue=group.task_queue,
+            heartbeat_timeout=1.0,
+        )
+
+    asyncio.run(start())
+    pid = int(_wait_for(group.marks / f"{run_id}.started", "the tool's start", group))
+    group.by_pid(pid).send_signal(signal.SIGKILL)
+    outcome = asyncio.run(_finish(group.target, run_id))
+    # Nothing was persisted and the tool had started: the next attempt ends the run
+    # failed rather than start it again from its input (the tool would run twice).
+    assert (outcome.status, outcome.attempt) == ("failed", 2), group.logs()
+    assert outcome.reason is not None
+    assert outcome.reason.startswith("interrupted: the worker running the run was lost")
+
+
+def test_an_unknown_agent_fails_the_workflow_at_once(workers: Callable[[int], Workers]) -> None:
+    group = workers(1)
+
+    async def main() -> tuple[str, WorkflowExecutionStatus | None]:
+        client = await Client.connect(group.target)
+        handle = await start_run(client, "nobody", "hi", task_queue=group.task_queue)
+        try:
+            await asyncio.wait_for(handle.result(), BOUND)
+        except WorkflowFailureError as exc:
+            return str(exc.cause.cause if exc.cause else exc), await _status(client, handle.id)
+        raise AssertionError("the workflow did not fail")
+
+    message, status = asyncio.run(main())
+    assert "no agent named 'nobody'" in message
+    assert status == WorkflowExecutionStatus.FAILED

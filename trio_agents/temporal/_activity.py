@@ -160,8 +160,20 @@ async def run_attempt(
         agent = agents.get(request.agent)
         if agent is None:
             raise AttemptError(f"no agent named {request.agent!r} on this worker")
-        resume = _resume(number, started_calls or [], next_seq)
-        # A resumed attempt continues from the session with no input of its own.
+        if number > 1 and request.session_id is None and started_calls:
+            # Nothing of the lost attempt was persisted, and one of its tools had started:
+            # running the run again from its input would run that tool twice.
+            return RunOutcome(
+                run_id=request.run_id,
+                status="failed",
+                reason="interrupted: the worker running the run was lost, and a run"
+                " without a session cannot resume after a tool call started",
+                final_output=None,
+                attempt=number,
+            )
+        # A run with a session resumes from it (with no input of its own); one without
+        # starts again from its input (no tool had started: nothing runs twice).
+        resume = _resume(number, started_calls or [], next_seq) if request.session_id else None
         items = [] if resume is not None else coerce_items(request.input)
         holder: list[Run] = []
         options = _options(request, barrier, resume, holder)
@@ -172,6 +184,7 @@ async def run_attempt(
             session = sessions(request.principal, request.session_id)
         try:
             result = await _run(agent, items, session, request.run_id, options, attempt, holder)
+            result.attempt = number
         finally:
             aclose = getattr(session, "aclose", None)
             if aclose is not None:
@@ -204,7 +217,7 @@ async def _run(
         status=str(result.status),
         reason=result.reason,
         final_output=_jsonable(result.final_output),
-        attempt=resume.attempt if isinstance(resume, Resume) else 1,
+        attempt=resume.attempt if isinstance(resume, Resume) else 1,  # the caller sets it
         new_items=[item.to_json() for item in result.new_items],
         first_seq=resume.next_seq if isinstance(resume, Resume) else 1,
     )

@@ -282,6 +282,8 @@ class _Activities:
                 cancelled = True
                 reason = await _cancel_reason(workflow)
                 self._trio.call_soon(partial(attempt.cancel, reason))
+            except Exception:
+                break  # the attempt raised: _result says whether it is retried
         return _result(future, self._trio.stopping or _shutting_down())
 
 
