@@ -12,6 +12,7 @@ import trio_agents.control
 import trio_agents.mcp
 import trio_agents.models
 import trio_agents.sessions
+import trio_agents.temporal
 import trio_agents.testing
 import trio_agents.testing.plugin
 import trio_agents.tracing
@@ -22,6 +23,7 @@ MODULES = [
     trio_agents.sessions,
     trio_agents.control,
     trio_agents.cluster,
+    trio_agents.temporal,
     trio_agents.mcp,
     trio_agents.testing,
     trio_agents.testing.plugin,

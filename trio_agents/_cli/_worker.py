@@ -11,17 +11,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
-from typing import TextIO
+import sys
+from typing import NoReturn, TextIO
 
-from ._errors import CLIError
+from ._errors import CLIError, explain
 from ._serve import load_app
 
 __all__ = ["worker_command"]
 
 
 def worker_command(args: argparse.Namespace, out: TextIO) -> int:
-    """Run a worker until Ctrl-C or SIGTERM; exit status 0 then."""
+    """Run a worker until Ctrl-C or SIGTERM, then exit the process: status 0, or 1 with
+    one line on stderr when Temporal cannot be reached (this never returns once the
+    worker started)."""
     try:
         from ..temporal import run_worker, sqlite_sessions
     except ImportError as exc:
@@ -55,7 +59,24 @@ def worker_command(args: argparse.Namespace, out: TextIO) -> int:
         except RuntimeError as exc:
             raise CLIError(f"cannot reach Temporal at {args.temporal}: {exc}") from None
 
-    with contextlib.suppress(asyncio.CancelledError):  # Ctrl-C or SIGTERM: it stopped
-        asyncio.run(main())
+    try:
+        with contextlib.suppress(asyncio.CancelledError):  # Ctrl-C or SIGTERM: it stopped
+            asyncio.run(main())
+    except BaseException as exc:
+        explained = explain(exc)
+        if explained is None:
+            raise  # a bug: keep the traceback
+        message, status = explained
+        print(f"trio-agents: error: {message}", file=sys.stderr, flush=True)
+        _exit(out, status)
     print("trio-agents worker: stopped", file=out, flush=True)
-    return 0
+    _exit(out, 0)
+
+
+def _exit(out: TextIO, status: int) -> NoReturn:
+    """Leave without the interpreter's finalization: temporalio's Rust threads can abort
+    it ("PyGILState_Release ... must be current", temporalio/sdk-python#300), which would
+    turn a clean exit (or a one-line error) into SIGABRT."""
+    out.flush()
+    sys.stderr.flush()
+    os._exit(status)
