@@ -316,7 +316,12 @@ def test_an_unknown_agent_fails_the_workflow_at_once(workers: Callable[[int], Wo
         try:
             await asyncio.wait_for(handle.result(), BOUND)
         except WorkflowFailureError as exc:
-            return str(exc.cause.cause if exc.cause else exc), await _status(client, handle.id)
+            # WorkflowFailureError <- ActivityError <- ApplicationError (the attempt's)
+            chain, error = [], exc.__cause__
+            while error is not None:
+                chain.append(str(error))
+                error = error.__cause__
+            return " | ".join(chain), await _status(client, handle.id)
         raise AssertionError("the workflow did not fail")
 
     message, status = asyncio.run(main())

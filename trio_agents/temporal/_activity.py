@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeAlias, final
+from typing import Any, Final, TypeAlias, final
 
 import attrs
 import trio
@@ -25,7 +25,7 @@ from .._agent import Agent
 from .._exceptions import InboxFullError, RunClosedError
 from .._items import ToolCall, coerce_items
 from .._resume import Resume
-from .._run import Run
+from .._run import InjectWhen, Run
 from ..sessions import Session
 from ._types import OpAnswer, RunOutcome, RunRequest, SteeringOp
 
@@ -38,6 +38,13 @@ worker must reach the same store (a SQLite file on one shared disk, or PostgreSQ
 CallBarrier: TypeAlias = Callable[[str, int], Awaitable[None]]
 """``await barrier(call_id, last_seq)``: record durably that a call starts, before its
 tool runs (the run's ``before_tool`` option); raising keeps the tool from running."""
+
+
+_WHEN: Final[dict[str, InjectWhen]] = {
+    "next_turn": "next_turn",
+    "now": "now",
+    "when_idle": "when_idle",
+}
 
 
 class AttemptError(Exception):
@@ -98,8 +105,10 @@ class Attempt:
             self.cancel(op.reason or "cancelled")
             return OpAnswer(ok=True)
         if op.op == "inject":
+            if op.when not in _WHEN:
+                return OpAnswer(ok=False, code="invalid_request", message=f"bad when {op.when!r}")
             try:
-                injection_id = run.inject(op.items or [], when=op.when)  # type: ignore[arg-type]
+                injection_id = run.inject(op.items or [], when=_WHEN[op.when])
             except RunClosedError as exc:
                 return OpAnswer(ok=False, code="run_closed", message=str(exc))
             except InboxFullError as exc:

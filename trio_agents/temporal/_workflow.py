@@ -61,6 +61,7 @@ class RunWorkflow:
     def __init__(self) -> None:
         self._ops: list[SteeringOp] = []
         self._answers: dict[int, OpAnswer] = {}
+        self._pushing: set[int] = set()
         self._address: str | None = None
         self._attempt = 0
         self._started_calls: list[str] = []
@@ -131,29 +132,43 @@ class RunWorkflow:
         self._ops.append(op)
         if self._outcome is not None:
             return OpAnswer(ok=False, code="run_closed", message="the run has ended")
+        # While this handler pushes the op, a starting attempt's catch-up leaves it out:
+        # applied once, by the push, whose answer is the attempt's own.
+        self._pushing.add(op.index)
         try:
-            await workflow.wait_condition(
-                lambda: self._address is not None or self._outcome is not None,
-                timeout=_ANNOUNCE_WAIT,
-            )
-        except TimeoutError:
-            return OpAnswer(ok=True, pending=True, message="recorded; no attempt running yet")
-        address = self._address
-        if address is None:
-            return OpAnswer(ok=False, code="run_closed", message="the run has ended")
-        answer: OpAnswer = await workflow.execute_local_activity(
-            ACTIVITY_PUSH,
-            args=[address, workflow.info().workflow_id, op],
-            result_type=OpAnswer,
-            start_to_close_timeout=_PUSH_TIMEOUT,
-            # The push answers even when the attempt's worker is gone (pending): a retry
-            # would only push to the same dead address again.
-            retry_policy=RetryPolicy(maximum_attempts=1),
-        )
+            answer = await self._push(op)
+        finally:
+            self._pushing.discard(op.index)
         if not answer.pending:
             # Applied (or refused) by an attempt: a later attempt does not apply it again.
             self._answers[op.index] = answer
         return answer
+
+    async def _push(self, op: SteeringOp) -> OpAnswer:
+        """Push ``op`` to the attempt that announced itself last (waiting for one)."""
+        while True:
+            try:
+                await workflow.wait_condition(
+                    lambda: self._address is not None or self._outcome is not None,
+                    timeout=_ANNOUNCE_WAIT,
+                )
+            except TimeoutError:
+                return OpAnswer(ok=True, pending=True, message="recorded; no attempt running")
+            address = self._address
+            if address is None:
+                return OpAnswer(ok=False, code="run_closed", message="the run has ended")
+            answer: OpAnswer = await workflow.execute_local_activity(
+                ACTIVITY_PUSH,
+                args=[address, workflow.info().workflow_id, op],
+                result_type=OpAnswer,
+                start_to_close_timeout=_PUSH_TIMEOUT,
+                # The push answers even when the attempt's worker is gone (pending): a
+                # retry would only push to the same dead address again.
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+            if answer.pending and self._address != address and self._outcome is None:
+                continue  # a new attempt announced itself meanwhile: push to it
+            return answer
 
     @workflow.update(name=UPDATE_ATTEMPT_STARTED)
     def attempt_started(self, started: AttemptStarted) -> Catchup:
@@ -163,7 +178,11 @@ class RunWorkflow:
         self._attempt = started.attempt
         # Ops an earlier attempt already answered were applied there; an op with no
         # answer may never have reached any attempt.
-        pending = [op for op in self._ops if op.index not in self._answers]
+        pending = [
+            op
+            for op in self._ops
+            if op.index not in self._answers and op.index not in self._pushing
+        ]
         return Catchup(
             ops=pending, started_calls=list(self._started_calls), next_seq=self._last_seq + 1
         )
