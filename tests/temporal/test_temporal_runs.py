@@ -76,6 +76,11 @@ def test_run_completes_on_a_worker(workers: Callable[[int], Workers]) -> None:
         outcome = await _outcome(client, handle.id)
         late = await cancel_run(client, handle.id, "too late")
         assert (late.ok, late.code) == (False, "run_closed")
+        # The history holds the request, the attempt's announcement and its result:
+        # no event of the run (no text delta, no status update) is ever written there.
+        history = [event async for event in handle.fetch_history_events()]
+        assert not [event for event in history if b"response.text.delta" in str(event).encode()]
+        assert [event for event in history if b"echo: hello" in event.SerializeToString()]
         return outcome, await _status(client, handle.id)
 
     outcome, status = asyncio.run(main())
