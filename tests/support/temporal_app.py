@@ -7,6 +7,7 @@ worker process answers the same conversation the same way:
 - ``"block"``: call the ``block`` tool, which marks that it started (a file named
   ``<run id>.started`` holding the worker's pid, in ``$TRIO_AGENTS_TEST_MARKS``) and
   then waits forever;
+- ``"guarded"``: call the ``guarded`` tool (id ``call_guarded``), which needs approval;
 - ``"fail"``: the model raises (the run fails on its own);
 - anything else: the answer ``"echo: <text>"``; after a tool result, ``"done: <output>"``.
 """
@@ -40,6 +41,8 @@ class RuleModel:
             events.append(TextDelta(f"done: {last.output}"))
         elif isinstance(last, ta.UserMessage) and last.content == "fail":
             raise ta.ModelError("the rule model fails on 'fail'")
+        elif isinstance(last, ta.UserMessage) and last.content == "guarded":
+            events.append(ToolCallDone(ta.ToolCall("call_guarded", "guarded", "{}")))
         elif isinstance(last, ta.UserMessage) and last.content == "block":
             turn = sum(isinstance(item, ta.ToolCall) for item in request.items)
             events.append(ToolCallDone(ta.ToolCall(f"call_block_{turn}", "block", "{}")))
@@ -67,4 +70,12 @@ async def block(ctx: ta.ToolContext) -> str:
     raise AssertionError("unreachable")
 
 
-AGENTS = {"rules": ta.Agent(name="rules", instructions="", model=RuleModel(), tools=[block])}
+@ta.function_tool(needs_approval=True)
+async def guarded() -> str:
+    """Run only once approved."""
+    return "guarded ran"
+
+
+AGENTS = {
+    "rules": ta.Agent(name="rules", instructions="", model=RuleModel(), tools=[block, guarded])
+}

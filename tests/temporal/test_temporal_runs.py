@@ -28,6 +28,7 @@ from trio_agents.temporal import (
     CANCELLED_BY_TEMPORAL,
     OpAnswer,
     RunOutcome,
+    approve_call,
     cancel_run,
     inject_run,
     run_result,
@@ -332,3 +333,28 @@ def test_an_unknown_agent_fails_the_workflow_at_once(workers: Callable[[int], Wo
     message, status = asyncio.run(main())
     assert "no agent named 'nobody'" in message
     assert status == WorkflowExecutionStatus.FAILED
+
+
+def test_an_approval_is_pushed_to_the_attempt(workers: Callable[[int], Workers]) -> None:
+    group = workers(1)
+
+    async def main() -> tuple[list[OpAnswer], RunOutcome]:
+        client = await Client.connect(group.target)
+        handle = await start_run(client, "rules", "guarded", task_queue=group.task_queue)
+        answers = [await approve_call(client, handle.id, "call_nobody")]
+        # Approve once the call waits for its approval: until then the run answers
+        # not_found (as for any call that does not wait), so ask again, bounded.
+        deadline = time.monotonic() + BOUND
+        while True:
+            answer = await approve_call(client, handle.id, "call_guarded")
+            if answer.ok or time.monotonic() > deadline:
+                break
+            assert answer.code == "not_found", answer
+            await asyncio.sleep(0.05)
+        answers.append(answer)
+        return answers, await _outcome(client, handle.id)
+
+    (unknown, approved), outcome = asyncio.run(main())
+    assert (unknown.ok, unknown.code) == (False, "not_found")
+    assert approved.ok
+    assert (outcome.status, outcome.final_output) == ("completed", "done: guarded ran")

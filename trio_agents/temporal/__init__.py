@@ -10,16 +10,19 @@ failed or was cancelled on its own is not.
 
 Built so far: the workflow, the worker (``TemporalWorker``, ``run_worker``, ``trio-agents
 worker``), and a small client API (``start_run``, ``cancel_run``, ``inject_run``,
-``run_result``). Not built yet: ``TemporalHost`` (every face over Temporal).
+``withdraw_run``, ``approve_call``, ``reject_call``, ``run_result``). Not built yet: ``TemporalHost`` (every face over Temporal).
 """
 
 from ._activity import SessionFactory as SessionFactory
 from ._activity import sqlite_sessions as sqlite_sessions
 from ._client import TemporalHost as TemporalHost
+from ._client import approve_call as approve_call
 from ._client import cancel_run as cancel_run
 from ._client import inject_run as inject_run
+from ._client import reject_call as reject_call
 from ._client import run_result as run_result
 from ._client import start_run as start_run
+from ._client import withdraw_run as withdraw_run
 from ._types import CANCELLED_BY_TEMPORAL as CANCELLED_BY_TEMPORAL
 from ._types import OpAnswer as OpAnswer
 from ._types import RunOutcome as RunOutcome
@@ -39,10 +42,13 @@ __all__ = [
     "SessionFactory",
     "TemporalHost",
     "TemporalWorker",
+    "approve_call",
     "cancel_run",
     "inject_run",
+    "reject_call",
     "run_result",
     "run_worker",
     "sqlite_sessions",
     "start_run",
+    "withdraw_run",
 ]

@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from .._agent import Agent
-from .._exceptions import InboxFullError, RunClosedError
+from .._exceptions import InboxFullError, RunClosedError, UnknownCallError
 from .._items import ToolCall, coerce_items
 from .._resume import Resume
 from .._run import InjectWhen, Run
@@ -116,7 +116,26 @@ class Attempt:
             except (TypeError, ValueError) as exc:
                 return OpAnswer(ok=False, code="invalid_request", message=str(exc))
             return OpAnswer(ok=True, injection_id=str(injection_id))
-        return OpAnswer(ok=False, code="unknown_op", message=f"unknown op {op.op!r}")
+        return _decide(run, op)
+
+
+def _decide(run: Run, op: SteeringOp) -> OpAnswer:
+    """Apply a withdraw, an approve or a reject to ``run``; the run's answer."""
+    target = op.target or ""
+    try:
+        if op.op == "withdraw":
+            return OpAnswer(ok=True, withdrawn=run.withdraw(target))
+        if op.op == "approve":
+            run.approve(target)
+            return OpAnswer(ok=True)
+        if op.op == "reject":
+            run.reject(target, message=op.reason)
+            return OpAnswer(ok=True)
+    except RunClosedError as exc:
+        return OpAnswer(ok=False, code="run_closed", message=str(exc))
+    except UnknownCallError as exc:
+        return OpAnswer(ok=False, code="not_found", message=str(exc))
+    return OpAnswer(ok=False, code="unknown_op", message=f"unknown op {op.op!r}")
 
 
 def _resume(attempt: int, started_calls: list[str], next_seq: int) -> Resume | None:

@@ -23,8 +23,11 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from .._items import Item, coerce_items
 from ._types import (
+    UPDATE_APPROVE,
     UPDATE_CANCEL,
     UPDATE_INJECT,
+    UPDATE_REJECT,
+    UPDATE_WITHDRAW,
     WORKFLOW_NAME,
     OpAnswer,
     RunOutcome,
@@ -32,7 +35,16 @@ from ._types import (
 )
 from ._worker import DEFAULT_TASK_QUEUE
 
-__all__ = ["TemporalHost", "cancel_run", "inject_run", "run_result", "start_run"]
+__all__ = [
+    "TemporalHost",
+    "approve_call",
+    "cancel_run",
+    "inject_run",
+    "reject_call",
+    "run_result",
+    "start_run",
+    "withdraw_run",
+]
 
 
 async def start_run(
@@ -124,6 +136,32 @@ async def inject_run(
     handle = client.get_workflow_handle(run_id)
     answer: OpAnswer = await handle.execute_update(
         UPDATE_INJECT, args=[payload, when], result_type=OpAnswer
+    )
+    return answer
+
+
+async def withdraw_run(client: Client, run_id: str, injection_id: str) -> OpAnswer:
+    """Take back an injection not yet delivered (``answer.withdrawn`` says whether)."""
+    answer: OpAnswer = await client.get_workflow_handle(run_id).execute_update(
+        UPDATE_WITHDRAW, injection_id, result_type=OpAnswer
+    )
+    return answer
+
+
+async def approve_call(client: Client, run_id: str, call_id: str) -> OpAnswer:
+    """Let the run's call waiting for approval run (``not_found``: no such call waits)."""
+    answer: OpAnswer = await client.get_workflow_handle(run_id).execute_update(
+        UPDATE_APPROVE, call_id, result_type=OpAnswer
+    )
+    return answer
+
+
+async def reject_call(
+    client: Client, run_id: str, call_id: str, *, message: str | None = None
+) -> OpAnswer:
+    """Refuse the run's call waiting for approval; the model reads ``message``."""
+    answer: OpAnswer = await client.get_workflow_handle(run_id).execute_update(
+        UPDATE_REJECT, args=[call_id, message], result_type=OpAnswer
     )
     return answer
 

@@ -15,10 +15,13 @@ __all__ = [
     "ACTIVITY_ATTEMPT",
     "ACTIVITY_PUSH",
     "CANCELLED_BY_TEMPORAL",
+    "UPDATE_APPROVE",
     "UPDATE_ATTEMPT_STARTED",
     "UPDATE_CALL_STARTED",
     "UPDATE_CANCEL",
     "UPDATE_INJECT",
+    "UPDATE_REJECT",
+    "UPDATE_WITHDRAW",
     "WORKFLOW_NAME",
     "AttemptStarted",
     "CallStarted",
@@ -34,6 +37,9 @@ ACTIVITY_ATTEMPT: Final = "trio_agents.attempt"
 ACTIVITY_PUSH: Final = "trio_agents.push_op"
 UPDATE_CANCEL: Final = "cancel"
 UPDATE_INJECT: Final = "inject"
+UPDATE_WITHDRAW: Final = "withdraw"
+UPDATE_APPROVE: Final = "approve"
+UPDATE_REJECT: Final = "reject"
 UPDATE_ATTEMPT_STARTED: Final = "attempt_started"
 UPDATE_CALL_STARTED: Final = "call_started"
 
@@ -99,10 +105,12 @@ class SteeringOp:
     """An op on a running run, recorded in the history by a workflow update.
 
     Attributes:
-        op: ``"cancel"`` or ``"inject"``.
-        reason: a cancel's reason.
+        op: ``"cancel"``, ``"inject"``, ``"withdraw"``, ``"approve"`` or ``"reject"``.
+        reason: a cancel's reason; a rejection's message.
         items: an inject's items, as JSON.
         when: an inject's ``when`` (``"next_turn"``, ``"now"``, ``"when_idle"``).
+        target: the injection id a withdraw takes back; the call id an approve or a
+            reject answers.
         index: the op's position in the workflow's list of ops (set by the workflow).
     """
 
@@ -110,6 +118,7 @@ class SteeringOp:
     reason: str | None = None
     items: list[dict[str, Any]] | None = None
     when: str = "next_turn"
+    target: str | None = None
     index: int = -1
 
 
@@ -123,6 +132,7 @@ class OpAnswer:
             ``"inbox_full"``, ``"not_found"``).
         message: a human-readable message for the error.
         injection_id: an applied inject's id.
+        withdrawn: whether a withdraw took its injection back.
         pending: the op is recorded in the history but no attempt has applied it yet
             (none is running, or its worker is unreachable): the next attempt applies
             it when it starts.
@@ -132,6 +142,7 @@ class OpAnswer:
     code: str | None = None
     message: str | None = None
     injection_id: str | None = None
+    withdrawn: bool | None = None
     pending: bool = False
 
 

@@ -30,10 +30,13 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_ATTEMPT,
         ACTIVITY_PUSH,
         CANCELLED_BY_TEMPORAL,
+        UPDATE_APPROVE,
         UPDATE_ATTEMPT_STARTED,
         UPDATE_CALL_STARTED,
         UPDATE_CANCEL,
         UPDATE_INJECT,
+        UPDATE_REJECT,
+        UPDATE_WITHDRAW,
         WORKFLOW_NAME,
         AttemptStarted,
         CallStarted,
@@ -124,6 +127,21 @@ class RunWorkflow:
     async def inject(self, items: list[dict[str, Any]], when: str) -> OpAnswer:
         """Inject ``items`` into the run: recorded, then pushed to the attempt."""
         return await self._steer(SteeringOp(op="inject", items=items, when=when))
+
+    @workflow.update(name=UPDATE_WITHDRAW)
+    async def withdraw(self, injection_id: str) -> OpAnswer:
+        """Take back an injection not yet delivered: recorded, then pushed."""
+        return await self._steer(SteeringOp(op="withdraw", target=injection_id))
+
+    @workflow.update(name=UPDATE_APPROVE)
+    async def approve(self, call_id: str) -> OpAnswer:
+        """Let a call waiting for approval run: recorded, then pushed."""
+        return await self._steer(SteeringOp(op="approve", target=call_id))
+
+    @workflow.update(name=UPDATE_REJECT)
+    async def reject(self, call_id: str, message: str | None) -> OpAnswer:
+        """Refuse a call waiting for approval: recorded, then pushed."""
+        return await self._steer(SteeringOp(op="reject", target=call_id, reason=message))
 
     async def _steer(self, op: SteeringOp) -> OpAnswer:
         # Recording comes first: the update's acceptance is in the history from here on,
