@@ -16,6 +16,7 @@ import trio_agents.hosting
 import trio_agents.mcp
 import trio_agents.models
 import trio_agents.sessions
+import trio_agents.temporal
 import trio_agents.testing
 import trio_agents.testing.plugin
 import trio_agents.tracing
@@ -28,6 +29,7 @@ MODULES = [
     trio_agents.control,
     trio_agents.faces,
     trio_agents.cluster,
+    trio_agents.temporal,
     trio_agents.mcp,
     trio_agents.testing,
     trio_agents.testing.plugin,

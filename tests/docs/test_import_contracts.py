@@ -31,6 +31,9 @@ PROBES: Final = [
     ("siblings", "faces/_a2a.py", "from ..control._connection import Connection"),
     # ... over hosting, which imports none of them
     ("siblings", "hosting/_local.py", "from ..cluster import _claims"),
+    # the Temporal host is a sibling too: it imports no face and no other host
+    ("siblings", "temporal/_activity.py", "from ..cluster import _claims"),
+    ("siblings", "faces/_rest.py", "from ..temporal import _client"),
     # inside faces: the plumbing is below the faces, the faces below the app
     ("faces", "faces/_event_stream.py", "from . import _rest"),
     ("faces", "faces/_http_errors.py", "from ._app import FACES"),
@@ -43,6 +46,7 @@ PROBES: Final = [
     ("libraries", "sessions/_sqlite.py", "from .. import cluster"),
     ("libraries", "mcp/_servers.py", "from ..faces import _face"),
     ("libraries", "tracing/_otel.py", "from ..control import _client"),
+    ("libraries", "sessions/_memory.py", "from ..temporal import _types"),
     # the run core imports no server layer and no models, not even inside a function
     ("core", "_tools.py", "def _probe() -> None:\n    from .hosting import _host"),
     ("core", "_run.py", "from .control import _protocol"),

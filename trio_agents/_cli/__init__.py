@@ -36,6 +36,10 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         from ._mcp_stdio import mcp_command
 
         return mcp_command(args, out)
+    if args.command == "worker":
+        from ._worker import worker_command
+
+        return worker_command(args, out)
     from ._ctl import ctl_command
 
     return ctl_command(args, out)

