@@ -33,7 +33,7 @@ PROBES: Final = [
     ("siblings", "hosting/_local.py", "from ..cluster import _claims"),
     # the Temporal host is a sibling too: it imports no face and no other host
     ("siblings", "temporal/_activity.py", "from ..cluster import _claims"),
-    ("siblings", "faces/_rest.py", "from ..temporal import _client"),
+    ("siblings", "faces/_rest.py", "from ..temporal import _run_client"),
     # inside faces: the plumbing is below the faces, the faces below the app
     ("faces", "faces/_event_stream.py", "from . import _rest"),
     ("faces", "faces/_http_errors.py", "from ._app import FACES"),

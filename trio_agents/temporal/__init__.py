@@ -15,21 +15,21 @@ worker``), and a small client API (``start_run``, ``cancel_run``, ``inject_run``
 
 from ._activity import SessionFactory as SessionFactory
 from ._activity import sqlite_sessions as sqlite_sessions
-from ._client import TemporalHost as TemporalHost
-from ._client import approve_call as approve_call
-from ._client import cancel_run as cancel_run
-from ._client import inject_run as inject_run
-from ._client import reject_call as reject_call
-from ._client import run_result as run_result
-from ._client import start_run as start_run
-from ._client import withdraw_run as withdraw_run
+from ._run_client import TemporalHost as TemporalHost
+from ._run_client import approve_call as approve_call
+from ._run_client import cancel_run as cancel_run
+from ._run_client import inject_run as inject_run
+from ._run_client import reject_call as reject_call
+from ._run_client import run_result as run_result
+from ._run_client import start_run as start_run
+from ._run_client import withdraw_run as withdraw_run
+from ._trio_worker import DEFAULT_TASK_QUEUE as DEFAULT_TASK_QUEUE
+from ._trio_worker import TemporalWorker as TemporalWorker
+from ._trio_worker import run_worker as run_worker
 from ._types import CANCELLED_BY_TEMPORAL as CANCELLED_BY_TEMPORAL
 from ._types import OpAnswer as OpAnswer
 from ._types import RunOutcome as RunOutcome
 from ._types import RunRequest as RunRequest
-from ._worker import DEFAULT_TASK_QUEUE as DEFAULT_TASK_QUEUE
-from ._worker import TemporalWorker as TemporalWorker
-from ._worker import run_worker as run_worker
 from ._workflow import RunWorkflow as RunWorkflow
 
 __all__ = [

@@ -22,6 +22,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from .._items import Item, coerce_items
+from ._trio_worker import DEFAULT_TASK_QUEUE
 from ._types import (
     UPDATE_APPROVE,
     UPDATE_CANCEL,
@@ -33,7 +34,6 @@ from ._types import (
     RunOutcome,
     RunRequest,
 )
-from ._worker import DEFAULT_TASK_QUEUE
 
 __all__ = [
     "TemporalHost",
