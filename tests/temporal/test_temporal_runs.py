@@ -58,6 +58,21 @@ def _wait_for(path: Path, what: str, group: Workers) -> str:
     return path.read_text()
 
 
+def _start_blocked(group: Workers, run_id: str, **options: Any) -> str:
+    """Start the "rules" agent on "block" (its tool blocks until cancelled) as workflow
+    ``run_id`` and wait until the tool has started; what the tool marked (its worker's
+    pid)."""
+
+    async def start() -> None:
+        client = await Client.connect(group.target)
+        await start_run(
+            client, "rules", "block", run_id=run_id, task_queue=group.task_queue, **options
+        )
+
+    asyncio.run(start())
+    return _wait_for(group.marks / f"{run_id}.started", "the tool's start", group)
+
+
 async def _outcome(client: Client, run_id: str) -> RunOutcome:
     return await asyncio.wait_for(run_result(client, run_id), BOUND)
 
@@ -107,20 +122,7 @@ def test_cancel_from_the_temporal_cli_ends_canceled_after_the_repair(
     group = workers(1)
     run_id = f"r{uuid.uuid4().hex}"
 
-    async def start() -> None:
-        client = await Client.connect(group.target)
-        await start_run(
-            client,
-            "rules",
-            "block",
-            run_id=run_id,
-            session_id="s-cli",
-            task_queue=group.task_queue,
-            heartbeat_timeout=1.0,
-        )
-
-    asyncio.run(start())
-    _wait_for(group.marks / f"{run_id}.started", "the tool's start", group)
+    _start_blocked(group, run_id, session_id="s-cli", heartbeat_timeout=1.0)
     _cli_cancel(group.target, run_id)
 
     async def finish() -> tuple[RunOutcome, WorkflowExecutionStatus | None]:
@@ -143,14 +145,7 @@ def test_cancel_through_the_update_keeps_its_reason(workers: Callable[[int], Wor
     group = workers(1)
     run_id = f"r{uuid.uuid4().hex}"
 
-    async def start() -> None:
-        client = await Client.connect(group.target)
-        await start_run(
-            client, "rules", "block", run_id=run_id, session_id="s-upd", task_queue=group.task_queue
-        )
-
-    asyncio.run(start())
-    _wait_for(group.marks / f"{run_id}.started", "the tool's start", group)
+    _start_blocked(group, run_id, session_id="s-upd")
 
     async def cancel() -> tuple[Any, RunOutcome, WorkflowExecutionStatus | None]:
         client = await Client.connect(group.target)
@@ -170,20 +165,7 @@ def test_a_lost_worker_s_attempt_is_retried_on_another(workers: Callable[[int], 
     group = workers(2)
     run_id = f"r{uuid.uuid4().hex}"
 
-    async def start() -> None:
-        client = await Client.connect(group.target)
-        await start_run(
-            client,
-            "rules",
-            "block",
-            run_id=run_id,
-            session_id="s-kill",
-            task_queue=group.task_queue,
-            heartbeat_timeout=1.0,
-        )
-
-    asyncio.run(start())
-    pid = int(_wait_for(group.marks / f"{run_id}.started", "the tool's start", group))
+    pid = int(_start_blocked(group, run_id, session_id="s-kill", heartbeat_timeout=1.0))
     group.by_pid(pid).send_signal(signal.SIGKILL)
     outcome = asyncio.run(_finish(group.target, run_id))
     assert (outcome.status, outcome.attempt) == ("completed", 2), group.logs()
@@ -232,12 +214,7 @@ def test_steering_ops_are_pushed_to_the_running_attempt(
     group = workers(1)
     run_id = f"r{uuid.uuid4().hex}"
 
-    async def start() -> None:
-        client = await Client.connect(group.target)
-        await start_run(client, "rules", "block", run_id=run_id, task_queue=group.task_queue)
-
-    asyncio.run(start())
-    _wait_for(group.marks / f"{run_id}.started", "the tool's start", group)
+    _start_blocked(group, run_id)
 
     async def steer() -> tuple[OpAnswer, OpAnswer, RunOutcome, WorkflowExecutionStatus | None]:
         client = await Client.connect(group.target)
@@ -262,19 +239,7 @@ def test_a_worker_that_stops_hands_its_run_over(workers: Callable[[int], Workers
     group = workers(2)
     run_id = f"r{uuid.uuid4().hex}"
 
-    async def start() -> None:
-        client = await Client.connect(group.target)
-        await start_run(
-            client,
-            "rules",
-            "block",
-            run_id=run_id,
-            session_id="s-term",
-            task_queue=group.task_queue,
-        )
-
-    asyncio.run(start())
-    pid = int(_wait_for(group.marks / f"{run_id}.started", "the tool's start", group))
+    pid = int(_start_blocked(group, run_id, session_id="s-term"))
     group.by_pid(pid).send_signal(signal.SIGTERM)
     outcome = asyncio.run(_finish(group.target, run_id))
     # Not cancelled: the stopping worker repaired and persisted the run ("worker
@@ -291,19 +256,7 @@ def test_a_run_without_a_session_is_not_run_twice_after_a_loss(
     group = workers(2)
     run_id = f"r{uuid.uuid4().hex}"
 
-    async def start() -> None:
-        client = await Client.connect(group.target)
-        await start_run(
-            client,
-            "rules",
-            "block",
-            run_id=run_id,
-            task_queue=group.task_queue,
-            heartbeat_timeout=1.0,
-        )
-
-    asyncio.run(start())
-    pid = int(_wait_for(group.marks / f"{run_id}.started", "the tool's start", group))
+    pid = int(_start_blocked(group, run_id, heartbeat_timeout=1.0))
     group.by_pid(pid).send_signal(signal.SIGKILL)
     outcome = asyncio.run(_finish(group.target, run_id))
     # Nothing was persisted and the tool had started: the next attempt ends the run
