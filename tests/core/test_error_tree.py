@@ -55,6 +55,9 @@ INTERNAL: dict[str, str] = {
     "HttpError": "answered as an HTTP status and JSON error body by the HTTP faces",
     "RpcError": "answered as a JSON-RPC error by the A2A face",
     "AguiInputError": "answered as a 400 naming the field by the AG-UI face",
+    # The Temporal worker turns it into a non-retryable ApplicationError: the workflow
+    # fails at once, and its caller sees Temporal's failure, never the class.
+    "AttemptError": "raised as a non-retryable ApplicationError by the Temporal worker",
 }
 
 # Raised to users on purpose and outside the tree on purpose (the testing kit).
