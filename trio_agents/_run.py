@@ -45,6 +45,7 @@ from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, che
 from ._items import Item, coerce_items, conversation_problems
 from ._limits import WRAP_UP_MESSAGE, Budget
 from ._log import EventCursor, EventLog, UpdatedStream
+from ._model import Usage
 from ._options import RunOptions
 from ._repair import Verdict, build_result, repair
 from ._result import RunResult, RunStatistics
@@ -236,6 +237,13 @@ class Run:
     def turn(self) -> int:
         """The number of model calls started so far."""
         return self._state.turn
+
+    @property
+    def usage(self) -> Usage | None:
+        """The run's own token usage and cost so far: the sum of what its model calls
+        reported (its descendants' not included), equal to :attr:`RunResult.usage`
+        once it is terminal; None while no model call reported any."""
+        return self._state.usage
 
     @property
     def holds_session(self) -> bool:
