@@ -100,7 +100,7 @@ async def test_rest_and_websocket_records_carry_each_runs_own_exact_usage() -> N
             root_info, child_info = infos
             assert root_info.usage == ROOT_CALL + ROOT_CALL
             assert child_info.usage == CHILD_CALL
-            total = root_info.usage + child_info.usage  # type: ignore[operator]
+            total = root_info.usage + child_info.usage
             assert total.cost == Decimal("0.0002531")
 
 
