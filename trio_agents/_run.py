@@ -246,6 +246,16 @@ class Run:
         return self._state.usage
 
     @property
+    def turn_usage(self) -> Usage | None:
+        """What the model call of the current turn (:attr:`turn`) reported: its tokens,
+        cost and the model that answered (:attr:`Usage.model`). Read in
+        :meth:`RunHooks.on_model_end <trio_agents.RunHooks.on_model_end>` it is that
+        call's usage (what ``OpenTelemetryHooks`` puts on the ``chat`` span). None
+        before the call reported any (a cancelled call may never); a summary's model
+        call (history windows) is not included."""
+        return self._state.turn_usage
+
+    @property
     def holds_session(self) -> bool:
         """Whether this run is the active run of its session: True from when it claimed
         the session (at once, or once the run it queued behind with ``on_busy=

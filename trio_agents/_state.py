@@ -186,8 +186,8 @@ class RunState:
                                                              ``summaries``
     the turn       ``turn``, ``status``, ``partial_text``,   ``_turns.py`` (``usage``
                    ``stream_scope``, ``finish_reason``,      also ``_window.py``;
-                   ``usage``, ``undelivered``,               ``handoff_to`` also
-                   ``handoff_to``                            ``_toolcalls.py`` and
+                   ``usage``, ``turn_usage``,                ``handoff_to`` also
+                   ``undelivered``, ``handoff_to``           ``_toolcalls.py`` and
                                                              ``_handoffs.py``)
     open calls     ``open_calls``                            ``_turns.py`` and
                                                              ``_session_load.py`` open,
@@ -256,6 +256,7 @@ class RunState:
         "stream_scope",
         "summaries",
         "turn",
+        "turn_usage",
         "undelivered",
         "usage",
         "usage_below",
@@ -325,6 +326,9 @@ class RunState:
         self.partial_text: list[str] | None = None
         self.stream_scope: trio.CancelScope | None = None
         self.usage: Usage | None = None
+        # What the current turn's model call reported (Run.turn_usage; reset as each
+        # turn starts, a summary's call not included): the chat span's usage.
+        self.turn_usage: Usage | None = None
         self.finish_reason: str | None = None
         # Injections taken from the inbox that could not be delivered (unconsumed).
         self.undelivered: tuple[Any, ...] = ()
