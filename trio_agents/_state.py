@@ -318,7 +318,7 @@ class RunState:
         self.rejected = 0
         self._rewrite = False
         # -- the turn: written by _turns.py as a model call goes (the status by
-        # emit_status, here; a summary's model call adds to the usage in _window.py).
+        # emit_status; a summary's call adds to usage in _window.py, not turn_usage).
         self.status = RunStatus.QUEUED
         self.turn = 0
         # Text streamed in the current model turn and not committed yet: the repair
@@ -326,14 +326,11 @@ class RunState:
         self.partial_text: list[str] | None = None
         self.stream_scope: trio.CancelScope | None = None
         self.usage: Usage | None = None
-        # What the current turn's model call reported (Run.turn_usage; reset as each
-        # turn starts, a summary's call not included): the chat span's usage.
         self.turn_usage: Usage | None = None
         self.finish_reason: str | None = None
         # Injections taken from the inbox that could not be delivered (unconsumed).
         self.undelivered: tuple[Any, ...] = ()
-        # The agent a transfer_to_<name> call of the current turn hands the run to
-        # (_toolcalls.py, _handoffs.py).
+        # Whom a transfer_to_<name> call of this turn hands to (_toolcalls, _handoffs).
         self.handoff_to: Agent | None = None
         self.handoffs_made = 0  # switches so far, bounded by options.max_handoffs
         # -- the open calls: _turns.py opens one per tool call of a response (and
