@@ -246,6 +246,22 @@ class Run:
         return self._state.usage
 
     @property
+    def tree_usage(self) -> Usage | None:
+        """:attr:`usage` plus every descendant run's so far, live ones included: equal
+        to :attr:`RunResult.tree_usage` once the run is terminal; None while no run of
+        the subtree reported any."""
+        if self._result is not None:
+            return self._result.tree_usage
+        state = self._state
+        # Ended children are in usage_below (added in the same step that set their
+        # result, so none is counted twice or missed); live ones are asked.
+        total = _sum_known(state.usage, state.usage_below)
+        for child in self._children or ():
+            if child.result is None:
+                total = _sum_known(total, child.tree_usage)
+        return total
+
+    @property
     def turn_usage(self) -> Usage | None:
         """What the model call of the current turn (:attr:`turn`) reported: its tokens,
         cost and the model that answered (:attr:`Usage.model`). Read in
@@ -751,6 +767,13 @@ class Run:
 # A random (version 4) UUID's hex, as uuid.uuid4().hex, at half the cost.
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _sum_known(a: Usage | None, b: Usage | None) -> Usage | None:
+    """The sum of the usages known (None when neither is)."""
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 def _uuid4_hex() -> str:
