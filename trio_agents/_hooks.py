@@ -42,7 +42,8 @@ class RunHooks:
         """The model call of ``turn`` ended.
 
         ``outcome`` is ``"completed"``, ``"interrupted"`` (a ``when="now"`` injection),
-        ``"failed"`` or ``"cancelled"``.
+        ``"failed"`` or ``"cancelled"``. ``run.turn_usage`` is this call's usage
+        (None if it reported none), ``run.usage`` the run's so far.
         """
 
     async def on_tool_start(self, run: Run, call: ToolCall) -> None:

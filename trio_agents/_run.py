@@ -45,6 +45,7 @@ from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, che
 from ._items import Item, coerce_items, conversation_problems
 from ._limits import WRAP_UP_MESSAGE, Budget
 from ._log import EventCursor, EventLog, UpdatedStream
+from ._model import Usage
 from ._options import RunOptions
 from ._repair import Verdict, build_result, repair
 from ._result import RunResult, RunStatistics
@@ -236,6 +237,39 @@ class Run:
     def turn(self) -> int:
         """The number of model calls started so far."""
         return self._state.turn
+
+    @property
+    def usage(self) -> Usage | None:
+        """The run's own token usage and cost so far: the sum of what its model calls
+        reported (its descendants' not included), equal to :attr:`RunResult.usage`
+        once it is terminal; None while no model call reported any."""
+        return self._state.usage
+
+    @property
+    def tree_usage(self) -> Usage | None:
+        """:attr:`usage` plus every descendant run's so far, live ones included: equal
+        to :attr:`RunResult.tree_usage` once the run is terminal; None while no run of
+        the subtree reported any."""
+        if self._result is not None:
+            return self._result.tree_usage
+        state = self._state
+        # Ended children are in usage_below (added in the same step that set their
+        # result, so none is counted twice or missed); live ones are asked.
+        total = _sum_known(state.usage, state.usage_below)
+        for child in self._children or ():
+            if child.result is None:
+                total = _sum_known(total, child.tree_usage)
+        return total
+
+    @property
+    def turn_usage(self) -> Usage | None:
+        """What the model call of the current turn (:attr:`turn`) reported: its tokens,
+        cost and the model that answered (:attr:`Usage.model`). Read in
+        :meth:`RunHooks.on_model_end <trio_agents.RunHooks.on_model_end>` it is that
+        call's usage (what ``OpenTelemetryHooks`` puts on the ``chat`` span). None
+        before the call reported any (a cancelled call may never); a summary's model
+        call (history windows) is not included."""
+        return self._state.turn_usage
 
     @property
     def holds_session(self) -> bool:
@@ -733,6 +767,13 @@ class Run:
 # A random (version 4) UUID's hex, as uuid.uuid4().hex, at half the cost.
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _sum_known(a: Usage | None, b: Usage | None) -> Usage | None:
+    """The sum of the usages known (None when neither is)."""
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 def _uuid4_hex() -> str:

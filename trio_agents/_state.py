@@ -186,8 +186,8 @@ class RunState:
                                                              ``summaries``
     the turn       ``turn``, ``status``, ``partial_text``,   ``_turns.py`` (``usage``
                    ``stream_scope``, ``finish_reason``,      also ``_window.py``;
-                   ``usage``, ``undelivered``,               ``handoff_to`` also
-                   ``handoff_to``                            ``_toolcalls.py`` and
+                   ``usage``, ``turn_usage``,                ``handoff_to`` also
+                   ``undelivered``, ``handoff_to``           ``_toolcalls.py`` and
                                                              ``_handoffs.py``)
     open calls     ``open_calls``                            ``_turns.py`` and
                                                              ``_session_load.py`` open,
@@ -256,6 +256,7 @@ class RunState:
         "stream_scope",
         "summaries",
         "turn",
+        "turn_usage",
         "undelivered",
         "usage",
         "usage_below",
@@ -317,7 +318,7 @@ class RunState:
         self.rejected = 0
         self._rewrite = False
         # -- the turn: written by _turns.py as a model call goes (the status by
-        # emit_status, here; a summary's model call adds to the usage in _window.py).
+        # emit_status; a summary's call adds to usage in _window.py, not turn_usage).
         self.status = RunStatus.QUEUED
         self.turn = 0
         # Text streamed in the current model turn and not committed yet: the repair
@@ -325,11 +326,11 @@ class RunState:
         self.partial_text: list[str] | None = None
         self.stream_scope: trio.CancelScope | None = None
         self.usage: Usage | None = None
+        self.turn_usage: Usage | None = None
         self.finish_reason: str | None = None
         # Injections taken from the inbox that could not be delivered (unconsumed).
         self.undelivered: tuple[Any, ...] = ()
-        # The agent a transfer_to_<name> call of the current turn hands the run to
-        # (_toolcalls.py, _handoffs.py).
+        # Whom a transfer_to_<name> call of this turn hands to (_toolcalls, _handoffs).
         self.handoff_to: Agent | None = None
         self.handoffs_made = 0  # switches so far, bounded by options.max_handoffs
         # -- the open calls: _turns.py opens one per tool call of a response (and

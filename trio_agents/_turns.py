@@ -344,6 +344,7 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
     the gate, and closes the last two whatever happens.
     """
     state.turn += 1
+    state.turn_usage = None
     turn = state.turn
     agent = state.agent
     if state.fresh_input:
@@ -647,6 +648,8 @@ def _accept(
         ):
             raise ModelError(f"model yielded an invalid usage: {event!r}")
         state.usage = event if state.usage is None else state.usage + event
+        turn_usage = state.turn_usage
+        state.turn_usage = event if turn_usage is None else turn_usage + event
     elif kind is Finish:
         assert isinstance(event, Finish)
         if type(event.reason) is not str:

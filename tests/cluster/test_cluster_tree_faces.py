@@ -59,6 +59,12 @@ async def test_sse_tree_stream_on_another_node(pg_dsn: str) -> None:
                             break
                 finally:
                     await lines.aclose()  # type: ignore[attr-defined]
+            # The child's record asked on node 2 comes from node 1, which runs the tree:
+            # with the child's own usage, exactly as node 1 reports it.
+            here = (await http.get(f"{one}/runs/{child_id}")).json()["run"]
+            there = (await http.get(f"{two}/runs/{child_id}")).json()["run"]
+            assert here["usage"]["input_tokens"] > 0
+            assert there["usage"] == here["usage"]
     by_run: dict[str, list[int]] = {}
     for frame in frames:
         by_run.setdefault(frame["run_id"], []).append(frame["seq"])

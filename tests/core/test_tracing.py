@@ -156,6 +156,87 @@ async def test_the_run_span_carries_the_cost_and_cache_figures(
     assert attributes["gen_ai.usage.cache_creation.input_tokens"] == 2
 
 
+class _Named:
+    """A model with a ``model`` name, as the HTTP providers have."""
+
+    def __init__(self, name: str, inner: ScriptedModel) -> None:
+        self.model = name
+        self._inner = inner
+
+    def stream(self, request: ta.ModelRequest) -> Any:
+        return self._inner.stream(request)
+
+
+async def test_each_chat_span_carries_its_own_calls_usage_cost_and_answering_model(
+    traces: Traces, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Behind a FallbackModel, turn 1 is answered by the backup (the primary is busy),
+    turn 2 by the primary: each chat span has that call's own usage, exact cost and
+    the model that answered; the run span has the exact sum and names no model."""
+    from decimal import Decimal
+
+    from trio_agents.models import FallbackModel, Usage
+
+    first = Usage(40, 8, cache_read_tokens=30, cost=Decimal("0.0000123"))
+    second = Usage(60, 5, cache_write_tokens=12, cost=Decimal("0.0000071"))
+    busy = ta.ModelError("overloaded", status_code=529, retryable=True)
+    primary = _Named("primary-model", ScriptedModel([Turn(fail=busy), Turn("3", usage=second)]))
+    backup = _Named(
+        "backup-model",
+        ScriptedModel([Turn(tool_calls=[("add", {"a": 1, "b": 2})], usage=first)]),
+    )
+    agent = make_agent(FallbackModel(primary, backup), [add])
+    result = await ta.run(agent, "1 + 2?", hooks=traces.hooks)
+    assert result.status == "completed", result.reason
+    run = attrs_of(traces.check_tree())
+    chats = sorted(traces.named("chat"), key=lambda span: attrs_of(span)["trio_agents.turn"])
+    one, two = (attrs_of(span) for span in chats)
+    assert {k: v for k, v in one.items() if "usage" in k or "response.model" in k} == {
+        "gen_ai.usage.input_tokens": 40,
+        "gen_ai.usage.output_tokens": 8,
+        "gen_ai.usage.cache_read.input_tokens": 30,
+        "trio_agents.usage.cost": "0.0000123",
+        "gen_ai.response.model": "backup-model",
+    }
+    assert {k: v for k, v in two.items() if "usage" in k or "response.model" in k} == {
+        "gen_ai.usage.input_tokens": 60,
+        "gen_ai.usage.output_tokens": 5,
+        "gen_ai.usage.cache_creation.input_tokens": 12,
+        "trio_agents.usage.cost": "0.0000071",
+        "gen_ai.response.model": "primary-model",
+    }
+    assert run["trio_agents.usage.cost"] == "0.0000194"
+    assert run["gen_ai.usage.input_tokens"] == 100
+    assert "gen_ai.response.model" not in run
+
+
+async def test_a_chat_span_cut_before_its_usage_has_no_usage_attributes(
+    traces: Traces, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Turn 1 reported usage; turn 2 is cancelled mid-stream before reporting any: its
+    span carries none (not turn 1's, not zeros)."""
+    from decimal import Decimal
+
+    from trio_agents.models import Usage
+
+    priced = Usage(5, 1, cost=Decimal("0.001"))
+    model = ScriptedModel(
+        [Turn(tool_calls=[("add", {"a": 1, "b": 2})], usage=priced), Turn(["a", "b"], delay=1)]
+    )
+    async with ta.open_run(make_agent(model, [add]), "go", hooks=traces.hooks) as run:
+        await trio.sleep(1.5)  # turn 2 streamed "a" (at 1 s), not yet its usage
+        assert run.turn == 2
+        assert run.turn_usage is None
+        assert run.usage == priced  # the run's own so far: turn 1's
+        run.cancel("enough")
+    traces.check_tree()
+    chats = sorted(traces.named("chat"), key=lambda span: attrs_of(span)["trio_agents.turn"])
+    assert attrs_of(chats[0])["trio_agents.usage.cost"] == "0.001"
+    cut = attrs_of(chats[1])
+    assert cut["trio_agents.model.outcome"] == "cancelled"
+    assert not [k for k in cut if "usage" in k]
+
+
 async def test_no_usage_means_no_usage_attributes(
     traces: Traces, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -104,6 +104,27 @@ def _error(response: httpx.Response) -> dict[str, Any]:
     return dict(body["error"])
 
 
+async def test_a_tasks_metadata_carries_the_runs_exact_usage() -> None:
+    from decimal import Decimal
+
+    usage = ta.Usage(30, 4, "m1", cache_read_tokens=20, cost=Decimal("0.0000123"))
+    priced = ta.Agent(name="p", model=ScriptedModel([Turn(text="ok", usage=usage)]))
+    with trio.fail_after(20):
+        async with serving({"p": priced}) as (_, url):
+            answer = await rpc(url, "SendMessage", {"message": text_message("go")})
+            task = answer.json()["result"]["task"]
+            assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+            assert task["metadata"]["usage"] == usage.to_json()
+            got = (await rpc(url, "GetTask", {"id": task["id"]})).json()["result"]
+            assert got["metadata"]["usage"] == {
+                "input_tokens": 30,
+                "output_tokens": 4,
+                "model": "m1",
+                "cache_read_tokens": 20,
+                "cost": "0.0000123",
+            }
+
+
 # --------------------------------------------------------------------- auth
 
 

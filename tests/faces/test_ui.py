@@ -264,6 +264,36 @@ def test_usage_against_the_limits_set_and_a_handoff(page: Page, server: UiServer
     shot(page, "ui-limits-handoff.png")
 
 
+def test_each_node_shows_its_tokens_and_cost_and_the_root_the_trees_exact_total(
+    watched: Watched, server: UiServer
+) -> None:
+    """Once terminal, every node shows its own usage from its record; the root adds the
+    tree's total, summed exactly (as decimals, never floats); a reload shows the same
+    without asking the server again."""
+    page = watched.page
+    sign_in(page, server)
+    run_id = start_from_page(page, "priced", "Answer in two parts")
+    root = page.locator(".tree > .node")
+    expect(head(root, ".status")).to_have_text("completed")
+    # the root's own: two calls of 150 tokens at 0.00012 USD each
+    expect(head(root, ".usage")).to_have_text("300 tokens · $0.00024")
+    expect(head(node(page, "pricey_a"), ".usage")).to_have_text("50 tokens · $0.0000333")
+    expect(head(node(page, "pricey_b"), ".usage")).to_have_text("7 tokens · $0.0000007")
+    # 0.00024 + 0.0000333 + 0.0000007 is 0.00027400000000000005 in floats
+    expect(head(root, ".tree-usage")).to_have_text("tree: 357 tokens · $0.000274")
+    expect(head(node(page, "pricey_a"), ".tree-usage")).to_have_text("")
+    # the records the page read say the same, exactly
+    record = server.get(ALICE, run_id)
+    assert record["usage"]["cost"] == "0.00024"
+    shot(page, "ui-cost.png")
+    watched.requests.clear()
+    page.reload()
+    expect(head(root, ".tree-usage")).to_have_text("tree: 357 tokens · $0.000274")
+    expect(head(node(page, "pricey_b"), ".usage")).to_have_text("7 tokens · $0.0000007")
+    asked = [r.url for r in watched.requests if "/runs/" in r.url and "/events" not in r.url]
+    assert asked == [f"{server.url}/runs/{run_id}"]  # the root's agent and session only
+
+
 def test_a_long_answer_stays_whole_and_in_order(page: Page, server: UiServer) -> None:
     """Past 4 KiB the page sets streamed text into blocks that never change again (so
     layout per frame stays small): the text shown is still exactly the answer."""

@@ -17,6 +17,7 @@ import shutil
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
+from decimal import Decimal
 from typing import Any, Final, final
 
 import attrs
@@ -27,7 +28,15 @@ import trio_agents as ta
 from tests.support.faces_streams import EventStream
 from trio_agents import Agent, ModelRequest, ToolCall, UserMessage
 from trio_agents.control import Limits
-from trio_agents.models import Finish, ModelEvent, TextDelta, ToolCallDone, Usage
+from trio_agents.models import (
+    Finish,
+    ModelEvent,
+    ScriptedModel,
+    TextDelta,
+    ToolCallDone,
+    Turn,
+    Usage,
+)
 
 CHROMIUM: Final = "/usr/bin/chromium"
 
@@ -312,7 +321,45 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
         "quick": Agent(
             name="quick", instructions="Says hello.", model=GatedModel([["Hello."]], gates)
         ),
+        "priced": priced_tree(),
     }
+
+
+PRICED_CALLS: Final = {
+    # per model call of each agent; costs no float holds exactly, one past 1e-6 (its
+    # str() is "7E-7"): a sum through floats, or a parse that misses the exponent, shows
+    "priced": Usage(120, 30, cost=Decimal("0.00012")),
+    "pricey_a": Usage(40, 10, cost=Decimal("0.0000333")),
+    "pricey_b": Usage(5, 2, cost=Decimal("7E-7")),
+}
+
+
+def priced_tree() -> Agent:
+    """A root that fans out to two sub-agents; each model call is priced
+    (:data:`PRICED_CALLS`); the root makes two calls, each sub-agent one."""
+    children = [
+        Agent(
+            name=name,
+            instructions="Answers one part.",
+            model=ScriptedModel([Turn(text=f"{name} done", usage=PRICED_CALLS[name])]),
+        )
+        for name in ("pricey_a", "pricey_b")
+    ]
+    root_call = PRICED_CALLS["priced"]
+    return Agent(
+        name="priced",
+        instructions="Fans out to two priced sub-agents.",
+        model=ScriptedModel(
+            [
+                Turn(
+                    tool_calls=[("pricey_a", {"input": "a"}), ("pricey_b", {"input": "b"})],
+                    usage=root_call,
+                ),
+                Turn(text="All parts answered.", usage=root_call),
+            ]
+        ),
+        tools=[child.as_tool(name=child.name) for child in children],
+    )
 
 
 # ------------------------------------------------------------------ the server, in a thread

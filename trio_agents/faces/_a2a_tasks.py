@@ -109,6 +109,8 @@ class TaskView:
     below: list[dict[str, str]] = attrs.field(factory=list)
     artifacts: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     history: list[dict[str, Any]] = attrs.field(factory=list)
+    # The run's own usage as its record gives it (Usage.to_json()); None: not known.
+    usage: dict[str, Any] | None = None
 
     @classmethod
     def from_info(cls, info: Any) -> TaskView:
@@ -118,6 +120,7 @@ class TaskView:
         view.state = STATE_OF[str(info.status)]
         view.reason = info.reason
         view.pending = list(info.pending_approvals)
+        view.usage = None if info.usage is None else info.usage.to_json()
         return view
 
     # ----------------------------------------------------------------- applying
@@ -246,6 +249,8 @@ class TaskView:
             "status": self.status(),
             "metadata": {"seq": self.seq},
         }
+        if self.usage is not None:
+            task["metadata"]["usage"] = dict(self.usage)
         if artifacts:
             task["artifacts"] = [
                 {**a, "parts": [dict(p) for p in a["parts"]]} for a in self.artifacts.values()

@@ -140,6 +140,7 @@ class RunEntry:
             # ancestor's "waiting" while a descendant awaits approval): the record
             # and the stream never disagree.
             detail=run.updated.current.detail,
+            usage=run.usage,
         )
 
 

@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import attrs
 
 from .._events import RunStatus
+from .._model import Usage
 
 __all__ = ["RunInfo"]
 
@@ -35,6 +37,11 @@ class RunInfo:
             ``run.updated`` event carries it (``waiting`` and ``pending`` while it
             awaits approval; ``by`` and ``reason`` for a subtree's cancel); empty where
             not known (a run another cluster node runs).
+        usage: the run's own token usage and cost (its :attr:`RunResult.usage
+            <trio_agents.RunResult.usage>` once terminal; while it runs, what its model
+            calls reported so far); None when no model call reported any, or where not
+            known (a root run another cluster node runs). Its descendants' are on their
+            own records: a tree's total is the sum over its nodes.
     """
 
     run_id: str
@@ -51,10 +58,13 @@ class RunInfo:
     )
     children: tuple[str, ...] | None = ()
     detail: Mapping[str, Any] = attrs.field(factory=dict)
+    usage: Usage | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The ``run`` object of a ``run.get`` ack."""
-        return {
+        """The ``run`` object of a ``run.get`` ack (``usage`` as
+        :meth:`Usage.to_json <trio_agents.Usage.to_json>` writes it: the cost a decimal
+        string; left out when not known)."""
+        data: dict[str, Any] = {
             "run_id": self.run_id,
             "agent": self.agent,
             "session_id": self.session_id,
@@ -68,6 +78,9 @@ class RunInfo:
             "children": None if self.children is None else list(self.children),
             "detail": dict(self.detail),
         }
+        if self.usage is not None:
+            data["usage"] = self.usage.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> RunInfo:
@@ -83,9 +96,10 @@ class RunInfo:
                 turn=int(data.get("turn", 0)),
                 pending_approvals=tuple(str(c) for c in data.get("pending_approvals", ())),
                 detail=_detail(data.get("detail")),
+                usage=_usage(data.get("usage")),
                 **_tree_fields(data),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, InvalidOperation) as exc:
             raise ValueError(f"malformed run info: {exc!r}") from None
 
 
@@ -96,6 +110,49 @@ def _detail(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise TypeError(f"detail must be an object, not {type(value).__name__}")
     return dict(value)
+
+
+_MAX_COST_CHARS = 64  # a decimal string longer than this is no price
+
+
+def _usage(value: Any) -> Usage | None:
+    """A ``run`` object's ``usage`` (absent: not known). Checked as the run core checks
+    a model's :class:`Usage` (counts are non-negative ints, the cost a finite
+    non-negative decimal string): a peer's record must not smuggle in a float cost, a
+    NaN or a negative count that later sums would carry."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"usage must be an object, not {type(value).__name__}")
+    model = value.get("model")
+    if model is not None and not isinstance(model, str):
+        raise TypeError(f"usage model must be a string, not {type(model).__name__}")
+    cost = value.get("cost")
+    if cost is not None:
+        if not isinstance(cost, str) or len(cost) > _MAX_COST_CHARS:
+            raise ValueError(f"usage cost must be a decimal string, not {cost!r:.80}")
+        cost = Decimal(cost)
+        if not cost.is_finite() or cost < 0:
+            raise ValueError(f"usage cost must be finite and non-negative, not {cost!r:.80}")
+    return Usage(
+        _count(value.get("input_tokens", 0)),
+        _count(value.get("output_tokens", 0)),
+        model,
+        cache_read_tokens=_maybe_count(value.get("cache_read_tokens")),
+        cache_write_tokens=_maybe_count(value.get("cache_write_tokens")),
+        cost=cost,
+    )
+
+
+def _count(value: Any) -> int:
+    # type() is int: a bool or a float is not a token count.
+    if type(value) is not int or value < 0:
+        raise ValueError(f"a token count must be a non-negative integer, not {value!r:.80}")
+    return value
+
+
+def _maybe_count(value: Any) -> int | None:
+    return None if value is None else _count(value)
 
 
 def _tree_fields(data: Any) -> dict[str, Any]:

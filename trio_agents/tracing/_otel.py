@@ -42,7 +42,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvid
 
 from .._hooks import RunHooks
 from .._items import ToolCall, ToolResult
-from .._model import ModelRequest
+from .._model import ModelRequest, Usage
 
 if TYPE_CHECKING:
     from .._result import RunResult
@@ -58,6 +58,7 @@ AGENT_NAME: Final = "gen_ai.agent.name"
 CONVERSATION_ID: Final = "gen_ai.conversation.id"
 REQUEST_MODEL: Final = "gen_ai.request.model"
 FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+RESPONSE_MODEL: Final = "gen_ai.response.model"
 INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 CACHE_READ_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
@@ -161,7 +162,11 @@ class OpenTelemetryHooks(RunHooks):
       ``cache_creation.input_tokens`` and ``trio_agents.usage.cost``, USD as a decimal
       string, when known), ``gen_ai.response.finish_reasons``; its parent is the
       caller's current span when the run started.
-    - ``chat <model>`` per model call, a child of the run's span.
+    - ``chat <model>`` per model call, a child of the run's span — that call's own
+      usage as on the run's span (:attr:`Run.turn_usage <trio_agents.Run.turn_usage>`,
+      read when it ends) and ``gen_ai.response.model``, the model that answered when
+      the usage names it (``Usage.model``: behind a ``FallbackModel``, the member
+      that served the call).
     - ``execute_tool <tool name>`` per tool call, a child of the run's span —
       ``gen_ai.tool.name``, ``gen_ai.tool.call.id``. Spans the tool function opens
       (in a worker thread too) are its children.
@@ -240,17 +245,7 @@ class OpenTelemetryHooks(RunHooks):
         span = record.span
         span.set_attribute(RUN_STATUS, str(result.status))
         span.set_attribute(RUN_TURNS, result.turns)
-        usage = result.usage
-        if usage is not None:
-            span.set_attribute(INPUT_TOKENS, usage.input_tokens)
-            span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
-            if usage.cache_read_tokens is not None:
-                span.set_attribute(CACHE_READ_TOKENS, usage.cache_read_tokens)
-            if usage.cache_write_tokens is not None:
-                span.set_attribute(CACHE_WRITE_TOKENS, usage.cache_write_tokens)
-            if usage.cost is not None:
-                # A decimal string: exact (a float attribute would round the Decimal).
-                span.set_attribute(COST, str(usage.cost))
+        _set_usage(span, result.usage)
         if result.finish_reason is not None:
             span.set_attribute(FINISH_REASONS, (result.finish_reason,))
         if result.status != "completed":
@@ -299,6 +294,12 @@ class OpenTelemetryHooks(RunHooks):
         open_span.detach()
         span = open_span.span
         span.set_attribute(MODEL_OUTCOME, outcome)
+        # This call's own usage (turns run one at a time: the run's turn_usage is the
+        # call this hook ends), and the model that answered it (a FallbackModel's).
+        usage = run.turn_usage
+        _set_usage(span, usage)
+        if usage is not None and usage.model is not None:
+            span.set_attribute(RESPONSE_MODEL, usage.model)
         if outcome in ("cancelled", "failed"):
             record.unfinished.append((span, outcome, time.time_ns()))
             return
@@ -357,6 +358,21 @@ class OpenTelemetryHooks(RunHooks):
         elif result.status == "error":
             _set_error(span, "tool_error", result.output)
         span.end()
+
+
+def _set_usage(span: Span, usage: Usage | None) -> None:
+    """The usage attributes: none at all when no usage was reported (not zeros)."""
+    if usage is None:
+        return
+    span.set_attribute(INPUT_TOKENS, usage.input_tokens)
+    span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
+    if usage.cache_read_tokens is not None:
+        span.set_attribute(CACHE_READ_TOKENS, usage.cache_read_tokens)
+    if usage.cache_write_tokens is not None:
+        span.set_attribute(CACHE_WRITE_TOKENS, usage.cache_write_tokens)
+    if usage.cost is not None:
+        # A decimal string: exact (a float attribute would round the Decimal).
+        span.set_attribute(COST, str(usage.cost))
 
 
 def _request_settings(settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -145,6 +145,8 @@
       pending: [], // call ids waiting for approval (its own)
       waiting: [], // calls waiting below it
       limits: null,
+      usage: null, // its own tokens and cost, from its record (GET /runs/{id}) once terminal
+      usageKnown: false,
       children: [],
       streaming: -1, // index of the assistant entry being streamed (-1: none)
     };
@@ -231,6 +233,7 @@
           touch(n, n.streaming);
           n.streaming = -1;
         }
+        if (TERMINAL.has(ev.status)) fetchUsage(id);
         if (id === view.root) {
           rowStatus(id, ev.status);
           if (TERMINAL.has(ev.status)) view.done = true;
@@ -464,6 +467,75 @@
     }
   }
 
+  // ------------------------------------------------------------------ tokens and cost
+
+  // A terminal node's usage is in its record, not in the event stream: read once, then
+  // kept in the view (a reload does not ask again).
+  function fetchUsage(id) {
+    const n = view.nodes[id];
+    if (!n || n.usageKnown || n.usageAsked) return;
+    n.usageAsked = true;
+    const root = view.root;
+    api("GET", runPath(id)).then((data) => {
+      const info = unwrapRun(data);
+      if (!view || view.root !== root || !view.nodes[id] || !info) return;
+      n.usage = info.usage || null;
+      n.usageKnown = true;
+      dirty.add(id);
+      dirty.add(root); // the tree's total
+      scheduleRender();
+    }, () => {
+      n.usageAsked = false; // asked again at the next terminal update or open
+    });
+  }
+
+  // Costs are decimal strings ("0.000123", "1E-7"): summed exactly, as BigInt digits
+  // and a scale, never as floats (0.1 + 0.2 is not what a bill says).
+  function parseDecimal(text) {
+    const m = /^(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d{1,3}))?$/.exec(String(text));
+    if (!m || m[1] + (m[2] || "") === "") return null;
+    const fraction = m[2] || "";
+    let scale = fraction.length - Number(m[3] || 0);
+    let digits = BigInt((m[1] || "0") + fraction);
+    if (scale < 0) {
+      digits *= 10n ** BigInt(-scale);
+      scale = 0;
+    }
+    return { digits, scale };
+  }
+
+  function addDecimals(a, b) {
+    const scale = Math.max(a.scale, b.scale);
+    const up = (d) => d.digits * 10n ** BigInt(scale - d.scale);
+    return { digits: up(a) + up(b), scale };
+  }
+
+  function formatDecimal(d) {
+    const text = d.digits.toString();
+    if (d.scale === 0) return text;
+    const padded = text.padStart(d.scale + 1, "0");
+    const cut = padded.length - d.scale;
+    return (padded.slice(0, cut) + "." + padded.slice(cut)).replace(/0+$/, "").replace(/\.$/, "");
+  }
+
+  function usageText(tokens, cost) {
+    return tokens + " tokens" + (cost ? " · $" + formatDecimal(cost) : "");
+  }
+
+  // The whole tree's usage: the sum over its nodes, once every node's is known.
+  function treeUsage() {
+    let tokens = 0;
+    let cost = null;
+    for (const n of Object.values(view.nodes)) {
+      if (!n.usageKnown) return null;
+      if (!n.usage) continue;
+      tokens += (n.usage.input_tokens || 0) + (n.usage.output_tokens || 0);
+      const c = n.usage.cost == null ? null : parseDecimal(n.usage.cost);
+      if (c) cost = cost ? addDecimals(cost, c) : c;
+    }
+    return usageText(tokens, cost);
+  }
+
   // ------------------------------------------------------------------ rendering the tree
 
   function el(tag, cls, text) {
@@ -506,6 +578,8 @@
     const turn = el("span", "muted turn");
     const session = el("span", "muted session");
     const reason = el("span", "reason");
+    const usage = el("span", "muted usage");
+    const total = el("span", "tree-usage");
     const actions = el("span", "actions");
     const errorBox = el("div", "error action-error");
 
@@ -549,7 +623,7 @@
       if (!injectPanel.hidden) injectText.focus();
     });
     actions.append(injectOpen, cancelOpen);
-    head.append(badge, agent, rid, session, turn, reason, el("span", "spacer"), actions);
+    head.append(badge, agent, rid, session, turn, reason, usage, total, el("span", "spacer"), actions);
 
     const budget = el("div", "budget");
     const approvals = el("div", "approvals");
@@ -557,7 +631,7 @@
     const children = el("div", "children");
     root.append(head, cancelPanel, injectPanel, errorBox, budget, approvals, transcript, children);
     return {
-      root, badge, agent, session, turn, reason, actions, cancelPanel, injectPanel,
+      root, badge, agent, session, turn, reason, usage, total, actions, cancelPanel, injectPanel,
       budget, approvals, transcript, children, errorBox,
       shown: [], // per entry: {el, v}
       approvalsKey: null, limitsKey: null, childCount: 0,
@@ -646,6 +720,12 @@
     d.session.textContent = n.session ? "session " + n.session : "";
     d.turn.textContent = n.turn ? "turn " + n.turn : "";
     d.reason.textContent = n.reason ? n.reason : "";
+    const u = n.usageKnown && n.usage ? n.usage : null;
+    d.usage.textContent = u
+      ? usageText(u.input_tokens + u.output_tokens, u.cost == null ? null : parseDecimal(u.cost))
+      : "";
+    const total = n.id === view.root && terminal ? treeUsage() : null;
+    d.total.textContent = total && view.nodes[n.id].children.length ? "tree: " + total : "";
     d.actions.hidden = terminal; // a finished run takes no cancel, inject or decision
     if (terminal) {
       d.cancelPanel.hidden = true;
@@ -790,6 +870,7 @@
     node(id);
     for (const nid of Object.keys(view.nodes)) {
       view.nodes[nid].streaming = view.nodes[nid].streaming ?? -1;
+      view.nodes[nid].usageAsked = false; // a request of the page before the reload is gone
       dirty.add(nid);
     }
     render();
@@ -807,6 +888,9 @@
       row.classList.toggle("selected", row.dataset.run === id);
     }
     if (location.hash !== "#/runs/" + id) history.replaceState(null, "", "#/runs/" + encodeURIComponent(id));
+    for (const nid of Object.keys(view.nodes)) {
+      if (TERMINAL.has(view.nodes[nid].status)) fetchUsage(nid); // loaded finished: not asked yet
+    }
     followRun(id);
   }
 
