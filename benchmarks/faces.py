@@ -7,6 +7,10 @@ of one server, measured in the same run on loopback.
   stream). Target (issue 27): every face's p99 <= 2x the websocket's, same run.
 - cancel -> terminal for A2A (``CancelTask`` sent -> its answer, which comes after the
   terminal update) and AG-UI (REST cancel sent -> ``RUN_FINISHED`` cancelled read).
+- cancel -> the call's end for MCP (issue 40): the official ``mcp`` client over
+  Streamable HTTP, ``notifications/cancelled`` sent -> the run's terminal update read
+  on its REST event stream (the SDK never answers a cancelled request, so the client's
+  own ``call_tool`` ends at once, before the server did anything: not a measure).
 - deltas/s to 100 SSE subscribers: one run streaming text deltas, every delta to each
   of 100 event streams; the figure counts deliveries (deltas x subscribers) per second.
   The subscribers are raw sockets counting deltas in the bytes (100 httpx clients in the
@@ -27,7 +31,10 @@ from typing import Any
 
 import attrs
 import httpx
+import httpx2
 import trio
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 import trio_agents as ta
 from trio_agents.control import Limits, connect, open_control_server
@@ -193,11 +200,77 @@ async def cancel_agui(served: Served, n: int) -> list[float]:
     return samples
 
 
+async def _running_run(http: httpx.AsyncClient, agent: str) -> str:
+    """The one running run of ``agent`` (the benchmark's runs before it are over)."""
+    runs = (await http.get("/runs")).json()["runs"]
+    (run_id,) = [r["run_id"] for r in runs if r["agent"] == agent and r["status"] == "running"]
+    return str(run_id)
+
+
+async def _mcp_cancel_once(mcp: Client, http: httpx.AsyncClient) -> float:
+    """One call of ``blocked`` cancelled once its tool runs: the seconds from the
+    cancel to the terminal update read on the run's event stream."""
+    queued = trio.Event()
+    call = trio.CancelScope()
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        queued.set()  # the run exists (its first progress is "queued")
+
+    async def calling() -> None:
+        with call:
+            await mcp.call_tool("blocked", {"input": "go"}, progress_callback=progress)
+
+    elapsed = 0.0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(calling)
+        await queued.wait()
+        run_id = await _running_run(http, "blocked")
+        async with http.stream("GET", f"/runs/{run_id}/events") as stream:
+            reading = _sse(stream)
+            async for data in reading:
+                if data["event"]["type"] == "tool.started":
+                    break
+            start = time.perf_counter()
+            call.cancel()  # the client sends notifications/cancelled
+            async for data in reading:  # to its end (see cancel_sse)
+                event = data["event"]
+                if event["type"] == "run.updated" and event["status"] == "cancelled":
+                    elapsed = time.perf_counter() - start
+    assert elapsed > 0, "the run did not end cancelled"
+    return elapsed
+
+
+async def cancel_mcp(served: Served, n: int) -> list[float]:
+    """MCP ``notifications/cancelled`` sent -> the run's terminal ``run.updated``
+    (cancelled) read on its REST event stream.
+
+    The official client on one MCP session (the handshake era, ``mode="legacy"``: its
+    cancel is ``notifications/cancelled``; on 2026-07-28 it closes the call's HTTP
+    stream instead). The SDK never answers a cancelled request and its ``call_tool``
+    returns as soon as the notice is sent, so the end the client can see is the run's
+    terminal update, read on the channel :func:`cancel_sse` and :func:`cancel_a2a`
+    already use: the same end the other faces' samples measure."""
+    samples = []
+    mcp_headers = httpx2.Headers(HEADERS)
+    async with (
+        httpx.AsyncClient(base_url=served.http_base, headers=HEADERS, timeout=None) as http,
+        httpx2.AsyncClient(headers=mcp_headers, timeout=httpx2.Timeout(60, read=None)) as mcp_http,
+        Client(
+            streamable_http_client(served.http_base + "/mcp", http_client=mcp_http),
+            mode="legacy",
+        ) as mcp,
+    ):
+        for _ in range(n):
+            samples.append(await _mcp_cancel_once(mcp, http))
+    return samples
+
+
 CANCEL_FACES: tuple[tuple[str, Callable[[Served, int], Awaitable[list[float]]]], ...] = (
     ("websocket", cancel_websocket),
     ("sse", cancel_sse),
     ("a2a", cancel_a2a),
     ("agui", cancel_agui),
+    ("mcp", cancel_mcp),
 )
 
 
@@ -270,6 +343,9 @@ async def bench_b11(base: Baselines, *, samples: int, deltas: int) -> list[Figur
                         "n": len(values),
                         "p50_ms": round(percentile(values, 50) * 1e3, 3),
                         "ratio_to_websocket_p99": round(p99 / ws_p99, 2),
+                        # the same latencies in floor units (the bare scope cancel's)
+                        "p50_x_cancel_p50": round(percentile(values, 50) / base.cancel_p50, 1),
+                        "x_cancel_p99": round(p99 / base.cancel_p99, 1),
                     },
                 )
             )
@@ -283,5 +359,4 @@ async def bench_b11(base: Baselines, *, samples: int, deltas: int) -> list[Figur
                 extra={"deliveries": delivered, "deltas": deltas, "wall_s": round(wall, 3)},
             )
         )
-    _ = base
     return figures
