@@ -255,6 +255,7 @@ class RunState:
         "status",
         "stream_scope",
         "summaries",
+        "throttled",
         "turn",
         "turn_usage",
         "undelivered",
@@ -351,6 +352,9 @@ class RunState:
         self.waiting_below: tuple[Mapping[str, str], ...] = ()
         self.on_waiting: Callable[[], None] | None = None
         self.budgets: tuple[Budget, ...] = ()
+        # -- whether a `running` update shows the model request waiting for its rate
+        # limit (show_throttled, handed to each request as `on_wait` by _turns.py).
+        self.throttled = False
         # -- guardrails (_guardrails.py): the user items no input guardrail has seen yet
         # (_session_load.py, _turns.py), the nursery of the run's side tasks (when its
         # agents have guardrails that run beside the turn loop; _run.py), and the input
@@ -381,6 +385,19 @@ class RunState:
                 detail=detail or _NO_DETAIL,
             )
         )
+
+    def show_throttled(self, reason: str | None) -> None:
+        """A model request of the run waits for its rate limit (``reason``, e.g.
+        ``"rate limit"``) or went out after waiting (``None``): a ``running`` update
+        says so (``detail={"throttled": reason}``, DESIGN §21), then one without it.
+
+        The model calls it (``ModelRequest.on_wait``), in the run's task, between two
+        of the run's own events, so the update takes its place in the seq order.
+        """
+        if self.status is not RunStatus.RUNNING or (reason is not None) == self.throttled:
+            return
+        self.throttled = reason is not None
+        self.emit_status(RunStatus.RUNNING, detail={"throttled": reason} if reason else None)
 
     def show_approvals(self, pending: tuple[str, ...] | list[str]) -> None:
         """Show the calls waiting for approval in the status: this run's own

@@ -417,6 +417,9 @@ async def _request(state: RunState, agent: Agent) -> ModelRequest:
         tools=_request_tools(state),
         settings=agent.model_settings,
         output=output.spec if output is not None else None,
+        # A model that holds the request back (its RateLimit) tells the run, which
+        # shows it on its `running` update (DESIGN §21).
+        on_wait=state.show_throttled,
     )
 
 

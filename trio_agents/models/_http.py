@@ -341,6 +341,7 @@ class HTTPStreamingModel(abc.ABC):
             retry=self._retry,
             rate_limit=self._rate_limit,
             price=self._pricer,
+            on_wait=request.on_wait,
         )
 
     @abc.abstractmethod
