@@ -286,8 +286,7 @@ class RunState:
         self.handle = handle  # the public Run, handed to hooks
         self.input = input
         # Whether a when="now" injection can reach the run (it needs a cancel scope per
-        # model call): False only for a run that nobody holds the handle of (see
-        # Run._serve).
+        # model call): False only for a run that nobody holds the handle of (Run._serve).
         self.interruptible = True
         # -- the conversation and the session it is written to: commit() and persist()
         # (here); _session_load.py loads the history; _repair.py commits the input of a
@@ -352,9 +351,7 @@ class RunState:
         self.waiting_below: tuple[Mapping[str, str], ...] = ()
         self.on_waiting: Callable[[], None] | None = None
         self.budgets: tuple[Budget, ...] = ()
-        # -- whether a `running` update shows the model request waiting for its rate
-        # limit (show_throttled, handed to each request as `on_wait` by _turns.py).
-        self.throttled = False
+        self.throttled = False  # a `running` update shows a rate limit's wait (§21)
         # -- guardrails (_guardrails.py): the user items no input guardrail has seen yet
         # (_session_load.py, _turns.py), the nursery of the run's side tasks (when its
         # agents have guardrails that run beside the turn loop; _run.py), and the input
