@@ -34,9 +34,9 @@ from ._agent import Agent
 from ._error_text import summarize
 from ._events import RunItemEvent, RunStatus, RunUpdated
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall, UserMessage
-from ._limits import Budget, charge_all
+from ._limits import Budget, charge_all, estimate_cost
 from ._log import EventLog
-from ._model import Usage
+from ._model import ModelRequest, Usage
 from ._options import RunOptions
 from ._tools import ChildStarter, ToolContext
 from .sessions._base import Session
@@ -425,6 +425,16 @@ class RunState:
         that passed a limit (its run's scope is then cancelled: the caller must not go
         on, and its next checkpoint raises)."""
         return charge_all(self.budgets, lambda budget: budget.charge(name, count))
+
+    def refuse_estimate(self, model: object, request: ModelRequest) -> bool:
+        """Before a request: True if its model's estimate of its cost would pass a cost
+        budget the run charges (that budget's run is then failed, as by :meth:`spend`)."""
+        if not any(budget.limits.cost is not None for budget in self.budgets):
+            return False  # no budget to check: not even estimated
+        cost = estimate_cost(model, request)
+        if cost is None:
+            return False
+        return charge_all(self.budgets, lambda budget: budget.check_estimate(cost))
 
     def commit(self, item: Item) -> None:
         """An item entered the conversation: record it, emit it, queue it for the session."""
