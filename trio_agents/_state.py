@@ -388,8 +388,9 @@ class RunState:
         ``"rate limit"``) or went out after waiting (``None``): a ``running`` update
         says so (``detail={"throttled": reason}``, DESIGN §21), then one without it.
 
-        The model calls it (``ModelRequest.on_wait``), in the run's task, between two
-        of the run's own events, so the update takes its place in the seq order.
+        The model calls it (``ModelRequest.on_wait``) on the Trio thread while the run
+        waits for its stream to open, so the update takes its place in the seq order
+        like any other event of the run.
         """
         if self.status is not RunStatus.RUNNING or (reason is not None) == self.throttled:
             return
