@@ -190,7 +190,8 @@ class UsageLimitExceeded(TrioAgentsError):
     """A run's :class:`~trio_agents.UsageLimits` were exceeded (by the run or any of its
     descendants): the run whose limit it was ends ``failed`` with this as
     ``result.error``; its reason is ``"usage limit: <name> <used>/<limit>"`` (or
-    ``"timeout"`` for the ``deadline``).
+    ``"timeout"`` for the ``deadline``), with ``" (estimated before the request)"`` after
+    it when a request was refused on its model's estimate of its cost (``estimated``).
 
     Attributes:
         name: the limit (``"requests"``, ``"tool_calls"``, ``"input_tokens"``,
@@ -200,17 +201,27 @@ class UsageLimitExceeded(TrioAgentsError):
             a :class:`~decimal.Decimal` of USD, as is ``limit``.
         limit: the limit.
         run_id: the id of the run whose limit it was.
+        estimated: ``used`` counts a request not sent, at its estimated cost.
     """
 
     def __init__(
-        self, name: str, used: float | Decimal, limit: float | Decimal, run_id: str
+        self,
+        name: str,
+        used: float | Decimal,
+        limit: float | Decimal,
+        run_id: str,
+        *,
+        estimated: bool = False,
     ) -> None:
         message = "timeout" if name == "deadline" else f"usage limit: {name} {used:g}/{limit:g}"
+        if estimated:
+            message += " (estimated before the request)"
         super().__init__(message)
         self.name = name
         self.used = used
         self.limit = limit
         self.run_id = run_id
+        self.estimated = estimated
 
 
 class GuardrailTripped(TrioAgentsError):

@@ -14,11 +14,14 @@ What is counted, and when:
   from the streamed text (about four characters per token) until the provider reports
   usage, which then replaces the estimate; ``input_tokens`` when usage is reported. A
   response that passes a limit is cut at once.
-- ``cost`` (USD): when a response's usage is reported, with the cost its model priced
-  (``Usage.cost``; a response whose model knows no price adds nothing). There is no
-  check before a request: what a request will cost is only known once the provider
-  reports its usage, so the request that passes the budget is the last one (its
-  response is cut when its usage arrives, and nothing more is sent).
+- ``cost`` (USD): before a request, when its model can estimate it (an optional
+  ``estimate_cost(request) -> Decimal | None`` method; the HTTP providers price the
+  request body's size as input tokens), a request whose estimate would pass the budget
+  is not sent (:func:`estimate_cost`); then when a response's usage is reported, with
+  the cost its model priced (``Usage.cost``; a response whose model knows no price adds
+  nothing), so the request that passes the budget is the last one (its response is cut
+  when its usage arrives, and nothing more is sent). The estimate is a check, not a
+  reservation: parallel requests of a tree may each pass it.
 - ``deadline``: seconds from the run's start; the run's cancel scope has it as its
   deadline, so it reaches every await of the subtree (reason ``"timeout"``).
 
@@ -42,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 
 from ._exceptions import UsageLimitExceeded
-from ._model import Usage
+from ._model import ModelRequest, Usage
 
 if TYPE_CHECKING:
     from ._run import Run
@@ -53,6 +56,7 @@ __all__ = [
     "StreamMeter",
     "UsageLimits",
     "charge_all",
+    "estimate_cost",
     "estimate_tokens",
     "to_cost",
 ]
@@ -193,6 +197,16 @@ class Budget:
             return UsageLimitExceeded(name, used, limit, self.owner.id)
         return None
 
+    def check_estimate(self, cost: Decimal) -> UsageLimitExceeded | None:
+        """A request about to be sent is estimated to cost ``cost``: the error if the
+        spend so far plus that passes the cost limit (nothing is charged)."""
+        limit = self.limits.cost
+        if limit is not None and self.cost + cost > limit:
+            return UsageLimitExceeded(
+                "cost", self.cost + cost, limit, self.owner.id, estimated=True
+            )
+        return None
+
     def charge(self, name: str, count: int = 1) -> UsageLimitExceeded | None:
         """Count ``count`` requests or tool calls; the error if that passes the limit."""
         self.used[name] += count
@@ -239,6 +253,25 @@ def charge_all(
             budget.owner._limit_exceeded(exceeded)
             over = True
     return over
+
+
+def estimate_cost(model: object, request: ModelRequest) -> Decimal | None:
+    """The model's estimate of what ``request`` will cost (USD), if it makes one: its
+    optional ``estimate_cost(request)`` method (models without one are not estimated).
+
+    Raises:
+        TypeError: the method returned something other than a ``Decimal`` or ``None``.
+    """
+    method = getattr(model, "estimate_cost", None)
+    if method is None:
+        return None
+    cost = method(request)
+    if cost is not None and not isinstance(cost, Decimal):
+        raise TypeError(
+            f"{type(model).__name__}.estimate_cost must return a Decimal or None,"
+            f" not {type(cost).__name__}"
+        )
+    return cost
 
 
 def estimate_tokens(chars: int) -> int:

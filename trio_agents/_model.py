@@ -92,6 +92,13 @@ class ModelRequest:
 
     ``output`` is set on every request of a run whose agent has an ``output_type``:
     the JSON the final answer must be (see :class:`OutputSpec`).
+
+    ``on_wait``, when set (a run sets it), is for a model that holds a request back
+    before sending it (a :class:`~trio_agents.models.RateLimit`): it calls
+    ``on_wait("rate limit")`` when the request starts waiting and ``on_wait(None)``
+    once the request goes out, and the run shows it on its ``running`` update
+    (``detail={"throttled": "rate limit"}``, DESIGN §21). A model that never waits
+    ignores it. It takes no part in comparing or printing requests.
     """
 
     instructions: str
@@ -99,6 +106,9 @@ class ModelRequest:
     tools: tuple[ToolSpec, ...] = ()
     settings: Mapping[str, Any] = attrs.field(factory=dict)
     output: OutputSpec | None = None
+    on_wait: Callable[[str | None], None] | None = attrs.field(
+        default=None, kw_only=True, eq=False, repr=False
+    )
 
 
 @attrs.frozen

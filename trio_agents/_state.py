@@ -34,9 +34,9 @@ from ._agent import Agent
 from ._error_text import summarize
 from ._events import RunItemEvent, RunStatus, RunUpdated
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall, UserMessage
-from ._limits import Budget, charge_all
+from ._limits import Budget, charge_all, estimate_cost
 from ._log import EventLog
-from ._model import Usage
+from ._model import ModelRequest, Usage
 from ._options import RunOptions
 from ._tools import ChildStarter, ToolContext
 from .sessions._base import Session
@@ -255,6 +255,7 @@ class RunState:
         "status",
         "stream_scope",
         "summaries",
+        "throttled",
         "turn",
         "turn_usage",
         "undelivered",
@@ -285,8 +286,7 @@ class RunState:
         self.handle = handle  # the public Run, handed to hooks
         self.input = input
         # Whether a when="now" injection can reach the run (it needs a cancel scope per
-        # model call): False only for a run that nobody holds the handle of (see
-        # Run._serve).
+        # model call): False only for a run that nobody holds the handle of (Run._serve).
         self.interruptible = True
         # -- the conversation and the session it is written to: commit() and persist()
         # (here); _session_load.py loads the history; _repair.py commits the input of a
@@ -351,6 +351,7 @@ class RunState:
         self.waiting_below: tuple[Mapping[str, str], ...] = ()
         self.on_waiting: Callable[[], None] | None = None
         self.budgets: tuple[Budget, ...] = ()
+        self.throttled = False  # a `running` update shows a rate limit's wait (§21)
         # -- guardrails (_guardrails.py): the user items no input guardrail has seen yet
         # (_session_load.py, _turns.py), the nursery of the run's side tasks (when its
         # agents have guardrails that run beside the turn loop; _run.py), and the input
@@ -382,6 +383,20 @@ class RunState:
             )
         )
 
+    def show_throttled(self, reason: str | None) -> None:
+        """A model request of the run waits for its rate limit (``reason``, e.g.
+        ``"rate limit"``) or went out after waiting (``None``): a ``running`` update
+        says so (``detail={"throttled": reason}``, DESIGN §21), then one without it.
+
+        The model calls it (``ModelRequest.on_wait``) on the Trio thread while the run
+        waits for its stream to open, so the update takes its place in the seq order
+        like any other event of the run.
+        """
+        if self.status is not RunStatus.RUNNING or (reason is not None) == self.throttled:
+            return
+        self.throttled = reason is not None
+        self.emit_status(RunStatus.RUNNING, detail={"throttled": reason} if reason else None)
+
     def show_approvals(self, pending: tuple[str, ...] | list[str]) -> None:
         """Show the calls waiting for approval in the status: this run's own
         (``pending``) and its descendants' (:attr:`waiting_below`).
@@ -411,6 +426,16 @@ class RunState:
         that passed a limit (its run's scope is then cancelled: the caller must not go
         on, and its next checkpoint raises)."""
         return charge_all(self.budgets, lambda budget: budget.charge(name, count))
+
+    def refuse_estimate(self, model: object, request: ModelRequest) -> bool:
+        """Before a request: True if its model's estimate of its cost would pass a cost
+        budget the run charges (that budget's run is then failed, as by :meth:`spend`)."""
+        if not any(budget.limits.cost is not None for budget in self.budgets):
+            return False  # no budget to check: not even estimated
+        cost = estimate_cost(model, request)
+        if cost is None:
+            return False
+        return charge_all(self.budgets, lambda budget: budget.check_estimate(cost))
 
     def commit(self, item: Item) -> None:
         """An item entered the conversation: record it, emit it, queue it for the session."""

@@ -367,7 +367,7 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
                 state.stream_scope = stream_scope
                 if inbox.wants_interrupt():
                     stream_scope.cancel(reason="interrupted by injection")
-            await _open_call(state, turn, request)
+            await _open_call(state, turn, request, agent.model)
             await _stream(state, agent.model, request, turn, partial, calls, meter, gate)
     finally:
         if meter is not None:
@@ -417,6 +417,9 @@ async def _request(state: RunState, agent: Agent) -> ModelRequest:
         tools=_request_tools(state),
         settings=agent.model_settings,
         output=output.spec if output is not None else None,
+        # A model that holds the request back (its RateLimit) tells the run, which
+        # shows it on its `running` update (DESIGN §21).
+        on_wait=state.show_throttled,
     )
 
 
@@ -431,7 +434,7 @@ def _sendable(state: RunState) -> tuple[Item, ...]:
     return items
 
 
-async def _open_call(state: RunState, turn: int, request: ModelRequest) -> None:
+async def _open_call(state: RunState, turn: int, request: ModelRequest, model: Model) -> None:
     """Before the call is opened: the start hook, then the last chances to stop it."""
     hooks = state.hooks
     if hooks is not None:
@@ -448,8 +451,9 @@ async def _open_call(state: RunState, turn: int, request: ModelRequest) -> None:
     await trio.lowlevel.checkpoint_if_cancelled()
     # A request counts against the limits only now that it is really sent (one
     # interrupted or refused before this point was never made); the one that
-    # would pass a requests limit is not sent: its run's scope is cancelled.
-    if state.budgets and state.spend("requests"):
+    # would pass a requests limit, or a cost budget on its model's estimate, is not
+    # sent: its run's scope is cancelled.
+    if state.budgets and (state.refuse_estimate(model, request) or state.spend("requests")):
         await trio.lowlevel.checkpoint_if_cancelled()
 
 

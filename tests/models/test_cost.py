@@ -217,8 +217,10 @@ async def test_a_cost_limit_passed_in_a_child_fails_the_root_and_stops_the_sibli
         await waiter_server.wait_for_requests(1)
         return "it streams"
 
-    # 1 USD / 2 USD per million: (20 in, 5 out) is 30 millionths, (9, 1) 11 more.
-    prices = TokenPrices(input_mtok=1, output_mtok=2)
+    # Output only, 2 USD per million: (20 in, 5 out) is 10 millionths, (9, 1) 2 more.
+    # Input is free so that the estimate before each request (its input, priced from
+    # the body's size) never refuses one: this is the check after a response.
+    prices = TokenPrices(input_mtok=0, output_mtok=2)
     spender_server.add(
         chat_wire.tool_reply(("w1", "wait_for_the_sibling", "{}")),
         chat_wire.text_reply("spent"),
@@ -233,14 +235,14 @@ async def test_a_cost_limit_passed_in_a_child_fails_the_root_and_stops_the_sibli
         name="waiter", model=OpenAIChatModel("m", base_url=f"{waiter_server.base_url}/v1")
     )
     root = root_calling(spender, waiter)
-    limits = ta.UsageLimits(cost=Decimal("0.00004"))
+    limits = ta.UsageLimits(cost=Decimal("0.000011"))
     with trio.fail_after(20):
         async with ta.open_run(root, "go", limits=limits) as run:
             tree = [e async for e in run.events(tree=True)]
         await waiter_server.connections[0].closed.wait()  # the sibling's stream was cut
-    reason = "usage limit: cost 0.000041/0.00004"
+    reason = "usage limit: cost 0.000012/0.000011"
     _, error = assert_failed_with(run, reason, ta.UsageLimitExceeded)
-    assert (error.name, error.used, error.limit) == ("cost", Decimal("0.000041"), limits.cost)
+    assert (error.name, error.used, error.limit) == ("cost", Decimal("0.000012"), limits.cost)
     for child in run.children:
         assert child.result is not None
         assert child.result.status == "cancelled"
@@ -280,3 +282,92 @@ async def test_a_fault_in_the_price_data_never_fails_the_run(
     assert result.status == "completed"
     assert result.usage == WIRES["chat"].cached_usage  # cost None: unknown
     assert "genai-prices failed to price 'gpt-4o'" in caplog.text
+
+
+# ------------------------------------------------------- the estimate before a request
+
+
+async def test_a_request_whose_estimated_input_cost_passes_the_budget_is_not_sent(
+    server: SSEServer,
+) -> None:
+    server.add(chat_wire.text_reply("never sent"))
+    # 1 USD per million input tokens; the request body is over 4,000 bytes, so over
+    # 1,000 tokens (four bytes a token): over 0.001 USD, twice the budget.
+    model = OpenAIChatModel(
+        "m", base_url=f"{server.base_url}/v1", prices=TokenPrices(input_mtok=1, output_mtok=0)
+    )
+    agent = ta.Agent(name="a", model=model)
+    limits = ta.UsageLimits(cost=Decimal("0.0005"))
+    async with model, ta.open_run(agent, "x" * 4000, limits=limits) as run:
+        result = await run.wait()
+    assert server.requests == []  # nothing was sent
+    assert result.status == "failed"
+    assert isinstance(result.error, ta.UsageLimitExceeded)
+    error = result.error
+    assert (error.name, error.limit, error.estimated) == ("cost", limits.cost, True)
+    assert Decimal("0.001") < error.used < Decimal("0.0012")
+    assert (
+        result.reason == f"usage limit: cost {error.used:g}/0.0005 (estimated before the request)"
+    )
+    assert result.turns == 1  # the turn began; its request was refused before sending
+
+
+async def test_an_estimate_within_the_budget_sends_the_request(server: SSEServer) -> None:
+    server.add(chat_wire.text_reply("ok"))
+    model = OpenAIChatModel(
+        "m", base_url=f"{server.base_url}/v1", prices=TokenPrices(input_mtok=1, output_mtok=0)
+    )
+    request = ta.ModelRequest("", (ta.UserMessage("x" * 4000),))
+    estimate = model.estimate_cost(request)
+    assert estimate is not None
+    assert Decimal("0.001") < estimate < Decimal("0.0012")
+    async with model:
+        result = await ta.run(
+            ta.Agent(name="a", model=model), "x" * 4000, limits=ta.UsageLimits(cost="0.01")
+        )
+    assert result.status == "completed"
+    assert len(server.requests) == 1
+    # A model that knows no price makes no estimate.
+    unpriced = OpenAIChatModel("m", base_url=f"{server.base_url}/v1")
+    assert unpriced.estimate_cost(request) is None
+
+
+class _Estimated:
+    """A model of one's own that estimates its requests' cost (the optional method)."""
+
+    def __init__(self, inner: ScriptedModel, estimate: object) -> None:
+        self.inner = inner
+        self.estimate = estimate
+
+    def estimate_cost(self, request: ta.ModelRequest) -> object:
+        return self.estimate
+
+    def stream(self, request: ta.ModelRequest) -> Any:
+        return self.inner.stream(request)
+
+
+async def test_a_model_of_ones_own_may_estimate_the_cost_of_its_requests() -> None:
+    scripted = ScriptedModel([Turn("a", usage=ta.Usage(1, 1, cost=Decimal("0.3")))])
+    agent = ta.Agent(name="a", model=_Estimated(scripted, Decimal("0.5")))
+    # 0 spent + 0.5 estimated fits 0.6: sent; it does not fit 0.4: refused.
+    result = await ta.run(agent, "hi", limits=ta.UsageLimits(cost="0.6"))
+    assert result.status == "completed"
+    refused = await ta.run(agent, "hi", limits=ta.UsageLimits(cost="0.4"))
+    assert refused.reason == "usage limit: cost 0.5/0.4 (estimated before the request)"
+    assert len(scripted.requests) == 1  # the refused run sent nothing
+    wrong = ta.Agent(name="b", model=_Estimated(scripted, 0.5))
+    failed = await ta.run(wrong, "hi", limits=ta.UsageLimits(cost=1))
+    assert failed.status == "failed"
+    assert isinstance(failed.error, TypeError)
+    assert "estimate_cost must return a Decimal or None, not float" in str(failed.error)
+
+
+def test_a_fallback_model_estimates_with_its_first_member() -> None:
+    priced = OpenAIChatModel(
+        "m", base_url="http://127.0.0.1:9/v1", prices=TokenPrices(input_mtok=1, output_mtok=0)
+    )
+    request = ta.ModelRequest("", (ta.UserMessage("x" * 4000),))
+    assert FallbackModel(priced, ScriptedModel([])).estimate_cost(request) == (
+        priced.estimate_cost(request)
+    )
+    assert FallbackModel(ScriptedModel([]), priced).estimate_cost(request) is None

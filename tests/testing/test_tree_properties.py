@@ -265,6 +265,24 @@ def test_awaiting_approval_again_when_the_waiting_calls_change() -> None:
     assert empty == ["[statuses] awaiting_approval (seq 3) lists no calls"]
 
 
+def test_running_again_when_a_model_request_waits_for_its_rate_limit() -> None:
+    legal = _statuses(
+        _update(1, "queued"),
+        _update(2, "running"),
+        _update(3, "running", throttled="rate limit"),
+        _update(4, "running"),
+        _update(5, "completed"),
+    )
+    assert legal == []
+    unchanged = _statuses(
+        _update(1, "queued"),
+        _update(2, "running"),
+        _update(3, "running"),
+        _update(4, "completed"),
+    )
+    assert unchanged == ["[statuses] running repeated unchanged (seq 2 → 3)"]
+
+
 def _cancelled_mid() -> Observation:
     schedule = [Op(0.5, "approve", target="leaf"), Op(1.0, "cancel", reason="enough", target="mid")]
     observation = run_tree_schedule(_researchers, SCRIPTS, schedule, recorder=TOOLS.recorder)

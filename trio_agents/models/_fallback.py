@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from decimal import Decimal
 from types import TracebackType
 from typing import Self, TypeAlias, cast, final
 
@@ -209,6 +210,16 @@ class FallbackModel:
         stack, self._exit_stack = self._exit_stack, None
         if stack is not None:
             await stack.__aexit__(exc_type, exc_value, traceback)
+
+    def estimate_cost(self, request: ModelRequest) -> Decimal | None:
+        """The first member's estimate of ``request``'s cost in USD (it is asked first;
+        checked against ``UsageLimits(cost=...)`` before the request), or ``None`` when
+        it makes none. A request answered by a fallback is counted at that member's
+        real price once its usage arrives."""
+        model = self._members[0][1]
+        method = getattr(model, "estimate_cost", None)
+        # (The member may get it without its `output` spec: estimated a little over.)
+        return None if method is None else method(request)
 
     def stream(
         self, request: ModelRequest

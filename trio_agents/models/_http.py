@@ -27,6 +27,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
+from decimal import Decimal
 from types import TracebackType
 from typing import Any, Self
 
@@ -34,12 +35,12 @@ import httpx
 import trio
 
 from .._items import ToolCall, ToolResult
-from .._model import ModelEvent, ModelRequest
+from .._model import ModelEvent, ModelRequest, Usage
 from ._call_ids import CallIds
 from ._clients import ClientOwnership, make_timeout
 from ._model_stream import HTTPRequestSpec, ModelStream, StreamParser
 from ._prices import Prices, make_pricer
-from ._ratelimit import RateLimit
+from ._ratelimit import RateLimit, estimate_tokens
 from ._retry import RetryPolicy
 
 __all__ = [
@@ -305,6 +306,25 @@ class HTTPStreamingModel(abc.ABC):
         """How many times a request is retried before any output (so attempts - 1)."""
         return self._retry.max_retries
 
+    def estimate_cost(self, request: ModelRequest) -> Decimal | None:
+        """What ``request``'s input will cost, in USD, estimated before it is sent (a
+        run checks it against ``UsageLimits(cost=...)``): its body's size at about four
+        bytes a token (the estimate a :class:`~trio_agents.models.RateLimit` makes),
+        priced as input tokens. ``None`` when the model knows no price, or the body
+        cannot be built (sending it then fails with the reason)."""
+        if self._pricer is None:
+            return None
+        try:
+            body = json.dumps(
+                dict(self._build_request(request).body),
+                ensure_ascii=False,
+                separators=(",", ":"),
+                allow_nan=False,
+            )
+        except (TypeError, ValueError):
+            return None
+        return self._pricer(Usage(estimate_tokens(len(body.encode())), 0)).cost
+
     async def __aenter__(self) -> Self:
         """Own one pooled ``httpx.AsyncClient`` until the block ends (no-op with ``client=``)."""
         await trio.lowlevel.checkpoint()
@@ -341,6 +361,7 @@ class HTTPStreamingModel(abc.ABC):
             retry=self._retry,
             rate_limit=self._rate_limit,
             price=self._pricer,
+            on_wait=request.on_wait,
         )
 
     @abc.abstractmethod

@@ -43,7 +43,7 @@ from .._model import ModelEvent, Usage
 from ._call_ids import CallIds
 from ._clients import CLEANUP_BOUND, ClientOwnership
 from ._error_bodies import describe_exception, http_error, not_streamed_detail, one_line
-from ._ratelimit import RateLimit, estimate_tokens
+from ._ratelimit import RateLimit, WaitNotice, estimate_tokens
 from ._retry import MAX_RETRY_AFTER, Failure, RetryPolicy, parse_retry_after
 from ._sse import SSEDecoder, SSEEvent
 
@@ -117,8 +117,11 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         taken_call_ids: Iterable[str] = (),
         rate_limit: RateLimit | None = None,
         price: Callable[[Usage], Usage] | None = None,
+        on_wait: Callable[[str | None], None] | None = None,
     ) -> None:
         self._provider = provider
+        self._notice = WaitNotice(on_wait)  # tells the run while the rate limit holds us
+        self._paused = False  # the last attempt's 429 paused the rate limit
         self._price = price
         self._spec = spec
         self._new_parser = new_parser
@@ -152,7 +155,7 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         self._state = "open"
         if self._limit is not None:
             # Before anything that needs cleaning up: a wait cancelled here leaves nothing.
-            await self._limit.acquire_slot(self)
+            await self._limit.acquire_slot(self, self._notice)
         self._client, self._owns_client = self._clients.borrow()
         try:
             await self._open_with_retries()
@@ -207,12 +210,17 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
 
     async def _retry_or_raise(self, failure: Failure) -> None:
         """Sleep before the next attempt, or raise the failure if it may not be retried."""
-        await trio.sleep(self._retry.delay(failure, self._attempts))
+        delay = self._retry.delay(failure, self._attempts)
+        if self._paused:
+            # The 429's Retry-After pause: this request waits for the rate limit too.
+            self._notice.waiting()
+        await trio.sleep(delay)
 
     async def _attempt(self) -> Failure | None:
         """Send the request once; return why it failed, or ``None`` once streaming."""
         assert self._client is not None
         self._attempts += 1
+        self._paused = False
         self._decoder = SSEDecoder()
         self._parser = self._new_parser(CallIds(self._taken_call_ids))
         self._pending.clear()
@@ -235,7 +243,8 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
         if self._limit is not None:
             # Every attempt, retries included, is a request the provider counts.
             self._estimate = estimate_tokens(len(request.content))
-            await self._limit.before_request(self._estimate)
+            await self._limit.before_request(self._estimate, self._notice)
+            self._notice.resumed()
         try:
             request.stream = _RequestBody(request.content)
             # What `client.stream()` does, minus its generator-based request body; the
@@ -255,6 +264,7 @@ class ModelStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
             if status == 429 and retry_after is not None and self._limit is not None:
                 # Every request sharing the limit waits; not longer than this one would.
                 self._limit.pause(min(retry_after, MAX_RETRY_AFTER))
+                self._paused = True
             await self._close_response()
             return Failure(error, retry_after)
         if "text/event-stream" not in content_type and "json" in content_type:

@@ -19,13 +19,16 @@ How it waits, all on Trio primitives so a waiting request is cancellable at once
 * a 429 carrying ``Retry-After`` (HTTP providers) pauses every request sharing the
   limit until then;
 * fairness: waiters pass one at a time through a ``trio.Lock``, which Trio hands over in
-  FIFO order (as it does the ``CapacityLimiter``), so nobody is overtaken.
+  FIFO order (as it does the ``CapacityLimiter``), so nobody is overtaken;
+* what the run shows: a request that has to wait (for a slot, the rates or a pause)
+  tells its ``ModelRequest.on_wait`` through a :class:`WaitNotice`, once when it starts
+  waiting and once when it goes out; one that never waits says nothing.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Self, final
@@ -35,7 +38,9 @@ import trio
 
 from .._model import ModelEvent, ModelRequest, Usage
 
-__all__ = ["RateLimit", "RateLimitedStream", "estimate_tokens"]
+__all__ = ["RateLimit", "RateLimitedStream", "WaitNotice", "estimate_tokens"]
+
+_THROTTLED = "rate limit"  # the reason a waiting request gives (DESIGN §21)
 
 
 def _check_rate(name: str, value: float | None) -> float | None:
@@ -51,6 +56,31 @@ def _check_rate(name: str, value: float | None) -> float | None:
 def estimate_tokens(size: int) -> int:
     """A request's input tokens, estimated from its size in bytes (about four a token)."""
     return max(1, size // 4)
+
+
+@final
+class WaitNotice:
+    """Tells a request's ``on_wait`` (``ModelRequest.on_wait``) that it waits for its
+    rate limit, then that it goes out: each once per wait, however many steps the wait
+    takes (a slot, then the rates; a 429's pause, then the next attempt)."""
+
+    __slots__ = ("_on_wait", "_waiting")
+
+    def __init__(self, on_wait: Callable[[str | None], None] | None) -> None:
+        self._on_wait = on_wait
+        self._waiting = False
+
+    def waiting(self) -> None:
+        """The request is held back (called before each blocking step)."""
+        if self._on_wait is not None and not self._waiting:
+            self._waiting = True
+            self._on_wait(_THROTTLED)
+
+    def resumed(self) -> None:
+        """The request goes out now (a no-op unless it waited)."""
+        if self._on_wait is not None and self._waiting:
+            self._waiting = False
+            self._on_wait(None)
 
 
 @attrs.define(eq=False)
@@ -169,21 +199,36 @@ class RateLimit:
         until = self._now() + max(0.0, seconds)
         self._paused_until = max(self._paused_until, until)
 
-    async def acquire_slot(self, owner: object) -> None:
-        """Wait for a concurrency slot for ``owner`` (a stream); FIFO, cancellable."""
-        if self._slots is not None:
+    async def acquire_slot(self, owner: object, notice: WaitNotice | None = None) -> None:
+        """Wait for a concurrency slot for ``owner`` (a stream); FIFO, cancellable.
+        ``notice`` is told if it has to wait."""
+        if self._slots is None:
+            await trio.lowlevel.checkpoint()
+            return
+        # What `acquire_on_behalf_of` does, split so that a wait can be told apart:
+        # a cancelled caller takes nothing, and a free slot is taken without blocking
+        # (`*_nowait` still queues behind earlier waiters: FIFO holds).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._slots.acquire_on_behalf_of_nowait(owner)
+        except trio.WouldBlock:
+            if notice is not None:
+                notice.waiting()
             await self._slots.acquire_on_behalf_of(owner)
         else:
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     def release_slot(self, owner: object) -> None:
         """Give back ``owner``'s slot (a no-op if it holds none)."""
         if self._slots is not None and owner in self._slots.statistics().borrowers:
             self._slots.release_on_behalf_of(owner)
 
-    async def before_request(self, tokens: int) -> None:
+    async def before_request(self, tokens: int, notice: WaitNotice | None = None) -> None:
         """Wait until one more request of about ``tokens`` input tokens fits the rates
-        and no pause is on, then take its cost. FIFO, cancellable at once."""
+        and no pause is on, then take its cost. FIFO, cancellable at once. ``notice``
+        is told if it has to wait."""
+        if notice is not None and self._gate.locked():
+            notice.waiting()  # behind another waiter
         async with self._gate:
             while True:
                 now = self._now()
@@ -193,6 +238,8 @@ class RateLimit:
                         ready = max(ready, bucket.ready_at(now, cost))
                 if ready <= now:
                     break
+                if notice is not None:
+                    notice.waiting()
                 # Sleep and look again: a pause may have been set meanwhile.
                 await trio.sleep_until(ready)
             if self._requests is not None:
@@ -222,15 +269,17 @@ class RateLimitedStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
     ) -> None:
         self._limit = limit
         self._inner = inner
+        self._notice = WaitNotice(request.on_wait)
         self._estimate = estimate_tokens(
             len(request.instructions) + sum(len(repr(item)) for item in request.items)
         )
         self._events: AsyncIterator[ModelEvent] | None = None
 
     async def __aenter__(self) -> AsyncIterator[ModelEvent]:
-        await self._limit.acquire_slot(self)
+        await self._limit.acquire_slot(self, self._notice)
         try:
-            await self._limit.before_request(self._estimate)
+            await self._limit.before_request(self._estimate, self._notice)
+            self._notice.resumed()
             self._events = await self._inner.__aenter__()
         except BaseException:
             self._limit.release_slot(self)

@@ -42,8 +42,15 @@ __all__ = [
 
 LEGAL_NEXT: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
+    # running again: a model request waits for its rate limit, or goes out (§21).
     RunStatus.RUNNING: frozenset(
-        {RunStatus.AWAITING_APPROVAL, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+        {
+            RunStatus.RUNNING,
+            RunStatus.AWAITING_APPROVAL,
+            RunStatus.COMPLETED,
+            RunStatus.FAILED,
+            RunStatus.CANCELLED,
+        }
     ),
     # awaiting_approval again: the calls waiting below the run changed (§17).
     RunStatus.AWAITING_APPROVAL: frozenset(
@@ -131,19 +138,20 @@ def _check_statuses(result: RunResult | None, events: Sequence[RunEvent], out: F
 
 
 def _check_approval_repeats(events: Sequence[RunEvent], out: Found) -> None:
-    """``awaiting_approval → awaiting_approval`` says the waiting calls changed (§17):
-    never the same detail twice in a row."""
+    """``awaiting_approval → awaiting_approval`` says the waiting calls changed (§17),
+    ``running → running`` that a model request started or stopped waiting for its rate
+    limit (§21): never the same detail twice in a row."""
     updates = [e for e in events if isinstance(e, RunUpdated)]
     for before, after in itertools.pairwise(updates):
         if (
-            before.status is RunStatus.AWAITING_APPROVAL
-            and after.status is RunStatus.AWAITING_APPROVAL
+            before.status in (RunStatus.AWAITING_APPROVAL, RunStatus.RUNNING)
+            and after.status is before.status
             and before.detail == after.detail
         ):
             out.append(
                 Violation(
                     "statuses",
-                    f"awaiting_approval repeated unchanged (seq {before.seq} → {after.seq})",
+                    f"{after.status.value} repeated unchanged (seq {before.seq} → {after.seq})",
                 )
             )
 

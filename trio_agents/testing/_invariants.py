@@ -20,7 +20,8 @@ __all__ = [
 
 INVARIANTS: dict[str, str] = {
     "run-ends": "wait(), updated and events() end; only the caller's own cancel escapes open_run",
-    "statuses": "statuses start queued and follow queued → running ⇄ awaiting_approval → terminal",
+    "statuses": "statuses start queued and follow queued → running ⇄ awaiting_approval → terminal"
+    " (running again only with a changed detail: throttled)",
     "one-terminal": "exactly one terminal run.updated, the last event, matching the result",
     "seq": "seqs start at 1 and strictly increase (contiguous unless events were dropped)",
     "result": "the result is coherent (reason for failed/cancelled, output for completed, input kept)",
