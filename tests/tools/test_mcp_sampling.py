@@ -198,3 +198,17 @@ async def test_sampling_tokens_count_against_the_runs_limits() -> None:
     assert len(model.requests) == 2
     assert result.usage is not None
     assert result.usage.output_tokens == 51
+
+
+async def test_a_call_timeout_ends_the_sampling_and_the_run_goes_on() -> None:
+    model = Recording([Turn(tool_calls=[("sample", {"prompt": "hm?"})]), "went on"], hang_on=2)
+    with trio.fail_after(HANG_GUARD):
+        async with MCPServerStdio(sys.executable, [SERVER, "stdio"], call_timeout=0.5) as server:
+            agent = ta.Agent(name="s", model=model, tools=await server.list_tools())
+            result = await ta.run(agent, "go")
+    assert model.cancelled.is_set()
+    assert result.status == "completed", result.reason
+    [answer] = results(result)
+    assert answer.status == "error"
+    assert answer.output == "timed out after 0.5 s"
+    assert result.final_output == "went on"
