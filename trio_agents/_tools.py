@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, final, overload
 
@@ -271,7 +271,7 @@ class ToolContext(Generic[ContextT]):
     def model(self) -> Model:
         """The model of the run making this call (its current agent's), as a
         :class:`~trio_agents.models.Model` whose calls are the run's own: each request
-        counts against the run's limits (``max_requests``, tokens, cost) and its usage is
+        counts against the run's limits (``UsageLimits``: requests, tokens, cost) and its usage is
         added to the run's :attr:`~trio_agents.Run.usage` (so ``RunResult.usage``).
         What serves an MCP server's sampling request (docs/mcp.md). Nothing of such a
         call enters the conversation or the run's events; it is cancelled with whatever
@@ -405,7 +405,13 @@ class _RunModel:
         meter = StreamMeter(state.budgets) if state.budgets else None
         try:
             async with model.stream(request) as events:
-                yield _metered(state, events, meter)
+                metered = _metered(state, events, meter)
+                try:
+                    yield metered
+                finally:
+                    # Closed here, not left to the garbage collector, whoever stopped
+                    # reading it early.
+                    await metered.aclose()
         finally:
             if meter is not None:
                 meter.close()  # an estimate no usage replaced counts as the usage
@@ -413,7 +419,7 @@ class _RunModel:
 
 async def _metered(
     state: RunState, events: AsyncIterator[ModelEvent], meter: StreamMeter | None
-) -> AsyncIterator[ModelEvent]:
+) -> AsyncGenerator[ModelEvent, None]:
     """``events`` as they come, each charged to the run: text against its limits (as an
     estimate), usage added to its usage (replacing the estimate)."""
     async for event in events:
