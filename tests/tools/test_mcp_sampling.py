@@ -212,3 +212,21 @@ async def test_a_call_timeout_ends_the_sampling_and_the_run_goes_on() -> None:
     assert answer.status == "error"
     assert answer.output == "timed out after 0.5 s"
     assert result.final_output == "went on"
+
+
+async def test_a_model_that_answers_sampling_with_a_tool_call_is_an_error_to_the_server() -> None:
+    model = Recording(
+        [
+            Turn(tool_calls=[("sample", {"prompt": "hi"})]),
+            Turn("half", tool_calls=[("sample", {"prompt": "again"})]),
+            "done",
+        ]
+    )
+    with trio.fail_after(HANG_GUARD):
+        async with MCPServerStdio(sys.executable, [SERVER, "stdio"]) as server:
+            agent = ta.Agent(name="s", model=model, tools=await server.list_tools())
+            result = await ta.run(agent, "go")
+    assert result.status == "completed", result.reason
+    [answer] = results(result)
+    assert answer.output.startswith("sampling refused: sampling failed: ")
+    assert "ToolCallDone" in answer.output
