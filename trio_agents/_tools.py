@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, final, overload
 
@@ -36,7 +36,8 @@ from typing_extensions import TypeVar
 from ._error_text import describe_error
 from ._exceptions import TrioAgentsError
 from ._frozen import freeze_json
-from ._model import ToolSpec
+from ._limits import StreamMeter
+from ._model import Model, ModelEvent, ModelRequest, TextDelta, ToolSpec, Usage
 from ._signatures import FunctionSchema, function_schema
 from ._typeschema import ArgumentConversionError
 from ._validator import loads_json, validate
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from ._agent import Agent
     from ._result import RunResult
     from ._run import Run
+    from ._state import RunState
 
 __all__ = [
     "CallOutcome",
@@ -265,6 +267,23 @@ class ToolContext(Generic[ContextT]):
             self, agent, input, session=session, run_id=run_id, options=options
         )
 
+    @property
+    def model(self) -> Model:
+        """The model of the run making this call (its current agent's), as a
+        :class:`~trio_agents.models.Model` whose calls are the run's own: each request
+        counts against the run's limits (``UsageLimits``: requests, tokens, cost) and its usage is
+        added to the run's :attr:`~trio_agents.Run.usage` (so ``RunResult.usage``).
+        What serves an MCP server's sampling request (docs/mcp.md). Nothing of such a
+        call enters the conversation or the run's events; it is cancelled with whatever
+        scope the caller runs it in (the call's own task: with the call).
+
+        Raises:
+            RuntimeError: the context was built by hand, not by a run.
+        """
+        if self._handle is None:
+            raise self._not_made_by_a_run()
+        return _RunModel(self._handle)
+
     def _starter(self) -> ChildStarter:
         # A run hands its starter to every call it makes: only a context built by hand
         # has none.
@@ -360,6 +379,60 @@ class ToolContext(Generic[ContextT]):
             if recorder.process is not None:
                 _signal_group(recorder.process.pid, signal.SIGKILL)
         return result
+
+
+class _RunModel:
+    """``ToolContext.model``: the run's current model, metered as the run's own calls
+    (as a ``Summarize`` history's call is, in ``_window.py``)."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def __repr__(self) -> str:
+        return f"<the model of run {self._run.id!r}>"
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+        state = self._run._state
+        # The model is read at the call, not when ctx.model was: a handoff since changes it.
+        model = state.agent.model
+        if state.budgets and state.spend("requests"):
+            # Past a limit: the run's scope is cancelled; this call (perhaps outside the
+            # run's tasks) is refused rather than made.
+            raise RuntimeError(f"run {state.run_id!r} passed a usage limit")
+        meter = StreamMeter(state.budgets) if state.budgets else None
+        try:
+            async with model.stream(request) as events:
+                metered = _metered(state, events, meter)
+                try:
+                    yield metered
+                finally:
+                    # Closed here, not left to the garbage collector, whoever stopped
+                    # reading it early.
+                    await metered.aclose()
+        finally:
+            if meter is not None:
+                meter.close()  # an estimate no usage replaced counts as the usage
+
+
+async def _metered(
+    state: RunState, events: AsyncIterator[ModelEvent], meter: StreamMeter | None
+) -> AsyncGenerator[ModelEvent, None]:
+    """``events`` as they come, each charged to the run: text against its limits (as an
+    estimate), usage added to its usage (replacing the estimate)."""
+    async for event in events:
+        stop = False
+        if isinstance(event, Usage):
+            state.usage = event if state.usage is None else state.usage + event
+            if meter is not None:
+                stop = meter.usage(event)
+        elif meter is not None and isinstance(event, TextDelta) and isinstance(event.text, str):
+            stop = meter.text(event.text)
+        yield event
+        if stop:
+            raise RuntimeError(f"run {state.run_id!r} passed a usage limit")
 
 
 # Guards the making of every ToolContext's event against mark_cancelled(): one lock

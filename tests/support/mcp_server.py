@@ -20,11 +20,14 @@ import json
 import os
 import socket
 import sys
+import warnings
 from typing import Any
 
 import anyio
+import mcp.types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 server = MCPServer("trio-agents-test")
@@ -119,6 +122,47 @@ async def progress_then_done(steps: int, ctx: Context) -> str:
     for step in range(1, steps + 1):
         await ctx.report_progress(step, None, None if step % 2 else f"step {step}")
     return "done"
+
+
+@server.tool()
+async def sample(prompt: str, ctx: Context) -> str:
+    """Asks the client's model (sampling/createMessage), answers what it said: its
+    ``model|stopReason|text``, or ``sampling refused: <error>``."""
+    message = types.SamplingMessage(
+        role="user", content=types.TextContent(type="text", text=prompt)
+    )
+    _event("sampling").set()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sampling is deprecated in the 2026 protocol
+            result = await ctx.session.create_message(
+                [message],
+                max_tokens=7,
+                system_prompt="Answer in one word.",
+                related_request_id=ctx.request_id,
+            )
+    except MCPError as error:
+        return f"sampling refused: {error}"
+    except anyio.get_cancelled_exc_class():
+        _event("sampling cancelled").set()
+        raise
+    assert isinstance(result.content, types.TextContent)
+    return f"{result.model}|{result.stop_reason}|{result.content.text}"
+
+
+@server.tool()
+async def client_can_sample(ctx: Context) -> str:
+    """Whether the client declared the sampling capability."""
+    capabilities = ctx.session.client_capabilities
+    return str(capabilities is not None and capabilities.sampling is not None)
+
+
+@server.tool()
+async def sampling_was_cancelled() -> str:
+    """Returns once a sample call was cancelled (by the client's notifications/cancelled)."""
+    with anyio.fail_after(HANG_GUARD):
+        await _event("sampling cancelled").wait()
+    return "cancelled"
 
 
 _notices: list[Any] = []

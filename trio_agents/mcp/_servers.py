@@ -12,6 +12,13 @@ told, nobody waits for it. The write goes through the transport's tasks, so thos
 outlive the call even when the caller's scope covers both the run and the server's
 block: hence the connection's own task, shielded once the connection is open.
 
+Sampling: a server's ``sampling/createMessage`` during a tool call is served by the
+model of the run making the call (``ToolContext.model``: counted in the run's usage and
+limits). The SDK hands it to a callback in the connection's task, which cannot tell which
+of the calls in flight it belongs to (stdio carries no such link): it is served when the
+calls in flight are all one run's, and refused with an error otherwise. The model call
+runs in a scope the calling tool call cancels as it ends (cancelled with the run).
+
 Progress: each call passes a progress callback, so the SDK sends a progress token and
 the server's ``notifications/progress`` for the call become ``ctx.progress(...)``.
 
@@ -38,11 +45,14 @@ import httpx2
 import mcp.types as mcp_types
 import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
 from .._error_text import summarize
 from .._exceptions import TrioAgentsError
+from .._items import AssistantMessage, Item, UserMessage
+from .._model import Finish, ModelRequest, TextDelta, Usage
 from .._tools import Tool, ToolContext
 
 __all__ = ["MCPServerHTTP", "MCPServerStdio", "MCPToolError"]
@@ -53,6 +63,13 @@ logger = logging.getLogger("trio_agents.mcp")
 # process to exit on its own, then the kill); this bounds what is not shielded.
 _CLOSE_BOUND = 10.0
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+# The settings keys by which our models bound a response's length (chat completions and
+# Anthropic; Responses; newer OpenAI chat): a sampling request's maxTokens lowers one the
+# agent sets, never raises it, and is not added where none is (a model may reject a key).
+_LENGTH_SETTINGS = ("max_tokens", "max_output_tokens", "max_completion_tokens")
+# How long a call that ended waits for its sampling's model streams to close.
+_SAMPLING_CLOSE_BOUND = 5.0
+_STOP_REASONS = {"stop": "endTurn", "length": "maxTokens"}
 
 
 class MCPToolError(TrioAgentsError):
@@ -105,10 +122,15 @@ class _Server:
         *,
         tool_prefix: str = "",
         call_timeout: float | None = None,
+        sampling: bool = True,
     ) -> None:
         self.name = name
         self._prefix = tool_prefix
         self._call_timeout = call_timeout
+        self._sampling = sampling
+        # The tool calls in flight on this connection, each with the scopes of the
+        # sampling requests served for it (cancelled as the call ends).
+        self._calls: dict[int, tuple[ToolContext | None, dict[trio.CancelScope, trio.Event]]] = {}
         self._stack: AsyncExitStack | None = None
         self._session: ClientSession | None = None
         self._closed_reason: str | None = None
@@ -164,7 +186,13 @@ class _Server:
             stack = AsyncExitStack()
             try:
                 read, write = await self._open_transport(stack)
-                session = await stack.enter_async_context(ClientSession(read, write))
+                # The sampling callback declares the capability (the SDK does so for
+                # any callback given): only when asked to, since it serves the requests.
+                session = await stack.enter_async_context(
+                    ClientSession(
+                        read, write, sampling_callback=self._sample if self._sampling else None
+                    )
+                )
                 await session.initialize()
             except BaseException:
                 # Closed apart from the error, which propagates as it was raised (out of
@@ -242,6 +270,9 @@ class _Server:
         # With a callback the SDK sends a progress token, and each of the server's
         # notifications/progress for the call becomes a tool.progress event.
         on_progress = _progress_reporter(ctx) if ctx is not None else None
+        scopes: dict[trio.CancelScope, trio.Event] = {}
+        key = id(scopes)
+        self._calls[key] = (ctx, scopes)
         try:
             result = await session.call_tool(tool, arguments, progress_callback=on_progress)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
@@ -250,11 +281,151 @@ class _Server:
             if isinstance(exc, MCPToolError):
                 raise
             raise MCPToolError(self.name, tool, _describe(exc)) from exc
+        finally:
+            # The call ended (so did the run, if it was cancelled): the sampling served
+            # for it ends too, however far it got.
+            del self._calls[key]
+            if scopes:
+                await _end_sampling(scopes)
         if not isinstance(result, mcp_types.CallToolResult):
             raise MCPToolError(self.name, tool, f"unexpected result {type(result).__name__}")
         if result.is_error:
             raise MCPToolError(self.name, tool, _output(result) or "the tool reported an error")
         return _output(result)
+
+    async def _sample(
+        self, context: ClientRequestContext, params: mcp_types.CreateMessageRequestParams
+    ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+        """The SDK's sampling callback: serve the request with the calling run's model.
+
+        Never raises an ``Exception`` (an answer to the server, never a crash of the
+        connection): a request that cannot be served is answered with an error.
+        """
+        found = self._sampling_call()
+        if isinstance(found, str):
+            return _error(mcp_types.INVALID_REQUEST, found)
+        ctx, scopes = found
+        try:
+            request = _sampling_request(params, ctx.parent.agent.model_settings)
+        except ValueError as exc:
+            return _error(mcp_types.INVALID_PARAMS, str(exc))
+        done = trio.Event()
+        with trio.CancelScope() as scope:
+            scopes[scope] = done
+            try:
+                return await _complete(ctx, request)
+            except Exception as exc:
+                logger.info("MCP server %r: sampling failed: %s", self.name, summarize(exc))
+                return _error(mcp_types.INTERNAL_ERROR, f"sampling failed: {summarize(exc)}")
+            finally:
+                del scopes[scope]
+                done.set()
+        # Only the calling tool call's end cancels this scope.
+        return _error(mcp_types.INTERNAL_ERROR, "sampling cancelled: the tool call ended")
+
+    def _sampling_call(self) -> tuple[ToolContext, dict[trio.CancelScope, trio.Event]] | str:
+        """The call a sampling request is served for, or why there is none."""
+        calls = list(self._calls.values())
+        if not calls:
+            return "sampling is served only during a tool call of a run"
+        runs = {id(_run_of(ctx)) for ctx, _ in calls}
+        if any(_run_of(ctx) is None for ctx, _ in calls):
+            return "sampling is served only for a tool call made by a run (it has a model)"
+        if len(runs) > 1:
+            # Nothing on the wire says which call asked (stdio has no link).
+            return (
+                "sampling cannot tell which run asked: tool calls of several runs are in"
+                " flight on this connection (open one connection per run)"
+            )
+        ctx, scopes = calls[0]
+        assert ctx is not None
+        return ctx, scopes
+
+
+async def _end_sampling(scopes: dict[trio.CancelScope, trio.Event]) -> None:
+    """Cancel the sampling served for a call that ended, and wait (shielded: the call
+    may be ending by cancellation) until each has closed its model stream, so the
+    run's end comes after theirs, as after its own model calls'; bounded."""
+    pending = list(scopes.items())
+    for scope, _ in pending:
+        scope.cancel()
+    with trio.CancelScope(shield=True) as bound:
+        bound.deadline = trio.current_time() + _SAMPLING_CLOSE_BOUND
+        for _, done in pending:
+            await done.wait()
+    if bound.cancelled_caught:
+        logger.warning("sampling did not end %s s after its tool call", _SAMPLING_CLOSE_BOUND)
+
+
+def _run_of(ctx: ToolContext | None) -> object | None:
+    """The run making the call, or None (no context, or one built by hand)."""
+    if ctx is None:
+        return None
+    try:
+        return ctx.parent
+    except RuntimeError:
+        return None
+
+
+def _error(code: int, message: str) -> mcp_types.ErrorData:
+    return mcp_types.ErrorData(code=code, message=message)
+
+
+def _sampling_request(
+    params: mcp_types.CreateMessageRequestParams, agent_settings: Mapping[str, Any]
+) -> ModelRequest:
+    """Our model request for a server's sampling request (text only; no tools).
+
+    Raises:
+        ValueError: what we cannot send (images, audio, tool use, tools).
+    """
+    if params.tools:
+        raise ValueError("sampling with tools is not supported")
+    items: list[Item] = []
+    for message in params.messages:
+        blocks = message.content if isinstance(message.content, list) else [message.content]
+        texts: list[str] = []
+        for block in blocks:
+            if not isinstance(block, mcp_types.TextContent):
+                raise ValueError(f"sampling supports text content only, not {block.type!r}")
+            texts.append(block.text)
+        text = "".join(texts)
+        items.append(UserMessage(text) if message.role == "user" else AssistantMessage(text))
+    if not items:
+        raise ValueError("sampling needs at least one message")
+    settings = dict(agent_settings)
+    for key in _LENGTH_SETTINGS:
+        value = settings.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            settings[key] = min(value, params.max_tokens)
+    return ModelRequest(
+        instructions=params.system_prompt or "", items=tuple(items), settings=settings
+    )
+
+
+async def _complete(ctx: ToolContext, request: ModelRequest) -> mcp_types.CreateMessageResult:
+    """One call of the run's model (``ctx.model``: counted as the run's); its answer."""
+    parts: list[str] = []
+    reason: str | None = None
+    usage: Usage | None = None
+    async with ctx.model.stream(request) as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                parts.append(event.text)
+            elif isinstance(event, Finish):
+                reason = event.reason
+            elif isinstance(event, Usage):
+                usage = event if usage is None else usage + event
+            else:
+                # A tool call: the request offered no tools, so this is no answer.
+                raise ValueError(f"the model answered with {type(event).__name__}")
+    return mcp_types.CreateMessageResult(
+        role="assistant",
+        content=mcp_types.TextContent(type="text", text="".join(parts)),
+        model=(usage.model if usage is not None and usage.model else None)
+        or type(ctx.parent.agent.model).__name__,
+        stop_reason=_STOP_REASONS.get(reason, reason) if reason else "endTurn",
+    )
 
 
 def _describe(exc: BaseException) -> str:
@@ -295,6 +466,8 @@ class MCPServerStdio(_Server):
         tool_prefix: prepended to every tool name (to keep two servers' tools apart).
         call_timeout: seconds a tool call may take (the tools' ``timeout``); None for
             no limit.
+        sampling: declare the sampling capability and serve a server's sampling
+            requests with the calling run's model (see the module's docstring).
     """
 
     def __init__(
@@ -307,8 +480,11 @@ class MCPServerStdio(_Server):
         name: str | None = None,
         tool_prefix: str = "",
         call_timeout: float | None = None,
+        sampling: bool = True,
     ) -> None:
-        super().__init__(name or command, tool_prefix=tool_prefix, call_timeout=call_timeout)
+        super().__init__(
+            name or command, tool_prefix=tool_prefix, call_timeout=call_timeout, sampling=sampling
+        )
         self._params = StdioServerParameters(
             command=command,
             args=list(args),
@@ -348,6 +524,7 @@ class MCPServerHTTP(_Server):
         call_timeout: seconds a tool call may take; None for no limit.
         connect_timeout: seconds to connect (and per write); responses have no read
             timeout of ours (a tool may take long: use ``call_timeout``).
+        sampling: as for :class:`MCPServerStdio`.
     """
 
     def __init__(
@@ -359,8 +536,11 @@ class MCPServerHTTP(_Server):
         tool_prefix: str = "",
         call_timeout: float | None = None,
         connect_timeout: float = 30.0,
+        sampling: bool = True,
     ) -> None:
-        super().__init__(name or url, tool_prefix=tool_prefix, call_timeout=call_timeout)
+        super().__init__(
+            name or url, tool_prefix=tool_prefix, call_timeout=call_timeout, sampling=sampling
+        )
         self.url = url
         self._headers = dict(headers or {})
         if not (isinstance(connect_timeout, int | float) and connect_timeout > 0):
