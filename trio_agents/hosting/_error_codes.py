@@ -8,7 +8,7 @@ body, a JSON-RPC error). No I/O.
 
 from __future__ import annotations
 
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, get_args
 
 __all__ = ["ERROR_CODES", "ErrorCode", "ProtocolError"]
 
@@ -25,18 +25,8 @@ ErrorCode: TypeAlias = Literal[
     "internal",
 ]
 
-ERROR_CODES: Final[tuple[str, ...]] = (
-    "invalid_json",
-    "invalid_request",
-    "unknown_op",
-    "not_found",
-    "run_closed",
-    "session_busy",
-    "no_active_run",
-    "inbox_full",
-    "limit_exceeded",
-    "internal",
-)
+# The same codes as ErrorCode, read from it: one list to keep.
+ERROR_CODES: Final[tuple[str, ...]] = get_args(ErrorCode)
 """Every ``code`` an ``error`` frame can carry."""
 
 
