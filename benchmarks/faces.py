@@ -118,20 +118,37 @@ async def cancel_sse(served: Served, n: int) -> list[float]:
         for _ in range(n):
             started = await http.post("/runs", json={"agent": "blocked", "input": "go"})
             run_id = started.json()["run_id"]
-            async with http.stream("GET", f"/runs/{run_id}/events") as stream:
-                reading = _sse(stream)
-                async for data in reading:
-                    if data["event"]["type"] == "tool.started":
-                        break
-                start = time.perf_counter()
+
+            async def cancel(run_id: str = run_id) -> None:
                 await http.post(f"/runs/{run_id}/cancel", json={"reason": "bench"})
-                # Read to the end (the stream ends after the terminal update): leaving
-                # httpx's line iterator mid-way leaves its generators to the collector.
-                async for data in reading:
-                    event = data["event"]
-                    if event["type"] == "run.updated" and event["status"] == "cancelled":
-                        samples.append(time.perf_counter() - start)
+
+            elapsed = await _cancel_seen_on_stream(http, run_id, cancel)
+            if elapsed:
+                samples.append(elapsed)
     return samples
+
+
+async def _cancel_seen_on_stream(
+    http: httpx.AsyncClient, run_id: str, cancel: Callable[[], Awaitable[None]]
+) -> float:
+    """Follow the run's REST event stream until it is inside its tool, then ``cancel``
+    it: the seconds until its terminal ``run.updated`` (cancelled) is read, 0.0 if it
+    never ended cancelled. The stream is read to its end (it ends after the terminal
+    update): leaving httpx's line iterator mid-way leaves its generators to the
+    collector."""
+    elapsed = 0.0
+    async with http.stream("GET", f"/runs/{run_id}/events") as stream:
+        reading = _sse(stream)
+        async for data in reading:
+            if data["event"]["type"] == "tool.started":
+                break
+        start = time.perf_counter()
+        await cancel()
+        async for data in reading:
+            event = data["event"]
+            if event["type"] == "run.updated" and event["status"] == "cancelled":
+                elapsed = time.perf_counter() - start
+    return elapsed
 
 
 async def _rpc(http: httpx.AsyncClient, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -220,22 +237,14 @@ async def _mcp_cancel_once(mcp: Client, http: httpx.AsyncClient) -> float:
         with call:
             await mcp.call_tool("blocked", {"input": "go"}, progress_callback=progress)
 
-    elapsed = 0.0
+    async def cancel() -> None:
+        call.cancel()  # the client sends notifications/cancelled
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(calling)
         await queued.wait()
         run_id = await _running_run(http, "blocked")
-        async with http.stream("GET", f"/runs/{run_id}/events") as stream:
-            reading = _sse(stream)
-            async for data in reading:
-                if data["event"]["type"] == "tool.started":
-                    break
-            start = time.perf_counter()
-            call.cancel()  # the client sends notifications/cancelled
-            async for data in reading:  # to its end (see cancel_sse)
-                event = data["event"]
-                if event["type"] == "run.updated" and event["status"] == "cancelled":
-                    elapsed = time.perf_counter() - start
+        elapsed = await _cancel_seen_on_stream(http, run_id, cancel)
     assert elapsed > 0, "the run did not end cancelled"
     return elapsed
 
