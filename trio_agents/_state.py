@@ -367,6 +367,12 @@ class RunState:
 
     # -- events -----------------------------------------------------------------------
 
+    def charge(self, usage: Usage) -> None:
+        """Add a model call's reported ``usage`` to the run's own (its turns', a
+        ``Summarize`` history's call, a tool's ``ctx.model`` call: every request the run
+        makes); the one place :attr:`usage` grows."""
+        self.usage = usage if self.usage is None else self.usage + usage
+
     def emit_status(
         self, status: RunStatus, reason: str | None = None, detail: Mapping[str, Any] | None = None
     ) -> None:

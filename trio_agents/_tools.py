@@ -425,7 +425,7 @@ async def _metered(
     async for event in events:
         stop = False
         if isinstance(event, Usage):
-            state.usage = event if state.usage is None else state.usage + event
+            state.charge(event)
             if meter is not None:
                 stop = meter.usage(event)
         elif meter is not None and isinstance(event, TextDelta) and isinstance(event.text, str):

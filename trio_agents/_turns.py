@@ -651,7 +651,7 @@ def _accept(
             or (event.cost is not None and not _valid_cost(event.cost))
         ):
             raise ModelError(f"model yielded an invalid usage: {event!r}")
-        state.usage = event if state.usage is None else state.usage + event
+        state.charge(event)
         turn_usage = state.turn_usage
         state.turn_usage = event if turn_usage is None else turn_usage + event
     elif kind is Finish:

@@ -166,7 +166,7 @@ async def _summarize(state: RunState, policy: Summarize, dropped: Sequence[Item]
                     if meter is not None:
                         meter.text(event.text)
                 elif isinstance(event, Usage):
-                    state.usage = event if state.usage is None else state.usage + event
+                    state.charge(event)
                     if meter is not None:
                         meter.usage(event)
                 elif not isinstance(event, Finish):
