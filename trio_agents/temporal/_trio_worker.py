@@ -35,8 +35,9 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from .._agent import Agent
-from ._activity import Attempt, AttemptError, SessionFactory, run_attempt
+from ._activity import Attempt, AttemptError, AttemptFenced, SessionFactory, run_attempt
 from ._push import push_op, serve_ops
+from ._run_store import RunStore
 from ._types import (
     ACTIVITY_ATTEMPT,
     ACTIVITY_PUSH,
@@ -181,11 +182,16 @@ class _Activities:
     """The worker's activities, bound to its agents, sessions and Trio thread."""
 
     def __init__(
-        self, agents: Mapping[str, Agent], sessions: SessionFactory | None, trio_thread: _TrioThread
+        self,
+        agents: Mapping[str, Agent],
+        sessions: SessionFactory | None,
+        trio_thread: _TrioThread,
+        store: RunStore | None,
     ) -> None:
         self._agents = agents
         self._sessions = sessions
         self._trio = trio_thread
+        self._store = store
 
     @activity.defn(name=ACTIVITY_PUSH)
     async def push(self, address: str, run_id: str, op: SteeringOp) -> OpAnswer:
@@ -227,7 +233,7 @@ class _Activities:
         """Apply the ops the history holds that no attempt applied, in order: a cancel
         at once (before the run's first model call), an inject once the run exists."""
         for op in catchup.ops:
-            if op.op == "cancel":
+            if op.op == "cancel" and op.node is None and op.mode != "after_turn":
                 self._trio.call_soon(partial(attempt.cancel, op.reason or "cancelled"))
             else:
                 self._trio.spawn(partial(attempt.apply, op))
@@ -260,6 +266,7 @@ class _Activities:
                 barrier=barrier,
                 started_calls=catchup.started_calls,
                 next_seq=catchup.next_seq,
+                store=self._store,
             )
 
         return self._trio.spawn(body)
@@ -306,6 +313,9 @@ def _result(future: asyncio.Future[RunOutcome], stopping: bool) -> RunOutcome:
         return future.result()
     if isinstance(exc, AttemptError):
         raise ApplicationError(str(exc), type="AttemptError", non_retryable=True) from exc
+    if isinstance(exc, AttemptFenced):
+        # Temporal already moved on from this attempt: its completion is not the run's.
+        raise ApplicationError(str(exc), type="AttemptFenced", non_retryable=True) from exc
     if stopping:
         # The worker is shutting down: the attempt is retried on another worker.
         raise ApplicationError("the worker shut down", type="WorkerShutdown") from exc
@@ -359,6 +369,9 @@ class TemporalWorker:
         task_queue: the task queue to poll.
         host: the interface on which this worker takes ops pushed to its attempts; other
             workers must reach it (loopback is right when they share one machine).
+        store: the shared :class:`RunStore` where attempts write their runs' events and
+            records (what a :class:`TemporalHost` serves to every face); None: events
+            are not kept beyond the attempt.
         max_concurrent_activities: attempts (and pushes) this worker runs at once.
 
     ``async with worker.running():`` polls until the block ends; :meth:`run` until
@@ -374,10 +387,11 @@ class TemporalWorker:
         task_queue: str = DEFAULT_TASK_QUEUE,
         host: str = "127.0.0.1",
         max_concurrent_activities: int = 200,
+        store: RunStore | None = None,
     ) -> None:
         self._client = client
         self._trio = _TrioThread(host)
-        self._activities = _Activities(dict(agents), sessions, self._trio)
+        self._activities = _Activities(dict(agents), sessions, self._trio, store)
         self._task_queue = task_queue
         self._max = max_concurrent_activities
 
@@ -409,8 +423,12 @@ async def run_worker(
     task_queue: str = DEFAULT_TASK_QUEUE,
     namespace: str = "default",
     host: str = "127.0.0.1",
+    store: RunStore | None = None,
 ) -> None:
     """Connect to the Temporal frontend at ``target`` (``"HOST:PORT"``) and run a
     :class:`TemporalWorker` until cancelled (asyncio)."""
     client = await Client.connect(target, namespace=namespace)
-    await TemporalWorker(client, agents, sessions=sessions, task_queue=task_queue, host=host).run()
+    worker = TemporalWorker(
+        client, agents, sessions=sessions, task_queue=task_queue, host=host, store=store
+    )
+    await worker.run()

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_CANCEL,
         UPDATE_INJECT,
         UPDATE_REJECT,
+        UPDATE_STEER,
         UPDATE_WITHDRAW,
         WORKFLOW_NAME,
         AttemptStarted,
@@ -142,6 +143,12 @@ class RunWorkflow:
     async def reject(self, call_id: str, message: str | None) -> OpAnswer:
         """Refuse a call waiting for approval: recorded, then pushed."""
         return await self._steer(SteeringOp(op="reject", target=call_id, reason=message))
+
+    @workflow.update(name=UPDATE_STEER)
+    async def steer(self, op: SteeringOp) -> OpAnswer:
+        """Any steering op, for any run of the tree (``op.node``): what a
+        :class:`~trio_agents.temporal.TemporalHost` sends. Recorded, then pushed."""
+        return await self._steer(op)
 
     async def _steer(self, op: SteeringOp) -> OpAnswer:
         # Recording comes first: the update's acceptance is in the history from here on,
