@@ -4,24 +4,34 @@ reach the host through the shared store, and steering goes through the workflow.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
+from temporalio.client import Client, WorkflowExecutionStatus
 
 import trio_agents as ta
 from tests.support.temporal_app import AGENTS
 from tests.support.temporal_support import Workers
-from trio_agents.hosting import HostError, Origin, StartRequest
-from trio_agents.temporal import TemporalHost
+from trio_agents.hosting import HostedEvent, HostError, Origin, StartRequest
+from trio_agents.sessions import SQLiteSession
+from trio_agents.temporal import RunStore, TemporalHost
 
 BOUND = 90.0  # hang guard per wait on a loaded machine
+ALICE = Origin(principal="alice")
 
 
 @asynccontextmanager
 async def opened(group: Workers) -> AsyncIterator[TemporalHost]:
     host = TemporalHost(
-        group.target, AGENTS, store=group.db, task_queue=group.task_queue, poll_interval=0.01
+        group.target, AGENTS, store=RunStore.beside(group.db), task_queue=group.task_queue, poll_interval=0.01
     )
     async with trio.open_nursery() as nursery:
         stop = await host.open(nursery)
@@ -64,3 +74,147 @@ async def test_a_run_started_through_the_host_completes_on_a_worker(
                 assert exc.code == "not_found"
             else:
                 raise AssertionError("another principal's run was visible")
+
+
+def _stored(db: Path, principal: str, session_id: str) -> list[dict[str, Any]]:
+    async def read() -> list[dict[str, Any]]:
+        async with SQLiteSession(db, json.dumps([principal, session_id])) as session:
+            return [item.to_json() for item in await session.get_items()]
+
+    return trio.run(read)
+
+
+async def _until_event(host: TemporalHost, run_id: str, kind: str) -> HostedEvent:
+    """Follow the run's stream (the host's, from the shared store) until an event of
+    type ``kind``."""
+    async with host.events("alice", run_id, from_seq=None) as events:
+        async for event in events:
+            if event.event["type"] == kind:
+                return event
+    raise AssertionError(f"run {run_id} ended without a {kind} event")
+
+
+async def _workflow_status(target: str, run_id: str) -> WorkflowExecutionStatus | None:
+    async def ask() -> WorkflowExecutionStatus | None:
+        client = await Client.connect(target)
+        return (await client.get_workflow_handle(run_id).describe()).status
+
+    return await trio.to_thread.run_sync(asyncio.run, ask())
+
+
+async def test_a_cancel_through_the_host_ends_the_workflow_canceled_after_the_repair(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(1)
+    with trio.fail_after(BOUND):
+        async with opened(group) as host:
+            run_id = await host.start(ALICE, _start("block", session_id="s1"))
+            await _until_event(host, run_id, "tool.started")
+            await host.cancel("alice", run_id, "stop now")
+            info = await host.wait_terminal("alice", run_id)
+            assert (info.status, info.reason) == (ta.RunStatus.CANCELLED, "stop now")
+            while await _workflow_status(group.target, run_id) == WorkflowExecutionStatus.RUNNING:
+                await trio.sleep(0.05)  # cross-process: Temporal closes it after the record
+            assert await _workflow_status(group.target, run_id) == WorkflowExecutionStatus.CANCELED
+    items = _stored(group.db, "alice", "s1")
+    assert [item["type"] for item in items[:3]] == ["message", "function_call", "function_call_output"]
+    assert items[2]["call_id"] == items[1]["call_id"]  # the open call was closed by the repair
+    with pytest.raises(HostError) as refused:
+        async with opened(group) as host:
+            await host.cancel("alice", run_id, "again")
+    assert refused.value.code == "run_closed"
+
+
+async def test_approve_inject_and_withdraw_reach_the_attempt_on_its_worker(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(1)
+    with trio.fail_after(BOUND):
+        async with opened(group) as host:
+            guarded = await host.start(ALICE, _start("guarded"))
+            while "call_guarded" not in (await host.get("alice", guarded)).pending_approvals:
+                await _until_event(host, guarded, "run.updated")
+            with pytest.raises(HostError) as unknown:
+                await host.approve("alice", guarded, "call_nope")
+            assert unknown.value.code == "not_found"
+            await host.approve("alice", guarded, "call_guarded")
+            info = await host.wait_terminal("alice", guarded)
+            assert info.status == ta.RunStatus.COMPLETED
+            async with host.events("alice", guarded) as events:
+                outputs = [
+                    e.event["item"].get("content")
+                    async for e in events
+                    if e.event["type"] == "run.item"
+                ]
+            assert "done: guarded ran" in outputs
+
+            blocked = await host.start(ALICE, _start("block"))
+            await _until_event(host, blocked, "tool.started")
+            injection = await host.inject("alice", blocked, (ta.UserMessage("later"),))
+            assert not injection.startswith("pending")
+            await _until_event(host, blocked, "inbox.injected")
+            assert await host.withdraw("alice", blocked, injection) is True
+            await host.cancel("alice", blocked, "done")
+            assert (await host.wait_terminal("alice", blocked)).status == ta.RunStatus.CANCELLED
+
+
+async def test_a_run_whose_worker_dies_resumes_on_another_and_its_seqs_continue(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(2)
+    with trio.fail_after(BOUND):
+        async with opened(group) as host:
+            run_id = await host.start(ALICE, _start("block", session_id="s2"))
+            await _until_event(host, run_id, "tool.started")
+            pid = int((group.marks / f"{run_id}.started").read_text())
+            os.kill(pid, signal.SIGKILL)
+            info = await host.wait_terminal("alice", run_id)
+            async with host.events("alice", run_id) as events:
+                seen = [event async for event in events]
+    assert info.status == ta.RunStatus.COMPLETED, group.logs()
+    seqs = [event.seq for event in seen]
+    assert seqs == list(range(1, len(seqs) + 1))  # nothing a client saw is lost or reused
+    resumed = [
+        event.event["detail"]
+        for event in seen
+        if event.event["type"] == "run.updated" and event.event.get("detail", {}).get("resumed")
+    ]
+    assert resumed and resumed[0]["attempt"] == 2
+    # The tool that had started ran once: the resumed attempt closed its call instead.
+    assert sum(event.event["type"] == "tool.started" for event in seen) == 1
+
+
+async def test_a_run_cancelled_before_any_worker_took_it_gets_its_terminal_record(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(0)
+    with trio.fail_after(BOUND):
+        async with opened(group) as host:
+            run_id = await host.start(ALICE, _start("hello", session_id="s3"))
+            await host.cancel("alice", run_id, "never mind")
+            info = await host.wait_terminal("alice", run_id)
+            assert (info.status, info.reason) == (ta.RunStatus.CANCELLED, "never mind")
+            # Its session is free again.
+            again = await host.start(ALICE, _start("hello", session_id="s3"))
+            assert again != run_id
+
+
+async def test_a_busy_session_refuses_or_interrupts(workers: Callable[[int], Workers]) -> None:
+    group = workers(1)
+    with trio.fail_after(BOUND):
+        async with opened(group) as host:
+            first = await host.start(ALICE, _start("block", session_id="s4"))
+            await _until_event(host, first, "tool.started")
+            with pytest.raises(HostError) as busy:
+                await host.start(ALICE, _start("hello", session_id="s4"))
+            assert busy.value.code == "session_busy"
+            second = await host.start(ALICE, _start("hello", session_id="s4", on_busy="interrupt"))
+            ended = await host.wait_terminal("alice", first)
+            assert (ended.status, ended.reason) == (
+                ta.RunStatus.CANCELLED,
+                "interrupted by a new run",
+            )
+            assert (await host.wait_terminal("alice", second)).status == ta.RunStatus.COMPLETED
+            with pytest.raises(HostError) as idle:
+                await host.cancel_session("alice", "s4")
+            assert idle.value.code == "no_active_run"

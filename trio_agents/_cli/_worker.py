@@ -34,9 +34,9 @@ def worker_command(args: argparse.Namespace, out: TextIO) -> int:
         ) from None
     agents = load_app(args.app)
     sessions = sqlite_sessions(args.db)
-    # The runs' events and records live beside their sessions, in the same file: what a
+    # The runs' events and records live beside their sessions (FILE.runs): what a
     # server's TemporalHost (`trio-agents serve --temporal`) serves to every face.
-    store = RunStore(args.db)
+    store = RunStore.beside(args.db)
 
     async def main() -> None:
         task = asyncio.current_task()

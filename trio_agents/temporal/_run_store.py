@@ -124,6 +124,13 @@ class RunStore:
         self._conn: sqlite3.Connection | None = None
         self._limiter = trio.CapacityLimiter(1)
 
+    @classmethod
+    def beside(cls, sessions_db: str | os.PathLike[str], **options: Any) -> RunStore:
+        """The store in the file beside a SQLite sessions file: its name plus ``.runs``
+        (what ``trio-agents worker`` and ``serve --temporal`` use with ``--db``). A
+        file of its own: a session database holds nothing else."""
+        return cls(os.fspath(sessions_db) + ".runs", **options)
+
     @property
     def path(self) -> str:
         """The store's file."""
