@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 
 import trio_agents as ta
@@ -31,7 +32,11 @@ ALICE = Origin(principal="alice")
 @asynccontextmanager
 async def opened(group: Workers) -> AsyncIterator[TemporalHost]:
     host = TemporalHost(
-        group.target, AGENTS, store=RunStore.beside(group.db), task_queue=group.task_queue, poll_interval=0.01
+        group.target,
+        AGENTS,
+        store=RunStore.beside(group.db),
+        task_queue=group.task_queue,
+        poll_interval=0.01,
     )
     async with trio.open_nursery() as nursery:
         stop = await host.open(nursery)
@@ -76,12 +81,9 @@ async def test_a_run_started_through_the_host_completes_on_a_worker(
                 raise AssertionError("another principal's run was visible")
 
 
-def _stored(db: Path, principal: str, session_id: str) -> list[dict[str, Any]]:
-    async def read() -> list[dict[str, Any]]:
-        async with SQLiteSession(db, json.dumps([principal, session_id])) as session:
-            return [item.to_json() for item in await session.get_items()]
-
-    return trio.run(read)
+async def _stored(db: Path, principal: str, session_id: str) -> list[dict[str, Any]]:
+    async with SQLiteSession(db, json.dumps([principal, session_id])) as session:
+        return [item.to_json() for item in await session.get_items()]
 
 
 async def _until_event(host: TemporalHost, run_id: str, kind: str) -> HostedEvent:
@@ -102,6 +104,18 @@ async def _workflow_status(target: str, run_id: str) -> WorkflowExecutionStatus 
     return await trio.to_thread.run_sync(asyncio.run, ask())
 
 
+async def _workflow_cancel_requested(target: str, run_id: str) -> bool:
+    async def ask() -> bool:
+        client = await Client.connect(target)
+        history = await client.get_workflow_handle(run_id).fetch_history()
+        return any(
+            event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED
+            for event in history.events
+        )
+
+    return await trio.to_thread.run_sync(asyncio.run, ask())
+
+
 async def test_a_cancel_through_the_host_ends_the_workflow_canceled_after_the_repair(
     workers: Callable[[int], Workers],
 ) -> None:
@@ -116,13 +130,18 @@ async def test_a_cancel_through_the_host_ends_the_workflow_canceled_after_the_re
             while await _workflow_status(group.target, run_id) == WorkflowExecutionStatus.RUNNING:
                 await trio.sleep(0.05)  # cross-process: Temporal closes it after the record
             assert await _workflow_status(group.target, run_id) == WorkflowExecutionStatus.CANCELED
-    items = _stored(group.db, "alice", "s1")
-    assert [item["type"] for item in items[:3]] == ["message", "function_call", "function_call_output"]
+    items = await _stored(group.db, "alice", "s1")
+    assert [item["type"] for item in items[:3]] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
     assert items[2]["call_id"] == items[1]["call_id"]  # the open call was closed by the repair
-    with pytest.raises(HostError) as refused:
-        async with opened(group) as host:
+    async with opened(group) as host:  # a new server over the same store
+        with pytest.raises(HostError) as refused:
             await host.cancel("alice", run_id, "again")
-    assert refused.value.code == "run_closed"
+        assert refused.value.code == "run_closed"
+        assert (await host.get("alice", run_id)).reason == "stop now"
 
 
 async def test_approve_inject_and_withdraw_reach_the_attempt_on_its_worker(
@@ -187,11 +206,23 @@ async def test_a_run_whose_worker_dies_resumes_on_another_and_its_seqs_continue(
 async def test_a_run_cancelled_before_any_worker_took_it_gets_its_terminal_record(
     workers: Callable[[int], Workers],
 ) -> None:
-    group = workers(0)
+    group = workers(0)  # no worker yet: the workflow waits for one
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened(group) as host, trio.open_nursery() as nursery:
             run_id = await host.start(ALICE, _start("hello", session_id="s3"))
-            await host.cancel("alice", run_id, "never mind")
+            cancelled = trio.Event()
+
+            async def cancel() -> None:
+                await host.cancel("alice", run_id, "never mind")
+                cancelled.set()
+
+            nursery.start_soon(cancel)
+            # Temporal holds the cancel before any worker runs the workflow: the first
+            # workflow task sees it, and no attempt ever runs the run.
+            while await _workflow_cancel_requested(group.target, run_id) is False:
+                await trio.sleep(0.02)
+            group.start()
+            await cancelled.wait()
             info = await host.wait_terminal("alice", run_id)
             assert (info.status, info.reason) == (ta.RunStatus.CANCELLED, "never mind")
             # Its session is free again.

@@ -38,6 +38,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError, RPCStatusCode
@@ -131,6 +132,7 @@ class TemporalHost:
         self._watched: set[str] = set()
         self._owners: dict[object, tuple[str, set[str]]] = {}
         self._tasks: trio.Nursery | None = None
+        self._cancel_reasons: dict[str, str] = {}
 
     # ----------------------------------------------------------------- settings
 
@@ -245,6 +247,11 @@ class TemporalHost:
         attempt did."""
         try:
             status, reason = await self._loop.call(lambda: self._closed_as(run_id))
+            asked = self._cancel_reasons.pop(run_id, None)
+            if status == "cancelled" and reason == CANCELLED_BY_TEMPORAL and asked:
+                # Cancelled by this host before any attempt ran: Temporal's cancel does
+                # not always carry its reason to the workflow, this host knows it.
+                reason = asked
             if await self._store.finish_if_open(principal, run_id, status, reason):
                 log.info("run %s: its workflow closed %s with no attempt's record", run_id, status)
                 self._bump()
@@ -425,6 +432,10 @@ class TemporalHost:
             answer: OpAnswer = await self._loop.call(
                 lambda: handle.execute_update(UPDATE_STEER, op, result_type=OpAnswer)
             )
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            raise HostError(
+                "internal", f"Temporal did not answer in time; the op on {run_id} may be recorded"
+            ) from None
         except (RPCError, WorkflowUpdateFailedError):
             raise HostError("run_closed", f"run {run_id} is closed") from None
         if not answer.ok:
@@ -447,7 +458,15 @@ class TemporalHost:
             # Temporal's own cancel first, carrying the reason: only a workflow Temporal
             # was asked to cancel ends CANCELED (after the repaired result is recorded).
             handle = self._connected().get_workflow_handle(run_id)
-            await self._loop.call(lambda: _cancel_workflow(handle, reason))
+            if reason and run_id in self._watched:
+                self._cancel_reasons[run_id] = reason
+            if await self._loop.call(lambda: _cancel_workflow(handle, reason)):
+                # Temporal has the cancel: the update only brings it to the attempt
+                # faster (a run that ended meanwhile, or a workflow no worker has taken
+                # up yet, ends cancelled all the same).
+                with contextlib.suppress(HostError):
+                    await self._steer(principal, run_id, SteeringOp(op="cancel", reason=reason))
+                return
         await self._steer(principal, run_id, SteeringOp(op="cancel", reason=reason, mode=mode))
 
     async def wait_terminal(self, principal: str, run_id: str) -> RunInfo:
@@ -524,9 +543,13 @@ class TemporalHost:
         root = await self._store.root_of(principal, run_id)
         if root is None:
             raise HostError("not_found", f"no run {run_id!r}")
-        yield self._follow(
+        follow = self._follow(
             root, run_id, 1 if tree or from_seq is None else from_seq, tree, status_only
         )
+        try:
+            yield follow
+        finally:
+            await follow.aclose()  # a subscriber that left early: closed here, not by GC
 
     async def _follow(
         self, root: str, run_id: str, from_seq: int, tree: bool, status_only: bool
@@ -568,14 +591,16 @@ class TemporalHost:
             await self.cancel(principal, run_id, "client disconnected")
 
 
-async def _cancel_workflow(handle: Any, reason: str | None) -> None:
-    """(asyncio) Temporal's cancel of a running workflow (a closed one is left as is:
-    Temporal would accept the cancel silently)."""
+async def _cancel_workflow(handle: Any, reason: str | None) -> bool:
+    """(asyncio) Temporal's cancel of a running workflow; False when it is not running
+    (a closed one is left as is: Temporal would accept the cancel silently)."""
     try:
         description = await handle.describe()
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
-            return
+            return False
         raise
-    if description.status == WorkflowExecutionStatus.RUNNING:
-        await handle.cancel(reason=reason or "")
+    if description.status != WorkflowExecutionStatus.RUNNING:
+        return False
+    await handle.cancel(reason=reason or "")
+    return True

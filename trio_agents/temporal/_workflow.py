@@ -103,7 +103,7 @@ class RunWorkflow:
             outcome = RunOutcome(
                 run_id=request.run_id,
                 status="cancelled",
-                reason=workflow.cancellation_reason() or CANCELLED_BY_TEMPORAL,
+                reason=self._cancel_reason() or CANCELLED_BY_TEMPORAL,
                 final_output=None,
                 attempt=0,
             )
@@ -229,5 +229,17 @@ class RunWorkflow:
             "ops": len(self._ops),
             # A cancel from Temporal carries its reason here only: an attempt reads it
             # when the cancel reaches it through its heartbeat ("" or None: no reason).
-            "cancel_reason": workflow.cancellation_reason(),
+            "cancel_reason": self._cancel_reason(),
         }
+
+    def _cancel_reason(self) -> str | None:
+        """The reason of Temporal's cancel; else that of the latest ``cancel`` op recorded
+        for the root (a Temporal cancel's own reason may not reach the workflow: the
+        ``temporal`` CLI sends none, and a client's is not always delivered)."""
+        reason = workflow.cancellation_reason()
+        if reason:
+            return reason
+        for op in reversed(self._ops):
+            if op.op == "cancel" and op.node is None and op.reason:
+                return op.reason
+        return reason
