@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -73,12 +73,9 @@ async def test_a_run_started_through_the_host_completes_on_a_worker(
             listed = await host.list("alice")
             assert [run.run_id for run in listed] == [run_id]
             assert await host.list("bob") == []
-            try:
+            with pytest.raises(HostError) as hidden:
                 await host.get("bob", run_id)
-            except HostError as exc:
-                assert exc.code == "not_found"
-            else:
-                raise AssertionError("another principal's run was visible")
+            assert hidden.value.code == "not_found"
 
 
 async def _stored(db: Path, principal: str, session_id: str) -> list[dict[str, Any]]:
@@ -127,8 +124,9 @@ async def test_a_cancel_through_the_host_ends_the_workflow_canceled_after_the_re
             await host.cancel("alice", run_id, "stop now")
             info = await host.wait_terminal("alice", run_id)
             assert (info.status, info.reason) == (ta.RunStatus.CANCELLED, "stop now")
-            while await _workflow_status(group.target, run_id) == WorkflowExecutionStatus.RUNNING:
-                await trio.sleep(0.05)  # cross-process: Temporal closes it after the record
+            # Another process (Temporal) closes it after the record: polled.
+            while await _workflow_status(group.target, run_id) == WorkflowExecutionStatus.RUNNING:  # noqa: ASYNC110
+                await trio.sleep(0.05)
             assert await _workflow_status(group.target, run_id) == WorkflowExecutionStatus.CANCELED
     items = await _stored(group.db, "alice", "s1")
     assert [item["type"] for item in items[:3]] == [
@@ -198,7 +196,8 @@ async def test_a_run_whose_worker_dies_resumes_on_another_and_its_seqs_continue(
         for event in seen
         if event.event["type"] == "run.updated" and event.event.get("detail", {}).get("resumed")
     ]
-    assert resumed and resumed[0]["attempt"] == 2
+    assert resumed
+    assert resumed[0]["attempt"] == 2
     # The tool that had started ran once: the resumed attempt closed its call instead.
     assert sum(event.event["type"] == "tool.started" for event in seen) == 1
 
@@ -219,7 +218,7 @@ async def test_a_run_cancelled_before_any_worker_took_it_gets_its_terminal_recor
             nursery.start_soon(cancel)
             # Temporal holds the cancel before any worker runs the workflow: the first
             # workflow task sees it, and no attempt ever runs the run.
-            while await _workflow_cancel_requested(group.target, run_id) is False:
+            while await _workflow_cancel_requested(group.target, run_id) is False:  # noqa: ASYNC110
                 await trio.sleep(0.02)
             group.start()
             await cancelled.wait()
@@ -249,3 +248,44 @@ async def test_a_busy_session_refuses_or_interrupts(workers: Callable[[int], Wor
             with pytest.raises(HostError) as idle:
                 await host.cancel_session("alice", "s4")
             assert idle.value.code == "no_active_run"
+
+
+async def test_refusals_are_host_errors_with_their_codes(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(0)  # nothing here needs a worker
+    with trio.fail_after(BOUND):
+        async with opened(group) as host:
+            refusals: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+                (
+                    "not_found",
+                    lambda: host.start(
+                        ALICE, StartRequest(agent="nope", input=(ta.UserMessage("x"),))
+                    ),
+                ),
+                ("invalid_request", lambda: host.start(ALICE, _start("x", context={"a": 1}))),
+                ("not_found", lambda: host.get("alice", "run_unknown")),
+                ("not_found", lambda: host.cancel("alice", "run_unknown")),
+                ("not_found", lambda: host.inject("alice", "run_unknown", (ta.UserMessage("x"),))),
+                ("not_found", lambda: host.approve("alice", "run_unknown", "call")),
+                ("no_active_run", lambda: host.cancel_session("alice", "nothing")),
+            ]
+            for code, op in refusals:
+                with pytest.raises(HostError) as refused:
+                    await op()
+                assert refused.value.code == code
+            run_id = await host.start(ALICE, _start("hello"))
+            # Another principal's run is not_found on every op, exactly as an unknown id.
+            for op2 in (
+                lambda: host.get("bob", run_id),
+                lambda: host.cancel("bob", run_id),
+                lambda: host.reject("bob", run_id, "call"),
+                lambda: host.withdraw("bob", run_id, "inj"),
+            ):
+                with pytest.raises(HostError) as hidden:
+                    await op2()
+                assert hidden.value.code == "not_found"
+            with pytest.raises(HostError) as bad:
+                async with host.events("alice", run_id, from_seq=-1):
+                    pass
+            assert bad.value.code == "invalid_request"

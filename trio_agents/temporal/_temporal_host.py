@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, final
 
@@ -70,6 +70,11 @@ log = logging.getLogger("trio_agents.temporal")
 _HOST_CODES: Final = frozenset(
     {"not_found", "run_closed", "invalid_request", "inbox_full", "limit_exceeded"}
 )
+
+
+# How long a cancel that Temporal already holds waits for the update that brings it to
+# the attempt at once (no worker may be there to take the workflow's task up).
+_PUSH_BOUND: Final = 5.0
 
 
 def _refused(answer: OpAnswer) -> HostError:
@@ -262,9 +267,9 @@ class TemporalHost:
 
     async def _closed_as(self, run_id: str) -> tuple[str, str | None]:
         """(asyncio) The run's final status and reason, once its workflow closed."""
-        handle = self._connected().get_workflow_handle(run_id)
+        handle = self._connected().get_workflow_handle(run_id, result_type=RunOutcome)
         try:
-            outcome: RunOutcome = await handle.result()
+            outcome = await handle.result()
         except WorkflowFailureError as exc:
             cause = exc.cause
             if isinstance(cause, CancelledError):
@@ -327,7 +332,7 @@ class TemporalHost:
             input=[item.to_json() for item in request.input],
             session_id=request.session_id,
             principal=principal,
-            options=dict(self._run_options),
+            options={**self._run_options, "input_overlap": request.input_overlap},
             heartbeat_timeout=self._heartbeat_timeout,
             limits=None if limits is None else limits_to_wire(limits),
         )
@@ -349,10 +354,6 @@ class TemporalHost:
             raise HostError("not_found", f"no agent {request.agent!r}")
         if not request.input:
             raise HostError("invalid_request", "a run starts with at least one item")
-        if request.input_overlap != "keep":
-            raise HostError(
-                "invalid_request", "input_overlap='skip' is not supported by the Temporal host"
-            )
         asked = None if request.limits is None else limits_to_wire(request.limits)
         try:
             return effective_limits(asked, self._limits.max_run_limits)
@@ -464,7 +465,7 @@ class TemporalHost:
                 # Temporal has the cancel: the update only brings it to the attempt
                 # faster (a run that ended meanwhile, or a workflow no worker has taken
                 # up yet, ends cancelled all the same).
-                with contextlib.suppress(HostError):
+                with contextlib.suppress(HostError), trio.move_on_after(_PUSH_BOUND):
                     await self._steer(principal, run_id, SteeringOp(op="cancel", reason=reason))
                 return
         await self._steer(principal, run_id, SteeringOp(op="cancel", reason=reason, mode=mode))
@@ -553,7 +554,7 @@ class TemporalHost:
 
     async def _follow(
         self, root: str, run_id: str, from_seq: int, tree: bool, status_only: bool
-    ) -> AsyncIterator[HostedEvent]:
+    ) -> AsyncGenerator[HostedEvent]:
         after = 0
         while True:
             changed = self._changed
