@@ -27,6 +27,7 @@ from ._temporal_host import TemporalHost as TemporalHost
 from ._trio_worker import DEFAULT_TASK_QUEUE as DEFAULT_TASK_QUEUE
 from ._trio_worker import TemporalWorker as TemporalWorker
 from ._trio_worker import run_worker as run_worker
+from ._trio_worker import serve_worker as serve_worker
 from ._types import CANCELLED_BY_TEMPORAL as CANCELLED_BY_TEMPORAL
 from ._types import OpAnswer as OpAnswer
 from ._types import RunOutcome as RunOutcome
@@ -50,6 +51,7 @@ __all__ = [
     "reject_call",
     "run_result",
     "run_worker",
+    "serve_worker",
     "sqlite_sessions",
     "start_run",
     "withdraw_run",

@@ -179,6 +179,19 @@ class TemporalHost:
         self._nursery = nursery
         return own.cancel
 
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[TemporalHost]:
+        """Serve the host for the block without faces (its own tasks in a nursery of
+        its own), as :meth:`LocalHost.running <trio_agents.hosting.LocalHost.running>`
+        does: a program that calls the host's ops itself."""
+        async with trio.open_nursery() as nursery:
+            stop = await self.open(nursery)
+            try:
+                yield self
+            finally:
+                self.begin_shutdown()
+                stop()
+
     async def _own_tasks(
         self, scope: trio.CancelScope, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:

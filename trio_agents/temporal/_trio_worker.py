@@ -36,6 +36,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from .._agent import Agent
 from ._activity import Attempt, AttemptError, AttemptFenced, SessionFactory, run_attempt
+from ._asyncio_loop import AsyncioLoop
 from ._push import push_op, serve_ops
 from ._run_store import RunStore
 from ._types import (
@@ -54,7 +55,7 @@ from ._types import (
 )
 from ._workflow import RunWorkflow
 
-__all__ = ["DEFAULT_TASK_QUEUE", "TemporalWorker", "run_worker"]
+__all__ = ["DEFAULT_TASK_QUEUE", "TemporalWorker", "run_worker", "serve_worker"]
 
 DEFAULT_TASK_QUEUE: Final = "trio-agents"
 _T = TypeVar("_T")
@@ -154,6 +155,27 @@ class _TrioThread:
     def call_soon(self, fn: Callable[[], None]) -> None:
         assert self._token is not None
         self._token.run_sync_soon(fn)
+
+
+class _TrioHere(_TrioThread):
+    """The attempts of an embedded worker (:func:`serve_worker`): tasks of the Trio
+    program that runs the worker, in its own nursery; no thread of their own."""
+
+    def __init__(self, nursery: trio.Nursery, host: str) -> None:
+        super().__init__(host)
+        self._token = trio.lowlevel.current_trio_token()
+        self._nursery = nursery
+
+    def start(self) -> None:
+        return None  # the program's loop runs already
+
+    def stop(self) -> None:
+        """Cancel every attempt still running (called from the worker's asyncio
+        thread when it shuts down)."""
+        self.stopping = True
+        assert self._nursery is not None
+        with contextlib.suppress(trio.RunFinishedError):
+            self.call_soon(self._nursery.cancel_scope.cancel)
 
 
 def _plain(exc: BaseException) -> BaseException:
@@ -388,9 +410,10 @@ class TemporalWorker:
         host: str = "127.0.0.1",
         max_concurrent_activities: int = 200,
         store: RunStore | None = None,
+        _attempts_here: _TrioHere | None = None,
     ) -> None:
         self._client = client
-        self._trio = _TrioThread(host)
+        self._trio = _attempts_here or _TrioThread(host)
         self._activities = _Activities(dict(agents), sessions, self._trio, store)
         self._task_queue = task_queue
         self._max = max_concurrent_activities
@@ -432,3 +455,49 @@ async def run_worker(
         client, agents, sessions=sessions, task_queue=task_queue, host=host, store=store
     )
     await worker.run()
+
+
+async def serve_worker(
+    target: str,
+    agents: Mapping[str, Agent],
+    *,
+    sessions: SessionFactory | None = None,
+    store: RunStore | None = None,
+    task_queue: str = DEFAULT_TASK_QUEUE,
+    namespace: str = "default",
+    host: str = "127.0.0.1",
+    max_concurrent_activities: int = 200,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a Temporal worker inside this Trio program until cancelled (Trio).
+
+    Its attempts run as tasks of this program's own loop (beside its other tasks: a
+    server that is also a worker, a test whose tools share its events); only the
+    worker's Temporal side (polling, workflows) runs on an asyncio loop in a thread of
+    its own. ``task_status.started()`` once it polls. Cancelling it stops the worker:
+    its running attempts are cancelled (Temporal retries them elsewhere).
+    """
+    loop = AsyncioLoop("trio-agents-worker")
+    async with trio.open_nursery() as attempts:
+        here = _TrioHere(attempts, host)
+        listen, port = await attempts.start(serve_ops, here.attempts.get, host)
+        here.address = f"{listen}:{port}"
+        await trio.to_thread.run_sync(loop.start)
+        try:
+            client = await loop.call(lambda: Client.connect(target, namespace=namespace))
+            worker = TemporalWorker(
+                client,
+                agents,
+                sessions=sessions,
+                task_queue=task_queue,
+                max_concurrent_activities=max_concurrent_activities,
+                store=store,
+                _attempts_here=here,
+            )
+            task_status.started()
+            await loop.call(worker.run)
+        finally:
+            here.stopping = True
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(loop.stop)
+            attempts.cancel_scope.cancel()
