@@ -289,3 +289,33 @@ async def test_refusals_are_host_errors_with_their_codes(
                 async with host.events("alice", run_id, from_seq=-1):
                     pass
             assert bad.value.code == "invalid_request"
+
+
+async def test_a_frozen_worker_is_fenced_once_another_took_its_run_over(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(2)
+    with trio.fail_after(BOUND):
+        async with opened(group) as host:
+            run_id = await host.start(ALICE, _start("block", session_id="s5"))
+            await _until_event(host, run_id, "tool.started")
+            pid = int((group.marks / f"{run_id}.started").read_text())
+            frozen = group.by_pid(pid)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                info = await host.wait_terminal("alice", run_id)
+                async with host.events("alice", run_id) as events:
+                    before = [event async for event in events]
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            # Thawed, the old attempt finds its heartbeats refused and its run taken over:
+            # it tries to write its cancel and is refused (its worker says so).
+            log = group.log_dir / f"worker-{group.processes.index(frozen)}.log"
+            while "is fenced" not in log.read_text(errors="replace"):  # noqa: ASYNC110
+                await trio.sleep(0.05)  # another process's log: polled
+            after = await host.get("alice", run_id)
+            async with host.events("alice", run_id) as events:
+                again = [event async for event in events]
+    assert info.status == ta.RunStatus.COMPLETED, group.logs()
+    assert (after.status, after.seq) == (info.status, info.seq)
+    assert [e.event for e in again] == [e.event for e in before]

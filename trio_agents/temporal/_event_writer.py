@@ -131,6 +131,12 @@ class EventWriter:
                 await trio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
         if not owned:
+            log.warning(
+                "run %s: attempt %d is fenced (a later attempt took the run over):"
+                " nothing more of it is written",
+                self._root.id,
+                self._attempt,
+            )
             self.fenced = True
             self._root.cancel(FENCED)
             return
