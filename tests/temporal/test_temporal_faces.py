@@ -12,8 +12,12 @@ from contextlib import aclosing
 from typing import Any
 
 import httpx
+import httpx2
+import mcp.types as mcp_types
 import pytest
 import trio
+from mcp import Client as McpClient
+from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.a2a_support import rpc, text_message
 from tests.support.http_support import TOKENS, bearer, messages
@@ -27,8 +31,9 @@ from trio_agents.temporal import RunStore, TemporalHost
 BOUND = 90.0
 # Leaving an SSE stream mid-way abandons httpx's nested body generators (CONVENTIONS,
 # "httpx aiter_lines()"): exactly those warnings, nothing else.
+# (httpx2/httpcore2 likewise: the MCP client's transport.)
 pytestmark = pytest.mark.filterwarnings(
-    r"ignore:Async generator 'http(core|x)\._[^']*' was garbage collected:ResourceWarning"
+    r"ignore:Async generator 'http(core|x)2?\.[^']*' was garbage collected:ResourceWarning"
 )
 V1 = {"A2A-Version": "1.0", **bearer("tok-alice")}
 
@@ -166,3 +171,37 @@ async def test_a2a_and_agui_over_the_temporal_host(workers: Callable[[int], Work
                 text = agui.text.replace(" ", "")
                 assert '"type":"RUN_FINISHED"' in text
                 assert "echo:hi" in text
+
+
+async def test_the_mcp_face_over_the_temporal_host(workers: Callable[[int], Workers]) -> None:
+    group = workers(1)
+    host = _host(group)
+    headers = httpx2.Headers({"Authorization": "Bearer tok-alice"})
+    with trio.fail_after(BOUND):
+        async with open_server(host, [HttpFaces(auth=TOKENS, faces=("mcp",))]) as (port,):
+            url = f"http://127.0.0.1:{port}/mcp"
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=None)) as http,
+                McpClient(streamable_http_client(url, http_client=http), mode="legacy") as mcp,
+            ):
+                answered = await mcp.call_tool("rules", {"input": "hello"})
+                assert not answered.is_error
+                (block,) = answered.content
+                assert isinstance(block, mcp_types.TextContent)
+                assert block.text == "echo: hello"
+                # A cancelled call stops its run on the worker, with the face's reason.
+                with trio.CancelScope() as scope:
+
+                    async def progress(
+                        done: float, total: float | None, message: str | None
+                    ) -> None:
+                        if message == "tool block started":
+                            scope.cancel()
+
+                    await mcp.call_tool("rules", {"input": "block"}, progress_callback=progress)
+                assert scope.cancelled_caught
+                # (The client stays connected: its notice, not its going away, ends it.)
+                runs = await host.list("alice")
+                assert len(runs) == 2
+                info = await host.wait_terminal("alice", runs[1].run_id)
+                assert (info.status.value, info.reason) == ("cancelled", "mcp client cancelled")

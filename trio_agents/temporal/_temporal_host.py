@@ -138,6 +138,7 @@ class TemporalHost:
         self._owners: dict[object, tuple[str, set[str]]] = {}
         self._tasks: trio.Nursery | None = None
         self._cancel_reasons: dict[str, str] = {}
+        self._cancelling: dict[str, int] = {}  # run id -> cancels in flight from here
 
     # ----------------------------------------------------------------- settings
 
@@ -465,6 +466,21 @@ class TemporalHost:
     ) -> None:
         """Cancel a run (a subtree for a child); returns once the attempt applied it (or
         recorded it for the next attempt)."""
+        self._cancelling[run_id] = self._cancelling.get(run_id, 0) + 1
+        try:
+            await self._cancel(principal, run_id, reason, mode)
+        finally:
+            left = self._cancelling.pop(run_id) - 1
+            if left:
+                self._cancelling[run_id] = left
+
+    async def _cancel(
+        self,
+        principal: str,
+        run_id: str,
+        reason: str | None,
+        mode: Literal["immediate", "after_turn"],
+    ) -> None:
         info = await self.get(principal, run_id)
         if info.status.is_terminal:
             raise HostError("run_closed", f"run {run_id} is closed (status {info.status})")
@@ -601,6 +617,11 @@ class TemporalHost:
             self._spawn(self._cancel_quietly, principal, run_id)
 
     async def _cancel_quietly(self, principal: str, run_id: str) -> None:
+        if run_id in self._cancelling:
+            # A cancel with its own reason is on its way (an MCP client's cancel, then
+            # its stream closing): the first cancel's reason is the run's, as in one
+            # process where it is applied at once.
+            return
         with contextlib.suppress(HostError):  # it may have ended meanwhile
             await self.cancel(principal, run_id, "client disconnected")
 
