@@ -191,8 +191,7 @@ def eval_command(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_INTERRUPTED
     if args.threshold is not None and result.score < args.threshold:
         print(
-            f"trio-agents: score {result.score:.1%} is below the threshold"
-            f" {args.threshold:.1%}",
+            f"trio-agents: score {result.score:.1%} is below the threshold {args.threshold:.1%}",
             file=sys.stderr,
         )
         return EXIT_FAILED

@@ -42,8 +42,8 @@ from ._evaluators import WithinBudget as WithinBudget
 from ._files import EVALUATORS as EVALUATORS
 from ._files import load_dataset as load_dataset
 from ._judge import JUDGE_INSTRUCTIONS as JUDGE_INSTRUCTIONS
-from ._judge import LLMJudge as LLMJudge
 from ._judge import JudgeVerdict as JudgeVerdict
+from ._judge import LLMJudge as LLMJudge
 from ._runner import FORMAT as FORMAT
 from ._runner import CaseOutcome as CaseOutcome
 from ._runner import EvalResult as EvalResult

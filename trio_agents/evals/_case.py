@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import attrs
 
@@ -56,7 +56,7 @@ class AgentInputs:
                 f"AgentInputs.input must be a str or a list of items,"
                 f" not {type(self.input).__name__}"
             )
-        if isinstance(self.follow_ups, str):
+        if isinstance(cast(object, self.follow_ups), str):
             raise TypeError("AgentInputs.follow_ups must be a list of messages, not a str")
         for index, text in enumerate(self.follow_ups):
             if not isinstance(text, str) or not text:

@@ -82,7 +82,9 @@ def _assertions(case: AnyReportCase) -> dict[str, bool]:
 def _change(name: str, before: AnyReportCase, after: AnyReportCase) -> tuple[int, CaseChange]:
     """(-1 worse, 0 same, 1 better) and the change."""
     old, new = _assertions(before), _assertions(after)
-    flipped = [f"{n}: {old[n]} -> {new[n]}" for n in sorted(old.keys() & new.keys()) if old[n] != new[n]]
+    flipped = [
+        f"{n}: {old[n]} -> {new[n]}" for n in sorted(old.keys() & new.keys()) if old[n] != new[n]
+    ]
     was, now = verdict_of(before), verdict_of(after)
     change = CaseChange(name, was, now, tuple(flipped))
     if _RANK[now] != _RANK[was]:

@@ -9,6 +9,7 @@ Each returns an assertion (a bool with the reason) named after the evaluator (or
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -298,7 +299,9 @@ class OutputMatches(Evaluator[Any, Any, Any]):
         shown = _as_text(output)
         if len(shown) > 200:
             shown = shown[:197] + "..."
-        reason = f"the output {'does' if ok else 'does not'} {verb[self.mode]} {_as_text(expected)!r}"
+        reason = (
+            f"the output {'does' if ok else 'does not'} {verb[self.mode]} {_as_text(expected)!r}"
+        )
         return EvaluationReason(ok, f"{reason}: {shown!r}")
 
 
@@ -372,7 +375,9 @@ class WithinBudget(Evaluator[Any, Any, Any]):
             _check_limit(name, getattr(self, name))
         if self.cost is not None:
             try:
-                cost = Decimal(str(self.cost)) if isinstance(self.cost, float) else Decimal(self.cost)
+                cost = (
+                    Decimal(str(self.cost)) if isinstance(self.cost, float) else Decimal(self.cost)
+                )
             except ArithmeticError:
                 raise ValueError(f"WithinBudget.cost is not a number: {self.cost!r}") from None
             if not cost.is_finite() or cost < 0:
@@ -430,7 +435,7 @@ def _terminal_problems(events: Sequence[RunEvent]) -> list[str]:
     elif terminal[0] != len(events) - 1:
         problems.append("events follow the terminal update")
     seqs = [e.seq for e in events]
-    if any(b <= a for a, b in zip(seqs, seqs[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(seqs)):
         problems.append("event seqs do not increase")
     started = {e.call_id for e in events if isinstance(e, ToolStarted)}
     finished = {e.call_id for e in events if isinstance(e, ToolFinished)}
@@ -507,4 +512,3 @@ def _cancel_verdict(run: CaseRun, reason: str) -> EvaluationReason:
     if problems:
         return EvaluationReason(False, "; ".join(problems))
     return EvaluationReason(True, f"cancelled at seq {run.cancelled_at}, conversation valid")
-

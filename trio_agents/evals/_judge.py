@@ -23,7 +23,7 @@ from .._entry import run
 from .._model import Model
 from ._case import as_inputs, case_run, json_safe
 
-__all__ = ["JUDGE_INSTRUCTIONS", "LLMJudge", "JudgeVerdict"]
+__all__ = ["JUDGE_INSTRUCTIONS", "JudgeVerdict", "LLMJudge"]
 
 JUDGE_INSTRUCTIONS = """\
 You grade the answer of an AI agent against a rubric. Read the rubric, the question and

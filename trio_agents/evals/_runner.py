@@ -31,8 +31,12 @@ import trio
 from pydantic_evals import Case, Dataset
 from pydantic_evals.dataset import increment_eval_metric, set_eval_attribute
 from pydantic_evals.lifecycle import CaseLifecycle
-from pydantic_evals.reporting import EvaluationReport, EvaluationReportAdapter, ReportCase
-from pydantic_evals.reporting import ReportCaseFailure
+from pydantic_evals.reporting import (
+    EvaluationReport,
+    EvaluationReportAdapter,
+    ReportCase,
+    ReportCaseFailure,
+)
 
 from .._agent import Agent
 from .._entry import open_run
@@ -339,9 +343,7 @@ class Evaluation:
         on_case: called as each case finishes (a :class:`CaseOutcome`): progress.
     """
 
-    dataset: Dataset[Any, Any, Any] = attrs.field(
-        validator=attrs.validators.instance_of(Dataset)
-    )
+    dataset: Dataset[Any, Any, Any] = attrs.field(validator=attrs.validators.instance_of(Dataset))
     agents: Agent | Mapping[str, Agent] = attrs.field()
     max_concurrency: int = attrs.field(default=8, kw_only=True)
     limits: UsageLimits | None = attrs.field(

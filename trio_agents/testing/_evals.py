@@ -25,7 +25,6 @@ import pytest
 
 if TYPE_CHECKING:
     from pydantic_evals import Case, Dataset
-    from pydantic_evals.reporting import ReportCase, ReportCaseFailure
 
     from .._agent import Agent
     from ..evals import EvalResult
@@ -34,18 +33,21 @@ __all__ = ["EvalCase", "eval_params"]
 
 
 def _describe(result: EvalResult, name: str) -> str:
+    from pydantic_evals.reporting import ReportCase
+
     lines = [f"eval case {name!r}: {result.verdicts.get(name, 'not run')}"]
-    found: ReportCase[Any, Any, Any] | ReportCaseFailure[Any, Any, Any] | None = next(
-        (c for c in [*result.report.cases, *result.report.failures] if c.name == name), None
-    )
-    if found is not None and hasattr(found, "assertions"):
-        for key, assertion in found.assertions.items():
+    for case in result.report.cases:
+        if case.name != name:
+            continue
+        assert isinstance(case, ReportCase)
+        for key, assertion in case.assertions.items():
             mark = "ok" if assertion.value else "FAILED"
             lines.append(f"  {key}: {mark} ({assertion.reason})")
-        for failure in found.evaluator_failures:
-            lines.append(f"  {failure.name}: ERROR {failure.error_message}")
-    elif found is not None:
-        lines.append(f"  the case raised: {getattr(found, 'error_message', '?')}")
+        for broken in case.evaluator_failures:
+            lines.append(f"  {broken.name}: ERROR {broken.error_message}")
+    for failure in result.report.failures:
+        if failure.name == name:
+            lines.append(f"  the case raised: {failure.error_message}")
     run = result.runs.get(name)
     if run is not None and run.result is not None:
         lines.append(f"  the run ended {run.result.status} ({run.result.reason})")
@@ -68,9 +70,7 @@ class EvalCase:
     case: Case[Any, Any, Any]
     name: str
 
-    async def check(
-        self, agents: Agent | Mapping[str, Agent], **options: Any
-    ) -> EvalResult:
+    async def check(self, agents: Agent | Mapping[str, Agent], **options: Any) -> EvalResult:
         """Run this case against ``agents``; fail the test unless it passed.
 
         ``options`` are :func:`trio_agents.evals.evaluate`'s (``limits``,
