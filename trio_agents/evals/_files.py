@@ -57,3 +57,11 @@ def load_dataset(
         )
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise ValueError(f"{file}: {exc}") from None
+    except ExceptionGroup as group:
+        # pydantic-evals gathers the evaluators it could not load (up to three)
+        raise ValueError(f"{file}: " + "; ".join(str(e) for e in group.exceptions)) from None
+    except Exception as exc:
+        # PyYAML's own errors (bad syntax) derive from Exception only
+        if type(exc).__module__.partition(".")[0] != "yaml":
+            raise
+        raise ValueError(f"{file}: not valid YAML: {exc}") from None
