@@ -108,6 +108,9 @@ def test_eval_reads_json_datasets_and_refuses_bad_input(tmp_path: Path) -> None:
     line = assert_one_error_line(cli("eval", bad, "--app", APP), 2)
     assert "cannot read the cases" in line
     assert "NoSuchEvaluator" in line
+    typo = write_cases(tmp_path, "cases: [{inputs: {input: x, follow_up: [y]}}]\n", "typo.yaml")
+    line = assert_one_error_line(cli("eval", typo, "--app", APP), 2)
+    assert "follow_up" in line
     line = assert_one_error_line(cli("eval", tmp_path / "missing.yaml", "--app", APP), 2)
     assert "cannot read the cases" in line
     line = assert_one_error_line(cli("eval", path, "--app", APP, "--compare", path), 2)

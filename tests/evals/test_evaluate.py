@@ -482,3 +482,99 @@ def test_an_evaluation_refuses_what_it_cannot_run() -> None:
         Evaluation(one, agent, max_concurrency=0)
     with pytest.raises(TypeError, match="Agent"):
         Evaluation(one, {"a": "not an agent"})  # type: ignore[dict-item]
+
+
+# ------------------------------------------------------------------ limits
+
+
+async def test_each_case_runs_under_the_limits_its_own_replacing_the_evals(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    def slow_route(request: ModelRequest) -> Turn:
+        # ten chunks, ten seconds each: a hundred seconds of virtual time per answer
+        return Turn([f"w{i} " for i in range(10)], delay=10)
+
+    dataset = Dataset(
+        name="limits",
+        cases=[
+            Case(name="eval deadline", inputs="hi"),
+            Case(name="own deadline", inputs=AgentInputs("hi", limits={"deadline": 500})),
+            Case(name="own tokens", inputs={"input": "hi", "limits": {"output_tokens": 1}}),
+        ],
+    )
+    result = await evaluate(
+        dataset, calc(RoutedModel(slow_route)), limits=ta.UsageLimits(deadline=30)
+    )
+    ends = {}
+    for name, run in result.runs.items():
+        assert run.result is not None
+        ends[name] = (run.result.status, run.result.reason)
+    assert ends["eval deadline"] == ("failed", "timeout")
+    assert ends["own deadline"] == ("completed", None)
+    assert ends["own tokens"][0] == "failed"
+    assert (ends["own tokens"][1] or "").startswith("usage limit: output_tokens")
+
+
+def test_agent_inputs_refuse_what_they_cannot_run() -> None:
+    with pytest.raises(TypeError, match="unknown limits"):
+        AgentInputs("hi", limits={"dedline": 3})
+    with pytest.raises(ValueError, match="empty"):
+        AgentInputs("")
+    with pytest.raises(TypeError, match="not a str"):
+        AgentInputs("hi", follow_ups="again")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ cancel points
+
+
+@ta.function_tool(needs_approval=True)
+async def delete(path: str) -> str:
+    """Delete a file (asks first)."""
+    return f"deleted {path}"
+
+
+async def test_cancel_points_by_event_by_status_and_one_never_reached(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    def approval_route(request: ModelRequest) -> Turn | str:
+        if first_user_text(request) == "delete":
+            return Turn(tool_calls=[("delete", {"path": "/tmp/x"})])
+        # a second between chunks: the cancel lands as soon as the runner sees the
+        # event, which is before the next chunk
+        return Turn("echo hello there", delay=1)
+
+    agent = ta.Agent(
+        name="files", instructions="", model=RoutedModel(approval_route), tools=[delete, slow]
+    )
+    dataset = Dataset(
+        name="cancels",
+        cases=[
+            Case(name="waiting", inputs="delete", evaluators=[CancelsCleanly("awaiting_approval")]),
+            Case(
+                name="mid-text",
+                inputs="hello",
+                evaluators=[CancelsCleanly("response.text.delta", nth=2)],
+            ),
+            Case(
+                name="never",
+                inputs="hello",
+                evaluators=[CancelsCleanly("tool.started", tool="slow")],
+            ),
+        ],
+    )
+    result = await evaluate(dataset, agent)
+    cases = {c.name: c.assertions["CancelsCleanly"] for c in result.report.cases}
+    assert {n: a.value for n, a in cases.items()} == {
+        "waiting": True,
+        "mid-text": True,
+        "never": False,
+    }
+    assert cases["never"].reason == "the run never reached the cancel point; it ended completed"
+    waiting = result.runs["waiting"].result
+    assert waiting is not None
+    assert waiting.conversation[-1] == ta.ToolResult(
+        "call_1_0", "cancelled: eval: cancel at awaiting_approval #1", status="cancelled"
+    )
+    mid = result.runs["mid-text"].result
+    assert mid is not None
+    assert mid.conversation[-1] == ta.AssistantMessage("echo hello ", status="incomplete")

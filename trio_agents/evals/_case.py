@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 import attrs
+from pydantic import ConfigDict
 
 from .._events import RunEvent
 from .._items import ToolCall
+from .._limits import UsageLimits
 from .._result import RunResult
 from .._typeschema import to_json_value
 
@@ -41,11 +43,18 @@ class AgentInputs:
         follow_ups: a scripted user: each message is injected (``when="when_idle"``)
             once the agent has answered the one before, so the run goes on for one more
             turn per follow-up. The final output is the answer to the last one.
+        limits: this case's :class:`~trio_agents.UsageLimits`, as a mapping of its
+            fields (``{"deadline": 30, "total_tokens": 5000}``); they replace the eval's
+            ``limits`` for this case.
     """
+
+    # A typo in a dataset file (``follow_up:``) is an error, not a field left out.
+    __pydantic_config__ = ConfigDict(extra="forbid")
 
     input: str | list[dict[str, Any]]
     agent: str | None = None
     follow_ups: tuple[str, ...] = field(default=())
+    limits: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.input, str):
@@ -62,6 +71,25 @@ class AgentInputs:
             if not isinstance(text, str) or not text:
                 raise ValueError(f"AgentInputs.follow_ups[{index}] must be a non-empty str")
         object.__setattr__(self, "follow_ups", tuple(self.follow_ups))
+        if self.limits is not None:
+            self.usage_limits()  # unknown names and bad values fail here, not mid-eval
+
+    def usage_limits(self) -> UsageLimits | None:
+        """:attr:`limits` as a :class:`~trio_agents.UsageLimits` (None: the eval's).
+
+        Raises:
+            TypeError: a name that is no ``UsageLimits`` field.
+            ValueError: a value it refuses.
+        """
+        if self.limits is None:
+            return None
+        if not isinstance(self.limits, Mapping):
+            raise TypeError("AgentInputs.limits must be a mapping of UsageLimits fields")
+        known = {f.name for f in attrs.fields(UsageLimits)}
+        unknown = sorted(set(self.limits) - known)
+        if unknown:
+            raise TypeError(f"AgentInputs.limits: unknown limits {unknown}; known: {sorted(known)}")
+        return UsageLimits(**self.limits)
 
 
 def as_inputs(inputs: object) -> AgentInputs:
@@ -76,7 +104,7 @@ def as_inputs(inputs: object) -> AgentInputs:
     if isinstance(inputs, str):
         return AgentInputs(input=inputs)
     if isinstance(inputs, Mapping):
-        unknown = set(inputs) - {"input", "agent", "follow_ups"}
+        unknown = set(inputs) - {"input", "agent", "follow_ups", "limits"}
         if unknown:
             raise TypeError(f"unknown case input fields: {sorted(unknown)}")
         return AgentInputs(**dict(inputs))

@@ -451,6 +451,9 @@ class CancelsCleanly(Evaluator[Any, Any, Any]):
     The eval's runner watches the run's events and calls ``run.cancel(...)`` at the
     ``nth`` event of type ``at`` (of tool ``tool``, for the ``tool.*`` events); ``at``
     may also be a status (``"awaiting_approval"``: the ``run.updated`` entering it).
+    The runner follows the events as a subscriber does, so the cancel lands within a
+    scheduler tick of the event: a run with nothing to wait on (an offline model
+    streaming with no delay) may be a step past it, or even over.
     The check: the run ended ``cancelled`` with that reason, its conversation is valid
     (every call answered, DESIGN §4), exactly one terminal update came last, seqs
     increased, and every tool that started finished.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
+from pydantic import ValidationError
 from pydantic_evals import Dataset
 from pydantic_evals.evaluators import Evaluator
 
@@ -32,6 +33,17 @@ EVALUATORS: Final[tuple[type[Evaluator[Any, Any, Any]], ...]] = (
 clash of names, ``LLMJudge``)."""
 
 
+def _one_line(exc: ValueError) -> str:
+    """pydantic's many-line validation report as one line: ``where: what; ...``."""
+    found = exc if isinstance(exc, ValidationError) else exc.__cause__
+    if not isinstance(found, ValidationError):
+        return " ".join(str(exc).split())
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+        for error in found.errors()[:5]
+    )
+
+
 def load_dataset(
     path: str | Path, *, evaluators: tuple[type[Evaluator[Any, Any, Any]], ...] = ()
 ) -> Dataset[AgentInputs | str, Any, Any]:
@@ -56,12 +68,13 @@ def load_dataset(
             file, custom_evaluator_types=(*EVALUATORS, *evaluators)
         )
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise ValueError(f"{file}: {exc}") from None
+        raise ValueError(f"{file}: {_one_line(exc)}") from None
     except ExceptionGroup as group:
         # pydantic-evals gathers the evaluators it could not load (up to three)
-        raise ValueError(f"{file}: " + "; ".join(str(e) for e in group.exceptions)) from None
+        text = "; ".join(" ".join(str(e).split()) for e in group.exceptions)
+        raise ValueError(f"{file}: {text}") from None
     except Exception as exc:
         # PyYAML's own errors (bad syntax) derive from Exception only
         if type(exc).__module__.partition(".")[0] != "yaml":
             raise
-        raise ValueError(f"{file}: not valid YAML: {exc}") from None
+        raise ValueError(f"{file}: not valid YAML: {' '.join(str(exc).split())}") from None

@@ -329,7 +329,8 @@ class Evaluation:
 
     Cases run concurrently, at most ``max_concurrency`` at a time; each case's run gets
     ``limits`` (a :class:`~trio_agents.UsageLimits`: tokens, cost, and its ``deadline``
-    for the case's run) and ``run_options`` (any ``open_run`` option).
+    for the case's run; a case's own ``AgentInputs.limits`` replace them) and
+    ``run_options`` (any ``open_run`` option).
 
     Args:
         dataset: a pydantic-evals ``Dataset`` whose cases' ``inputs`` are a str (the
@@ -413,8 +414,9 @@ class Evaluation:
         name = self._names[id(life.case)]
         plan = self._plan(life.case)
         options = dict(self.run_options)
-        if self.limits is not None:
-            options["limits"] = self.limits
+        limits = plan.inputs.usage_limits() or self.limits
+        if limits is not None:
+            options["limits"] = limits
 
         def keep(run: CaseRun) -> None:
             life.run = run
