@@ -11,7 +11,14 @@ from pathlib import Path
 
 import trio
 
-from ..support.cli_support import ROOT, LineReader, assert_one_error_line, cli, cli_argv, cli_env
+from tests.support.cli_support import (
+    ROOT,
+    LineReader,
+    assert_one_error_line,
+    cli,
+    cli_argv,
+    cli_env,
+)
 
 APP = "tests.support.evals_app:AGENTS"
 

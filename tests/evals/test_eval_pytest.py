@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..support.cli_support import cli_env
+from tests.support.cli_support import cli_env
 
 CASES = """\
 name: calc

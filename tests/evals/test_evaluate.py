@@ -16,6 +16,8 @@ from pydantic_evals import Case, Dataset
 from pydantic_evals.evaluators import Evaluator, EvaluatorContext
 
 import trio_agents as ta
+from tests.support.evals_app import route
+from tests.support.evals_support import RoutedModel, first_user_text
 from trio_agents.evals import (
     AgentInputs,
     CancelsCleanly,
@@ -32,9 +34,6 @@ from trio_agents.evals import (
     load_report,
 )
 from trio_agents.models import ModelRequest, Turn
-
-from ..support.evals_app import route
-from ..support.evals_support import RoutedModel, first_user_text
 
 # ------------------------------------------------------------------ the agents
 
