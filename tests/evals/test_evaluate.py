@@ -151,6 +151,14 @@ async def test_fifty_cases_score_exactly_as_known(autojump_clock: trio.abc.Clock
     assert isinstance(cancelled.result.conversation[-1], ta.ToolResult)
     assert cancelled.result.conversation[-1].status == "cancelled"
     assert len(model.requests) == 20 * 2 + 30
+    # the whole result is JSON: the expected calls, each run with all its events
+    data = json.loads(json.dumps(result.to_json()))
+    assert data["summary"]["score"] == 0.6
+    assert data["runs"]["cancel-3"]["cancel_reason"] == "eval: cancel at tool.started #1"
+    (trajectory,) = [
+        c for c in data["report"]["cases"] if c["name"] == "add-wrong-args-1"
+    ][0]["scores"].values()
+    assert trajectory["value"] == 0.5
 
 
 async def test_cases_run_at_most_max_concurrency_at_once(autojump_clock: trio.abc.Clock) -> None:
@@ -378,6 +386,10 @@ async def test_a_judge_that_fails_or_times_out_makes_that_case_an_error(
     (slow_failure,) = cases["word-slow"].evaluator_failures
     assert slow_failure.error_message == "TimeoutError: the judge took longer than 10 s"
     assert result.summary()["errors"] == 2
+    # the report names the judge's model by its class (a model object has no file form)
+    data = json.loads(json.dumps(result.to_json()))
+    source = data["report"]["cases"][0]["assertions"]["LLMJudge"]["source"]
+    assert source["arguments"]["model"] == "RoutedModel"
 
 
 def test_a_judge_needs_a_rubric_and_a_model() -> None:
