@@ -155,9 +155,9 @@ async def test_fifty_cases_score_exactly_as_known(autojump_clock: trio.abc.Clock
     data = json.loads(json.dumps(result.to_json()))
     assert data["summary"]["score"] == 0.6
     assert data["runs"]["cancel-3"]["cancel_reason"] == "eval: cancel at tool.started #1"
-    (trajectory,) = [
-        c for c in data["report"]["cases"] if c["name"] == "add-wrong-args-1"
-    ][0]["scores"].values()
+    (trajectory,) = next(c for c in data["report"]["cases"] if c["name"] == "add-wrong-args-1")[
+        "scores"
+    ].values()
     assert trajectory["value"] == 0.5
 
 
