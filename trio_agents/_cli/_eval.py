@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import trio
@@ -90,7 +91,7 @@ def add_eval(commands: argparse._SubParsersAction[Any], seconds: Any, count: Any
     )
 
 
-def _progress(err: TextIO) -> Any:
+def _progress(err: TextIO) -> Callable[[CaseOutcome], None]:
     tty = err.isatty()
 
     def show(outcome: CaseOutcome) -> None:
