@@ -253,9 +253,12 @@ async def _catch_up(run: Run, events: list[RunEvent]) -> None:
 async def _play(
     name: str, plan: _Plan, options: Mapping[str, Any], keep: Callable[[CaseRun], None]
 ) -> CaseRun:
+    """Run the case's agent; hand its :class:`CaseRun` to ``keep`` even when the run is
+    cut short (an exception, the eval cancelled), then return it."""
     events: list[RunEvent] = []
     mark = _CancelMark()
     handle: Run | None = None
+    kept: CaseRun | None = None
     try:
         async with open_run(plan.agent, plan.inputs.input, **options) as handle:
             await _drive(handle, plan, events, mark)
@@ -265,9 +268,10 @@ async def _play(
             # rest of its log is in memory, so the events are kept whole even then.
             with trio.CancelScope(shield=True), trio.move_on_after(_CATCH_UP_BOUND):
                 await _catch_up(handle, events)
-            keep(CaseRun(name, handle.result, tuple(events), mark.reason, mark.seq))
-    assert handle is not None
-    return CaseRun(name, handle.result, tuple(events), mark.reason, mark.seq)
+            kept = CaseRun(name, handle.result, tuple(events), mark.reason, mark.seq)
+            keep(kept)
+    assert kept is not None  # open_run yielded, or it raised and we never got here
+    return kept
 
 
 def _record_metrics(run: CaseRun) -> None:
