@@ -57,6 +57,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._items import Item
 from . import _storage
+from ._fork import SessionExistsError
 from ._storage import SessionStorageError
 from ._stored_session import MigrationTexts, StoredSession
 
@@ -615,6 +616,61 @@ class PostgresSession(StoredSession[Connection]):
         # The row first: its lock orders the clear with concurrent appends.
         conn.execute(f"DELETE FROM {_SESSIONS} WHERE session_id = %s", (self._session_id,))
         conn.execute(f"DELETE FROM {_ITEMS} WHERE session_id = %s", (self._session_id,))
+
+    def _fork_transaction(self, conn: Connection) -> contextlib.AbstractContextManager[None]:
+        # Every call is one transaction already (``_call``).
+        return contextlib.nullcontext()
+
+    def _read_tree_sync(self, conn: Connection) -> dict[str, list[tuple[int, str]]]:
+        # One statement, so one snapshot even under READ COMMITTED: the session's rows
+        # and its descendants' ("<id>/..."), found through the sessions table (every
+        # session holding items has its row there; a small table, where the items
+        # table would be scanned whole: text's collation keeps a prefix from being an
+        # index range), then by the items' primary key.
+        rows = conn.execute(
+            f"WITH tree AS (SELECT session_id FROM {_SESSIONS}"
+            "  WHERE session_id = %(sid)s OR starts_with(session_id, %(head)s))"
+            f" SELECT i.session_id, i.position, i.data FROM tree JOIN {_ITEMS} i"
+            "  ON i.session_id = tree.session_id ORDER BY i.session_id, i.position",
+            {"sid": self._session_id, "head": self._session_id + "/"},
+        ).fetchall()
+        tree: dict[str, list[tuple[int, str]]] = {}
+        for session_id, position, data in rows:
+            tree.setdefault(session_id, []).append((position, data))
+        return tree
+
+    def _fork_write_sync(self, conn: Connection, writes: dict[str, list[str]]) -> None:
+        ids = list(writes)
+        # The new sessions' rows first (made if missing, locked either way, in id order
+        # so two forks never wait for each other in a cycle): a concurrent fork or
+        # append into one of them waits for this transaction, then sees its rows.
+        conn.execute(
+            f"INSERT INTO {_SESSIONS} AS s (session_id, next_position)"
+            " SELECT id, 0 FROM unnest(%s::text[]) AS id ORDER BY id"
+            " ON CONFLICT (session_id) DO UPDATE SET updated_at = now()",
+            (sorted(ids),),
+        )
+        taken = conn.execute(
+            f"SELECT session_id FROM {_ITEMS} WHERE session_id = ANY(%s) LIMIT 1", (ids,)
+        ).fetchone()
+        if taken is not None:
+            raise SessionExistsError(taken[0])
+        sizes = [len(writes[session_id]) for session_id in ids]
+        conn.execute(
+            f"INSERT INTO {_ITEMS} (session_id, position, data)"
+            " SELECT w.id, w.position, w.data FROM unnest(%s::text[], %s::bigint[], %s::text[])"
+            " AS w(id, position, data)",
+            (
+                [session_id for session_id in ids for _ in writes[session_id]],
+                [i for session_id in ids for i in range(len(writes[session_id]))],
+                [data for session_id in ids for data in writes[session_id]],
+            ),
+        )
+        conn.execute(
+            f"UPDATE {_SESSIONS} AS s SET next_position = w.size FROM"
+            " unnest(%s::text[], %s::bigint[]) AS w(id, size) WHERE s.session_id = w.id",
+            (ids, sizes),
+        )
 
     def _count_sync(self, conn: Connection) -> int:
         row = conn.execute(

@@ -39,6 +39,7 @@ import trio
 
 from .._items import Item
 from . import _storage
+from ._fork import SessionExistsError
 from ._storage import SessionStorageError
 from ._stored_session import MigrationTexts, StoredSession
 
@@ -405,6 +406,45 @@ class SQLiteSession(StoredSession[sqlite3.Connection]):
 
     def _clear_sync(self, conn: sqlite3.Connection) -> None:
         conn.execute("DELETE FROM items WHERE session_id = ?", (self._session_id,))
+
+    def _fork_transaction(
+        self, conn: sqlite3.Connection
+    ) -> contextlib.AbstractContextManager[None]:
+        # The file's write lock from the first read: no writer (in any process) comes
+        # between what the fork reads and what it writes.
+        return _immediate(conn)
+
+    def _read_tree_sync(self, conn: sqlite3.Connection) -> dict[str, list[tuple[int, str]]]:
+        # The descendants' ids ("<id>/...") as a range of the primary key: TEXT compares
+        # with BINARY (memcmp of UTF-8, so code point order), and every id starting
+        # "<id>/" sorts from "<id>/" to just before "<id>0" ("0" follows "/").
+        rows = conn.execute(
+            "SELECT session_id, position, data FROM items"
+            " WHERE session_id = ? OR (session_id >= ? AND session_id < ?)"
+            " ORDER BY session_id, position",
+            (self._session_id, self._session_id + "/", self._session_id + "0"),
+        ).fetchall()
+        tree: dict[str, list[tuple[int, str]]] = {}
+        for session_id, position, data in rows:
+            tree.setdefault(session_id, []).append((position, data))
+        return tree
+
+    def _fork_write_sync(self, conn: sqlite3.Connection, writes: dict[str, list[str]]) -> None:
+        """Inside the fork's transaction (the file's write lock is held)."""
+        for session_id in writes:
+            if conn.execute(
+                "SELECT 1 FROM items WHERE session_id = ? LIMIT 1", (session_id,)
+            ).fetchone():
+                raise SessionExistsError(session_id)
+        now = time.time()
+        conn.executemany(
+            "INSERT INTO items (session_id, position, data, created_at) VALUES (?, ?, ?, ?)",
+            [
+                (session_id, i, data, now)
+                for session_id, encoded in writes.items()
+                for i, data in enumerate(encoded)
+            ],
+        )
 
     def _count_sync(self, conn: sqlite3.Connection) -> int:
         (count,) = conn.execute(

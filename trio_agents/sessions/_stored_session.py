@@ -12,7 +12,9 @@ supplies what differs:
   the backend's bounds), and ``close`` (what closing frees);
 - the statements, each run on the connection ``_call`` hands it: ``_read_sync``,
   ``_add_items_sync`` (one transaction of its own), ``_write_all_sync`` (inside the
-  write lock), ``_clear_sync``;
+  write lock), ``_clear_sync``; for :meth:`~StoredSession.fork`, ``_fork_transaction``,
+  ``_read_tree_sync`` (the session's rows and its descendants', one snapshot) and
+  ``_fork_write_sync`` (check the new ids hold nothing, write them);
 - the locks: ``_write_lock`` (what keeps the session's writers apart) and
   ``_schema_lock`` (what keeps two connections from creating or migrating the schema
   at once);
@@ -29,14 +31,15 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import attrs
 import trio
 
 from .._items import Item
 from ._dangling_calls import repair_loaded
-from ._storage import SessionStorageError, encode_items
+from ._fork import ForkAt, check_at, check_new_id, fork_plan
+from ._storage import SessionStorageError, decode_rows, encode_items
 
 __all__ = ["MigrationTexts", "StoredSession"]
 
@@ -122,6 +125,49 @@ class StoredSession(abc.ABC, Generic[C]):
         """
         return await self._call(self._read_sync)
 
+    async def fork(self, new_session_id: str, *, at: ForkAt = None) -> Self:
+        """Fork this conversation (DESIGN §23) into a new session of the same store
+        (``self.with_id(new_session_id)``, which is returned; close it like any other).
+
+        The new session holds ``items[:at]`` (all for None), rounded down so that no
+        tool call is kept without its result (the kept items are repaired like a load
+        if the stored rows held orphan results), with items marked ``rejected_by``
+        copied as they are. The child sessions of the tree (``"<id>/<call id>"``, and
+        theirs, DESIGN §17) whose call is kept are copied whole under ``"<new
+        id>/<call id>"``. This session is never written.
+
+        One transaction: the rows are read in one snapshot and the copies written
+        before it commits, so a fork taken while a run appends here holds every item
+        that run had committed up to some point, never half an append.
+
+        Raises:
+            TypeError, ValueError: a bad ``new_session_id`` or ``at`` (an event position
+                ``(run_id, seq)`` included: sessions store items, not the events that
+                added them).
+            SessionExistsError: the new session, or one of its child sessions, already
+                holds items (nothing is written).
+            SessionStorageError: the database failed.
+        """
+        new_session_id = check_new_id(self._session_id, new_session_id)
+        index = check_at(at)
+        fork = self.with_id(new_session_id)  # validates the id as a session id
+        try:
+            await self._call(lambda conn: self._fork_sync(conn, new_session_id, index))
+        except BaseException:
+            await fork.aclose()
+            raise
+        return fork
+
+    async def child_session_ids(self) -> list[str]:
+        """The ids of this session's descendants that hold items (``"<id>/..."``: the
+        sessions of child runs, DESIGN §17), sorted by code point."""
+        rows = await self._call(self._read_tree_sync)
+        return sorted(session_id for session_id in rows if session_id != self._session_id)
+
+    @abc.abstractmethod
+    def with_id(self, session_id: str) -> Self:
+        """A new session object for ``session_id`` in the same store."""
+
     # -- closing ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -201,6 +247,20 @@ class StoredSession(abc.ABC, Generic[C]):
     def _write_lock(self, conn: C) -> AbstractContextManager[None]:
         """Hold the session's write lock (in a transaction) for the ``with`` block."""
 
+    @abc.abstractmethod
+    def _fork_transaction(self, conn: C) -> AbstractContextManager[None]:
+        """The one transaction a fork reads and writes in, for the ``with`` block."""
+
+    @abc.abstractmethod
+    def _read_tree_sync(self, conn: C) -> dict[str, list[tuple[int, str]]]:
+        """The ``(position, data)`` rows of this session and of every session whose id
+        starts ``"<id>/"``, by session id (only those holding rows), in one snapshot."""
+
+    @abc.abstractmethod
+    def _fork_write_sync(self, conn: C, writes: dict[str, list[str]]) -> None:
+        """Lock the sessions ``writes`` names and, unless one of them holds rows
+        (:class:`SessionExistsError`, nothing written), store each one's rows."""
+
     # -- the statements shared by both ------------------------------------------------
 
     def _get_items_sync(self, conn: C) -> list[Item]:
@@ -214,6 +274,23 @@ class StoredSession(abc.ABC, Generic[C]):
             repaired = repair_loaded(self._read_sync(conn))
             self._write_all_sync(conn, encode_items(repaired))
         return repaired
+
+    def _fork_sync(self, conn: C, new_session_id: str, index: int | None) -> None:
+        with self._fork_transaction(conn):
+            tree = self._read_tree_sync(conn)
+            own = tree.pop(self._session_id, [])
+            items = decode_rows(own, self._where, self._session_id, self._error)
+            plan = fork_plan(self._session_id, new_session_id, items, index, tree)
+            kept = plan.kept_raw
+            # The stored text as it is (a fork copies, it does not re-encode), unless
+            # the kept rows needed a repair.
+            if plan.items == items[:kept]:
+                writes = {new_session_id: [data for _, data in own[:kept]]}
+            else:
+                writes = {new_session_id: encode_items(plan.items)}
+            for old, new in plan.children.items():
+                writes[new] = [data for _, data in tree[old]]
+            self._fork_write_sync(conn, writes)
 
     def _replace_sync(self, conn: C, encoded: list[str]) -> None:
         with self._write_lock(conn):
