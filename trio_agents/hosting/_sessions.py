@@ -111,6 +111,11 @@ class MeteredSession:
         """Each object is its own store (principals' ``"s1"`` are different objects)."""
         return self
 
+    @property
+    def items(self) -> list[Item]:
+        """A copy of the stored conversation, read at once (no checkpoint)."""
+        return list(self._items)
+
     def _resize(self, new: int) -> None:
         self._owner.bytes += new - self.bytes
         self.bytes = new
@@ -204,15 +209,16 @@ class MemorySessions:
                 (the fork would not fit the principal's session bytes).
         """
         source = self._sessions.get(session_id)
-        if source is None or not source._items:
+        items = [] if source is None else source.items
+        if not items:
             raise ProtocolError("not_found", f"no session {session_id!r}")
         existing = self._sessions.get(new_session_id)
-        if existing is not None and existing._items:
+        if existing is not None and existing.items:
             raise ProtocolError(
                 "invalid_request",
                 f"session {new_session_id!r} already holds items: a fork never overwrites",
             )
-        kept = repair_loaded(source._items[: fork_point(source._items, at)])
+        kept = repair_loaded(items[: fork_point(items, at)])
         if SESSION_OVERHEAD + items_bytes(kept) > self.limit:
             raise ProtocolError(
                 "limit_exceeded",

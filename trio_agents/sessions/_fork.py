@@ -33,7 +33,7 @@ __all__ = [
     "fork_session",
 ]
 
-ForkAt: TypeAlias = "int | tuple[str, int] | None"
+ForkAt: TypeAlias = int | tuple[str, int] | None
 """Where a fork cuts: an item index (``items[:at]`` are kept), an event position
 ``(run_id, seq)`` (resolved by a host that knows the run), or None (everything)."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import final
 
 import attrs
@@ -16,30 +16,49 @@ __all__ = ["MemorySession"]
 
 @final
 @attrs.define(eq=False)
+class _Store:
+    """What the sessions ``with_id`` links share: their conversations, by id, and the
+    one session object of each id (a session's lock key is its object)."""
+
+    items: dict[str, list[Item]] = attrs.field(factory=dict)
+    sessions: dict[str, MemorySession] = attrs.field(factory=dict)
+
+
+@final
+@attrs.define(eq=False)
 class MemorySession:
-    """A :class:`~trio_agents.sessions.Session` kept in memory (lost with the process)."""
+    """A :class:`~trio_agents.sessions.Session` kept in memory (lost with the process).
+
+    A session and every session its :meth:`with_id` reaches (and theirs) form one
+    store: one conversation per id, one object per id."""
 
     session_id: str = "default"
-    _items: list[Item] = attrs.field(init=False, factory=list)
-    # The sessions with_id() made: a child run's conversation lives as long as this one.
-    _others: dict[str, MemorySession] = attrs.field(init=False, factory=dict, repr=False)
+    # The store this session is part of (with_id passes it on; a new MemorySession
+    # starts a store of its own).
+    _store: _Store = attrs.field(factory=_Store, kw_only=True, repr=False, alias="_store")
+
+    def __attrs_post_init__(self) -> None:
+        self._store.sessions.setdefault(self.session_id, self)
+        self._store.items.setdefault(self.session_id, [])
+
+    @property
+    def _items(self) -> list[Item]:
+        return self._store.items[self.session_id]
 
     def with_id(self, session_id: str) -> MemorySession:
-        """The session with ``session_id`` in this session's store: for memory, one
-        kept by this object (the same object for the same id), so the conversation of
-        a child run (``"<id>/<call id>"``, DESIGN §17) lives as long as this one."""
+        """The session with ``session_id`` in this session's store (the same object for
+        the same id), so the conversation of a child run (``"<id>/<call id>"``, DESIGN
+        §17) lives as long as this one."""
         if not isinstance(session_id, str) or not session_id:
             raise ValueError(f"session_id must be a non-empty str, not {session_id!r}")
-        if session_id == self.session_id:
-            return self
-        other = self._others.get(session_id)
+        other = self._store.sessions.get(session_id)
         if other is None:
-            other = self._others[session_id] = MemorySession(session_id)
+            other = MemorySession(session_id, _store=self._store)
         return other
 
     @property
     def lock_key(self) -> object:
-        """Each object is its own store: runs are kept one at a time per object."""
+        """One object per id in a store: runs are kept one at a time per object."""
         return self
 
     async def get_items(self) -> list[Item]:
@@ -78,64 +97,28 @@ class MemorySession:
         """
         new_session_id = check_new_id(self.session_id, new_session_id)
         index = check_at(at)
-        tree = self._descendants()
-        plan = fork_plan(self.session_id, new_session_id, self._items, index, tree)
-        existing = self._others.get(new_session_id)
-        if existing is not None and existing._items:
-            raise SessionExistsError(new_session_id)
-        for new_child in plan.children.values():
-            found = self._find(new_session_id, new_child)
-            if found is not None and found._items:
-                raise SessionExistsError(new_child)
-        target = self.with_id(new_session_id)
-        target._items[:] = plan.items
-        self._copy_children(target, plan.children)
+        stored = self._store.items
+        plan = fork_plan(self.session_id, new_session_id, self._items, index, self._below())
+        for taken in (new_session_id, *plan.children.values()):
+            if stored.get(taken):
+                raise SessionExistsError(taken)
+        fork = self.with_id(new_session_id)
+        stored[new_session_id] = list(plan.items)
+        for old, new in plan.children.items():
+            self.with_id(new)
+            stored[new] = list(stored[old])
         await trio.lowlevel.cancel_shielded_checkpoint()
-        return target
+        return fork
 
     async def child_session_ids(self) -> list[str]:
         """The ids of this session's descendants that hold items (``"<id>/..."``, the
         sessions of child runs, DESIGN §17), sorted."""
         await trio.lowlevel.checkpoint()
-        return sorted(i for i, s in self._descendants().items() if s._items)
+        return self._below()
 
-    def _descendants(self) -> dict[str, MemorySession]:
-        """Every session reachable through ``with_id`` from here whose id is below this
-        one's (``"<id>/..."``)."""
+    def _below(self) -> list[str]:
         head = self.session_id + "/"
-        found: dict[str, MemorySession] = {}
-        seen = {id(self)}
-        stack = [self]
-        while stack:
-            for other_id, other in stack.pop()._others.items():
-                if id(other) in seen:
-                    continue
-                seen.add(id(other))
-                stack.append(other)
-                if other_id.startswith(head):
-                    found.setdefault(other_id, other)
-        return found
-
-    def _find(self, new_session_id: str, child_id: str) -> MemorySession | None:
-        """The session ``child_id`` as the fork's tree would hold it, if it exists."""
-        target = self._others.get(new_session_id)
-        return None if target is None else target._descendants().get(child_id)
-
-    def _copy_children(self, target: MemorySession, children: Mapping[str, str]) -> None:
-        """Copy the planned children into ``target``'s tree, kept by the same objects'
-        ``with_id`` as in the source (a resumed child run finds its own children)."""
-        stack: list[tuple[MemorySession, MemorySession]] = [(self, target)]
-        seen = {id(self)}
-        while stack:
-            source, copy = stack.pop()
-            for other_id, other in list(source._others.items()):
-                new_id = children.get(other_id)
-                if new_id is None or id(other) in seen:
-                    continue
-                seen.add(id(other))
-                made = copy.with_id(new_id)
-                made._items[:] = other._items
-                stack.append((other, made))
+        return sorted(i for i, items in self._store.items.items() if i.startswith(head) and items)
 
     def statistics(self) -> int:
         """Return the number of stored items."""
