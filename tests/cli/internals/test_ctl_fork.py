@@ -51,7 +51,9 @@ async def test_fork_for_people_and_scripts(tmp_path: Path) -> None:
             assert lines == ["session s1 forked into s4 (1 items)"]
             with pytest.raises(BaseException) as caught:  # noqa: PT011 - a group
                 await ctl(url, "fork", "nope", "s5")
-    message, status = explain(caught.value)
+    explained = explain(caught.value)
+    assert explained is not None
+    message, status = explained
     assert status == 1
     assert "no session 'nope'" in message
     async with SQLiteSession(path, json.dumps(["alice", "s4"])) as s4:
