@@ -372,3 +372,53 @@ class _NoWithId:
 
     async def clear(self) -> None:
         pass
+
+
+async def test_call_ids_with_quotes_escapes_and_slashes_keep_their_children(store: Store) -> None:
+    """The shapes a stored session reads in the database (type, call id) decode call
+    ids as they were: a quote, a backslash, non-ASCII text, a slash, a surrogate in
+    the items around them."""
+    odd = 'c"1\\é/x'
+    source = store.session("s")
+    await source.add_items(
+        [
+            UserMessage("\x00 \ud800 text"),
+            ToolCall(odd, "t", '{"call_id": "fake", "\\"": 1}'),
+            ToolResult(odd, '"call_id":"not this"'),
+            ToolCall("plain", "t"),
+            ToolResult("plain", "r"),
+        ]
+    )
+    await _below(store, source, f"s/{odd}").add_items([UserMessage("odd child")])
+    await _below(store, source, "s/plain").add_items([UserMessage("plain child")])
+    cut = await source.fork("cut", at=4)
+    store.opened.append(cut)
+    assert len(await cut.get_items()) == 3
+    assert await cut.child_session_ids() == [f"cut/{odd}"]
+    assert await _below(store, cut, f"cut/{odd}").get_items() == [UserMessage("odd child")]
+
+
+async def test_stored_rows_that_need_a_repair_are_forked_repaired(store: Store) -> None:
+    """Rows a crash left invalid (an orphan result, a reused call id) are written to
+    the fork repaired, as a load would; the original's rows stay as they are."""
+    rows: list[Item] = [
+        UserMessage("u"),
+        ToolResult("ghost", "orphan"),
+        ToolCall("k", "t"),
+        ToolResult("k", "r"),
+        ToolCall("k", "t"),
+        AssistantMessage("a"),
+    ]
+    source = store.session("s")
+    await source.add_items(rows)
+    fork = await source.fork("f")
+    store.opened.append(fork)
+    forked = await fork.get_items()
+    assert forked == [
+        UserMessage("u"),
+        ToolCall("k", "t"),
+        ToolResult("k", "r"),
+        AssistantMessage("a"),
+    ]
+    assert conversation_problems(forked) == []
+    assert await stored_rows(source) == rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import attrs
 
@@ -23,14 +23,20 @@ from ._base import Session
 from ._dangling_calls import repair_loaded
 
 __all__ = [
+    "CALL",
+    "RESULT",
     "ForkAt",
     "ForkPlan",
     "SessionExistsError",
+    "Shape",
     "check_at",
     "check_new_id",
+    "fork_cut",
     "fork_plan",
     "fork_point",
     "fork_session",
+    "kept_items",
+    "shape_of",
 ]
 
 ForkAt: TypeAlias = int | tuple[str, int] | None
@@ -97,6 +103,24 @@ def check_new_id(source_id: str, new_session_id: object) -> str:
     return new_session_id
 
 
+CALL: Final = "function_call"
+RESULT: Final = "function_call_output"
+
+Shape: TypeAlias = tuple[str | None, str | None]
+"""What a fork needs of a stored item: its JSON ``type`` and ``call_id`` (a call is
+``"function_call"``, a result ``"function_call_output"``; a message has no call id).
+A stored session reads them in the database, so a fork never decodes the items."""
+
+
+def shape_of(item: Item) -> Shape:
+    """The :data:`Shape` of an item (as its stored JSON has it)."""
+    if type(item) is ToolCall:
+        return (CALL, item.call_id)
+    if type(item) is ToolResult:
+        return (RESULT, item.call_id)
+    return ("message", None)
+
+
 def fork_point(items: Sequence[Item], at: int | None = None) -> int:
     """The number of items a fork at ``at`` keeps: ``min(at, len(items))`` (all for
     None) rounded down until no kept tool call is without its result (so the kept
@@ -105,19 +129,35 @@ def fork_point(items: Sequence[Item], at: int | None = None) -> int:
     Raises:
         TypeError, ValueError: ``at`` is not a non-negative int or None.
     """
-    index = check_at(at)
-    end = len(items) if index is None else min(index, len(items))
+    return fork_cut([shape_of(item) for item in items], check_at(at))[0]
+
+
+def fork_cut(shapes: Sequence[Shape], at: int | None) -> tuple[int, bool]:
+    """:func:`fork_point` over the items' shapes, and whether the kept prefix is
+    clean as stored (no orphan result, no call id used twice): if not, the kept items
+    are repaired before they are written."""
+    end = len(shapes) if at is None else min(at, len(shapes))
     open_calls: set[str] = set()
+    seen: set[str] = set()
     last_closed = 0
+    clean_until = 0  # the prefix up to here is clean
+    clean = True
     for position in range(end):
-        item = items[position]
-        if type(item) is ToolCall:
-            open_calls.add(item.call_id)
-        elif type(item) is ToolResult:
-            open_calls.discard(item.call_id)
+        kind, call_id = shapes[position]
+        if kind == CALL and call_id is not None:
+            if call_id in seen:
+                clean = False  # the repair drops a call that reuses an id: it opens nothing
+            else:
+                seen.add(call_id)
+                open_calls.add(call_id)
+        elif kind == RESULT and call_id is not None:
+            clean = clean and call_id in open_calls
+            open_calls.discard(call_id)
         if not open_calls:
             last_closed = position + 1
-    return last_closed
+            if clean:
+                clean_until = last_closed
+    return last_closed, clean_until == last_closed
 
 
 @attrs.frozen
@@ -125,26 +165,25 @@ class ForkPlan:
     """What a fork writes.
 
     Attributes:
-        items: the new session's items (the kept prefix, repaired if the stored rows
-            held orphan results).
-        kept_raw: how many stored items the prefix spans (``fork_point``).
+        kept: how many stored items the new session keeps (:func:`fork_point`).
+        clean: whether they are valid as stored (else they are written repaired).
         children: ``{old child session id: new child session id}`` for every
             descendant session whose call is kept (copied whole).
     """
 
-    items: list[Item]
-    kept_raw: int
+    kept: int
+    clean: bool
     children: Mapping[str, str]
 
 
 def fork_plan(
     source_id: str,
     new_session_id: str,
-    items: Sequence[Item],
+    shapes: Sequence[Shape],
     at: int | None,
     descendant_ids: Iterable[str],
 ) -> ForkPlan:
-    """Plan a fork of ``items`` (the source's stored rows) and of the source's
+    """Plan a fork of the source's stored items (their ``shapes``) and of its
     descendant sessions (ids starting ``"<source_id>/"``).
 
     A descendant belongs to the call whose id its path starts with: ``"<src>/<call>"``,
@@ -154,22 +193,27 @@ def fork_plan(
     since the cut never splits a call from its result, a kept call's child run had
     ended: its session is complete.
     """
-    kept = fork_point(items, at)
-    prefix = items[:kept]
-    fixed = repair_loaded(prefix)
-    kept_calls = {item.call_id for item in prefix if type(item) is ToolCall}
-    all_calls = sorted(
-        {item.call_id for item in items if type(item) is ToolCall}, key=len, reverse=True
-    )
+    kept, clean = fork_cut(shapes, at)
+    calls = [call_id for kind, call_id in shapes if kind == CALL and call_id is not None]
+    kept_calls = {
+        call_id for kind, call_id in shapes[:kept] if kind == CALL and call_id is not None
+    }
+    longest_first = sorted(set(calls), key=len, reverse=True)
     head = source_id + "/"
     children: dict[str, str] = {}
     for child_id in descendant_ids:
         if not child_id.startswith(head):
             continue
-        call = _owning_call(child_id[len(head) :], all_calls)
+        call = _owning_call(child_id[len(head) :], longest_first)
         if call is not None and call in kept_calls:
             children[child_id] = new_session_id + "/" + child_id[len(head) :]
-    return ForkPlan(fixed, kept, children)
+    return ForkPlan(kept, clean, children)
+
+
+def kept_items(items: Sequence[Item], plan: ForkPlan) -> list[Item]:
+    """The new session's items: the kept prefix, repaired unless it is clean."""
+    prefix = list(items[: plan.kept])
+    return prefix if plan.clean else repair_loaded(prefix)
 
 
 _NTH = re.compile(r"\.[0-9]+(?:/|$)")
@@ -217,7 +261,9 @@ async def fork_session(session: Session, new_session_id: str, *, at: ForkAt = No
     items = await _read(session)
     list_children = getattr(session, "child_session_ids", None)
     descendants: list[str] = [] if list_children is None else list(await list_children())
-    plan = fork_plan(session.session_id, new_session_id, items, index, descendants)
+    plan = fork_plan(
+        session.session_id, new_session_id, [shape_of(i) for i in items], index, descendants
+    )
     opened: list[Session] = []
 
     def open_id(base: Any, session_id: str) -> Session:
@@ -227,7 +273,7 @@ async def fork_session(session: Session, new_session_id: str, *, at: ForkAt = No
 
     try:
         target = open_id(session, new_session_id)
-        writes: list[tuple[Session, list[Item]]] = [(target, plan.items)]
+        writes: list[tuple[Session, list[Item]]] = [(target, kept_items(items, plan))]
         for old, new in plan.children.items():
             # The copy through the fork's with_id, the original through the source's:
             # a store that keeps a tree in the objects that made it (memory) has each

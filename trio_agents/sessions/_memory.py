@@ -9,7 +9,15 @@ import attrs
 import trio
 
 from .._items import Item
-from ._fork import ForkAt, SessionExistsError, check_at, check_new_id, fork_plan
+from ._fork import (
+    ForkAt,
+    SessionExistsError,
+    check_at,
+    check_new_id,
+    fork_plan,
+    kept_items,
+    shape_of,
+)
 
 __all__ = ["MemorySession"]
 
@@ -98,12 +106,13 @@ class MemorySession:
         new_session_id = check_new_id(self.session_id, new_session_id)
         index = check_at(at)
         stored = self._store.items
-        plan = fork_plan(self.session_id, new_session_id, self._items, index, self._below())
+        shapes = [shape_of(item) for item in self._items]
+        plan = fork_plan(self.session_id, new_session_id, shapes, index, self._below())
         for taken in (new_session_id, *plan.children.values()):
             if stored.get(taken):
                 raise SessionExistsError(taken)
         fork = self.with_id(new_session_id)
-        stored[new_session_id] = list(plan.items)
+        stored[new_session_id] = kept_items(self._items, plan)
         for old, new in plan.children.items():
             self.with_id(new)
             stored[new] = list(stored[old])

@@ -37,6 +37,7 @@ when its socket has something to read (a server restart's goodbye), not every ti
 from __future__ import annotations
 
 import contextlib
+import json
 import select
 import threading
 import time
@@ -57,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._items import Item
 from . import _storage
-from ._fork import SessionExistsError
+from ._fork import SessionExistsError, Shape
 from ._storage import SessionStorageError
 from ._stored_session import MigrationTexts, StoredSession
 
@@ -621,26 +622,47 @@ class PostgresSession(StoredSession[Connection]):
         # Every call is one transaction already (``_call``).
         return contextlib.nullcontext()
 
-    def _read_tree_sync(self, conn: Connection) -> dict[str, list[tuple[int, str]]]:
-        # One statement, so one snapshot even under READ COMMITTED: the session's rows
-        # and its descendants' ("<id>/..."), found through the sessions table (every
-        # session holding items has its row there; a small table, where the items
-        # table would be scanned whole: text's collation keeps a prefix from being an
-        # index range), then by the items' primary key.
+    def _below_sync(self, conn: Connection) -> list[str]:
+        # Through the sessions table (every session holding items has its row there; a
+        # small table, where the items table would be scanned whole: text's collation
+        # keeps a prefix from being an index range), then the items' primary key.
         rows = conn.execute(
-            f"WITH tree AS (SELECT session_id FROM {_SESSIONS}"
-            "  WHERE session_id = %(sid)s OR starts_with(session_id, %(head)s))"
-            f" SELECT i.session_id, i.position, i.data FROM tree JOIN {_ITEMS} i"
-            "  ON i.session_id = tree.session_id ORDER BY i.session_id, i.position",
-            {"sid": self._session_id, "head": self._session_id + "/"},
+            f"SELECT s.session_id FROM {_SESSIONS} s WHERE starts_with(s.session_id, %s)"
+            f" AND EXISTS (SELECT 1 FROM {_ITEMS} i WHERE i.session_id = s.session_id)",
+            (self._session_id + "/",),
         ).fetchall()
-        tree: dict[str, list[tuple[int, str]]] = {}
-        for session_id, position, data in rows:
-            tree.setdefault(session_id, []).append((position, data))
-        return tree
+        return [session_id for (session_id,) in rows]
 
-    def _fork_write_sync(self, conn: Connection, writes: dict[str, list[str]]) -> None:
-        ids = list(writes)
+    def _fork_scan_sync(self, conn: Connection) -> tuple[list[Shape], list[str]]:
+        # The session's row, shared: its writers (every append, replace and clear takes
+        # the row first) wait for the fork's commit, so the statements of this READ
+        # COMMITTED transaction all see the same rows of it. A descendant whose call is
+        # kept had ended: nothing writes it.
+        conn.execute(
+            f"SELECT 1 FROM {_SESSIONS} WHERE session_id = %s FOR SHARE", (self._session_id,)
+        )
+        # The two fields read by pattern in the JSON text the session wrote (compact,
+        # ASCII-only): data::json ->> would also decode every other string of the item,
+        # and PostgreSQL refuses the \u0000 and lone surrogate escapes an item may hold.
+        # Only an object's own keys appear unescaped after "{" or ",": a quote inside a
+        # string is \".
+        rows = conn.execute(
+            f"SELECT substring(data from %s), substring(data from %s) FROM {_ITEMS}"
+            " WHERE session_id = %s ORDER BY position",
+            (_TYPE_PATTERN, _CALL_ID_PATTERN, self._session_id),
+        ).fetchall()
+        shapes: list[Shape] = [
+            (kind, None if call_id is None else _unescape(call_id)) for kind, call_id in rows
+        ]
+        return shapes, self._below_sync(conn)
+
+    def _fork_write_sync(
+        self,
+        conn: Connection,
+        copies: list[tuple[str, str, int | None]],
+        written: dict[str, list[str]],
+    ) -> None:
+        ids = [new for new, _, _ in copies] + list(written)
         # The new sessions' rows first (made if missing, locked either way, in id order
         # so two forks never wait for each other in a cycle): a concurrent fork or
         # append into one of them waits for this transaction, then sees its rows.
@@ -655,21 +677,26 @@ class PostgresSession(StoredSession[Connection]):
         ).fetchone()
         if taken is not None:
             raise SessionExistsError(taken[0])
-        sizes = [len(writes[session_id]) for session_id in ids]
+        for new, old, count in copies:
+            # Copied in the database, positions from 0 whatever they were.
+            conn.execute(
+                f"INSERT INTO {_ITEMS} (session_id, position, data)"
+                " SELECT %s, row_number() OVER (ORDER BY position) - 1, data FROM"
+                f" (SELECT position, data FROM {_ITEMS} WHERE session_id = %s"
+                "  ORDER BY position LIMIT %s) AS kept",
+                (new, old, count),
+            )
+        for new, encoded in written.items():
+            conn.execute(
+                f"INSERT INTO {_ITEMS} (session_id, position, data)"
+                " SELECT %s, item.ordinality - 1, item.data"
+                " FROM unnest(%s::text[]) WITH ORDINALITY AS item(data, ordinality)",
+                (new, encoded),
+            )
         conn.execute(
-            f"INSERT INTO {_ITEMS} (session_id, position, data)"
-            " SELECT w.id, w.position, w.data FROM unnest(%s::text[], %s::bigint[], %s::text[])"
-            " AS w(id, position, data)",
-            (
-                [session_id for session_id in ids for _ in writes[session_id]],
-                [i for session_id in ids for i in range(len(writes[session_id]))],
-                [data for session_id in ids for data in writes[session_id]],
-            ),
-        )
-        conn.execute(
-            f"UPDATE {_SESSIONS} AS s SET next_position = w.size FROM"
-            " unnest(%s::text[], %s::bigint[]) AS w(id, size) WHERE s.session_id = w.id",
-            (ids, sizes),
+            f"UPDATE {_SESSIONS} AS s SET next_position = (SELECT COALESCE(MAX(position) + 1, 0)"
+            f" FROM {_ITEMS} i WHERE i.session_id = s.session_id) WHERE s.session_id = ANY(%s)",
+            (ids,),
         )
 
     def _count_sync(self, conn: Connection) -> int:
@@ -678,6 +705,18 @@ class PostgresSession(StoredSession[Connection]):
         ).fetchone()
         assert row is not None
         return int(row[0])
+
+
+_TYPE_PATTERN: Final = r'[{,]"type":"([a-z_]+)"'
+_CALL_ID_PATTERN: Final = r'[{,]"call_id":"((?:[^"\\]|\\.)*)"'
+
+
+def _unescape(text: str) -> str:
+    """A JSON string's body (as stored, escaped) as the str it encodes."""
+    if "\\" not in text:
+        return text
+    value = json.loads(f'"{text}"')
+    return value if isinstance(value, str) else text
 
 
 # -- TCP keepalives -----------------------------------------------------------------------

@@ -13,8 +13,9 @@ supplies what differs:
 - the statements, each run on the connection ``_call`` hands it: ``_read_sync``,
   ``_add_items_sync`` (one transaction of its own), ``_write_all_sync`` (inside the
   write lock), ``_clear_sync``; for :meth:`~StoredSession.fork`, ``_fork_transaction``,
-  ``_read_tree_sync`` (the session's rows and its descendants', one snapshot) and
-  ``_fork_write_sync`` (check the new ids hold nothing, write them);
+  ``_fork_scan_sync`` (the items' shapes and the descendants' ids, read in the
+  database), ``_fork_write_sync`` (check the new ids hold nothing, copy the rows in the
+  database) and ``_below_sync``;
 - the locks: ``_write_lock`` (what keeps the session's writers apart) and
   ``_schema_lock`` (what keeps two connections from creating or migrating the schema
   at once);
@@ -38,8 +39,8 @@ import trio
 
 from .._items import Item
 from ._dangling_calls import repair_loaded
-from ._fork import ForkAt, check_at, check_new_id, fork_plan
-from ._storage import SessionStorageError, decode_rows, encode_items
+from ._fork import ForkAt, Shape, check_at, check_new_id, fork_plan, kept_items
+from ._storage import SessionStorageError, encode_items
 
 __all__ = ["MigrationTexts", "StoredSession"]
 
@@ -161,8 +162,7 @@ class StoredSession(abc.ABC, Generic[C]):
     async def child_session_ids(self) -> list[str]:
         """The ids of this session's descendants that hold items (``"<id>/..."``: the
         sessions of child runs, DESIGN §17), sorted by code point."""
-        rows = await self._call(self._read_tree_sync)
-        return sorted(session_id for session_id in rows if session_id != self._session_id)
+        return sorted(await self._call(self._below_sync))
 
     @abc.abstractmethod
     def with_id(self, session_id: str) -> Self:
@@ -252,14 +252,26 @@ class StoredSession(abc.ABC, Generic[C]):
         """The one transaction a fork reads and writes in, for the ``with`` block."""
 
     @abc.abstractmethod
-    def _read_tree_sync(self, conn: C) -> dict[str, list[tuple[int, str]]]:
-        """The ``(position, data)`` rows of this session and of every session whose id
-        starts ``"<id>/"``, by session id (only those holding rows), in one snapshot."""
+    def _below_sync(self, conn: C) -> list[str]:
+        """The ids starting ``"<id>/"`` that hold rows."""
 
     @abc.abstractmethod
-    def _fork_write_sync(self, conn: C, writes: dict[str, list[str]]) -> None:
-        """Lock the sessions ``writes`` names and, unless one of them holds rows
-        (:class:`SessionExistsError`, nothing written), store each one's rows."""
+    def _fork_scan_sync(self, conn: C) -> tuple[list[Shape], list[str]]:
+        """This session's items' shapes (``type`` and ``call_id`` of each stored row,
+        in order), and the ids starting ``"<id>/"`` that hold rows; inside the fork's
+        transaction, with no write to this session in between."""
+
+    @abc.abstractmethod
+    def _fork_write_sync(
+        self,
+        conn: C,
+        copies: list[tuple[str, str, int | None]],
+        written: dict[str, list[str]],
+    ) -> None:
+        """Lock the new sessions (``copies``' first ids and ``written``'s keys) and,
+        unless one of them holds rows (:class:`SessionExistsError`, nothing written),
+        fill them: a copy ``(new, old, count)`` copies the first ``count`` rows of
+        ``old`` (all for None) in the database, ``written`` stores encoded items."""
 
     # -- the statements shared by both ------------------------------------------------
 
@@ -277,20 +289,21 @@ class StoredSession(abc.ABC, Generic[C]):
 
     def _fork_sync(self, conn: C, new_session_id: str, index: int | None) -> None:
         with self._fork_transaction(conn):
-            tree = self._read_tree_sync(conn)
-            own = tree.pop(self._session_id, [])
-            items = decode_rows(own, self._where, self._session_id, self._error)
-            plan = fork_plan(self._session_id, new_session_id, items, index, tree)
-            kept = plan.kept_raw
-            # The stored text as it is (a fork copies, it does not re-encode), unless
-            # the kept rows needed a repair.
-            if plan.items == items[:kept]:
-                writes = {new_session_id: [data for _, data in own[:kept]]}
+            # Only the items' shapes (type, call id), read in the database: the rows
+            # are copied there too, never decoded (a 10,000-item fork moves no item
+            # through Python), unless the kept rows need a repair.
+            shapes, below = self._fork_scan_sync(conn)
+            plan = fork_plan(self._session_id, new_session_id, shapes, index, below)
+            copies: list[tuple[str, str, int | None]] = [
+                (new, old, None) for old, new in plan.children.items()
+            ]
+            if plan.clean:
+                copies.append((new_session_id, self._session_id, plan.kept))
+                written: dict[str, list[str]] = {}
             else:
-                writes = {new_session_id: encode_items(plan.items)}
-            for old, new in plan.children.items():
-                writes[new] = [data for _, data in tree[old]]
-            self._fork_write_sync(conn, writes)
+                items = self._read_sync(conn)
+                written = {new_session_id: encode_items(kept_items(items, plan))}
+            self._fork_write_sync(conn, copies, written)
 
     def _replace_sync(self, conn: C, encoded: list[str]) -> None:
         with self._write_lock(conn):
