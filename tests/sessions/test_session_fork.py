@@ -6,6 +6,8 @@ a fork never overwrites; bad ``at`` and ids are refused with clear errors."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -25,7 +27,13 @@ from trio_agents import (
     conversation_problems,
 )
 from trio_agents.models import ScriptedModel, Turn
-from trio_agents.sessions import MemorySession, SessionExistsError, fork_point, fork_session
+from trio_agents.sessions import (
+    MemorySession,
+    SessionExistsError,
+    SQLiteSession,
+    fork_point,
+    fork_session,
+)
 
 text = st.text(max_size=8)
 
@@ -70,23 +78,46 @@ def conversations(draw: st.DrawFn) -> list[Item]:
     return items
 
 
+async def _fork_everywhere(source: Any, items: list[Item]) -> None:
+    """Fork ``source`` (holding ``items``) at every boundary and check each fork."""
+    for at in range(len(items) + 2):
+        fork = await source.fork(f"f{at}", at=at)
+        forked = await fork.get_items()
+        aclose = getattr(fork, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        kept = fork_point(items, at)
+        assert forked == items[:kept]
+        assert conversation_problems(forked) == []
+        # Rounded down as little as possible: every longer prefix up to `at` splits a
+        # call from its result.
+        for longer in range(kept + 1, min(at, len(items)) + 1):
+            assert conversation_problems(items[:longer]) != []
+    assert await stored_rows(source) == items
+
+
 @settings(max_examples=150, deadline=None)
 @given(items=conversations())
 def test_a_fork_at_every_boundary_is_valid_model_input(items: list[Item]) -> None:
     async def main() -> None:
         source = MemorySession("s")
         await source.add_items(items)
-        for at in range(len(items) + 2):
-            fork = await source.fork(f"f{at}", at=at)
-            forked = await fork.get_items()
-            kept = fork_point(items, at)
-            assert forked == items[:kept]
-            assert conversation_problems(forked) == []
-            # Rounded down as little as possible: every longer prefix up to `at`
-            # splits a call from its result.
-            for longer in range(kept + 1, min(at, len(items)) + 1):
-                assert conversation_problems(items[:longer]) != []
-        assert await source.get_items() == items
+        await _fork_everywhere(source, items)
+
+    trio.run(main)
+
+
+@settings(max_examples=25, deadline=None)
+@given(items=conversations())
+def test_a_fork_at_every_boundary_of_a_sqlite_file(items: list[Item]) -> None:
+    """The same on a real SQLite file, where the cut is computed from what the
+    database reads of each row."""
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as scratch:
+            async with SQLiteSession(Path(scratch) / "s.db", "s") as source:
+                await source.add_items(items)
+                await _fork_everywhere(source, items)
 
     trio.run(main)
 
