@@ -11,6 +11,7 @@ id has an active run.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from .._events import EventsDropped, RunItemEvent
@@ -23,6 +24,20 @@ __all__ = ["close_session", "event_index", "fork_stored", "not_found"]
 
 def not_found(session_id: str) -> ProtocolError:
     return ProtocolError("not_found", f"no session {session_id!r}")
+
+
+async def _count(session: Any) -> int:
+    """How many items ``session`` stores: its ``statistics()``' ``item_count`` (a count
+    in the database, for ``SQLiteSession`` and ``PostgresSession``: a 10,000-item fork
+    is not read back), else the length of what it loads."""
+    statistics = getattr(session, "statistics", None)
+    if statistics is not None and inspect.iscoroutinefunction(statistics):
+        count = getattr(await statistics(), "item_count", None)
+        if isinstance(count, int):
+            return count
+    raw = getattr(session, "get_stored_items", None)
+    items = await (raw() if raw is not None else session.get_items())
+    return len(items)
 
 
 async def close_session(session: Any) -> None:
@@ -84,9 +99,7 @@ async def fork_stored(
         ProtocolError: ``not_found`` (the source holds no items), ``invalid_request``
             (the new id, or one of its children, holds items).
     """
-    raw = getattr(source, "get_stored_items", None)
-    items = await (raw() if raw is not None else source.get_items())
-    if not items:
+    if not await _count(source):
         raise not_found(session_id)
     fork: Any = getattr(source, "fork", None)
     try:
@@ -103,7 +116,7 @@ async def fork_stored(
     except (TypeError, ValueError) as exc:
         raise ProtocolError("invalid_request", str(exc)) from None
     try:
-        return len(await made.get_items())
+        return await _count(made)
     finally:
         if made is not source:
             await close_session(made)
