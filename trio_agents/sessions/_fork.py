@@ -276,8 +276,8 @@ async def fork_session(session: Session, new_session_id: str, *, at: ForkAt = No
         writes: list[tuple[Session, list[Item]]] = [(target, kept_items(items, plan))]
         for old, new in plan.children.items():
             # The copy through the fork's with_id, the original through the source's:
-            # a store that keeps a tree in the objects that made it (memory) has each
-            # where a run of that tree looks for it.
+            # a store that keeps a tree in the objects that made it has each where a
+            # run of that tree looks for it.
             writes.append((open_id(target, new), await _read(open_id(session, old))))
         for each, _ in writes:
             if await each.get_items():
