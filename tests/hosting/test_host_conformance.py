@@ -290,6 +290,38 @@ async def test_cancel_session_cancels_its_active_run(open_host: OpenHost) -> Non
     assert (terminal.status, terminal.reason) == ("cancelled", "session over")
 
 
+async def test_fork_session_while_its_run_waits_in_a_tool(open_host: OpenHost) -> None:
+    """DESIGN §23 through the interface: a fork taken while the session's run is in a
+    tool call holds what was stored before the call; a run continues from the fork;
+    another principal's session is not_found; a fork never overwrites."""
+    called = trio.Event()
+    gate = trio.Event()
+    model = ScriptedModel(
+        [Turn(text="checking", tool_calls=[("wait", {})])], default=Turn(text="after")
+    )
+    with trio.fail_after(60):
+        async with open_host(_agents(model, _waiting([], gate, called))) as host:
+            run_id = await host.start(ALICE, _start(session_id="s1"))
+            await called.wait()
+            # The input and the text before the call: the open call is left out.
+            assert await host.fork_session("alice", "s1", "f1") == 2
+            assert await host.fork_session("alice", "s1", "f0", 1) == 1
+            await _refused("not_found", lambda: host.fork_session("bob", "s1", "mine"))
+            await _refused("not_found", lambda: host.fork_session("alice", "nope", "x"))
+            await _refused("invalid_request", lambda: host.fork_session("alice", "s1", "f1"))
+            await _refused("session_busy", lambda: host.fork_session("alice", "f1", "s1"))
+            gate.set()
+            await host.wait_terminal("alice", run_id)
+            follow = await host.start(ALICE, _start(text="from the fork", session_id="f1"))
+            assert (await host.wait_terminal("alice", follow)).status == "completed"
+    request = model.requests[-1]
+    assert [type(i).__name__ for i in request.items] == [
+        "UserMessage",
+        "AssistantMessage",
+        "UserMessage",
+    ]
+
+
 async def test_refusals_are_host_errors_with_their_codes(open_host: OpenHost) -> None:
     called = trio.Event()
     model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default=Turn(text="after"))

@@ -45,6 +45,7 @@ from ..hosting._requests import (
     RunStart,
     RunWithdraw,
     SessionCancel,
+    SessionFork,
     validate_request,
 )
 from ..hosting._server_limits import MAX_NAME_LENGTH
@@ -225,6 +226,16 @@ class _Rest:
         if not wait:
             return _answer({"run_id": run_id}, 202)
         return _answer({"run": _info(await self.host.wait_terminal(principal, run_id))})
+
+    async def fork_session(self, request: Request) -> Response:
+        """``POST /sessions/{id}/fork`` (DESIGN §23): ``{"new_session_id", "at"}``."""
+        fork: SessionFork = _validate(
+            "session.fork", await self._body(request), session_id=request.path_params["session_id"]
+        )
+        items = await self.host.fork_session(
+            principal_of(request), fork.session_id, fork.new_session_id, fork.at
+        )
+        return _answer({"session_id": fork.new_session_id, "items": items}, 201)
 
     async def events(self, request: Request) -> Response:
         principal = principal_of(request)
@@ -439,5 +450,6 @@ def routes(face: Face) -> Routes:
             Route("/runs/{run_id}/reject", rest.reject, methods=["POST"]),
             Route("/runs/{run_id}/events", rest.events, methods=["GET"]),
             Route("/sessions/{session_id}/cancel", rest.cancel_session, methods=["POST"]),
+            Route("/sessions/{session_id}/fork", rest.fork_session, methods=["POST"]),
         ]
     )
