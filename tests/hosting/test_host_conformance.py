@@ -120,6 +120,7 @@ def _temporal(target: str, tmp_path: Path) -> OpenHost:
                 task_queue=queue,
                 limits=_LIMITS,
                 poll_interval=0.01,
+                sessions=sqlite_sessions(str(db)),
             )
             async with host.running():
                 yield host

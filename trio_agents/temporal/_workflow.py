@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_ATTEMPT,
         ACTIVITY_PUSH,
         CANCELLED_BY_TEMPORAL,
+        SIGNAL_CANCEL_REASON,
         UPDATE_APPROVE,
         UPDATE_ATTEMPT_STARTED,
         UPDATE_CALL_STARTED,
@@ -71,6 +72,7 @@ class RunWorkflow:
         self._started_calls: list[str] = []
         self._last_seq = 0
         self._outcome: RunOutcome | None = None
+        self._asked_reason: str | None = None
 
     @workflow.run
     async def run(self, request: RunRequest) -> RunOutcome:
@@ -143,6 +145,12 @@ class RunWorkflow:
     async def reject(self, call_id: str, message: str | None) -> OpAnswer:
         """Refuse a call waiting for approval: recorded, then pushed."""
         return await self._steer(SteeringOp(op="reject", target=call_id, reason=message))
+
+    @workflow.signal(name=SIGNAL_CANCEL_REASON)
+    def cancel_reason(self, reason: str) -> None:
+        """The reason of the Temporal cancel that follows (a host sends it first: a
+        Temporal cancel does not carry its reason to the workflow)."""
+        self._asked_reason = reason
 
     @workflow.update(name=UPDATE_STEER)
     async def steer(self, op: SteeringOp) -> OpAnswer:
@@ -239,6 +247,8 @@ class RunWorkflow:
         reason = workflow.cancellation_reason()
         if reason:
             return reason
+        if self._asked_reason:
+            return self._asked_reason
         for op in reversed(self._ops):
             if op.op == "cancel" and op.node is None and op.reason:
                 return op.reason
