@@ -39,6 +39,7 @@ __all__ = [
     "model_strings",
     "register_model_strings",
     "usage_from_json",
+    "usage_served_by",
 ]
 
 
@@ -273,6 +274,22 @@ def model_name(model: object) -> str:
     class name. Never its repr, which may hold a base URL's credentials."""
     name = getattr(model, "model", None)
     return name if isinstance(name, str) else type(model).__name__
+
+
+# Usage's slots, set directly by usage_served_by (attrs.evolve, the obvious way, walks
+# the class's fields on every call: ten times the cost, once per model call of every run).
+_USAGE_SLOTS = tuple(
+    (field.name, Usage.__dict__[field.name].__set__) for field in attrs.fields(Usage)
+)
+
+
+def usage_served_by(usage: Usage, model: str) -> Usage:
+    """``attrs.evolve(usage, model=model)``, built faster: the same object in every
+    respect (what a response's ``run.item`` carries when its model named none)."""
+    new = object.__new__(Usage)
+    for name, set_slot in _USAGE_SLOTS:
+        set_slot(new, model if name == "model" else getattr(usage, name))
+    return new
 
 
 def usage_from_json(data: Any) -> Usage:

@@ -37,7 +37,7 @@ from ._events import ModelRequestEvent, RunItemEvent, RunStatus, RunUpdated
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall, UserMessage
 from ._limits import Budget, charge_all, estimate_cost
 from ._log import EventLog
-from ._model import ModelRequest, Usage, model_name
+from ._model import ModelRequest, Usage, model_name, usage_served_by
 from ._options import RunOptions
 from ._tools import ChildStarter, ToolContext
 from .sessions._base import Session
@@ -468,7 +468,7 @@ class RunState:
         usage = self.turn_usage
         if usage is None or usage.model is not None:
             return usage
-        return attrs.evolve(usage, model=model_name(self.agent.model))
+        return usage_served_by(usage, model_name(self.agent.model))
 
     def record_request(self, request: ModelRequest, model: object) -> None:
         """Keep ``request`` in the log as a ``model.request`` event (the run option
