@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_CANCEL,
         UPDATE_INJECT,
         UPDATE_REJECT,
+        UPDATE_STEER,
         UPDATE_WITHDRAW,
         WORKFLOW_NAME,
         AttemptStarted,
@@ -102,7 +103,7 @@ class RunWorkflow:
             outcome = RunOutcome(
                 run_id=request.run_id,
                 status="cancelled",
-                reason=workflow.cancellation_reason() or CANCELLED_BY_TEMPORAL,
+                reason=self._cancel_reason() or CANCELLED_BY_TEMPORAL,
                 final_output=None,
                 attempt=0,
             )
@@ -142,6 +143,12 @@ class RunWorkflow:
     async def reject(self, call_id: str, message: str | None) -> OpAnswer:
         """Refuse a call waiting for approval: recorded, then pushed."""
         return await self._steer(SteeringOp(op="reject", target=call_id, reason=message))
+
+    @workflow.update(name=UPDATE_STEER)
+    async def steer(self, op: SteeringOp) -> OpAnswer:
+        """Any steering op, for any run of the tree (``op.node``): what a
+        :class:`~trio_agents.temporal.TemporalHost` sends. Recorded, then pushed."""
+        return await self._steer(op)
 
     async def _steer(self, op: SteeringOp) -> OpAnswer:
         # Recording comes first: the update's acceptance is in the history from here on,
@@ -222,5 +229,17 @@ class RunWorkflow:
             "ops": len(self._ops),
             # A cancel from Temporal carries its reason here only: an attempt reads it
             # when the cancel reaches it through its heartbeat ("" or None: no reason).
-            "cancel_reason": workflow.cancellation_reason(),
+            "cancel_reason": self._cancel_reason(),
         }
+
+    def _cancel_reason(self) -> str | None:
+        """The reason of Temporal's cancel; else that of the latest ``cancel`` op recorded
+        for the root (a Temporal cancel's own reason may not reach the workflow: the
+        ``temporal`` CLI sends none, and a client's is not always delivered)."""
+        reason = workflow.cancellation_reason()
+        if reason:
+            return reason
+        for op in reversed(self._ops):
+            if op.op == "cancel" and op.node is None and op.reason:
+                return op.reason
+        return reason
