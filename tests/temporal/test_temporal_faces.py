@@ -193,7 +193,7 @@ async def test_the_mcp_face_over_the_temporal_host(workers: Callable[[int], Work
                 with trio.CancelScope() as scope:
 
                     async def progress(
-                        done: float, total: float | None, message: str | None
+                        progress: float, total: float | None, message: str | None
                     ) -> None:
                         if message == "tool block started":
                             scope.cancel()
