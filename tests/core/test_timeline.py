@@ -259,3 +259,31 @@ async def test_timeline_of_no_events_and_of_bad_events() -> None:
     assert (empty.root_id, empty.spans, empty.usage) == (None, (), None)
     with pytest.raises(ValueError, match="unknown event type"):
         ta.timeline([{"type": "no.such"}])
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"input_tokens": -1, "output_tokens": 0},
+        {"input_tokens": 1.5, "output_tokens": 0},
+        {"input_tokens": 1, "output_tokens": 0, "cost": 0.1},
+        {"input_tokens": 1, "output_tokens": 0, "cost": "NaN"},
+        {"input_tokens": 1, "output_tokens": 0, "cost": "-1"},
+        {"input_tokens": 1, "output_tokens": 0, "cost": "lots"},
+        {"input_tokens": 1, "output_tokens": 0, "model": 7},
+    ],
+)
+async def test_a_run_item_with_a_malformed_usage_is_refused(usage: dict[str, Any]) -> None:
+    # What a peer or a store hands back is checked as a model's usage is: a timeline
+    # never sums a float cost or a negative count.
+    event = {
+        "type": "run.item",
+        "run_id": "r",
+        "seq": 3,
+        "turn": 1,
+        "item": {"type": "message", "role": "assistant", "content": "hi"},
+        "usage": usage,
+        "at": 1.0,
+    }
+    with pytest.raises(ValueError, match=r"malformed run\.item event: usage"):
+        ta.timeline([event])
