@@ -125,6 +125,11 @@ async def test_a_cancelled_tree_has_every_span_closed(autojump_clock: Any) -> No
     assert child_span.parent_id == f"{run.id}:tool:call_1_0"
     assert child_span.call_id == "call_1_0"
     assert [s.id for s in timeline.children(child.id)] == [f"{child.id}:model:1"]
+    # A child's own timeline is its subtree, from the tree's shared stream.
+    own = child.timeline()
+    assert own.root_id == child.id
+    assert [(s.kind, s.run_id) for s in own.spans] == [("run", child.id), ("model", child.id)]
+    assert span_problems(own, closed=True) == []
 
 
 async def test_a_run_cancelled_mid_stream_closes_its_model_span(autojump_clock: Any) -> None:
