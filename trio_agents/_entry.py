@@ -87,6 +87,10 @@ async def open_run(
     conversation, for a client that re-sends its whole message list; an input left
     empty is a retry of those, checked again by the input guardrails, or fails the run
     with :class:`InvalidConversationError` when all of them were rejected).
+    ``record_requests`` (False; True: each model request is kept in the event log as a
+    ``model.request`` event, for :func:`replay` and the timeline, docs/time-travel.md)
+    and ``record_requests_max_bytes`` (1,000,000: a request whose JSON is larger is
+    recorded as omitted, with its size). Child runs inherit both.
 
     Raises:
         SessionBusyError: ``on_busy="reject"`` and the session is busy.

@@ -36,6 +36,7 @@ ROUTES: list[tuple[str, str]] = [
     ("POST", "/runs/{id}/approve"),
     ("POST", "/runs/{id}/reject"),
     ("GET", "/runs/{id}/events"),
+    ("GET", "/runs/{id}/timeline"),
     ("POST", "/sessions/s1/cancel"),
     ("POST", "/sessions/s1/fork"),
 ]

@@ -322,6 +322,7 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
             name="quick", instructions="Says hello.", model=GatedModel([["Hello."]], gates)
         ),
         "priced": priced_tree(),
+        "timed": timed_tree(gates),
     }
 
 
@@ -359,6 +360,41 @@ def priced_tree() -> Agent:
             ]
         ),
         tools=[child.as_tool(name=child.name) for child in children],
+    )
+
+
+def timed_tree(gates: Gates) -> Agent:
+    """For the timeline view: a priced root that calls a sub-agent (which streams until
+    the ``timed`` gate opens) and a tool, then answers; one run per test module."""
+
+    @ta.function_tool
+    async def lookup(topic: str) -> str:
+        """Look a topic up.
+
+        Args:
+            topic: what to look up.
+        """
+        return f"notes on {topic}"
+
+    child = Agent(
+        name="timed_child",
+        instructions="Streams until its gate opens.",
+        model=GatedModel([["Looking it up", Gate("timed"), " — found it."]], gates),
+    )
+    root_call = PRICED_CALLS["priced"]
+    return Agent(
+        name="timed",
+        instructions="Delegates, looks up, answers.",
+        model=ScriptedModel(
+            [
+                Turn(
+                    tool_calls=[("timed_child", {"input": "dig"}), ("lookup", {"topic": "trio"})],
+                    usage=root_call,
+                ),
+                Turn(text="Both answered.", usage=root_call),
+            ]
+        ),
+        tools=[child.as_tool(name="timed_child"), lookup],
     )
 
 

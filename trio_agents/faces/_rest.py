@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..hosting import HostedEvent, HostError, Origin, StartRequest
+from ..hosting import HostedEvent, HostError, Origin, StartRequest, run_timeline
 from ..hosting._error_codes import ProtocolError
 from ..hosting._requests import UNSTORABLE as _UNSTORABLE
 from ..hosting._requests import (
@@ -168,6 +168,13 @@ class _Rest:
     async def get(self, request: Request) -> Response:
         run_id = _path_id(request, "run_id")
         return _answer({"run": _info(await self.host.get(principal_of(request), run_id))})
+
+    async def timeline(self, request: Request) -> Response:
+        """``GET /runs/{id}/timeline``: the run's subtree as spans (DESIGN §23), derived
+        from the events the host serves (:func:`~trio_agents.hosting.run_timeline`)."""
+        run_id = _path_id(request, "run_id")
+        found = await run_timeline(self.host, principal_of(request), run_id)
+        return _answer({"timeline": found.to_json()})
 
     async def cancel(self, request: Request) -> Response:
         principal = principal_of(request)
@@ -449,6 +456,7 @@ def routes(face: Face) -> Routes:
             Route("/runs/{run_id}/approve", rest.approve, methods=["POST"]),
             Route("/runs/{run_id}/reject", rest.reject, methods=["POST"]),
             Route("/runs/{run_id}/events", rest.events, methods=["GET"]),
+            Route("/runs/{run_id}/timeline", rest.timeline, methods=["GET"]),
             Route("/sessions/{session_id}/cancel", rest.cancel_session, methods=["POST"]),
             Route("/sessions/{session_id}/fork", rest.fork_session, methods=["POST"]),
         ]
