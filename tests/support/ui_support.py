@@ -31,6 +31,7 @@ from trio_agents.control import Limits
 from trio_agents.models import (
     Finish,
     ModelEvent,
+    RateLimit,
     ScriptedModel,
     TextDelta,
     ToolCallDone,
@@ -322,6 +323,22 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
             name="quick", instructions="Says hello.", model=GatedModel([["Hello."]], gates)
         ),
         "priced": priced_tree(),
+        **throttled_pair(),
+    }
+
+
+def throttled_pair() -> dict[str, Agent]:
+    """Two agents sharing one account's ``RateLimit(concurrency=1)``, each holding its
+    slot for an hour once it has it (until its run is cancelled): while a ``hog`` run
+    holds it, a ``metered`` run's request waits — throttled — and then goes out."""
+    account = RateLimit(concurrency=1)
+    return {
+        name: Agent(
+            name=name,
+            instructions="Holds the account's one slot once it has it.",
+            model=ScriptedModel([], default=Turn(text, delay=3600.0), rate_limit=account),
+        )
+        for name, text in (("hog", "never"), ("metered", "later"))
     }
 
 
@@ -440,6 +457,11 @@ class UiServer:
             answer.raise_for_status()
             run_id: str = answer.json()["run_id"]
             return run_id
+
+    def cancel(self, token: str, run_id: str) -> None:
+        """Cancel a run over REST (``?wait=1``: answered once it is terminal)."""
+        with self._client(token) as client:
+            client.post(f"/runs/{run_id}/cancel?wait=1", json={}).raise_for_status()
 
     def get(self, token: str, run_id: str) -> dict[str, Any]:
         """``GET /runs/{id}``'s run."""
