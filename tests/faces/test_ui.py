@@ -320,6 +320,17 @@ def test_a_run_waiting_for_its_rate_limit_shows_throttled_until_its_request_goes
     expect(head(root, ".throttled")).to_be_hidden()
 
 
+def test_a_node_names_the_model_that_answered_it(page: Page, server: UiServer) -> None:
+    """The primary of a FallbackModel is overloaded, its backup answers: the node shows
+    the backup's name beside its tokens and cost (its record's ``usage.model``)."""
+    sign_in(page, server)
+    run_id = start_from_page(page, "fallback", "Who answers?")
+    root = page.locator(".tree > .node")
+    expect(head(root, ".status")).to_have_text("completed")
+    expect(head(root, ".usage")).to_have_text("69 tokens · $0.00005 · backup-model")
+    assert server.get(ALICE, run_id)["usage"]["model"] == "backup-model"
+
+
 def test_a_long_answer_stays_whole_and_in_order(page: Page, server: UiServer) -> None:
     """Past 4 KiB the page sets streamed text into blocks that never change again (so
     layout per frame stays small): the text shown is still exactly the answer."""

@@ -29,6 +29,7 @@ from tests.support.faces_streams import EventStream
 from trio_agents import Agent, ModelRequest, ToolCall, UserMessage
 from trio_agents.control import Limits
 from trio_agents.models import (
+    FallbackModel,
     Finish,
     ModelEvent,
     RateLimit,
@@ -324,7 +325,37 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
         ),
         "priced": priced_tree(),
         **throttled_pair(),
+        "fallback": Agent(
+            name="fallback",
+            instructions="Answers through a backup when the primary is overloaded.",
+            # The backup answers; FallbackModel names it in the usage (Usage.model).
+            model=FallbackModel(
+                Named("primary-model", ScriptedModel([], default=Turn(fail=OVERLOADED))),
+                Named(
+                    "backup-model", ScriptedModel([], default=Turn("Answered.", usage=BACKUP_CALL))
+                ),
+            ),
+        ),
     }
+
+
+OVERLOADED: Final = ta.ModelError("overloaded", status_code=529, retryable=True)
+BACKUP_CALL: Final = Usage(60, 9, cost=Decimal("0.00005"))
+
+
+@final
+class Named:
+    """A scripted model under a name of its own: its ``model``, the name a
+    ``FallbackModel`` records in the ``Usage`` of what it answered."""
+
+    def __init__(self, model: str, inner: ScriptedModel) -> None:
+        self.model = model
+        self._inner = inner
+
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        return self._inner.stream(request)
 
 
 def throttled_pair() -> dict[str, Agent]:

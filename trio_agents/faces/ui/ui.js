@@ -731,7 +731,8 @@
     else d.root.dataset.throttled = n.throttled;
     const u = n.usageKnown && n.usage ? n.usage : null;
     d.usage.textContent = u
-      ? usageText(u.input_tokens + u.output_tokens, u.cost == null ? null : parseDecimal(u.cost))
+      ? usageText(u.input_tokens + u.output_tokens, u.cost == null ? null : parseDecimal(u.cost)) +
+        (u.model ? " · " + u.model : "") // the model that answered (a fallback's member), when one did
       : "";
     const total = n.id === view.root && terminal ? treeUsage() : null;
     d.total.textContent = total && view.nodes[n.id].children.length ? "tree: " + total : "";
