@@ -96,7 +96,7 @@ class RunInfo:
                 turn=int(data.get("turn", 0)),
                 pending_approvals=tuple(str(c) for c in data.get("pending_approvals", ())),
                 detail=_detail(data.get("detail")),
-                usage=_usage(data.get("usage")),
+                usage=usage_from_json(data.get("usage")),
                 **_tree_fields(data),
             )
         except (KeyError, TypeError, ValueError, AttributeError, InvalidOperation) as exc:
@@ -115,8 +115,8 @@ def _detail(value: Any) -> dict[str, Any]:
 _MAX_COST_CHARS = 64  # a decimal string longer than this is no price
 
 
-def _usage(value: Any) -> Usage | None:
-    """A ``run`` object's ``usage`` (absent: not known). Checked as the run core checks
+def usage_from_json(value: Any) -> Usage | None:
+    """A ``run`` object's ``usage`` (absent: not known), or a usage a cluster persisted. Checked as the run core checks
     a model's :class:`Usage` (counts are non-negative ints, the cost a finite
     non-negative decimal string): a peer's record must not smuggle in a float cost, a
     NaN or a negative count that later sums would carry."""
