@@ -34,7 +34,7 @@ from typing import Final, Literal, final
 
 import attrs
 import trio
-from ag_ui.core import BaseEvent, RunAgentInput, RunErrorEvent
+from ag_ui.core import BaseEvent, RunAgentInput, RunErrorEvent, RunFinishedEvent
 from ag_ui.encoder import EventEncoder
 from starlette.requests import Request
 from starlette.responses import Response
@@ -304,7 +304,8 @@ class _Messages:
                     continue  # given already (a follow overlapping what the tree gave)
                 self._root_seq = hosted.seq
             self._ready = mapper.feed(hosted.run_id, hosted.seq, hosted.event)
-            if mapper.finished:  # the AG-UI run's last event: with what it used
+            if self._ready and isinstance(self._ready[-1], RunFinishedEvent | RunErrorEvent):
+                # The AG-UI run's last event: with what it used.
                 self._ready = await self._usage.add_to(self._ready)
         ready, self._ready = self._ready, []
         return "".join(self._encoder.encode(event) for event in ready).encode("utf-8")
