@@ -171,7 +171,11 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
     if "M1" in only:
         from .models import bench_m1
 
-        emit(await bench_m1(base, requests=20 if quick else 5000, repeats=1 if quick else 5))
+        emit(
+            await bench_m1(
+                base, requests=20 if quick else 5000, repeats=1 if quick else 5, callgrind=not quick
+            )
+        )
     if "M2" in only:
         from .models import bench_m2
 

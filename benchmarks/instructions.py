@@ -101,6 +101,10 @@ async def _workload(mode: str, n: int) -> None:
         from .tree import b9_workload
 
         await b9_workload(mode, n)
+    elif mode.startswith("m1_"):
+        from .models import m1_workload
+
+        await m1_workload(mode, n)
     else:  # pragma: no cover
         raise ValueError(mode)
 

@@ -5,12 +5,16 @@
   the primary alone: an in-process model streaming ``DELTAS`` text deltas, usage and a
   finish (no I/O, so the figure is the wrapper's own cost), best of ``repeats``
   interleaved rounds, per request in microseconds and in units of one bare checkpoint.
+  Target (issue 39): at most 2 % of W2 (a 2-turn tool run), both measured here: W2's
+  wall time in the same process (``x_w2``), and, under callgrind, instructions per
+  request against W2's instructions per run (``M1.instructions_per_request``).
 - **M2, a concurrency limit under load.** ``runs`` runs start at once on one
   ``ScriptedModel`` whose every answer takes ``hold`` seconds, behind
   ``RateLimit(concurrency=50)``: the wall time against the ideal
   ``ceil(runs / 50) * hold`` (the ratio is the limiter's and the runs' overhead), and
   the latency of cancelling a run that waits for its slot, from ``cancel()`` to its
-  terminal result, p50/p99 over ``cancels`` waiting runs (real clock).
+  terminal result, p50/p99 over ``cancels`` waiting runs (real clock). Targets: wall
+  time within 5 % of the ideal, the cancel's p99 at most 1 ms.
 
 ``python -m benchmarks.models`` prints the figures (``--quick``: tiny sizes).
 """
@@ -43,10 +47,15 @@ from trio_agents.models import (
 from ._common import Baselines, Figure, measure_baselines, percentile
 from ._models import EventStream
 
-__all__ = ["bench_m1", "bench_m2"]
+__all__ = ["M1_SIZES", "bench_m1", "bench_m2", "m1_workload"]
 
 DELTAS: Final = 10
 CONCURRENCY: Final = 50
+W2_SHARE: Final = 0.02  # M1's target: 2 % of W2
+M2_WALL: Final = 1.05  # M2's: within 5 % of the ideal schedule
+M2_CANCEL_MS: Final = 1.0  # and a waiting run's cancel within 1 ms (p99)
+M1_SIZES: Final = (200, 1_200)
+"""callgrind's (small n, large n) requests, as ``benchmarks.instructions.SIZES``."""
 REQUEST: Final = ModelRequest("", (ta.UserMessage("hi"),))
 
 
@@ -82,34 +91,87 @@ async def _requests(model: object, n: int) -> float:
     return (time.perf_counter() - started) / n
 
 
-async def bench_m1(base: Baselines, *, requests: int, repeats: int) -> list[Figure]:
-    """M1: FallbackModel's cost per request when the primary answers."""
+async def m1_workload(mode: str, n: int) -> None:
+    """What a callgrind child runs for M1 (``benchmarks.instructions``): warm-up
+    requests, then ``n`` through the primary alone (``m1_bare``) or through
+    ``FallbackModel(primary, backup)`` (``m1_fallback``)."""
+    plain = _Answering()
+    model: object = plain if mode == "m1_bare" else FallbackModel(plain, _Answering())
+    await _requests(model, 100)
+    await _requests(model, n)
+
+
+def _instructions() -> tuple[float, float] | None:
+    """(M1's instructions per request, W2's per run), or None without valgrind."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .instructions import callgrind_available, count
+
+    if not callgrind_available():
+        return None
+    # Two children at a time (2 cores); counts do not depend on load.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        bare = pool.submit(count, "m1_bare", M1_SIZES)
+        through = pool.submit(count, "m1_fallback", M1_SIZES)
+        w2 = pool.submit(count, "w2")
+        return through.result() - bare.result(), w2.result()
+
+
+async def bench_m1(
+    base: Baselines, *, requests: int, repeats: int, callgrind: bool = False
+) -> list[Figure]:
+    """M1: FallbackModel's cost per request when the primary answers, against W2."""
+    from .core import tool_turn
+
     plain = _Answering()
     wrapped = FallbackModel(plain, _Answering())
     bare: list[float] = []
     through: list[float] = []
+    runs: list[float] = []
     for _ in range(repeats):  # interleaved, best of each: the machine's noise is shared
         bare.append(await _requests(plain, requests))
         through.append(await _requests(wrapped, requests))
+        runs.append(await tool_turn(max(requests // 50, 3)))
     overhead = min(through) - min(bare)
-    return [
+    w2 = min(runs)
+    figures = [
         Figure(
             "M1.fallback_overhead_per_request",
             overhead * 1e6,
             "us",
+            target=W2_SHARE * w2 * 1e6,
             note=(
                 f"FallbackModel(primary, backup), primary answers: {DELTAS} deltas + usage +"
                 f" finish, in-process model; minus the primary alone (best of {repeats},"
-                f" {requests} requests each)"
+                f" {requests} requests each); target {W2_SHARE:.0%} of W2 timed here"
             ),
             extra={
                 **base.ratios(overhead),
                 "bare_us": round(min(bare) * 1e6, 3),
                 "through_us": round(min(through) * 1e6, 3),
                 "x_bare_request": round(overhead / min(bare), 4),
+                "w2_us": round(w2 * 1e6, 3),
+                "x_w2": round(overhead / w2, 4),
             },
         )
     ]
+    counts = await trio.to_thread.run_sync(_instructions) if callgrind else None
+    if counts is not None:
+        per_request, w2_instr = counts
+        figures.append(
+            Figure(
+                "M1.instructions_per_request",
+                per_request,
+                "instr",
+                target=W2_SHARE * w2_instr,
+                note=(
+                    "callgrind: a request through FallbackModel(primary, backup) minus the"
+                    f" primary alone; target {W2_SHARE:.0%} of W2's instructions per run"
+                ),
+                extra={"w2_instr": round(w2_instr), "x_w2": round(per_request / w2_instr, 4)},
+            )
+        )
+    return figures
 
 
 async def bench_m2(
@@ -148,6 +210,7 @@ async def bench_m2(
             "M2.wall_vs_ideal",
             wall / ideal,
             "x ideal",
+            target=M2_WALL,
             note=(
                 f"{runs} runs at once through RateLimit(concurrency={concurrency}), each"
                 f" model call holding {hold * 1e3:g} ms (ScriptedModel); ideal"
@@ -164,6 +227,7 @@ async def bench_m2(
             "M2.cancel_waiting_run",
             p99 * 1e3,
             "ms p99",
+            target=M2_CANCEL_MS,
             note=(
                 f"cancel() of a run waiting for its slot -> its terminal result; {cancels}"
                 f" runs queued behind {concurrency} that hold their slots, cancelled one by one"

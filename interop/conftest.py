@@ -1,13 +1,15 @@
 """Fixtures of ``make interop``: a real LiteLLM proxy, started offline from its own venv.
 
 The proxy (``litellm`` from PyPI, in ``.venv-interop``, see ``install.sh``) runs as a
-subprocess on a free loopback port with three models:
+subprocess on a free loopback port with four models:
 
 * ``mock-gpt`` — LiteLLM's own mock (``mock_response``): answers without any upstream;
 * ``upstream`` — an ``openai/`` model whose ``api_base`` is a loopback port the tests
   serve with ``tests/support/sse_server.py``: the proxy is then a real third party in the middle,
   parsing what we send, re-sending it with its own OpenAI client and re-streaming the
   answer;
+* ``claude-upstream`` — an ``anthropic/`` model on the same loopback port: the proxy
+  speaks Anthropic's Messages API to it and answers in the Chat Completions shape;
 * ``dead`` — an ``openai/`` model whose upstream port nothing listens on.
 
 ``LITELLM_LOCAL_MODEL_COST_MAP`` keeps it from fetching its model price list, so it
@@ -89,6 +91,16 @@ def litellm_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
                     "model": "openai/upstream-model",
                     "api_key": "sk-upstream",
                     "api_base": f"http://127.0.0.1:{upstream_port}/v1",
+                },
+            },
+            {
+                # An Anthropic model on the same loopback upstream: the proxy speaks the
+                # Messages API to it and answers us in the Chat Completions shape.
+                "model_name": "claude-upstream",
+                "litellm_params": {
+                    "model": "anthropic/claude-sonnet-4-5",
+                    "api_key": "sk-ant-upstream",
+                    "api_base": f"http://127.0.0.1:{upstream_port}",
                 },
             },
             {

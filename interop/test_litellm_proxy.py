@@ -13,9 +13,10 @@ import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.anthropic_wire import message_end, message_start, text_block
 from tests.support.chat_wire import text_reply, tool_reply
 from tests.support.responses_wire import ResponseScript, text_response
-from tests.support.sse_server import SSEServer
+from tests.support.sse_server import Reply, SSEServer
 from tests.support.strict_servers import STRICT_SERVERS
 from trio_agents import ModelError
 from trio_agents._items import ToolCall, ToolResult, UserMessage
@@ -184,3 +185,28 @@ async def test_httpx_client_given_is_left_open(litellm_proxy: Proxy) -> None:
             events = await collect(chat(litellm_proxy, client=client))
         assert not client.is_closed
     assert events[-1] == Finish("stop")
+
+
+async def test_anthropic_cache_figures_through_the_proxy(
+    litellm_proxy: Proxy, upstream: SSEServer
+) -> None:
+    # The proxy turns Anthropic's cache figures (100 uncached input tokens, 800 read
+    # from the cache, 50 written to it) into its own Chat Completions usage; ours reads
+    # them back: every input token counted, the reads and the writes among them.
+    upstream.add(
+        Reply(
+            events=[
+                message_start(
+                    input_tokens=100, cache_read_input_tokens=800, cache_creation_input_tokens=50
+                ),
+                *text_block(0, "cached"),
+                *message_end(output_tokens=20),
+            ]
+        )
+    )
+    agent = ta.Agent(name="a", model=chat(litellm_proxy, "claude-upstream"))
+    with trio.fail_after(60):
+        result = await ta.run(agent, "hi")
+    assert result.final_output == "cached"
+    assert upstream.requests[-1].path.endswith("/v1/messages")  # Anthropic's API upstream
+    assert result.usage == Usage(950, 20, cache_read_tokens=800, cache_write_tokens=50)

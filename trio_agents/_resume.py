@@ -16,6 +16,8 @@ from typing import Any, final
 
 import attrs
 
+from ._model import Usage
+
 __all__ = ["Resume"]
 
 
@@ -135,6 +137,11 @@ class Resume:
             before the takeover stays passed.
         elapsed: seconds since the run's original start: its ``limits.deadline``
             counts from then, not from this attempt's start.
+        usage: what the earlier attempts' model calls used (the run's own
+            :attr:`~trio_agents.Run.usage` when they stopped, as a cluster persists
+            it): the resumed run's usage starts from it, so its
+            :attr:`RunResult.usage <trio_agents.RunResult.usage>` and cost count
+            every attempt's calls. None: nothing known (it starts from nothing).
         children: the child runs the earlier attempts started in the tree, by
             ``(parent run id, call id)``: ``(child run id, its next seq)``. A child the
             resumed tree resumes (§17: an agent-tool call whose child session holds
@@ -159,6 +166,9 @@ class Resume:
     )
     spent: Mapping[str, int] = attrs.field(factory=dict, converter=_to_spent, hash=False)
     elapsed: float = attrs.field(default=0.0, converter=_to_elapsed)
+    usage: Usage | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Usage))
+    )
     children: Mapping[tuple[str, str], tuple[str, int]] = attrs.field(
         factory=dict, converter=_to_children, hash=False
     )

@@ -183,6 +183,9 @@ class Run:
             self._state.budgets = (budget, *inherited)
         else:
             self._state.budgets = inherited
+        if resume is not None and resume.usage is not None:
+            # The earlier attempts' calls stay the run's: its usage and cost count them.
+            self._state.usage = resume.usage
         if resume is not None and resume.agent is not None and resume.agent != agent.name:
             # After a handoff the earlier attempt worked as another agent: continue as
             # it (max_turns stays the starting agent's, as in an unbroken run).

@@ -9,11 +9,14 @@ reaches the database); B takes the run over once its lease expires.
 
 from __future__ import annotations
 
+import json
 from contextlib import AbstractAsyncContextManager
+from decimal import Decimal
 from typing import Any
 
 import trio
 
+import trio_agents as ta
 from tests.support.cluster_nodes import agents, clients, open_nodes, query, row_of, waiting_tool
 from tests.support.cluster_support import Client, Node
 from trio_agents.models import ScriptedModel, Turn
@@ -90,3 +93,26 @@ async def test_a_deadline_counts_from_the_runs_original_start_across_a_takeover(
         done = await _taken_over(cb, pg_dsn, run_id)
     assert (done["status"], done["reason"]) == ("failed", "timeout"), done
     assert len(model.requests) == 1  # B never called the model
+
+
+async def test_the_usage_of_calls_before_a_takeover_stays_the_runs(pg_dsn: str) -> None:
+    # A's attempt makes one priced call and dies in the tool; B's makes the next. The
+    # run's usage (its record, read from B and from the row) counts both, exactly.
+    # Before, B's attempt started from nothing: the record showed B's call only.
+    first = ta.Usage(100, 7, "m", cache_read_tokens=40, cost=Decimal("0.000123"))
+    second = ta.Usage(30, 2, "m", cache_read_tokens=0, cost=Decimal("0.0000071"))
+    model = ScriptedModel(
+        [Turn(tool_calls=[("wait", {})], usage=first)], default=Turn(text="ok", usage=second)
+    )
+    async with _nodes(pg_dsn, model) as (a, b), clients(a, b) as (ca, cb):
+        run_id = await ca.start_until_tool(agent="a", input="go")
+        a.crash()
+        done = await _taken_over(cb, pg_dsn, run_id)
+        record = (await cb.ok("run.get", run_id=run_id))["run"]
+    assert done["status"] == "completed", done
+    total = first + second
+    assert total.cost == Decimal("0.0001301")
+    assert record["usage"] == total.to_json()
+    sql = "SELECT run_usage FROM trio_agents_runs WHERE run_id = %s"
+    rows = await trio.to_thread.run_sync(query, pg_dsn, sql, run_id)
+    assert json.loads(rows[0][0]) == total.to_json()

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.__main__ import ALL, collect
 from benchmarks._common import environment
+from benchmarks.models import m1_workload
 from benchmarks.report import write_markdown
 from benchmarks.tree import b9_workload
 
@@ -57,6 +58,24 @@ async def test_every_workload_runs_with_tiny_sizes(tmp_path: Path) -> None:
 async def test_the_child_overhead_callgrind_workloads_run(mode: str) -> None:
     # What B9's callgrind children run (benchmarks.instructions --child b9_*), tiny.
     await b9_workload(mode, 2, largest=2)
+
+
+@pytest.mark.parametrize("mode", ["m1_bare", "m1_fallback"])
+async def test_the_fallback_callgrind_workloads_run(mode: str) -> None:
+    # What M1's callgrind children run (benchmarks.instructions --child m1_*), tiny.
+    await m1_workload(mode, 2)
+
+
+async def test_m1_and_m2_report_their_figures_against_their_targets() -> None:
+    figures = {
+        figure.bench: figure for figure in await collect(("M1", "M2"), quick=True, echo=False)
+    }
+    # Quick mode runs no callgrind: M1's instruction figure is the full run's only.
+    m1 = figures["M1.fallback_overhead_per_request"]
+    assert m1.target is not None
+    assert m1.extra["w2_us"] > 0
+    assert figures["M2.wall_vs_ideal"].target == 1.05
+    assert figures["M2.cancel_waiting_run"].target == 1.0
 
 
 async def figure_names(bench: str) -> set[str]:

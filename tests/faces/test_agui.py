@@ -6,6 +6,7 @@ the ``cancelled`` outcome, not a success), a failure (``RUN_ERROR``)."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import trio
@@ -42,6 +43,8 @@ async def test_text_and_tool_calls_stream_as_agui_events() -> None:
     started, finished = events[0], events[-1]
     assert (started["threadId"], started["runId"]) == ("t1", "ag-1")
     run_id = agui.ours(started)["run_id"]
+    usage = finished.pop("usage")  # the scripted model's estimate (see the usage tests)
+    assert [entry["totalTokens"] > 0 for entry in usage] == [True]
     assert finished == {
         "type": "RUN_FINISHED",
         "threadId": "t1",
@@ -312,3 +315,105 @@ async def test_steps_open_at_an_interrupt_close_innermost_first() -> None:
     assert reopened == started  # outer first again
     finished = [e["stepName"] for e in second if e["type"] == "STEP_FINISHED"]
     assert finished == started[::-1]
+
+
+# Costs no float holds exactly: a sum or difference through floats would show.
+_ROOT_CALL = ta.Usage(100, 7, "big", cache_read_tokens=40, cost=Decimal("0.000123"))
+_CHILD_CALL = ta.Usage(50, 3, "small", cache_write_tokens=10, cost=Decimal("0.0000071"))
+_SECOND_CALL = ta.Usage(50, 3, "big", cache_read_tokens=0, cost=Decimal("0.0000071"))
+
+
+async def test_run_finished_carries_the_trees_usage_by_model_and_its_cost() -> None:
+    # Before: RUN_FINISHED had no usage; a client could not see what a run used.
+    helper = ta.Agent(
+        name="helper",
+        instructions="test",
+        model=ScriptedModel([], default=Turn(text="child says hi", usage=_CHILD_CALL)),
+    )
+    root = agui.scripted(
+        "root",
+        [
+            Turn(
+                tool_calls=[("helper", {"input": "x"}), ("helper", {"input": "y"})],
+                usage=_ROOT_CALL,
+            ),
+            Turn(text="both done", usage=_ROOT_CALL),
+        ],
+        helper.as_tool(),
+    )
+    events, _ = await agui.whole_run({"root": root}, "root")
+    finished = events[-1]
+    assert finished["outcome"] == {"type": "success"}
+    # AG-UI's accounting: the run's calls, its sub-agents' included, one entry a model.
+    assert sorted(finished["usage"], key=lambda entry: entry["model"]) == [
+        {
+            "model": "big",
+            "inputTokens": 200,
+            "outputTokens": 14,
+            "totalTokens": 214,
+            "cachedInputTokens": 80,
+        },
+        {
+            "model": "small",
+            "inputTokens": 100,
+            "outputTokens": 6,
+            "totalTokens": 106,
+            "cacheWriteInputTokens": 20,
+        },
+    ]
+    # 2 x 0.000123 + 2 x 0.0000071, exactly (AG-UI's usage has no cost field).
+    assert agui.ours(finished)["cost"] == "0.0002602"
+    assert Decimal(agui.ours(finished)["cost"]) == 2 * _ROOT_CALL.cost + 2 * _CHILD_CALL.cost  # type: ignore[operator]
+
+
+async def test_an_interrupted_and_a_resumed_agui_run_each_report_their_own_calls() -> None:
+    agent = agui.scripted(
+        "ops",
+        [
+            Turn(tool_calls=[("launch", {})], usage=_ROOT_CALL),
+            Turn(text="launched it", usage=_SECOND_CALL),
+        ],
+        agui.launch,
+    )
+    with trio.fail_after(30):
+        async with agui.agui_server({"ops": agent}) as (_, _, client):
+            first, interrupt = await agui.until_interrupt(client, "ops")
+            async with agui.agui_stream(client, "ops", agui.approve(interrupt)) as stream:
+                second = await stream.rest()
+    assert first[-1]["outcome"]["type"] == "interrupt"
+    assert first[-1]["usage"] == [
+        {
+            "model": "big",
+            "inputTokens": 100,
+            "outputTokens": 7,
+            "totalTokens": 107,
+            "cachedInputTokens": 40,
+        }
+    ]
+    assert agui.ours(first[-1])["cost"] == "0.000123"
+    # The resumed AG-UI run: only the call it made, not the interrupted run's.
+    assert second[-1]["outcome"] == {"type": "success"}
+    assert second[-1]["usage"] == [
+        {
+            "model": "big",
+            "inputTokens": 50,
+            "outputTokens": 3,
+            "totalTokens": 53,
+            "cachedInputTokens": 0,
+        }
+    ]
+    assert agui.ours(second[-1])["cost"] == "0.0000071"
+
+
+async def test_a_failed_run_error_carries_what_it_used() -> None:
+    failing = ta.ModelError("boom", status_code=400, retryable=False)
+    agent = agui.scripted(
+        "brittle",
+        [Turn(tool_calls=[("add", {"a": 1, "b": 1})], usage=_ROOT_CALL), Turn(fail=failing)],
+        add,
+    )
+    events, _ = await agui.whole_run({"brittle": agent}, "brittle")
+    error = events[-1]
+    assert error["type"] == "RUN_ERROR"
+    assert [entry["inputTokens"] for entry in error["usage"]] == [100]
+    assert agui.ours(error)["cost"] == "0.000123"

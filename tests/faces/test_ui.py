@@ -14,6 +14,7 @@ page really looks like.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -292,6 +293,42 @@ def test_each_node_shows_its_tokens_and_cost_and_the_root_the_trees_exact_total(
     expect(head(node(page, "pricey_b"), ".usage")).to_have_text("7 tokens · $0.0000007")
     asked = [r.url for r in watched.requests if "/runs/" in r.url and "/events" not in r.url]
     assert asked == [f"{server.url}/runs/{run_id}"]  # the root's agent and session only
+
+
+def test_a_run_waiting_for_its_rate_limit_shows_throttled_until_its_request_goes_out(
+    page: Page, server: UiServer
+) -> None:
+    """A ``running`` update with ``detail={"throttled": "rate limit"}`` marks the node;
+    the next one without it (the request went out) clears the mark."""
+    hog = server.start(ALICE, "hog", "hold the slot")
+    assert server.get(ALICE, hog)["status"] == "running"
+    sign_in(page, server)
+    metered = start_from_page(page, "metered", "wait your turn")
+    root = page.locator(".tree > .node")
+    expect(head(root, ".throttled")).to_have_text("throttled: rate limit")
+    expect(root).to_have_attribute("data-throttled", "rate limit")
+    expect(head(root, ".status")).to_have_text("running")
+    assert server.get(ALICE, metered)["detail"] == {"throttled": "rate limit"}
+    shot(page, "ui-throttled.png")
+    server.cancel(ALICE, hog)  # its slot is free: the metered request goes out
+    expect(head(root, ".throttled")).to_have_text("")
+    expect(root).not_to_have_attribute("data-throttled", re.compile(".*"))
+    expect(head(root, ".status")).to_have_text("running")
+    assert "throttled" not in server.get(ALICE, metered)["detail"]
+    server.cancel(ALICE, metered)
+    expect(head(root, ".status")).to_have_text("cancelled")
+    expect(head(root, ".throttled")).to_be_hidden()
+
+
+def test_a_node_names_the_model_that_answered_it(page: Page, server: UiServer) -> None:
+    """The primary of a FallbackModel is overloaded, its backup answers: the node shows
+    the backup's name beside its tokens and cost (its record's ``usage.model``)."""
+    sign_in(page, server)
+    run_id = start_from_page(page, "fallback", "Who answers?")
+    root = page.locator(".tree > .node")
+    expect(head(root, ".status")).to_have_text("completed")
+    expect(head(root, ".usage")).to_have_text("69 tokens · $0.00005 · backup-model")
+    assert server.get(ALICE, run_id)["usage"]["model"] == "backup-model"
 
 
 def test_a_long_answer_stays_whole_and_in_order(page: Page, server: UiServer) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -407,3 +408,32 @@ async def test_the_timeline_of_a_tree_from_the_events_the_host_serves(
         ("tool", "helper", "ok"),
         ("tool", "wait", "ok"),
     ]
+
+
+async def test_a_runs_record_carries_its_exact_usage_on_every_host(open_host: OpenHost) -> None:
+    # Before: a root run's record answered from another node's row (cluster-routed)
+    # had no usage; the node running it reported it.
+    first = ta.Usage(100, 7, "m", cache_read_tokens=40, cost=Decimal("0.000123"))
+    second = ta.Usage(30, 2, "m", cache_write_tokens=10, cost=Decimal("0.0000071"))
+    called, gate = trio.Event(), trio.Event()
+    model = ScriptedModel(
+        [Turn(tool_calls=[("wait", {})], usage=first), Turn(text="ok", usage=second)]
+    )
+    with trio.fail_after(60):
+        async with open_host(_agents(model, _waiting([], gate, called))) as host:
+            run_id = await host.start(ALICE, _start())
+            # Once the tool's start is seen (persisted, on a cluster), so is the
+            # first call's usage, reported before it.
+            async with host.events("alice", run_id) as events:
+                async for hosted in events:
+                    if hosted.event["type"] == "tool.started":
+                        break
+            live = await host.get("alice", run_id)
+            gate.set()
+            terminal = await host.wait_terminal("alice", run_id)
+            info = await host.get("alice", run_id)
+            (listed,) = await host.list("alice")
+    assert live.usage == first
+    total = first + second
+    assert total.cost == Decimal("0.0001301")  # exact: no float on the way
+    assert terminal.usage == info.usage == listed.usage == total

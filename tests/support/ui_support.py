@@ -29,8 +29,10 @@ from tests.support.faces_streams import EventStream
 from trio_agents import Agent, ModelRequest, ToolCall, UserMessage
 from trio_agents.control import Limits
 from trio_agents.models import (
+    FallbackModel,
     Finish,
     ModelEvent,
+    RateLimit,
     ScriptedModel,
     TextDelta,
     ToolCallDone,
@@ -323,6 +325,52 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
         ),
         "priced": priced_tree(),
         "timed": timed_tree(gates),
+        **throttled_pair(),
+        "fallback": Agent(
+            name="fallback",
+            instructions="Answers through a backup when the primary is overloaded.",
+            # The backup answers; FallbackModel names it in the usage (Usage.model).
+            model=FallbackModel(
+                Named("primary-model", ScriptedModel([], default=Turn(fail=OVERLOADED))),
+                Named(
+                    "backup-model", ScriptedModel([], default=Turn("Answered.", usage=BACKUP_CALL))
+                ),
+            ),
+        ),
+    }
+
+
+OVERLOADED: Final = ta.ModelError("overloaded", status_code=529, retryable=True)
+BACKUP_CALL: Final = Usage(60, 9, cost=Decimal("0.00005"))
+
+
+@final
+class Named:
+    """A scripted model under a name of its own: its ``model``, the name a
+    ``FallbackModel`` records in the ``Usage`` of what it answered."""
+
+    def __init__(self, model: str, inner: ScriptedModel) -> None:
+        self.model = model
+        self._inner = inner
+
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        return self._inner.stream(request)
+
+
+def throttled_pair() -> dict[str, Agent]:
+    """Two agents sharing one account's ``RateLimit(concurrency=1)``, each holding its
+    slot for an hour once it has it (until its run is cancelled): while a ``hog`` run
+    holds it, a ``metered`` run's request waits — throttled — and then goes out."""
+    account = RateLimit(concurrency=1)
+    return {
+        name: Agent(
+            name=name,
+            instructions="Holds the account's one slot once it has it.",
+            model=ScriptedModel([], default=Turn(text, delay=3600.0), rate_limit=account),
+        )
+        for name, text in (("hog", "never"), ("metered", "later"))
     }
 
 
@@ -476,6 +524,11 @@ class UiServer:
             answer.raise_for_status()
             run_id: str = answer.json()["run_id"]
             return run_id
+
+    def cancel(self, token: str, run_id: str) -> None:
+        """Cancel a run over REST (``?wait=1``: answered once it is terminal)."""
+        with self._client(token) as client:
+            client.post(f"/runs/{run_id}/cancel?wait=1", json={}).raise_for_status()
 
     def get(self, token: str, run_id: str) -> dict[str, Any]:
         """``GET /runs/{id}``'s run."""

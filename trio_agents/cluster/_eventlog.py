@@ -313,7 +313,13 @@ class EventWriter:
             logs[log.run_id] = log
             row = rows.setdefault(
                 log.run_id,
-                {"attempt": log.attempt, "seq": 0, "usage": _spent(log.run), "tree": _tree(log)},
+                {
+                    "attempt": log.attempt,
+                    "seq": 0,
+                    "usage": _spent(log.run),
+                    "run_usage": _own_usage(log.run),
+                    "tree": _tree(log),
+                },
             )
             if event is None:
                 ended.append(log)
@@ -471,6 +477,7 @@ class EventWriter:
                 " THEN reason ELSE %(reason)s END, turn = COALESCE(%(turn)s, turn),"
                 " pending = COALESCE(%(pending)s, pending),"
                 " finished = finished OR %(finished)s, usage = COALESCE(%(usage)s, usage),"
+                " run_usage = COALESCE(%(run_usage)s, run_usage),"
                 " active_key = CASE WHEN %(finished)s THEN NULL ELSE active_key END,"
                 # The row lock is ours: renew the run's lease with it (the heartbeat
                 # skips rows locked when it beats).
@@ -487,6 +494,7 @@ class EventWriter:
                     "pending": row.get("pending"),
                     "finished": bool(row.get("finished")),
                     "usage": row.get("usage"),
+                    "run_usage": row.get("run_usage"),
                     "run_id": run_id,
                     "node": self._node_id,
                     "attempt": row["attempt"],
@@ -585,6 +593,15 @@ def _spent(run: Run) -> str | None:
     if not budgets or budgets[0].owner is not run:
         return None
     return json.dumps(budgets[0].spent())
+
+
+def _own_usage(run: Run) -> str | None:
+    """The run's own usage so far, as its row keeps it (None: no model call reported
+    any yet). Taken when its events are flushed, so the record another node answers
+    from the row says what the node running it says once those events are persisted:
+    the terminal update's flush carries the final figure."""
+    usage = run.usage
+    return None if usage is None else json.dumps(usage.to_json())
 
 
 def _encoded(item: Item) -> str | None:

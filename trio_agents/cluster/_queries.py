@@ -37,13 +37,14 @@ CLIENT_GONE = "client disconnected"
 dead: the same as that client's disconnect (``on_disconnect="cancel"``)."""
 
 _COLUMNS = (
-    "run_id, agent, session_id, status, reason, last_seq, turn, pending, owner, finished, principal"
+    "run_id, agent, session_id, status, reason, last_seq, turn, pending, owner, finished,"
+    " principal, run_usage"
 )
 
 
 async def read_runs(db: Database, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
     """Run rows matching ``where`` (oldest first), as ``run.get`` fields plus ``owner``,
-    ``finished`` and ``principal``.
+    ``finished`` and ``principal`` (``usage`` only once the run's node wrote one).
 
     Raises:
         ProtocolError: ``internal`` when the database cannot be reached.
@@ -63,6 +64,7 @@ async def read_runs(db: Database, where: str, params: tuple[Any, ...]) -> list[d
                 "owner": r[8],
                 "finished": bool(r[9]),
                 "principal": r[10],
+                **({} if r[11] is None else {"usage": json.loads(r[11])}),
             }
             for r in conn.execute(
                 f"SELECT {_COLUMNS} FROM trio_agents_runs WHERE {where} ORDER BY created_at",

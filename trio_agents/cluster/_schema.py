@@ -5,7 +5,8 @@ Created or migrated like the session tables (see
 lock, with the version in the shared ``trio_agents_schema`` table. Migrations:
 ``MIGRATIONS[v]`` upgrades version ``v`` to ``v + 1``: 1 to 2 adds the index of queued
 runs (``_QUEUED``); 2 to 3 adds the runs' ``usage`` (what their limits counted so far,
-kept across a takeover) and the table of child runs (``_CHILDREN``). The tables are described in the docstring of
+kept across a takeover) and the table of child runs (``_CHILDREN``); 3 to 4 adds the
+runs' ``run_usage`` (``_RUN_USAGE``). The tables are described in the docstring of
 :mod:`trio_agents.cluster`.
 """
 
@@ -27,7 +28,7 @@ __all__ = [
     "session_key",
 ]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 COMPONENT: Final = "cluster"
 CHANNEL: Final = "trio_agents_cluster"
 """The one LISTEN/NOTIFY channel of the cluster (payloads are small JSON objects)."""
@@ -74,7 +75,22 @@ def _add_usage_and_children(conn: psycopg.Connection[Any]) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: dict[int, Migration] = {1: _add_queued_index, 2: _add_usage_and_children}
+_RUN_USAGE: Final = "ALTER TABLE trio_agents_runs ADD COLUMN run_usage TEXT"
+"""A root run's own token usage and cost so far (its ``Usage.to_json()``; NULL: no
+model call reported any yet), written with its events by the node running it: the
+``usage`` of its record on every node, not only on that one (``usage`` above is what
+its limits counted, rounded for the budget, not its usage)."""
+
+
+def _add_run_usage(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_RUN_USAGE)
+
+
+MIGRATIONS: dict[int, Migration] = {
+    1: _add_queued_index,
+    2: _add_usage_and_children,
+    3: _add_run_usage,
+}
 
 _DDL: Final = (
     """CREATE TABLE trio_agents_nodes (
@@ -103,6 +119,7 @@ _DDL: Final = (
         attempt INTEGER NOT NULL DEFAULT 1,
         last_seq BIGINT NOT NULL DEFAULT 0,
         usage TEXT,
+        run_usage TEXT,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     "CREATE UNIQUE INDEX trio_agents_runs_active_session ON trio_agents_runs (active_key)"

@@ -20,8 +20,9 @@ their items are already in the session after their acceptance (an ``inbox.delive
 lost with its node: see :func:`_undelivered`). Approvals and rejections recorded in the
 run's row are given to the resumed run (``Resume.approved``/``rejected``), which answers
 the calls it asks for again with them, without an ``awaiting_approval`` status; so is what
-its limits counted so far (its row's ``usage``, ``Resume.spent``) and the time since it
-was accepted (``Resume.elapsed``: its deadline counts from then), and its tree's
+its limits counted so far (its row's ``usage``, ``Resume.spent``), what its model calls
+used (its row's ``run_usage``, ``Resume.usage``: its usage and cost go on from it), the
+time since it was accepted (``Resume.elapsed``: its deadline counts from then), and its tree's
 unfinished child runs (``Resume.children``: a child the tree resumes keeps its id and
 continues its log). A run that had handed off continues as the agent its last persisted
 ``run.handoff`` names (``Resume.agent``), not the one it was started with. A run whose
@@ -57,6 +58,7 @@ from .._events import (
 )
 from .._items import Item, item_from_json
 from .._limits import UsageLimits
+from .._model import Usage, usage_from_json
 from .._resume import Resume
 from .._run import Run
 from ..hosting._error_codes import ProtocolError
@@ -108,6 +110,7 @@ class Claimed:
     # accepted (its row's created_at): the resumed attempt's budget and deadline.
     spent: dict[str, int] = attrs.field(factory=dict)
     elapsed: float = 0.0
+    usage: Usage | None = None  # what its earlier attempts' calls used (its run_usage)
     # Its tree's unfinished child runs, by (parent id, call id): (child id, last seq);
     # and the cancels acked for them, by child id: (reason, mode).
     children: dict[tuple[str, str], tuple[str, int]] = attrs.field(factory=dict)
@@ -207,6 +210,16 @@ def _limits(options: str) -> UsageLimits | None:
             return None
         return effective_limits(limits_from_wire("limits", stored), None)
     except (TypeError, ValueError, AttributeError, ProtocolError):
+        return None
+
+
+def _run_usage(stored: str | None) -> Usage | None:
+    """A run's persisted own usage (None if none, or unreadable: the resumed run then
+    counts its own calls only, rather than failing to resume)."""
+    try:
+        return usage_from_json(json.loads(stored)) if stored else None
+    except (TypeError, ValueError, ArithmeticError):
+        logger.warning("unreadable run_usage %r: the resumed run starts from none", stored)
         return None
 
 
@@ -523,6 +536,7 @@ class Leases:
                 agent=claimed.current_agent,
                 spent=claimed.spent,
                 elapsed=claimed.elapsed,
+                usage=claimed.usage,
                 children={
                     key: (child_id, last_seq + 1)
                     for key, (child_id, last_seq) in claimed.children.items()
@@ -571,7 +585,7 @@ class Leases:
         rows = conn.execute(
             "SELECT run_id, principal, session_id, agent, owner, attempt, last_seq, options,"
             " session_key, session_id IS NOT NULL AND active_key IS NULL, usage,"
-            " GREATEST(EXTRACT(EPOCH FROM now() - created_at), 0)::float8"
+            " GREATEST(EXTRACT(EPOCH FROM now() - created_at), 0)::float8, run_usage"
             " FROM trio_agents_runs WHERE NOT finished AND (released OR lease_expires_at <"
             " now()) AND NOT (run_id = ANY(%s)) ORDER BY lease_expires_at, created_at LIMIT %s"
             " FOR UPDATE SKIP LOCKED",
@@ -609,7 +623,7 @@ class Leases:
         claimed = []
         for row in rows:
             run_id, principal, session_id, agent, owner, attempt, last_seq, options, key = row[:9]
-            queued, usage, elapsed = row[9:]
+            queued, usage, elapsed, run_usage = row[9:]
             accepted = [
                 event
                 for injection_id, event in injected.get(run_id, {}).items()
@@ -644,6 +658,7 @@ class Leases:
                     current_agent=handed_to.get(run_id),
                     spent=_spent(usage),
                     elapsed=float(elapsed),
+                    usage=_run_usage(run_usage),
                     children=children.get(run_id, {}),
                     child_cancels=child_cancels.get(run_id, {}),
                 )

@@ -32,15 +32,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final, Literal, final
 
+import attrs
 import trio
-from ag_ui.core import BaseEvent, RunAgentInput, RunErrorEvent
+from ag_ui.core import BaseEvent, RunAgentInput, RunErrorEvent, RunFinishedEvent
 from ag_ui.encoder import EventEncoder
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .._model import Usage
 from ..hosting import HostedEvent, HostError, Origin, RunHost, StartRequest
-from ._agui_map import AguiInputError, EventMapper, Resume, Start, parse_input, plan
+from ._agui_map import (
+    AguiInputError,
+    EventMapper,
+    Resume,
+    Start,
+    parse_input,
+    plan,
+    usage_entries,
+    with_usage,
+)
 from ._event_stream import EventStream
 from ._face import Face, Routes
 from ._http_errors import HttpError
@@ -118,7 +129,10 @@ async def _source(
             root=root,
             parent_run_id=run_input.parent_run_id,
         )
+        before: dict[str, Usage] = {}
     else:
+        # What the tree used before this AG-UI run: it reports only its own calls.
+        before = await _tree_usage(host, principal, asked.root)
         root = await _answer(host, principal, run_input, asked)
         mapper = EventMapper(
             thread_id=run_input.thread_id,
@@ -144,7 +158,8 @@ async def _source(
                 if exc.code != "invalid_request":
                     raise
                 events = await follow(1)
-            yield _Messages(mapper, root, events, follow)
+            usage = _UsageSince(host, principal, root, before)
+            yield _Messages(mapper, root, events, follow, usage)
     finally:
         # Ended before its AG-UI run did: the client went away (or stopped reading).
         if not mapper.finished and asked.on_disconnect == "cancel":
@@ -153,6 +168,44 @@ async def _source(
                     await host.cancel(principal, root, DISCONNECT_REASON)
                 except HostError as exc:  # it ended meanwhile: nothing to cancel
                     logger.debug("AG-UI run %s not cancelled on disconnect: %s", root, exc)
+
+
+async def _tree_usage(host: RunHost, principal: str, root: str) -> dict[str, Usage]:
+    """What each run of ``root``'s tree used so far (its record's ``usage``), by run id.
+    A run whose record cannot be read (gone, or its node unreachable) counts nothing
+    rather than failing the stream: usage is a report, not the run's outcome."""
+    used: dict[str, Usage] = {}
+    pending, seen = [root], set()
+    while pending:
+        run_id = pending.pop()
+        if run_id in seen:
+            continue
+        seen.add(run_id)
+        try:
+            info = await host.get(principal, run_id)
+        except HostError:
+            continue
+        if info.usage is not None:
+            used[run_id] = info.usage
+        pending.extend(info.children or ())
+    return used
+
+
+@final
+@attrs.frozen
+class _UsageSince:
+    """How the AG-UI run's last event gets its usage: the tree's now, less what it
+    had used when this AG-UI run was asked for."""
+
+    host: RunHost
+    principal: str
+    root: str
+    before: dict[str, Usage]
+
+    async def add_to(self, events: list[BaseEvent]) -> list[BaseEvent]:
+        now = await _tree_usage(self.host, self.principal, self.root)
+        entries, cost = usage_entries(now, self.before)
+        return [with_usage(event, entries, cost) for event in events]
 
 
 async def _answer(host: RunHost, principal: str, run_input: RunAgentInput, asked: Resume) -> str:
@@ -206,8 +259,10 @@ class _Messages:
         root: str,
         events: AsyncIterator[HostedEvent],
         follow: Callable[[int], Awaitable[AsyncIterator[HostedEvent]]],
+        usage: _UsageSince,
     ) -> None:
         self._mapper = mapper
+        self._usage = usage
         self._root = root
         self._events = events
         self._follow = follow
@@ -249,5 +304,8 @@ class _Messages:
                     continue  # given already (a follow overlapping what the tree gave)
                 self._root_seq = hosted.seq
             self._ready = mapper.feed(hosted.run_id, hosted.seq, hosted.event)
+            if self._ready and isinstance(self._ready[-1], RunFinishedEvent | RunErrorEvent):
+                # The AG-UI run's last event: with what it used.
+                self._ready = await self._usage.add_to(self._ready)
         ready, self._ready = self._ready, []
         return "".join(self._encoder.encode(event) for event in ready).encode("utf-8")

@@ -37,6 +37,15 @@ the model makes them and ``TOOL_CALL_RESULT`` when they are answered; each child
 progress, handoffs and ``events.dropped`` as ``CUSTOM`` events named
 ``trio-agents.<event type>``. Our own run id travels in ``RUN_STARTED``'s metadata
 (``{"trio-agents": {"run_id": ...}}``), so the other faces can steer the run.
+
+**Usage.** The AG-UI run's last event (``RUN_FINISHED``, whatever its outcome, or the
+run's ``RUN_ERROR``) carries AG-UI's own ``usage``: one ``TokenUsage`` entry per model
+(by the ``model`` of each run's :class:`~trio_agents.Usage`; what a run served by
+several models used counts under no model), for the model calls of the whole tree made
+during this AG-UI run (:func:`usage_entries`), as the protocol accounts a run: a resumed AG-UI run
+reports the calls made since it was asked for, not those of the run it resumes. AG-UI
+has no cost field: the cost of those calls (when known) travels as a decimal string in
+the event's metadata, ``{"trio-agents": {"cost": "0.000123"}}``.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any, Final, Literal, final
 
 import attrs
@@ -64,6 +74,7 @@ from ag_ui.core import (
     TextMessageContentEvent,
     TextMessageEndEvent,
     TextMessageStartEvent,
+    TokenUsage,
     ToolCallArgsEvent,
     ToolCallEndEvent,
     ToolCallResultEvent,
@@ -72,6 +83,7 @@ from ag_ui.core import (
 from pydantic import ValidationError
 
 from .._items import Item, UserMessage
+from .._model import Usage
 
 __all__ = [
     "APPROVAL_SCHEMA",
@@ -84,6 +96,8 @@ __all__ = [
     "interrupt_id",
     "parse_input",
     "plan",
+    "usage_entries",
+    "with_usage",
 ]
 
 META_KEY: Final = "trio-agents"
@@ -599,3 +613,78 @@ class EventMapper:
                 )
             )
         return interrupts
+
+
+# ----------------------------------------------------------------- usage
+
+
+def _less(now: int | None, before: int | None) -> int | None:
+    if now is None:
+        return None
+    return now - (before or 0)
+
+
+def _less_cost(now: Decimal | None, before: Decimal | None) -> Decimal | None:
+    if now is None:
+        return None
+    return now - (before or Decimal(0))
+
+
+def _since(now: Usage, before: Usage | None) -> Usage:
+    """What a run used since ``before`` (its usage then): the model is known only when
+    every call of the run so far was served by it."""
+    if before is None:
+        return now
+    return Usage(
+        now.input_tokens - before.input_tokens,
+        now.output_tokens - before.output_tokens,
+        now.model if now.model == before.model else None,
+        cache_read_tokens=_less(now.cache_read_tokens, before.cache_read_tokens),
+        cache_write_tokens=_less(now.cache_write_tokens, before.cache_write_tokens),
+        cost=_less_cost(now.cost, before.cost),
+    )
+
+
+def usage_entries(
+    now: Mapping[str, Usage], before: Mapping[str, Usage]
+) -> tuple[list[TokenUsage], Decimal | None]:
+    """AG-UI ``usage`` entries for what a tree's runs (run id -> its own usage) used
+    between ``before`` and ``now``, one per model (a run served by several models
+    counts under none), and the cost of it (None: nothing of it was priced).
+
+    Our ``input_tokens`` already counts cached and cache-written tokens, as AG-UI's
+    ``inputTokens`` does, so the cache figures are parts of it, never added to it."""
+    by_model: dict[str | None, Usage] = {}
+    for run_id, usage in now.items():
+        spent = _since(usage, before.get(run_id))
+        if spent.total_tokens == 0 and run_id in before:
+            continue  # no call of this run in this AG-UI run
+        known = by_model.get(spent.model)
+        by_model[spent.model] = spent if known is None else known + spent
+    entries = [
+        TokenUsage(
+            model=model,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            total_tokens=usage.total_tokens,
+            cached_input_tokens=usage.cache_read_tokens,
+            cache_write_input_tokens=usage.cache_write_tokens,
+        )
+        for model, usage in by_model.items()
+    ]
+    costs = [usage.cost for usage in by_model.values() if usage.cost is not None]
+    return entries, (sum(costs, Decimal(0)) if costs else None)
+
+
+def with_usage(event: BaseEvent, entries: list[TokenUsage], cost: Decimal | None) -> BaseEvent:
+    """``event`` (the AG-UI run's ``RUN_FINISHED`` or ``RUN_ERROR``) with its ``usage``
+    and, when known, the cost in its metadata (AG-UI's usage has no cost field)."""
+    if not isinstance(event, RunFinishedEvent | RunErrorEvent) or not entries:
+        return event
+    update: dict[str, Any] = {"usage": entries}
+    if cost is not None:
+        metadata = dict(event.metadata or {})
+        ours = dict(metadata.get(META_KEY) or {})
+        metadata[META_KEY] = {**ours, "cost": str(cost)}
+        update["metadata"] = metadata
+    return event.model_copy(update=update)

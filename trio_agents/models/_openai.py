@@ -199,7 +199,8 @@ class _ChatStreamParser:
                 self._usage = Usage(
                     input_tokens=prompt or 0,
                     output_tokens=completion or 0,
-                    cache_read_tokens=cached_tokens(usage, "prompt_tokens_details"),
+                    cache_read_tokens=_cache_read(usage),
+                    cache_write_tokens=_cache_write(usage),
                 )
         out: list[ModelEvent] = []
         choices = chunk.get("choices")
@@ -283,6 +284,37 @@ class _ChatStreamParser:
         out.append(Finish(reason))
         self._calls.clear()
         return out
+
+
+def _cache_read(usage: Mapping[str, Any]) -> int | None:
+    """The prompt tokens read from the cache: OpenAI's
+    ``prompt_tokens_details.cached_tokens`` (LiteLLM's proxy fills it for every provider
+    it fronts), else what a proxy passes on beside it — LiteLLM's top-level
+    ``cache_read_input_tokens`` (an Anthropic model's), DeepSeek's
+    ``prompt_cache_hit_tokens``. All count inside ``prompt_tokens`` (LiteLLM adds an
+    Anthropic model's cache reads and writes to it: OpenAI's convention, and ours)."""
+    found = cached_tokens(usage, "prompt_tokens_details")
+    if found is not None:
+        return found
+    for key in ("cache_read_input_tokens", "prompt_cache_hit_tokens"):
+        value = _int(usage.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+def _cache_write(usage: Mapping[str, Any]) -> int | None:
+    """The prompt tokens written to the cache, which OpenAI never reports: LiteLLM's
+    ``prompt_tokens_details.cache_write_tokens`` (its newer releases; mirrored there as
+    ``cache_creation_tokens``), else its top-level ``cache_creation_input_tokens`` (an
+    Anthropic model's, every release)."""
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        for key in ("cache_write_tokens", "cache_creation_tokens"):
+            value = _int(details.get(key))
+            if value is not None:
+                return value
+    return _int(usage.get("cache_creation_input_tokens"))
 
 
 def _int(value: object) -> int | None:

@@ -75,7 +75,7 @@ async def test_the_schema_is_created_and_versioned(pg_dsn: str) -> None:
         versions: dict[str, int] = dict(
             conn.execute("SELECT component, version FROM trio_agents_schema").fetchall()
         )
-        assert versions == {"sessions": 1, "cluster": 3}
+        assert versions == {"sessions": 1, "cluster": 4}
         (nodes,) = conn.execute("SELECT count(*) FROM trio_agents_nodes").fetchone() or (None,)
         assert nodes == 0  # a node that stopped gracefully removed its row
         row = conn.execute(
@@ -135,12 +135,14 @@ async def test_a_node_refuses_tables_of_a_newer_version(pg_dsn: str) -> None:
 
 async def test_version_1_tables_are_migrated(pg_dsn: str) -> None:
     # Version 2 adds the index of queued runs (their order for a session, cluster-wide);
-    # version 3 the runs' usage and the table of child runs.
+    # version 3 the runs' usage and the table of child runs; version 4 the runs' own
+    # usage (their records' on every node).
     await start_and_stop(pg_dsn, "A")
     execute(
         pg_dsn,
         "DROP INDEX trio_agents_runs_queued",
         "ALTER TABLE trio_agents_runs DROP COLUMN usage",
+        "ALTER TABLE trio_agents_runs DROP COLUMN run_usage",
         "DROP TABLE trio_agents_children",
         "UPDATE trio_agents_schema SET version = 1 WHERE component = 'cluster'",
     )
@@ -149,7 +151,7 @@ async def test_version_1_tables_are_migrated(pg_dsn: str) -> None:
         (version,) = conn.execute(
             "SELECT version FROM trio_agents_schema WHERE component = 'cluster'"
         ).fetchone() or (None,)
-        assert version == 3
+        assert version == 4
         columns = {
             row[0]
             for row in conn.execute(
@@ -157,7 +159,7 @@ async def test_version_1_tables_are_migrated(pg_dsn: str) -> None:
                 " WHERE table_name IN ('trio_agents_runs', 'trio_agents_children')"
             ).fetchall()
         }
-        assert {"usage", "root_id", "cancel"} <= columns
+        assert {"usage", "run_usage", "root_id", "cancel"} <= columns
         indexes = {
             row[0]
             for row in conn.execute(

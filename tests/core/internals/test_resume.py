@@ -160,6 +160,25 @@ async def test_a_resumed_run_starts_its_cost_budget_from_what_was_spent() -> Non
     assert (result.status, result.reason) == ("failed", "usage limit: cost 0.000042/0.00004")
 
 
+async def test_a_resumed_runs_usage_counts_the_earlier_attempts_calls() -> None:
+    # Before: a resumed run's usage started from nothing, so its result and cost left
+    # out every call an earlier attempt made.
+    session = await session_holding(ta.UserMessage("go"))
+    earlier = ta.Usage(100, 7, "m", cache_read_tokens=40, cost=Decimal("0.000123"))
+    now = ta.Usage(30, 2, "m", cache_read_tokens=0, cost=Decimal("0.0000071"))
+    model = ScriptedModel([Turn("done", usage=now)])
+    result = await ta.run(
+        resume_agent(model, []),
+        [],
+        session=session,
+        resume=ta.Resume(attempt=2, next_seq=1, usage=earlier),
+    )
+    assert result.status == "completed"
+    assert result.usage == result.tree_usage == earlier + now
+    assert result.usage is not None
+    assert result.usage.cost == Decimal("0.0001301")
+
+
 async def test_a_resumed_runs_deadline_counts_from_its_original_start(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -218,6 +237,7 @@ def test_resume_is_a_hashable_value_with_its_decisions() -> None:
         ({"attempt": 2, "next_seq": 1, "children": {"p/c": ("run_1", 3)}}, TypeError),
         ({"attempt": 2, "next_seq": 1, "children": {("p", "c"): ("", 3)}}, TypeError),
         ({"attempt": 2, "next_seq": 1, "children": {("p", "c"): ("run_1", 0)}}, ValueError),
+        ({"attempt": 2, "next_seq": 1, "usage": {"input_tokens": 1}}, TypeError),
     ],
 )
 def test_resume_validates_its_fields(kwargs: dict[str, Any], error: type[Exception]) -> None:

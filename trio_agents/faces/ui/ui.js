@@ -145,6 +145,7 @@
       pending: [], // call ids waiting for approval (its own)
       waiting: [], // calls waiting below it
       limits: null,
+      throttled: null, // why its request waits (detail.throttled of its running update), or null
       usage: null, // its own tokens and cost, from its record (GET /runs/{id}) once terminal
       usageKnown: false,
       children: [],
@@ -228,6 +229,10 @@
         }
         n.waiting = ev.status === "awaiting_approval" ? detail.waiting || [] : [];
         if (detail.limits) n.limits = detail.limits;
+        // Set by a running update whose request waits (a rate limit); the next update
+        // without it (the request went out, or any other status) clears it.
+        const throttled = ev.status === "running" ? detail.throttled : undefined;
+        n.throttled = throttled == null || throttled === false ? null : String(throttled === true ? "" : throttled);
         if (TERMINAL.has(ev.status) && n.streaming >= 0) {
           n.entries[n.streaming].streaming = false;
           touch(n, n.streaming);
@@ -580,6 +585,7 @@
     const turn = el("span", "muted turn");
     const session = el("span", "muted session");
     const reason = el("span", "reason");
+    const throttled = el("span", "throttled");
     const usage = el("span", "muted usage");
     const total = el("span", "tree-usage");
     const actions = el("span", "actions");
@@ -649,7 +655,7 @@
       if (!injectPanel.hidden) injectText.focus();
     });
     actions.append(injectOpen, cancelOpen);
-    head.append(badge, agent, rid, session, turn, reason, usage, total, el("span", "spacer"), actions);
+    head.append(badge, throttled, agent, rid, session, turn, reason, usage, total, el("span", "spacer"), actions);
 
     const budget = el("div", "budget");
     const approvals = el("div", "approvals");
@@ -657,7 +663,7 @@
     const children = el("div", "children");
     root.append(head, cancelPanel, injectPanel, forkPanel, errorBox, budget, approvals, transcript, children);
     return {
-      root, badge, agent, session, turn, reason, usage, total, actions, cancelPanel, injectPanel,
+      root, badge, throttled, agent, session, turn, reason, usage, total, actions, cancelPanel, injectPanel,
       forkPanel, forkWhere, forkText,
       budget, approvals, transcript, children, errorBox,
       shown: [], // per entry: {el, v}
@@ -778,9 +784,13 @@
     d.session.textContent = n.session ? "session " + n.session : "";
     d.turn.textContent = n.turn ? "turn " + n.turn : "";
     d.reason.textContent = n.reason ? n.reason : "";
+    d.throttled.textContent = n.throttled === null ? "" : n.throttled ? "throttled: " + n.throttled : "throttled";
+    if (n.throttled === null) delete d.root.dataset.throttled;
+    else d.root.dataset.throttled = n.throttled;
     const u = n.usageKnown && n.usage ? n.usage : null;
     d.usage.textContent = u
-      ? usageText(u.input_tokens + u.output_tokens, u.cost == null ? null : parseDecimal(u.cost))
+      ? usageText(u.input_tokens + u.output_tokens, u.cost == null ? null : parseDecimal(u.cost)) +
+        (u.model ? " · " + u.model : "") // the model that answered (a fallback's member), when one did
       : "";
     const total = n.id === view.root && terminal ? treeUsage() : null;
     d.total.textContent = total && view.nodes[n.id].children.length ? "tree: " + total : "";
