@@ -214,7 +214,7 @@ def _is_async(fn: object) -> bool:
     """Whether calling ``fn`` makes a coroutine (an ``async def``, a partial of one, an
     object whose ``__call__`` is one)."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(type(fn), "__call__", None)
+        inspect.getattr_static(type(fn), "__call__", None)
     )
 
 
