@@ -15,7 +15,6 @@ import trio_agents as ta
 from tests.support.core_runs import assert_ended, assert_failed_with
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.testing import check_events
-from trio_agents.testing._fakes import stray_cancelled
 
 
 class _Steps(trio.abc.Instrument):
@@ -161,9 +160,20 @@ async def test_a_sync_streaming_guardrail_trip_never_publishes_the_delta(returns
     assert check_events(result, seen).ok
 
 
+async def _stray_cancelled() -> trio.Cancelled:
+    """A ``Cancelled`` of a scope already left: raised later, nothing asked for it."""
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled as exc:
+            return exc  # deliberately not re-raised: the guardrail raises it later
+    raise AssertionError("unreachable: the scope was cancelled")  # pragma: no cover
+
+
 @pytest.mark.parametrize("kind", ["raise", "garbage", "stray-cancel"])
 async def test_a_sync_streaming_guardrail_that_fails_fails_the_run(kind: str) -> None:
-    stray = await stray_cancelled()
+    stray = await _stray_cancelled()
 
     @ta.output_guardrail(stream=True, name="broken")
     def broken(run: ta.Run, text: str) -> Any:
