@@ -33,7 +33,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 import attrs
 import trio
@@ -170,14 +170,35 @@ async def check(name: str, fn: Callable[[Any, Any], Any], run: Any, value: Any) 
     """
     try:
         result = fn(run, value)
-        if inspect.isawaitable(result):
-            result = await result
     except Exception as exc:
         raise GuardrailFault(name, exc) from exc
     except trio.Cancelled as exc:
-        if trio.current_effective_deadline() != -math.inf:
-            raise GuardrailFault(name, exc) from exc  # a stray one: nothing cancelled it
-        raise
+        _raise_cancelled(name, exc)
+    await _outcome(name, result)
+
+
+async def _outcome(name: str, result: Any) -> None:
+    """A guardrail's return value (awaited if awaitable), judged (see :func:`check`)."""
+    if inspect.isawaitable(result):
+        try:
+            result = await result
+        except Exception as exc:
+            raise GuardrailFault(name, exc) from exc
+        except trio.Cancelled as exc:
+            _raise_cancelled(name, exc)
+    _judge(name, result)
+
+
+def _raise_cancelled(name: str, exc: trio.Cancelled) -> NoReturn:
+    """A guardrail raised ``Cancelled``: the run's (re-raised) if the run really is
+    cancelled, else a stray one that nothing asked for, a fault."""
+    if trio.current_effective_deadline() != -math.inf:
+        raise GuardrailFault(name, exc) from exc
+    raise exc
+
+
+def _judge(name: str, result: object) -> None:
+    """What a guardrail returned, as a pass (returns) or a trip or fault (raises)."""
     if result is False:
         return  # a pass, the common case: no result object to build (P1)
     if result is True:
@@ -189,16 +210,50 @@ async def check(name: str, fn: Callable[[Any, Any], Any], run: Any, value: Any) 
         raise GuardrailTripped(name, result.info)
 
 
+def _is_async(fn: object) -> bool:
+    """Whether calling ``fn`` makes a coroutine (an ``async def``, a partial of one, an
+    object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        inspect.getattr_static(type(fn), "__call__", None)
+    )
+
+
 class StreamGate:
     """Holds a response's text deltas until every streaming output guardrail has passed
     the text holding them; then publishes them (``response.text.delta``) and keeps them
     as the turn's partial text. One per model turn of an agent with such guardrails.
 
-    The checker (:meth:`run`) is a task beside the stream: each round it takes the text
-    streamed so far, calls every streaming guardrail with it, and releases what they
-    passed; deltas that arrive meanwhile wait for the next round (so a fast stream costs
-    one round per batch of deltas, not one per delta).
+    Two ways to check, chosen once per turn:
+
+    - **Inline** (every streaming guardrail is a plain function, not ``async def``):
+      :meth:`push` calls them with the text so far in the stream loop itself, as each
+      delta arrives, and publishes the delta at once if they pass. Nothing can arrive
+      while sync code runs, so a checker task would only add a task step per check
+      (P1: the gate's cost per delta, issue 43). A trip stops the run from the stream
+      loop (:meth:`push` returns True and :meth:`settle` raises the run's Cancelled):
+      the delta that tripped is never published.
+    - **Beside the stream** (any ``async def`` guardrail): the checker (:meth:`run`) is a
+      task of the run; each round it takes the text streamed so far, calls every
+      streaming guardrail with it, and releases what they passed; deltas that arrive
+      meanwhile wait for the next round (so a fast stream costs one round per batch of
+      deltas, not one per delta).
     """
+
+    __slots__ = (
+        "_checked",
+        "_closed",
+        "_ended",
+        "_guardrails",
+        "_held",
+        "_idle",
+        "_more",
+        "_partial",
+        "_pending",
+        "_state",
+        "_stopped",
+        "_turn",
+        "inline",
+    )
 
     def __init__(
         self, state: RunState, turn: int, guardrails: Sequence[OutputGuardrail], partial: list[str]
@@ -207,19 +262,91 @@ class StreamGate:
         self._turn = turn
         self._guardrails = guardrails
         self._partial = partial  # what the turn keeps: released text only
+        # The text every guardrail has passed (all released text), kept whole: a check
+        # appends what arrived since instead of joining every delta again (P1).
+        self._checked = ""
         self._held: list[str] = []  # pushed, not yet released (nor, but the round
         # under way's, checked): the text so far is what was checked plus these
+        self.inline = not any(_is_async(g.fn) for g in guardrails)
+        # Inline: a check a plain function handed back as an awaitable, for settle().
+        self._pending: tuple[Any, int, str, str] | None = None
+        self._stopped = False  # inline: a guardrail tripped or failed; publish no more
         self._more = trio.Event()
         self._idle = trio.Event()
         self._idle.set()
         self._ended = False
         self._closed = False
 
-    def push(self, text: str) -> None:
-        """A delta arrived: hold it until it is checked."""
-        self._held.append(text)
-        self._idle = trio.Event() if self._idle.is_set() else self._idle
-        self._more.set()
+    def push(self, text: str) -> bool:
+        """A delta arrived: check it now (inline) or hold it until the checker has.
+
+        Returns True when the stream loop must ``await`` :meth:`settle` before the next
+        delta: an inline guardrail tripped or failed (the run is being stopped), or a
+        plain function gave back an awaitable to finish.
+        """
+        if not self.inline:
+            self._held.append(text)
+            self._idle = trio.Event() if self._idle.is_set() else self._idle
+            self._more.set()
+            return False
+        if self._stopped or self._closed:
+            return False
+        whole = self._checked + text
+        handle = self._state.handle
+        for index, guardrail in enumerate(self._guardrails):
+            try:
+                try:
+                    result = guardrail.fn(handle, whole)
+                except Exception as exc:
+                    raise GuardrailFault(guardrail.name, exc) from exc
+                except trio.Cancelled as exc:
+                    _raise_cancelled(guardrail.name, exc)
+            except GuardrailFault as exc:
+                return self._stop(exc)
+            if result is False:
+                continue  # a pass, the common case
+            if inspect.isawaitable(result):
+                self._pending = (result, index, whole, text)
+                return True
+            try:
+                _judge(guardrail.name, result)
+            except (GuardrailTripped, GuardrailFault) as exc:
+                return self._stop(exc)
+        self._release(whole, text)
+        return False
+
+    async def settle(self) -> None:
+        """After :meth:`push` returned True: finish the check a plain function handed
+        back as an awaitable (and the guardrails after it), then publish the delta; or,
+        if a guardrail tripped or failed, raise the run's ``Cancelled`` here."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            awaitable, index, whole, text = pending
+            guardrail = self._guardrails[index]
+            try:
+                await _outcome(guardrail.name, awaitable)
+                for later in self._guardrails[index + 1 :]:
+                    await check(later.name, later.fn, self._state.handle, whole)
+            except (GuardrailTripped, GuardrailFault) as exc:
+                self._stop(exc)
+            else:
+                if not self._closed:
+                    self._release(whole, text)
+                return
+        # stop_run cancelled the run's scope: this raises its Cancelled, and the stream
+        # ends here, the rejected delta unpublished.
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    def _stop(self, error: GuardrailTripped | GuardrailFault) -> bool:
+        self._stopped = True
+        stop_run(self._state, error)
+        return True
+
+    def _release(self, whole: str, text: str) -> None:
+        self._checked = whole
+        self._partial.append(text)
+        log = self._state.log
+        log.append(text_delta(self._state.run_id, log.next_seq, self._turn, text))
 
     def end(self) -> None:
         """The stream ended: the checker stops once everything held is checked."""
@@ -235,6 +362,9 @@ class StreamGate:
         self._closed = True
         self._held.clear()
         self._more.set()
+        pending, self._pending = self._pending, None
+        if pending is not None and inspect.iscoroutine(pending[0]):
+            pending[0].close()  # never awaited: the turn ended before settle()
 
     async def drained(self) -> None:
         """Wait until every delta pushed so far is checked and released."""
@@ -245,9 +375,6 @@ class StreamGate:
         """The checker task (see the class docstring). A trip or fault raises (the run
         fails): nothing still held is ever published."""
         state = self._state
-        # The text every guardrail has passed (all released text), kept whole: a round
-        # appends what arrived since instead of joining every delta again (P1).
-        checked = ""
         while True:
             await self._more.wait()
             self._more = trio.Event()
@@ -256,12 +383,12 @@ class StreamGate:
             if self._closed:
                 return
             if count:
-                text = checked + (held[0] if count == 1 else "".join(held))
+                text = self._checked + (held[0] if count == 1 else "".join(held))
                 for guardrail in self._guardrails:
                     await check(guardrail.name, guardrail.fn, state.handle, text)
                 if self.is_closed():
                     return  # the turn ended while checking: nothing more is published
-                checked = text
+                self._checked = text
                 released, self._held = held[:count], held[count:]
                 log = state.log
                 for piece in released:

@@ -682,8 +682,15 @@ class Run:
         deadline = trio.current_time() + self._options.cleanup_timeout
         await self._finish(self._verdict(outcome, escaped), deadline)
         signals = _signals(escaped)
+        # Not held by this frame once it raises: the traceback holds the frame, and a
+        # frame holding its own exception is a reference cycle, left (with the run's
+        # frames and everything they hold) to the garbage collector (B8).
+        escaped = None
         if signals is not None:
-            raise signals  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
+            try:
+                raise signals  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
+            finally:
+                signals = None
 
     async def _drive_with_tasks(self, wrap_up_at: float | None) -> Outcome:
         """The turn loop in a nursery for the run's side tasks: guardrails that run

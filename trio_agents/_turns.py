@@ -493,8 +493,8 @@ async def _stream(
                 if gate is None:
                     partial.append(text)
                     log.append(text_delta(run_id, log.next_seq, turn, text))
-                else:
-                    gate.push(text)  # published once the guardrails pass it
+                elif gate.push(text):  # published once the guardrails pass it
+                    await gate.settle()  # a trip (raises the run's Cancelled), or an await
                 if meter is not None and meter.text(text):
                     # Past a limit: its run's scope is cancelled; cut here.
                     await trio.lowlevel.checkpoint_if_cancelled()
@@ -503,8 +503,8 @@ async def _stream(
         if gate is None:
             partial.append(tail)
             log.append(text_delta(run_id, log.next_seq, turn, tail))
-        else:
-            gate.push(tail)
+        elif gate.push(tail):
+            await gate.settle()
     if gate is not None:
         gate.end()
         await gate.drained()  # every delta checked and published, or a trip
@@ -532,7 +532,8 @@ def _gate(state: RunState, turn: int, partial: list[str]) -> StreamGate | None:
     if not guardrails or state.side is None:
         return None
     gate = StreamGate(state, turn, guardrails, partial)
-    state.side.start_soon(gate_task, gate, state)
+    if not gate.inline:
+        state.side.start_soon(gate_task, gate, state)
     return gate
 
 

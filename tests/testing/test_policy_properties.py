@@ -114,6 +114,28 @@ EXAMPLES: dict[str, tuple[list[Turn], PolicyFaults, str | None]] = {
         "guardrail g",
     ),
     "stream raises": (ANSWER, _one("g", "stream", "raise", call=2), "guardrail g raised"),
+    # A plain-function stream guardrail: checked in the stream loop as each chunk comes.
+    "sync stream trips on text": (
+        ANSWER,
+        _one("pii", "stream", trip_on="dd", sync=True),
+        "guardrail pii",
+    ),
+    "sync stream trips mid-stream": (
+        ANSWER,
+        _one("g", "stream", "trip", call=2, sync=True),
+        "guardrail g",
+    ),
+    "sync stream raises": (
+        ANSWER,
+        _one("g", "stream", "raise", call=3, sync=True),
+        "guardrail g raised",
+    ),
+    "sync stream garbage": (
+        ANSWER,
+        _one("g", "stream", "garbage", sync=True),
+        "guardrail g raised",
+    ),
+    "sync stream passes": (TOOL_THEN_ANSWER, _one("g", "stream", sync=True), None),
     "stream stray cancel": (ANSWER, _one("g", "stream", "stray_cancel"), "guardrail g raised"),
     "stream swallows the cancel": (
         ANSWER,
@@ -211,6 +233,29 @@ def test_a_streaming_trip_publishes_only_what_passed() -> None:
     ]
     assert published == ["a ", "b "]
     assert isinstance(observation.observation.result.error, ta.GuardrailTripped)
+
+
+def test_a_sync_streaming_trip_publishes_only_what_passed() -> None:
+    observation = _check(ANSWER, (), _one("pii", "stream", trip_on="dd", sync=True))
+    published = [
+        e.text for e in observation.observation.events if isinstance(e, ta.ResponseTextDelta)
+    ]
+    assert published == ["a ", "b "]
+    # one call per chunk, each with the text so far, the last the one that tripped
+    assert [c.value for c in observation.guardrail_calls] == ["a ", "a b ", "a b dd "]
+    assert isinstance(observation.observation.result.error, ta.GuardrailTripped)
+
+
+def test_a_sync_guardrail_plan_cannot_wait() -> None:
+    for bad in (
+        {"behaviour": "hang"},
+        {"behaviour": "stray_cancel"},
+        {"delay": 0.5},
+        {"kind": "input"},
+    ):
+        kw: dict[str, Any] = {"kind": "stream", **bad}
+        with pytest.raises(ValueError, match="cannot wait"):
+            GuardrailPlan("g", sync=True, **kw)
 
 
 def test_the_checker_catches_a_gate_that_publishes_unchecked_text() -> None:

@@ -47,6 +47,9 @@ GuardrailBehaviour: TypeAlias = Literal[
 ]
 """What a guardrail does once its ``delay`` is over (see :class:`GuardrailPlan`)."""
 
+_SYNC_BEHAVIOURS = frozenset({"pass", "trip", "raise", "garbage"})
+"""What a sync plan may do: nothing that waits."""
+
 GUARDRAIL_BEHAVIOURS: tuple[GuardrailBehaviour, ...] = (
     "pass",
     "trip",
@@ -92,6 +95,10 @@ class GuardrailPlan:
         call: the first call (from 1) that does ``behaviour``.
         blocking: for an input guardrail: before the model call instead of beside it.
         trip_on: for a stream guardrail: trip on text containing it.
+        sync: for a stream guardrail: a plain function, not ``async def`` (the run
+            checks it in the stream loop as each delta arrives); it cannot wait, so
+            its ``delay`` must be 0 and its ``behaviour`` one of ``"pass"``,
+            ``"trip"``, ``"raise"`` and ``"garbage"``.
     """
 
     name: str
@@ -101,6 +108,13 @@ class GuardrailPlan:
     call: int = 1
     blocking: bool = False
     trip_on: str | None = None
+    sync: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.sync and (
+            self.kind != "stream" or self.delay or self.behaviour not in _SYNC_BEHAVIOURS
+        ):
+            raise ValueError(f"a sync guardrail plan cannot wait: {self!r}")
 
     @property
     def info(self) -> str:
@@ -110,6 +124,8 @@ class GuardrailPlan:
     def describe(self) -> str:
         """A short readable form."""
         extra = " blocking" if self.blocking else ""
+        if self.sync:
+            extra += " sync"
         if self.trip_on is not None:
             extra += f" trip_on={self.trip_on!r}"
         return (
@@ -214,13 +230,22 @@ class WatchedGuardrails:
         return next((p for p in self.plans if p.name == name), None)
 
     def _make(self, plan: GuardrailPlan) -> Any:
+        if plan.sync:
+
+            def sync_guardrail(run: Any, value: Any) -> Any:
+                return self._call_now(plan, self._record(plan, value))
+
+            sync_guardrail.__name__ = plan.name
+            return sync_guardrail
+
         async def guardrail(run: Any, value: Any) -> Any:
             return await self._call(plan, value)
 
         guardrail.__name__ = plan.name
         return guardrail
 
-    async def _call(self, plan: GuardrailPlan, value: Any) -> Any:
+    def _record(self, plan: GuardrailPlan, value: Any) -> tuple[GuardrailCall, str]:
+        """Record a call; the record and what the plan does on it."""
         number = self._counts[plan.name] = self._counts.get(plan.name, 0) + 1
         text = _value_text(plan.kind, value)
         record = GuardrailCall(
@@ -230,6 +255,26 @@ class WatchedGuardrails:
         behaviour = plan.behaviour if number >= plan.call else "pass"
         if plan.trip_on is not None and plan.trip_on in text:
             behaviour = "trip"
+        return record, behaviour
+
+    def _call_now(self, plan: GuardrailPlan, called: tuple[GuardrailCall, str]) -> Any:
+        """A call's answer, at once (a sync plan's, and an async one's after its wait)."""
+        record, behaviour = called
+        record.ended_at = trio.current_time()
+        if behaviour == "raise":
+            record.outcome = "raised"
+            raise InjectedFault(f"guardrail {plan.name} failed on purpose")
+        if behaviour == "garbage":
+            record.outcome = "garbage"
+            return GARBAGE_VERDICT
+        if behaviour == "trip":
+            record.outcome = "tripped"
+            return GuardrailResult(True, plan.info)
+        record.outcome = "passed"
+        return GuardrailResult(False, "fine")
+
+    async def _call(self, plan: GuardrailPlan, value: Any) -> Any:
+        record, behaviour = called = self._record(plan, value)
 
         def ended(outcome: GuardrailOutcome) -> None:
             record.outcome = outcome
@@ -257,14 +302,4 @@ class WatchedGuardrails:
             if record.outcome is None:
                 ended("cancelled")
             raise
-        if behaviour == "raise":
-            ended("raised")
-            raise InjectedFault(f"guardrail {plan.name} failed on purpose")
-        if behaviour == "garbage":
-            ended("garbage")
-            return GARBAGE_VERDICT
-        if behaviour == "trip":
-            ended("tripped")
-            return GuardrailResult(True, plan.info)
-        ended("passed")
-        return GuardrailResult(False, "fine")
+        return self._call_now(plan, called)

@@ -24,16 +24,21 @@ def _plan(
     draw: st.DrawFn, name: str, kinds: tuple[GuardrailKind, ...], faults: bool
 ) -> GuardrailPlan:
     kind = draw(st.sampled_from(kinds))
+    # A stream guardrail may be a plain function: checked in the stream loop, at once.
+    sync = kind == "stream" and draw(st.booleans())
     behaviours = GUARDRAIL_BEHAVIOURS if faults else ("pass", "trip")
+    if sync:
+        behaviours = tuple(b for b in behaviours if b in ("pass", "trip", "raise", "garbage"))
     behaviour = draw(st.sampled_from(behaviours))
     return GuardrailPlan(
         name=name,
         kind=kind,
         behaviour=behaviour,
-        delay=draw(_GUARDRAIL_DELAYS),
+        delay=0.0 if sync else draw(_GUARDRAIL_DELAYS),
         call=draw(st.integers(1, 3)),
         blocking=kind == "input" and draw(st.booleans()),
         trip_on=draw(st.none() | _TRIGGERS) if kind == "stream" else None,
+        sync=sync,
     )
 
 
