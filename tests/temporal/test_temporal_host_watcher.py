@@ -1,15 +1,9 @@
-"""A bug found while serving the TemporalHost (``serve --temporal``), left to the
-TemporalHost's owner: its watcher of a run's workflow reads the workflow's result with
-no ``result_type`` (``_temporal_host._closed_as``: ``client.get_workflow_handle(run_id)``
-then ``handle.result()``), so a run that COMPLETED gives a ``dict``, and
-``outcome.status`` raises ``AttributeError``: every completed run logs
-``run ...: watching its workflow failed`` with a traceback on the server's stderr, and a
-completed workflow whose terminal record no attempt wrote would never get one.
-
-The fix: ``get_workflow_handle(run_id, result_type=RunOutcome)``. Then this test passes
-(remove the xfail). It is not strict: the watcher logs as soon as Temporal answers it,
-which this test cannot await through public API, so on a loaded machine it could pass
-before the log line is written."""
+"""A server over Temporal (``serve --temporal``) says nothing on stderr for a run that
+completed: the TemporalHost's watcher of the run's workflow reads its result as a
+``RunOutcome`` (it once read a ``dict`` and logged ``run ...: watching its workflow
+failed`` with a traceback for every completed run; found by this test). The watcher logs
+as soon as Temporal answers it, which this test cannot await through public API: it
+waits for the workflow to close, then for the server to stop."""
 
 from __future__ import annotations
 
@@ -18,7 +12,6 @@ import signal
 from collections.abc import Callable
 
 import httpx
-import pytest
 import trio
 from temporalio.client import Client
 
@@ -35,7 +28,6 @@ async def _workflow_closed(target: str, run_id: str) -> None:
     await client.get_workflow_handle(run_id).result()
 
 
-@pytest.mark.xfail(reason="TemporalHost's watcher reads a dict as a RunOutcome", strict=False)
 async def test_a_completed_run_leaves_no_traceback_on_the_server(
     workers: Callable[[int], Workers],
 ) -> None:

@@ -134,7 +134,7 @@ async def test_serve_over_temporal_runs_on_the_workers_rest_and_sse(
             assert await served.process.wait() == 0, served.stderr
             rest = await served.stdout.rest()
             assert rest == ["SIGTERM: server stopped (the runs go on on the Temporal workers)"]
-            # (stderr is not checked here: test_temporal_host_watcher.py says why)
+            assert "Traceback" not in served.stderr, served.stderr
 
 
 def test_temporal_and_cluster_are_exclusive() -> None:
