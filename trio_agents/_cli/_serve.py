@@ -43,12 +43,15 @@ import socket
 import stat
 import sys
 from collections.abc import Mapping
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import trio
 
 from .._agent import Agent
 from .._exception_groups import leaves
+
+if TYPE_CHECKING:
+    from ..hosting import Limits, LocalHost, RunHost
 from ._errors import EXIT_USAGE, CLIError
 
 __all__ = ["DEFAULT_PRINCIPAL", "load_app", "read_tokens", "serve_command"]
@@ -195,20 +198,14 @@ def _http_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-async def _serve(
-    args: argparse.Namespace, agents: Mapping[str, Agent], auth: dict[str, str], out: TextIO
-) -> tuple[str, int]:
-    """Serve until SIGINT or SIGTERM, shut down; return the signal's name and how many
-    runs the shutdown cancelled (or handed over)."""
-    from ..control import WebsocketFace
-    from ..hosting import Limits, LocalHost, RunHost, ServedFace
-    from ..hosting import serve as serve_faces
+def _host(
+    args: argparse.Namespace, agents: Mapping[str, Agent], limits: Limits
+) -> tuple[RunHost, LocalHost | None, str]:
+    """The server's host, the host whose runs a shutdown stops here (None with Temporal:
+    the runs live on the workers and go on without this server), and where runs live."""
+    from ..hosting import LocalHost
 
-    # First the host (where the runs live), then its faces (how clients reach them).
-    limits = Limits(shutdown_timeout=args.shutdown_timeout, max_run_limits=args.max_run_limits)
     host: RunHost
-    # The host whose runs a shutdown stops here (None with Temporal: the runs live on
-    # the workers and go on without this server).
     counted: LocalHost | None = None
     if args.temporal is not None:
         from ..temporal import RunStore, TemporalHost
@@ -243,6 +240,21 @@ async def _serve(
     else:
         host = counted = LocalHost(agents, sessions=args.db, limits=limits)
         where = f"sessions in {args.db}"
+    return host, counted, where
+
+
+async def _serve(
+    args: argparse.Namespace, agents: Mapping[str, Agent], auth: dict[str, str], out: TextIO
+) -> tuple[str, int]:
+    """Serve until SIGINT or SIGTERM, shut down; return the signal's name and how many
+    runs the shutdown cancelled (or handed over)."""
+    from ..control import WebsocketFace
+    from ..hosting import Limits, ServedFace
+    from ..hosting import serve as serve_faces
+
+    # First the host (where the runs live), then its faces (how clients reach them).
+    limits = Limits(shutdown_timeout=args.shutdown_timeout, max_run_limits=args.max_run_limits)
+    host, counted, where = _host(args, agents, limits)
     websocket = WebsocketFace(auth=auth, host=args.host, port=args.port)
     faces: list[ServedFace] = [websocket]
     http: Any = None
