@@ -125,6 +125,12 @@ async def test_serve_over_temporal_runs_on_the_workers_rest_and_sse(
                         "status": "cancelled",
                     }
                 ]
+                # The repaired conversation is in the workers' session, which this
+                # server reads to fork it (serve gives the host the sessions of --db).
+                forked = await http.post("/sessions/s1/fork", json={"new_session_id": "s2"})
+                assert forked.status_code == 201, forked.text
+                # the user message, the call, its repaired (cancelled) result
+                assert forked.json() == {"session_id": "s2", "items": 3}
                 listed = (await http.get("/runs")).json()["runs"]
                 assert {r["run_id"]: r["status"] for r in listed} == {
                     run_id: "completed",

@@ -208,15 +208,17 @@ def _host(
     host: RunHost
     counted: LocalHost | None = None
     if args.temporal is not None:
-        from ..temporal import RunStore, TemporalHost
+        from ..temporal import RunStore, TemporalHost, sqlite_sessions
 
         # The workers' files: the sessions in --db, the runs' events and records beside
-        # it (FILE.runs), as `trio-agents worker --db` keeps them.
+        # it (FILE.runs), as `trio-agents worker --db` keeps them. The host reads the
+        # sessions only to fork one (POST /sessions/{id}/fork).
         store = RunStore.beside(args.db)
         host = TemporalHost(
             args.temporal,
             agents,
             store=store,
+            sessions=sqlite_sessions(args.db),
             task_queue=args.task_queue,
             namespace=args.namespace,
             limits=limits,
