@@ -389,3 +389,26 @@ async def test_a_run_goes_on_across_a_restart_of_the_temporal_server(tmp_path: P
     assert (info.status, info.reason) == (ta.RunStatus.CANCELLED, "after the restart"), group.logs()
     seqs = [event.seq for event in seen]
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_a_worker_that_stops_hands_its_run_over_with_one_terminal_update(
+    workers: Callable[[int], Workers],
+) -> None:
+    group = workers(2)
+    with trio.fail_after(BOUND):
+        async with opened(group) as host:
+            run_id = await host.start(ALICE, _start("block", session_id="s7"))
+            await _until_event(host, run_id, "tool.started")
+            pid = int((group.marks / f"{run_id}.started").read_text())
+            os.kill(pid, signal.SIGTERM)  # a graceful stop: the run is handed over
+            info = await host.wait_terminal("alice", run_id)
+            async with host.events("alice", run_id) as events:
+                seen = [event async for event in events]
+    assert info.status == ta.RunStatus.COMPLETED, group.logs()
+    terminal = [
+        event.event["status"]
+        for event in seen
+        if event.event["type"] == "run.updated" and ta.RunStatus(event.event["status"]).is_terminal
+    ]
+    assert terminal == ["completed"]  # the stopped attempt's own end is not the run's
+    assert [event.seq for event in seen] == list(range(1, len(seen) + 1))

@@ -115,6 +115,9 @@ class Attempt:
     _cancel_reason: str | None = attrs.field(init=False, default=None)
     _ready: trio.Event = attrs.field(init=False, factory=trio.Event)
     _ended: bool = attrs.field(init=False, default=False)
+    handover: bool = attrs.field(init=False, default=False)
+    """The attempt stops because its worker shuts down: its run goes on in the next
+    attempt, so its terminal update is not the run's (not written to the store)."""
 
     def cancel(self, reason: str, *, mode: CancelMode = "immediate") -> None:
         """Cancel the run (now, or as soon as it exists). Trio thread only."""
@@ -284,6 +287,7 @@ async def run_attempt(
                 agent_name=request.agent,
                 agents=agents,
                 session_id=request.session_id,
+                handover=lambda: attempt.handover,
             )
         try:
             result = await _run(

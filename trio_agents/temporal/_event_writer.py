@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, final
 
 import trio
@@ -56,6 +56,7 @@ class EventWriter:
         agent_name: str,
         agents: Mapping[str, Agent],
         session_id: str | None,
+        handover: Callable[[], bool] = lambda: False,
     ) -> None:
         self._store = store
         self._root = root
@@ -64,6 +65,7 @@ class EventWriter:
         self._agent_name = agent_name
         self._agents = agents
         self._session_id = session_id
+        self._handover = handover
         # Taken now, before the run's next checkpoint: the cursor replays from the
         # oldest retained event, and nothing of this attempt is retained-out yet.
         self._cursor = root.events(tree=True)
@@ -108,6 +110,8 @@ class EventWriter:
             data = event.to_json()
             if not event.seq:  # an events.dropped marker of the merged stream: not a run's
                 continue
+            if self._handed_over(event):
+                continue
             rows.append((event.run_id, event.seq, json.dumps(data)))
             touched[event.run_id] = None
             self._seqs[event.run_id] = max(self._seqs.get(event.run_id, 0), event.seq)
@@ -141,6 +145,18 @@ class EventWriter:
             self._root.cancel(FENCED)
             return
         self.written_seq = self._seqs.get(self._root.id, self.written_seq)
+
+    def _handed_over(self, event: RunEvent) -> bool:
+        """Whether ``event`` is the root's terminal update of an attempt handed over (its
+        worker shuts down): the run goes on in the next attempt, from the seq after
+        the last one written, so this update is not the run's and is not written (nor
+        is the session released)."""
+        return (
+            event.run_id == self._root.id
+            and type(event) is RunUpdated
+            and event.status.is_terminal
+            and self._handover()
+        )
 
     def _record(self, run_id: str) -> tuple[str, str | None, RunInfo]:
         root = self._root

@@ -31,6 +31,7 @@ import trio
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -113,6 +114,8 @@ class _TrioThread:
     def stop(self) -> None:
         """Cancel every attempt still running (reason ``"parent cancelled"``) and join."""
         self.stopping = True
+        for attempt in list(self.attempts.values()):
+            attempt.handover = True
         if self._token is not None and self._stop is not None:
             with contextlib.suppress(trio.RunFinishedError):  # it ended on its own
                 self._token.run_sync_soon(self._stop.cancel)
@@ -173,6 +176,8 @@ class _TrioHere(_TrioThread):
         """Cancel every attempt still running (called from the worker's asyncio
         thread when it shuts down)."""
         self.stopping = True
+        for attempt in list(self.attempts.values()):
+            attempt.handover = True
         assert self._nursery is not None
         with contextlib.suppress(trio.RunFinishedError):
             self.call_soon(self._nursery.cancel_scope.cancel)
@@ -310,6 +315,8 @@ class _Activities:
                     continue
                 cancelled = True
                 reason = await _cancel_reason(workflow)
+                if self._trio.stopping or _shutting_down():
+                    attempt.handover = True  # (read in the Trio thread: a plain flag)
                 self._trio.call_soon(partial(attempt.cancel, reason))
             except Exception:
                 break  # the attempt raised: _result says whether it is retried
@@ -360,6 +367,13 @@ async def _announce(workflow: WorkflowHandle[Any, Any], started: AttemptStarted)
                 task is not None and task.cancelling()
             ):
                 raise  # the activity itself is cancelled (its worker shuts down)
+            continue
+        except RPCError as exc:
+            # Under load the server aborts an update whose workflow task timed out
+            # ("workflow update was aborted"): announced again, after a breath.
+            if "aborted" not in exc.message:
+                raise
+            await asyncio.sleep(0.1)
             continue
         return catchup
 
