@@ -8,9 +8,13 @@ stops the run, waits for its repaired result, records it, and only then ends the
 workflow CANCELED. A lost worker's attempt is retried on another worker; a run that
 failed or was cancelled on its own is not.
 
-Built so far: the workflow, the worker (``TemporalWorker``, ``run_worker``, ``trio-agents
-worker``), and a small client API (``start_run``, ``cancel_run``, ``inject_run``,
-``withdraw_run``, ``approve_call``, ``reject_call``, ``run_result``). Not built yet: ``TemporalHost`` (every face over Temporal).
+Every face serves these runs through :class:`TemporalHost` (``trio-agents serve
+--temporal``), which reads their events and records from the shared :class:`RunStore`
+that the workers' attempts write; workers run as ``trio-agents worker`` processes
+(:class:`TemporalWorker`, :func:`run_worker`) or inside a Trio program
+(:func:`serve_worker`). A small asyncio client API (``start_run``, ``cancel_run``,
+``inject_run``, ``withdraw_run``, ``approve_call``, ``reject_call``, ``run_result``)
+serves scripts without a host.
 """
 
 from ._activity import SessionFactory as SessionFactory
