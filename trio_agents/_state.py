@@ -33,6 +33,7 @@ import trio
 from ._agent import Agent
 from ._error_text import summarize
 from ._events import RunItemEvent, RunStatus, RunUpdated
+from ._inbox import Parking
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall, UserMessage
 from ._limits import Budget, charge_all, estimate_cost
 from ._log import EventLog
@@ -244,6 +245,7 @@ class RunState:
         "on_waiting",
         "open_calls",
         "options",
+        "parking",
         "partial_text",
         "rejected",
         "run_id",
@@ -364,6 +366,9 @@ class RunState:
         self.side: trio.Nursery | None = None
         self.guardrails_running = 0
         self.guardrails_idle: trio.Event | None = None
+        # The park_after option's watch (_inbox.Parking, set by _run.py): a turn with
+        # calls waiting for approval runs it beside them (_toolcalls.py).
+        self.parking: Parking | None = None
 
     # -- events -----------------------------------------------------------------------
 
