@@ -87,10 +87,15 @@ async def open_run(
     conversation, for a client that re-sends its whole message list; an input left
     empty is a retry of those, checked again by the input guardrails, or fails the run
     with :class:`InvalidConversationError` when all of them were rejected).
+    ``park_after`` (None; seconds): a turn whose approval wait lasted that long *parks*
+    the run — it ends without a cancel repair, its calls awaiting approval left open in
+    its session, ``result.parked`` true — for a run resumed from the session
+    (``resume``) to wait for the same decisions (docs/lifecycle.md); needs a session.
 
     Raises:
         SessionBusyError: ``on_busy="reject"`` and the session is busy.
-        ValueError: ``resume`` without a session, or with input.
+        ValueError: ``resume`` without a session, or with input; ``park_after``
+            without a session.
     """
     handle = _root(agent, input, session, run_id, options)
     handle._claim_session()

@@ -215,18 +215,24 @@ class _Activities:
             catchup = await _announce(
                 workflow, AttemptStarted(attempt=info.attempt, address=self._trio.address)
             )
-            future = self._start(request, attempt, info.attempt, catchup, workflow)
-            self._catch_up(attempt, catchup)
+            # The run's own count (a parked run's next attempt is a new activity).
+            number = catchup.attempt or info.attempt
+            future = self._start(request, attempt, number, catchup, workflow)
+            self._catch_up(attempt, catchup, resumed=_resumes(request, number))
             return await self._wait(future, attempt, workflow)
         finally:
             beat.cancel()
             if self._trio.attempts.get(request.run_id) is attempt:
                 del self._trio.attempts[request.run_id]
 
-    def _catch_up(self, attempt: Attempt, catchup: Catchup) -> None:
+    def _catch_up(self, attempt: Attempt, catchup: Catchup, *, resumed: bool) -> None:
         """Apply the ops the history holds that no attempt applied, in order: a cancel
-        at once (before the run's first model call), an inject once the run exists."""
+        at once (before the run's first model call), an inject once the run exists. A
+        resumed attempt's approvals and rejections are in its ``Resume`` instead
+        (``run_attempt``'s ``decided``): applied when each call asks again."""
         for op in catchup.ops:
+            if resumed and op.op in ("approve", "reject"):
+                continue
             if op.op == "cancel":
                 self._trio.call_soon(partial(attempt.cancel, op.reason or "cancelled"))
             else:
@@ -260,6 +266,7 @@ class _Activities:
                 barrier=barrier,
                 started_calls=catchup.started_calls,
                 next_seq=catchup.next_seq,
+                decided=catchup.ops,
             )
 
         return self._trio.spawn(body)
@@ -285,6 +292,11 @@ class _Activities:
             except Exception:
                 break  # the attempt raised: _result says whether it is retried
         return _result(future, self._trio.stopping or _shutting_down())
+
+
+def _resumes(request: RunRequest, number: int) -> bool:
+    """Whether attempt ``number`` resumes the run from its session (``run_attempt``)."""
+    return number > 1 and request.session_id is not None
 
 
 def _shutting_down() -> bool:
