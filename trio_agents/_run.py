@@ -136,10 +136,7 @@ class Run:
             raise ValueError(
                 "resume= continues a run from its session: give a session and no input"
             )
-        if options.park_after is not None and (session is None or _parent is not None):
-            # A parked run's calls live on in its session only, and a child's call
-            # belongs to its parent's turn, which cannot park around it.
-            raise ValueError("park_after needs a session and a root run (not a child run)")
+        _check_parkable(options, session, _parent)
         self.id: str = run_id or f"run_{_uuid4_hex()}"
         self.session = session
         # The run tree (§17): a child run lives inside one of its parent's tool calls.
@@ -167,8 +164,7 @@ class Run:
         # One lock for the inbox, the approvals and the cancel request: each holds it
         # only for a few lines, never across another's.
         self._approvals = Approvals(self.id, self._inbox.lock)
-        # The calls the run left waiting when it parked (park_after), once it has.
-        self._parked: tuple[str, ...] | None = None
+        self._parked: tuple[str, ...] | None = None  # the calls it left waiting, parked
         if options.park_after is not None:
             self._state.parking = Parking(options.park_after, self._try_park)
         self._scope = trio.CancelScope()
@@ -807,6 +803,14 @@ class Run:
 # A random (version 4) UUID's hex, as uuid.uuid4().hex, at half the cost.
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _check_parkable(options: RunOptions, session: Session | None, parent: Run | None) -> None:
+    """``park_after`` needs a session and a root run: a parked run's calls live on in
+    its session only, and a child's call belongs to its parent's turn, which cannot
+    park around it."""
+    if options.park_after is not None and (session is None or parent is not None):
+        raise ValueError("park_after needs a session and a root run (not a child run)")
 
 
 def _sum_known(a: Usage | None, b: Usage | None) -> Usage | None:

@@ -343,16 +343,16 @@ class RunState:
         # opened, and whether the run's span is (_repair.py ends them).
         self.spans = Spans()
         self.run_span_open = False
-        # -- the run tree (§17) and the limits, set by _run.py: what its calls start
-        # child runs with, usage of the finished descendants, the approvals waiting
-        # below it ({"run_id", "call_id", "name", "arguments"} each), the parent's
-        # callback for when its own or its descendants' waiting calls change, and the
-        # usage limits it charges: its own, then each ancestor's (_limits.py).
+        # -- set by _run.py: the run tree (§17) — what its calls start child runs with,
+        # the finished descendants' usage, the approvals waiting below it ({"run_id",
+        # "call_id", "name", "arguments"}), the parent's callback when they change —, the
+        # limits it charges (its own, then each ancestor's: _limits.py), park_after's watch.
         self.child_starter: ChildStarter | None = None
         self.usage_below: Usage | None = None
         self.waiting_below: tuple[Mapping[str, str], ...] = ()
         self.on_waiting: Callable[[], None] | None = None
         self.budgets: tuple[Budget, ...] = ()
+        self.parking: Parking | None = None  # _inbox.Parking; _toolcalls.py runs it
         self.throttled = False  # a `running` update shows a rate limit's wait (§21)
         # -- guardrails (_guardrails.py): the user items no input guardrail has seen yet
         # (_session_load.py, _turns.py), the nursery of the run's side tasks (when its
@@ -366,9 +366,6 @@ class RunState:
         self.side: trio.Nursery | None = None
         self.guardrails_running = 0
         self.guardrails_idle: trio.Event | None = None
-        # The park_after option's watch (_inbox.Parking, set by _run.py): a turn with
-        # calls waiting for approval runs it beside them (_toolcalls.py).
-        self.parking: Parking | None = None
 
     # -- events -----------------------------------------------------------------------
 
