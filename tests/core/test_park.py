@@ -11,11 +11,16 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 import trio_agents as ta
 from tests.support.helpers import collect
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.sessions import SQLiteSession
+from trio_agents.tracing import OpenTelemetryHooks
 
 
 def approval_agent(
@@ -321,3 +326,25 @@ async def test_park_after_needs_a_session_and_a_root_run(tmp_path: Path) -> None
         result = await ta.run(parent, "go", session=session)
     tool_result = results(result.conversation)["call_1_0"]
     assert "park_after needs a session and a root run" in tool_result.output
+
+
+async def test_a_parked_run_s_span_ends_without_an_error(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    hooks = OpenTelemetryHooks(tracer_provider=provider)
+    async with SQLiteSession(tmp_path / "s.db", "s") as session:
+        result = await ta.run(
+            approval_agent(ScriptedModel([one_call()]), []),
+            "go",
+            session=session,
+            park_after=1,
+            hooks=hooks,
+        )
+    assert result.parked
+    (run_span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert run_span.status.status_code is not StatusCode.ERROR
+    assert run_span.attributes is not None
+    assert run_span.attributes["trio_agents.run.status"] == "awaiting_approval"
