@@ -103,9 +103,14 @@ async def test_a_parked_run_leaves_its_call_open_and_a_resumed_run_approves_it(
             # The same decision is asked for again.
             assert (await until_awaiting(run)).detail == {"pending": ["c1"]}
             run.approve("c1")
+            resumed = await collect(run, from_seq=last.seq + 1)
         assert run.result is not None
         assert run.result.status == "completed", run.result.reason
         assert ran == ["c1"]
+        # Seqs go on after the parked run's; the resumed run says it resumed.
+        assert resumed[0].seq == last.seq + 1
+        running = [e for e in resumed if isinstance(e, ta.RunUpdated) and e.status == "running"]
+        assert running[0].detail == {"resumed": True, "attempt": 2}
         stored = await session.get_stored_items()
         assert results(stored)["c1"].output == "deleted"
         assert ta.conversation_problems(stored) == []
