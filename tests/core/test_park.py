@@ -204,6 +204,9 @@ async def test_a_decision_after_the_park_is_refused_with_status_parked(
             pass
         assert run.result is not None
         assert run.result.parked
+        # Still listed as waiting (what a host shows, with the approve buttons).
+        assert run.status == "awaiting_approval"
+        assert run.statistics().pending_approvals == ("c1",)
         # Refused, never silently dropped: the caller gives it to the resumed run.
         with pytest.raises(ta.RunClosedError) as caught:
             run.approve("c1")

@@ -11,6 +11,7 @@ import pytest
 import trio_agents
 import trio_agents.cluster
 import trio_agents.control
+import trio_agents.evals
 import trio_agents.faces
 import trio_agents.hosting
 import trio_agents.mcp
@@ -31,6 +32,7 @@ MODULES = [
     trio_agents.cluster,
     trio_agents.temporal,
     trio_agents.mcp,
+    trio_agents.evals,
     trio_agents.testing,
     trio_agents.testing.plugin,
     trio_agents.tracing,

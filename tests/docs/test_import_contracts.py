@@ -47,6 +47,9 @@ PROBES: Final = [
     ("libraries", "mcp/_servers.py", "from ..faces import _face"),
     ("libraries", "tracing/_otel.py", "from ..control import _client"),
     ("libraries", "sessions/_memory.py", "from ..temporal import _types"),
+    # the evals run agents in process: no host, no face
+    ("libraries", "evals/_runner.py", "from ..hosting import _host"),
+    ("libraries", "evals/_judge.py", "def _probe() -> None:\n    from ..faces import _face"),
     # the run core imports no server layer and no models, not even inside a function
     ("core", "_tools.py", "def _probe() -> None:\n    from .hosting import _host"),
     ("core", "_run.py", "from .control import _protocol"),

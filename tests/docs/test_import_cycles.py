@@ -28,6 +28,7 @@ ALLOWED_CYCLES: Final[tuple[frozenset[str], ...]] = ()
 # The packages below the server layers: the run core (trio_agents/_*.py) and what sits
 # beside it; not one of their modules may be on a cycle, allowance or not.
 BELOW_THE_SERVER: Final = (
+    "trio_agents.evals",
     "trio_agents.mcp",
     "trio_agents.models",
     "trio_agents.sessions",

@@ -5,15 +5,18 @@ on its own, no face): a node that runs the runs itself, and a node whose runs al
 on another node (placed starts, routed ops, events from the persisted log) — through
 the interface only.
 
-A new host (Temporal, issue 38) passes by adding a fixture to :data:`HOSTS`: an async
+— and the TemporalHost (a real dev server; the runs on a worker embedded in the test's
+Trio program). A new host passes by adding a fixture to :data:`HOSTS`: an async
 context manager that serves a host of ``agents`` with sessions that survive a run.
 docs/architecture.md ("How a new host plugs in") says what else it implements.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +92,43 @@ def _filler() -> ta.Agent:
     return ta.Agent(name="filler", instructions="test", model=model, tools=[hold])
 
 
-HOSTS = ["local", "cluster", "cluster-routed"]
+def _temporal(target: str, tmp_path: Path) -> OpenHost:
+    """A TemporalHost over a real dev server, its runs run by a worker embedded in the
+    test's own Trio program (``serve_worker``: the attempts share the test's loop, so the
+    agents' scripted models and tools are the test's), on a task queue of its own."""
+    from trio_agents.temporal import RunStore, TemporalHost, serve_worker, sqlite_sessions
+
+    @asynccontextmanager
+    async def open_host(agents: Mapping[str, ta.Agent]) -> AsyncIterator[RunHost]:
+        queue = f"q-{uuid.uuid4().hex[:12]}"
+        db = tmp_path / "sessions.sqlite3"
+        async with trio.open_nursery() as worker:
+            await worker.start(
+                partial(
+                    serve_worker,
+                    target,
+                    agents,
+                    sessions=sqlite_sessions(str(db)),
+                    store=RunStore.beside(db),
+                    task_queue=queue,
+                )
+            )
+            host = TemporalHost(
+                target,
+                agents,
+                store=RunStore.beside(db),
+                task_queue=queue,
+                limits=_LIMITS,
+                poll_interval=0.01,
+            )
+            async with host.running():
+                yield host
+            worker.cancel_scope.cancel()
+
+    return open_host
+
+
+HOSTS = ["local", "cluster", "cluster-routed", "temporal"]
 
 
 @pytest.fixture(params=HOSTS)
@@ -99,6 +138,8 @@ def open_host(request: pytest.FixtureRequest, tmp_path: Path) -> OpenHost:
         return _local(tmp_path)
     if request.param == "cluster":
         return _cluster(request.getfixturevalue("pg_dsn"))
+    if request.param == "temporal":
+        return _temporal(request.getfixturevalue("temporal_server"), tmp_path)
     return _routed(request.getfixturevalue("pg_dsn"))
 
 

@@ -2,7 +2,8 @@
 
 ``trio-agents demo`` tours the run lifecycle; ``trio-agents serve`` runs a control
 server (websocket, loopback by default); ``trio-agents mcp --app MOD:ATTR`` serves
-agents as MCP tools over stdio; ``trio-agents ctl URL VERB`` drives a server.
+agents as MCP tools over stdio; ``trio-agents ctl URL VERB`` drives a server; ``trio-agents eval CASES --app
+MOD:ATTR`` runs a dataset of cases against agents (the evals extra).
 ``python -m trio_agents`` is the same command. See ``docs/cli.md``.
 
 A user's mistake or a signal never shows a traceback: one line on stderr
@@ -36,6 +37,10 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         from ._mcp_stdio import mcp_command
 
         return mcp_command(args, out)
+    if args.command == "eval":
+        from ._eval import eval_command
+
+        return eval_command(args, out)
     if args.command == "worker":
         from ._worker import worker_command
 

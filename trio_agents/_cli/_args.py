@@ -10,13 +10,15 @@ from typing import Any, NoReturn
 
 from .. import __version__
 from ._errors import EXIT_USAGE
+from ._eval import add_eval
 from ._mcp_stdio import add_mcp
 
 __all__ = ["build_parser", "parse"]
 
 DESCRIPTION = """\
 trio_agents on the command line. `demo` tours the run lifecycle; `serve` serves
-agents over the websocket control channel; `ctl URL VERB` drives a server's runs.
+agents over the websocket control channel; `ctl URL VERB` drives a server's runs;
+`eval CASES --app MOD:ATTR` measures agents over a dataset of cases.
 Exit status: 0 success, 1 the command failed, 2 bad command line, 130 interrupted.
 """
 
@@ -402,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _add_serve(commands)
     add_mcp(commands, _seconds)
+    add_eval(commands, _seconds, _count)
     _add_ctl(commands)
     _add_worker(commands)
     return parser

@@ -27,13 +27,16 @@ def worker_command(args: argparse.Namespace, out: TextIO) -> int:
     one line on stderr when Temporal cannot be reached (this never returns once the
     worker started)."""
     try:
-        from ..temporal import run_worker, sqlite_sessions
+        from ..temporal import RunStore, run_worker, sqlite_sessions
     except ImportError as exc:
         raise CLIError(
             f"the worker needs the temporal extra (pip install 'trio-agents[temporal]'): {exc}"
         ) from None
     agents = load_app(args.app)
     sessions = sqlite_sessions(args.db)
+    # The runs' events and records live beside their sessions (FILE.runs): what a
+    # server's TemporalHost (`trio-agents serve --temporal`) serves to every face.
+    store = RunStore.beside(args.db)
 
     async def main() -> None:
         task = asyncio.current_task()
@@ -55,6 +58,7 @@ def worker_command(args: argparse.Namespace, out: TextIO) -> int:
                 task_queue=args.task_queue,
                 namespace=args.namespace,
                 host=args.host,
+                store=store,
             )
         except RuntimeError as exc:
             raise CLIError(f"cannot reach Temporal at {args.temporal}: {exc}") from None

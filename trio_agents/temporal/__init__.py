@@ -15,7 +15,6 @@ worker``), and a small client API (``start_run``, ``cancel_run``, ``inject_run``
 
 from ._activity import SessionFactory as SessionFactory
 from ._activity import sqlite_sessions as sqlite_sessions
-from ._run_client import TemporalHost as TemporalHost
 from ._run_client import approve_call as approve_call
 from ._run_client import cancel_run as cancel_run
 from ._run_client import inject_run as inject_run
@@ -23,9 +22,12 @@ from ._run_client import reject_call as reject_call
 from ._run_client import run_result as run_result
 from ._run_client import start_run as start_run
 from ._run_client import withdraw_run as withdraw_run
+from ._run_store import RunStore as RunStore
+from ._temporal_host import TemporalHost as TemporalHost
 from ._trio_worker import DEFAULT_TASK_QUEUE as DEFAULT_TASK_QUEUE
 from ._trio_worker import TemporalWorker as TemporalWorker
 from ._trio_worker import run_worker as run_worker
+from ._trio_worker import serve_worker as serve_worker
 from ._types import CANCELLED_BY_TEMPORAL as CANCELLED_BY_TEMPORAL
 from ._types import OpAnswer as OpAnswer
 from ._types import RunOutcome as RunOutcome
@@ -38,6 +40,7 @@ __all__ = [
     "OpAnswer",
     "RunOutcome",
     "RunRequest",
+    "RunStore",
     "RunWorkflow",
     "SessionFactory",
     "TemporalHost",
@@ -48,6 +51,7 @@ __all__ = [
     "reject_call",
     "run_result",
     "run_worker",
+    "serve_worker",
     "sqlite_sessions",
     "start_run",
     "withdraw_run",

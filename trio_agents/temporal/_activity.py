@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Final, TypeAlias, final
 
 import attrs
@@ -26,13 +27,18 @@ from .._events import ResponseTextDelta, RunItemEvent, RunStatus, RunUpdated
 from .._exceptions import InboxFullError, RunClosedError, UnknownCallError
 from .._items import AssistantMessage, Item, ToolCall, ToolResult, coerce_items
 from .._resume import Resume
-from .._run import InjectWhen, Run
+from .._run import CancelMode, InjectWhen, Run
+from ..hosting import RunInfo
+from ..hosting._policies import effective_limits
 from ..sessions import Session
+from ._event_writer import EventWriter
+from ._run_store import RunStore
 from ._types import PARKED, OpAnswer, RunOutcome, RunRequest, SteeringOp
 
 __all__ = [
     "Attempt",
     "AttemptError",
+    "AttemptFenced",
     "SessionFactory",
     "decisions",
     "run_attempt",
@@ -57,6 +63,32 @@ _WHEN: Final[dict[str, InjectWhen]] = {
 
 class AttemptError(Exception):
     """The attempt could not run at all (unknown agent, bad request): never retried."""
+
+
+class AttemptFenced(Exception):
+    """A later attempt of the run claimed it before this one began: this one must not
+    run (Temporal already gave up on it)."""
+
+
+async def _claim(store: RunStore, request: RunRequest, number: int, next_seq: int) -> int:
+    """Claim the run's writes for attempt ``number``; the seq its next event takes."""
+    claim = await store.claim_attempt(
+        request.run_id,
+        request.principal,
+        request.session_id,
+        number,
+        RunInfo(
+            run_id=request.run_id,
+            agent=request.agent,
+            session_id=request.session_id,
+            status=RunStatus.QUEUED,
+            reason=None,
+            seq=0,
+        ),
+    )
+    if not claim.owned:
+        raise AttemptFenced(f"a later attempt of run {request.run_id} claimed it")
+    return max(next_seq, claim.next_seq)
 
 
 def sqlite_sessions(path: str) -> SessionFactory:
@@ -89,12 +121,12 @@ class Attempt:
     # left-open calls' approvals again (or moved on to the model, or ended).
     _settled: trio.Event | None = attrs.field(init=False, default=None)
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: str, *, mode: CancelMode = "immediate") -> None:
         """Cancel the run (now, or as soon as it exists). Trio thread only."""
-        if self._cancel_reason is None:
+        if self._cancel_reason is None and mode == "immediate":
             self._cancel_reason = reason
         if self._run is not None:
-            self._run.cancel(reason)
+            self._run.cancel(reason, mode=mode)
 
     def started(self, run: Run) -> None:
         self._run = run
@@ -119,15 +151,26 @@ class Attempt:
         self._ready.set()
 
     async def apply(self, op: SteeringOp) -> OpAnswer:
-        """Apply a steering op and answer as the run does (the §10 answer)."""
+        """Apply a steering op and answer as the run does (the §10 answer); ``op.node``
+        names the run of the tree it is for (None: the root)."""
         await self._ready.wait()
         run = self._run
         if self._parked:
             return _parked_answer()
         if run is None or self._ended:
             return OpAnswer(ok=False, code="run_closed", message="the attempt has ended")
+        if op.node is not None and op.node != run.id:
+            node = run.find(op.node)
+            if node is None:
+                return OpAnswer(ok=False, code="not_found", message=f"no run {op.node!r} here")
+            run = node
+        elif op.op == "cancel":
+            self.cancel(op.reason or "cancelled", mode=_mode(op.mode))
+            return OpAnswer(ok=True)
         if op.op == "cancel":
-            self.cancel(op.reason or "cancelled")
+            if run.status.is_terminal:
+                return OpAnswer(ok=False, code="run_closed", message="the run has ended")
+            run.cancel(op.reason or "cancelled", mode=_mode(op.mode))
             return OpAnswer(ok=True)
         if op.op in ("approve", "reject") and self._settled is not None:
             await self._settled.wait()
@@ -146,6 +189,10 @@ class Attempt:
                 return OpAnswer(ok=False, code="invalid_request", message=str(exc))
             return OpAnswer(ok=True, injection_id=str(injection_id))
         return _decide(run, op)
+
+
+def _mode(mode: str) -> CancelMode:
+    return "after_turn" if mode == "after_turn" else "immediate"
 
 
 def _decide(run: Run, op: SteeringOp) -> OpAnswer:
@@ -188,8 +235,8 @@ def decisions(ops: Sequence[SteeringOp]) -> tuple[frozenset[str], dict[str, str 
     rejected: dict[str, str | None] = {}
     for op in ops:
         target = op.target
-        if op.op not in ("approve", "reject") or not target:
-            continue
+        if op.op not in ("approve", "reject") or not target or op.node is not None:
+            continue  # a descendant's decision is applied to it by the catch-up, live
         if target in approved or target in rejected:
             continue
         if op.op == "approve":
@@ -230,9 +277,12 @@ def _options(
         options["before_tool"] = before_tool
     if resume is not None:
         options["resume"] = resume
-    if request.park_after is not None and request.session_id is not None:
-        # Only a run with a session parks: its open calls live on there.
+    if request.park_after is not None:
         options["park_after"] = request.park_after
+    if request.session_id is None:
+        # Only a run with a session parks (its open calls live on there): a host's
+        # run_options={"park_after": ...} leaves its sessionless runs on their worker.
+        options.pop("park_after", None)
     return options
 
 
@@ -247,19 +297,27 @@ async def run_attempt(
     started_calls: list[str] | None = None,
     next_seq: int = 1,
     decided: Sequence[SteeringOp] = (),
+    store: RunStore | None = None,
 ) -> RunOutcome:
     """Run one attempt of ``request`` to its terminal update (or its park); its outcome
     as plain data. ``decided``: the catch-up's ops, whose approvals and rejections a
     resumed attempt applies through its ``Resume`` (:func:`decisions`).
 
+    With a ``store``, the attempt first claims the run's writes there (its next seq is
+    the last one written plus one), and its events are written there as they come; it
+    returns once the terminal update is written.
+
     Raises:
         AttemptError: the agent is unknown, the request is malformed, or a session was
             named but the worker has no session factory.
+        AttemptFenced: a later attempt of the run already claimed it.
     """
     try:
         agent = agents.get(request.agent)
         if agent is None:
             raise AttemptError(f"no agent named {request.agent!r} on this worker")
+        if store is not None:
+            next_seq = await _claim(store, request, number, next_seq)
         if number > 1 and request.session_id is None and started_calls:
             # Nothing of the lost attempt was persisted, and one of its tools had started:
             # running the run again from its input would run that tool twice.
@@ -284,8 +342,23 @@ async def run_attempt(
             if sessions is None:
                 raise AttemptError("the run names a session but the worker has no sessions")
             session = sessions(request.principal, request.session_id)
+        if request.limits:
+            options["limits"] = effective_limits(request.limits, None)
+        writer = None
+        if store is not None:
+            writer = partial(
+                EventWriter,
+                store,
+                attempt=number,
+                principal=request.principal,
+                agent_name=request.agent,
+                agents=agents,
+                session_id=request.session_id,
+            )
         try:
-            result = await _run(agent, items, session, request.run_id, options, attempt, holder)
+            result = await _run(
+                agent, items, session, request.run_id, options, attempt, holder, writer
+            )
             result.attempt = number
             if result.status == PARKED:
                 attempt.ended(parked=True)
@@ -307,15 +380,27 @@ async def _run(
     options: dict[str, Any],
     attempt: Attempt,
     holder: list[Run],
+    writer: Callable[[Run], EventWriter] | None,
 ) -> RunOutcome:
     from .._entry import open_run
 
     settled = attempt.resuming() if "resume" in options else None
-    async with open_run(agent, items, session=session, run_id=run_id, **options) as run:
+    written: EventWriter | None = None
+    async with (
+        trio.open_nursery() as nursery,
+        open_run(agent, items, session=session, run_id=run_id, **options) as run,
+    ):
         holder.append(run)
+        if writer is not None:
+            written = writer(run)
+            nursery.start_soon(written.run)
         attempt.started(run)
         if settled is not None:
             await _settle(run, settled)
+    # open_run's block waits for the terminal update, then the nursery for the writer:
+    # the outcome is returned only once the terminal update is in the store.
+    if written is not None and written.fenced:
+        raise AttemptFenced(f"a later attempt of run {run_id} took it over")
     result = run.result
     assert result is not None  # open_run's block waits for the terminal update
     resume = options.get("resume")

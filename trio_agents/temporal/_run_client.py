@@ -37,7 +37,6 @@ from ._types import (
 )
 
 __all__ = [
-    "TemporalHost",
     "approve_call",
     "cancel_run",
     "inject_run",
@@ -220,14 +219,3 @@ async def _recorded_outcome(client: Client, handle: WorkflowHandle[Any, Any]) ->
     if memo.get("status") == "cancelled":
         return RunOutcome(handle.id, "cancelled", memo.get("reason"), None, attempt=0)
     raise LookupError(f"run {handle.id}: the workflow was cancelled before any attempt ended")
-
-
-class TemporalHost:
-    """The ``RunHost`` over Temporal (DESIGN §20): not built yet."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "TemporalHost (a RunHost over Temporal, behind every face) is not built yet;"
-            " use start_run / cancel_run / inject_run / run_result and `trio-agents worker`"
-            " (docs/temporal.md)"
-        )

@@ -35,8 +35,10 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from .._agent import Agent
-from ._activity import Attempt, AttemptError, SessionFactory, run_attempt
+from ._activity import Attempt, AttemptError, AttemptFenced, SessionFactory, run_attempt
+from ._asyncio_loop import AsyncioLoop
 from ._push import push_op, serve_ops
+from ._run_store import RunStore
 from ._types import (
     ACTIVITY_ATTEMPT,
     ACTIVITY_PUSH,
@@ -53,7 +55,7 @@ from ._types import (
 )
 from ._workflow import RunWorkflow
 
-__all__ = ["DEFAULT_TASK_QUEUE", "TemporalWorker", "run_worker"]
+__all__ = ["DEFAULT_TASK_QUEUE", "TemporalWorker", "run_worker", "serve_worker"]
 
 DEFAULT_TASK_QUEUE: Final = "trio-agents"
 _T = TypeVar("_T")
@@ -155,6 +157,27 @@ class _TrioThread:
         self._token.run_sync_soon(fn)
 
 
+class _TrioHere(_TrioThread):
+    """The attempts of an embedded worker (:func:`serve_worker`): tasks of the Trio
+    program that runs the worker, in its own nursery; no thread of their own."""
+
+    def __init__(self, nursery: trio.Nursery, host: str) -> None:
+        super().__init__(host)
+        self._token = trio.lowlevel.current_trio_token()
+        self._nursery = nursery
+
+    def start(self) -> None:
+        return None  # the program's loop runs already
+
+    def stop(self) -> None:
+        """Cancel every attempt still running (called from the worker's asyncio
+        thread when it shuts down)."""
+        self.stopping = True
+        assert self._nursery is not None
+        with contextlib.suppress(trio.RunFinishedError):
+            self.call_soon(self._nursery.cancel_scope.cancel)
+
+
 def _plain(exc: BaseException) -> BaseException:
     """An exception asyncio may carry: a Trio cancellation becomes a plain error."""
     if isinstance(exc, Exception):
@@ -181,11 +204,16 @@ class _Activities:
     """The worker's activities, bound to its agents, sessions and Trio thread."""
 
     def __init__(
-        self, agents: Mapping[str, Agent], sessions: SessionFactory | None, trio_thread: _TrioThread
+        self,
+        agents: Mapping[str, Agent],
+        sessions: SessionFactory | None,
+        trio_thread: _TrioThread,
+        store: RunStore | None,
     ) -> None:
         self._agents = agents
         self._sessions = sessions
         self._trio = trio_thread
+        self._store = store
 
     @activity.defn(name=ACTIVITY_PUSH)
     async def push(self, address: str, run_id: str, op: SteeringOp) -> OpAnswer:
@@ -231,9 +259,9 @@ class _Activities:
         resumed attempt's approvals and rejections are in its ``Resume`` instead
         (``run_attempt``'s ``decided``): applied when each call asks again."""
         for op in catchup.ops:
-            if resumed and op.op in ("approve", "reject"):
+            if resumed and op.op in ("approve", "reject") and op.node is None:
                 continue
-            if op.op == "cancel":
+            if op.op == "cancel" and op.node is None and op.mode != "after_turn":
                 self._trio.call_soon(partial(attempt.cancel, op.reason or "cancelled"))
             else:
                 self._trio.spawn(partial(attempt.apply, op))
@@ -267,6 +295,7 @@ class _Activities:
                 started_calls=catchup.started_calls,
                 next_seq=catchup.next_seq,
                 decided=catchup.ops,
+                store=self._store,
             )
 
         return self._trio.spawn(body)
@@ -318,6 +347,9 @@ def _result(future: asyncio.Future[RunOutcome], stopping: bool) -> RunOutcome:
         return future.result()
     if isinstance(exc, AttemptError):
         raise ApplicationError(str(exc), type="AttemptError", non_retryable=True) from exc
+    if isinstance(exc, AttemptFenced):
+        # Temporal already moved on from this attempt: its completion is not the run's.
+        raise ApplicationError(str(exc), type="AttemptFenced", non_retryable=True) from exc
     if stopping:
         # The worker is shutting down: the attempt is retried on another worker.
         raise ApplicationError("the worker shut down", type="WorkerShutdown") from exc
@@ -371,6 +403,9 @@ class TemporalWorker:
         task_queue: the task queue to poll.
         host: the interface on which this worker takes ops pushed to its attempts; other
             workers must reach it (loopback is right when they share one machine).
+        store: the shared :class:`RunStore` where attempts write their runs' events and
+            records (what a :class:`TemporalHost` serves to every face); None: events
+            are not kept beyond the attempt.
         max_concurrent_activities: attempts (and pushes) this worker runs at once.
 
     ``async with worker.running():`` polls until the block ends; :meth:`run` until
@@ -386,10 +421,12 @@ class TemporalWorker:
         task_queue: str = DEFAULT_TASK_QUEUE,
         host: str = "127.0.0.1",
         max_concurrent_activities: int = 200,
+        store: RunStore | None = None,
+        _attempts_here: _TrioHere | None = None,
     ) -> None:
         self._client = client
-        self._trio = _TrioThread(host)
-        self._activities = _Activities(dict(agents), sessions, self._trio)
+        self._trio = _attempts_here or _TrioThread(host)
+        self._activities = _Activities(dict(agents), sessions, self._trio, store)
         self._task_queue = task_queue
         self._max = max_concurrent_activities
 
@@ -421,8 +458,58 @@ async def run_worker(
     task_queue: str = DEFAULT_TASK_QUEUE,
     namespace: str = "default",
     host: str = "127.0.0.1",
+    store: RunStore | None = None,
 ) -> None:
     """Connect to the Temporal frontend at ``target`` (``"HOST:PORT"``) and run a
     :class:`TemporalWorker` until cancelled (asyncio)."""
     client = await Client.connect(target, namespace=namespace)
-    await TemporalWorker(client, agents, sessions=sessions, task_queue=task_queue, host=host).run()
+    worker = TemporalWorker(
+        client, agents, sessions=sessions, task_queue=task_queue, host=host, store=store
+    )
+    await worker.run()
+
+
+async def serve_worker(
+    target: str,
+    agents: Mapping[str, Agent],
+    *,
+    sessions: SessionFactory | None = None,
+    store: RunStore | None = None,
+    task_queue: str = DEFAULT_TASK_QUEUE,
+    namespace: str = "default",
+    host: str = "127.0.0.1",
+    max_concurrent_activities: int = 200,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a Temporal worker inside this Trio program until cancelled (Trio).
+
+    Its attempts run as tasks of this program's own loop (beside its other tasks: a
+    server that is also a worker, a test whose tools share its events); only the
+    worker's Temporal side (polling, workflows) runs on an asyncio loop in a thread of
+    its own. ``task_status.started()`` once it polls. Cancelling it stops the worker:
+    its running attempts are cancelled (Temporal retries them elsewhere).
+    """
+    loop = AsyncioLoop("trio-agents-worker")
+    async with trio.open_nursery() as attempts:
+        here = _TrioHere(attempts, host)
+        listen, port = await attempts.start(serve_ops, here.attempts.get, host)
+        here.address = f"{listen}:{port}"
+        await trio.to_thread.run_sync(loop.start)
+        try:
+            client = await loop.call(lambda: Client.connect(target, namespace=namespace))
+            worker = TemporalWorker(
+                client,
+                agents,
+                sessions=sessions,
+                task_queue=task_queue,
+                max_concurrent_activities=max_concurrent_activities,
+                store=store,
+                _attempts_here=here,
+            )
+            task_status.started()
+            await loop.call(worker.run)
+        finally:
+            here.stopping = True
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(loop.stop)
+            attempts.cancel_scope.cancel()

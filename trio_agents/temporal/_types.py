@@ -39,6 +39,7 @@ ACTIVITY_PUSH: Final = "trio_agents.push_op"
 UPDATE_CANCEL: Final = "cancel"
 UPDATE_INJECT: Final = "inject"
 UPDATE_WITHDRAW: Final = "withdraw"
+UPDATE_STEER: Final = "steer"
 UPDATE_APPROVE: Final = "approve"
 UPDATE_REJECT: Final = "reject"
 UPDATE_ATTEMPT_STARTED: Final = "attempt_started"
@@ -68,6 +69,8 @@ class RunRequest:
             attempt lost and retries it (it also bounds how fast a cancel from Temporal
             itself reaches the attempt: the SDK heartbeats at 0.8 x this).
         retry_interval: seconds before a lost attempt is retried.
+        limits: the run's usage limits, as ``run.start``'s ``"limits"`` object (None:
+            none).
         park_after: seconds a run may wait for an approval on a worker before its
             attempt *parks* (the run core's ``park_after``): the attempt ends, freeing
             its worker, with the calls left open in the session, and the workflow waits
@@ -86,6 +89,7 @@ class RunRequest:
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     heartbeat_timeout: float = 2.0
     retry_interval: float = 0.1
+    limits: dict[str, Any] | None = None
     park_after: float | None = None
     approval_deadline: float | None = None
 
@@ -132,6 +136,8 @@ class SteeringOp:
         target: the injection id a withdraw takes back; the call id an approve or a
             reject answers.
         index: the op's position in the workflow's list of ops (set by the workflow).
+        node: the run of the tree the op is for (None: the root, the workflow's run).
+        mode: a cancel's mode (``"immediate"`` or ``"after_turn"``).
     """
 
     op: str
@@ -140,6 +146,8 @@ class SteeringOp:
     when: str = "next_turn"
     target: str | None = None
     index: int = -1
+    node: str | None = None
+    mode: str = "immediate"
 
 
 @dataclasses.dataclass

@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_CANCEL,
         UPDATE_INJECT,
         UPDATE_REJECT,
+        UPDATE_STEER,
         UPDATE_WITHDRAW,
         WORKFLOW_NAME,
         AttemptStarted,
@@ -133,7 +134,7 @@ class RunWorkflow:
             outcome = RunOutcome(
                 run_id=request.run_id,
                 status="cancelled",
-                reason=workflow.cancellation_reason() or CANCELLED_BY_TEMPORAL,
+                reason=self._cancel_reason() or CANCELLED_BY_TEMPORAL,
                 final_output=None,
                 attempt=0,
             )
@@ -170,7 +171,7 @@ class RunWorkflow:
         except asyncio.CancelledError:
             # Temporal cancels the parked run: the next attempt applies the cancel before
             # any model call, and its repair closes the waiting calls (then CANCELED).
-            reason = workflow.cancellation_reason() or CANCELLED_BY_TEMPORAL
+            reason = self._cancel_reason() or CANCELLED_BY_TEMPORAL
             self._record(SteeringOp(op="cancel", reason=reason))
         self._parked = None
 
@@ -207,6 +208,12 @@ class RunWorkflow:
     async def reject(self, call_id: str, message: str | None) -> OpAnswer:
         """Refuse a call waiting for approval: recorded, then pushed."""
         return await self._steer(SteeringOp(op="reject", target=call_id, reason=message))
+
+    @workflow.update(name=UPDATE_STEER)
+    async def steer(self, op: SteeringOp) -> OpAnswer:
+        """Any steering op, for any run of the tree (``op.node``): what a
+        :class:`~trio_agents.temporal.TemporalHost` sends. Recorded, then pushed."""
+        return await self._steer(op)
 
     async def _steer(self, op: SteeringOp) -> OpAnswer:
         # Recording comes first: the update's acceptance is in the history from here on,
@@ -301,5 +308,17 @@ class RunWorkflow:
             "parked": list(self._parked) if self._parked is not None else None,
             # A cancel from Temporal carries its reason here only: an attempt reads it
             # when the cancel reaches it through its heartbeat ("" or None: no reason).
-            "cancel_reason": workflow.cancellation_reason(),
+            "cancel_reason": self._cancel_reason(),
         }
+
+    def _cancel_reason(self) -> str | None:
+        """The reason of Temporal's cancel; else that of the latest ``cancel`` op recorded
+        for the root (a Temporal cancel's own reason may not reach the workflow: the
+        ``temporal`` CLI sends none, and a client's is not always delivered)."""
+        reason = workflow.cancellation_reason()
+        if reason:
+            return reason
+        for op in reversed(self._ops):
+            if op.op == "cancel" and op.node is None and op.reason:
+                return op.reason
+        return reason

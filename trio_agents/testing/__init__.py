@@ -31,6 +31,9 @@ message saying so. The pieces:
   ``lifecycle_check`` fixtures. :func:`harness_settings`: the Hypothesis settings
   they use (no deadline, no ``too_slow``).
 
+- Evals (``docs/evals.md``): :func:`eval_params` makes one pytest test per case of a
+  dataset, each an :class:`EvalCase` whose ``check(agents)`` runs it (the evals extra).
+
 See ``docs/testing.md``.
 """
 
@@ -116,6 +119,7 @@ __all__ = [
     "BrokenStrError",
     "CallRecord",
     "CancelRecord",
+    "EvalCase",
     "Failure",
     "FakeToolError",
     "FakeTools",
@@ -154,6 +158,7 @@ __all__ = [
     "check_policies",
     "check_run",
     "check_tree",
+    "eval_params",
     "failing_tool",
     "faults",
     "garbage_tool",
@@ -181,6 +186,10 @@ __all__ = [
     "tool_sets",
     "usage_limits",
 ]
+
+# Evals (DESIGN §24): one pytest test per case of a dataset (needs the evals extra when used).
+from ._evals import EvalCase as EvalCase
+from ._evals import eval_params as eval_params
 
 # Run policies (DESIGN §18): guardrail and limit faults, their runner and checker.
 from ._policy_check import check_policies as check_policies
