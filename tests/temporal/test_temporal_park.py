@@ -17,12 +17,17 @@ from typing import Any
 import trio
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
+import trio_agents as ta
+from tests.support.temporal_app import AGENTS
 from tests.support.temporal_support import Workers
+from trio_agents.hosting import Origin, StartRequest
 from trio_agents.sessions import SQLiteSession
 from trio_agents.temporal import (
     CANCELLED_BY_TEMPORAL,
     OpAnswer,
     RunOutcome,
+    RunStore,
+    TemporalHost,
     approve_call,
     reject_call,
     run_result,
@@ -209,3 +214,47 @@ def test_an_approval_recorded_while_no_attempt_runs_is_applied_on_resume(
         group.logs()
     )
     assert outcome.attempt == 2
+
+
+async def test_a_parked_run_over_the_temporal_host_shows_its_call_and_takes_the_approval(
+    workers: Callable[[int], Workers],
+) -> None:
+    # Every face sees a parked run through the host's store: awaiting approval, its
+    # call pending; the approve from the host finishes it on the next attempt, the
+    # events one stream with no gap (seqs go on after the park).
+    group = workers(1)
+    host = TemporalHost(
+        group.target,
+        AGENTS,
+        store=RunStore.beside(group.db),
+        task_queue=group.task_queue,
+        poll_interval=0.01,
+        run_options={"park_after": 0.2},
+    )
+    request = StartRequest(agent="rules", input=(ta.UserMessage("guarded"),), session_id="s-h")
+    with trio.fail_after(BOUND):
+        async with trio.open_nursery() as nursery:
+            stop = await host.open(nursery)
+            try:
+                run_id = await host.start(Origin(principal="alice"), request)
+                async with host.events("alice", run_id) as events:
+                    async for hosted in events:
+                        detail = hosted.event.get("detail") or {}
+                        if hosted.event["type"] == "run.updated" and detail.get("parked"):
+                            break
+                parked = await host.get("alice", run_id)
+                await host.approve("alice", run_id, CALL)
+                info = await host.wait_terminal("alice", run_id)
+                async with host.events("alice", run_id) as events:
+                    seen = [hosted.event async for hosted in events]
+            finally:
+                stop()
+    assert parked.status == ta.RunStatus.AWAITING_APPROVAL
+    assert parked.pending_approvals == (CALL,)
+    assert info.status == ta.RunStatus.COMPLETED, group.logs()
+    assert [event["seq"] for event in seen] == list(range(1, len(seen) + 1))
+    resumed = [e["detail"] for e in seen if (e.get("detail") or {}).get("resumed")]
+    assert resumed == [{"resumed": True, "attempt": 2}]
+    assert "done: guarded ran" in [
+        e["item"].get("content") for e in seen if e["type"] == "run.item"
+    ]

@@ -143,11 +143,18 @@ class Attempt:
         self._settled = trio.Event()
         return self._settled
 
+    @property
+    def parked(self) -> bool:
+        """Whether the run parked at its approval wait (this attempt ended so)."""
+        return self._parked
+
     def ended(self, *, parked: bool = False) -> None:
         if self._settled is not None:
             self._settled.set()
         self._ended = True
         self._parked = self._parked or parked  # the finally's ended() keeps it
+        if self._parked:
+            self._run = None  # kept a while to answer late pushes: not with the run
         self._ready.set()
 
     async def apply(self, op: SteeringOp) -> OpAnswer:

@@ -68,6 +68,8 @@ _RUNNER: Final = SandboxedWorkflowRunner(
 _STICKY_TIMEOUT: Final = timedelta(seconds=1)
 # How long a cancelled attempt waits for its workflow to say the cancel's reason.
 _REASON_QUERY_TIMEOUT = timedelta(seconds=2)
+# How long a parked attempt stays to answer late pushes (longer than a push can take).
+_PARKED_KEPT = 60.0
 
 
 class _TrioThread:
@@ -250,7 +252,14 @@ class _Activities:
             return await self._wait(future, attempt, workflow)
         finally:
             beat.cancel()
-            if self._trio.attempts.get(request.run_id) is attempt:
+            if attempt.parked:
+                # An op pushed before the workflow learns of the park still finds it
+                # (and answers "pending": the next attempt applies it), not "no
+                # attempt of the run here", which would be recorded as its answer.
+                forgetting = self._trio.spawn(partial(_forget_later, self._trio.attempts, attempt))
+                # Nobody awaits it: its end (a worker's shutdown cancels it) is read here.
+                forgetting.add_done_callback(lambda f: f.cancelled() or f.exception())
+            elif self._trio.attempts.get(request.run_id) is attempt:
                 del self._trio.attempts[request.run_id]
 
     def _catch_up(self, attempt: Attempt, catchup: Catchup, *, resumed: bool) -> None:
@@ -321,6 +330,14 @@ class _Activities:
             except Exception:
                 break  # the attempt raised: _result says whether it is retried
         return _result(future, self._trio.stopping or _shutting_down())
+
+
+async def _forget_later(attempts: dict[str, Attempt], attempt: Attempt) -> None:
+    """Forget a parked attempt once its workflow surely knows of the park (it pushes
+    nothing more to it), unless a later attempt of the run took its place here."""
+    await trio.sleep(_PARKED_KEPT)
+    if attempts.get(attempt.run_id) is attempt:
+        del attempts[attempt.run_id]
 
 
 def _resumes(request: RunRequest, number: int) -> bool:

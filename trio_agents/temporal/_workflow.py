@@ -150,12 +150,14 @@ class RunWorkflow:
         self._last_seq = max(self._last_seq, parked.last_seq)
         self._base = self._attempt  # the next activity's attempts count on from here
         waiting = set(parked.pending)
-        mark = len(self._ops)
 
         def decided() -> bool:
+            # Every op no attempt applied counts, those recorded before the park too (an
+            # approve pushed to the attempt as it parked answered "pending").
             return any(
                 op.op == "cancel" or (op.op in ("approve", "reject") and op.target in waiting)
-                for op in self._ops[mark:]
+                for op in self._ops
+                if op.index not in self._answers and op.node is None
             )
 
         deadline = request.approval_deadline
