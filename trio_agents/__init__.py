@@ -16,6 +16,7 @@ from ._entry import serve_run as serve_run
 from ._events import EventsDropped as EventsDropped
 from ._events import InboxDelivered as InboxDelivered
 from ._events import InboxInjected as InboxInjected
+from ._events import ModelRequestEvent as ModelRequestEvent
 from ._events import ResponseTextDelta as ResponseTextDelta
 from ._events import RunChild as RunChild
 from ._events import RunEvent as RunEvent
@@ -58,6 +59,8 @@ from ._model import ModelRequest as ModelRequest
 from ._model import ToolSpec as ToolSpec
 from ._model import Usage as Usage
 from ._output import JSONSchema as JSONSchema
+from ._replay import ModelResponse as ModelResponse
+from ._replay import replay as replay
 from ._result import RunFailedError as RunFailedError
 from ._result import RunResult as RunResult
 from ._result import RunStatistics as RunStatistics
@@ -68,6 +71,10 @@ from ._run import InjectionId as InjectionId
 from ._run import InjectWhen as InjectWhen
 from ._run import Run as Run
 from ._session_lock import OnBusy as OnBusy
+from ._timeline import Span as Span
+from ._timeline import SpanKind as SpanKind
+from ._timeline import Timeline as Timeline
+from ._timeline import timeline as timeline
 from ._tools import CallOutcome as CallOutcome
 from ._tools import Tool as Tool
 from ._tools import ToolArgumentsError as ToolArgumentsError
@@ -106,6 +113,8 @@ __all__ = [
     "Model",
     "ModelError",
     "ModelRequest",
+    "ModelRequestEvent",
+    "ModelResponse",
     "OnBusy",
     "OutputGuardrail",
     "ResponseTextDelta",
@@ -124,8 +133,11 @@ __all__ = [
     "RunUpdated",
     "SessionBusyError",
     "SessionStorageError",
+    "Span",
+    "SpanKind",
     "SubAgentFailed",
     "Summarize",
+    "Timeline",
     "TokenWindow",
     "Tool",
     "ToolArgumentsError",
@@ -149,6 +161,8 @@ __all__ = [
     "item_from_json",
     "open_run",
     "output_guardrail",
+    "replay",
     "run",
     "serve_run",
+    "timeline",
 ]

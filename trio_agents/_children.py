@@ -61,6 +61,8 @@ _INHERITED = (
     "context",
     "max_depth",
     "max_handoffs",
+    "record_requests",
+    "record_requests_max_bytes",
 )
 # Python frames a child must have left below the recursion limit when it starts: a
 # level of ctx.run / as_tool costs about six, a model stream over HTTP and a tool's own

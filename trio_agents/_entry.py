@@ -91,6 +91,10 @@ async def open_run(
     the run — it ends without a cancel repair, its calls awaiting approval left open in
     its session, ``result.parked`` true — for a run resumed from the session
     (``resume``) to wait for the same decisions (docs/lifecycle.md); needs a session.
+    ``record_requests`` (False; True: each model request is kept in the event log as a
+    ``model.request`` event, for :func:`replay` and the timeline, docs/time-travel.md)
+    and ``record_requests_max_bytes`` (1,000,000: a request whose JSON is larger is
+    recorded as omitted, with its size). Child runs inherit both.
 
     Raises:
         SessionBusyError: ``on_busy="reject"`` and the session is busy.

@@ -15,12 +15,21 @@ Every event of a run has ``type``, ``seq`` (strictly increasing from 1 within th
 ``events.dropped``          :class:`EventsDropped` — a slow subscriber missed events
 ``run.child``               :class:`RunChild` — a child run started or ended (§17)
 ``run.handoff``             :class:`RunHandoff` — the run continues with another agent
+``model.request``           :class:`ModelRequestEvent` — a model request, as sent (only
+                            with the run option ``record_requests=True``)
 ==========================  =====================================================
+
+Every event carries ``at``, the wall-clock UNIX time it was emitted (DESIGN §23): what
+:func:`~trio_agents.timeline` builds its spans from. An event decoded from JSON that
+has none (written by an older version) gets ``0.0``: a time that is not known, never
+the time of the decoding. (Except on :class:`RunUpdated`, where it always was, ``at``
+takes no part in comparing events: an event is its run and seq.)
 """
 
 from __future__ import annotations
 
 import enum
+import time
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Self, TypeAlias, Union, cast, get_args, get_origin
@@ -28,12 +37,14 @@ from typing import Any, ClassVar, Self, TypeAlias, Union, cast, get_args, get_or
 import attrs
 
 from ._items import Item, item_from_json
+from ._model import ModelRequest, Usage, usage_from_json
 from ._text_cleaning import clean_text, clean_value
 
 __all__ = [
     "EventsDropped",
     "InboxDelivered",
     "InboxInjected",
+    "ModelRequestEvent",
     "ResponseTextDelta",
     "RunChild",
     "RunEvent",
@@ -135,6 +146,9 @@ class _EventBase:
             if name not in data:
                 if required:
                     raise ValueError(f"malformed {cls.type} event: {name!r} is missing")
+                if name == "at":
+                    # An event from before events had a time: unknown, not "now".
+                    values["at"] = 0.0
                 continue
             try:
                 values[name] = decode(data[name])
@@ -186,6 +200,10 @@ def _decoder_for(tp: Any) -> _Decoder:
         return RunStatus
     if tp == Item:  # the union of the item classes: items carry their own "type"
         return item_from_json
+    if tp is Usage:
+        return usage_from_json
+    if tp is ModelRequest:
+        return ModelRequest.from_json
     origin, args = get_origin(tp), get_args(tp)
     if origin in (Union, types.UnionType) and type(None) in args:
         (inner,) = [a for a in args if a is not type(None)]
@@ -246,17 +264,28 @@ class ResponseTextDelta(_EventBase):
     seq: int
     turn: int
     text: str
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 @attrs.frozen
 class RunItemEvent(_EventBase):
-    """An item entered the conversation (``run.item``)."""
+    """An item entered the conversation (``run.item``).
+
+    ``usage`` is the usage (tokens, cost, the model that served it) of the model
+    request whose response the item is, on the first item that response committed (its
+    text, or its first tool call when it has none): so each request's usage is in the
+    log once. None on every other item, and where the model reported no usage.
+    """
 
     type: ClassVar[str] = "run.item"
     run_id: str
     seq: int
     turn: int
     item: Item
+    # The usage of the model request that produced the item: set on the first item
+    # a response commits (its text, else its first call; DESIGN §23), None on the others.
+    usage: Usage | None = None
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 @attrs.frozen
@@ -269,6 +298,7 @@ class ToolStarted(_EventBase):
     call_id: str
     name: str
     arguments: str
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 @attrs.frozen
@@ -282,6 +312,7 @@ class ToolProgress(_EventBase):
     name: str
     message: str = attrs.field(converter=_clean_str)
     data: Mapping[str, Any] = attrs.field(factory=dict, converter=_clean_mapping)
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 @attrs.frozen
@@ -295,6 +326,7 @@ class ToolFinished(_EventBase):
     name: str
     status: str
     output: str
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 @attrs.frozen
@@ -307,6 +339,7 @@ class InboxInjected(_EventBase):
     injection_id: str
     when: str
     items: tuple[Item, ...]
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 @attrs.frozen
@@ -318,6 +351,7 @@ class InboxDelivered(_EventBase):
     seq: int
     injection_id: str
     turn: int
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 @attrs.frozen
@@ -333,6 +367,7 @@ class EventsDropped(_EventBase):
     seq: int
     first_missing_seq: int
     count: int
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 @attrs.frozen
@@ -351,6 +386,7 @@ class RunChild(_EventBase):
     agent: str = attrs.field(converter=_clean_str)
     call_id: str
     status: RunStatus
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 @attrs.frozen
@@ -363,14 +399,46 @@ class RunHandoff(_EventBase):
     seq: int
     from_agent: str = attrs.field(converter=_clean_str)
     to_agent: str = attrs.field(converter=_clean_str)
+    at: float = attrs.field(factory=time.time, eq=False)
+
+
+@attrs.frozen
+class ModelRequestEvent(_EventBase):
+    """A model request of the run, as sent (``model.request``): emitted only with the run
+    option ``record_requests=True``, just before the request goes to the model, so its
+    ``at`` is when the call started (DESIGN §23).
+
+    Attributes:
+        turn: the model call it is (``RunUpdated.turn`` counts them).
+        model: which model it was sent to: the model's ``model`` attribute (its name at
+            the provider) when it has one, else its class name.
+        request: the :class:`~trio_agents.models.ModelRequest`, or None when it was not
+            recorded: its JSON is over the run's ``record_requests_max_bytes``, or it
+            has a setting that is no JSON value (``omitted`` says which).
+        size: the size in bytes of the request's JSON (UTF-8), recorded or not; 0 when
+            it could not be encoded.
+        omitted: None when ``request`` holds the request; else why it does not
+            (``"too large"``, ``"not JSON: ..."``).
+    """
+
+    type: ClassVar[str] = "model.request"
+    run_id: str
+    seq: int
+    turn: int
+    model: str = attrs.field(converter=_clean_str)
+    request: ModelRequest | None
+    size: int
+    omitted: str | None = None
+    at: float = attrs.field(factory=time.time, eq=False)
 
 
 _new = object.__new__
 # ResponseTextDelta's slots, set directly: an attrs frozen __init__ sets each field
 # through object.__setattr__, a third slower for the event the run builds per delta.
-_set_run_id, _set_seq, _set_turn, _set_text = (
-    ResponseTextDelta.__dict__[name].__set__ for name in ("run_id", "seq", "turn", "text")
+_set_run_id, _set_seq, _set_turn, _set_text, _set_at = (
+    ResponseTextDelta.__dict__[name].__set__ for name in ("run_id", "seq", "turn", "text", "at")
 )
+_time = time.time
 
 
 def text_delta(run_id: str, seq: int, turn: int, text: str) -> ResponseTextDelta:
@@ -381,6 +449,7 @@ def text_delta(run_id: str, seq: int, turn: int, text: str) -> ResponseTextDelta
     _set_seq(event, seq)
     _set_turn(event, turn)
     _set_text(event, text)
+    _set_at(event, _time())
     return event
 
 
@@ -396,6 +465,7 @@ RunEvent: TypeAlias = (
     | EventsDropped
     | RunChild
     | RunHandoff
+    | ModelRequestEvent
 )
 """Any event of a run."""
 

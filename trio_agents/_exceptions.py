@@ -8,6 +8,7 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     ├── InboxFullError            inject() found the inbox full; nothing was queued
     ├── SessionBusyError          another run is active on the session (on_busy="reject")
     ├── SessionStorageError       a session database could not be opened, read or written
+    ├── SessionExistsError        a fork's new session id already holds items (nothing written)
     ├── UnknownCallError          approve()/reject(): no such pending call (also a LookupError)
     ├── ModelError                a model provider failed (HTTP status, protocol error, ...)
     │   └── FallbackError         every model of a FallbackModel failed (.failures)

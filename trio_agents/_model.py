@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import attrs
 
-from ._items import Item, ToolCall
+from ._items import Item, ToolCall, item_from_json
 
 __all__ = [
     "FINAL_ANSWER_TOOL",
@@ -35,8 +35,11 @@ __all__ = [
     "ToolCallDone",
     "ToolSpec",
     "Usage",
+    "model_name",
     "model_strings",
     "register_model_strings",
+    "usage_from_json",
+    "usage_served_by",
 ]
 
 
@@ -55,6 +58,16 @@ class ToolSpec:
             "description": self.description,
             "parameters": dict(self.parameters),
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ToolSpec:
+        """Rebuild the spec from its :meth:`to_json` form (``ValueError`` if malformed)."""
+        data = _object(data, "a tool spec")
+        return cls(
+            name=_string(data, "name", "a tool spec"),
+            description=_string(data, "description", "a tool spec"),
+            parameters=_object(data.get("parameters"), "a tool spec's parameters"),
+        )
 
 
 FINAL_ANSWER_TOOL = "final_answer"
@@ -85,6 +98,34 @@ class OutputSpec:
     description: str = ""
     envelope: str | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """Return the spec as a JSON-compatible dict."""
+        return {
+            "name": self.name,
+            "schema": dict(self.schema),
+            "strict": self.strict,
+            "description": self.description,
+            "envelope": self.envelope,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> OutputSpec:
+        """Rebuild the spec from its :meth:`to_json` form (``ValueError`` if malformed)."""
+        data = _object(data, "an output spec")
+        strict = data.get("strict", False)
+        envelope = data.get("envelope")
+        if type(strict) is not bool:
+            raise ValueError("an output spec's strict must be a boolean")
+        if envelope is not None and not isinstance(envelope, str):
+            raise ValueError("an output spec's envelope must be a string or null")
+        return cls(
+            name=_string(data, "name", "an output spec"),
+            schema=_object(data.get("schema"), "an output spec's schema"),
+            strict=strict,
+            description=_string(data, "description", "an output spec", default=""),
+            envelope=envelope,
+        )
+
 
 @attrs.frozen
 class ModelRequest:
@@ -109,6 +150,48 @@ class ModelRequest:
     on_wait: Callable[[str | None], None] | None = attrs.field(
         default=None, kw_only=True, eq=False, repr=False
     )
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the request as a JSON-compatible dict: ``instructions``, ``items`` (each
+        item's ``to_json()``), ``tools``, ``settings`` and ``output`` (null without
+        one); what a ``model.request`` event records (DESIGN §23). ``on_wait`` is not
+        part of it. The settings are given as they are: a setting that is no JSON value
+        makes the result unencodable (``json.dumps`` raises ``TypeError``)."""
+        return {
+            "instructions": self.instructions,
+            "items": [item.to_json() for item in self.items],
+            "tools": [tool.to_json() for tool in self.tools],
+            "settings": dict(self.settings),
+            "output": None if self.output is None else self.output.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ModelRequest:
+        """Rebuild a request from its :meth:`to_json` form: sent to a model, the same
+        request again (what :func:`~trio_agents.replay` does).
+
+        Raises:
+            ValueError: ``data`` is not a request (a field missing or of the wrong type).
+        """
+        data = _object(data, "a model request")
+        items = data.get("items")
+        tools = data.get("tools", [])
+        if not isinstance(items, list | tuple):
+            raise ValueError("a model request's items must be an array")
+        if not isinstance(tools, list | tuple):
+            raise ValueError("a model request's tools must be an array")
+        output = data.get("output")
+        try:
+            decoded_items = tuple(item_from_json(item) for item in items)
+        except TypeError as exc:
+            raise ValueError(f"a model request's item: {exc}") from None
+        return cls(
+            instructions=_string(data, "instructions", "a model request"),
+            items=decoded_items,
+            tools=tuple(ToolSpec.from_json(tool) for tool in tools),
+            settings=_object(data.get("settings", {}), "a model request's settings"),
+            output=None if output is None else OutputSpec.from_json(output),
+        )
 
 
 @attrs.frozen
@@ -183,6 +266,88 @@ class Usage:
         if self.cost is not None:
             data["cost"] = str(self.cost)
         return data
+
+
+def model_name(model: object) -> str:
+    """What a run's events call ``model`` (``model.request``, a response's usage): its
+    ``model`` attribute when that is a string (an HTTP provider's model name), else its
+    class name. Never its repr, which may hold a base URL's credentials."""
+    name = getattr(model, "model", None)
+    return name if isinstance(name, str) else type(model).__name__
+
+
+# Usage's slots, set directly by usage_served_by (attrs.evolve, the obvious way, walks
+# the class's fields on every call: ten times the cost, once per model call of every run).
+_USAGE_SLOTS = tuple(
+    (field.name, Usage.__dict__[field.name].__set__) for field in attrs.fields(Usage)
+)
+
+
+def usage_served_by(usage: Usage, model: str) -> Usage:
+    """``attrs.evolve(usage, model=model)``, built faster: the same object in every
+    respect (what a response's ``run.item`` carries when its model named none)."""
+    new = object.__new__(Usage)
+    for name, set_slot in _USAGE_SLOTS:
+        set_slot(new, model if name == "model" else getattr(usage, name))
+    return new
+
+
+def usage_from_json(data: Any) -> Usage:
+    """Read a :meth:`Usage.to_json` dict back, checked as the run checks a model's usage
+    (counts are non-negative ints, the cost a finite non-negative decimal string): an
+    event from a peer or a store must not bring in a float cost or a negative count
+    that later sums would carry.
+
+    Raises:
+        ValueError: malformed usage.
+    """
+    data = _object(data, "a usage")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError("a usage's model must be a string")
+    cost = data.get("cost")
+    if cost is not None:
+        # A decimal string, at most 64 characters (longer is no price).
+        if not isinstance(cost, str) or len(cost) > 64:
+            raise ValueError(f"a usage's cost must be a decimal string, not {cost!r:.80}")
+        try:
+            cost = Decimal(cost)
+        except InvalidOperation:
+            raise ValueError(f"a usage's cost must be a decimal string, not {cost!r:.80}") from None
+        if not cost.is_finite() or cost < 0:
+            raise ValueError(f"a usage's cost must be finite and non-negative, not {cost!r:.80}")
+    return Usage(
+        _count(data.get("input_tokens", 0)),
+        _count(data.get("output_tokens", 0)),
+        model,
+        cache_read_tokens=_maybe_count(data.get("cache_read_tokens")),
+        cache_write_tokens=_maybe_count(data.get("cache_write_tokens")),
+        cost=cost,
+    )
+
+
+def _count(value: Any) -> int:
+    # type() is int: a bool or a float is not a token count.
+    if type(value) is not int or value < 0:
+        raise ValueError(f"a token count must be a non-negative integer, not {value!r:.80}")
+    return value
+
+
+def _maybe_count(value: Any) -> int | None:
+    return None if value is None else _count(value)
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a JSON object, not {type(value).__name__}")
+    return dict(value)
+
+
+def _string(data: Mapping[str, Any], key: str, what: str, default: str | None = None) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise ValueError(f"{what}'s {key} must be a string")
+    return value
 
 
 _Known = TypeVar("_Known", int, Decimal)

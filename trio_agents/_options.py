@@ -112,6 +112,13 @@ class RunOptions:
     # run resumed from the session (``resume=``) to wait for the same decisions. None:
     # never. A root run with a session only (Run.__init__ checks); not inherited.
     park_after: float | None = attrs.field(default=None, validator=_check_park_after)
+    # Keep each model request in the event log as a `model.request` event (DESIGN §23),
+    # for replay; off by default, when a run emits no such event and pays one attribute
+    # test per model call. Each recorded request is bounded by record_requests_max_bytes
+    # (its JSON's size): a larger one is recorded as omitted ("too large"), its size
+    # kept. How many are kept is the event log's retention (event_retention).
+    record_requests: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    record_requests_max_bytes: int = attrs.field(default=1_000_000, validator=_check_count)
 
 
 _DEFAULT: list[RunOptions] = []  # frozen: one shared instance for runs without options

@@ -60,6 +60,7 @@ from ._result import RunResult, RunStatistics
 from ._session_lock import SessionClaim, session_lock_key
 from ._state import RunState
 from ._text_cleaning import clean_text
+from ._timeline import Timeline, timeline
 from ._tools import ChildStarter
 from ._turns import Completed, Failed, Outcome, Stopped, announce, drive, failure
 from .sessions._base import Session
@@ -331,6 +332,29 @@ class Run:
                 raise ValueError("events(tree=True) replays from the oldest retained event")
             return TreeCursor(self._tree_feed(), self._log)
         return EventCursor(self._log, from_seq)
+
+    def timeline(self) -> Timeline:
+        """The :class:`Timeline` of this run's subtree as of now: a span for every model
+        call, tool call and child run (start, end, status, tokens, cost, which model),
+        derived from the retained events of the run and its descendants by
+        :func:`~trio_agents.timeline` (DESIGN §23). Sync, a snapshot: a live run's
+        running calls are open spans; a finished tree's spans are all closed."""
+        feed = self._feed
+        events: list[Any]
+        if feed is None:
+            events = self._log.retained()  # no child ever started: its log is its tree
+        else:
+            # The tree's merged stream, this run's subtree of it (what events(tree=True)
+            # replays).
+            events = [feed.get(p) for p in range(feed.first, feed.end)]
+            events = [e for e in events if feed.below(e.run_id, self.id)]
+        names: dict[str, str] = {}
+        stack: list[Run] = [self]
+        while stack:
+            node = stack.pop()
+            names[node.id] = node.agent.name
+            stack.extend(node.children)
+        return timeline(events, names=names)
 
     async def wait(self) -> RunResult:
         """Wait for the run to end and return its result (never raises for a failed or

@@ -19,6 +19,7 @@ The three operations every step needs:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -32,12 +33,12 @@ import trio
 
 from ._agent import Agent
 from ._error_text import summarize
-from ._events import RunItemEvent, RunStatus, RunUpdated
+from ._events import ModelRequestEvent, RunItemEvent, RunStatus, RunUpdated
 from ._inbox import Parking
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall, UserMessage
 from ._limits import Budget, charge_all, estimate_cost
 from ._log import EventLog
-from ._model import ModelRequest, Usage
+from ._model import ModelRequest, Usage, model_name, usage_served_by
 from ._options import RunOptions
 from ._tools import ChildStarter, ToolContext
 from .sessions._base import Session
@@ -445,8 +446,10 @@ class RunState:
             return False
         return charge_all(self.budgets, lambda budget: budget.check_estimate(cost))
 
-    def commit(self, item: Item) -> None:
-        """An item entered the conversation: record it, emit it, queue it for the session."""
+    def commit(self, item: Item, usage: Usage | None = None) -> None:
+        """An item entered the conversation: record it, emit it, queue it for the session.
+        ``usage``: the first item of a model response carries its request's usage in
+        its ``run.item`` event (DESIGN §23)."""
         self.conversation.append(item)
         self.new_items.append(item)
         self._unpersisted.append(item)
@@ -455,7 +458,42 @@ class RunState:
         if item.rejected_by is not None:
             self.rejected += 1
         self.log.append(
-            RunItemEvent(run_id=self.run_id, seq=self.log.next_seq, turn=self.turn, item=item)
+            RunItemEvent(
+                run_id=self.run_id, seq=self.log.next_seq, turn=self.turn, item=item, usage=usage
+            )
+        )
+
+    def response_usage(self) -> Usage | None:
+        """The usage the current call's response carries in its ``run.item`` (DESIGN
+        §23): what its model reported, naming the model that served it — the model's
+        own word when it gave one (a FallbackModel's member), else the agent's model."""
+        usage = self.turn_usage
+        if usage is None or usage.model is not None:
+            return usage
+        return usage_served_by(usage, model_name(self.agent.model))
+
+    def record_request(self, request: ModelRequest, model: object) -> None:
+        """Keep ``request`` in the log as a ``model.request`` event (the run option
+        ``record_requests``), or, past ``record_requests_max_bytes`` or not JSON, say
+        so with its size: a request holds the whole conversation, so an unbounded record
+        would grow the log by the conversation's size at every turn."""
+        omitted: str | None = None
+        try:
+            size = len(json.dumps(request.to_json(), ensure_ascii=False).encode())
+        except (TypeError, ValueError) as exc:  # a setting that is no JSON value
+            size, omitted = 0, f"not JSON: {exc}"
+        if omitted is None and size > self.options.record_requests_max_bytes:
+            omitted = "too large"
+        self.log.append(
+            ModelRequestEvent(
+                run_id=self.run_id,
+                seq=self.log.next_seq,
+                turn=self.turn,
+                model=model_name(model),
+                request=request if omitted is None else None,
+                size=size,
+                omitted=omitted,
+            )
         )
 
     def take_input(self, item: Item) -> None:
@@ -520,7 +558,8 @@ class RunState:
         """Commit text streamed in an unfinished turn as an incomplete message."""
         partial, self.partial_text = self.partial_text, None
         if partial:
-            self.commit(AssistantMessage("".join(partial), status="incomplete"))
+            partial_text = AssistantMessage("".join(partial), status="incomplete")
+            self.commit(partial_text, self.response_usage())
 
     def conversation_problems(self, *, allow_open_calls: bool = False) -> list[str]:
         """Check what was added to the conversation since the last check (the whole

@@ -455,6 +455,8 @@ async def _open_call(state: RunState, turn: int, request: ModelRequest, model: M
     # sent: its run's scope is cancelled.
     if state.budgets and (state.refuse_estimate(model, request) or state.spend("requests")):
         await trio.lowlevel.checkpoint_if_cancelled()
+    if state.options.record_requests:
+        state.record_request(request, model)  # the request as it goes out (DESIGN §23)
 
 
 async def _stream(
@@ -597,10 +599,15 @@ def _commit_response(state: RunState, partial: list[str], calls: list[ToolCall])
     if text or not calls:
         cut = _cut_short(state.finish_reason)
         state.commit(
-            AssistantMessage(text, status="incomplete" if cut and not calls else "completed")
+            AssistantMessage(text, status="incomplete" if cut and not calls else "completed"),
+            state.response_usage(),
         )
+    # The response's usage is on its first run.item only (its text's, else its first
+    # call's): each request's usage is in the log once (DESIGN §23).
+    usage = None if text or not calls else state.response_usage()
     for call in calls:
-        state.commit(call)
+        state.commit(call, usage)
+        usage = None
         state.open_calls[call.call_id] = OpenCall(call)
     return text
 

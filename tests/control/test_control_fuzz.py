@@ -30,6 +30,7 @@ OPS = [
     "run.get",
     "runs.list",
     "session.cancel",
+    "session.fork",
 ]
 
 json_values = st.recursive(

@@ -48,7 +48,7 @@ PROBES: Final = [
     ("libraries", "tracing/_otel.py", "from ..control import _client"),
     ("libraries", "sessions/_memory.py", "from ..temporal import _types"),
     # the evals run agents in process: no host, no face
-    ("libraries", "evals/_runner.py", "from ..hosting import _host"),
+    ("libraries", "evals/_eval_runner.py", "from ..hosting import _host"),
     ("libraries", "evals/_judge.py", "def _probe() -> None:\n    from ..faces import _face"),
     # the run core imports no server layer and no models, not even inside a function
     ("core", "_tools.py", "def _probe() -> None:\n    from .hosting import _host"),

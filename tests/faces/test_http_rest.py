@@ -36,7 +36,9 @@ ROUTES: list[tuple[str, str]] = [
     ("POST", "/runs/{id}/approve"),
     ("POST", "/runs/{id}/reject"),
     ("GET", "/runs/{id}/events"),
+    ("GET", "/runs/{id}/timeline"),
     ("POST", "/sessions/s1/cancel"),
+    ("POST", "/sessions/s1/fork"),
 ]
 BODIES: dict[str, Any] = {
     "/runs": {"agent": "blocker", "input": "go"},
@@ -44,6 +46,7 @@ BODIES: dict[str, Any] = {
     "/runs/{id}/withdraw": {"injection_id": "i1"},
     "/runs/{id}/approve": {"call_id": "c1"},
     "/runs/{id}/reject": {"call_id": "c1"},
+    "/sessions/s1/fork": {"new_session_id": "mine"},
 }
 METHODS = ["GET", "POST", "DELETE"]
 
@@ -87,7 +90,7 @@ async def test_another_principals_run_is_not_found_on_every_route() -> None:
             answer = await bob.request(
                 method, path.replace("{id}", run_id), json=BODIES.get(path, {})
             )
-            expected = "no_active_run" if path.startswith("/sessions/") else "not_found"
+            expected = "no_active_run" if path == "/sessions/s1/cancel" else "not_found"
             assert answer.status_code in (404, 409), (method, path, answer.text)
             assert answer.json()["error"]["code"] == expected, (method, path)
         assert (await bob.get("/runs")).json() == {"runs": []}

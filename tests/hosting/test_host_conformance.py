@@ -25,8 +25,17 @@ import trio
 
 import trio_agents as ta
 from tests.support.control_support import launch
+from tests.support.timeline_checks import span_problems
 from trio_agents.control import Limits
-from trio_agents.hosting import HostedEvent, HostError, LocalHost, Origin, RunHost, StartRequest
+from trio_agents.hosting import (
+    HostedEvent,
+    HostError,
+    LocalHost,
+    Origin,
+    RunHost,
+    StartRequest,
+    run_timeline,
+)
 from trio_agents.models import ScriptedModel, Turn
 
 OpenHost = Callable[[Mapping[str, ta.Agent]], AbstractAsyncContextManager[RunHost]]
@@ -120,6 +129,7 @@ def _temporal(target: str, tmp_path: Path) -> OpenHost:
                 task_queue=queue,
                 limits=_LIMITS,
                 poll_interval=0.01,
+                sessions=sqlite_sessions(str(db)),
             )
             async with host.running():
                 yield host
@@ -290,6 +300,38 @@ async def test_cancel_session_cancels_its_active_run(open_host: OpenHost) -> Non
     assert (terminal.status, terminal.reason) == ("cancelled", "session over")
 
 
+async def test_fork_session_while_its_run_waits_in_a_tool(open_host: OpenHost) -> None:
+    """DESIGN §23 through the interface: a fork taken while the session's run is in a
+    tool call holds what was stored before the call; a run continues from the fork;
+    another principal's session is not_found; a fork never overwrites."""
+    called = trio.Event()
+    gate = trio.Event()
+    model = ScriptedModel(
+        [Turn(text="checking", tool_calls=[("wait", {})])], default=Turn(text="after")
+    )
+    with trio.fail_after(60):
+        async with open_host(_agents(model, _waiting([], gate, called))) as host:
+            run_id = await host.start(ALICE, _start(session_id="s1"))
+            await called.wait()
+            # The input and the text before the call: the open call is left out.
+            assert await host.fork_session("alice", "s1", "f1") == 2
+            assert await host.fork_session("alice", "s1", "f0", 1) == 1
+            await _refused("not_found", lambda: host.fork_session("bob", "s1", "mine"))
+            await _refused("not_found", lambda: host.fork_session("alice", "nope", "x"))
+            await _refused("invalid_request", lambda: host.fork_session("alice", "s1", "f1"))
+            await _refused("session_busy", lambda: host.fork_session("alice", "f1", "s1"))
+            gate.set()
+            await host.wait_terminal("alice", run_id)
+            follow = await host.start(ALICE, _start(text="from the fork", session_id="f1"))
+            assert (await host.wait_terminal("alice", follow)).status == "completed"
+    request = model.requests[-1]
+    assert [type(i).__name__ for i in request.items] == [
+        "UserMessage",
+        "AssistantMessage",
+        "UserMessage",
+    ]
+
+
 async def test_refusals_are_host_errors_with_their_codes(open_host: OpenHost) -> None:
     called = trio.Event()
     model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default=Turn(text="after"))
@@ -321,3 +363,47 @@ async def test_refusals_are_host_errors_with_their_codes(open_host: OpenHost) ->
             assert not info.status.is_terminal
             await host.cancel("alice", run_id, "done")
             assert (await host.wait_terminal("alice", run_id)).status == "cancelled"
+
+
+async def test_the_timeline_of_a_tree_from_the_events_the_host_serves(
+    open_host: OpenHost,
+) -> None:
+    # hosting.run_timeline reads what every host serves (get, events): a live tree's
+    # snapshot has its waiting call open; the finished tree's spans are all closed.
+    started: list[str] = []
+    called, gate = trio.Event(), trio.Event()
+    helper = ta.Agent(
+        name="helper",
+        instructions="test",
+        model=ScriptedModel([Turn(tool_calls=[("wait", {})])], default=Turn(text="found")),
+        tools=[_waiting(started, gate, called)],
+    )
+    boss = ScriptedModel([Turn(tool_calls=[("helper", {"input": "look"})])], default="done")
+    agents = {"a": ta.Agent(name="a", instructions="test", model=boss, tools=[helper.as_tool()])}
+    with trio.fail_after(60):
+        async with open_host(agents) as host:
+            run_id = await host.start(ALICE, _start())
+            await called.wait()
+            live = await run_timeline(host, "alice", run_id)
+            gate.set()
+            await host.wait_terminal("alice", run_id)
+            done = await run_timeline(host, "alice", run_id)
+            await _refused("not_found", lambda: run_timeline(host, "bob", run_id))
+    assert live.root_id == done.root_id == run_id
+    assert span_problems(live, closed=False) == []
+    # Open: the root; its call and below it the child and the child's call, as far as
+    # the host serves them yet (a node reading another node's persisted log lags it).
+    open_spans = {(s.kind, s.name) for s in live.spans if s.end is None}
+    assert ("run", "a") in open_spans
+    assert open_spans <= {("run", "a"), ("tool", "helper"), ("run", "helper"), ("tool", "wait")}
+    assert span_problems(done, closed=True) == []
+    assert sorted((s.kind, s.name, s.status) for s in done.spans) == [
+        ("model", "ScriptedModel", "completed"),
+        ("model", "ScriptedModel", "completed"),
+        ("model", "ScriptedModel", "completed"),
+        ("model", "ScriptedModel", "completed"),
+        ("run", "a", "completed"),
+        ("run", "helper", "completed"),
+        ("tool", "helper", "ok"),
+        ("tool", "wait", "ok"),
+    ]

@@ -322,6 +322,7 @@ def ui_agents(gates: Gates) -> dict[str, Agent]:
             name="quick", instructions="Says hello.", model=GatedModel([["Hello."]], gates)
         ),
         "priced": priced_tree(),
+        "timed": timed_tree(gates),
     }
 
 
@@ -359,6 +360,41 @@ def priced_tree() -> Agent:
             ]
         ),
         tools=[child.as_tool(name=child.name) for child in children],
+    )
+
+
+def timed_tree(gates: Gates) -> Agent:
+    """For the timeline view: a priced root that calls a sub-agent (which streams until
+    the ``timed`` gate opens) and a tool, then answers; one run per test module."""
+
+    @ta.function_tool
+    async def lookup(topic: str) -> str:
+        """Look a topic up.
+
+        Args:
+            topic: what to look up.
+        """
+        return f"notes on {topic}"
+
+    child = Agent(
+        name="timed_child",
+        instructions="Streams until its gate opens.",
+        model=GatedModel([["Looking it up", Gate("timed"), " — found it."]], gates),
+    )
+    root_call = PRICED_CALLS["priced"]
+    return Agent(
+        name="timed",
+        instructions="Delegates, looks up, answers.",
+        model=ScriptedModel(
+            [
+                Turn(
+                    tool_calls=[("timed_child", {"input": "dig"}), ("lookup", {"topic": "trio"})],
+                    usage=root_call,
+                ),
+                Turn(text="Both answered.", usage=root_call),
+            ]
+        ),
+        tools=[child.as_tool(name="timed_child"), lookup],
     )
 
 
@@ -450,14 +486,22 @@ class UiServer:
             return run
 
 
+def _local_host(agents: Mapping[str, Agent], limits: Limits) -> AbstractAsyncContextManager[Any]:
+    from trio_agents.hosting import LocalHost
+
+    return LocalHost(agents, limits=limits).running()
+
+
 @contextmanager
 def running_ui_server(
     agents: Callable[[Gates], Mapping[str, Agent]] = ui_agents,
+    host: Callable[[Mapping[str, Agent], Limits], AbstractAsyncContextManager[Any]] = _local_host,
 ) -> Iterator[UiServer]:
     """Serve the HTTP faces (REST + the UI) on a free loopback port, in a thread running
-    its own ``trio.run``; stopped (the host shut down, every run cancelled) on exit."""
+    its own ``trio.run``; stopped (the host shut down, every run cancelled) on exit.
+    ``host(agents, limits)`` serves the host the faces are over for its block (a
+    ``LocalHost`` by default)."""
     from trio_agents.faces import http_app, serve_http
-    from trio_agents.hosting import LocalHost
 
     gates = Gates()
     ready: queue.Queue[tuple[int, int, _Proxy] | BaseException] = queue.Queue()
@@ -468,9 +512,8 @@ def running_ui_server(
         # Room for the browser benchmark's 100 listed runs, started back to back (the
         # default start rate and per-principal bound are a server's, not this harness's).
         limits = Limits(start_rate=1000.0, start_burst=1000, max_runs_per_principal=1000)
-        host = LocalHost(agents(gates), limits=limits)
-        async with host.running(), trio.open_nursery() as nursery:
-            app = http_app(host, auth=TOKENS)
+        async with host(agents(gates), limits) as served, trio.open_nursery() as nursery:
+            app = http_app(served, auth=TOKENS)
             port = await nursery.start(serve_http, app, "127.0.0.1", 0)
             proxy = _Proxy(port)
             proxied = await nursery.start(proxy.serve)

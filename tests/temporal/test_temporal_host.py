@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 import trio_agents as ta
 from tests.support.temporal_app import AGENTS
-from tests.support.temporal_support import Workers
+from tests.support.temporal_support import Workers, connect_until, free_port, stop, temporal_cli
 from trio_agents.hosting import HostedEvent, HostError, Origin, StartRequest
 from trio_agents.sessions import SQLiteSession
 from trio_agents.temporal import RunStore, TemporalHost
@@ -319,3 +320,72 @@ async def test_a_frozen_worker_is_fenced_once_another_took_its_run_over(
     assert info.status == ta.RunStatus.COMPLETED, group.logs()
     assert (after.status, after.seq) == (info.status, info.seq)
     assert [e.event for e in again] == [e.event for e in before]
+
+
+def _dev_server(port: int, db: Path, log: Path) -> subprocess.Popen[bytes]:
+    """A dev server of this test's own that keeps its state in ``db`` (so it survives
+    a restart on the same port)."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [
+                temporal_cli(),
+                "server",
+                "start-dev",
+                "--headless",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--db-filename",
+                str(db),
+                "--log-level",
+                "warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+async def test_a_run_goes_on_across_a_restart_of_the_temporal_server(tmp_path: Path) -> None:
+    port = free_port()
+    state, log = tmp_path / "temporal.db", tmp_path / "server.log"
+    server = _dev_server(port, state, log)
+    group = Workers(
+        target=f"127.0.0.1:{port}",
+        task_queue="q-restart",
+        db=tmp_path / "sessions.sqlite3",
+        marks=tmp_path / "marks",
+        log_dir=tmp_path,
+    )
+    group.marks.mkdir()
+    try:
+        await trio.to_thread.run_sync(asyncio.run, connect_until(group.target, server, log))
+        group.start()
+        with trio.fail_after(BOUND * 2):
+            async with opened(group) as host:
+                run_id = await host.start(ALICE, _start("block", session_id="s6"))
+                await _until_event(host, run_id, "tool.started")
+                stop(server)  # the server goes away mid-run...
+                server = _dev_server(port, state, log)  # ...and comes back with its state
+                await trio.to_thread.run_sync(asyncio.run, connect_until(group.target, server, log))
+                # The host's client and the worker reconnect: a cancel still reaches the
+                # run, which ends cancelled with its reason, nothing a client saw lost.
+                with trio.move_on_after(BOUND):
+                    while True:
+                        try:
+                            await host.cancel("alice", run_id, "after the restart")
+                            break
+                        except HostError as exc:
+                            if exc.code != "internal":  # Temporal not answering yet
+                                raise
+                        await trio.sleep(0.2)
+                info = await host.wait_terminal("alice", run_id)
+                async with host.events("alice", run_id) as events:
+                    seen = [event async for event in events]
+    finally:
+        group.stop()
+        stop(server)
+    assert (info.status, info.reason) == (ta.RunStatus.CANCELLED, "after the restart"), group.logs()
+    seqs = [event.seq for event in seen]
+    assert seqs == list(range(1, len(seqs) + 1))

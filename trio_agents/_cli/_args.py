@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .. import __version__
@@ -75,6 +75,35 @@ def _seq(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is not a seq (an int >= 0)")
     return value
+
+
+def _event_position(text: str) -> tuple[str, int]:
+    run_id, colon, seq = text.rpartition(":")
+    if not colon or not run_id:
+        raise argparse.ArgumentTypeError(f"{text!r} is not RUN:SEQ")
+    return run_id, _seq(seq)
+
+
+def _add_fork(verb: Callable[[str, str], _Parser]) -> None:
+    fork = verb("fork", "copy a session (or its first items) into a new session")
+    fork.add_argument("session_id", metavar="SESSION", help="the session to fork")
+    fork.add_argument("new_session_id", metavar="NEW", help="the new session's id")
+    where = fork.add_mutually_exclusive_group()
+    where.add_argument(
+        "--at",
+        metavar="INDEX",
+        type=_seq,
+        default=None,
+        help="keep the items before this index (default: all), rounded down so that no"
+        " tool call is split from its result",
+    )
+    where.add_argument(
+        "--at-event",
+        metavar="RUN:SEQ",
+        type=_event_position,
+        default=None,
+        help="keep what the session held once event SEQ of run RUN (ended) was applied",
+    )
 
 
 def _add_demo(commands: argparse._SubParsersAction[_Parser]) -> None:
@@ -350,6 +379,7 @@ def _add_ctl(commands: argparse._SubParsersAction[_Parser]) -> None:
     reject.add_argument(
         "--message", default=None, help="what the model reads as the call's error result"
     )
+    _add_fork(verb)
 
 
 def _add_worker(commands: argparse._SubParsersAction[_Parser]) -> None:

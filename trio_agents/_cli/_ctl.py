@@ -147,6 +147,15 @@ async def _reject(client: ControlClient, args: argparse.Namespace, out: TextIO) 
         _write(out, f"run {run.id}: call {args.call_id} rejected")
 
 
+async def _fork(client: ControlClient, args: argparse.Namespace, out: TextIO) -> None:
+    at = args.at if args.at_event is None else args.at_event
+    items = await client.fork_session(args.session_id, args.new_session_id, at=at)
+    if args.json:
+        _write(out, json_line({"session_id": args.new_session_id, "items": items}))
+    else:
+        _write(out, f"session {args.session_id} forked into {args.new_session_id} ({items} items)")
+
+
 _VERBS: dict[str, Callable[[ControlClient, argparse.Namespace, TextIO], Awaitable[None]]] = {
     "list": _list,
     "get": _get,
@@ -157,6 +166,7 @@ _VERBS: dict[str, Callable[[ControlClient, argparse.Namespace, TextIO], Awaitabl
     "withdraw": _withdraw,
     "approve": _approve,
     "reject": _reject,
+    "fork": _fork,
 }
 
 

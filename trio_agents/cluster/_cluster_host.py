@@ -67,9 +67,12 @@ from ..hosting._requests import (
 from ..hosting._run_info import RunInfo
 from ..hosting._run_tasks import start_run
 from ..hosting._server_limits import Limits
+from ..hosting._session_fork import fork_stored
 from ..hosting._sessions import items_bytes
+from ..sessions._postgres import PostgresSession
 from ._cluster_placement import ClusterPlacement
 from ._routing import Answer, Control, RoutedOp
+from ._schema import session_key
 
 if TYPE_CHECKING:
     from ._cluster_node import ClusterNode
@@ -403,6 +406,40 @@ class ClusterHost(LocalHost):
                     "no_active_run", f"session {session_id!r} has no active run"
                 ) from None
         return str(run_id)
+
+    async def fork_session(
+        self,
+        principal: str,
+        session_id: str,
+        new_session_id: str,
+        at: int | tuple[str, int] | None = None,
+    ) -> int:
+        """Fork the principal's session in the cluster's database (DESIGN §23), in one
+        transaction (a consistent snapshot while a run on any node writes it), its
+        tree's child sessions with it. ``at`` is an item index or None: an event
+        position is refused (``invalid_request``): the cluster's log holds a run's
+        events but not where in its session the run began."""
+        with host_errors():
+            if isinstance(at, tuple):
+                raise ProtocolError(
+                    "invalid_request",
+                    "a cluster cannot resolve an event position (run_id, seq) yet:"
+                    " fork at an item index",
+                )
+            if await self._node.session_holder(principal, new_session_id) is not None:
+                raise ProtocolError("session_busy", f"session {new_session_id!r} has an active run")
+            dsn = self._node.dsn
+            source = PostgresSession(dsn, session_key(principal, session_id, ""))
+            try:
+                return await fork_stored(
+                    source,
+                    session_key(principal, new_session_id, ""),
+                    at,
+                    session_id,
+                    new_session_id,
+                )
+            finally:
+                await source.aclose()
 
     async def wait_terminal(self, principal: str, run_id: str) -> RunInfo:
         async with self.events(principal, run_id, status_only=True) as updates:

@@ -648,6 +648,26 @@ class ControlClient:
         answer = await self.request("session.cancel", **fields)
         return str(answer["run_id"])
 
+    async def fork_session(
+        self, session_id: str, new_session_id: str, *, at: int | tuple[str, int] | None = None
+    ) -> int:
+        """Fork a session of this principal (``session.fork``, DESIGN §23):
+        ``new_session_id`` holds its items up to ``at`` (an item index, an event
+        position ``(run_id, seq)`` of an ended run of that session, or None for all),
+        rounded down so that no tool call is split from its result, with its tree's
+        child sessions. Returns the number of items the fork holds.
+
+        Raises:
+            ControlError: ``not_found`` (no such session of this principal),
+                ``invalid_request`` (a bad ``at``, or the new session holds items),
+                ``session_busy`` (the new session has an active run).
+        """
+        wire_at: Any = {"run_id": at[0], "seq": at[1]} if isinstance(at, tuple) else at
+        answer = await self.request(
+            "session.fork", session_id=session_id, new_session_id=new_session_id, at=wire_at
+        )
+        return int(answer["items"])
+
 
 @asynccontextmanager
 async def connect(

@@ -1,4 +1,4 @@
-"""The eleven ops of the websocket channel: one function per typed request class, each
+"""The twelve ops of the websocket channel: one function per typed request class, each
 a call of the server's run host (:class:`~trio_agents.hosting.RunHost`) answered with
 an ``ack``, or an ``error`` frame for the host's :class:`~trio_agents.hosting.HostError`
 (or a :class:`ProtocolError` of the channel itself).
@@ -28,6 +28,7 @@ from ..hosting._requests import (
     RunUnsubscribe,
     RunWithdraw,
     SessionCancel,
+    SessionFork,
 )
 from ._protocol import ErrorCode, ProtocolError, ack_frame, error_frame
 
@@ -155,6 +156,13 @@ async def session_cancel(conn: Connection, request: SessionCancel) -> None:
     await conn.send(ack_frame(request.id, run_id=run_id))
 
 
+async def session_fork(conn: Connection, request: SessionFork) -> None:
+    items = await conn.host.fork_session(
+        conn.principal, request.session_id, request.new_session_id, request.at
+    )
+    await conn.send(ack_frame(request.id, session_id=request.new_session_id, items=items))
+
+
 _OPS: dict[type, Callable[[Connection, Any], Awaitable[None]]] = {
     RunStart: run_start,
     RunCancel: _control,
@@ -167,4 +175,5 @@ _OPS: dict[type, Callable[[Connection, Any], Awaitable[None]]] = {
     RunGet: run_get,
     RunsList: runs_list,
     SessionCancel: session_cancel,
+    SessionFork: session_fork,
 }

@@ -33,6 +33,14 @@ from ._case import case_run as case_run
 from ._compare import CaseChange as CaseChange
 from ._compare import Comparison as Comparison
 from ._compare import compare as compare
+from ._eval_runner import FORMAT as FORMAT
+from ._eval_runner import CaseOutcome as CaseOutcome
+from ._eval_runner import EvalResult as EvalResult
+from ._eval_runner import Evaluation as Evaluation
+from ._eval_runner import Verdict as Verdict
+from ._eval_runner import evaluate as evaluate
+from ._eval_runner import load_report as load_report
+from ._eval_runner import verdict_of as verdict_of
 from ._evaluators import CancelsCleanly as CancelsCleanly
 from ._evaluators import ExpectedCall as ExpectedCall
 from ._evaluators import OutputMatches as OutputMatches
@@ -44,14 +52,6 @@ from ._files import load_dataset as load_dataset
 from ._judge import JUDGE_INSTRUCTIONS as JUDGE_INSTRUCTIONS
 from ._judge import JudgeVerdict as JudgeVerdict
 from ._judge import LLMJudge as LLMJudge
-from ._runner import FORMAT as FORMAT
-from ._runner import CaseOutcome as CaseOutcome
-from ._runner import EvalResult as EvalResult
-from ._runner import Evaluation as Evaluation
-from ._runner import Verdict as Verdict
-from ._runner import evaluate as evaluate
-from ._runner import load_report as load_report
-from ._runner import verdict_of as verdict_of
 
 __all__ = [
     "EVALUATORS",

@@ -7,7 +7,7 @@ from typing import Any, Final
 import attrs
 from pydantic_evals.reporting import EvaluationReport, ReportCase
 
-from ._runner import AnyReportCase, EvalResult, Verdict, verdict_of
+from ._eval_runner import AnyReportCase, EvalResult, Verdict, verdict_of
 
 __all__ = ["CaseChange", "Comparison", "compare"]
 

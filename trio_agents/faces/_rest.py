@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..hosting import HostedEvent, HostError, Origin, StartRequest
+from ..hosting import HostedEvent, HostError, Origin, StartRequest, run_timeline
 from ..hosting._error_codes import ProtocolError
 from ..hosting._requests import UNSTORABLE as _UNSTORABLE
 from ..hosting._requests import (
@@ -45,6 +45,7 @@ from ..hosting._requests import (
     RunStart,
     RunWithdraw,
     SessionCancel,
+    SessionFork,
     validate_request,
 )
 from ..hosting._server_limits import MAX_NAME_LENGTH
@@ -168,6 +169,13 @@ class _Rest:
         run_id = _path_id(request, "run_id")
         return _answer({"run": _info(await self.host.get(principal_of(request), run_id))})
 
+    async def timeline(self, request: Request) -> Response:
+        """``GET /runs/{id}/timeline``: the run's subtree as spans (DESIGN §23), derived
+        from the events the host serves (:func:`~trio_agents.hosting.run_timeline`)."""
+        run_id = _path_id(request, "run_id")
+        found = await run_timeline(self.host, principal_of(request), run_id)
+        return _answer({"timeline": found.to_json()})
+
     async def cancel(self, request: Request) -> Response:
         principal = principal_of(request)
         wait = _flag(request, "wait")
@@ -225,6 +233,16 @@ class _Rest:
         if not wait:
             return _answer({"run_id": run_id}, 202)
         return _answer({"run": _info(await self.host.wait_terminal(principal, run_id))})
+
+    async def fork_session(self, request: Request) -> Response:
+        """``POST /sessions/{id}/fork`` (DESIGN §23): ``{"new_session_id", "at"}``."""
+        fork: SessionFork = _validate(
+            "session.fork", await self._body(request), session_id=request.path_params["session_id"]
+        )
+        items = await self.host.fork_session(
+            principal_of(request), fork.session_id, fork.new_session_id, fork.at
+        )
+        return _answer({"session_id": fork.new_session_id, "items": items}, 201)
 
     async def events(self, request: Request) -> Response:
         principal = principal_of(request)
@@ -438,6 +456,8 @@ def routes(face: Face) -> Routes:
             Route("/runs/{run_id}/approve", rest.approve, methods=["POST"]),
             Route("/runs/{run_id}/reject", rest.reject, methods=["POST"]),
             Route("/runs/{run_id}/events", rest.events, methods=["GET"]),
+            Route("/runs/{run_id}/timeline", rest.timeline, methods=["GET"]),
             Route("/sessions/{session_id}/cancel", rest.cancel_session, methods=["POST"]),
+            Route("/sessions/{session_id}/fork", rest.fork_session, methods=["POST"]),
         ]
     )

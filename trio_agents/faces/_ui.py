@@ -5,8 +5,8 @@
 when none was given): what its author chose to publish, never its instructions (the
 system prompt is not for every token holder).
 
-The page is three static files shipped in the package (``faces/ui/``: HTML, CSS, plain
-JavaScript; no build step, nothing fetched from another host). They are *public*
+The page is static files shipped in the package (``faces/ui/``: HTML, CSS, plain
+JavaScript — the run tree's timeline in its own ``timeline.js``; no build step, nothing fetched from another host). They are *public*
 routes — they hold no run and no principal's data — and every call the page makes is an
 ordinary authenticated REST call (``Authorization: Bearer``, from ``fetch``), so the UI
 sees exactly what the REST face lets its principal see and nothing more. The token never
@@ -40,6 +40,9 @@ _FILES: Final = {
     "index.html": "text/html; charset=utf-8",
     "ui.css": "text/css; charset=utf-8",
     "ui.js": "text/javascript; charset=utf-8",
+    # The run tree's timeline (DESIGN §23): its own script and style beside the page's.
+    "timeline.js": "text/javascript; charset=utf-8",
+    "timeline.css": "text/css; charset=utf-8",
 }
 
 _HEADERS: Final = {

@@ -35,6 +35,7 @@ from ._policies import ContextHook as ContextHook
 from ._policies import RunStartInfo as RunStartInfo
 from ._registry import PrincipalStatistics as PrincipalStatistics
 from ._run_info import RunInfo as RunInfo
+from ._run_timeline import run_timeline as run_timeline
 from ._server_limits import Limits as Limits
 from ._sessions import SessionFactory as SessionFactory
 from ._sessions import sqlite_sessions as sqlite_sessions
@@ -63,6 +64,7 @@ __all__ = [
     "SessionFactory",
     "StartRequest",
     "open_server",
+    "run_timeline",
     "serve",
     "sqlite_sessions",
 ]

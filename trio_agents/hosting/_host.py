@@ -212,6 +212,21 @@ class RunHost(Protocol):
         """Cancel the session's active run; returns its id (``no_active_run`` if none)."""
         ...
 
+    async def fork_session(
+        self,
+        principal: str,
+        session_id: str,
+        new_session_id: str,
+        at: int | tuple[str, int] | None = None,
+    ) -> int:
+        """Fork the principal's session into ``new_session_id`` (DESIGN §23): its items
+        up to ``at`` (an item index; an event position ``(run_id, seq)`` where the host
+        can resolve it; None: all), rounded down so that no tool call is split from its
+        result, with the child sessions of its tree whose call is kept. Returns the
+        number of items the fork holds. ``not_found`` for a session of another
+        principal, as for one that holds nothing."""
+        ...
+
     def events(
         self,
         principal: str,

@@ -66,6 +66,7 @@ from ._run_info import RunInfo
 from ._run_tasks import disconnected as _disconnected
 from ._run_tasks import start_run
 from ._server_limits import Limits
+from ._session_fork import close_session, event_index, fork_stored
 from ._sessions import SessionFactory, items_bytes, sqlite_sessions
 
 __all__ = ["HostStatistics", "LocalHost", "host_errors"]
@@ -567,6 +568,67 @@ class LocalHost:
             raise HostError("no_active_run", f"session {session_id!r} has no active run")
         entry.run.cancel(reason, mode=mode)
         return entry.run_id
+
+    async def fork_session(
+        self,
+        principal: str,
+        session_id: str,
+        new_session_id: str,
+        at: int | tuple[str, int] | None = None,
+    ) -> int:
+        """Fork the principal's session (DESIGN §23): ``new_session_id`` holds its
+        items up to ``at`` (an item index, or an event position ``(run_id, seq)`` of a
+        run of that session this host remembers and that has ended; None: all of
+        them), rounded down so that no tool call is split from its result, with the
+        child sessions of its tree whose call is kept. Returns the number of items the
+        fork holds. The session may have an active run (the fork is a snapshot).
+
+        The host's sessions: in memory (metered, no child sessions), or its factory's,
+        forked in their store (``factory(principal, new_session_id)``'s stored id; a
+        factory must give every session of a principal in one store, as
+        :func:`~trio_agents.hosting.sqlite_sessions` does).
+
+        Raises:
+            HostError: ``not_found`` (no such session of this principal, or it holds no
+                items; an unknown run), ``invalid_request`` (a bad position, the new id
+                holds items), ``session_busy`` (the new id has an active run),
+                ``limit_exceeded`` (in-memory bytes).
+        """
+        await trio.lowlevel.checkpoint()
+        with host_errors():
+            registry = self._registry
+            if registry.session_holder(principal, new_session_id) is not None:
+                raise ProtocolError("session_busy", f"session {new_session_id!r} has an active run")
+            index = await self._fork_index(principal, session_id, at)
+            factory = registry.session_factory
+            if factory is None:
+                sessions = registry.state_of(principal).sessions
+                return await sessions.fork(session_id, new_session_id, index)
+            source = factory(principal, session_id)
+            try:
+                target = factory(principal, new_session_id)
+                target_id = target.session_id
+                await close_session(target)
+                return await fork_stored(source, target_id, index, session_id, new_session_id)
+            finally:
+                await close_session(source)
+
+    async def _fork_index(
+        self, principal: str, session_id: str, at: int | tuple[str, int] | None
+    ) -> int | None:
+        """``at`` as an item index: an event position resolved from the run, which must
+        be one of this principal's runs in that session."""
+        if not isinstance(at, tuple):
+            return at
+        run_id, seq = at
+        entry = self._registry.find(principal, run_id, nodes=False)
+        if entry is None:
+            raise ProtocolError("not_found", f"no run {run_id!r}")
+        if entry.session_id != session_id:
+            raise ProtocolError(
+                "invalid_request", f"run {run_id!r} did not run in session {session_id!r}"
+            )
+        return await event_index(entry.run, run_id, seq)
 
     @asynccontextmanager
     async def events(

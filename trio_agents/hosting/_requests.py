@@ -34,6 +34,7 @@ __all__ = [
     "RunWithdraw",
     "RunsList",
     "SessionCancel",
+    "SessionFork",
     "parse_request",
     "validate_request",
 ]
@@ -280,6 +281,38 @@ class SessionCancel:
     )
 
 
+def _fork_at(name: str, value: Any) -> int | tuple[str, int] | None:
+    """``at`` of ``session.fork``: null, an item index, or ``{"run_id", "seq"}``."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < 2**53:
+            raise ValueError(f"{name} must be an item index >= 0 (below 2**53)")
+        return value
+    if isinstance(value, dict):
+        if set(value) != {"run_id", "seq"}:
+            raise ValueError(f"{name} as an event position must be {{'run_id', 'seq'}} only")
+        run_id = _string(MAX_NAME_LENGTH)(f"{name}.run_id", value["run_id"])
+        seq = value["seq"]
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 2**53:
+            raise ValueError(f"{name}.seq must be an integer >= 0 (below 2**53)")
+        return (run_id, seq)
+    raise ValueError(f"{name} must be null, an item index or {{'run_id', 'seq'}}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SessionFork:
+    """``session.fork``: copy a prefix of the session (and its tree's child sessions)
+    into a new session of the principal (DESIGN §23)."""
+
+    op: ClassVar[str] = "session.fork"
+    id: RequestId = 0
+    session_id: str = attrs.field(metadata=_NAME)
+    new_session_id: str = attrs.field(metadata=_NAME)
+    at: int | tuple[str, int] | None = attrs.field(default=None, metadata=_spec(_fork_at))
+
+
 Request: TypeAlias = (
     RunStart
     | RunCancel
@@ -292,6 +325,7 @@ Request: TypeAlias = (
     | RunGet
     | RunsList
     | SessionCancel
+    | SessionFork
 )
 """A validated request frame: one typed class per op."""
 

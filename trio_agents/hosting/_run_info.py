@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import InvalidOperation
 from typing import Any
 
 import attrs
 
 from .._events import RunStatus
-from .._model import Usage
+from .._model import Usage, usage_from_json
 
 __all__ = ["RunInfo"]
 
@@ -112,47 +112,12 @@ def _detail(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-_MAX_COST_CHARS = 64  # a decimal string longer than this is no price
-
-
 def _usage(value: Any) -> Usage | None:
-    """A ``run`` object's ``usage`` (absent: not known). Checked as the run core checks
-    a model's :class:`Usage` (counts are non-negative ints, the cost a finite
-    non-negative decimal string): a peer's record must not smuggle in a float cost, a
-    NaN or a negative count that later sums would carry."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise TypeError(f"usage must be an object, not {type(value).__name__}")
-    model = value.get("model")
-    if model is not None and not isinstance(model, str):
-        raise TypeError(f"usage model must be a string, not {type(model).__name__}")
-    cost = value.get("cost")
-    if cost is not None:
-        if not isinstance(cost, str) or len(cost) > _MAX_COST_CHARS:
-            raise ValueError(f"usage cost must be a decimal string, not {cost!r:.80}")
-        cost = Decimal(cost)
-        if not cost.is_finite() or cost < 0:
-            raise ValueError(f"usage cost must be finite and non-negative, not {cost!r:.80}")
-    return Usage(
-        _count(value.get("input_tokens", 0)),
-        _count(value.get("output_tokens", 0)),
-        model,
-        cache_read_tokens=_maybe_count(value.get("cache_read_tokens")),
-        cache_write_tokens=_maybe_count(value.get("cache_write_tokens")),
-        cost=cost,
-    )
-
-
-def _count(value: Any) -> int:
-    # type() is int: a bool or a float is not a token count.
-    if type(value) is not int or value < 0:
-        raise ValueError(f"a token count must be a non-negative integer, not {value!r:.80}")
-    return value
-
-
-def _maybe_count(value: Any) -> int | None:
-    return None if value is None else _count(value)
+    """A ``run`` object's ``usage`` (absent: not known), checked as the run core checks a
+    model's :class:`Usage` (:func:`~trio_agents._model.usage_from_json`): a peer's record
+    must not smuggle in a float cost, a NaN or a negative count that later sums would
+    carry."""
+    return None if value is None else usage_from_json(value)
 
 
 def _tree_fields(data: Any) -> dict[str, Any]:

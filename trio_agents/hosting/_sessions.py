@@ -14,7 +14,8 @@ import trio
 
 from .._items import Item
 from .._session_lock import session_lock_key
-from ..sessions import Session
+from ..sessions import Session, fork_point, repair_loaded
+from ._error_codes import ProtocolError
 
 __all__ = [
     "SESSION_OVERHEAD",
@@ -110,6 +111,11 @@ class MeteredSession:
         """Each object is its own store (principals' ``"s1"`` are different objects)."""
         return self
 
+    @property
+    def items(self) -> list[Item]:
+        """A copy of the stored conversation, read at once (no checkpoint)."""
+        return list(self._items)
+
     def _resize(self, new: int) -> None:
         self._owner.bytes += new - self.bytes
         self.bytes = new
@@ -190,6 +196,45 @@ class MemorySessions:
         for session_id in victims:
             self._forget(session_id)
             self.evicted += 1
+
+    async def fork(self, session_id: str, new_session_id: str, at: int | None) -> int:
+        """Fork the in-memory session ``session_id`` into ``new_session_id`` (DESIGN
+        §23; in-memory sessions have no child sessions); returns the number of items
+        the fork holds. At once on the Trio thread: a run writing the source meanwhile
+        never splits it.
+
+        Raises:
+            ProtocolError: ``not_found`` (no such session, or it holds no items),
+                ``invalid_request`` (the new session holds items), ``limit_exceeded``
+                (the fork would not fit the principal's session bytes).
+        """
+        source = self._sessions.get(session_id)
+        items = [] if source is None else source.items
+        if not items:
+            raise ProtocolError("not_found", f"no session {session_id!r}")
+        existing = self._sessions.get(new_session_id)
+        if existing is not None and existing.items:
+            raise ProtocolError(
+                "invalid_request",
+                f"session {new_session_id!r} already holds items: a fork never overwrites",
+            )
+        kept = repair_loaded(items[: fork_point(items, at)])
+        if SESSION_OVERHEAD + items_bytes(kept) > self.limit:
+            raise ProtocolError(
+                "limit_exceeded",
+                f"the fork would hold over {self.limit} bytes of in-memory sessions",
+            )
+        target = self.acquire(new_session_id)
+        if target is None:
+            raise ProtocolError(
+                "limit_exceeded",
+                f"in-memory sessions of this principal hold over {self.limit} bytes in active runs",
+            )
+        try:
+            await target.replace_items(kept)
+        finally:
+            self.release(target)
+        return len(kept)
 
     def _forget(self, session_id: str) -> None:
         session = self._sessions.pop(session_id)

@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from ._base import Session as Session
 from ._dangling_calls import repair_loaded as repair_loaded
+from ._fork import ForkAt as ForkAt
+from ._fork import SessionExistsError as SessionExistsError
+from ._fork import fork_point as fork_point
+from ._fork import fork_session as fork_session
 from ._memory import MemorySession as MemorySession
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION
 from ._sqlite import SQLiteSession as SQLiteSession
@@ -21,12 +25,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ForkAt",
     "MemorySession",
     "PostgresSession",
     "PostgresSessionStatistics",
     "SQLiteSession",
     "Session",
+    "SessionExistsError",
     "SessionStorageError",
+    "fork_point",
+    "fork_session",
     "repair_loaded",
 ]
 

@@ -26,6 +26,14 @@ class Session(Protocol):
     the same store. Child runs (DESIGN §17) keep their conversations through it, under
     ``"<parent session id>/<call id>"``; a session without it gives child runs none.
     ``MemorySession``, ``SQLiteSession`` and ``PostgresSession`` have it.
+
+    Optional too (DESIGN §23): ``fork(new_session_id, *, at=None) -> Session`` (copy a
+    prefix of the conversation, and the child sessions of its tree, into a new session
+    of the same store) and ``child_session_ids() -> list[str]`` (the ids below this one,
+    ``"<id>/..."``, that hold items: what a fork copies the tree from). The three
+    built-in sessions have both (their ``fork`` is a consistent snapshot); for any
+    other session with ``with_id``, :func:`~trio_agents.sessions.fork_session` is the
+    default (reads, then writes).
     """
 
     @property

@@ -37,6 +37,7 @@ when its socket has something to read (a server restart's goodbye), not every ti
 from __future__ import annotations
 
 import contextlib
+import json
 import select
 import threading
 import time
@@ -57,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._items import Item
 from . import _storage
+from ._fork import SessionExistsError, Shape
 from ._storage import SessionStorageError
 from ._stored_session import MigrationTexts, StoredSession
 
@@ -616,12 +618,105 @@ class PostgresSession(StoredSession[Connection]):
         conn.execute(f"DELETE FROM {_SESSIONS} WHERE session_id = %s", (self._session_id,))
         conn.execute(f"DELETE FROM {_ITEMS} WHERE session_id = %s", (self._session_id,))
 
+    def _fork_transaction(self, conn: Connection) -> contextlib.AbstractContextManager[None]:
+        # Every call is one transaction already (``_call``).
+        return contextlib.nullcontext()
+
+    def _below_sync(self, conn: Connection) -> list[str]:
+        # Through the sessions table (every session holding items has its row there; a
+        # small table, where the items table would be scanned whole: text's collation
+        # keeps a prefix from being an index range), then the items' primary key.
+        rows = conn.execute(
+            f"SELECT s.session_id FROM {_SESSIONS} s WHERE starts_with(s.session_id, %s)"
+            f" AND EXISTS (SELECT 1 FROM {_ITEMS} i WHERE i.session_id = s.session_id)",
+            (self._session_id + "/",),
+        ).fetchall()
+        return [session_id for (session_id,) in rows]
+
+    def _fork_scan_sync(self, conn: Connection) -> tuple[list[Shape], list[str]]:
+        # The session's row, shared: its writers (every append, replace and clear takes
+        # the row first) wait for the fork's commit, so the statements of this READ
+        # COMMITTED transaction all see the same rows of it. A descendant whose call is
+        # kept had ended: nothing writes it.
+        conn.execute(
+            f"SELECT 1 FROM {_SESSIONS} WHERE session_id = %s FOR SHARE", (self._session_id,)
+        )
+        # The two fields read by pattern in the JSON text the session wrote (compact,
+        # ASCII-only): data::json ->> would also decode every other string of the item,
+        # and PostgreSQL refuses the \u0000 and lone surrogate escapes an item may hold.
+        # Only an object's own keys appear unescaped after "{" or ",": a quote inside a
+        # string is \".
+        rows = conn.execute(
+            f"SELECT substring(data from %s), substring(data from %s) FROM {_ITEMS}"
+            " WHERE session_id = %s ORDER BY position",
+            (_TYPE_PATTERN, _CALL_ID_PATTERN, self._session_id),
+        ).fetchall()
+        shapes: list[Shape] = [
+            (kind, None if call_id is None else _unescape(call_id)) for kind, call_id in rows
+        ]
+        return shapes, self._below_sync(conn)
+
+    def _fork_write_sync(
+        self,
+        conn: Connection,
+        copies: list[tuple[str, str, int | None]],
+        written: dict[str, list[str]],
+    ) -> None:
+        ids = [new for new, _, _ in copies] + list(written)
+        # The new sessions' rows first (made if missing, locked either way, in id order
+        # so two forks never wait for each other in a cycle): a concurrent fork or
+        # append into one of them waits for this transaction, then sees its rows.
+        conn.execute(
+            f"INSERT INTO {_SESSIONS} AS s (session_id, next_position)"
+            " SELECT id, 0 FROM unnest(%s::text[]) AS id ORDER BY id"
+            " ON CONFLICT (session_id) DO UPDATE SET updated_at = now()",
+            (sorted(ids),),
+        )
+        taken = conn.execute(
+            f"SELECT session_id FROM {_ITEMS} WHERE session_id = ANY(%s) LIMIT 1", (ids,)
+        ).fetchone()
+        if taken is not None:
+            raise SessionExistsError(taken[0])
+        for new, old, count in copies:
+            # Copied in the database, positions from 0 whatever they were.
+            conn.execute(
+                f"INSERT INTO {_ITEMS} (session_id, position, data)"
+                " SELECT %s, row_number() OVER (ORDER BY position) - 1, data FROM"
+                f" (SELECT position, data FROM {_ITEMS} WHERE session_id = %s"
+                "  ORDER BY position LIMIT %s) AS kept",
+                (new, old, count),
+            )
+        for new, encoded in written.items():
+            conn.execute(
+                f"INSERT INTO {_ITEMS} (session_id, position, data)"
+                " SELECT %s, item.ordinality - 1, item.data"
+                " FROM unnest(%s::text[]) WITH ORDINALITY AS item(data, ordinality)",
+                (new, encoded),
+            )
+        conn.execute(
+            f"UPDATE {_SESSIONS} AS s SET next_position = (SELECT COALESCE(MAX(position) + 1, 0)"
+            f" FROM {_ITEMS} i WHERE i.session_id = s.session_id) WHERE s.session_id = ANY(%s)",
+            (ids,),
+        )
+
     def _count_sync(self, conn: Connection) -> int:
         row = conn.execute(
             f"SELECT COUNT(*) FROM {_ITEMS} WHERE session_id = %s", (self._session_id,)
         ).fetchone()
         assert row is not None
         return int(row[0])
+
+
+_TYPE_PATTERN: Final = r'[{,]"type":"([a-z_]+)"'
+_CALL_ID_PATTERN: Final = r'[{,]"call_id":"((?:[^"\\]|\\.)*)"'
+
+
+def _unescape(text: str) -> str:
+    """A JSON string's body (as stored, escaped) as the str it encodes."""
+    if "\\" not in text:
+        return text
+    value = json.loads(f'"{text}"')
+    return value if isinstance(value, str) else text
 
 
 # -- TCP keepalives -----------------------------------------------------------------------

@@ -27,6 +27,7 @@ per append.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import threading
@@ -39,6 +40,7 @@ import trio
 
 from .._items import Item
 from . import _storage
+from ._fork import SessionExistsError, Shape
 from ._storage import SessionStorageError
 from ._stored_session import MigrationTexts, StoredSession
 
@@ -406,11 +408,92 @@ class SQLiteSession(StoredSession[sqlite3.Connection]):
     def _clear_sync(self, conn: sqlite3.Connection) -> None:
         conn.execute("DELETE FROM items WHERE session_id = ?", (self._session_id,))
 
+    def _fork_transaction(
+        self, conn: sqlite3.Connection
+    ) -> contextlib.AbstractContextManager[None]:
+        # The file's write lock from the first read: no writer (in any process) comes
+        # between what the fork reads and what it writes.
+        return _immediate(conn)
+
+    def _below_sync(self, conn: sqlite3.Connection) -> list[str]:
+        # The descendants' ids ("<id>/...") as a range of the primary key: TEXT compares
+        # with BINARY (memcmp of UTF-8, so code point order), and every id starting
+        # "<id>/" sorts from "<id>/" to just before "<id>0" ("0" follows "/").
+        rows = conn.execute(
+            "SELECT DISTINCT session_id FROM items WHERE session_id >= ? AND session_id < ?",
+            (self._session_id + "/", self._session_id + "0"),
+        ).fetchall()
+        return [session_id for (session_id,) in rows]
+
+    def _fork_scan_sync(self, conn: sqlite3.Connection) -> tuple[list[Shape], list[str]]:
+        try:
+            # SQLite's JSON functions (built in since 3.38) read the two fields in C.
+            shapes = conn.execute(
+                "SELECT json_extract(data, '$.type'), json_extract(data, '$.call_id')"
+                " FROM items WHERE session_id = ? ORDER BY position",
+                (self._session_id,),
+            ).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "json_extract" not in str(exc):
+                raise
+            rows = conn.execute(
+                "SELECT data FROM items WHERE session_id = ? ORDER BY position",
+                (self._session_id,),
+            ).fetchall()
+            shapes = [_shape(data) for (data,) in rows]
+        return [(kind, call_id) for kind, call_id in shapes], self._below_sync(conn)
+
+    def _fork_write_sync(
+        self,
+        conn: sqlite3.Connection,
+        copies: list[tuple[str, str, int | None]],
+        written: dict[str, list[str]],
+    ) -> None:
+        """Inside the fork's transaction (the file's write lock is held)."""
+        for session_id in [new for new, _, _ in copies] + list(written):
+            if conn.execute(
+                "SELECT 1 FROM items WHERE session_id = ? LIMIT 1", (session_id,)
+            ).fetchone():
+                raise SessionExistsError(session_id)
+        now = time.time()
+        for new, old, count in copies:
+            # Positions from 0 in the copy, whatever they were in the original.
+            conn.execute(
+                "INSERT INTO items (session_id, position, data, created_at)"
+                " SELECT ?, ROW_NUMBER() OVER (ORDER BY position) - 1, data, ? FROM"
+                " (SELECT position, data FROM items WHERE session_id = ?"
+                "  ORDER BY position LIMIT ?)",
+                (new, now, old, -1 if count is None else count),
+            )
+        conn.executemany(
+            "INSERT INTO items (session_id, position, data, created_at) VALUES (?, ?, ?, ?)",
+            [
+                (session_id, i, data, now)
+                for session_id, encoded in written.items()
+                for i, data in enumerate(encoded)
+            ],
+        )
+
     def _count_sync(self, conn: sqlite3.Connection) -> int:
         (count,) = conn.execute(
             "SELECT COUNT(*) FROM items WHERE session_id = ?", (self._session_id,)
         ).fetchone()
         return int(count)
+
+
+def _shape(data: str) -> Shape:
+    """An item's shape read in Python (a SQLite without its JSON functions)."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return (None, None)
+    if not isinstance(value, dict):
+        return (None, None)
+    kind, call_id = value.get("type"), value.get("call_id")
+    return (
+        kind if isinstance(kind, str) else None,
+        call_id if isinstance(call_id, str) else None,
+    )
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

@@ -12,7 +12,10 @@ supplies what differs:
   the backend's bounds), and ``close`` (what closing frees);
 - the statements, each run on the connection ``_call`` hands it: ``_read_sync``,
   ``_add_items_sync`` (one transaction of its own), ``_write_all_sync`` (inside the
-  write lock), ``_clear_sync``;
+  write lock), ``_clear_sync``; for :meth:`~StoredSession.fork`, ``_fork_transaction``,
+  ``_fork_scan_sync`` (the items' shapes and the descendants' ids, read in the
+  database), ``_fork_write_sync`` (check the new ids hold nothing, copy the rows in the
+  database) and ``_below_sync``;
 - the locks: ``_write_lock`` (what keeps the session's writers apart) and
   ``_schema_lock`` (what keeps two connections from creating or migrating the schema
   at once);
@@ -29,13 +32,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import attrs
 import trio
 
 from .._items import Item
 from ._dangling_calls import repair_loaded
+from ._fork import ForkAt, Shape, check_at, check_new_id, fork_plan, kept_items
 from ._storage import SessionStorageError, encode_items
 
 __all__ = ["MigrationTexts", "StoredSession"]
@@ -122,6 +126,48 @@ class StoredSession(abc.ABC, Generic[C]):
         """
         return await self._call(self._read_sync)
 
+    async def fork(self, new_session_id: str, *, at: ForkAt = None) -> Self:
+        """Fork this conversation (DESIGN §23) into a new session of the same store
+        (``self.with_id(new_session_id)``, which is returned; close it like any other).
+
+        The new session holds ``items[:at]`` (all for None), rounded down so that no
+        tool call is kept without its result (the kept items are repaired like a load
+        if the stored rows held orphan results), with items marked ``rejected_by``
+        copied as they are. The child sessions of the tree (``"<id>/<call id>"``, and
+        theirs, DESIGN §17) whose call is kept are copied whole under ``"<new
+        id>/<call id>"``. This session is never written.
+
+        One transaction: the rows are read in one snapshot and the copies written
+        before it commits, so a fork taken while a run appends here holds every item
+        that run had committed up to some point, never half an append.
+
+        Raises:
+            TypeError, ValueError: a bad ``new_session_id`` or ``at`` (an event position
+                ``(run_id, seq)`` included: sessions store items, not the events that
+                added them).
+            SessionExistsError: the new session, or one of its child sessions, already
+                holds items (nothing is written).
+            SessionStorageError: the database failed.
+        """
+        new_session_id = check_new_id(self._session_id, new_session_id)
+        index = check_at(at)
+        fork = self.with_id(new_session_id)  # validates the id as a session id
+        try:
+            await self._call(lambda conn: self._fork_sync(conn, new_session_id, index))
+        except BaseException:
+            await fork.aclose()
+            raise
+        return fork
+
+    async def child_session_ids(self) -> list[str]:
+        """The ids of this session's descendants that hold items (``"<id>/..."``: the
+        sessions of child runs, DESIGN §17), sorted by code point."""
+        return sorted(await self._call(self._below_sync))
+
+    @abc.abstractmethod
+    def with_id(self, session_id: str) -> Self:
+        """A new session object for ``session_id`` in the same store."""
+
     # -- closing ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -201,6 +247,32 @@ class StoredSession(abc.ABC, Generic[C]):
     def _write_lock(self, conn: C) -> AbstractContextManager[None]:
         """Hold the session's write lock (in a transaction) for the ``with`` block."""
 
+    @abc.abstractmethod
+    def _fork_transaction(self, conn: C) -> AbstractContextManager[None]:
+        """The one transaction a fork reads and writes in, for the ``with`` block."""
+
+    @abc.abstractmethod
+    def _below_sync(self, conn: C) -> list[str]:
+        """The ids starting ``"<id>/"`` that hold rows."""
+
+    @abc.abstractmethod
+    def _fork_scan_sync(self, conn: C) -> tuple[list[Shape], list[str]]:
+        """This session's items' shapes (``type`` and ``call_id`` of each stored row,
+        in order), and the ids starting ``"<id>/"`` that hold rows; inside the fork's
+        transaction, with no write to this session in between."""
+
+    @abc.abstractmethod
+    def _fork_write_sync(
+        self,
+        conn: C,
+        copies: list[tuple[str, str, int | None]],
+        written: dict[str, list[str]],
+    ) -> None:
+        """Lock the new sessions (``copies``' first ids and ``written``'s keys) and,
+        unless one of them holds rows (:class:`SessionExistsError`, nothing written),
+        fill them: a copy ``(new, old, count)`` copies the first ``count`` rows of
+        ``old`` (all for None) in the database, ``written`` stores encoded items."""
+
     # -- the statements shared by both ------------------------------------------------
 
     def _get_items_sync(self, conn: C) -> list[Item]:
@@ -214,6 +286,24 @@ class StoredSession(abc.ABC, Generic[C]):
             repaired = repair_loaded(self._read_sync(conn))
             self._write_all_sync(conn, encode_items(repaired))
         return repaired
+
+    def _fork_sync(self, conn: C, new_session_id: str, index: int | None) -> None:
+        with self._fork_transaction(conn):
+            # Only the items' shapes (type, call id), read in the database: the rows
+            # are copied there too, never decoded (a 10,000-item fork moves no item
+            # through Python), unless the kept rows need a repair.
+            shapes, below = self._fork_scan_sync(conn)
+            plan = fork_plan(self._session_id, new_session_id, shapes, index, below)
+            copies: list[tuple[str, str, int | None]] = [
+                (new, old, None) for old, new in plan.children.items()
+            ]
+            if plan.clean:
+                copies.append((new_session_id, self._session_id, plan.kept))
+                written: dict[str, list[str]] = {}
+            else:
+                items = self._read_sync(conn)
+                written = {new_session_id: encode_items(kept_items(items, plan))}
+            self._fork_write_sync(conn, copies, written)
 
     def _replace_sync(self, conn: C, encoded: list[str]) -> None:
         with self._write_lock(conn):

@@ -50,11 +50,14 @@ from ..hosting import HostedEvent, HostError, Limits, Origin, RunInfo, StartRequ
 from ..hosting._error_codes import ProtocolError
 from ..hosting._local import check_from_seq
 from ..hosting._policies import effective_limits, limits_to_wire
+from ..hosting._session_fork import close_session, fork_stored
+from ._activity import SessionFactory
 from ._asyncio_loop import AsyncioLoop
 from ._run_store import RunStore
 from ._trio_worker import DEFAULT_TASK_QUEUE
 from ._types import (
     CANCELLED_BY_TEMPORAL,
+    SIGNAL_CANCEL_REASON,
     UPDATE_STEER,
     WORKFLOW_NAME,
     OpAnswer,
@@ -75,6 +78,20 @@ _HOST_CODES: Final = frozenset(
 # How long a cancel that Temporal already holds waits for the update that brings it to
 # the attempt at once (no worker may be there to take the workflow's task up).
 _PUSH_BOUND: Final = 5.0
+
+
+_UNREACHABLE: Final = frozenset(
+    {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED}
+)
+
+
+def _rpc_refused(exc: RPCError, run_id: str) -> HostError:
+    """What an op gets when Temporal refused its call: ``internal`` while Temporal
+    cannot be reached (the op may be retried), ``run_closed`` when the workflow is
+    closed (or gone)."""
+    if exc.status in _UNREACHABLE:
+        return HostError("internal", f"Temporal cannot be reached: {exc.message}")
+    return HostError("run_closed", f"run {run_id} is closed")
 
 
 def _refused(answer: OpAnswer) -> HostError:
@@ -99,6 +116,8 @@ class TemporalHost:
             lost and retried on another worker.
         run_options: JSON-able ``open_run`` options for every run (``max_turns``, ...).
         poll_interval: seconds between two looks at the store for new events.
+        sessions: the workers' session factory (:func:`sqlite_sessions` over the same
+            file), for :meth:`fork_session`; None: forks are refused.
 
     Serve it like any host: ``await hosting.serve(TemporalHost(...), faces)``.
     """
@@ -115,6 +134,7 @@ class TemporalHost:
         heartbeat_timeout: float = 2.0,
         run_options: Mapping[str, Any] | None = None,
         poll_interval: float = 0.02,
+        sessions: SessionFactory | None = None,
     ) -> None:
         if limits is not None and not isinstance(limits, Limits):
             raise TypeError("limits must be a Limits instance")
@@ -129,6 +149,7 @@ class TemporalHost:
         self._heartbeat_timeout = heartbeat_timeout
         self._run_options = dict(run_options or {})
         self._poll_interval = poll_interval
+        self._sessions = sessions
         self._loop = AsyncioLoop()
         self._client: Client | None = None
         self._nursery: trio.Nursery | None = None
@@ -451,7 +472,9 @@ class TemporalHost:
             raise HostError(
                 "internal", f"Temporal did not answer in time; the op on {run_id} may be recorded"
             ) from None
-        except (RPCError, WorkflowUpdateFailedError):
+        except RPCError as exc:
+            raise _rpc_refused(exc, run_id) from None
+        except WorkflowUpdateFailedError:
             raise HostError("run_closed", f"run {run_id} is closed") from None
         if not answer.ok:
             raise _refused(answer)
@@ -490,7 +513,11 @@ class TemporalHost:
             handle = self._connected().get_workflow_handle(run_id)
             if reason and run_id in self._watched:
                 self._cancel_reasons[run_id] = reason
-            if await self._loop.call(lambda: _cancel_workflow(handle, reason)):
+            try:
+                asked = await self._loop.call(lambda: _cancel_workflow(handle, reason))
+            except RPCError as exc:
+                raise _rpc_refused(exc, run_id) from None
+            if asked:
                 # Temporal has the cancel: the update only brings it to the attempt
                 # faster (a run that ended meanwhile, or a workflow no worker has taken
                 # up yet, ends cancelled all the same).
@@ -606,6 +633,45 @@ class TemporalHost:
                 continue  # more may be there already
             await changed.wait()
 
+    async def fork_session(
+        self,
+        principal: str,
+        session_id: str,
+        new_session_id: str,
+        at: int | tuple[str, int] | None = None,
+    ) -> int:
+        """Fork the principal's session (DESIGN §23) in the workers' session store: the
+        new session holds its items up to the item index ``at`` (None: all), rounded
+        down so no tool call is split from its result, with its tree's child sessions.
+        Returns the number of items the fork holds.
+
+        Raises:
+            HostError: ``not_found`` (no such session of this principal),
+                ``invalid_request`` (an event position: the store's events do not say
+                where in the session a run began; the new id holds items; the host has
+                no ``sessions``), ``session_busy`` (the new id has an active run).
+        """
+        factory = self._sessions
+        if factory is None:
+            raise HostError("invalid_request", "this host was given no sessions to fork")
+        if isinstance(at, tuple):
+            raise HostError(
+                "invalid_request",
+                "the Temporal host forks at an item index (an event position is not resolved here)",
+            )
+        if await self._store.session_holder(principal, new_session_id) is not None:
+            raise HostError("session_busy", f"session {new_session_id!r} has an active run")
+        source = factory(principal, session_id)
+        try:
+            target = factory(principal, new_session_id)
+            target_id = target.session_id
+            await close_session(target)
+            return await fork_stored(source, target_id, at, session_id, new_session_id)
+        except ProtocolError as exc:
+            raise HostError(exc.code, exc.message) from None  # type: ignore[arg-type]
+        finally:
+            await close_session(source)
+
     def disconnected(self, owner: object) -> None:
         """The owner went away: cancel its ``on_disconnect="cancel"`` runs (on their
         workers, through their workflows)."""
@@ -637,5 +703,9 @@ async def _cancel_workflow(handle: Any, reason: str | None) -> bool:
         raise
     if description.status != WorkflowExecutionStatus.RUNNING:
         return False
+    if reason:
+        # Recorded before the cancel, so whichever way the cancel reaches the attempt
+        # (the push, or first its heartbeat, which asks the workflow) it has its reason.
+        await handle.signal(SIGNAL_CANCEL_REASON, reason)
     await handle.cancel(reason=reason or "")
     return True

@@ -383,7 +383,12 @@ async def _announce(workflow: WorkflowHandle[Any, Any], started: AttemptStarted)
             catchup: Catchup = await workflow.execute_update(
                 UPDATE_ATTEMPT_STARTED, started, result_type=Catchup
             )
-        except WorkflowUpdateRPCTimeoutOrCancelledError:
+        except WorkflowUpdateRPCTimeoutOrCancelledError as exc:
+            task = asyncio.current_task()
+            if isinstance(exc.__cause__, asyncio.CancelledError) or (
+                task is not None and task.cancelling()
+            ):
+                raise  # the activity itself is cancelled (its worker shuts down)
             continue
         return catchup
 

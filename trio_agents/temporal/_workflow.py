@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_PUSH,
         CANCELLED_BY_TEMPORAL,
         PARKED,
+        SIGNAL_CANCEL_REASON,
         UPDATE_APPROVE,
         UPDATE_ATTEMPT_STARTED,
         UPDATE_CALL_STARTED,
@@ -81,6 +82,7 @@ class RunWorkflow:
         # While the run is parked: the calls it left awaiting approval.
         self._parked: list[str] | None = None
         self._base = 0  # attempts of the earlier (parked) activities
+        self._asked_reason: str | None = None
 
     @workflow.run
     async def run(self, request: RunRequest) -> RunOutcome:
@@ -211,6 +213,12 @@ class RunWorkflow:
         """Refuse a call waiting for approval: recorded, then pushed."""
         return await self._steer(SteeringOp(op="reject", target=call_id, reason=message))
 
+    @workflow.signal(name=SIGNAL_CANCEL_REASON)
+    def cancel_reason(self, reason: str) -> None:
+        """The reason of the Temporal cancel that follows (a host sends it first: a
+        Temporal cancel does not carry its reason to the workflow)."""
+        self._asked_reason = reason
+
     @workflow.update(name=UPDATE_STEER)
     async def steer(self, op: SteeringOp) -> OpAnswer:
         """Any steering op, for any run of the tree (``op.node``): what a
@@ -320,6 +328,8 @@ class RunWorkflow:
         reason = workflow.cancellation_reason()
         if reason:
             return reason
+        if self._asked_reason:
+            return self._asked_reason
         for op in reversed(self._ops):
             if op.op == "cancel" and op.node is None and op.reason:
                 return op.reason

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -32,8 +33,11 @@ from trio_agents.models import (
 
 
 def test_text_delta_builds_the_same_event_as_the_class() -> None:
+    before = time.time()
     fast = text_delta("run_1", 7, 2, "hi")
-    slow = ResponseTextDelta(run_id="run_1", seq=7, turn=2, text="hi")
+    # The fast path stamps the time as the class's factory does (DESIGN §23).
+    assert before <= fast.at <= time.time()
+    slow = ResponseTextDelta(run_id="run_1", seq=7, turn=2, text="hi", at=fast.at)
     assert type(fast) is ResponseTextDelta
     assert fast == slow
     assert hash(fast) == hash(slow)

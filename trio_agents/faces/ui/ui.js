@@ -261,14 +261,15 @@
             }
             e.streaming = false;
             e.incomplete = item.status === "incomplete";
+            e.seq = ev.seq;
             touch(n, n.streaming);
             n.streaming = -1;
           } else {
-            pushEntry(n, { kind: "assistant", text, turn: ev.turn, incomplete: item.status === "incomplete" });
+            pushEntry(n, { kind: "assistant", text, turn: ev.turn, incomplete: item.status === "incomplete", seq: ev.seq });
           }
         } else if (item.type === "message") {
           const text = typeof item.content === "string" ? item.content : JSON.stringify(item.content);
-          pushEntry(n, { kind: "user", text });
+          pushEntry(n, { kind: "user", text, seq: ev.seq });
         } else if (item.type === "function_call") {
           if (n.streaming >= 0) {
             n.entries[n.streaming].streaming = false;
@@ -281,6 +282,7 @@
           const t = n.entries[index];
           t.status = item.status || t.status || "ok";
           if (t.output === null) t.output = item.output;
+          t.seq = ev.seq; // the item a fork "from here" keeps last: the call's result
           touch(n, index);
         }
         break;
@@ -614,6 +616,30 @@
     });
     injectPanel.append(injectText, injectWhen, injectGo);
 
+    // Fork from here: a copy of the session up to an item (the run.item event's seq:
+    // the server resolves it once the run has ended), then a run on the copy with new
+    // input. Opened by the small button on an item of a root run that has a session.
+    const forkPanel = el("div", "panel fork-panel");
+    forkPanel.hidden = true;
+    const forkWhere = el("div", "muted fork-where");
+    const forkText = el("input", "fork-text");
+    forkText.placeholder = "new message, from this point";
+    const forkGo = button("Fork & run", "fork-run", async () => {
+      const seq = Number(forkPanel.dataset.seq);
+      if (!forkText.value || !n.session || !seq) return;
+      forkGo.disabled = true;
+      errorBox.textContent = "";
+      try {
+        await forkAndRun(n, seq, forkText.value);
+        forkText.value = "";
+      } catch (err) {
+        errorBox.textContent = "fork: " + err.message;
+      } finally {
+        forkGo.disabled = false;
+      }
+    });
+    forkPanel.append(forkWhere, forkText, forkGo);
+
     const cancelOpen = button("Cancel…", "danger cancel-open", () => {
       cancelPanel.hidden = !cancelPanel.hidden;
       if (!cancelPanel.hidden) cancelReason.focus();
@@ -629,9 +655,10 @@
     const approvals = el("div", "approvals");
     const transcript = el("div", "transcript");
     const children = el("div", "children");
-    root.append(head, cancelPanel, injectPanel, errorBox, budget, approvals, transcript, children);
+    root.append(head, cancelPanel, injectPanel, forkPanel, errorBox, budget, approvals, transcript, children);
     return {
       root, badge, agent, session, turn, reason, usage, total, actions, cancelPanel, injectPanel,
+      forkPanel, forkWhere, forkText,
       budget, approvals, transcript, children, errorBox,
       shown: [], // per entry: {el, v}
       approvalsKey: null, limitsKey: null, childCount: 0,
@@ -645,7 +672,7 @@
       e.classList.toggle("streaming", !!entry.streaming);
       return e;
     }
-    if (entry.kind === "user") return el("div", "msg user", entry.text);
+    if (entry.kind === "user") return forkable(n, entry, el("div", "msg user", entry.text), entry.text);
     if (entry.kind === "note") {
       const e = el("div", "msg note" + (entry.handoff ? " handoff" : ""), entry.text);
       if (entry.injection) {
@@ -672,7 +699,38 @@
     if (child) e.append(el("div", "muted", "sub-agent " + (child.agent || "") + " (" + child.id + ")"));
     if (entry.progress && entry.output === null) e.append(el("div", "progress", entry.progress));
     if (entry.output !== null) e.append(el("div", "out mono", "→ " + entry.output));
+    return entry.output !== null ? forkable(n, entry, e, (entry.name || "tool") + " → " + entry.output) : e;
+  }
+
+  // The "Fork from here" button of an item: on a root run with a session, once the
+  // item's run.item event is known. Text-less (its label is drawn by the stylesheet),
+  // so an item's text stays exactly its own.
+  function forkable(n, entry, e, what) {
+    if (!entry.seq || n.parent || !n.session || n.id !== view.root) return e;
+    const open = button("", "secondary fork-open", () => {
+      const d = dom[n.id];
+      d.forkPanel.dataset.seq = String(entry.seq);
+      d.forkWhere.textContent = "Fork after: " + what.slice(0, 80);
+      d.forkPanel.hidden = false;
+      d.forkText.focus();
+    });
+    open.title = "Fork from here";
+    open.setAttribute("aria-label", "Fork from here");
+    e.append(open);
     return e;
+  }
+
+  async function forkAndRun(n, seq, text) {
+    const suffix = Math.random().toString(36).slice(2, 8);
+    const forked = n.session + "-fork-" + suffix;
+    await api("POST", "/sessions/" + encodeURIComponent(n.session) + "/fork", {
+      new_session_id: forked,
+      at: { run_id: n.id, seq },
+    });
+    const data = await api("POST", "/runs", { agent: n.startedAs || n.agent, input: text, session_id: forked });
+    const id = (data && (data.run_id || (data.run && data.run.run_id))) || null;
+    if (id) openRun(id);
+    refreshRuns();
   }
 
   // A streaming text grows in one text node; once it passes SEAL_AT characters, all but
@@ -880,7 +938,12 @@
       if (!view || view.root !== id || !info) return;
       const n = node(id);
       n.agent = n.agent || info.agent;
+      n.startedAs = info.agent;
       n.session = info.session_id || null;
+      // Items drawn before the session was known get their fork button now.
+      n.entries.forEach((entry, i) => {
+        if (n.session && entry.seq && entry.kind !== "assistant") touch(n, i);
+      });
       dirty.add(id);
       scheduleRender();
     }, () => {});
