@@ -29,6 +29,7 @@ from trio_agents.temporal import (
     RunStore,
     TemporalHost,
     approve_call,
+    inject_run,
     reject_call,
     run_result,
     start_run,
@@ -258,3 +259,35 @@ async def test_a_parked_run_over_the_temporal_host_shows_its_call_and_takes_the_
     assert "done: guarded ran" in [
         e["item"].get("content") for e in seen if e["type"] == "run.item"
     ]
+
+
+def test_an_injection_while_parked_is_delivered_once_across_parks(
+    workers: Callable[[int], Workers],
+) -> None:
+    # Injected while parked: recorded, delivered by the next attempt (after the approved
+    # call's result); that attempt parks again on the call the injection asked for, and
+    # the attempt after it must not deliver the injection a second time.
+    group = workers(1)
+
+    async def main() -> tuple[OpAnswer, RunOutcome]:
+        client, handle = await _start_parked(group, "s-inj")
+        injected = await inject_run(client, handle.id, "guarded again")
+        await approve_call(client, handle.id, CALL)
+        deadline = time.monotonic() + BOUND
+        while (await handle.query("status"))["parked"] != [f"{CALL}_1"]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the run never parked again\n{group.logs()}")
+            await asyncio.sleep(0.05)
+        await approve_call(client, handle.id, f"{CALL}_1")
+        return injected, await asyncio.wait_for(run_result(client, handle.id), BOUND)
+
+    injected, outcome = asyncio.run(main())
+    assert (injected.ok, injected.pending) == (True, True)
+    assert (outcome.status, outcome.final_output, outcome.attempt) == (
+        "completed",
+        "done: guarded ran",
+        3,
+    ), group.logs()
+    rows = _stored_rows(group.db, "s-inj")
+    users = [row["content"] for row in rows if row.get("role") == "user"]
+    assert users == ["guarded", "guarded again"]

@@ -82,6 +82,7 @@ class RunWorkflow:
         # While the run is parked: the calls it left awaiting approval.
         self._parked: list[str] | None = None
         self._base = 0  # attempts of the earlier (parked) activities
+        self._caught_up: list[int] = []  # the ops the latest attempt's catch-up held
         self._asked_reason: str | None = None
 
     @workflow.run
@@ -148,6 +149,13 @@ class RunWorkflow:
         timer: each call still waiting is rejected) — then the next attempt resumes the
         run and applies them from its catch-up."""
         self._parked = list(parked.pending)
+        for index in self._caught_up:
+            # The attempt parked, so it ended cleanly with an empty inbox: every inject
+            # its catch-up held was delivered. Answered now, or the next attempt's
+            # catch-up would deliver it again (decisions are kept: one on a call still
+            # waiting is for the next attempt, and one already applied is harmless).
+            if self._ops[index].op in ("inject", "withdraw") and index not in self._answers:
+                self._answers[index] = OpAnswer(ok=True, message="applied from a catch-up")
         self._address = None  # nothing to push to: ops answer pending, for the next one
         self._last_seq = max(self._last_seq, parked.last_seq)
         self._base = self._attempt  # the next activity's attempts count on from here
@@ -292,6 +300,7 @@ class RunWorkflow:
             for op in self._ops
             if op.index not in self._answers and op.index not in self._pushing
         ]
+        self._caught_up = [op.index for op in pending]
         return Catchup(
             ops=pending,
             started_calls=list(self._started_calls),
