@@ -87,6 +87,10 @@ async def open_run(
     conversation, for a client that re-sends its whole message list; an input left
     empty is a retry of those, checked again by the input guardrails, or fails the run
     with :class:`InvalidConversationError` when all of them were rejected).
+    ``park_after`` (None; seconds): a turn whose approval wait lasted that long *parks*
+    the run — it ends without a cancel repair, its calls awaiting approval left open in
+    its session, ``result.parked`` true — for a run resumed from the session
+    (``resume``) to wait for the same decisions (docs/lifecycle.md); needs a session.
     ``record_requests`` (False; True: each model request is kept in the event log as a
     ``model.request`` event, for :func:`replay` and the timeline, docs/time-travel.md)
     and ``record_requests_max_bytes`` (1,000,000: a request whose JSON is larger is
@@ -94,7 +98,8 @@ async def open_run(
 
     Raises:
         SessionBusyError: ``on_busy="reject"`` and the session is busy.
-        ValueError: ``resume`` without a session, or with input.
+        ValueError: ``resume`` without a session, or with input; ``park_after``
+            without a session.
     """
     handle = _root(agent, input, session, run_id, options)
     handle._claim_session()

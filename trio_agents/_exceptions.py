@@ -73,11 +73,13 @@ class TrioAgentsError(Exception):
 
 
 class RunClosedError(TrioAgentsError):
-    """The run has reached a terminal status and accepts no more input.
+    """The run has reached a terminal status (or parked) and accepts no more input.
 
     Attributes:
         run_id: the id of the run.
-        status: its terminal status (``"completed"``, ``"failed"`` or ``"cancelled"``).
+        status: its terminal status (``"completed"``, ``"failed"`` or ``"cancelled"``),
+            or ``"parked"`` for a run that parked at its approval wait (``park_after``):
+            the decision or injection was not applied — give it to the resumed run.
     """
 
     def __init__(self, run_id: str, status: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Literal, NewType, TypeAlias, final
 
 import attrs
@@ -20,7 +20,16 @@ import trio
 from ._exceptions import InboxFullError, RunClosedError, UnknownCallError
 from ._items import Item, ToolCall, conversation_problems
 
-__all__ = ["Approval", "Approvals", "Inbox", "InjectWhen", "Injection", "InjectionId"]
+__all__ = [
+    "PARKED",
+    "Approval",
+    "Approvals",
+    "Inbox",
+    "InjectWhen",
+    "Injection",
+    "InjectionId",
+    "Parking",
+]
 
 InjectionId = NewType("InjectionId", str)
 """The id ``Run.inject`` returns; echoed by ``inbox.injected`` / ``inbox.delivered``."""
@@ -29,6 +38,8 @@ InjectWhen: TypeAlias = Literal["next_turn", "now", "when_idle"]
 INJECT_WHENS = ("next_turn", "now", "when_idle")
 
 _ids = itertools.count(1)
+PARKED = "parked"
+"""The status a parked run's inbox and approvals are closed with (``RunClosedError.status``)."""
 
 
 @final
@@ -146,10 +157,15 @@ class Inbox:
     def close_if_empty(self, status: str) -> bool:
         """Close the inbox if nothing waits in it (the run may then complete)."""
         with self._lock:
-            if self._queue:
-                return False
-            self._closed = status
-            return True
+            return self.close_if_empty_held(status)
+
+    def close_if_empty_held(self, status: str) -> bool:
+        """:meth:`close_if_empty` for a caller that already holds :attr:`lock` (the
+        run's approvals, parking: ``Approvals.close_to_park``)."""
+        if self._queue or self._closed is not None:
+            return False
+        self._closed = status
+        return True
 
     def close(self, status: str) -> list[Injection]:
         """Close the inbox; return what nobody consumed."""
@@ -246,11 +262,65 @@ class Approvals:
             undecided = any(not a.decided for a in self._pending.values())
         return approval, undecided
 
+    def close_to_park(self, open_calls: Collection[str], inbox: Inbox) -> tuple[str, ...] | None:
+        """Close the approvals and ``inbox`` with status ``"parked"`` if the run can
+        park (DESIGN §20: ``park_after``): every open call of the run (``open_calls``)
+        waits here undecided — nothing executes, no decision is on its way to its call —
+        and no injection waits in the inbox. Atomic with ``approve``/``reject`` and
+        ``inject`` (one lock): each either came first (and the run does not park: the
+        decision runs, the injection is delivered) or raises :class:`RunClosedError`
+        with status ``"parked"``, never lost. Returns the parked call ids, or None."""
+        assert inbox.lock is self._lock  # one lock for both: the check and the close
+        with self._lock:
+            pending = self._pending
+            if (
+                self._closed is not None
+                or not pending
+                or pending.keys() != set(open_calls)
+                or any(approval.decided for approval in pending.values())
+                or not inbox.close_if_empty_held(PARKED)
+            ):
+                return None
+            # Closed, yet still listed as pending (``pending_ids``, the run's
+            # statistics): the parked calls await their decisions, from a resumed run.
+            self._closed = PARKED
+            return tuple(pending)
+
     def close(self, status: str) -> None:
         with self._lock:
+            if self._closed == PARKED:
+                return  # parked: nothing is decided here any more, the calls still wait
             if self._closed is None:
                 self._closed = status
             if self._pending is not None:
                 for approval in self._pending.values():
                     approval.decided = True
                 self._pending.clear()
+
+
+@final
+class Parking:
+    """The ``park_after`` option's watch over a turn's approval wait (DESIGN §20).
+
+    :meth:`watch` runs beside the calls of a turn that has calls waiting for approval:
+    once ``after`` seconds have passed it asks the run to park (``try_park``: the run
+    parks only if nothing executes, see :meth:`Approvals.close_to_park`), and again
+    after each call of the turn ends, until the run parks or the turn's calls are done
+    (then its task is cancelled with them). On the run's thread only.
+    """
+
+    __slots__ = ("_ended", "after", "try_park")
+
+    def __init__(self, after: float, try_park: Callable[[], bool]) -> None:
+        self.after = after
+        self.try_park = try_park
+        self._ended = trio.lowlevel.ParkingLot()
+
+    def call_ended(self) -> None:
+        """A call of the turn has its result: what executed may have been the last."""
+        self._ended.unpark_all()
+
+    async def watch(self) -> None:
+        await trio.sleep(self.after)
+        while not self.try_park():
+            await self._ended.park()

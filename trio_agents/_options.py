@@ -45,6 +45,15 @@ def _check_bound(_instance: object, attribute: attrs.Attribute[Any], value: obje
         raise ValueError(f"{attribute.name} must be >= 0, got {value!r}")
 
 
+def _check_park_after(_instance: object, _attribute: object, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"park_after must be a number of seconds or None, not {value!r}")
+    if not value >= 0:  # NaN too
+        raise ValueError(f"park_after must be >= 0, got {value!r}")
+
+
 def _check_hooks(_instance: object, _attribute: object, value: Any) -> None:
     if value is not None and not isinstance(value, RunHooks):
         raise TypeError(f"hooks must be a RunHooks instance, not {type(value).__name__}")
@@ -98,6 +107,11 @@ class RunOptions:
     input_overlap: InputOverlap = attrs.field(
         default="keep", validator=attrs.validators.in_(("keep", "skip"))
     )
+    # Seconds a turn's approval wait may last before the run parks (DESIGN §20): it
+    # ends without a cancel repair, its calls left open in its session, for a later
+    # run resumed from the session (``resume=``) to wait for the same decisions. None:
+    # never. A root run with a session only (Run.__init__ checks); not inherited.
+    park_after: float | None = attrs.field(default=None, validator=_check_park_after)
     # Keep each model request in the event log as a `model.request` event (DESIGN §23),
     # for replay; off by default, when a run emits no such event and pays one attribute
     # test per model call. Each recorded request is bounded by record_requests_max_bytes

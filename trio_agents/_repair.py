@@ -8,7 +8,10 @@ steps, each guarded on its own so one that raises or blocks never skips the othe
 1. ``record_input``     — a run stopped before it began still records its input.
 2. ``keep_partial_text`` — streamed text is kept as an incomplete assistant message.
 3. ``close_open_calls`` — every call without a result gets a ``cancelled`` one (and
-   its ``tool.finished``); thread tools see ``ctx.cancelled``.
+   its ``tool.finished``); thread tools see ``ctx.cancelled``. Not for a *parked* run
+   (``park_after``, verdict ``awaiting_approval``): its calls, all waiting for
+   approval, stay open in its session for the run resumed later — unless the session
+   write below fails, which makes it a failed run, closed like any.
 4. ``mark_rejected``    — what guardrails have not passed (input or answer: tripped on,
    or never finished with) is marked ``rejected_by``, never to reach a model.
 5. ``return_leftovers`` — injections no turn consumed are announced and returned.
@@ -75,7 +78,9 @@ async def repair(
     if not state.input_committed:
         await _step("record_input", verdict, _record_input(state), deadline)
     _sync_step("keep_partial_text", verdict, state.keep_partial_text)
-    _sync_step("close_open_calls", verdict, lambda: _close_open_calls(state, verdict))
+    parked = verdict.status is RunStatus.AWAITING_APPROVAL
+    if not parked:
+        _sync_step("close_open_calls", verdict, lambda: _close_open_calls(state, verdict))
     if state.holds:
         _sync_step("mark_rejected", verdict, lambda: state.mark_held(_tripped(verdict)))
     _sync_step(
@@ -85,6 +90,12 @@ async def repair(
     )
     if state.session is not None:
         await _step("write_session", verdict, state.persist(), deadline)
+    if parked and verdict.status is not RunStatus.AWAITING_APPROVAL:
+        # The park could not be written: a failed run, whose open calls are closed
+        # and written (again under the deadline) like any other's.
+        _sync_step("close_open_calls", verdict, lambda: _close_open_calls(state, verdict))
+        if state.session is not None:
+            await _step("write_session", verdict, state.persist(), deadline)
     result = build_result(state, verdict, leftovers)
     if not await _end_hooks(state, result, deadline, verdict):
         # Only hooks were cut short: the repair itself was written, the status stands.

@@ -22,8 +22,9 @@ class RunResult:
 
     Attributes:
         run_id: the run's id.
-        status: ``completed``, ``failed`` or ``cancelled``.
-        reason: why it failed or was cancelled (``"max_turns"``, the cancel reason,
+        status: ``completed``, ``failed`` or ``cancelled``; ``awaiting_approval`` for a
+            run that *parked* (:attr:`parked`).
+        reason: why it failed or was cancelled (``"parked"`` for a parked run) (``"max_turns"``, the cancel reason,
             ``"parent cancelled"``, ``"session error: …"``, ``"cleanup timed out"``, an
             error summary); None when completed.
         final_output: the final answer (None unless completed): its text (a ``str``)
@@ -32,7 +33,9 @@ class RunResult:
             schema, an ``int``, ... (typed ``Any``: annotate where you read it,
             ``point: Point = result.final_output``).
         new_items: the items this run added to the conversation (input included).
-        conversation: history + new items: valid model input, whatever the status.
+        conversation: history + new items: valid model input, whatever the status —
+            except for a parked run, whose calls awaiting approval are left open in it
+            (and in its session) until a resumed run answers them.
         usage: token usage summed over the model calls that reported it; None when no
             model call reported any (a server that sends no usage is not a zero). Its
             ``cost`` (USD) is the exact sum of the priced calls' costs, None when none
@@ -66,6 +69,15 @@ class RunResult:
     def ok(self) -> bool:
         """True when the run completed."""
         return self.status is RunStatus.COMPLETED
+
+    @property
+    def parked(self) -> bool:
+        """True when the run *parked* (the ``park_after`` option, DESIGN §20): it
+        stopped at its approval wait without a cancel repair, its calls awaiting
+        approval left open in its session, for a run resumed from that session
+        (``resume=``) to wait for the same decisions. Not an end of the run: its
+        status is ``awaiting_approval`` (not terminal), its reason ``"parked"``."""
+        return self.status is RunStatus.AWAITING_APPROVAL
 
     def raise_for_status(self) -> RunResult:
         """Raise :class:`RunFailedError` if the run failed; otherwise return ``self``.

@@ -41,7 +41,15 @@ from ._exceptions import InboxFullError, RunClosedError, UsageLimitExceeded
 from ._feed import TreeCursor, TreeFeed
 from ._guardrails import needs_side_tasks
 from ._handoffs import agent_named
-from ._inbox import INJECT_WHENS, Approvals, Inbox, InjectionId, InjectWhen, check_injection
+from ._inbox import (
+    INJECT_WHENS,
+    Approvals,
+    Inbox,
+    InjectionId,
+    InjectWhen,
+    Parking,
+    check_injection,
+)
 from ._items import Item, coerce_items, conversation_problems
 from ._limits import WRAP_UP_MESSAGE, Budget
 from ._log import EventCursor, EventLog, UpdatedStream
@@ -129,6 +137,7 @@ class Run:
             raise ValueError(
                 "resume= continues a run from its session: give a session and no input"
             )
+        _check_parkable(options, session, _parent)
         self.id: str = run_id or f"run_{_uuid4_hex()}"
         self.session = session
         # The run tree (§17): a child run lives inside one of its parent's tool calls.
@@ -156,6 +165,9 @@ class Run:
         # One lock for the inbox, the approvals and the cancel request: each holds it
         # only for a few lines, never across another's.
         self._approvals = Approvals(self.id, self._inbox.lock)
+        self._parked: tuple[str, ...] | None = None  # the calls it left waiting, parked
+        if options.park_after is not None:
+            self._state.parking = Parking(options.park_after, self._try_park)
         self._scope = trio.CancelScope()
         self._done = trio.Event()
         self._result: RunResult | None = None
@@ -589,6 +601,22 @@ class Run:
         if request is not None and not self._done.is_set():
             self._scope.cancel(reason=request.reason)
 
+    def _try_park(self) -> bool:
+        """Park the run if it can (``park_after``; on the run's thread): every open call
+        waits for its approval, no decision or injection is on its way in, no cancel or
+        failure is pending, no input guardrail is still checking. Its approvals and
+        inbox are closed (``"parked"``) and its scope cancelled: the run ends without a
+        cancel repair (:meth:`_verdict`). Returns whether it parked."""
+        state = self._state
+        if self._cancel is not None or self._failure is not None or state.guardrails_running:
+            return False
+        parked = self._approvals.close_to_park(state.open_calls.keys(), self._inbox)
+        if parked is None:
+            return False
+        self._parked = parked
+        self._scope.cancel(reason="parked")
+        return True
+
     def _stop_requested(self) -> bool:
         """The turn loop's safe point asks: did ``cancel(mode="after_turn")`` happen?"""
         return self._cancel is not None  # one attribute read: atomic, no lock needed
@@ -742,6 +770,11 @@ class Run:
             return Verdict(RunStatus.CANCELLED, "parent cancelled")
         # Our own scope caught the cancellation, or after_turn stopped the run.
         assert outcome is None or type(outcome) is Stopped
+        if self._parked is not None and self._cancel is None and self._failure is None:
+            # Parked (a cancel asked for since wins: nothing executes, the calls are
+            # closed as cancelled like any): the calls stay open, awaiting approval.
+            detail = {"pending": list(self._parked), "parked": True}
+            return Verdict(RunStatus.AWAITING_APPROVAL, "parked", detail=detail)
         if self._failure is not None:
             # A limit of ours was passed (by us or a descendant) or a guardrail tripped,
             # before any cancel (_fail_now): the run fails.
@@ -785,7 +818,10 @@ class Run:
                 # After the repair is persisted, before the terminal update: whoever
                 # sees the update can start the next run on the session at once.
                 self._claim.release()
-            state.emit_status(result.status, result.reason, verdict.detail)
+            # A parked run's last update is not terminal: its calls await approval
+            # still, from a run resumed later (RunResult.parked).
+            reason = None if result.parked else result.reason
+            state.emit_status(result.status, reason, verdict.detail)
             self._log.close()
             self._done.set()
             if self._parent is not None:
@@ -801,6 +837,14 @@ class Run:
 # A random (version 4) UUID's hex, as uuid.uuid4().hex, at half the cost.
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _check_parkable(options: RunOptions, session: Session | None, parent: Run | None) -> None:
+    """``park_after`` needs a session and a root run: a parked run's calls live on in
+    its session only, and a child's call belongs to its parent's turn, which cannot
+    park around it."""
+    if options.park_after is not None and (session is None or parent is not None):
+        raise ValueError("park_after needs a session and a root run (not a child run)")
 
 
 def _sum_known(a: Usage | None, b: Usage | None) -> Usage | None:

@@ -34,6 +34,7 @@ import trio
 from ._agent import Agent
 from ._error_text import summarize
 from ._events import ModelRequestEvent, RunItemEvent, RunStatus, RunUpdated
+from ._inbox import Parking
 from ._items import AssistantMessage, ConversationChecker, Item, ToolCall, UserMessage
 from ._limits import Budget, charge_all, estimate_cost
 from ._log import EventLog
@@ -245,6 +246,7 @@ class RunState:
         "on_waiting",
         "open_calls",
         "options",
+        "parking",
         "partial_text",
         "rejected",
         "run_id",
@@ -342,16 +344,16 @@ class RunState:
         # opened, and whether the run's span is (_repair.py ends them).
         self.spans = Spans()
         self.run_span_open = False
-        # -- the run tree (§17) and the limits, set by _run.py: what its calls start
-        # child runs with, usage of the finished descendants, the approvals waiting
-        # below it ({"run_id", "call_id", "name", "arguments"} each), the parent's
-        # callback for when its own or its descendants' waiting calls change, and the
-        # usage limits it charges: its own, then each ancestor's (_limits.py).
+        # -- set by _run.py: the run tree (§17) — what its calls start child runs with,
+        # the finished descendants' usage, the approvals waiting below it ({"run_id",
+        # "call_id", "name", "arguments"}), the parent's callback when they change —, the
+        # limits it charges (its own, then each ancestor's: _limits.py), park_after's watch.
         self.child_starter: ChildStarter | None = None
         self.usage_below: Usage | None = None
         self.waiting_below: tuple[Mapping[str, str], ...] = ()
         self.on_waiting: Callable[[], None] | None = None
         self.budgets: tuple[Budget, ...] = ()
+        self.parking: Parking | None = None  # _inbox.Parking; _toolcalls.py runs it
         self.throttled = False  # a `running` update shows a rate limit's wait (§21)
         # -- guardrails (_guardrails.py): the user items no input guardrail has seen yet
         # (_session_load.py, _turns.py), the nursery of the run's side tasks (when its

@@ -25,7 +25,7 @@ import trio
 from ._agent import Agent
 from ._error_text import summarize
 from ._events import RunStatus, ToolFinished, ToolProgress, ToolStarted
-from ._inbox import Approvals
+from ._inbox import Approvals, Parking
 from ._items import ToolCall, ToolResult
 from ._resume import Resume
 from ._state import CallSoon, OpenCall, RunState, call_hook
@@ -96,6 +96,8 @@ def run_tools(
             waiting = _decided_before(approvals, resume, waiting)
     if waiting:
         state.show_approvals([call.call_id for call in waiting])
+        if state.parking is not None:
+            return _run_parkable(state, calls, approvals, call_soon, broken, state.parking)
     if len(calls) == 1:
         # One call: it runs in the model-stream task itself. A nursery and a task would
         # cost a spawn, two task steps and a cancel scope per turn and buy nothing: the
@@ -123,6 +125,26 @@ async def _run_all(
             nursery.start_soon(
                 _run_one, state, approvals, shared, call_soon, call, name=f"{state.run_id}:tool"
             )
+
+
+async def _run_parkable(
+    state: RunState,
+    calls: Sequence[ToolCall],
+    approvals: Approvals,
+    call_soon: CallSoon,
+    broken: dict[str, ToolResult] | None,
+    parking: Parking,
+) -> None:
+    """A turn's calls, some waiting for approval, beside the ``park_after`` watch: it
+    parks the run (cancelling its scope) once the wait lasted ``park_after`` seconds
+    and nothing executes; it ends with the calls otherwise."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(parking.watch)
+        if len(calls) == 1:
+            await _run_one(state, approvals, None, call_soon, calls[0])
+        else:
+            await _run_all(state, calls, approvals, call_soon, broken)
+        nursery.cancel_scope.cancel()
 
 
 def _decided_before(
@@ -364,6 +386,8 @@ async def end_tool(state: RunState, call: ToolCall, result: ToolResult) -> None:
     """A call ended: commit and persist its result, then close its hook span."""
     finish_call(state, call, result)
     await state.persist()
+    if state.parking is not None:
+        state.parking.call_ended()  # what executed may have been the last: park now?
     end = state.spans.pop(f"tool:{call.call_id}")
     if end is not None:
         await call_hook("on_tool_end", end())

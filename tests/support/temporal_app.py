@@ -8,6 +8,7 @@ worker process answers the same conversation the same way:
   ``<run id>.started`` holding the worker's pid, in ``$TRIO_AGENTS_TEST_MARKS``) and
   then waits forever;
 - ``"guarded"``: call the ``guarded`` tool (id ``call_guarded``), which needs approval;
+  ``"guarded again"``: the same, with the id ``call_guarded_<calls so far>``;
 - ``"fail"``: the model raises (the run fails on its own);
 - anything else: the answer ``"echo: <text>"``; after a tool result, ``"done: <output>"``.
 """
@@ -43,6 +44,9 @@ class RuleModel:
             raise ta.ModelError("the rule model fails on 'fail'")
         elif isinstance(last, ta.UserMessage) and last.content == "guarded":
             events.append(ToolCallDone(ta.ToolCall("call_guarded", "guarded", "{}")))
+        elif isinstance(last, ta.UserMessage) and last.content == "guarded again":
+            calls = sum(isinstance(item, ta.ToolCall) for item in request.items)
+            events.append(ToolCallDone(ta.ToolCall(f"call_guarded_{calls}", "guarded", "{}")))
         elif isinstance(last, ta.UserMessage) and last.content == "block":
             turn = sum(isinstance(item, ta.ToolCall) for item in request.items)
             events.append(ToolCallDone(ta.ToolCall(f"call_block_{turn}", "block", "{}")))

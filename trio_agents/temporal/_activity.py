@@ -15,7 +15,7 @@ activity's heartbeat (:mod:`._worker`). Both go through :meth:`Attempt.apply`.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, TypeAlias, final
 
@@ -23,9 +23,9 @@ import attrs
 import trio
 
 from .._agent import Agent
-from .._events import RunStatus
+from .._events import ResponseTextDelta, RunItemEvent, RunStatus, RunUpdated
 from .._exceptions import InboxFullError, RunClosedError, UnknownCallError
-from .._items import ToolCall, coerce_items
+from .._items import AssistantMessage, Item, ToolCall, ToolResult, coerce_items
 from .._resume import Resume
 from .._run import CancelMode, InjectWhen, Run
 from ..hosting import RunInfo
@@ -33,13 +33,14 @@ from ..hosting._policies import effective_limits
 from ..sessions import Session
 from ._event_writer import EventWriter
 from ._run_store import RunStore
-from ._types import OpAnswer, RunOutcome, RunRequest, SteeringOp
+from ._types import PARKED, OpAnswer, RunOutcome, RunRequest, SteeringOp
 
 __all__ = [
     "Attempt",
     "AttemptError",
     "AttemptFenced",
     "SessionFactory",
+    "decisions",
     "run_attempt",
     "sqlite_sessions",
 ]
@@ -115,6 +116,10 @@ class Attempt:
     _cancel_reason: str | None = attrs.field(init=False, default=None)
     _ready: trio.Event = attrs.field(init=False, factory=trio.Event)
     _ended: bool = attrs.field(init=False, default=False)
+    _parked: bool = attrs.field(init=False, default=False)
+    # A resumed run's decisions wait for this: set once the run has asked for its
+    # left-open calls' approvals again (or moved on to the model, or ended).
+    _settled: trio.Event | None = attrs.field(init=False, default=None)
     handover: bool = attrs.field(init=False, default=False)
     """The attempt stops because its worker shuts down: its run goes on in the next
     attempt, so its terminal update is not the run's (not written to the store)."""
@@ -133,8 +138,26 @@ class Attempt:
             run.cancel(self._cancel_reason)
         self._ready.set()
 
-    def ended(self) -> None:
+    def resuming(self) -> trio.Event:
+        """The run resumes from its session: decisions pushed to it wait until it has
+        asked for its left-open calls' approvals again (the returned event, set by
+        :func:`_settle`). Sooner, ``approve`` would answer ``not_found`` for a call
+        that is about to wait for it, and the decision would be lost."""
+        self._settled = trio.Event()
+        return self._settled
+
+    @property
+    def parked(self) -> bool:
+        """Whether the run parked at its approval wait (this attempt ended so)."""
+        return self._parked
+
+    def ended(self, *, parked: bool = False) -> None:
+        if self._settled is not None:
+            self._settled.set()
         self._ended = True
+        self._parked = self._parked or parked  # the finally's ended() keeps it
+        if self._parked:
+            self._run = None  # kept a while to answer late pushes: not with the run
         self._ready.set()
 
     async def apply(self, op: SteeringOp) -> OpAnswer:
@@ -142,6 +165,8 @@ class Attempt:
         names the run of the tree it is for (None: the root)."""
         await self._ready.wait()
         run = self._run
+        if self._parked:
+            return _parked_answer()
         if run is None or self._ended:
             return OpAnswer(ok=False, code="run_closed", message="the attempt has ended")
         if op.node is not None and op.node != run.id:
@@ -157,12 +182,16 @@ class Attempt:
                 return OpAnswer(ok=False, code="run_closed", message="the run has ended")
             run.cancel(op.reason or "cancelled", mode=_mode(op.mode))
             return OpAnswer(ok=True)
+        if op.op in ("approve", "reject") and self._settled is not None:
+            await self._settled.wait()
         if op.op == "inject":
             if op.when not in _WHEN:
                 return OpAnswer(ok=False, code="invalid_request", message=f"bad when {op.when!r}")
             try:
                 injection_id = run.inject(op.items or [], when=_WHEN[op.when])
             except RunClosedError as exc:
+                if exc.status == PARKED:
+                    return _parked_answer()
                 return OpAnswer(ok=False, code="run_closed", message=str(exc))
             except InboxFullError as exc:
                 return OpAnswer(ok=False, code="inbox_full", message=str(exc))
@@ -189,20 +218,57 @@ def _decide(run: Run, op: SteeringOp) -> OpAnswer:
             run.reject(target, message=op.reason)
             return OpAnswer(ok=True)
     except RunClosedError as exc:
+        if exc.status == PARKED:
+            return _parked_answer()
         return OpAnswer(ok=False, code="run_closed", message=str(exc))
     except UnknownCallError as exc:
         return OpAnswer(ok=False, code="not_found", message=str(exc))
     return OpAnswer(ok=False, code="unknown_op", message=f"unknown op {op.op!r}")
 
 
-def _resume(attempt: int, started_calls: list[str], next_seq: int) -> Resume | None:
+def _parked_answer() -> OpAnswer:
+    """The answer to an op that reached an attempt whose run has just parked: recorded in
+    the history and not applied here, so the next attempt applies it (from its catch-up;
+    a decision through its ``Resume``). Never ``run_closed``: the run goes on."""
+    return OpAnswer(
+        ok=True, pending=True, message="recorded; the run parked: the next attempt applies it"
+    )
+
+
+def decisions(ops: Sequence[SteeringOp]) -> tuple[frozenset[str], dict[str, str | None]]:
+    """The approvals and rejections among a catch-up's ``ops``, for a resumed attempt's
+    :class:`Resume`: the run applies each when its call asks for approval again —
+    however early the op came (pushed to a run that had not reached its approval wait
+    yet, ``approve`` would answer ``not_found`` and the decision would be lost). The
+    first decision on a call wins, as on a live run (a second one is refused there)."""
+    approved: set[str] = set()
+    rejected: dict[str, str | None] = {}
+    for op in ops:
+        target = op.target
+        if op.op not in ("approve", "reject") or not target or op.node is not None:
+            continue  # a descendant's decision is applied to it by the catch-up, live
+        if target in approved or target in rejected:
+            continue
+        if op.op == "approve":
+            approved.add(target)
+        else:
+            rejected[target] = op.reason
+    return frozenset(approved), rejected
+
+
+def _resume(
+    attempt: int, started_calls: list[str], next_seq: int, decided: Sequence[SteeringOp] = ()
+) -> Resume | None:
     if attempt < 2:
         return None
+    approved, rejected = decisions(decided)
     return Resume(
         attempt=attempt,
         next_seq=max(next_seq, 1),
         started=frozenset(started_calls),
         reason="the worker running this call was lost",
+        approved=approved,
+        rejected=rejected,
     )
 
 
@@ -221,6 +287,12 @@ def _options(
         options["before_tool"] = before_tool
     if resume is not None:
         options["resume"] = resume
+    if request.park_after is not None:
+        options["park_after"] = request.park_after
+    if request.session_id is None:
+        # Only a run with a session parks (its open calls live on there): a host's
+        # run_options={"park_after": ...} leaves its sessionless runs on their worker.
+        options.pop("park_after", None)
     return options
 
 
@@ -234,9 +306,12 @@ async def run_attempt(
     barrier: CallBarrier | None = None,
     started_calls: list[str] | None = None,
     next_seq: int = 1,
+    decided: Sequence[SteeringOp] = (),
     store: RunStore | None = None,
 ) -> RunOutcome:
-    """Run one attempt of ``request`` to its terminal update; its outcome as plain data.
+    """Run one attempt of ``request`` to its terminal update (or its park); its outcome
+    as plain data. ``decided``: the catch-up's ops, whose approvals and rejections a
+    resumed attempt applies through its ``Resume`` (:func:`decisions`).
 
     With a ``store``, the attempt first claims the run's writes there (its next seq is
     the last one written plus one), and its events are written there as they come; it
@@ -266,7 +341,9 @@ async def run_attempt(
             )
         # A run with a session resumes from it (with no input of its own); one without
         # starts again from its input (no tool had started: nothing runs twice).
-        resume = _resume(number, started_calls or [], next_seq) if request.session_id else None
+        resume = (
+            _resume(number, started_calls or [], next_seq, decided) if request.session_id else None
+        )
         items = [] if resume is not None else coerce_items(request.input)
         holder: list[Run] = []
         options = _options(request, barrier, resume, holder)
@@ -294,6 +371,8 @@ async def run_attempt(
                 agent, items, session, request.run_id, options, attempt, holder, writer
             )
             result.attempt = number
+            if result.status == PARKED:
+                attempt.ended(parked=True)
         finally:
             aclose = getattr(session, "aclose", None)
             if aclose is not None:
@@ -316,6 +395,7 @@ async def _run(
 ) -> RunOutcome:
     from .._entry import open_run
 
+    settled = attempt.resuming() if "resume" in options else None
     written: EventWriter | None = None
     async with (
         trio.open_nursery() as nursery,
@@ -326,6 +406,8 @@ async def _run(
             written = writer(run)
             nursery.start_soon(written.run)
         attempt.started(run)
+        if settled is not None:
+            await _settle(run, settled)
     # open_run's block waits for the terminal update, then the nursery for the writer:
     # the outcome is returned only once the terminal update is in the store.
     if written is not None and written.fenced:
@@ -335,13 +417,44 @@ async def _run(
     resume = options.get("resume")
     return RunOutcome(
         run_id=run_id,
-        status=str(result.status),
+        status=PARKED if result.parked else str(result.status),
         reason=result.reason,
         final_output=_jsonable(result.final_output),
         attempt=resume.attempt if isinstance(resume, Resume) else 1,  # the caller sets it
         new_items=[item.to_json() for item in result.new_items],
         first_seq=resume.next_seq if isinstance(resume, Resume) else 1,
+        pending=_open_calls(result.conversation) if result.parked else [],
+        last_seq=run.statistics().last_seq,
     )
+
+
+async def _settle(run: Run, settled: trio.Event) -> None:
+    """Set ``settled`` once the resumed ``run`` has settled the calls its earlier attempt
+    left open: it awaits approval for some (their ``approve`` now finds them), or the
+    model produced something (none of them waits), or it ended. A resumed run settles
+    those calls before its first model call (``_turns._start``)."""
+    try:
+        async for event in run.events():
+            if isinstance(event, RunUpdated) and event.status is not RunStatus.RUNNING:
+                if event.status is RunStatus.AWAITING_APPROVAL or event.status.is_terminal:
+                    return
+            elif isinstance(event, ResponseTextDelta) or (
+                isinstance(event, RunItemEvent)
+                and isinstance(event.item, AssistantMessage | ToolCall)
+            ):
+                return
+    finally:
+        settled.set()
+
+
+def _open_calls(conversation: Sequence[Item]) -> list[str]:
+    """The ids of the calls without a result: a parked run's, awaiting approval."""
+    answered = {item.call_id for item in conversation if isinstance(item, ToolResult)}
+    return [
+        item.call_id
+        for item in conversation
+        if isinstance(item, ToolCall) and item.call_id not in answered
+    ]
 
 
 def _jsonable(value: Any) -> Any:

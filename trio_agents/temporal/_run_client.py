@@ -24,6 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from .._items import Item, coerce_items
 from ._trio_worker import DEFAULT_TASK_QUEUE
 from ._types import (
+    PARKED,
     UPDATE_APPROVE,
     UPDATE_CANCEL,
     UPDATE_INJECT,
@@ -57,13 +58,21 @@ async def start_run(
     task_queue: str = DEFAULT_TASK_QUEUE,
     heartbeat_timeout: float = 2.0,
     options: dict[str, Any] | None = None,
+    park_after: float | None = None,
+    approval_deadline: float | None = None,
 ) -> WorkflowHandle[Any, RunOutcome]:
     """Start a run of ``agent`` as a workflow (id = the run id); returns its handle.
 
     ``options`` are JSON-able ``open_run`` options (``max_turns``, ``cleanup_timeout``,
     ...). The input is validated here, so a malformed item is a ``TypeError`` /
-    ``ValueError`` before anything is started.
+    ``ValueError`` before anything is started. ``park_after`` and
+    ``approval_deadline``: see :class:`RunRequest` (a run with a session waiting for
+    approval frees its worker after ``park_after`` seconds; its waiting calls are
+    rejected ``approval_deadline`` seconds after that, unless decided).
     """
+    for name, value in (("park_after", park_after), ("approval_deadline", approval_deadline)):
+        if value is not None and (isinstance(value, bool) or not value >= 0):
+            raise ValueError(f"{name} must be a number of seconds >= 0 or None, not {value!r}")
     items = [item.to_json() for item in coerce_items(input)]
     request = RunRequest(
         run_id=run_id or f"r{uuid.uuid4().hex}",
@@ -73,6 +82,8 @@ async def start_run(
         principal=principal,
         options=dict(options or {}),
         heartbeat_timeout=heartbeat_timeout,
+        park_after=park_after,
+        approval_deadline=approval_deadline,
     )
     return await client.start_workflow(
         WORKFLOW_NAME,
@@ -189,14 +200,20 @@ def _outcome(value: Any) -> RunOutcome:
 
 
 async def _recorded_outcome(client: Client, handle: WorkflowHandle[Any, Any]) -> RunOutcome:
-    """A CANCELED workflow's outcome: the attempt's completion in the history."""
+    """A CANCELED workflow's outcome: the last attempt's completion in the history (not
+    a parked attempt's: a parked run's next attempt ended it)."""
+    ended: RunOutcome | None = None
     async for event in handle.fetch_history_events():
         if event.HasField("activity_task_completed_event_attributes"):
             payloads = event.activity_task_completed_event_attributes.result.payloads
             values = await client.data_converter.decode(payloads, [RunOutcome])
-            return _outcome(values[0])
+            outcome = _outcome(values[0])
+            if outcome.status != PARKED:
+                ended = outcome
         if event.HasField("workflow_execution_canceled_event_attributes"):
             break
+    if ended is not None:
+        return ended
     # Cancelled before any attempt ran: the workflow's memo holds the outcome's status.
     memo = await (await handle.describe()).memo()
     if memo.get("status") == "cancelled":

@@ -69,6 +69,8 @@ _RUNNER: Final = SandboxedWorkflowRunner(
 _STICKY_TIMEOUT: Final = timedelta(seconds=1)
 # How long a cancelled attempt waits for its workflow to say the cancel's reason.
 _REASON_QUERY_TIMEOUT = timedelta(seconds=2)
+# How long a parked attempt stays to answer late pushes (longer than a push can take).
+_PARKED_KEPT = 60.0
 
 
 class _TrioThread:
@@ -248,18 +250,31 @@ class _Activities:
             catchup = await _announce(
                 workflow, AttemptStarted(attempt=info.attempt, address=self._trio.address)
             )
-            future = self._start(request, attempt, info.attempt, catchup, workflow)
-            self._catch_up(attempt, catchup)
+            # The run's own count (a parked run's next attempt is a new activity).
+            number = catchup.attempt or info.attempt
+            future = self._start(request, attempt, number, catchup, workflow)
+            self._catch_up(attempt, catchup, resumed=_resumes(request, number))
             return await self._wait(future, attempt, workflow)
         finally:
             beat.cancel()
-            if self._trio.attempts.get(request.run_id) is attempt:
+            if attempt.parked:
+                # An op pushed before the workflow learns of the park still finds it
+                # (and answers "pending": the next attempt applies it), not "no
+                # attempt of the run here", which would be recorded as its answer.
+                forgetting = self._trio.spawn(partial(_forget_later, self._trio.attempts, attempt))
+                # Nobody awaits it: its end (a worker's shutdown cancels it) is read here.
+                forgetting.add_done_callback(lambda f: f.cancelled() or f.exception())
+            elif self._trio.attempts.get(request.run_id) is attempt:
                 del self._trio.attempts[request.run_id]
 
-    def _catch_up(self, attempt: Attempt, catchup: Catchup) -> None:
+    def _catch_up(self, attempt: Attempt, catchup: Catchup, *, resumed: bool) -> None:
         """Apply the ops the history holds that no attempt applied, in order: a cancel
-        at once (before the run's first model call), an inject once the run exists."""
+        at once (before the run's first model call), an inject once the run exists. A
+        resumed attempt's approvals and rejections are in its ``Resume`` instead
+        (``run_attempt``'s ``decided``): applied when each call asks again."""
         for op in catchup.ops:
+            if resumed and op.op in ("approve", "reject") and op.node is None:
+                continue
             if op.op == "cancel" and op.node is None and op.mode != "after_turn":
                 self._trio.call_soon(partial(attempt.cancel, op.reason or "cancelled"))
             else:
@@ -293,6 +308,7 @@ class _Activities:
                 barrier=barrier,
                 started_calls=catchup.started_calls,
                 next_seq=catchup.next_seq,
+                decided=catchup.ops,
                 store=self._store,
             )
 
@@ -321,6 +337,19 @@ class _Activities:
             except Exception:
                 break  # the attempt raised: _result says whether it is retried
         return _result(future, self._trio.stopping or _shutting_down())
+
+
+async def _forget_later(attempts: dict[str, Attempt], attempt: Attempt) -> None:
+    """Forget a parked attempt once its workflow surely knows of the park (it pushes
+    nothing more to it), unless a later attempt of the run took its place here."""
+    await trio.sleep(_PARKED_KEPT)
+    if attempts.get(attempt.run_id) is attempt:
+        del attempts[attempt.run_id]
+
+
+def _resumes(request: RunRequest, number: int) -> bool:
+    """Whether attempt ``number`` resumes the run from its session (``run_attempt``)."""
+    return number > 1 and request.session_id is not None
 
 
 def _shutting_down() -> bool:

@@ -15,6 +15,7 @@ __all__ = [
     "ACTIVITY_ATTEMPT",
     "ACTIVITY_PUSH",
     "CANCELLED_BY_TEMPORAL",
+    "PARKED",
     "UPDATE_APPROVE",
     "UPDATE_ATTEMPT_STARTED",
     "UPDATE_CALL_STARTED",
@@ -45,6 +46,9 @@ UPDATE_REJECT: Final = "reject"
 UPDATE_ATTEMPT_STARTED: Final = "attempt_started"
 UPDATE_CALL_STARTED: Final = "call_started"
 
+PARKED: Final = "parked"
+"""The status of an attempt's outcome that parked at an approval wait (RunOutcome)."""
+
 CANCELLED_BY_TEMPORAL: Final = "workflow cancelled"
 """The reason of a cancel that came from Temporal itself (``temporal workflow cancel``,
 the UI, a client's ``handle.cancel()``): Temporal carries no reason to an activity."""
@@ -68,6 +72,14 @@ class RunRequest:
         retry_interval: seconds before a lost attempt is retried.
         limits: the run's usage limits, as ``run.start``'s ``"limits"`` object (None:
             none).
+        park_after: seconds a run may wait for an approval on a worker before its
+            attempt *parks* (the run core's ``park_after``): the attempt ends, freeing
+            its worker, with the calls left open in the session, and the workflow waits
+            durably for a decision, then starts the next attempt, which resumes
+            waiting and applies it. None: never park. Only a run with a session parks.
+        approval_deadline: seconds a parked run waits for a decision (a Temporal
+            timer, from the park); when it passes, every call still waiting is
+            rejected with the message ``"no decision within N s"``. None: no deadline.
     """
 
     run_id: str
@@ -79,6 +91,8 @@ class RunRequest:
     heartbeat_timeout: float = 2.0
     retry_interval: float = 0.1
     limits: dict[str, Any] | None = None
+    park_after: float | None = None
+    approval_deadline: float | None = None
 
 
 @dataclasses.dataclass
@@ -88,12 +102,16 @@ class RunOutcome:
 
     Attributes:
         run_id: the run.
-        status: ``"completed"``, ``"failed"`` or ``"cancelled"``.
-        reason: why it failed or was cancelled (None when completed).
+        status: ``"completed"``, ``"failed"`` or ``"cancelled"``; an attempt's
+            outcome is ``"parked"`` when it parked at an approval wait (the workflow
+            then waits for a decision and starts the next attempt: never the run's end).
+        reason: why it failed or was cancelled (None when completed; ``"parked"``).
         final_output: the final output (JSON).
         attempt: the number of the attempt that ended the run (1 for the first).
         new_items: the items this attempt added to the conversation, as JSON.
         first_seq: the seq of this attempt's first event (1 unless it resumed).
+        pending: the ids of the calls a parked attempt left awaiting approval.
+        last_seq: the seq of this attempt's last event (0: unknown).
     """
 
     run_id: str
@@ -103,6 +121,8 @@ class RunOutcome:
     attempt: int
     new_items: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     first_seq: int = 1
+    pending: list[str] = dataclasses.field(default_factory=list)
+    last_seq: int = 0
 
 
 @dataclasses.dataclass
@@ -167,11 +187,15 @@ class AttemptStarted:
 @dataclasses.dataclass
 class Catchup:
     """What the workflow answers a starting attempt: the ops recorded so far that it
-    must apply, and what earlier attempts recorded for a resume."""
+    must apply, and what earlier attempts recorded for a resume. ``attempt`` is the
+    attempt's number in the run, counting the attempts of earlier activities (a parked
+    run's next attempt is a new activity, whose Temporal attempt number starts at 1
+    again); 0 from a workflow that does not say (the activity's own number then)."""
 
     ops: list[SteeringOp]
     started_calls: list[str]
     next_seq: int
+    attempt: int = 0
 
 
 @dataclasses.dataclass

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_ATTEMPT,
         ACTIVITY_PUSH,
         CANCELLED_BY_TEMPORAL,
+        PARKED,
         SIGNAL_CANCEL_REASON,
         UPDATE_APPROVE,
         UPDATE_ATTEMPT_STARTED,
@@ -59,6 +60,12 @@ _START_TO_CLOSE = timedelta(days=7)
 _PUSH_TIMEOUT = timedelta(seconds=10)
 
 
+def _parked_answer() -> OpAnswer:
+    return OpAnswer(
+        ok=True, pending=True, message="recorded; the run is parked: the next attempt applies it"
+    )
+
+
 @workflow.defn(name=WORKFLOW_NAME)
 class RunWorkflow:
     """One run: schedules its attempt, records steering ops and the terminal result."""
@@ -72,10 +79,35 @@ class RunWorkflow:
         self._started_calls: list[str] = []
         self._last_seq = 0
         self._outcome: RunOutcome | None = None
+        # While the run is parked: the calls it left awaiting approval.
+        self._parked: list[str] | None = None
+        self._base = 0  # attempts of the earlier (parked) activities
+        self._caught_up: list[int] = []  # the ops the latest attempt's catch-up held
         self._asked_reason: str | None = None
 
     @workflow.run
     async def run(self, request: RunRequest) -> RunOutcome:
+        while True:
+            outcome = await self._attempt_run(request)
+            if outcome.status != PARKED:
+                break
+            # The attempt parked at an approval wait: no worker holds the run now.
+            await self._wait_for_decision(request, outcome)
+        self._outcome = outcome
+        workflow.upsert_memo({"status": outcome.status, "reason": outcome.reason})
+        if outcome.status == "cancelled" and workflow.cancellation_reason() is not None:
+            # Temporal was asked to cancel the workflow: the attempt's repaired result is
+            # recorded above (its completion event, the memo), now the workflow says so.
+            raise asyncio.CancelledError(outcome.reason)
+        if outcome.status == "failed":
+            raise ApplicationError(
+                outcome.reason or "run failed", outcome, type="RunFailed", non_retryable=True
+            )
+        return outcome
+
+    async def _attempt_run(self, request: RunRequest) -> RunOutcome:
+        """One activity of the run (retried by Temporal when an attempt is lost): its
+        outcome, terminal or ``parked``."""
         handle = workflow.start_activity(
             ACTIVITY_ATTEMPT,
             request,
@@ -109,17 +141,60 @@ class RunWorkflow:
                 final_output=None,
                 attempt=0,
             )
-        self._outcome = outcome
-        workflow.upsert_memo({"status": outcome.status, "reason": outcome.reason})
-        if outcome.status == "cancelled" and workflow.cancellation_reason() is not None:
-            # Temporal was asked to cancel the workflow: the attempt's repaired result is
-            # recorded above (its completion event, the memo), now the workflow says so.
-            raise asyncio.CancelledError(outcome.reason)
-        if outcome.status == "failed":
-            raise ApplicationError(
-                outcome.reason or "run failed", outcome, type="RunFailed", non_retryable=True
-            )
         return outcome
+
+    async def _wait_for_decision(self, request: RunRequest, parked: RunOutcome) -> None:
+        """A parked run: wait durably (no attempt, no worker) until a decision on one of
+        its calls or a cancel is recorded — or its approval deadline passes (a Temporal
+        timer: each call still waiting is rejected) — then the next attempt resumes the
+        run and applies them from its catch-up."""
+        self._parked = list(parked.pending)
+        for index in self._caught_up:
+            # The attempt parked, so it ended cleanly with an empty inbox: every inject
+            # its catch-up held was delivered. Answered now, or the next attempt's
+            # catch-up would deliver it again (decisions are kept: one on a call still
+            # waiting is for the next attempt, and one already applied is harmless).
+            if self._ops[index].op in ("inject", "withdraw") and index not in self._answers:
+                self._answers[index] = OpAnswer(ok=True, message="applied from a catch-up")
+        self._address = None  # nothing to push to: ops answer pending, for the next one
+        self._last_seq = max(self._last_seq, parked.last_seq)
+        self._base = self._attempt  # the next activity's attempts count on from here
+        waiting = set(parked.pending)
+
+        def decided() -> bool:
+            # Every op no attempt applied counts, those recorded before the park too (an
+            # approve pushed to the attempt as it parked answered "pending").
+            return any(
+                op.op == "cancel" or (op.op in ("approve", "reject") and op.target in waiting)
+                for op in self._ops
+                if op.index not in self._answers and op.node is None
+            )
+
+        deadline = request.approval_deadline
+        try:
+            await workflow.wait_condition(
+                decided, timeout=None if deadline is None else timedelta(seconds=deadline)
+            )
+        except TimeoutError:
+            assert deadline is not None
+            message = f"no decision within {deadline:g} s"
+            for call_id in parked.pending:
+                self._record(SteeringOp(op="reject", target=call_id, reason=message))
+        except asyncio.CancelledError:
+            # Temporal cancels the parked run: the next attempt applies the cancel before
+            # any model call, and its repair closes the waiting calls (then CANCELED).
+            reason = self._cancel_reason() or CANCELLED_BY_TEMPORAL
+            self._record(SteeringOp(op="cancel", reason=reason))
+        self._parked = None
+
+    def _is_parked(self) -> bool:
+        # A method, not the attribute: it changes while an update handler awaits.
+        return self._parked is not None
+
+    def _record(self, op: SteeringOp) -> None:
+        """Record ``op`` in the workflow's list (its index set): applied by an attempt."""
+        op.index = len(self._ops)
+        self._ops.append(op)
 
     @workflow.update(name=UPDATE_CANCEL)
     async def cancel(self, reason: str | None) -> OpAnswer:
@@ -161,10 +236,13 @@ class RunWorkflow:
     async def _steer(self, op: SteeringOp) -> OpAnswer:
         # Recording comes first: the update's acceptance is in the history from here on,
         # so an attempt started later applies the op from its catch-up.
-        op.index = len(self._ops)
-        self._ops.append(op)
+        self._record(op)
         if self._outcome is not None:
             return OpAnswer(ok=False, code="run_closed", message="the run has ended")
+        if self._parked is not None:
+            # No attempt holds the run: the next one applies the op (a decision on a
+            # parked call, or a cancel, starts it: _wait_for_decision).
+            return _parked_answer()
         # While this handler pushes the op, a starting attempt's catch-up leaves it out:
         # applied once, by the push, whose answer is the attempt's own.
         self._pushing.add(op.index)
@@ -172,6 +250,10 @@ class RunWorkflow:
             answer = await self._push(op)
         finally:
             self._pushing.discard(op.index)
+        if not answer.ok and self._is_parked():
+            # Refused by an attempt that was parking as the push reached it (or had
+            # gone): not applied, so the next attempt applies it.
+            return _parked_answer()
         if not answer.pending:
             # Applied (or refused) by an attempt: a later attempt does not apply it again.
             self._answers[op.index] = answer
@@ -208,7 +290,9 @@ class RunWorkflow:
         """An attempt announces where it takes pushed ops; it gets the ops recorded so
         far and what earlier attempts recorded (calls started, the last seq)."""
         self._address = started.address
-        self._attempt = started.attempt
+        # The run's count: a parked run's next attempt is a new activity (whose own
+        # count starts at 1 again).
+        self._attempt = self._base + started.attempt
         # Ops an earlier attempt already answered were applied there; an op with no
         # answer may never have reached any attempt.
         pending = [
@@ -216,8 +300,12 @@ class RunWorkflow:
             for op in self._ops
             if op.index not in self._answers and op.index not in self._pushing
         ]
+        self._caught_up = [op.index for op in pending]
         return Catchup(
-            ops=pending, started_calls=list(self._started_calls), next_seq=self._last_seq + 1
+            ops=pending,
+            started_calls=list(self._started_calls),
+            next_seq=self._last_seq + 1,
+            attempt=self._attempt,
         )
 
     @workflow.update(name=UPDATE_CALL_STARTED)
@@ -235,6 +323,8 @@ class RunWorkflow:
             "reason": outcome.reason if outcome else None,
             "attempt": self._attempt,
             "ops": len(self._ops),
+            # Parked at an approval wait (no worker holds it): the calls awaiting it.
+            "parked": list(self._parked) if self._parked is not None else None,
             # A cancel from Temporal carries its reason here only: an attempt reads it
             # when the cancel reaches it through its heartbeat ("" or None: no reason).
             "cancel_reason": self._cancel_reason(),

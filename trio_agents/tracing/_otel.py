@@ -248,7 +248,9 @@ class OpenTelemetryHooks(RunHooks):
         _set_usage(span, result.usage)
         if result.finish_reason is not None:
             span.set_attribute(FINISH_REASONS, (result.finish_reason,))
-        if result.status != "completed":
+        # A parked run (park_after) has not failed: its calls await approval still,
+        # from a run resumed later; its span says so (status, reason), not an error.
+        if result.status != "completed" and not result.parked:
             if result.reason is not None:
                 span.set_attribute(RUN_REASON, _short(result.reason))
             _set_error(span, _error_type(result), result.reason)
