@@ -58,6 +58,8 @@ INTERNAL: dict[str, str] = {
     # The Temporal worker turns it into a non-retryable ApplicationError: the workflow
     # fails at once, and its caller sees Temporal's failure, never the class.
     "AttemptError": "raised as a non-retryable ApplicationError by the Temporal worker",
+    # Likewise: a stale attempt's end, which Temporal no longer takes as the run's.
+    "AttemptFenced": "raised as a non-retryable ApplicationError by the Temporal worker",
 }
 
 # Raised to users on purpose and outside the tree on purpose (the testing kit).
