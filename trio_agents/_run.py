@@ -118,26 +118,8 @@ class Run:
         # Walks every agent the run can hand off to, resolving lazy targets: one that
         # cannot be resolved raises here, to the caller, before anything starts.
         self._side_tasks = needs_side_tasks(agent)
-        if run_id is not None and (not isinstance(run_id, str) or not run_id):
-            raise ValueError(f"run_id must be a non-empty str, not {run_id!r}")
-        if run_id is not None and clean_text(run_id) is not run_id:
-            # An id is not repaired (the caller would look for one that is not there):
-            # with a lone surrogate, every event and record of the run could not be sent.
-            raise ValueError(f"run_id must be encodable as UTF-8 (no lone surrogate): {run_id!r}")
-        if session is not None and not isinstance(session, Session):
-            raise TypeError(
-                f"session must implement the Session protocol, not {type(session).__name__}"
-            )
-        items = tuple(coerce_items(input))
-        problems = conversation_problems(items, allow_open_calls=False)
-        if problems:
-            raise ValueError(f"the input is not a valid conversation: {problems[0]}")
+        items = _checked_start(input, session, run_id, options, _parent)
         resume = options.resume
-        if resume is not None and (session is None or items):
-            raise ValueError(
-                "resume= continues a run from its session: give a session and no input"
-            )
-        _check_parkable(options, session, _parent)
         self.id: str = run_id or f"run_{_uuid4_hex()}"
         self.session = session
         # The run tree (§17): a child run lives inside one of its parent's tool calls.
@@ -837,6 +819,36 @@ class Run:
 # A random (version 4) UUID's hex, as uuid.uuid4().hex, at half the cost.
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _checked_start(
+    input: RunInput,
+    session: Session | None,
+    run_id: str | None,
+    options: RunOptions,
+    parent: Run | None,
+) -> tuple[Item, ...]:
+    """The run's input items, once what it starts with is checked (its id, session,
+    input, resume and park options); raises ``TypeError``/``ValueError`` to the caller,
+    before anything starts."""
+    if run_id is not None and (not isinstance(run_id, str) or not run_id):
+        raise ValueError(f"run_id must be a non-empty str, not {run_id!r}")
+    if run_id is not None and clean_text(run_id) is not run_id:
+        # An id is not repaired (the caller would look for one that is not there):
+        # with a lone surrogate, every event and record of the run could not be sent.
+        raise ValueError(f"run_id must be encodable as UTF-8 (no lone surrogate): {run_id!r}")
+    if session is not None and not isinstance(session, Session):
+        raise TypeError(
+            f"session must implement the Session protocol, not {type(session).__name__}"
+        )
+    items = tuple(coerce_items(input))
+    problems = conversation_problems(items, allow_open_calls=False)
+    if problems:
+        raise ValueError(f"the input is not a valid conversation: {problems[0]}")
+    if options.resume is not None and (session is None or items):
+        raise ValueError("resume= continues a run from its session: give a session and no input")
+    _check_parkable(options, session, parent)
+    return items
 
 
 def _check_parkable(options: RunOptions, session: Session | None, parent: Run | None) -> None:
