@@ -13,15 +13,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar, final
+from typing import Any, Final, TypeVar, final
 
 import trio
 
-__all__ = ["AsyncioLoop"]
+__all__ = ["STOP_BOUND", "AsyncioLoop"]
 
 T = TypeVar("T")
+log = logging.getLogger("trio_agents.temporal")
+
+STOP_BOUND: Final = 10.0
+"""Seconds :meth:`AsyncioLoop.stop` waits for the loop's cancelled tasks to end."""
 
 
 @final
@@ -50,7 +55,12 @@ class AsyncioLoop:
                 for task in tasks:
                     task.cancel()
                 if tasks:
-                    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+                    # Bounded: a task that ignores its cancel (a call blocked in the
+                    # SDK's native core) must not keep the program from stopping; it is
+                    # left to the daemon thread's end.
+                    _, left = loop.run_until_complete(asyncio.wait(tasks, timeout=STOP_BOUND))
+                    for task in left:
+                        log.warning("stopping the asyncio loop: %r did not end", task)
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.close()
 
