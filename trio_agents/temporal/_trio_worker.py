@@ -327,7 +327,13 @@ class _Activities:
             try:
                 await asyncio.shield(future)
             except asyncio.CancelledError:
-                if future.done() or cancelled:
+                if future.done():
+                    continue
+                if cancelled:
+                    if self._trio.stopping:
+                        # Cancelled again while the worker's loops go away: the run may
+                        # never settle here now; stop waiting (Temporal retries it).
+                        raise
                     continue
                 cancelled = True
                 reason = await _cancel_reason(workflow)
