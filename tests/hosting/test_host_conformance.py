@@ -13,11 +13,9 @@ docs/architecture.md ("How a new host plugs in") says what else it implements.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from decimal import Decimal
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,37 +102,11 @@ def _filler() -> ta.Agent:
 
 def _temporal(target: str, tmp_path: Path) -> OpenHost:
     """A TemporalHost over a real dev server, its runs run by a worker embedded in the
-    test's own Trio program (``serve_worker``: the attempts share the test's loop, so the
-    agents' scripted models and tools are the test's), on a task queue of its own."""
-    from trio_agents.temporal import RunStore, TemporalHost, serve_worker, sqlite_sessions
+    test's own Trio program (the agents' scripted models and tools are the test's)."""
+    from tests.support.temporal_support import embedded_temporal_host
 
-    @asynccontextmanager
-    async def open_host(agents: Mapping[str, ta.Agent]) -> AsyncIterator[RunHost]:
-        queue = f"q-{uuid.uuid4().hex[:12]}"
-        db = tmp_path / "sessions.sqlite3"
-        async with trio.open_nursery() as worker:
-            await worker.start(
-                partial(
-                    serve_worker,
-                    target,
-                    agents,
-                    sessions=sqlite_sessions(str(db)),
-                    store=RunStore.beside(db),
-                    task_queue=queue,
-                )
-            )
-            host = TemporalHost(
-                target,
-                agents,
-                store=RunStore.beside(db),
-                task_queue=queue,
-                limits=_LIMITS,
-                poll_interval=0.01,
-                sessions=sqlite_sessions(str(db)),
-            )
-            async with host.running():
-                yield host
-            worker.cancel_scope.cancel()
+    def open_host(agents: Mapping[str, ta.Agent]) -> AbstractAsyncContextManager[RunHost]:
+        return embedded_temporal_host(target, tmp_path / "sessions.sqlite3", agents, _LIMITS)
 
     return open_host
 

@@ -13,13 +13,33 @@ import subprocess
 import sys
 import sysconfig
 import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import pytest
+import trio
 from temporalio.client import Client
 
-__all__ = ["READY_BOUND", "Workers", "connect_until", "free_port", "stop", "temporal_cli"]
+from trio_agents import Agent
+from trio_agents.hosting import Limits
+
+if TYPE_CHECKING:
+    from trio_agents.temporal import TemporalHost
+
+__all__ = [
+    "READY_BOUND",
+    "Workers",
+    "connect_until",
+    "embedded_temporal_host",
+    "free_port",
+    "stop",
+    "temporal_cli",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 READY_BOUND = 60.0  # seconds for a dev server or a worker to come up on a loaded machine
@@ -119,3 +139,39 @@ class Workers:
     def stop(self) -> None:
         for process in self.processes:
             stop(process)
+
+
+@asynccontextmanager
+async def embedded_temporal_host(
+    target: str, db: Path, agents: Mapping[str, Agent], limits: Limits
+) -> AsyncIterator[TemporalHost]:
+    """A ``TemporalHost`` on the dev server at ``target`` whose runs run on a worker
+    embedded in the caller's Trio program (``serve_worker``: the attempts share its
+    loop, so agents whose tools wait on the test's events work), on a task queue of its
+    own, with SQLite sessions in ``db`` and the run store beside it."""
+    from trio_agents.temporal import RunStore, TemporalHost, serve_worker, sqlite_sessions
+
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    async with trio.open_nursery() as worker:
+        await worker.start(
+            partial(
+                serve_worker,
+                target,
+                agents,
+                sessions=sqlite_sessions(str(db)),
+                store=RunStore.beside(db),
+                task_queue=queue,
+            )
+        )
+        host = TemporalHost(
+            target,
+            agents,
+            store=RunStore.beside(db),
+            task_queue=queue,
+            limits=limits,
+            poll_interval=0.01,
+            sessions=sqlite_sessions(str(db)),
+        )
+        async with host.running():
+            yield host
+        worker.cancel_scope.cancel()

@@ -6,16 +6,14 @@ tests' gates live in that loop), on a real Temporal dev server."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager
-from functools import partial
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
+from tests.support.temporal_support import embedded_temporal_host
 from tests.support.ui_support import UiServer, chromium_available, running_ui_server
 from trio_agents import Agent
 from trio_agents.control import Limits
@@ -47,33 +45,8 @@ __all__ = [
 
 
 def _temporal_host(target: str, db: Path) -> Any:
-    from trio_agents.temporal import RunStore, TemporalHost, serve_worker, sqlite_sessions
-
-    @asynccontextmanager
-    async def serve(agents: Mapping[str, Agent], limits: Limits) -> AsyncIterator[Any]:
-        queue = f"q-{uuid.uuid4().hex[:12]}"
-        async with trio.open_nursery() as worker:
-            await worker.start(
-                partial(
-                    serve_worker,
-                    target,
-                    agents,
-                    sessions=sqlite_sessions(str(db)),
-                    store=RunStore.beside(db),
-                    task_queue=queue,
-                )
-            )
-            host = TemporalHost(
-                target,
-                agents,
-                store=RunStore.beside(db),
-                task_queue=queue,
-                limits=limits,
-                poll_interval=0.01,
-            )
-            async with host.running():
-                yield host
-            worker.cancel_scope.cancel()
+    def serve(agents: Mapping[str, Agent], limits: Limits) -> AbstractAsyncContextManager[Any]:
+        return embedded_temporal_host(target, db, agents, limits)
 
     return serve
 
