@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import subprocess
 from collections.abc import Iterator
@@ -120,7 +121,10 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
     target = f"127.0.0.1:{port}"
     try:
-        asyncio.run(connect_until(target, process, log))
+        # In a thread of its own: the first test to ask may run inside a running asyncio
+        # loop (Playwright's sync API drives one in the main thread).
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, connect_until(target, process, log)).result()
         yield target
     finally:
         stop(process)

@@ -17,7 +17,8 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from tests.support.ui_support import (
     chromium_available,
     running_ui_server,
 )
+from trio_agents.control import Limits
 
 if not chromium_available():
     if os.environ.get("CI"):
@@ -55,9 +57,33 @@ expect.set_options(timeout=TIMEOUT_MS)
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[UiServer]:
-    with running_ui_server() as server:
-        yield server
+def server(request: pytest.FixtureRequest) -> Iterator[UiServer]:
+    """The UI's server over a LocalHost; with ``indirect`` parametrization
+    (:data:`OVER_EVERY_HOST`) also over a TemporalHost on a real dev server, its runs
+    run by a worker embedded in the server's Trio program (the gates live in that loop)."""
+    if getattr(request, "param", "local") == "temporal":
+        target = request.getfixturevalue("temporal_server")
+        tmp = request.getfixturevalue("tmp_path_factory").mktemp("ui-temporal")
+        with running_ui_server(host=_over_temporal(target, tmp / "sessions.sqlite3")) as served:
+            served.host = "temporal"
+            yield served
+        return
+    with running_ui_server() as served:
+        yield served
+
+
+def _over_temporal(target: str, db: Path) -> Any:
+    from tests.support.temporal_support import embedded_temporal_host
+
+    def serve(agents: Mapping[str, Any], limits: Limits) -> AbstractAsyncContextManager[Any]:
+        return embedded_temporal_host(target, db, agents, limits)
+
+    return serve
+
+
+# The UI's main scenarios run over every kind of host (issue 38: every face over the
+# TemporalHost): a face never knows which host it talks to.
+OVER_EVERY_HOST = pytest.mark.parametrize("server", ["local", "temporal"], indirect=True)
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +168,12 @@ def head(locator: Any, selector: str) -> Any:
     return locator.locator(f":scope > .node-head {selector}")
 
 
-def shot(page: Page, name: str) -> None:
+def shot(page: Page, name: str, server: UiServer | None = None) -> None:
     """Screenshot this state into docs/images/ in CI and under ``make screenshots``
     (``UPDATE_SCREENSHOTS=1``), so the guide's pictures are made by the tests; a local
     test run takes the picture too (it must not fail) but leaves the tree clean."""
-    if os.environ.get("CI") or os.environ.get("UPDATE_SCREENSHOTS"):
+    over_local = server is None or server.host == "local"
+    if over_local and (os.environ.get("CI") or os.environ.get("UPDATE_SCREENSHOTS")):
         IMAGES.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(IMAGES / name))
     else:
@@ -169,6 +196,7 @@ def test_the_page_loads_and_runs_without_a_console_error(
     assert not [r.url for r in watched.requests if r.url.endswith("/favicon.ico")]
 
 
+@OVER_EVERY_HOST
 def test_start_a_run_from_the_page_and_see_its_text_stream_in(page: Page, server: UiServer) -> None:
     sign_in(page, server)
     run_id = start_from_page(page, "writer", "Tell me a story")
@@ -179,13 +207,14 @@ def test_start_a_run_from_the_page_and_see_its_text_stream_in(page: Page, server
     expect(head(root, ".status")).to_have_text("running")
     expect(root.locator(".msg.user")).to_have_text("Tell me a story")
     expect(page.locator(f'#runs tr[data-run="{run_id}"]')).to_have_count(1)
-    shot(page, "ui-streaming.png")
+    shot(page, "ui-streaming.png", server)
     server.open_gate("write")
     expect(text).to_have_text("Once upon a time, a run streamed to the end.")
     expect(head(root, ".status")).to_have_text("completed")
     expect(page.locator(f'#runs tr[data-run="{run_id}"] .status')).to_have_text("completed")
 
 
+@OVER_EVERY_HOST
 def test_cancel_one_branch_of_a_fan_out_and_the_root_goes_on(page: Page, server: UiServer) -> None:
     sign_in(page, server)
     start_from_page(page, "lead", "Research structured concurrency")
@@ -204,7 +233,7 @@ def test_cancel_one_branch_of_a_fan_out_and_the_root_goes_on(page: Page, server:
     )
     expect(head(root, ".status")).to_have_text("running")
     expect(head(branch_b, ".status")).to_have_text("running")
-    shot(page, "ui-fanout-cancel.png")
+    shot(page, "ui-fanout-cancel.png", server)
     server.open_gate("fanout_b")
     expect(head(branch_b, ".status")).to_have_text("completed")
     expect(head(root, ".status")).to_have_text("completed")
@@ -213,6 +242,7 @@ def test_cancel_one_branch_of_a_fan_out_and_the_root_goes_on(page: Page, server:
     )
 
 
+@OVER_EVERY_HOST
 def test_approve_a_waiting_call(page: Page, server: UiServer) -> None:
     sign_in(page, server)
     start_from_page(page, "careful", "Clean up my notes")
@@ -220,7 +250,7 @@ def test_approve_a_waiting_call(page: Page, server: UiServer) -> None:
     approval = root.locator(".approval")
     expect(approval).to_contain_text('delete_file({"path": "notes.txt"})')
     expect(head(root, ".status")).to_have_text("awaiting_approval")
-    shot(page, "ui-approval.png")
+    shot(page, "ui-approval.png", server)
     approval.locator(".approve").click()
     expect(approval).to_have_count(0)
     expect(root.locator(".tool[data-call] .out")).to_have_text("→ deleted notes.txt")
@@ -228,6 +258,7 @@ def test_approve_a_waiting_call(page: Page, server: UiServer) -> None:
     expect(head(root, ".status")).to_have_text("completed")
 
 
+@OVER_EVERY_HOST
 def test_inject_a_message_and_the_next_turn_uses_it(page: Page, server: UiServer) -> None:
     sign_in(page, server)
     start_from_page(page, "chatty", "Write about birds")

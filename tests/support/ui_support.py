@@ -503,6 +503,9 @@ class UiServer:
         self.proxy_url = proxy_url
         self.gates = gates
         self._proxy = proxy
+        self.host = "local"
+        """The kind of host the faces are over (``"local"``, ``"temporal"``): the guide's
+        pictures are taken over the local one only."""
 
     def open_gate(self, name: str) -> None:
         self.gates.open(name)
