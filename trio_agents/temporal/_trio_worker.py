@@ -338,13 +338,20 @@ class _Activities:
                         raise
                     continue
                 cancelled = True
-                reason = await _cancel_reason(workflow)
+                if _given_up():
+                    # Temporal gave up on this attempt (its heartbeats timed out, as while
+                    # the server was away) and runs the run in a new one: this is no
+                    # cancel of the run, and its end here is not the run's.
+                    attempt.handover = True
+                    reason = "the attempt was given up; the run goes on in a new attempt"
+                else:
+                    reason = await _cancel_reason(workflow)
                 if self._trio.stopping or _shutting_down():
                     attempt.handover = True  # (read in the Trio thread: a plain flag)
                 self._trio.call_soon(partial(attempt.cancel, reason))
             except Exception:
                 break  # the attempt raised: _result says whether it is retried
-        return _result(future, self._trio.stopping or _shutting_down())
+        return _result(future, self._trio.stopping or _shutting_down() or _given_up())
 
 
 async def _forget_later(attempts: dict[str, Attempt], attempt: Attempt) -> None:
@@ -358,6 +365,13 @@ async def _forget_later(attempts: dict[str, Attempt], attempt: Attempt) -> None:
 def _resumes(request: RunRequest, number: int) -> bool:
     """Whether attempt ``number`` resumes the run from its session (``run_attempt``)."""
     return number > 1 and request.session_id is not None
+
+
+def _given_up() -> bool:
+    """Whether the SDK cancelled this activity because Temporal no longer runs this
+    attempt (its heartbeat timed out, or the server does not know it any more)."""
+    details = activity.cancellation_details()
+    return details is not None and (details.timed_out or details.not_found)
 
 
 def _shutting_down() -> bool:
