@@ -66,7 +66,7 @@ from ._run_info import RunInfo
 from ._run_tasks import disconnected as _disconnected
 from ._run_tasks import start_run
 from ._server_limits import Limits
-from ._session_fork import close_session, event_index, fork_stored
+from ._session_fork import event_index, fork_from_factory
 from ._sessions import SessionFactory, items_bytes, sqlite_sessions
 
 __all__ = ["HostStatistics", "LocalHost", "host_errors"]
@@ -604,14 +604,7 @@ class LocalHost:
             if factory is None:
                 sessions = registry.state_of(principal).sessions
                 return await sessions.fork(session_id, new_session_id, index)
-            source = factory(principal, session_id)
-            try:
-                target = factory(principal, new_session_id)
-                target_id = target.session_id
-                await close_session(target)
-                return await fork_stored(source, target_id, index, session_id, new_session_id)
-            finally:
-                await close_session(source)
+            return await fork_from_factory(factory, principal, session_id, new_session_id, index)
 
     async def _fork_index(
         self, principal: str, session_id: str, at: int | tuple[str, int] | None

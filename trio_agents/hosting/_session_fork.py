@@ -18,8 +18,9 @@ from .._events import EventsDropped, RunItemEvent
 from .._run import Run
 from ..sessions import Session, SessionExistsError, fork_session
 from ._error_codes import ProtocolError
+from ._sessions import SessionFactory
 
-__all__ = ["close_session", "event_index", "fork_stored", "not_found"]
+__all__ = ["close_session", "event_index", "fork_from_factory", "fork_stored", "not_found"]
 
 
 def not_found(session_id: str) -> ProtocolError:
@@ -120,3 +121,27 @@ async def fork_stored(
     finally:
         if made is not source:
             await close_session(made)
+
+
+async def fork_from_factory(
+    factory: SessionFactory,
+    principal: str,
+    session_id: str,
+    new_session_id: str,
+    index: int | None,
+) -> int:
+    """Fork the principal's ``session_id`` into ``new_session_id`` in the store of a
+    host's session ``factory`` (the new id's stored id is the factory's); returns the
+    number of items the fork holds. Closes every session object it made.
+
+    Raises:
+        ProtocolError: as :func:`fork_stored`.
+    """
+    source = factory(principal, session_id)
+    try:
+        target = factory(principal, new_session_id)
+        target_id = target.session_id
+        await close_session(target)
+        return await fork_stored(source, target_id, index, session_id, new_session_id)
+    finally:
+        await close_session(source)

@@ -47,10 +47,9 @@ from .._agent import Agent
 from .._events import RunStatus
 from .._items import Item
 from ..hosting import HostedEvent, HostError, Limits, Origin, RunInfo, StartRequest
-from ..hosting._error_codes import ProtocolError
-from ..hosting._local import check_from_seq
+from ..hosting._local import check_from_seq, host_errors
 from ..hosting._policies import effective_limits, limits_to_wire
-from ..hosting._session_fork import close_session, fork_stored
+from ..hosting._session_fork import fork_from_factory
 from ._activity import SessionFactory
 from ._asyncio_loop import AsyncioLoop
 from ._run_store import RunStore
@@ -390,10 +389,8 @@ class TemporalHost:
         if not request.input:
             raise HostError("invalid_request", "a run starts with at least one item")
         asked = None if request.limits is None else limits_to_wire(request.limits)
-        try:
+        with host_errors():  # invalid_request: above the maximum, or not fitting
             return effective_limits(asked, self._limits.max_run_limits)
-        except ProtocolError as exc:
-            raise HostError("invalid_request", exc.message) from None
 
     def _owner(self, origin: Origin) -> set[str] | None:
         if origin.owner is None:
@@ -593,10 +590,8 @@ class TemporalHost:
     ) -> AsyncIterator[AsyncIterator[HostedEvent]]:
         """Subscribe to a run's events as the store holds them (every event ever
         written: nothing is dropped), following it until the run's terminal update."""
-        try:
+        with host_errors():
             check_from_seq(from_seq, tree)
-        except ProtocolError as exc:
-            raise HostError("invalid_request", exc.message) from None
         root = await self._store.root_of(principal, run_id)
         if root is None:
             raise HostError("not_found", f"no run {run_id!r}")
@@ -661,16 +656,8 @@ class TemporalHost:
             )
         if await self._store.session_holder(principal, new_session_id) is not None:
             raise HostError("session_busy", f"session {new_session_id!r} has an active run")
-        source = factory(principal, session_id)
-        try:
-            target = factory(principal, new_session_id)
-            target_id = target.session_id
-            await close_session(target)
-            return await fork_stored(source, target_id, at, session_id, new_session_id)
-        except ProtocolError as exc:
-            raise HostError(exc.code, exc.message) from None  # type: ignore[arg-type]
-        finally:
-            await close_session(source)
+        with host_errors():
+            return await fork_from_factory(factory, principal, session_id, new_session_id, at)
 
     def disconnected(self, owner: object) -> None:
         """The owner went away: cancel its ``on_disconnect="cancel"`` runs (on their
