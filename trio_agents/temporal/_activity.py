@@ -70,8 +70,11 @@ class AttemptFenced(Exception):
     run (Temporal already gave up on it)."""
 
 
-async def _claim(store: RunStore, request: RunRequest, number: int, next_seq: int) -> int:
-    """Claim the run's writes for attempt ``number``; the seq its next event takes."""
+async def _claim(
+    store: RunStore, request: RunRequest, number: int, next_seq: int, address: str | None
+) -> tuple[int, tuple[str, ...]]:
+    """Claim the run's writes for attempt ``number``: the seq its next event takes, and
+    the tool calls earlier attempts recorded as started."""
     claim = await store.claim_attempt(
         request.run_id,
         request.principal,
@@ -85,10 +88,11 @@ async def _claim(store: RunStore, request: RunRequest, number: int, next_seq: in
             reason=None,
             seq=0,
         ),
+        address=address,
     )
     if not claim.owned:
         raise AttemptFenced(f"a later attempt of run {request.run_id} claimed it")
-    return max(next_seq, claim.next_seq)
+    return max(next_seq, claim.next_seq), claim.started
 
 
 def sqlite_sessions(path: str) -> SessionFactory:
@@ -308,14 +312,16 @@ async def run_attempt(
     next_seq: int = 1,
     decided: Sequence[SteeringOp] = (),
     store: RunStore | None = None,
+    address: str | None = None,
 ) -> RunOutcome:
     """Run one attempt of ``request`` to its terminal update (or its park); its outcome
     as plain data. ``decided``: the catch-up's ops, whose approvals and rejections a
     resumed attempt applies through its ``Resume`` (:func:`decisions`).
 
     With a ``store``, the attempt first claims the run's writes there (its next seq is
-    the last one written plus one), and its events are written there as they come; it
-    returns once the terminal update is written.
+    the last one written plus one; the calls recorded as started there count as started;
+    ``address``, where it takes pushed ops, is recorded with the claim), and its events
+    are written there as they come; it returns once the terminal update is written.
 
     Raises:
         AttemptError: the agent is unknown, the request is malformed, or a session was
@@ -327,7 +333,8 @@ async def run_attempt(
         if agent is None:
             raise AttemptError(f"no agent named {request.agent!r} on this worker")
         if store is not None:
-            next_seq = await _claim(store, request, number, next_seq)
+            next_seq, stored = await _claim(store, request, number, next_seq, address)
+            started_calls = [*(started_calls or []), *stored]
         if number > 1 and request.session_id is None and started_calls:
             # Nothing of the lost attempt was persisted, and one of its tools had started:
             # running the run again from its input would run that tool twice.

@@ -23,7 +23,7 @@ import trio
 
 from ._types import OpAnswer, SteeringOp
 
-__all__ = ["push_op", "serve_ops"]
+__all__ = ["push_op", "push_op_here", "serve_ops"]
 
 _MAX_LINE = 1 << 20  # an op carries items: bounded, as the control channel's messages are
 
@@ -79,6 +79,34 @@ async def serve_ops(
         task_status.started((host, port))
 
 
+def _request_line(run_id: str, op: SteeringOp) -> bytes:
+    return json.dumps({"run_id": run_id, "op": dataclasses.asdict(op)}).encode() + b"\n"
+
+
+def _answer(line: bytes) -> OpAnswer:
+    if not line:
+        raise ConnectionError("the attempt's worker closed the connection without answering")
+    return OpAnswer(**json.loads(line))
+
+
+async def push_op_here(address: str, run_id: str, op: SteeringOp) -> OpAnswer:
+    """:func:`push_op` from Trio: what a host uses to push an op that Temporal already
+    recorded (a cancel) straight to the attempt, with no workflow task in between.
+
+    Raises:
+        OSError: the attempt's worker is unreachable.
+        ValueError: its answer was not an op answer.
+    """
+    host, _, port = address.rpartition(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(_request_line(run_id, op))
+        try:
+            return _answer(await _read_line(stream))
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"not an op answer: {exc}") from None
+
+
 async def push_op(address: str, run_id: str, op: SteeringOp) -> OpAnswer:
     """Send ``op`` to the attempt at ``address`` (``"host:port"``) and return its answer.
 
@@ -89,13 +117,10 @@ async def push_op(address: str, run_id: str, op: SteeringOp) -> OpAnswer:
     host, _, port = address.rpartition(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        line = json.dumps({"run_id": run_id, "op": dataclasses.asdict(op)}).encode()
-        writer.write(line + b"\n")
+        writer.write(_request_line(run_id, op))
         await writer.drain()
         answer = await reader.readline()
     finally:
         writer.close()
         await writer.wait_closed()
-    if not answer:
-        raise ConnectionError("the attempt's worker closed the connection without answering")
-    return OpAnswer(**json.loads(answer))
+    return _answer(answer)

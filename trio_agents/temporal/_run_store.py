@@ -18,6 +18,8 @@ Layout::
     events(id INTEGER PRIMARY KEY AUTOINCREMENT,  -- the order they were written
            root_id, run_id, seq, event,           -- UNIQUE (run_id, seq)
     claims(principal, session_id, run_id)        -- a session's active run
+    calls(run_id, call_id, attempt)              -- tool calls started (the root's id)
+    places(run_id PRIMARY KEY, attempt, address) -- where the owning attempt takes ops
 
 Fencing: an attempt claims its run (``attempt`` grows, never shrinks) before it writes,
 and every write checks the claim in the same transaction, so once a later attempt took
@@ -85,6 +87,22 @@ CREATE TABLE IF NOT EXISTS claims (
     run_id TEXT NOT NULL,
     PRIMARY KEY (principal, session_id)
 );
+-- A tool call of a run's tree recorded before its tool runs (the before_tool barrier),
+-- so no later attempt runs it again; keyed by the root's id.
+CREATE TABLE IF NOT EXISTS calls (
+    run_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    PRIMARY KEY (run_id, call_id)
+);
+-- Where the attempt that owns a root run takes pushed ops ("host:port"): a host pushes
+-- a cancel there directly once Temporal has recorded it. A table of its own rather than
+-- a column of runs: a store written by an earlier version gains it with the schema.
+CREATE TABLE IF NOT EXISTS places (
+    run_id TEXT PRIMARY KEY,
+    attempt INTEGER NOT NULL,
+    address TEXT NOT NULL
+);
 """
 
 
@@ -105,6 +123,8 @@ class Claim:
 
     owned: bool
     next_seq: int
+    started: tuple[str, ...] = ()
+    """The tool calls of the run's tree that earlier attempts recorded as started."""
 
 
 @final
@@ -443,10 +463,18 @@ class RunStore:
     # ---------------------------------------------------------- a worker's side
 
     async def claim_attempt(
-        self, run_id: str, principal: str, session_id: str | None, attempt: int, info: RunInfo
+        self,
+        run_id: str,
+        principal: str,
+        session_id: str | None,
+        attempt: int,
+        info: RunInfo,
+        *,
+        address: str | None = None,
     ) -> Claim:
         """Claim the run's writes for ``attempt`` (a run started without a host gets its
-        record here); the seq its next event takes."""
+        record here); the seq its next event takes and the calls already started. With
+        ``address``, the attempt's push address is recorded with the claim."""
 
         def write(conn: sqlite3.Connection) -> Claim:
             conn.execute(
@@ -470,9 +498,52 @@ class RunStore:
                 "UPDATE runs SET attempt = ? WHERE run_id = ? AND attempt < ?",
                 (attempt, run_id, attempt),
             ).rowcount
-            return Claim(owned=claimed == 1, next_seq=_last_seq(conn, run_id) + 1)
+            if claimed == 1 and address is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO places VALUES (?, ?, ?)", (run_id, attempt, address)
+                )
+            started = tuple(
+                str(row[0])
+                for row in conn.execute(
+                    "SELECT call_id FROM calls WHERE run_id = ? ORDER BY rowid", (run_id,)
+                )
+            )
+            return Claim(owned=claimed == 1, next_seq=_last_seq(conn, run_id) + 1, started=started)
 
         return await self._call(lambda conn: self._write(conn, write))
+
+    async def record_call(self, root_id: str, attempt: int, call_id: str) -> bool:
+        """Record that a tool call of the run's tree starts (before its tool runs);
+        False, with nothing written, when ``attempt`` no longer owns the run (fenced)."""
+
+        def write(conn: sqlite3.Connection) -> bool:
+            # The claim check and the insert in one transaction: a fenced attempt's call
+            # is never recorded, so it never looks started to the attempt that owns the run.
+            row = conn.execute("SELECT attempt FROM runs WHERE run_id = ?", (root_id,)).fetchone()
+            if row is None or int(row[0]) != attempt:
+                return False
+            conn.execute(
+                "INSERT OR IGNORE INTO calls VALUES (?, ?, ?)", (root_id, call_id, attempt)
+            )
+            return True
+
+        return await self._call(lambda conn: self._write(conn, write))
+
+    async def place_of(self, run_id: str) -> str | None:
+        """The push address of the attempt that owns the root run ``run_id`` now (None:
+        no attempt has claimed it, or the owning attempt recorded none)."""
+
+        def read(conn: sqlite3.Connection) -> str | None:
+            # Only the owner's address: one of a fenced attempt would take ops it cannot
+            # apply (its worker may be frozen, so the push would wait for its bound).
+            row = conn.execute(
+                "SELECT p.address FROM places p JOIN runs r ON r.run_id = p.run_id"
+                " WHERE p.run_id = ? AND p.attempt = r.attempt",
+                (run_id,),
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._call(read)
 
     async def write_events(
         self,

@@ -292,9 +292,17 @@ class _Activities:
     ) -> asyncio.Future[RunOutcome]:
         loop = asyncio.get_running_loop()
 
+        store = self._store
+
         async def barrier(call_id: str, last_seq: int) -> None:
-            # Recorded in the workflow's history before the tool runs: a later attempt
-            # never runs this call again (unless its tool is idempotent).
+            # Recorded durably before the tool runs: a later attempt never runs this call
+            # again (unless its tool is idempotent). In the shared store when there is
+            # one (fenced like the attempt's events: one transaction, no workflow task);
+            # else in the workflow's history.
+            if store is not None:
+                if not await store.record_call(request.run_id, number, call_id):
+                    raise AttemptFenced(f"a later attempt of run {request.run_id} took it over")
+                return
             await _in_loop(
                 loop,
                 workflow.execute_update(UPDATE_CALL_STARTED, CallStarted(call_id, last_seq)),
@@ -311,7 +319,8 @@ class _Activities:
                 started_calls=catchup.started_calls,
                 next_seq=catchup.next_seq,
                 decided=catchup.ops,
-                store=self._store,
+                store=store,
+                address=self._trio.address or None,
             )
 
         return self._trio.spawn(body)
