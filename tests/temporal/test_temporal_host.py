@@ -312,6 +312,7 @@ async def test_a_frozen_worker_is_fenced_once_another_took_its_run_over(
                 info = await host.wait_terminal("alice", run_id)
                 async with host.events("alice", run_id) as events:
                     before = [event async for event in events]
+                stored = await _stored(group.db, "alice", "s5")
             finally:
                 os.kill(pid, signal.SIGCONT)
             # Thawed, the old attempt finds its heartbeats refused and its run taken over:
@@ -325,6 +326,9 @@ async def test_a_frozen_worker_is_fenced_once_another_took_its_run_over(
     assert info.status == ta.RunStatus.COMPLETED, group.logs()
     assert (after.status, after.seq) == (info.status, info.seq)
     assert [e.event for e in again] == [e.event for e in before]
+    # Nor does its repair reach the session (a cancelled result for a call the run that
+    # took over had already answered would break the conversation).
+    assert await _stored(group.db, "alice", "s5") == stored
 
 
 async def test_a_run_goes_on_across_a_restart_of_the_temporal_server(tmp_path: Path) -> None:
