@@ -16,7 +16,7 @@ import trio
 import trio_agents as ta
 from tests.support.http_support import client, messages, serving, start
 from tests.support.provider_wires import WIRES
-from tests.support.sse_server import SSEServer
+from tests.support.sse_server import Reply, SSEServer
 from trio_agents.faces import HttpLimits
 from trio_agents.models import OpenAIChatModel
 
@@ -227,3 +227,51 @@ async def test_a_client_that_leaves_cancels_the_replay(wire: SSEServer) -> None:
         again = await alice.post(f"/runs/{run_id}/replay", json=body)
         assert again.status_code == 200, again.text
         assert again.json()["response"]["text"] == "Fine."
+
+
+async def test_a_replay_ends_when_the_server_shuts_down(wire: SSEServer) -> None:
+    wire.add(CHAT.text("It is ", "sunny."))
+    async with (
+        serving(_agents(wire), run_options={"record_requests": True}) as served,
+        client(served.base) as alice,
+    ):
+        run_id, events = await _recorded_run(alice)
+        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        wire.add(CHAT.held("Thinking"))
+        answers: list[httpx.Response] = []
+
+        async def replay() -> None:
+            body = {"seq": recorded["seq"], "agent": "weather"}
+            answers.append(await alice.post(f"/runs/{run_id}/replay", json=body))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(replay)
+            await wire.wait_for_requests(2)
+            served.app.shutdown()
+        (answer,) = answers
+        assert answer.status_code == 503
+        assert answer.json()["error"] == {
+            "code": "internal",
+            "message": "the server is shutting down",
+        }
+        with trio.fail_after(30):  # a bound only, so that a regression fails
+            await wire.connections[-1].closed.wait()
+
+
+async def test_a_model_that_fails_is_a_bad_gateway(wire: SSEServer) -> None:
+    wire.add(CHAT.text("It is ", "sunny."))
+    async with (
+        serving(_agents(wire), run_options={"record_requests": True}) as served,
+        client(served.base) as alice,
+    ):
+        run_id, events = await _recorded_run(alice)
+        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        wire.add(Reply.json(400, CHAT.error_body("that model is gone")))
+        answer = await alice.post(
+            f"/runs/{run_id}/replay", json={"seq": recorded["seq"], "agent": "weather"}
+        )
+        assert answer.status_code == 502
+        error = answer.json()["error"]
+        assert error["code"] == "internal"
+        assert error["message"].startswith("the model failed: ")
+        assert "that model is gone" in error["message"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,10 +45,20 @@ if not chromium_available():
 
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.faces.test_ui import shot
-
+IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 TIMEOUT_MS = 15_000
 expect.set_options(timeout=TIMEOUT_MS)
+
+
+def shot(page: Page, name: str) -> None:
+    """Screenshot this state into docs/images/ in CI and under ``make screenshots``
+    (``UPDATE_SCREENSHOTS=1``), as test_ui.py's pictures are; a plain run takes the
+    picture too (it must not fail) but leaves the tree clean."""
+    if os.environ.get("CI") or os.environ.get("UPDATE_SCREENSHOTS"):
+        IMAGES.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(IMAGES / name))
+    else:
+        page.screenshot()
 
 
 def _saw(request: ModelRequest) -> str:

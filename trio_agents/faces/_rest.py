@@ -259,7 +259,7 @@ class _Rest:
         call any host. The request is the one the run recorded, never one from the
         body. While the model answers, the replay holds one of the principal's
         ``max_streams_per_principal`` (like an event stream, it is a request that
-        lasts) and is cancelled when the client leaves."""
+        lasts) and is cancelled when the client leaves or the server shuts down."""
         principal = principal_of(request)
         run_id = _path_id(request, "run_id")
         seq, name = _replay_body(await self._body(request))
@@ -270,7 +270,7 @@ class _Rest:
         try:
             recorded = await self._recorded_request(principal, run_id, seq)
             response = await _unless_disconnected(
-                request.receive, lambda: replay(recorded, model=agent.model)
+                self.face, request.receive, lambda: replay(recorded, model=agent.model)
             )
         finally:
             uncount()
@@ -445,16 +445,23 @@ def _replay_body(body: Any) -> tuple[int, str]:
 
 
 async def _unless_disconnected(
-    receive: Receive, replayed: Callable[[], Awaitable[ModelResponse]]
+    face: Face, receive: Receive, replayed: Callable[[], Awaitable[ModelResponse]]
 ) -> ModelResponse | None:
-    """``replayed()``, cancelled if the client leaves meanwhile (None then). The body is
-    read already, so the next ASGI message is ``http.disconnect``."""
+    """``replayed()``, cancelled if the client leaves meanwhile (None then) or the server
+    begins to shut down (503, as a new event stream is refused then: a model that takes
+    its time must not hold the shutdown). The body is read already, so the next ASGI
+    message is ``http.disconnect``."""
     result: list[ModelResponse] = []
     failed: list[HttpError] = []
 
     async def watch(scope: trio.CancelScope) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        scope.cancel()
+
+    async def closing(scope: trio.CancelScope) -> None:
+        await face.wait_closing()
+        failed.append(HttpError("internal", "the server is shutting down", status=503))
         scope.cancel()
 
     async def run(scope: trio.CancelScope) -> None:
@@ -470,6 +477,7 @@ async def _unless_disconnected(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch, nursery.cancel_scope)
+        nursery.start_soon(closing, nursery.cancel_scope)
         nursery.start_soon(run, nursery.cancel_scope)
     if failed:
         raise failed[0]
