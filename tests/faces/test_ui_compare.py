@@ -26,6 +26,7 @@ from tests.support.ui_support import (
     ALICE,
     CHROMIUM,
     CHROMIUM_ARGS,
+    Call,
     GatedModel,
     Gates,
     UiServer,
@@ -70,6 +71,17 @@ def _saw(request: ModelRequest) -> str:
 def _agents(gates: Gates) -> dict[str, Agent]:
     return {
         "echo": Agent(name="echo", instructions="Echo.", model=GatedModel([[_saw]], gates)),
+        # A tree: a root whose sub-agent's model call is replayed from the timeline.
+        "boss": Agent(
+            name="boss",
+            model=GatedModel([[Call("helper", {"input": "dig"})], ["done"]], gates),
+            tools=[
+                Agent(
+                    name="helper",
+                    model=ScriptedModel([], default=Turn("helped", usage=Usage(3, 1))),
+                ).as_tool(name="helper")
+            ],
+        ),
         # What a replay may be sent to instead: another served agent's model.
         "critic": Agent(
             name="critic",
@@ -206,7 +218,8 @@ def test_replay_a_recorded_model_call_on_a_chosen_agents_model(
     expect(original.locator(".call-text")).to_have_text("saw: hello there")
     expect(original.locator(".call-usage")).to_have_text("15 tokens")
     # Another served agent's model: its answer beside the original.
-    expect(call.locator(".call-agent option")).to_have_text(["critic", "echo"])
+    expect(call.locator(".call-agent option")).to_have_text(["boss", "critic", "echo"])
+    expect(call.locator(".call-agent")).to_have_value("echo")  # the run's own, first
     call.locator(".call-agent").select_option("critic")
     call.get_by_role("button", name="Replay").click()
     replayed = call.locator(".call-replay-answer")
@@ -222,3 +235,40 @@ def test_replay_a_recorded_model_call_on_a_chosen_agents_model(
     expect(replayed.locator(".call-text")).to_have_text("saw: hello there")
     page.click(".run-head .calls-toggle")
     expect(page.locator(".model-calls")).to_have_count(0)
+
+
+def test_the_timeline_opens_the_replay_of_a_model_call(page: Page, server: UiServer) -> None:
+    run_id = server.start(ALICE, "echo", "from the timeline")
+    _sign_in(page, server)
+    _open(page, server, run_id)
+    page.click(".run-head .timeline-toggle")
+    model_row = page.locator('.tl-row[data-kind="model"]')
+    expect(model_row).to_have_count(1)
+    model_row.get_by_role("button", name="replay…").click()
+    call = page.locator(".model-calls .call-row.picked")
+    expect(call).to_have_count(1)
+    expect(call).to_have_attribute("data-turn", "1")
+    call.locator(".call-agent").select_option("critic")
+    call.get_by_role("button", name="Replay").click()
+    expect(call.locator(".call-replay-answer .call-text")).to_have_text("A second opinion.")
+    # The timeline stays open beside it.
+    expect(page.locator(".timeline")).to_have_count(1)
+
+
+def test_the_timeline_replays_a_sub_agents_model_call(page: Page, server: UiServer) -> None:
+    run_id = server.start(ALICE, "boss", "delegate")
+    _sign_in(page, server)
+    _open(page, server, run_id)
+    child = server.get(ALICE, run_id)["children"][0]
+    page.click(".run-head .timeline-toggle")
+    child_call = page.locator('.tl-row[data-kind="model"][data-name="ScriptedModel"]')
+    expect(child_call).to_have_count(1)
+    child_call.get_by_role("button", name="replay…").click()
+    panel = page.locator(".model-calls")
+    # The sub-agent's own recorded call, replayed on its run.
+    expect(panel.locator(".calls-run")).to_have_text(child)
+    call = panel.locator(".call-row.picked")
+    expect(call.locator(".call-original .call-text")).to_have_text("helped")
+    call.locator(".call-agent").select_option("critic")
+    call.get_by_role("button", name="Replay").click()
+    expect(call.locator(".call-replay-answer .call-text")).to_have_text("A second opinion.")

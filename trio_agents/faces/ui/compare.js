@@ -6,7 +6,8 @@
 // GET /runs/{id} and GET /runs/{id}/events (a run's conversation: its run.item events,
 // and with record_requests its model.request events), GET /agents (the models a replay
 // may use: the served agents', by name), and POST /runs/{id}/replay. The token comes from
-// this tab's sessionStorage and travels in the Authorization header only.
+// this tab's sessionStorage and travels in the Authorization header only. The timeline's
+// "replay…" button on a model call (timeline.js) opens the Model calls panel at it.
 "use strict";
 
 (() => {
@@ -241,13 +242,13 @@
 
   async function openCalls(runId, panel, signal) {
     panel.replaceChildren(el("p", "muted", "Reading the run's model calls…"));
-    const [{ events: evs }, agents] = await Promise.all([
+    const [{ info, events: evs }, agents] = await Promise.all([
       events(runId, signal),
       api("GET", "/agents", undefined, signal).then((d) => d.agents || []),
     ]);
     const requests = evs.filter((e) => e.type === "model.request");
     const head = el("div", "calls-head");
-    head.append(el("strong", null, "Model calls"), el("span", "muted", requests.length + " recorded"));
+    head.append(el("strong", null, "Model calls"), el("span", "mono muted calls-run", runId), el("span", "muted", requests.length + " recorded"));
     if (!requests.length) {
       panel.replaceChildren(head, el("p", "muted calls-none", "No recorded model call: a run records its requests with the run option record_requests=True."));
       return;
@@ -256,6 +257,7 @@
     for (const request of requests) {
       const row = el("div", "call-row");
       row.dataset.seq = String(request.seq);
+      row.dataset.turn = String(request.turn);
       const line = el("div", "call-line");
       line.append(
         el("span", "call-turn", "turn " + request.turn),
@@ -266,7 +268,8 @@
       answers.append(original(evs, request));
       if (request.request) {
         const agent = el("select", "call-agent");
-        for (const a of agents) agent.append(new Option(a.name, a.name));
+        // The run's own agent first chosen (does its answer reproduce?), when served.
+        for (const a of agents) agent.append(new Option(a.name, a.name, false, a.name === info.agent));
         const go = el("button", "secondary call-replay", "Replay");
         go.type = "button";
         go.title = "Send this request again to the chosen agent's model";
@@ -307,11 +310,28 @@
     const panel = el("section", "card " + (kind === "compare" ? "compare" : "model-calls"));
     head.after(panel);
     const abort = new AbortController();
-    shown = { kind, runId, panel, abort };
+    shown = { kind, runId, panel, abort, ready: null };
     const opened = kind === "compare" ? openCompare : openCalls;
-    opened(runId, panel, abort.signal).catch((err) => {
+    shown.ready = opened(runId, panel, abort.signal).catch((err) => {
       if (!abort.signal.aborted) panel.replaceChildren(el("p", "error", err.message));
     });
+  }
+
+  // The timeline's "replay…" on a model call (timeline.js): the Model calls panel, at
+  // that call's row (marked, scrolled to).
+  async function replayFromTimeline(event) {
+    const { runId, turn } = event.detail || {};
+    const head = document.querySelector("#run-view .run-head");
+    if (!head || !runId) return;
+    if (!shown || shown.kind !== "calls" || shown.runId !== runId) open("calls", runId, head);
+    const me = shown;
+    await me.ready;
+    if (shown !== me) return;
+    for (const row of me.panel.querySelectorAll(".call-row")) {
+      const mine = row.dataset.turn === String(turn);
+      row.classList.toggle("picked", mine);
+      if (mine) row.scrollIntoView({ block: "nearest" });
+    }
   }
 
   function toggle(kind, label, runId, head) {
@@ -338,6 +358,7 @@
     const view = document.getElementById("run-view");
     if (!view) return;
     new MutationObserver(attach).observe(view, { childList: true });
+    document.addEventListener("trio-agents:replay", replayFromTimeline);
     attach();
   });
 })();
