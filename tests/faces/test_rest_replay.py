@@ -275,3 +275,25 @@ async def test_a_model_that_fails_is_a_bad_gateway(wire: SSEServer) -> None:
         assert error["code"] == "internal"
         assert error["message"].startswith("the model failed: ")
         assert "that model is gone" in error["message"]
+
+
+async def test_a_request_past_the_runs_retention_is_refused(wire: SSEServer) -> None:
+    wire.add(CHAT.text("It is ", "sunny."))
+    # The log keeps the run's last 2 events only: its model.request is long gone.
+    options = {"record_requests": True, "event_retention": 2}
+    async with serving(_agents(wire), run_options=options) as served, client(served.base) as alice:
+        run_id, events = await _recorded_run(alice)
+        assert events[0]["type"] == "events.dropped"
+        assert not [e for e in events if e["type"] == "model.request"]
+        first_kept = events[1]["seq"]
+        assert first_kept > 3
+        for seq in range(1, first_kept):
+            answer = await alice.post(
+                f"/runs/{run_id}/replay", json={"seq": seq, "agent": "weather"}
+            )
+            assert answer.status_code == 400
+            assert answer.json()["error"] == {
+                "code": "invalid_request",
+                "message": f"event {seq} of run {run_id} is no longer retained",
+            }
+        assert len(wire.requests) == 1
