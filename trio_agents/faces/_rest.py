@@ -22,6 +22,12 @@ merged order is fixed once it happened, so a re-attach replays the tree and resu
 right after that event; if that event is no longer retained, the stream starts with
 ``events.dropped`` (``first_missing_seq`` and ``count`` null: what is missing spans
 several runs) and goes on with the oldest event retained after it.
+
+``POST /runs/{id}/replay`` (DESIGN §23) sends a run's recorded ``model.request`` again,
+to the model of a served agent named in the body — never a model string or a URL from
+the client — and answers the response. It is the one route that waits on a model: it
+is held against the principal's ``max_streams_per_principal`` and cancelled when the
+client leaves or the server begins to shut down.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from starlette.types import Receive
 
 from .._exceptions import ModelError
 from .._model import model_name
-from .._replay import ModelResponse, replay
+from .._replay import ModelResponse
+from .._replay import replay as replay_request
 from ..hosting import HostedEvent, HostError, Origin, StartRequest, run_timeline
 from ..hosting._error_codes import ProtocolError
 from ..hosting._requests import UNSTORABLE as _UNSTORABLE
@@ -270,7 +277,7 @@ class _Rest:
         try:
             recorded = await self._recorded_request(principal, run_id, seq)
             response = await _unless_disconnected(
-                self.face, request.receive, lambda: replay(recorded, model=agent.model)
+                self.face, request.receive, lambda: replay_request(recorded, model=agent.model)
             )
         finally:
             uncount()
