@@ -39,7 +39,7 @@ postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, 
 	@.ci/postgres.sh
 
 screenshots: $(STAMP) chromium  ## docs/images/ from the web UI's browser tests (CI writes them too)
-	UPDATE_SCREENSHOTS=1 $(BIN)/python -m pytest tests/faces/test_ui.py tests/faces/test_ui_timeline.py -q
+	UPDATE_SCREENSHOTS=1 $(BIN)/python -m pytest tests/faces/test_ui.py tests/faces/test_ui_timeline.py tests/faces/test_ui_compare.py -q
 
 inspector:  ## the MCP Inspector (npm) for the MCP face's interop tests, into node_modules/, only if missing
 	@.ci/inspector.sh

@@ -37,6 +37,7 @@ ROUTES: list[tuple[str, str]] = [
     ("POST", "/runs/{id}/reject"),
     ("GET", "/runs/{id}/events"),
     ("GET", "/runs/{id}/timeline"),
+    ("POST", "/runs/{id}/replay"),
     ("POST", "/sessions/s1/cancel"),
     ("POST", "/sessions/s1/fork"),
 ]
@@ -47,6 +48,7 @@ BODIES: dict[str, Any] = {
     "/runs/{id}/approve": {"call_id": "c1"},
     "/runs/{id}/reject": {"call_id": "c1"},
     "/sessions/s1/fork": {"new_session_id": "mine"},
+    "/runs/{id}/replay": {"seq": 1, "agent": "blocker"},
 }
 METHODS = ["GET", "POST", "DELETE"]
 

@@ -36,7 +36,8 @@ class HttpLimits:
             with ``Last-Event-ID``.
         keepalive_interval: seconds of silence after which an event stream sends a
             comment line, so proxies and clients see the connection alive.
-        max_streams_per_principal: open event streams one principal may hold; one
+        max_streams_per_principal: open event streams one principal may hold, with
+            the replays (``POST /runs/{id}/replay``) it has waiting for a model; one
             more answers 429 (``limit_exceeded``).
         max_tree_resume_events: a tree stream re-attached by ``Last-Event-ID`` looks
             this many replayed events ahead for the one named before giving up (and

@@ -22,18 +22,30 @@ merged order is fixed once it happened, so a re-attach replays the tree and resu
 right after that event; if that event is no longer retained, the stream starts with
 ``events.dropped`` (``first_missing_seq`` and ``count`` null: what is missing spans
 several runs) and goes on with the oldest event retained after it.
+
+``POST /runs/{id}/replay`` (DESIGN §23) sends a run's recorded ``model.request`` again,
+to the model of a served agent named in the body — never a model string or a URL from
+the client — and answers the response. It is the one route that waits on a model: it
+is held against the principal's ``max_streams_per_principal`` and cancelled when the
+client leaves or the server begins to shut down.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final, final
 
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive
 
+from .._exceptions import ModelError
+from .._model import model_name
+from .._replay import ModelResponse
+from .._replay import replay as replay_request
 from ..hosting import HostedEvent, HostError, Origin, StartRequest, run_timeline
 from ..hosting._error_codes import ProtocolError
 from ..hosting._requests import UNSTORABLE as _UNSTORABLE
@@ -244,6 +256,71 @@ class _Rest:
         )
         return _answer({"session_id": fork.new_session_id, "items": items}, 201)
 
+    async def replay(self, request: Request) -> Response:
+        """``POST /runs/{id}/replay`` (DESIGN §23): ``{"seq", "agent"}`` — the run's
+        recorded ``model.request`` event at ``seq`` sent again to the model of the
+        served agent named ``agent``; answers the response (``ta.replay``).
+
+        The model is only ever a served agent's, chosen by name: a client never names
+        a model string or a URL, which would let anyone holding a token make the server
+        call any host. The request is the one the run recorded, never one from the
+        body. While the model answers, the replay holds one of the principal's
+        ``max_streams_per_principal`` (like an event stream, it is a request that
+        lasts) and is cancelled when the client leaves or the server shuts down."""
+        principal = principal_of(request)
+        run_id = _path_id(request, "run_id")
+        seq, name = _replay_body(await self._body(request))
+        agent = self.host.agents.get(name)
+        if agent is None:
+            raise HttpError("not_found", f"no agent named {name[:64]!r} is served")
+        uncount = self.face.open_stream(principal)
+        try:
+            recorded = await self._recorded_request(principal, run_id, seq)
+            response = await _unless_disconnected(
+                self.face, request.receive, lambda: replay_request(recorded, model=agent.model)
+            )
+        finally:
+            uncount()
+        if response is None:  # the client left: nobody reads this answer
+            return Response(status_code=499)
+        return _answer(
+            {
+                "run_id": run_id,
+                "seq": seq,
+                "turn": recorded.get("turn"),
+                "recorded_model": recorded.get("model"),
+                "agent": name,
+                "model": model_name(agent.model),
+                "response": response.to_json(),
+            }
+        )
+
+    async def _recorded_request(self, principal: str, run_id: str, seq: int) -> dict[str, Any]:
+        """The run's ``model.request`` event at ``seq``, with its request recorded."""
+        info = await self.host.get(principal, run_id)  # not_found for another principal's
+        if seq > info.seq:
+            raise HttpError(
+                "invalid_request", f"run {run_id} has no event {seq} (its latest is {info.seq})"
+            )
+        async with self.host.events(principal, run_id, from_seq=seq) as events:
+            hosted = await anext(aiter(events), None)
+        if hosted is None or hosted.seq != seq or hosted.event.get("type") == "events.dropped":
+            raise HttpError("invalid_request", f"event {seq} of run {run_id} is no longer retained")
+        event = dict(hosted.event)
+        if event.get("type") != "model.request":
+            raise HttpError(
+                "invalid_request",
+                f"event {seq} of run {run_id} is a {str(event.get('type'))[:64]!r} event, not a"
+                " model.request (recorded with the run option record_requests=True)",
+            )
+        if event.get("request") is None:
+            raise HttpError(
+                "invalid_request",
+                f"the request of event {seq} of run {run_id} was not recorded"
+                f" ({event.get('omitted')}; {event.get('size')} bytes)",
+            )
+        return event
+
     async def events(self, request: Request) -> Response:
         principal = principal_of(request)
         run_id = _path_id(request, "run_id")
@@ -353,6 +430,67 @@ def _path_id(request: Request, name: str) -> str:
     return value
 
 
+def _replay_body(body: Any) -> tuple[int, str]:
+    """``POST /runs/{id}/replay``'s body: ``{"seq": <int >= 1>, "agent": <name>}``."""
+    if not isinstance(body, dict):
+        raise HttpError("invalid_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - {"seq", "agent"})
+    if unknown:
+        shown = ", ".join(repr(name[:64]) for name in unknown[:5])
+        raise HttpError("invalid_request", f"unknown field(s) for this route: {shown}")
+    seq, agent = body.get("seq"), body.get("agent")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq < 2**53:
+        raise HttpError(
+            "invalid_request", "seq must be the seq of a model.request event (an integer >= 1)"
+        )
+    if not isinstance(agent, str) or not 0 < len(agent) <= MAX_NAME_LENGTH:
+        raise HttpError(
+            "invalid_request",
+            f"agent must be the name of a served agent (1 to {MAX_NAME_LENGTH} characters)",
+        )
+    return seq, agent
+
+
+async def _unless_disconnected(
+    face: Face, receive: Receive, replayed: Callable[[], Awaitable[ModelResponse]]
+) -> ModelResponse | None:
+    """``replayed()``, cancelled if the client leaves meanwhile (None then) or the server
+    begins to shut down (503, as a new event stream is refused then: a model that takes
+    its time must not hold the shutdown). The body is read already, so the next ASGI
+    message is ``http.disconnect``."""
+    result: list[ModelResponse] = []
+    failed: list[HttpError] = []
+
+    async def watch(scope: trio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+    async def closing(scope: trio.CancelScope) -> None:
+        await face.wait_closing()
+        failed.append(HttpError("internal", "the server is shutting down", status=503))
+        scope.cancel()
+
+    async def run(scope: trio.CancelScope) -> None:
+        # The refusal is raised past the nursery, not from inside it (which would wrap
+        # it in an exception group the error handler does not answer).
+        try:
+            result.append(await replayed())
+        except ModelError as exc:
+            failed.append(HttpError("internal", f"the model failed: {str(exc)[:500]}", status=502))
+        except ValueError as exc:  # a recorded request ModelRequest.from_json refuses
+            failed.append(HttpError("invalid_request", f"the recorded request: {str(exc)[:500]}"))
+        scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch, nursery.cancel_scope)
+        nursery.start_soon(closing, nursery.cancel_scope)
+        nursery.start_soon(run, nursery.cancel_scope)
+    if failed:
+        raise failed[0]
+    return result[0] if result else None
+
+
 def _seq(text: str, name: str) -> int:
     digits = text.strip()
     # Plain ASCII digits only: int() also reads "1_0", "+3" and non-ASCII digits, which
@@ -457,6 +595,7 @@ def routes(face: Face) -> Routes:
             Route("/runs/{run_id}/reject", rest.reject, methods=["POST"]),
             Route("/runs/{run_id}/events", rest.events, methods=["GET"]),
             Route("/runs/{run_id}/timeline", rest.timeline, methods=["GET"]),
+            Route("/runs/{run_id}/replay", rest.replay, methods=["POST"]),
             Route("/sessions/{session_id}/cancel", rest.cancel_session, methods=["POST"]),
             Route("/sessions/{session_id}/fork", rest.fork_session, methods=["POST"]),
         ]

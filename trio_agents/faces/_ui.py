@@ -6,12 +6,14 @@ when none was given): what its author chose to publish, never its instructions (
 system prompt is not for every token holder).
 
 The page is static files shipped in the package (``faces/ui/``: HTML, CSS, plain
-JavaScript — the run tree's timeline in its own ``timeline.js``; no build step, nothing fetched from another host). They are *public*
-routes — they hold no run and no principal's data — and every call the page makes is an
-ordinary authenticated REST call (``Authorization: Bearer``, from ``fetch``), so the UI
-sees exactly what the REST face lets its principal see and nothing more. The token never
-travels in a URL: the page reads event streams with ``fetch`` rather than
-``EventSource`` (which cannot send headers) and re-attaches with ``Last-Event-ID``.
+JavaScript — the run tree's timeline in its own ``timeline.js``, the comparison of two
+runs and the replay of model calls in ``compare.js``; no build step, nothing fetched
+from another host). They are *public* routes — they hold no run and no principal's
+data — and every call the page makes is an ordinary authenticated REST call
+(``Authorization: Bearer``, from ``fetch``), so the UI sees exactly what the REST face
+lets its principal see and nothing more. The token never travels in a URL: the page
+reads event streams with ``fetch`` rather than ``EventSource`` (which cannot send
+headers) and re-attaches with ``Last-Event-ID``.
 
 The files are read once, when the app is built, and served from memory with headers
 that keep the page to itself: a Content-Security-Policy allowing only this origin
@@ -43,6 +45,9 @@ _FILES: Final = {
     # The run tree's timeline (DESIGN §23): its own script and style beside the page's.
     "timeline.js": "text/javascript; charset=utf-8",
     "timeline.css": "text/css; charset=utf-8",
+    # Two runs' conversations side by side, and the replay of recorded model calls.
+    "compare.js": "text/javascript; charset=utf-8",
+    "compare.css": "text/css; charset=utf-8",
 }
 
 _HEADERS: Final = {

@@ -5,7 +5,8 @@
 // and reads GET /runs/{id}/timeline (the spans the server derives from the tree's event
 // log; nothing is computed here but the drawing). While the tree is live the chart is
 // read again every second; once its root is terminal, every span is closed and the
-// reading stops. Same rules as ui.js: the token from this tab's sessionStorage, sent in
+// reading stops. Each finished model call has a "replay…" button, which opens the Model
+// calls panel of compare.js for its run, at that call. Same rules as ui.js: the token from this tab's sessionStorage, sent in
 // the Authorization header only; nothing fetched from another host.
 "use strict";
 
@@ -125,6 +126,18 @@
       );
       if (span.model && span.kind === "model" && span.model !== span.name) {
         meta.append(el("span", "muted tl-model", span.model));
+      }
+      if (span.kind === "model" && span.end != null) {
+        // compare.js's "Model calls" panel replays a run's recorded calls; this opens it
+        // for the call's run (the root or a sub-agent), at this call (a run that
+        // recorded none says so there).
+        const replay = el("button", "secondary tl-replay", "replay…");
+        replay.type = "button";
+        replay.title = "Replay this model call on a served agent's model";
+        replay.addEventListener("click", () => {
+          document.dispatchEvent(new CustomEvent("trio-agents:replay", { detail: { runId: span.run_id, turn: span.turn } }));
+        });
+        meta.append(replay);
       }
       row.append(label, track, meta);
       chart.append(row);
