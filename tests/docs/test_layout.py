@@ -86,7 +86,9 @@ def imported_test_modules(source: str) -> list[str]:
             modules = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = "." * node.level + (node.module or "")
-            modules = [base] if node.module else [base + alias.name for alias in node.names]
+            # ``from tests.faces import test_ui`` imports a test module by its name.
+            names = [base + ("." if node.module else "") + alias.name for alias in node.names]
+            modules = [base, *names] if node.module else names
         else:
             continue
         found += [m for m in modules if m.rpartition(".")[2].startswith("test_")]
@@ -111,9 +113,11 @@ def test_the_checker_sees_imports_of_test_files() -> None:
         "import tests.cluster.test_cluster_leases\n"
         "from . import test_inject\n"
         "from tests.support.core_runs import make_agent\n"
+        "from tests.faces import test_ui as ui\n"
     )
     assert imported_test_modules(source) == [
         "tests.core.test_run_faults",
         "tests.cluster.test_cluster_leases",
         ".test_inject",
+        "tests.faces.test_ui",
     ]

@@ -1,18 +1,18 @@
 """The web UI's timeline view (DESIGN §23), in a real headless Chromium: a Gantt-like chart
 of a run tree — every run, model call and tool call, with its status, duration, tokens
 and cost — read from ``GET /runs/{id}/timeline`` while the tree is live and once it ends.
-The fixtures and helpers are test_ui.py's (one server and one browser per module)."""
+The fixtures and helpers are tests/support/ui_browser.py's (one server and one browser
+per module)."""
 
 from __future__ import annotations
 
 from playwright.sync_api import Page, expect
 
-from tests.faces import test_ui as ui
+from tests.support.ui_browser import browser, head, page, server, shot, sign_in, watched
 from tests.support.ui_support import ALICE, UiServer
 
-# test_ui.py's fixtures (one server and one browser for this module too) and helpers.
-browser, server, watched, page = ui.browser, ui.server, ui.watched, ui.page
-head, shot, sign_in = ui.head, ui.shot, ui.sign_in
+# The rig's fixtures (one server and one browser for this module too), used by name.
+__all__ = ["browser", "page", "server", "watched"]
 
 
 def _open_timeline(page: Page, server: UiServer, run_id: str) -> None:
