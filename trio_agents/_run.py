@@ -504,18 +504,58 @@ class Run:
         state = self._state
         if self._log.closed:
             return
-        below: list[Mapping[str, str]] = []
+        below: list[Mapping[str, Any]] = []
         for child in self._children or ():
             if child._log.closed:
                 continue
-            # Each with the call's tool name and arguments: whoever approves from an
-            # ancestor (a face showing only the root) sees what it approves.
-            below.extend(
-                {"run_id": child.id, "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
-                for c in child._approvals.pending_calls()
-            )
+            # Each with the call's tool name and arguments (and a question's text):
+            # whoever approves from an ancestor (a face showing only the root) sees
+            # what it approves.
+            for pending_id, approval in child._approvals.pending_entries():
+                call = approval.call
+                entry = {
+                    "run_id": child.id,
+                    "call_id": pending_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                }
+                if approval.question is not None:
+                    entry["question"] = approval.question
+                below.append(entry)
             below.extend(child._state.waiting_below)
         state.waiting_below = tuple(below)
+        state.show_approvals(self._approvals.pending_ids())
+
+    async def _ask(
+        self, call_id: str, message: str, data: Mapping[str, Any] | None
+    ) -> tuple[bool, str | None]:
+        """``ToolContext.request_approval``: a question of the running call
+        ``call_id``, pending (and shown, here and above) until ``approve``/``reject``
+        answers it or the wait is cancelled; the decision. On the run's thread, from
+        any task (an MCP elicitation waits in its connection's task)."""
+        state = self._state
+        open_call = state.open_calls.get(call_id)
+        if open_call is None or self._log.closed:
+            raise RuntimeError(
+                f"run {self.id!r}: call {call_id!r} is not running; only a running call"
+                " can ask for approval"
+            )
+        question_id = self._approvals.ask(open_call.call, message, data)
+        self._questions_changed()
+        try:
+            approval = await self._approvals.wait_answer(question_id)
+        finally:
+            self._approvals.forget(question_id)
+            # A run being cancelled goes to its terminal update from here (as with a
+            # call cancelled while it waits for approval); otherwise (answered, or
+            # the call timed out) the status shows what still waits, if anything.
+            if not self._scope.cancel_called:
+                self._questions_changed()
+        return approval.approved, approval.message
+
+    def _questions_changed(self) -> None:
+        state = self._state
+        state.questions = self._approvals.questions()
         state.show_approvals(self._approvals.pending_ids())
 
     def _limit_exceeded(self, error: UsageLimitExceeded) -> None:

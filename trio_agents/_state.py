@@ -248,6 +248,7 @@ class RunState:
         "options",
         "parking",
         "partial_text",
+        "questions",
         "rejected",
         "run_id",
         "run_span_open",
@@ -350,8 +351,11 @@ class RunState:
         # limits it charges (its own, then each ancestor's: _limits.py), park_after's watch.
         self.child_starter: ChildStarter | None = None
         self.usage_below: Usage | None = None
-        self.waiting_below: tuple[Mapping[str, str], ...] = ()
+        self.waiting_below: tuple[Mapping[str, Any], ...] = ()
         self.on_waiting: Callable[[], None] | None = None
+        # The questions its running calls ask (ToolContext.request_approval), as
+        # detail["questions"] shows them: {"id", "call_id", "name", "message", "data"}.
+        self.questions: tuple[Mapping[str, Any], ...] = ()
         self.budgets: tuple[Budget, ...] = ()
         self.parking: Parking | None = None  # _inbox.Parking; _toolcalls.py runs it
         self.throttled = False  # a `running` update shows a rate limit's wait (§21)
@@ -410,7 +414,8 @@ class RunState:
         """Show the calls waiting for approval in the status: this run's own
         (``pending``) and its descendants' (:attr:`waiting_below`).
 
-        ``awaiting_approval`` while any waits (``detail["pending"]``: its own;
+        ``awaiting_approval`` while any waits (``detail["pending"]``: its own ids, the
+        questions' among them, with what those ask in ``detail["questions"]``;
         ``detail["waiting"]``: those below, when there are any), ``running`` again once
         none does; re-emitted when the set changes. Then the parent is told.
         """
@@ -419,6 +424,8 @@ class RunState:
             return
         if pending or below:
             detail: dict[str, Any] = {"pending": list(pending)}
+            if self.questions:
+                detail["questions"] = [dict(q) for q in self.questions]
             if below:
                 detail["waiting"] = [dict(w) for w in below]
             if self.status is not RunStatus.AWAITING_APPROVAL or (

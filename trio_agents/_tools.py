@@ -39,6 +39,7 @@ from ._frozen import freeze_json
 from ._limits import StreamMeter
 from ._model import Model, ModelEvent, ModelRequest, TextDelta, ToolSpec, Usage
 from ._signatures import FunctionSchema, function_schema
+from ._text_cleaning import clean_text, clean_value
 from ._typeschema import ArgumentConversionError
 from ._validator import loads_json, validate
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from ._state import RunState
 
 __all__ = [
+    "ApprovalDecision",
     "CallOutcome",
     "ChildStarter",
     "Tool",
@@ -140,6 +142,21 @@ class ChildStarter(Protocol):
         """Start a child run in a nursery of the calling tool; hold it while the block
         runs."""
         ...
+
+
+@final
+@attrs.frozen
+class ApprovalDecision:
+    """The answer to :meth:`ToolContext.request_approval`.
+
+    Attributes:
+        approved: True for ``run.approve(id)``, False for ``run.reject(id, ...)``.
+        message: the rejection's ``message`` (None when approved, or rejected
+            without one).
+    """
+
+    approved: bool
+    message: str | None = None
 
 
 @final
@@ -283,6 +300,49 @@ class ToolContext(Generic[ContextT]):
         if self._handle is None:
             raise self._not_made_by_a_run()
         return _RunModel(self._handle)
+
+    async def request_approval(
+        self, message: str, *, data: Mapping[str, Any] | None = None
+    ) -> ApprovalDecision:
+        """Wait, in the middle of the call, for a person to approve or reject
+        something the tool is about to do; return the decision.
+
+        The question is pending in the run making the call as a call waiting for
+        approval is: the run's status is ``awaiting_approval`` with the question's id in
+        ``detail["pending"]`` and what it asks in ``detail["questions"]`` (``{"id",
+        "call_id", "name", "message", "data"}``); an ancestor lists it in
+        ``detail["waiting"]`` (with ``"question"``). ``run.approve(id)`` and
+        ``run.reject(id, message=...)`` answer it, and so every face that answers
+        approvals (docs/tools.md). The wait is the call's: cancelling the run or the
+        call (its ``timeout``) ends it at once (``trio.Cancelled``), and the question
+        is withdrawn (a late answer raises ``UnknownCallError``).
+
+        Args:
+            message: what is asked, for a person to read.
+            data: JSON-serialisable details a face may show (say, a form's schema).
+
+        Raises:
+            RuntimeError: the context was built by hand, not by a run, or its call
+                is not running any more.
+            RunClosedError: the run is terminal.
+            TypeError: ``message`` is not a str, or ``data`` not a JSON mapping.
+        """
+        if not isinstance(message, str):
+            raise TypeError(f"message must be a str, not {type(message).__name__}")
+        if data is not None:
+            if not isinstance(data, Mapping):
+                raise TypeError(f"data must be a mapping or None, not {type(data).__name__}")
+            try:
+                # A copy that is plain JSON: it travels in status updates to every face.
+                data = json.loads(json.dumps(dict(data), allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"data must be JSON-serialisable: {exc}") from None
+        if self._handle is None:
+            raise self._not_made_by_a_run()
+        approved, reason = await self._handle._ask(
+            self.call_id, clean_text(message), None if data is None else clean_value(data)
+        )
+        return ApprovalDecision(approved, reason)
 
     def _starter(self) -> ChildStarter:
         # A run hands its starter to every call it makes: only a context built by hand
