@@ -513,7 +513,7 @@ class Run:
             # what it approves.
             for pending_id, approval in child._approvals.pending_entries():
                 call = approval.call
-                entry = {
+                entry: dict[str, Any] = {
                     "run_id": child.id,
                     "call_id": pending_id,
                     "name": call.name,
