@@ -19,6 +19,7 @@ import trio
 
 from ._exceptions import InboxFullError, RunClosedError, UnknownCallError
 from ._items import Item, ToolCall, conversation_problems
+from ._validator import validate
 
 __all__ = [
     "PARKED",
@@ -190,6 +191,10 @@ class Approval:
     approved: bool = False
     message: str | None = None
     question: Mapping[str, Any] | None = None
+    # A question's: the schema an approval's content must match (None: it takes none),
+    # and the content it was approved with.
+    schema: Mapping[str, Any] | None = None
+    content: Mapping[str, Any] | None = None
 
 
 @final
@@ -248,7 +253,13 @@ class Approvals:
                 if a.question is not None and not a.decided
             )
 
-    def ask(self, call: ToolCall, message: str, data: Mapping[str, Any] | None) -> str:
+    def ask(
+        self,
+        call: ToolCall,
+        message: str,
+        data: Mapping[str, Any] | None,
+        schema: Mapping[str, Any] | None = None,
+    ) -> str:
         """Open a question that the running ``call`` asks; return its id, which
         ``decide`` answers like a call's.
 
@@ -273,7 +284,7 @@ class Approvals:
                 "message": message,
                 "data": data,
             }
-            self._pending[question_id] = Approval(call, question=question)
+            self._pending[question_id] = Approval(call, question=question, schema=schema)
         return question_id
 
     async def wait_answer(self, question_id: str) -> Approval:
@@ -292,12 +303,25 @@ class Approvals:
             if self._pending is not None:
                 self._pending.pop(question_id, None)
 
-    def decide(self, call_id: str, *, approved: bool, message: str | None) -> trio.Event:
+    def decide(
+        self,
+        call_id: str,
+        *,
+        approved: bool,
+        message: str | None,
+        content: Mapping[str, Any] | None = None,
+    ) -> trio.Event:
         """Record a decision; return the event to set on the run's thread.
+
+        ``content`` (plain JSON, from ``approve``) answers a question that asked for it
+        (see :meth:`ask`): checked against its schema here, under the lock, so a
+        refused content leaves the question pending.
 
         Raises:
             RunClosedError: the run is terminal.
             UnknownCallError: no call with this id waits for a decision.
+            ValueError: ``content`` for a tool call, a question that takes none, or
+                content that does not match the question's schema (nothing decided).
         """
         with self._lock:
             if self._closed is not None:
@@ -305,9 +329,20 @@ class Approvals:
             approval = None if self._pending is None else self._pending.get(call_id)
             if approval is None or approval.decided:
                 raise UnknownCallError(call_id)
+            if content is not None:
+                if approval.schema is None:
+                    what = "tool call" if approval.question is None else "question"
+                    raise ValueError(f"the {what} {call_id!r} takes no content")
+                problems = validate(approval.schema, content)
+                if problems:
+                    raise ValueError(
+                        f"content does not match the question {call_id!r}'s schema: "
+                        + "; ".join(problems)
+                    )
             approval.decided = True
             approval.approved = approved
             approval.message = message
+            approval.content = content
         return approval.event
 
     async def wait(self, call_id: str) -> tuple[Approval, bool]:

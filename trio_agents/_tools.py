@@ -82,6 +82,19 @@ class ToolArgumentsError(TrioAgentsError, ValueError):
         super().__init__(f"invalid arguments for tool {tool_name!r}: {'; '.join(self.errors)}")
 
 
+def _json_object(name: str, value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A plain-JSON copy of ``value`` (it travels in status updates to every face)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping or None, not {type(value).__name__}")
+    try:
+        copy: dict[str, Any] = json.loads(json.dumps(dict(value), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be JSON-serialisable: {exc}") from None
+    return copy
+
+
 def _no_progress(message: str, data: Mapping[str, Any]) -> None:
     """The default progress callback: progress goes nowhere."""
 
@@ -153,10 +166,14 @@ class ApprovalDecision:
         approved: True for ``run.approve(id)``, False for ``run.reject(id, ...)``.
         message: the rejection's ``message`` (None when approved, or rejected
             without one).
+        content: the approval's ``content`` (``run.approve(id, content=...)``), a
+            JSON object that matched the question's ``schema``; None when approved
+            without any (and when rejected).
     """
 
     approved: bool
     message: str | None = None
+    content: Mapping[str, Any] | None = None
 
 
 @final
@@ -302,7 +319,11 @@ class ToolContext(Generic[ContextT]):
         return _RunModel(self._handle)
 
     async def request_approval(
-        self, message: str, *, data: Mapping[str, Any] | None = None
+        self,
+        message: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        schema: Mapping[str, Any] | None = None,
     ) -> ApprovalDecision:
         """Wait, in the middle of the call, for a person to approve or reject
         something the tool is about to do; return the decision.
@@ -320,29 +341,29 @@ class ToolContext(Generic[ContextT]):
         Args:
             message: what is asked, for a person to read.
             data: JSON-serialisable details a face may show (say, a form's schema).
+            schema: a JSON schema for an answer with content: ``run.approve(id,
+                content=...)`` is then accepted only with a JSON object matching it
+                (checked as tool arguments are: types, ``required``, ``enum``,
+                ``properties``, ``items``, ``anyOf``) and the decision carries it.
+                None (the default): approving takes no content.
 
         Raises:
             RuntimeError: the context was built by hand, not by a run, or its call
                 is not running any more.
             RunClosedError: the run is terminal.
-            TypeError: ``message`` is not a str, or ``data`` not a JSON mapping.
+            TypeError: ``message`` is not a str, or ``data`` or ``schema`` not a JSON
+                mapping.
         """
         if not isinstance(message, str):
             raise TypeError(f"message must be a str, not {type(message).__name__}")
-        if data is not None:
-            if not isinstance(data, Mapping):
-                raise TypeError(f"data must be a mapping or None, not {type(data).__name__}")
-            try:
-                # A copy that is plain JSON: it travels in status updates to every face.
-                data = json.loads(json.dumps(dict(data), allow_nan=False))
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"data must be JSON-serialisable: {exc}") from None
+        data = _json_object("data", data)
+        schema = _json_object("schema", schema)
         if self._handle is None:
             raise self._not_made_by_a_run()
-        approved, reason = await self._handle._ask(
-            self.call_id, clean_text(message), None if data is None else clean_value(data)
+        answer = await self._handle._ask(
+            self.call_id, clean_text(message), None if data is None else clean_value(data), schema
         )
-        return ApprovalDecision(approved, reason)
+        return ApprovalDecision(answer.approved, answer.message, answer.content)
 
     def _starter(self) -> ChildStarter:
         # A run hands its starter to every call it makes: only a context built by hand

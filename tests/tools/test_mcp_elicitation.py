@@ -224,3 +224,16 @@ async def test_elicitation_with_two_calls_in_flight_is_refused() -> None:
     [answer] = results(result)
     assert answer.output.startswith("elicitation refused: ")
     assert "several runs" in answer.output
+
+
+async def test_approve_with_content_answers_it_checked_against_the_form() -> None:
+    with trio.fail_after(HANG_GUARD):
+        async with MCPServerStdio(sys.executable, [SERVER, "stdio"]) as server:
+            async with asked(server, "thanks") as (run, update):
+                [pending] = update.detail["pending"]
+                with pytest.raises(ValueError, match=r"\$\.count: expected integer"):
+                    run.approve(pending, content={"colour": "red", "count": "many"})
+                run.approve(pending, content={"colour": "red", "agree": True})
+    assert run.result is not None
+    [answer] = results(run.result)
+    assert json.loads(answer.output)["content"] == {"colour": "red", "agree": True}

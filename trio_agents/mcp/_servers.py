@@ -22,8 +22,9 @@ runs in a scope the calling tool call cancels as it ends (cancelled with the run
 Elicitation: a server's ``elicitation/create`` during a tool call becomes a question of
 the run making the call (``ToolContext.request_approval``): the run shows
 ``awaiting_approval`` with the question's id, and ``run.approve(id)`` (from any face)
-answers ``accept`` — a form's content is its schema's defaults, a URL is taken as
-consented to —, ``run.reject(id, message=...)`` answers ``decline`` (the message goes
+answers ``accept`` — a form's content is its schema's defaults, or what
+``run.approve(id, content=...)`` gives (checked against the form's schema); a URL is
+taken as consented to —, ``run.reject(id, message=...)`` answers ``decline`` (the message goes
 in the result's ``_meta``). The wait is in a scope the calling tool call cancels as it
 ends, as sampling's is: a run cancelled, a call timed out or a server gone ends it at
 once, and ``cancel`` is answered (if the server still listens). Which call asked is known
@@ -355,11 +356,16 @@ class _Server:
             return _error(mcp_types.INVALID_REQUEST, found)
         ctx, scopes = found
         data = _question_data(self.name, params)
+        schema = (
+            params.requested_schema
+            if isinstance(params, mcp_types.ElicitRequestFormParams)
+            else None
+        )
         done = trio.Event()
         with trio.CancelScope() as scope:
             scopes[scope] = done
             try:
-                decision = await ctx.request_approval(params.message, data=data)
+                decision = await ctx.request_approval(params.message, data=data, schema=schema)
             except Exception as exc:  # the call or the run ended as it was asked
                 return _error(mcp_types.INVALID_REQUEST, f"elicitation refused: {summarize(exc)}")
             finally:
@@ -371,10 +377,13 @@ class _Server:
                 )
                 meta = None if decision.message is None else {_REASON_META: decision.message}
                 return mcp_types.ElicitResult(action="decline", _meta=meta)
-            if isinstance(params, mcp_types.ElicitRequestFormParams):
-                content = _defaults(params.requested_schema)
-                return mcp_types.ElicitResult(action="accept", content=content)
-            return mcp_types.ElicitResult(action="accept")
+            if schema is None:
+                return mcp_types.ElicitResult(action="accept")
+            content = decision.content if decision.content is not None else _defaults(schema)
+            try:
+                return mcp_types.ElicitResult(action="accept", content=dict(content))
+            except ValueError as exc:  # a value no elicitation content may hold
+                return _error(mcp_types.INVALID_PARAMS, f"elicitation content: {summarize(exc)}")
         # Only the calling tool call's end cancels this scope (the run cancelled, the
         # call timed out, the server gone): the person never answered.
         return mcp_types.ElicitResult(action="cancel")
