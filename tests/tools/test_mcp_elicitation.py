@@ -10,13 +10,14 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.http_support import client, messages, serving, start
 from tests.support.mcp_client import HANG_GUARD, SERVER, TRANSPORTS, call_text, open_server
 from tests.support.mcp_server import ELICIT_SCHEMA
 from trio_agents.mcp import MCPServerStdio
@@ -237,3 +238,43 @@ async def test_approve_with_content_answers_it_checked_against_the_form() -> Non
     assert run.result is not None
     [answer] = results(run.result)
     assert json.loads(answer.output)["content"] == {"colour": "red", "agree": True}
+
+
+# A client leaving an SSE stream mid-way abandons httpx's nested body generators, which
+# the garbage collector finalizes, and Trio warns (CONVENTIONS, "httpx aiter_lines()"):
+# exactly those warnings, as in tests/faces/test_http_rest.py.
+@pytest.mark.filterwarnings(
+    r"ignore:Async generator 'http(core|x)\._[^']*' was garbage collected:ResourceWarning"
+)
+async def test_the_question_is_answered_through_the_rest_face() -> None:
+    """Answerable from every face that answers approvals: here the REST face's
+    ``/approve``, on a served host, as a client sees it."""
+    with trio.fail_after(HANG_GUARD):
+        async with MCPServerStdio(sys.executable, [SERVER, "stdio"]) as server:
+            agents = {"asker": asking(await server.list_tools(), "thanks")}
+            async with serving(agents) as served, client(served.base) as alice:
+                run_id = await start(alice, "asker")
+                statuses = f"/runs/{run_id}/events?events=status"
+                async with (
+                    alice.stream("GET", statuses) as stream,
+                    aclosing(messages(stream)) as got,
+                ):
+                    async for message in got:
+                        if message.data["event"]["status"] == "awaiting_approval":
+                            detail = message.data["event"]["detail"]
+                            break
+                [question] = detail["questions"]
+                assert detail["pending"] == [question["id"]]
+                assert question["message"] == "Your colour?"
+                assert question["data"]["requested_schema"] == ELICIT_SCHEMA
+                record = (await alice.get(f"/runs/{run_id}")).json()["run"]
+                assert record["detail"] == detail
+                answer = await alice.post(
+                    f"/runs/{run_id}/approve", json={"call_id": question["id"]}
+                )
+                assert answer.status_code == 200, answer.text
+                async with alice.stream("GET", f"/runs/{run_id}/events") as stream:
+                    events = [m.data["event"] async for m in messages(stream)]
+    assert events[-1]["status"] == "completed"
+    [finished] = [e for e in events if e["type"] == "tool.finished"]
+    assert json.loads(finished["output"])["action"] == "accept"
