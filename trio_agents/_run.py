@@ -544,7 +544,7 @@ class Run:
                 below.append(entry)
             below.extend(child._state.waiting_below)
         state.waiting_below = tuple(below)
-        state.show_approvals(self._approvals.pending_ids())
+        state.show_approvals(self._approvals.pending_ids(), self._approvals.questions())
 
     async def _ask(
         self,
@@ -578,9 +578,7 @@ class Run:
         return approval
 
     def _questions_changed(self) -> None:
-        state = self._state
-        state.questions = self._approvals.questions()
-        state.show_approvals(self._approvals.pending_ids())
+        self._state.show_approvals(self._approvals.pending_ids(), self._approvals.questions())
 
     def _limit_exceeded(self, error: UsageLimitExceeded) -> None:
         """One of this run's limits was passed (by it or a descendant, on the run's

@@ -92,9 +92,7 @@ async def test_reject_and_approve_without_content(autojump_clock: Any) -> None:
     async with ta.open_run(deployer("done"), "go") as run:
         await trio.sleep(1)
         run.approve("call_1_0:ask-1")
-    assert outputs(run.result) == [
-        "ApprovalDecision(approved=True, message=None, content=None)"
-    ]
+    assert outputs(run.result) == ["ApprovalDecision(approved=True, message=None, content=None)"]
 
 
 async def test_content_is_checked_and_a_refused_one_leaves_the_question(

@@ -78,7 +78,7 @@ async def test_its_elicitation_is_a_question_of_the_run() -> None:
             tools = await server.list_tools()
             # It offers the tool only to a client that declared the capability: we did.
             assert "trigger-elicitation-request" in {tool.name for tool in tools}
-            script = [Turn(tool_calls=[("trigger-elicitation-request", {})])]
+            script: list[Turn | str] = [Turn(tool_calls=[("trigger-elicitation-request", {})])]
             agent = ta.Agent(name="a", model=ScriptedModel([*script, "thanks"]), tools=tools)
             async with ta.open_run(agent, "go") as run:
                 update = await _asked(run)
@@ -108,7 +108,10 @@ async def test_its_elicitation_approved_without_content_sends_the_forms_defaults
     with trio.fail_after(HANG_GUARD):
         async with everything() as server:
             tools = await server.list_tools()
-            script = [Turn(tool_calls=[("trigger-elicitation-request", {})]), "ok"]
+            script: list[Turn | str] = [
+                Turn(tool_calls=[("trigger-elicitation-request", {})]),
+                "ok",
+            ]
             agent = ta.Agent(name="a", model=ScriptedModel(script), tools=tools)
             async with ta.open_run(agent, "go") as run:
                 update = await _asked(run)

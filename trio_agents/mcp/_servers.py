@@ -372,9 +372,7 @@ class _Server:
                 del scopes[scope]
                 done.set()
             if not decision.approved:
-                logger.info(
-                    "MCP server %r: elicitation declined: %s", self.name, decision.message
-                )
+                logger.info("MCP server %r: elicitation declined: %s", self.name, decision.message)
                 meta = None if decision.message is None else {_REASON_META: decision.message}
                 return mcp_types.ElicitResult(action="decline", _meta=meta)
             if schema is None:
