@@ -41,7 +41,7 @@ postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, 
 screenshots: $(STAMP) chromium  ## docs/images/ from the web UI's browser tests (CI writes them too)
 	UPDATE_SCREENSHOTS=1 $(BIN)/python -m pytest tests/faces/test_ui.py tests/faces/test_ui_timeline.py tests/faces/test_ui_compare.py -q
 
-inspector:  ## the MCP Inspector (npm) for the MCP face's interop tests, into node_modules/, only if missing
+inspector:  ## the MCP Inspector and server-everything (npm) for the MCP interop tests, into node_modules/, only if missing
 	@.ci/inspector.sh
 
 chromium:  ## Chromium for the web UI's browser tests: apt-get install, as root, only if missing

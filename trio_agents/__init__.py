@@ -75,6 +75,7 @@ from ._timeline import Span as Span
 from ._timeline import SpanKind as SpanKind
 from ._timeline import Timeline as Timeline
 from ._timeline import timeline as timeline
+from ._tools import ApprovalDecision as ApprovalDecision
 from ._tools import CallOutcome as CallOutcome
 from ._tools import Tool as Tool
 from ._tools import ToolArgumentsError as ToolArgumentsError
@@ -92,6 +93,7 @@ __all__ = [
     "SUMMARY_PREFIX",
     "WRAP_UP_MESSAGE",
     "Agent",
+    "ApprovalDecision",
     "AssistantMessage",
     "CallOutcome",
     "CancelMode",

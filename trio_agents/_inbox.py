@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Collection, Sequence
-from typing import Literal, NewType, TypeAlias, final
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Literal, NewType, TypeAlias, final
 
 import attrs
 import trio
 
 from ._exceptions import InboxFullError, RunClosedError, UnknownCallError
 from ._items import Item, ToolCall, conversation_problems
+from ._validator import validate
 
 __all__ = [
     "PARKED",
@@ -181,11 +182,19 @@ class Inbox:
 @final
 @attrs.define(eq=False, slots=True)
 class Approval:
+    """A pending decision: a tool call waiting to run, or a question a running call asks
+    (``ToolContext.request_approval``: ``question`` holds what a face shows of it)."""
+
     call: ToolCall
     event: trio.Event = attrs.field(factory=trio.Event)
     decided: bool = False
     approved: bool = False
     message: str | None = None
+    question: Mapping[str, Any] | None = None
+    # A question's: the schema an approval's content must match (None: it takes none),
+    # and the content it was approved with.
+    schema: Mapping[str, Any] | None = None
+    content: Mapping[str, Any] | None = None
 
 
 @final
@@ -196,13 +205,14 @@ class Approvals:
     and most runs never wait for an approval, so its dict is made on first use.
     """
 
-    __slots__ = ("_closed", "_lock", "_pending", "run_id")
+    __slots__ = ("_asked", "_closed", "_lock", "_pending", "run_id")
 
     def __init__(self, run_id: str, lock: threading.Lock | None = None) -> None:
         self.run_id = run_id
         self._lock = threading.Lock() if lock is None else lock
         self._pending: dict[str, Approval] | None = None
         self._closed: str | None = None
+        self._asked = 0  # questions asked so far (what numbers their ids)
 
     def open(self, calls: Sequence[ToolCall]) -> None:
         with self._lock:
@@ -224,20 +234,94 @@ class Approvals:
                 return ()
             return tuple(c for c, a in self._pending.items() if not a.decided)
 
-    def pending_calls(self) -> tuple[ToolCall, ...]:
-        """The undecided calls themselves (what an ancestor shows of them: their
-        names and arguments, §17's ``detail["waiting"]``)."""
+    def pending_entries(self) -> tuple[tuple[str, Approval], ...]:
+        """The undecided entries with their ids (what an ancestor shows of them: the
+        calls' names and arguments, the questions' texts, §17's ``detail["waiting"]``)."""
         with self._lock:
             if self._pending is None:
                 return ()
-            return tuple(a.call for a in self._pending.values() if not a.decided)
+            return tuple((i, a) for i, a in self._pending.items() if not a.decided)
 
-    def decide(self, call_id: str, *, approved: bool, message: str | None) -> trio.Event:
+    def questions(self) -> tuple[Mapping[str, Any], ...]:
+        """What the undecided questions ask (``detail["questions"]``)."""
+        with self._lock:
+            if self._pending is None:
+                return ()
+            return tuple(
+                a.question
+                for a in self._pending.values()
+                if a.question is not None and not a.decided
+            )
+
+    def ask(
+        self,
+        call: ToolCall,
+        message: str,
+        data: Mapping[str, Any] | None,
+        schema: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Open a question that the running ``call`` asks; return its id, which
+        ``decide`` answers like a call's.
+
+        Raises:
+            RunClosedError: the run is terminal (or parked).
+        """
+        with self._lock:
+            if self._closed is not None:
+                raise RunClosedError(self.run_id, self._closed)
+            if self._pending is None:
+                self._pending = {}
+            while True:
+                # Unique among the pending ids: a model could name a call like this.
+                self._asked += 1
+                question_id = f"{call.call_id}:ask-{self._asked}"
+                if question_id not in self._pending:
+                    break
+            question = {
+                "id": question_id,
+                "call_id": call.call_id,
+                "name": call.name,
+                "message": message,
+                "data": data,
+            }
+            self._pending[question_id] = Approval(call, question=question, schema=schema)
+        return question_id
+
+    async def wait_answer(self, question_id: str) -> Approval:
+        """Wait for the decision on a question (see :meth:`ask`); it stays pending
+        until :meth:`forget`."""
+        with self._lock:
+            assert self._pending is not None
+            approval = self._pending[question_id]
+        await approval.event.wait()
+        return approval
+
+    def forget(self, question_id: str) -> None:
+        """The question is over (answered, or its wait was cancelled): no longer
+        pending, and no longer answerable (a late answer raises ``UnknownCallError``)."""
+        with self._lock:
+            if self._pending is not None:
+                self._pending.pop(question_id, None)
+
+    def decide(
+        self,
+        call_id: str,
+        *,
+        approved: bool,
+        message: str | None,
+        content: Mapping[str, Any] | None = None,
+    ) -> trio.Event:
         """Record a decision; return the event to set on the run's thread.
+
+        ``content`` (plain JSON, from ``approve``) answers a question that asked for it
+        (see :meth:`ask`): checked against its schema here, under the lock, so a
+        refused content leaves the question pending.
 
         Raises:
             RunClosedError: the run is terminal.
             UnknownCallError: no call with this id waits for a decision.
+            ValueError: ``content`` for a tool call, a question that takes none, or
+                content that does not match the question's schema (nothing decided).
         """
         with self._lock:
             if self._closed is not None:
@@ -245,9 +329,20 @@ class Approvals:
             approval = None if self._pending is None else self._pending.get(call_id)
             if approval is None or approval.decided:
                 raise UnknownCallError(call_id)
+            if content is not None:
+                if approval.schema is None:
+                    what = "tool call" if approval.question is None else "question"
+                    raise ValueError(f"the {what} {call_id!r} takes no content")
+                problems = validate(approval.schema, content)
+                if problems:
+                    raise ValueError(
+                        f"content does not match the question {call_id!r}'s schema: "
+                        + "; ".join(problems)
+                    )
             approval.decided = True
             approval.approved = approved
             approval.message = message
+            approval.content = content
         return approval.event
 
     async def wait(self, call_id: str) -> tuple[Approval, bool]:

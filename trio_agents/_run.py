@@ -23,6 +23,7 @@ what happened into a :class:`~trio_agents._repair.Verdict`; the shielded, bounde
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -43,6 +44,7 @@ from ._guardrails import needs_side_tasks
 from ._handoffs import agent_named
 from ._inbox import (
     INJECT_WHENS,
+    Approval,
     Approvals,
     Inbox,
     InjectionId,
@@ -402,14 +404,32 @@ class Run:
         """Take back an injection that was not delivered yet. Returns True if it was."""
         return self._inbox.withdraw(injection_id)
 
-    def approve(self, call_id: str) -> None:
-        """Let a tool call that waits for approval run. Sync, safe from any thread.
+    def approve(self, call_id: str, *, content: Mapping[str, Any] | None = None) -> None:
+        """Let a tool call that waits for approval run, or answer yes to a question a
+        running call asks (``ToolContext.request_approval``: its id is pending like a
+        call's). Sync, safe from any thread.
+
+        Args:
+            call_id: the pending call's or question's id (``detail["pending"]``).
+            content: for a question that asked for some (its ``schema``): the answer's
+                content, a JSON object matching that schema (an MCP elicitation's form:
+                docs/mcp.md). None for a tool call.
 
         Raises:
             UnknownCallError: no call with this id is waiting for approval.
             RunClosedError: the run is terminal.
+            TypeError: ``content`` is not a JSON object.
+            ValueError: ``content`` given where none is taken, or not matching the
+                question's schema (the question stays pending).
         """
-        event = self._approvals.decide(call_id, approved=True, message=None)
+        if content is not None:
+            if not isinstance(content, Mapping):
+                raise TypeError(f"content must be a mapping or None, not {type(content).__name__}")
+            try:
+                content = json.loads(json.dumps(dict(content), allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"content must be JSON-serialisable: {exc}") from None
+        event = self._approvals.decide(call_id, approved=True, message=None, content=content)
         self._call_soon(event.set)
 
     def reject(self, call_id: str, *, message: str | None = None) -> None:
@@ -504,19 +524,61 @@ class Run:
         state = self._state
         if self._log.closed:
             return
-        below: list[Mapping[str, str]] = []
+        below: list[Mapping[str, Any]] = []
         for child in self._children or ():
             if child._log.closed:
                 continue
-            # Each with the call's tool name and arguments: whoever approves from an
-            # ancestor (a face showing only the root) sees what it approves.
-            below.extend(
-                {"run_id": child.id, "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
-                for c in child._approvals.pending_calls()
-            )
+            # Each with the call's tool name and arguments (and a question's text):
+            # whoever approves from an ancestor (a face showing only the root) sees
+            # what it approves.
+            for pending_id, approval in child._approvals.pending_entries():
+                call = approval.call
+                entry: dict[str, Any] = {
+                    "run_id": child.id,
+                    "call_id": pending_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                }
+                if approval.question is not None:
+                    entry["question"] = approval.question
+                below.append(entry)
             below.extend(child._state.waiting_below)
         state.waiting_below = tuple(below)
-        state.show_approvals(self._approvals.pending_ids())
+        state.show_approvals(self._approvals.pending_ids(), self._approvals.questions())
+
+    async def _ask(
+        self,
+        call_id: str,
+        message: str,
+        data: Mapping[str, Any] | None,
+        schema: Mapping[str, Any] | None,
+    ) -> Approval:
+        """``ToolContext.request_approval``: a question of the running call
+        ``call_id``, pending (and shown, here and above) until ``approve``/``reject``
+        answers it or the wait is cancelled; the decision. On the run's thread, from
+        any task (an MCP elicitation waits in its connection's task)."""
+        state = self._state
+        open_call = state.open_calls.get(call_id)
+        if open_call is None or self._log.closed:
+            raise RuntimeError(
+                f"run {self.id!r}: call {call_id!r} is not running; only a running call"
+                " can ask for approval"
+            )
+        question_id = self._approvals.ask(open_call.call, message, data, schema)
+        self._questions_changed()
+        try:
+            approval = await self._approvals.wait_answer(question_id)
+        finally:
+            self._approvals.forget(question_id)
+            # A run being cancelled goes to its terminal update from here (as with a
+            # call cancelled while it waits for approval); otherwise (answered, or
+            # the call timed out) the status shows what still waits, if anything.
+            if not self._scope.cancel_called:
+                self._questions_changed()
+        return approval
+
+    def _questions_changed(self) -> None:
+        self._state.show_approvals(self._approvals.pending_ids(), self._approvals.questions())
 
     def _limit_exceeded(self, error: UsageLimitExceeded) -> None:
         """One of this run's limits was passed (by it or a descendant, on the run's

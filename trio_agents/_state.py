@@ -350,7 +350,7 @@ class RunState:
         # limits it charges (its own, then each ancestor's: _limits.py), park_after's watch.
         self.child_starter: ChildStarter | None = None
         self.usage_below: Usage | None = None
-        self.waiting_below: tuple[Mapping[str, str], ...] = ()
+        self.waiting_below: tuple[Mapping[str, Any], ...] = ()
         self.on_waiting: Callable[[], None] | None = None
         self.budgets: tuple[Budget, ...] = ()
         self.parking: Parking | None = None  # _inbox.Parking; _toolcalls.py runs it
@@ -406,11 +406,17 @@ class RunState:
         self.throttled = reason is not None
         self.emit_status(RunStatus.RUNNING, detail={"throttled": reason} if reason else None)
 
-    def show_approvals(self, pending: tuple[str, ...] | list[str]) -> None:
+    def show_approvals(
+        self,
+        pending: tuple[str, ...] | list[str],
+        questions: tuple[Mapping[str, Any], ...] = (),
+    ) -> None:
         """Show the calls waiting for approval in the status: this run's own
         (``pending``) and its descendants' (:attr:`waiting_below`).
 
-        ``awaiting_approval`` while any waits (``detail["pending"]``: its own;
+        ``awaiting_approval`` while any waits (``detail["pending"]``: its own ids, the
+        questions' among them, with what those ask, ``questions``, in
+        ``detail["questions"]``: only its running calls ask, so none at a turn's start;
         ``detail["waiting"]``: those below, when there are any), ``running`` again once
         none does; re-emitted when the set changes. Then the parent is told.
         """
@@ -419,6 +425,8 @@ class RunState:
             return
         if pending or below:
             detail: dict[str, Any] = {"pending": list(pending)}
+            if questions:
+                detail["questions"] = [dict(q) for q in questions]
             if below:
                 detail["waiting"] = [dict(w) for w in below]
             if self.status is not RunStatus.AWAITING_APPROVAL or (

@@ -39,6 +39,7 @@ from ._frozen import freeze_json
 from ._limits import StreamMeter
 from ._model import Model, ModelEvent, ModelRequest, TextDelta, ToolSpec, Usage
 from ._signatures import FunctionSchema, function_schema
+from ._text_cleaning import clean_text, clean_value
 from ._typeschema import ArgumentConversionError
 from ._validator import loads_json, validate
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from ._state import RunState
 
 __all__ = [
+    "ApprovalDecision",
     "CallOutcome",
     "ChildStarter",
     "Tool",
@@ -78,6 +80,19 @@ class ToolArgumentsError(TrioAgentsError, ValueError):
         self.tool_name = tool_name
         self.errors = list(errors)
         super().__init__(f"invalid arguments for tool {tool_name!r}: {'; '.join(self.errors)}")
+
+
+def _json_object(name: str, value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A plain-JSON copy of ``value`` (it travels in status updates to every face)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping or None, not {type(value).__name__}")
+    try:
+        copy: dict[str, Any] = json.loads(json.dumps(dict(value), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be JSON-serialisable: {exc}") from None
+    return copy
 
 
 def _no_progress(message: str, data: Mapping[str, Any]) -> None:
@@ -140,6 +155,25 @@ class ChildStarter(Protocol):
         """Start a child run in a nursery of the calling tool; hold it while the block
         runs."""
         ...
+
+
+@final
+@attrs.frozen
+class ApprovalDecision:
+    """The answer to :meth:`ToolContext.request_approval`.
+
+    Attributes:
+        approved: True for ``run.approve(id)``, False for ``run.reject(id, ...)``.
+        message: the rejection's ``message`` (None when approved, or rejected
+            without one).
+        content: the approval's ``content`` (``run.approve(id, content=...)``), a
+            JSON object that matched the question's ``schema``; None when approved
+            without any (and when rejected).
+    """
+
+    approved: bool
+    message: str | None = None
+    content: Mapping[str, Any] | None = None
 
 
 @final
@@ -283,6 +317,53 @@ class ToolContext(Generic[ContextT]):
         if self._handle is None:
             raise self._not_made_by_a_run()
         return _RunModel(self._handle)
+
+    async def request_approval(
+        self,
+        message: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        schema: Mapping[str, Any] | None = None,
+    ) -> ApprovalDecision:
+        """Wait, in the middle of the call, for a person to approve or reject
+        something the tool is about to do; return the decision.
+
+        The question is pending in the run making the call as a call waiting for
+        approval is: the run's status is ``awaiting_approval`` with the question's id in
+        ``detail["pending"]`` and what it asks in ``detail["questions"]`` (``{"id",
+        "call_id", "name", "message", "data"}``); an ancestor lists it in
+        ``detail["waiting"]`` (with ``"question"``). ``run.approve(id)`` and
+        ``run.reject(id, message=...)`` answer it, and so every face that answers
+        approvals (docs/tools.md). The wait is the call's: cancelling the run or the
+        call (its ``timeout``) ends it at once (``trio.Cancelled``), and the question
+        is withdrawn (a late answer raises ``UnknownCallError``).
+
+        Args:
+            message: what is asked, for a person to read.
+            data: JSON-serialisable details a face may show (say, a form's schema).
+            schema: a JSON schema for an answer with content: ``run.approve(id,
+                content=...)`` is then accepted only with a JSON object matching it
+                (checked as tool arguments are: types, ``required``, ``enum``,
+                ``properties``, ``items``, ``anyOf``) and the decision carries it.
+                None (the default): approving takes no content.
+
+        Raises:
+            RuntimeError: the context was built by hand, not by a run, or its call
+                is not running any more.
+            RunClosedError: the run is terminal.
+            TypeError: ``message`` is not a str, or ``data`` or ``schema`` not a JSON
+                mapping.
+        """
+        if not isinstance(message, str):
+            raise TypeError(f"message must be a str, not {type(message).__name__}")
+        data = _json_object("data", data)
+        schema = _json_object("schema", schema)
+        if self._handle is None:
+            raise self._not_made_by_a_run()
+        answer = await self._handle._ask(
+            self.call_id, clean_text(message), None if data is None else clean_value(data), schema
+        )
+        return ApprovalDecision(answer.approved, answer.message, answer.content)
 
     def _starter(self) -> ChildStarter:
         # A run hands its starter to every call it makes: only a context built by hand

@@ -165,6 +165,50 @@ async def sampling_was_cancelled() -> str:
     return "cancelled"
 
 
+# The form the elicit tool asks for: two fields with defaults, one without.
+ELICIT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "colour": {"type": "string", "default": "blue"},
+        "count": {"type": "integer", "default": 3},
+        "agree": {"type": "boolean"},
+    },
+    "required": ["colour"],
+}
+
+
+@server.tool()
+async def elicit(question: str, ctx: Context) -> str:
+    """Asks the client for a form (elicitation/create), answers what it said as JSON:
+    ``{"action", "content", "meta"}``, or ``elicitation refused: <error>``."""
+    _event("elicitation").set()
+    try:
+        result = await ctx.session.elicit_form(
+            question, ELICIT_SCHEMA, related_request_id=ctx.request_id
+        )
+    except MCPError as error:
+        return f"elicitation refused: {error}"
+    except anyio.get_cancelled_exc_class():
+        _event("elicitation cancelled").set()
+        raise
+    return json.dumps({"action": result.action, "content": result.content, "meta": result.meta})
+
+
+@server.tool()
+async def elicit_url(url: str, ctx: Context) -> str:
+    """Asks the client to open a URL (URL-mode elicitation); answers the action."""
+    result = await ctx.elicit_url("Sign in, please.", url, "elicitation-1")
+    return str(result.action)
+
+
+@server.tool()
+async def elicitation_was_cancelled() -> str:
+    """Returns once an elicit call was cancelled (by the client's notifications/cancelled)."""
+    with anyio.fail_after(HANG_GUARD):
+        await _event("elicitation cancelled").wait()
+    return "cancelled"
+
+
 _notices: list[Any] = []
 
 

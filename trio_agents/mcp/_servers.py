@@ -19,6 +19,18 @@ of the calls in flight it belongs to (stdio carries no such link): it is served 
 calls in flight are all one run's, and refused with an error otherwise. The model call
 runs in a scope the calling tool call cancels as it ends (cancelled with the run).
 
+Elicitation: a server's ``elicitation/create`` during a tool call becomes a question of
+the run making the call (``ToolContext.request_approval``): the run shows
+``awaiting_approval`` with the question's id, and ``run.approve(id)`` (from any face)
+answers ``accept`` — a form's content is its schema's defaults, or what
+``run.approve(id, content=...)`` gives (checked against the form's schema); a URL is
+taken as consented to —, ``run.reject(id, message=...)`` answers ``decline`` (the message goes
+in the result's ``_meta``). The wait is in a scope the calling tool call cancels as it
+ends, as sampling's is: a run cancelled, a call timed out or a server gone ends it at
+once, and ``cancel`` is answered (if the server still listens). Which call asked is known
+only when it is the one call in flight on the connection: an elicitation with several in
+flight is refused with an error (open one connection per concurrent caller).
+
 Progress: each call passes a progress callback, so the SDK sends a progress token and
 the server's ``notifications/progress`` for the call become ``ctx.progress(...)``.
 
@@ -70,6 +82,8 @@ _LENGTH_SETTINGS = ("max_tokens", "max_output_tokens", "max_completion_tokens")
 # How long a call that ended waits for its sampling's model streams to close.
 _SAMPLING_CLOSE_BOUND = 5.0
 _STOP_REASONS = {"stop": "endTurn", "length": "maxTokens"}
+# Where a declined elicitation's result carries the rejection's message (``_meta``).
+_REASON_META = "trio-agents/reason"
 
 
 class MCPToolError(TrioAgentsError):
@@ -123,11 +137,13 @@ class _Server:
         tool_prefix: str = "",
         call_timeout: float | None = None,
         sampling: bool = True,
+        elicitation: bool = True,
     ) -> None:
         self.name = name
         self._prefix = tool_prefix
         self._call_timeout = call_timeout
         self._sampling = sampling
+        self._elicitation = elicitation
         # The tool calls in flight on this connection, each with the scopes of the
         # sampling requests served for it (cancelled as the call ends).
         self._calls: dict[int, tuple[ToolContext | None, dict[trio.CancelScope, trio.Event]]] = {}
@@ -186,11 +202,14 @@ class _Server:
             stack = AsyncExitStack()
             try:
                 read, write = await self._open_transport(stack)
-                # The sampling callback declares the capability (the SDK does so for
-                # any callback given): only when asked to, since it serves the requests.
+                # Each callback declares its capability (the SDK does so for any
+                # callback given): only when asked to, since it serves the requests.
                 session = await stack.enter_async_context(
                     ClientSession(
-                        read, write, sampling_callback=self._sample if self._sampling else None
+                        read,
+                        write,
+                        sampling_callback=self._sample if self._sampling else None,
+                        elicitation_callback=self._elicit if self._elicitation else None,
                     )
                 )
                 await session.initialize()
@@ -301,7 +320,7 @@ class _Server:
         Never raises an ``Exception`` (an answer to the server, never a crash of the
         connection): a request that cannot be served is answered with an error.
         """
-        found = self._sampling_call()
+        found = self._calling("sampling")
         if isinstance(found, str):
             return _error(mcp_types.INVALID_REQUEST, found)
         ctx, scopes = found
@@ -323,19 +342,71 @@ class _Server:
         # Only the calling tool call's end cancels this scope.
         return _error(mcp_types.INTERNAL_ERROR, "sampling cancelled: the tool call ended")
 
-    def _sampling_call(self) -> tuple[ToolContext, dict[trio.CancelScope, trio.Event]] | str:
-        """The call a sampling request is served for, or why there is none."""
+    async def _elicit(
+        self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        """The SDK's elicitation callback: a question of the calling run, answered by
+        ``run.approve`` / ``run.reject`` of its id (see the module's docstring).
+
+        Never raises an ``Exception``: a request that cannot be asked is answered with
+        an error.
+        """
+        found = self._calling("elicitation")
+        if isinstance(found, str):
+            return _error(mcp_types.INVALID_REQUEST, found)
+        ctx, scopes = found
+        data = _question_data(self.name, params)
+        schema = (
+            params.requested_schema
+            if isinstance(params, mcp_types.ElicitRequestFormParams)
+            else None
+        )
+        done = trio.Event()
+        with trio.CancelScope() as scope:
+            scopes[scope] = done
+            try:
+                decision = await ctx.request_approval(params.message, data=data, schema=schema)
+            except Exception as exc:  # the call or the run ended as it was asked
+                return _error(mcp_types.INVALID_REQUEST, f"elicitation refused: {summarize(exc)}")
+            finally:
+                del scopes[scope]
+                done.set()
+            if not decision.approved:
+                logger.info("MCP server %r: elicitation declined: %s", self.name, decision.message)
+                meta = None if decision.message is None else {_REASON_META: decision.message}
+                return mcp_types.ElicitResult(action="decline", _meta=meta)
+            if schema is None:
+                return mcp_types.ElicitResult(action="accept")
+            content = decision.content if decision.content is not None else _defaults(schema)
+            try:
+                return mcp_types.ElicitResult(action="accept", content=dict(content))
+            except ValueError as exc:  # a value no elicitation content may hold
+                return _error(mcp_types.INVALID_PARAMS, f"elicitation content: {summarize(exc)}")
+        # Only the calling tool call's end cancels this scope (the run cancelled, the
+        # call timed out, the server gone): the person never answered.
+        return mcp_types.ElicitResult(action="cancel")
+
+    def _calling(self, what: str) -> tuple[ToolContext, dict[trio.CancelScope, trio.Event]] | str:
+        """The call a sampling or elicitation request is served for, or why there is
+        none. Nothing on the wire says which call asked (stdio has no link, nor does
+        the SDK pass one): sampling needs only the run (its model), so it is served
+        while the calls in flight are all one run's; elicitation asks on behalf of
+        one call, so only while it is the one in flight."""
         calls = list(self._calls.values())
         if not calls:
-            return "sampling is served only during a tool call of a run"
+            return f"{what} is served only during a tool call of a run"
         runs = {id(_run_of(ctx)) for ctx, _ in calls}
         if any(_run_of(ctx) is None for ctx, _ in calls):
-            return "sampling is served only for a tool call made by a run (it has a model)"
+            return f"{what} is served only for a tool call made by a run"
         if len(runs) > 1:
-            # Nothing on the wire says which call asked (stdio has no link).
             return (
-                "sampling cannot tell which run asked: tool calls of several runs are in"
+                f"{what} cannot tell which run asked: tool calls of several runs are in"
                 " flight on this connection (open one connection per run)"
+            )
+        if what == "elicitation" and len(calls) > 1:
+            return (
+                f"elicitation cannot tell which call asked: {len(calls)} tool calls are in"
+                " flight on this connection (open one connection per concurrent call)"
             )
         ctx, scopes = calls[0]
         assert ctx is not None
@@ -365,6 +436,35 @@ def _run_of(ctx: ToolContext | None) -> object | None:
         return ctx.parent
     except RuntimeError:
         return None
+
+
+def _question_data(server: str, params: mcp_types.ElicitRequestParams) -> dict[str, Any]:
+    """What a face shows of an elicitation beside its message (``data`` of the
+    question): the server, the mode, and the form's schema or the URL."""
+    data: dict[str, Any] = {"type": "mcp.elicitation", "server": server, "mode": params.mode}
+    if isinstance(params, mcp_types.ElicitRequestFormParams):
+        data["requested_schema"] = params.requested_schema
+    else:
+        data["url"] = params.url
+    return data
+
+
+def _defaults(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A form's content from its schema's defaults (the properties that have one of the
+    types an elicitation's content may hold: text, number, boolean, list of texts)."""
+    content: dict[str, Any] = {}
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping):
+        return content
+    for name, spec in properties.items():
+        if not isinstance(spec, Mapping) or "default" not in spec:
+            continue
+        value = spec["default"]
+        if isinstance(value, str | int | float | bool) or (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            content[str(name)] = value
+    return content
 
 
 def _error(code: int, message: str) -> mcp_types.ErrorData:
@@ -468,6 +568,9 @@ class MCPServerStdio(_Server):
             no limit.
         sampling: declare the sampling capability and serve a server's sampling
             requests with the calling run's model (see the module's docstring).
+        elicitation: declare the elicitation capability (form and URL modes) and make
+            a server's elicitation requests questions of the calling run, answered by
+            ``run.approve`` / ``run.reject`` (see the module's docstring).
     """
 
     def __init__(
@@ -481,9 +584,14 @@ class MCPServerStdio(_Server):
         tool_prefix: str = "",
         call_timeout: float | None = None,
         sampling: bool = True,
+        elicitation: bool = True,
     ) -> None:
         super().__init__(
-            name or command, tool_prefix=tool_prefix, call_timeout=call_timeout, sampling=sampling
+            name or command,
+            tool_prefix=tool_prefix,
+            call_timeout=call_timeout,
+            sampling=sampling,
+            elicitation=elicitation,
         )
         self._params = StdioServerParameters(
             command=command,
@@ -524,7 +632,7 @@ class MCPServerHTTP(_Server):
         call_timeout: seconds a tool call may take; None for no limit.
         connect_timeout: seconds to connect (and per write); responses have no read
             timeout of ours (a tool may take long: use ``call_timeout``).
-        sampling: as for :class:`MCPServerStdio`.
+        sampling, elicitation: as for :class:`MCPServerStdio`.
     """
 
     def __init__(
@@ -537,9 +645,14 @@ class MCPServerHTTP(_Server):
         call_timeout: float | None = None,
         connect_timeout: float = 30.0,
         sampling: bool = True,
+        elicitation: bool = True,
     ) -> None:
         super().__init__(
-            name or url, tool_prefix=tool_prefix, call_timeout=call_timeout, sampling=sampling
+            name or url,
+            tool_prefix=tool_prefix,
+            call_timeout=call_timeout,
+            sampling=sampling,
+            elicitation=elicitation,
         )
         self.url = url
         self._headers = dict(headers or {})
