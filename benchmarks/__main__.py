@@ -246,6 +246,8 @@ def _rewrite_report() -> None:
     figures = []
     for line in lines[1:]:
         row = json.loads(line)
+        if "environment" in row:
+            continue  # an earlier --only run's environment, appended by hand
         extra = {key: value for key, value in row.items() if key not in known}
         figures.append(
             Figure(

@@ -26,7 +26,7 @@ from trio_agents.models._openai import OpenAIChatModel
 from trio_agents.sessions import MemorySession, Session
 from trio_agents.sessions._sqlite import SQLiteSession
 
-from ._common import Baselines, Figure, percentile
+from ._common import Baselines, Figure, _cancel_target, percentile
 
 __all__ = ["CANCEL_KINDS", "LoopbackServer", "bench_b4", "bench_b5"]
 
@@ -257,6 +257,32 @@ async def _cancels(
             marks.append((marker, t0, t1))
 
 
+async def thread_scope_cancel_exit(n: int) -> list[float]:
+    """Trio's own floor for a cancel from another thread: the bare scope cancel of
+    ``baselines.scope_cancel_exit`` (one child in ``sleep_forever`` inside a nursery
+    inside the scope), asked for from a worker thread with
+    ``TrioToken.run_sync_soon(scope.cancel)`` — what ``Run.cancel`` does off the run's
+    thread — timed from the thread's call to another task seeing the nursery exited."""
+    token = trio.lowlevel.current_trio_token()
+    samples: list[float] = []
+
+    def cancel_soon(scope: trio.CancelScope) -> float:
+        t0 = time.perf_counter()
+        token.run_sync_soon(scope.cancel)
+        return t0
+
+    for _ in range(n):
+        scope = trio.CancelScope()
+        exited = trio.Event()
+        async with trio.open_nursery() as outer:
+            await outer.start(_cancel_target, scope, exited)
+            await trio.lowlevel.checkpoint()
+            t0 = await trio.to_thread.run_sync(cancel_soon, scope)
+            await exited.wait()
+            samples.append(time.perf_counter() - t0)
+    return samples
+
+
 # W4/W5 (and cancel from another thread, and the server-side socket close): p99 at most
 # this many times the bare scope-cancel p99 measured in the same process, GC on.
 CANCEL_FLOOR_FACTOR = 4
@@ -307,6 +333,17 @@ async def bench_b4(
                     target = None
                     if session_kind == "memory":
                         target = CANCEL_FLOOR_FACTOR * base.cancel_p99 * 1e3
+                    if kind == "thread" and session_kind == sessions[0]:
+                        # Trio's own share of the thread hop, in the same process.
+                        figures += _latency_figures(
+                            "B4.bare_thread_scope_cancel",
+                            await thread_scope_cancel_exit(runs),
+                            None,
+                            "bare scope cancel asked for from a worker thread"
+                            " (TrioToken.run_sync_soon) -> the nursery inside seen exited:"
+                            " Trio's floor for 'cancel from another thread'",
+                            base,
+                        )
                     figures += _latency_figures(
                         f"B4.cancel_{kind}.{session_kind}",
                         series["latency"],

@@ -63,7 +63,9 @@ class EventLog:
         # reads it, and only append() writes it).
         self.next_seq = start_seq
         self._closed = False
-        self._lot = trio.lowlevel.ParkingLot()
+        # Made by the first reader that waits: a run nobody watches never needs one
+        # (about 180 bytes per run at 10,000 concurrent runs, W3).
+        self._lot: trio.lowlevel.ParkingLot | None = None
         self._parked = 0  # readers in wait(): append() skips the lot when there are none
         self._statuses: list[RunUpdated] = []
         # The tree's merged stream (_feed.py), once this run is part of a tree.
@@ -98,6 +100,7 @@ class EventLog:
         if type(event) is RunUpdated:
             self._statuses.append(event)
         if self._parked:
+            assert self._lot is not None
             self._lot.unpark_all()
         if self.feed is not None:
             self.feed.add(event)
@@ -113,7 +116,8 @@ class EventLog:
     def close(self) -> None:
         """Mark the log finished (after the terminal event) and wake every reader."""
         self._closed = True
-        self._lot.unpark_all()
+        if self._lot is not None:
+            self._lot.unpark_all()
         if self.feed is not None:
             self.feed.wake()
 
@@ -130,9 +134,12 @@ class EventLog:
 
     async def wait(self) -> None:
         """Wait for the next append or the close."""
+        lot = self._lot
+        if lot is None:
+            lot = self._lot = trio.lowlevel.ParkingLot()
         self._parked += 1
         try:
-            await self._lot.park()
+            await lot.park()
         finally:
             self._parked -= 1
 

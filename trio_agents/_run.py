@@ -153,7 +153,9 @@ class Run:
         if options.park_after is not None:
             self._state.parking = Parking(options.park_after, self._try_park)
         self._scope = trio.CancelScope()
-        self._done = trio.Event()
+        # Made by the first wait() before the end (most runs are never waited on: ta.run()
+        # awaits the run's task itself); "done" is the log's closed flag (W3 memory).
+        self._done: trio.Event | None = None
         self._result: RunResult | None = None
         self._lock = self._inbox.lock  # guards _cancel
         self._cancel: CancelRequest | None = None
@@ -346,7 +348,12 @@ class Run:
     async def wait(self) -> RunResult:
         """Wait for the run to end and return its result (never raises for a failed or
         cancelled run: see ``result.status``)."""
-        await self._done.wait()
+        if self._log.closed:
+            await trio.lowlevel.checkpoint()
+        else:
+            if self._done is None:
+                self._done = trio.Event()
+            await self._done.wait()
         assert self._result is not None
         return self._result
 
@@ -592,7 +599,7 @@ class Run:
         request = self._cancel
         if request is not None and request.mode == "immediate":
             return  # cancelled first: the cancel is what ends the run
-        if self._failure is None and not self._done.is_set():
+        if self._failure is None and not self._log.closed:
             reason = clean_text(reason)  # a guardrail's name or info: user text
             self._failure = (reason, error)
             self._scope.cancel(reason=reason)
@@ -642,7 +649,7 @@ class Run:
 
     def _apply_cancel(self) -> None:
         request = self._cancel
-        if request is not None and not self._done.is_set():
+        if request is not None and not self._log.closed:
             self._scope.cancel(reason=request.reason)
 
     def _try_park(self) -> bool:
@@ -867,7 +874,8 @@ class Run:
             reason = None if result.parked else result.reason
             state.emit_status(result.status, reason, verdict.detail)
             self._log.close()
-            self._done.set()
+            if self._done is not None:
+                self._done.set()
             if self._parent is not None:
                 self._parent._child_ended(self, result)
             # The state's only reference back to us was for the hooks, which are done:

@@ -1,0 +1,165 @@
+"""What a run costs, counted (issue 43): the CI smoke test of the benchmarks' counts.
+
+Instruction counts (callgrind, ``benchmarks/instructions.py``) take minutes per figure,
+so the suite pins the counts that stand for them and that no machine load moves:
+Python calls (every call a ``sys.setprofile`` hook sees, C functions included) and
+task steps from ``cancel()`` to the terminal update, and the objects one in-flight run
+holds. Each band is the figure measured when it was set plus a margin for Trio's
+random batch order; a change that makes the path dearer fails here, with the figure
+to compare against ``benchmarks/RESULTS.md``. A deliberate change of cost (or a new
+Trio or CPython) moves the band, with the reason in the commit.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import trio
+import trio.testing
+
+import trio_agents as ta
+from benchmarks._models import ToolThenAnswer
+from benchmarks.tree import BRANCHES, cancel_tree_agent
+
+
+@ta.function_tool
+async def nap() -> str:
+    """Sleep for an hour."""
+    await trio.sleep(3600)
+    return "rested"  # pragma: no cover - always cancelled
+
+
+def _napper() -> ta.Agent:
+    # A stateless model (any number of runs, at once): first a call of nap, then the
+    # answer.
+    return ta.Agent(name="napper", model=ToolThenAnswer("nap", {}), tools=[nap])
+
+
+class _Steps(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.on = False
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self.on:
+            self.count += 1
+
+
+@contextmanager
+def _counting_calls(counter: list[int]) -> Iterator[Callable[[bool], None]]:
+    """A switch for a ``sys.setprofile`` hook that counts calls into ``counter[0]``."""
+
+    def hook(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            counter[0] += 1
+
+    def switch(on: bool) -> None:
+        sys.setprofile(hook if on else None)
+
+    try:
+        yield switch
+    finally:
+        sys.setprofile(None)
+
+
+async def _cancel_costs(agent: ta.Agent, tool_starts: int) -> tuple[int, int]:
+    """(Python calls, task steps) from ``cancel()`` of a run whose tools are all started
+    to its terminal update seen by another task."""
+    calls = [0]
+    steps = _Steps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        with _counting_calls(calls) as counting:
+            async with ta.open_run(agent, "go") as run:
+                started = 0
+                async for event in run.events(tree=True):
+                    if isinstance(event, ta.ToolStarted) and event.name == "nap":
+                        started += 1
+                        if started == tool_starts:
+                            break
+                async with trio.open_nursery() as nursery:
+
+                    async def watch() -> None:
+                        async for update in run.updated:
+                            if update.status.is_terminal:
+                                counting(False)
+                                steps.on = False
+
+                    nursery.start_soon(watch)
+                    await trio.testing.wait_all_tasks_blocked()
+                    steps.on = True
+                    counting(True)
+                    run.cancel("enough")
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert run.result is not None
+    assert run.result.status == "cancelled"
+    return calls[0], steps.count
+
+
+async def _median_costs(agent: ta.Agent, tool_starts: int) -> tuple[int, int]:
+    await _cancel_costs(agent, tool_starts)  # warm-up: imports, caches
+    samples = [await _cancel_costs(agent, tool_starts) for _ in range(5)]
+    calls = sorted(c for c, _ in samples)[2]
+    steps = sorted(s for _, s in samples)[2]
+    return calls, steps
+
+
+async def test_a_single_run_cancel_stays_within_its_call_and_step_band() -> None:
+    # B8's single run: one run in a tool, cancelled. Set 2026-11-29 (issue 43; trio
+    # 0.35, CPython 3.11): 419 calls, 3 task steps (the run's, the watcher's, ours).
+    calls, steps = await _median_costs(_napper(), 1)
+    assert calls <= 419 * 1.15, f"{calls} calls from cancel() to the terminal update (was 419)"
+    assert steps <= 3 + 2, f"{steps} task steps from cancel() to the terminal update (was 3)"
+
+
+async def test_a_tree_cancel_stays_within_its_call_band() -> None:
+    # B8's 13-run tree: a root calling three children, each calling three napping
+    # leaves. Set 2026-11-29 (issue 43): 5,376 calls (5,520 before this round's
+    # second part), 15 task steps.
+    calls, steps = await _median_costs(cancel_tree_agent(), BRANCHES**2)
+    assert calls <= 5_376 * 1.15, f"{calls} calls to cancel a 13-run tree (was 5,376)"
+    assert steps <= 15 + 4, f"{steps} task steps to cancel a 13-run tree (was 15)"
+
+
+@ta.function_tool
+async def blocked() -> str:
+    """Wait until cancelled."""
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _types() -> collections.Counter[str]:
+    gc.collect()
+    return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+
+
+async def test_an_in_flight_run_holds_at_most_its_band_of_objects() -> None:
+    # W3 (10 KB per concurrent run): GC-tracked objects per run blocked in its tool,
+    # counted as benchmarks/objects.py does. 69 before issue 43's second round; 63
+    # since the log's parking lot, the run's done event and the inbox's set of queued
+    # call ids are made only when something uses them.
+    agent = ta.Agent(name="w3", model=ToolThenAnswer("blocked", {}), tools=[blocked])
+    runs = 200
+
+    async def in_flight(count: int) -> collections.Counter[str]:
+        async with trio.open_nursery() as nursery:
+            for i in range(count):
+                nursery.start_soon(ta.run, agent, f"run {i}")
+            await trio.testing.wait_all_tasks_blocked()
+            grown = _types()
+            nursery.cancel_scope.cancel()
+        return grown
+
+    await in_flight(20)  # warm-up: imports, caches
+    before = _types()
+    grown = await in_flight(runs) - before
+    per_run = sum(grown.values()) / runs
+    top = {kind: count / runs for kind, count in grown.most_common(8)}
+    assert per_run <= 64.5, f"{per_run} GC-tracked objects per in-flight run (was 63): {top}"
