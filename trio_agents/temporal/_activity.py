@@ -32,7 +32,7 @@ from ..hosting import RunInfo
 from ..hosting._policies import effective_limits
 from ..sessions import Session
 from ._event_writer import EventWriter
-from ._run_store import RunStore
+from ._shared_store import SharedRunStore
 from ._types import PARKED, OpAnswer, RunOutcome, RunRequest, SteeringOp
 
 __all__ = [
@@ -70,7 +70,7 @@ class AttemptFenced(Exception):
     run (Temporal already gave up on it)."""
 
 
-async def _claim(store: RunStore, request: RunRequest, number: int, next_seq: int) -> int:
+async def _claim(store: SharedRunStore, request: RunRequest, number: int, next_seq: int) -> int:
     """Claim the run's writes for attempt ``number``; the seq its next event takes."""
     claim = await store.claim_attempt(
         request.run_id,
@@ -307,7 +307,7 @@ async def run_attempt(
     started_calls: list[str] | None = None,
     next_seq: int = 1,
     decided: Sequence[SteeringOp] = (),
-    store: RunStore | None = None,
+    store: SharedRunStore | None = None,
 ) -> RunOutcome:
     """Run one attempt of ``request`` to its terminal update (or its park); its outcome
     as plain data. ``decided``: the catch-up's ops, whose approvals and rejections a
