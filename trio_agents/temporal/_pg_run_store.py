@@ -230,7 +230,12 @@ class PostgresRunStore:
         """The session tables first (PostgresSession creates them, and the
         ``trio_agents_schema`` table this store records its own version in)."""
         try:
-            async with PostgresSession(self._dsn, max_connections=self._key[1]):
+            async with PostgresSession(
+                self._dsn,
+                max_connections=self._key[1],
+                lock_timeout=self._lock_timeout,
+                statement_timeout=self._statement_timeout,
+            ):
                 pass
         except Exception as exc:
             raise RunStoreError(f"database {self._database}: {exc}") from exc
