@@ -114,11 +114,12 @@ async def connect_until(target: str, process: subprocess.Popen[bytes], log: Path
 
 @attrs.define
 class Workers:
-    """Worker processes on one task queue, with the session file and marks they share."""
+    """Worker processes on one task queue, with the storage (``--db``: a SQLite file, or
+    a ``postgresql://`` database) and the marks they share."""
 
     target: str
     task_queue: str
-    db: Path
+    db: Path | str
     marks: Path
     log_dir: Path
     processes: list[subprocess.Popen[bytes]] = attrs.field(factory=list)
