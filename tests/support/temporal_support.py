@@ -114,14 +114,15 @@ async def connect_until(target: str, process: subprocess.Popen[bytes], log: Path
 
 @attrs.define
 class Workers:
-    """Worker processes on one task queue, with the storage (``--db``: a SQLite file, or
-    a ``postgresql://`` database) and the marks they share."""
+    """Worker processes on one task queue, with the session file (or, with ``storage``,
+    the ``postgresql://`` database: their ``--db``) and marks they share."""
 
     target: str
     task_queue: str
-    db: Path | str
+    db: Path
     marks: Path
     log_dir: Path
+    storage: str | None = None
     processes: list[subprocess.Popen[bytes]] = attrs.field(factory=list)
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -143,7 +144,7 @@ class Workers:
                     "--task-queue",
                     self.task_queue,
                     "--db",
-                    str(self.db),
+                    self.storage or str(self.db),
                 ],
                 cwd=REPO,
                 env=env,

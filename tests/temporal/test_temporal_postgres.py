@@ -31,7 +31,11 @@ ALICE = Origin(principal="alice")
 async def opened(group: Workers) -> AsyncIterator[TemporalHost]:
     """A host over the workers' database, as `serve --temporal --db URL` opens it."""
     host = TemporalHost(
-        group.target, AGENTS, store=str(group.db), task_queue=group.task_queue, poll_interval=0.01
+        group.target,
+        AGENTS,
+        store=group.storage or group.db,
+        task_queue=group.task_queue,
+        poll_interval=0.01,
     )
     async with host.running():
         yield host
@@ -48,7 +52,7 @@ async def _until_event(host: TemporalHost, run_id: str, kind: str) -> HostedEven
 async def test_a_run_whose_worker_dies_resumes_on_another_from_postgres(
     workers: Callable[..., Workers], pg_dsn: str
 ) -> None:
-    group = workers(2, db=postgres_url(pg_dsn))
+    group = workers(2, storage=postgres_url(pg_dsn))
     with trio.fail_after(BOUND):
         async with opened(group) as host:
             run_id = await host.start(
@@ -88,7 +92,7 @@ async def test_serve_and_workers_over_one_postgres_database(
     workers: Callable[..., Workers], pg_dsn: str
 ) -> None:
     url = postgres_url(pg_dsn)
-    group = workers(1, db=url)
+    group = workers(1, storage=url)
     database = url.split("@", 1)[1]
     argv = ["serve", "--temporal", group.target, "--task-queue", group.task_queue]
     argv += ["--db", url, "--app", "tests.support.temporal_app:AGENTS"]

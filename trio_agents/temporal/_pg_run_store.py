@@ -184,7 +184,10 @@ class PostgresRunStore:
         self._lock_timeout = lock_timeout
         self._statement_timeout = statement_timeout
         self._shared: _Pool | None = None
-        self._lock = threading.Lock()
+        # Guards _shared and _calls: a close waits for the calls in flight, whose
+        # connections belong to the pool it may close.
+        self._state = threading.Condition()
+        self._calls = 0
         self._schema_ready = False
 
     @property
@@ -206,7 +209,8 @@ class PostgresRunStore:
         """Give the store's share of the pool back (a later call takes it again)."""
 
         def close() -> None:
-            with self._lock:
+            with self._state:
+                self._state.wait_for(lambda: self._calls == 0)
                 shared, self._shared = self._shared, None
             if shared is not None:
                 _release_pool(shared)
@@ -222,9 +226,18 @@ class PostgresRunStore:
         remaining = trio.current_effective_deadline() - trio.current_time()
         # A wall-clock deadline for the thread (Trio's clock may be a MockClock).
         deadline = time.monotonic() + max(remaining, 0.0) if remaining < float("inf") else None
-        return await trio.to_thread.run_sync(
-            self._in_thread, fn, deadline, limiter=_pool_limiter(self._key)
-        )
+        # Counted from here, not from when its thread starts: a close that comes while
+        # the call waits for a thread slot waits for it.
+        with self._state:
+            self._calls += 1
+        try:
+            return await trio.to_thread.run_sync(
+                self._in_thread, fn, deadline, limiter=_pool_limiter(self._key)
+            )
+        finally:  # never abandoned: its thread, if it started, has returned
+            with self._state:
+                self._calls -= 1
+                self._state.notify_all()
 
     async def _prepare_sessions(self) -> None:
         """The session tables first (PostgresSession creates them, and the
@@ -246,7 +259,7 @@ class PostgresRunStore:
                 limit if deadline is None else max(min(limit, deadline - time.monotonic()), 0.001)
             )
 
-        with self._lock:
+        with self._state:
             if self._shared is None:
                 self._shared = _acquire_pool(self._key)
             shared = self._shared
