@@ -220,7 +220,11 @@ class PostgresRunStore:
 
     # ------------------------------------------------------------------ plumbing
 
-    async def _call(self, fn: Callable[[Conn], T]) -> T:
+    async def _call(self, fn: Callable[[Conn], T], *, write: bool = True) -> T:
+        """``fn(conn)`` in a worker thread: in one transaction with its timeouts, or,
+        for a read (``write=False``), each statement on its own (autocommit): a read
+        waits for no row lock in PostgreSQL (MVCC), and saves the ``BEGIN`` and ``COMMIT``
+        round trips (what the hosts' polls of :meth:`data_version` cost most)."""
         if not self._schema_ready:
             await self._prepare_sessions()
         remaining = trio.current_effective_deadline() - trio.current_time()
@@ -232,7 +236,7 @@ class PostgresRunStore:
             self._calls += 1
         try:
             return await trio.to_thread.run_sync(
-                self._in_thread, fn, deadline, limiter=_pool_limiter(self._key)
+                self._in_thread, fn, deadline, write, limiter=_pool_limiter(self._key)
             )
         finally:  # never abandoned: its thread, if it started, has returned
             with self._state:
@@ -253,7 +257,7 @@ class PostgresRunStore:
         except Exception as exc:
             raise RunStoreError(f"database {self._database}: {exc}") from exc
 
-    def _in_thread(self, fn: Callable[[Conn], T], deadline: float | None) -> T:
+    def _in_thread(self, fn: Callable[[Conn], T], deadline: float | None, write: bool) -> T:
         def budget(limit: float) -> float:
             return (
                 limit if deadline is None else max(min(limit, deadline - time.monotonic()), 0.001)
@@ -270,6 +274,8 @@ class PostgresRunStore:
                     with transaction(conn, *timeouts):
                         _prepare(conn)
                     self._schema_ready = True
+                if not write:
+                    return fn(conn)
                 with transaction(conn, *timeouts):
                     return fn(conn)
         except psycopg.Error as exc:
@@ -337,7 +343,7 @@ class PostgresRunStore:
 
     async def session_holder(self, principal: str, session_id: str) -> str | None:
         """The id of the session's active run, or None."""
-        return await self._call(lambda conn: _holder(conn, principal, session_id))
+        return await self._call(lambda conn: _holder(conn, principal, session_id), write=False)
 
     async def release_session(self, principal: str, session_id: str, run_id: str) -> None:
         """Free the session's claim if ``run_id`` still holds it."""
@@ -370,7 +376,7 @@ class PostgresRunStore:
             ).fetchall()
             return attrs.evolve(info, children=tuple(str(child[0]) for child in children))
 
-        return await self._call(read)
+        return await self._call(read, write=False)
 
     async def root_of(self, principal: str, run_id: str) -> str | None:
         """The root run id of ``run_id``'s tree (None: no such run of this principal)."""
@@ -383,7 +389,7 @@ class PostgresRunStore:
             ).fetchone()
             return None if row is None else str(row[0])
 
-        return await self._call(read)
+        return await self._call(read, write=False)
 
     async def runs_of(self, principal: str, *, nodes: bool) -> list[RunInfo]:
         """The principal's roots, oldest first (each followed by every node of its tree,
@@ -397,7 +403,7 @@ class PostgresRunStore:
             ).fetchall()
             return [(str(r), None if p is None else str(p), str(i)) for r, p, i in rows]
 
-        return _trees(await self._call(read), nodes=nodes)
+        return _trees(await self._call(read, write=False), nodes=nodes)
 
     async def active_roots(self, principal: str) -> int:
         """How many of the principal's root runs are not terminal."""
@@ -410,7 +416,7 @@ class PostgresRunStore:
             ).fetchone()
             return 0 if row is None else int(row[0])
 
-        return await self._call(read)
+        return await self._call(read, write=False)
 
     async def events_after(
         self, root_id: str, after_id: int, run_ids: Iterable[str] | None, limit: int = 500
@@ -434,7 +440,7 @@ class PostgresRunStore:
             ]
             return found, int(rows[-1][0]) if rows else after_id
 
-        return await self._call(read)
+        return await self._call(read, write=False)
 
     async def claim_session(self, principal: str, session_id: str, run_id: str) -> str | None:
         """Claim the session for ``run_id``; the id of the run holding it instead, or
@@ -461,7 +467,7 @@ class PostgresRunStore:
             ).fetchall()
             return [(str(p), str(r)) for p, r in rows]
 
-        return await self._call(read)
+        return await self._call(read, write=False)
 
     async def subtree(self, run_id: str) -> list[str]:
         """``run_id`` and every descendant recorded so far (parents before children)."""
@@ -479,7 +485,7 @@ class PostgresRunStore:
             ).fetchall()
             return [run_id, *(str(row[0]) for row in rows)]
 
-        return await self._call(read)
+        return await self._call(read, write=False)
 
     async def data_version(self) -> int:
         """The sum of the change counters: it changes once any write committed."""
@@ -488,7 +494,7 @@ class PostgresRunStore:
             row = conn.execute("SELECT sum(version) FROM trio_agents_temporal_changes").fetchone()
             return 0 if row is None or row[0] is None else int(row[0])
 
-        return await self._call(read)
+        return await self._call(read, write=False)
 
     async def finish_if_open(
         self, principal: str, run_id: str, status: str, reason: str | None
