@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import httpx
+import psycopg
+import pytest
 import trio
 
 import trio_agents as ta
@@ -21,7 +23,7 @@ from tests.support.temporal_app import AGENTS
 from tests.support.temporal_support import Workers, free_port
 from trio_agents.hosting import HostedEvent, Origin, StartRequest
 from trio_agents.sessions import PostgresSession
-from trio_agents.temporal import TemporalHost
+from trio_agents.temporal import PostgresRunStore, RunStoreError, TemporalHost
 
 BOUND = 90.0  # hang guard per wait on a loaded machine
 ALICE = Origin(principal="alice")
@@ -138,3 +140,19 @@ def test_a_malformed_or_unreachable_database_is_one_line() -> None:
     local = cli("serve", "--port", "0", "--token", "t", "--db", "postgresql://h/x")
     line = assert_one_error_line(local, 2)
     assert "a PostgreSQL database keeps the runs of Temporal workers (--temporal)" in line
+
+
+async def test_a_database_with_newer_run_tables_is_one_line(pg_dsn: str) -> None:
+    url = postgres_url(pg_dsn)
+    async with PostgresRunStore(url):  # creates the tables
+        pass
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE trio_agents_schema SET version = 99 WHERE component = 'temporal'")
+    app = ["--temporal", "127.0.0.1:7233", "--app", "tests.support.temporal_app:AGENTS"]
+    done = await trio.to_thread.run_sync(lambda: cli("worker", *app, "--db", url))
+    line = assert_one_error_line(done, 1)
+    assert line.startswith("trio-agents: error: --db: database 127.0.0.1:"), line
+    assert "the Temporal run tables have schema version 99" in line
+    with pytest.raises(RunStoreError, match="schema version 99"):
+        async with PostgresRunStore(url):
+            pass  # pragma: no cover
