@@ -6,7 +6,7 @@ on another node (placed starts, routed ops, events from the persisted log) — t
 the interface only.
 
 — and the TemporalHost (a real dev server; the runs on a worker embedded in the test's
-Trio program). A new host passes by adding a fixture to :data:`HOSTS`: an async
+Trio program), with its sessions and run store in SQLite, and in PostgreSQL. A new host passes by adding a fixture to :data:`HOSTS`: an async
 context manager that serves a host of ``agents`` with sessions that survive a run.
 docs/architecture.md ("How a new host plugs in") says what else it implements.
 """
@@ -100,18 +100,19 @@ def _filler() -> ta.Agent:
     return ta.Agent(name="filler", instructions="test", model=model, tools=[hold])
 
 
-def _temporal(target: str, tmp_path: Path) -> OpenHost:
+def _temporal(target: str, where: Path | str) -> OpenHost:
     """A TemporalHost over a real dev server, its runs run by a worker embedded in the
-    test's own Trio program (the agents' scripted models and tools are the test's)."""
+    test's own Trio program (the agents' scripted models and tools are the test's), its
+    sessions and run store ``where`` says: a SQLite file, or a PostgreSQL database."""
     from tests.support.temporal_support import embedded_temporal_host
 
     def open_host(agents: Mapping[str, ta.Agent]) -> AbstractAsyncContextManager[RunHost]:
-        return embedded_temporal_host(target, tmp_path / "sessions.sqlite3", agents, _LIMITS)
+        return embedded_temporal_host(target, where, agents, _LIMITS)
 
     return open_host
 
 
-HOSTS = ["local", "cluster", "cluster-routed", "temporal"]
+HOSTS = ["local", "cluster", "cluster-routed", "temporal", "temporal-postgres"]
 
 
 @pytest.fixture(params=HOSTS)
@@ -122,7 +123,12 @@ def open_host(request: pytest.FixtureRequest, tmp_path: Path) -> OpenHost:
     if request.param == "cluster":
         return _cluster(request.getfixturevalue("pg_dsn"))
     if request.param == "temporal":
-        return _temporal(request.getfixturevalue("temporal_server"), tmp_path)
+        return _temporal(request.getfixturevalue("temporal_server"), tmp_path / "sessions.sqlite3")
+    if request.param == "temporal-postgres":
+        from tests.support.pg_support import postgres_url
+
+        database = postgres_url(request.getfixturevalue("pg_dsn"))
+        return _temporal(request.getfixturevalue("temporal_server"), database)
     return _routed(request.getfixturevalue("pg_dsn"))
 
 

@@ -35,7 +35,7 @@ from typing import Final
 import attrs
 import psycopg
 
-__all__ = ["PostgresServer", "PostgresUnavailable", "find_bin_dir"]
+__all__ = ["PostgresServer", "PostgresUnavailable", "find_bin_dir", "postgres_url"]
 
 UNPRIVILEGED_USER: Final = "postgres"
 TEMPLATE: Final = "trio_agents_test_template"
@@ -63,6 +63,13 @@ def find_bin_dir() -> Path:
         "PostgreSQL is not installed: no initdb on PATH or in /usr/lib/postgresql/*/bin"
         " (Debian: apt-get install postgresql; `make test` does it when run as root)"
     )
+
+
+def postgres_url(dsn: str) -> str:
+    """The server's ``host=... dbname=...`` DSN as a ``postgresql://`` URI (what
+    ``trio-agents worker --db`` and ``trio_agents.temporal.shared_storage`` take)."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    return f"postgresql://{params['user']}@{params['host']}:{params['port']}/{params['dbname']}"
 
 
 def _free_port() -> int:

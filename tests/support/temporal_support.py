@@ -114,13 +114,15 @@ async def connect_until(target: str, process: subprocess.Popen[bytes], log: Path
 
 @attrs.define
 class Workers:
-    """Worker processes on one task queue, with the session file and marks they share."""
+    """Worker processes on one task queue, with the session file (or, with ``storage``,
+    the ``postgresql://`` database: their ``--db``) and marks they share."""
 
     target: str
     task_queue: str
     db: Path
     marks: Path
     log_dir: Path
+    storage: str | None = None
     processes: list[subprocess.Popen[bytes]] = attrs.field(factory=list)
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -142,7 +144,7 @@ class Workers:
                     "--task-queue",
                     self.task_queue,
                     "--db",
-                    str(self.db),
+                    self.storage or str(self.db),
                 ],
                 cwd=REPO,
                 env=env,
@@ -169,34 +171,39 @@ class Workers:
 
 @asynccontextmanager
 async def embedded_temporal_host(
-    target: str, db: Path, agents: Mapping[str, Agent], limits: Limits
+    target: str, db: Path | str, agents: Mapping[str, Agent], limits: Limits
 ) -> AsyncIterator[TemporalHost]:
     """A ``TemporalHost`` on the dev server at ``target`` whose runs run on a worker
     embedded in the caller's Trio program (``serve_worker``: the attempts share its
     loop, so agents whose tools wait on the test's events work), on a task queue of its
-    own, with SQLite sessions in ``db`` and the run store beside it."""
-    from trio_agents.temporal import RunStore, TemporalHost, serve_worker, sqlite_sessions
+    own, with its sessions and run store where ``db`` says (``shared_storage``): SQLite
+    sessions in a file and the run store beside it, or both in a ``postgresql://``
+    database. The worker and the host each have store objects of their own, as two
+    processes would."""
+    from trio_agents.temporal import TemporalHost, serve_worker, shared_storage
 
     queue = f"q-{uuid.uuid4().hex[:12]}"
+    worker_store, worker_sessions = shared_storage(db)
+    host_store, host_sessions = shared_storage(db)
     async with trio.open_nursery() as worker:
         await worker.start(
             partial(
                 serve_worker,
                 target,
                 agents,
-                sessions=sqlite_sessions(str(db)),
-                store=RunStore.beside(db),
+                sessions=worker_sessions,
+                store=worker_store,
                 task_queue=queue,
             )
         )
         host = TemporalHost(
             target,
             agents,
-            store=RunStore.beside(db),
+            store=host_store,
             task_queue=queue,
             limits=limits,
             poll_interval=0.01,
-            sessions=sqlite_sessions(str(db)),
+            sessions=host_sessions,
         )
         async with host.running():
             yield host

@@ -22,17 +22,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def workers(temporal_server: str, tmp_path: Path) -> Iterator[Callable[[int], Workers]]:
-    """``workers(n)``: ``n`` worker processes on a task queue of this test's own."""
+def workers(temporal_server: str, tmp_path: Path) -> Iterator[Callable[..., Workers]]:
+    """``workers(n)``: ``n`` worker processes on a task queue of this test's own, their
+    storage a SQLite file of the test's (``workers(n, storage=URL)``: a PostgreSQL
+    database)."""
     started: list[Workers] = []
 
-    def start(count: int) -> Workers:
+    def start(count: int, storage: str | None = None) -> Workers:
         marks = tmp_path / "marks"
         marks.mkdir(exist_ok=True)
         group = Workers(
             target=temporal_server,
             task_queue=f"q-{uuid.uuid4().hex[:12]}",
             db=tmp_path / "sessions.sqlite3",
+            storage=storage,
             marks=marks,
             log_dir=tmp_path,
         )

@@ -207,8 +207,8 @@ def _add_serve_temporal(serve: argparse.ArgumentParser) -> None:
         "temporal",
         "serve the runs of Temporal workers (`trio-agents worker`; needs the temporal"
         " extra): runs start as workflows and run on the workers; their events and records"
-        " come from --db, the SQLite file the workers share; Ctrl-C or SIGTERM stops this"
-        " server only, the runs go on",
+        " come from --db, the workers' storage (a SQLite file on one disk, or a"
+        " postgresql:// database); Ctrl-C or SIGTERM stops this server only, the runs go on",
     )
     temporal.add_argument(
         "--temporal",
@@ -260,9 +260,10 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
     _add_serve_http(serve)
     serve.add_argument(
         "--db",
-        metavar="PATH",
+        metavar="PATH|URL",
         default="trio-agents-sessions.sqlite3",
-        help="SQLite file for the sessions (default trio-agents-sessions.sqlite3)",
+        help="SQLite file for the sessions (default trio-agents-sessions.sqlite3); with"
+        " --temporal, the workers' --db (a postgresql:// URI too)",
     )
     serve.add_argument(
         "--app",
@@ -466,9 +467,12 @@ def _add_worker(commands: argparse._SubParsersAction[_Parser]) -> None:
     worker.add_argument("--namespace", default="default", help="default: default")
     worker.add_argument(
         "--db",
-        metavar="PATH",
+        metavar="PATH|URL",
         default="trio-agents-sessions.sqlite3",
-        help="SQLite file for the sessions, shared by every worker (one disk)",
+        help="where the runs' sessions, events and records live, shared by every worker"
+        " and server: a SQLite file (all on one disk; the runs in FILE.runs beside it) or"
+        " a postgresql://USER@HOST:PORT/DB database (any number of machines; the postgres"
+        " extra) (default trio-agents-sessions.sqlite3)",
     )
     worker.add_argument(
         "--host",

@@ -52,9 +52,20 @@ from .._exception_groups import leaves
 
 if TYPE_CHECKING:
     from ..hosting import Limits, LocalHost, RunHost
+    from ..temporal import SessionFactory, SharedRunStore
+
+    TemporalStorage = tuple[SharedRunStore, SessionFactory, str]
 from ._errors import EXIT_USAGE, CLIError
 
-__all__ = ["DEFAULT_PRINCIPAL", "load_app", "read_tokens", "serve_command"]
+__all__ = [
+    "DEFAULT_PRINCIPAL",
+    "is_postgres_url",
+    "load_app",
+    "read_tokens",
+    "serve_command",
+    "store_failed",
+    "temporal_storage",
+]
 
 DEFAULT_PRINCIPAL: Final = "cli"
 """The principal of the single ``--token`` (or ``$TRIO_AGENTS_TOKEN``)."""
@@ -199,26 +210,31 @@ def _http_url(host: str, port: int) -> str:
 
 
 def _host(
-    args: argparse.Namespace, agents: Mapping[str, Agent], limits: Limits
+    args: argparse.Namespace,
+    agents: Mapping[str, Agent],
+    limits: Limits,
+    storage: TemporalStorage | None,
 ) -> tuple[RunHost, LocalHost | None, str]:
     """The server's host, the host whose runs a shutdown stops here (None with Temporal:
-    the runs live on the workers and go on without this server), and where runs live."""
+    the runs live on the workers and go on without this server), and where runs live
+    (``storage``: the Temporal workers' storage, from :func:`temporal_storage`)."""
     from ..hosting import LocalHost
 
     host: RunHost
     counted: LocalHost | None = None
-    if args.temporal is not None:
-        from ..temporal import RunStore, TemporalHost, sqlite_sessions
+    if storage is not None:
+        from ..temporal import TemporalHost
 
-        # The workers' files: the sessions in --db, the runs' events and records beside
-        # it (FILE.runs), as `trio-agents worker --db` keeps them. The host reads the
-        # sessions only to fork one (POST /sessions/{id}/fork).
-        store = RunStore.beside(args.db)
+        # The workers' storage, as `trio-agents worker --db` keeps it: the sessions in
+        # the SQLite file and the runs' events and records beside it (FILE.runs), or
+        # both in the PostgreSQL database. The host reads the sessions only to fork one
+        # (POST /sessions/{id}/fork).
+        store, sessions, stored = storage
         host = TemporalHost(
             args.temporal,
             agents,
             store=store,
-            sessions=sqlite_sessions(args.db),
+            sessions=sessions,
             task_queue=args.task_queue,
             namespace=args.namespace,
             limits=limits,
@@ -226,7 +242,7 @@ def _host(
         )
         where = (
             f"runs on the Temporal workers of task queue {args.task_queue!r} at"
-            f" {args.temporal}, sessions in {args.db}, runs in {store.path}"
+            f" {args.temporal}, {stored}"
         )
     elif args.cluster is not None:
         from ..cluster import PostgresCluster
@@ -246,7 +262,11 @@ def _host(
 
 
 async def _serve(
-    args: argparse.Namespace, agents: Mapping[str, Agent], auth: dict[str, str], out: TextIO
+    args: argparse.Namespace,
+    agents: Mapping[str, Agent],
+    auth: dict[str, str],
+    out: TextIO,
+    storage: TemporalStorage | None,
 ) -> tuple[str, int]:
     """Serve until SIGINT or SIGTERM, shut down; return the signal's name and how many
     runs the shutdown cancelled (or handed over)."""
@@ -256,7 +276,7 @@ async def _serve(
 
     # First the host (where the runs live), then its faces (how clients reach them).
     limits = Limits(shutdown_timeout=args.shutdown_timeout, max_run_limits=args.max_run_limits)
-    host, counted, where = _host(args, agents, limits)
+    host, counted, where = _host(args, agents, limits, storage)
     websocket = WebsocketFace(auth=auth, host=args.host, port=args.port)
     faces: list[ServedFace] = [websocket]
     http: Any = None
@@ -327,6 +347,57 @@ def _check_db(path: str) -> None:
         raise CLIError(f"--db {path}: cannot open it as a SQLite file: {exc}") from None
 
 
+def is_postgres_url(db: str) -> bool:
+    """Whether ``--db`` names a PostgreSQL database rather than a SQLite file."""
+    return db.lower().startswith(("postgresql://", "postgres://"))
+
+
+def temporal_storage(db: str) -> TemporalStorage:
+    """The Temporal workers' storage named by ``--db`` (``shared_storage``): the run
+    store, the session factory, and where they are (for the banner, never a password).
+    A PostgreSQL database is reached once here, so a wrong URI, host or password is
+    one line, not a traceback from the first run."""
+    from ..temporal import shared_storage
+
+    if not is_postgres_url(db):
+        store, sessions = shared_storage(db)
+        return store, sessions, f"sessions in {db}, runs in {db}.runs"
+    try:
+        import psycopg
+    except ImportError:
+        raise CLIError(
+            "--db: a PostgreSQL database needs the postgres extra:"
+            " pip install 'trio-agents[postgres]'"
+        ) from None
+    try:
+        store, sessions = shared_storage(db)
+    except ValueError as exc:
+        raise CLIError(f"--db: {exc}") from None
+    params = psycopg.conninfo.conninfo_to_dict(db)
+    database = (
+        f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+        f"/{params.get('dbname') or '(default)'}"
+    )
+    try:
+        psycopg.connect(db, connect_timeout=10).close()
+    except psycopg.Error as exc:
+        raise CLIError(
+            f"--db: cannot connect to PostgreSQL at {database}: {' '.join(str(exc).split())}"
+        ) from None
+    return store, sessions, f"sessions and runs in PostgreSQL {database}"
+
+
+def store_failed(group: BaseExceptionGroup[Any]) -> CLIError | None:
+    """The one line for a Temporal run store that failed (its PostgreSQL tables are
+    not usable, the database went away), or None for anything else."""
+    from ..temporal import RunStoreError
+
+    real = [leaf for leaf in leaves(group) if not isinstance(leaf, trio.Cancelled)]
+    if len(real) != 1 or not isinstance(real[0], RunStoreError):
+        return None
+    return CLIError(f"--db: {' '.join(str(real[0]).split())}")
+
+
 def _check_cluster(dsn: str) -> None:
     try:
         import psycopg.conninfo
@@ -383,16 +454,24 @@ def serve_command(args: argparse.Namespace, out: TextIO) -> int:
         from ._tour import demo_agent
 
         agents = {"demo": demo_agent(DemoModel())}
-    auth = _auth(args, out)
-    if args.cluster is None:
-        _check_db(args.db)
-    else:
+    if args.cluster is not None:
         _check_cluster(args.cluster)
+    elif not is_postgres_url(args.db):
+        _check_db(args.db)
+    elif args.temporal is None:
+        raise CLIError(
+            "--db: a PostgreSQL database keeps the runs of Temporal workers"
+            " (--temporal) or of a cluster (--cluster DSN); this server's own runs"
+            " keep their sessions in a SQLite file",
+            status=EXIT_USAGE,
+        )
+    storage = temporal_storage(args.db) if args.temporal is not None else None
+    auth = _auth(args, out)  # after the checks: a token is shown only to a server that starts
     try:
-        received, cancelled = trio.run(_serve, args, agents, auth, out)
+        received, cancelled = trio.run(_serve, args, agents, auth, out, storage)
     except BaseExceptionGroup as group:
         if args.temporal is not None:
-            down = _temporal_down(args, group)
+            down = _temporal_down(args, group) or store_failed(group)
             if down is None:
                 raise
             raise down from None

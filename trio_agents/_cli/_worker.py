@@ -14,10 +14,15 @@ import contextlib
 import os
 import signal
 import sys
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
+
+import trio
 
 from ._errors import CLIError, explain
-from ._serve import load_app
+from ._serve import is_postgres_url, load_app, temporal_storage
+
+if TYPE_CHECKING:
+    from ..temporal import SharedRunStore
 
 __all__ = ["worker_command"]
 
@@ -27,16 +32,21 @@ def worker_command(args: argparse.Namespace, out: TextIO) -> int:
     one line on stderr when Temporal cannot be reached (this never returns once the
     worker started)."""
     try:
-        from ..temporal import RunStore, run_worker, sqlite_sessions
+        from ..temporal import RunStoreError, run_worker
     except ImportError as exc:
         raise CLIError(
             f"the worker needs the temporal extra (pip install 'trio-agents[temporal]'): {exc}"
         ) from None
     agents = load_app(args.app)
-    sessions = sqlite_sessions(args.db)
-    # The runs' events and records live beside their sessions (FILE.runs): what a
-    # server's TemporalHost (`trio-agents serve --temporal`) serves to every face.
-    store = RunStore.beside(args.db)
+    # The runs' events and records live with their sessions (SQLite: beside them, in
+    # FILE.runs; PostgreSQL: in the same database): what a server's TemporalHost
+    # (`trio-agents serve --temporal`) serves to every face.
+    store, sessions, stored = temporal_storage(args.db)
+    if is_postgres_url(args.db):
+        try:
+            trio.run(_open, store)  # its tables are created (or checked) before any run
+        except RunStoreError as exc:
+            raise CLIError(f"--db: {' '.join(str(exc).split())}") from None
 
     async def main() -> None:
         task = asyncio.current_task()
@@ -46,7 +56,7 @@ def worker_command(args: argparse.Namespace, out: TextIO) -> int:
             loop.add_signal_handler(signum, task.cancel)
         print(
             f"trio-agents worker: agents {', '.join(sorted(agents))} on task queue"
-            f" {args.task_queue!r} of {args.temporal}",
+            f" {args.task_queue!r} of {args.temporal}, {stored}",
             file=out,
             flush=True,
         )
@@ -75,6 +85,11 @@ def worker_command(args: argparse.Namespace, out: TextIO) -> int:
         _exit(out, status)
     print("trio-agents worker: stopped", file=out, flush=True)
     _exit(out, 0)
+
+
+async def _open(store: SharedRunStore) -> None:
+    async with store:
+        pass
 
 
 def _exit(out: TextIO, status: int) -> NoReturn:

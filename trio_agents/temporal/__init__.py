@@ -9,13 +9,17 @@ workflow CANCELED. A lost worker's attempt is retried on another worker; a run t
 failed or was cancelled on its own is not.
 
 Every face serves these runs through :class:`TemporalHost` (``trio-agents serve
---temporal``), which reads their events and records from the shared :class:`RunStore`
-that the workers' attempts write; workers run as ``trio-agents worker`` processes
+--temporal``), which reads their events and records from the shared store that the
+workers' attempts write (a :class:`SharedRunStore`: :class:`RunStore`, one SQLite file
+on one disk, or :class:`PostgresRunStore`, one PostgreSQL database for any number of
+machines; :func:`shared_storage` picks it, and the sessions, from one string); workers run as ``trio-agents worker`` processes
 (:class:`TemporalWorker`, :func:`run_worker`) or inside a Trio program
 (:func:`serve_worker`). A small asyncio client API (``start_run``, ``cancel_run``,
 ``inject_run``, ``withdraw_run``, ``approve_call``, ``reject_call``, ``run_result``)
 serves scripts without a host.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._activity import SessionFactory as SessionFactory
 from ._activity import sqlite_sessions as sqlite_sessions
@@ -27,6 +31,10 @@ from ._run_client import run_result as run_result
 from ._run_client import start_run as start_run
 from ._run_client import withdraw_run as withdraw_run
 from ._run_store import RunStore as RunStore
+from ._shared_store import RunStoreError as RunStoreError
+from ._shared_store import SharedRunStore as SharedRunStore
+from ._stores import postgres_sessions as postgres_sessions
+from ._stores import shared_storage as shared_storage
 from ._temporal_host import TemporalHost as TemporalHost
 from ._trio_worker import DEFAULT_TASK_QUEUE as DEFAULT_TASK_QUEUE
 from ._trio_worker import TemporalWorker as TemporalWorker
@@ -38,25 +46,51 @@ from ._types import RunOutcome as RunOutcome
 from ._types import RunRequest as RunRequest
 from ._workflow import RunWorkflow as RunWorkflow
 
+if TYPE_CHECKING:
+    from ._pg_run_store import PostgresRunStore as PostgresRunStore
+
 __all__ = [
     "CANCELLED_BY_TEMPORAL",
     "DEFAULT_TASK_QUEUE",
     "OpAnswer",
+    "PostgresRunStore",
     "RunOutcome",
     "RunRequest",
     "RunStore",
+    "RunStoreError",
     "RunWorkflow",
     "SessionFactory",
+    "SharedRunStore",
     "TemporalHost",
     "TemporalWorker",
     "approve_call",
     "cancel_run",
     "inject_run",
+    "postgres_sessions",
     "reject_call",
     "run_result",
     "run_worker",
     "serve_worker",
+    "shared_storage",
     "sqlite_sessions",
     "start_run",
     "withdraw_run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, so that the package works without the `postgres` extra.
+    if name == "PostgresRunStore":
+        from ._pg_run_store import PostgresRunStore
+
+        return PostgresRunStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The lazy name too, when it imports (see trio_agents.sessions.__dir__).
+    try:
+        from . import _pg_run_store  # noqa: F401
+    except ImportError:
+        return sorted(globals())
+    return sorted({*globals(), "PostgresRunStore"})

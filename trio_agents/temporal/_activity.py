@@ -32,7 +32,7 @@ from ..hosting import RunInfo
 from ..hosting._policies import effective_limits
 from ..sessions import Session
 from ._event_writer import EventWriter
-from ._run_store import RunStore
+from ._shared_store import SharedRunStore
 from ._types import PARKED, OpAnswer, RunOutcome, RunRequest, SteeringOp
 
 __all__ = [
@@ -71,7 +71,7 @@ class AttemptFenced(Exception):
 
 
 async def _claim(
-    store: RunStore, request: RunRequest, number: int, next_seq: int, address: str | None
+    store: SharedRunStore, request: RunRequest, number: int, next_seq: int, address: str | None
 ) -> tuple[int, tuple[str, ...]]:
     """Claim the run's writes for attempt ``number``: the seq its next event takes, and
     the tool calls earlier attempts recorded as started."""
@@ -311,7 +311,7 @@ async def run_attempt(
     started_calls: list[str] | None = None,
     next_seq: int = 1,
     decided: Sequence[SteeringOp] = (),
-    store: RunStore | None = None,
+    store: SharedRunStore | None = None,
     address: str | None = None,
 ) -> RunOutcome:
     """Run one attempt of ``request`` to its terminal update (or its park); its outcome

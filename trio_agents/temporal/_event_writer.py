@@ -1,7 +1,7 @@
 """An attempt's events into the shared store: :class:`EventWriter`.
 
 One writer per attempt copies the run's whole tree of events (``run.events(tree=True)``)
-into the :class:`~._run_store.RunStore`, with each touched run's record, in batches: a
+into the shared store (:class:`~._shared_store.SharedRunStore`), with each touched run's record, in batches: a
 collector takes every event as it comes (nothing in the run's own loop waits for the
 store), and a flusher writes whatever arrived during the previous write in one
 transaction — the batches grow with the load. The attempt returns its outcome only once
@@ -27,7 +27,7 @@ from .._agent import Agent
 from .._events import RunEvent, RunStatus, RunUpdated
 from .._run import Run
 from ..hosting import RunInfo
-from ._run_store import RunStore
+from ._shared_store import RunStoreError, SharedRunStore
 
 __all__ = ["FENCED", "EventWriter"]
 
@@ -48,7 +48,7 @@ class EventWriter:
 
     def __init__(
         self,
-        store: RunStore,
+        store: SharedRunStore,
         root: Run,
         *,
         attempt: int,
@@ -130,7 +130,7 @@ class EventWriter:
                         self._root.id, self._attempt, self._principal, rows, records, release
                     )
                 break
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, RunStoreError) as exc:
                 log.warning("run %s: writing events failed, retrying: %s", self._root.id, exc)
                 await trio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)

@@ -8,7 +8,7 @@ Temporal workers through this host, exactly as it serves a :class:`LocalHost`'s:
   (workflow id = run id);
 - **get / list / events / wait_terminal** read the store, where the attempt running the
   run on a worker writes its events and records as they come (a subscriber follows it
-  by polling SQLite's ``data_version``, a cheap read, every ``poll_interval``);
+  by polling the store's ``data_version``, a cheap read, every ``poll_interval``);
 - **cancel, inject, withdraw, approve, reject** are the workflow's ``steer`` update
   (recorded in the history, then pushed to the attempt), answered with the attempt's real
   answer; a cancel of a root is first a Temporal cancel carrying the reason, so the
@@ -54,7 +54,8 @@ from ..hosting._session_fork import fork_from_factory
 from ._activity import SessionFactory
 from ._asyncio_loop import AsyncioLoop
 from ._push import push_op_here
-from ._run_store import RunStore
+from ._shared_store import SharedRunStore
+from ._stores import run_store_at
 from ._trio_worker import DEFAULT_TASK_QUEUE
 from ._types import (
     CANCELLED_BY_TEMPORAL,
@@ -115,7 +116,9 @@ class TemporalHost:
         target: the Temporal frontend, ``"HOST:PORT"``.
         agents: the agents by name: the same app the workers serve (a face reads their
             names and output schemas here; the runs themselves run on the workers).
-        store: the :class:`RunStore` (or its SQLite file) that the workers write to.
+        store: the store the workers write to: a :class:`RunStore` or a
+            :class:`PostgresRunStore` (:func:`shared_storage`), or where it is (a
+            ``postgresql://`` URI, else the store's own SQLite file).
         task_queue: the workers' task queue.
         namespace: the Temporal namespace.
         limits: the server's :class:`~trio_agents.hosting.Limits` (runs per principal,
@@ -125,7 +128,8 @@ class TemporalHost:
         run_options: JSON-able ``open_run`` options for every run (``max_turns``, ...).
         poll_interval: seconds between two looks at the store for new events.
         sessions: the workers' session factory (:func:`sqlite_sessions` over the same
-            file), for :meth:`fork_session`; None: forks are refused.
+            file, :func:`postgres_sessions` over the same database), for
+            :meth:`fork_session`; None: forks are refused.
 
     Serve it like any host: ``await hosting.serve(TemporalHost(...), faces)``.
     """
@@ -135,7 +139,7 @@ class TemporalHost:
         target: str,
         agents: Mapping[str, Agent],
         *,
-        store: RunStore | str | os.PathLike[str],
+        store: SharedRunStore | str | os.PathLike[str],
         task_queue: str = DEFAULT_TASK_QUEUE,
         namespace: str = "default",
         limits: Limits | None = None,
@@ -150,7 +154,7 @@ class TemporalHost:
             raise ValueError(f"poll_interval must be a positive number, not {poll_interval!r}")
         self._target = target
         self._agents = dict(agents)
-        self._store = store if isinstance(store, RunStore) else RunStore(store)
+        self._store = run_store_at(store) if isinstance(store, str | os.PathLike) else store
         self._task_queue = task_queue
         self._namespace = namespace
         self._limits = limits if limits is not None else Limits()
@@ -185,7 +189,7 @@ class TemporalHost:
         return self._limits
 
     @property
-    def store(self) -> RunStore:
+    def store(self) -> SharedRunStore:
         """The shared store of runs this host reads."""
         return self._store
 

@@ -39,7 +39,7 @@ from .._agent import Agent
 from ._activity import Attempt, AttemptError, AttemptFenced, SessionFactory, run_attempt
 from ._asyncio_loop import AsyncioLoop
 from ._push import push_op, serve_ops
-from ._run_store import RunStore
+from ._shared_store import SharedRunStore
 from ._types import (
     ACTIVITY_ATTEMPT,
     ACTIVITY_PUSH,
@@ -217,7 +217,7 @@ class _Activities:
         agents: Mapping[str, Agent],
         sessions: SessionFactory | None,
         trio_thread: _TrioThread,
-        store: RunStore | None,
+        store: SharedRunStore | None,
     ) -> None:
         self._agents = agents
         self._sessions = sessions
@@ -470,8 +470,8 @@ class TemporalWorker:
         task_queue: the task queue to poll.
         host: the interface on which this worker takes ops pushed to its attempts; other
             workers must reach it (loopback is right when they share one machine).
-        store: the shared :class:`RunStore` where attempts write their runs' events and
-            records (what a :class:`TemporalHost` serves to every face); None: events
+        store: the shared store (a :class:`RunStore` or a :class:`PostgresRunStore`:
+            :func:`shared_storage`) where attempts write their runs' events and records (what a :class:`TemporalHost` serves to every face); None: events
             are not kept beyond the attempt.
         max_concurrent_activities: attempts (and pushes) this worker runs at once.
 
@@ -488,7 +488,7 @@ class TemporalWorker:
         task_queue: str = DEFAULT_TASK_QUEUE,
         host: str = "127.0.0.1",
         max_concurrent_activities: int = 200,
-        store: RunStore | None = None,
+        store: SharedRunStore | None = None,
         _attempts_here: _TrioHere | None = None,
     ) -> None:
         self._client = client
@@ -525,7 +525,7 @@ async def run_worker(
     task_queue: str = DEFAULT_TASK_QUEUE,
     namespace: str = "default",
     host: str = "127.0.0.1",
-    store: RunStore | None = None,
+    store: SharedRunStore | None = None,
 ) -> None:
     """Connect to the Temporal frontend at ``target`` (``"HOST:PORT"``) and run a
     :class:`TemporalWorker` until cancelled (asyncio)."""
@@ -541,7 +541,7 @@ async def serve_worker(
     agents: Mapping[str, Agent],
     *,
     sessions: SessionFactory | None = None,
-    store: RunStore | None = None,
+    store: SharedRunStore | None = None,
     task_queue: str = DEFAULT_TASK_QUEUE,
     namespace: str = "default",
     host: str = "127.0.0.1",
