@@ -257,7 +257,11 @@ def decisions(ops: Sequence[SteeringOp]) -> tuple[frozenset[str], dict[str, str 
 
 
 def _resume(
-    attempt: int, started_calls: list[str], next_seq: int, decided: Sequence[SteeringOp] = ()
+    attempt: int,
+    started_calls: list[str],
+    next_seq: int,
+    decided: Sequence[SteeringOp] = (),
+    children: Mapping[tuple[str, str], tuple[str, int]] | None = None,
 ) -> Resume | None:
     if attempt < 2:
         return None
@@ -269,7 +273,37 @@ def _resume(
         reason="the worker running this call was lost",
         approved=approved,
         rejected=rejected,
+        children=children or {},
     )
+
+
+async def _tree_children(store: RunStore, root_id: str) -> dict[tuple[str, str], tuple[str, int]]:
+    """The unfinished child runs earlier attempts started in the tree, from the
+    ``run.child`` events in the store: ``(parent id, call id) -> (child id, its next
+    seq)`` (``Resume.children``). A child the resumed tree resumes keeps its id and its
+    seqs go on, so its record ends once and the ops sent to it by id still find it."""
+    started: dict[tuple[str, str], list[str]] = {}
+    last: dict[str, int] = {}
+    ended: set[str] = set()
+    after = 0
+    while True:
+        events, scanned = await store.events_after(root_id, after, None)
+        for stored in events:
+            event = stored.event
+            last[stored.run_id] = max(last.get(stored.run_id, 0), stored.seq)
+            if event.get("type") == "run.child" and event.get("status") == "queued":
+                started.setdefault((stored.run_id, event["call_id"]), []).append(event["child_id"])
+            elif event.get("type") == "run.updated" and RunStatus(event["status"]).is_terminal:
+                ended.add(stored.run_id)
+        if scanned == after:
+            break
+        after = scanned
+    found = {}
+    for key, ids in started.items():
+        live = [child for child in ids if child not in ended]
+        if live:  # (several children of one call: the latest goes on)
+            found[key] = (live[-1], last.get(live[-1], 0) + 1)
+    return found
 
 
 def _options(
@@ -341,8 +375,13 @@ async def run_attempt(
             )
         # A run with a session resumes from it (with no input of its own); one without
         # starts again from its input (no tool had started: nothing runs twice).
+        children = None
+        if number > 1 and request.session_id is not None and store is not None:
+            children = await _tree_children(store, request.run_id)
         resume = (
-            _resume(number, started_calls or [], next_seq, decided) if request.session_id else None
+            _resume(number, started_calls or [], next_seq, decided, children)
+            if request.session_id
+            else None
         )
         items = [] if resume is not None else coerce_items(request.input)
         holder: list[Run] = []
