@@ -155,3 +155,46 @@ async def test_a_tree_whose_grandchild_awaits_approval_survives_the_death_of_its
     assert outputs == [(GUARDED, "guarded ran")]
     root_rows = await _stored(group.db, _session("s-tree"))
     assert root_rows[-1]["content"] == "done: done: done: guarded ran"
+
+
+async def test_a_worker_killed_while_the_model_streams_resumes_the_turn_from_the_session(
+    workers: Callable[[int], Workers],
+) -> None:
+    # SIGKILL mid-stream (no tool running): the streamed partial text of the lost attempt
+    # was never an item (nothing persisted it), so the resumed attempt asks the model
+    # again from the session and the conversation holds only the new answer; the
+    # partial deltas stay in the run's log, where clients saw them, and the seqs go on.
+    group = workers(2)
+    request = StartRequest(
+        agent="rules", input=(ta.UserMessage("stream s1"),), session_id="s-stream"
+    )
+    mark = group.marks / "s1.streaming"
+    with trio.fail_after(BOUND):
+        async with opened(group) as host:
+            run_id = await host.start(ALICE, request)
+            async with host.events("alice", run_id) as events:
+                async for hosted in events:
+                    if hosted.event["type"] == "response.text.delta":
+                        break
+            while not mark.exists():  # noqa: ASYNC110 (another process's file: polled)
+                await trio.sleep(0.02)
+            pid = int(mark.read_text())
+            os.kill(pid, signal.SIGKILL)
+            info = await host.wait_terminal("alice", run_id)
+            seen = await _tree_events(host, run_id)
+    assert (info.status, info.reason) == (ta.RunStatus.COMPLETED, None), group.logs()
+    _check_logs(seen)
+    deltas = [e["text"] for e in seen if e["type"] == "response.text.delta"]
+    assert deltas == ["partial s1 ", "streamed s1"]  # the lost attempt's, then the new one's
+    resumed = [e["seq"] for e in seen if (e.get("detail") or {}).get("resumed")]
+    first_delta = next(e["seq"] for e in seen if e["type"] == "response.text.delta")
+    assert len(resumed) == 1
+    assert resumed[0] > first_delta  # seqs went on after what the lost attempt wrote
+    items = [e["item"] for e in seen if e["type"] == "run.item"]
+    # The input once (the resumed attempt does not re-emit it), then the new answer only.
+    assert [item.get("content") for item in items] == ["stream s1", "streamed s1"]
+    rows = await _stored(group.db, _session("s-stream"))
+    assert [(row.get("role"), row.get("content")) for row in rows] == [
+        ("user", "stream s1"),
+        ("assistant", "streamed s1"),
+    ]
