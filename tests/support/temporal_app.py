@@ -13,6 +13,8 @@ worker process answers the same conversation the same way:
 - ``"tree"`` (the ``tree`` agent): call ``middle`` (id ``call_middle``), an agent tool
   whose model, on ``"nest"``, calls ``leaf`` (id ``call_leaf``), an agent tool whose
   model calls ``guarded``: a grandchild waits for approval;
+- ``"slow"``: the answer ``"slow answer"`` streamed in 10 deltas 100 ms apart (a run in
+  flight for a while, to race a cancel against its completion);
 - ``"stream <token>"``: stream ``"partial <token> "`` and mark it (a file
   ``<token>.streaming`` holding the worker's pid), then wait forever mid-stream; once
   that mark exists (a later attempt, any worker), stream ``"streamed <token>"`` and stop;
@@ -57,6 +59,9 @@ class RuleModel:
             events.append(ToolCallDone(ta.ToolCall("call_middle", "middle", '{"input": "nest"}')))
         elif isinstance(last, ta.UserMessage) and last.content == "nest":
             events.append(ToolCallDone(ta.ToolCall("call_leaf", "leaf", '{"input": "guarded"}')))
+        elif isinstance(last, ta.UserMessage) and last.content == "slow":
+            yield _slow()
+            return
         elif isinstance(last, ta.UserMessage) and last.content.startswith("stream "):
             yield _stream(last.content.removeprefix("stream "))
             return
@@ -74,6 +79,13 @@ class RuleModel:
                 yield event
 
         yield play()
+
+
+async def _slow() -> AsyncIterator[ModelEvent]:
+    for piece in ["slow", " ", "ans", "w", "e", "r", "", "", "", ""]:
+        await trio.sleep(0.1)
+        yield TextDelta(piece)
+    yield Finish("stop")
 
 
 async def _stream(token: str) -> AsyncIterator[ModelEvent]:

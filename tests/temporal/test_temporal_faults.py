@@ -19,9 +19,12 @@ import trio
 from temporalio.client import Client
 
 import trio_agents as ta
+from tests.support.a2a_support import rpc, text_message
+from tests.support.http_support import TOKENS, bearer
 from tests.support.temporal_app import AGENTS
 from tests.support.temporal_support import Workers
-from trio_agents.hosting import Origin, StartRequest
+from trio_agents.faces import HttpFaces
+from trio_agents.hosting import Limits, Origin, StartRequest, open_server
 from trio_agents.sessions import SQLiteSession
 from trio_agents.temporal import RunStore, TemporalHost
 
@@ -198,3 +201,80 @@ async def test_a_worker_killed_while_the_model_streams_resumes_the_turn_from_the
         ("user", "stream s1"),
         ("assistant", "streamed s1"),
     ]
+
+
+V1 = {"A2A-Version": "1.0", **bearer("tok-alice")}
+TASK_NOT_CANCELABLE = -32002
+
+
+async def _until(host: TemporalHost, run_id: str, stage: str) -> None:
+    """Follow the run in the store until ``stage``: ``"sent"`` (at once),
+    ``"streaming"`` (the model's first delta is written), ``"answered"`` (its answer is
+    an item: the run is about to complete, its terminal update written or not)."""
+    if stage == "sent":
+        return
+    async with host.events("alice", run_id) as events:
+        async for hosted in events:
+            event = hosted.event
+            if stage == "streaming" and event["type"] == "response.text.delta":
+                return
+            if event["type"] == "run.item" and event["item"].get("role") == "assistant":
+                return
+
+
+@pytest.mark.parametrize(
+    "stage", ["sent", "streaming", "streaming", "answered", "answered"]
+)
+async def test_an_a2a_cancel_racing_the_completion_answers_once_and_never_hangs(
+    workers: Callable[[int], Workers], stage: str
+) -> None:
+    # CancelTask sent while the run completes on its worker: the answer is the task,
+    # cancelled after its repair, or TaskNotCancelableError once it had completed, or
+    # (docs/faces.md, A2A: "the state it reached if it finished first") the completed
+    # task; never a hang, and the run has exactly one terminal update either way, the
+    # one the answer reports.
+    group = workers(1)
+    host = TemporalHost(
+        group.target,
+        AGENTS,
+        store=RunStore.beside(group.db),
+        task_queue=group.task_queue,
+        limits=Limits(ping_interval=None),
+        poll_interval=0.01,
+    )
+    with trio.fail_after(BOUND):
+        async with open_server(host, [HttpFaces(auth=TOKENS)]) as (http_port,):
+            base = f"http://127.0.0.1:{http_port}"
+            sent = await rpc(
+                base,
+                "SendMessage",
+                {
+                    "message": text_message("slow"),
+                    "configuration": {"returnImmediately": True},
+                    "metadata": {"agent": "rules"},
+                },
+                headers=V1,
+            )
+            assert sent.status_code == 200, sent.text
+            task_id = sent.json()["result"]["task"]["id"]
+            await _until(host, task_id, stage)
+            cancelled = await rpc(base, "CancelTask", {"id": task_id}, headers=V1)
+            assert cancelled.status_code == 200, cancelled.text
+            info = await host.wait_terminal("alice", task_id)
+            seen = await _tree_events(host, task_id)
+    _check_logs(seen)  # one terminal update, the last event
+    body = cancelled.json()
+    if "error" in body:
+        assert body["error"]["code"] == TASK_NOT_CANCELABLE, body
+        assert info.status == ta.RunStatus.COMPLETED
+    else:
+        state = body["result"]["status"]["state"]
+        expected = {
+            ta.RunStatus.CANCELLED: "TASK_STATE_CANCELED",
+            ta.RunStatus.COMPLETED: "TASK_STATE_COMPLETED",
+        }
+        assert state == expected[info.status], (body, info)
+    if info.status == ta.RunStatus.CANCELLED:
+        assert info.reason == "cancelled over A2A"
+    else:
+        assert info.status == ta.RunStatus.COMPLETED, info
