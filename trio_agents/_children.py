@@ -216,7 +216,8 @@ async def _resume_for(
     idempotent (§12). The child's session holds only its own items, so the agent it had
     handed off to is found by following its transfers from ``agent``.
     """
-    earlier = parent._options.resume
+    options = parent._options
+    earlier = options.resume
     if earlier is None or session is None or call_id not in earlier.started:
         return None
     read = getattr(session, "get_stored_items", None) or session.get_items
@@ -228,7 +229,7 @@ async def _resume_for(
     known = earlier.children.get((parent.id, call_id))
     # With a barrier, the calls recorded anywhere in the tree, handed down for the
     # child's own descendants too (a call id another run shares counts as started).
-    started = earlier.started if parent._options.before_tool is not None else left_open
+    started = earlier.started if options.before_tool is not None else left_open
     return Resume(
         attempt=earlier.attempt,
         next_seq=1 if known is None else known[1],

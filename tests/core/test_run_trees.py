@@ -791,7 +791,7 @@ async def test_a_resumed_tree_with_a_barrier_asks_again_for_a_childs_unstarted_c
 
     path = tmp_path / "tree.db"
     parent_rows, _ = _crashed_tree_rows()
-    child_rows = [ta.UserMessage("x"), ta.ToolCall("k1", "work", "{}")]
+    child_rows: list[ta.Item] = [ta.UserMessage("x"), ta.ToolCall("k1", "work", "{}")]
     child_rows.append(ta.ToolCall("k2", "guarded", "{}"))
     async with ta.sessions.SQLiteSession(path, "conv") as session:
         await session.add_items(parent_rows)
@@ -804,7 +804,7 @@ async def test_a_resumed_tree_with_a_barrier_asks_again_for_a_childs_unstarted_c
             root, [], session=session, resume=resume, before_tool=before_tool
         ) as run:
             async for event in run.events():
-                if event.type == "run.updated" and event.status == "awaiting_approval":
+                if isinstance(event, ta.RunUpdated) and event.status == "awaiting_approval":
                     waiting = [entry["call_id"] for entry in event.detail["waiting"]]
                     break
             (child,) = run.children

@@ -147,14 +147,17 @@ async def test_a_tree_whose_grandchild_awaits_approval_survives_the_death_of_its
         for e in seen
         if e["type"] == "run.updated" and (e.get("detail") or {}).get("resumed")
     ]
-    assert resumed and {detail["attempt"] for _, detail in resumed} == {2}
+    assert resumed
+    assert {detail["attempt"] for _, detail in resumed} == {2}
     assert not [e for e in seen if (e.get("detail") or {}).get("parked")]
     # The guarded tool ran once, after the approval, on the second worker.
     started = [e for e in seen if e["type"] == "tool.started" and e["call_id"] == GUARDED]
     assert len(started) == 1
     assert started[0]["run_id"] == leaf
     leaf_rows = await _stored(group.db, _session("s-tree", "call_middle", "call_leaf"))
-    outputs = [(r["call_id"], r["output"]) for r in leaf_rows if r["type"] == "function_call_output"]
+    outputs = [
+        (r["call_id"], r["output"]) for r in leaf_rows if r["type"] == "function_call_output"
+    ]
     assert outputs == [(GUARDED, "guarded ran")]
     root_rows = await _stored(group.db, _session("s-tree"))
     assert root_rows[-1]["content"] == "done: done: done: guarded ran"
@@ -222,11 +225,14 @@ async def _until(host: TemporalHost, run_id: str, stage: str) -> None:
                 return
 
 
+# Five runs: the cancel sent at once and while the model streams (cancelled), and
+# right after the answer (racing the terminal update: either side).
 @pytest.mark.parametrize(
-    "stage", ["sent", "streaming", "streaming", "answered", "answered"]
+    ("stage", "repeat"),
+    [("sent", 1), ("streaming", 1), ("streaming", 2), ("answered", 1), ("answered", 2)],
 )
 async def test_an_a2a_cancel_racing_the_completion_answers_once_and_never_hangs(
-    workers: Callable[[int], Workers], stage: str
+    workers: Callable[[int], Workers], stage: str, repeat: int
 ) -> None:
     # CancelTask sent while the run completes on its worker: the answer is the task,
     # cancelled after its repair, or TaskNotCancelableError once it had completed, or
