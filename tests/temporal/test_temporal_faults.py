@@ -284,3 +284,37 @@ async def test_an_a2a_cancel_racing_the_completion_answers_once_and_never_hangs(
         assert info.reason == "cancelled over A2A"
     else:
         assert info.status == ta.RunStatus.COMPLETED, info
+
+
+async def test_a_grandchilds_approval_recorded_while_no_worker_runs_the_tree_is_applied(
+    workers: Callable[[int], Workers],
+) -> None:
+    # The worker running the tree dies while the grandchild awaits approval, and the
+    # approve (by the grandchild's id) is recorded while no worker runs the tree: the
+    # next attempt applies it once its resumed tree has the grandchild asking again
+    # (from its catch-up, or pushed: whichever reaches it first), never answered
+    # not_found nor lost.
+    group = workers(1)
+    request = StartRequest(agent="tree", input=(ta.UserMessage("tree"),), session_id="s-dead")
+    with trio.fail_after(BOUND * 2):
+        async with opened(group) as host:
+            run_id = await host.start(ALICE, request)
+            waiting = await _waiting_after(host, run_id, 0)
+            ((leaf, call),) = [(w["run_id"], w["call_id"]) for w in waiting["waiting"]]
+            (worker,) = group.processes
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(BOUND)
+            async with trio.open_nursery() as nursery:
+                # The update waits for a worker to run the workflow's task: whichever
+                # comes first, the next attempt gets it caught up or pushed.
+                nursery.start_soon(host.approve, "alice", leaf, call)
+                group.start()
+            info = await host.wait_terminal("alice", run_id)
+            seen = await _tree_events(host, run_id)
+    assert (info.status, info.reason) == (ta.RunStatus.COMPLETED, None), group.logs()
+    by_run = _check_logs(seen)
+    assert len(by_run) == 3
+    started = [e for e in seen if e["type"] == "tool.started" and e["call_id"] == GUARDED]
+    assert [e["run_id"] for e in started] == [leaf]
+    root_rows = await _stored(group.db, _session("s-dead"))
+    assert root_rows[-1]["content"] == "done: done: done: guarded ran"

@@ -120,6 +120,8 @@ class Attempt:
     # A resumed run's decisions wait for this: set once the run has asked for its
     # left-open calls' approvals again (or moved on to the model, or ended).
     _settled: trio.Event | None = attrs.field(init=False, default=None)
+    # The ids of the children a resumed tree makes again (Resume.children).
+    _resumed_nodes: frozenset[str] = attrs.field(init=False, default=frozenset())
     handover: bool = attrs.field(init=False, default=False)
     """The attempt stops because its worker shuts down: its run goes on in the next
     attempt, so its terminal update is not the run's (not written to the store)."""
@@ -138,12 +140,15 @@ class Attempt:
             run.cancel(self._cancel_reason)
         self._ready.set()
 
-    def resuming(self) -> trio.Event:
+    def resuming(self, nodes: frozenset[str] = frozenset()) -> trio.Event:
         """The run resumes from its session: decisions pushed to it wait until it has
         asked for its left-open calls' approvals again (the returned event, set by
         :func:`_settle`). Sooner, ``approve`` would answer ``not_found`` for a call
-        that is about to wait for it, and the decision would be lost."""
+        that is about to wait for it, and the decision would be lost. A decision for
+        one of the children ``nodes`` the resumed tree makes again waits likewise for
+        that child (:func:`_settle_node`)."""
         self._settled = trio.Event()
+        self._resumed_nodes = nodes
         return self._settled
 
     @property
@@ -170,6 +175,8 @@ class Attempt:
         if run is None or self._ended:
             return OpAnswer(ok=False, code="run_closed", message="the attempt has ended")
         if op.node is not None and op.node != run.id:
+            if op.op in ("approve", "reject") and op.node in self._resumed_nodes:
+                await _settle_node(run, op.node)
             node = run.find(op.node)
             if node is None:
                 return OpAnswer(ok=False, code="not_found", message=f"no run {op.node!r} here")
@@ -434,7 +441,11 @@ async def _run(
 ) -> RunOutcome:
     from .._entry import open_run
 
-    settled = attempt.resuming() if "resume" in options else None
+    resume = options.get("resume")
+    settled = None
+    if isinstance(resume, Resume):
+        nodes = frozenset(child for child, _ in resume.children.values())
+        settled = attempt.resuming(nodes)
     written: EventWriter | None = None
     async with (
         trio.open_nursery() as nursery,
@@ -453,7 +464,6 @@ async def _run(
         raise AttemptFenced(f"a later attempt of run {run_id} took it over")
     result = run.result
     assert result is not None  # open_run's block waits for the terminal update
-    resume = options.get("resume")
     return RunOutcome(
         run_id=run_id,
         status=PARKED if result.parked else str(result.status),
@@ -484,6 +494,22 @@ async def _settle(run: Run, settled: trio.Event) -> None:
                 return
     finally:
         settled.set()
+
+
+async def _settle_node(root: Run, node_id: str) -> None:
+    """Return once the resumed tree's child ``node_id`` has settled the calls its
+    earlier attempt left open (as :func:`_settle` for the root: it awaits approval, its
+    model produced something, or it ended), or the tree ended without it."""
+    async for event in root.events(tree=True):
+        if event.run_id != node_id:
+            continue
+        if isinstance(event, RunUpdated):
+            if event.status is RunStatus.AWAITING_APPROVAL or event.status.is_terminal:
+                return
+        elif isinstance(event, ResponseTextDelta) or (
+            isinstance(event, RunItemEvent) and isinstance(event.item, AssistantMessage | ToolCall)
+        ):
+            return
 
 
 def _open_calls(conversation: Sequence[Item]) -> list[str]:
