@@ -175,9 +175,14 @@ class Attempt:
         if run is None or self._ended:
             return OpAnswer(ok=False, code="run_closed", message="the attempt has ended")
         if op.node is not None and op.node != run.id:
-            if op.op in ("approve", "reject") and op.node in self._resumed_nodes:
-                await _settle_node(run, op.node)
             node = run.find(op.node)
+            if (
+                op.op in ("approve", "reject")
+                and op.node in self._resumed_nodes
+                and (node is None or op.target not in node.statistics().pending_approvals)
+            ):
+                await _settle_node(run, op.node)
+                node = run.find(op.node)
             if node is None:
                 return OpAnswer(ok=False, code="not_found", message=f"no run {op.node!r} here")
             run = node
