@@ -49,8 +49,11 @@ __all__ = [
 ]
 
 # The options a child takes from its parent unless given (the others are its own:
-# max_turns is its agent's; on_busy, before_tool and resume concern one session's run).
+# max_turns is its agent's; on_busy and resume concern one session's run). The
+# before_tool barrier covers the whole tree: a resumed tree then knows which of its
+# descendants' calls had started (_resume_for).
 _INHERITED = (
+    "before_tool",
     "cleanup_timeout",
     "max_concurrent_tools",
     "inbox_capacity",
@@ -203,14 +206,18 @@ async def _resume_for(
     session; None for a fresh child (the parent is not resumed, the call had not
     started, or the child had stored nothing).
 
-    Which of the child's own calls had started is not recorded anywhere, so every call
-    it left open counts as started: it runs again only if its tool is idempotent, and
-    is otherwise answered ``interrupted`` — a tool is never run twice unless declared
-    idempotent (§12), at the price of asking a model again about a call that may never
-    have started. The child's session holds only its own items, so the agent it had
+    The children inherit the ``before_tool`` barrier, so when the resumed tree has one
+    (a cluster, a Temporal worker) the earlier attempt recorded each descendant's call
+    before its tool started, in ``earlier.started`` with the root's: a call the child
+    left open that is not there never started (one awaiting approval asks for it
+    again). Without a barrier nothing says which of them had started, so every call it
+    left open counts as started: it runs again only if its tool is idempotent, and is
+    otherwise answered ``interrupted`` — a tool is never run twice unless declared
+    idempotent (§12). The child's session holds only its own items, so the agent it had
     handed off to is found by following its transfers from ``agent``.
     """
-    earlier = parent._options.resume
+    options = parent._options
+    earlier = options.resume
     if earlier is None or session is None or call_id not in earlier.started:
         return None
     read = getattr(session, "get_stored_items", None) or session.get_items
@@ -220,10 +227,13 @@ async def _resume_for(
     answered = {i.call_id for i in stored if isinstance(i, ToolResult)}
     left_open = {i.call_id for i in stored if isinstance(i, ToolCall)} - answered
     known = earlier.children.get((parent.id, call_id))
+    # With a barrier, the calls recorded anywhere in the tree, handed down for the
+    # child's own descendants too (a call id another run shares counts as started).
+    started = earlier.started if options.before_tool is not None else left_open
     return Resume(
         attempt=earlier.attempt,
         next_seq=1 if known is None else known[1],
-        started=left_open,
+        started=started,
         reason=earlier.reason,
         agent=agent_after(agent, stored).name,
         children=earlier.children,

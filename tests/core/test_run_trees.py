@@ -761,3 +761,65 @@ async def test_a_resumed_child_keeps_the_id_and_seqs_its_earlier_attempt_had(
     assert kid_seqs == list(range(7, 7 + len(kid_seqs)))
     announced = {event.child_id for event in events if isinstance(event, ta.RunChild)}
     assert announced == {"run_kid"}
+
+
+async def test_a_resumed_tree_with_a_barrier_asks_again_for_a_childs_unstarted_call(
+    tmp_path: Any,
+) -> None:
+    # The before_tool barrier covers the whole tree, so Resume.started holds the
+    # children's calls with the root's: the child's call that started (k1) is
+    # interrupted, and its call that never started (k2, awaiting approval when the
+    # process died) asks for its approval again and runs once approved.
+    ran: list[str] = []
+
+    @ta.function_tool
+    async def work() -> str:
+        """Do the work."""
+        ran.append("work")
+        return "worked"
+
+    @ta.function_tool(needs_approval=True)
+    async def guarded() -> str:
+        """Run once approved."""
+        ran.append("guarded")
+        return "guarded ran"
+
+    recorded: list[str] = []
+
+    async def before_tool(call: ta.ToolCall) -> None:
+        recorded.append(call.call_id)
+
+    path = tmp_path / "tree.db"
+    parent_rows, _ = _crashed_tree_rows()
+    child_rows: list[ta.Item] = [ta.UserMessage("x"), ta.ToolCall("k1", "work", "{}")]
+    child_rows.append(ta.ToolCall("k2", "guarded", "{}"))
+    async with ta.sessions.SQLiteSession(path, "conv") as session:
+        await session.add_items(parent_rows)
+        async with ta.sessions.SQLiteSession(path, "conv/call_1_0") as child_session:
+            await child_session.add_items(child_rows)
+        kid = ta.Agent(name="kid", model=ScriptedModel(["kid finished"]), tools=[work, guarded])
+        root = ta.Agent(name="root", model=ScriptedModel(["root finished"]), tools=[kid.as_tool()])
+        resume = ta.Resume(attempt=2, next_seq=10, started={"call_1_0", "k1"}, reason="node died")
+        async with ta.open_run(
+            root, [], session=session, resume=resume, before_tool=before_tool
+        ) as run:
+            async for event in run.events():
+                if isinstance(event, ta.RunUpdated) and event.status == "awaiting_approval":
+                    waiting = [entry["call_id"] for entry in event.detail["waiting"]]
+                    break
+            (child,) = run.children
+            child.approve("k2")
+    assert waiting == ["k2"]
+    assert run.result is not None
+    assert run.result.status == "completed", run.result
+    assert ran == ["guarded"]  # the started call never ran again
+    # The agent-tool call (run again: it resumes the child) and the child's own call
+    # were recorded before their tools ran.
+    assert recorded == ["call_1_0", "k2"]
+    assert child.result is not None
+    outputs = {
+        item.call_id: item.output
+        for item in child.result.conversation
+        if isinstance(item, ta.ToolResult)
+    }
+    assert outputs == {"k1": "interrupted: node died", "k2": "guarded ran"}

@@ -15,7 +15,7 @@ import trio.testing
 
 import trio_agents as ta
 from tests.support.control_support import launch, serving, sleep_hour
-from trio_agents.control import Limits, connect
+from trio_agents.control import ControlServer, Limits, connect
 from trio_agents.hosting import HostedEvent, HostError, LocalHost, Origin, RunHost, StartRequest
 from trio_agents.models import ScriptedModel, Turn
 
@@ -375,3 +375,16 @@ async def test_a_cancel_from_outside_leaves_the_running_block_quietly(
             await trio.sleep_forever()
     assert outside.cancelled_caught  # the block's Cancelled, not a group of them
     assert (await host.get("alice", run_id)).status == "cancelled"
+
+
+def test_park_after_in_run_options_is_refused_as_nothing_would_resume_the_run() -> None:
+    # A parked run ends its attempt, its calls left open, for a later attempt to resume
+    # (the TemporalHost starts one when the decision comes): a LocalHost (a
+    # ControlServer's, a cluster node's) never would, so the run would sit awaiting a
+    # decision that nothing can apply. Refused at once, where the host is configured.
+    agents = {"s": _sleeper()}
+    with pytest.raises(ValueError, match="cannot hold 'park_after'"):
+        LocalHost(agents, run_options={"park_after": 30})
+    with pytest.raises(ValueError, match="cannot hold 'park_after'"):
+        ControlServer(agents, auth={"tok": "alice"}, run_options={"park_after": 30})
+    LocalHost(agents, run_options={"park_after": None})  # never parks: accepted

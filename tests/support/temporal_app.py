@@ -10,6 +10,14 @@ worker process answers the same conversation the same way:
 - ``"guarded"``: call the ``guarded`` tool (id ``call_guarded``), which needs approval;
   ``"guarded again"``: the same, with the id ``call_guarded_<calls so far>``;
 - ``"fail"``: the model raises (the run fails on its own);
+- ``"tree"`` (the ``tree`` agent): call ``middle`` (id ``call_middle``), an agent tool
+  whose model, on ``"nest"``, calls ``leaf`` (id ``call_leaf``), an agent tool whose
+  model calls ``guarded``: a grandchild waits for approval;
+- ``"slow"``: the answer ``"slow answer"`` streamed in 10 deltas 100 ms apart (a run in
+  flight for a while, to race a cancel against its completion);
+- ``"stream <token>"``: stream ``"partial <token> "`` and mark it (a file
+  ``<token>.streaming`` holding the worker's pid), then wait forever mid-stream; once
+  that mark exists (a later attempt, any worker), stream ``"streamed <token>"`` and stop;
 - anything else: the answer ``"echo: <text>"``; after a tool result, ``"done: <output>"``.
 """
 
@@ -47,6 +55,16 @@ class RuleModel:
         elif isinstance(last, ta.UserMessage) and last.content == "guarded again":
             calls = sum(isinstance(item, ta.ToolCall) for item in request.items)
             events.append(ToolCallDone(ta.ToolCall(f"call_guarded_{calls}", "guarded", "{}")))
+        elif isinstance(last, ta.UserMessage) and last.content == "tree":
+            events.append(ToolCallDone(ta.ToolCall("call_middle", "middle", '{"input": "nest"}')))
+        elif isinstance(last, ta.UserMessage) and last.content == "nest":
+            events.append(ToolCallDone(ta.ToolCall("call_leaf", "leaf", '{"input": "guarded"}')))
+        elif isinstance(last, ta.UserMessage) and last.content == "slow":
+            yield _slow()
+            return
+        elif isinstance(last, ta.UserMessage) and last.content.startswith("stream "):
+            yield _stream(last.content.removeprefix("stream "))
+            return
         elif isinstance(last, ta.UserMessage) and last.content == "block":
             turn = sum(isinstance(item, ta.ToolCall) for item in request.items)
             events.append(ToolCallDone(ta.ToolCall(f"call_block_{turn}", "block", "{}")))
@@ -61,6 +79,27 @@ class RuleModel:
                 yield event
 
         yield play()
+
+
+async def _slow() -> AsyncIterator[ModelEvent]:
+    for piece in ["slow", " ", "ans", "w", "e", "r", "", "", "", ""]:
+        await trio.sleep(0.1)
+        yield TextDelta(piece)
+    yield Finish("stop")
+
+
+async def _stream(token: str) -> AsyncIterator[ModelEvent]:
+    """The ``"stream <token>"`` rule: stuck mid-stream until a later attempt."""
+    mark = Path(os.environ["TRIO_AGENTS_TEST_MARKS"]) / f"{token}.streaming"
+    if mark.exists():
+        yield TextDelta(f"streamed {token}")
+        yield Finish("stop")
+        return
+    yield TextDelta(f"partial {token} ")
+    await trio.lowlevel.checkpoint()
+    mark.with_suffix(".tmp").write_text(str(os.getpid()))
+    mark.with_suffix(".tmp").rename(mark)  # whole, for a reader that polls for it
+    await trio.sleep_forever()
 
 
 @ta.function_tool
@@ -80,6 +119,10 @@ async def guarded() -> str:
     return "guarded ran"
 
 
+_LEAF = ta.Agent(name="leaf", instructions="", model=RuleModel(), tools=[guarded])
+_MIDDLE = ta.Agent(name="middle", instructions="", model=RuleModel(), tools=[_LEAF.as_tool()])
+
 AGENTS = {
-    "rules": ta.Agent(name="rules", instructions="", model=RuleModel(), tools=[block, guarded])
+    "rules": ta.Agent(name="rules", instructions="", model=RuleModel(), tools=[block, guarded]),
+    "tree": ta.Agent(name="tree", instructions="", model=RuleModel(), tools=[_MIDDLE.as_tool()]),
 }

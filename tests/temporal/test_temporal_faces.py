@@ -134,7 +134,11 @@ async def test_a2a_and_agui_over_the_temporal_host(workers: Callable[[int], Work
             sent = await rpc(
                 base,
                 "SendMessage",
-                {"message": text_message("hello"), "configuration": {"blocking": True}},
+                {
+                    "message": text_message("hello"),
+                    "configuration": {"blocking": True},
+                    "metadata": {"agent": "rules"},  # the app serves several agents
+                },
                 headers=V1,
             )
             assert sent.status_code == 200, sent.text

@@ -241,6 +241,14 @@ class LocalHost:
                     f"run_options cannot hold {name!r}: use context=... for contexts and"
                     " Limits(max_run_limits=...) for limits"
                 )
+        if run_options is not None and run_options.get("park_after") is not None:
+            # A parked run ends its attempt with its calls open, for a later attempt to
+            # resume: this host (and the cluster's) never starts one, so the run would
+            # wait forever for a decision nothing could apply (docs/control.md).
+            raise ValueError(
+                "run_options cannot hold 'park_after': a parked run is resumed only by a"
+                " host that starts its next attempt (the TemporalHost)"
+            )
         for name, agent in agents.items():
             if not isinstance(name, str) or not isinstance(agent, Agent):
                 raise TypeError("agents must map names (str) to Agent objects")

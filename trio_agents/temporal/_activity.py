@@ -124,6 +124,8 @@ class Attempt:
     # A resumed run's decisions wait for this: set once the run has asked for its
     # left-open calls' approvals again (or moved on to the model, or ended).
     _settled: trio.Event | None = attrs.field(init=False, default=None)
+    # The ids of the children a resumed tree makes again (Resume.children).
+    _resumed_nodes: frozenset[str] = attrs.field(init=False, default=frozenset())
     handover: bool = attrs.field(init=False, default=False)
     """The attempt stops because its worker shuts down: its run goes on in the next
     attempt, so its terminal update is not the run's (not written to the store)."""
@@ -142,12 +144,15 @@ class Attempt:
             run.cancel(self._cancel_reason)
         self._ready.set()
 
-    def resuming(self) -> trio.Event:
+    def resuming(self, nodes: frozenset[str] = frozenset()) -> trio.Event:
         """The run resumes from its session: decisions pushed to it wait until it has
         asked for its left-open calls' approvals again (the returned event, set by
         :func:`_settle`). Sooner, ``approve`` would answer ``not_found`` for a call
-        that is about to wait for it, and the decision would be lost."""
+        that is about to wait for it, and the decision would be lost. A decision for
+        one of the children ``nodes`` the resumed tree makes again waits likewise for
+        that child (:func:`_settle_node`)."""
         self._settled = trio.Event()
+        self._resumed_nodes = nodes
         return self._settled
 
     @property
@@ -175,6 +180,13 @@ class Attempt:
             return OpAnswer(ok=False, code="run_closed", message="the attempt has ended")
         if op.node is not None and op.node != run.id:
             node = run.find(op.node)
+            if (
+                op.op in ("approve", "reject")
+                and op.node in self._resumed_nodes
+                and (node is None or op.target not in node.statistics().pending_approvals)
+            ):
+                await _settle_node(run, op.node)
+                node = run.find(op.node)
             if node is None:
                 return OpAnswer(ok=False, code="not_found", message=f"no run {op.node!r} here")
             run = node
@@ -261,7 +273,11 @@ def decisions(ops: Sequence[SteeringOp]) -> tuple[frozenset[str], dict[str, str 
 
 
 def _resume(
-    attempt: int, started_calls: list[str], next_seq: int, decided: Sequence[SteeringOp] = ()
+    attempt: int,
+    started_calls: list[str],
+    next_seq: int,
+    decided: Sequence[SteeringOp] = (),
+    children: Mapping[tuple[str, str], tuple[str, int]] | None = None,
 ) -> Resume | None:
     if attempt < 2:
         return None
@@ -273,7 +289,37 @@ def _resume(
         reason="the worker running this call was lost",
         approved=approved,
         rejected=rejected,
+        children=children or {},
     )
+
+
+async def _tree_children(store: RunStore, root_id: str) -> dict[tuple[str, str], tuple[str, int]]:
+    """The unfinished child runs earlier attempts started in the tree, from the
+    ``run.child`` events in the store: ``(parent id, call id) -> (child id, its next
+    seq)`` (``Resume.children``). A child the resumed tree resumes keeps its id and its
+    seqs go on, so its record ends once and the ops sent to it by id still find it."""
+    started: dict[tuple[str, str], list[str]] = {}
+    last: dict[str, int] = {}
+    ended: set[str] = set()
+    after = 0
+    while True:
+        events, scanned = await store.events_after(root_id, after, None)
+        for stored in events:
+            event = stored.event
+            last[stored.run_id] = max(last.get(stored.run_id, 0), stored.seq)
+            if event.get("type") == "run.child" and event.get("status") == "queued":
+                started.setdefault((stored.run_id, event["call_id"]), []).append(event["child_id"])
+            elif event.get("type") == "run.updated" and RunStatus(event["status"]).is_terminal:
+                ended.add(stored.run_id)
+        if scanned == after:
+            break
+        after = scanned
+    found = {}
+    for key, ids in started.items():
+        live = [child for child in ids if child not in ended]
+        if live:  # (several children of one call: the latest goes on)
+            found[key] = (live[-1], last.get(live[-1], 0) + 1)
+    return found
 
 
 def _options(
@@ -348,8 +394,13 @@ async def run_attempt(
             )
         # A run with a session resumes from it (with no input of its own); one without
         # starts again from its input (no tool had started: nothing runs twice).
+        children = None
+        if number > 1 and request.session_id is not None and store is not None:
+            children = await _tree_children(store, request.run_id)
         resume = (
-            _resume(number, started_calls or [], next_seq, decided) if request.session_id else None
+            _resume(number, started_calls or [], next_seq, decided, children)
+            if request.session_id
+            else None
         )
         items = [] if resume is not None else coerce_items(request.input)
         holder: list[Run] = []
@@ -402,7 +453,11 @@ async def _run(
 ) -> RunOutcome:
     from .._entry import open_run
 
-    settled = attempt.resuming() if "resume" in options else None
+    resume = options.get("resume")
+    settled = None
+    if isinstance(resume, Resume):
+        nodes = frozenset(child for child, _ in resume.children.values())
+        settled = attempt.resuming(nodes)
     written: EventWriter | None = None
     async with (
         trio.open_nursery() as nursery,
@@ -421,7 +476,6 @@ async def _run(
         raise AttemptFenced(f"a later attempt of run {run_id} took it over")
     result = run.result
     assert result is not None  # open_run's block waits for the terminal update
-    resume = options.get("resume")
     return RunOutcome(
         run_id=run_id,
         status=PARKED if result.parked else str(result.status),
@@ -452,6 +506,22 @@ async def _settle(run: Run, settled: trio.Event) -> None:
                 return
     finally:
         settled.set()
+
+
+async def _settle_node(root: Run, node_id: str) -> None:
+    """Return once the resumed tree's child ``node_id`` has settled the calls its
+    earlier attempt left open (as :func:`_settle` for the root: it awaits approval, its
+    model produced something, or it ended), or the tree ended without it."""
+    async for event in root.events(tree=True):
+        if event.run_id != node_id:
+            continue
+        if isinstance(event, RunUpdated):
+            if event.status is RunStatus.AWAITING_APPROVAL or event.status.is_terminal:
+                return
+        elif isinstance(event, ResponseTextDelta) or (
+            isinstance(event, RunItemEvent) and isinstance(event.item, AssistantMessage | ToolCall)
+        ):
+            return
 
 
 def _open_calls(conversation: Sequence[Item]) -> list[str]:
