@@ -9,7 +9,10 @@ figures ``TT.fork_10000.*``.
   holding 10,000 items (a realistic mix, see :func:`conversation`: user messages,
   assistant text, tool calls and their results, 300 bytes each on average), copying
   all of them, until it returns (the fork's one transaction committed); median and p99
-  of the repeats, each into a new id. ``.at_half``: the same at ``at=5000``. SQLite: a
+  of the repeats, each into a new id, and the CPU time per fork (``cpu_ms``: this
+  process's, plus the PostgreSQL server processes', from ``/proc``: a figure the
+  machine's load moves far less than the wall time). ``.at_half``: the same at
+  ``at=5000``. SQLite: a
   file in a temporary directory (WAL, ``synchronous=NORMAL``, the defaults).
   PostgreSQL: a throwaway server (``tests/support/pg_support.py``, ``fsync=off``,
   ``synchronous_commit=on``, as B7) on loopback.
@@ -29,6 +32,7 @@ import tempfile
 import time
 import timeit
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -65,20 +69,48 @@ def conversation(n: int) -> list[Item]:
     return items[:n]
 
 
+def _server_cpu(data_dir: Path | None) -> float:
+    """CPU seconds used so far by a PostgreSQL server's processes (the postmaster, whose
+    pid is the first line of ``postmaster.pid``, and its children), from ``/proc``; 0.0
+    without a server (SQLite runs in this process: its CPU is ``process_time``)."""
+    if data_dir is None:
+        return 0.0
+    postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        # After the command: state, ppid, ... utime and stime are fields 14 and 15.
+        if int(entry.name) == postmaster or int(fields[1]) == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 async def _timed_forks(
-    source: Any, prefix: str, at: int | None, repeats: int, close: bool
-) -> list[float]:
+    source: Any, prefix: str, at: int | None, repeats: int, server: Path | None
+) -> tuple[list[float], float]:
+    """Wall seconds of each fork, and the CPU seconds per fork: this process's (the
+    SQLite work, the driver) plus the database server's."""
     samples: list[float] = []
+    cpu_before = time.process_time() + _server_cpu(server)
     for n in range(repeats):
         start = time.perf_counter()
         fork = await source.fork(f"{prefix}{n}", at=at)
         samples.append(time.perf_counter() - start)
-        if close:
-            await fork.aclose()
-    return samples
+        await fork.aclose()
+    cpu = time.process_time() + _server_cpu(server) - cpu_before
+    return samples, cpu / repeats
 
 
-def _figure(name: str, samples: list[float], items: int, note: str, load: str) -> Figure:
+def _figure(
+    name: str, timed: tuple[list[float], float], items: int, note: str, load: str
+) -> Figure:
+    samples, cpu = timed
     ms = [s * 1e3 for s in samples]
     return Figure(
         name,
@@ -90,6 +122,7 @@ def _figure(name: str, samples: list[float], items: int, note: str, load: str) -
             "n": len(ms),
             "p99_ms": round(percentile(ms, 99), 2),
             "min_ms": round(min(ms), 2),
+            "cpu_ms": round(cpu * 1e3, 2),
             "items": items,
             "load": load,
         },
@@ -101,17 +134,17 @@ def _load() -> str:
 
 
 async def _fork_figures(
-    kind: str, open_source: Callable[[], Any], items: int, repeats: int
+    kind: str, open_source: Callable[[], Any], items: int, repeats: int, server: Path | None
 ) -> list[Figure]:
     figures: list[Figure] = []
     async with open_source() as source:
         batch = conversation(items)
         for start in range(0, items, 1000):
             await source.add_items(batch[start : start + 1000])
-        await _timed_forks(source, "warm", None, 1, close=True)
+        await _timed_forks(source, "warm", None, 1, server)
         load = _load()
-        whole = await _timed_forks(source, "all", None, repeats, close=True)
-        half = await _timed_forks(source, "half", items // 2, repeats, close=True)
+        whole = await _timed_forks(source, "all", None, repeats, server)
+        half = await _timed_forks(source, "half", items // 2, repeats, server)
     what = f"session.fork() of a {items}-item session ({kind})"
     figures.append(_figure(f"TT.fork_{items}.{kind}", whole, items, f"{what}, every item", load))
     figures.append(
@@ -212,14 +245,14 @@ async def bench_tt(
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "sessions.db")
         figures += await _fork_figures(
-            "sqlite", lambda: SQLiteSession(path, "source"), items, repeats
+            "sqlite", lambda: SQLiteSession(path, "source"), items, repeats, None
         )
     server = PostgresServer(find_bin_dir(), synchronous_commit=True)
     await trio.to_thread.run_sync(server.start)
     try:
         dsn = await trio.to_thread.run_sync(server.create_database)
         figures += await _fork_figures(
-            "postgres", lambda: PostgresSession(dsn, "source"), items, repeats
+            "postgres", lambda: PostgresSession(dsn, "source"), items, repeats, server.data_dir
         )
     finally:
         await trio.to_thread.run_sync(server.stop)
