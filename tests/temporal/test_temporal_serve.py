@@ -134,7 +134,7 @@ async def test_serve_over_temporal_runs_on_the_workers_rest_and_sse(
                 # At an event position of the run, resolved from its run.item events in
                 # the store (each says where its item is in the session): at its call,
                 # rounded down (the result came later); past its end, all three.
-                call_seq = int([m for m in first if m.type == "run.item"][-1].id)
+                call_seq = [_event(m)["seq"] for m in first if m.type == "run.item"][-1]
                 for new_id, seq, kept in (("s3", call_seq, 1), ("s4", 10_000, 3)):
                     at = {"run_id": blocked, "seq": seq}
                     forked = await http.post(
