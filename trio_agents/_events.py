@@ -275,6 +275,11 @@ class RunItemEvent(_EventBase):
     request whose response the item is, on the first item that response committed (its
     text, or its first tool call when it has none): so each request's usage is in the
     log once. None on every other item, and where the model reported no usage.
+
+    ``index`` is the item's position in the run's conversation (the history it loaded,
+    then its items in commit order): its position in the run's session, which is what
+    lets a host resolve a fork at an event position ``(run_id, seq)`` (DESIGN §23) from
+    the events alone. None in events written before it existed.
     """
 
     type: ClassVar[str] = "run.item"
@@ -286,6 +291,7 @@ class RunItemEvent(_EventBase):
     # a response commits (its text, else its first call; DESIGN §23), None on the others.
     usage: Usage | None = None
     at: float = attrs.field(factory=time.time, eq=False)
+    index: int | None = None
 
 
 @attrs.frozen

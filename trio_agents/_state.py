@@ -467,7 +467,12 @@ class RunState:
             self.rejected += 1
         self.log.append(
             RunItemEvent(
-                run_id=self.run_id, seq=self.log.next_seq, turn=self.turn, item=item, usage=usage
+                run_id=self.run_id,
+                seq=self.log.next_seq,
+                turn=self.turn,
+                item=item,
+                usage=usage,
+                index=len(self.conversation) - 1,
             )
         )
 

@@ -17,8 +17,9 @@ from benchmarks.tree import b9_workload
 if TYPE_CHECKING:
     from tests.support.pg_support import PostgresServer
 
-# B7 and B10 (clusters of node processes) need PostgreSQL: their own tests, below.
-LOCAL = tuple(name for name in ALL if name not in ("B7", "B10"))
+# B7 and B10 (clusters of node processes) and TT (forks on PostgreSQL too) need
+# PostgreSQL: their own tests, below.
+LOCAL = tuple(name for name in ALL if name not in ("B7", "B10", "TT"))
 
 
 # B11's MCP row drives the official `mcp` client, whose HTTP transport (httpx2 over
@@ -110,6 +111,19 @@ CLUSTER_WORKLOADS = [
             "B10.takeover_after_freeze_in_flush",
         },
         id="B10-failover",
+    ),
+    pytest.param(
+        "TT",
+        {
+            "TT.fork_200.sqlite",
+            "TT.fork_200.sqlite.at_half",
+            "TT.fork_200.postgres",
+            "TT.fork_200.postgres.at_half",
+            "TT.record_requests_off_events",
+            "TT.record_requests_off_cost",
+            "TT.record_requests_on_per_request",
+        },
+        id="TT-time-travel",
     ),
 ]
 

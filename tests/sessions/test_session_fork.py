@@ -310,6 +310,63 @@ async def test_fork_while_the_source_is_written_is_a_consistent_snapshot(store: 
         assert snap == final[: len(snap)]
 
 
+async def test_forks_of_a_large_session_while_a_writer_appends_are_whole_prefixes(
+    store: Store,
+) -> None:
+    """A 3,000-item session, copied in the database by each fork, forked over and over
+    (whole and at an index) while another connection appends call groups and a large
+    batch: every fork is a prefix of the final conversation, cut at a group's end
+    (never half an append, never a call without its result), and the original ends as
+    its writer made it."""
+    source = store.session("large", **store.pair[0])
+    writer_side = store.session("large", **store.pair[1])
+    base: list[Item] = []
+    for g in range(600):
+        call = f"base{g}"
+        base += [UserMessage(call), ToolCall(call, "t"), ToolResult(call, "r" * (g % 50))]
+        base += [AssistantMessage("ok"), UserMessage("next")]
+    await source.add_items(base)
+    forks: list[tuple[Any, int | None]] = []
+    done = trio.Event()
+
+    async def writer() -> None:
+        for g in range(20):
+            call = f"w{g}"
+            await writer_side.add_items([UserMessage(call), ToolCall(call, "t")])
+            await writer_side.add_items([ToolResult(call, "r")])
+        big = [UserMessage(f"big{i}") for i in range(store.big_batch)]
+        await writer_side.add_items(big)
+        done.set()
+
+    async def forker() -> None:
+        n = 0
+        while not done.is_set() or n < 3:
+            at = None if n % 2 else 2_000 + n
+            forks.append((await source.fork(f"snap{n}", at=at), at))
+            n += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        nursery.start_soon(forker)
+    final = await stored_rows(source)
+    assert len(final) == 3_000 + 20 * 3 + store.big_batch
+    assert final[:3_000] == base
+    for fork, at in forks:
+        store.opened.append(fork)
+        snap = await stored_rows(fork)
+        assert snap == final[: len(snap)]
+        assert conversation_problems(snap) == []
+        if at is None:
+            # Everything committed at its moment, rounded down to before an open call:
+            # after a whole group, or after a group's message (its call is cut off),
+            # or after the whole large batch; never inside an append.
+            written = len(snap) - 3_000
+            assert (0 <= written <= 60 and written % 3 in (0, 1)) or snap == final, written
+        else:
+            assert len(snap) == fork_point(base, at)
+
+
 async def test_fork_of_a_live_run_leaves_its_open_call_out(store: Store) -> None:
     """A run is inside a tool call: the fork holds what was committed before the call,
     the original goes on and ends with the call's result."""

@@ -131,6 +131,17 @@ async def test_serve_over_temporal_runs_on_the_workers_rest_and_sse(
                 assert forked.status_code == 201, forked.text
                 # the user message, the call, its repaired (cancelled) result
                 assert forked.json() == {"session_id": "s2", "items": 3}
+                # At an event position of the run, resolved from its run.item events in
+                # the store (each says where its item is in the session): at its call,
+                # rounded down (the result came later); past its end, all three.
+                call_seq = [_event(m)["seq"] for m in first if m.type == "run.item"][-1]
+                for new_id, seq, kept in (("s3", call_seq, 1), ("s4", 10_000, 3)):
+                    at = {"run_id": blocked, "seq": seq}
+                    forked = await http.post(
+                        "/sessions/s1/fork", json={"new_session_id": new_id, "at": at}
+                    )
+                    assert forked.status_code == 201, forked.text
+                    assert forked.json() == {"session_id": new_id, "items": kept}
                 listed = (await http.get("/runs")).json()["runs"]
                 assert {r["run_id"]: r["status"] for r in listed} == {
                     run_id: "completed",

@@ -31,6 +31,7 @@ it); its other ops are applied there without being recorded.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -67,10 +68,11 @@ from ..hosting._requests import (
 from ..hosting._run_info import RunInfo
 from ..hosting._run_tasks import start_run
 from ..hosting._server_limits import Limits
-from ..hosting._session_fork import fork_stored
+from ..hosting._session_fork import fork_stored, item_index_of, item_position
 from ..hosting._sessions import items_bytes
 from ..sessions._postgres import PostgresSession
 from ._cluster_placement import ClusterPlacement
+from ._db import ClusterDown
 from ._routing import Answer, Control, RoutedOp
 from ._schema import session_key
 
@@ -416,30 +418,54 @@ class ClusterHost(LocalHost):
     ) -> int:
         """Fork the principal's session in the cluster's database (DESIGN §23), in one
         transaction (a consistent snapshot while a run on any node writes it), its
-        tree's child sessions with it. ``at`` is an item index or None: an event
-        position is refused (``invalid_request``): the cluster's log holds a run's
-        events but not where in its session the run began."""
+        tree's child sessions with it. ``at`` is an item index, None, or an event
+        position ``(run_id, seq)`` of a run of that session, live or ended, on any
+        node: resolved from the run's ``run.item`` events in the events table (each
+        says where its item is in the session)."""
         with host_errors():
-            if isinstance(at, tuple):
-                raise ProtocolError(
-                    "invalid_request",
-                    "a cluster cannot resolve an event position (run_id, seq) yet:"
-                    " fork at an item index",
-                )
             if await self._node.session_holder(principal, new_session_id) is not None:
                 raise ProtocolError("session_busy", f"session {new_session_id!r} has an active run")
+            index = (
+                await self._event_position(principal, session_id, *at)
+                if isinstance(at, tuple)
+                else at
+            )
             dsn = self._node.dsn
             source = PostgresSession(dsn, session_key(principal, session_id, ""))
             try:
                 return await fork_stored(
                     source,
                     session_key(principal, new_session_id, ""),
-                    at,
+                    index,
                     session_id,
                     new_session_id,
                 )
             finally:
                 await source.aclose()
+
+    async def _event_position(self, principal: str, session_id: str, run_id: str, seq: int) -> int:
+        """The item index an event position stands for (see :func:`item_position`)."""
+        info = await self.get(principal, run_id)  # not_found: unknown, or another's
+        if info.session_id != session_id:
+            raise ProtocolError(
+                "invalid_request", f"run {run_id!r} did not run in session {session_id!r}"
+            )
+
+        def read(conn: Any) -> list[tuple[int, int | None]]:
+            # Every run.item event of the run, in seq order: the table keeps them all
+            # (no retention), written with their items in one transaction.
+            rows = conn.execute(
+                "SELECT seq, data FROM trio_agents_events"
+                " WHERE run_id = %s AND type = 'run.item' ORDER BY seq",
+                (run_id,),
+            ).fetchall()
+            return [(int(s), item_index_of(json.loads(data))) for s, data in rows]
+
+        try:
+            items = await self._node.db.call(read)
+        except ClusterDown as exc:
+            raise ProtocolError("internal", f"cluster database unavailable: {exc}") from None
+        return item_position(run_id, seq, items)
 
     async def wait_terminal(self, principal: str, run_id: str) -> RunInfo:
         async with self.events(principal, run_id, status_only=True) as updates:

@@ -12,6 +12,7 @@ id has an active run.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._events import EventsDropped, RunItemEvent
@@ -20,7 +21,15 @@ from ..sessions import Session, SessionExistsError, fork_session
 from ._error_codes import ProtocolError
 from ._sessions import SessionFactory
 
-__all__ = ["close_session", "event_index", "fork_from_factory", "fork_stored", "not_found"]
+__all__ = [
+    "close_session",
+    "event_index",
+    "fork_from_factory",
+    "fork_stored",
+    "item_index_of",
+    "item_position",
+    "not_found",
+]
 
 
 def not_found(session_id: str) -> ProtocolError:
@@ -85,6 +94,44 @@ async def event_index(run: Run | None, run_id: str, seq: int) -> int:
     # The run.item events retention dropped are all at or before `seq`.
     lost = len(result.new_items) - len(retained)
     return history + lost + sum(1 for s in retained if s <= seq)
+
+
+def item_position(run_id: str, seq: int, items: Sequence[tuple[int, int | None]]) -> int:
+    """The number of items the run's session held once the run's event ``seq`` had
+    been applied, from the run's ``run.item`` events alone: ``items`` is the ``(seq,
+    index)`` of every one of them, in seq order (``index``: the item's position in the
+    run's conversation, which is its session). The last item at or before ``seq``, and
+    everything before it; before the run's first item, the session as the run found
+    it (that item's index). Works for a live run as for an ended one, wherever its
+    events are stored (a cluster's table, a Temporal host's store).
+
+    Raises:
+        ProtocolError: ``invalid_request`` when the run added no item, or its events
+            do not say where its items are (written before ``run.item`` carried its
+            ``index``).
+    """
+    if not items:
+        raise ProtocolError(
+            "invalid_request",
+            f"run {run_id!r} added no item to its session: the position {seq} says nothing"
+            " about it; fork at an item index",
+        )
+    if any(index is None for _, index in items):
+        raise ProtocolError(
+            "invalid_request",
+            f"run {run_id!r}'s events do not say where its items are in its session"
+            " (written before run.item carried its index): fork at an item index",
+        )
+    before = [index for s, index in items if s <= seq and index is not None]
+    first = items[0][1]
+    assert first is not None
+    return before[-1] + 1 if before else first
+
+
+def item_index_of(event: Mapping[str, Any]) -> int | None:
+    """A ``run.item`` event's JSON ``index`` (None: missing, or not an int)."""
+    index = event.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else None
 
 
 async def fork_stored(

@@ -27,6 +27,7 @@ __all__ = [
     "RESULT",
     "ForkAt",
     "ForkPlan",
+    "Marked",
     "SessionExistsError",
     "Shape",
     "check_at",
@@ -36,6 +37,7 @@ __all__ = [
     "fork_point",
     "fork_session",
     "kept_items",
+    "marked_of",
     "shape_of",
 ]
 
@@ -111,6 +113,12 @@ Shape: TypeAlias = tuple[str | None, str | None]
 ``"function_call"``, a result ``"function_call_output"``; a message has no call id).
 A stored session reads them in the database, so a fork never decodes the items."""
 
+Marked: TypeAlias = tuple[int, str | None, str]
+"""A stored item that has a call id, as a fork reads it: ``(index, type, call_id)``.
+Only these decide where a fork may cut: every other item (a message) is a boundary
+whenever no call is open, so a stored session reads just the rows holding a call id
+(in a 10,000-item session with few tool calls, a few rows)."""
+
 
 def shape_of(item: Item) -> Shape:
     """The :data:`Shape` of an item (as its stored JSON has it)."""
@@ -121,6 +129,15 @@ def shape_of(item: Item) -> Shape:
     return ("message", None)
 
 
+def marked_of(shapes: Iterable[Shape]) -> list[Marked]:
+    """The :data:`Marked` items among ``shapes`` (every item's, in order)."""
+    return [
+        (index, kind, call_id)
+        for index, (kind, call_id) in enumerate(shapes)
+        if call_id is not None
+    ]
+
+
 def fork_point(items: Sequence[Item], at: int | None = None) -> int:
     """The number of items a fork at ``at`` keeps: ``min(at, len(items))`` (all for
     None) rounded down until no kept tool call is without its result (so the kept
@@ -129,34 +146,49 @@ def fork_point(items: Sequence[Item], at: int | None = None) -> int:
     Raises:
         TypeError, ValueError: ``at`` is not a non-negative int or None.
     """
-    return fork_cut([shape_of(item) for item in items], check_at(at))[0]
+    return fork_cut(len(items), marked_of(shape_of(item) for item in items), check_at(at))[0]
 
 
-def fork_cut(shapes: Sequence[Shape], at: int | None) -> tuple[int, bool]:
-    """:func:`fork_point` over the items' shapes, and whether the kept prefix is
-    clean as stored (no orphan result, no call id used twice): if not, the kept items
-    are repaired before they are written."""
-    end = len(shapes) if at is None else min(at, len(shapes))
+def fork_cut(count: int, marked: Sequence[Marked], at: int | None) -> tuple[int, bool]:
+    """:func:`fork_point` over a session of ``count`` items whose items with a call id
+    are ``marked`` (in index order), and whether the kept prefix is clean as stored (no
+    orphan result, no call id used twice): if not, the kept items are repaired before
+    they are written.
+
+    Walks the marked items only: between two of them (and after the last) lie
+    messages, each a boundary if no call is open there.
+    """
+    end = count if at is None else min(at, count)
     open_calls: set[str] = set()
     seen: set[str] = set()
     last_closed = 0
     clean_until = 0  # the prefix up to here is clean
     clean = True
-    for position in range(end):
-        kind, call_id = shapes[position]
-        if kind == CALL and call_id is not None:
+    for index, kind, call_id in marked:
+        if index >= end:
+            break
+        if not open_calls:
+            # The messages before this item (if any) end with nothing open.
+            last_closed = index
+            if clean:
+                clean_until = index
+        if kind == CALL:
             if call_id in seen:
                 clean = False  # the repair drops a call that reuses an id: it opens nothing
             else:
                 seen.add(call_id)
                 open_calls.add(call_id)
-        elif kind == RESULT and call_id is not None:
+        elif kind == RESULT:
             clean = clean and call_id in open_calls
             open_calls.discard(call_id)
         if not open_calls:
-            last_closed = position + 1
+            last_closed = index + 1
             if clean:
                 clean_until = last_closed
+    if not open_calls:
+        last_closed = end  # the messages up to the end
+        if clean:
+            clean_until = end
     return last_closed, clean_until == last_closed
 
 
@@ -179,12 +211,13 @@ class ForkPlan:
 def fork_plan(
     source_id: str,
     new_session_id: str,
-    shapes: Sequence[Shape],
+    count: int,
+    marked: Sequence[Marked],
     at: int | None,
     descendant_ids: Iterable[str],
 ) -> ForkPlan:
-    """Plan a fork of the source's stored items (their ``shapes``) and of its
-    descendant sessions (ids starting ``"<source_id>/"``).
+    """Plan a fork of the source's ``count`` stored items (those with a call id:
+    ``marked``) and of its descendant sessions (ids starting ``"<source_id>/"``).
 
     A descendant belongs to the call whose id its path starts with: ``"<src>/<call>"``,
     ``"<src>/<call>.<n>"`` (the n-th child run of one call) or anything below those
@@ -193,20 +226,18 @@ def fork_plan(
     since the cut never splits a call from its result, a kept call's child run had
     ended: its session is complete.
     """
-    kept, clean = fork_cut(shapes, at)
-    calls = [call_id for kind, call_id in shapes if kind == CALL and call_id is not None]
-    kept_calls = {
-        call_id for kind, call_id in shapes[:kept] if kind == CALL and call_id is not None
-    }
-    longest_first = sorted(set(calls), key=len, reverse=True)
+    kept, clean = fork_cut(count, marked, at)
+    calls = [call_id for _, kind, call_id in marked if kind == CALL]
+    kept_calls = {call_id for index, kind, call_id in marked if kind == CALL and index < kept}
     head = source_id + "/"
     children: dict[str, str] = {}
-    for child_id in descendant_ids:
-        if not child_id.startswith(head):
-            continue
-        call = _owning_call(child_id[len(head) :], longest_first)
-        if call is not None and call in kept_calls:
-            children[child_id] = new_session_id + "/" + child_id[len(head) :]
+    descendants = [child_id for child_id in descendant_ids if child_id.startswith(head)]
+    if descendants:
+        longest_first = sorted(set(calls), key=len, reverse=True)
+        for child_id in descendants:
+            call = _owning_call(child_id[len(head) :], longest_first)
+            if call is not None and call in kept_calls:
+                children[child_id] = new_session_id + "/" + child_id[len(head) :]
     return ForkPlan(kept, clean, children)
 
 
@@ -261,9 +292,8 @@ async def fork_session(session: Session, new_session_id: str, *, at: ForkAt = No
     items = await _read(session)
     list_children = getattr(session, "child_session_ids", None)
     descendants: list[str] = [] if list_children is None else list(await list_children())
-    plan = fork_plan(
-        session.session_id, new_session_id, [shape_of(i) for i in items], index, descendants
-    )
+    marked = marked_of(shape_of(item) for item in items)
+    plan = fork_plan(session.session_id, new_session_id, len(items), marked, index, descendants)
     opened: list[Session] = []
 
     def open_id(base: Any, session_id: str) -> Session:

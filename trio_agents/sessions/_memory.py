@@ -16,6 +16,7 @@ from ._fork import (
     check_new_id,
     fork_plan,
     kept_items,
+    marked_of,
     shape_of,
 )
 
@@ -106,8 +107,9 @@ class MemorySession:
         new_session_id = check_new_id(self.session_id, new_session_id)
         index = check_at(at)
         stored = self._store.items
-        shapes = [shape_of(item) for item in self._items]
-        plan = fork_plan(self.session_id, new_session_id, shapes, index, self._below())
+        items = self._items
+        marked = marked_of(shape_of(item) for item in items)
+        plan = fork_plan(self.session_id, new_session_id, len(items), marked, index, self._below())
         for taken in (new_session_id, *plan.children.values()):
             if stored.get(taken):
                 raise SessionExistsError(taken)

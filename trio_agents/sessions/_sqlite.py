@@ -40,7 +40,7 @@ import trio
 
 from .._items import Item
 from . import _storage
-from ._fork import SessionExistsError, Shape
+from ._fork import Marked, SessionExistsError, Shape, marked_of
 from ._storage import SessionStorageError
 from ._stored_session import MigrationTexts, StoredSession
 
@@ -425,23 +425,55 @@ class SQLiteSession(StoredSession[sqlite3.Connection]):
         ).fetchall()
         return [session_id for (session_id,) in rows]
 
-    def _fork_scan_sync(self, conn: sqlite3.Connection) -> tuple[list[Shape], list[str]]:
+    def _fork_scan_sync(self, conn: sqlite3.Connection) -> tuple[int, list[Marked], list[str]]:
+        count, contiguous = self._extent_sync(conn, self._session_id)
+        if not contiguous:
+            # Positions with gaps (never written so by this module): the rows' indexes
+            # are their ranks, so every row's shape is read.
+            shapes = self._shapes_sync(conn)
+            return count, marked_of(shapes), self._below_sync(conn)
         try:
-            # SQLite's JSON functions (built in since 3.38) read the two fields in C.
-            shapes = conn.execute(
-                "SELECT json_extract(data, '$.type'), json_extract(data, '$.call_id')"
-                " FROM items WHERE session_id = ? ORDER BY position",
+            # Only the rows holding a "call_id" key (a call or a result: the rows that
+            # decide the cut; in a session of mostly messages, few), found by instr(),
+            # a plain byte search in C: the key is the text `"call_id"` only outside a
+            # string (inside one its quotes are escaped, `\"call_id\"`). Of those
+            # rows, json_extract (SQLite's JSON functions, built in since 3.38) reads
+            # the two fields; a false match would be read as what it is.
+            rows = conn.execute(
+                "SELECT position, json_extract(data, '$.type'), json_extract(data, '$.call_id')"
+                " FROM items WHERE session_id = ? AND instr(data, '\"call_id\"') > 0"
+                " ORDER BY position",
                 (self._session_id,),
             ).fetchall()
         except sqlite3.OperationalError as exc:
             if "json_extract" not in str(exc):
                 raise
-            rows = conn.execute(
-                "SELECT data FROM items WHERE session_id = ? ORDER BY position",
-                (self._session_id,),
-            ).fetchall()
-            shapes = [_shape(data) for (data,) in rows]
-        return [(kind, call_id) for kind, call_id in shapes], self._below_sync(conn)
+            return count, marked_of(self._shapes_sync(conn)), self._below_sync(conn)
+        # Positions run 0..count-1 here: a row's position is its index.
+        marked: list[Marked] = [
+            (position, kind, call_id)
+            for position, kind, call_id in rows
+            if isinstance(call_id, str)
+        ]
+        return count, marked, self._below_sync(conn)
+
+    def _extent_sync(self, conn: sqlite3.Connection, session_id: str) -> tuple[int, bool]:
+        """How many rows ``session_id`` has, and whether their positions run from 0
+        without a gap (as every write of this module leaves them): then a row's
+        position is its index. From the primary key alone."""
+        count, low, high = conn.execute(
+            "SELECT COUNT(*), MIN(position), MAX(position) FROM items WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        return int(count), count == 0 or (low == 0 and high == count - 1)
+
+    def _shapes_sync(self, conn: sqlite3.Connection) -> list[Shape]:
+        """Every row's shape, in order (the slow path: each row decoded in Python)."""
+        rows = conn.execute(
+            "SELECT data FROM items WHERE session_id = ? ORDER BY position",
+            (self._session_id,),
+        ).fetchall()
+        return [_shape(data) for (data,) in rows]
 
     def _fork_write_sync(
         self,
@@ -457,14 +489,7 @@ class SQLiteSession(StoredSession[sqlite3.Connection]):
                 raise SessionExistsError(session_id)
         now = time.time()
         for new, old, count in copies:
-            # Positions from 0 in the copy, whatever they were in the original.
-            conn.execute(
-                "INSERT INTO items (session_id, position, data, created_at)"
-                " SELECT ?, ROW_NUMBER() OVER (ORDER BY position) - 1, data, ? FROM"
-                " (SELECT position, data FROM items WHERE session_id = ?"
-                "  ORDER BY position LIMIT ?)",
-                (new, now, old, -1 if count is None else count),
-            )
+            self._copy_sync(conn, new, old, count, now)
         conn.executemany(
             "INSERT INTO items (session_id, position, data, created_at) VALUES (?, ?, ?, ?)",
             [
@@ -472,6 +497,33 @@ class SQLiteSession(StoredSession[sqlite3.Connection]):
                 for session_id, encoded in written.items()
                 for i, data in enumerate(encoded)
             ],
+        )
+
+    def _copy_sync(
+        self, conn: sqlite3.Connection, new: str, old: str, count: int | None, now: float
+    ) -> None:
+        """Copy the first ``count`` rows of ``old`` (all for None) to ``new``, in the
+        database: one INSERT ... SELECT, the items' text never leaving SQLite."""
+        total, contiguous = self._extent_sync(conn, old)
+        kept = total if count is None else min(count, total)
+        if contiguous:
+            # Positions 0..total-1: the kept rows are a range of the primary key, and
+            # keep their positions (no renumbering, no sort: read and written in key
+            # order, each row appended at the end of both B-trees).
+            conn.execute(
+                "INSERT INTO items (session_id, position, data, created_at)"
+                " SELECT ?, position, data, ? FROM items"
+                " WHERE session_id = ? AND position < ? ORDER BY position",
+                (new, now, old, kept),
+            )
+            return
+        # Positions with gaps: renumbered from 0 in the copy.
+        conn.execute(
+            "INSERT INTO items (session_id, position, data, created_at)"
+            " SELECT ?, ROW_NUMBER() OVER (ORDER BY position) - 1, data, ? FROM"
+            " (SELECT position, data FROM items WHERE session_id = ?"
+            "  ORDER BY position LIMIT ?)",
+            (new, now, old, kept),
         )
 
     def _count_sync(self, conn: sqlite3.Connection) -> int:

@@ -13,9 +13,10 @@ supplies what differs:
 - the statements, each run on the connection ``_call`` hands it: ``_read_sync``,
   ``_add_items_sync`` (one transaction of its own), ``_write_all_sync`` (inside the
   write lock), ``_clear_sync``; for :meth:`~StoredSession.fork`, ``_fork_transaction``,
-  ``_fork_scan_sync`` (the items' shapes and the descendants' ids, read in the
-  database), ``_fork_write_sync`` (check the new ids hold nothing, copy the rows in the
-  database) and ``_below_sync``;
+  ``_fork_scan_sync`` (the number of items, the type and call id of those that
+  have one, and the descendants' ids, read in the database), ``_fork_write_sync``
+  (check the new ids hold nothing, copy the rows in the database) and
+  ``_below_sync``;
 - the locks: ``_write_lock`` (what keeps the session's writers apart) and
   ``_schema_lock`` (what keeps two connections from creating or migrating the schema
   at once);
@@ -39,7 +40,7 @@ import trio
 
 from .._items import Item
 from ._dangling_calls import repair_loaded
-from ._fork import ForkAt, Shape, check_at, check_new_id, fork_plan, kept_items
+from ._fork import ForkAt, Marked, check_at, check_new_id, fork_plan, kept_items
 from ._storage import SessionStorageError, encode_items
 
 __all__ = ["MigrationTexts", "StoredSession"]
@@ -256,10 +257,11 @@ class StoredSession(abc.ABC, Generic[C]):
         """The ids starting ``"<id>/"`` that hold rows."""
 
     @abc.abstractmethod
-    def _fork_scan_sync(self, conn: C) -> tuple[list[Shape], list[str]]:
-        """This session's items' shapes (``type`` and ``call_id`` of each stored row,
-        in order), and the ids starting ``"<id>/"`` that hold rows; inside the fork's
-        transaction, with no write to this session in between."""
+    def _fork_scan_sync(self, conn: C) -> tuple[int, list[Marked], list[str]]:
+        """How many items this session stores, those that have a call id (``(index,
+        type, call_id)``, read in the database, in order: see :data:`Marked`), and the
+        ids starting ``"<id>/"`` that hold rows; inside the fork's transaction, with no
+        write to this session in between."""
 
     @abc.abstractmethod
     def _fork_write_sync(
@@ -289,11 +291,12 @@ class StoredSession(abc.ABC, Generic[C]):
 
     def _fork_sync(self, conn: C, new_session_id: str, index: int | None) -> None:
         with self._fork_transaction(conn):
-            # Only the items' shapes (type, call id), read in the database: the rows
-            # are copied there too, never decoded (a 10,000-item fork moves no item
-            # through Python), unless the kept rows need a repair.
-            shapes, below = self._fork_scan_sync(conn)
-            plan = fork_plan(self._session_id, new_session_id, shapes, index, below)
+            # Only the rows that hold a call id, and only their type and call id, are
+            # read (in the database): they alone decide the cut. The kept rows are
+            # copied there too, never decoded (a 10,000-item fork moves no item
+            # through Python), unless they need a repair.
+            count, marked, below = self._fork_scan_sync(conn)
+            plan = fork_plan(self._session_id, new_session_id, count, marked, index, below)
             copies: list[tuple[str, str, int | None]] = [
                 (new, old, None) for old, new in plan.children.items()
             ]

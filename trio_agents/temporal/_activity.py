@@ -293,7 +293,9 @@ def _resume(
     )
 
 
-async def _tree_children(store: RunStore, root_id: str) -> dict[tuple[str, str], tuple[str, int]]:
+async def _tree_children(
+    store: SharedRunStore, root_id: str
+) -> dict[tuple[str, str], tuple[str, int]]:
     """The unfinished child runs earlier attempts started in the tree, from the
     ``run.child`` events in the store: ``(parent id, call id) -> (child id, its next
     seq)`` (``Resume.children``). A child the resumed tree resumes keeps its id and its

@@ -50,7 +50,7 @@ from .._items import Item
 from ..hosting import HostedEvent, HostError, Limits, Origin, RunInfo, StartRequest
 from ..hosting._local import check_from_seq, host_errors
 from ..hosting._policies import effective_limits, limits_to_wire
-from ..hosting._session_fork import fork_from_factory
+from ..hosting._session_fork import fork_from_factory, item_index_of, item_position
 from ._activity import SessionFactory
 from ._asyncio_loop import AsyncioLoop
 from ._push import push_op_here
@@ -682,28 +682,54 @@ class TemporalHost:
         at: int | tuple[str, int] | None = None,
     ) -> int:
         """Fork the principal's session (DESIGN §23) in the workers' session store: the
-        new session holds its items up to the item index ``at`` (None: all), rounded
-        down so no tool call is split from its result, with its tree's child sessions.
-        Returns the number of items the fork holds.
+        new session holds its items up to ``at`` (an item index; an event position
+        ``(run_id, seq)`` of a run of that session, live or ended, resolved from the
+        run's ``run.item`` events in the store; None: all), rounded down so no tool
+        call is split from its result, with its tree's child sessions. Returns the
+        number of items the fork holds.
 
         Raises:
-            HostError: ``not_found`` (no such session of this principal),
-                ``invalid_request`` (an event position: the store's events do not say
-                where in the session a run began; the new id holds items; the host has
+            HostError: ``not_found`` (no such session of this principal; an unknown
+                run), ``invalid_request`` (a run of another session, or whose events
+                do not say where its items are; the new id holds items; the host has
                 no ``sessions``), ``session_busy`` (the new id has an active run).
         """
         factory = self._sessions
         if factory is None:
             raise HostError("invalid_request", "this host was given no sessions to fork")
-        if isinstance(at, tuple):
-            raise HostError(
-                "invalid_request",
-                "the Temporal host forks at an item index (an event position is not resolved here)",
-            )
         if await self._store.session_holder(principal, new_session_id) is not None:
             raise HostError("session_busy", f"session {new_session_id!r} has an active run")
         with host_errors():
-            return await fork_from_factory(factory, principal, session_id, new_session_id, at)
+            index = (
+                await self._event_position(principal, session_id, *at)
+                if isinstance(at, tuple)
+                else at
+            )
+            return await fork_from_factory(factory, principal, session_id, new_session_id, index)
+
+    async def _event_position(self, principal: str, session_id: str, run_id: str, seq: int) -> int:
+        """The item index an event position stands for, from the run's ``run.item``
+        events as its attempts wrote them to the store (see ``item_position``)."""
+        info = await self._store.info(principal, run_id)
+        root = await self._store.root_of(principal, run_id)
+        if info is None or root is None:
+            raise HostError("not_found", f"no run {run_id!r}")
+        if info.session_id != session_id:
+            raise HostError(
+                "invalid_request", f"run {run_id!r} did not run in session {session_id!r}"
+            )
+        items: list[tuple[int, int | None]] = []
+        after = 0
+        while True:
+            events, scanned = await self._store.events_after(root, after, [run_id])
+            items += [
+                (e.seq, item_index_of(e.event)) for e in events if e.event.get("type") == "run.item"
+            ]
+            if scanned == after:
+                break
+            after = scanned
+        items.sort()
+        return item_position(run_id, seq, items)
 
     def disconnected(self, owner: object) -> None:
         """The owner went away: cancel its ``on_disconnect="cancel"`` runs (on their

@@ -31,6 +31,7 @@ from trio_agents import (
     AssistantMessage,
     Item,
     ToolCall,
+    ToolResult,
     TrioAgentsError,
     UserMessage,
     conversation_problems,
@@ -42,6 +43,7 @@ from trio_agents.sessions import (
     SessionStorageError,
     _postgres,
     _sqlite,
+    fork_point,
     repair_loaded,
 )
 from trio_agents.sessions._sqlite import SQLiteSessionStatistics
@@ -400,3 +402,49 @@ async def test_sync_close(sql: SqlStore) -> None:
     t.close()
     t.close()
     assert held_open(sql) == []
+
+
+# -- forks of rows this library did not write ----------------------------------------
+
+
+@pytest.mark.parametrize("gaps", [False, True], ids=["contiguous", "gaps"])
+async def test_rows_written_otherwise_fork_right_at_every_boundary(
+    sql: SqlStore, gaps: bool
+) -> None:
+    """A fork reads only the rows holding a call id, and reads their type and call id
+    in the database, from the text this library writes (type first, compact). Rows
+    another tool wrote (keys in another order, spaces after the separators, call ids
+    with escaped quotes and backslashes, positions with gaps) are read as what they
+    are: the cut is the one the decoded items give, at every boundary, and the fork's
+    positions count from 0."""
+    items: list[Item] = [
+        UserMessage('say "call_id": "nope"'),
+        ToolCall('q"1', "t", '{"call_id": "x"}'),
+        ToolCall("b\\2", "t"),
+        ToolResult("b\\2", "r"),
+        ToolResult('q"1', "r"),
+        AssistantMessage("a"),
+        ToolCall("k3", "t"),
+        ToolCall("k4", "t"),
+        ToolResult("k4", "r"),
+        ToolResult("k3", "r"),
+        AssistantMessage("end"),
+    ]
+    async with sql.session("s") as source:  # creates the store
+        with sql.connect() as conn:
+            if sql.backend == "postgres":
+                conn.execute(
+                    f"INSERT INTO {PG_SESSIONS} (session_id, next_position) VALUES ('s', 0)"
+                )
+            for index, item in enumerate(items):
+                data = item.to_json()
+                if isinstance(item, ToolCall | ToolResult):
+                    data = dict(reversed(data.items()))  # call_id after the rest, type last
+                text = json.dumps(data, separators=(", ", ": ") if index % 2 else (",", ":"))
+                sql.insert_row(conn, "s", index * 10 + 3 if gaps else index, text)
+        for at in range(len(items) + 2):
+            fork = await source.fork(f"f{at}", at=at)
+            kept = fork_point(items, at)
+            async with fork:
+                assert await fork.get_items() == items[:kept], at
+            assert sql.positions(f"f{at}") == list(range(kept))
