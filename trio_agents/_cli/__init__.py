@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ._args import build_parser, parse
 from ._errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, CLIError, explain
@@ -56,6 +57,24 @@ def _silence_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
+
+
+# The native core of temporalio (its Rust threads), once a command has loaded it.
+_TEMPORAL_CORE = "temporalio.bridge.temporal_sdk_bridge"
+
+
+def entry() -> NoReturn:
+    """The ``trio-agents`` console script (and ``python -m trio_agents``): :func:`main`,
+    then exit with its status. A command that loaded temporalio's native core (``serve
+    --temporal``, ``worker``) leaves without the interpreter's finalization, which that
+    core's threads can abort ("PyGILState_Release ... must be current",
+    temporalio/sdk-python#300), turning a clean exit or a one-line error into SIGABRT."""
+    status = main()
+    if _TEMPORAL_CORE in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
