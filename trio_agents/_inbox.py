@@ -283,6 +283,8 @@ class Approvals:
                 "name": call.name,
                 "message": message,
                 "data": data,
+                # What a face builds its form from (None: approving takes no content).
+                "schema": schema,
             }
             self._pending[question_id] = Approval(call, question=question, schema=schema)
         return question_id
@@ -326,24 +328,33 @@ class Approvals:
         with self._lock:
             if self._closed is not None:
                 raise RunClosedError(self.run_id, self._closed)
-            approval = None if self._pending is None else self._pending.get(call_id)
-            if approval is None or approval.decided:
-                raise UnknownCallError(call_id)
+            approval = self._undecided(call_id)
             if content is not None:
-                if approval.schema is None:
-                    what = "tool call" if approval.question is None else "question"
-                    raise ValueError(f"the {what} {call_id!r} takes no content")
-                problems = validate(approval.schema, content)
-                if problems:
-                    raise ValueError(
-                        f"content does not match the question {call_id!r}'s schema: "
-                        + "; ".join(problems)
-                    )
+                _check_content(call_id, approval, content)
             approval.decided = True
             approval.approved = approved
             approval.message = message
             approval.content = content
         return approval.event
+
+    def check_content(self, call_id: str, content: Mapping[str, Any]) -> None:
+        """Raise what :meth:`decide` would for approving ``call_id`` with ``content``,
+        deciding nothing (a cluster checks it before it makes the decision durable).
+
+        Raises:
+            RunClosedError, UnknownCallError, ValueError: as :meth:`decide`.
+        """
+        with self._lock:
+            if self._closed is not None:
+                raise RunClosedError(self.run_id, self._closed)
+            _check_content(call_id, self._undecided(call_id), content)
+
+    def _undecided(self, call_id: str) -> Approval:
+        # Under the lock.
+        approval = None if self._pending is None else self._pending.get(call_id)
+        if approval is None or approval.decided:
+            raise UnknownCallError(call_id)
+        return approval
 
     async def wait(self, call_id: str) -> tuple[Approval, bool]:
         """Wait for the decision on ``call_id``; return it and whether any call is still
@@ -419,3 +430,15 @@ class Parking:
         await trio.sleep(self.after)
         while not self.try_park():
             await self._ended.park()
+
+
+def _check_content(call_id: str, approval: Approval, content: Mapping[str, Any]) -> None:
+    """Refuse ``content`` for an approval that takes none or whose schema it misses."""
+    if approval.schema is None:
+        what = "tool call" if approval.question is None else "question"
+        raise ValueError(f"the {what} {call_id!r} takes no content")
+    problems = validate(approval.schema, content)
+    if problems:
+        raise ValueError(
+            f"content does not match the question {call_id!r}'s schema: " + "; ".join(problems)
+        )
