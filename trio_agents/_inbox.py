@@ -30,6 +30,7 @@ __all__ = [
     "Injection",
     "InjectionId",
     "Parking",
+    "check_content",
 ]
 
 InjectionId = NewType("InjectionId", str)
@@ -330,24 +331,14 @@ class Approvals:
                 raise RunClosedError(self.run_id, self._closed)
             approval = self._undecided(call_id)
             if content is not None:
-                _check_content(call_id, approval, content)
+                check_content(
+                    call_id, approval.schema, content, question=approval.question is not None
+                )
             approval.decided = True
             approval.approved = approved
             approval.message = message
             approval.content = content
         return approval.event
-
-    def check_content(self, call_id: str, content: Mapping[str, Any]) -> None:
-        """Raise what :meth:`decide` would for approving ``call_id`` with ``content``,
-        deciding nothing (a cluster checks it before it makes the decision durable).
-
-        Raises:
-            RunClosedError, UnknownCallError, ValueError: as :meth:`decide`.
-        """
-        with self._lock:
-            if self._closed is not None:
-                raise RunClosedError(self.run_id, self._closed)
-            _check_content(call_id, self._undecided(call_id), content)
 
     def _undecided(self, call_id: str) -> Approval:
         # Under the lock.
@@ -432,12 +423,19 @@ class Parking:
             await self._ended.park()
 
 
-def _check_content(call_id: str, approval: Approval, content: Mapping[str, Any]) -> None:
-    """Refuse ``content`` for an approval that takes none or whose schema it misses."""
-    if approval.schema is None:
-        what = "tool call" if approval.question is None else "question"
+def check_content(
+    call_id: str, schema: Mapping[str, Any] | None, content: Mapping[str, Any], *, question: bool
+) -> None:
+    """Refuse ``content`` as the approval of ``call_id`` (a question when ``question``)
+    that takes none (``schema`` None) or whose ``schema`` it does not match.
+
+    Raises:
+        ValueError: naming the problems (the run's ``approve`` raises the same).
+    """
+    if schema is None:
+        what = "question" if question else "tool call"
         raise ValueError(f"the {what} {call_id!r} takes no content")
-    problems = validate(approval.schema, content)
+    problems = validate(schema, content)
     if problems:
         raise ValueError(
             f"content does not match the question {call_id!r}'s schema: " + "; ".join(problems)

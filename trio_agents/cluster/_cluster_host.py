@@ -41,7 +41,8 @@ import trio
 
 from .._agent import Agent
 from .._events import RunStatus
-from .._exceptions import RunClosedError, UnknownCallError
+from .._exceptions import UnknownCallError
+from .._inbox import check_content
 from .._items import Item
 from .._run import Run
 from ..hosting._error_codes import ProtocolError
@@ -699,12 +700,13 @@ class ClusterHost(LocalHost):
         if call_id not in run.statistics().pending_approvals:
             raise ProtocolError("not_found", str(UnknownCallError(call_id)))
         if content is not None:
+            # What the question asks is in the run's current status (updated on this
+            # thread with its pending ids); a pending id that is no question's is a call.
+            asked = run.updated.current.detail.get("questions") or ()
+            question = next((q for q in asked if q.get("id") == call_id), None)
+            schema = None if question is None else question.get("schema")
             try:
-                run._approvals.check_content(call_id, content)
-            except RunClosedError:
-                raise ProtocolError("run_closed", f"run {entry.run_id} is closed") from None
-            except UnknownCallError as exc:
-                raise ProtocolError("not_found", str(exc)) from None
+                check_content(call_id, schema, content, question=question is not None)
             except ValueError as exc:
                 raise ProtocolError("invalid_request", str(exc)) from None
         stored = await self._node.record_decision(
