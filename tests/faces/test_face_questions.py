@@ -192,11 +192,25 @@ async def test_agui_interrupt_carries_the_question_and_resume_its_content() -> N
                 "schema": SEAT_FORM,
                 "data": {"flight": 42},
             }
-            body = agui.run_input(run="ag-2")
-            resolved = {"approved": True, "content": {"seat": "aisle", "bags": 0}}
-            body["resume"] = [
-                {"interruptId": interrupt["id"], "status": "resolved", "payload": resolved}
-            ]
+
+            def resume(content: Any, run: str) -> dict[str, Any]:
+                body = agui.run_input(run=run)
+                resolved = {"approved": True, "content": content}
+                body["resume"] = [
+                    {"interruptId": interrupt["id"], "status": "resolved", "payload": resolved}
+                ]
+                return body
+
+            for bad, says in [({"seat": "roof"}, "seat"), (["aisle"], "must be an object")]:
+                refused = await client.post(
+                    "/ag-ui/booker", json=resume(bad, "ag-bad"), headers=agui.ALICE
+                )
+                assert refused.status_code == 400, refused.text
+                error = refused.json()["error"]
+                assert error["code"] == "invalid_request"
+                assert says in error["message"]
+            assert decisions == []
+            body = resume({"seat": "aisle", "bags": 0}, "ag-2")
             async with agui.agui_stream(client, "booker", body) as stream:
                 events = await stream.rest()
             assert events[-1]["type"] == "RUN_FINISHED"
