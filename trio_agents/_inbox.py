@@ -30,6 +30,7 @@ __all__ = [
     "Injection",
     "InjectionId",
     "Parking",
+    "check_content",
 ]
 
 InjectionId = NewType("InjectionId", str)
@@ -291,6 +292,8 @@ class Approvals:
                 "name": call.name,
                 "message": message,
                 "data": data,
+                # What a face builds its form from (None: approving takes no content).
+                "schema": schema,
             }
             self._pending[question_id] = Approval(call, question=question, schema=schema)
         return question_id
@@ -334,24 +337,23 @@ class Approvals:
         with self._lock:
             if self._closed is not None:
                 raise RunClosedError(self.run_id, self._closed)
-            approval = None if self._pending is None else self._pending.get(call_id)
-            if approval is None or approval.decided:
-                raise UnknownCallError(call_id)
+            approval = self._undecided(call_id)
             if content is not None:
-                if approval.schema is None:
-                    what = "tool call" if approval.question is None else "question"
-                    raise ValueError(f"the {what} {call_id!r} takes no content")
-                problems = validate(approval.schema, content)
-                if problems:
-                    raise ValueError(
-                        f"content does not match the question {call_id!r}'s schema: "
-                        + "; ".join(problems)
-                    )
+                check_content(
+                    call_id, approval.schema, content, question=approval.question is not None
+                )
             approval.decided = True
             approval.approved = approved
             approval.message = message
             approval.content = content
         return approval.event
+
+    def _undecided(self, call_id: str) -> Approval:
+        # Under the lock.
+        approval = None if self._pending is None else self._pending.get(call_id)
+        if approval is None or approval.decided:
+            raise UnknownCallError(call_id)
+        return approval
 
     async def wait(self, call_id: str) -> tuple[Approval, bool]:
         """Wait for the decision on ``call_id``; return it and whether any call is still
@@ -427,3 +429,22 @@ class Parking:
         await trio.sleep(self.after)
         while not self.try_park():
             await self._ended.park()
+
+
+def check_content(
+    call_id: str, schema: Mapping[str, Any] | None, content: Mapping[str, Any], *, question: bool
+) -> None:
+    """Refuse ``content`` as the approval of ``call_id`` (a question when ``question``)
+    that takes none (``schema`` None) or whose ``schema`` it does not match.
+
+    Raises:
+        ValueError: naming the problems (the run's ``approve`` raises the same).
+    """
+    if schema is None:
+        what = "question" if question else "tool call"
+        raise ValueError(f"the {what} {call_id!r} takes no content")
+    problems = validate(schema, content)
+    if problems:
+        raise ValueError(
+            f"content does not match the question {call_id!r}'s schema: " + "; ".join(problems)
+        )

@@ -65,6 +65,7 @@ async def test_the_question_is_pending_and_shown(autojump_clock: Any) -> None:
                     "name": "deploy",
                     "message": "Deploy to prod?",
                     "data": {"target": "prod"},
+                    "schema": FORM,
                 }
             ],
         }
@@ -194,6 +195,7 @@ async def test_a_childs_question_is_shown_and_answered_from_above(autojump_clock
                 "name": "deploy",
                 "message": "Deploy to staging?",
                 "data": {"target": "staging"},
+                "schema": FORM,
             },
         }
         found = run.find(waiting["run_id"])

@@ -265,6 +265,54 @@ async def test_approve_and_reject_a_waiting_approval(open_host: OpenHost) -> Non
     assert "too risky" in results[pending[1]]
 
 
+_SEAT_FORM = {
+    "type": "object",
+    "properties": {"seat": {"type": "string", "enum": ["aisle", "window"]}},
+    "required": ["seat"],
+}
+
+
+@ta.function_tool
+async def book(ctx: ta.ToolContext) -> str:
+    """Book a seat once a person picked one (a question with a form, mid-call)."""
+    decision = await ctx.request_approval("Which seat?", schema=_SEAT_FORM)
+    return f"approved={decision.approved} content={decision.content}"
+
+
+async def test_a_question_answered_with_content(open_host: OpenHost) -> None:
+    """A running call's question is pending like a call; approve's content is checked
+    against its schema (refused: ``invalid_request``, nothing decided) and reaches
+    the tool."""
+    model = ScriptedModel([Turn(tool_calls=[("book", {})]), Turn(text="done")])
+    with trio.fail_after(60):
+        async with open_host(_agents(model, book)) as host:
+            run_id = await host.start(ALICE, _start())
+            async with host.events("alice", run_id, status_only=True) as updates:
+                async for hosted in updates:
+                    if hosted.event["status"] == "awaiting_approval":
+                        break
+            # What it asks is in the status update (every host serves it; a routed
+            # node's run.get carries no detail of a run of another node).
+            [question] = hosted.event["detail"]["questions"]
+            (question_id,) = (await host.get("alice", run_id)).pending_approvals
+            assert (question["id"], question["message"]) == (question_id, "Which seat?")
+            assert question["schema"] == _SEAT_FORM
+            await _refused(
+                "invalid_request",
+                lambda: host.approve("alice", run_id, question_id, {"seat": "roof"}),
+            )
+            assert (await host.get("alice", run_id)).pending_approvals == (question_id,)
+            await host.approve("alice", run_id, question_id, {"seat": "window"})
+            assert (await host.wait_terminal("alice", run_id)).status == "completed"
+            got = await _collect(host, run_id)
+    [output] = [
+        e.event["item"]["output"]
+        for e in got
+        if e.event["type"] == "run.item" and e.event["item"]["type"] == "function_call_output"
+    ]
+    assert output == "approved=True content={'seat': 'window'}"
+
+
 async def test_cancel_session_cancels_its_active_run(open_host: OpenHost) -> None:
     called = trio.Event()
     model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default=Turn(text="after"))

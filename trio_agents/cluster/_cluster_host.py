@@ -43,6 +43,7 @@ import trio
 from .._agent import Agent
 from .._events import RunStatus
 from .._exceptions import UnknownCallError
+from .._inbox import check_content
 from .._items import Item
 from .._run import Run
 from ..hosting._error_codes import ProtocolError
@@ -375,8 +376,17 @@ class ClusterHost(LocalHost):
         request = RunWithdraw(run_id=run_id, injection_id=injection_id)
         return bool((await self._control(principal, request))["withdrawn"])
 
-    async def approve(self, principal: str, run_id: str, call_id: str) -> None:
-        await self._control(principal, RunApprove(run_id=run_id, call_id=call_id))
+    async def approve(
+        self,
+        principal: str,
+        run_id: str,
+        call_id: str,
+        content: Mapping[str, Any] | None = None,
+    ) -> None:
+        request = RunApprove(
+            run_id=run_id, call_id=call_id, content=None if content is None else dict(content)
+        )
+        await self._control(principal, request)
 
     async def reject(
         self, principal: str, run_id: str, call_id: str, message: str | None = None
@@ -684,10 +694,13 @@ class ClusterHost(LocalHost):
             case RunApprove(call_id=call_id) | RunReject(call_id=call_id):
                 message = request.message if isinstance(request, RunReject) else None
                 approved = isinstance(request, RunApprove)
+                content = request.content if isinstance(request, RunApprove) else None
                 if child:
-                    decide_here(entry, call_id, approved=approved, message=message)
+                    decide_here(entry, call_id, approved=approved, message=message, content=content)
                     return Answer({})
-                stored = await self._decide_here(entry, run, call_id, approved, message, origin)
+                stored = await self._decide_here(
+                    entry, run, call_id, approved, message, origin, content
+                )
                 return Answer({}, stored)
 
     async def _decide_here(
@@ -698,21 +711,36 @@ class ClusterHost(LocalHost):
         approved: bool,
         message: str | None,
         origin: Origin | None,
+        content: Mapping[str, Any] | None = None,
     ) -> bool:
         """An approval or rejection: durable before it is applied (its answer too, when
         routed): a takeover applies it to the call asked again, and never serves the
-        command twice. Returns whether a routed one's answer was stored and sent."""
+        command twice. Returns whether a routed one's answer was stored and sent.
+
+        An answer's ``content`` (a question's) is checked before anything is recorded
+        (``invalid_request``: nothing decided). It is applied, not recorded: a question
+        is asked by a running call, which a takeover does not resume mid-call."""
         if entry.first_seq > 1:
             await _settled(run)
         live(entry)
         if call_id not in run.statistics().pending_approvals:
             raise ProtocolError("not_found", str(UnknownCallError(call_id)))
+        if content is not None:
+            # What the question asks is in the run's current status (updated on this
+            # thread with its pending ids); a pending id that is no question's is a call.
+            asked = run.updated.current.detail.get("questions") or ()
+            question = next((q for q in asked if q.get("id") == call_id), None)
+            schema = None if question is None else question.get("schema")
+            try:
+                check_content(call_id, schema, content, question=question is not None)
+            except ValueError as exc:
+                raise ProtocolError("invalid_request", str(exc)) from None
         stored = await self._node.record_decision(
             entry.run_id, call_id, approved=approved, message=message, origin=origin
         )
         # Recorded and answered already: the run may have ended (or moved) since.
         with contextlib.suppress(ProtocolError):
-            decide_here(entry, call_id, approved=approved, message=message)
+            decide_here(entry, call_id, approved=approved, message=message, content=content)
         return stored
 
     # ------------------------------------------------------------ routed ops

@@ -184,6 +184,10 @@ def from_wire(data: Any) -> RoutedOp:
             fields[name] = _choice(cls.op, name, value, field.default)
         elif name in ("reason", "message"):
             fields[name] = _text(cls.op, name, value, optional=True)
+        elif name == "content":  # an approval's answer to a question (a JSON object)
+            if value is not None and not isinstance(value, dict):
+                raise _garbled(f"{cls.op}: content must be an object or null")
+            fields[name] = value
         else:
             fields[name] = _text(cls.op, name, value)
     return cls(**fields)

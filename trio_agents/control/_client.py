@@ -345,9 +345,15 @@ class RemoteRun:
         answer = await self._call("run.withdraw", injection_id=injection_id)
         return bool(answer["withdrawn"])
 
-    async def approve(self, call_id: str) -> None:
-        """Let a tool call waiting for approval run (``not_found`` if none waits)."""
-        await self._call("run.approve", call_id=call_id)
+    async def approve(self, call_id: str, *, content: Mapping[str, Any] | None = None) -> None:
+        """Let a tool call waiting for approval run, or answer yes to a question a
+        running call asks (``not_found`` if none waits); ``content``: a question's
+        answer, a JSON object matching its ``schema`` (``invalid_request`` when it
+        does not, nothing decided)."""
+        fields: dict[str, Any] = {"call_id": call_id}
+        if content is not None:
+            fields["content"] = dict(content)
+        await self._call("run.approve", **fields)
 
     async def reject(self, call_id: str, *, message: str | None = None) -> None:
         """Refuse a tool call waiting for approval; the model reads ``message``."""

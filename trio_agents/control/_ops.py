@@ -106,8 +106,8 @@ async def _control(
             fields["injection_id"] = await host.inject(principal, run_id, items, when)
         case RunWithdraw(run_id=run_id, injection_id=injection_id):
             fields["withdrawn"] = await host.withdraw(principal, run_id, injection_id)
-        case RunApprove(run_id=run_id, call_id=call_id):
-            await host.approve(principal, run_id, call_id)
+        case RunApprove(run_id=run_id, call_id=call_id, content=content):
+            await host.approve(principal, run_id, call_id, content)
         case RunReject(run_id=run_id, call_id=call_id, message=message):
             await host.reject(principal, run_id, call_id, message)
     await conn.send(ack_frame(request.id, **fields))

@@ -196,11 +196,14 @@ class _Decision:
     call_id: str | None
     message: str | None
     run_id: str | None = None
+    # An approval's answer to a question that asks for content (its schema's form).
+    content: dict[str, Any] | None = None
 
 
 def _decision(message: Mapping[str, Any]) -> _Decision | None:
     """The approval decision a message carries: a data part ``{"decision": "approve" |
-    "reject", "callId"?, "message"?}``, or a message whose only text is ``approve`` or
+    "reject", "callId"?, "message"?, "content"?}`` (``content``: a question's answer,
+    a JSON object), or a message whose only text is ``approve`` or
     ``reject`` (for plain-text clients; it names no call)."""
     parts = message.get("parts")
     if not isinstance(parts, list):
@@ -215,7 +218,12 @@ def _decision(message: Mapping[str, Any]) -> _Decision | None:
             for name, value in (("callId", call_id), ("message", text), ("runId", run_id)):
                 if value is not None and not isinstance(value, str):
                     _fail(INVALID_PARAMS, f"{name} must be a string")
-            return _Decision(decision == "approve", call_id, text, run_id)
+            content = data.get("content")
+            if content is not None and not isinstance(content, dict):
+                _fail(INVALID_PARAMS, "content must be a JSON object")
+            if content is not None and decision != "approve":
+                _fail(INVALID_PARAMS, "content answers an approval only")
+            return _Decision(decision == "approve", call_id, text, run_id, content)
     if len(parts) == 1 and isinstance(parts[0], Mapping) and isinstance(parts[0].get("text"), str):
         word = parts[0]["text"].strip().lower()
         if word in ("approve", "reject"):
@@ -534,11 +542,11 @@ class A2AFace:
                     _fail(
                         INVALID_PARAMS,
                         'the task waits for approval: send a data part {"decision": "approve"'
-                        ' | "reject", "callId": ...}',
+                        ' | "reject", "callId": ..., "content"?: {...}}',
                     )
                 run_id, call_id = await self._waiting_call(principal, task_id, decision)
                 if decision.approve:
-                    await self.host.approve(principal, run_id, call_id)
+                    await self.host.approve(principal, run_id, call_id, decision.content)
                 else:
                     await self.host.reject(principal, run_id, call_id, decision.message)
             elif decision is not None:

@@ -76,12 +76,34 @@ def agent_message(
 
 
 def _approval_prompt(calls: list[dict[str, Any]]) -> str:
-    names = ", ".join(f"{c['name']} ({c['callId']})" for c in calls)
+    # A question (ToolContext.request_approval) is shown as what it asks, first; a
+    # call waiting to run by its tool's name.
+    asked = [c for c in calls if "question" in c]
+    text = " ".join(f"{c['question']['message']} ({c['callId']})" for c in asked)
+    names = ", ".join(f"{c['name']} ({c['callId']})" for c in calls if "question" not in c)
+    if names:
+        text = (
+            f"{text} waiting for approval: {names}." if text else f"waiting for approval: {names}."
+        )
+    content = any(c["question"].get("schema") is not None for c in asked)
     return (
-        f"waiting for approval: {names}. Answer with a message to this task holding a data"
-        ' part {"decision": "approve" | "reject", "callId": "...", "message": "..."?}'
-        ' (or the text "approve" / "reject" when one call waits).'
+        f"{text} Answer with a message to this task holding a data part"
+        ' {"decision": "approve" | "reject", "callId": "...", "message": "..."?'
+        + (
+            ', "content": {...}? (the question\'s form: its schema is in this data part)'
+            if content
+            else ""
+        )
+        + '} (or the text "approve" / "reject" when one call waits).'
     )
+
+
+def _question(value: Any) -> dict[str, Any] | None:
+    """What a face shows of a question: its message and its form's schema (None)."""
+    if not isinstance(value, Mapping) or not isinstance(value.get("message"), str):
+        return None
+    schema = value.get("schema")
+    return {"message": value["message"], "schema": schema if isinstance(schema, Mapping) else None}
 
 
 @attrs.define
@@ -106,7 +128,10 @@ class TaskView:
     pending: list[str] = attrs.field(factory=list)
     # calls waiting in descendant runs (a child's tool, §17): {"run_id", "call_id",
     # "name", "arguments"}, as the run's status detail lists them
-    below: list[dict[str, str]] = attrs.field(factory=list)
+    below: list[dict[str, Any]] = attrs.field(factory=list)
+    # question id -> {"message", "schema"}: the questions this run's calls ask
+    # (detail["questions"]), shown as what they ask.
+    questions: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     artifacts: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     history: list[dict[str, Any]] = attrs.field(factory=list)
     # The run's own usage as its record gives it (Usage.to_json()); None: not known.
@@ -140,9 +165,18 @@ class TaskView:
             detail = event.get("detail") or {}
             pending = detail.get("pending") if isinstance(detail, Mapping) else None
             self.pending = [str(c) for c in pending] if isinstance(pending, list) else []
+            asked = detail.get("questions") if isinstance(detail, Mapping) else None
+            self.questions = {
+                str(q.get("id")): shown
+                for q in (asked if isinstance(asked, list) else ())
+                if isinstance(q, Mapping) and (shown := _question(q)) is not None
+            }
             below = detail.get("waiting") if isinstance(detail, Mapping) else None
-            self.below = [
-                {
+            self.below = []
+            for w in below if isinstance(below, list) else ():
+                if not isinstance(w, Mapping):
+                    continue
+                entry: dict[str, Any] = {
                     "run_id": str(w.get("run_id")),
                     "call_id": str(w.get("call_id")),
                     # the run names each call waiting below it (§17); "?" only for
@@ -150,9 +184,10 @@ class TaskView:
                     "name": str(w.get("name", "?")),
                     "arguments": str(w.get("arguments", "")),
                 }
-                for w in (below if isinstance(below, list) else ())
-                if isinstance(w, Mapping)
-            ]
+                question = _question(w.get("question"))
+                if question is not None:
+                    entry["question"] = question
+                self.below.append(entry)
         elif kind == "response.text.delta":
             artifact = self._artifact(int(event.get("turn", 0)))
             artifact["parts"][0]["text"] += str(event.get("text", ""))
@@ -200,19 +235,34 @@ class TaskView:
         this run's (named by its own log), then its descendants' (``runId`` names the
         run below; the status detail names the call)."""
         unknown = {"name": "?", "arguments": ""}  # a call whose item left the log
-        own = [
-            {"runId": self.task_id, **self.calls.get(c, {"callId": c, **unknown})}
-            for c in self.pending
-        ]
-        below = [
-            {
+        own: list[dict[str, Any]] = []
+        for c in self.pending:
+            question = self.questions.get(c)
+            if question is None:
+                own.append({"runId": self.task_id, **self.calls.get(c, {"callId": c, **unknown})})
+                continue
+            # A question's id is "<call id>:ask-<n>": named by the call that asks it.
+            asking = self.calls.get(c.rsplit(":ask-", 1)[0], unknown)
+            own.append(
+                {
+                    "runId": self.task_id,
+                    "callId": c,
+                    "name": asking["name"],
+                    "arguments": asking["arguments"],
+                    "question": question,
+                }
+            )
+        below = []
+        for w in self.below:
+            entry = {
                 "runId": w["run_id"],
                 "callId": w["call_id"],
                 "name": w["name"],
                 "arguments": w["arguments"],
             }
-            for w in self.below
-        ]
+            if "question" in w:
+                entry["question"] = w["question"]
+            below.append(entry)
         return own + below
 
     def status(self) -> dict[str, Any]:

@@ -233,7 +233,7 @@ async def _answer(host: RunHost, principal: str, run_input: RunAgentInput, asked
             raise HostError("not_found", f"no tool call {answer.call_id!r} is waiting for approval")
     for answer in asked.approvals:
         if answer.approved:
-            await host.approve(principal, answer.run_id, answer.call_id)
+            await host.approve(principal, answer.run_id, answer.call_id, answer.content)
         else:
             await host.reject(principal, answer.run_id, answer.call_id, answer.message)
     return asked.root

@@ -166,6 +166,8 @@ class Approval:
     call_id: str
     approved: bool
     message: str | None = None
+    # A question's answer (its payload's "content"): checked against its schema by the run.
+    content: dict[str, Any] | None = None
 
 
 @attrs.frozen
@@ -284,7 +286,10 @@ def _resume(run_input: RunAgentInput, mode: Literal["cancel", "continue"]) -> Re
                 f"{where}.payload.message must be a string of at most"
                 f" {MAX_MESSAGE_LENGTH} characters"
             )
-        approvals.append(Approval(run_id, call_id, payload["approved"], message))
+        content = payload.get("content")
+        if content is not None and (not isinstance(content, dict) or not payload["approved"]):
+            raise AguiInputError(f"{where}.payload.content must be an object, with approved: true")
+        approvals.append(Approval(run_id, call_id, payload["approved"], message, content))
     if len(places) != 1:
         raise AguiInputError("resume: every entry must answer the same interrupted run")
     ((root, seq),) = places
@@ -580,10 +585,19 @@ class EventMapper:
         waiting: list[tuple[str, str]] = [
             (self._root, str(call_id)) for call_id in detail.get("pending") or ()
         ]
+        # What the questions ask (ToolContext.request_approval): the root's own in
+        # detail["questions"], those below in their waiting entry's "question".
+        questions: dict[tuple[str, str], Mapping[str, Any]] = {
+            (self._root, str(q.get("id"))): q
+            for q in detail.get("questions") or ()
+            if isinstance(q, Mapping)
+        }
         for entry in detail.get("waiting") or ():
             if isinstance(entry, Mapping):
                 run_id, call_id = str(entry.get("run_id")), str(entry.get("call_id"))
                 waiting.append((run_id, call_id))
+                if isinstance(entry.get("question"), Mapping):
+                    questions[(run_id, call_id)] = entry["question"]
                 if "name" in entry and (run_id, call_id) not in self._calls:
                     # The run names each call waiting below it: known even where the
                     # descendants' own events are not streamed (the root's log only).
@@ -595,6 +609,10 @@ class EventMapper:
         for run_id, call_id in waiting:
             if (run_id, call_id) in self._resolved:
                 continue  # answered by this very request; its wait is over
+            question = questions.get((run_id, call_id))
+            if question is not None:
+                interrupts.append(self._question(seq, run_id, call_id, question))
+                continue
             known = self._calls.get((run_id, call_id))
             # A call unknown here (its item fell out of retention) is still named by id.
             name, arguments = known if known is not None else (None, "")
@@ -613,6 +631,38 @@ class EventMapper:
                 )
             )
         return interrupts
+
+    def _question(
+        self, seq: int, run_id: str, question_id: str, question: Mapping[str, Any]
+    ) -> Interrupt:
+        """The interrupt of a question a running call asks: its message is the
+        question's; a resolved payload's ``content`` answers its form (``schema``)."""
+        schema = question.get("schema")
+        response_schema = APPROVAL_SCHEMA
+        if isinstance(schema, Mapping):
+            response_schema = {
+                **APPROVAL_SCHEMA,
+                "properties": {**APPROVAL_SCHEMA["properties"], "content": dict(schema)},
+            }
+        call_id = str(question.get("call_id", question_id.rsplit(":ask-", 1)[0]))
+        name = question.get("name")
+        return Interrupt(
+            id=interrupt_id(self._root, seq, run_id, question_id),
+            reason="tool_approval",
+            message=str(question.get("message", "")),
+            tool_call_id=self._tool_call_id(run_id, call_id),
+            response_schema=response_schema,
+            metadata=_meta(
+                run_id=run_id,
+                call_id=question_id,
+                tool=name if isinstance(name, str) else None,
+                question={
+                    "message": question.get("message"),
+                    "schema": schema if isinstance(schema, Mapping) else None,
+                    "data": question.get("data"),
+                },
+            ),
+        )
 
 
 # ----------------------------------------------------------------- usage

@@ -148,6 +148,8 @@ class _View:
     pending: tuple[str, ...] = ()
     seq: int = 0  # the last event's
     asking: tuple[str, ...] = ()  # approvals to ask in an InputRequiredResult
+    # question id -> what it asks (detail["questions"]: ToolContext.request_approval)
+    questions: dict[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
     def apply(self, event: Mapping[str, Any]) -> str | None:
         """Fold one event in; returns the progress message it is worth, if any."""
@@ -178,6 +180,12 @@ class _View:
         detail = event.get("detail") or {}
         pending = detail.get("pending") if isinstance(detail, Mapping) else None
         self.pending = tuple(str(c) for c in pending) if isinstance(pending, list) else ()
+        asked = detail.get("questions") if isinstance(detail, Mapping) else None
+        self.questions = {
+            str(q.get("id")): q
+            for q in (asked if isinstance(asked, list) else ())
+            if isinstance(q, Mapping) and isinstance(q.get("message"), str)
+        }
         if self.pending:
             return "awaiting approval: " + ", ".join(self.describe(c) for c in self.pending)
         return self.status if self.reason is None else f"{self.status}: {self.reason}"
@@ -200,8 +208,23 @@ class _View:
         return None
 
     def describe(self, call_id: str) -> str:
+        question = self.questions.get(call_id)
+        if question is not None:
+            return _short(str(question["message"]))
         name, arguments = self.calls.get(call_id, ("?", ""))
         return f"{name} {_short(arguments)}"
+
+    def elicitation(self, run_id: str, call_id: str) -> tuple[str, dict[str, Any], bool]:
+        """What the client is asked for ``call_id``: the message, the form's schema, and
+        whether the form's content answers it (a question with a schema: approved with
+        the accepted content); a call waiting to run is asked to be approved."""
+        question = self.questions.get(call_id)
+        if question is None:
+            return _approval_message(run_id, call_id, self.describe(call_id)), _APPROVAL_FORM, False
+        schema = question.get("schema")
+        if isinstance(schema, Mapping):
+            return str(question["message"]), dict(schema), True
+        return str(question["message"]), _APPROVAL_FORM, False
 
 
 def _short(text: str, at_most: int = 200) -> str:
@@ -367,10 +390,18 @@ class McpTools:
         parked = self._parked.pop(run_id, None)
         owner = parked[1] if parked is not None else _CallOwner()
         answered: set[str] = set()
+        # The questions with a form: an accepted answer's content is their answer.
+        forms = {
+            str(q.get("id"))
+            for q in info.detail.get("questions") or ()
+            if isinstance(q, Mapping) and isinstance(q.get("schema"), Mapping)
+        }
         for call_id, answer in (params.input_responses or {}).items():
             if isinstance(answer, types.ElicitResult):
                 answered.add(call_id)
-                await self._decide(principal, run_id, call_id, answer)
+                await self._decide(
+                    principal, run_id, call_id, answer, with_content=call_id in forms
+                )
         return await self._follow(ctx, principal, params.name, run_id, owner, after, answered)
 
     async def _follow(
@@ -395,7 +426,7 @@ class McpTools:
                 await self._park(principal, run_id, owner)
                 return types.InputRequiredResult(
                     input_requests={
-                        call_id: _approval_request(run_id, call_id, view.describe(call_id))
+                        call_id: _approval_request(*view.elicitation(run_id, call_id)[:2])
                         for call_id in view.asking
                     },
                     request_state=f"{run_id}:{view.seq}",
@@ -472,9 +503,8 @@ class McpTools:
                         view.asking = tuple(new)
                         break
                     for call_id in new if how == "request" else ():
-                        nursery.start_soon(
-                            self._elicit, ctx, principal, run_id, call_id, view.describe(call_id)
-                        )
+                        asked_for = view.elicitation(run_id, call_id)
+                        nursery.start_soon(self._elicit, ctx, principal, run_id, call_id, asked_for)
             # The run is over (or waits for this call's client): an approval still
             # asked is moot (the SDK tells the client its request is cancelled).
             nursery.cancel_scope.cancel()
@@ -486,39 +516,50 @@ class McpTools:
         principal: str,
         run_id: str,
         call_id: str,
-        call: str,
+        asked_for: tuple[str, dict[str, Any], bool],
     ) -> None:
-        """Ask the client to approve one call; its answer decides it (unless another
-        face decided first, or the run ended)."""
+        """Ask the client to approve one call (or answer a question: its message, its
+        form); its answer decides it (unless another face decided first, or the run
+        ended)."""
+        message, schema, with_content = asked_for
         try:
             answer = await ctx.session.elicit_form(
-                _approval_message(run_id, call_id, call),
-                _APPROVAL_FORM,
-                related_request_id=ctx.request_id,
+                message, schema, related_request_id=ctx.request_id
             )
         except (MCPError, ValidationError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             # The client could not answer (an error, a malformed answer, the
             # connection gone): the run keeps waiting, answerable from every face.
             logger.info("elicitation for call %s of run %s got no answer", call_id, run_id)
             return
-        await self._decide(principal, run_id, call_id, answer)
+        await self._decide(principal, run_id, call_id, answer, with_content=with_content)
 
     async def _decide(
-        self, principal: str, run_id: str, call_id: str, answer: types.ElicitResult
+        self,
+        principal: str,
+        run_id: str,
+        call_id: str,
+        answer: types.ElicitResult,
+        *,
+        with_content: bool,
     ) -> None:
-        """An elicitation's answer as the call's decision: accept approves; decline or
-        cancel rejects, with the form's note (else what the user did)."""
+        """An elicitation's answer as the call's decision: accept approves (with the
+        form's content, for a question that asks for some); decline or cancel rejects,
+        with the form's note (else what the user did)."""
         note = (answer.content or {}).get("message")
         try:
             if answer.action == "accept":
-                await self.host.approve(principal, run_id, call_id)
+                content = dict(answer.content or {}) if with_content else None
+                await self.host.approve(principal, run_id, call_id, content)
             else:
                 message = (
                     note if isinstance(note, str) and note else f"{answer.action}d by the user"
                 )
                 await self.host.reject(principal, run_id, call_id, message)
-        except HostError:
-            pass  # decided on another face first, or the run ended: nothing to do
+        except HostError as exc:
+            # Decided on another face first, or the run ended: nothing to do. Content
+            # the question's schema refuses leaves it pending, answerable elsewhere.
+            if exc.code == "invalid_request":
+                logger.info("elicitation for %s of run %s: %s", call_id, run_id, exc.message)
 
     async def _abandoned(
         self, ctx: ServerRequestContext[Any], principal: str, run_id: str, owner: object
@@ -557,12 +598,9 @@ def _approval_message(run_id: str, call_id: str, call: str) -> str:
     return f"The agent wants to call {call} (run {run_id}, call {call_id}). Approve?"
 
 
-def _approval_request(run_id: str, call_id: str, call: str) -> types.ElicitRequest:
+def _approval_request(message: str, schema: dict[str, Any]) -> types.ElicitRequest:
     return types.ElicitRequest(
-        params=types.ElicitRequestFormParams(
-            message=_approval_message(run_id, call_id, call),
-            requested_schema=_APPROVAL_FORM,
-        )
+        params=types.ElicitRequestFormParams(message=message, requested_schema=schema)
     )
 
 

@@ -221,7 +221,9 @@ class _Rest:
         approve: RunApprove = _validate(
             "run.approve", await self._body(request), run_id=request.path_params["run_id"]
         )
-        await self.host.approve(principal_of(request), approve.run_id, approve.call_id)
+        await self.host.approve(
+            principal_of(request), approve.run_id, approve.call_id, approve.content
+        )
         return _answer({"run_id": approve.run_id})
 
     async def reject(self, request: Request) -> Response:

@@ -192,8 +192,17 @@ class RunHost(Protocol):
         """Withdraw an injection not yet delivered; False when it already was."""
         ...
 
-    async def approve(self, principal: str, run_id: str, call_id: str) -> None:
-        """Approve a tool call waiting for approval."""
+    async def approve(
+        self,
+        principal: str,
+        run_id: str,
+        call_id: str,
+        content: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Approve a tool call waiting for approval, or answer yes to a question a
+        running call asks (its id is pending like a call's); ``content``: the answer
+        to a question that asks for some (a JSON object matching its ``schema``;
+        ``invalid_request``, with nothing decided, when it does not)."""
         ...
 
     async def reject(

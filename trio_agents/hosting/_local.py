@@ -548,11 +548,20 @@ class LocalHost:
         with host_errors():
             return live(self._entry(principal, run_id)).withdraw(injection_id)
 
-    async def approve(self, principal: str, run_id: str, call_id: str) -> None:
-        """Approve a tool call waiting for approval (``not_found``: no such call)."""
+    async def approve(
+        self,
+        principal: str,
+        run_id: str,
+        call_id: str,
+        content: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Approve a tool call waiting for approval, or answer a question with
+        ``content`` (``not_found``: no such call; ``invalid_request``: content that
+        does not fit, nothing decided)."""
         await trio.lowlevel.checkpoint()
         with host_errors():
-            decide_here(self._entry(principal, run_id), call_id, approved=True, message=None)
+            entry = self._entry(principal, run_id)
+            decide_here(entry, call_id, approved=True, message=None, content=content)
 
     async def reject(
         self, principal: str, run_id: str, call_id: str, message: str | None = None
@@ -724,15 +733,24 @@ def inject_here(
     return injection_id
 
 
-def decide_here(entry: RunEntry, call_id: str, *, approved: bool, message: str | None) -> None:
-    """Approve or reject a call of a run of this process."""
+def decide_here(
+    entry: RunEntry,
+    call_id: str,
+    *,
+    approved: bool,
+    message: str | None,
+    content: Mapping[str, Any] | None = None,
+) -> None:
+    """Approve or reject a call (or a question) of a run of this process."""
     run = live(entry)
     try:
         if approved:
-            run.approve(call_id)
+            run.approve(call_id, content=content)
         else:
             run.reject(call_id, message=message)
     except RunClosedError:
         raise ProtocolError("run_closed", f"run {entry.run_id} is closed") from None
     except UnknownCallError as exc:
         raise ProtocolError("not_found", str(exc)) from None
+    except (TypeError, ValueError) as exc:  # content refused: nothing decided
+        raise ProtocolError("invalid_request", str(exc)) from None

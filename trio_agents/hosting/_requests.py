@@ -111,6 +111,13 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+def _json_object(name: str, value: Any) -> dict[str, Any]:
+    # Its checks against a question's schema are the run's (Run.approve).
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object")
+    return value
+
+
 def _spec(check: _Validator) -> dict[str, _Validator]:
     """attrs field metadata: the wire validator of one request field."""
     return {"check": check}
@@ -199,13 +206,17 @@ class RunWithdraw:
 @final
 @attrs.frozen(kw_only=True)
 class RunApprove:
-    """``run.approve`` (``message`` is accepted and ignored)."""
+    """``run.approve`` (``message`` is accepted and ignored; ``content``: the answer to
+    a question that asks for some, ``ToolContext.request_approval(schema=...)``)."""
 
     op: ClassVar[str] = "run.approve"
     id: RequestId = 0
     run_id: str = attrs.field(metadata=_NAME)
     call_id: str = attrs.field(metadata=_NAME)
     message: str | None = attrs.field(default=None, metadata=_OPTIONAL_TEXT)
+    content: Mapping[str, Any] | None = attrs.field(
+        default=None, metadata=_spec(_optional(_json_object))
+    )
 
 
 @final

@@ -228,7 +228,7 @@ def _decide(run: Run, op: SteeringOp) -> OpAnswer:
         if op.op == "withdraw":
             return OpAnswer(ok=True, withdrawn=run.withdraw(target))
         if op.op == "approve":
-            run.approve(target)
+            run.approve(target, content=op.content)
             return OpAnswer(ok=True)
         if op.op == "reject":
             run.reject(target, message=op.reason)
@@ -239,6 +239,8 @@ def _decide(run: Run, op: SteeringOp) -> OpAnswer:
         return OpAnswer(ok=False, code="run_closed", message=str(exc))
     except UnknownCallError as exc:
         return OpAnswer(ok=False, code="not_found", message=str(exc))
+    except (TypeError, ValueError) as exc:  # an approve's content refused: nothing decided
+        return OpAnswer(ok=False, code="invalid_request", message=str(exc))
     return OpAnswer(ok=False, code="unknown_op", message=f"unknown op {op.op!r}")
 
 

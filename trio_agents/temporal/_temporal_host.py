@@ -599,9 +599,20 @@ class TemporalHost:
         )
         return bool(answer.withdrawn)
 
-    async def approve(self, principal: str, run_id: str, call_id: str) -> None:
-        """Approve a tool call waiting for approval."""
-        await self._steer(principal, run_id, SteeringOp(op="approve", target=call_id))
+    async def approve(
+        self,
+        principal: str,
+        run_id: str,
+        call_id: str,
+        content: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Approve a tool call waiting for approval, or answer a question (with
+        ``content`` when it asks for some: checked by the attempt's run,
+        ``invalid_request`` and nothing decided when it does not fit)."""
+        op = SteeringOp(
+            op="approve", target=call_id, content=None if content is None else dict(content)
+        )
+        await self._steer(principal, run_id, op)
 
     async def reject(
         self, principal: str, run_id: str, call_id: str, message: str | None = None

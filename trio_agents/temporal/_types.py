@@ -139,6 +139,8 @@ class SteeringOp:
         index: the op's position in the workflow's list of ops (set by the workflow).
         node: the run of the tree the op is for (None: the root, the workflow's run).
         mode: a cancel's mode (``"immediate"`` or ``"after_turn"``).
+        content: an approve's content, the answer to a question that asks for some
+            (``ToolContext.request_approval(schema=...)``), as JSON.
     """
 
     op: str
@@ -149,6 +151,7 @@ class SteeringOp:
     index: int = -1
     node: str | None = None
     mode: str = "immediate"
+    content: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass

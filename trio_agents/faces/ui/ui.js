@@ -144,6 +144,7 @@
       injections: {}, // injection id -> {delivered}
       pending: [], // call ids waiting for approval (its own)
       waiting: [], // calls waiting below it
+      questions: [], // what its running calls ask (detail.questions): {id, call_id, name, message, data, schema}
       limits: null,
       throttled: null, // why its request waits (detail.throttled of its running update), or null
       usage: null, // its own tokens and cost, from its record (GET /runs/{id}) once terminal
@@ -222,9 +223,11 @@
         n.reason = ev.reason || null;
         n.turn = ev.turn || n.turn;
         const detail = ev.detail || {};
-        const before = n.pending;
+        const before = [...n.pending, ...n.questions.map((q) => q.call_id)];
         n.pending = ev.status === "awaiting_approval" ? detail.pending || [] : [];
-        for (const callId of [...before, ...n.pending]) {
+        n.questions = ev.status === "awaiting_approval" ? detail.questions || [] : [];
+        // A question's id is its own; the call that asks it shows "awaiting approval" too.
+        for (const callId of [...before, ...n.pending, ...n.questions.map((q) => q.call_id)]) {
           if (n.tools[callId] !== undefined) touch(n, n.tools[callId]); // "awaiting approval" on it
         }
         n.waiting = ev.status === "awaiting_approval" ? detail.waiting || [] : [];
@@ -575,6 +578,68 @@
     }
   }
 
+  // A form for a question's JSON schema: one field per property of an object schema
+  // (strings, numbers, integers, booleans; an enum as a select), prefilled with each
+  // property's default. Returns {element, content()} (content: the values set, typed;
+  // an empty field is left out, so the server's check names a required one), or null
+  // when the schema has no properties to fill in.
+  function questionForm(schema) {
+    const properties = schema && typeof schema === "object" ? schema.properties : null;
+    if (!properties || typeof properties !== "object" || !Object.keys(properties).length) return null;
+    const required = Array.isArray(schema.required) ? schema.required : [];
+    const element = el("div", "question-form");
+    const readers = [];
+    for (const [key, spec0] of Object.entries(properties)) {
+      const spec = spec0 && typeof spec0 === "object" ? spec0 : {};
+      const label = el("label", "field");
+      label.dataset.field = key;
+      label.append(el("span", "field-name", (spec.title || key) + (required.includes(key) ? " *" : "")));
+      let input;
+      let read;
+      if (Array.isArray(spec.enum)) {
+        input = el("select");
+        input.append(el("option", null, ""));
+        spec.enum.forEach((value, i) => {
+          const option = el("option", null, String(value));
+          option.value = String(i);
+          if (spec.default !== undefined && value === spec.default) option.selected = true;
+          input.append(option);
+        });
+        read = () => (input.value === "" ? undefined : spec.enum[Number(input.value)]);
+      } else if (spec.type === "boolean") {
+        input = el("input");
+        input.type = "checkbox";
+        input.checked = spec.default === true;
+        read = () => input.checked;
+      } else if (spec.type === "number" || spec.type === "integer") {
+        input = el("input");
+        input.type = "number";
+        if (spec.type === "integer") input.step = "1";
+        if (typeof spec.default === "number") input.value = String(spec.default);
+        read = () => (input.value === "" ? undefined : Number(input.value));
+      } else {
+        input = el("input");
+        input.type = "text";
+        if (typeof spec.default === "string") input.value = spec.default;
+        read = () => (input.value === "" ? undefined : input.value);
+      }
+      input.name = key;
+      if (spec.description) input.title = spec.description;
+      label.append(input);
+      element.append(label);
+      readers.push([key, read]);
+    }
+    const content = () => {
+      const values = {};
+      for (const [key, read] of readers) {
+        const value = read();
+        if (value !== undefined) values[key] = value;
+      }
+      return values;
+    };
+    return { element, content };
+  }
+
   function buildNode(n) {
     const root = el("div", "node");
     root.dataset.run = n.id;
@@ -697,7 +762,11 @@
     e.dataset.call = entry.callId;
     const line = el("div");
     line.append(el("span", "name", entry.name || "tool"), el("span", "args mono", "(" + entry.args + ")"));
-    const waiting = !entry.status && n.pending.includes(entry.callId);
+    // Waiting: a call not started yet for its approval, or a running one for the
+    // answer to a question it asks.
+    const waiting =
+      (!entry.status && n.pending.includes(entry.callId)) ||
+      (entry.status === "running" && n.questions.some((q) => q.call_id === entry.callId));
     const shown = waiting ? "awaiting_approval" : TOOL_STATUS[entry.status] || "";
     line.append(" ", el("span", "status " + shown, waiting ? "awaiting approval" : entry.status || "called"));
     e.append(line);
@@ -816,6 +885,7 @@
       }
     }
 
+    // (Pending ids, questions' among them: a form being filled in survives other updates.)
     const approvalsKey = n.pending.join(",") + "|" + n.waiting.length;
     if (approvalsKey !== d.approvalsKey) {
       d.approvalsKey = approvalsKey;
@@ -823,14 +893,29 @@
       for (const callId of n.pending) {
         const index = n.tools[callId];
         const t = index === undefined ? null : n.entries[index];
-        const box = el("div", "approval");
+        const question = n.questions.find((q) => q.id === callId);
+        const box = el("div", question ? "approval question" : "approval");
         box.dataset.call = callId;
-        box.append(el("div", null, "Waiting for approval: " + (t ? t.name + "(" + t.args + ")" : callId)));
+        let form = null;
+        if (question) {
+          // A question a running call asks (ctx.request_approval): what it asks, and
+          // for one with a schema a form whose values are the approval's content.
+          box.append(el("div", "muted", "Question from " + (question.name || "a tool") + ":"));
+          box.append(el("div", "question-message", question.message));
+          form = questionForm(question.schema);
+          if (form) box.append(form.element);
+        } else {
+          box.append(el("div", null, "Waiting for approval: " + (t ? t.name + "(" + t.args + ")" : callId)));
+        }
         const panel = el("div", "panel");
         const message = el("input", "reject-message");
         message.placeholder = "(optional) why rejected";
         panel.append(
-          button("Approve", "approve", () => act(n.id, "approve", { call_id: callId }, d.errorBox)),
+          button("Approve", "approve", () => {
+            const body = { call_id: callId };
+            if (form) body.content = form.content();
+            act(n.id, "approve", body, d.errorBox);
+          }),
           button("Reject", "danger reject", () => {
             const body = { call_id: callId };
             if (message.value) body.message = message.value;
