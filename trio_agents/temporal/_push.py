@@ -61,9 +61,10 @@ async def serve_ops(
                 op = SteeringOp(**request["op"])
                 attempt = find(str(request["run_id"]))
                 if attempt is None:
-                    answer = OpAnswer(
-                        ok=False, code="not_found", message="no attempt of the run here"
-                    )
+                    # The attempt ended (its result is on its way to the workflow) or
+                    # moved: not this op's answer, so the workflow waits for where the
+                    # run is now (the next attempt, its park or its end).
+                    answer = OpAnswer(ok=True, pending=True, message="no attempt of the run here")
                 else:
                     answer = await attempt.apply(op)
                 await stream.send_all(json.dumps(dataclasses.asdict(answer)).encode() + b"\n")

@@ -18,6 +18,7 @@ update *and* a Temporal cancel, so the workflow ends CANCELED with the reason ke
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -269,8 +270,11 @@ class RunWorkflow:
                 )
             except TimeoutError:
                 return OpAnswer(ok=True, pending=True, message="recorded; no attempt running")
+            if self._is_parked():
+                return _parked_answer()
             address = self._address
-            if address is None:
+            if self._outcome is not None or address is None:
+                # Ended: the last attempt's address stays set, but nothing runs there.
                 return OpAnswer(ok=False, code="run_closed", message="the run has ended")
             answer: OpAnswer = await workflow.execute_local_activity(
                 ACTIVITY_PUSH,
@@ -281,9 +285,21 @@ class RunWorkflow:
                 # retry would only push to the same dead address again.
                 retry_policy=RetryPolicy(maximum_attempts=1),
             )
-            if answer.pending and self._address != address and self._outcome is None:
-                continue  # a new attempt announced itself meanwhile: push to it
-            return answer
+            if not answer.pending:
+                return answer
+            # The attempt at that address did not take the op: its worker is gone, or
+            # it has just ended or parked (its result is on its way here). Wait for the
+            # next attempt, the park or the run's end, then answer from there (the
+            # op stays out of a new attempt's catch-up meanwhile: it is being pushed).
+            try:
+                await workflow.wait_condition(self._moved_from(address), timeout=_ANNOUNCE_WAIT)
+            except TimeoutError:
+                return answer
+
+    def _moved_from(self, address: str) -> Callable[[], bool]:
+        """Whether the run is no longer at ``address``: another attempt announced
+        itself, the run parked, or it ended."""
+        return lambda: self._address != address or self._outcome is not None or self._is_parked()
 
     @workflow.update(name=UPDATE_ATTEMPT_STARTED)
     def attempt_started(self, started: AttemptStarted) -> Catchup:
