@@ -32,6 +32,7 @@ from ..hosting import RunInfo
 from ..hosting._policies import effective_limits
 from ..sessions import Session
 from ._event_writer import EventWriter
+from ._fenced_session import FencedSession
 from ._shared_store import SharedRunStore
 from ._types import PARKED, OpAnswer, RunOutcome, RunRequest, SteeringOp
 
@@ -414,6 +415,9 @@ async def run_attempt(
             if sessions is None:
                 raise AttemptError("the run names a session but the worker has no sessions")
             session = sessions(request.principal, request.session_id)
+            if store is not None:
+                # A fenced attempt writes nothing more to the session either.
+                session = FencedSession(session, partial(store.owns, request.run_id, number))
         if request.limits:
             options["limits"] = effective_limits(request.limits, None)
         writer = None

@@ -630,6 +630,17 @@ class PostgresRunStore:
         # No change counter bump: nobody follows calls, only attempts read them.
         return await self._call(write)
 
+    async def owns(self, run_id: str, attempt: int) -> bool:
+        """Whether ``attempt`` owns the root run ``run_id``'s writes now."""
+
+        def read(conn: Conn) -> bool:
+            row = conn.execute(
+                "SELECT attempt FROM trio_agents_temporal_runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            return row is not None and int(row[0]) == attempt
+
+        return await self._call(read, write=False)
+
     async def place_of(self, run_id: str) -> str | None:
         """The push address of the attempt that owns the root run ``run_id`` now (None:
         no attempt has claimed it, or the owning attempt recorded none)."""

@@ -529,6 +529,15 @@ class RunStore:
 
         return await self._call(lambda conn: self._write(conn, write))
 
+    async def owns(self, run_id: str, attempt: int) -> bool:
+        """Whether ``attempt`` owns the root run ``run_id``'s writes now."""
+
+        def read(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT attempt FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            return row is not None and int(row[0]) == attempt
+
+        return await self._call(read)
+
     async def place_of(self, run_id: str) -> str | None:
         """The push address of the attempt that owns the root run ``run_id`` now (None:
         no attempt has claimed it, or the owning attempt recorded none)."""

@@ -138,6 +138,10 @@ class SharedRunStore(Protocol):
         ``attempt`` is fenced (nothing recorded)."""
         ...
 
+    async def owns(self, run_id: str, attempt: int) -> bool:
+        """Whether ``attempt`` owns the root run's writes now (not fenced)."""
+        ...
+
     async def place_of(self, run_id: str) -> str | None:
         """Where the attempt that owns the root run takes pushed ops, if it said."""
         ...
