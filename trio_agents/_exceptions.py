@@ -23,6 +23,7 @@ Every exception the library raises on purpose derives from :class:`TrioAgentsErr
     ├── HostError                 a run host refused an op (.code; each face maps it)
     ├── ClusterDown               the cluster's database is unreachable or failed
     ├── ClusterSchemaError        the cluster's tables are not usable by this version
+    ├── RunStoreError             the shared store of Temporal runs failed (SQLite, PostgreSQL)
     └── ControlError              the control server answered with an error (.code)
         └── ControlConnectionError  the control connection was refused or lost
 
@@ -31,7 +32,8 @@ Where each lives: the core's in ``trio_agents`` (here, but for the two that carr
 which live beside it in ``_result.py``: this module is below every other); :class:`ModelSpecError` and
 :class:`FallbackError` in ``trio_agents.models``; :class:`MCPToolError` in ``trio_agents.mcp``;
 :class:`HostError` in ``trio_agents.hosting``; :class:`ClusterDown` and
-:class:`ClusterSchemaError` in ``trio_agents.cluster``; the two control errors in
+:class:`ClusterSchemaError` in ``trio_agents.cluster``; :class:`RunStoreError` in
+``trio_agents.temporal``; the two control errors in
 ``trio_agents.control``. ``tests/core/test_error_tree.py`` keeps this drawing complete.
 
 Outside the tree on purpose: the testing kit's ``LifecycleViolation`` (an

@@ -81,6 +81,7 @@ PUBLIC_MODULES = (
     "trio_agents.cluster",
     "trio_agents.hosting",
     "trio_agents.mcp",
+    "trio_agents.temporal",
     "trio_agents.testing",
     "trio_agents.tracing",
 )

@@ -513,8 +513,16 @@ class TemporalWorker:
                 sticky_queue_schedule_to_start_timeout=_STICKY_TIMEOUT,
             )
             await worker.run()
-        finally:
+        except GeneratorExit:
+            # Closed, not cancelled: the asyncio loop went away with this still running
+            # (its stop bound passed, under load) and the coroutine is being collected,
+            # so it may not await any more: stop the Trio side here.
+            self._trio.stop()
+            raise
+        except BaseException:
             await asyncio.get_running_loop().run_in_executor(None, self._trio.stop)
+            raise
+        await asyncio.get_running_loop().run_in_executor(None, self._trio.stop)
 
 
 async def run_worker(
