@@ -426,7 +426,11 @@ async def _announce(workflow: WorkflowHandle[Any, Any], started: AttemptStarted)
             if isinstance(exc.__cause__, asyncio.CancelledError) or (
                 task is not None and task.cancelling()
             ):
-                raise  # the activity itself is cancelled (its worker shuts down)
+                # The activity itself is cancelled (a cancel of the run while it
+                # announces, or its worker shuts down): said as a cancel, which the
+                # workflow records as the run's (nothing ran in this attempt); the
+                # client's own error type would fail the workflow instead.
+                raise asyncio.CancelledError("cancelled while announcing") from exc
             continue
         except RPCError as exc:
             # Under load the server aborts an update whose workflow task timed out
