@@ -614,11 +614,7 @@ class PostgresRunStore:
         def write(conn: Conn) -> bool:
             # The root's row lock to the commit, as write_events takes it: a later claim
             # waits for this record (and then reads it), or this one sees the claim.
-            row = conn.execute(
-                "SELECT attempt FROM trio_agents_temporal_runs WHERE run_id = %s FOR UPDATE",
-                (root_id,),
-            ).fetchone()
-            if row is None or int(row[0]) != attempt:
+            if not _owns(conn, root_id, attempt, lock=True):
                 return False
             conn.execute(
                 "INSERT INTO trio_agents_temporal_calls (run_id, call_id, attempt)"
@@ -634,10 +630,7 @@ class PostgresRunStore:
         """Whether ``attempt`` owns the root run ``run_id``'s writes now."""
 
         def read(conn: Conn) -> bool:
-            row = conn.execute(
-                "SELECT attempt FROM trio_agents_temporal_runs WHERE run_id = %s", (run_id,)
-            ).fetchone()
-            return row is not None and int(row[0]) == attempt
+            return _owns(conn, run_id, attempt, lock=False)
 
         return await self._call(read, write=False)
 
@@ -674,11 +667,7 @@ class PostgresRunStore:
         def write(conn: Conn) -> bool:
             # The root's row lock, held to the commit: a later claim waits for this
             # write, or this write sees the later claim's number (fencing).
-            row = conn.execute(
-                "SELECT attempt FROM trio_agents_temporal_runs WHERE run_id = %s FOR UPDATE",
-                (root_id,),
-            ).fetchone()
-            if row is None or int(row[0]) != attempt:
+            if not _owns(conn, root_id, attempt, lock=True):
                 return False
             with conn.cursor() as cursor:
                 cursor.executemany(
@@ -715,6 +704,17 @@ class PostgresRunStore:
             return True
 
         return await self._write(write, root_id)
+
+
+def _owns(conn: Conn, root_id: str, attempt: int, *, lock: bool) -> bool:
+    """Whether ``attempt`` owns the root run's writes; with ``lock``, the root's row is
+    locked to the commit (a write's fence: a later claim waits for it)."""
+    row = conn.execute(
+        "SELECT attempt FROM trio_agents_temporal_runs WHERE run_id = %s"
+        + (" FOR UPDATE" if lock else ""),
+        (root_id,),
+    ).fetchone()
+    return row is not None and int(row[0]) == attempt
 
 
 def _prepare(conn: Conn) -> None:

@@ -519,8 +519,7 @@ class RunStore:
         def write(conn: sqlite3.Connection) -> bool:
             # The claim check and the insert in one transaction: a fenced attempt's call
             # is never recorded, so it never looks started to the attempt that owns the run.
-            row = conn.execute("SELECT attempt FROM runs WHERE run_id = ?", (root_id,)).fetchone()
-            if row is None or int(row[0]) != attempt:
+            if not _owns(conn, root_id, attempt):
                 return False
             conn.execute(
                 "INSERT OR IGNORE INTO calls VALUES (?, ?, ?)", (root_id, call_id, attempt)
@@ -533,8 +532,7 @@ class RunStore:
         """Whether ``attempt`` owns the root run ``run_id``'s writes now."""
 
         def read(conn: sqlite3.Connection) -> bool:
-            row = conn.execute("SELECT attempt FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            return row is not None and int(row[0]) == attempt
+            return _owns(conn, run_id, attempt)
 
         return await self._call(read)
 
@@ -569,8 +567,7 @@ class RunStore:
         written, when the attempt no longer owns the run (fenced)."""
 
         def write(conn: sqlite3.Connection) -> bool:
-            row = conn.execute("SELECT attempt FROM runs WHERE run_id = ?", (root_id,)).fetchone()
-            if row is None or int(row[0]) != attempt:
+            if not _owns(conn, root_id, attempt):
                 return False
             conn.executemany(
                 "INSERT OR IGNORE INTO events (root_id, run_id, seq, event) VALUES (?, ?, ?, ?)",
@@ -606,6 +603,13 @@ def _holder(conn: sqlite3.Connection, principal: str, session_id: str) -> str | 
         (principal, session_id, *_TERMINAL),
     ).fetchone()
     return None if row is None else str(row[0])
+
+
+def _owns(conn: sqlite3.Connection, root_id: str, attempt: int) -> bool:
+    # Inside a write's BEGIN IMMEDIATE this read holds the file's write lock to the
+    # commit: no claim comes between the check and the write (the fence).
+    row = conn.execute("SELECT attempt FROM runs WHERE run_id = ?", (root_id,)).fetchone()
+    return row is not None and int(row[0]) == attempt
 
 
 def _last_seq(conn: sqlite3.Connection, run_id: str) -> int:
