@@ -14,52 +14,28 @@ The browser is waited for with Playwright's ``expect``, never with sleeps.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, Page, expect
 
+from tests.support.ui_browser import TIMEOUT_MS, browser, shot
 from tests.support.ui_support import (
     ALICE,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     Call,
     GatedModel,
     Gates,
     UiServer,
-    chromium_available,
     running_ui_server,
 )
 from trio_agents import Agent, ModelRequest, UserMessage
 from trio_agents.control import Limits
 from trio_agents.models import ScriptedModel, Turn, Usage
 
-if not chromium_available():
-    if os.environ.get("CI"):
-        raise RuntimeError(
-            "the web UI's browser tests need Debian's chromium; .ci/chromium.sh installs it"
-        )
-    pytest.skip("no /usr/bin/chromium: `make chromium` to run it", allow_module_level=True)
-
-from playwright.sync_api import Browser, Page, expect, sync_playwright
-
-IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
-TIMEOUT_MS = 15_000
-expect.set_options(timeout=TIMEOUT_MS)
-
-
-def shot(page: Page, name: str) -> None:
-    """Screenshot this state into docs/images/ in CI and under ``make screenshots``
-    (``UPDATE_SCREENSHOTS=1``), as test_ui.py's pictures are; a plain run takes the
-    picture too (it must not fail) but leaves the tree clean."""
-    if os.environ.get("CI") or os.environ.get("UPDATE_SCREENSHOTS"):
-        IMAGES.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(IMAGES / name))
-    else:
-        page.screenshot()
+# The rig's browser fixture (one per module), used by name.
+__all__ = ["browser"]
 
 
 def _saw(request: ModelRequest) -> str:
@@ -102,16 +78,6 @@ def _recording_host(
 def server() -> Iterator[UiServer]:
     with running_ui_server(_agents, host=_recording_host) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 @pytest.fixture

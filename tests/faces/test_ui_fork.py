@@ -10,34 +10,23 @@ sleeps.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
+from playwright.sync_api import Browser, Page, expect
 
+from tests.support.ui_browser import TIMEOUT_MS, browser
 from tests.support.ui_support import (
     ALICE,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     GatedModel,
     Gates,
     UiServer,
-    chromium_available,
     running_ui_server,
 )
 from trio_agents import Agent, ModelRequest, UserMessage
 
-if not chromium_available():
-    if os.environ.get("CI"):
-        raise RuntimeError(
-            "the web UI's browser tests need Debian's chromium; .ci/chromium.sh installs it"
-        )
-    pytest.skip("no /usr/bin/chromium: `make chromium` to run it", allow_module_level=True)
-
-from playwright.sync_api import Browser, Page, expect, sync_playwright
-
-TIMEOUT_MS = 15_000
-expect.set_options(timeout=TIMEOUT_MS)
+# The rig's browser fixture (one per module), used by name.
+__all__ = ["browser"]
 
 
 def _saw(request: ModelRequest) -> str:
@@ -54,16 +43,6 @@ def _agents(gates: Gates) -> dict[str, Agent]:
 def server() -> Iterator[UiServer]:
     with running_ui_server(_agents) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 @pytest.fixture
