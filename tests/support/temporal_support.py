@@ -14,7 +14,7 @@ import sys
 import sysconfig
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -26,7 +26,7 @@ import trio
 from temporalio.client import Client
 
 from trio_agents import Agent
-from trio_agents.hosting import Limits
+from trio_agents.hosting import HostedEvent, Limits, RunHost
 
 if TYPE_CHECKING:
     from trio_agents.temporal import TemporalHost
@@ -34,12 +34,14 @@ if TYPE_CHECKING:
 __all__ = [
     "READY_BOUND",
     "Workers",
+    "assert_resumed_once",
     "connect_until",
     "embedded_temporal_host",
     "free_port",
     "start_dev_server",
     "stop",
     "temporal_cli",
+    "until_event",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,3 +210,31 @@ async def embedded_temporal_host(
         async with host.running():
             yield host
         worker.cancel_scope.cancel()
+
+
+async def until_event(
+    host: RunHost, run_id: str, kind: str, principal: str = "alice"
+) -> HostedEvent:
+    """Follow the run's stream (a TemporalHost's: from the shared store) until an event
+    of type ``kind``."""
+    async with host.events(principal, run_id, from_seq=None) as events:
+        async for event in events:
+            if event.event["type"] == kind:
+                return event
+    raise AssertionError(f"run {run_id} ended without a {kind} event")
+
+
+def assert_resumed_once(seen: Sequence[HostedEvent]) -> None:
+    """What a run whose worker died mid-tool shows once it ended on another: seqs 1..n
+    (nothing a client saw lost or reused), a resumed ``running`` of attempt 2, and the
+    tool that had started run once (the resumed attempt closed its call instead)."""
+    seqs = [event.seq for event in seen]
+    assert seqs == list(range(1, len(seqs) + 1))
+    resumed = [
+        event.event["detail"]
+        for event in seen
+        if event.event["type"] == "run.updated" and event.event.get("detail", {}).get("resumed")
+    ]
+    assert resumed
+    assert resumed[0]["attempt"] == 2
+    assert sum(event.event["type"] == "tool.started" for event in seen) == 1

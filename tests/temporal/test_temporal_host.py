@@ -22,12 +22,14 @@ import trio_agents as ta
 from tests.support.temporal_app import AGENTS
 from tests.support.temporal_support import (
     Workers,
+    assert_resumed_once,
     connect_until,
     free_port,
     start_dev_server,
     stop,
+    until_event,
 )
-from trio_agents.hosting import HostedEvent, HostError, Origin, StartRequest
+from trio_agents.hosting import HostError, Origin, StartRequest
 from trio_agents.sessions import SQLiteSession
 from trio_agents.temporal import CANCELLED_BY_TEMPORAL, RunStore, TemporalHost
 
@@ -89,16 +91,6 @@ async def _stored(db: Path, principal: str, session_id: str) -> list[dict[str, A
         return [item.to_json() for item in await session.get_items()]
 
 
-async def _until_event(host: TemporalHost, run_id: str, kind: str) -> HostedEvent:
-    """Follow the run's stream (the host's, from the shared store) until an event of
-    type ``kind``."""
-    async with host.events("alice", run_id, from_seq=None) as events:
-        async for event in events:
-            if event.event["type"] == kind:
-                return event
-    raise AssertionError(f"run {run_id} ended without a {kind} event")
-
-
 async def _workflow_status(target: str, run_id: str) -> WorkflowExecutionStatus | None:
     async def ask() -> WorkflowExecutionStatus | None:
         client = await Client.connect(target)
@@ -126,7 +118,7 @@ async def test_a_cancel_through_the_host_ends_the_workflow_canceled_after_the_re
     with trio.fail_after(BOUND):
         async with opened(group) as host:
             run_id = await host.start(ALICE, _start("block", session_id="s1"))
-            await _until_event(host, run_id, "tool.started")
+            await until_event(host, run_id, "tool.started")
             await host.cancel("alice", run_id, "stop now")
             info = await host.wait_terminal("alice", run_id)
             assert (info.status, info.reason) == (ta.RunStatus.CANCELLED, "stop now")
@@ -156,7 +148,7 @@ async def test_approve_inject_and_withdraw_reach_the_attempt_on_its_worker(
         async with opened(group) as host:
             guarded = await host.start(ALICE, _start("guarded"))
             while "call_guarded" not in (await host.get("alice", guarded)).pending_approvals:
-                await _until_event(host, guarded, "run.updated")
+                await until_event(host, guarded, "run.updated")
             with pytest.raises(HostError) as unknown:
                 await host.approve("alice", guarded, "call_nope")
             assert unknown.value.code == "not_found"
@@ -172,10 +164,10 @@ async def test_approve_inject_and_withdraw_reach_the_attempt_on_its_worker(
             assert "done: guarded ran" in outputs
 
             blocked = await host.start(ALICE, _start("block"))
-            await _until_event(host, blocked, "tool.started")
+            await until_event(host, blocked, "tool.started")
             injection = await host.inject("alice", blocked, (ta.UserMessage("later"),))
             assert not injection.startswith("pending")
-            await _until_event(host, blocked, "inbox.injected")
+            await until_event(host, blocked, "inbox.injected")
             assert await host.withdraw("alice", blocked, injection) is True
             await host.cancel("alice", blocked, "done")
             assert (await host.wait_terminal("alice", blocked)).status == ta.RunStatus.CANCELLED
@@ -188,24 +180,14 @@ async def test_a_run_whose_worker_dies_resumes_on_another_and_its_seqs_continue(
     with trio.fail_after(BOUND):
         async with opened(group) as host:
             run_id = await host.start(ALICE, _start("block", session_id="s2"))
-            await _until_event(host, run_id, "tool.started")
+            await until_event(host, run_id, "tool.started")
             pid = int((group.marks / f"{run_id}.started").read_text())
             os.kill(pid, signal.SIGKILL)
             info = await host.wait_terminal("alice", run_id)
             async with host.events("alice", run_id) as events:
                 seen = [event async for event in events]
     assert info.status == ta.RunStatus.COMPLETED, group.logs()
-    seqs = [event.seq for event in seen]
-    assert seqs == list(range(1, len(seqs) + 1))  # nothing a client saw is lost or reused
-    resumed = [
-        event.event["detail"]
-        for event in seen
-        if event.event["type"] == "run.updated" and event.event.get("detail", {}).get("resumed")
-    ]
-    assert resumed
-    assert resumed[0]["attempt"] == 2
-    # The tool that had started ran once: the resumed attempt closed its call instead.
-    assert sum(event.event["type"] == "tool.started" for event in seen) == 1
+    assert_resumed_once(seen)
 
 
 async def test_a_run_cancelled_before_any_worker_took_it_gets_its_terminal_record(
@@ -240,7 +222,7 @@ async def test_a_busy_session_refuses_or_interrupts(workers: Callable[[int], Wor
     with trio.fail_after(BOUND):
         async with opened(group) as host:
             first = await host.start(ALICE, _start("block", session_id="s4"))
-            await _until_event(host, first, "tool.started")
+            await until_event(host, first, "tool.started")
             with pytest.raises(HostError) as busy:
                 await host.start(ALICE, _start("hello", session_id="s4"))
             assert busy.value.code == "session_busy"
@@ -304,7 +286,7 @@ async def test_a_frozen_worker_is_fenced_once_another_took_its_run_over(
     with trio.fail_after(BOUND):
         async with opened(group) as host:
             run_id = await host.start(ALICE, _start("block", session_id="s5"))
-            await _until_event(host, run_id, "tool.started")
+            await until_event(host, run_id, "tool.started")
             pid = int((group.marks / f"{run_id}.started").read_text())
             frozen = group.by_pid(pid)
             os.kill(pid, signal.SIGSTOP)
@@ -349,7 +331,7 @@ async def test_a_run_goes_on_across_a_restart_of_the_temporal_server(tmp_path: P
         with trio.fail_after(BOUND * 2):
             async with opened(group) as host:
                 run_id = await host.start(ALICE, _start("block", session_id="s6"))
-                await _until_event(host, run_id, "tool.started")
+                await until_event(host, run_id, "tool.started")
                 stop(server)  # the server goes away mid-run...
                 server = start_dev_server(port, log, state)  # ...and comes back with its state
                 await trio.to_thread.run_sync(asyncio.run, connect_until(group.target, server, log))
@@ -386,7 +368,7 @@ async def test_a_worker_that_stops_hands_its_run_over_with_one_terminal_update(
     with trio.fail_after(BOUND):
         async with opened(group) as host:
             run_id = await host.start(ALICE, _start("block", session_id="s7"))
-            await _until_event(host, run_id, "tool.started")
+            await until_event(host, run_id, "tool.started")
             pid = int((group.marks / f"{run_id}.started").read_text())
             os.kill(pid, signal.SIGTERM)  # a graceful stop: the run is handed over
             info = await host.wait_terminal("alice", run_id)

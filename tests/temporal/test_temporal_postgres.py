@@ -20,8 +20,8 @@ from tests.support.cli_support import assert_one_error_line, cli, cli_process, s
 from tests.support.http_support import messages
 from tests.support.pg_support import postgres_url
 from tests.support.temporal_app import AGENTS
-from tests.support.temporal_support import Workers, free_port
-from trio_agents.hosting import HostedEvent, Origin, StartRequest
+from tests.support.temporal_support import Workers, assert_resumed_once, free_port, until_event
+from trio_agents.hosting import Origin, StartRequest
 from trio_agents.sessions import PostgresSession
 from trio_agents.temporal import PostgresRunStore, RunStoreError, TemporalHost
 
@@ -43,14 +43,6 @@ async def opened(group: Workers) -> AsyncIterator[TemporalHost]:
         yield host
 
 
-async def _until_event(host: TemporalHost, run_id: str, kind: str) -> HostedEvent:
-    async with host.events("alice", run_id, from_seq=None) as events:
-        async for event in events:
-            if event.event["type"] == kind:
-                return event
-    raise AssertionError(f"run {run_id} ended without a {kind} event")
-
-
 async def test_a_run_whose_worker_dies_resumes_on_another_from_postgres(
     workers: Callable[..., Workers], pg_dsn: str
 ) -> None:
@@ -61,24 +53,14 @@ async def test_a_run_whose_worker_dies_resumes_on_another_from_postgres(
                 ALICE,
                 StartRequest(agent="rules", input=(ta.UserMessage("block"),), session_id="s1"),
             )
-            await _until_event(host, run_id, "tool.started")
+            await until_event(host, run_id, "tool.started")
             pid = int((group.marks / f"{run_id}.started").read_text())
             os.kill(pid, signal.SIGKILL)
             info = await host.wait_terminal("alice", run_id)
             async with host.events("alice", run_id) as events:
                 seen = [event async for event in events]
     assert info.status == ta.RunStatus.COMPLETED, group.logs()
-    seqs = [event.seq for event in seen]
-    assert seqs == list(range(1, len(seqs) + 1))  # nothing a client saw is lost or reused
-    resumed = [
-        event.event["detail"]
-        for event in seen
-        if event.event["type"] == "run.updated" and event.event.get("detail", {}).get("resumed")
-    ]
-    assert resumed
-    assert resumed[0]["attempt"] == 2
-    # The tool that had started ran once: the resumed attempt closed its call instead.
-    assert sum(event.event["type"] == "tool.started" for event in seen) == 1
+    assert_resumed_once(seen)
     # The conversation is in PostgreSQL, under the control server's key: the call the
     # lost attempt left open closed as interrupted, then the answer.
     async with PostgresSession(pg_dsn, json.dumps(["alice", "s1"])) as session:
