@@ -181,6 +181,10 @@ class LifecycleProperty:
             database=None if not database else hypothesis.settings().database,
             deadline=None,
             suppress_health_check=list(HealthCheck),
+            # No explain phase: find() returns the example and prints no explanation,
+            # and that phase re-runs the failing example under a line tracer (every line
+            # of the run and of Trio: minutes on a loaded machine, for nothing read).
+            phases=[phase for phase in hypothesis.Phase if phase is not hypothesis.Phase.explain],
         )
         # Keep what the failing examples showed: Hypothesis seeds Trio's scheduler for
         # each example it runs, a run outside it might order one tick differently.
