@@ -178,6 +178,22 @@ async def test_records_trees_claims_and_change_detection(new_store: OpenStore) -
         assert await host.session_holder("alice", "s4") is None
 
 
+async def test_stores_opened_at_once_on_a_new_sqlite_file_all_open(tmp_path: Path) -> None:
+    """Workers and servers start together on one new file: each store opens (the first
+    switches the file to WAL, an exclusive lock SQLite's busy wait does not cover: the
+    others retry instead of failing with "database is locked")."""
+    for attempt in range(20):
+        path = tmp_path / f"runs-{attempt}.sqlite3"
+        stores = [RunStore(path) for _ in range(8)]
+        try:
+            async with trio.open_nursery() as nursery:
+                for store in stores:
+                    nursery.start_soon(store.__aenter__)
+        finally:
+            for store in stores:
+                await store.close()
+
+
 async def test_concurrent_claims_of_one_session_leave_exactly_one_holder(
     new_store: OpenStore,
 ) -> None:

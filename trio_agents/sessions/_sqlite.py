@@ -39,6 +39,7 @@ import attrs
 import trio
 
 from .._items import Item
+from .._sqlite_busy import retry_while_busy
 from . import _storage
 from ._fork import Marked, SessionExistsError, Shape, marked_of
 from ._storage import SessionStorageError
@@ -275,19 +276,14 @@ class SQLiteSession(StoredSession[sqlite3.Connection]):
         # that opening can hit while another process creates the schema or switches
         # the file to WAL (the journal-mode change and WAL recovery), so opening retries
         # "locked"/"busy" itself, within the same `busy_timeout` budget.
-        deadline = time.monotonic() + self._busy_timeout
-        pause = 0.005
+
+        def prepare() -> None:
+            self._prepare(conn)
+            self._configure(conn)
+
         try:
-            while True:
-                try:
-                    self._prepare(conn)
-                    self._configure(conn)
-                    return conn
-                except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc) or time.monotonic() + pause > deadline:
-                        raise
-                time.sleep(pause)  # in a worker thread, never on the Trio thread
-                pause = min(pause * 2, 0.1)
+            retry_while_busy(prepare, self._busy_timeout)
+            return conn
         except sqlite3.Error as exc:
             conn.close()
             raise self._error(f"cannot open session database {self._path!r}: {exc}") from exc
@@ -546,15 +542,6 @@ def _shape(data: str) -> Shape:
         kind if isinstance(kind, str) else None,
         call_id if isinstance(call_id, str) else None,
     )
-
-
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    """Whether ``exc`` is SQLite's "database is locked/busy" (worth retrying)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    message = str(exc)
-    return "locked" in message or "busy" in message
 
 
 @contextlib.contextmanager

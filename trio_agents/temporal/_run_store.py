@@ -47,6 +47,7 @@ import attrs
 import trio
 
 from .._events import RunStatus
+from .._sqlite_busy import retry_while_busy
 from ..hosting import RunInfo
 
 __all__ = ["FENCED_BY_HOST", "Claim", "RunStore", "StoredEvent"]
@@ -188,11 +189,18 @@ class RunStore:
                 isolation_level=None,  # explicit BEGIN IMMEDIATE for every write
                 check_same_thread=False,
             )
-            try:
+
+            def prepare() -> None:
+                # Only the first opener switches the file to WAL (an exclusive lock
+                # SQLite does not wait for: another store opening the same file at that
+                # moment gets "locked" at once, hence the retry).
                 if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                     conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SCHEMA)
+
+            try:
+                retry_while_busy(prepare, self._busy_timeout)
             except BaseException:
                 conn.close()
                 raise
