@@ -19,7 +19,7 @@ import trio
 
 from ._exceptions import InboxFullError, RunClosedError, UnknownCallError
 from ._items import Item, ToolCall, conversation_problems
-from ._validator import validate
+from ._question_schema import content_problems
 
 __all__ = [
     "PARKED",
@@ -443,7 +443,12 @@ def check_content(
     if schema is None:
         what = "question" if question else "tool call"
         raise ValueError(f"the {what} {call_id!r} takes no content")
-    problems = validate(schema, content)
+    try:
+        problems = content_problems(schema, content)
+    except Exception as exc:  # a schema the check cannot read: refused, never a crash
+        raise ValueError(
+            f"the {call_id!r} schema cannot check content ({type(exc).__name__}: {exc})"
+        ) from None
     if problems:
         raise ValueError(
             f"content does not match the question {call_id!r}'s schema: " + "; ".join(problems)

@@ -38,6 +38,7 @@ from ._exceptions import TrioAgentsError
 from ._frozen import freeze_json
 from ._limits import StreamMeter
 from ._model import Model, ModelEvent, ModelRequest, TextDelta, ToolSpec, Usage
+from ._question_schema import schema_problems
 from ._signatures import FunctionSchema, function_schema
 from ._text_cleaning import clean_text, clean_value
 from ._typeschema import ArgumentConversionError
@@ -93,6 +94,34 @@ def _json_object(name: str, value: Mapping[str, Any] | None) -> dict[str, Any] |
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be JSON-serialisable: {exc}") from None
     return copy
+
+
+# A question travels in every status update of its run and of the run's ancestors, to
+# every face: bounded (ToolContext.request_approval documents the figures).
+_MAX_QUESTION_MESSAGE = 8_192  # characters
+_MAX_QUESTION_BYTES = 65_536  # of JSON, data and schema together
+
+
+def _check_question(
+    message: str, data: Mapping[str, Any] | None, schema: Mapping[str, Any] | None
+) -> None:
+    """Refuse a question that could not be answered safely, or is too large to be shown
+    in every status update of its run and of the run's ancestors (``ValueError``)."""
+    if len(message) > _MAX_QUESTION_MESSAGE:
+        raise ValueError(
+            f"a question's message has at most {_MAX_QUESTION_MESSAGE} characters,"
+            f" this one {len(message)}"
+        )
+    size = len(json.dumps([data, schema], ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    if size > _MAX_QUESTION_BYTES:
+        raise ValueError(
+            f"a question's data and schema hold at most {_MAX_QUESTION_BYTES} bytes of JSON,"
+            f" these {size}"
+        )
+    if schema is not None:
+        problems = schema_problems(schema)
+        if problems:
+            raise ValueError("the question's schema cannot check an answer: " + "; ".join(problems))
 
 
 def _no_progress(message: str, data: Mapping[str, Any]) -> None:
@@ -343,8 +372,12 @@ class ToolContext(Generic[ContextT]):
             data: JSON-serialisable details a face may show (say, a form's schema).
             schema: a JSON schema for an answer with content: ``run.approve(id,
                 content=...)`` is then accepted only with a JSON object matching it
-                (checked as tool arguments are: types, ``required``, ``enum``,
-                ``properties``, ``items``, ``anyOf``) and the decision carries it.
+                (``type``, ``properties``, ``required``, ``additionalProperties``,
+                ``items``, ``enum``, ``const``, ``anyOf``, ``oneOf``, ``minLength``,
+                ``maxLength``, ``minimum``, ``maximum`` and their exclusive forms,
+                ``minItems``, ``maxItems``; annotations such as ``title``,
+                ``description``, ``default`` and ``format`` are shown, not checked)
+                and the decision carries it.
                 None (the default): approving takes no content.
 
         Raises:
@@ -353,11 +386,17 @@ class ToolContext(Generic[ContextT]):
             RunClosedError: the run is terminal.
             TypeError: ``message`` is not a str, or ``data`` or ``schema`` not a JSON
                 mapping.
+            ValueError: ``schema`` uses what an answer could not be checked against
+                (a keyword other than those above, a sub-schema that is not an
+                object), or the question is too large (``message`` over
+                8,192 characters, ``data`` and ``schema`` over 64 KiB of JSON): it travels in every status
+                update of the run and of its ancestors.
         """
         if not isinstance(message, str):
             raise TypeError(f"message must be a str, not {type(message).__name__}")
         data = _json_object("data", data)
         schema = _json_object("schema", schema)
+        _check_question(message, data, schema)
         if self._handle is None:
             raise self._not_made_by_a_run()
         answer = await self._handle._ask(

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -224,3 +225,108 @@ async def test_the_checker_accepts_a_run_that_asked(autojump_clock: Any) -> None
         run.approve("call_1_0:ask-1")
     report = check_events(run.result, await run_events(run))
     assert report.ok, report
+
+
+def asking(schema: Any, message: str = "Deploy?", data: Any = None) -> ta.Agent:
+    """An agent whose one tool asks with ``schema`` and returns what the ask raised."""
+
+    @ta.function_tool
+    async def ask(ctx: ta.ToolContext) -> str:
+        """Asks."""
+        try:
+            decision = await ctx.request_approval(message, data=data, schema=schema)
+        except (TypeError, ValueError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return repr(decision)
+
+    model = ScriptedModel([tool_turn(("ask", {})), "done"])
+    return ta.Agent(name="asker", model=model, tools=[ask])
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        # A property given as a type name, not a schema (an approve used to crash on it).
+        ({"type": "object", "properties": {"name": "string"}}, r"\$\.properties\.name: a schema"),
+        ({"type": "object", "properties": {"a": True}}, "a schema is a JSON object"),
+        ({"type": "object", "properties": {"a": {"type": "text"}}}, "a JSON type"),
+        ({"type": "object", "required": "name"}, "a list of property names"),
+        ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}, "pattern"),
+        ({"allOf": [{"type": "object"}]}, "allOf: keyword not supported"),
+        ({"type": "object", "properties": {"a": {"minLength": -1}}}, "a count"),
+    ],
+)
+async def test_a_schema_an_answer_could_not_be_checked_against_is_refused_when_asked(
+    autojump_clock: Any, schema: Any, problem: str
+) -> None:
+    async with ta.open_run(asking(schema), "go") as run:
+        pass
+    (output,) = outputs(run.result)
+    assert output.startswith("ValueError: the question's schema cannot check an answer")
+    assert re.search(problem, output), output
+    statuses = [e.status for e in await run_events(run) if isinstance(e, ta.RunUpdated)]
+    assert "awaiting_approval" not in statuses  # never pending
+
+
+async def test_a_question_too_large_to_show_is_refused_when_asked(autojump_clock: Any) -> None:
+    async with ta.open_run(asking(None, message="?" * 8_193), "go") as run:
+        pass
+    assert outputs(run.result) == [
+        "ValueError: a question's message has at most 8192 characters, this one 8193"
+    ]
+    async with ta.open_run(asking(None, data={"blob": "x" * 70_000}), "go") as run:
+        pass
+    (output,) = outputs(run.result)
+    assert output.startswith("ValueError: a question's data and schema hold at most 65536 bytes")
+
+
+MCP_FORM = {  # the shapes of an MCP elicitation form (server-everything's among them)
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "title": "Name", "minLength": 2, "maxLength": 5},
+        "email": {"type": "string", "format": "email"},
+        "score": {"type": "integer", "minimum": 1, "maximum": 100, "default": 42},
+        "ratio": {"type": "number", "exclusiveMinimum": 0},
+        "hero": {"type": "string", "oneOf": [{"const": "h1", "title": "A"}, {"const": "h2"}]},
+        "tags": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 2,
+            "items": {"anyOf": [{"const": "x"}, {"const": "y"}]},
+        },
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ({"name": "a"}, r"\$\.name: at least 2 characters, got 1"),
+        ({"name": "abcdef"}, r"\$\.name: at most 5 characters"),
+        ({"name": "ab", "score": 0}, r"\$\.score: minimum is 1, got 0"),
+        ({"name": "ab", "score": 101}, r"\$\.score: maximum is 100"),
+        ({"name": "ab", "score": 5.5}, r"\$\.score: expected integer, got number"),
+        ({"name": "ab", "ratio": 0}, r"\$\.ratio: exclusiveMinimum is 0, got 0"),
+        ({"name": "ab", "hero": "h3"}, r"\$\.hero: does not match exactly one"),
+        ({"name": "ab", "tags": []}, r"\$\.tags: at least 1 items"),
+        ({"name": "ab", "tags": ["x", "y", "x"]}, r"\$\.tags: at most 2 items"),
+        ({"name": "ab", "tags": ["z"]}, r"\$\.tags\[0\]: matches none of its choices"),
+        ({"name": "ab", "extra": 1}, r"\$: unexpected property 'extra'"),
+    ],
+)
+async def test_content_is_checked_against_a_forms_constraints(
+    autojump_clock: Any, content: dict[str, Any], problem: str
+) -> None:
+    async with ta.open_run(asking(MCP_FORM), "go") as run:
+        await trio.sleep(1)
+        question_id = "call_1_0:ask-1"
+        with pytest.raises(ValueError, match=problem):
+            run.approve(question_id, content=content)
+        assert run.statistics().pending_approvals == (question_id,)  # nothing decided
+        good = {"name": "ab", "email": "not checked", "score": 7.0, "hero": "h2", "tags": ["y"]}
+        run.approve(question_id, content=good)
+    (output,) = outputs(run.result)
+    assert output.startswith("ApprovalDecision(approved=True")
+    assert "'hero': 'h2'" in output

@@ -7,10 +7,12 @@ client over Streamable HTTP, in both protocol eras (an ``elicitation/create`` re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import httpx2
 import mcp.types as types
 import pytest
@@ -111,3 +113,53 @@ async def test_a_question_without_a_form_asks_for_a_note_and_decline_rejects(mod
     assert params.message == "Which seat on flight 42?"
     assert list(params.requested_schema["properties"]) == ["message"]
     assert decisions == [ta.ApprovalDecision(False, "not today", None)]
+
+
+class _Seen(logging.Handler):
+    """Sets ``event`` when the MCP face logs a message containing ``text`` (the face
+    runs in this test's Trio thread)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.event = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+async def test_content_holding_nul_is_refused_at_the_edge_and_the_question_waits() -> None:
+    decisions: list[ta.ApprovalDecision] = []
+    elicitation, asked = answering("accept", {"seat": "win\x00dow"})
+    seen = _Seen("NUL or a lone surrogate")
+    face_log = logging.getLogger("trio_agents.faces.mcp")
+    level = face_log.level
+    face_log.setLevel(logging.INFO)
+    face_log.addHandler(seen)
+    try:
+        with trio.fail_after(30):
+            async with (
+                serving(booker(decisions, SEAT_FORM)) as served,
+                mcp_client(served, mode="legacy", elicitation_callback=elicitation) as mcp,
+                httpx.AsyncClient(
+                    base_url=served.base, headers={"Authorization": "Bearer tok-alice"}
+                ) as http,
+                trio.open_nursery() as nursery,
+            ):
+                nursery.start_soon(mcp.call_tool, "booker", {"input": "book"})
+                await seen.event.wait()  # the face read the answer and refused it
+                [record] = (await http.get("/runs")).json()["runs"]
+                assert record["status"] == "awaiting_approval"
+                assert decisions == []
+                # Still answerable, here from REST.
+                answer = await http.post(
+                    f"/runs/{record['run_id']}/approve",
+                    json={"call_id": "call_1_0:ask-1", "content": {"seat": "window"}},
+                )
+                assert answer.status_code == 200, answer.text
+    finally:
+        face_log.removeHandler(seen)
+        face_log.setLevel(level)
+    assert len(asked) == 1
+    assert decisions == [ta.ApprovalDecision(True, None, {"seat": "window"})]

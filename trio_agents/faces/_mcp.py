@@ -546,6 +546,11 @@ class McpTools:
         form's content, for a question that asks for some); decline or cancel rejects,
         with the form's note (else what the user did)."""
         note = (answer.content or {}).get("message")
+        if unstorable(answer.content):
+            # Checked at the edge, as every face checks what a client sends: the
+            # question stays pending, answerable here again or on another face.
+            logger.info("elicitation for %s of run %s: NUL or a lone surrogate", call_id, run_id)
+            return
         try:
             if answer.action == "accept":
                 content = dict(answer.content or {}) if with_content else None

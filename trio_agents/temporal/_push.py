@@ -16,14 +16,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
+from .._error_text import summarize
 from ._types import OpAnswer, SteeringOp
 
 __all__ = ["push_op", "push_op_here", "serve_ops"]
+
+log = logging.getLogger("trio_agents.temporal")
 
 _MAX_LINE = 1 << 20  # an op carries items: bounded, as the control channel's messages are
 
@@ -66,10 +70,20 @@ async def serve_ops(
                     # run is now (the next attempt, its park or its end).
                     answer = OpAnswer(ok=True, pending=True, message="no attempt of the run here")
                 else:
-                    answer = await attempt.apply(op)
+                    try:
+                        answer = await attempt.apply(op)
+                    except Exception as exc:  # a fault of this op is its own answer
+                        log.exception("a pushed %s op failed", op.op)
+                        answer = OpAnswer(
+                            ok=False, code="internal", message=f"the op failed: {summarize(exc)}"
+                        )
                 await stream.send_all(json.dumps(dataclasses.asdict(answer)).encode() + b"\n")
         except (OSError, ValueError, KeyError, TypeError, trio.BrokenResourceError):
             pass
+        except Exception:
+            # Never out of the handler: the listener shares its nursery with every
+            # attempt this worker runs.
+            log.exception("a pushed op's connection failed")
         finally:
             await stream.aclose()
 
