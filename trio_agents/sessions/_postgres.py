@@ -283,6 +283,12 @@ class PostgresSession(StoredSession[Connection]):
             :class:`SessionStorageError`.
         statement_timeout: seconds any one statement may run, and a call may wait for a
             connection from the pool.
+        idle_timeout: with a number, PostgreSQL ends the connection of a transaction
+            left idle that many seconds between its statements
+            (``idle_in_transaction_session_timeout``): a writer frozen in the middle of
+            one (a paused process or VM) then does not hold the session's lock until
+            it wakes, and the next writer waits at most that long. None (the
+            default): no such bound. Workers of a Temporal host set it.
 
     Both timeouts are capped by what is left of the caller's Trio deadline, so a run's
     repair (under ``cleanup_timeout``) is never stretched by a lock held elsewhere.
@@ -316,9 +322,14 @@ class PostgresSession(StoredSession[Connection]):
     _pool: _Pool | None = attrs.field(init=False, default=None, repr=False)
     _state: threading.Condition = attrs.field(init=False, factory=threading.Condition, repr=False)
     _calls: int = attrs.field(init=False, default=0, repr=False)
-    # Set by a cluster's session (``trio_agents.cluster``): its transactions end with
-    # the connection once idle that long (see ``transaction``).
-    _idle_timeout: float | None = attrs.field(init=False, default=None, repr=False)
+    # Its transactions end with the connection once idle that long (see
+    # ``transaction``); a cluster's session sets it too.
+    _idle_timeout: float | None = attrs.field(
+        default=None,
+        kw_only=True,
+        validator=attrs.validators.optional(_check_timeout),
+        repr=False,
+    )
     _closed: bool = attrs.field(init=False, default=False, repr=False)
     _migration_texts: ClassVar[MigrationTexts] = MigrationTexts(
         no_step="cannot use {where}: no migration of the session tables",
@@ -353,6 +364,7 @@ class PostgresSession(StoredSession[Connection]):
             max_connections=self._max_connections,
             lock_timeout=self._lock_timeout,
             statement_timeout=self._statement_timeout,
+            idle_timeout=self._idle_timeout,
         )
 
     # -- extras -----------------------------------------------------------------------

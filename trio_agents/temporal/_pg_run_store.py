@@ -78,7 +78,7 @@ from ..sessions._postgres import (
     transaction,
 )
 from ._run_store import FENCED_BY_HOST, Claim, StoredEvent
-from ._shared_store import RunStoreError
+from ._shared_store import IDLE_IN_TRANSACTION, RunStoreError
 
 __all__ = ["SCHEMA_VERSION", "PostgresRunStore"]
 
@@ -175,6 +175,9 @@ class PostgresRunStore:
         lock_timeout: seconds a call waits for a lock held by another connection.
         statement_timeout: seconds any one statement may run (and a call may wait for a
             connection of the pool).
+        idle_timeout: seconds a transaction may sit idle between its statements before
+            PostgreSQL ends its connection (a writer frozen mid-transaction releases
+            the run's row lock, so the attempt taking the run over can claim it).
 
     Raises:
         TypeError, ValueError: ``dsn`` is not a connection string.
@@ -188,6 +191,7 @@ class PostgresRunStore:
         max_connections: int = 4,
         lock_timeout: float = 5.0,
         statement_timeout: float = 30.0,
+        idle_timeout: float = IDLE_IN_TRANSACTION,
     ) -> None:
         self._dsn = _check_dsn(dsn)
         params = psycopg.conninfo.conninfo_to_dict(dsn)
@@ -196,6 +200,7 @@ class PostgresRunStore:
         self._key = (dsn, max_connections)
         self._lock_timeout = lock_timeout
         self._statement_timeout = statement_timeout
+        self._idle_timeout = idle_timeout
         self._shared: _Pool | None = None
         # Guards _shared and _calls: a close waits for the calls in flight, whose
         # connections belong to the pool it may close.
@@ -282,7 +287,11 @@ class PostgresRunStore:
             shared = self._shared
         try:
             with shared.pool.connection(timeout=budget(self._statement_timeout)) as conn:
-                timeouts = (budget(self._lock_timeout), budget(self._statement_timeout))
+                timeouts = (
+                    budget(self._lock_timeout),
+                    budget(self._statement_timeout),
+                    self._idle_timeout,
+                )
                 if not self._schema_ready:
                     with transaction(conn, *timeouts):
                         _prepare(conn)

@@ -19,7 +19,7 @@ import os
 from ..sessions import Session
 from ._activity import SessionFactory, sqlite_sessions
 from ._run_store import RunStore
-from ._shared_store import SharedRunStore
+from ._shared_store import IDLE_IN_TRANSACTION, SharedRunStore
 
 __all__ = ["is_postgres_url", "postgres_sessions", "run_store_at", "shared_storage"]
 
@@ -48,7 +48,11 @@ def postgres_sessions(dsn: str) -> SessionFactory:
     PostgresSession(dsn)  # validates the DSN now; opens nothing (the pool is lazy)
 
     def factory(principal: str, session_id: str) -> Session:
-        return PostgresSession(dsn, json.dumps([principal, session_id]))
+        # A worker frozen mid-write must not hold the session's lock for the attempt
+        # that takes its run over (DESIGN §20: a frozen worker is fenced).
+        return PostgresSession(
+            dsn, json.dumps([principal, session_id]), idle_timeout=IDLE_IN_TRANSACTION
+        )
 
     return factory
 
