@@ -32,7 +32,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from .._agent import Agent
@@ -56,7 +56,7 @@ from ._types import (
 )
 from ._workflow import RunWorkflow
 
-__all__ = ["DEFAULT_TASK_QUEUE", "TemporalWorker", "run_worker", "serve_worker"]
+__all__ = ["DEFAULT_TASK_QUEUE", "TemporalWorker", "replayer", "run_worker", "serve_worker"]
 
 DEFAULT_TASK_QUEUE: Final = "trio-agents"
 _T = TypeVar("_T")
@@ -67,6 +67,18 @@ _RUNNER: Final = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules("trio_agents", "trio")
 )
 _STICKY_TIMEOUT: Final = timedelta(seconds=1)
+
+
+def replayer() -> Replayer:
+    """A ``temporalio`` ``Replayer`` of the run workflow (:class:`RunWorkflow`) as the
+    workers run it (the same sandbox): ``await replayer().replay_workflow(history)``
+    replays a recorded history (``WorkflowHistory.from_json(run_id, text)`` over what
+    ``temporal workflow show -w RUN_ID --output json`` prints) against this version's
+    workflow code, and raises on a non-determinism error. Run it on the histories of
+    open runs before upgrading workers (docs/temporal.md, "Upgrading workers")."""
+    return Replayer(workflows=[RunWorkflow], workflow_runner=_RUNNER)
+
+
 # How long a cancelled attempt waits for its workflow to say the cancel's reason (a
 # host signals it before Temporal's cancel; under load, or after a server restart, the
 # workflow's task that answers the query can take seconds, and the reason is the run's).
