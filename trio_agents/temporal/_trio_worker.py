@@ -67,6 +67,12 @@ _RUNNER: Final = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules("trio_agents", "trio")
 )
 _STICKY_TIMEOUT: Final = timedelta(seconds=1)
+# How long a cancelled attempt waits for its workflow to say the cancel's reason (a
+# host signals it before Temporal's cancel; under load, or after a server restart, the
+# workflow's task that answers the query can take seconds, and the reason is the run's).
+_REASON_QUERY_TIMEOUT = timedelta(seconds=10)
+# How long a parked attempt stays to answer late pushes (longer than a push can take).
+_PARKED_KEPT = 60.0
 
 
 def replayer() -> Replayer:
@@ -77,14 +83,6 @@ def replayer() -> Replayer:
     workflow code, and raises on a non-determinism error. Run it on the histories of
     open runs before upgrading workers (docs/temporal.md, "Upgrading workers")."""
     return Replayer(workflows=[RunWorkflow], workflow_runner=_RUNNER)
-
-
-# How long a cancelled attempt waits for its workflow to say the cancel's reason (a
-# host signals it before Temporal's cancel; under load, or after a server restart, the
-# workflow's task that answers the query can take seconds, and the reason is the run's).
-_REASON_QUERY_TIMEOUT = timedelta(seconds=10)
-# How long a parked attempt stays to answer late pushes (longer than a push can take).
-_PARKED_KEPT = 60.0
 
 
 class _TrioThread:
