@@ -77,7 +77,7 @@ _PARKED_KEPT = 60.0
 
 def replayer() -> Replayer:
     """A ``temporalio`` ``Replayer`` of the run workflow (:class:`RunWorkflow`) as the
-    workers run it (the same sandbox): ``await replayer().replay_workflow(history)``
+    workers run it (their workflow runner): ``await replayer().replay_workflow(history)``
     replays a recorded history (``WorkflowHistory.from_json(run_id, text)`` over what
     ``temporal workflow show -w RUN_ID --output json`` prints) against this version's
     workflow code, and raises on a non-determinism error. Run it on the histories of
