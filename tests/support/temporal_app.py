@@ -9,6 +9,9 @@ worker process answers the same conversation the same way:
   then waits forever;
 - ``"guarded"``: call the ``guarded`` tool (id ``call_guarded``), which needs approval;
   ``"guarded again"``: the same, with the id ``call_guarded_<calls so far>``;
+- ``"question"``: call the ``question`` tool (id ``call_question``), which asks a
+  question whose answer has content (``{"color": str}``; its id
+  ``call_question:ask-1``) and returns ``"color: <color>"``;
 - ``"fail"``: the model raises (the run fails on its own);
 - ``"tree"`` (the ``tree`` agent): call ``middle`` (id ``call_middle``), an agent tool
   whose model, on ``"nest"``, calls ``leaf`` (id ``call_leaf``), an agent tool whose
@@ -55,6 +58,8 @@ class RuleModel:
         elif isinstance(last, ta.UserMessage) and last.content == "guarded again":
             calls = sum(isinstance(item, ta.ToolCall) for item in request.items)
             events.append(ToolCallDone(ta.ToolCall(f"call_guarded_{calls}", "guarded", "{}")))
+        elif isinstance(last, ta.UserMessage) and last.content == "question":
+            events.append(ToolCallDone(ta.ToolCall("call_question", "question", "{}")))
         elif isinstance(last, ta.UserMessage) and last.content == "tree":
             events.append(ToolCallDone(ta.ToolCall("call_middle", "middle", '{"input": "nest"}')))
         elif isinstance(last, ta.UserMessage) and last.content == "nest":
@@ -119,10 +124,22 @@ async def guarded() -> str:
     return "guarded ran"
 
 
+@ta.function_tool
+async def question(ctx: ta.ToolContext) -> str:
+    """Ask which color, for an answer with content; return it."""
+    schema = {"type": "object", "properties": {"color": {"type": "string"}}, "required": ["color"]}
+    decision = await ctx.request_approval("which color?", schema=schema)
+    if not decision.approved or decision.content is None:
+        return f"refused: {decision.message}"
+    return f"color: {decision.content['color']}"
+
+
 _LEAF = ta.Agent(name="leaf", instructions="", model=RuleModel(), tools=[guarded])
 _MIDDLE = ta.Agent(name="middle", instructions="", model=RuleModel(), tools=[_LEAF.as_tool()])
 
 AGENTS = {
-    "rules": ta.Agent(name="rules", instructions="", model=RuleModel(), tools=[block, guarded]),
+    "rules": ta.Agent(
+        name="rules", instructions="", model=RuleModel(), tools=[block, guarded, question]
+    ),
     "tree": ta.Agent(name="tree", instructions="", model=RuleModel(), tools=[_MIDDLE.as_tool()]),
 }

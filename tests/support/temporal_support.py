@@ -117,7 +117,9 @@ async def connect_until(target: str, process: subprocess.Popen[bytes], log: Path
 @attrs.define
 class Workers:
     """Worker processes on one task queue, with the session file (or, with ``storage``,
-    the ``postgresql://`` database: their ``--db``) and marks they share."""
+    the ``postgresql://`` database: their ``--db``) and marks they share. ``repo``: the
+    source tree whose ``trio_agents`` the workers run (this one; another checkout to
+    record an older workflow's histories: tests/temporal/record_histories.py)."""
 
     target: str
     task_queue: str
@@ -125,12 +127,13 @@ class Workers:
     marks: Path
     log_dir: Path
     storage: str | None = None
+    repo: Path = REPO
     processes: list[subprocess.Popen[bytes]] = attrs.field(factory=list)
 
     def start(self) -> subprocess.Popen[bytes]:
         """Start one more worker process (it polls once connected)."""
         env = dict(os.environ, TRIO_AGENTS_TEST_MARKS=str(self.marks))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.repo), env.get("PYTHONPATH")]))
         log = self.log_dir / f"worker-{len(self.processes)}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
@@ -148,7 +151,7 @@ class Workers:
                     "--db",
                     self.storage or str(self.db),
                 ],
-                cwd=REPO,
+                cwd=self.repo,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -74,6 +75,19 @@ def _seq(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a seq (an int >= 0)") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is not a seq (an int >= 0)")
+    return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """``--content``: a JSON object (a question's answer), checked before connecting."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f'must be a JSON object, like \'{{"color": "red"}}\', not {text!r}'
+        )
     return value
 
 
@@ -430,7 +444,15 @@ def _add_ctl(commands: argparse._SubParsersAction[_Parser]) -> None:
     withdraw.add_argument("injection_id", metavar="INJECTION", help="the id `ctl inject` printed")
     approve = verb("approve", "let a tool call waiting for approval run")
     approve.add_argument("run_id", metavar="RUN", help="the run's id")
-    approve.add_argument("call_id", metavar="CALL", help="the tool call's id")
+    approve.add_argument("call_id", metavar="CALL", help="the tool call's (or question's) id")
+    approve.add_argument(
+        "--content",
+        metavar="JSON",
+        type=_json_object,
+        default=None,
+        help="answer a question that asks for content (a tool's request_approval with a"
+        " schema) with this JSON object; the server refuses one not matching the schema",
+    )
     reject = verb("reject", "refuse a tool call waiting for approval")
     reject.add_argument("run_id", metavar="RUN", help="the run's id")
     reject.add_argument("call_id", metavar="CALL", help="the tool call's id")

@@ -131,9 +131,15 @@ async def _withdraw(client: ControlClient, args: argparse.Namespace, out: TextIO
 
 async def _approve(client: ControlClient, args: argparse.Namespace, out: TextIO) -> None:
     run = client.attach(args.run_id)
-    await _act(run, "approve a call of", lambda: run.approve(args.call_id))
+    content = args.content
+    await _act(run, "approve a call of", lambda: run.approve(args.call_id, content=content))
     if args.json:
-        _write(out, json_line({"run_id": run.id, "call_id": args.call_id, "approved": True}))
+        line = {"run_id": run.id, "call_id": args.call_id, "approved": True}
+        if content is not None:
+            line["content"] = content
+        _write(out, json_line(line))
+    elif content is not None:
+        _write(out, f"run {run.id}: call {args.call_id} approved with content {json_line(content)}")
     else:
         _write(out, f"run {run.id}: call {args.call_id} approved")
 

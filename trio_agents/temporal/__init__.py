@@ -16,7 +16,8 @@ machines; :func:`shared_storage` picks it, and the sessions, from one string); w
 (:class:`TemporalWorker`, :func:`run_worker`) or inside a Trio program
 (:func:`serve_worker`). A small asyncio client API (``start_run``, ``cancel_run``,
 ``inject_run``, ``withdraw_run``, ``approve_call``, ``reject_call``, ``run_result``)
-serves scripts without a host.
+serves scripts without a host; :func:`replayer` replays recorded histories against
+this version's workflow code, the check before upgrading workers while runs are open.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from ._stores import shared_storage as shared_storage
 from ._temporal_host import TemporalHost as TemporalHost
 from ._trio_worker import DEFAULT_TASK_QUEUE as DEFAULT_TASK_QUEUE
 from ._trio_worker import TemporalWorker as TemporalWorker
+from ._trio_worker import replayer as replayer
 from ._trio_worker import run_worker as run_worker
 from ._trio_worker import serve_worker as serve_worker
 from ._types import CANCELLED_BY_TEMPORAL as CANCELLED_BY_TEMPORAL
@@ -68,6 +70,7 @@ __all__ = [
     "inject_run",
     "postgres_sessions",
     "reject_call",
+    "replayer",
     "run_result",
     "run_worker",
     "serve_worker",

@@ -7,8 +7,9 @@ is built. Items are given as ``Item`` objects or their JSON dicts.
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from temporalio.client import (
@@ -158,10 +159,28 @@ async def withdraw_run(client: Client, run_id: str, injection_id: str) -> OpAnsw
     return answer
 
 
-async def approve_call(client: Client, run_id: str, call_id: str) -> OpAnswer:
-    """Let the run's call waiting for approval run (``not_found``: no such call waits)."""
+async def approve_call(
+    client: Client, run_id: str, call_id: str, *, content: Mapping[str, Any] | None = None
+) -> OpAnswer:
+    """Let the run's call waiting for approval run (``not_found``: no such call waits).
+
+    ``content``: the answer to a question a running call asks
+    (``ToolContext.request_approval(schema=...)``; ``call_id`` is then the question's
+    id), a JSON object matching its schema: the run answers ``invalid_request`` (nothing
+    decided) when it does not match, or when the call asked for none. A ``content``
+    that is not a JSON object raises ``TypeError`` here, before anything is recorded.
+    """
+    args: list[Any] = [call_id]
+    if content is not None:
+        if not isinstance(content, Mapping):
+            raise TypeError(f"content must be a mapping or None, not {type(content).__name__}")
+        try:
+            args.append(json.loads(json.dumps(dict(content), allow_nan=False)))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"content must be JSON-serialisable: {exc}") from None
+    # Without content, one argument: what a worker from before ``content`` takes too.
     answer: OpAnswer = await client.get_workflow_handle(run_id).execute_update(
-        UPDATE_APPROVE, call_id, result_type=OpAnswer
+        UPDATE_APPROVE, args=args, result_type=OpAnswer
     )
     return answer
 

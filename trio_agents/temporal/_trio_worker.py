@@ -32,7 +32,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from .._agent import Agent
@@ -56,7 +56,7 @@ from ._types import (
 )
 from ._workflow import RunWorkflow
 
-__all__ = ["DEFAULT_TASK_QUEUE", "TemporalWorker", "run_worker", "serve_worker"]
+__all__ = ["DEFAULT_TASK_QUEUE", "TemporalWorker", "replayer", "run_worker", "serve_worker"]
 
 DEFAULT_TASK_QUEUE: Final = "trio-agents"
 _T = TypeVar("_T")
@@ -73,6 +73,16 @@ _STICKY_TIMEOUT: Final = timedelta(seconds=1)
 _REASON_QUERY_TIMEOUT = timedelta(seconds=10)
 # How long a parked attempt stays to answer late pushes (longer than a push can take).
 _PARKED_KEPT = 60.0
+
+
+def replayer() -> Replayer:
+    """A ``temporalio`` ``Replayer`` of the run workflow (:class:`RunWorkflow`) as the
+    workers run it (their workflow runner): ``await replayer().replay_workflow(history)``
+    replays a recorded history (``WorkflowHistory.from_json(run_id, text)`` over what
+    ``temporal workflow show -w RUN_ID --output json`` prints) against this version's
+    workflow code, and raises on a non-determinism error. Run it on the histories of
+    open runs before upgrading workers (docs/temporal.md, "Upgrading workers")."""
+    return Replayer(workflows=[RunWorkflow], workflow_runner=_RUNNER)
 
 
 class _TrioThread:

@@ -59,6 +59,14 @@ _ANNOUNCE_WAIT = timedelta(seconds=10)
 # An attempt may run for as long as the run does; a lost one is found by its heartbeat.
 _START_TO_CLOSE = timedelta(days=7)
 _PUSH_TIMEOUT = timedelta(seconds=10)
+# Versioning (docs/temporal.md, "Upgrading workers"): a change to the commands the
+# workflow issues goes behind ``workflow.patched(ID)``, so that runs opened by older
+# workers replay on newer ones (tests/temporal/test_temporal_replay.py replays the
+# histories each release recorded). Never reuse or rename an ID.
+#
+# A push the attempt did not take waits for the next attempt, the park or the end (a
+# timer), then pushes again there; before it, the push answered "pending" at once.
+_PATCH_PUSH_WAITS = "push-waits-for-the-next-attempt"
 
 
 def _parked_answer() -> OpAnswer:
@@ -213,9 +221,12 @@ class RunWorkflow:
         return await self._steer(SteeringOp(op="withdraw", target=injection_id))
 
     @workflow.update(name=UPDATE_APPROVE)
-    async def approve(self, call_id: str) -> OpAnswer:
-        """Let a call waiting for approval run: recorded, then pushed."""
-        return await self._steer(SteeringOp(op="approve", target=call_id))
+    async def approve(self, call_id: str, content: dict[str, Any] | None = None) -> OpAnswer:
+        """Let a call waiting for approval run, or answer a question a running call
+        asks (``content``: its answer, a JSON object matching the question's schema):
+        recorded, then pushed. ``content`` is an optional second argument, so an
+        approve recorded before it existed (one argument) replays the same."""
+        return await self._steer(SteeringOp(op="approve", target=call_id, content=content))
 
     @workflow.update(name=UPDATE_REJECT)
     async def reject(self, call_id: str, message: str | None) -> OpAnswer:
@@ -286,6 +297,14 @@ class RunWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=1),
             )
             if not answer.pending:
+                return answer
+            if not workflow.patched(_PATCH_PUSH_WAITS):
+                # A run started by a worker before this wait (its history holds none):
+                # as that worker's code did, answer the push's "pending", unless another
+                # attempt announced itself meanwhile (the next attempt's catch-up then
+                # applies the op).
+                if self._address != address and self._outcome is None:
+                    continue
                 return answer
             # The attempt at that address did not take the op: its worker is gone, or
             # it has just ended or parked (its result is on its way here). Wait for the

@@ -146,6 +146,61 @@ async def test_approve() -> None:
             assert (await run.wait()).status == "completed"
 
 
+@ta.function_tool
+async def pick(ctx: ta.ToolContext) -> str:
+    """Ask which color (a question whose answer has content); return the answer."""
+    schema = {"type": "object", "properties": {"color": {"type": "string"}}, "required": ["color"]}
+    decision = await ctx.request_approval("which color?", schema=schema)
+    assert decision.content is not None
+    return f"color: {decision.content['color']}"
+
+
+async def test_approve_with_content_answers_a_question() -> None:
+    model = ScriptedModel([Turn(tool_calls=[("pick", {})]), "Picked."])
+    agents = {"asks": ta.Agent(name="asks", model=model, tools=[pick])}
+    with trio.fail_after(HANG_GUARD):
+        async with serving(agents) as (_, url), connect(url, token="tok-alice") as client:
+            run = await client.start("asks", "pick one")
+            question = await pending_call(run)
+            # Valid JSON that does not match the question's schema: the server's refusal,
+            # nothing decided (the question still waits).
+            with pytest.raises(BaseException) as caught:  # noqa: PT011 - a group, as above
+                await ctl(url, "approve", run.id, question, "--content", '{"color": 5}')
+            message, status = explain(caught.value) or ("", 0)
+            assert status == 1
+            assert message.startswith("the server refused the request:")
+            assert "schema" in message
+            (line,) = await ctl(
+                url, "--json", "approve", run.id, question, "--content", '{"color": "red"}'
+            )
+            assert json.loads(line) == {
+                "run_id": run.id,
+                "call_id": question,
+                "approved": True,
+                "content": {"color": "red"},
+            }
+            items = [e.item async for e in run.events() if isinstance(e, ta.RunItemEvent)]
+            assert (await run.wait()).status == "completed"
+    (result,) = [item for item in items if isinstance(item, ta.ToolResult)]
+    assert result.output == "color: red"
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [("{color: red}", "not valid JSON"), ('["red"]', "must be a JSON object"), ("", "JSON")],
+)
+def test_approve_content_must_be_a_json_object(
+    content: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse(["ctl", "ws://127.0.0.1:1", "approve", "r1", "c1", "--content", content])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --content:" in err
+    assert says in err
+    assert err.count("\n") == 1
+
+
 async def test_a_finished_run_is_a_clear_error() -> None:
     with trio.fail_after(HANG_GUARD):
         async with serving(app()) as (_, url):
