@@ -178,6 +178,24 @@ async def test_records_trees_claims_and_change_detection(new_store: OpenStore) -
         assert await host.session_holder("alice", "s4") is None
 
 
+async def test_a_look_at_a_busy_session_is_no_change(new_store: OpenStore) -> None:
+    """A run queued behind a busy session looks at it again on every change: a look
+    that claims nothing (nor a release of a claim it does not hold) must not count as
+    one, or each look would wake every server polling the store, and so the next look."""
+    async with opened(new_store) as host, opened(new_store) as other:
+        assert (
+            await other.create_run(_info("r1", session_id="s1"), "alice", claim_session=True)
+            is None
+        )
+        seen = await host.data_version()
+        for _ in range(3):
+            assert await other.claim_session("alice", "s1", "r2") == "r1"
+            await other.release_session("alice", "s1", "r2")  # not its claim
+        assert await host.data_version() == seen
+        await other.release_session("alice", "s1", "r1")
+        assert await host.data_version() != seen
+
+
 async def test_stores_opened_at_once_on_a_new_sqlite_file_all_open(tmp_path: Path) -> None:
     """Workers and servers start together on one new file: each store opens (the first
     switches the file to WAL, an exclusive lock SQLite's busy wait does not cover: the

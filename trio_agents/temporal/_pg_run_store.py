@@ -304,16 +304,25 @@ class PostgresRunStore:
             message = " ".join(str(exc).split())
             raise RunStoreError(f"database {self._database}: {message}") from exc
 
-    async def _write(self, fn: Callable[[Conn], T], root_id: str) -> T:
+    async def _write(
+        self,
+        fn: Callable[[Conn], T],
+        root_id: str,
+        wrote: Callable[[T], bool] = lambda result: True,
+    ) -> T:
         """``fn(conn)`` in a transaction that bumps the change counter of ``root_id``'s
-        slot as its last statement (the bump commits with the write)."""
+        slot as its last statement (the bump commits with the write) — unless
+        ``wrote(result)`` says ``fn`` changed nothing: a bump wakes every server that
+        polls the store, and a run queued behind a busy session would otherwise wake
+        its own host (and every other) with each look at the session."""
 
         def write(conn: Conn) -> T:
             result = fn(conn)
-            conn.execute(
-                "UPDATE trio_agents_temporal_changes SET version = version + 1 WHERE slot = %s",
-                (zlib.crc32(root_id.encode()) % _SLOTS,),
-            )
+            if wrote(result):
+                conn.execute(
+                    "UPDATE trio_agents_temporal_changes SET version = version + 1 WHERE slot = %s",
+                    (zlib.crc32(root_id.encode()) % _SLOTS,),
+                )
             return result
 
         return await self._call(write)
@@ -370,14 +379,15 @@ class PostgresRunStore:
     async def release_session(self, principal: str, session_id: str, run_id: str) -> None:
         """Free the session's claim if ``run_id`` still holds it."""
 
-        def write(conn: Conn) -> None:
-            conn.execute(
+        def write(conn: Conn) -> bool:
+            deleted = conn.execute(
                 "DELETE FROM trio_agents_temporal_claims"
                 " WHERE principal = %s AND session_id = %s AND run_id = %s",
                 (principal, session_id, run_id),
             )
+            return deleted.rowcount > 0
 
-        await self._write(write, run_id)
+        await self._write(write, run_id, wrote=bool)
 
     async def info(self, principal: str, run_id: str) -> RunInfo | None:
         """The run's record (any node of a tree), or None when there is none of this
@@ -476,7 +486,7 @@ class PostgresRunStore:
             _set_claim(conn, principal, session_id, run_id)
             return None
 
-        return await self._write(write, run_id)
+        return await self._write(write, run_id, wrote=lambda holder: holder is None)
 
     async def open_roots(self) -> list[tuple[str, str]]:
         """``(principal, run_id)`` of every root run whose record is not terminal."""

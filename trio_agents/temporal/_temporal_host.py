@@ -54,7 +54,7 @@ from ..hosting._session_fork import fork_from_factory, item_index_of, item_posit
 from ._activity import SessionFactory
 from ._asyncio_loop import AsyncioLoop
 from ._push import push_op_here
-from ._shared_store import SharedRunStore
+from ._shared_store import RunStoreError, SharedRunStore
 from ._stores import run_store_at
 from ._trio_worker import DEFAULT_TASK_QUEUE
 from ._types import (
@@ -87,6 +87,9 @@ _PUSH_BOUND: Final = 5.0
 # update reached SSE about 30 ms after the push answered with 20 ms polls).
 _HURRY_INTERVAL: Final = 0.002
 _HURRY_WINDOW: Final = 0.25
+# The store failing: look again after this, doubling up to the max.
+_STORE_RETRY: Final = 0.1
+_STORE_RETRY_MAX: Final = 5.0
 
 
 _UNREACHABLE: Final = frozenset(
@@ -274,18 +277,35 @@ class TemporalHost:
     # --------------------------------------------------------------- following
 
     async def _poll(self) -> None:
-        """Wake the subscribers whenever another process committed to the store."""
-        seen = await self._store.data_version()
+        """Wake the subscribers whenever another process committed to the store. The
+        store failing (a database restart, a failover, a pool wait past its timeout)
+        is waited out, with a backoff: the server and its streams stay up, and every
+        subscriber is woken once it answers again (writes may have been missed)."""
+        seen: int | None = None  # None: no version read yet, nothing to compare with
+        backoff = 0.0
         while True:
-            hurried = trio.current_time() < self._hurry_until
-            with trio.move_on_after(_HURRY_INTERVAL if hurried else self._poll_interval):
-                await self._hurried.wait()
-            if self._hurried.is_set():
-                self._hurried = trio.Event()
-            version = await self._store.data_version()
-            if version != seen:
-                seen = version
+            if backoff:
+                await trio.sleep(backoff)
+            elif seen is not None:
+                hurried = trio.current_time() < self._hurry_until
+                with trio.move_on_after(_HURRY_INTERVAL if hurried else self._poll_interval):
+                    await self._hurried.wait()
+                if self._hurried.is_set():
+                    self._hurried = trio.Event()
+            try:
+                version = await self._store.data_version()
+            except RunStoreError as exc:
+                if not backoff:
+                    log.warning("the run store failed; following it again once it answers: %s", exc)
+                backoff = min(max(backoff * 2, _STORE_RETRY), _STORE_RETRY_MAX)
+                continue
+            missed = backoff > 0
+            if missed:
+                log.warning("the run store answers again")
+                backoff = 0.0
+            if seen is not None and (version != seen or missed):
                 self._bump()
+            seen = version
 
     def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         if self._tasks is None:
@@ -454,7 +474,16 @@ class TemporalHost:
         interrupted: set[str] = set()
         while True:
             changed = self._changed
-            holder = await self._store.claim_session(request.principal, session_id, request.run_id)
+            try:
+                holder = await self._store.claim_session(
+                    request.principal, session_id, request.run_id
+                )
+            except RunStoreError as exc:
+                # Still queued: looked at again once the store answers (_poll's wake-up
+                # when it does).
+                log.warning("run %s stays queued: %s", request.run_id, exc)
+                await changed.wait()
+                continue
             if holder is None:
                 break
             if on_busy == "interrupt" and holder not in interrupted:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
@@ -39,7 +40,7 @@ from .._agent import Agent
 from ._activity import Attempt, AttemptError, AttemptFenced, SessionFactory, run_attempt
 from ._asyncio_loop import AsyncioLoop
 from ._push import push_op, serve_ops
-from ._shared_store import SharedRunStore
+from ._shared_store import RunStoreError, SharedRunStore
 from ._types import (
     ACTIVITY_ATTEMPT,
     ACTIVITY_PUSH,
@@ -67,6 +68,9 @@ _RUNNER: Final = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules("trio_agents", "trio")
 )
 _STICKY_TIMEOUT: Final = timedelta(seconds=1)
+log = logging.getLogger("trio_agents.temporal")
+# How long a tool call waits for the store to record that it starts (the store failing).
+_RECORD_CALL_PATIENCE: Final = 30.0
 # How long a cancelled attempt waits for its workflow to say the cancel's reason (a
 # host signals it before Temporal's cancel; under load, or after a server restart, the
 # workflow's task that answers the query can take seconds, and the reason is the run's).
@@ -310,7 +314,7 @@ class _Activities:
             # one (fenced like the attempt's events: one transaction, no workflow task);
             # else in the workflow's history.
             if store is not None:
-                if not await store.record_call(request.run_id, number, call_id):
+                if not await _record_call(store, request.run_id, number, call_id):
                     raise AttemptFenced(f"a later attempt of run {request.run_id} took it over")
                 return
             await _in_loop(
@@ -602,3 +606,23 @@ async def serve_worker(
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(loop.stop)
             attempts.cancel_scope.cancel()
+
+
+async def _record_call(store: SharedRunStore, root_id: str, attempt: int, call_id: str) -> bool:
+    """``store.record_call``, tried again while the store fails (a database restart, a
+    failover), for up to :data:`_RECORD_CALL_PATIENCE` seconds: a blip must not fail the
+    tool call. Safe to repeat: a call id is recorded once (a retry after a commit whose
+    answer was lost records nothing more). Then the store's error is raised."""
+    deadline = trio.current_time() + _RECORD_CALL_PATIENCE
+    pause = 0.05
+    while True:
+        try:
+            return await store.record_call(root_id, attempt, call_id)
+        except RunStoreError as exc:
+            if trio.current_time() + pause > deadline:
+                raise
+            log.warning(
+                "recording call %s of run %s failed, trying again: %s", call_id, root_id, exc
+            )
+        await trio.sleep(pause)
+        pause = min(pause * 2, 2.0)
