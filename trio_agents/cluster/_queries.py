@@ -38,13 +38,14 @@ dead: the same as that client's disconnect (``on_disconnect="cancel"``)."""
 
 _COLUMNS = (
     "run_id, agent, session_id, status, reason, last_seq, turn, pending, owner, finished,"
-    " principal, run_usage"
+    " principal, run_usage, detail"
 )
 
 
 async def read_runs(db: Database, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
     """Run rows matching ``where`` (oldest first), as ``run.get`` fields plus ``owner``,
-    ``finished`` and ``principal`` (``usage`` only once the run's node wrote one).
+    ``finished`` and ``principal`` (``usage`` only once the run's node wrote one;
+    ``detail`` as of its last persisted status update).
 
     Raises:
         ProtocolError: ``internal`` when the database cannot be reached.
@@ -65,6 +66,9 @@ async def read_runs(db: Database, where: str, params: tuple[Any, ...]) -> list[d
                 "finished": bool(r[9]),
                 "principal": r[10],
                 **({} if r[11] is None else {"usage": json.loads(r[11])}),
+                # The current status's detail, as the node running the run wrote it
+                # with that status's event (NULL: none written yet).
+                "detail": {} if r[12] is None else json.loads(r[12]),
             }
             for r in conn.execute(
                 f"SELECT {_COLUMNS} FROM trio_agents_runs WHERE {where} ORDER BY created_at",
