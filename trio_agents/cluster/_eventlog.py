@@ -332,22 +332,7 @@ class EventWriter:
                 items.setdefault(log.run_id, []).append((event.seq, item))
             if isinstance(event, InboxInjected) and event.injection_id in log.replies:
                 replies.append((log.run_id, event.injection_id, *log.replies[event.injection_id]))
-            turn = getattr(event, "turn", None)
-            if isinstance(turn, int):
-                # Every event of a turn says which (a delta, an item, the model request,
-                # a delivery), not only a status update: the record another node answers
-                # from the row counts the model calls the node running the run counts
-                # once a call's first event is persisted.
-                row["turn"] = turn
-            if isinstance(event, RunUpdated):
-                row["status"] = event.status.value
-                row["reason"] = storable(event.reason)  # a text column (_storable.py)
-                pending = (event.detail or {}).get("pending", [])
-                row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
-                # The detail as the event carries it (the record and the stream never
-                # disagree); ASCII-escaped JSON, so any string in it is stored as is.
-                row["detail"] = json.dumps(data.get("detail") or {}, default=repr)
-                row["finished"] = event.status.value in _TERMINAL
+            _update_record(row, event, data)
         for run_id, row in rows.items():
             if row.get("finished") and row["tree"] is None:
                 row["writing"] = [
@@ -603,6 +588,27 @@ def _spent(run: Run) -> str | None:
     if not budgets or budgets[0].owner is not run:
         return None
     return json.dumps(budgets[0].spent())
+
+
+def _update_record(row: dict[str, Any], event: Any, data: dict[str, Any]) -> None:
+    """What ``event`` (``data``: its JSON) changes in its run's row, the run's record on
+    every node that does not run it: ``run.get`` there says what the node running it
+    says once the event is persisted."""
+    turn = getattr(event, "turn", None)
+    if isinstance(turn, int):
+        # Every event of a turn says which (a delta, an item, the model request, a
+        # delivery), not only a status update: the row counts the model calls the node
+        # running the run counts once a call's first event is persisted.
+        row["turn"] = turn
+    if isinstance(event, RunUpdated):
+        row["status"] = event.status.value
+        row["reason"] = storable(event.reason)  # a text column (_storable.py)
+        pending = (event.detail or {}).get("pending", [])
+        row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
+        # The detail as the event carries it (the record and the stream never
+        # disagree); ASCII-escaped JSON, so any string in it is stored as is.
+        row["detail"] = json.dumps(data.get("detail") or {}, default=repr)
+        row["finished"] = event.status.value in _TERMINAL
 
 
 def _own_usage(run: Run) -> str | None:
