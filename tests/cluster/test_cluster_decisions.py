@@ -306,3 +306,90 @@ async def test_a_run_no_live_node_can_resume_ends_failed_with_a_terminal_event(
                 (run_id,),
             ).fetchone()
         assert row == ("failed", True, None, seqs[-1]), row
+
+
+# -- a question (ToolContext.request_approval) across a takeover ------------------------
+
+_SEAT_FORM = {
+    "type": "object",
+    "properties": {"seat": {"type": "string", "enum": ["aisle", "window"]}},
+    "required": ["seat"],
+}
+
+
+def asking_tool(node: str, answers: list[tuple[str, Any]]) -> ta.Tool:
+    """An idempotent tool ``book`` whose call asks a question with a form (mid-call) and
+    records on which node it got which answer."""
+
+    @ta.function_tool(idempotent=True)
+    async def book(ctx: ta.ToolContext) -> str:
+        """Book a seat once a person picked one."""
+        decision = await ctx.request_approval("Which seat?", schema=_SEAT_FORM)
+        answers.append((node, decision.content))
+        return f"booked {decision.content}"
+
+    return book
+
+
+async def test_a_question_answered_as_its_owner_dies_is_asked_again_after_takeover(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A question belongs to its running call, and a takeover does not resume a call
+    # mid-way: the call is interrupted, or (idempotent) runs again from its start. So
+    # an answer recorded by an owner that died before applying it is not applied
+    # after the takeover (its content is not recorded: docs/cluster.md); the call
+    # that runs again asks again, and that new question is answered like any other.
+    answers: list[tuple[str, Any]] = []
+    call = ta.ToolCall("b1", "book", "{}")
+    a_agents = agents(ScriptedModel([Turn(tool_calls=[call])]), [asking_tool("A", answers)])
+    b_model = ScriptedModel([], default="done")
+    b_agents = agents(b_model, [asking_tool("B", answers)])
+    async with two_nodes(pg_dsn, a_agents, b_agents) as (a, _b), clients(a, _b) as (ca, cb):
+        run_id = await awaiting_approval(ca)
+        [asked] = (await ca.ok("run.get", run_id=run_id))["run"]["detail"]["questions"]
+        recorded = trio.Event()
+        real = a.cluster._node.record_decision
+
+        async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
+            await real(*args, **kwargs)
+            recorded.set()
+            await trio.sleep_forever()
+
+        monkeypatch.setattr(a.cluster._node, "record_decision", record_then_die)
+        answer = await request_as_owner_dies(
+            a,
+            cb,
+            "run.approve",
+            once=[recorded],
+            run_id=run_id,
+            call_id=asked["id"],
+            content={"seat": "aisle"},
+        )
+        assert answer["type"] == "ack", answer
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        again = await cb.wait_event(
+            run_id,
+            lambda e: (
+                e["type"] == "run.updated"
+                and e["status"] == "awaiting_approval"
+                and e["seq"] > asked_seq(cb, run_id)
+            ),
+        )
+        [question] = again["event"]["detail"]["questions"]
+        await cb.ok(
+            "run.approve", run_id=run_id, call_id=question["id"], content={"seat": "window"}
+        )
+        done = await cb.wait_terminal(run_id)
+        assert done["event"]["status"] == "completed", done
+    assert answers == [("B", {"seat": "window"})]
+    (result,) = results_of(b_model)
+    assert (result.status, result.output) == ("ok", "booked {'seat': 'window'}")
+
+
+def asked_seq(c: Client, run_id: str) -> int:
+    """The seq of the resumed attempt's first ``running`` status (0 before it)."""
+    for frame in c.events.get(run_id, []):
+        event = frame["event"]
+        if event["type"] == "run.updated" and event.get("detail", {}).get("resumed"):
+            return int(frame["seq"])
+    return 1 << 62

@@ -240,3 +240,62 @@ async def test_a_subscriber_on_a_node_whose_attempt_stopped_follows_the_run_else
             if f["event"]["type"] == "run.updated" and f["event"].get("detail", {}).get("resumed")
         ]
         assert len(resumed) == 1, resumed
+
+
+_SEAT_FORM = {
+    "type": "object",
+    "properties": {"seat": {"type": "string", "enum": ["aisle", "window"]}},
+    "required": ["seat"],
+}
+
+
+@ta.function_tool
+async def book(ctx: ta.ToolContext) -> str:
+    """Book a seat once a person picked one (a question with a form, mid-call)."""
+    decision = await ctx.request_approval("Which seat?", schema=_SEAT_FORM)
+    return f"approved={decision.approved}"
+
+
+def _records(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``run`` objects of ``run.get`` acks, without ``children``: a root's child
+    runs are known on the node running its tree only (None elsewhere, as documented)."""
+    return [{k: v for k, v in a["run"].items() if k != "children"} for a in answers]
+
+
+async def test_a_runs_record_is_the_same_on_every_node(pg_dsn: str) -> None:
+    # Before: a node answering for a run of another node (from the run's row) gave
+    # an empty detail, where the owner gave the status's (the question asked, its
+    # pending id; after a takeover, resumed/attempt): a client behind a load balancer
+    # got different records depending on the node it reached.
+    model = ScriptedModel(
+        [Turn(tool_calls=[("book", {})]), Turn(tool_calls=[("wait", {})])], default="x"
+    )
+    served = agents(model, [book, waiting_tool(trio.Event())])  # the gate never opens
+    async with (
+        open_nodes(pg_dsn, dict.fromkeys("ABC", served), lease_ttl=0.5) as (a, b, c),
+        clients(a, b, c) as (ca, cb, cc),
+    ):
+        run_id = await ca.start_run(agent="a", input="go", subscribe="all")
+        # A client on the owner is sent an event once it is persisted (the run's row
+        # is written in the same transaction).
+        asked = (await ca.wait_status(run_id, "awaiting_approval"))["event"]["detail"]
+        assert [q["message"] for q in asked["questions"]] == ["Which seat?"]
+        got = [await x.ok("run.get", run_id=run_id) for x in (ca, cb, cc)]
+        owner, *others = _records(got)
+        assert owner["detail"] == asked
+        assert others == [owner, owner]
+        listed = [(await x.ok("runs.list"))["runs"] for x in (cb, cc)]
+        assert [[r["detail"] for r in runs] for runs in listed] == [[asked], [asked]]
+        # A dies with the question open; B or C resumes the run (the asking call
+        # started, so it is interrupted) and waits in its next call.
+        a.crash()
+        await cb.ok("run.subscribe", run_id=run_id, from_seq=1)
+        resumed = await cb.wait_event(
+            run_id, lambda e: e["type"] == "run.updated" and e.get("detail", {}).get("resumed")
+        )
+        await cb.wait_event(
+            run_id, lambda e: e["type"] == "tool.started" and e["seq"] > resumed["seq"]
+        )
+        first, second = _records([await x.ok("run.get", run_id=run_id) for x in (cb, cc)])
+        assert first["detail"] == {"resumed": True, "attempt": 2}
+        assert first == second

@@ -291,10 +291,15 @@ async def test_a_question_answered_with_content(open_host: OpenHost) -> None:
                 async for hosted in updates:
                     if hosted.event["status"] == "awaiting_approval":
                         break
-            # What it asks is in the status update (every host serves it; a routed
-            # node's run.get carries no detail of a run of another node).
+            # What it asks is in the status update, and in the run's record on every
+            # host (a routed cluster node's record is the run's row, written with the
+            # update: it had no detail before).
             [question] = hosted.event["detail"]["questions"]
-            (question_id,) = (await host.get("alice", run_id)).pending_approvals
+            record = await host.get("alice", run_id)
+            assert record.detail == hosted.event["detail"]
+            (listed,) = await host.list("alice")
+            assert listed.detail == hosted.event["detail"]
+            (question_id,) = record.pending_approvals
             assert (question["id"], question["message"]) == (question_id, "Which seat?")
             assert question["schema"] == _SEAT_FORM
             await _refused(

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
@@ -38,6 +38,7 @@ __all__ = [
     "connect_until",
     "embedded_temporal_host",
     "free_port",
+    "opened_host",
     "start_dev_server",
     "stop",
     "temporal_cli",
@@ -213,6 +214,37 @@ async def embedded_temporal_host(
         async with host.running():
             yield host
         worker.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def opened_host(
+    group: Workers, *, begin_shutdown: bool = False, **options: Any
+) -> AsyncIterator[TemporalHost]:
+    """A ``TemporalHost`` of :mod:`tests.support.temporal_app`'s agents over ``group``'s
+    store (its ``postgresql://`` database, else the SQLite run store beside its session
+    file: what the workers' ``--db`` and ``serve --temporal --db`` open), looking at the
+    store every 10 ms, served for the block; ``options``: more of its arguments. At the
+    end its own tasks stop, after ``begin_shutdown()`` (no new run starts) when
+    ``begin_shutdown`` is set, as :meth:`TemporalHost.running` does."""
+    from tests.support.temporal_app import AGENTS
+    from trio_agents.temporal import RunStore, TemporalHost
+
+    host = TemporalHost(
+        group.target,
+        AGENTS,
+        store=group.storage or RunStore.beside(group.db),
+        task_queue=group.task_queue,
+        poll_interval=0.01,
+        **options,
+    )
+    async with trio.open_nursery() as nursery:
+        stop = await host.open(nursery)
+        try:
+            yield host
+        finally:
+            if begin_shutdown:
+                host.begin_shutdown()
+            stop()
 
 
 async def until_event(

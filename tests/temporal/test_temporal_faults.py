@@ -9,8 +9,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import trio_agents as ta
 from tests.support.a2a_support import rpc, text_message
 from tests.support.http_support import TOKENS, bearer
 from tests.support.temporal_app import AGENTS
-from tests.support.temporal_support import Workers
+from tests.support.temporal_support import Workers, opened_host
 from trio_agents.faces import HttpFaces
 from trio_agents.hosting import Limits, Origin, StartRequest, open_server
 from trio_agents.sessions import SQLiteSession
@@ -31,25 +30,7 @@ from trio_agents.temporal import RunStore, TemporalHost
 BOUND = 90.0  # hang guard per wait on a loaded machine
 ALICE = Origin(principal="alice")
 GUARDED = "call_guarded"  # the leaf's call that needs approval
-
-
-@asynccontextmanager
-async def opened(group: Workers, **options: Any) -> AsyncIterator[TemporalHost]:
-    host = TemporalHost(
-        group.target,
-        AGENTS,
-        store=RunStore.beside(group.db),
-        task_queue=group.task_queue,
-        poll_interval=0.01,
-        heartbeat_timeout=1.0,
-        **options,
-    )
-    async with trio.open_nursery() as nursery:
-        stop = await host.open(nursery)
-        try:
-            yield host
-        finally:
-            stop()
+HEARTBEAT = 1.0  # the host's heartbeat timeout: a killed worker's attempt is retried soon
 
 
 async def _attempt_pid(target: str, run_id: str) -> int:
@@ -121,9 +102,11 @@ async def test_a_tree_whose_grandchild_awaits_approval_survives_the_death_of_its
     # worker (no attempt returns parked: the one attempt after the kill finishes it).
     group = workers(2)
     request = StartRequest(agent="tree", input=(ta.UserMessage("tree"),), session_id="s-tree")
-    options = {} if park_after is None else {"run_options": {"park_after": park_after}}
+    options: dict[str, Any] = (
+        {} if park_after is None else {"run_options": {"park_after": park_after}}
+    )
     with trio.fail_after(BOUND * 2):
-        async with opened(group, **options) as host:
+        async with opened_host(group, heartbeat_timeout=HEARTBEAT, **options) as host:
             run_id = await host.start(ALICE, request)
             first = await _waiting_after(host, run_id, 0)
             ((leaf, call),) = [(w["run_id"], w["call_id"]) for w in first["waiting"]]
@@ -176,7 +159,7 @@ async def test_a_worker_killed_while_the_model_streams_resumes_the_turn_from_the
     )
     mark = group.marks / "s1.streaming"
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group, heartbeat_timeout=HEARTBEAT) as host:
             run_id = await host.start(ALICE, request)
             async with host.events("alice", run_id) as events:
                 async for hosted in events:
@@ -297,7 +280,7 @@ async def test_a_grandchilds_approval_recorded_while_no_worker_runs_the_tree_is_
     group = workers(1)
     request = StartRequest(agent="tree", input=(ta.UserMessage("tree"),), session_id="s-dead")
     with trio.fail_after(BOUND * 2):
-        async with opened(group) as host:
+        async with opened_host(group, heartbeat_timeout=HEARTBEAT) as host:
             run_id = await host.start(ALICE, request)
             waiting = await _waiting_after(host, run_id, 0)
             ((leaf, call),) = [(w["run_id"], w["call_id"]) for w in waiting["waiting"]]

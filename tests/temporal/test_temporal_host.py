@@ -8,8 +8,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,39 +18,22 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 
 import trio_agents as ta
-from tests.support.temporal_app import AGENTS
 from tests.support.temporal_support import (
     Workers,
     assert_resumed_once,
     connect_until,
     free_port,
+    opened_host,
     start_dev_server,
     stop,
     until_event,
 )
 from trio_agents.hosting import HostError, Origin, StartRequest
 from trio_agents.sessions import SQLiteSession
-from trio_agents.temporal import CANCELLED_BY_TEMPORAL, RunStore, TemporalHost
+from trio_agents.temporal import CANCELLED_BY_TEMPORAL
 
 BOUND = 90.0  # hang guard per wait on a loaded machine
 ALICE = Origin(principal="alice")
-
-
-@asynccontextmanager
-async def opened(group: Workers) -> AsyncIterator[TemporalHost]:
-    host = TemporalHost(
-        group.target,
-        AGENTS,
-        store=RunStore.beside(group.db),
-        task_queue=group.task_queue,
-        poll_interval=0.01,
-    )
-    async with trio.open_nursery() as nursery:
-        stop = await host.open(nursery)
-        try:
-            yield host
-        finally:
-            stop()
 
 
 def _start(text: str, **kwargs: object) -> StartRequest:
@@ -63,7 +45,7 @@ async def test_a_run_started_through_the_host_completes_on_a_worker(
 ) -> None:
     group = workers(1)
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group) as host:
             run_id = await host.start(Origin(principal="alice"), _start("hello"))
             info = await host.wait_terminal("alice", run_id)
             assert info.status == ta.RunStatus.COMPLETED
@@ -116,7 +98,7 @@ async def test_a_cancel_through_the_host_ends_the_workflow_canceled_after_the_re
 ) -> None:
     group = workers(1)
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group) as host:
             run_id = await host.start(ALICE, _start("block", session_id="s1"))
             await until_event(host, run_id, "tool.started")
             await host.cancel("alice", run_id, "stop now")
@@ -133,7 +115,7 @@ async def test_a_cancel_through_the_host_ends_the_workflow_canceled_after_the_re
         "function_call_output",
     ]
     assert items[2]["call_id"] == items[1]["call_id"]  # the open call was closed by the repair
-    async with opened(group) as host:  # a new server over the same store
+    async with opened_host(group) as host:  # a new server over the same store
         with pytest.raises(HostError) as refused:
             await host.cancel("alice", run_id, "again")
         assert refused.value.code == "run_closed"
@@ -145,7 +127,7 @@ async def test_approve_inject_and_withdraw_reach_the_attempt_on_its_worker(
 ) -> None:
     group = workers(1)
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group) as host:
             guarded = await host.start(ALICE, _start("guarded"))
             while "call_guarded" not in (await host.get("alice", guarded)).pending_approvals:
                 await until_event(host, guarded, "run.updated")
@@ -178,7 +160,7 @@ async def test_a_run_whose_worker_dies_resumes_on_another_and_its_seqs_continue(
 ) -> None:
     group = workers(2)
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group) as host:
             run_id = await host.start(ALICE, _start("block", session_id="s2"))
             await until_event(host, run_id, "tool.started")
             pid = int((group.marks / f"{run_id}.started").read_text())
@@ -195,7 +177,7 @@ async def test_a_run_cancelled_before_any_worker_took_it_gets_its_terminal_recor
 ) -> None:
     group = workers(0)  # no worker yet: the workflow waits for one
     with trio.fail_after(BOUND):
-        async with opened(group) as host, trio.open_nursery() as nursery:
+        async with opened_host(group) as host, trio.open_nursery() as nursery:
             run_id = await host.start(ALICE, _start("hello", session_id="s3"))
             cancelled = trio.Event()
 
@@ -220,7 +202,7 @@ async def test_a_run_cancelled_before_any_worker_took_it_gets_its_terminal_recor
 async def test_a_busy_session_refuses_or_interrupts(workers: Callable[[int], Workers]) -> None:
     group = workers(1)
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group) as host:
             first = await host.start(ALICE, _start("block", session_id="s4"))
             await until_event(host, first, "tool.started")
             with pytest.raises(HostError) as busy:
@@ -243,7 +225,7 @@ async def test_refusals_are_host_errors_with_their_codes(
 ) -> None:
     group = workers(0)  # nothing here needs a worker
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group) as host:
             refusals: list[tuple[str, Callable[[], Awaitable[object]]]] = [
                 (
                     "not_found",
@@ -284,7 +266,7 @@ async def test_a_frozen_worker_is_fenced_once_another_took_its_run_over(
 ) -> None:
     group = workers(2)
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group) as host:
             run_id = await host.start(ALICE, _start("block", session_id="s5"))
             await until_event(host, run_id, "tool.started")
             pid = int((group.marks / f"{run_id}.started").read_text())
@@ -329,7 +311,7 @@ async def test_a_run_goes_on_across_a_restart_of_the_temporal_server(tmp_path: P
         await trio.to_thread.run_sync(asyncio.run, connect_until(group.target, server, log))
         group.start()
         with trio.fail_after(BOUND * 2):
-            async with opened(group) as host:
+            async with opened_host(group) as host:
                 run_id = await host.start(ALICE, _start("block", session_id="s6"))
                 await until_event(host, run_id, "tool.started")
                 stop(server)  # the server goes away mid-run...
@@ -366,7 +348,7 @@ async def test_a_worker_that_stops_hands_its_run_over_with_one_terminal_update(
 ) -> None:
     group = workers(2)
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group) as host:
             run_id = await host.start(ALICE, _start("block", session_id="s7"))
             await until_event(host, run_id, "tool.started")
             pid = int((group.marks / f"{run_id}.started").read_text())

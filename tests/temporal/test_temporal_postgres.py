@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 import httpx
 import psycopg
@@ -19,28 +18,19 @@ import trio_agents as ta
 from tests.support.cli_support import assert_one_error_line, cli, cli_process, serving_url
 from tests.support.http_support import messages
 from tests.support.pg_support import postgres_url
-from tests.support.temporal_app import AGENTS
-from tests.support.temporal_support import Workers, assert_resumed_once, free_port, until_event
+from tests.support.temporal_support import (
+    Workers,
+    assert_resumed_once,
+    free_port,
+    opened_host,
+    until_event,
+)
 from trio_agents.hosting import Origin, StartRequest
 from trio_agents.sessions import PostgresSession
-from trio_agents.temporal import PostgresRunStore, RunStoreError, TemporalHost
+from trio_agents.temporal import PostgresRunStore, RunStoreError
 
 BOUND = 90.0  # hang guard per wait on a loaded machine
 ALICE = Origin(principal="alice")
-
-
-@asynccontextmanager
-async def opened(group: Workers) -> AsyncIterator[TemporalHost]:
-    """A host over the workers' database, as `serve --temporal --db URL` opens it."""
-    host = TemporalHost(
-        group.target,
-        AGENTS,
-        store=group.storage or group.db,
-        task_queue=group.task_queue,
-        poll_interval=0.01,
-    )
-    async with host.running():
-        yield host
 
 
 async def test_a_run_whose_worker_dies_resumes_on_another_from_postgres(
@@ -48,7 +38,7 @@ async def test_a_run_whose_worker_dies_resumes_on_another_from_postgres(
 ) -> None:
     group = workers(2, storage=postgres_url(pg_dsn))
     with trio.fail_after(BOUND):
-        async with opened(group) as host:
+        async with opened_host(group, begin_shutdown=True) as host:
             run_id = await host.start(
                 ALICE,
                 StartRequest(agent="rules", input=(ta.UserMessage("block"),), session_id="s1"),

@@ -9,7 +9,7 @@ or ``trio-agents serve --cluster DSN [--node-id ID] [--lease-ttl S] [--max-runs 
 Every node serves the same agents; clients may connect to any node (behind any load
 balancer) and see every run of their principal.
 
-Tables (component ``cluster`` of ``trio_agents_schema``, schema version 4, created or
+Tables (component ``cluster`` of ``trio_agents_schema``, schema version 5, created or
 migrated by the library under an advisory lock, next to the session tables of
 :class:`~trio_agents.sessions.PostgresSession`, which hold every run's conversation
 under the session id ``json.dumps([principal, session_id])`` — or
@@ -29,7 +29,9 @@ under the session id ``json.dumps([principal, session_id])`` — or
                      finished, owner (node_id), released, lease_expires_at, attempt,
                      last_seq, usage (JSON: what its limits counted so far, kept
                      across a takeover), run_usage (JSON: the run's own Usage so
-                     far, its record's usage on every node), created_at, updated_at)
+                     far, its record's usage on every node), detail (JSON: its
+                     current status's detail, its record's on every node),
+                     created_at, updated_at)
     trio_agents_events(run_id, seq, type, data (the event's to_json(), JSON text),
                        PRIMARY KEY (run_id, seq))
     trio_agents_tool_starts(run_id, call_id, attempt, started_at, PK (run_id, call_id))

@@ -142,7 +142,10 @@ def end_run_in(
         (run_id, seq, json.dumps(event)),
     )
     conn.execute(
+        # The terminal update written here has no detail and leaves nothing pending:
+        # the row says so too (it is the run's record on every node).
         "UPDATE trio_agents_runs SET status = %s, reason = %s, finished = true,"
+        " pending = '[]', detail = NULL,"
         " active_key = NULL, last_seq = %s, updated_at = now() WHERE run_id = %s",
         (status.value, reason, seq, run_id),
     )

@@ -719,24 +719,30 @@ class ClusterHost(LocalHost):
 
         An answer's ``content`` (a question's) is checked before anything is recorded
         (``invalid_request``: nothing decided). It is applied, not recorded: a question
-        is asked by a running call, which a takeover does not resume mid-call."""
+        is asked by a running call, which a takeover does not resume mid-call (the
+        call is interrupted, or runs again and asks again: docs/cluster.md)."""
         if entry.first_seq > 1:
             await _settled(run)
         live(entry)
         if call_id not in run.statistics().pending_approvals:
             raise ProtocolError("not_found", str(UnknownCallError(call_id)))
+        # What the question asks is in the run's current status (updated on this
+        # thread with its pending ids); a pending id that is no question's is a call.
+        asked = run.updated.current.detail.get("questions") or ()
+        question = next((q for q in asked if q.get("id") == call_id), None)
         if content is not None:
-            # What the question asks is in the run's current status (updated on this
-            # thread with its pending ids); a pending id that is no question's is a call.
-            asked = run.updated.current.detail.get("questions") or ()
-            question = next((q for q in asked if q.get("id") == call_id), None)
             schema = None if question is None else question.get("schema")
             try:
                 check_content(call_id, schema, content, question=question is not None)
             except ValueError as exc:
                 raise ProtocolError("invalid_request", str(exc)) from None
         stored = await self._node.record_decision(
-            entry.run_id, call_id, approved=approved, message=message, origin=origin
+            entry.run_id,
+            call_id,
+            approved=approved,
+            message=message,
+            origin=origin,
+            question=question is not None,
         )
         # Recorded and answered already: the run may have ended (or moved) since.
         with contextlib.suppress(ProtocolError):

@@ -524,12 +524,17 @@ class ClusterNode:
         approved: bool,
         message: str | None,
         origin: Origin | None = None,
+        question: bool = False,
     ) -> bool:
         """Make an approval or rejection durable before it is applied: a takeover
         applies it to the call its run asks for again instead of asking the client. A
         routed one (``origin``: its command) is answered in the same transaction, so the
         node that takes the run over answers from it instead of applying it again.
         Returns whether that answer was stored and sent.
+
+        The answer to a ``question`` (``ToolContext.request_approval``) is recorded for
+        its exactly-once answer only, with this attempt: a takeover never applies it
+        (the asking call does not survive the attempt), and its content is not kept.
 
         Raises:
             ProtocolError: ``not_found`` (the call has a decision already: the first
@@ -542,7 +547,9 @@ class ClusterNode:
                 "internal", "this node no longer runs the run (it is being taken over); retry"
             )
         reply = routed_reply(origin, {})
-        decision = {"approved": approved, "message": message}
+        decision: dict[str, Any] = {"approved": approved, "message": message}
+        if question:
+            decision["asked_in"] = log.attempt
         try:
             outcome = await record_decision(
                 self.db, run_id, self.node_id, log.attempt, call_id, decision, reply

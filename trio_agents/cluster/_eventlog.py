@@ -3,8 +3,8 @@
 Writing: one reader task per owned run copies ``run.events()`` into the node's buffer
 (nothing in the run's own loop waits for the database); one flusher task writes the
 buffer in one transaction — events, then each run's row (last seq, status, reason,
-turn, pending approvals, what its limits counted so far, and the session released at
-its terminal status), then one
+turn, pending approvals, the status's detail, what its limits counted so far, and the
+session released at its terminal status), then one
 NOTIFY ``{"k": "run", "r": run_id, "s": last_seq}`` per run, followed (after a newline)
 by the batch's events of that run as ``[[seq, event], ...]``, as many as fit in the
 payload (:data:`INLINE_BYTES`) — at least every
@@ -332,13 +332,7 @@ class EventWriter:
                 items.setdefault(log.run_id, []).append((event.seq, item))
             if isinstance(event, InboxInjected) and event.injection_id in log.replies:
                 replies.append((log.run_id, event.injection_id, *log.replies[event.injection_id]))
-            if isinstance(event, RunUpdated):
-                row["status"] = event.status.value
-                row["reason"] = storable(event.reason)  # a text column (_storable.py)
-                row["turn"] = event.turn
-                pending = (event.detail or {}).get("pending", [])
-                row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
-                row["finished"] = event.status.value in _TERMINAL
+            _update_record(row, event, data)
         for run_id, row in rows.items():
             if row.get("finished") and row["tree"] is None:
                 row["writing"] = [
@@ -475,7 +469,7 @@ class EventWriter:
                 "UPDATE trio_agents_runs AS r SET last_seq = GREATEST(r.last_seq, %(seq)s),"
                 " status = COALESCE(%(status)s, status), reason = CASE WHEN %(status)s IS NULL"
                 " THEN reason ELSE %(reason)s END, turn = COALESCE(%(turn)s, turn),"
-                " pending = COALESCE(%(pending)s, pending),"
+                " pending = COALESCE(%(pending)s, pending), detail = COALESCE(%(detail)s, detail),"
                 " finished = finished OR %(finished)s, usage = COALESCE(%(usage)s, usage),"
                 " run_usage = COALESCE(%(run_usage)s, run_usage),"
                 " active_key = CASE WHEN %(finished)s THEN NULL ELSE active_key END,"
@@ -492,6 +486,7 @@ class EventWriter:
                     "reason": row.get("reason"),
                     "turn": row.get("turn"),
                     "pending": row.get("pending"),
+                    "detail": row.get("detail"),
                     "finished": bool(row.get("finished")),
                     "usage": row.get("usage"),
                     "run_usage": row.get("run_usage"),
@@ -593,6 +588,27 @@ def _spent(run: Run) -> str | None:
     if not budgets or budgets[0].owner is not run:
         return None
     return json.dumps(budgets[0].spent())
+
+
+def _update_record(row: dict[str, Any], event: Any, data: dict[str, Any]) -> None:
+    """What ``event`` (``data``: its JSON) changes in its run's row, the run's record on
+    every node that does not run it: ``run.get`` there says what the node running it
+    says once the event is persisted."""
+    turn = getattr(event, "turn", None)
+    if isinstance(turn, int):
+        # Every event of a turn says which (a delta, an item, the model request, a
+        # delivery), not only a status update: the row counts the model calls the node
+        # running the run counts once a call's first event is persisted.
+        row["turn"] = turn
+    if isinstance(event, RunUpdated):
+        row["status"] = event.status.value
+        row["reason"] = storable(event.reason)  # a text column (_storable.py)
+        pending = (event.detail or {}).get("pending", [])
+        row["pending"] = json.dumps(list(pending) if isinstance(pending, list) else [])
+        # The detail as the event carries it (the record and the stream never
+        # disagree); ASCII-escaped JSON, so any string in it is stored as is.
+        row["detail"] = json.dumps(data.get("detail") or {}, default=repr)
+        row["finished"] = event.status.value in _TERMINAL
 
 
 def _own_usage(run: Run) -> str | None:

@@ -38,13 +38,14 @@ dead: the same as that client's disconnect (``on_disconnect="cancel"``)."""
 
 _COLUMNS = (
     "run_id, agent, session_id, status, reason, last_seq, turn, pending, owner, finished,"
-    " principal, run_usage"
+    " principal, run_usage, detail"
 )
 
 
 async def read_runs(db: Database, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
     """Run rows matching ``where`` (oldest first), as ``run.get`` fields plus ``owner``,
-    ``finished`` and ``principal`` (``usage`` only once the run's node wrote one).
+    ``finished`` and ``principal`` (``usage`` only once the run's node wrote one;
+    ``detail`` as of its last persisted status update).
 
     Raises:
         ProtocolError: ``internal`` when the database cannot be reached.
@@ -65,6 +66,9 @@ async def read_runs(db: Database, where: str, params: tuple[Any, ...]) -> list[d
                 "finished": bool(r[9]),
                 "principal": r[10],
                 **({} if r[11] is None else {"usage": json.loads(r[11])}),
+                # The current status's detail, as the node running the run wrote it
+                # with that status's event (NULL: none written yet).
+                "detail": {} if r[12] is None else json.loads(r[12]),
             }
             for r in conn.execute(
                 f"SELECT {_COLUMNS} FROM trio_agents_runs WHERE {where} ORDER BY created_at",
@@ -210,14 +214,16 @@ async def record_decision(
     reply: Reply | None = None,
 ) -> str:
     """Record an approval or rejection (``decision``: ``{"approved": bool, "message":
-    str | None}``) in the run's ``options`` (``"decisions"``, by call id) before it is
-    applied: a takeover applies it to the call its run asks for again. A routed one's
-    ``reply`` (:data:`Reply`), is stored in the same transaction.
+    str | None}``, plus ``"asked_in"``: the attempt, for the answer to a question) in
+    the run's ``options`` (``"decisions"``, by call id) before it is applied: a
+    takeover applies it to the call its run asks for again. A routed one's ``reply``
+    (:data:`Reply`), is stored in the same transaction.
 
     Returns ``"recorded"``; ``"decided"`` when the call has a decision already (the
-    first one stays: the run applies it, never this one); ``"closed"`` when the run
-    has finished; ``"lost"`` when this node no longer runs this attempt (another node
-    took it over: nothing is recorded)."""
+    first one stays: the run applies it, never this one) — a question's answer only
+    within the attempt that asked it; ``"closed"`` when the run has finished;
+    ``"lost"`` when this node no longer runs this attempt (another node took it over:
+    nothing is recorded)."""
 
     def record(conn: Conn) -> str:
         row = conn.execute(
@@ -229,7 +235,7 @@ async def record_decision(
             return "closed"
         if row[0] != node_id or int(row[1]) != attempt or row[2]:
             return "lost"
-        if call_id in decisions_of(str(row[4])):
+        if _decided(str(row[4]), call_id, attempt):
             return "decided"
         conn.execute(
             "UPDATE trio_agents_runs SET options = jsonb_set(options::jsonb, '{decisions}',"
@@ -245,18 +251,36 @@ async def record_decision(
     return await db.call(record)
 
 
-def decisions_of(options: str) -> dict[str, tuple[bool, str | None]]:
-    """The recorded approvals and rejections in a run's ``options``, by call id:
-    ``(approved, message)``."""
+def _recorded(options: str) -> dict[str, Any]:
+    """The ``"decisions"`` object of a run's ``options`` (empty when absent or bad)."""
     try:
         recorded = json.loads(options).get("decisions")
     except (TypeError, ValueError, AttributeError):
         return {}
-    if not isinstance(recorded, dict):
-        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _decided(options: str, call_id: str, attempt: int) -> bool:
+    """Whether ``call_id`` has a decision that a new one must not replace. A question's
+    answer (``"asked_in"``) holds within the attempt that asked it only: the attempt
+    that takes the run over runs the asking call again from its start (an idempotent
+    tool) and its question, asked again under the same id (each attempt counts its
+    questions from 1), waits for a new answer — which the old one must not refuse."""
+    decision = _recorded(options).get(call_id)
+    if not isinstance(decision, dict):
+        return False
+    asked_in = decision.get("asked_in")
+    return asked_in is None or asked_in == attempt
+
+
+def decisions_of(options: str) -> dict[str, tuple[bool, str | None]]:
+    """The recorded approvals and rejections of calls in a run's ``options``, by call
+    id: ``(approved, message)``, for the attempt that takes the run over. Not the
+    answers to questions: a question is asked by a running call, which a takeover never
+    resumes mid-way (the call is interrupted, or runs again and asks again)."""
     decisions: dict[str, tuple[bool, str | None]] = {}
-    for call_id, decision in recorded.items():
-        if isinstance(decision, dict):
+    for call_id, decision in _recorded(options).items():
+        if isinstance(decision, dict) and "asked_in" not in decision:
             message = decision.get("message")
             decisions[str(call_id)] = (
                 decision.get("approved") is True,

@@ -6,8 +6,8 @@ lock, with the version in the shared ``trio_agents_schema`` table. Migrations:
 ``MIGRATIONS[v]`` upgrades version ``v`` to ``v + 1``: 1 to 2 adds the index of queued
 runs (``_QUEUED``); 2 to 3 adds the runs' ``usage`` (what their limits counted so far,
 kept across a takeover) and the table of child runs (``_CHILDREN``); 3 to 4 adds the
-runs' ``run_usage`` (``_RUN_USAGE``). The tables are described in the docstring of
-:mod:`trio_agents.cluster`.
+runs' ``run_usage`` (``_RUN_USAGE``); 4 to 5 the runs' ``detail`` (``_DETAIL``). The
+tables are described in the docstring of :mod:`trio_agents.cluster`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = [
     "session_key",
 ]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 COMPONENT: Final = "cluster"
 CHANNEL: Final = "trio_agents_cluster"
 """The one LISTEN/NOTIFY channel of the cluster (payloads are small JSON objects)."""
@@ -86,10 +86,22 @@ def _add_run_usage(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_RUN_USAGE)
 
 
+_DETAIL: Final = "ALTER TABLE trio_agents_runs ADD COLUMN detail TEXT"
+"""The ``detail`` of a root run's current status (its last persisted ``run.updated``'s,
+as JSON; NULL: none yet, or empty), written with that event by the node running it:
+the ``detail`` of its record on every node (the question asked, ``resumed`` and
+``attempt`` after a takeover, ``throttled``, ...), as ``pending`` and ``status`` are."""
+
+
+def _add_detail(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_DETAIL)
+
+
 MIGRATIONS: dict[int, Migration] = {
     1: _add_queued_index,
     2: _add_usage_and_children,
     3: _add_run_usage,
+    4: _add_detail,
 }
 
 _DDL: Final = (
@@ -120,6 +132,7 @@ _DDL: Final = (
         last_seq BIGINT NOT NULL DEFAULT 0,
         usage TEXT,
         run_usage TEXT,
+        detail TEXT,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     "CREATE UNIQUE INDEX trio_agents_runs_active_session ON trio_agents_runs (active_key)"

@@ -35,8 +35,8 @@ class RunInfo:
             not known here (a cluster node answering for a tree another node runs).
         detail: the ``detail`` of the run's current status update, as its
             ``run.updated`` event carries it (``waiting`` and ``pending`` while it
-            awaits approval; ``by`` and ``reason`` for a subtree's cancel); empty where
-            not known (a run another cluster node runs).
+            awaits approval; ``by`` and ``reason`` for a subtree's cancel); the same
+            on every node of a cluster (the run's row keeps it).
         usage: the run's own token usage and cost (its :attr:`RunResult.usage
             <trio_agents.RunResult.usage>` once terminal; while it runs, what its model
             calls reported so far); None when no model call reported any, or where not

@@ -75,7 +75,7 @@ async def test_the_schema_is_created_and_versioned(pg_dsn: str) -> None:
         versions: dict[str, int] = dict(
             conn.execute("SELECT component, version FROM trio_agents_schema").fetchall()
         )
-        assert versions == {"sessions": 1, "cluster": 4}
+        assert versions == {"sessions": 1, "cluster": 5}
         (nodes,) = conn.execute("SELECT count(*) FROM trio_agents_nodes").fetchone() or (None,)
         assert nodes == 0  # a node that stopped gracefully removed its row
         row = conn.execute(
@@ -136,13 +136,14 @@ async def test_a_node_refuses_tables_of_a_newer_version(pg_dsn: str) -> None:
 async def test_version_1_tables_are_migrated(pg_dsn: str) -> None:
     # Version 2 adds the index of queued runs (their order for a session, cluster-wide);
     # version 3 the runs' usage and the table of child runs; version 4 the runs' own
-    # usage (their records' on every node).
+    # usage and version 5 their status's detail (their records' on every node).
     await start_and_stop(pg_dsn, "A")
     execute(
         pg_dsn,
         "DROP INDEX trio_agents_runs_queued",
         "ALTER TABLE trio_agents_runs DROP COLUMN usage",
         "ALTER TABLE trio_agents_runs DROP COLUMN run_usage",
+        "ALTER TABLE trio_agents_runs DROP COLUMN detail",
         "DROP TABLE trio_agents_children",
         "UPDATE trio_agents_schema SET version = 1 WHERE component = 'cluster'",
     )
@@ -151,7 +152,7 @@ async def test_version_1_tables_are_migrated(pg_dsn: str) -> None:
         (version,) = conn.execute(
             "SELECT version FROM trio_agents_schema WHERE component = 'cluster'"
         ).fetchone() or (None,)
-        assert version == 4
+        assert version == 5
         columns = {
             row[0]
             for row in conn.execute(
@@ -159,7 +160,7 @@ async def test_version_1_tables_are_migrated(pg_dsn: str) -> None:
                 " WHERE table_name IN ('trio_agents_runs', 'trio_agents_children')"
             ).fetchall()
         }
-        assert {"usage", "run_usage", "root_id", "cancel"} <= columns
+        assert {"usage", "run_usage", "detail", "root_id", "cancel"} <= columns
         indexes = {
             row[0]
             for row in conn.execute(
