@@ -297,3 +297,30 @@ async def test_a_request_past_the_runs_retention_is_refused(wire: SSEServer) -> 
                 "message": f"event {seq} of run {run_id} is no longer retained",
             }
         assert len(wire.requests) == 1
+
+
+async def test_replays_are_rate_limited_per_principal(wire: SSEServer) -> None:
+    """Each replay is a model call the server pays for: past ``replay_burst`` at once
+    a principal's next replay is a 429 ``limit_exceeded`` (no model call), while
+    another principal's bucket is its own."""
+    wire.add(CHAT.text("It is sunny."))
+    limits = HttpLimits(replay_burst=2, replay_rate=0.001)
+    async with (
+        serving(_agents(wire), run_options={"record_requests": True}, limits=limits) as served,
+        client(served.base) as alice,
+        client(served.base, "tok-bob") as bob,
+    ):
+        run_id, events = await _recorded_run(alice)
+        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        body = {"seq": recorded["seq"], "agent": "weather"}
+        for _ in range(2):
+            wire.add(CHAT.text("Sunny."))
+            assert (await alice.post(f"/runs/{run_id}/replay", json=body)).status_code == 200
+        sent = len(wire.requests)
+        refused = await alice.post(f"/runs/{run_id}/replay", json=body)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "limit_exceeded"
+        assert "too many replays" in refused.json()["error"]["message"]
+        assert len(wire.requests) == sent  # no model call
+        # Bob's bucket is his own (his replay of Alice's run is not_found, not 429).
+        assert (await bob.post(f"/runs/{run_id}/replay", json=body)).status_code == 404

@@ -64,6 +64,8 @@ class Face:
     limits: HttpLimits
     _streams: dict[str, int] = attrs.field(init=False, factory=dict)
     _closing: trio.Event = attrs.field(init=False, factory=trio.Event)
+    # The replay token bucket of each principal that replayed: (tokens, refilled at).
+    _replays: dict[str, tuple[float, float]] = attrs.field(init=False, factory=dict)
 
     @property
     def closing(self) -> bool:
@@ -78,6 +80,21 @@ class Face:
     def begin_shutdown(self) -> None:
         """The server is shutting down: new event streams are refused from now on."""
         self._closing.set()
+
+    def take_replay(self, principal: str) -> None:
+        """Count one replay of ``principal`` against ``replay_rate`` /
+        ``replay_burst`` (``limit_exceeded`` when its bucket is empty; O(1))."""
+        rate, burst = self.limits.replay_rate, float(self.limits.replay_burst)
+        now = trio.current_time()
+        tokens, refilled = self._replays.get(principal, (burst, now))
+        tokens = min(burst, tokens + (now - refilled) * rate)
+        if tokens < 1.0:
+            self._replays[principal] = (tokens, now)
+            raise HttpError(
+                "limit_exceeded",
+                f"too many replays (at most {rate:g} per second, {burst:g} at once)",
+            )
+        self._replays[principal] = (tokens - 1.0, now)
 
     def open_stream(self, principal: str) -> Callable[[], None]:
         """Count an event stream of ``principal`` (``limit_exceeded`` past

@@ -56,6 +56,11 @@ class HttpLimits:
             flood of idle or half-sent connections never holds every file descriptor of
             the process. An ``accept`` that fails with ``EMFILE`` sheds one too.
         max_unauthenticated_per_ip: the same, per client address.
+        replay_rate: sustained replays (``POST /runs/{id}/replay``) per second per
+            principal, a token bucket of ``replay_burst``: each replay is a model call
+            the server pays for; one more answers 429 (``limit_exceeded``).
+        replay_burst: the replays one principal may make at once before
+            ``replay_rate`` applies.
     """
 
     max_body_bytes: int = attrs.field(default=1 << 20, validator=_positive_int)
@@ -68,3 +73,5 @@ class HttpLimits:
     header_timeout: float = attrs.field(default=10.0, validator=_seconds)
     max_unauthenticated_connections: int = attrs.field(default=512, validator=_positive_int)
     max_unauthenticated_per_ip: int = attrs.field(default=64, validator=_positive_int)
+    replay_rate: float = attrs.field(default=0.2, validator=_seconds)
+    replay_burst: int = attrs.field(default=5, validator=_positive_int)

@@ -266,7 +266,8 @@ class _Rest:
         The model is only ever a served agent's, chosen by name: a client never names
         a model string or a URL, which would let anyone holding a token make the server
         call any host. The request is the one the run recorded, never one from the
-        body. While the model answers, the replay holds one of the principal's
+        body. Replays are rate-limited per principal (``HttpLimits.replay_rate`` and
+        ``replay_burst``). While the model answers, the replay holds one of the principal's
         ``max_streams_per_principal`` (like an event stream, it is a request that
         lasts) and is cancelled when the client leaves or the server shuts down."""
         principal = principal_of(request)
@@ -278,6 +279,9 @@ class _Rest:
         uncount = self.face.open_stream(principal)
         try:
             recorded = await self._recorded_request(principal, run_id, seq)
+            # A model call the server pays for: rate-limited (a refused request is not
+            # counted: nothing was called).
+            self.face.take_replay(principal)
             response = await _unless_disconnected(
                 self.face, request.receive, lambda: replay_request(recorded, model=agent.model)
             )
