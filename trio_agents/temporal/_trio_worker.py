@@ -228,6 +228,8 @@ class _Activities:
     async def push(self, address: str, run_id: str, op: SteeringOp) -> OpAnswer:
         """An update's local activity: push a recorded op to the attempt's worker."""
         try:
+            if address == self._trio.address:
+                return await self._apply_here(run_id, op)
             return await push_op(address, run_id, op)
         except OSError as exc:
             # The attempt's worker is gone: the op stays recorded, and the next attempt
@@ -235,6 +237,22 @@ class _Activities:
             return OpAnswer(
                 ok=True, pending=True, message=f"recorded; the attempt is unreachable ({exc})"
             )
+
+    async def _apply_here(self, run_id: str, op: SteeringOp) -> OpAnswer:
+        """The push to an attempt of this worker process, handed to its Trio thread
+        without the loopback connection: the usual case, as the server hands the
+        attempt's activity eagerly to the worker that scheduled it, which then keeps the
+        run's workflow tasks (sticky). Answers as :func:`serve_ops` does."""
+        attempt = self._trio.attempts.get(run_id)
+        if attempt is None:
+            return OpAnswer(ok=True, pending=True, message="no attempt of the run here")
+        try:
+            return await self._trio.spawn(partial(attempt.apply, op))
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            # Where the listener would close the connection without an answer (the op
+            # failed there, or the worker's Trio thread is stopping): the op stays
+            # recorded, for the next attempt.
+            raise ConnectionError(f"the attempt did not answer: {exc!r}") from exc
 
     @activity.defn(name=ACTIVITY_ATTEMPT)
     async def attempt(self, request: RunRequest) -> RunOutcome:

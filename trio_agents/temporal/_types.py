@@ -4,9 +4,12 @@ This module imports neither trio nor the run core: the workflow (``_workflow``) 
 Temporal's sandbox, which refuses a module that imports trio, and these dataclasses
 travel through Temporal's default JSON converter (a dataclass of JSON values). Items
 are carried as their ``to_json()`` dicts; the attempt converts them back.
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Temporal's converter builds these
+dataclasses from JSON with ``typing.get_type_hints`` on every payload, which compiles a
+string annotation each time; real annotations made that about 6x cheaper (a steering
+op's round trip converts four such payloads, two of them in the workflow's sandbox).
+"""
 
 import dataclasses
 from typing import Any, Final
