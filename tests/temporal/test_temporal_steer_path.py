@@ -18,7 +18,7 @@ import trio
 
 import trio_agents as ta
 from tests.support.temporal_support import embedded_temporal_host, until_event
-from trio_agents.hosting import Limits, Origin, StartRequest
+from trio_agents.hosting import HostError, Limits, Origin, StartRequest
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.temporal import _trio_worker, _types
 from trio_agents.temporal._asyncio_loop import AsyncioLoop
@@ -65,6 +65,51 @@ async def test_an_op_for_an_attempt_of_this_worker_is_applied_without_the_loopba
     assert injected.event["injection_id"] == injection_id
     seen = [item.to_json() for item in model.requests[-1].items]
     assert any("psst" in str(item.get("content")) for item in seen), seen
+
+
+async def test_a_run_started_here_is_steered_without_reading_its_root_from_the_store(
+    temporal_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    called, gate = trio.Event(), trio.Event()
+
+    @ta.function_tool
+    async def wait() -> str:
+        """Wait for the gate."""
+        called.set()
+        await gate.wait()
+        return "released"
+
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default=Turn(text="ok"))
+    agents = {"a": ta.Agent(name="a", instructions="test", model=model, tools=[wait])}
+    start = StartRequest(agent="a", input=(ta.UserMessage("go"),))
+    read: list[str] = []
+    with trio.fail_after(90):
+        async with embedded_temporal_host(
+            temporal_server, tmp_path / "sessions.sqlite3", agents, LIMITS
+        ) as host:
+            store = host.store
+            looked_up = store.root_of
+
+            async def root_of(principal: str, run_id: str) -> str | None:
+                read.append(run_id)
+                return await looked_up(principal, run_id)
+
+            monkeypatch.setattr(store, "root_of", root_of)
+            run_id = await host.start(ALICE, start)
+            await called.wait()
+            # The root of a run this host started is known: the store (whose reads queue
+            # behind the host's own polls of it) is not asked on the way to Temporal.
+            first = await host.inject("alice", run_id, (ta.UserMessage("one"),))
+            second = await host.inject("alice", run_id, (ta.UserMessage("two"),))
+            # Another principal's op is still refused: its key is not the starter's.
+            with pytest.raises(HostError) as refused:
+                await host.inject("bob", run_id, (ta.UserMessage("three"),))
+            gate.set()
+            assert (await host.wait_terminal("alice", run_id)).status == "completed"
+    assert first != second
+    assert not first.startswith("pending-")
+    assert refused.value.code == "not_found"
+    assert read == [run_id]  # bob's op only
 
 
 class _Attempt:
