@@ -240,9 +240,10 @@ class _Activities:
 
     async def _apply_here(self, run_id: str, op: SteeringOp) -> OpAnswer:
         """The push to an attempt of this worker process, handed to its Trio thread
-        without the loopback connection: the usual case, as the server hands the
-        attempt's activity eagerly to the worker that scheduled it, which then keeps the
-        run's workflow tasks (sticky). Answers as :func:`serve_ops` does."""
+        without the loopback connection: the usual case when the server dispatches
+        activities eagerly (the attempt's activity goes to the worker that scheduled it,
+        which keeps the run's workflow tasks: sticky). Answers as :func:`serve_ops`
+        does."""
         attempt = self._trio.attempts.get(run_id)
         if attempt is None:
             return OpAnswer(ok=True, pending=True, message="no attempt of the run here")
