@@ -152,6 +152,48 @@ async def test_an_op_for_an_attempt_of_another_worker_goes_over_the_loopback_pus
     assert (elsewhere.ok, elsewhere.pending) == (True, True)
 
 
+class _Broken:
+    """An attempt whose ``apply`` fails as a malformed op does in the listener."""
+
+    async def apply(self, op: SteeringOp) -> OpAnswer:
+        raise ValueError(f"cannot apply {op.op}")
+
+
+async def test_a_push_to_this_worker_answers_as_the_listener_would() -> None:
+    loop = AsyncioLoop("test-push-here")
+    await trio.to_thread.run_sync(loop.start)
+    attempt = _Attempt()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                here = _trio_worker._TrioHere(nursery, "127.0.0.1")
+                here.address = "127.0.0.1:1"  # where nothing listens: no TCP is used
+                here.attempts.update({"run-1": attempt, "run-3": _Broken()})  # type: ignore[dict-item]
+                activities = _trio_worker._Activities({}, None, here, None)
+                op = SteeringOp(op="inject", items=[{"role": "user", "content": "psst"}])
+
+                async def pushes() -> list[OpAnswer]:
+                    # The update's local activity, on the worker's asyncio loop.
+                    return [
+                        await activities.push(here.address, run_id, op)
+                        for run_id in ("run-1", "run-2", "run-3")
+                    ]
+
+                applied, gone, failed = await loop.call(pushes)
+                nursery.cancel_scope.cancel()
+    finally:
+        await trio.to_thread.run_sync(loop.stop)
+    assert applied == OpAnswer(ok=True, injection_id="inj-1")
+    assert attempt.ops == [op]
+    # No attempt of the run here any more: recorded, for wherever the run is now.
+    assert (gone.ok, gone.pending, gone.message) == (True, True, "no attempt of the run here")
+    # The attempt failed to apply it: recorded, for the next attempt (the listener closes
+    # the connection without an answer then, which the push reads the same way).
+    assert (failed.ok, failed.pending) == (True, True)
+    assert failed.message is not None
+    assert "cannot apply inject" in failed.message
+
+
 @pytest.mark.parametrize(
     "payload",
     [
