@@ -25,6 +25,7 @@ async def test_the_temporal_benchmark_runs_with_tiny_sizes(
         "TEMPORAL.T2_cancel_face",
         "TEMPORAL.T2_cancel_temporal_cli",
         "TEMPORAL.T2_inject_answered",
+        "TEMPORAL.T2_inject_delivered",
         "TEMPORAL.T3_runs_per_s",
         "TEMPORAL.T3_memory_per_in_flight_run",
         "TEMPORAL.T4_worker_kill_to_running",

@@ -5,7 +5,11 @@ on whichever worker handles the update) sends it to the address the running atte
 announced (:class:`~._types.AttemptStarted`): one JSON line over TCP to the
 :func:`serve_ops` listener in that worker's Trio thread, which applies it to the run and
 answers with the run's real answer (measured: update → ``run.inject`` about 13 ms p50,
-against about 90 ms for an attempt polling its workflow with queries).
+against about 90 ms for an attempt polling its workflow with queries). When that
+attempt runs in the activity's own worker process — the usual case where the server
+dispatches activities eagerly: the attempt's activity goes to the worker that scheduled
+it, whose sticky queue then gets the run's workflow tasks — the worker hands the op to
+its Trio thread directly, without the connection.
 
 Wire: the client sends ``{"run_id": ..., "op": SteeringOp}`` and one newline; the server
 answers one :class:`~._types.OpAnswer` line and closes.

@@ -1,12 +1,16 @@
 """The values a run's workflow, its attempts and the client exchange: plain data only.
 
-This module imports neither trio nor the run core: the workflow (``_workflow``) runs in
-Temporal's sandbox, which refuses a module that imports trio, and these dataclasses
-travel through Temporal's default JSON converter (a dataclass of JSON values). Items
-are carried as their ``to_json()`` dicts; the attempt converts them back.
-"""
+This module imports neither trio nor the run core: the workflow (``_workflow``) imports
+it, and workflow code stays plain (Temporal's sandbox, which a replayer may use, refuses
+a module that imports trio); these dataclasses travel through Temporal's default JSON
+converter (a dataclass of JSON values). Items are carried as their ``to_json()`` dicts;
+the attempt converts them back.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Temporal's converter builds these
+dataclasses from JSON with ``typing.get_type_hints`` on every payload, which compiles
+each string annotation again; real annotations made that about 6x cheaper (a steering
+op's round trip converts four such payloads, two of them in workflow activations).
+"""
 
 import dataclasses
 from typing import Any, Final

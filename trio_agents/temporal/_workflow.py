@@ -1,8 +1,9 @@
 """The run's workflow: its history holds the start request, the steering ops and the
 terminal result; the run itself is an activity attempt on a worker.
 
-Runs in Temporal's workflow sandbox, so it imports neither trio nor the run core (the
-sandbox refuses a module that imports trio): only :mod:`._types`' plain data, and the
+Deterministic plain code: it imports neither trio nor the run core (Temporal's workflow
+sandbox refuses a module that imports trio; the workers run this workflow unsandboxed,
+for speed, but a replayer may sandbox it): only :mod:`._types`' plain data, and the
 activities by name.
 
 Statuses: a run that completes ends the workflow COMPLETED with its
