@@ -130,6 +130,11 @@ class Attempt:
     handover: bool = attrs.field(init=False, default=False)
     """The attempt stops because its worker shuts down: its run goes on in the next
     attempt, so its terminal update is not the run's (not written to the store)."""
+    # The answers to the recorded ops applied here, by the op's index in the workflow:
+    # an update whose workflow task was lost after its push (the op reaches the
+    # history only when that task completes, after the push) runs again on another
+    # worker and pushes the same op, with the same index, again. Applied once.
+    _answered: dict[int, OpAnswer | trio.Event] = attrs.field(init=False, factory=dict)
 
     def cancel(self, reason: str, *, mode: CancelMode = "immediate") -> None:
         """Cancel the run (now, or as soon as it exists). Trio thread only."""
@@ -172,7 +177,30 @@ class Attempt:
 
     async def apply(self, op: SteeringOp) -> OpAnswer:
         """Apply a steering op and answer as the run does (the §10 answer); ``op.node``
-        names the run of the tree it is for (None: the root)."""
+        names the run of the tree it is for (None: the root). An op the workflow
+        recorded (``op.index`` set) pushed here again gets its first answer, and is not
+        applied twice."""
+        if op.index < 0:
+            return await self._apply(op)
+        entry = self._answered.get(op.index)
+        while isinstance(entry, trio.Event):  # the same op being applied: its answer
+            await entry.wait()
+            entry = self._answered.get(op.index)
+        if entry is not None:
+            return entry
+        applying = self._answered[op.index] = trio.Event()
+        answer: OpAnswer | None = None
+        try:
+            answer = await self._apply(op)
+        finally:
+            if answer is not None and not answer.pending:
+                self._answered[op.index] = answer
+            else:  # not applied here: a later push may apply it
+                del self._answered[op.index]
+            applying.set()
+        return answer
+
+    async def _apply(self, op: SteeringOp) -> OpAnswer:
         await self._ready.wait()
         run = self._run
         if self._parked:

@@ -1,0 +1,67 @@
+"""``Attempt.apply`` applies a recorded op once: the ``steer`` update's op reaches the
+workflow's history only when its workflow task completes, after the push, so a workflow
+task lost in between (its worker died) runs the update again on another worker, which
+pushes the same op (same index) to the same attempt again. No Temporal server here: a
+real run in this Trio thread, the attempt as the worker holds it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+import trio_agents as ta
+from trio_agents.models import ScriptedModel, Turn
+from trio_agents.temporal._activity import Attempt
+from trio_agents.temporal._types import SteeringOp
+
+pytestmark = pytest.mark.trio
+
+
+def _inject(index: int) -> SteeringOp:
+    op = SteeringOp(op="inject", items=[ta.UserMessage("psst").to_json()], when="next_turn")
+    op.index = index
+    return op
+
+
+async def test_a_recorded_op_pushed_twice_is_applied_once(autojump_clock: Any) -> None:
+    gate = trio.Event()
+
+    @ta.function_tool
+    async def wait() -> str:
+        """Wait for the gate."""
+        await gate.wait()
+        return "released"
+
+    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default=Turn(text="ok"))
+    agent = ta.Agent(name="a", model=model, tools=[wait])
+    attempt = Attempt("r1")
+    async with ta.open_run(agent, "go") as run:
+        attempt.started(run)
+        await trio.sleep(1)
+        answers = []
+
+        async def push(op: SteeringOp) -> None:
+            answers.append(await attempt.apply(op))
+
+        async with trio.open_nursery() as nursery:  # the same op, twice at once
+            nursery.start_soon(push, _inject(3))
+            nursery.start_soon(push, _inject(3))
+        answers.append(await attempt.apply(_inject(3)))  # and once more, later
+        assert len({a.injection_id for a in answers}) == 1
+        assert all(a.ok for a in answers)
+        # Another recorded op, and an op the host pushes without recording (no
+        # index): each applied.
+        other = await attempt.apply(_inject(4))
+        unrecorded = await attempt.apply(
+            SteeringOp(op="inject", items=[ta.UserMessage("psst").to_json()], when="next_turn")
+        )
+        assert len({answers[0].injection_id, other.injection_id, unrecorded.injection_id}) == 3
+        gate.set()
+    texts = [
+        str(item.to_json().get("content"))
+        for item in model.requests[-1].items
+        if isinstance(item, ta.UserMessage)
+    ]
+    assert sum("psst" in text for text in texts) == 3, texts
