@@ -134,7 +134,9 @@ class Attempt:
     # an update whose workflow task was lost after its push (the op reaches the
     # history only when that task completes, after the push) runs again on another
     # worker and pushes the same op, with the same index, again. Applied once.
-    _answered: dict[int, OpAnswer | trio.Event] = attrs.field(init=False, factory=dict)
+    _answered: dict[int, tuple[SteeringOp, OpAnswer] | trio.Event] = attrs.field(
+        init=False, factory=dict
+    )
 
     def cancel(self, reason: str, *, mode: CancelMode = "immediate") -> None:
         """Cancel the run (now, or as soon as it exists). Trio thread only."""
@@ -183,18 +185,19 @@ class Attempt:
         if op.index < 0:
             return await self._apply(op)
         entry = self._answered.get(op.index)
-        while isinstance(entry, trio.Event):  # the same op being applied: its answer
+        while isinstance(entry, trio.Event):  # an op of that index being applied
             await entry.wait()
             entry = self._answered.get(op.index)
-        if entry is not None:
-            return entry
+        if entry is not None and entry[0] == op:
+            return entry[1]  # the same op again (an index alone could be reused by
+            # another op if the re-run workflow task ordered its updates otherwise)
         applying = self._answered[op.index] = trio.Event()
         answer: OpAnswer | None = None
         try:
             answer = await self._apply(op)
         finally:
             if answer is not None and not answer.pending:
-                self._answered[op.index] = answer
+                self._answered[op.index] = (op, answer)
             else:  # not applied here: a later push may apply it
                 del self._answered[op.index]
             applying.set()

@@ -51,6 +51,11 @@ async def test_a_recorded_op_pushed_twice_is_applied_once(autojump_clock: Any) -
         answers.append(await attempt.apply(_inject(3)))  # and once more, later
         assert len({a.injection_id for a in answers}) == 1
         assert all(a.ok for a in answers)
+        # The same index with another op (a re-run workflow task that ordered its
+        # updates otherwise): applied, not answered with the first op's answer.
+        reordered = _inject(3)
+        reordered.items = [ta.UserMessage("other").to_json()]
+        assert (await attempt.apply(reordered)).injection_id != answers[0].injection_id
         # Another recorded op, and an op the host pushes without recording (no
         # index): each applied.
         other = await attempt.apply(_inject(4))
@@ -65,3 +70,4 @@ async def test_a_recorded_op_pushed_twice_is_applied_once(autojump_clock: Any) -
         if isinstance(item, ta.UserMessage)
     ]
     assert sum("psst" in text for text in texts) == 3, texts
+    assert sum("other" in text for text in texts) == 1, texts
