@@ -11,16 +11,25 @@ dispatches activities eagerly: the attempt's activity goes to the worker that sc
 it, whose sticky queue then gets the run's workflow tasks — the worker hands the op to
 its Trio thread directly, without the connection.
 
-Wire: the client sends ``{"run_id": ..., "op": SteeringOp}`` and one newline; the server
-answers one :class:`~._types.OpAnswer` line and closes.
+Wire: the client sends ``{"run_id": ..., "key": ..., "op": SteeringOp}`` and one
+newline; the server answers one :class:`~._types.OpAnswer` line and closes.
+
+The listener must be reachable from the other workers and servers (on several machines:
+a routable interface), so it takes an op only with the key it drew at start-up: an
+address is ``"<key>@<host>:<port>"``, and only the workflow's history and the shared
+store hold it (both written by the attempt that announced it). Anyone else who reaches
+the port steers nothing: a request without the key is answered as if no attempt of the
+run were here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -52,13 +61,15 @@ async def serve_ops(
     find: Callable[[str], Any],
     host: str,
     *,
-    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve pushed ops on ``host`` (a free port); ``task_status.started((host, port))``.
+    """Serve pushed ops on ``host`` (a free port); ``task_status.started(address)``, the
+    address to push to (``"<key>@<host>:<port>"``, the key drawn here).
 
     ``find(run_id)`` returns the attempt running the run here (an object with ``async
     apply(op) -> OpAnswer``) or None.
     """
+    key = secrets.token_urlsafe(24)
 
     async def handle(stream: trio.SocketStream) -> None:
         # One bad or slow peer must never take the listener down: every failure is its
@@ -66,6 +77,12 @@ async def serve_ops(
         try:
             with trio.move_on_after(30):
                 request = json.loads(await _read_line(stream))
+                given = request.get("key") if isinstance(request, dict) else None
+                if not (isinstance(given, str) and hmac.compare_digest(given, key)):
+                    log.warning("a pushed op without this worker's key was refused")
+                    answer = OpAnswer(ok=True, pending=True, message="no attempt of the run here")
+                    await stream.send_all(json.dumps(dataclasses.asdict(answer)).encode() + b"\n")
+                    return
                 op = SteeringOp(**request["op"])
                 attempt = find(str(request["run_id"]))
                 if attempt is None:
@@ -95,11 +112,20 @@ async def serve_ops(
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, handle, listeners)
-        task_status.started((host, port))
+        task_status.started(f"{key}@{host}:{port}")
 
 
-def _request_line(run_id: str, op: SteeringOp) -> bytes:
-    return json.dumps({"run_id": run_id, "op": dataclasses.asdict(op)}).encode() + b"\n"
+def _place(address: str) -> tuple[str, str, int]:
+    """``(key, host, port)`` of an address (an address of an earlier version, with no
+    key, has an empty one)."""
+    key, _, place = address.rpartition("@")
+    host, _, port = place.rpartition(":")
+    return key, host, int(port)
+
+
+def _request_line(run_id: str, key: str, op: SteeringOp) -> bytes:
+    request = {"run_id": run_id, "key": key, "op": dataclasses.asdict(op)}
+    return json.dumps(request).encode() + b"\n"
 
 
 def _answer(line: bytes) -> OpAnswer:
@@ -116,10 +142,10 @@ async def push_op_here(address: str, run_id: str, op: SteeringOp) -> OpAnswer:
         OSError: the attempt's worker is unreachable.
         ValueError: its answer was not an op answer.
     """
-    host, _, port = address.rpartition(":")
-    stream = await trio.open_tcp_stream(host, int(port))
+    key, host, port = _place(address)
+    stream = await trio.open_tcp_stream(host, port)
     async with stream:
-        await stream.send_all(_request_line(run_id, op))
+        await stream.send_all(_request_line(run_id, key, op))
         try:
             return _answer(await _read_line(stream))
         except (TypeError, KeyError) as exc:
@@ -127,16 +153,17 @@ async def push_op_here(address: str, run_id: str, op: SteeringOp) -> OpAnswer:
 
 
 async def push_op(address: str, run_id: str, op: SteeringOp) -> OpAnswer:
-    """Send ``op`` to the attempt at ``address`` (``"host:port"``) and return its answer.
+    """Send ``op`` to the attempt at ``address`` (``"<key>@<host>:<port>"``, as
+    :func:`serve_ops` gave it) and return its answer.
 
     Raises:
         OSError: the attempt's worker is unreachable (it died: a later attempt catches
             up with the op from the workflow's history).
     """
-    host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    key, host, port = _place(address)
+    reader, writer = await asyncio.open_connection(host, port)
     try:
-        writer.write(_request_line(run_id, op))
+        writer.write(_request_line(run_id, key, op))
         await writer.drain()
         answer = await reader.readline()
     finally:

@@ -117,8 +117,7 @@ class _TrioThread:
     async def _serve(self) -> None:
         with trio.CancelScope() as self._stop:
             async with trio.open_nursery() as nursery:
-                host, port = await nursery.start(serve_ops, self.attempts.get, self._host)
-                self.address = f"{host}:{port}"
+                self.address = await nursery.start(serve_ops, self.attempts.get, self._host)
                 self._token = trio.lowlevel.current_trio_token()
                 self._nursery = nursery
                 self._ready.set()
@@ -604,8 +603,7 @@ async def serve_worker(
     loop = AsyncioLoop("trio-agents-worker")
     async with trio.open_nursery() as attempts:
         here = _TrioHere(attempts, host)
-        listen, port = await attempts.start(serve_ops, here.attempts.get, host)
-        here.address = f"{listen}:{port}"
+        here.address = await attempts.start(serve_ops, here.attempts.get, host)
         await trio.to_thread.run_sync(loop.start)
         try:
             client = await loop.call(lambda: Client.connect(target, namespace=namespace))

@@ -27,8 +27,7 @@ class Attempt:
 async def test_an_op_that_raises_is_answered_internal_and_the_listener_stays() -> None:
     attempt = Attempt()
     async with trio.open_nursery() as nursery:
-        host, port = await nursery.start(serve_ops, lambda run_id: attempt, "127.0.0.1")
-        address = f"{host}:{port}"
+        address = await nursery.start(serve_ops, lambda run_id: attempt, "127.0.0.1")
         answer = await push_op_here(address, "r1", SteeringOp(op="approve", target="c1"))
         assert not answer.ok
         assert answer.code == "internal"
@@ -39,4 +38,32 @@ async def test_an_op_that_raises_is_answered_internal_and_the_listener_stays() -
         assert answer.ok
         assert answer.injection_id == "inj-1"
         assert attempt.applied == ["approve", "inject"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_op_without_the_workers_key_steers_nothing() -> None:
+    """The listener is reachable from other machines: only a push with the key its
+    address holds (kept in the workflow's history and the shared store) is applied;
+    anything else is answered as if no attempt of the run were here."""
+    attempt = Attempt()
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(serve_ops, lambda run_id: attempt, "127.0.0.1")
+        key, _, place = address.rpartition("@")
+        assert len(key) >= 32
+        inject = SteeringOp(op="inject", items=[])
+        for forged in (place, f"wrong{key}@{place}", f"@{place}", f"{key[:-1]}@{place}"):
+            answer = await push_op_here(forged, "r1", inject)
+            assert answer.ok
+            assert answer.pending
+        # A request that is no JSON object, or one with no key field at all.
+        host, _, port = place.rpartition(":")
+        for line in (b"[1, 2]\n", b'{"run_id": "r1", "op": {"op": "inject"}}\n'):
+            stream = await trio.open_tcp_stream(host, int(port))
+            async with stream:
+                await stream.send_all(line)
+                said = await stream.receive_some()
+            assert b'"pending": true' in said
+        assert attempt.applied == []
+        assert (await push_op_here(address, "r1", inject)).injection_id == "inj-1"
+        assert attempt.applied == ["inject"]
         nursery.cancel_scope.cancel()

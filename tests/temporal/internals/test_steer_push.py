@@ -89,8 +89,7 @@ async def test_an_op_for_an_attempt_of_another_worker_goes_over_the_loopback_pus
     try:
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
-                host, port = await nursery.start(serve_ops, runs.get, "127.0.0.1")
-                address = f"{host}:{port}"
+                address = await nursery.start(serve_ops, runs.get, "127.0.0.1")
                 op = SteeringOp(op="inject", items=[{"role": "user", "content": "psst"}])
 
                 async def both() -> tuple[OpAnswer, OpAnswer]:
