@@ -68,6 +68,9 @@ _T = TypeVar("_T")
 # histories checks its determinism, as for any workflow.
 _RUNNER: Final = UnsandboxedWorkflowRunner()
 _STICKY_TIMEOUT: Final = timedelta(seconds=1)
+# A push to another worker's attempt: connect, apply, answer (the workflow gives its
+# local activity 10 s).
+_PUSH_BOUND: Final = 5.0
 log = logging.getLogger("trio_agents.temporal")
 # How long a tool call waits for the store to record that it starts (the store failing).
 _RECORD_CALL_PATIENCE: Final = 30.0
@@ -243,12 +246,18 @@ class _Activities:
         try:
             if address == self._trio.address:
                 return await self._apply_here(run_id, op)
-            return await push_op(address, run_id, op)
-        except OSError as exc:
-            # The attempt's worker is gone: the op stays recorded, and the next attempt
-            # applies it from its catch-up.
+            # Bounded below the activity's own timeout: a frozen worker's kernel still
+            # accepts the connection, and an activity that timed out would fail the
+            # update (the client told the run is closed) instead of answering pending.
+            return await asyncio.wait_for(push_op(address, run_id, op), _PUSH_BOUND)
+        except (OSError, ValueError) as exc:  # TimeoutError is an OSError
+            # The attempt's worker is gone, frozen or garbled: the op stays recorded, and
+            # the workflow waits for where the run goes next (an attempt's catch-up
+            # applies it there).
             return OpAnswer(
-                ok=True, pending=True, message=f"recorded; the attempt is unreachable ({exc})"
+                ok=True,
+                pending=True,
+                message=f"recorded; the attempt is unreachable ({exc!r})",
             )
 
     async def _apply_here(self, run_id: str, op: SteeringOp) -> OpAnswer:

@@ -4,8 +4,14 @@ raises must be answered (``internal``), never take the listener, or the worker, 
 
 from __future__ import annotations
 
+import asyncio
+import socket
+from types import SimpleNamespace
+
+import pytest
 import trio
 
+from trio_agents.temporal import _trio_worker
 from trio_agents.temporal._push import push_op_here, serve_ops
 from trio_agents.temporal._types import OpAnswer, SteeringOp
 
@@ -67,3 +73,27 @@ async def test_an_op_without_the_workers_key_steers_nothing() -> None:
         assert (await push_op_here(address, "r1", inject)).injection_id == "inj-1"
         assert attempt.applied == ["inject"]
         nursery.cancel_scope.cancel()
+
+
+def test_a_push_to_a_frozen_worker_answers_pending_within_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A frozen worker's kernel still completes the connection (its listen backlog) but
+    nothing answers: the update's push gives up within its bound, below the local
+    activity's timeout, and answers pending (the op stays recorded for where the run
+    goes next) rather than failing the update."""
+    monkeypatch.setattr(_trio_worker, "_PUSH_BOUND", 0.2)
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)  # never accepted, never answered
+    port = frozen.getsockname()[1]
+    activities = _trio_worker._Activities({}, None, SimpleNamespace(address="k@elsewhere:1"), None)  # type: ignore[arg-type]
+    try:
+        answer = asyncio.run(
+            activities.push(f"key@127.0.0.1:{port}", "r1", SteeringOp(op="inject", items=[]))
+        )
+    finally:
+        frozen.close()
+    assert answer.ok
+    assert answer.pending
+    assert "unreachable" in (answer.message or "")
