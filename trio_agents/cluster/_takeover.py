@@ -417,9 +417,9 @@ class Leases:
         interval = node.lease_ttl / 3
         started = False
         while True:
-            # A period from start to start, whatever a beat took: a beat that lasted
-            # 0.3 s does not send the next one 0.3 s later (on a loaded machine two
-            # such beats in a row left the watchdog no renewal within its 0.8 T).
+            # A period from start to start, whatever a beat took: a slow beat does not
+            # push the next one back by its own length (on a loaded machine, two beats
+            # of a few hundred ms in a row left a 1 s lease no renewal within 0.8 T).
             due = trio.current_time() + interval
             try:
                 async with self.lock:
