@@ -14,9 +14,11 @@ import json
 from typing import Any
 
 import psycopg
+import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.cluster_internals import until
 from tests.support.cluster_nodes import (
     BOUND,
     POLL,
@@ -248,6 +250,49 @@ async def test_a_run_row_locked_longer_than_the_lease_does_not_cost_its_node_the
             finally:
                 await trio.to_thread.run_sync(conn.rollback)
                 await trio.to_thread.run_sync(conn.close)
+            assert leases.fenced == 0
+            model.holds["held"].set()
+            done = await ca.wait_terminal(run_id)
+    assert done["event"]["status"] == "completed", done
+    row = await row_of(pg_dsn, run_id)
+    assert (row["attempt"], row["owner"]) == (1, "A")
+
+
+async def test_a_renewal_slower_than_a_third_of_the_lease_does_not_cost_its_node_the_lease(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One heartbeat takes longer than ``lease_ttl / 3`` (its database or its process
+    busy) and renews well before the watchdog's ``0.8 * lease_ttl``: the node keeps its
+    runs (no "lease lost") and the run completes on its first attempt. (Such a beat was
+    cut at ``lease_ttl / 3`` and the next sent a third of the lease after that, past
+    the watchdog: on a loaded machine the node lost its runs to another node.)"""
+    model = GatedModel()
+    model.holds["held"] = trio.Event()
+    lease = 9.0  # the slow beat ends 2/3 of it in, leaving the renewal 0.13 of it
+    with trio.fail_after(BOUND):
+        async with nodes(model, pg_dsn, "A", lease_ttl=lease) as (a,), client(a.url) as ca:
+            run_id = await ca.start_run(agent="a", input="held", subscribe="all")
+            await ca.wait_status(run_id, "running")
+            leases = a.cluster._node.leases
+            connection = leases._connection
+            real = connection.call
+            slow_done = trio.Event()
+
+            async def slow_once(fn: Any) -> Any:
+                """The next beat's transaction starts a little over a third of the
+                lease after the beat did (the watchdog's moment is further off)."""
+                monkeypatch.setattr(connection, "call", real)
+                try:
+                    await trio.sleep_until(trio.current_time() + lease / 3 + 0.2)
+                    return await real(fn)
+                finally:
+                    slow_done.set()  # renewed, or cut short
+
+            monkeypatch.setattr(connection, "call", slow_once)
+            await slow_done.wait()
+            done_at = trio.current_time()
+            # The next beat's renewal, or the watchdog's verdict (nothing signals either).
+            await until(lambda: leases.renewed_at > done_at or leases.fenced > 0, lease)
             assert leases.fenced == 0
             model.holds["held"].set()
             done = await ca.wait_terminal(run_id)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -28,9 +28,11 @@ import trio_agents as ta
 from tests.support.cluster_nodes_processes import (
     BOUND,
     LEASE,
+    STEP,
     bounded_cluster,
     follow,
     start_on_first,
+    within,
 )
 from tests.support.process_cluster import (
     Cluster,
@@ -42,7 +44,9 @@ from tests.support.process_cluster import (
     items_of,
     open_cluster,
     owner_of,
+    poll_until,
     replay,
+    run_row,
     stored_items,
     wait_persisted,
 )
@@ -54,6 +58,13 @@ if TYPE_CHECKING:
 
 def tool_results(items: list[ta.Item]) -> dict[str, ta.ToolResult]:
     return {item.call_id: item for item in items if isinstance(item, ta.ToolResult)}
+
+
+async def owner_and_attempt(cluster: Cluster, run_id: str) -> tuple[str, int]:
+    """The node that owns the run now and its attempt, as the runs table says."""
+    assert cluster.dsn is not None
+    row = await trio.to_thread.run_sync(run_row, cluster.dsn, run_id)
+    return str(row["owner"]), int(row["attempt"])
 
 
 def other_than(cluster: Cluster, *nodes: str) -> Node:
@@ -161,15 +172,22 @@ async def test_kill_9_of_the_owner_awaiting_approval(pg_dsn: str) -> None:
     async with bounded_cluster(pg_dsn, 3, lease_ttl=LEASE) as (cluster, nursery):
         run = await start_on_first(cluster, "delete #ap", session_id="ap")
         await cluster.wait_executions(1, "model", "ap")
-        owner = await owner_of(cluster, run.id)
-        follower = await follow(nursery, cluster, run.id, owner)
+        first = await owner_of(cluster, run.id)
+        follower = await follow(nursery, cluster, run.id, first)
         await follower.wait_for(has_status(ta.RunStatus.AWAITING_APPROVAL))
-        await wait_persisted(cluster, other_than(cluster, owner), run.id, follower.next_seq - 1)
+        await wait_persisted(cluster, other_than(cluster, first), run.id, follower.next_seq - 1)
+        # The owner and attempt killed are the row's at the kill: on a loaded machine
+        # the first owner may have lost its lease already (its watchdog stopped the
+        # run, another node resumed it as attempt 2), and that attempt 2 is not the
+        # takeover this test waits for.
+        owner, attempt = await owner_and_attempt(cluster, run.id)
         await cluster.kill(owner)
-        resumed = await follower.wait_for(lambda e: is_resumed(e, 2))
-        waiting = await follower.wait_for(
-            lambda e: has_status(ta.RunStatus.AWAITING_APPROVAL)(e) and e.seq > resumed.seq
-        )
+        with within(STEP, f"no live node resumed {run.id} (attempt {attempt + 1}) after {owner}"):
+            resumed = await follower.wait_for(lambda e: is_resumed(e, attempt + 1))
+        with within(STEP, f"attempt {attempt + 1} of {run.id} never asked for approval again"):
+            waiting = await follower.wait_for(
+                lambda e: has_status(ta.RunStatus.AWAITING_APPROVAL)(e) and e.seq > resumed.seq
+            )
         assert isinstance(waiting, ta.RunUpdated)
         assert list(waiting.detail.get("pending", [])) == ["call_delete_1"]
         new_owner = await owner_of(cluster, run.id)
@@ -351,6 +369,36 @@ async def restarted_under_load(server: PostgresServer, dsn: str) -> None:
     print(f"starts refused while the database was away: {refused}")
 
 
+OUTAGE_LEASE: Final = 5.0
+"""The lease of the test that stops the database under a streaming owner: that owner
+must reach its gate and be killed before its watchdog gives the run up (``0.8 *`` the
+lease after its last renewal, which the outage stops); with the suite's 1 s lease, a
+loaded machine took longer than 0.8 s to stop the server and stream two deltas."""
+
+
+async def reach_gate(cluster: Cluster, owner: Node, gate: str, tag: str) -> None:
+    """Wait until ``owner``'s model reached ``gate`` for ``#tag`` (its record), failing
+    at once, saying so, if the owner gave its run up first (its ``lease lost``: the
+    database was away for longer than its watchdog allows), or, if neither comes, after
+    :data:`STEP` seconds, saying the owner stalled."""
+
+    def reached() -> bool:
+        return bool(cluster.executions(f"gate-{gate}", tag))
+
+    def gave_up() -> bool:
+        return any("lease lost" in line for line in owner.stderr)
+
+    stalled = f"{owner.node_id} neither reached its {gate!r} gate for #{tag} nor gave it up"
+    with within(STEP, stalled):
+        await poll_until(lambda: reached() or gave_up())
+    if not reached():
+        raise AssertionError(
+            f"{owner.node_id} gave #{tag} up (lease lost) before its model reached the"
+            f" {gate!r} gate: the database was away for longer than 0.8 x its lease"
+            f" ({cluster.lease_ttl} s) before it got there\n{owner.output()}"
+        )
+
+
 async def test_a_subscriber_on_the_owner_never_sees_events_the_log_then_rewrites(
     crashable_postgres: PostgresServer,
 ) -> None:
@@ -360,7 +408,7 @@ async def test_a_subscriber_on_the_owner_never_sees_events_the_log_then_rewrites
     server = crashable_postgres
     try:
         dsn = server.create_database()
-        async with bounded_cluster(dsn, 2, lease_ttl=LEASE) as (cluster, nursery):
+        async with bounded_cluster(dsn, 2, lease_ttl=OUTAGE_LEASE) as (cluster, nursery):
             first, _ = cluster.alive()
             async with cluster.client(first) as client:
                 run = await client.start("worker", "hold stream #od", session_id="od")
@@ -374,11 +422,12 @@ async def test_a_subscriber_on_the_owner_never_sees_events_the_log_then_rewrites
             cluster.open_gate("hold", "od")
             # The model streamed alpha and beta and waits at the next gate: those
             # deltas are in the owner's run, not in the database.
-            await cluster.wait_executions(1, "gate-stream", "od")
+            await reach_gate(cluster, owner, "stream", "od")
             await cluster.kill(owner)
             await trio.to_thread.run_sync(server.start_server)
             cluster.open_gate("stream", "od")
-            await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
+            with within(STEP, f"{other.node_id} did not take #od over and complete it"):
+                await follower.wait_for(has_status(ta.RunStatus.COMPLETED))
             log = await replay(cluster, other, run.id)
         follower.check()
         assert [e for e in log if is_resumed(e, 2)], log

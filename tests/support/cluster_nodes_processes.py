@@ -4,8 +4,8 @@ first node, and a :class:`~tests.support.process_cluster.Follower` started."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final
 
 import trio
@@ -13,10 +13,11 @@ import trio
 from tests.support.process_cluster import Cluster, Follower, Node, open_cluster
 from trio_agents.control import RemoteRun
 
-__all__ = ["BOUND", "LEASE", "bounded_cluster", "follow", "start_on_first"]
+__all__ = ["BOUND", "LEASE", "STEP", "bounded_cluster", "follow", "start_on_first", "within"]
 
 LEASE: Final = 1.0  # seconds: short, so that a takeover comes quickly
 BOUND: Final = 90.0  # a hang guard per test (a busy 2-core machine is slow, never this slow)
+STEP: Final = 30.0  # a hang guard for one awaited step of a test, well inside BOUND
 
 
 @asynccontextmanager
@@ -44,3 +45,14 @@ async def follow(
     follower = Follower(cluster, run_id)
     nursery.start_soon(follower.follow, first)
     return follower
+
+
+@contextmanager
+def within(seconds: float, stalled: str) -> Iterator[None]:
+    """A hang guard for one step of a test (never a measure): the block must end
+    within ``seconds``, else the test fails saying ``stalled`` (which side did not
+    do its part) rather than with the whole test's bare ``TooSlowError``."""
+    with trio.move_on_after(seconds) as scope:
+        yield
+    if scope.cancelled_caught:
+        raise AssertionError(f"stalled for {seconds:g} s: {stalled}")

@@ -385,10 +385,9 @@ class Leases:
         unreachable for most of ``lease_ttl``): before another node can take them over,
         never at the same time. Runs until cancelled."""
         node = self._node
-        margin = 0.8 * node.lease_ttl
         while True:
             renewed = self._renewed
-            with trio.move_on_at(self.renewed_at + margin):
+            with trio.move_on_at(self.give_up_at()):
                 await renewed.wait()
                 continue
             if node.db.dead:
@@ -408,18 +407,30 @@ class Leases:
         finally:
             await self._connection.aclose()
 
+    def give_up_at(self) -> float:
+        """When the watchdog stops this node's runs unless a heartbeat renews their
+        leases first: ``0.8 * lease_ttl`` after the last renewal was sent (Trio clock)."""
+        return self.renewed_at + 0.8 * self._node.lease_ttl
+
     async def _beat(self, task_status: trio.TaskStatus[None]) -> None:
         node = self._node
         interval = node.lease_ttl / 3
         started = False
         while True:
+            # A period from start to start, whatever a beat took: a slow beat does not
+            # push the next one back by its own length (on a loaded machine, two beats
+            # of a few hundred ms in a row left a 1 s lease no renewal within 0.8 T).
+            due = trio.current_time() + interval
             try:
                 async with self.lock:
                     if self.stopped:
                         return
-                    # Bounded: a heartbeat waiting for a lock fails and is retried
-                    # (its lock and statement timeouts are capped by this deadline).
-                    with trio.move_on_after(interval):
+                    # Bounded, by the watchdog's moment (one interval at least): a slow
+                    # beat (the database or this process busy, a lock waited for) that
+                    # renews before the watchdog gives the runs up still counts; cut at
+                    # one interval it failed, and the next came too late (its lock and
+                    # statement timeouts are capped by this deadline).
+                    with trio.move_on_at(max(self.give_up_at(), trio.current_time() + interval)):
                         await self.heartbeat()
                 if not started and self.renewed_at > 0:
                     started = True
@@ -428,7 +439,7 @@ class Leases:
                 if node.db.dead:
                     return
                 logger.warning("cluster heartbeat failed; retrying", exc_info=True)
-            await trio.sleep(interval)  # a period, not a synchronisation
+            await trio.sleep_until(due)  # a period, not a synchronisation
 
     async def _scans(self) -> None:
         node = self._node
