@@ -55,6 +55,9 @@ CallBarrier: TypeAlias = Callable[[str, int], Awaitable[None]]
 tool runs (the run's ``before_tool`` option); raising keeps the tool from running."""
 
 
+# How long a decision for a resumed child waits for the child to ask again (below the
+# push's own bound).
+_SETTLE_BOUND: Final = 3.0
 _WHEN: Final[dict[str, InjectWhen]] = {
     "next_turn": "next_turn",
     "now": "now",
@@ -217,7 +220,12 @@ class Attempt:
                 and op.node in self._resumed_nodes
                 and (node is None or op.target not in node.statistics().pending_approvals)
             ):
-                await _settle_node(run, op.node)
+                # Bounded: a decision for a call the child no longer waits for (a
+                # second click, an id already decided) must not wait for the child's
+                # next event, which a long tool call delays; answered from the
+                # child's state then (not_found).
+                with trio.move_on_after(_SETTLE_BOUND):
+                    await _settle_node(run, op.node)
                 node = run.find(op.node)
             if node is None:
                 return OpAnswer(ok=False, code="not_found", message=f"no run {op.node!r} here")

@@ -12,7 +12,9 @@ import pytest
 import trio
 
 import trio_agents as ta
+from tests.support.core_trees import researcher, root_calling, tool_turn
 from trio_agents.models import ScriptedModel, Turn
+from trio_agents.temporal import _activity
 from trio_agents.temporal._activity import Attempt
 from trio_agents.temporal._types import SteeringOp
 
@@ -71,3 +73,41 @@ async def test_a_recorded_op_pushed_twice_is_applied_once(autojump_clock: Any) -
     ]
     assert sum("psst" in text for text in texts) == 3, texts
     assert sum("other" in text for text in texts) == 1, texts
+
+
+async def test_a_stale_decision_for_a_resumed_child_is_answered_within_a_bound(
+    autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision for a child of a resumed tree waits until that child has asked for its
+    left-open calls again; one for a call the child does not wait for (a second click,
+    an id already decided) must not wait for the child's next event, which a long tool
+    call holds back: answered ``not_found`` within the bound. (The child here settles
+    never: a resumed child re-running an idempotent tool emits no event until it ends.)"""
+
+    async def never(root: ta.Run, node_id: str) -> None:
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(_activity, "_settle_node", never)
+    gate = trio.Event()
+
+    @ta.function_tool
+    async def long_tool() -> str:
+        """Works for a long time."""
+        await gate.wait()
+        return "done"
+
+    child = researcher("child", tool_turn(("long_tool", {})), "child done", tools=[long_tool])
+    attempt = Attempt("root")
+    async with ta.open_run(root_calling(child), "go") as run:
+        await trio.sleep(1)
+        (child_run,) = run.children
+        attempt.started(run)
+        # The root has settled (it asked its model again); the child is in its tool.
+        attempt.resuming(frozenset({child_run.id})).set()
+        op = SteeringOp(op="approve", target="call_nope", node=child_run.id)
+        started = trio.current_time()
+        with trio.fail_after(60):
+            answer = await attempt.apply(op)
+        assert (answer.ok, answer.code) == (False, "not_found")
+        assert trio.current_time() - started <= 5
+        gate.set()
