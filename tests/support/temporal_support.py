@@ -25,8 +25,9 @@ import pytest
 import trio
 from temporalio.client import Client
 
-from trio_agents import Agent
+from trio_agents import Agent, function_tool
 from trio_agents.hosting import HostedEvent, Limits, RunHost
+from trio_agents.models import ScriptedModel, Turn
 
 if TYPE_CHECKING:
     from trio_agents.temporal import TemporalHost
@@ -273,3 +274,26 @@ def assert_resumed_once(seen: Sequence[HostedEvent]) -> None:
     assert resumed
     assert resumed[0]["attempt"] == 2
     assert sum(event.event["type"] == "tool.started" for event in seen) == 1
+
+
+@attrs.define
+class GatedAgent:
+    """One agent, ``"a"``, whose model calls the tool ``wait``, which sets ``called``
+    and waits for ``gate``, then answers "ok": a run held in its tool while a test
+    steers it."""
+
+    called: trio.Event = attrs.field(factory=trio.Event)
+    gate: trio.Event = attrs.field(factory=trio.Event)
+    model: ScriptedModel = attrs.field(init=False)
+    agents: dict[str, Agent] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        @function_tool
+        async def wait() -> str:
+            """Wait for the gate."""
+            self.called.set()
+            await self.gate.wait()
+            return "released"
+
+        self.model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default=Turn(text="ok"))
+        self.agents = {"a": Agent(name="a", instructions="test", model=self.model, tools=[wait])}

@@ -12,9 +12,8 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.temporal_support import embedded_temporal_host
+from tests.support.temporal_support import GatedAgent, embedded_temporal_host
 from trio_agents.hosting import HostError, Limits, Origin, StartRequest
-from trio_agents.models import ScriptedModel, Turn
 
 LIMITS = Limits(start_rate=1_000, start_burst=1_000, max_runs_per_principal=1_000)
 ALICE = Origin(principal="alice")
@@ -23,17 +22,8 @@ ALICE = Origin(principal="alice")
 async def test_a_run_started_here_is_steered_without_reading_its_root_from_the_store(
     temporal_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    called, gate = trio.Event(), trio.Event()
-
-    @ta.function_tool
-    async def wait() -> str:
-        """Wait for the gate."""
-        called.set()
-        await gate.wait()
-        return "released"
-
-    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default=Turn(text="ok"))
-    agents = {"a": ta.Agent(name="a", instructions="test", model=model, tools=[wait])}
+    gated = GatedAgent()
+    called, gate, agents = gated.called, gated.gate, gated.agents
     start = StartRequest(agent="a", input=(ta.UserMessage("go"),))
     read: list[str] = []
     with trio.fail_after(90):

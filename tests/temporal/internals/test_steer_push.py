@@ -19,9 +19,8 @@ import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.temporal_support import embedded_temporal_host, until_event
+from tests.support.temporal_support import GatedAgent, embedded_temporal_host, until_event
 from trio_agents.hosting import Limits, Origin, StartRequest
-from trio_agents.models import ScriptedModel, Turn
 from trio_agents.temporal import _trio_worker, _types
 from trio_agents.temporal._asyncio_loop import AsyncioLoop
 from trio_agents.temporal._push import push_op, serve_ops
@@ -41,17 +40,8 @@ async def test_an_op_for_an_attempt_of_this_worker_is_applied_without_the_loopba
     # Were the push to go over loopback, the op would answer "recorded, the attempt is
     # unreachable" (pending) and the injection id would be the host's "pending-<n>".
     monkeypatch.setattr(_trio_worker, "push_op", unreachable)
-    called, gate = trio.Event(), trio.Event()
-
-    @ta.function_tool
-    async def wait() -> str:
-        """Wait for the gate."""
-        called.set()
-        await gate.wait()
-        return "released"
-
-    model = ScriptedModel([Turn(tool_calls=[("wait", {})])], default=Turn(text="ok"))
-    agents = {"a": ta.Agent(name="a", instructions="test", model=model, tools=[wait])}
+    gated = GatedAgent()
+    called, gate, model, agents = gated.called, gated.gate, gated.model, gated.agents
     start = StartRequest(agent="a", input=(ta.UserMessage("go"),))
     with trio.fail_after(90):
         async with embedded_temporal_host(
