@@ -47,6 +47,12 @@ def _text(value: str) -> str:
     a lone surrogate would make every later request of the conversation fail to encode.
     A value that is not a str is left for the field's validator to refuse.
     """
+    if type(value) is str and value.isascii():
+        # Clean already (ASCII has no surrogate): every item's text passes here, and
+        # this is one call where clean_text's path is three.
+        return value
+    if value is None:  # an optional field left out (rejected_by, ...)
+        return None
     return clean_text(value) if isinstance(value, str) else value
 
 

@@ -77,17 +77,24 @@ async def repair(
     """Run the repair steps under ``deadline``; return the result to publish."""
     if not state.input_committed:
         await _step("record_input", verdict, _record_input(state), deadline)
-    _sync_step("keep_partial_text", verdict, state.keep_partial_text)
+    # A step with nothing to do is not entered (no closure, no guard): in a cancelled
+    # tree most nodes have no partial text, no leftovers and nothing held, and each
+    # step's closure and guard cost every node of it (benchmark B8).
+    if state.partial_text:
+        _sync_step("keep_partial_text", verdict, state.keep_partial_text)
+    else:
+        state.partial_text = None
     parked = verdict.status is RunStatus.AWAITING_APPROVAL
-    if not parked:
+    if not parked and (state.open_calls or state.hooks is not None):
         _sync_step("close_open_calls", verdict, lambda: _close_open_calls(state, verdict))
     if state.holds:
         _sync_step("mark_rejected", verdict, lambda: state.mark_held(_tripped(verdict)))
-    _sync_step(
-        "return_leftovers",
-        verdict,
-        lambda: announce(state, [i for i in leftovers if not i.announced]),
-    )
+    if leftovers:
+        _sync_step(
+            "return_leftovers",
+            verdict,
+            lambda: announce(state, [i for i in leftovers if not i.announced]),
+        )
     if state.session is not None:
         await _step("write_session", verdict, state.persist(), deadline)
     if parked and verdict.status is not RunStatus.AWAITING_APPROVAL:

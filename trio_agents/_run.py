@@ -848,8 +848,9 @@ class Run:
         state = self._state
         if not state.input_committed:
             self._attach_session()  # stopped before it began: it still records its input
-        self._approvals.close(verdict.status.value)
-        leftovers = self._inbox.close(verdict.status.value)
+        ended = verdict.status.value  # an enum's .value is a Python property: read once
+        self._approvals.close(ended)
+        leftovers = self._inbox.close(ended)
         budgets = state.budgets
         if budgets and budgets[0].owner is self:
             verdict.detail["limits"] = budgets[0].report()  # for a budget bar
