@@ -742,34 +742,34 @@ class Run:
                     await self._claim.wait()  # queued behind the session's active run
                 self._attach_session()
                 self._live = True
-                try:
-                    self._on_injected()  # what was injected while the run was queued
-                    if wrap_up_at is None and not self._side_tasks:
-                        outcome = await drive(
-                            self._state,
-                            self._inbox,
-                            self._approvals,
-                            self._stop_requested,
-                            self._call_soon,
-                        )
-                    else:
-                        outcome = await self._drive_with_tasks(wrap_up_at)
-                finally:
-                    self._live = False
+                self._on_injected()  # what was injected while the run was queued
+                if wrap_up_at is None and not self._side_tasks:
+                    outcome = await drive(
+                        self._state,
+                        self._inbox,
+                        self._approvals,
+                        self._stop_requested,
+                        self._call_soon,
+                    )
+                else:
+                    outcome = await self._drive_with_tasks(wrap_up_at)
         except BaseException as exc:
             escaped = exc
+        # Not in a finally around the turns: nothing runs between the scope's exit and
+        # here, and on CPython 3.11 every exception handler a trio.Cancelled enters costs
+        # two Python calls (its class's ABCMeta.__subclasscheck__, as the exception is
+        # normalized), per run of a cancelled tree (B8).
+        self._live = False
         deadline = trio.current_time() + self._options.cleanup_timeout
         await self._finish(self._verdict(outcome, escaped), deadline)
-        signals = _signals(escaped)
-        # Not held by this frame once it raises: the traceback holds the frame, and a
-        # frame holding its own exception is a reference cycle, left (with the run's
-        # frames and everything they hold) to the garbage collector (B8).
+        # What must propagate is raised from a list, not a local: the traceback holds
+        # this frame, and a frame holding its own exception is a reference cycle, left
+        # (with the run's frames and everything they hold) to the garbage collector
+        # (B8); a try/finally dropping the local would be two more handlers entered.
+        signals = [_signals(escaped)]
         escaped = None
-        if signals is not None:
-            try:
-                raise signals  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
-            finally:
-                signals = None
+        if signals[0] is not None:
+            raise signals.pop()  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
 
     async def _drive_with_tasks(self, wrap_up_at: float | None) -> Outcome:
         """The turn loop in a nursery for the run's side tasks: guardrails that run
