@@ -58,7 +58,8 @@ def _text(value: str) -> str:
 
 def _str_field(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if not isinstance(value, str):
+        # type() first: a plain str (every item's text) is checked with no call.
+        if type(value) is not str and not isinstance(value, str):
             raise TypeError(f"{name} must be a str, not {type(value).__name__}")
 
     return check
@@ -66,7 +67,7 @@ def _str_field(name: str) -> Any:
 
 def _nonempty_str_field(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if not isinstance(value, str):
+        if type(value) is not str and not isinstance(value, str):
             raise TypeError(f"{name} must be a str, not {type(value).__name__}")
         if not value:
             raise ValueError(f"{name} must not be empty")

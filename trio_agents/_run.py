@@ -945,7 +945,9 @@ def _signals(exc: BaseException | None) -> BaseException | None:
     """What of ``exc`` must propagate: its Cancelled (which, having escaped the run's
     scope, belongs to an outer one) and KeyboardInterrupt-like parts. Its real errors
     are the run's failure, reported in the result, never raised."""
-    if exc is None or isinstance(exc, Exception):
+    if exc is None or type(exc) is trio.Cancelled:  # type(): Cancelled is final
+        return exc
+    if isinstance(exc, Exception):
         return None
     if isinstance(exc, BaseExceptionGroup):
         return exc.split(Exception)[1]

@@ -63,7 +63,9 @@ def _clean_value(value: Any) -> Any:
         return value if value.isascii() else clean_text(value)
     if kind is dict:
         return {
-            key if type(key) is str and key.isascii() else _clean_key(key): _clean_value(item)
+            key if type(key) is str and key.isascii() else _clean_key(key): (
+                item if type(item) is str and item.isascii() else _clean_value(item)
+            )
             for key, item in value.items()
         }
     if isinstance(value, str):
