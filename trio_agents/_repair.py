@@ -104,7 +104,7 @@ async def repair(
         if state.session is not None:
             await _step("write_session", verdict, state.persist(), deadline)
     result = build_result(state, verdict, leftovers)
-    if not await _end_hooks(state, result, deadline, verdict):
+    if state.hooks is not None and not await _end_hooks(state, result, deadline, verdict):
         # Only hooks were cut short: the repair itself was written, the status stands.
         verdict.detail["cleanup_timed_out"] = True
     return result
