@@ -280,6 +280,13 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         help="bound on the graceful shutdown after Ctrl-C or SIGTERM (default 10)",
     )
     serve.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="keep the objects made at start-up in the garbage collector's full passes"
+        " (by default they are frozen once the server listens: gc.freeze())",
+    )
+    serve.add_argument(
         "--max-run-limits",
         metavar="NAME=VALUE,...",
         type=_run_limits,
