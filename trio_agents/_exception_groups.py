@@ -17,10 +17,7 @@ def only_cancelled(exc: BaseException) -> bool:
     if type(exc) is trio.Cancelled:
         return True
     if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            if not only_cancelled(inner):
-                return False
-        return True
+        return all(only_cancelled(inner) for inner in exc.exceptions)
     return False
 
 

@@ -51,8 +51,6 @@ def _text(value: str) -> str:
         # Clean already (ASCII has no surrogate): every item's text passes here, and
         # this is one call where clean_text's path is three.
         return value
-    if value is None:  # an optional field left out (rejected_by, ...)
-        return None
     return clean_text(value) if isinstance(value, str) else value
 
 

@@ -38,10 +38,10 @@ class EventLog:
     __slots__ = (
         "_buffer",
         "_closed",
-        "_size",
         "_lot",
         "_parked",
         "_retention",
+        "_size",
         "_start",
         "_statuses",
         "feed",

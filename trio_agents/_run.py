@@ -766,9 +766,9 @@ class Run:
         # this frame, and a frame holding its own exception is a reference cycle, left
         # (with the run's frames and everything they hold) to the garbage collector
         # (B8); a try/finally dropping the local would be two more handlers entered.
-        signals = [_signals(escaped)]
+        signals = _signals(escaped)
         escaped = None
-        if signals[0] is not None:
+        if signals:
             raise signals.pop()  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
 
     async def _drive_with_tasks(self, wrap_up_at: float | None) -> Outcome:
@@ -941,14 +941,18 @@ def _uuid4_hex() -> str:
     return f"{int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET:032x}"
 
 
-def _signals(exc: BaseException | None) -> BaseException | None:
-    """What of ``exc`` must propagate: its Cancelled (which, having escaped the run's
-    scope, belongs to an outer one) and KeyboardInterrupt-like parts. Its real errors
-    are the run's failure, reported in the result, never raised."""
-    if exc is None or type(exc) is trio.Cancelled:  # type(): Cancelled is final
-        return exc
+def _signals(exc: BaseException | None) -> list[BaseException]:
+    """What of ``exc`` must propagate (in a list: empty, or the one exception to raise):
+    its Cancelled (which, having escaped the run's scope, belongs to an outer one) and
+    KeyboardInterrupt-like parts. Its real errors are the run's failure, reported in
+    the result, never raised."""
+    if exc is None:
+        return []
+    if type(exc) is trio.Cancelled:  # type(), not isinstance(): Cancelled is final
+        return [exc]
     if isinstance(exc, Exception):
-        return None
+        return []
     if isinstance(exc, BaseExceptionGroup):
-        return exc.split(Exception)[1]
-    return exc
+        rest = exc.split(Exception)[1]
+        return [] if rest is None else [rest]
+    return [exc]
