@@ -243,7 +243,7 @@ async def _resume_for(
 async def _close_session(child: Run) -> None:
     """Close the session made for the child (``with_id``), bounded, whatever happened."""
     aclose = getattr(child.session, "aclose", None)
-    if not child._session_made or aclose is None:
+    if not _session_to_close(child) or aclose is None:
         return
     with trio.CancelScope(shield=True) as scope:
         scope.deadline = trio.current_time() + child._options.cleanup_timeout
@@ -254,6 +254,11 @@ async def _close_session(child: Run) -> None:
             logger.exception("closing the session of child run %s failed", child.id)
 
 
+def _session_to_close(child: Run) -> bool:
+    """Whether a session was made for ``child`` (``with_id``), to close after it."""
+    return child._session_made
+
+
 def _ended_first() -> bool:
     """Right after a child's terminal update (no checkpoint since): was the calling run
     not cancelled yet? (-inf: some scope around this call was cancelled.)"""
@@ -262,10 +267,11 @@ def _ended_first() -> bool:
 
 async def serve_child(child: Run) -> RunResult:
     """Run ``child`` in the calling task (the parent's tool call) to its end."""
-    if child._session_made:
+    served = child._serve(direct=True)
+    if _session_to_close(child):
         ended_first = False
         try:
-            await child._serve(direct=True)
+            await served
             ended_first = _ended_first()
         finally:
             await _close_session(child)
@@ -273,7 +279,7 @@ async def serve_child(child: Run) -> RunResult:
         # No session to close (most children): no try/finally either, which the
         # Cancelled of a cancelled tree would enter (on CPython 3.11 each handler a
         # trio.Cancelled enters costs two Python calls, per child: benchmark B8).
-        await child._serve(direct=True)
+        await served
         ended_first = _ended_first()
     if not ended_first:
         # The cancel came while the child's shielded repair ran (its own verdict

@@ -207,12 +207,10 @@ def _tripped(verdict: Verdict) -> str | None:
 def _close_open_calls(state: RunState, verdict: Verdict) -> None:
     output = f"cancelled: {verdict.reason}"
     for open_call in list(state.open_calls.values()):
-        ctx = open_call.ctx
-        # Marked already when its call raised (_toolcalls._invoke): the flag is only
-        # ever set, so reading it without the lock is safe; a call whose tool is still
-        # running (a thread) is marked here.
-        if ctx is not None and not ctx._is_cancelled:
-            mark_cancelled(ctx)
+        # None once marked: when its call raised (_toolcalls._invoke), or never
+        # started. A call whose tool is still running (a thread) is marked here.
+        if open_call.ctx is not None:
+            mark_cancelled(open_call.ctx)
         result = ToolResult(open_call.call.call_id, output, status="cancelled")
         finish_call(state, open_call.call, result)
     hooks = state.hooks

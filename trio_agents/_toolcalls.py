@@ -232,6 +232,9 @@ async def _invoke(
                 # as" enters one more handler, two Python calls per call of a cancelled
                 # tree on CPython 3.11, B8.) Otherwise nothing cancelled this call.
                 if trio.current_effective_deadline() == -math.inf:
+                    # Marked: the repair, which closes this call (still open), need not
+                    # mark it again (a lock round-trip per open call of a cancelled tree).
+                    state.open_calls[call.call_id].ctx = None
                     raise
                 result = ToolResult(call.call_id, STRAY_CANCELLED, status="error")
             except BaseException as exc:
