@@ -243,7 +243,7 @@ async def _resume_for(
 async def _close_session(child: Run) -> None:
     """Close the session made for the child (``with_id``), bounded, whatever happened."""
     aclose = getattr(child.session, "aclose", None)
-    if not child._session_made or aclose is None:
+    if not _session_to_close(child) or aclose is None:
         return
     with trio.CancelScope(shield=True) as scope:
         scope.deadline = trio.current_time() + child._options.cleanup_timeout
@@ -254,16 +254,33 @@ async def _close_session(child: Run) -> None:
             logger.exception("closing the session of child run %s failed", child.id)
 
 
+def _session_to_close(child: Run) -> bool:
+    """Whether a session was made for ``child`` (``with_id``), to close after it."""
+    return child._session_made
+
+
+def _ended_first() -> bool:
+    """Right after a child's terminal update (no checkpoint since): was the calling run
+    not cancelled yet? (-inf: some scope around this call was cancelled.)"""
+    return trio.current_effective_deadline() != -math.inf
+
+
 async def serve_child(child: Run) -> RunResult:
     """Run ``child`` in the calling task (the parent's tool call) to its end."""
-    ended_first = False
-    try:
-        await child._serve(direct=True)
-        # Right after the child's terminal update (no checkpoint since): was the calling
-        # run cancelled already? -inf: some scope around this call was cancelled.
-        ended_first = trio.current_effective_deadline() != -math.inf
-    finally:
-        await _close_session(child)
+    served = child._serve(direct=True)
+    if _session_to_close(child):
+        ended_first = False
+        try:
+            await served
+            ended_first = _ended_first()
+        finally:
+            await _close_session(child)
+    else:
+        # No session to close (most children): no try/finally either, which the
+        # Cancelled of a cancelled tree would enter (on CPython 3.11 each handler a
+        # trio.Cancelled enters costs two Python calls, per child: benchmark B8).
+        await served
+        ended_first = _ended_first()
     if not ended_first:
         # The cancel came while the child's shielded repair ran (its own verdict
         # already given, so it returned rather than raising): the call still ends

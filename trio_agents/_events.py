@@ -93,6 +93,8 @@ _TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLE
 
 
 def _clean_str(value: Any) -> Any:
+    if type(value) is str and value.isascii():
+        return value  # clean already: one call, not clean_text's three
     return clean_text(value) if isinstance(value, str) else value
 
 

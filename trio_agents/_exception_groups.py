@@ -12,10 +12,12 @@ __all__ = ["first_leaf", "leaves", "only_cancelled"]
 
 def only_cancelled(exc: BaseException) -> bool:
     """Whether ``exc`` is a ``trio.Cancelled`` or a group (of groups) of nothing else."""
-    if isinstance(exc, trio.Cancelled):
+    # type(), not isinstance(): trio.Cancelled is final, and isinstance() of anything
+    # else (a group) goes through its ABCMeta.__instancecheck__, two Python calls.
+    if type(exc) is trio.Cancelled:
         return True
     if isinstance(exc, BaseExceptionGroup):
-        return all(only_cancelled(e) for e in exc.exceptions)
+        return all(only_cancelled(inner) for inner in exc.exceptions)
     return False
 
 

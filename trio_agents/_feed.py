@@ -28,12 +28,13 @@ __all__ = ["TreeCursor", "TreeFeed"]
 class TreeFeed:
     """Every event of one run tree, oldest first, the last ``retention`` of them."""
 
-    __slots__ = ("_base", "_events", "_lot", "_parents", "_parked", "_retention")
+    __slots__ = ("_base", "_end", "_events", "_lot", "_parents", "_parked", "_retention")
 
     def __init__(self, retention: int) -> None:
         self._retention = retention
         self._events: list[RunEvent] = []
         self._base = 0  # the position of _events[0] in the whole stream
+        self._end = 0  # _base + len(_events), kept: add() is called for every event
         # run id -> parent run id (None for the root): who is in whose subtree.
         self._parents: dict[str, str | None] = {}
         self._lot = trio.lowlevel.ParkingLot()
@@ -42,7 +43,7 @@ class TreeFeed:
     @property
     def end(self) -> int:
         """The position the next event will have."""
-        return self._base + len(self._events)
+        return self._end
 
     @property
     def first(self) -> int:
@@ -57,9 +58,10 @@ class TreeFeed:
         """Append an event (called by the logs of the tree, on the run's thread)."""
         events = self._events
         events.append(event)
-        if len(events) >= 2 * self._retention:
+        end = self._end = self._end + 1
+        if end - self._base >= 2 * self._retention:
             # Trim in chunks: one slice every `retention` events, not one per event.
-            drop = len(events) - self._retention
+            drop = end - self._base - self._retention
             del events[:drop]
             self._base += drop
         if self._parked:
@@ -88,7 +90,8 @@ class TreeFeed:
 
     def wake(self) -> None:
         """Wake every waiting reader (a run of the tree ended)."""
-        self._lot.unpark_all()
+        if self._parked:  # every run of a cancelled tree ends here: no call for nobody
+            self._lot.unpark_all()
 
 
 @final

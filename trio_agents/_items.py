@@ -47,12 +47,17 @@ def _text(value: str) -> str:
     a lone surrogate would make every later request of the conversation fail to encode.
     A value that is not a str is left for the field's validator to refuse.
     """
+    if type(value) is str and value.isascii():
+        # Clean already (ASCII has no surrogate): every item's text passes here, and
+        # this is one call where clean_text's path is three.
+        return value
     return clean_text(value) if isinstance(value, str) else value
 
 
 def _str_field(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if not isinstance(value, str):
+        # type() first: a plain str (every item's text) is checked with no call.
+        if type(value) is not str and not isinstance(value, str):
             raise TypeError(f"{name} must be a str, not {type(value).__name__}")
 
     return check
@@ -60,7 +65,7 @@ def _str_field(name: str) -> Any:
 
 def _nonempty_str_field(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if not isinstance(value, str):
+        if type(value) is not str and not isinstance(value, str):
             raise TypeError(f"{name} must be a str, not {type(value).__name__}")
         if not value:
             raise ValueError(f"{name} must not be empty")

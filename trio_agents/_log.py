@@ -41,6 +41,7 @@ class EventLog:
         "_lot",
         "_parked",
         "_retention",
+        "_size",
         "_start",
         "_statuses",
         "feed",
@@ -57,6 +58,9 @@ class EventLog:
         self._retention = retention
         # A short run emits about a dozen events: start small, grow by doubling.
         self._buffer: list[RunEvent | None] = [None] * min(retention, 16)
+        # len(self._buffer), kept: append() reads it twice per event (B8, a tree cancel,
+        # appends about 5 events per run).
+        self._size = len(self._buffer)
         # A resumed run (cluster takeover) continues the seqs of its earlier attempts.
         self._start = start_seq
         # The seq the next appended event must carry (a plain attribute: every event
@@ -92,10 +96,10 @@ class EventLog:
             raise RuntimeError("event log is closed")
         seq = self.next_seq
         assert event.seq == seq, (event.seq, seq)
-        buffer = self._buffer
-        if seq - self._start >= len(buffer) and len(buffer) < self._retention:
-            buffer = self._grow()
-        buffer[seq % len(buffer)] = event
+        buffer, size = self._buffer, self._size
+        if seq - self._start >= size and size < self._retention:
+            buffer, size = self._grow()
+        buffer[seq % size] = event
         self.next_seq = seq + 1
         if type(event) is RunUpdated:
             self._statuses.append(event)
@@ -105,13 +109,14 @@ class EventLog:
         if self.feed is not None:
             self.feed.add(event)
 
-    def _grow(self) -> list[RunEvent | None]:
-        old = self._buffer
-        new: list[RunEvent | None] = [None] * min(2 * len(old), self._retention)
-        for seq in range(max(self._start, self.next_seq - len(old)), self.next_seq):
-            new[seq % len(new)] = old[seq % len(old)]
-        self._buffer = new
-        return new
+    def _grow(self) -> tuple[list[RunEvent | None], int]:
+        old, old_size = self._buffer, self._size
+        size = min(2 * old_size, self._retention)
+        new: list[RunEvent | None] = [None] * size
+        for seq in range(max(self._start, self.next_seq - old_size), self.next_seq):
+            new[seq % size] = old[seq % old_size]
+        self._buffer, self._size = new, size
+        return new, size
 
     def close(self) -> None:
         """Mark the log finished (after the terminal event) and wake every reader."""
@@ -123,7 +128,7 @@ class EventLog:
 
     def get(self, seq: int) -> RunEvent:
         """Return the retained event with ``seq``."""
-        event = self._buffer[seq % len(self._buffer)]
+        event = self._buffer[seq % self._size]
         assert event is not None, seq
         assert event.seq == seq, (seq, event)
         return event

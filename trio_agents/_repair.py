@@ -77,17 +77,24 @@ async def repair(
     """Run the repair steps under ``deadline``; return the result to publish."""
     if not state.input_committed:
         await _step("record_input", verdict, _record_input(state), deadline)
-    _sync_step("keep_partial_text", verdict, state.keep_partial_text)
+    # A step with nothing to do is not entered (no closure, no guard): in a cancelled
+    # tree most nodes have no partial text, no leftovers and nothing held, and each
+    # step's closure and guard cost every node of it (benchmark B8).
+    if state.partial_text:
+        _sync_step("keep_partial_text", verdict, state.keep_partial_text)
+    else:
+        state.partial_text = None
     parked = verdict.status is RunStatus.AWAITING_APPROVAL
-    if not parked:
+    if not parked and (state.open_calls or state.hooks is not None):
         _sync_step("close_open_calls", verdict, lambda: _close_open_calls(state, verdict))
     if state.holds:
         _sync_step("mark_rejected", verdict, lambda: state.mark_held(_tripped(verdict)))
-    _sync_step(
-        "return_leftovers",
-        verdict,
-        lambda: announce(state, [i for i in leftovers if not i.announced]),
-    )
+    if leftovers:
+        _sync_step(
+            "return_leftovers",
+            verdict,
+            lambda: announce(state, [i for i in leftovers if not i.announced]),
+        )
     if state.session is not None:
         await _step("write_session", verdict, state.persist(), deadline)
     if parked and verdict.status is not RunStatus.AWAITING_APPROVAL:
@@ -97,7 +104,7 @@ async def repair(
         if state.session is not None:
             await _step("write_session", verdict, state.persist(), deadline)
     result = build_result(state, verdict, leftovers)
-    if not await _end_hooks(state, result, deadline, verdict):
+    if state.hooks is not None and not await _end_hooks(state, result, deadline, verdict):
         # Only hooks were cut short: the repair itself was written, the status stands.
         verdict.detail["cleanup_timed_out"] = True
     return result
@@ -200,6 +207,8 @@ def _tripped(verdict: Verdict) -> str | None:
 def _close_open_calls(state: RunState, verdict: Verdict) -> None:
     output = f"cancelled: {verdict.reason}"
     for open_call in list(state.open_calls.values()):
+        # None once marked: when its call raised (_toolcalls._invoke), or never
+        # started. A call whose tool is still running (a thread) is marked here.
         if open_call.ctx is not None:
             mark_cancelled(open_call.ctx)
         result = ToolResult(open_call.call.call_id, output, status="cancelled")

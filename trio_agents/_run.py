@@ -742,34 +742,34 @@ class Run:
                     await self._claim.wait()  # queued behind the session's active run
                 self._attach_session()
                 self._live = True
-                try:
-                    self._on_injected()  # what was injected while the run was queued
-                    if wrap_up_at is None and not self._side_tasks:
-                        outcome = await drive(
-                            self._state,
-                            self._inbox,
-                            self._approvals,
-                            self._stop_requested,
-                            self._call_soon,
-                        )
-                    else:
-                        outcome = await self._drive_with_tasks(wrap_up_at)
-                finally:
-                    self._live = False
+                self._on_injected()  # what was injected while the run was queued
+                if wrap_up_at is None and not self._side_tasks:
+                    outcome = await drive(
+                        self._state,
+                        self._inbox,
+                        self._approvals,
+                        self._stop_requested,
+                        self._call_soon,
+                    )
+                else:
+                    outcome = await self._drive_with_tasks(wrap_up_at)
         except BaseException as exc:
             escaped = exc
+        # Not in a finally around the turns: nothing runs between the scope's exit and
+        # here, and on CPython 3.11 every exception handler a trio.Cancelled enters costs
+        # two Python calls (its class's ABCMeta.__subclasscheck__, as the exception is
+        # normalized), per run of a cancelled tree (B8).
+        self._live = False
         deadline = trio.current_time() + self._options.cleanup_timeout
         await self._finish(self._verdict(outcome, escaped), deadline)
+        # What must propagate is raised from a list, not a local: the traceback holds
+        # this frame, and a frame holding its own exception is a reference cycle, left
+        # (with the run's frames and everything they hold) to the garbage collector
+        # (B8); a try/finally dropping the local would be two more handlers entered.
         signals = _signals(escaped)
-        # Not held by this frame once it raises: the traceback holds the frame, and a
-        # frame holding its own exception is a reference cycle, left (with the run's
-        # frames and everything they hold) to the garbage collector (B8).
         escaped = None
-        if signals is not None:
-            try:
-                raise signals  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
-            finally:
-                signals = None
+        if signals:
+            raise signals.pop()  # an outer Cancelled, KeyboardInterrupt, ...: never swallowed
 
     async def _drive_with_tasks(self, wrap_up_at: float | None) -> Outcome:
         """The turn loop in a nursery for the run's side tasks: guardrails that run
@@ -848,8 +848,9 @@ class Run:
         state = self._state
         if not state.input_committed:
             self._attach_session()  # stopped before it began: it still records its input
-        self._approvals.close(verdict.status.value)
-        leftovers = self._inbox.close(verdict.status.value)
+        ended = verdict.status.value  # an enum's .value is a Python property: read once
+        self._approvals.close(ended)
+        leftovers = self._inbox.close(ended)
         budgets = state.budgets
         if budgets and budgets[0].owner is self:
             verdict.detail["limits"] = budgets[0].report()  # for a budget bar
@@ -940,12 +941,18 @@ def _uuid4_hex() -> str:
     return f"{int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET:032x}"
 
 
-def _signals(exc: BaseException | None) -> BaseException | None:
-    """What of ``exc`` must propagate: its Cancelled (which, having escaped the run's
-    scope, belongs to an outer one) and KeyboardInterrupt-like parts. Its real errors
-    are the run's failure, reported in the result, never raised."""
-    if exc is None or isinstance(exc, Exception):
-        return None
+def _signals(exc: BaseException | None) -> list[BaseException]:
+    """What of ``exc`` must propagate (in a list: empty, or the one exception to raise):
+    its Cancelled (which, having escaped the run's scope, belongs to an outer one) and
+    KeyboardInterrupt-like parts. Its real errors are the run's failure, reported in
+    the result, never raised."""
+    if exc is None:
+        return []
+    if type(exc) is trio.Cancelled:  # type(), not isinstance(): Cancelled is final
+        return [exc]
+    if isinstance(exc, Exception):
+        return []
     if isinstance(exc, BaseExceptionGroup):
-        return exc.split(Exception)[1]
-    return exc
+        rest = exc.split(Exception)[1]
+        return [] if rest is None else [rest]
+    return [exc]

@@ -56,6 +56,18 @@ def clean_value(value: Any) -> Any:
 
 
 def _clean_value(value: Any) -> Any:
+    # Exact types first: a str or a dict is what a detail or a payload holds, and
+    # isinstance(x, Mapping) goes through ABCMeta.__instancecheck__ (two Python calls).
+    kind = type(value)
+    if kind is str:
+        return value if value.isascii() else clean_text(value)
+    if kind is dict:
+        return {
+            key if type(key) is str and key.isascii() else _clean_key(key): (
+                item if type(item) is str and item.isascii() else _clean_value(item)
+            )
+            for key, item in value.items()
+        }
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, Mapping):
@@ -68,6 +80,10 @@ def _clean_value(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_clean_value(item) for item in value)
     return value
+
+
+def _clean_key(key: Any) -> Any:
+    return clean_text(key) if isinstance(key, str) else key
 
 
 class TextJoiner:

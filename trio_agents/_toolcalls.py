@@ -222,9 +222,22 @@ async def _invoke(
                 else:
                     with timer:
                         value = await tool._start(args, kwargs, threads)
-            except BaseException as exc:
+            except trio.Cancelled:
                 # Whenever the call ends with an exception, its context says so first
                 # (what Tool.invoke does): a sync tool's abandoned thread polls it.
+                mark_cancelled(ctx)
+                # -inf: some scope around us (the run's) really is cancelled: it goes
+                # on up (the timeout's own cancellation never gets here: its scope
+                # catches it). (Its own clause, with no "as": a re-raise from an "except ...
+                # as" enters one more handler, two Python calls per call of a cancelled
+                # tree on CPython 3.11, B8.) Otherwise nothing cancelled this call.
+                if trio.current_effective_deadline() == -math.inf:
+                    # Marked: the repair, which closes this call (still open), need not
+                    # mark it again (a lock round-trip per open call of a cancelled tree).
+                    state.open_calls[call.call_id].ctx = None
+                    raise
+                result = ToolResult(call.call_id, STRAY_CANCELLED, status="error")
+            except BaseException as exc:
                 mark_cancelled(ctx)
                 failed = _failed(state, call, exc)
                 if failed is None:
@@ -318,14 +331,8 @@ async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> Tool
 
 
 def _failed(state: RunState, call: ToolCall, exc: BaseException) -> ToolResult | None:
-    """The result of a call whose tool raised ``exc``; None: ``exc`` must propagate."""
-    if isinstance(exc, trio.Cancelled):
-        # -inf: some scope around us (the run's) really is cancelled (the timeout's own
-        # cancellation never gets here: its scope catches it). Otherwise nothing
-        # cancelled this call: a stray Cancelled.
-        if trio.current_effective_deadline() != -math.inf:
-            return ToolResult(call.call_id, STRAY_CANCELLED, status="error")
-        return None
+    """The result of a call whose tool raised ``exc`` (never a ``trio.Cancelled``: see
+    :func:`_invoke`); None: ``exc`` must propagate."""
     if isinstance(exc, ToolArgumentsError):
         return ToolResult(call.call_id, str(exc), status="error")
     if isinstance(exc, Exception):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import trio
 
 import trio_agents as ta
@@ -22,6 +24,23 @@ def blocker() -> ta.Agent:
 
 
 AGENTS = {"blocker": blocker()}
+
+
+@ta.function_tool
+def frozen_objects() -> str:
+    """How many objects the server process has moved out of the collector's passes."""
+    return str(gc.get_freeze_count())
+
+
+# One run per server (a ScriptedModel's script is used up by it): its tool.finished
+# says what `serve` froze at start-up.
+GC_PROBE = {
+    "gc": ta.Agent(
+        name="gc",
+        model=ScriptedModel([Turn(tool_calls=[("frozen_objects", {})]), "counted"]),
+        tools=[frozen_objects],
+    )
+}
 
 NOT_AGENTS = {"blocker": "not an agent"}
 

@@ -254,6 +254,43 @@ def _add_serve_temporal(serve: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_serve_cluster(serve: argparse.ArgumentParser) -> None:
+    cluster = serve.add_argument_group(
+        "cluster",
+        "serve as one node of a cluster on PostgreSQL (needs the postgres extra): any"
+        " node answers for every run; on Ctrl-C or SIGTERM the runs are handed over to"
+        " the other nodes instead of cancelled",
+    )
+    cluster.add_argument(
+        "--cluster",
+        metavar="DSN",
+        default=None,
+        help="the cluster's PostgreSQL database (a libpq connection string or URI);"
+        " sessions live there (--db is not used)",
+    )
+    cluster.add_argument(
+        "--node-id",
+        metavar="ID",
+        default=None,
+        help="this node's id, unique in the cluster (default: host-pid-random)",
+    )
+    cluster.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=_seconds,
+        default=10.0,
+        help="seconds before another node takes over the runs of a node that stopped"
+        " heartbeating (default 10)",
+    )
+    cluster.add_argument(
+        "--max-runs",
+        metavar="N",
+        type=_count,
+        default=100,
+        help="runs this node runs at most; more are placed on other nodes (default 100)",
+    )
+
+
 def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
     serve = commands.add_parser(
         "serve",
@@ -294,6 +331,13 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         help="bound on the graceful shutdown after Ctrl-C or SIGTERM (default 10)",
     )
     serve.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="keep the objects made at start-up in the garbage collector's full passes"
+        " (by default they are frozen once the server listens: gc.freeze())",
+    )
+    serve.add_argument(
         "--max-run-limits",
         metavar="NAME=VALUE,...",
         type=_run_limits,
@@ -302,40 +346,7 @@ def _add_serve(commands: argparse._SubParsersAction[_Parser]) -> None:
         " run that asks none: requests, tool_calls, input_tokens, output_tokens,"
         " total_tokens, cost (USD), deadline, wrap_up (say requests=50,deadline=300)",
     )
-    cluster = serve.add_argument_group(
-        "cluster",
-        "serve as one node of a cluster on PostgreSQL (needs the postgres extra): any"
-        " node answers for every run; on Ctrl-C or SIGTERM the runs are handed over to"
-        " the other nodes instead of cancelled",
-    )
-    cluster.add_argument(
-        "--cluster",
-        metavar="DSN",
-        default=None,
-        help="the cluster's PostgreSQL database (a libpq connection string or URI);"
-        " sessions live there (--db is not used)",
-    )
-    cluster.add_argument(
-        "--node-id",
-        metavar="ID",
-        default=None,
-        help="this node's id, unique in the cluster (default: host-pid-random)",
-    )
-    cluster.add_argument(
-        "--lease-ttl",
-        metavar="SECONDS",
-        type=_seconds,
-        default=10.0,
-        help="seconds before another node takes over the runs of a node that stopped"
-        " heartbeating (default 10)",
-    )
-    cluster.add_argument(
-        "--max-runs",
-        metavar="N",
-        type=_count,
-        default=100,
-        help="runs this node runs at most; more are placed on other nodes (default 100)",
-    )
+    _add_serve_cluster(serve)
     _add_serve_temporal(serve)
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument(

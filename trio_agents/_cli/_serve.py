@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import importlib
 import os
 import secrets
@@ -317,6 +318,8 @@ async def _serve(
                 if http is not None and http.app is not None:
                     raise _listen_error(exc, args.host, http.port, "--http-port") from None
                 raise _listen_error(exc, args.host, args.port) from None
+            if args.gc_freeze:
+                _freeze_start_up()
             # The "serving" line comes last: it says everything is listening.
             if http is not None:
                 base = _http_url(args.host, ports[1])
@@ -336,6 +339,18 @@ async def _serve(
                 nursery.cancel_scope.cancel()
                 break
     return received, active
+
+
+def _freeze_start_up() -> None:
+    """Move what start-up made (the modules, the app, the host and its faces: ~120,000
+    objects the collector tracks) out of the collector's full passes, for the life of
+    the server: a full pass walks every tracked object, so each one paid for all of
+    them (hundreds of milliseconds on a loaded machine, in the tail of whichever run's
+    cancel or stream it fell in; benchmarks/RESULTS.md, issue 43). Collected first, so
+    no garbage is frozen with them. Only the command does this, never the library: an
+    application embedding the library decides for its own process."""
+    gc.collect()
+    gc.freeze()
 
 
 def _check_db(path: str) -> None:

@@ -294,6 +294,33 @@ async def test_serve_shuts_down_gracefully_on_a_signal(
     assert (items[-1].status, items[-1].output) == ("cancelled", "cancelled: server shutdown")
 
 
+@pytest.mark.parametrize(("flags", "frozen"), [((), True), (("--no-gc-freeze",), False)])
+async def test_serve_freezes_what_start_up_made(
+    tmp_path: Path, flags: tuple[str, ...], frozen: bool
+) -> None:
+    # Issue 43: a full collection walks every tracked object; the ~120,000 made at
+    # start-up (modules, app, host, faces) are moved out of those passes once the
+    # server listens, unless --no-gc-freeze. A tool of the served app reports the
+    # server process's gc.get_freeze_count().
+    with trio.fail_after(HANG_GUARD):
+        async with cli_process(
+            "serve", "--app", "tests.support.cli_app:GC_PROBE", "--port", "0",
+            "--db", tmp_path / "s.db", "--token", "t", *flags,
+        ) as server:  # fmt: skip
+            url = await serving_url(server)
+            async with raw_client(url, token="t") as ws:
+                start = {"id": "1", "op": "run.start", "agent": "gc", "input": "count"}
+                await ws.send_message(json.dumps({**start, "subscribe": "all"}))
+                finished = await _read_until(ws, lambda f: _event_type(f) == "tool.finished")
+            server.process.send_signal(signal.SIGTERM)
+            assert await server.process.wait() == 0
+    count = int(finished["event"]["output"])
+    if frozen:
+        assert count > 10_000, f"{count} objects frozen at start-up"
+    else:
+        assert count == 0
+
+
 async def test_ctl_watch_interrupted_by_ctrl_c() -> None:
     with trio.fail_after(HANG_GUARD):
         async with (
