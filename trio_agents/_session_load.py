@@ -58,6 +58,8 @@ def recheck_stored_input(state: RunState) -> None:
         return
     start, unmarked = _stored_input(state.conversation)
     if unmarked:
+        if state.fresh_input is None:
+            state.fresh_input = []
         state.fresh_input.extend(unmarked)
         state.fresh_hold = hold = state.hold(start, [g.name for g in guardrails])
         hold.blocking = True

@@ -305,7 +305,9 @@ class RunState:
         self.session = session
         self.session_dropped = False
         # Summarize's summaries (per policy: (cut index, summary message)); _window.py's.
-        self.summaries: dict[int, tuple[int, Item]] = {}
+        # Made at the first summary: most runs have none, and an empty dict is 64 bytes
+        # per run in flight (W3 memory); likewise the lists below made on first use.
+        self.summaries: dict[int, tuple[int, Item]] | None = None
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
         # How many items the session holds, as this run knows it (the rows it loaded,
@@ -359,11 +361,11 @@ class RunState:
         # (_session_load.py, _turns.py), the nursery of the run's side tasks (when its
         # agents have guardrails that run beside the turn loop; _run.py), and the input
         # guardrails still running.
-        self.fresh_input: list[Item] = []
+        self.fresh_input: list[Item] | None = None  # made by the first such item
         # The hold on the fresh input (and all after it) until its guardrails pass it,
         # and every hold not yet passed: input batches, and an answer being checked.
         self.fresh_hold: Hold | None = None
-        self.holds: list[Hold] = []
+        self.holds: list[Hold] | None = None  # made by the first hold
         self.side: trio.Nursery | None = None
         self.guardrails_running = 0
         self.guardrails_idle: trio.Event | None = None
@@ -516,6 +518,8 @@ class RunState:
         self.commit(item)
         if type(item) is not UserMessage or item.rejected_by is not None:
             return
+        if self.fresh_input is None:
+            self.fresh_input = []
         self.fresh_input.append(item)
         guardrails = self.agent.input_guardrails
         if guardrails and self.fresh_hold is None:
@@ -524,6 +528,8 @@ class RunState:
     def hold(self, start: int, waiting: list[str], only: tuple[int, ...] | None = None) -> Hold:
         """Hold items from the model until the ``waiting`` guardrails pass them."""
         hold = Hold(start, waiting, only)
+        if self.holds is None:
+            self.holds = []
         self.holds.append(hold)
         return hold
 
@@ -536,7 +542,7 @@ class RunState:
 
     def release(self, hold: Hold) -> None:
         """Nothing holds these items any more."""
-        if hold in self.holds:
+        if self.holds is not None and hold in self.holds:
             self.holds.remove(hold)
 
     def mark_held(self, tripped: str | None) -> None:
@@ -544,7 +550,7 @@ class RunState:
         guardrail that tripped) where it waited for it, else by the first guardrail it
         waited for. Marks on items already written are rewritten by the next
         :meth:`persist`."""
-        holds, self.holds = self.holds, []
+        holds, self.holds = self.holds or (), None
         self.fresh_hold = None
         conversation, new_items = self.conversation, self.new_items
         offset = len(conversation) - len(new_items)  # new_items ends the conversation
