@@ -217,6 +217,7 @@ class RunState:
         "_checker",
         "_in_doubt",
         "_limiter",
+        "_new_count",
         "_rewrite",
         "_stored",
         "_unpersisted",
@@ -242,7 +243,6 @@ class RunState:
         "interruptible",
         "log",
         "max_turns",
-        "new_items",
         "on_waiting",
         "open_calls",
         "options",
@@ -296,7 +296,9 @@ class RunState:
         # run that never started.
         # The conversation: history (as loaded and repaired) + new items.
         self.conversation: list[Item] = []
-        self.new_items: list[Item] = []
+        # How many items this run committed: they end the conversation (the history is
+        # loaded before them), so new_items is a slice of it, not a second list.
+        self._new_count = 0
         self.history_loaded = False
         self.input_committed = False
         # Every call id in the conversation; read (never iterated) by inject() from
@@ -461,7 +463,7 @@ class RunState:
         ``usage``: the first item of a model response carries its request's usage in
         its ``run.item`` event (DESIGN §23)."""
         self.conversation.append(item)
-        self.new_items.append(item)
+        self._new_count += 1
         self._unpersisted.append(item)
         if type(item) is ToolCall:
             self.call_ids.add(item.call_id)
@@ -477,6 +479,13 @@ class RunState:
                 index=len(self.conversation) - 1,
             )
         )
+
+    @property
+    def new_items(self) -> list[Item]:
+        """The items this run committed (its input included), in order: the end of
+        the conversation."""
+        conversation = self.conversation
+        return conversation[len(conversation) - self._new_count :]
 
     def response_usage(self) -> Usage | None:
         """The usage the current call's response carries in its ``run.item`` (DESIGN
@@ -552,8 +561,7 @@ class RunState:
         :meth:`persist`."""
         holds, self.holds = self.holds or (), None
         self.fresh_hold = None
-        conversation, new_items = self.conversation, self.new_items
-        offset = len(conversation) - len(new_items)  # new_items ends the conversation
+        conversation = self.conversation
         unpersisted = {id(item): i for i, item in enumerate(self._unpersisted)}
         for hold in holds:
             name = tripped if tripped in hold.waiting else hold.waiting[0]
@@ -564,8 +572,6 @@ class RunState:
                     continue
                 marked = attrs.evolve(item, rejected_by=name)
                 conversation[index] = marked
-                if index >= offset:
-                    new_items[index - offset] = marked
                 self.rejected += 1
                 at = unpersisted.get(id(item))
                 if at is None:

@@ -786,8 +786,19 @@ class Tool:
     # invoke() in two halves, for the run's own call path (_toolcalls.py), which awaits
     # _start()'s awaitable in its own frame: one coroutine frame less per running call.
 
-    def _bind(self, ctx: ToolContext, arguments: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Validate and convert the model's ``arguments``: the function's arguments.
+    def _needs_context(self) -> bool:
+        """Whether a call needs its :class:`ToolContext`: the function takes one, or it
+        runs in a worker thread, whose context's ``cancelled`` flag the repair sets
+        when the thread is abandoned (and ``trio_agents.testing`` reads to find a
+        thread that ignored its cancel). An async function that takes none can never
+        read one, so the run makes none for its calls (W3 memory)."""
+        return self._schema.takes_context or not self._is_async
+
+    def _bind(
+        self, ctx: ToolContext | None, arguments: str
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Validate and convert the model's ``arguments``: the function's arguments
+        (``ctx`` may be None for a function that takes no context).
 
         Raises:
             ToolArgumentsError: the arguments are invalid.
