@@ -23,7 +23,7 @@ import json
 import linecache
 import sys
 import tracemalloc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any, final
 
@@ -33,7 +33,7 @@ import trio.testing
 import trio_agents as ta
 from trio_agents.models import ModelEvent, ModelRequest
 
-from ._models import EventStream, ToolThenAnswer
+from ._models import ToolThenAnswer
 
 __all__ = ["PHASES", "objects_per_run"]
 
@@ -55,17 +55,29 @@ async def add(a: int, b: int) -> int:
 
 
 @final
-class _StuckStream(EventStream):
-    """An :class:`EventStream` that blocks for good before its event ``at``."""
+class _StuckStream(AbstractAsyncContextManager[AsyncIterator[ModelEvent]]):
+    """Gives ``inner``'s events and blocks for good before its event ``at``."""
 
-    def __init__(self, events: Sequence[ModelEvent], at: int) -> None:
-        super().__init__(events)
+    def __init__(self, inner: AbstractAsyncContextManager[AsyncIterator[ModelEvent]], at: int):
+        self._inner = inner
         self._at = at
+        self._given = 0
+
+    async def __aenter__(self) -> AsyncIterator[ModelEvent]:
+        self._events = await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._inner.__aexit__(*exc_info)
+
+    def __aiter__(self) -> _StuckStream:
+        return self
 
     async def __anext__(self) -> ModelEvent:
-        if self._position == self._at:
+        if self._given == self._at:
             await trio.sleep_forever()
-        return await super().__anext__()
+        self._given += 1
+        return await self._events.__anext__()
 
 
 @final
@@ -80,11 +92,9 @@ class _StuckModel:
     def stream(
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
-        inner = self._inner.stream(request)
-        assert isinstance(inner, EventStream)
         second = isinstance(request.items[-1], ta.ToolResult)
         stuck = (self._phase == "model2") == second
-        return _StuckStream(inner._events, 1 if stuck else -1)
+        return _StuckStream(self._inner.stream(request), 1 if stuck else -1)
 
 
 def _agent(phase: str) -> ta.Agent:
