@@ -148,7 +148,7 @@ async def test_an_in_flight_run_holds_at_most_its_band_of_objects() -> None:
     # checker keeps one dict made at the first call, Answers runs the tools itself
     # (no partial), an async tool that takes no context gets none, new_items is a
     # slice of the conversation, and the run's lists and dicts most runs never fill
-    # are made on first use (benchmarks/RESULTS.md, "W3 at 10k, third part").
+    # are made on first use (benchmarks/RESULTS.md, "Issue 43, third part").
     agent = ta.Agent(name="w3", model=ToolThenAnswer("blocked", {}), tools=[blocked])
     runs = 200
 
