@@ -109,9 +109,11 @@ class EventLog:
 
     def _grow(self) -> list[RunEvent | None]:
         old = self._buffer
-        new: list[RunEvent | None] = [None] * min(2 * len(old), self._retention)
-        for seq in range(max(self._start, self.next_seq - len(old)), self.next_seq):
-            new[seq % len(new)] = old[seq % len(old)]
+        old_size = len(old)
+        size = min(2 * old_size, self._retention)
+        new: list[RunEvent | None] = [None] * size
+        for seq in range(max(self._start, self.next_seq - old_size), self.next_seq):
+            new[seq % size] = old[seq % old_size]
         self._buffer = new
         return new
 

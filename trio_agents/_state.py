@@ -294,10 +294,8 @@ class RunState:
         # -- the conversation and the session it is written to: commit() and persist()
         # (here); _session_load.py loads the history; _repair.py commits the input of a
         # run that never started.
-        # The conversation: history (as loaded and repaired) + new items.
+        # History (as loaded and repaired) + new items, the last _new_count (W3 memory).
         self.conversation: list[Item] = []
-        # How many items this run committed: they end the conversation (the history is
-        # loaded before them), so new_items is a slice of it, not a second list.
         self._new_count = 0
         self.history_loaded = False
         self.input_committed = False
@@ -306,9 +304,7 @@ class RunState:
         self.call_ids: set[str] = set()
         self.session = session
         self.session_dropped = False
-        # Summarize's summaries (per policy: (cut index, summary message)); _window.py's.
-        # Made at the first summary: most runs have none, and an empty dict is 64 bytes
-        # per run in flight (W3 memory); likewise the lists below made on first use.
+        # Summarize's summaries (per policy: (cut index, summary message)), from the first.
         self.summaries: dict[int, tuple[int, Item]] | None = None
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
@@ -483,7 +479,7 @@ class RunState:
     @property
     def new_items(self) -> list[Item]:
         """The items this run committed (its input included), in order: the end of
-        the conversation."""
+        the conversation (a slice of it, not a second list per run: W3 memory)."""
         conversation = self.conversation
         return conversation[len(conversation) - self._new_count :]
 
