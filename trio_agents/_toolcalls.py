@@ -28,7 +28,15 @@ from ._inbox import Approvals, Parking
 from ._items import ToolCall, ToolResult
 from ._resume import Resume
 from ._state import CallSoon, OpenCall, RunState, call_hook
-from ._tools import CallOutcome, Tool, ToolArgumentsError, ToolContext, mark_cancelled, to_output
+from ._tools import (
+    CallOutcome,
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    mark_cancelled,
+    needs_context,
+    to_output,
+)
 
 __all__ = ["ToolFailure", "hand_off", "run_tools", "settle_resumed_calls"]
 
@@ -216,15 +224,15 @@ async def _invoke(
             timer = None if tool.timeout is None else trio.move_on_after(tool.timeout)
             threads = state.options.thread_limiter
             try:
-                # The call holds its own arguments: not this frame too while it runs.
+                # Made here, run (awaited) within the timer: making the coroutine or the
+                # thread's awaitable runs none of the tool. The call holds its own
+                # arguments: not this frame too while it runs (W3 memory).
+                started = tool._start(args, kwargs, threads)
+                del args, kwargs
                 if timer is None:
-                    started = tool._start(args, kwargs, threads)
-                    del args, kwargs
                     value = await started
                 else:
                     with timer:
-                        started = tool._start(args, kwargs, threads)
-                        del args, kwargs
                         value = await started
             except BaseException as exc:
                 # Whenever the call ends with an exception, its context says so first
@@ -310,7 +318,7 @@ async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> Tool
     # An async function that takes no context can never read one (its progress, its
     # cancelled event, its child runs): none is made for it, nor its progress sink
     # (two objects per running call, W3 memory).
-    if tool._needs_context():
+    if needs_context(tool):
         ctx = ToolContext(
             run_id=state.run_id,
             call_id=call.call_id,
