@@ -9,15 +9,16 @@ either way it is validated, and an invalid one goes back to the model, at most
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import final
 
 from ._agent import compiled_output
+from ._inbox import Approvals
 from ._items import ToolCall, ToolResult, UserMessage
 from ._model import FINAL_ANSWER_TOOL
 from ._output import Accepted, Attempt, OutputType, Rejected
-from ._state import RunState
-from ._toolcalls import finish_call
+from ._state import CallSoon, RunState
+from ._toolcalls import finish_call, run_tools
 
 __all__ = ["Answers", "final_answer_offered"]
 
@@ -34,10 +35,18 @@ def final_answer_offered(state: RunState) -> bool:
 
 @final
 class Answers:
-    """What the model's turns amount to, and how many answers were rejected."""
+    """What the model's turns amount to, and how many answers were rejected.
 
-    def __init__(self, state: RunState) -> None:
+    It runs a turn's tool calls itself (with the run's approvals and ``call_soon``),
+    rather than being handed a partial of :func:`run_tools`: one object per run in
+    flight, not four (W3 memory)."""
+
+    __slots__ = ("_approvals", "_call_soon", "_rejected", "_state")
+
+    def __init__(self, state: RunState, approvals: Approvals, call_soon: CallSoon) -> None:
         self._state = state
+        self._approvals = approvals
+        self._call_soon = call_soon
         self._rejected = 0
 
     @property
@@ -45,29 +54,25 @@ class Answers:
         """More answers were rejected than ``Agent.output_retries`` allows."""
         return self._rejected > self._state.agent.output_retries
 
-    def take_calls(
-        self, calls: Sequence[ToolCall], run_tools: Callable[[Sequence[ToolCall]], Awaitable[None]]
-    ) -> Awaitable[Attempt | None]:
+    def take_calls(self, calls: Sequence[ToolCall]) -> Awaitable[Attempt | None]:
         """A turn of tool calls: run them; the awaitable gives None unless one was a
-        final answer. Without a final answer it is ``run_tools``' own awaitable (one
+        final answer. Without a final answer it is :func:`run_tools`' own awaitable (one
         coroutine frame less while the tools run)."""
         output = compiled_output(self._state.agent)
         if output is None or all(c.name != FINAL_ANSWER_TOOL for c in calls):
-            return run_tools(calls)
-        return self._take_answer_calls(calls, run_tools, output)
+            return self._run_tools(calls)
+        return self._take_answer_calls(calls, output)
 
-    async def _take_answer_calls(
-        self,
-        calls: Sequence[ToolCall],
-        run_tools: Callable[[Sequence[ToolCall]], Awaitable[None]],
-        output: OutputType,
-    ) -> Attempt:
+    def _run_tools(self, calls: Sequence[ToolCall]) -> Awaitable[None]:
+        return run_tools(self._state, calls, approvals=self._approvals, call_soon=self._call_soon)
+
+    async def _take_answer_calls(self, calls: Sequence[ToolCall], output: OutputType) -> Attempt:
         answers = [c for c in calls if c.name == FINAL_ANSWER_TOOL]
         # The other calls of the turn run first: the model asked for them, and their
         # results must be in before the turn can end.
         others = [c for c in calls if c.name != FINAL_ANSWER_TOOL]
         if others:
-            await run_tools(others)
+            await self._run_tools(others)
         return self._count(await _take_tool_answer(self._state, output, answers))
 
     async def take_text(self, text: str) -> Attempt:

@@ -123,6 +123,7 @@ async def run(
     # handle; here there is none, so this task runs the run (same cancel semantics: an
     # outer cancellation is recorded as "parent cancelled", then propagates).
     handle = _root(agent, input, session, run_id, options)
+    del options  # made into the run's RunOptions: not held by this frame for the run
     handle._claim_session()
     await handle._serve(direct=True)
     assert handle.result is not None

@@ -78,7 +78,8 @@ class Inbox:
         self.run_id = run_id
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._queue: list[Injection] = []
+        # Made by the first injection: most runs get none (W3 memory).
+        self._queue: list[Injection] | None = None
         self._size = 0
         # The call ids of queued injected calls; made by the first such injection (most
         # runs get none: an empty set is 216 bytes per run, W3).
@@ -114,6 +115,8 @@ class Inbox:
                 if call_id in known_call_ids or (queued is not None and call_id in queued):
                     raise ValueError(f"call id {call_id!r} is already in the conversation")
             injection = Injection(InjectionId(f"inj_{next(_ids)}"), items, when)
+            if self._queue is None:
+                self._queue = []
             self._queue.append(injection)
             self._size += len(items)
             if ids:
@@ -124,9 +127,10 @@ class Inbox:
 
     def withdraw(self, injection_id: str) -> bool:
         with self._lock:
-            for index, injection in enumerate(self._queue):
+            queue = self._queue or []
+            for index, injection in enumerate(queue):
                 if injection.id == injection_id:
-                    del self._queue[index]
+                    del queue[index]
                     self._forget(injection)
                     return True
         return False
@@ -142,7 +146,7 @@ class Inbox:
     def announce(self) -> list[Injection]:
         """The injections not announced yet (now marked announced)."""
         with self._lock:
-            fresh = [inj for inj in self._queue if not inj.announced]
+            fresh = [inj for inj in self._queue or () if not inj.announced]
             for injection in fresh:
                 injection.announced = True
         return fresh
@@ -150,17 +154,20 @@ class Inbox:
     def wants_interrupt(self) -> bool:
         """Whether a ``when="now"`` injection is waiting."""
         with self._lock:
-            return any(inj.when == "now" for inj in self._queue)
+            return self._queue is not None and any(inj.when == "now" for inj in self._queue)
 
     def take(self, *, idle: bool) -> list[Injection]:
         """Remove and return what this safe point delivers: the steering injections
         (``now``/``next_turn``), or, once the model is idle and there is no steering,
         everything (the ``when_idle`` follow-ups too)."""
         with self._lock:
-            steering = [inj for inj in self._queue if inj.when != "when_idle"]
-            taken = steering if steering or not idle else list(self._queue)
+            queue = self._queue
+            if not queue:
+                return []
+            steering = [inj for inj in queue if inj.when != "when_idle"]
+            taken = steering if steering or not idle else list(queue)
             for injection in taken:
-                self._queue.remove(injection)
+                queue.remove(injection)
                 self._forget(injection)
         return taken
 
@@ -182,7 +189,7 @@ class Inbox:
         with self._lock:
             if self._closed is None:
                 self._closed = status
-            leftovers, self._queue = self._queue, []
+            leftovers, self._queue = self._queue or [], None
             self._size = 0
             self._queued_call_ids = None
         return leftovers

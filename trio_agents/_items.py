@@ -376,42 +376,58 @@ def conversation_problems(items: Sequence[Item], *, allow_open_calls: bool = Fal
     return problems
 
 
+# What ConversationChecker has met of a call id (bits).
+_CALLED = 1
+_ANSWERED = 2
+
+
 class ConversationChecker:
     """The validity invariant, checked incrementally: :meth:`feed` takes the items
     appended since the last call, so checking a growing conversation before every model
     request costs what was added, not the whole conversation again."""
 
-    __slots__ = ("_answered", "_count", "_open", "_seen")
+    __slots__ = ("_count", "_ids", "_open")
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
+        # Every call id met, with what was met of it: _CALLED (a call), _ANSWERED (a
+        # result), or both. One dict, made at the first call or result, not two sets
+        # made with each checker: one checker per run in flight, and an empty set is
+        # 216 bytes (W3 memory).
+        self._ids: dict[str, int] | None = None
         self._open: dict[str, int] = {}  # open call id -> its index
-        self._answered: set[str] = set()
         self._count = 0
 
     def feed(self, items: Sequence[Item]) -> list[str]:
         """Check ``items`` as the continuation of everything fed so far."""
         problems: list[str] = []
-        seen, open_calls, answered = self._seen, self._open, self._answered
+        open_calls = self._open
         start = self._count
         self._count += len(items)
         for index, item in enumerate(items, start):
             kind = type(item)
             if kind is ToolCall:
                 assert isinstance(item, ToolCall)
-                if item.call_id in seen:
+                ids = self._ids
+                if ids is None:
+                    ids = self._ids = {}
+                met = ids.get(item.call_id, 0)
+                if met & _CALLED:
                     problems.append(f"item {index}: duplicate call id {item.call_id!r}")
-                seen.add(item.call_id)
+                ids[item.call_id] = met | _CALLED
                 open_calls[item.call_id] = index
             elif kind is ToolResult:
                 assert isinstance(item, ToolResult)
-                if item.call_id in answered:
+                ids = self._ids
+                if ids is None:
+                    ids = self._ids = {}
+                met = ids.get(item.call_id, 0)
+                if met & _ANSWERED:
                     problems.append(f"item {index}: second result for call {item.call_id!r}")
                 elif item.call_id not in open_calls:
                     problems.append(f"item {index}: result for unknown call {item.call_id!r}")
                 else:
                     del open_calls[item.call_id]
-                answered.add(item.call_id)
+                ids[item.call_id] = met | _ANSWERED
             elif open_calls:
                 for call_id, at in open_calls.items():
                     problems.append(

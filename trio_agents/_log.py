@@ -56,8 +56,10 @@ class EventLog:
             raise ValueError("the first seq must be at least 1")
         self.run_id = run_id
         self._retention = retention
-        # A short run emits about a dozen events: start small, grow by doubling.
-        self._buffer: list[RunEvent | None] = [None] * min(retention, 16)
+        # A short run emits about a dozen events: start small, grow by doubling (8: a
+        # run in its first tool call holds 5, and every slot is 8 bytes per run in
+        # flight, W3 memory).
+        self._buffer: list[RunEvent | None] = [None] * min(retention, 8)
         # len(self._buffer), kept: append() reads it twice per event (B8, a tree cancel,
         # appends about 5 events per run).
         self._size = len(self._buffer)

@@ -192,7 +192,8 @@ async def _record_input(state: RunState) -> None:
         return
     if state.session is None:  # never held it (cancelled while queued): nothing to load
         state.input_committed = True
-        for item in state.input:
+        items, state.input = state.input, ()
+        for item in items:
             state.take_input(item)  # never checked by a guardrail: held like any input
         return
     await load_session(state)

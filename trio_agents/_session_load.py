@@ -58,6 +58,8 @@ def recheck_stored_input(state: RunState) -> None:
         return
     start, unmarked = _stored_input(state.conversation)
     if unmarked:
+        if state.fresh_input is None:
+            state.fresh_input = []
         state.fresh_input.extend(unmarked)
         state.fresh_hold = hold = state.hold(start, [g.name for g in guardrails])
         hold.blocking = True
@@ -104,7 +106,8 @@ async def load_session(state: RunState) -> list[ToolCall]:
             if repaired != stored:
                 await _write_back(state, stored, repaired)
     state.input_committed = True
-    items = state.input
+    # Committed once, here: the run's tuple of it is not kept for the run's life.
+    items, state.input = state.input, ()
     if state.options.input_overlap == "skip" and error is None and items:
         items = skip_stored(state.conversation, items)
         if not items:

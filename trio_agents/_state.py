@@ -217,6 +217,7 @@ class RunState:
         "_checker",
         "_in_doubt",
         "_limiter",
+        "_new_count",
         "_rewrite",
         "_stored",
         "_unpersisted",
@@ -242,7 +243,6 @@ class RunState:
         "interruptible",
         "log",
         "max_turns",
-        "new_items",
         "on_waiting",
         "open_calls",
         "options",
@@ -294,9 +294,9 @@ class RunState:
         # -- the conversation and the session it is written to: commit() and persist()
         # (here); _session_load.py loads the history; _repair.py commits the input of a
         # run that never started.
-        # The conversation: history (as loaded and repaired) + new items.
+        # History (as loaded and repaired) + new items, the last _new_count (W3 memory).
         self.conversation: list[Item] = []
-        self.new_items: list[Item] = []
+        self._new_count = 0
         self.history_loaded = False
         self.input_committed = False
         # Every call id in the conversation; read (never iterated) by inject() from
@@ -304,8 +304,8 @@ class RunState:
         self.call_ids: set[str] = set()
         self.session = session
         self.session_dropped = False
-        # Summarize's summaries (per policy: (cut index, summary message)); _window.py's.
-        self.summaries: dict[int, tuple[int, Item]] = {}
+        # Summarize's summaries (per policy: (cut index, summary message)), from the first.
+        self.summaries: dict[int, tuple[int, Item]] | None = None
         self._checker = ConversationChecker()
         self._unpersisted: list[Item] = []
         # How many items the session holds, as this run knows it (the rows it loaded,
@@ -359,11 +359,11 @@ class RunState:
         # (_session_load.py, _turns.py), the nursery of the run's side tasks (when its
         # agents have guardrails that run beside the turn loop; _run.py), and the input
         # guardrails still running.
-        self.fresh_input: list[Item] = []
+        self.fresh_input: list[Item] | None = None  # made by the first such item
         # The hold on the fresh input (and all after it) until its guardrails pass it,
         # and every hold not yet passed: input batches, and an answer being checked.
         self.fresh_hold: Hold | None = None
-        self.holds: list[Hold] = []
+        self.holds: list[Hold] | None = None  # made by the first hold
         self.side: trio.Nursery | None = None
         self.guardrails_running = 0
         self.guardrails_idle: trio.Event | None = None
@@ -459,7 +459,7 @@ class RunState:
         ``usage``: the first item of a model response carries its request's usage in
         its ``run.item`` event (DESIGN §23)."""
         self.conversation.append(item)
-        self.new_items.append(item)
+        self._new_count += 1
         self._unpersisted.append(item)
         if type(item) is ToolCall:
             self.call_ids.add(item.call_id)
@@ -475,6 +475,13 @@ class RunState:
                 index=len(self.conversation) - 1,
             )
         )
+
+    @property
+    def new_items(self) -> list[Item]:
+        """The items this run committed (its input included), in order: the end of
+        the conversation (a slice of it, not a second list per run: W3 memory)."""
+        conversation = self.conversation
+        return conversation[len(conversation) - self._new_count :]
 
     def response_usage(self) -> Usage | None:
         """The usage the current call's response carries in its ``run.item`` (DESIGN
@@ -516,6 +523,8 @@ class RunState:
         self.commit(item)
         if type(item) is not UserMessage or item.rejected_by is not None:
             return
+        if self.fresh_input is None:
+            self.fresh_input = []
         self.fresh_input.append(item)
         guardrails = self.agent.input_guardrails
         if guardrails and self.fresh_hold is None:
@@ -524,6 +533,8 @@ class RunState:
     def hold(self, start: int, waiting: list[str], only: tuple[int, ...] | None = None) -> Hold:
         """Hold items from the model until the ``waiting`` guardrails pass them."""
         hold = Hold(start, waiting, only)
+        if self.holds is None:
+            self.holds = []
         self.holds.append(hold)
         return hold
 
@@ -536,7 +547,7 @@ class RunState:
 
     def release(self, hold: Hold) -> None:
         """Nothing holds these items any more."""
-        if hold in self.holds:
+        if self.holds is not None and hold in self.holds:
             self.holds.remove(hold)
 
     def mark_held(self, tripped: str | None) -> None:
@@ -544,10 +555,9 @@ class RunState:
         guardrail that tripped) where it waited for it, else by the first guardrail it
         waited for. Marks on items already written are rewritten by the next
         :meth:`persist`."""
-        holds, self.holds = self.holds, []
+        holds, self.holds = self.holds or (), None
         self.fresh_hold = None
-        conversation, new_items = self.conversation, self.new_items
-        offset = len(conversation) - len(new_items)  # new_items ends the conversation
+        conversation = self.conversation
         unpersisted = {id(item): i for i, item in enumerate(self._unpersisted)}
         for hold in holds:
             name = tripped if tripped in hold.waiting else hold.waiting[0]
@@ -558,8 +568,6 @@ class RunState:
                     continue
                 marked = attrs.evolve(item, rejected_by=name)
                 conversation[index] = marked
-                if index >= offset:
-                    new_items[index - offset] = marked
                 self.rejected += 1
                 at = unpersisted.get(id(item))
                 if at is None:

@@ -14,11 +14,10 @@ shares), which would otherwise escape the run looking like an outer cancellation
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, final
 
 import trio
 
@@ -29,7 +28,15 @@ from ._inbox import Approvals, Parking
 from ._items import ToolCall, ToolResult
 from ._resume import Resume
 from ._state import CallSoon, OpenCall, RunState, call_hook
-from ._tools import CallOutcome, Tool, ToolArgumentsError, ToolContext, mark_cancelled, to_output
+from ._tools import (
+    CallOutcome,
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    mark_cancelled,
+    needs_context,
+    to_output,
+)
 
 __all__ = ["ToolFailure", "hand_off", "run_tools", "settle_resumed_calls"]
 
@@ -217,15 +224,21 @@ async def _invoke(
             timer = None if tool.timeout is None else trio.move_on_after(tool.timeout)
             threads = state.options.thread_limiter
             try:
+                # Made here, run (awaited) within the timer: making the coroutine or the
+                # thread's awaitable runs none of the tool. The call holds its own
+                # arguments: not this frame too while it runs (W3 memory).
+                started = tool._start(args, kwargs, threads)
+                del args, kwargs
                 if timer is None:
-                    value = await tool._start(args, kwargs, threads)
+                    value = await started
                 else:
                     with timer:
-                        value = await tool._start(args, kwargs, threads)
+                        value = await started
             except trio.Cancelled:
                 # Whenever the call ends with an exception, its context says so first
                 # (what Tool.invoke does): a sync tool's abandoned thread polls it.
-                mark_cancelled(ctx)
+                if ctx is not None:
+                    mark_cancelled(ctx)
                 # -inf: some scope around us (the run's) really is cancelled: it goes
                 # on up (the timeout's own cancellation never gets here: its scope
                 # catches it). (Its own clause, with no "as": a re-raise from an "except ...
@@ -238,14 +251,16 @@ async def _invoke(
                     raise
                 result = ToolResult(call.call_id, STRAY_CANCELLED, status="error")
             except BaseException as exc:
-                mark_cancelled(ctx)
+                if ctx is not None:
+                    mark_cancelled(ctx)
                 failed = _failed(state, call, exc)
                 if failed is None:
                     raise
                 result = failed
             else:
                 if timer is not None and timer.cancelled_caught:
-                    mark_cancelled(ctx)
+                    if ctx is not None:
+                        mark_cancelled(ctx)
                     output = f"timed out after {tool.timeout:g} s"
                     result = ToolResult(call.call_id, output, status="error")
                 elif type(value) is CallOutcome:
@@ -265,7 +280,7 @@ async def _invoke(
 
 # A call about to run: its tool, its context and its bound arguments (a tuple: made
 # once per call, and unpacked at once).
-_Ready: TypeAlias = tuple[Tool, ToolContext, tuple[Any, ...], dict[str, Any]]
+_Ready: TypeAlias = tuple[Tool, ToolContext | None, tuple[Any, ...], dict[str, Any]]
 
 
 async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> ToolResult | _Ready:
@@ -313,16 +328,20 @@ async def _prepare(state: RunState, call: ToolCall, call_soon: CallSoon) -> Tool
         names = ", ".join([*(t.name for t in agent.tools), *handoffs]) or "none"
         output = f"unknown tool {call.name!r}; available tools: {names}"
         return ToolResult(call.call_id, output, status="error")
-    ctx = ToolContext(
-        run_id=state.run_id,
-        call_id=call.call_id,
-        tool_name=call.name,
-        # A partial, not nested lambdas: fewer objects held while the call runs.
-        on_progress=functools.partial(_progress_soon, call_soon, state, open_call),
-        handle=state.handle,
-        children=state.child_starter,
-    )
-    open_call.ctx = ctx
+    ctx: ToolContext | None = None
+    # An async function that takes no context can never read one (its progress, its
+    # cancelled event, its child runs): none is made for it, nor its progress sink
+    # (two objects per running call, W3 memory).
+    if needs_context(tool):
+        ctx = ToolContext(
+            run_id=state.run_id,
+            call_id=call.call_id,
+            tool_name=call.name,
+            on_progress=_ProgressSink(call_soon, state, open_call),
+            handle=state.handle,
+            children=state.child_starter,
+        )
+        open_call.ctx = ctx
     try:
         args, kwargs = tool._bind(ctx, call.arguments)
     except ToolArgumentsError as exc:
@@ -342,10 +361,22 @@ def _failed(state: RunState, call: ToolCall, exc: BaseException) -> ToolResult |
     return None  # KeyboardInterrupt and the like
 
 
-def _progress_soon(
-    call_soon: CallSoon, state: RunState, open_call: OpenCall, message: str, data: Mapping[str, Any]
-) -> None:
-    call_soon(lambda: _progress(state, open_call, message, data))
+@final
+class _ProgressSink:
+    """A running call's ``ToolContext.progress`` (from any thread): a ``tool.progress``
+    event on the run's thread. One slotted object per call, where a partial with its
+    arguments was three (held while the call runs: W3 memory)."""
+
+    __slots__ = ("_call_soon", "_open_call", "_state")
+
+    def __init__(self, call_soon: CallSoon, state: RunState, open_call: OpenCall) -> None:
+        self._call_soon = call_soon
+        self._state = state
+        self._open_call = open_call
+
+    def __call__(self, message: str, data: Mapping[str, Any]) -> None:
+        state, open_call = self._state, self._open_call
+        self._call_soon(lambda: _progress(state, open_call, message, data))
 
 
 def _progress(state: RunState, open_call: OpenCall, message: str, data: Mapping[str, Any]) -> None:

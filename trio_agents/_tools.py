@@ -59,6 +59,7 @@ __all__ = [
     "ToolContext",
     "function_tool",
     "mark_cancelled",
+    "needs_context",
     "to_output",
 ]
 
@@ -561,6 +562,15 @@ async def _metered(
 _EVENT_LOCK = threading.Lock()
 
 
+def needs_context(tool: Tool) -> bool:
+    """Whether a call of ``tool`` needs its :class:`ToolContext`: the function takes
+    one, or it runs in a worker thread, whose context's ``cancelled`` flag the repair
+    sets when the thread is abandoned (and ``trio_agents.testing`` reads to find a
+    thread that ignored its cancel). An async function that takes none can never read
+    one, so the run makes none for its calls (W3 memory)."""
+    return tool.takes_context or not tool._is_async
+
+
 def mark_cancelled(ctx: ToolContext) -> None:
     """Set ``ctx.cancelled``, without making the event if nobody has read it yet.
 
@@ -825,8 +835,11 @@ class Tool:
     # invoke() in two halves, for the run's own call path (_toolcalls.py), which awaits
     # _start()'s awaitable in its own frame: one coroutine frame less per running call.
 
-    def _bind(self, ctx: ToolContext, arguments: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Validate and convert the model's ``arguments``: the function's arguments.
+    def _bind(
+        self, ctx: ToolContext | None, arguments: str
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Validate and convert the model's ``arguments``: the function's arguments
+        (``ctx`` may be None for a function that takes no context).
 
         Raises:
             ToolArgumentsError: the arguments are invalid.

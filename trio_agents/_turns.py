@@ -25,7 +25,6 @@ times; then the run fails with ``"output validation failed: …"``.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import sys
@@ -81,7 +80,7 @@ from ._state import (
     call_hook,
 )
 from ._text_cleaning import TextJoiner
-from ._toolcalls import ToolFailure, run_tools, settle_resumed_calls
+from ._toolcalls import ToolFailure, settle_resumed_calls
 from ._window import HistoryError, apply_history
 
 __all__ = ["Completed", "Failed", "Outcome", "Stopped", "announce", "drive", "load_session"]
@@ -175,10 +174,7 @@ async def drive(
     await trio.lowlevel.checkpoint_if_cancelled()  # cancelled before start: no model call
     try:
         pending = await _start(state)
-        answers = Answers(state)
-        # A partial, not a closure: a closure's cells and coroutine frame are objects
-        # every in-flight run holds.
-        run = functools.partial(run_tools, state, approvals=approvals, call_soon=call_soon)
+        answers = Answers(state, approvals, call_soon)
 
         idle = False
         while True:
@@ -190,21 +186,19 @@ async def drive(
             if stop_requested():
                 return Stopped()
             if pending:
-                turn: _TurnOutcome = _Calls(tuple(pending))
-                pending = []
+                turn: _TurnOutcome = _Calls(pending)
+                pending = ()
             else:
                 deliver(state, inbox, idle=idle)
                 if state.turn >= state.max_turns:
                     return Failed("max_turns")
-                problems = state.conversation_problems()
-                if problems:
-                    raise InvalidConversationError("; ".join(problems[:3]))
+                _check_conversation(state)
                 turn = await model_turn(state, inbox)
             if type(turn) is _Interrupted:
                 idle = False  # a when="now" injection: the next turn starts at once
                 continue
             if type(turn) is _Calls:
-                attempt = await answers.take_calls(turn.calls, run)
+                attempt = await answers.take_calls(turn.calls)
                 if state.handoff_to is not None:
                     switch_agent(state)  # a transfer_to_<name> call: the next turn is theirs
             else:
@@ -243,6 +237,15 @@ async def drive(
         raise
 
 
+def _check_conversation(state: RunState) -> None:
+    """The validity invariant, before a model request: an invalid request is never
+    sent. A function of its own so that no list of problems stays in the turn loop's
+    frame while the turn runs (W3 memory)."""
+    problems = state.conversation_problems()
+    if problems:
+        raise InvalidConversationError("; ".join(problems[:3]))
+
+
 def _answer_items(state: RunState, turn: _TurnOutcome) -> tuple[tuple[int, ...], str | None]:
     """Where an accepted final answer is in the conversation, and its text if it never
     streamed: a text answer is the last item (nothing is committed after an accepted
@@ -265,7 +268,7 @@ def _answer_items(state: RunState, turn: _TurnOutcome) -> tuple[tuple[int, ...],
     return tuple(at), output.text_of(call.arguments)
 
 
-async def _start(state: RunState) -> list[ToolCall]:
+async def _start(state: RunState) -> tuple[ToolCall, ...]:
     """``running``, ``on_run_start``, the session loaded; returns the calls a resumed
     run must run before its first model call (those its earlier attempt left open)."""
     resume = state.options.resume
@@ -275,10 +278,10 @@ async def _start(state: RunState) -> list[ToolCall]:
         await call_hook("on_run_start", state.hooks.on_run_start(state.handle))
     left_open = await load_session(state)
     if resume is None:
-        return []
+        return ()  # a tuple: no list held by the turn loop for the whole run
     pending = settle_resumed_calls(state, resume, left_open)
     await state.persist()
-    return pending
+    return tuple(pending)
 
 
 def _request_tools(state: RunState) -> tuple[ToolSpec, ...]:
@@ -390,7 +393,7 @@ async def model_turn(state: RunState, inbox: Inbox) -> _TurnOutcome:
 async def _check_fresh_input(state: RunState) -> None:
     """Run the input guardrails on the input that arrived since the last turn (it and
     all after it are held from later models until they all passed it)."""
-    fresh, state.fresh_input = state.fresh_input, []
+    fresh, state.fresh_input = state.fresh_input or [], None
     hold, state.fresh_hold = state.fresh_hold, None
     blocking = hold is not None and hold.blocking
     if state.agent.input_guardrails:

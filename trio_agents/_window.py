@@ -215,6 +215,8 @@ async def _apply_summary(state: RunState, policy: Summarize, items: tuple[Item, 
         return list(items)
     cut = starts[-policy.keep_last_turns]
     cache = state.summaries
+    if cache is None:
+        cache = state.summaries = {}
     key = id(policy)
     cached = cache.get(key)
     if cached is None or cached[0] != cut:

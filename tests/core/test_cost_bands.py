@@ -152,7 +152,11 @@ async def test_an_in_flight_run_holds_at_most_its_band_of_objects() -> None:
     # W3 (10 KB per concurrent run): GC-tracked objects per run blocked in its tool,
     # counted as benchmarks/objects.py does. 69 before issue 43's second round; 63
     # since the log's parking lot, the run's done event and the inbox's set of queued
-    # call ids are made only when something uses them.
+    # call ids are made only when something uses them; 48 since the conversation
+    # checker keeps one dict made at the first call, Answers runs the tools itself
+    # (no partial), an async tool that takes no context gets none, new_items is a
+    # slice of the conversation, and the run's lists and dicts most runs never fill
+    # are made on first use (benchmarks/RESULTS.md, "Issue 43, third part").
     agent = ta.Agent(name="w3", model=ToolThenAnswer("blocked", {}), tools=[blocked])
     runs = 200
 
@@ -170,4 +174,4 @@ async def test_an_in_flight_run_holds_at_most_its_band_of_objects() -> None:
     grown = await in_flight(runs) - before
     per_run = sum(grown.values()) / runs
     top = {kind: count / runs for kind, count in grown.most_common(8)}
-    assert per_run <= 64.5, f"{per_run} GC-tracked objects per in-flight run (was 63): {top}"
+    assert per_run <= 49.5, f"{per_run} GC-tracked objects per in-flight run (was 48): {top}"

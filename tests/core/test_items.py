@@ -116,3 +116,30 @@ def test_conversation_problems() -> None:
     dup: list[ta.Item] = [call, ta.ToolResult("c1", "r"), call, ta.ToolResult("c1", "r")]
     problems = ta.conversation_problems(dup)
     assert any("duplicate call id" in p for p in problems)
+
+
+def test_conversation_problems_name_each_break_of_a_call_id() -> None:
+    # The checker keeps one record per call id (was it called, was it answered): each
+    # way to break the invariant still gets its own message, in order.
+    call = ta.ToolCall("c1", "f", "{}")
+    result = ta.ToolResult("c1", "r")
+    assert ta.conversation_problems([ta.ToolResult("zz", "r"), ta.ToolResult("zz", "r")]) == [
+        "item 0: result for unknown call 'zz'",
+        "item 1: second result for call 'zz'",
+    ]
+    assert ta.conversation_problems([call, ta.UserMessage("x"), result]) == [
+        "item 0: call 'c1' has no result before item 1",
+        "item 2: result for unknown call 'c1'",
+    ]
+    assert ta.conversation_problems([call, result, call, result]) == [
+        "item 2: duplicate call id 'c1'",
+        "item 3: second result for call 'c1'",
+        "item 2: call 'c1' has no result",
+    ]
+    # A result first, then a call of that id: the call is no duplicate, the second
+    # result is one.
+    assert ta.conversation_problems([result, call, result]) == [
+        "item 0: result for unknown call 'c1'",
+        "item 2: second result for call 'c1'",
+        "item 1: call 'c1' has no result",
+    ]
