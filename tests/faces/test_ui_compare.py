@@ -29,8 +29,9 @@ from tests.support.ui_support import (
     Gates,
     UiServer,
     running_ui_server,
+    saw_user_messages,
 )
-from trio_agents import Agent, ModelRequest, UserMessage
+from trio_agents import Agent
 from trio_agents.control import Limits
 from trio_agents.models import ScriptedModel, Turn, Usage
 
@@ -38,15 +39,11 @@ from trio_agents.models import ScriptedModel, Turn, Usage
 __all__ = ["browser"]
 
 
-def _saw(request: ModelRequest) -> str:
-    return "saw: " + " | ".join(
-        str(item.content) for item in request.items if isinstance(item, UserMessage)
-    )
-
-
 def _agents(gates: Gates) -> dict[str, Agent]:
     return {
-        "echo": Agent(name="echo", instructions="Echo.", model=GatedModel([[_saw]], gates)),
+        "echo": Agent(
+            name="echo", instructions="Echo.", model=GatedModel([[saw_user_messages]], gates)
+        ),
         # A tree: a root whose sub-agent's model call is replayed from the timeline.
         "boss": Agent(
             name="boss",

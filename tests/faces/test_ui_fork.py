@@ -22,21 +22,16 @@ from tests.support.ui_support import (
     Gates,
     UiServer,
     running_ui_server,
+    saw_user_messages,
 )
-from trio_agents import Agent, ModelRequest, UserMessage
+from trio_agents import Agent
 
 # The rig's browser fixture (one per module), used by name.
 __all__ = ["browser"]
 
 
-def _saw(request: ModelRequest) -> str:
-    return "saw: " + " | ".join(
-        str(item.content) for item in request.items if isinstance(item, UserMessage)
-    )
-
-
 def _agents(gates: Gates) -> dict[str, Agent]:
-    return {"echo": Agent(name="echo", model=GatedModel([[_saw]], gates))}
+    return {"echo": Agent(name="echo", model=GatedModel([[saw_user_messages]], gates))}
 
 
 @pytest.fixture(scope="module")

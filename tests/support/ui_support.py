@@ -195,6 +195,14 @@ def last_user_text(request: ModelRequest) -> str:
     return ""
 
 
+def saw_user_messages(request: ModelRequest) -> str:
+    """``"saw: "`` and every user message the model was sent, joined: an answer that
+    shows which conversation a request carried (a fork's, its source's)."""
+    return "saw: " + " | ".join(
+        str(item.content) for item in request.items if isinstance(item, UserMessage)
+    )
+
+
 def tool_outputs(request: ModelRequest) -> str:
     """The outputs of the tool results the model was sent, joined."""
     return "; ".join(str(item.output) for item in request.items if isinstance(item, ta.ToolResult))
