@@ -63,6 +63,16 @@ async def _recorded_run(http: httpx.AsyncClient) -> tuple[str, list[dict[str, An
     return run_id, await _finished_events(http, run_id)
 
 
+async def _recorded_request(
+    http: httpx.AsyncClient,
+) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """A finished run that recorded its one model request: its id, its events and that
+    request's ``model.request`` event."""
+    run_id, events = await _recorded_run(http)
+    (recorded,) = [e for e in events if e["type"] == "model.request"]
+    return run_id, events, recorded
+
+
 async def test_a_replay_sends_the_recorded_request_again_and_answers_the_response(
     wire: SSEServer,
 ) -> None:
@@ -71,8 +81,7 @@ async def test_a_replay_sends_the_recorded_request_again_and_answers_the_respons
         serving(_agents(wire), run_options={"record_requests": True}) as served,
         client(served.base) as alice,
     ):
-        run_id, events = await _recorded_run(alice)
-        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        run_id, events, recorded = await _recorded_request(alice)
         assert recorded["request"] is not None
         wire.add(CHAT.text("Still ", "sunny", "."))
         answer = await alice.post(
@@ -120,8 +129,7 @@ async def test_refusals(wire: SSEServer) -> None:
         client(served.base) as alice,
         client(served.base, "tok-bob") as bob,
     ):
-        run_id, events = await _recorded_run(alice)
-        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        run_id, events, recorded = await _recorded_request(alice)
         seq = recorded["seq"]
 
         async def refused(who: httpx.AsyncClient, path: str, body: Any) -> tuple[int, str]:
@@ -179,8 +187,7 @@ async def test_a_request_too_large_to_record_is_refused(wire: SSEServer) -> None
     wire.add(CHAT.text("It is ", "sunny."))
     options = {"record_requests": True, "record_requests_max_bytes": 10}
     async with serving(_agents(wire), run_options=options) as served, client(served.base) as alice:
-        run_id, events = await _recorded_run(alice)
-        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        run_id, _, recorded = await _recorded_request(alice)
         assert recorded["omitted"] == "too large"
         answer = await alice.post(
             f"/runs/{run_id}/replay", json={"seq": recorded["seq"], "agent": "weather"}
@@ -198,8 +205,7 @@ async def test_a_client_that_leaves_cancels_the_replay(wire: SSEServer) -> None:
         serving(_agents(wire), run_options={"record_requests": True}, limits=limits) as served,
         client(served.base) as alice,
     ):
-        run_id, events = await _recorded_run(alice)
-        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        run_id, _, recorded = await _recorded_request(alice)
         wire.add(CHAT.held("Thinking"))  # the model answers a little, then never ends
         body = {"seq": recorded["seq"], "agent": "weather"}
         async with trio.open_nursery() as nursery:
@@ -235,8 +241,7 @@ async def test_a_replay_ends_when_the_server_shuts_down(wire: SSEServer) -> None
         serving(_agents(wire), run_options={"record_requests": True}) as served,
         client(served.base) as alice,
     ):
-        run_id, events = await _recorded_run(alice)
-        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        run_id, _, recorded = await _recorded_request(alice)
         wire.add(CHAT.held("Thinking"))
         answers: list[httpx.Response] = []
 
@@ -264,8 +269,7 @@ async def test_a_model_that_fails_is_a_bad_gateway(wire: SSEServer) -> None:
         serving(_agents(wire), run_options={"record_requests": True}) as served,
         client(served.base) as alice,
     ):
-        run_id, events = await _recorded_run(alice)
-        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        run_id, _, recorded = await _recorded_request(alice)
         wire.add(Reply.json(400, CHAT.error_body("that model is gone")))
         answer = await alice.post(
             f"/runs/{run_id}/replay", json={"seq": recorded["seq"], "agent": "weather"}
@@ -310,8 +314,7 @@ async def test_replays_are_rate_limited_per_principal(wire: SSEServer) -> None:
         client(served.base) as alice,
         client(served.base, "tok-bob") as bob,
     ):
-        run_id, events = await _recorded_run(alice)
-        (recorded,) = [e for e in events if e["type"] == "model.request"]
+        run_id, _, recorded = await _recorded_request(alice)
         body = {"seq": recorded["seq"], "agent": "weather"}
         for _ in range(2):
             wire.add(CHAT.text("Sunny."))
