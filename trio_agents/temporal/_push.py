@@ -38,7 +38,7 @@ import trio
 from .._error_text import summarize
 from ._types import OpAnswer, SteeringOp
 
-__all__ = ["push_op", "push_op_here", "serve_ops"]
+__all__ = ["not_here", "push_op", "push_op_here", "serve_ops"]
 
 log = logging.getLogger("trio_agents.temporal")
 
@@ -57,6 +57,12 @@ async def _read_line(stream: trio.SocketStream) -> bytes:
     return bytes(buffer.split(b"\n", 1)[0])
 
 
+def not_here() -> OpAnswer:
+    """The answer for a run with no attempt here (or a push without this worker's key):
+    pending, so the workflow waits for where the run is now."""
+    return OpAnswer(ok=True, pending=True, message="no attempt of the run here")
+
+
 async def serve_ops(
     find: Callable[[str], Any],
     host: str,
@@ -71,34 +77,33 @@ async def serve_ops(
     """
     key = secrets.token_urlsafe(24)
 
+    async def answer(request: object) -> OpAnswer:
+        given = request.get("key") if isinstance(request, dict) else None
+        if not (isinstance(given, str) and hmac.compare_digest(given, key)):
+            log.warning("a pushed op without this worker's key was refused")
+            return not_here()
+        assert isinstance(request, dict)
+        op = SteeringOp(**request["op"])
+        attempt = find(str(request["run_id"]))
+        if attempt is None:
+            # The attempt ended (its result is on its way to the workflow) or moved:
+            # not this op's answer, so the workflow waits for where the run is now (the
+            # next attempt, its park or its end).
+            return not_here()
+        try:
+            answered: OpAnswer = await attempt.apply(op)
+        except Exception as exc:  # a fault of this op is its own answer
+            log.exception("a pushed %s op failed", op.op)
+            return OpAnswer(ok=False, code="internal", message=f"the op failed: {summarize(exc)}")
+        return answered
+
     async def handle(stream: trio.SocketStream) -> None:
         # One bad or slow peer must never take the listener down: every failure is its
         # own, and the op has a bound (the update's local activity has one too).
         try:
             with trio.move_on_after(30):
-                request = json.loads(await _read_line(stream))
-                given = request.get("key") if isinstance(request, dict) else None
-                if not (isinstance(given, str) and hmac.compare_digest(given, key)):
-                    log.warning("a pushed op without this worker's key was refused")
-                    answer = OpAnswer(ok=True, pending=True, message="no attempt of the run here")
-                    await stream.send_all(json.dumps(dataclasses.asdict(answer)).encode() + b"\n")
-                    return
-                op = SteeringOp(**request["op"])
-                attempt = find(str(request["run_id"]))
-                if attempt is None:
-                    # The attempt ended (its result is on its way to the workflow) or
-                    # moved: not this op's answer, so the workflow waits for where the
-                    # run is now (the next attempt, its park or its end).
-                    answer = OpAnswer(ok=True, pending=True, message="no attempt of the run here")
-                else:
-                    try:
-                        answer = await attempt.apply(op)
-                    except Exception as exc:  # a fault of this op is its own answer
-                        log.exception("a pushed %s op failed", op.op)
-                        answer = OpAnswer(
-                            ok=False, code="internal", message=f"the op failed: {summarize(exc)}"
-                        )
-                await stream.send_all(json.dumps(dataclasses.asdict(answer)).encode() + b"\n")
+                answered = await answer(json.loads(await _read_line(stream)))
+                await stream.send_all(json.dumps(dataclasses.asdict(answered)).encode() + b"\n")
         except (OSError, ValueError, KeyError, TypeError, trio.BrokenResourceError):
             pass
         except Exception:

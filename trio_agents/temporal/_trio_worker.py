@@ -38,7 +38,7 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 from .._agent import Agent
 from ._activity import Attempt, AttemptError, AttemptFenced, SessionFactory, run_attempt
 from ._asyncio_loop import AsyncioLoop
-from ._push import push_op, serve_ops
+from ._push import not_here, push_op, serve_ops
 from ._shared_store import RunStoreError, SharedRunStore
 from ._types import (
     ACTIVITY_ATTEMPT,
@@ -268,7 +268,7 @@ class _Activities:
         does."""
         attempt = self._trio.attempts.get(run_id)
         if attempt is None:
-            return OpAnswer(ok=True, pending=True, message="no attempt of the run here")
+            return not_here()
         try:
             return await self._trio.spawn(partial(attempt.apply, op))
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
