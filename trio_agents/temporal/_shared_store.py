@@ -19,13 +19,14 @@ from ._run_store import Claim, StoredEvent
 
 __all__ = ["IDLE_IN_TRANSACTION", "RunStoreError", "SharedRunStore"]
 
-IDLE_IN_TRANSACTION = 5.0
+IDLE_IN_TRANSACTION = 2.0
 """Seconds a PostgreSQL transaction of a worker (its run store's, its sessions') may
 sit idle between statements before the server ends its connection and releases its
 locks: a worker frozen in the middle of one (SIGSTOP, a paused VM) would otherwise
 hold the run's row, or its session's, until it thaws, and the attempt that takes the
-run over could not claim it. Below any sensible heartbeat timeout; a live transaction
-is never idle that long (its statements run back to back in one thread)."""
+run over could not claim it. Well below the stores' 5 s ``lock_timeout``, so that
+claim, waiting on the frozen row, gets it at its first try; a live transaction is
+never idle that long (its statements run back to back in one thread)."""
 
 
 class RunStoreError(TrioAgentsError):
