@@ -7,12 +7,14 @@ import time
 import trio
 
 import trio_agents as ta
-from trio_agents.models import ModelRequest, ScriptedModel, Turn
+from trio_agents.models import ModelRequest, ScriptedModel, TextDelta, Turn
 
 from ._common import Baselines, Figure, median
 
 __all__ = [
     "add",
+    "channel_stream_cost",
+    "floor_stream_cost",
     "model_stream_cost",
     "stream_fanout",
     "stream_overhead",
@@ -29,6 +31,125 @@ async def model_stream_cost(deltas: int) -> float:
     async with model.stream(request) as stream:
         async for _ in stream:
             pass
+    return (time.perf_counter() - start) / deltas
+
+
+# W1's floor: what any run that publishes each delta as the public event to one
+# per-event reader must pay, with nothing of the run's in it. The event is built as the
+# run builds it (slot by slot, the cheapest way CPython has to make an attrs instance).
+_new = object.__new__
+_set_slots = tuple(
+    ta.ResponseTextDelta.__dict__[name].__set__ for name in ("run_id", "seq", "turn", "text", "at")
+)
+
+
+def _bare_delta(seq: int, text: str) -> ta.ResponseTextDelta:
+    event = _new(ta.ResponseTextDelta)
+    set_run_id, set_seq, set_turn, set_text, set_at = _set_slots
+    set_run_id(event, "floor")
+    set_seq(event, seq)
+    set_turn(event, 1)
+    set_text(event, text)
+    set_at(event, time.time())
+    return event
+
+
+class _BareLog:
+    """A list of events and a parking lot: the least a log with readers can be."""
+
+    __slots__ = ("closed", "events", "lot", "parked")
+
+    def __init__(self) -> None:
+        self.events: list[ta.ResponseTextDelta] = []
+        self.lot = trio.lowlevel.ParkingLot()
+        self.parked = 0
+        self.closed = False
+
+
+class _BareCursor:
+    """Trio's receive protocol and nothing else (``MemoryReceiveChannel.receive``'s
+    order): a cancel point, the take, then the schedule point."""
+
+    __slots__ = ("_log", "_next")
+
+    def __init__(self, log: _BareLog) -> None:
+        self._log = log
+        self._next = 0
+
+    def __aiter__(self) -> _BareCursor:
+        return self
+
+    async def __anext__(self) -> ta.ResponseTextDelta:
+        log = self._log
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            if self._next < len(log.events):
+                event = log.events[self._next]
+                self._next += 1
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return event
+            if log.closed:
+                raise StopAsyncIteration
+            log.parked += 1
+            try:
+                await log.lot.park()
+            finally:
+                log.parked -= 1
+
+
+def _turn(deltas: int) -> tuple[ScriptedModel, ModelRequest]:
+    model = ScriptedModel([Turn(text=["x"] * deltas)])
+    request = ModelRequest(instructions="", items=(ta.UserMessage("go"),), tools=(), settings={})
+    return model, request
+
+
+async def _bare_writer(deltas: int, log: _BareLog) -> None:
+    model, request = _turn(deltas)
+    seq = 0
+    async with model.stream(request) as stream:
+        async for event in stream:
+            if type(event) is TextDelta:
+                seq += 1
+                log.events.append(_bare_delta(seq, event.text))
+                if log.parked:
+                    log.lot.unpark_all()
+    log.closed = True
+    log.lot.unpark_all()
+
+
+async def floor_stream_cost(deltas: int) -> float:
+    """W1's floor: seconds per delta for ``ScriptedModel`` drained by a bare writer that
+    builds each delta's ``ResponseTextDelta`` into a list, beside one bare per-event
+    reader (:class:`_BareCursor`). W1 minus this is what the run itself adds."""
+    log = _BareLog()
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_bare_writer, deltas, log)
+        async for _ in _BareCursor(log):
+            pass
+    return (time.perf_counter() - start) / deltas
+
+
+async def _channel_writer(deltas: int, send: trio.MemorySendChannel[ta.ResponseTextDelta]) -> None:
+    model, request = _turn(deltas)
+    seq = 0
+    async with send, model.stream(request) as stream:
+        async for event in stream:
+            if type(event) is TextDelta:
+                seq += 1
+                send.send_nowait(_bare_delta(seq, event.text))
+
+
+async def channel_stream_cost(deltas: int) -> float:
+    """The same as :func:`floor_stream_cost` through Trio's own unbounded memory channel
+    (``send_nowait`` / ``async for``): what Trio's stock primitive costs for W1's shape."""
+    send, receive = trio.open_memory_channel[ta.ResponseTextDelta](float("inf"))
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_channel_writer, deltas, send)
+        async with receive:
+            async for _ in receive:
+                pass
     return (time.perf_counter() - start) / deltas
 
 

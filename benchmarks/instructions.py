@@ -40,6 +40,10 @@ SIZES: dict[str, tuple[int, int]] = {
     "checkpoint": (1_000, 11_000),
     "w1_model": (200, 2_200),
     "w1_run": (200, 2_200),
+    # W1's floor (a bare writer building the public event, a bare per-event reader)
+    # and the same through Trio's own memory channel: no run in either.
+    "w1_floor": (200, 2_200),
+    "w1_channel": (200, 2_200),
     "w1_fanout": (50, 250),
     "w2": (10, 60),
     "w1_http_model": (200, 2_200),
@@ -67,6 +71,12 @@ async def _workload(mode: str, n: int) -> None:
     elif mode == "w1_run":
         await core.stream_overhead(50)
         await core.stream_overhead(n)
+    elif mode == "w1_floor":
+        await core.floor_stream_cost(50)
+        await core.floor_stream_cost(n)
+    elif mode == "w1_channel":
+        await core.channel_stream_cost(50)
+        await core.channel_stream_cost(n)
     elif mode == "w1_fanout":
         await core.stream_fanout(10, 10)
         await core.stream_fanout(n, 10)
@@ -169,6 +179,8 @@ def bench_instructions(*, quick: bool = False) -> list[Figure]:
     ckpt = counts["checkpoint"]
     deliveries_per_delta = 10  # w1_fanout: 10 subscribers
     overhead = counts["w1_run"] - counts["w1_model"]
+    floor = counts["w1_floor"] - counts["w1_model"]
+    channel = counts["w1_channel"] - counts["w1_model"]
     http_overhead = counts["w1_http_run"] - counts["w1_http_model"]
     fanout = (counts["w1_fanout"] - counts["w1_model"]) / deliveries_per_delta
     fanout_batch = (counts["w1_fanout_batch"] - counts["w1_model"]) / deliveries_per_delta
@@ -196,6 +208,22 @@ def bench_instructions(*, quick: bool = False) -> list[Figure]:
             overhead,
             "W1: run with one events() reader, minus the model's own cost",
             0.5,
+        ),
+        figure(
+            "w1_floor_per_delta",
+            floor,
+            "W1's floor, no run: a bare writer building each delta's ResponseTextDelta into"
+            " a list beside a bare per-event reader (Trio's receive protocol), minus the model",
+        ),
+        figure(
+            "w1_run_over_floor_per_delta",
+            overhead - floor,
+            "W1 minus its floor: what the run itself adds per delta",
+        ),
+        figure(
+            "w1_channel_per_delta",
+            channel,
+            "W1's shape through Trio's own unbounded memory channel, no run, minus the model",
         ),
         figure(
             "w1_per_delivered_event",

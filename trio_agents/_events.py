@@ -440,27 +440,6 @@ class ModelRequestEvent(_EventBase):
     at: float = attrs.field(factory=time.time, eq=False)
 
 
-_new = object.__new__
-# ResponseTextDelta's slots, set directly: an attrs frozen __init__ sets each field
-# through object.__setattr__, a third slower for the event the run builds per delta.
-_set_run_id, _set_seq, _set_turn, _set_text, _set_at = (
-    ResponseTextDelta.__dict__[name].__set__ for name in ("run_id", "seq", "turn", "text", "at")
-)
-_time = time.time
-
-
-def text_delta(run_id: str, seq: int, turn: int, text: str) -> ResponseTextDelta:
-    """``ResponseTextDelta(run_id=..., seq=..., turn=..., text=...)``, built faster (the
-    hot path of streaming: one per delta). The same object in every respect."""
-    event = _new(ResponseTextDelta)
-    _set_run_id(event, run_id)
-    _set_seq(event, seq)
-    _set_turn(event, turn)
-    _set_text(event, text)
-    _set_at(event, _time())
-    return event
-
-
 RunEvent: TypeAlias = (
     RunUpdated
     | ResponseTextDelta

@@ -39,7 +39,6 @@ import attrs
 import trio
 
 from ._error_text import summarize
-from ._events import text_delta
 from ._exceptions import GuardrailTripped
 from ._handoffs import reachable
 
@@ -345,8 +344,7 @@ class StreamGate:
     def _release(self, whole: str, text: str) -> None:
         self._checked = whole
         self._partial.append(text)
-        log = self._state.log
-        log.append(text_delta(self._state.run_id, log.next_seq, self._turn, text))
+        self._state.log.append_text(self._turn, text)
 
     def end(self) -> None:
         """The stream ended: the checker stops once everything held is checked."""
@@ -390,10 +388,10 @@ class StreamGate:
                     return  # the turn ended while checking: nothing more is published
                 self._checked = text
                 released, self._held = held[:count], held[count:]
-                log = state.log
+                append_text = state.log.append_text
                 for piece in released:
                     self._partial.append(piece)
-                    log.append(text_delta(state.run_id, log.next_seq, self._turn, piece))
+                    append_text(self._turn, piece)
                 if self._held:
                     self._more.set()  # more arrived while checking: another round
                 else:

@@ -8,14 +8,24 @@ readers park on one :class:`trio.lowlevel.ParkingLot` that every append wakes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol, final
 
 import trio
 
-from ._events import EventsDropped, RunEvent, RunUpdated
+from ._events import EventsDropped, ResponseTextDelta, RunEvent, RunUpdated
 
 __all__ = ["EventCursor", "EventLog", "LogFeed", "StatusCursor", "UpdatedStream"]
+
+# ResponseTextDelta's slots, set directly by EventLog.append_text: an attrs frozen
+# __init__ sets each field through object.__setattr__, a third slower, and the run
+# builds one per streamed delta.
+_new = object.__new__
+_set_run_id, _set_seq, _set_turn, _set_text, _set_at = (
+    ResponseTextDelta.__dict__[name].__set__ for name in ("run_id", "seq", "turn", "text", "at")
+)
+_time = time.time
 
 
 class LogFeed(Protocol):
@@ -105,6 +115,33 @@ class EventLog:
         self.next_seq = seq + 1
         if type(event) is RunUpdated:
             self._statuses.append(event)
+        if self._parked:
+            assert self._lot is not None
+            self._lot.unpark_all()
+        if self.feed is not None:
+            self.feed.add(event)
+
+    def append_text(self, turn: int, text: str) -> None:
+        """Append ``ResponseTextDelta(run_id, next_seq, turn, text)`` and wake readers.
+
+        :meth:`append` for the hot path of streaming (one per delta, W1): the event is
+        built here, slot by slot, and nothing is checked that only another event type
+        could get wrong. The same event in every respect (its ``at`` stamped now, as the
+        class's factory does)."""
+        if self._closed:
+            raise RuntimeError("event log is closed")
+        seq = self.next_seq
+        buffer, size = self._buffer, self._size
+        if seq - self._start >= size and size < self._retention:
+            buffer, size = self._grow()
+        event = _new(ResponseTextDelta)
+        _set_run_id(event, self.run_id)
+        _set_seq(event, seq)
+        _set_turn(event, turn)
+        _set_text(event, text)
+        _set_at(event, _time())
+        buffer[seq % size] = event
+        self.next_seq = seq + 1
         if self._parked:
             assert self._lot is not None
             self._lot.unpark_all()
@@ -221,21 +258,28 @@ class EventCursor(AsyncIterator[RunEvent]):
         log = self._log
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
-            first = log.first_seq
-            if self._next < first:
-                missing = first - self._next
-                dropped = EventsDropped(
-                    run_id=log.run_id, seq=first - 1, first_missing_seq=self._next, count=missing
-                )
-                self._next = first
+            seq = self._next
+            end = log.next_seq
+            if seq < end:
+                if seq >= log._start and end - seq <= log._retention:
+                    # Retained (the hot path of a reader that keeps up: one per event,
+                    # W1; the log's own get() re-checks what this just did).
+                    event = log._buffer[seq % log._size]
+                    self._next = seq + 1
+                else:
+                    first = log.first_seq
+                    event = EventsDropped(
+                        run_id=log.run_id, seq=first - 1, first_missing_seq=seq, count=first - seq
+                    )
+                    self._next = first
+                # Taken first, then the schedule point, which cannot raise: a cancel
+                # never loses an event the cursor moved past, and the writer gets its
+                # turn before this reader looks again (so a reader that keeps up finds
+                # the next event ready instead of parking for it).
                 await trio.lowlevel.cancel_shielded_checkpoint()
-                return dropped
-            if self._next < log.next_seq:
-                event = log.get(self._next)
-                self._next += 1
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                assert event is not None
                 return event
-            if log.closed:
+            if log._closed:
                 raise StopAsyncIteration
             await log.wait()
 

@@ -38,7 +38,7 @@ import trio
 from ._agent import Agent, compiled_output
 from ._answer import Answers, final_answer_offered
 from ._error_text import summarize
-from ._events import InboxDelivered, InboxInjected, RunStatus, text_delta
+from ._events import InboxDelivered, InboxInjected, RunStatus
 from ._exceptions import GuardrailTripped, InvalidConversationError, ModelError
 from ._guardrails import (
     GuardrailFault,
@@ -477,7 +477,7 @@ async def _stream(
 ) -> None:
     """Stream the call: publish its text (through the gate, if any) and collect its
     calls into ``calls``; the meter charges what streams against the limits."""
-    log, run_id = state.log, state.run_id
+    log = state.log
     # Streamed text is cleaned as it comes (a surrogate pair split across deltas
     # is joined, a lone surrogate replaced): the deltas sent out are what is
     # committed.
@@ -498,7 +498,7 @@ async def _stream(
             if text:
                 if gate is None:
                     partial.append(text)
-                    log.append(text_delta(run_id, log.next_seq, turn, text))
+                    log.append_text(turn, text)
                 elif gate.push(text):  # published once the guardrails pass it
                     await gate.settle()  # a trip (raises the run's Cancelled), or an await
                 if meter is not None and meter.text(text):
@@ -508,7 +508,7 @@ async def _stream(
     if tail:
         if gate is None:
             partial.append(tail)
-            log.append(text_delta(run_id, log.next_seq, turn, tail))
+            log.append_text(turn, tail)
         elif gate.push(tail):
             await gate.settle()
     if gate is not None:

@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
+import pytest
 import trio
 import trio.testing
 
 import trio_agents as ta
 from trio_agents import ResponseTextDelta
-from trio_agents._events import EVENT_TYPES, text_delta
+from trio_agents._events import EVENT_TYPES
+from trio_agents._log import EventCursor, EventLog
 from trio_agents._run import _uuid4_hex
 from trio_agents._turns import model_turn
 from trio_agents.models import (
@@ -32,9 +34,11 @@ from trio_agents.models import (
 )
 
 
-def test_text_delta_builds_the_same_event_as_the_class() -> None:
+def test_append_text_builds_the_same_event_as_the_class() -> None:
+    log = EventLog("run_1", retention=8, start_seq=7)
     before = time.time()
-    fast = text_delta("run_1", 7, 2, "hi")
+    log.append_text(2, "hi")
+    fast = log.get(7)
     # The fast path stamps the time as the class's factory does (DESIGN §23).
     assert before <= fast.at <= time.time()
     slow = ResponseTextDelta(run_id="run_1", seq=7, turn=2, text="hi", at=fast.at)
@@ -44,6 +48,47 @@ def test_text_delta_builds_the_same_event_as_the_class() -> None:
     assert repr(fast) == repr(slow)
     assert fast.to_json() == slow.to_json()
     assert ResponseTextDelta.from_json(fast.to_json()) == fast
+    assert log.next_seq == 8
+
+
+def test_append_text_is_append_for_readers_feeds_and_a_closed_log() -> None:
+    # Past the first buffer (it grows), into a tree's feed, and refused once closed.
+    fed: list[object] = []
+
+    class Feed:
+        def add(self, event: object) -> None:
+            fed.append(event)
+
+        def wake(self) -> None:
+            pass
+
+    log = EventLog("run_1", retention=64)
+    log.feed = Feed()
+    for i in range(20):
+        log.append_text(1, str(i))
+    texts = [event.text for event in log.retained() if isinstance(event, ResponseTextDelta)]
+    assert texts == [str(i) for i in range(20)]
+    assert fed == log.retained()
+    log.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        log.append_text(1, "late")
+
+
+async def test_append_text_wakes_a_parked_reader() -> None:
+    log = EventLog("run_1", retention=8)
+    got: list[ta.RunEvent] = []
+
+    async def read() -> None:
+        async for event in EventCursor(log, None):
+            got.append(event)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        await trio.testing.wait_all_tasks_blocked()
+        log.append_text(1, "a")
+        await trio.testing.wait_all_tasks_blocked()
+        assert [(type(event), event.seq) for event in got] == [(ResponseTextDelta, 1)]
+        log.close()
 
 
 def test_events_are_slotted() -> None:
