@@ -283,6 +283,44 @@ async def thread_scope_cancel_exit(n: int) -> list[float]:
     return samples
 
 
+async def bare_stream_cancels(
+    server: LoopbackServer, client: httpx.AsyncClient, n: int, warmup: int = WARMUP
+) -> tuple[list[float], list[float]]:
+    """W5's floor with nothing of ours: a raw ``httpx`` stream of the same loopback
+    response (``hold:5``), read line by line until its fifth delta, then its cancel
+    scope cancelled. Returns the latencies to the scope's exit (httpx's unwinding and
+    Trio's) and to the server seeing the connection closed (the kernel's close too)."""
+    exits: list[float] = []
+    marks: list[tuple[str, float]] = []
+    for i in range(warmup + n):
+        marker = f"bare-{i}"
+        body = {
+            "model": f"hold:{HOLD_DELTAS}",
+            "stream": True,
+            "messages": [{"role": "user", "content": marker}],
+        }
+        with trio.CancelScope() as scope:
+            url = f"{server.base_url}/chat/completions"
+            async with client.stream("POST", url, json=body) as response:
+                deltas = 0
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        deltas += 1
+                        if deltas == HOLD_DELTAS:
+                            t0 = time.monotonic()
+                            scope.cancel()
+                            await trio.lowlevel.checkpoint()
+        t1 = time.monotonic()
+        if i >= warmup:
+            exits.append(t1 - t0)
+            marks.append((marker, t0))
+    stats = await server.stats()
+    conn_of = {r["first"]: r["conn"] for r in stats["requests"]}
+    closed = stats["closed"]
+    closes = [closed[str(conn_of[m])] - t0 for m, t0 in marks if str(conn_of[m]) in closed]
+    return exits, closes
+
+
 # W4/W5 (and cancel from another thread, and the server-side socket close): p99 at most
 # this many times the bare scope-cancel p99 measured in the same process, GC on.
 CANCEL_FLOOR_FACTOR = 4
@@ -333,6 +371,24 @@ async def bench_b4(
                     target = None
                     if session_kind == "memory":
                         target = CANCEL_FLOOR_FACTOR * base.cancel_p99 * 1e3
+                    if kind == "mid_stream" and session_kind == sessions[0]:
+                        # W5's floor: httpx, Trio and the kernel alone, same server.
+                        exits, closes = await bare_stream_cancels(server, client, runs)
+                        figures += _latency_figures(
+                            "B4.bare_httpx_cancel_exit",
+                            exits,
+                            None,
+                            "a raw httpx stream of the same response cancelled mid-stream"
+                            " -> its scope exited: httpx's and Trio's floor for W5",
+                            base,
+                        )
+                        figures += _latency_figures(
+                            "B4.bare_httpx_socket_closed",
+                            closes,
+                            None,
+                            "the same -> the server sees the connection closed",
+                            base,
+                        )
                     if kind == "thread" and session_kind == sessions[0]:
                         # Trio's own share of the thread hop, in the same process.
                         figures += _latency_figures(
