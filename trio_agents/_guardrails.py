@@ -291,8 +291,11 @@ class StreamGate:
         if self._stopped or self._closed:
             return False
         whole = self._checked + text
-        handle = self._state.handle
-        for index, guardrail in enumerate(self._guardrails):
+        state = self._state
+        handle = state.handle
+        index = -1
+        for guardrail in self._guardrails:
+            index += 1
             try:
                 try:
                     result = guardrail.fn(handle, whole)
@@ -311,7 +314,10 @@ class StreamGate:
                 _judge(guardrail.name, result)
             except (GuardrailTripped, GuardrailFault) as exc:
                 return self._stop(exc)
-        self._release(whole, text)
+        # Passed: released at once (_release(), inline: the common case, one per delta).
+        self._checked = whole
+        self._partial.append(text)
+        state.log.append_text(self._turn, text)
         return False
 
     async def settle(self) -> None:
