@@ -9,6 +9,7 @@ process for its scheduler or its GIL. Times are ``time.monotonic()`` in both pro
 from __future__ import annotations
 
 import gc
+import math
 import subprocess
 import sys
 import tempfile
@@ -283,42 +284,63 @@ async def thread_scope_cancel_exit(n: int) -> list[float]:
     return samples
 
 
+async def bare_stream_cancel(
+    server: LoopbackServer, client: httpx.AsyncClient, marker: str, after: int = HOLD_DELTAS
+) -> float:
+    """One raw ``httpx`` stream of the loopback ``hold:5`` response, read line by line
+    until its ``after``-th delta, then its cancel scope cancelled: nothing of ours.
+    Returns the ``time.monotonic()`` of the cancel (the server's stats hold the close of
+    the connection whose request carried ``marker``)."""
+    body = {
+        "model": f"hold:{HOLD_DELTAS}",
+        "stream": True,
+        "messages": [{"role": "user", "content": marker}],
+    }
+    t0 = math.nan
+    with trio.CancelScope() as scope:
+        url = f"{server.base_url}/chat/completions"
+        async with client.stream("POST", url, json=body) as response:
+            deltas = 0
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    deltas += 1
+                    if deltas == after:
+                        t0 = time.monotonic()
+                        scope.cancel()
+                        await trio.lowlevel.checkpoint()
+    return t0
+
+
+async def closes_after(server: LoopbackServer, marks: dict[str, float]) -> list[float]:
+    """For each request (by its marker): when the server saw its connection closed,
+    minus its mark (the cancel, the trip)."""
+    stats = await server.stats()
+    conn_of = {r["first"]: str(r["conn"]) for r in stats["requests"]}
+    closed = stats["closed"]
+    return [
+        closed[conn_of[marker]] - t0
+        for marker, t0 in marks.items()
+        if marker in conn_of and conn_of[marker] in closed
+    ]
+
+
 async def bare_stream_cancels(
     server: LoopbackServer, client: httpx.AsyncClient, n: int, warmup: int = WARMUP
 ) -> tuple[list[float], list[float]]:
-    """W5's floor with nothing of ours: a raw ``httpx`` stream of the same loopback
-    response (``hold:5``), read line by line until its fifth delta, then its cancel
-    scope cancelled. Returns the latencies to the scope's exit (httpx's unwinding and
-    Trio's) and to the server seeing the connection closed (the kernel's close too)."""
+    """W5's floor with nothing of ours: :func:`bare_stream_cancel` ``n`` times, at the
+    point B4 cancels its runs. Returns the latencies to the scope's exit (httpx's
+    unwinding and Trio's) and to the server seeing the connection closed (the kernel's
+    close and the server process's wake-up too)."""
     exits: list[float] = []
-    marks: list[tuple[str, float]] = []
+    marks: dict[str, float] = {}
     for i in range(warmup + n):
         marker = f"bare-{i}"
-        body = {
-            "model": f"hold:{HOLD_DELTAS}",
-            "stream": True,
-            "messages": [{"role": "user", "content": marker}],
-        }
-        with trio.CancelScope() as scope:
-            url = f"{server.base_url}/chat/completions"
-            async with client.stream("POST", url, json=body) as response:
-                deltas = 0
-                async for line in response.aiter_lines():
-                    if line.startswith("data:"):
-                        deltas += 1
-                        if deltas == HOLD_DELTAS:
-                            t0 = time.monotonic()
-                            scope.cancel()
-                            await trio.lowlevel.checkpoint()
+        t0 = await bare_stream_cancel(server, client, marker)
         t1 = time.monotonic()
         if i >= warmup:
             exits.append(t1 - t0)
-            marks.append((marker, t0))
-    stats = await server.stats()
-    conn_of = {r["first"]: r["conn"] for r in stats["requests"]}
-    closed = stats["closed"]
-    closes = [closed[str(conn_of[m])] - t0 for m, t0 in marks if str(conn_of[m]) in closed]
-    return exits, closes
+            marks[marker] = t0
+    return exits, await closes_after(server, marks)
 
 
 # W4/W5 (and cancel from another thread, and the server-side socket close): p99 at most

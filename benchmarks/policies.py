@@ -105,19 +105,6 @@ async def _one_plain_cancel(agent: ta.Agent, marker: str) -> float:
     return t0
 
 
-async def _closes(server: Any, marks: dict[str, float]) -> list[float]:
-    """For each run (by marker): when the server saw its connection closed, minus its
-    mark (the trip or the cancel)."""
-    stats = await server.stats()
-    conn_of = {r["first"]: str(r["conn"]) for r in stats["requests"]}
-    closed = stats["closed"]
-    return [
-        closed[conn_of[marker]] - t0
-        for marker, t0 in marks.items()
-        if marker in conn_of and conn_of[marker] in closed
-    ]
-
-
 def _p99_figure(
     name: str, values: list[float], note: str, target_ms: float | None, more: dict[str, Any]
 ) -> Figure:
@@ -139,7 +126,7 @@ def _p99_figure(
 
 async def bench_p1(base: Baselines, *, deltas: int, repeats: int, trips: int) -> list[Figure]:
     """P1 on the wall clock: the gate's cost per delta, and trip -> stream closed."""
-    from .latency import LoopbackServer
+    from .latency import LoopbackServer, closes_after
 
     plain: list[float] = []
     gated: list[float] = []
@@ -180,8 +167,8 @@ async def bench_p1(base: Baselines, *, deltas: int, repeats: int, trips: int) ->
             cancel_marks[f"cancel-{i}"] = await _one_plain_cancel(cancelled, f"cancel-{i}")
         trip_marks.pop("trip-0")
         cancel_marks.pop("cancel-0")
-        trip_closes = await _closes(server, trip_marks)
-        cancel_closes = await _closes(server, cancel_marks)
+        trip_closes = await closes_after(server, trip_marks)
+        cancel_closes = await closes_after(server, cancel_marks)
     cancel_p99 = percentile(cancel_closes, 99)
     figures.append(
         _p99_figure(
@@ -320,7 +307,7 @@ def _fake_clock_durations() -> dict[str, float]:
 async def bench_p2(base: Baselines, *, trips: int) -> list[Figure]:
     """P2: the run's duration on a fake clock; trip -> model stream closed on the real
     clock over loopback HTTP."""
-    from .latency import LoopbackServer
+    from .latency import LoopbackServer, bare_stream_cancel, closes_after
 
     durations = await trio.to_thread.run_sync(_fake_clock_durations)
     figures = []
@@ -364,6 +351,7 @@ async def bench_p2(base: Baselines, *, trips: int) -> list[Figure]:
         agent = ta.Agent(
             name="p2", model=_hold_model(server.base_url, client), input_guardrails=[refuse]
         )
+        bare: dict[str, float] = {}
         for i in range(1 + trips):  # the first: a warm-up
             marker = current[0] = f"refuse-{i}"
             streaming[marker] = trio.Event()
@@ -373,8 +361,13 @@ async def bench_p2(base: Baselines, *, trips: int) -> list[Figure]:
                         streaming[marker].set()
             assert run.result is not None
             assert run.result.status == "failed", run.result
+            # The floor, interleaved: the same response cancelled at its first delta by
+            # a raw httpx reader, nothing of ours (the trip comes at the first delta).
+            bare[f"bare-{i}"] = await bare_stream_cancel(server, client, f"bare-{i}", after=1)
         marks.pop("refuse-0")
-        closes = await _closes(server, marks)
+        bare.pop("bare-0")
+        closes = await closes_after(server, marks)
+        floor = await closes_after(server, bare)
     figures.append(
         _p99_figure(
             "P2.trip_to_closed",
@@ -382,7 +375,20 @@ async def bench_p2(base: Baselines, *, trips: int) -> list[Figure]:
             "input guardrail returns tripped while the model streams -> the loopback"
             " server sees the model's connection closed",
             1.0,
-            base.cancel_ratio(percentile(closes, 99)),
+            {
+                **base.cancel_ratio(percentile(closes, 99)),
+                "x_bare_httpx_p99": round(percentile(closes, 99) / percentile(floor, 99), 3),
+            },
+        )
+    )
+    figures.append(
+        _p99_figure(
+            "P2.bare_httpx_cancel_to_closed",
+            floor,
+            "P2's floor, interleaved with its trips: a raw httpx stream of the same response"
+            " cancelled at its first delta -> the server sees the connection closed",
+            None,
+            base.cancel_ratio(percentile(floor, 99)),
         )
     )
     return figures
