@@ -9,7 +9,6 @@ process for its scheduler or its GIL. Times are ``time.monotonic()`` in both pro
 from __future__ import annotations
 
 import gc
-import math
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from typing import Any, Literal, TypeAlias
 
 import httpx
 import trio
+import trio.testing
 
 import trio_agents as ta
 from trio_agents.models._openai import OpenAIChatModel
@@ -288,26 +288,40 @@ async def bare_stream_cancel(
     server: LoopbackServer, client: httpx.AsyncClient, marker: str, after: int = HOLD_DELTAS
 ) -> float:
     """One raw ``httpx`` stream of the loopback ``hold:5`` response, read line by line
-    until its ``after``-th delta, then its cancel scope cancelled: nothing of ours.
-    Returns the ``time.monotonic()`` of the cancel (the server's stats hold the close of
-    the connection whose request carried ``marker``)."""
+    (``async with client.stream``, ``aiter_lines``: httpx as documented, nothing of
+    ours); once it has seen its ``after``-th delta and is blocked in its next socket
+    read (where B4's runs and P2's trips find their model streams), its cancel scope is
+    cancelled. A cancel that lands in a read unwinds httpx's generators through their
+    own handlers (one between two reads would leave them to the collector). Returns the
+    ``time.monotonic()`` of the cancel; the server's stats hold the close of the
+    connection whose request carried ``marker``."""
     body = {
         "model": f"hold:{HOLD_DELTAS}",
         "stream": True,
         "messages": [{"role": "user", "content": marker}],
     }
-    t0 = math.nan
-    with trio.CancelScope() as scope:
-        url = f"{server.base_url}/chat/completions"
-        async with client.stream("POST", url, json=body) as response:
-            deltas = 0
-            async for line in response.aiter_lines():
-                if line.startswith("data:"):
-                    deltas += 1
-                    if deltas == after:
-                        t0 = time.monotonic()
-                        scope.cancel()
-                        await trio.lowlevel.checkpoint()
+    url = f"{server.base_url}/chat/completions"
+    reached = trio.Event()
+    scope = trio.CancelScope()
+
+    async def read() -> None:
+        with scope:
+            async with client.stream("POST", url, json=body) as response:
+                deltas = 0
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        deltas += 1
+                        if deltas == after:
+                            reached.set()
+        if not scope.cancelled_caught:
+            raise RuntimeError("the held response ended before it was cancelled")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        await reached.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        t0 = time.monotonic()
+        scope.cancel()
     return t0
 
 

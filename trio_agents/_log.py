@@ -45,18 +45,21 @@ class LogFeed(Protocol):
 class EventLog:
     """Bounded, replayable log of one run's events."""
 
+    # buffer, size, start and retention are read by the cursors below on their hot
+    # path (one event per step of a reader that keeps up, W1), hence not underscored;
+    # only append(), append_text() and _grow() write them.
     __slots__ = (
-        "_buffer",
         "_closed",
         "_lot",
         "_parked",
-        "_retention",
-        "_size",
-        "_start",
         "_statuses",
+        "buffer",
         "feed",
         "next_seq",
+        "retention",
         "run_id",
+        "size",
+        "start",
     )
 
     def __init__(self, run_id: str, retention: int, start_seq: int = 1) -> None:
@@ -65,16 +68,16 @@ class EventLog:
         if start_seq < 1:
             raise ValueError("the first seq must be at least 1")
         self.run_id = run_id
-        self._retention = retention
+        self.retention = retention
         # A short run emits about a dozen events: start small, grow by doubling (8: a
         # run in its first tool call holds 5, and every slot is 8 bytes per run in
         # flight, W3 memory).
-        self._buffer: list[RunEvent | None] = [None] * min(retention, 8)
-        # len(self._buffer), kept: append() reads it twice per event (B8, a tree cancel,
+        self.buffer: list[RunEvent | None] = [None] * min(retention, 8)
+        # len(self.buffer), kept: append() reads it twice per event (B8, a tree cancel,
         # appends about 5 events per run).
-        self._size = len(self._buffer)
+        self.size = len(self.buffer)
         # A resumed run (cluster takeover) continues the seqs of its earlier attempts.
-        self._start = start_seq
+        self.start = start_seq
         # The seq the next appended event must carry (a plain attribute: every event
         # reads it, and only append() writes it).
         self.next_seq = start_seq
@@ -90,7 +93,7 @@ class EventLog:
     @property
     def first_seq(self) -> int:
         """The seq of the oldest retained event (``next_seq`` when empty)."""
-        return max(self._start, self.next_seq - self._retention)
+        return max(self.start, self.next_seq - self.retention)
 
     @property
     def closed(self) -> bool:
@@ -108,8 +111,8 @@ class EventLog:
             raise RuntimeError("event log is closed")
         seq = self.next_seq
         assert event.seq == seq, (event.seq, seq)
-        buffer, size = self._buffer, self._size
-        if seq - self._start >= size and size < self._retention:
+        buffer, size = self.buffer, self.size
+        if seq - self.start >= size and size < self.retention:
             buffer, size = self._grow()
         buffer[seq % size] = event
         self.next_seq = seq + 1
@@ -131,8 +134,8 @@ class EventLog:
         if self._closed:
             raise RuntimeError("event log is closed")
         seq = self.next_seq
-        buffer, size = self._buffer, self._size
-        if seq - self._start >= size and size < self._retention:
+        buffer, size = self.buffer, self.size
+        if seq - self.start >= size and size < self.retention:
             buffer, size = self._grow()
         event = _new(ResponseTextDelta)
         _set_run_id(event, self.run_id)
@@ -149,12 +152,12 @@ class EventLog:
             self.feed.add(event)
 
     def _grow(self) -> tuple[list[RunEvent | None], int]:
-        old, old_size = self._buffer, self._size
-        size = min(2 * old_size, self._retention)
+        old, old_size = self.buffer, self.size
+        size = min(2 * old_size, self.retention)
         new: list[RunEvent | None] = [None] * size
-        for seq in range(max(self._start, self.next_seq - old_size), self.next_seq):
+        for seq in range(max(self.start, self.next_seq - old_size), self.next_seq):
             new[seq % size] = old[seq % old_size]
-        self._buffer, self._size = new, size
+        self.buffer, self.size = new, size
         return new, size
 
     def close(self) -> None:
@@ -167,7 +170,7 @@ class EventLog:
 
     def get(self, seq: int) -> RunEvent:
         """Return the retained event with ``seq``."""
-        event = self._buffer[seq % self._size]
+        event = self.buffer[seq % self.size]
         assert event is not None, seq
         assert event.seq == seq, (seq, event)
         return event
@@ -261,10 +264,10 @@ class EventCursor(AsyncIterator[RunEvent]):
             seq = self._next
             end = log.next_seq
             if seq < end:
-                if seq >= log._start and end - seq <= log._retention:
+                if seq >= log.start and end - seq <= log.retention:
                     # Retained (the hot path of a reader that keeps up: one per event,
                     # W1; the log's own get() re-checks what this just did).
-                    event = log._buffer[seq % log._size]
+                    event = log.buffer[seq % log.size]
                     self._next = seq + 1
                 else:
                     first = log.first_seq
@@ -279,7 +282,7 @@ class EventCursor(AsyncIterator[RunEvent]):
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 assert event is not None
                 return event
-            if log._closed:
+            if log.closed:
                 raise StopAsyncIteration
             await log.wait()
 
