@@ -265,8 +265,9 @@ class EventCursor(AsyncIterator[RunEvent]):
             end = log.next_seq
             if seq < end:
                 if seq >= log.start and end - seq <= log.retention:
-                    # Retained (the hot path of a reader that keeps up: one per event,
-                    # W1; the log's own get() re-checks what this just did).
+                    # Retained: the event taken here, not through first_seq and get()
+                    # (two calls per event on the hot path of a reader that keeps up,
+                    # W1); this test is first_seq's, spelled out.
                     event = log.buffer[seq % log.size]
                     self._next = seq + 1
                 else:

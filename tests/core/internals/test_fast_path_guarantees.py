@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
+import hypothesis
 import pytest
 import trio
 import trio.testing
+from hypothesis import strategies as st
 
 import trio_agents as ta
 from trio_agents import ResponseTextDelta
@@ -357,3 +359,54 @@ async def test_run_with_hooks_keeps_its_stream_scope_for_inject_now(
     assert result.final_output == "the answer"
     assert model.calls == 1
     assert model.requests[-1].items == (ta.UserMessage("go"), ta.UserMessage("actually, this"))
+
+
+@hypothesis.settings(max_examples=200, deadline=None, derandomize=True)
+@hypothesis.given(
+    start=st.integers(1, 6),
+    retention=st.integers(1, 9),
+    reads=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 3)), max_size=6),
+    from_seq=st.one_of(st.none(), st.integers(0, 20)),
+)
+def test_a_cursor_reads_what_first_seq_and_get_say(
+    start: int, retention: int, reads: list[tuple[int, int]], from_seq: int | None
+) -> None:
+    # The cursor's inline take against the log's own first_seq and get(): appends and
+    # reads interleaved (each pair: append this many deltas, then read this many
+    # events), from any position, past retention, on a resumed run's seqs.
+    log = EventLog("run_1", retention=retention, start_seq=start)
+    cursor = EventCursor(log, from_seq)
+    position = log.first_seq if from_seq is None else max(from_seq, 1)
+
+    def expected() -> ta.RunEvent:
+        nonlocal position
+        first = log.first_seq
+        if position < first:
+            missing, position = position, first
+            return ta.EventsDropped(
+                run_id="run_1", seq=first - 1, first_missing_seq=missing, count=first - missing
+            )
+        event = log.get(position)
+        position += 1
+        return event
+
+    def ready() -> int:
+        # What a read finds without waiting: a marker if the position fell out of
+        # retention, then every retained event from there.
+        first = log.first_seq
+        return (position < first) + max(0, log.next_seq - max(position, first))
+
+    async def main() -> None:
+        for appends, count in reads:
+            for _ in range(appends):
+                log.append_text(1, "x")
+            for _ in range(min(count, ready())):
+                assert await anext(cursor) == expected()
+        log.close()
+        rest = [event async for event in cursor]
+        want = []
+        while position < log.next_seq:
+            want.append(expected())
+        assert rest == want
+
+    trio.run(main)
