@@ -23,6 +23,7 @@ from tests.support.cluster_nodes import (
     agents,
     clients,
     dies_answering,
+    dies_recording,
     host_registry,
     local_entry,
     open_nodes,
@@ -150,15 +151,7 @@ async def test_a_rejection_recorded_by_a_dying_owner_is_answered_and_applied_onc
     # the run and applies the recorded rejection to the call asked again.
     async with approval_nodes(pg_dsn) as (ran, b_model, (a, _b), (ca, cb)):
         run_id = await awaiting_approval(ca)
-        recorded = trio.Event()
-        real = a.cluster._node.record_decision
-
-        async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
-            await real(*args, **kwargs)
-            recorded.set()
-            await trio.sleep_forever()
-
-        monkeypatch.setattr(a.cluster._node, "record_decision", record_then_die)
+        recorded = dies_recording(a, "record_decision", monkeypatch)
         answer = await request_as_owner_dies(
             a, cb, "run.reject", once=[recorded], run_id=run_id, call_id="d1", message="no"
         )
@@ -347,15 +340,7 @@ async def test_a_question_answered_as_its_owner_dies_is_asked_again_after_takeov
     async with two_nodes(pg_dsn, a_agents, b_agents) as (a, _b), clients(a, _b) as (ca, cb):
         run_id = await awaiting_approval(ca)
         [asked] = (await ca.ok("run.get", run_id=run_id))["run"]["detail"]["questions"]
-        recorded = trio.Event()
-        real = a.cluster._node.record_decision
-
-        async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
-            await real(*args, **kwargs)
-            recorded.set()
-            await trio.sleep_forever()
-
-        monkeypatch.setattr(a.cluster._node, "record_decision", record_then_die)
+        recorded = dies_recording(a, "record_decision", monkeypatch)
         answer = await request_as_owner_dies(
             a,
             cb,

@@ -11,6 +11,7 @@ import trio
 import trio_agents as ta
 from tests.support.cluster_nodes import agents, approval_tool, clients, open_nodes, waiting_tool
 from tests.support.cluster_support import client
+from tests.support.helpers import book
 from trio_agents.models import ScriptedModel, Turn
 
 
@@ -240,20 +241,6 @@ async def test_a_subscriber_on_a_node_whose_attempt_stopped_follows_the_run_else
             if f["event"]["type"] == "run.updated" and f["event"].get("detail", {}).get("resumed")
         ]
         assert len(resumed) == 1, resumed
-
-
-_SEAT_FORM = {
-    "type": "object",
-    "properties": {"seat": {"type": "string", "enum": ["aisle", "window"]}},
-    "required": ["seat"],
-}
-
-
-@ta.function_tool
-async def book(ctx: ta.ToolContext) -> str:
-    """Book a seat once a person picked one (a question with a form, mid-call)."""
-    decision = await ctx.request_approval("Which seat?", schema=_SEAT_FORM)
-    return f"approved={decision.approved}"
 
 
 def _records(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 import trio
 
 import trio_agents as ta
-from tests.support.cluster_nodes import clients, open_nodes, request_as_owner_dies, row_of
+from tests.support.cluster_nodes import (
+    clients,
+    dies_recording,
+    open_nodes,
+    request_as_owner_dies,
+    row_of,
+)
 from tests.support.cluster_support import Client, Node
 from trio_agents.models import ScriptedModel, Turn
 
@@ -246,15 +252,7 @@ async def test_a_cancel_of_a_child_acked_before_its_node_died_holds_after_the_ta
     ):
         root_id, child_id = await start_tree(ca)
         await cb.ok("run.subscribe", run_id=child_id, from_seq=1)
-        recorded = trio.Event()
-        real = a.cluster._node.record_child_cancel
-
-        async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
-            await real(*args, **kwargs)
-            recorded.set()
-            await trio.sleep_forever()
-
-        monkeypatch.setattr(a.cluster._node, "record_child_cancel", record_then_die)
+        recorded = dies_recording(a, "record_child_cancel", monkeypatch)
         answer = await request_as_owner_dies(
             a, cb, "run.cancel", once=[recorded], run_id=child_id, reason="enough"
         )

@@ -24,6 +24,7 @@ import trio
 
 import trio_agents as ta
 from tests.support.control_support import launch
+from tests.support.helpers import SEAT_FORM, book
 from tests.support.timeline_checks import span_problems
 from trio_agents.control import Limits
 from trio_agents.hosting import (
@@ -265,20 +266,6 @@ async def test_approve_and_reject_a_waiting_approval(open_host: OpenHost) -> Non
     assert "too risky" in results[pending[1]]
 
 
-_SEAT_FORM = {
-    "type": "object",
-    "properties": {"seat": {"type": "string", "enum": ["aisle", "window"]}},
-    "required": ["seat"],
-}
-
-
-@ta.function_tool
-async def book(ctx: ta.ToolContext) -> str:
-    """Book a seat once a person picked one (a question with a form, mid-call)."""
-    decision = await ctx.request_approval("Which seat?", schema=_SEAT_FORM)
-    return f"approved={decision.approved} content={decision.content}"
-
-
 async def test_a_question_answered_with_content(open_host: OpenHost) -> None:
     """A running call's question is pending like a call; approve's content is checked
     against its schema (refused: ``invalid_request``, nothing decided) and reaches
@@ -301,7 +288,7 @@ async def test_a_question_answered_with_content(open_host: OpenHost) -> None:
             assert listed.detail == hosted.event["detail"]
             (question_id,) = record.pending_approvals
             assert (question["id"], question["message"]) == (question_id, "Which seat?")
-            assert question["schema"] == _SEAT_FORM
+            assert question["schema"] == SEAT_FORM
             await _refused(
                 "invalid_request",
                 lambda: host.approve("alice", run_id, question_id, {"seat": "roof"}),

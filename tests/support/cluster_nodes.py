@@ -31,6 +31,7 @@ __all__ = [
     "approval_tool",
     "clients",
     "dies_answering",
+    "dies_recording",
     "local_entry",
     "nodes",
     "open_nodes",
@@ -294,6 +295,22 @@ def dies_answering(
 
     monkeypatch.setattr(owner.cluster._node.router, "execute", answered_by_a_dying_node)
     return applied, stored
+
+
+def dies_recording(owner: Node, method: str, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
+    """Make ``owner``'s node record the next decision through ``method``
+    (``record_decision``, ``record_child_cancel``), then hang before it applies it (as
+    if it died): the event set once it is recorded."""
+    recorded = trio.Event()
+    real = getattr(owner.cluster._node, method)
+
+    async def record_then_die(*args: Any, **kwargs: Any) -> NoReturn:
+        await real(*args, **kwargs)
+        recorded.set()
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(owner.cluster._node, method, record_then_die)
+    return recorded
 
 
 async def request_as_owner_dies(

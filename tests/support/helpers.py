@@ -36,3 +36,19 @@ def statuses(events: Sequence[ta.RunEvent]) -> list[str]:
 # What a repaired call's result says (docs/sessions.md "Repair on load"): written out
 # here, not imported from the private module, so a change to it shows up as a test diff.
 INTERRUPTED_OUTPUT = "cancelled: interrupted"
+
+
+# A question with a form, asked mid-call (the host conformance suite and the cluster's
+# routed questions ask it).
+SEAT_FORM = {
+    "type": "object",
+    "properties": {"seat": {"type": "string", "enum": ["aisle", "window"]}},
+    "required": ["seat"],
+}
+
+
+@ta.function_tool
+async def book(ctx: ta.ToolContext) -> str:
+    """Book a seat once a person picked one (a question with a form, mid-call)."""
+    decision = await ctx.request_approval("Which seat?", schema=SEAT_FORM)
+    return f"approved={decision.approved} content={decision.content}"
