@@ -49,6 +49,7 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[2]
 READY_BOUND = 60.0  # seconds for a dev server or a worker to come up on a loaded machine
 STOP_BOUND = 10.0
+MARK_BOUND = 90.0  # a worker's mark on a loaded 2-core box: slow, never this slow
 
 
 def free_port() -> int:
@@ -170,6 +171,16 @@ class Workers:
             f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
             for path in sorted(self.log_dir.glob("worker-*.log"))
         )
+
+    def wait_for(self, path: Path, what: str) -> str:
+        """The text of ``path`` once a worker wrote it (a mark), polled; fails after
+        ``MARK_BOUND`` s with ``what`` never happened and the workers' logs."""
+        deadline = time.monotonic() + MARK_BOUND
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} never happened\n{self.logs()}")
+            time.sleep(0.02)
+        return path.read_text()
 
     def stop(self) -> None:
         for process in self.processes:

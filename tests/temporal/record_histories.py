@@ -65,15 +65,6 @@ CALL = "call_guarded"  # the rules agent's call that needs approval
 Scenario = Callable[[Client, Workers, str], Awaitable[None]]
 
 
-def _wait_for(path: Path, what: str, group: Workers) -> str:
-    deadline = time.monotonic() + BOUND
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} never happened\n{group.logs()}")
-        time.sleep(0.02)
-    return path.read_text()
-
-
 async def _start(
     client: Client, group: Workers, run_id: str, text: str, **options: Any
 ) -> WorkflowHandle[Any, RunOutcome]:
@@ -87,7 +78,7 @@ async def _blocked(client: Client, group: Workers, run_id: str, **options: Any) 
     the pid of the worker running it."""
     await _start(client, group, run_id, "block", **options)
     mark = group.marks / f"{run_id}.started"
-    return await asyncio.to_thread(_wait_for, mark, "the tool's start", group)
+    return await asyncio.to_thread(group.wait_for, mark, "the tool's start")
 
 
 async def _outcome(client: Client, run_id: str) -> RunOutcome:

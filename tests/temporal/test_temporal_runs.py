@@ -49,15 +49,6 @@ def _stored(db: Path, session_id: str, principal: str = "temporal") -> list[dict
     return trio.run(read)
 
 
-def _wait_for(path: Path, what: str, group: Workers) -> str:
-    deadline = time.monotonic() + BOUND
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} never happened\n{group.logs()}")
-        time.sleep(0.02)
-    return path.read_text()
-
-
 def _start_blocked(group: Workers, run_id: str, **options: Any) -> str:
     """Start the "rules" agent on "block" (its tool blocks until cancelled) as workflow
     ``run_id`` and wait until the tool has started; what the tool marked (its worker's
@@ -70,7 +61,7 @@ def _start_blocked(group: Workers, run_id: str, **options: Any) -> str:
         )
 
     asyncio.run(start())
-    return _wait_for(group.marks / f"{run_id}.started", "the tool's start", group)
+    return group.wait_for(group.marks / f"{run_id}.started", "the tool's start")
 
 
 async def _outcome(client: Client, run_id: str) -> RunOutcome:
