@@ -32,7 +32,10 @@ def _nodes(dsn: str, model: ScriptedModel) -> AbstractAsyncContextManager[list[N
             "A": agents(model, [waiting_tool(trio.Event())]),
             "B": agents(model, [waiting_tool(done)]),
         },
-        lease_ttl=0.5,
+        # Long enough that B keeps its own lease on a loaded machine (at 0.5 s a slow
+        # renewal lost it, and B took the run over from itself: attempt 3); short
+        # enough that B takes A's run over soon after A dies.
+        lease_ttl=2.0,
     )
 
 
