@@ -239,12 +239,15 @@ class StreamGate:
     """
 
     __slots__ = (
+        "_append",
         "_checked",
         "_closed",
         "_ended",
         "_guardrails",
+        "_handle",
         "_held",
         "_idle",
+        "_live",
         "_more",
         "_partial",
         "_pending",
@@ -270,6 +273,11 @@ class StreamGate:
         # Inline: a check a plain function handed back as an awaitable, for settle().
         self._pending: tuple[Any, int, str, str] | None = None
         self._stopped = False  # inline: a guardrail tripped or failed; publish no more
+        # Inline, neither stopped nor closed: push()'s one test on its hot path (one
+        # call per delta, W1), with what that path reads kept at hand.
+        self._live = self.inline
+        self._handle = state.handle
+        self._append = state.log.append_text
         self._more = trio.Event()
         self._idle = trio.Event()
         self._idle.set()
@@ -283,41 +291,39 @@ class StreamGate:
         delta: an inline guardrail tripped or failed (the run is being stopped), or a
         plain function gave back an awaitable to finish.
         """
-        if not self.inline:
-            self._held.append(text)
-            self._idle = trio.Event() if self._idle.is_set() else self._idle
-            self._more.set()
-            return False
-        if self._stopped or self._closed:
-            return False
+        if not self._live:
+            if not (self.inline or self._closed):
+                self._held.append(text)
+                self._idle = trio.Event() if self._idle.is_set() else self._idle
+                self._more.set()
+            return False  # held for the checker; or stopped or closed: nothing published
         whole = self._checked + text
-        state = self._state
-        handle = state.handle
-        index = -1
+        handle = self._handle
         for guardrail in self._guardrails:
-            index += 1
             try:
-                try:
-                    result = guardrail.fn(handle, whole)
-                except Exception as exc:
-                    raise GuardrailFault(guardrail.name, exc) from exc
-                except trio.Cancelled as exc:
-                    _raise_cancelled(guardrail.name, exc)
-            except GuardrailFault as exc:
-                return self._stop(exc)
-            if result is False:
-                continue  # a pass, the common case
-            if inspect.isawaitable(result):
-                self._pending = (result, index, whole, text)
+                result = guardrail.fn(handle, whole)
+            except (Exception, trio.Cancelled) as exc:
+                return self._fault(guardrail.name, exc)
+            if result is not False and self._judged(guardrail, result, whole, text):
                 return True
-            try:
-                _judge(guardrail.name, result)
-            except (GuardrailTripped, GuardrailFault) as exc:
-                return self._stop(exc)
-        # Passed: released at once (_release(), inline: the common case, one per delta).
+        # Passed (False: a pass, the common case): released at once, as _release() does.
         self._checked = whole
         self._partial.append(text)
-        state.log.append_text(self._turn, text)
+        self._append(self._turn, text)
+        return False
+
+    def _judged(self, guardrail: OutputGuardrail, result: object, whole: str, text: str) -> bool:
+        """An inline guardrail returned something other than False: whether push() must
+        return True (an awaitable to finish in settle(), or a trip or fault, the run
+        being stopped); False if it passed."""
+        if inspect.isawaitable(result):
+            index = next(i for i, g in enumerate(self._guardrails) if g is guardrail)
+            self._pending = (result, index, whole, text)
+            return True
+        try:
+            _judge(guardrail.name, result)
+        except (GuardrailTripped, GuardrailFault) as exc:
+            return self._stop(exc)
         return False
 
     async def settle(self) -> None:
@@ -342,8 +348,19 @@ class StreamGate:
         # ends here, the rejected delta unpublished.
         await trio.lowlevel.checkpoint_if_cancelled()
 
+    def _fault(self, name: str, exc: BaseException) -> bool:
+        """An inline guardrail raised ``exc`` (in push()'s handler): a fault stops the
+        run; the run's own ``Cancelled`` propagates (see :func:`_raise_cancelled`)."""
+        try:
+            if isinstance(exc, trio.Cancelled):
+                _raise_cancelled(name, exc)
+            raise GuardrailFault(name, exc) from exc
+        except GuardrailFault as fault:
+            return self._stop(fault)
+
     def _stop(self, error: GuardrailTripped | GuardrailFault) -> bool:
         self._stopped = True
+        self._live = False
         stop_run(self._state, error)
         return True
 
@@ -364,6 +381,7 @@ class StreamGate:
     def close(self) -> None:
         """The turn is over (however it ended): release nothing more, stop checking."""
         self._closed = True
+        self._live = False
         self._held.clear()
         self._more.set()
         pending, self._pending = self._pending, None
@@ -408,10 +426,11 @@ class StreamGate:
 
 def needs_side_tasks(agent: Any) -> bool:
     """Whether ``agent`` or any agent it can hand off to has guardrails that run as
-    tasks beside the turn loop (non-blocking input ones, streaming output ones)."""
+    tasks beside the turn loop: non-blocking input ones, and ``async def`` streaming
+    output ones (plain functions are checked inline, :class:`StreamGate`)."""
     return any(
         any(not g.blocking for g in current.input_guardrails)
-        or any(g.stream for g in current.output_guardrails)
+        or any(g.stream and _is_async(g.fn) for g in current.output_guardrails)
         for current in reachable(agent)
     )
 

@@ -532,13 +532,18 @@ async def _finish(
 
 
 def _gate(state: RunState, turn: int, partial: list[str]) -> StreamGate | None:
-    """The turn's stream gate, if its agent has streaming output guardrails (its checker
-    is a side task of the run)."""
+    """The turn's stream gate, if its agent has streaming output guardrails. Plain
+    functions are checked inline, in the stream loop; any ``async def`` one puts the
+    checks in a checker task beside the stream, a side task of the run."""
     guardrails = [g for g in state.agent.output_guardrails if g.stream]
-    if not guardrails or state.side is None:
+    if not guardrails:
         return None
     gate = StreamGate(state, turn, guardrails, partial)
     if not gate.inline:
+        if state.side is None:
+            # needs_side_tasks() saw this agent (every agent a run can hand off to):
+            # never stream past its guardrails for want of a nursery.
+            raise RuntimeError(f"no side nursery for agent {state.agent.name!r}'s gate")
         state.side.start_soon(gate_task, gate, state)
     return gate
 

@@ -13,6 +13,7 @@ import trio.testing
 
 import trio_agents as ta
 from tests.support.core_runs import assert_ended, assert_failed_with
+from tests.support.core_trees import tool_turn
 from trio_agents.models import ScriptedModel, Turn
 from trio_agents.testing import check_events
 
@@ -101,6 +102,53 @@ async def test_an_async_streaming_guardrail_still_checks_beside_the_stream() -> 
     plain = await _per_delta(_stream_run(reader="none"))
     gated = await _per_delta(_stream_run([_passes_async], reader="none"))
     assert gated - plain > 0.3, (plain, gated)  # its checker task's rounds
+
+
+async def test_plain_streaming_guardrails_open_no_side_nursery() -> None:
+    # Checked inline, they need no task beside the turn loop: the run's task holds no
+    # nursery for side tasks while it streams (a nursery per run, and one more frame
+    # to resume at each of the stream's steps).
+    held: list[int] = []
+
+    @ta.output_guardrail(stream=True)
+    def watch(run: ta.Run, text: str) -> bool:
+        held.append(len(trio.lowlevel.current_task().child_nurseries))
+        return False
+
+    await _stream_run([watch], reader="none")(3)
+    assert held == [0, 0, 0]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_handoff_targets_streaming_guardrail_gates_its_stream(kind: str) -> None:
+    # The first agent has no guardrail: the run still sets up what the agent it hands
+    # off to needs (a checker task for an async one), and the gate holds its stream.
+    def rejects(run: ta.Run, text: str) -> bool:
+        return "secret" in text
+
+    async def rejects_async(run: ta.Run, text: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        return "secret" in text
+
+    guard = ta.output_guardrail(stream=True, name="no_secret")(
+        rejects if kind == "sync" else rejects_async
+    )
+    target = ta.Agent(
+        name="b", model=ScriptedModel([Turn(["ok ", "sec", "ret"])]), output_guardrails=[guard]
+    )
+    source = ta.Agent(
+        name="a", model=ScriptedModel([tool_turn(("transfer_to_b", {}))]), handoffs=[target]
+    )
+    async with ta.open_run(source, "x") as run:
+        seen = [e async for e in run.events()]
+    result = run.result
+    assert result is not None
+    assert result.reason == "guardrail no_secret: None", result.reason
+    published = [e.text for e in seen if isinstance(e, ta.ResponseTextDelta)]
+    assert "secret" not in "".join(published)
+    if kind == "sync":
+        assert published == ["ok ", "sec"]  # each delta checked as it arrives
+    assert check_events(result, seen).ok
 
 
 async def test_a_sync_streaming_guardrail_sees_every_prefix_and_gates_each_delta() -> None:
