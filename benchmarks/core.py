@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -15,6 +16,7 @@ __all__ = [
     "add",
     "channel_stream_cost",
     "floor_stream_cost",
+    "gated_floor_stream_cost",
     "model_stream_cost",
     "stream_fanout",
     "stream_overhead",
@@ -115,6 +117,41 @@ async def _bare_writer(deltas: int, log: _BareLog) -> None:
                     log.lot.unpark_all()
     log.closed = True
     log.lot.unpark_all()
+
+
+async def _bare_gated_writer(
+    deltas: int, log: _BareLog, check: Callable[[object, str], object]
+) -> None:
+    """:func:`_bare_writer` with a streaming guardrail's least work per delta: ``check``
+    called with the text so far (kept whole, as the gate keeps it), the delta kept only
+    if it returned False."""
+    model, request = _turn(deltas)
+    seq = 0
+    checked = ""
+    async with model.stream(request) as stream:
+        async for event in stream:
+            if type(event) is TextDelta:
+                whole = checked + event.text
+                if check(None, whole) is False:
+                    checked = whole
+                    seq += 1
+                    log.events.append(_bare_delta(seq, event.text))
+                    if log.parked:
+                        log.lot.unpark_all()
+    log.closed = True
+    log.lot.unpark_all()
+
+
+async def gated_floor_stream_cost(deltas: int, check: Callable[[object, str], object]) -> float:
+    """W1's floor with a streaming guardrail: :func:`floor_stream_cost` whose writer
+    calls ``check`` per delta (:func:`_bare_gated_writer`)."""
+    log = _BareLog()
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_bare_gated_writer, deltas, log, check)
+        async for _ in _BareCursor(log):
+            pass
+    return (time.perf_counter() - start) / deltas
 
 
 async def floor_stream_cost(deltas: int) -> float:

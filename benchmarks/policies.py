@@ -18,13 +18,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -195,10 +197,57 @@ async def bench_p1(base: Baselines, *, deltas: int, repeats: int, trips: int) ->
 # ------------------------------------------------------------ PI: instructions
 
 
+# The children's workloads: the model alone, the run without and with the no-op
+# guardrail, that run with its stream loop stripped (_stripped_stream_loop), and the floor.
+PI_MODES = ("model", "plain", "gate", "gate_stripped", "gate_floor")
+
+
+@contextlib.contextmanager
+def _stripped_stream_loop() -> Iterator[None]:
+    """Ablation for ``PI.w1_gated_stripped_per_delta`` (a child process only): the run's
+    stream loop (``_turns._stream``) reduced to the gated floor writer's work per delta
+    (``core._bare_gated_writer``): the guardrail called with the text so far, then the
+    log's append. No surrogate joiner, no gate object, no partial text, no meter, no
+    tool calls: what is left over the floor is what a run costs by where it runs (its
+    task's coroutine frames, its log and cursor, its heap), not what it checks."""
+    from trio_agents import _turns
+    from trio_agents.models import TextDelta
+
+    check = noop.fn
+
+    async def stripped(state: Any, model: Any, request: Any, turn: int, *_: Any) -> None:
+        append_text = state.log.append_text
+        handle = state.handle
+        checked = ""
+        async with model.stream(request) as stream:
+            async for event in stream:
+                if type(event) is TextDelta:
+                    whole = checked + event.text
+                    if check(handle, whole) is False:
+                        checked = whole
+                        append_text(turn, event.text)
+
+    original = _turns._stream
+    _turns._stream = stripped  # type: ignore[assignment]  # an ablation, in a child only
+    try:
+        yield
+    finally:
+        _turns._stream = original
+
+
 async def _workload(mode: str, n: int) -> None:
-    gated = mode == "gate"
-    await gated_stream(50, gated=gated)  # warm-up, the same in both children
-    await gated_stream(n, gated=gated)
+    from . import core
+
+    drain: Callable[[int], Awaitable[float]]
+    if mode == "model":
+        drain = core.model_stream_cost
+    elif mode == "gate_floor":
+        drain = functools.partial(core.gated_floor_stream_cost, check=noop.fn)
+    else:
+        drain = functools.partial(gated_stream, gated=mode != "plain")
+    with _stripped_stream_loop() if mode == "gate_stripped" else contextlib.nullcontext():
+        await drain(50)  # warm-up, the same in both children
+        await drain(n)
 
 
 def _total(mode: str, n: int) -> int:
@@ -236,32 +285,60 @@ def bench_pi(*, quick: bool = False, sizes: Sequence[int] = PI_SIZES) -> list[Fi
     small, large = (sizes[0] // 10 or 1, sizes[1] // 10) if quick else tuple(sizes)
     with ThreadPoolExecutor(max_workers=2) as pool:
         totals = {
-            (mode, n): pool.submit(_total, mode, n)
-            for mode in ("plain", "gate")
-            for n in (small, large)
+            (mode, n): pool.submit(_total, mode, n) for mode in PI_MODES for n in (small, large)
         }
         checkpoint = pool.submit(count, "checkpoint", (100, 1_100) if quick else None)
         per = {
             mode: (totals[mode, large].result() - totals[mode, small].result()) / (large - small)
-            for mode in ("plain", "gate")
+            for mode in PI_MODES
         }
         ckpt = checkpoint.result()
-    cost = per["gate"] - per["plain"]
-    return [
-        Figure(
-            "PI.gate_per_delta",
-            cost,
+
+    def figure(name: str, value: float, note: str, target: float | None = None) -> Figure:
+        return Figure(
+            f"PI.{name}",
+            value,
             "instr",
-            target=0.3 * ckpt,
-            note="one no-op streaming output guardrail: run per delta minus the same run"
-            " without it (ScriptedModel, one events() reader)",
-            extra={
-                "x_checkpoint": round(cost / ckpt, 3),
-                "plain_per_delta": round(per["plain"]),
-                "gated_per_delta": round(per["gate"]),
-                "checkpoint": round(ckpt),
-            },
+            target=None if target is None else target * ckpt,
+            note=note,
+            extra={"x_checkpoint": round(value / ckpt, 3)},
         )
+
+    cost = per["gate"] - per["plain"]
+    gate = figure(
+        "gate_per_delta",
+        cost,
+        "one no-op streaming output guardrail: run per delta minus the same run"
+        " without it (ScriptedModel, one events() reader)",
+        0.3,
+    )
+    gate.extra.update(
+        plain_per_delta=round(per["plain"]),
+        gated_per_delta=round(per["gate"]),
+        checkpoint=round(ckpt),
+    )
+    model = per["model"]
+    return [
+        gate,
+        figure(
+            "w1_gated_per_delta",
+            per["gate"] - model,
+            "W1 with one no-op streaming guardrail (a plain function): run with one"
+            " events() reader, minus the model's own cost",
+            1.0,
+        ),
+        figure(
+            "w1_gated_floor_per_delta",
+            per["gate_floor"] - model,
+            "its floor, no run: the bare writer calling the guardrail with the text so far"
+            " per delta beside the bare per-event reader (core.gated_floor_stream_cost)",
+        ),
+        figure(
+            "w1_gated_stripped_per_delta",
+            per["gate_stripped"] - model,
+            "the run with its stream loop stripped to the floor writer's work (the"
+            " guardrail call, then the log's append): what a run costs by where it runs",
+        ),
     ]
 
 

@@ -177,11 +177,19 @@ async def test_an_in_flight_run_holds_at_most_its_band_of_objects() -> None:
     assert per_run <= 49.5, f"{per_run} GC-tracked objects per in-flight run (was 48): {top}"
 
 
-async def _streamed_run_costs(deltas: int) -> tuple[int, int]:
+@ta.output_guardrail(stream=True)
+def _passes(run: ta.Run, text: str) -> bool:
+    return False
+
+
+async def _streamed_run_costs(deltas: int, *, gated: bool = False) -> tuple[int, int]:
     """(Python calls, task steps) of a whole run that streams ``deltas`` deltas to one
-    ``events()`` reader (W1's shape), reader included."""
+    ``events()`` reader (W1's shape), reader included; through one no-op streaming
+    guardrail (a plain function) if ``gated``."""
     agent = ta.Agent(
-        name="w1", model=ta.models.ScriptedModel([ta.models.Turn(text=["x"] * deltas)])
+        name="w1",
+        model=ta.models.ScriptedModel([ta.models.Turn(text=["x"] * deltas)]),
+        output_guardrails=[_passes] if gated else [],
     )
     calls = [0]
     steps = _Steps()
@@ -216,3 +224,18 @@ async def test_a_streamed_delta_stays_within_its_call_and_step_band() -> None:
     steps = (large_steps - small_steps) / 200
     assert calls <= 86 * 1.02, f"{calls} calls per streamed delta (was 86)"
     assert steps <= 2.02, f"{steps} task steps per streamed delta (was 2)"
+
+
+async def test_a_gated_streamed_delta_stays_within_its_call_and_step_band() -> None:
+    # The same through one no-op streaming guardrail, a plain function checked inline
+    # (PI.w1_gated_per_delta): the gate adds its push() and the guardrail's call, and
+    # no task step. Set 2026-11-30 (issue 43, sixth part): 88 calls (87.6-88.5 over
+    # runs; 89.1-89.7 before push() kept what it reads at hand and a plain gate stopped
+    # opening a side nursery), 2 % as the band above.
+    await _streamed_run_costs(20, gated=True)  # warm-up: imports, caches
+    small_calls, small_steps = await _streamed_run_costs(100, gated=True)
+    large_calls, large_steps = await _streamed_run_costs(300, gated=True)
+    calls = (large_calls - small_calls) / 200
+    steps = (large_steps - small_steps) / 200
+    assert calls <= 88 * 1.02, f"{calls} calls per gated streamed delta (was 88)"
+    assert steps <= 2.02, f"{steps} task steps per gated streamed delta (was 2)"

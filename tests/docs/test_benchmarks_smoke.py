@@ -140,7 +140,10 @@ async def test_the_cluster_workloads_run_with_tiny_sizes(
 async def test_the_policies_instruction_workload_runs_with_tiny_sizes() -> None:
     # What the PI callgrind children run (valgrind itself is too slow for the suite).
     from benchmarks import policies
+    from trio_agents import _turns
 
-    for mode in ("plain", "gate"):
+    stream_loop = _turns._stream
+    for mode in policies.PI_MODES:
         await policies._workload(mode, 5)
+    assert _turns._stream is stream_loop  # the stripped mode's patch is undone
     assert await policies.parallel_guardrail_duration(0.0, 0.0) >= 0.0
