@@ -139,11 +139,14 @@ async def test_the_cluster_workloads_run_with_tiny_sizes(
 
 async def test_the_policies_instruction_workload_runs_with_tiny_sizes() -> None:
     # What the PI callgrind children run (valgrind itself is too slow for the suite).
+    import trio_agents as ta
     from benchmarks import policies
-    from trio_agents import _turns
+    from trio_agents.models import ScriptedModel, Turn
 
-    stream_loop = _turns._stream
     for mode in policies.PI_MODES:
         await policies._workload(mode, 5)
-    assert _turns._stream is stream_loop  # the stripped mode's patch is undone
+    # The stripped mode's patch is undone: a run keeps its streamed text again (the
+    # stripped stream loop keeps none).
+    after = ta.Agent(name="after", model=ScriptedModel([Turn(text=["x"] * 3)]))
+    assert (await ta.run(after, "go")).final_output == "xxx"
     assert await policies.parallel_guardrail_duration(0.0, 0.0) >= 0.0
