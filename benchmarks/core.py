@@ -16,7 +16,6 @@ __all__ = [
     "add",
     "channel_stream_cost",
     "floor_stream_cost",
-    "gated_floor_stream_cost",
     "model_stream_cost",
     "stream_fanout",
     "stream_overhead",
@@ -142,26 +141,20 @@ async def _bare_gated_writer(
     log.lot.unpark_all()
 
 
-async def gated_floor_stream_cost(deltas: int, check: Callable[[object, str], object]) -> float:
-    """W1's floor with a streaming guardrail: :func:`floor_stream_cost` whose writer
-    calls ``check`` per delta (:func:`_bare_gated_writer`)."""
-    log = _BareLog()
-    start = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_bare_gated_writer, deltas, log, check)
-        async for _ in _BareCursor(log):
-            pass
-    return (time.perf_counter() - start) / deltas
-
-
-async def floor_stream_cost(deltas: int) -> float:
+async def floor_stream_cost(
+    deltas: int, check: Callable[[object, str], object] | None = None
+) -> float:
     """W1's floor: seconds per delta for ``ScriptedModel`` drained by a bare writer that
     builds each delta's ``ResponseTextDelta`` into a list, beside one bare per-event
-    reader (:class:`_BareCursor`). W1 minus this is what the run itself adds."""
+    reader (:class:`_BareCursor`). W1 minus this is what the run itself adds. With
+    ``check``, the floor of W1 with a streaming guardrail (:func:`_bare_gated_writer`)."""
     log = _BareLog()
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_bare_writer, deltas, log)
+        if check is None:
+            nursery.start_soon(_bare_writer, deltas, log)
+        else:
+            nursery.start_soon(_bare_gated_writer, deltas, log, check)
         async for _ in _BareCursor(log):
             pass
     return (time.perf_counter() - start) / deltas

@@ -242,7 +242,7 @@ async def _workload(mode: str, n: int) -> None:
     if mode == "model":
         drain = core.model_stream_cost
     elif mode == "gate_floor":
-        drain = functools.partial(core.gated_floor_stream_cost, check=noop.fn)
+        drain = functools.partial(core.floor_stream_cost, check=noop.fn)
     else:
         drain = functools.partial(gated_stream, gated=mode != "plain")
     with _stripped_stream_loop() if mode == "gate_stripped" else contextlib.nullcontext():
@@ -331,7 +331,7 @@ def bench_pi(*, quick: bool = False, sizes: Sequence[int] = PI_SIZES) -> list[Fi
             "w1_gated_floor_per_delta",
             per["gate_floor"] - model,
             "its floor, no run: the bare writer calling the guardrail with the text so far"
-            " per delta beside the bare per-event reader (core.gated_floor_stream_cost)",
+            " per delta beside the bare per-event reader (core.floor_stream_cost with check)",
         ),
         figure(
             "w1_gated_stripped_per_delta",
