@@ -299,12 +299,12 @@ class StreamGate:
             return False  # held for the checker; or stopped or closed: nothing published
         whole = self._checked + text
         handle = self._handle
-        for guardrail in self._guardrails:
+        for index, guardrail in enumerate(self._guardrails):
             try:
                 result = guardrail.fn(handle, whole)
             except (Exception, trio.Cancelled) as exc:
                 return self._fault(guardrail.name, exc)
-            if result is not False and self._judged(guardrail, result, whole, text):
+            if result is not False and self._judged(index, result, whole, text):
                 return True
         # Passed (False: a pass, the common case): released at once, as _release() does.
         self._checked = whole
@@ -312,16 +312,16 @@ class StreamGate:
         self._append(self._turn, text)
         return False
 
-    def _judged(self, guardrail: OutputGuardrail, result: object, whole: str, text: str) -> bool:
-        """An inline guardrail returned something other than False: whether push() must
-        return True (an awaitable to finish in settle(), or a trip or fault, the run
-        being stopped); False if it passed."""
+    def _judged(self, index: int, result: object, whole: str, text: str) -> bool:
+        """The inline guardrail at ``index`` returned something other than False: whether
+        push() must return True (an awaitable to finish in settle(), which then checks
+        the guardrails after ``index``; or a trip or fault, the run being stopped);
+        False if it passed."""
         if inspect.isawaitable(result):
-            index = next(i for i, g in enumerate(self._guardrails) if g is guardrail)
             self._pending = (result, index, whole, text)
             return True
         try:
-            _judge(guardrail.name, result)
+            _judge(self._guardrails[index].name, result)
         except (GuardrailTripped, GuardrailFault) as exc:
             return self._stop(exc)
         return False

@@ -119,6 +119,28 @@ async def test_plain_streaming_guardrails_open_no_side_nursery() -> None:
     assert held == [0, 0, 0]
 
 
+async def test_a_guardrail_listed_twice_is_called_once_per_place() -> None:
+    # Its second place hands back an awaitable: settle() finishes it and checks the
+    # places after that one, never the first place again (a guardrail whose verdict
+    # depends on its calls would judge a delta twice).
+    calls: list[str] = []
+
+    @ta.output_guardrail(stream=True, name="twice")
+    def twice(run: ta.Run, text: str) -> Any:
+        calls.append(text)
+        if len(calls) == 2:
+
+            async def remote() -> bool:
+                return False
+
+            return remote()
+        return len(calls) > 2  # a third call on the one delta trips
+
+    agent = ta.Agent(name="a", model=ScriptedModel([Turn(["a"])]), output_guardrails=[twice] * 2)
+    result = await ta.run(agent, "x")
+    assert (result.status, calls) == ("completed", ["a", "a"]), (result.reason, calls)
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_a_handoff_targets_streaming_guardrail_gates_its_stream(kind: str) -> None:
     # The first agent has no guardrail: the run still sets up what the agent it hands
