@@ -299,7 +299,9 @@ class StreamGate:
             return False  # held for the checker; or stopped or closed: nothing published
         whole = self._checked + text
         handle = self._handle
-        for index, guardrail in enumerate(self._guardrails):
+        index = -1  # a counter, not enumerate(): one guardrail is the common case
+        for guardrail in self._guardrails:
+            index += 1
             try:
                 result = guardrail.fn(handle, whole)
             except (Exception, trio.Cancelled) as exc:
