@@ -339,7 +339,7 @@ class StreamGate:
             try:
                 await _outcome(guardrail.name, awaitable)
                 for later in self._guardrails[index + 1 :]:
-                    await check(later.name, later.fn, self._state.handle, whole)
+                    await check(later.name, later.fn, self._handle, whole)
             except (GuardrailTripped, GuardrailFault) as exc:
                 self._stop(exc)
             else:
@@ -369,7 +369,7 @@ class StreamGate:
     def _release(self, whole: str, text: str) -> None:
         self._checked = whole
         self._partial.append(text)
-        self._state.log.append_text(self._turn, text)
+        self._append(self._turn, text)
 
     def end(self) -> None:
         """The stream ended: the checker stops once everything held is checked."""
@@ -398,7 +398,6 @@ class StreamGate:
     async def run(self) -> None:
         """The checker task (see the class docstring). A trip or fault raises (the run
         fails): nothing still held is ever published."""
-        state = self._state
         while True:
             await self._more.wait()
             self._more = trio.Event()
@@ -409,15 +408,14 @@ class StreamGate:
             if count:
                 text = self._checked + (held[0] if count == 1 else "".join(held))
                 for guardrail in self._guardrails:
-                    await check(guardrail.name, guardrail.fn, state.handle, text)
+                    await check(guardrail.name, guardrail.fn, self._handle, text)
                 if self.is_closed():
                     return  # the turn ended while checking: nothing more is published
                 self._checked = text
                 released, self._held = held[:count], held[count:]
-                append_text = state.log.append_text
                 for piece in released:
                     self._partial.append(piece)
-                    append_text(self._turn, piece)
+                    self._append(self._turn, piece)
                 if self._held:
                     self._more.set()  # more arrived while checking: another round
                 else:
